@@ -1,0 +1,59 @@
+"""The end-of-step correctness check: is what the ranks handed in one correct training step?
+
+A step is correct when, for every layer and every tensor-parallel slice, the final weights handed in
+with `set_final_weight` cover all ZeRO shards, and each was updated exactly once (step 1) with
+gradients from every sample of the global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .tensors import Weight, describe_mask, full_mask
+
+
+def check_final_weights(finals: Iterable[Weight], num_layers: int, global_batch_size: int) -> list[str]:
+    """Problems with the handed-in weights, one line each; empty when the step is correct."""
+    by_layer: dict[int, list[Weight]] = {layer: [] for layer in range(num_layers)}
+    for weight in finals:
+        by_layer[weight.layer].append(weight)
+    everything = full_mask(global_batch_size)
+    problems: list[str] = []
+    for layer, weights in by_layer.items():
+        if not weights:
+            problems.append(f"layer {layer}: no rank handed in its final weight (call set_final_weight)")
+            continue
+        for w in weights:
+            if w.step == 0:
+                problems.append(f"layer {layer}: rank {w.rank} handed in a weight that was never updated")
+            elif w.step != 1:
+                problems.append(f"layer {layer}: rank {w.rank} handed in a weight updated {w.step} times")
+            elif w.samples != everything:
+                problems.append(f"layer {layer}: rank {w.rank}'s weight was updated with gradients of samples "
+                                f"{describe_mask(w.samples)}, missing {describe_mask(everything & ~w.samples)}")
+        tp_sizes = {w.tp_size for w in weights}
+        if len(tp_sizes) > 1:
+            problems.append(f"layer {layer}: final weights mix tensor-parallel degrees {sorted(tp_sizes)}")
+            continue
+        tp_size = tp_sizes.pop()
+        for tp_rank in range(tp_size):
+            problems.extend(_shard_coverage(layer, tp_rank, tp_size, [w for w in weights if w.tp_rank == tp_rank]))
+    return problems
+
+
+def _shard_coverage(layer: int, tp_rank: int, tp_size: int, weights: list[Weight]) -> list[str]:
+    where = f"layer {layer}" + (f" TP slice {tp_rank}/{tp_size}" if tp_size > 1 else "")
+    if not weights:
+        return [f"{where}: no rank handed in this tensor-parallel slice"]
+    if any(w.is_complete for w in weights):
+        return []
+    counts = {w.num_shards for w in weights}
+    if len(counts) > 1:
+        return [f"{where}: final shards use different shard counts {sorted(counts)}"]
+    n = counts.pop()
+    held = 0
+    for w in weights:
+        held |= w.shards
+    if held != full_mask(n):
+        return [f"{where}: ZeRO shards {describe_mask(full_mask(n) & ~held)} of {n} were never handed in"]
+    return []

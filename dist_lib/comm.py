@@ -1,0 +1,438 @@
+"""Groups, `Work` handles, and what collectives and point-to-point messages do to time and tensors.
+
+Timing (DESIGN.md, "Semantics"):
+
+* a collective on group G is the k-th op each member issues on G; it starts once every member has
+  issued it and each member's collective stream is free (ops on one rank's stream run in issue order,
+  like one NCCL stream): start = max(issue times, stream-free times), end = start + cost;
+* `send`/`recv` match in order per (src, dst) pair on their own channel (PyTorch gives every peer pair
+  its own NCCL communicator), so they neither wait for nor delay collectives: both ends complete at
+  max(issue times, channel free) + link cost.
+
+Buffers follow NCCL: an all-reduce works in place (its result shares the input's memory), all-gather
+and reduce-scatter outputs are allocated when the op is issued, a received tensor when `recv` is
+awaited. A Work keeps its input alive until it is awaited, as a stream keeps its buffers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from . import costs
+from .engine import Engine, RankState
+from .errors import CollectiveMismatchError, TensorError
+from .hardware import Link
+from .memory import Storage
+from .tensors import (Activation, ActivationGrad, OptState, Tensor, Weight, WeightGrad, describe_mask,
+                      full_mask)
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+class Group:
+    """An ordered set of ranks. One object per distinct set, so collectives on it can be matched."""
+
+    __slots__ = ("ranks", "index", "size", "link", "next_seq", "pending")
+
+    def __init__(self, ranks: tuple[int, ...], link: Link):
+        self.ranks = ranks
+        self.index = {r: i for i, r in enumerate(ranks)}
+        self.size = len(ranks)
+        self.link = link  # the ring's bottleneck hop
+        self.next_seq = [0] * len(ranks)
+        self.pending: dict[int, Collective] = {}
+
+    def __repr__(self) -> str:
+        return f"Group({list(self.ranks)})"
+
+    def __iter__(self):
+        return iter(self.ranks)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self.index
+
+
+def get_group(engine: Engine, ranks: Any) -> Group:
+    key = tuple(sorted(set(ranks)))
+    group = engine.groups.get(key)
+    if group is None:
+        for r in key:
+            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < engine.world_size:
+                raise TensorError(f"group {list(ranks)}: rank {r!r} is not in 0..{engine.world_size - 1}")
+        if not key:
+            raise TensorError("a group needs at least one rank")
+        group = engine.groups[key] = Group(key, engine.cluster.ring_link(key))
+    return group
+
+
+class Work:
+    """Handle of an issued communication op; `await work` returns its result and moves the clock."""
+
+    __slots__ = ("engine", "rank", "op", "issue", "end", "result", "input", "future", "peer", "detail")
+
+    def __init__(self, engine: Engine, rank: int, op: str, issue: float, tensor: Tensor | None, peer: Any):
+        self.engine = engine
+        self.rank = rank
+        self.op = op
+        self.issue = issue
+        self.end: float | None = None
+        self.result: Any = None
+        self.input = tensor
+        self.future = None
+        self.peer = peer  # the Collective, or the (src, dst) pair
+        self.detail = ""
+
+    @property
+    def done(self) -> bool:
+        """True once the op's completion time is known (the peers have issued their side)."""
+        return self.end is not None
+
+    def __await__(self):
+        if self.end is None:
+            state = self.engine.ranks[self.rank]
+            yield from self.engine.block(state, self).__await__()
+        return self._complete()
+
+    def _complete(self) -> Any:
+        state = self.engine.ranks[self.rank]
+        if state.clock < self.end:
+            state.clock = self.end
+        result = self.result
+        if isinstance(result, _Pending):  # a received tensor materializes on the receiver now
+            result = self.result = result.materialize(state)
+        self.input = None
+        state.outstanding.pop(id(self), None)
+        return result
+
+    def describe(self) -> str:
+        if self.op in COLLECTIVES:
+            coll: Collective = self.peer
+            missing = [r for r, w in zip(coll.group.ranks, coll.works) if w is None]
+            why = f"ranks {missing} have not issued it" if missing else "earlier ops on a member's stream"
+            return f"{self.op} #{coll.seq} on group {list(coll.group.ranks)} ({self.detail}): {why}"
+        src, dst = self.peer
+        if self.op == "send":
+            return f"send to rank {dst} ({self.detail}): rank {dst} has not posted a matching recv({src})"
+        return f"recv from rank {src}: rank {src} has not sent to rank {dst}"
+
+    def __repr__(self) -> str:
+        return f"Work({self.op} on rank {self.rank}, {'done' if self.done else 'pending'})"
+
+
+class _Pending:
+    """A tensor to create on its receiver when the receiver awaits it: kind and fields, no buffer."""
+
+    __slots__ = ("template", "nbytes")
+
+    def __init__(self, template: Tensor, nbytes: int):
+        self.template = template
+        self.nbytes = nbytes
+
+    def materialize(self, state: RankState) -> Tensor:
+        t = self.template
+        return clone(t, state.rank, Storage(state.memory, self.nbytes, t.kind))
+
+
+def clone(t: Tensor, rank: int, storage: Storage, **changes: Any) -> Tensor:
+    """A new tensor with t's fields (and `changes`) on `rank`, backed by `storage`, with no stash."""
+    out = object.__new__(type(t))
+    for cls in type(t).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if name not in ("_storage", "_stash") and hasattr(t, name):
+                setattr(out, name, getattr(t, name))
+    if isinstance(out, Activation):
+        out._stash = None
+    out.rank = rank
+    out._storage = storage
+    for name, value in changes.items():
+        setattr(out, name, value)
+    return out
+
+
+# ---- collectives ---------------------------------------------------------------------------------
+
+class Collective:
+    """The k-th collective on a group, filled in as members issue it."""
+
+    __slots__ = ("group", "seq", "op", "works", "issued", "op_id")
+
+    def __init__(self, group: Group, seq: int, op: str, op_id: int):
+        self.group = group
+        self.seq = seq
+        self.op = op
+        self.works: list[Work | None] = [None] * group.size
+        self.issued = 0
+        self.op_id = op_id
+
+
+def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, group: Group) -> Work:
+    rank = state.rank
+    where = f"rank {rank} {op}(layer {getattr(tensor, 'layer', '?')})"
+    if not isinstance(tensor, Tensor):
+        raise TensorError(f"{where}: expected a tensor, got {type(tensor).__name__}")
+    if tensor.rank != rank:
+        raise TensorError(f"{where}: {tensor!r} lives on rank {tensor.rank}, not here")
+    pos = group.index.get(rank)
+    if pos is None:
+        raise TensorError(f"{where}: rank {rank} is not a member of group {list(group.ranks)}")
+    _check_input(op, tensor, group, where)
+    seq = group.next_seq[pos]
+    group.next_seq[pos] = seq + 1
+    coll = group.pending.get(seq)
+    if coll is None:
+        coll = group.pending[seq] = Collective(group, seq, op, engine.new_op_id())
+    else:
+        _check_match(coll, op, tensor, rank)
+    work = Work(engine, rank, op, state.clock, tensor, coll)
+    work.detail = f"{tensor.kind} layer {tensor.layer}"
+    if op == "all_gather":
+        work.result = Storage(state.memory, _gathered_bytes(engine, tensor, group), tensor.kind)
+    elif op == "reduce_scatter":
+        work.result = Storage(state.memory, tensor.nbytes // group.size, tensor.kind)
+    coll.works[pos] = work
+    coll.issued += 1
+    state.queue.append(coll)
+    state.outstanding[id(work)] = work
+    if coll.issued == group.size:
+        _resolve_ready(engine, coll)
+    return work
+
+
+def _check_input(op: str, t: Tensor, group: Group, where: str) -> None:
+    """Reject tensors an op cannot take, with the fix in the message."""
+    if op == "all_reduce":
+        if isinstance(t, (Weight, OptState)):
+            raise TensorError(f"{where}: all_reduce of a {type(t).__name__}; reduce gradients (WeightGrad) "
+                              f"instead, or all_gather ZeRO shards")
+        if isinstance(t, (Activation, ActivationGrad)) and not t.is_partial:
+            raise TensorError(f"{where}: {t!r} is complete; only tensor-parallel partial sums need all_reduce")
+    elif op == "all_gather":
+        if not isinstance(t, (Weight, OptState, WeightGrad)):
+            raise TensorError(f"{where}: all_gather takes ZeRO shards of weights or gradients, got {t!r}")
+        if t.is_complete:
+            raise TensorError(f"{where}: {t!r} is already complete; nothing to gather")
+    elif op == "reduce_scatter":
+        if not isinstance(t, WeightGrad):
+            raise TensorError(f"{where}: reduce_scatter takes a WeightGrad, got {t!r}")
+        if not t.is_complete:
+            raise TensorError(f"{where}: reduce_scatter needs the full gradient of the layer, got {t!r}")
+
+
+def _check_match(coll: Collective, op: str, t: Tensor, rank: int) -> None:
+    first_pos, first = next((i, w) for i, w in enumerate(coll.works) if w is not None)
+    other = coll.group.ranks[first_pos]
+    f = first.input
+    head = f"collective #{coll.seq} on group {list(coll.group.ranks)}"
+    if op != coll.op:
+        raise CollectiveMismatchError(f"{head}: rank {other} issued {coll.op}({f!r}) but rank {rank} issued "
+                                      f"{op}({t!r}) at the same position")
+    if type(t) is not type(f) or t.layer != f.layer or t.nbytes != f.nbytes:
+        raise CollectiveMismatchError(f"{head}: {op} tensors differ: rank {other} gave {f!r} "
+                                      f"({f.nbytes} bytes), rank {rank} gave {t!r} ({t.nbytes} bytes)")
+
+
+def _gathered_bytes(engine: Engine, t: Tensor, group: Group) -> int:
+    return t.nbytes * group.size
+
+
+def _resolve_ready(engine: Engine, coll: Collective) -> None:
+    """Resolve `coll` if it heads every member's stream, then whatever that unblocks, in order."""
+    work_list = [coll]
+    while work_list:
+        c = work_list.pop()
+        if c.issued != c.group.size:
+            continue
+        states = [engine.ranks[r] for r in c.group.ranks]
+        if any(s.queue[0] is not c for s in states):
+            continue
+        _resolve(engine, c, states)
+        for s in states:
+            s.queue.popleft()
+            if s.queue:
+                work_list.append(s.queue[0])
+
+
+def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
+    group = coll.group
+    works: list[Work] = coll.works  # type: ignore[assignment]
+    start = max(max(w.issue for w in works), max(s.comm_free for s in states))
+    first = works[0].input
+    results, nbytes, label = _combine(engine, coll, [w.input for w in works])
+    if coll.op == "all_reduce":
+        duration = costs.all_reduce_time(nbytes, group.size, group.link)
+        if isinstance(first, (Activation, ActivationGrad)):
+            # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h.
+            duration *= 2
+    elif coll.op == "all_gather":
+        duration = costs.all_gather_time(nbytes, group.size, group.link)
+    else:
+        duration = costs.reduce_scatter_time(nbytes, group.size, group.link)
+    end = start + duration
+    del group.pending[coll.seq]
+    peers = group.ranks
+    events = engine.events
+    for work, state, result in zip(works, states, results):
+        state.comm_free = end
+        work.end = end
+        work.result = result
+        events.append((state.rank, coll.op, "collective", start, end, first.layer, result.samples, nbytes,
+                       0.0, peers, coll.op_id, label))
+        engine.wake(work)
+
+
+def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[list[Tensor], int, str]:
+    """The per-member results of a collective, the bytes its cost is based on, and a label."""
+    op, ranks, works = coll.op, coll.group.ranks, coll.works
+    head = f"{op} #{coll.seq} on group {list(ranks)} (layer {inputs[0].layer})"
+    if isinstance(inputs[0], (Weight, OptState, WeightGrad)):
+        key = [(t.tp_rank, t.tp_size) for t in inputs]
+        if len(set(key)) > 1:
+            raise CollectiveMismatchError(f"{head}: members hold different tensor-parallel slices "
+                                          f"{dict(zip(ranks, key))}; reduce within one TP slice")
+    first = inputs[0]
+    if op == "all_reduce":
+        if isinstance(first, WeightGrad):
+            samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
+                                      "a sample's gradient would be counted twice")
+            shards = {(t.shards, t.num_shards) for t in inputs}
+            if len(shards) > 1:
+                raise CollectiveMismatchError(f"{head}: members hold different ZeRO shards; "
+                                              f"all-reduce the same shard on every member")
+            results = [clone(t, t.rank, t._storage, samples=samples) for t in inputs]
+            return results, first.nbytes, first.kind
+        # tensor-parallel partial sums of one activation (or its gradient)
+        if len({t.samples for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: partial sums of different samples "
+                                          f"{ {r: describe_mask(t.samples) for r, t in zip(ranks, inputs)} }")
+        parts = _disjoint_union(head, "tensor-parallel parts", ranks, [t.tp_parts for t in inputs],
+                                "a partial sum would be added twice")
+        tp_size = first.tp_size
+        if parts == full_mask(tp_size):
+            parts, tp_size = 1, 1
+        results = [clone(t, t.rank, t._storage, tp_parts=parts, tp_size=tp_size) for t in inputs]
+        return results, first.nbytes, f"{first.kind} (TP partial sums)"
+    if op == "all_gather":
+        if len({t.num_shards for t in inputs}) > 1 or len({getattr(t, "step", 0) for t in inputs}) > 1 \
+                or len({t.samples for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: shards disagree in num_shards, step or samples: "
+                                          f"{ {r: t for r, t in zip(ranks, inputs)} }")
+        shards = _disjoint_union(head, "shards", ranks, [t.shards for t in inputs], "a shard is held twice")
+        num_shards = first.num_shards
+        if shards == full_mask(num_shards):  # complete tensors are always 1 shard of 1
+            shards, num_shards = 1, 1
+        results = [clone(t, t.rank, w.result, shards=shards, num_shards=num_shards)
+                   for t, w in zip(inputs, works)]
+        return results, results[0].nbytes, first.kind
+    # reduce_scatter: sum complete gradients of disjoint samples, keep shard i on member i
+    samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
+                              "a sample's gradient would be counted twice")
+    p = len(inputs)
+    results = [clone(t, t.rank, w.result, samples=samples, shards=1 << i, num_shards=p)
+               for i, (t, w) in enumerate(zip(inputs, works))]
+    return results, first.nbytes, first.kind
+
+
+def _disjoint_union(head: str, what: str, ranks: tuple[int, ...], masks: list[int], why: str) -> int:
+    union = 0
+    owner: dict[int, int] = {}
+    for r, m in zip(ranks, masks):
+        if union & m:
+            clash = union & m
+            other = next(o for o, om in owner.items() if om & clash)
+            raise CollectiveMismatchError(f"{head}: ranks {other} and {r} both hold {what} "
+                                          f"{describe_mask(clash)}; {why}")
+        union |= m
+        owner[r] = m
+    return union
+
+
+# ---- point to point ------------------------------------------------------------------------------
+
+class Channel:
+    """Messages from one rank to another, matched in order."""
+
+    __slots__ = ("src", "dst", "sends", "recvs", "free", "link")
+
+    def __init__(self, src: int, dst: int, link: Link):
+        self.src, self.dst, self.link = src, dst, link
+        self.sends: deque[Work] = deque()
+        self.recvs: deque[Work] = deque()
+        self.free = 0.0
+
+
+def _channel(engine: Engine, src: int, dst: int) -> Channel:
+    channel = engine.channels.get((src, dst))
+    if channel is None:
+        channel = engine.channels[(src, dst)] = Channel(src, dst, engine.cluster.p2p_link(src, dst))
+    return channel
+
+
+def _check_peer(engine: Engine, rank: int, peer: Any, op: str, name: str) -> None:
+    if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < engine.world_size:
+        raise TensorError(f"rank {rank} {op}: {name} must be a rank in 0..{engine.world_size - 1}, got {peer!r}")
+    if peer == rank:
+        raise TensorError(f"rank {rank} {op}: cannot {op} to or from itself")
+
+
+def issue_send(engine: Engine, state: RankState, tensor: Tensor, dst: int) -> Work:
+    rank = state.rank
+    _check_peer(engine, rank, dst, "send", "dst")
+    if not isinstance(tensor, Tensor):
+        raise TensorError(f"rank {rank} send to {dst}: expected a tensor, got {type(tensor).__name__}")
+    if tensor.rank != rank:
+        raise TensorError(f"rank {rank} send to {dst}: {tensor!r} lives on rank {tensor.rank}, not here")
+    work = Work(engine, rank, "send", state.clock, tensor, (rank, dst))
+    work.detail = f"{tensor.kind} layer {tensor.layer}"
+    channel = _channel(engine, rank, dst)
+    channel.sends.append(work)
+    state.outstanding[id(work)] = work
+    _match(engine, channel)
+    return work
+
+
+def issue_recv(engine: Engine, state: RankState, src: int) -> Work:
+    rank = state.rank
+    _check_peer(engine, rank, src, "recv", "src")
+    work = Work(engine, rank, "recv", state.clock, None, (src, rank))
+    channel = _channel(engine, src, rank)
+    channel.recvs.append(work)
+    state.outstanding[id(work)] = work
+    _match(engine, channel)
+    return work
+
+
+def _match(engine: Engine, channel: Channel) -> None:
+    while channel.sends and channel.recvs:
+        send, recv = channel.sends.popleft(), channel.recvs.popleft()
+        tensor: Tensor = send.input  # type: ignore[assignment]
+        start = max(send.issue, recv.issue, channel.free)
+        end = start + costs.p2p_time(tensor.nbytes, channel.link)
+        channel.free = end
+        send.end = recv.end = end
+        recv.result = _Pending(clone(tensor, tensor.rank, None), tensor.nbytes)  # type: ignore[arg-type]
+        send.result = None
+        recv.detail = send.detail
+        op_id = engine.new_op_id()
+        pair = (channel.src, channel.dst)
+        for work in (send, recv):
+            engine.events.append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples,
+                                  tensor.nbytes, 0.0, pair, op_id, tensor.kind))
+        engine.wake(send)
+        engine.wake(recv)
+
+
+def unfinished(engine: Engine) -> list[str]:
+    """Ops still pending after every rank returned: each is a bug in the strategy."""
+    problems: list[str] = []
+    for group in engine.groups.values():
+        for coll in group.pending.values():
+            work = next(w for w in coll.works if w is not None)
+            problems.append(work.describe())
+    for channel in engine.channels.values():
+        for work in list(channel.sends) + list(channel.recvs):
+            problems.append(f"rank {work.rank} {work.describe()}")
+    return problems

@@ -1,0 +1,106 @@
+"""The device catalog: the one place where GPU and link figures live.
+
+Peak figures are dense 16-bit tensor-core throughput and HBM bandwidth from the vendor data sheets
+(NVIDIA H100, A100, V100, A10, L4 and T4 data sheets). Memory is the nominal size in GiB, which is what
+`nvidia-smi` reports (an "80GB" A100 shows 81920 MiB). Link bandwidths are per GPU and per direction.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from .errors import SpecError
+
+GB = 1e9  # bandwidths and FLOP rates use decimal units, as the data sheets do
+GiB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A link type: per-GPU bandwidth each way (bytes/s) and the latency of one ring step (s)."""
+
+    name: str
+    bandwidth: float
+    latency: float
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0:
+            raise SpecError(f"link {self.name!r}: bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+        if not self.latency >= 0:
+            raise SpecError(f"link {self.name!r}: latency must be >= 0 s, got {self.latency}")
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One GPU model: what it computes, holds and moves, and the links it usually comes with."""
+
+    name: str
+    peak_flops: float  # dense fp16/bf16 tensor FLOP/s
+    memory_bytes: int
+    hbm_bandwidth: float  # bytes/s
+    intra_link: Link  # default link between GPUs of one node
+    inter_link: Link  # default per-GPU network link between nodes
+    # Fraction of peak that large transformer-layer kernels sustain (GEMMs plus the memory-bound
+    # softmax/layernorm/dropout around them); small ops fall below it, see costs.compute_time.
+    max_efficiency: float
+
+    def __post_init__(self) -> None:
+        for field in ("peak_flops", "memory_bytes", "hbm_bandwidth"):
+            if not getattr(self, field) > 0:
+                raise SpecError(f"device {self.name!r}: {field} must be > 0, got {getattr(self, field)}")
+        if not 0 < self.max_efficiency <= 1:
+            raise SpecError(f"device {self.name!r}: max_efficiency must be in (0, 1], got {self.max_efficiency}")
+
+
+# Per-step ring latencies follow NCCL's tuner (src/graph/tuning.cc, "Simple" protocol hardware
+# latencies for the ring algorithm): NVLink 3.4 us, PCIe 5.7 us, network 14 us per step.
+NVLINK_4 = Link("NVLink4", 450 * GB, 3.4e-6)
+NVLINK_3 = Link("NVLink3", 300 * GB, 3.4e-6)
+NVLINK_2 = Link("NVLink2", 150 * GB, 3.4e-6)
+PCIE_4 = Link("PCIe4", 25 * GB, 5.7e-6)
+PCIE_3 = Link("PCIe3", 12 * GB, 5.7e-6)
+IB_NDR = Link("IB-NDR", 50 * GB, 14e-6)  # 400 Gb/s per GPU
+IB_HDR = Link("IB-HDR", 25 * GB, 14e-6)  # 200 Gb/s per GPU
+IB_EDR = Link("IB-EDR", 12.5 * GB, 14e-6)  # 100 Gb/s per GPU
+ETH_100G = Link("Eth-100G", 12.5 * GB, 14e-6)
+ETH_50G = Link("Eth-50G", 6.25 * GB, 14e-6)  # e.g. a g4dn.12xlarge T4 node's 50 Gb/s
+ETH_40G = Link("Eth-40G", 5 * GB, 14e-6)
+
+LINKS: dict[str, Link] = {link.name.lower(): link for link in
+                          (NVLINK_4, NVLINK_3, NVLINK_2, PCIE_4, PCIE_3, IB_NDR, IB_HDR, IB_EDR,
+                           ETH_100G, ETH_50G, ETH_40G)}
+
+DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device("H100-80GB", 989e12, 80 * GiB, 3350 * GB, NVLINK_4, IB_NDR, 0.70),
+    Device("A100-80GB", 312e12, 80 * GiB, 2039 * GB, NVLINK_3, IB_HDR, 0.70),
+    Device("A100-40GB", 312e12, 40 * GiB, 1555 * GB, NVLINK_3, IB_HDR, 0.70),
+    Device("V100-32GB", 125e12, 32 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.65),
+    Device("V100-16GB", 125e12, 16 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.65),
+    Device("A10", 125e12, 24 * GiB, 600 * GB, PCIE_4, ETH_40G, 0.60),
+    Device("L4", 121e12, 24 * GiB, 300 * GB, PCIE_4, ETH_40G, 0.60),
+    Device("T4", 65e12, 16 * GiB, 320 * GB, PCIE_3, ETH_50G, 0.55),
+)}
+
+_ALIASES = {"h100": "H100-80GB", "a100": "A100-80GB", "v100": "V100-32GB"}
+
+
+def get_device(name: str, custom: dict[str, Device] | None = None) -> Device:
+    """Look a device up by name, case-insensitively; an unknown name lists the close ones."""
+    catalog = {**DEVICES, **(custom or {})}
+    by_lower = {key.lower(): dev for key, dev in catalog.items()}
+    key = name.strip().lower()
+    if key in by_lower:
+        return by_lower[key]
+    if key in _ALIASES:
+        return DEVICES[_ALIASES[key]]
+    close = difflib.get_close_matches(name.upper(), list(catalog), n=3, cutoff=0.4)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise SpecError(f"unknown device {name!r}{hint} (known: {', '.join(catalog)})")
+
+
+def get_link(name: str) -> Link:
+    try:
+        return LINKS[name.strip().lower()]
+    except KeyError:
+        raise SpecError(f"unknown link {name!r} (known: {', '.join(l.name for l in LINKS.values())})") from None

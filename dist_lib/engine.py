@@ -1,0 +1,168 @@
+"""Virtual clocks, rank coroutines, blocking on Work handles, deadlock detection and the event log.
+
+Time is virtual: a rank's `clock` (its compute stream) only moves by the cost of what it does or by
+waiting for a `Work`. Nothing sleeps and nothing polls. Each blocking wait checks at once whether every
+unfinished rank is now blocked; if so no one can ever wake them, and a `DeadlockError` lists each
+blocked rank and the op it waits on. Results never depend on the order asyncio runs ranks in, because
+every time is computed from issue times and completion times, which are fixed by program order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import traceback
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .errors import DeadlockError, SimulationError, StrategyError
+from .hardware import Cluster
+from .memory import MemoryTracker
+from .workload import Workload
+
+# One recorded op, as a plain tuple for speed (see `result.Event` for the named view):
+# (rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail)
+RawEvent = tuple
+
+
+class RankState:
+    """Per-rank simulator state: clocks, the collective stream's queue, memory, outstanding works."""
+
+    __slots__ = ("rank", "device", "clock", "comm_free", "queue", "memory", "outstanding", "waiting",
+                 "finished", "flops", "recompute_flops", "final_weights", "updated", "forwards",
+                 "node")
+
+    def __init__(self, rank: int, cluster: Cluster, enforce_memory: bool):
+        self.rank = rank
+        self.device = cluster.device_of(rank)
+        self.node = cluster.node_of(rank)
+        self.clock = 0.0  # compute stream
+        self.comm_free = 0.0  # when the collective stream is next free
+        self.queue: deque = deque()  # issued, unresolved collectives in issue order (one NCCL stream)
+        self.memory = MemoryTracker(rank, self.device.name, self.device.memory_bytes, self, enforce_memory)
+        self.outstanding: dict[int, Any] = {}  # id(work) -> Work not yet awaited
+        self.waiting: list[Any] = []  # works this rank is blocked on
+        self.finished = False
+        self.flops = 0.0  # executed, including recompute (HFU)
+        self.recompute_flops = 0.0
+        self.final_weights: dict[tuple[int, int], Any] = {}  # (layer, tp_rank) -> [Weight]
+        self.updated: set = set()  # (layer, shards, tp_rank) already updated on this rank
+        self.forwards: set = set()  # (layer, samples, tp_rank) forwarded once: a repeat is recompute
+
+
+class Engine:
+    """Owns every rank's state, the groups and channels, and the event log of one simulated step."""
+
+    def __init__(self, cluster: Cluster, workload: Workload, global_batch_size: int, enforce_memory: bool = True):
+        self.cluster = cluster
+        self.workload = workload
+        self.global_batch_size = global_batch_size
+        self.world_size = cluster.world_size
+        self.ranks = [RankState(r, cluster, enforce_memory) for r in range(self.world_size)]
+        self.events: list[RawEvent] = []
+        self.groups: dict[tuple[int, ...], Any] = {}
+        self.channels: dict[tuple[int, int], Any] = {}
+        self.blocked = 0  # ranks with at least one wait in progress
+        self.finished = 0
+        self.next_op_id = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- blocking and waking ------------------------------------------------------------------
+
+    def block(self, state: RankState, work: Any) -> asyncio.Future:
+        """Register that `state` waits on an unresolved `work`; raise at once if that is a deadlock."""
+        future = self.loop.create_future()  # type: ignore[union-attr]
+        work.future = future
+        if not state.waiting:
+            self.blocked += 1
+        state.waiting.append(work)
+        if self.blocked + self.finished == self.world_size:
+            raise DeadlockError(self.describe_deadlock())
+        return future
+
+    def wake(self, work: Any) -> None:
+        """`work` just resolved: its waiting rank (if any) can run again."""
+        future = work.future
+        if future is None:
+            return
+        state = self.ranks[work.rank]
+        state.waiting.remove(work)
+        if not state.waiting:
+            self.blocked -= 1
+        if not future.done():
+            future.set_result(None)
+
+    def rank_finished(self, state: RankState) -> None:
+        state.finished = True
+        self.finished += 1
+        if self.blocked and self.blocked + self.finished == self.world_size:
+            error = DeadlockError(self.describe_deadlock())
+            for other in self.ranks:
+                for work in other.waiting:
+                    if not work.future.done():
+                        work.future.set_exception(error)
+
+    def describe_deadlock(self) -> str:
+        lines = ["deadlock: every unfinished rank waits on communication no rank will complete"]
+        for state in self.ranks:
+            if state.waiting:
+                for work in state.waiting:
+                    lines.append(f"  rank {state.rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}")
+            elif state.finished:
+                lines.append(f"  rank {state.rank} finished")
+        return "\n".join(lines)
+
+    def new_op_id(self) -> int:
+        self.next_op_id += 1
+        return self.next_op_id
+
+    # ---- running ------------------------------------------------------------------------------
+
+    async def run(self, make_coroutine: Callable[[int], Coroutine], order: list[int]) -> None:
+        """Run one coroutine per rank; the first failure cancels the rest and is re-raised."""
+        self.loop = asyncio.get_running_loop()
+        self.first_error: BaseException | None = None
+        tasks = [asyncio.ensure_future(self._run_rank(make_coroutine, rank)) for rank in order]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self.first_error is not None:
+            raise self.first_error
+
+    async def _run_rank(self, make_coroutine: Callable[[int], Coroutine], rank: int) -> None:
+        state = self.ranks[rank]
+        try:
+            await make_coroutine(rank)
+        except asyncio.CancelledError:
+            raise
+        except SimulationError as error:
+            self._fail(error)
+            raise
+        except Exception as error:  # the strategy's own bug: say which rank and which line
+            wrapped = StrategyError(f"rank {rank}: {type(error).__name__}: {error}{user_frame(error)}")
+            wrapped.__cause__ = error
+            self._fail(wrapped)
+            raise wrapped from error
+        finally:
+            if not state.finished:
+                self.rank_finished(state)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.first_error is None:
+            self.first_error = error
+
+
+def user_frame(error: BaseException) -> str:
+    """' (at strategy.py:42 in train)': the innermost traceback frame outside the simulator."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = ""
+    for frame, lineno in traceback.walk_tb(error.__traceback__):
+        filename = frame.f_code.co_filename
+        if not os.path.abspath(filename).startswith(here) and "asyncio" not in filename:
+            found = f" (at {os.path.basename(filename)}:{lineno} in {frame.f_code.co_name})"
+    return found

@@ -1,0 +1,290 @@
+"""Clusters: nodes of (possibly different) GPUs, the links between them, and how ranks map onto them.
+
+Ranks are laid out node by node: a `2x8xA100-80GB+1x4xT4` cluster has ranks 0-7 on node 0, 8-15 on
+node 1 and 16-19 on the T4 node. Three ways to describe one:
+
+* a spec string: `NODESxGPUSxDEVICE` terms joined by `+`, each optionally followed by
+  `:inter=GBps`, `:intra=GBps` (per-GPU bandwidth each way, decimal GB/s), e.g. `2x8xA100-80GB:inter=50`;
+  `8xA100-80GB` is one node of eight, a bare `T4` one GPU;
+* a TOML file (see `Cluster.from_toml`);
+* other `scheme:argument` specs registered in `SPEC_SCHEMES` (e.g. Metis cluster files).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .devices import GB, GiB, Device, Link, get_device
+from .errors import SpecError
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A host with `gpus` devices of one type, an intra-node link and a per-GPU network link."""
+
+    device: Device
+    gpus: int
+    intra_link: Link
+    inter_link: Link
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.gpus, int) and self.gpus >= 1):
+            raise SpecError(f"node of {self.device.name}: gpus must be a whole number >= 1, got {self.gpus!r}")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """An ordered tuple of nodes; rank r lives on `node_of(r)`."""
+
+    nodes: tuple[Node, ...]
+    name: str = ""
+    _rank_node: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise SpecError("a cluster needs at least one node")
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        rank_node = tuple(i for i, node in enumerate(self.nodes) for _ in range(node.gpus))
+        object.__setattr__(self, "_rank_node", rank_node)
+        if not self.name:
+            object.__setattr__(self, "name", _describe(self.nodes))
+
+    @property
+    def world_size(self) -> int:
+        return len(self._rank_node)
+
+    def node_of(self, rank: int) -> int:
+        return self._rank_node[rank]
+
+    def device_of(self, rank: int) -> Device:
+        return self.nodes[self._rank_node[rank]].device
+
+    def ranks_of_node(self, node: int) -> range:
+        start = sum(n.gpus for n in self.nodes[:node])
+        return range(start, start + self.nodes[node].gpus)
+
+    def p2p_link(self, src: int, dst: int) -> Link:
+        """The link a point-to-point transfer crosses: NVLink/PCIe inside a node, else the slower NIC."""
+        a, b = self._rank_node[src], self._rank_node[dst]
+        if a == b:
+            return self.nodes[a].intra_link
+        return _bottleneck((self.nodes[a].inter_link, self.nodes[b].inter_link))
+
+    def ring_link(self, ranks: Sequence[int]) -> Link:
+        """The slowest hop of a ring over `ranks` (in rank order): a ring moves at its bottleneck."""
+        nodes = [self._rank_node[r] for r in ranks]
+        links: set[Link] = set()
+        for a, b in zip(nodes, nodes[1:] + nodes[:1]):
+            if a == b:
+                links.add(self.nodes[a].intra_link)
+            else:
+                links.update((self.nodes[a].inter_link, self.nodes[b].inter_link))
+        return _bottleneck(tuple(links))
+
+    def __str__(self) -> str:
+        return self.name
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def parse(cls, spec: str) -> Cluster:
+        """Build a cluster from a spec string such as `2x8xA100-80GB+1x4xT4:inter=12.5`."""
+        terms = [t.strip() for t in spec.split("+")]
+        if not spec.strip() or any(not t for t in terms):
+            raise SpecError(f"cluster spec {spec!r}: expected terms like 2x8xA100-80GB joined by '+'")
+        nodes: list[Node] = []
+        for term in terms:
+            nodes.extend(_parse_term(term, spec))
+        return cls(tuple(nodes))
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Cluster:
+        """Read a cluster file::
+
+            [devices.MyGPU]              # optional custom devices
+            peak_tflops = 100
+            memory_GiB = 24
+            hbm_GBps = 800
+            intra_bandwidth_GBps = 25    # defaults for nodes of this device
+            inter_bandwidth_GBps = 12.5
+            max_efficiency = 0.6
+
+            [[nodes]]
+            device = "A100-80GB"
+            count = 2                    # identical nodes, default 1
+            gpus = 8
+            inter_bandwidth_GBps = 25    # optional overrides, also intra_bandwidth_GBps,
+                                         # intra_latency_us, inter_latency_us
+        """
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(f"{path}: cannot read cluster file ({exc})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"{path}: not valid TOML ({exc})") from None
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "<cluster>") -> Cluster:
+        if not isinstance(data, dict):
+            raise SpecError(f"{source}: expected a table with [[nodes]]")
+        custom = {name: _custom_device(name, spec, f"{source}: devices.{name}")
+                  for name, spec in _table(data.get("devices", {}), f"{source}: devices").items()}
+        entries = data.get("nodes")
+        if not isinstance(entries, list) or not entries:
+            raise SpecError(f"{source}: needs at least one [[nodes]] entry")
+        nodes: list[Node] = []
+        for i, entry in enumerate(entries):
+            where = f"{source}: nodes[{i}]"
+            entry = _table(entry, where)
+            unknown = set(entry) - {"device", "count", "gpus", "intra_bandwidth_GBps", "inter_bandwidth_GBps",
+                                    "intra_latency_us", "inter_latency_us"}
+            if unknown:
+                raise SpecError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+            if "device" not in entry or not isinstance(entry["device"], str):
+                raise SpecError(f"{where}.device: missing or not a string")
+            device = get_device(entry["device"], custom)
+            count = _positive_int(entry.get("count", 1), f"{where}.count")
+            gpus = _positive_int(entry.get("gpus", 1), f"{where}.gpus")
+            node = Node(device, gpus, device.intra_link, device.inter_link)
+            node = _with_links(node, entry, where)
+            nodes.extend([node] * count)
+        return cls(tuple(nodes), name=str(data.get("name", "")))
+
+    @classmethod
+    def load(cls, cluster: Cluster | str | Path) -> Cluster:
+        """Accept a `Cluster`, a TOML path, a `scheme:argument` spec, or a spec string."""
+        if isinstance(cluster, Cluster):
+            return cluster
+        if isinstance(cluster, Path) or (isinstance(cluster, str) and cluster.endswith(".toml")):
+            return cls.from_toml(cluster)
+        if not isinstance(cluster, str):
+            raise SpecError(f"cluster must be a spec string, a .toml path or a Cluster, got {type(cluster).__name__}")
+        scheme, _, arg = cluster.partition(":")
+        if scheme in SPEC_SCHEMES and arg:
+            return SPEC_SCHEMES[scheme](arg)
+        return cls.parse(cluster)
+
+
+# `scheme:argument` cluster specs (other modules register readers here, e.g. "metis").
+SPEC_SCHEMES: dict[str, Callable[[str], Cluster]] = {}
+
+_TERM = re.compile(r"^(?:(\d+)\s*[xX]\s*)?(?:(\d+)\s*[xX]\s*)?([A-Za-z][\w.-]*)$")
+
+
+def _parse_term(term: str, spec: str) -> list[Node]:
+    head, *options = term.split(":")
+    m = _TERM.match(head.strip())
+    if not m:
+        raise SpecError(f"cluster spec {spec!r}: cannot read {term!r}; expected NODESxGPUSxDEVICE, e.g. 2x8xA100-80GB")
+    first, second, device_name = m.groups()
+    if second is not None:
+        n_nodes, gpus = int(first), int(second)
+    else:
+        n_nodes, gpus = 1, int(first) if first is not None else 1
+    if n_nodes < 1 or gpus < 1:
+        raise SpecError(f"cluster spec {spec!r}: {term!r} needs at least one node and one GPU")
+    device = get_device(device_name)
+    values: dict[str, float] = {}
+    for opt in options:
+        key, sep, value = opt.partition("=")
+        key = key.strip()
+        if not sep or key not in ("inter", "intra"):
+            raise SpecError(f"cluster spec {spec!r}: option {opt!r}; expected inter=GBps or intra=GBps")
+        values[f"{key}_bandwidth_GBps"] = _number(value, f"cluster spec {spec!r}: {key}")
+    node = _with_links(Node(device, gpus, device.intra_link, device.inter_link), values, f"cluster spec {spec!r}")
+    return [node] * n_nodes
+
+
+def _with_links(node: Node, entry: dict, where: str) -> Node:
+    """Apply bandwidth/latency overrides from a spec or file entry to a node's default links."""
+    intra, inter = node.intra_link, node.inter_link
+    if "intra_bandwidth_GBps" in entry:
+        intra = replace(intra, bandwidth=_positive(entry["intra_bandwidth_GBps"], f"{where}.intra_bandwidth_GBps") * GB)
+    if "inter_bandwidth_GBps" in entry:
+        inter = replace(inter, bandwidth=_positive(entry["inter_bandwidth_GBps"], f"{where}.inter_bandwidth_GBps") * GB)
+    if "intra_latency_us" in entry:
+        intra = replace(intra, latency=_non_negative(entry["intra_latency_us"], f"{where}.intra_latency_us") * 1e-6)
+    if "inter_latency_us" in entry:
+        inter = replace(inter, latency=_non_negative(entry["inter_latency_us"], f"{where}.inter_latency_us") * 1e-6)
+    return replace(node, intra_link=intra, inter_link=inter)
+
+
+def _custom_device(name: str, spec: dict, where: str) -> Device:
+    spec = _table(spec, where)
+    required = ("peak_tflops", "memory_GiB", "hbm_GBps")
+    for key in required:
+        if key not in spec:
+            raise SpecError(f"{where}.{key}: missing")
+    base = get_device(spec.get("like", "A100-80GB"))
+    intra, inter = base.intra_link, base.inter_link
+    if "intra_bandwidth_GBps" in spec:
+        intra = Link(f"{name}-intra", _positive(spec["intra_bandwidth_GBps"], f"{where}.intra_bandwidth_GBps") * GB,
+                     intra.latency)
+    if "inter_bandwidth_GBps" in spec:
+        inter = Link(f"{name}-inter", _positive(spec["inter_bandwidth_GBps"], f"{where}.inter_bandwidth_GBps") * GB,
+                     inter.latency)
+    efficiency = _positive(spec.get("max_efficiency", base.max_efficiency), f"{where}.max_efficiency")
+    if efficiency > 1:
+        raise SpecError(f"{where}.max_efficiency: must be at most 1, got {efficiency}")
+    return Device(name, _positive(spec["peak_tflops"], f"{where}.peak_tflops") * 1e12,
+                  int(_positive(spec["memory_GiB"], f"{where}.memory_GiB") * GiB),
+                  _positive(spec["hbm_GBps"], f"{where}.hbm_GBps") * GB, intra, inter, efficiency)
+
+
+def _bottleneck(links: tuple[Link, ...]) -> Link:
+    slowest = min(links, key=lambda link: link.bandwidth)
+    latency = max(link.latency for link in links)
+    return slowest if slowest.latency == latency else replace(slowest, latency=latency)
+
+
+def _describe(nodes: tuple[Node, ...]) -> str:
+    parts: list[str] = []
+    i = 0
+    while i < len(nodes):
+        j = i
+        while j < len(nodes) and nodes[j] == nodes[i]:
+            j += 1
+        parts.append(f"{j - i}x{nodes[i].gpus}x{nodes[i].device.name}")
+        i = j
+    return "+".join(parts)
+
+
+def _table(value: object, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: expected a table, got {type(value).__name__}")
+    return value
+
+
+def _number(value: object, where: str) -> float:
+    if isinstance(value, bool):
+        raise SpecError(f"{where}: expected a number, got {value!r}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise SpecError(f"{where}: expected a number, got {value!r}") from None
+
+
+def _positive(value: object, where: str) -> float:
+    number = _number(value, where)
+    if not number > 0 or number == float("inf"):
+        raise SpecError(f"{where}: must be a positive finite number, got {value!r}")
+    return number
+
+
+def _non_negative(value: object, where: str) -> float:
+    number = _number(value, where)
+    if not number >= 0 or number == float("inf"):
+        raise SpecError(f"{where}: must be a non-negative finite number, got {value!r}")
+    return number
+
+
+def _positive_int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{where}: must be a whole number >= 1, got {value!r}")
+    return value

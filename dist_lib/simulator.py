@@ -1,0 +1,153 @@
+"""`simulate`: run a strategy on every rank of a cluster for one training step and return a `Result`."""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+import importlib.util
+import inspect
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .check import check_final_weights
+from .comm import unfinished
+from .engine import Engine
+from .errors import DeadlockError, IncorrectStepError, SpecError, StrategyError
+from .hardware import Cluster
+from .model import Model
+from .result import Result
+from .workload import Workload
+
+DEFAULT_CLUSTER = "1x8xA100-80GB"
+DEFAULT_WORKLOAD = "gpt-1.3b"
+DEFAULT_GLOBAL_BATCH = 32
+
+Strategy = Callable[..., Any]
+
+
+def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DEFAULT_CLUSTER,
+             workload: Workload | str | Path = DEFAULT_WORKLOAD, global_batch_size: int = DEFAULT_GLOBAL_BATCH,
+             *, check: bool = True, enforce_memory: bool = True, start_order_seed: int | None = None,
+             **options: Any) -> Result:
+    """Run `strategy` (an `async def train(model, **options)`, or a path to a file defining one) on
+    every rank. Extra keywords go to the strategy. With `check=True` an incorrect step raises
+    `IncorrectStepError`; with `check=False` it is reported in `result.correct` / `result.problems`.
+    `start_order_seed` shuffles the order in which ranks start (results must not change)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("simulate() was called inside a running event loop; use `await simulate_async(...)`")
+    return asyncio.run(simulate_async(strategy, cluster, workload, global_batch_size, check=check,
+                                      enforce_memory=enforce_memory, start_order_seed=start_order_seed, **options))
+
+
+async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DEFAULT_CLUSTER,
+                         workload: Workload | str | Path = DEFAULT_WORKLOAD,
+                         global_batch_size: int = DEFAULT_GLOBAL_BATCH, *, check: bool = True,
+                         enforce_memory: bool = True, start_order_seed: int | None = None,
+                         **options: Any) -> Result:
+    """`simulate` for callers that already run an event loop."""
+    train, name = load_strategy(strategy)
+    check_options(train, options, name)
+    cluster = Cluster.load(cluster)
+    workload = Workload.load(workload)
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
+        raise SpecError(f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}")
+    engine = Engine(cluster, workload, global_batch_size, enforce_memory)
+    models = [Model(engine, r) for r in range(cluster.world_size)]
+    order = list(range(cluster.world_size))
+    if start_order_seed is not None:
+        random.Random(start_order_seed).shuffle(order)
+    await engine.run(lambda rank: train(models[rank], **options), order)
+    leftovers = unfinished(engine)
+    if leftovers:
+        raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
+                            + "\n  ".join(leftovers))
+    for state in engine.ranks:  # un-awaited works release their buffers when the rank's stream drains
+        state.outstanding.clear()
+    finals = [w for state in engine.ranks for weights in state.final_weights.values() for w in weights]
+    problems = check_final_weights(finals, workload.num_layers, global_batch_size)
+    result = _build_result(engine, options, name, problems)
+    if problems and check:
+        raise IncorrectStepError(f"{name}: the step is not a correct training step:\n  " + "\n  ".join(problems))
+    return result
+
+
+def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: list[str]) -> Result:
+    rank_times = [max(s.clock, s.comm_free) for s in engine.ranks]
+    for e in engine.events:  # point-to-point ends (and un-awaited collectives) count too
+        if e[4] > rank_times[e[0]]:
+            rank_times[e[0]] = e[4]
+    workload = engine.workload
+    return Result(
+        cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,
+        options=dict(options), time_s=max(rank_times), rank_times=rank_times,
+        memory_bytes=[s.memory.peak for s in engine.ranks],
+        memory_by_kind=[dict(s.memory.peak_by_kind) for s in engine.ranks],
+        model_flops=workload.model_flops_per_sample() * engine.global_batch_size,
+        hardware_flops=sum(s.flops for s in engine.ranks),
+        correct=not problems, problems=problems, raw_events=engine.events,
+        # copies: tensors freed after the step (as the engine is collected) must not reach the result
+        timelines=[(array("d", s.memory.times), array("d", s.memory.values)) for s in engine.ranks],
+        strategy=name)
+
+
+def load_strategy(strategy: Strategy | str | Path) -> tuple[Strategy, str]:
+    """A `train` coroutine function from a callable, a file path, or a module name (`strategies.ddp`)."""
+    if callable(strategy):
+        train, name = strategy, getattr(strategy, "__module__", "") or getattr(strategy, "__name__", "train")
+        name = name.rsplit(".", 1)[-1] if name != "__main__" else getattr(strategy, "__name__", "train")
+    else:
+        text = str(strategy)
+        path = Path(text)
+        if path.suffix == ".py" or path.exists():
+            module = _load_file(path)
+            name = path.stem
+        else:
+            try:
+                module = importlib.import_module(text)
+            except ImportError as exc:
+                raise SpecError(f"strategy {text!r}: no such file or module ({exc})") from None
+            name = text.rsplit(".", 1)[-1]
+        train = getattr(module, "train", None)
+        if train is None:
+            raise SpecError(f"strategy {text}: defines no `train` function (expected `async def train(model, **options)`)")
+    if not inspect.iscoroutinefunction(train):
+        raise SpecError(f"strategy {name}: `train` must be `async def train(model, **options)`, "
+                        f"got a plain {type(train).__name__}")
+    return train, name
+
+
+def _load_file(path: Path) -> Any:
+    if not path.is_file():
+        raise SpecError(f"strategy file {path}: not found")
+    module_name = f"_strategy_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise SpecError(f"strategy file {path}: cannot be imported as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        from .engine import user_frame
+        raise StrategyError(f"strategy file {path}: importing it raised {type(exc).__name__}: {exc}"
+                            f"{user_frame(exc)}") from exc
+    return module
+
+
+def check_options(train: Strategy, options: dict[str, Any], name: str) -> None:
+    """Reject option names the strategy does not take, listing those it does."""
+    params = inspect.signature(train).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [p for i, p in enumerate(params) if i > 0]
+    unknown = [k for k in options if k not in accepted]
+    if unknown:
+        raise SpecError(f"strategy {name}: unknown option(s) {', '.join(unknown)}; it accepts "
+                        f"{', '.join(accepted) or 'no options'}")

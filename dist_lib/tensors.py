@@ -1,0 +1,232 @@
+"""Symbolic tensors: what a buffer stands for (which layer, which samples, which shard, which step), not its data.
+
+Samples are a bit mask over the global batch (bit i set = sample i contributed), so unions and
+overlap checks are single integer operations. Two kinds of splitting are kept apart on purpose:
+
+* ZeRO shards (`shards` bit mask out of `num_shards`) hold part of a layer's parameters and must be
+  all-gathered complete before compute (Rajbhandari et al. 2020);
+* tensor-parallel shards (`tp_rank` of `tp_size`, Megatron-LM, Shoeybi et al. 2019) compute on their
+  slice directly and yield *partial sums* (`tp_parts` of `tp_size`) that an all-reduce completes.
+
+Tensors are values: treat their fields as read-only (the grader re-derives every op from the log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .memory import Storage
+
+
+def samples_mask(samples: Iterable[int] | range, global_batch_size: int) -> int:
+    """Turn a range or iterable of sample indices into a bit mask; indices must lie in the global batch."""
+    if isinstance(samples, range) and samples.step == 1:
+        start, stop = samples.start, samples.stop
+        if stop <= start:
+            raise ValueError("no samples")
+        if start < 0 or stop > global_batch_size:
+            raise ValueError(f"samples {start}..{stop - 1} are outside the global batch 0..{global_batch_size - 1}")
+        return ((1 << stop) - 1) ^ ((1 << start) - 1)
+    mask = 0
+    for i in samples:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ValueError(f"sample index {i!r} is not an int")
+        if not 0 <= i < global_batch_size:
+            raise ValueError(f"sample {i} is outside the global batch 0..{global_batch_size - 1}")
+        if mask >> i & 1:
+            raise ValueError(f"sample {i} is listed twice")
+        mask |= 1 << i
+    if not mask:
+        raise ValueError("no samples")
+    return mask
+
+
+def describe_mask(mask: int) -> str:
+    """`0b11110110` -> '1-2, 4-7'."""
+    spans: list[str] = []
+    i = 0
+    while mask >> i:
+        if mask >> i & 1:
+            j = i
+            while mask >> (j + 1) & 1:
+                j += 1
+            spans.append(str(i) if i == j else f"{i}-{j}")
+            i = j + 1
+        else:
+            i += 1
+    return ", ".join(spans) or "none"
+
+
+def full_mask(n: int) -> int:
+    return (1 << n) - 1
+
+
+class Tensor:
+    """Base of every symbolic tensor: the rank that holds it, its layer, its samples and its buffer."""
+
+    __slots__ = ("rank", "layer", "samples", "_storage")
+    kind = "tensor"
+
+    @property
+    def nbytes(self) -> int:
+        return self._storage.nbytes
+
+    def _fields(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        samples = f", samples {describe_mask(self.samples)}" if self.samples else ""
+        return f"{type(self).__name__}(layer {self.layer}{samples}{self._fields()}, rank {self.rank})"
+
+
+class _Sharded(Tensor):
+    """Fields shared by tensors that hold (part of) a layer's parameters."""
+
+    __slots__ = ("shards", "num_shards", "tp_rank", "tp_size")
+
+    @property
+    def is_complete(self) -> bool:
+        """All ZeRO shards present (a TP slice counts as complete: it computes as it is)."""
+        return self.shards == (1 << self.num_shards) - 1
+
+    def _fields(self) -> str:
+        out = ""
+        if self.num_shards > 1:
+            out += f", shards {describe_mask(self.shards)} of {self.num_shards}"
+        if self.tp_size > 1:
+            out += f", tp {self.tp_rank}/{self.tp_size}"
+        return out
+
+
+class Weight(_Sharded):
+    """16-bit weights of a layer at optimizer step `step` (0 as loaded, 1 after this step's update)."""
+
+    __slots__ = ("step",)
+    kind = "weight"
+
+    def __init__(self, rank: int, layer: int, step: int, shards: int, num_shards: int, tp_rank: int,
+                 tp_size: int, samples: int, storage: Storage):
+        self.rank = rank
+        self.layer = layer
+        self.step = step
+        self.shards = shards
+        self.num_shards = num_shards
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self.samples = samples  # samples whose gradients the last update applied
+        self._storage = storage
+
+    def _fields(self) -> str:
+        return f", step {self.step}" + super()._fields()
+
+
+class OptState(Weight):
+    """fp32 master weights, momentum and variance of a layer (12 bytes per parameter)."""
+
+    __slots__ = ()
+    kind = "optimizer"
+
+
+class WeightGrad(_Sharded):
+    """Gradient of a layer's weights, summed over `samples`."""
+
+    __slots__ = ()
+    kind = "weight_grad"
+
+    def __init__(self, rank: int, layer: int, samples: int, shards: int, num_shards: int, tp_rank: int,
+                 tp_size: int, storage: Storage):
+        self.rank = rank
+        self.layer = layer
+        self.samples = samples
+        self.shards = shards
+        self.num_shards = num_shards
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self._storage = storage
+
+    def __add__(self, other: WeightGrad) -> WeightGrad:
+        """Accumulate gradients of disjoint samples; like `.grad +=`, the sum reuses the left buffer."""
+        if not isinstance(other, WeightGrad):
+            return NotImplemented
+        problem = None
+        if other.rank != self.rank:
+            problem = f"gradients live on ranks {self.rank} and {other.rank}; send or all-reduce them instead"
+        elif (other.layer, other.shards, other.num_shards, other.tp_rank, other.tp_size) != \
+                (self.layer, self.shards, self.num_shards, self.tp_rank, self.tp_size):
+            problem = f"cannot add {other!r} to {self!r}: layer and shards must match"
+        elif self.samples & other.samples:
+            problem = (f"samples {describe_mask(self.samples & other.samples)} would be counted twice "
+                       f"in the gradient of layer {self.layer}")
+        if problem:
+            from .errors import TensorError
+            raise TensorError(f"rank {self.rank} WeightGrad + WeightGrad (layer {self.layer}): {problem}")
+        return WeightGrad(self.rank, self.layer, self.samples | other.samples, self.shards, self.num_shards,
+                          self.tp_rank, self.tp_size, self._storage)
+
+
+class Activation(Tensor):
+    """Hidden states entering layer `layer` (after the last layer: the input of the loss).
+
+    `forward` attaches the layer's stash (what backward needs) to its *input* activation; a TP forward
+    returns a partial sum (`tp_parts` of `tp_size`) that must be all-reduced in the TP group.
+    """
+
+    __slots__ = ("tp_parts", "tp_size", "_stash")
+    kind = "activation"
+
+    def __init__(self, rank: int, layer: int, samples: int, storage: Storage, tp_parts: int = 1,
+                 tp_size: int = 1):
+        self.rank = rank
+        self.layer = layer
+        self.samples = samples
+        self._storage = storage
+        self.tp_parts = tp_parts
+        self.tp_size = tp_size
+        self._stash: Stash | None = None
+
+    @property
+    def is_partial(self) -> bool:
+        return self.tp_parts != (1 << self.tp_size) - 1
+
+    @property
+    def has_stash(self) -> bool:
+        return self._stash is not None
+
+    def _fields(self) -> str:
+        out = f", partial {describe_mask(self.tp_parts)} of {self.tp_size}" if self.is_partial else ""
+        return out + (", with stash" if self._stash is not None else "")
+
+
+class ActivationGrad(Tensor):
+    """Gradient of the loss with respect to the activation entering layer `layer`."""
+
+    __slots__ = ("tp_parts", "tp_size")
+    kind = "activation_grad"
+
+    def __init__(self, rank: int, layer: int, samples: int, storage: Storage, tp_parts: int = 1,
+                 tp_size: int = 1):
+        self.rank = rank
+        self.layer = layer
+        self.samples = samples
+        self._storage = storage
+        self.tp_parts = tp_parts
+        self.tp_size = tp_size
+
+    @property
+    def is_partial(self) -> bool:
+        return self.tp_parts != (1 << self.tp_size) - 1
+
+    def _fields(self) -> str:
+        return f", partial {describe_mask(self.tp_parts)} of {self.tp_size}" if self.is_partial else ""
+
+
+class Stash(Storage):
+    """What a layer's backward needs from its forward; `input_done` once backward_input consumed half."""
+
+    __slots__ = ("tp_rank", "tp_size", "input_done")
+
+    def __init__(self, tracker, nbytes: int, tp_rank: int, tp_size: int):
+        super().__init__(tracker, nbytes, "stash")
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self.input_done = False

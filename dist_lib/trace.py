@@ -1,0 +1,156 @@
+"""Chrome trace event format writer and a structural validator for what it writes.
+
+Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU (complete
+events `ph: X` with `ts`/`dur` in microseconds, metadata `ph: M`, counters `ph: C`, flows `ph: s`/`f`).
+Events on one thread must nest, so each rank (process) has a compute thread, a collective thread and
+one thread per point-to-point peer and direction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .tensors import describe_mask
+
+if TYPE_CHECKING:
+    from .result import Result
+
+COMPUTE_TID, COLLECTIVE_TID = 0, 1
+SEND_TID_BASE, RECV_TID_BASE = 10_000, 20_000
+
+
+def _tid(event: tuple) -> int:
+    rank, op, stream = event[0], event[1], event[2]
+    if stream == "compute":
+        return COMPUTE_TID
+    if stream == "collective":
+        return COLLECTIVE_TID
+    src, dst = event[9]
+    return SEND_TID_BASE + dst if op == "send" else RECV_TID_BASE + src
+
+
+def chrome_trace(result: Result) -> dict[str, Any]:
+    """The trace as a JSON-ready dict."""
+    cluster = result.cluster
+    out: list[dict[str, Any]] = []
+    threads: dict[int, set[int]] = defaultdict(set)
+    for r in range(cluster.world_size):
+        device = cluster.device_of(r)
+        out.append({"ph": "M", "pid": r, "tid": 0, "name": "process_name",
+                    "args": {"name": f"rank {r} · {device.name} · node {cluster.node_of(r)}"}})
+        out.append({"ph": "M", "pid": r, "tid": 0, "name": "process_sort_index", "args": {"sort_index": r}})
+    for e in result.raw_events:
+        rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail = e
+        tid = _tid(e)
+        threads[rank].add(tid)
+        args: dict[str, Any] = {"layer": layer, "samples": describe_mask(samples)}
+        if nbytes:
+            args["bytes"] = nbytes
+        if flops:
+            args["flops"] = flops
+        if peers is not None:
+            args["group" if stream == "collective" else "peers"] = list(peers)
+        if detail:
+            args["detail"] = detail
+        name = f"{op} L{layer}" + (" (recompute)" if detail == "recompute" else "")
+        ts, dur = start * 1e6, (end - start) * 1e6
+        out.append({"ph": "X", "pid": rank, "tid": tid, "name": name, "cat": op, "ts": ts, "dur": dur, "args": args})
+        if stream == "p2p":
+            flow = {"ph": "s" if op == "send" else "f", "pid": rank, "tid": tid, "name": "message",
+                    "cat": "p2p", "id": op_id, "ts": ts}
+            if op == "recv":
+                flow["bp"] = "e"
+            out.append(flow)
+    for rank, tids in threads.items():
+        for tid in tids:
+            if tid == COMPUTE_TID:
+                name = "compute"
+            elif tid == COLLECTIVE_TID:
+                name = "collectives"
+            elif tid >= RECV_TID_BASE:
+                name = f"recv ← {tid - RECV_TID_BASE}"
+            else:
+                name = f"send → {tid - SEND_TID_BASE}"
+            out.append({"ph": "M", "pid": rank, "tid": tid, "name": "thread_name", "args": {"name": name}})
+    for rank, (times, values) in enumerate(result.timelines):
+        last_ts = None
+        for t, v in zip(times, values):
+            ts = t * 1e6
+            if last_ts == ts:
+                out[-1]["args"]["GiB"] = v / 2**30  # keep the last value at one timestamp
+                continue
+            last_ts = ts
+            out.append({"ph": "C", "pid": rank, "tid": 0, "name": "memory", "ts": ts, "args": {"GiB": v / 2**30}})
+    return {"traceEvents": out, "displayTimeUnit": "ms",
+            "otherData": {"cluster": cluster.name, "workload": result.workload.name,
+                          "global_batch_size": result.global_batch_size, "strategy": result.strategy,
+                          "time_s": result.time_s}}
+
+
+def write_chrome_trace(result: Result, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        json.dump(chrome_trace(result), fh, separators=(",", ":"))
+    return path
+
+
+def validate_trace(trace: dict[str, Any] | str | Path) -> list[str]:
+    """Structural problems of a Chrome trace (empty list when it is well formed)."""
+    if not isinstance(trace, dict):
+        trace = json.loads(Path(trace).read_text())
+    events = trace.get("traceEvents")
+    if not isinstance(events, list):
+        return ["no traceEvents list"]
+    problems: list[str] = []
+    named: set[int] = set()
+    slices: dict[tuple[int, int], list[tuple[float, float, str]]] = defaultdict(list)
+    flows: dict[Any, dict[str, list[dict]]] = defaultdict(lambda: {"s": [], "f": []})
+    for i, ev in enumerate(events):
+        ph = ev.get("ph")
+        for key in ("ph", "pid", "name"):
+            if key not in ev:
+                problems.append(f"event {i}: missing {key!r}")
+        if ph == "M":
+            if ev.get("name") == "process_name":
+                named.add(ev.get("pid"))
+            continue
+        if not isinstance(ev.get("ts"), (int, float)):
+            problems.append(f"event {i} ({ev.get('name')}): ts missing or not a number")
+            continue
+        if ph == "X":
+            dur = ev.get("dur")
+            if not isinstance(dur, (int, float)) or dur < 0:
+                problems.append(f"event {i} ({ev.get('name')}): dur missing or negative")
+                continue
+            if "tid" not in ev:
+                problems.append(f"event {i}: missing 'tid'")
+            slices[(ev["pid"], ev.get("tid"))].append((ev["ts"], ev["ts"] + dur, ev["name"]))
+        elif ph == "C":
+            if not isinstance(ev.get("args"), dict) or not all(isinstance(v, (int, float)) for v in ev["args"].values()):
+                problems.append(f"event {i}: counter args must be numbers")
+        elif ph in ("s", "f"):
+            flows[ev.get("id")][ph].append(ev)
+        else:
+            problems.append(f"event {i}: unexpected ph {ph!r}")
+    for (pid, tid), spans in slices.items():
+        if pid not in named:
+            problems.append(f"pid {pid}: no process_name metadata")
+        spans.sort(key=lambda s: (s[0], -s[1]))
+        stack: list[tuple[float, float, str]] = []
+        for start, end, name in spans:
+            while stack and stack[-1][1] <= start + 1e-9:
+                stack.pop()
+            if stack and end > stack[-1][1] + 1e-9:
+                problems.append(f"pid {pid} tid {tid}: {name!r} at {start:.3f} us overlaps {stack[-1][2]!r} "
+                                f"without nesting")
+            stack.append((start, end, name))
+    for flow_id, ends in flows.items():
+        if len(ends["s"]) != 1 or len(ends["f"]) != 1:
+            problems.append(f"flow {flow_id}: {len(ends['s'])} starts and {len(ends['f'])} ends")
+        elif ends["f"][0]["ts"] < ends["s"][0]["ts"]:
+            problems.append(f"flow {flow_id}: ends before it starts")
+    return problems

@@ -1,0 +1,195 @@
+"""Workloads: a GPT-style transformer's shape, and what each layer weighs in parameters, FLOPs and bytes.
+
+Formulas (notation s sequence, h hidden, a heads, V vocabulary, t tensor-parallel degree):
+
+* parameters per layer 12h^2 + 13h; the embeddings (V*h + s*h) are counted on layer 0;
+* forward FLOPs per sample of a layer 24*s*h^2 + 4*s^2*h, of the LM head 2*s*h*V
+  (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 6);
+* a layer's activation stash per sample, 16-bit: s*h*(34 + 5*a*s/h) bytes, or with tensor parallelism
+  and no sequence parallelism s*h*(10 + 24/t + 5*a*s/(h*t)) (same paper, sec. 4). Those totals include
+  the layer's input (2*s*h bytes); here the input is its own `Activation` tensor, so `stash_bytes`
+  returns the rest.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from .errors import SpecError
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A decoder-only transformer trained with 16-bit weights and activations."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    bytes_per_element: int = 2
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "hidden", "heads", "seq_len", "bytes_per_element"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"workload {self.name!r}: {f} must be a whole number >= 1, got {value!r}")
+        if isinstance(self.vocab, bool) or not isinstance(self.vocab, int) or self.vocab < 0:
+            raise SpecError(f"workload {self.name!r}: vocab must be a whole number >= 0, got {self.vocab!r}")
+        if self.hidden % self.heads:
+            raise SpecError(f"workload {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}")
+
+    # ---- per-layer figures --------------------------------------------------------------------
+
+    def layer_params(self, layer: int) -> int:
+        h = self.hidden
+        params = 12 * h * h + 13 * h
+        if layer == 0 and self.vocab:  # token and position embeddings (none in the toy workload)
+            params += self.vocab * h + self.seq_len * h
+        return params
+
+    @property
+    def total_params(self) -> int:
+        return sum(self.layer_params(layer) for layer in range(self.num_layers))
+
+    def layer_forward_flops(self, layer: int) -> float:
+        """Forward FLOPs of one layer for one sample."""
+        s, h = self.seq_len, self.hidden
+        return 24.0 * s * h * h + 4.0 * s * s * h
+
+    def head_forward_flops(self) -> float:
+        """Forward FLOPs of the LM head (logits) for one sample."""
+        return 2.0 * self.seq_len * self.hidden * self.vocab
+
+    def activation_bytes(self) -> int:
+        """Bytes of one sample's hidden states between layers (b*s*h elements)."""
+        return self.seq_len * self.hidden * self.bytes_per_element
+
+    def stash_bytes(self, layer: int, tp: int = 1) -> int:
+        """Bytes one sample's backward needs from this layer's forward, besides the layer input."""
+        s, h, a = self.seq_len, self.hidden, self.heads
+        if tp == 1:
+            total = s * h * (34 + 5 * a * s / h)
+        else:
+            total = s * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+        return int(total * self.bytes_per_element / 2) - self.activation_bytes()
+
+    def model_flops_per_sample(self) -> float:
+        """Forward plus backward (3x forward) of all layers and the head, no recompute."""
+        forward = sum(self.layer_forward_flops(l) for l in range(self.num_layers)) + self.head_forward_flops()
+        return 3.0 * forward
+
+    def __str__(self) -> str:
+        return self.name
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def parse(cls, spec: str) -> Workload:
+        """A preset name with optional overrides: `gpt-1.3b`, `gpt-1.3b:seq=1024,layers=12`, `toy:layers=8`."""
+        name, _, overrides = spec.strip().partition(":")
+        key = name.lower()
+        if key.startswith("toy-") and key[4:].isdigit():  # `toy-8` reads as `toy:layers=8`
+            key, overrides = "toy", ",".join(filter(None, [f"layers={key[4:]}", overrides]))
+        if key not in PRESETS:
+            raise SpecError(f"unknown workload {name!r} (presets: {', '.join(PRESETS)})")
+        values: dict[str, object] = {}
+        for item in filter(None, (o.strip() for o in overrides.split(","))):
+            field, sep, value = item.partition("=")
+            if not sep:
+                raise SpecError(f"workload spec {spec!r}: {item!r} should be key=value")
+            values[field.strip()] = _int(value, f"workload spec {spec!r}: {field.strip()}")
+        base = PRESETS[key]
+        return _override(base, values, f"workload spec {spec!r}", name=spec.strip() if values else base.name)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Workload:
+        """Read a workload file: `preset = "gpt-1.3b"` and/or any of the fields (`layers`, `hidden`,
+        `heads`, `seq`, `vocab`, `bytes_per_element`, `name`)."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(f"{path}: cannot read workload file ({exc})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"{path}: not valid TOML ({exc})") from None
+        preset = data.pop("preset", None)
+        name = data.pop("name", None)
+        if preset is not None:
+            base = cls.parse(str(preset))
+        else:
+            missing = [k for k in ("layers", "hidden", "heads", "seq") if k not in data]
+            if missing:
+                raise SpecError(f"{path}: missing field(s) {', '.join(missing)} (or give preset = \"gpt-1.3b\")")
+            base = Workload("custom", 1, 1, 1, 1, 0)
+        return _override(base, data, str(path), name=str(name or preset or path.stem))
+
+    @classmethod
+    def load(cls, workload: Workload | str | Path) -> Workload:
+        """Accept a `Workload`, a TOML path, a `scheme:argument` spec, or a preset spec string."""
+        if isinstance(workload, Workload):
+            return workload
+        if isinstance(workload, Path) or (isinstance(workload, str) and workload.endswith(".toml")):
+            return cls.from_toml(workload)
+        if not isinstance(workload, str):
+            raise SpecError(f"workload must be a preset name, a .toml path or a Workload, got {type(workload).__name__}")
+        scheme, _, arg = workload.partition(":")
+        if scheme in SPEC_SCHEMES and arg:
+            return SPEC_SCHEMES[scheme](arg)
+        return cls.parse(workload)
+
+
+SPEC_SCHEMES: dict[str, object] = {}  # `scheme:argument` workload readers registered by other modules
+
+_FIELD_NAMES = {"layers": "num_layers", "hidden": "hidden", "heads": "heads", "seq": "seq_len",
+                "vocab": "vocab", "bytes_per_element": "bytes_per_element"}
+
+
+def _override(base: Workload, values: dict, where: str, name: str) -> Workload:
+    changes: dict[str, object] = {"name": name}
+    for key, value in values.items():
+        if key not in _FIELD_NAMES:
+            raise SpecError(f"{where}: unknown field {key!r} (known: {', '.join(_FIELD_NAMES)})")
+        changes[_FIELD_NAMES[key]] = _int(value, f"{where}: {key}")
+    return replace(base, **changes)
+
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool):
+        raise SpecError(f"{where}: expected a whole number, got {value!r}")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise SpecError(f"{where}: expected a whole number, got {value!r}") from None
+    if number != int(number):
+        raise SpecError(f"{where}: expected a whole number, got {value!r}")
+    return int(number)
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 50257) -> Workload:
+    return Workload(name, layers, hidden, heads, seq, vocab)
+
+
+# GPT-3 family shapes from Brown et al. 2020, Table 2.1 (1.3B uses 16 heads of 128: the table's 24 heads
+# do not divide h=2048; 13B uses h=5120, as Megatron-LM does,
+# instead of the table's 5140 so that heads divide it); 22B, 530B and 1T from Korthikanti et al. 2022.
+PRESETS: dict[str, Workload] = {w.name: w for w in (
+    _gpt("gpt-125m", 12, 768, 12),
+    _gpt("gpt-350m", 24, 1024, 16),
+    _gpt("gpt-760m", 24, 1536, 16),
+    _gpt("gpt-1.3b", 24, 2048, 16),
+    _gpt("gpt-2.7b", 32, 2560, 32),
+    _gpt("gpt-6.7b", 32, 4096, 32),
+    _gpt("gpt-13b", 40, 5120, 40),
+    _gpt("gpt-22b", 48, 6144, 64),
+    _gpt("gpt-175b", 96, 12288, 96),
+    _gpt("gpt-530b", 105, 20480, 128),
+    _gpt("gpt-1t", 128, 25600, 160),
+    # A uniform teaching workload: equal layers, no embedding or LM head.
+    Workload("toy", 8, 1024, 16, 1024, 0),
+)}
+
+assert {f.name for f in fields(Workload)} >= set(_FIELD_NAMES.values())

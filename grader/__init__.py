@@ -1,0 +1,1 @@
+"""The grader: run strategy files on scenarios, rank them, and report."""

@@ -1,0 +1,1 @@
+"""Built-in strategies: one `async def train(model, **options)` per module."""

@@ -1,0 +1,75 @@
+"""Each cost formula against a number worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_lib import Cluster, Workload, costs
+from dist_lib.devices import DEVICES, GB, IB_EDR, NVLINK_2, NVLINK_3
+
+A100 = DEVICES["A100-80GB"]
+
+
+def test_ring_all_reduce_of_one_gigabyte_over_four_nvlink3_ranks():
+    # 2*(4-1)/4 * 1e9 B / 300e9 B/s = 5 ms, plus 2*(4-1) steps of 3.4 us
+    assert costs.all_reduce_time(1e9, 4, NVLINK_3) == pytest.approx(0.005 + 6 * 3.4e-6)
+
+
+def test_all_gather_and_reduce_scatter_move_half_of_all_reduce():
+    # (8-1)/8 * 2e9 / 150e9 + 7 * 3.4 us
+    expected = 7 / 8 * 2e9 / 150e9 + 7 * 3.4e-6
+    assert costs.all_gather_time(2e9, 8, NVLINK_2) == pytest.approx(expected)
+    assert costs.reduce_scatter_time(2e9, 8, NVLINK_2) == pytest.approx(expected)
+
+
+def test_single_rank_collectives_are_free():
+    assert costs.all_reduce_time(1e9, 1, NVLINK_3) == 0.0
+    assert costs.all_gather_time(1e9, 1, NVLINK_3) == 0.0
+
+
+def test_point_to_point_is_latency_plus_size_over_bandwidth():
+    # 14 us + 25e6 B / 12.5e9 B/s = 14 us + 2 ms
+    assert costs.p2p_time(25e6, IB_EDR) == pytest.approx(14e-6 + 2e-3)
+
+
+def test_large_forward_runs_near_max_efficiency():
+    # gpt-1.3b layer, 2 samples: 2 * 28 * 2048^3 FLOPs = 4.81e11; at peak that is w = 1.5418 ms;
+    # efficiency 0.7 * w / (w + 20 us) gives time (w + 20 us) / 0.7
+    w = Workload.parse("gpt-1.3b")
+    flops = 2 * 28 * 2048**3
+    assert w.layer_forward_flops(3) * 2 == flops
+    at_peak = flops / 312e12
+    assert costs.forward_time(A100, w, 3, 2) == pytest.approx((at_peak + 20e-6) / 0.7)
+    assert costs.backward_time(A100, w, 3, 2) == pytest.approx((2 * at_peak + 20e-6) / 0.7)
+
+
+def test_small_ops_lose_efficiency():
+    assert costs.efficiency(A100, 1e15) == pytest.approx(0.7, rel=1e-3)
+    # an op of exactly 20 us of peak work reaches half of max efficiency
+    assert costs.efficiency(A100, 20e-6 * 312e12) == pytest.approx(0.35)
+
+
+def test_tensor_parallel_forward_splits_the_flops():
+    w = Workload.parse("gpt-1.3b")
+    at_peak = 28 * 2048**3 / 312e12 / 4
+    assert costs.forward_time(A100, w, 3, 1, tp=4) == pytest.approx((at_peak + 20e-6) / 0.7)
+
+
+def test_optimizer_update_is_bound_by_hbm():
+    # 1e9 parameters * 28 bytes / 2039e9 B/s
+    assert costs.update_time(A100, 1e9) == pytest.approx(28e9 / 2039e9)
+
+
+def test_memory_bound_op_takes_bytes_over_bandwidth():
+    assert costs.compute_time(A100, 1e3, 2039e9) == pytest.approx(1.0)
+
+
+def test_ring_runs_at_its_slowest_link():
+    cluster = Cluster.parse("1x4xA100-80GB+1x4xV100-32GB")
+    assert cluster.ring_link(range(4)).bandwidth == 300 * GB
+    assert cluster.ring_link([4, 5]).bandwidth == 150 * GB
+    mixed = cluster.ring_link(range(8))
+    assert mixed.bandwidth == 12.5 * GB  # the V100 node's EDR NIC
+    assert mixed.latency == pytest.approx(14e-6)
+    assert cluster.p2p_link(0, 4).bandwidth == 12.5 * GB
+    assert cluster.p2p_link(0, 1).bandwidth == 300 * GB

@@ -1,0 +1,93 @@
+"""Cluster specs, files, and the errors bad ones give."""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_lib import Cluster, SpecError
+from dist_lib.devices import GB, GiB
+
+
+def test_spec_lays_ranks_out_node_by_node():
+    cluster = Cluster.parse("2x8xA100-80GB+1x4xT4")
+    assert cluster.world_size == 20
+    assert [cluster.node_of(r) for r in (0, 7, 8, 15, 16, 19)] == [0, 0, 1, 1, 2, 2]
+    assert cluster.device_of(16).name == "T4"
+    assert cluster.device_of(3).memory_bytes == 80 * GiB
+    assert list(cluster.ranks_of_node(1)) == list(range(8, 16))
+    assert cluster.name == "2x8xA100-80GB+1x4xT4"
+
+
+def test_short_forms_and_link_overrides():
+    assert Cluster.parse("8xH100-80GB").world_size == 8
+    assert Cluster.parse("t4").device_of(0).name == "T4"
+    cluster = Cluster.parse("2x4xA100-80GB:inter=50:intra=100")
+    assert cluster.nodes[0].inter_link.bandwidth == 50 * GB
+    assert cluster.nodes[0].intra_link.bandwidth == 100 * GB
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "expected terms"),
+    ("2x8xB200", "unknown device 'B200'"),
+    ("0x8xA100-80GB", "at least one node"),
+    ("2x8xA100-80GB:inter=fast", "expected a number"),
+    ("2x8xA100-80GB:speed=3", "expected inter=GBps"),
+    ("2x8xA100-80GB+", "expected terms"),
+    ("2x8xA100-80GB:inter=-1", "positive"),
+])
+def test_bad_specs_name_the_problem(spec, message):
+    with pytest.raises(SpecError, match=message):
+        Cluster.parse(spec)
+
+
+def test_unknown_device_suggests_close_names():
+    with pytest.raises(SpecError, match="did you mean.*A100-80GB"):
+        Cluster.parse("4xA100-80G")
+
+
+def test_toml_cluster_with_custom_device(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("""
+[devices.MI250]
+peak_tflops = 362
+memory_GiB = 128
+hbm_GBps = 3277
+intra_bandwidth_GBps = 100
+
+[[nodes]]
+device = "A100-80GB"
+count = 2
+gpus = 4
+inter_bandwidth_GBps = 12.5
+
+[[nodes]]
+device = "MI250"
+gpus = 2
+""")
+    cluster = Cluster.load(str(path))
+    assert cluster.world_size == 10
+    assert cluster.nodes[1].inter_link.bandwidth == 12.5 * GB
+    assert cluster.device_of(9).name == "MI250"
+    assert cluster.device_of(9).peak_flops == 362e12
+    assert cluster.nodes[2].intra_link.bandwidth == 100 * GB
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nodes = 3", "at least one"),
+    ("[[nodes]]\ngpus = 4", r"nodes\[0\].device: missing"),
+    ("[[nodes]]\ndevice = 'T4'\ngpus = 0", r"nodes\[0\].gpus"),
+    ("[[nodes]]\ndevice = 'T4'\ncolour = 'red'", "unknown field"),
+    ("[[nodes]\n", "not valid TOML"),
+    ("[devices.X]\npeak_tflops = 1\n[[nodes]]\ndevice='X'", r"devices.X.memory_GiB: missing"),
+])
+def test_bad_cluster_files_name_file_and_field(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=message) as info:
+        Cluster.from_toml(path)
+    assert "bad.toml" in str(info.value)
+
+
+def test_missing_cluster_file(tmp_path):
+    with pytest.raises(SpecError, match="cannot read"):
+        Cluster.load(str(tmp_path / "nope.toml"))

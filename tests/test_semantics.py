@@ -1,0 +1,166 @@
+"""Virtual-time semantics: streams, overlap, rendezvous, groups, determinism (DESIGN.md, "Semantics")."""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_lib import Cluster, Workload, costs, simulate
+from dist_lib.devices import DEVICES, IB_HDR, NVLINK_3
+
+A100 = DEVICES["A100-80GB"]
+TOY = Workload.parse("toy:layers=1")
+F = costs.forward_time(A100, TOY, 0, 1)  # one layer, one sample
+B = costs.backward_time(A100, TOY, 0, 1)
+L = costs.loss_time(A100, TOY, 1)
+AR = costs.all_reduce_time(TOY.layer_params(0) * 2, 2, NVLINK_3)  # 16-bit gradient of the layer
+
+
+def run(train, cluster="2xA100-80GB", batch=2, **kw):
+    return simulate(train, cluster, TOY, batch, check=False, **kw)
+
+
+def grad_of_sample(model, sample):
+    """Forward, loss and backward of the single layer for one sample: F + L + B of compute."""
+    w, _ = model.load_weights(0)
+    x = model.get_input_activation([sample])
+    grad = model.loss(model.forward(0, x, w))
+    weight_grad, _ = model.backward(0, x, grad, w)
+    return weight_grad
+
+
+def busy(model, n):
+    """n forwards that keep nothing: n * F of compute."""
+    w, _ = model.load_weights(0)
+    for _ in range(n):
+        model.forward(0, model.get_input_activation([0]), w, stash=False)
+
+
+def test_blocking_collective_serialises_compute_and_communication():
+    async def train(model):
+        await model.all_reduce(grad_of_sample(model, model.rank))
+        busy(model, 1)
+
+    assert run(train).time_s == pytest.approx(F + L + B + AR + F)
+
+
+def test_overlapped_collective_hides_behind_compute():
+    async def train(model):
+        work = model.all_reduce(grad_of_sample(model, model.rank))
+        busy(model, 20)  # 20 forwards take longer than the all-reduce
+        await work
+
+    assert 20 * F > AR
+    assert run(train).time_s == pytest.approx(F + L + B + 20 * F)
+
+
+def test_collective_starts_when_the_last_member_issues():
+    async def train(model):
+        weight_grad = grad_of_sample(model, model.rank)
+        if model.rank == 1:  # rank 1 is three forwards late
+            busy(model, 3)
+        await model.all_reduce(weight_grad)
+
+    result = run(train)
+    starts = [e.start for e in result.events if e.op == "all_reduce"]
+    assert starts == [pytest.approx(F + L + B + 3 * F)] * 2
+    assert result.rank_times == [pytest.approx(F + L + B + 3 * F + AR)] * 2
+
+
+def test_collectives_on_one_rank_run_in_issue_order():
+    async def train(model):
+        first = model.all_reduce(grad_of_sample(model, model.rank))
+        second = model.all_reduce(grad_of_sample(model, model.rank + 2))
+        await second
+        await first
+
+    result = run(train, cluster="2x1xA100-80GB", batch=4)  # two nodes: the all-reduce crosses InfiniBand
+    ar = costs.all_reduce_time(TOY.layer_params(0) * 2, 2, IB_HDR)
+    first, second = sorted({(e.start, e.end) for e in result.events if e.op == "all_reduce"})
+    assert first == (pytest.approx(F + L + B), pytest.approx(F + L + B + ar))
+    assert ar > F + L + B  # the second gradient is ready before the stream is free ...
+    assert second[0] == pytest.approx(first[1])  # ... so it starts when the first all-reduce ends
+
+
+def test_send_and_recv_rendezvous():
+    async def train(model):
+        if model.rank == 0:
+            w, _ = model.load_weights(0)
+            x = model.forward(0, model.get_input_activation([0]), w, stash=False)
+            await model.send(x, 1)
+        else:
+            x = await model.recv(0)  # posted at t=0, completes when the data arrives
+            assert (x.layer, x.samples, x.rank) == (1, 0b1, 1)
+
+    result = run(train)
+    p2p = costs.p2p_time(TOY.activation_bytes(), NVLINK_3)
+    assert result.rank_times == [pytest.approx(F + p2p)] * 2
+    send, recv = [e for e in result.events if e.stream == "p2p"]
+    assert (send.op, recv.op) == ("send", "recv") and send.op_id == recv.op_id
+
+
+def test_messages_match_in_order_per_pair():
+    async def train(model):
+        if model.rank == 0:
+            for sample in (0, 1):
+                model.send(model.get_input_activation([sample]), 1)
+        else:
+            first, second = await model.recv(0), await model.recv(0)
+            assert (first.samples, second.samples) == (0b01, 0b10)
+
+    run(train)
+
+
+def test_point_to_point_does_not_wait_for_the_collective_stream():
+    async def train(model):
+        work = model.all_reduce(grad_of_sample(model, model.rank))  # busy for AR
+        if model.rank == 0:
+            await model.send(model.get_input_activation([0]), 1)
+        else:
+            await model.recv(0)
+        await work
+
+    result = run(train)
+    send = next(e for e in result.events if e.op == "send")
+    assert send.start == pytest.approx(F + L + B)  # not after the all-reduce
+
+
+def test_subgroups_match_independently():
+    async def train(model):
+        wg = grad_of_sample(model, model.rank)
+        pair = model.group([model.rank - model.rank % 2, model.rank - model.rank % 2 + 1])
+        reduced = await model.all_reduce(wg, group=pair)
+        assert reduced.samples == 0b11 << (model.rank - model.rank % 2)
+
+    result = run(train, cluster="4xA100-80GB", batch=4)
+    groups = {e.peers for e in result.events if e.op == "all_reduce"}
+    assert groups == {(0, 1), (2, 3)}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_results_do_not_depend_on_start_order(seed):
+    def summary(result):
+        return sorted(result.raw_events), result.memory_bytes, result.time_s
+
+    baseline = simulate("strategies/ddp.py", "1x4xA100-80GB+1x4xV100-32GB", "toy:layers=4", 16, microbatch_size=1)
+    shuffled = simulate("strategies/ddp.py", "1x4xA100-80GB+1x4xV100-32GB", "toy:layers=4", 16, microbatch_size=1,
+                        start_order_seed=seed)
+    assert summary(shuffled) == summary(baseline)
+    timelines = [shuffled.memory_timeline(r) == baseline.memory_timeline(r) for r in range(8)]
+    assert all(timelines)
+
+
+def test_one_rank_waits_no_real_time():
+    import time
+
+    async def train(model):
+        if model.rank == 0:
+            busy(model, 1000)
+            model.send(model.get_input_activation([0]), 1)
+        else:
+            await model.recv(0)
+
+    start = time.perf_counter()
+    result = run(train)
+    assert result.time_s > 1000 * F  # a long virtual wait ...
+    assert result.rank_times[1] == pytest.approx(1000 * F + costs.p2p_time(TOY.activation_bytes(), NVLINK_3))
+    assert time.perf_counter() - start < 5  # ... is not slept through
