@@ -294,7 +294,7 @@ class Model:
     def _check_compute(self, op: str, layer: int, act: Any, weight: Any, act_layer: int) -> None:
         if type(act) is not Activation or type(weight) is not Weight or act.rank != self.rank \
                 or weight.rank != self.rank or act.layer != act_layer or weight.layer != layer \
-                or act.tp_parts != 1 or weight.shards != (1 << weight.num_shards) - 1:
+                or act.tp_size != 1 or weight.shards != (1 << weight.num_shards) - 1:
             self._explain_compute(op, layer, act, weight, act_layer)
 
     def _explain_compute(self, op: str, layer: int, act: Any, weight: Any, act_layer: int) -> None:

@@ -1,0 +1,209 @@
+"""Every way a strategy can go wrong ends in one clear error naming rank, op and layer — never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dist_lib import (CollectiveMismatchError, DeadlockError, IncorrectStepError, OutOfMemoryError, SpecError,
+                      StrategyError, TensorError, simulate)
+
+
+def run(train, cluster="2xA100-80GB", workload="toy:layers=2", batch=2, **kw):
+    return simulate(train, cluster, workload, batch, check=False, **kw)
+
+
+def test_both_ranks_receiving_first_is_a_deadlock_listing_each_rank():
+    async def train(model):
+        other = 1 - model.rank
+        await model.recv(other)
+        await model.send(model.get_input_activation([0]), other)
+
+    with pytest.raises(DeadlockError) as info:
+        run(train)
+    message = str(info.value)
+    assert "rank 0" in message and "recv from rank 1" in message
+    assert "rank 1" in message and "recv from rank 0" in message
+
+
+def test_a_member_that_never_joins_is_a_deadlock_naming_it():
+    async def train(model):
+        w, _ = model.load_weights(0)
+        x = model.get_input_activation([model.rank])
+        if model.rank != 2:
+            model.forward(0, x, w)
+            grad = await model.all_gather(model.load_weights(0, shard=model.rank, num_shards=3)[0])
+            del grad
+
+    with pytest.raises(DeadlockError, match=r"ranks \[2\] have not issued it") as info:
+        run(train, cluster="3xA100-80GB", batch=3)
+    assert "rank 2 finished" in str(info.value)
+
+
+def test_an_unawaited_send_nobody_receives_is_reported_at_the_end():
+    async def train(model):
+        if model.rank == 0:
+            model.send(model.get_input_activation([0]), 1)
+
+    with pytest.raises(DeadlockError, match="(?s)never completed.*rank 0 send to rank 1"):
+        run(train)
+
+
+def test_different_ops_at_the_same_position_name_both_ranks():
+    async def train(model):
+        w, _ = model.load_weights(0, shard=model.rank, num_shards=2)
+        if model.rank == 0:
+            await model.all_gather(w)
+        else:
+            await model.reduce_scatter(w)
+
+    with pytest.raises((CollectiveMismatchError, TensorError)) as info:
+        run(train)
+    assert "rank 1" in str(info.value)
+
+
+def test_mismatched_collectives_name_ranks_and_ops():
+    async def train(model):
+        w, _ = model.load_weights(model.rank, shard=model.rank, num_shards=2)  # different layers!
+        await model.all_gather(w)
+
+    with pytest.raises(CollectiveMismatchError, match=r"rank 0 gave Weight\(layer 0.*rank 1 gave Weight\(layer 1"):
+        run(train)
+
+
+def test_double_counted_samples_across_ranks():
+    async def train(model):
+        w0, _ = model.load_weights(0)
+        w1, _ = model.load_weights(1)
+        x0 = model.get_input_activation([0])
+        x1 = model.forward(0, x0, w0)
+        grad = model.loss(model.forward(1, x1, w1))
+        _, grad = model.backward(1, x1, grad, w1)
+        wg, _ = model.backward(0, x0, grad, w0)
+        await model.all_reduce(wg)
+
+    with pytest.raises(CollectiveMismatchError, match="ranks 0 and 1 both hold samples 0"):
+        run(train)
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("wrong_layer", r"rank 0 forward\(layer 1\): .* is the input of layer 0, not 1"),
+    ("zero_shard", r"holds only ZeRO shards 0 of 2; all_gather it before compute"),
+    ("no_stash", r"backward\(layer 1\): .* carries no stash .* run forward\(layer 1\) again"),
+    ("partial_update", r"update\(layer 1\): the gradient covers samples 0 but not 1"),
+    ("update_twice", r"update\(layer 1\): layer 1 was already updated"),
+    ("tp_partial", r"forward\(layer 1\): .* partial sum; all_reduce it in the TP group first"),
+    ("weight_grad_first", r"backward_weight before backward_input"),
+    ("foreign_tensor", r"lives on rank 1"),
+    ("bad_samples", r"outside the global batch"),
+    ("all_reduce_weight", r"all_reduce of a Weight"),
+])
+def test_tensor_misuse_names_rank_op_and_layer(mistake, message):
+    shared = {}
+
+    async def train(model):
+        w1, o1 = model.load_weights(1)
+        x = model.get_input_activation([0])
+        if model.rank == 1:
+            shared["act"] = x
+            return
+        await asyncio.sleep(0)
+        if mistake == "wrong_layer":
+            model.forward(1, x, w1)
+        w0, _ = model.load_weights(0)
+        if mistake == "zero_shard":
+            model.forward(0, x, model.load_weights(0, shard=0, num_shards=2)[0])
+        if mistake == "tp_partial":
+            half = model.forward(0, x, model.load_weights(0, tp_rank=0, tp_size=2)[0])
+            model.forward(1, half, w1)
+        h = model.forward(0, x, w0)
+        out = model.forward(1, h, w1, stash=mistake != "no_stash")
+        grad = model.loss(out)
+        if mistake == "weight_grad_first":
+            model.backward_weight(1, h, grad, w1)
+        wg, _ = model.backward(1, h, grad, w1)
+        if mistake == "foreign_tensor":
+            model.forward(0, shared["act"], w0)
+        if mistake == "bad_samples":
+            model.get_input_activation(range(1, 5))
+        if mistake == "all_reduce_weight":
+            model.all_reduce(w1)
+        if mistake in ("partial_update", "update_twice"):
+            new_w, new_o = model.update(1, wg, w1, o1) if mistake == "partial_update" else (w1, o1)
+
+    if mistake == "update_twice":
+        async def train(model):  # noqa: F811 - a separate scenario: a full-batch gradient, applied twice
+            w, o = model.load_weights(1)
+            h = model.get_input_activation([0, 1])
+            grad = model.loss(model.forward(1, model.forward(0, h, model.load_weights(0)[0]), w))
+            del grad
+            hh = model.forward(0, model.get_input_activation([0, 1]), model.load_weights(0)[0])
+            wg, _ = model.backward(1, hh, model.loss(model.forward(1, hh, w)), w)
+            w2, o2 = model.update(1, wg, w, o)
+            model.update(1, wg, w2, o2)
+
+    with pytest.raises(TensorError, match=message):
+        run(train, cluster="2xA100-80GB", batch=2)
+
+
+def test_an_exception_in_the_strategy_names_rank_and_line():
+    async def train(model):
+        if model.rank == 1:
+            raise ValueError("layers do not divide by 3 stages; set pp=2")
+
+    with pytest.raises(StrategyError, match=r"rank 1: ValueError: layers do not divide .* \(at test_errors.py:\d+ in train\)"):
+        run(train)
+
+
+def test_out_of_memory_names_rank_device_capacity_and_kinds():
+    async def train(model):
+        keep = [model.load_weights(layer) for layer in range(model.num_layers)]
+        del keep
+
+    with pytest.raises(OutOfMemoryError) as info:
+        run(train, cluster="T4", workload="gpt-1.3b", batch=1)
+    message = str(info.value)
+    assert "rank 0 (T4, 16.00 GiB): out of memory" in message
+    assert "load_weights(layer" in message and "weight" in message and "optimizer" in message
+
+
+def test_memory_limit_can_be_lifted_to_measure_the_need():
+    async def train(model):
+        keep = [model.load_weights(layer) for layer in range(model.num_layers)]
+        del keep
+
+    result = simulate(train, "T4", "gpt-1.3b", 1, check=False, enforce_memory=False)
+    # 2 bytes of weight + 12 of optimizer state per parameter (gradients only appear in backward)
+    params = [result.workload.layer_params(layer) for layer in range(24)]
+    assert result.peak_memory_bytes == sum(int(2 * p) + int(12 * p) for p in params)
+
+
+def test_incorrect_step_lists_what_is_missing():
+    async def train(model):
+        w, o = model.load_weights(0)
+        model.set_final_weight(0, w)
+
+    with pytest.raises(IncorrectStepError) as info:
+        simulate(train, "1xA100-80GB", "toy:layers=2", 1)
+    message = str(info.value)
+    assert "layer 0: rank 0 handed in a weight that was never updated" in message
+    assert "layer 1: no rank handed in its final weight" in message
+
+
+@pytest.mark.parametrize("strategy, message", [
+    ("no/such/file.py", "not found"),
+    ("tests/test_errors.py", "train` must be `async def"),
+])
+def test_bad_strategy_files(strategy, message):
+    with pytest.raises(SpecError, match=message):
+        simulate(strategy)
+
+
+def train(model):  # a plain function: simulate must refuse it
+    return None
+
+
+def test_unknown_options_list_the_accepted_ones():
+    with pytest.raises(SpecError, match="unknown option.*bucket_mb.*accepts microbatch_size"):
+        simulate("strategies/ddp.py", bucket_mb=25)
