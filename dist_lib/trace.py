@@ -128,7 +128,7 @@ def validate_trace(trace: dict[str, Any] | str | Path) -> list[str]:
                 continue
             if "tid" not in ev:
                 problems.append(f"event {i}: missing 'tid'")
-            slices[(ev["pid"], ev.get("tid"))].append((ev["ts"], ev["ts"] + dur, ev["name"]))
+            slices[(ev.get("pid"), ev.get("tid"))].append((ev["ts"], ev["ts"] + dur, str(ev.get("name"))))
         elif ph == "C":
             if not isinstance(ev.get("args"), dict) or not all(isinstance(v, (int, float)) for v in ev["args"].values()):
                 problems.append(f"event {i}: counter args must be numbers")

@@ -1,0 +1,119 @@
+"""Lifetime-based memory: bytes count from creation until the last reference dies."""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_lib import Workload, simulate
+
+TOY = Workload.parse("toy:layers=2")
+P = TOY.layer_params(0)  # 12*1024^2 + 13*1024
+ACT = TOY.activation_bytes()  # 1024 * 1024 * 2
+STASH = TOY.stash_bytes(0)  # 1024*1024*114 - ACT
+
+
+def run(train, cluster="1xA100-80GB", batch=4):
+    return simulate(train, cluster, TOY, batch, check=False)
+
+
+def test_live_bytes_follow_references():
+    seen = {}
+
+    async def train(model):
+        w, o = model.load_weights(0)
+        seen["loaded"] = model.memory_bytes
+        x = model.get_input_activation(range(2))
+        seen["input"] = model.memory_bytes
+        y = model.forward(0, x, w)
+        seen["forward"] = model.memory_bytes
+        del y
+        seen["output dropped"] = model.memory_bytes
+        x = None  # the stash goes with the activation that carries it
+        seen["input dropped"] = model.memory_bytes
+
+    result = run(train)
+    base = 2 * P + 12 * P
+    assert seen == {"loaded": base, "input": base + 2 * ACT, "forward": base + 2 * ACT + 2 * STASH + 2 * ACT,
+                    "output dropped": base + 2 * ACT + 2 * STASH, "input dropped": base}
+    assert result.peak_memory_bytes == base + 4 * ACT + 2 * STASH
+    assert result.memory_by_kind[0]["stash"] == 2 * STASH
+
+
+def test_backward_consumes_the_stash_and_checkpointing_keeps_only_the_input():
+    seen = {}
+
+    async def train(model):
+        w0, o0 = model.load_weights(0)
+        w1, o1 = model.load_weights(1)
+        x = model.get_input_activation([0])
+        h = model.forward(0, x, w0, stash=False)  # checkpointed: x stays, no stash
+        seen["checkpointed"] = model.memory_bytes
+        grad = model.loss(model.forward(1, h, w1))
+        wg1, grad = model.backward(1, h, grad, w1)
+        seen["after backward 1"] = model.memory_bytes
+        model.forward(0, x, w0)  # recompute, output dropped at once
+        wg0, grad = model.backward(0, x, grad, w0)
+        seen["after backward 0"] = model.memory_bytes
+
+    result = run(train, batch=1)
+    weights = 14 * P * 2
+    assert seen["checkpointed"] == weights + 2 * ACT  # x and h, no stash
+    # after layer 1's backward: x, h, the input gradient of layer 1 and layer 1's weight gradient
+    assert seen["after backward 1"] == weights + 3 * ACT + 2 * P
+    assert seen["after backward 0"] == weights + 3 * ACT + 2 * 2 * P
+    recomputes = [e for e in result.events if e.detail == "recompute"]
+    assert [(e.op, e.layer) for e in recomputes] == [("forward", 0)]
+    assert result.hfu > result.mfu
+
+
+def test_in_place_all_reduce_adds_no_memory_and_gather_allocates_at_issue():
+    seen = {}
+
+    async def train(model):
+        w0, o0 = model.load_weights(0, shard=model.rank, num_shards=2)
+        before = model.memory_bytes
+        work = model.all_gather(w0)
+        seen.setdefault("gather issued", model.memory_bytes - before)
+        full = await work
+        seen.setdefault("full", full.nbytes)
+
+    run(train, cluster="2xA100-80GB", batch=2)
+    assert seen == {"gather issued": 2 * P, "full": 2 * P}
+
+
+def test_gradient_accumulation_reuses_the_buffer():
+    seen = {}
+
+    async def train(model):
+        w0, _ = model.load_weights(0)
+        w1, _ = model.load_weights(1)
+        total = None
+        for sample in range(2):
+            x = model.get_input_activation([sample])
+            h = model.forward(0, x, w0)
+            wg1, grad = model.backward(1, h, model.loss(model.forward(1, h, w1)), w1)
+            total = wg1 if total is None else total + wg1
+            del wg1, grad, h, x
+            seen[sample] = model.memory_bytes
+        assert total.samples == 0b11
+
+    run(train, batch=2)
+    assert seen[0] == seen[1]  # the second microbatch's gradient was added in place
+
+
+def test_timeline_starts_at_zero_and_peaks_where_reported():
+    result = simulate("strategies/ddp.py", "2xA100-80GB", "toy:layers=4", 8, microbatch_size=2)
+    for rank in range(2):
+        timeline = result.memory_timeline(rank)
+        assert max(v for _, v in timeline) == result.memory_bytes[rank]
+        assert all(b[0] >= a[0] for a, b in zip(timeline, timeline[1:]))  # stamped in time order
+
+
+def test_peak_is_per_rank_and_names_the_rank():
+    async def train(model):
+        keep = [model.load_weights(0) for _ in range(model.rank + 1)]
+        del keep
+
+    result = run(train, cluster="3xA100-80GB", batch=3)
+    assert result.memory_bytes == [14 * P, 28 * P, 42 * P]
+    assert (result.peak_memory_rank, result.peak_memory_bytes) == (2, 42 * P)

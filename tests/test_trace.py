@@ -1,0 +1,65 @@
+"""The Chrome trace loads in Perfetto: structure, names, threads, counters and flows."""
+
+from __future__ import annotations
+
+import json
+
+from dist_lib import simulate, validate_trace
+from dist_lib.trace import chrome_trace
+
+
+async def relay(model):
+    """A two-stage relay: rank 0 runs layer 0 and sends, rank 1 runs layer 1 and sends gradients back."""
+    w, o = model.load_weights(model.rank)
+    samples = range(model.global_batch_size)
+    if model.rank == 0:
+        x = model.get_input_activation(samples)
+        await model.send(model.forward(0, x, w), 1)
+        grad = await model.recv(1)
+        wg, _ = model.backward(0, x, grad, w)
+    else:
+        h = await model.recv(0)
+        wg, grad = model.backward(1, h, model.loss(model.forward(1, h, w)), w)
+        await model.send(grad, 0)
+    model.set_final_weight(model.rank, model.update(model.rank, wg, w, o)[0])
+
+
+def test_trace_is_valid_and_labelled(tmp_path):
+    result = simulate(relay, "1x2xA100-80GB", "toy:layers=2", 2)
+    path = result.write_chrome_trace(tmp_path / "t.json")
+    assert validate_trace(path) == []
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"rank 0 · A100-80GB · node 0", "rank 1 · A100-80GB · node 0"}
+    threads = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(0, "compute"), (0, "send → 1"), (0, "recv ← 1"), (1, "recv ← 0"), (1, "send → 0")} <= threads
+    flows = [e for e in events if e["ph"] in ("s", "f")]
+    assert len(flows) == 4 and {e["id"] for e in flows} == {e["id"] for e in flows if e["ph"] == "s"}
+    counters = [e for e in events if e["ph"] == "C"]
+    assert {e["pid"] for e in counters} == {0, 1}
+    forward = next(e for e in events if e["ph"] == "X" and e["cat"] == "forward")
+    assert forward["args"]["layer"] == 0 and forward["args"]["samples"] == "0-1"
+
+
+def test_ddp_trace_separates_compute_and_collectives():
+    result = simulate("strategies/ddp.py", "1x4xA100-80GB", "toy:layers=3", 8, microbatch_size=1)
+    trace = chrome_trace(result)
+    assert validate_trace(trace) == []
+    collective = [e for e in trace["traceEvents"] if e.get("cat") == "all_reduce"]
+    assert len(collective) == 4 * 3 and all(e["tid"] == 1 and e["args"]["group"] == [0, 1, 2, 3] for e in collective)
+
+
+def test_validator_finds_broken_traces():
+    meta = {"ph": "M", "pid": 0, "tid": 0, "name": "process_name", "args": {"name": "r"}}
+    overlapping = {"traceEvents": [meta,
+                                   {"ph": "X", "pid": 0, "tid": 0, "name": "a", "ts": 0, "dur": 10},
+                                   {"ph": "X", "pid": 0, "tid": 0, "name": "b", "ts": 5, "dur": 10}]}
+    assert any("overlaps" in p for p in validate_trace(overlapping))
+    nested = {"traceEvents": [meta,
+                              {"ph": "X", "pid": 0, "tid": 0, "name": "a", "ts": 0, "dur": 10},
+                              {"ph": "X", "pid": 0, "tid": 0, "name": "b", "ts": 2, "dur": 3}]}
+    assert validate_trace(nested) == []
+    unpaired = {"traceEvents": [meta, {"ph": "s", "pid": 0, "tid": 0, "name": "m", "id": 7, "ts": 1}]}
+    assert validate_trace(unpaired) == ["flow 7: 1 starts and 0 ends"]
+    assert "missing 'pid'" in validate_trace({"traceEvents": [{"ph": "X", "name": "x", "ts": 0, "dur": 1}]})[0]
+    assert validate_trace({"nope": []}) == ["no traceEvents list"]
