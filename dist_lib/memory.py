@@ -23,7 +23,7 @@ class MemoryTracker:
     """Live bytes on one rank, by tensor kind, with the peak and a (time, bytes) timeline."""
 
     __slots__ = ("rank", "device_name", "capacity", "enforce", "owner", "live", "peak", "peak_time",
-                 "by_kind", "peak_by_kind", "times", "values", "context")
+                 "by_kind", "peak_by_kind", "times", "values", "context", "deltas", "ids", "kinds", "next_id")
 
     def __init__(self, rank: int, device_name: str, capacity: int, owner: Clocked, enforce: bool = True):
         self.rank = rank
@@ -39,8 +39,16 @@ class MemoryTracker:
         self.times = array("d")
         self.values = array("d")
         self.context = ""  # the op being executed, for out-of-memory messages
+        # the allocation log the grader re-derives memory from: signed bytes, buffer id, kind index
+        self.deltas = array("q")
+        self.ids = array("q")
+        self.kinds = array("b")
+        self.next_id = 0
 
-    def alloc(self, nbytes: int, kind: str) -> None:
+    def alloc(self, nbytes: int, kind: str, buffer_id: int = -1) -> None:
+        self.deltas.append(nbytes)
+        self.ids.append(buffer_id)
+        self.kinds.append(KINDS.index(kind))
         live = self.live + nbytes
         self.live = live
         self.by_kind[kind] += nbytes
@@ -54,7 +62,10 @@ class MemoryTracker:
             if self.enforce and live > self.capacity:
                 self._out_of_memory(nbytes, kind)
 
-    def free(self, nbytes: int, kind: str) -> None:
+    def free(self, nbytes: int, kind: str, buffer_id: int = -1) -> None:
+        self.deltas.append(-nbytes)
+        self.ids.append(buffer_id)
+        self.kinds.append(KINDS.index(kind))
         self.live -= nbytes
         self.by_kind[kind] -= nbytes
         self.times.append(self.owner.clock)
@@ -73,16 +84,18 @@ class MemoryTracker:
 class Storage:
     """A buffer of `nbytes` on one rank; its bytes are live while any tensor refers to it."""
 
-    __slots__ = ("tracker", "nbytes", "kind")
+    __slots__ = ("tracker", "nbytes", "kind", "buffer_id")
 
     def __init__(self, tracker: MemoryTracker, nbytes: int, kind: str):
         self.tracker = tracker
         self.nbytes = nbytes
         self.kind = kind
-        tracker.alloc(nbytes, kind)
+        self.buffer_id = tracker.next_id
+        tracker.next_id += 1
+        tracker.alloc(nbytes, kind, self.buffer_id)
 
     def __del__(self) -> None:
-        self.tracker.free(self.nbytes, self.kind)
+        self.tracker.free(self.nbytes, self.kind, self.buffer_id)
 
 
 def format_bytes(n: float) -> str:

@@ -54,6 +54,10 @@ class Result:
     raw_events: list[tuple] = field(repr=False)
     timelines: list[tuple[array, array]] = field(repr=False)
     strategy: str = ""
+    # per rank: (signed bytes, buffer id, kind index into memory.KINDS) for every entry of `timelines`
+    memory_log: list[tuple[array, array, array]] = field(default_factory=list, repr=False)
+    # what each rank handed in: (rank, layer, step, samples, shards, num_shards, tp_rank, tp_size)
+    final_weights: list[tuple[int, ...]] = field(default_factory=list, repr=False)
     _events: list[Event] | None = field(default=None, repr=False)
 
     @property

@@ -73,6 +73,8 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     finals = [w for state in engine.ranks for weights in state.final_weights.values() for w in weights]
     problems = check_final_weights(finals, workload.num_layers, global_batch_size)
     result = _build_result(engine, options, name, problems)
+    result.final_weights = [(w.rank, w.layer, w.step, w.samples, w.shards, w.num_shards, w.tp_rank, w.tp_size)
+                            for w in finals]
     if problems and check:
         raise IncorrectStepError(f"{name}: the step is not a correct training step:\n  " + "\n  ".join(problems))
     return result
@@ -94,6 +96,8 @@ def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: 
         correct=not problems, problems=problems, raw_events=engine.events,
         # copies: tensors freed after the step (as the engine is collected) must not reach the result
         timelines=[(array("d", s.memory.times), array("d", s.memory.values)) for s in engine.ranks],
+        memory_log=[(array("q", s.memory.deltas), array("q", s.memory.ids), array("b", s.memory.kinds))
+                    for s in engine.ranks],
         strategy=name)
 
 
