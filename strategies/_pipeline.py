@@ -1,0 +1,180 @@
+"""Run a pipeline schedule: one rank's list of actions, executed in order.
+
+A schedule is what each stage does, as a list of `Action`s (the shape PyTorch's
+`torch.distributed.pipelining` uses): `F` forward, `B` full backward, `I` input-gradient half and `W`
+deferred weight-gradient half of a split backward (Qi et al. 2023), each naming a model chunk (0 unless
+interleaved) and a microbatch. The schedule files (gpipe, one_f_one_b, interleaved, zero_bubble) build
+those lists; `run_stage` carries them out:
+
+* a forward receives its input from the previous virtual stage (or embeds it on the first), keeps
+  each layer's input (which carries the stash backward needs), and sends its output on (or computes the
+  loss on the last); a backward receives the output gradient, walks the chunk's layers in reverse and
+  sends the input gradient back. Sends are non-blocking, receives block only when the data is needed;
+* tensor parallelism: every layer's forward and backward output is all-reduced in the TP group
+  (Megatron-LM, Shoeybi et al. 2019);
+* activation recompute: forwards keep only each layer's input, and backward runs the forward again;
+* once a layer has the gradient of every local microbatch, its data-parallel all-reduce starts and
+  overlaps the rest of the schedule; updates follow at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from dist_lib import Model, Work
+
+
+class Action(NamedTuple):
+    kind: str  # "F", "B", "I" or "W"
+    chunk: int
+    mb: int
+
+    def __repr__(self) -> str:
+        return f"{self.kind}{self.mb}" + (f"c{self.chunk}" if self.chunk else "")
+
+
+@dataclass
+class StagePlan:
+    """What one rank needs to run its part of a pipeline replica."""
+
+    stage: int  # this rank's pipeline stage
+    stage_ranks: Sequence[int]  # rank of each stage of this replica (same TP slice)
+    chunks: Sequence[range]  # layers of this rank's chunks; chunk c is virtual stage c * pp + stage
+    microbatches: Sequence[range]  # this replica's microbatches (global sample indices)
+    actions: Sequence[Action]
+    dp_group: Callable[[int], Sequence[int]]  # layer -> ranks that all-reduce its gradient
+    tp_group: Sequence[int] = (0,)
+    tp_rank: int = 0
+    recompute: bool = False
+
+
+def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
+    """Each (chunk, microbatch) forwarded once, then backward once (B, or I then W)."""
+    seen: dict[tuple[int, int], str] = {}
+    for a in actions:
+        key, done = (a.chunk, a.mb), seen.get((a.chunk, a.mb), "")
+        need = {"F": "", "B": "F", "I": "F", "W": "FI"}[a.kind]
+        if done != need:
+            raise ValueError(f"schedule: {a!r} after {done or 'nothing'} for chunk {a.chunk} microbatch {a.mb}")
+        seen[key] = done + a.kind
+    complete = {k for k, v in seen.items() if v in ("FB", "FIW")}
+    if len(complete) != chunks * microbatches or len(seen) != len(complete):
+        raise ValueError("schedule: not every chunk and microbatch ran forward and backward exactly once")
+
+
+async def run_stage(model: Model, plan: StagePlan) -> None:
+    await _Stage(model, plan).run()
+
+
+class _Stage:
+    def __init__(self, model: Model, plan: StagePlan):
+        self.model, self.plan = model, plan
+        self.pp = len(plan.stage_ranks)
+        self.virtual = self.pp * len(plan.chunks)
+        tp = len(plan.tp_group)
+        self.tp_group = model.group(plan.tp_group) if tp > 1 else None
+        self.weights = {layer: model.load_weights(layer, tp_rank=plan.tp_rank, tp_size=tp)
+                        for chunk in plan.chunks for layer in chunk}
+        self.left = {layer: len(plan.microbatches) for layer in self.weights}
+        self.grads: dict = {}
+        self.reduced: dict = {}
+        self.inputs: dict = {}  # (chunk, mb) -> each layer's input, in order
+        self.loss_grads: dict = {}  # (chunk, mb) -> gradient of the loss (last virtual stage)
+        self.deferred: dict = {}  # (chunk, mb) -> [(layer, input, output grad)] awaiting W
+        self.sends: list = []
+
+    async def run(self) -> None:
+        for action in self.plan.actions:
+            if action.kind == "F":
+                await self.forward(action.chunk, action.mb)
+            elif action.kind == "W":
+                self.weight_grads(action.chunk, action.mb)
+            else:
+                await self.backward(action.chunk, action.mb, split=action.kind == "I")
+            self.sends = [w for w in self.sends if not (w.done and w.end <= self.model.time)]
+        model = self.model
+        for layer in sorted(self.weights, reverse=True):
+            grad = self.reduced.pop(layer)
+            if isinstance(grad, Work):
+                grad = await grad
+            weight, opt_state = self.weights.pop(layer)
+            new_weight, _ = model.update(layer, grad, weight, opt_state)
+            del grad, weight, opt_state
+            model.set_final_weight(layer, new_weight)
+        for work in self.sends:
+            await work
+
+    def _virtual(self, chunk: int) -> int:
+        return chunk * self.pp + self.plan.stage
+
+    def _peer(self, virtual: int) -> int:
+        return self.plan.stage_ranks[virtual % self.pp]
+
+    async def _receive(self, src: int, layer: int, samples: range, what: str):
+        x = await self.model.recv(src)
+        if x.layer != layer or x.samples != ((1 << samples.stop) - (1 << samples.start)):
+            raise ValueError(f"rank {self.model.rank}: expected the {what} of layer {layer} for samples "
+                             f"{samples.start}..{samples.stop - 1} from rank {src}, got {x!r}; the schedules of "
+                             f"neighbouring stages disagree")
+        return x
+
+    async def forward(self, chunk: int, mb: int) -> None:
+        model, plan = self.model, self.plan
+        layers, samples, k = plan.chunks[chunk], plan.microbatches[mb], self._virtual(chunk)
+        if k == 0:
+            x = model.get_input_activation(samples)
+        else:
+            x = await self._receive(self._peer(k - 1), layers.start, samples, "activation")
+        kept = []
+        for layer in layers:
+            kept.append(x)
+            x = model.forward(layer, x, self.weights[layer][0], stash=not plan.recompute)
+            if self.tp_group is not None:
+                x = await model.all_reduce(x, self.tp_group)
+        self.inputs[(chunk, mb)] = kept
+        if k == self.virtual - 1:
+            self.loss_grads[(chunk, mb)] = model.loss(x)
+        else:
+            self.sends.append(model.send(x, self._peer(k + 1)))
+
+    async def backward(self, chunk: int, mb: int, split: bool) -> None:
+        model, plan = self.model, self.plan
+        layers, samples, k = plan.chunks[chunk], plan.microbatches[mb], self._virtual(chunk)
+        if k == self.virtual - 1:
+            grad = self.loss_grads.pop((chunk, mb))
+        else:
+            grad = await self._receive(self._peer(k + 1), layers.stop, samples, "activation gradient")
+        kept = self.inputs.pop((chunk, mb))
+        deferred = self.deferred.setdefault((chunk, mb), []) if split else None
+        for layer in reversed(layers):
+            x, weight = kept.pop(), self.weights[layer][0]
+            if plan.recompute:
+                model.forward(layer, x, weight)  # rebuild the stash; the output is not needed again
+            if split:
+                grad_in = model.backward_input(layer, x, grad, weight)
+                deferred.append((layer, x, grad))
+            else:
+                weight_grad, grad_in = model.backward(layer, x, grad, weight)
+                self._accumulate(layer, weight_grad)
+                del weight_grad
+            del x
+            if self.tp_group is not None:
+                grad_in = await model.all_reduce(grad_in, self.tp_group)
+            grad = grad_in
+        if k > 0:
+            self.sends.append(model.send(grad, self._peer(k - 1)))
+
+    def weight_grads(self, chunk: int, mb: int) -> None:
+        for layer, x, grad in self.deferred.pop((chunk, mb)):
+            self._accumulate(layer, self.model.backward_weight(layer, x, grad, self.weights[layer][0]))
+
+    def _accumulate(self, layer: int, weight_grad) -> None:
+        total = self.grads.get(layer)
+        self.grads[layer] = weight_grad if total is None else total + weight_grad
+        self.left[layer] -= 1
+        if self.left[layer] == 0:  # every local microbatch is in: reduce over the replicas now
+            group = self.plan.dp_group(layer)
+            grad = self.grads.pop(layer)
+            self.reduced[layer] = self.model.all_reduce(grad, group) if len(group) > 1 else grad

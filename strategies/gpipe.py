@@ -1,0 +1,29 @@
+"""GPipe: a pipeline over contiguous layer blocks, all forwards then all backwards.
+
+Huang et al. 2019, "GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism".
+With p stages and m microbatches every stage idles (p - 1) x (F + B) of a step of
+(m + p - 1) x (F + B): bubble (p - 1) / (m + p - 1). Memory: each stage holds the activations of all
+m microbatches before the first backward, m in flight (recompute cuts that to layer inputs).
+Ranks beyond `pp` become data-parallel replicas whose gradients are all-reduced at the end.
+"""
+
+from __future__ import annotations
+
+from dist_lib import Model
+
+from ._pipeline import Action, run_stage
+from ._plan import build_plan
+
+
+def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1) -> list[Action]:
+    """Every stage: F0 F1 ... F(m-1), then B0 B1 ... B(m-1)."""
+    if chunks != 1:
+        raise ValueError("gpipe runs one model chunk per rank; use the interleaved schedule for chunks > 1")
+    return [Action("F", 0, i) for i in range(microbatches)] + [Action("B", 0, i) for i in range(microbatches)]
+
+
+async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, partition=None,
+                recompute: bool = False) -> None:
+    plan = build_plan(model, schedule, microbatch_size=microbatch_size, pp=pp or model.world_size,
+                      partition=partition, recompute=recompute)
+    await run_stage(model, plan)
