@@ -158,7 +158,7 @@ def clone(t: Tensor, rank: int, storage: Storage, **changes: Any) -> Tensor:
 class Collective:
     """The k-th collective on a group, filled in as members issue it."""
 
-    __slots__ = ("group", "seq", "op", "works", "issued", "op_id")
+    __slots__ = ("group", "seq", "op", "works", "issued", "op_id", "first", "at_head")
 
     def __init__(self, group: Group, seq: int, op: str, op_id: int):
         self.group = group
@@ -167,6 +167,8 @@ class Collective:
         self.works: list[Work | None] = [None] * group.size
         self.issued = 0
         self.op_id = op_id
+        self.first: Work | None = None  # the first member's work, to check the others against
+        self.at_head = 0  # members whose collective stream has this op next
 
 
 def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, group: Group) -> Work:
@@ -195,10 +197,15 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
         work.result = Storage(state.memory, tensor.nbytes // group.size, tensor.kind)
     coll.works[pos] = work
     coll.issued += 1
-    state.queue.append(coll)
+    if coll.first is None:
+        coll.first = work
     state.outstanding[id(work)] = work
-    if coll.issued == group.size:
-        _resolve_ready(engine, coll)
+    queue = state.queue
+    queue.append(coll)
+    if len(queue) == 1:
+        coll.at_head += 1
+        if coll.at_head == group.size:
+            _resolve_ready(engine, coll)
     return work
 
 
@@ -223,16 +230,17 @@ def _check_input(op: str, t: Tensor, group: Group, where: str) -> None:
 
 
 def _check_match(coll: Collective, op: str, t: Tensor, rank: int) -> None:
-    first_pos, first = next((i, w) for i, w in enumerate(coll.works) if w is not None)
-    other = coll.group.ranks[first_pos]
-    f = first.input
+    first = coll.first
+    f = first.input  # type: ignore[union-attr]
+    if op == coll.op and type(t) is type(f) and t.layer == f.layer and t.nbytes == f.nbytes:
+        return
+    other = first.rank  # type: ignore[union-attr]
     head = f"collective #{coll.seq} on group {list(coll.group.ranks)}"
     if op != coll.op:
         raise CollectiveMismatchError(f"{head}: rank {other} issued {coll.op}({f!r}) but rank {rank} issued "
                                       f"{op}({t!r}) at the same position")
-    if type(t) is not type(f) or t.layer != f.layer or t.nbytes != f.nbytes:
-        raise CollectiveMismatchError(f"{head}: {op} tensors differ: rank {other} gave {f!r} "
-                                      f"({f.nbytes} bytes), rank {rank} gave {t!r} ({t.nbytes} bytes)")
+    raise CollectiveMismatchError(f"{head}: {op} tensors differ: rank {other} gave {f!r} "
+                                  f"({f.nbytes} bytes), rank {rank} gave {t!r} ({t.nbytes} bytes)")
 
 
 def _gathered_bytes(engine: Engine, t: Tensor, group: Group) -> int:
@@ -240,20 +248,23 @@ def _gathered_bytes(engine: Engine, t: Tensor, group: Group) -> int:
 
 
 def _resolve_ready(engine: Engine, coll: Collective) -> None:
-    """Resolve `coll` if it heads every member's stream, then whatever that unblocks, in order."""
-    work_list = [coll]
-    while work_list:
-        c = work_list.pop()
-        if c.issued != c.group.size:
-            continue
-        states = [engine.ranks[r] for r in c.group.ranks]
-        if any(s.queue[0] is not c for s in states):
-            continue
+    """Resolve `coll`, which heads every member's stream, then every op that this brings to the head
+    of all its members' streams. Each member's move to the head is counted once, so the cost per
+    member op stays constant whatever the group size."""
+    ready = [coll]
+    ranks = engine.ranks
+    while ready:
+        c = ready.pop()
+        states = [ranks[r] for r in c.group.ranks]
         _resolve(engine, c, states)
         for s in states:
-            s.queue.popleft()
-            if s.queue:
-                work_list.append(s.queue[0])
+            queue = s.queue
+            queue.popleft()
+            if queue:
+                head = queue[0]
+                head.at_head += 1
+                if head.at_head == head.group.size:
+                    ready.append(head)
 
 
 def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:

@@ -66,6 +66,7 @@ class Engine:
         self.blocked = 0  # ranks with at least one wait in progress
         self.finished = 0
         self.next_op_id = 0
+        self.cost_cache: dict[tuple, tuple[float, float]] = {}  # (device, op, layer, samples, tp) -> (s, FLOPs)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # ---- blocking and waking ------------------------------------------------------------------

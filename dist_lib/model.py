@@ -36,7 +36,7 @@ class Model:
         self._state: RankState = engine.ranks[rank]
         self._mem = self._state.memory
         self._events = engine.events
-        self._cache: dict[tuple, tuple[float, float]] = {}
+        self._cache: dict[tuple, tuple[float, float]] = engine.cost_cache
         self.rank = rank
         self.world_size = engine.world_size
         self.num_layers = engine.workload.num_layers
@@ -257,7 +257,7 @@ class Model:
 
     def _compute(self, op: str, layer: int, samples: int, n: int, tp: int, detail: str) -> None:
         """Advance the compute stream by the op's duration and record it."""
-        key = (op, layer, n, tp)
+        key = (self.device, op, layer, n, tp)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = _compute_cost(self.device, self.workload, op, layer, n, tp)
