@@ -8,11 +8,13 @@ share a buffer (an in-place all-reduce result, an accumulated gradient) share on
 from __future__ import annotations
 
 from array import array
+from itertools import accumulate
 from typing import Protocol
 
 from .errors import OutOfMemoryError
 
 KINDS = ("weight", "optimizer", "weight_grad", "activation", "activation_grad", "stash")
+KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 
 
 class Clocked(Protocol):
@@ -20,61 +22,71 @@ class Clocked(Protocol):
 
 
 class MemoryTracker:
-    """Live bytes on one rank, by tensor kind, with the peak and a (time, bytes) timeline."""
+    """Live bytes on one rank, with the peak and a log of every allocation and free.
+
+    The log (time, signed bytes, buffer id, kind code) is the one record: the timeline and the
+    breakdown by kind at the peak are derived from it after the step, so the hot path only appends.
+    """
 
     __slots__ = ("rank", "device_name", "capacity", "enforce", "owner", "live", "peak", "peak_time",
-                 "by_kind", "peak_by_kind", "times", "values", "context", "deltas", "ids", "kinds", "next_id")
+                 "peak_index", "by_kind", "times", "context", "deltas", "ids", "kinds", "next_id")
 
     def __init__(self, rank: int, device_name: str, capacity: int, owner: Clocked, enforce: bool = True):
         self.rank = rank
         self.device_name = device_name
         self.capacity = capacity
         self.enforce = enforce
-        self.owner = owner  # whose clock stamps the timeline
+        self.owner = owner  # whose clock stamps the log
         self.live = 0
         self.peak = 0
         self.peak_time = 0.0
-        self.by_kind = dict.fromkeys(KINDS, 0)
-        self.peak_by_kind = dict(self.by_kind)
-        self.times = array("d")
-        self.values = array("d")
+        self.peak_index = 0  # log entries up to and including the peak
+        self.by_kind = [0] * len(KINDS)  # live bytes by kind code, for out-of-memory reports
         self.context = ""  # the op being executed, for out-of-memory messages
-        # the allocation log the grader re-derives memory from: signed bytes, buffer id, kind index
+        self.times = array("d")
         self.deltas = array("q")
         self.ids = array("q")
         self.kinds = array("b")
         self.next_id = 0
 
-    def alloc(self, nbytes: int, kind: str, buffer_id: int = -1) -> None:
-        self.deltas.append(nbytes)
-        self.ids.append(buffer_id)
-        self.kinds.append(KINDS.index(kind))
-        live = self.live + nbytes
-        self.live = live
-        self.by_kind[kind] += nbytes
+    def alloc(self, nbytes: int, code: int, buffer_id: int = -1) -> None:
         now = self.owner.clock
         self.times.append(now)
-        self.values.append(live)
+        self.deltas.append(nbytes)
+        self.ids.append(buffer_id)
+        self.kinds.append(code)
+        self.by_kind[code] += nbytes
+        live = self.live = self.live + nbytes
         if live > self.peak:
             self.peak = live
             self.peak_time = now
-            self.peak_by_kind = dict(self.by_kind)
+            self.peak_index = len(self.deltas)
             if self.enforce and live > self.capacity:
-                self._out_of_memory(nbytes, kind)
+                self._out_of_memory(nbytes, KINDS[code])
 
-    def free(self, nbytes: int, kind: str, buffer_id: int = -1) -> None:
+    def free(self, nbytes: int, code: int, buffer_id: int = -1) -> None:
+        self.times.append(self.owner.clock)
         self.deltas.append(-nbytes)
         self.ids.append(buffer_id)
-        self.kinds.append(KINDS.index(kind))
+        self.kinds.append(code)
+        self.by_kind[code] -= nbytes
         self.live -= nbytes
-        self.by_kind[kind] -= nbytes
-        self.times.append(self.owner.clock)
-        self.values.append(self.live)
+
+    def values(self) -> array:
+        """Live bytes after each log entry."""
+        return array("d", accumulate(self.deltas))
+
+    def peak_by_kind(self) -> dict[str, int]:
+        """Live bytes by kind at the peak."""
+        totals = [0] * len(KINDS)
+        for delta, code in zip(self.deltas[:self.peak_index], self.kinds[:self.peak_index]):
+            totals[code] += delta
+        return dict(zip(KINDS, totals))
 
     def _out_of_memory(self, nbytes: int, kind: str) -> None:
         # Stop counting this rank so that the unwinding frees do not mask the report.
         self.enforce = False
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.by_kind.items() if v)
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in zip(KINDS, self.by_kind) if v)
         raise OutOfMemoryError(
             f"rank {self.rank} ({self.device_name}, {format_bytes(self.capacity)}): out of memory at "
             f"t={self.owner.clock * 1e3:.3f} ms{self.context} allocating {format_bytes(nbytes)} of {kind}; "
@@ -84,18 +96,22 @@ class MemoryTracker:
 class Storage:
     """A buffer of `nbytes` on one rank; its bytes are live while any tensor refers to it."""
 
-    __slots__ = ("tracker", "nbytes", "kind", "buffer_id")
+    __slots__ = ("tracker", "nbytes", "code", "buffer_id")
 
     def __init__(self, tracker: MemoryTracker, nbytes: int, kind: str):
         self.tracker = tracker
         self.nbytes = nbytes
-        self.kind = kind
-        self.buffer_id = tracker.next_id
-        tracker.next_id += 1
-        tracker.alloc(nbytes, kind, self.buffer_id)
+        self.code = code = KIND_CODES[kind]
+        self.buffer_id = buffer_id = tracker.next_id
+        tracker.next_id = buffer_id + 1
+        tracker.alloc(nbytes, code, buffer_id)
+
+    @property
+    def kind(self) -> str:
+        return KINDS[self.code]
 
     def __del__(self) -> None:
-        self.tracker.free(self.nbytes, self.kind, self.buffer_id)
+        self.tracker.free(self.nbytes, self.code, self.buffer_id)
 
 
 def format_bytes(n: float) -> str:

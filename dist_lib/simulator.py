@@ -90,12 +90,12 @@ def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: 
         cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,
         options=dict(options), time_s=max(rank_times), rank_times=rank_times,
         memory_bytes=[s.memory.peak for s in engine.ranks],
-        memory_by_kind=[dict(s.memory.peak_by_kind) for s in engine.ranks],
+        memory_by_kind=[s.memory.peak_by_kind() for s in engine.ranks],
         model_flops=workload.model_flops_per_sample() * engine.global_batch_size,
         hardware_flops=sum(s.flops for s in engine.ranks),
         correct=not problems, problems=problems, raw_events=engine.events,
         # copies: tensors freed after the step (as the engine is collected) must not reach the result
-        timelines=[(array("d", s.memory.times), array("d", s.memory.values)) for s in engine.ranks],
+        timelines=[(array("d", s.memory.times), s.memory.values()) for s in engine.ranks],
         memory_log=[(array("q", s.memory.deltas), array("q", s.memory.ids), array("b", s.memory.kinds))
                     for s in engine.ranks],
         strategy=name)

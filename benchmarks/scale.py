@@ -1,0 +1,63 @@
+"""How fast the simulator runs: simulated ops per wall-clock second, memory per event, and scaling.
+
+Each configuration runs in a fresh subprocess so its peak RSS is its own. Usage:
+
+    python benchmarks/scale.py            # the table in the README
+    python benchmarks/scale.py --quick    # a smaller sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import gc, json, resource, sys, time
+sys.path.insert(0, {root!r})
+from dist_lib import simulate
+ranks, layers, microbatches = {ranks}, {layers}, {microbatches}
+gc.collect()
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+result = simulate("strategies/ddp.py", f"{{ranks // 8}}x8xA100-80GB" if ranks >= 8 else f"{{ranks}}xA100-80GB",
+                  f"toy:layers={{layers}}", ranks * microbatches, microbatch_size=1)
+wall = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+events = len(result.raw_events)
+print(json.dumps({{"wall": wall, "events": events, "rss_kib": peak, "grew_kib": peak - base,
+                  "time_s": result.time_s}}))
+"""
+
+
+def measure(ranks: int, layers: int, microbatches: int) -> dict:
+    code = CHILD.format(root=str(ROOT), ranks=ranks, layers=layers, microbatches=microbatches)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller sweep")
+    args = parser.parse_args()
+    configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1), (1024, 24, 1), (1024, 96, 1)]
+    if args.quick:
+        configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1)]
+    print("DDP step (forward/backward per microbatch and layer, one all-reduce and update per layer), "
+          "toy layers, A100 nodes of 8")
+    print(f"{'ranks':>6} {'layers':>6} {'ops':>9} {'wall s':>8} {'ops/s':>10} {'us/op':>7} "
+          f"{'peak RSS MiB':>13} {'B/event':>8}")
+    for ranks, layers, microbatches in configs:
+        m = measure(ranks, layers, microbatches)
+        rate = m["events"] / m["wall"]
+        per_event = m["grew_kib"] * 1024 / m["events"]
+        print(f"{ranks:>6} {layers:>6} {m['events']:>9,} {m['wall']:>8.2f} {rate:>10,.0f} {1e6 / rate:>7.2f} "
+              f"{m['rss_kib'] / 1024:>13.0f} {per_event:>8.0f}")
+
+
+if __name__ == "__main__":
+    main()
