@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
-from dist_lib import Model
+from dist_lib import Model, costs
 
 from ._layout import Layout, check_partition, even_partition, microbatches, replica_samples
 from ._pipeline import Action, StagePlan, check_schedule
@@ -27,10 +28,28 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
         blocks = check_partition(partition, model.num_layers, parts)
     else:
         blocks = even_partition(model.num_layers, parts, "pp" if chunks == 1 else "pp x chunks")
-    actions = list(schedule(stage, pp, len(mbs), chunks))
+    stage_ranks = layout.stage_ranks(model.rank)
+    extra = {}
+    if "times" in inspect.signature(schedule).parameters:  # cost-aware schedules (zero-bubble)
+        extra["times"] = [stage_times(model, stage_ranks[s], [blocks[c * pp + s] for c in range(chunks)],
+                                      microbatch_size, tp, last=s == pp - 1) for s in range(pp)]
+    actions = list(schedule(stage, pp, len(mbs), chunks, **extra))
     check_schedule(actions, chunks, len(mbs))
     dp_ranks = layout.dp_group(model.rank)
-    return StagePlan(stage=stage, stage_ranks=layout.stage_ranks(model.rank),
+    return StagePlan(stage=stage, stage_ranks=stage_ranks,
                      chunks=[blocks[c * pp + stage] for c in range(chunks)], microbatches=mbs,
                      actions=actions, dp_group=lambda layer: dp_ranks, tp_group=layout.tp_group(model.rank),
                      tp_rank=tp_rank, recompute=recompute)
+
+
+def stage_times(model: Model, rank: int, chunks: Sequence[range], microbatch_size: int, tp: int,
+                last: bool) -> dict[str, float]:
+    """Seconds one microbatch's F, B, I and W take on a stage (from costs.py, as a profiler would)."""
+    device, workload = model.cluster.device_of(rank), model.workload
+    layers = [layer for chunk in chunks for layer in chunk]
+    times = {kind: sum(fn(device, workload, layer, microbatch_size, tp) for layer in layers)
+             for kind, fn in (("F", costs.forward_time), ("B", costs.backward_time),
+                              ("I", costs.backward_input_time), ("W", costs.backward_weight_time))}
+    if last:
+        times["F"] += costs.loss_time(device, workload, microbatch_size)
+    return times

@@ -1,0 +1,52 @@
+"""Interleaved 1F1B: each rank holds `chunks` (v) non-contiguous model chunks.
+
+Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", sec. 2.2.2. With L layers cut into p x v blocks, rank s runs blocks s, s + p, ...; a
+microbatch passes every rank v times, each time doing 1/v of the work, so the pipeline fills v times
+faster: bubble (p - 1) / v x (F + B) per stage, the 1F1B bubble divided by v, at the cost of v times
+more point-to-point messages. The first stage holds about p + (v - 1) p / v... microbatch-chunks of
+activations: warm-up is (p - s - 1) x 2 + (v - 1) x p chunk forwards. Microbatches go in groups of p,
+so m must be a multiple of p (as in Megatron-LM).
+"""
+
+from __future__ import annotations
+
+from dist_lib import Model
+
+from ._pipeline import Action, run_stage
+from ._plan import build_plan
+
+
+def schedule(stage: int, stages: int, microbatches: int, chunks: int = 2) -> list[Action]:
+    p, v, m = stages, chunks, microbatches
+    if m % p:
+        raise ValueError(f"interleaved 1F1B runs microbatches in groups of pp={p}, but there are {m}; "
+                         f"choose microbatch_size so that the number of microbatches per replica is a "
+                         f"multiple of {p}")
+    total = m * v
+
+    def unit(k: int, backward: bool) -> tuple[int, int]:
+        """The k-th (chunk, microbatch) this rank runs forward (or backward)."""
+        group, within = divmod(k, p * v)
+        chunk = within // p
+        return (v - 1 - chunk if backward else chunk), group * p + within % p
+
+    def F(k: int) -> Action:
+        return Action("F", *unit(k, False))
+
+    def B(k: int) -> Action:
+        return Action("B", *unit(k, True))
+
+    warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)  # 1. warm-up: fill every chunk's pipeline
+    actions = [F(k) for k in range(warmup)]
+    for k in range(total - warmup):  # 2. steady state: one chunk forward, one chunk backward
+        actions += [F(warmup + k), B(k)]
+    actions += [B(k) for k in range(total - warmup, total)]  # 3. cool-down
+    return actions
+
+
+async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, chunks: int = 2,
+                partition=None, recompute: bool = False) -> None:
+    plan = build_plan(model, schedule, microbatch_size=microbatch_size, pp=pp or model.world_size,
+                      chunks=chunks, partition=partition, recompute=recompute)
+    await run_stage(model, plan)
