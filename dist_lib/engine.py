@@ -66,7 +66,8 @@ class Engine:
         self.blocked = 0  # ranks with at least one wait in progress
         self.finished = 0
         self.next_op_id = 0
-        self.cost_cache: dict[tuple, tuple[float, float]] = {}  # (device, op, layer, samples, tp) -> (s, FLOPs)
+        self.cost_cache: dict[str, dict[tuple, tuple[float, float]]] = {}  # device name -> op key -> (s, FLOPs)
+        self.layer_params = [workload.layer_params(layer) for layer in range(workload.num_layers)]
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # ---- blocking and waking ------------------------------------------------------------------

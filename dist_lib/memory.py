@@ -42,7 +42,7 @@ class MemoryTracker:
         self.peak_time = 0.0
         self.peak_index = 0  # log entries up to and including the peak
         self.by_kind = [0] * len(KINDS)  # live bytes by kind code, for out-of-memory reports
-        self.context = ""  # the op being executed, for out-of-memory messages
+        self.context: tuple = ()  # (op, layer) being executed, for out-of-memory messages
         self.times = array("d")
         self.deltas = array("q")
         self.ids = array("q")
@@ -87,9 +87,13 @@ class MemoryTracker:
         # Stop counting this rank so that the unwinding frees do not mask the report.
         self.enforce = False
         parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in zip(KINDS, self.by_kind) if v)
+        where = ""
+        if self.context:
+            op, layer = self.context
+            where = f" in {op}" + (f"(layer {layer})" if layer is not None else "")
         raise OutOfMemoryError(
             f"rank {self.rank} ({self.device_name}, {format_bytes(self.capacity)}): out of memory at "
-            f"t={self.owner.clock * 1e3:.3f} ms{self.context} allocating {format_bytes(nbytes)} of {kind}; "
+            f"t={self.owner.clock * 1e3:.3f} ms{where} allocating {format_bytes(nbytes)} of {kind}; "
             f"{format_bytes(self.live)} live: {parts}")
 
 

@@ -29,14 +29,15 @@ class Model:
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",
-                 "global_batch_size", "device", "node", "cluster", "workload", "_world")
+                 "global_batch_size", "device", "node", "cluster", "workload", "_world", "_params")
 
     def __init__(self, engine: Engine, rank: int):
         self._engine = engine
         self._state: RankState = engine.ranks[rank]
         self._mem = self._state.memory
         self._events = engine.events
-        self._cache: dict[tuple, tuple[float, float]] = engine.cost_cache
+        # durations by (op, layer, samples, tp), shared by the ranks of one device type
+        self._cache: dict[tuple, tuple[float, float]] = engine.cost_cache.setdefault(self._state.device.name, {})
         self.rank = rank
         self.world_size = engine.world_size
         self.num_layers = engine.workload.num_layers
@@ -46,6 +47,7 @@ class Model:
         self.cluster: Cluster = engine.cluster
         self.workload: Workload = engine.workload
         self._world: Group | None = None
+        self._params = engine.layer_params  # parameters of each layer
 
     def __repr__(self) -> str:
         return f"Model(rank {self.rank} of {self.world_size}, {self.device.name}, node {self.node})"
@@ -73,9 +75,9 @@ class Model:
                                   f"got {count!r}")
             if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
                 raise TensorError(f"{where}: {name} must be in 0..{count - 1}, got {index!r}")
-        params = self.workload.layer_params(layer) / (tp_size * num_shards)
+        params = self._params[layer] / (tp_size * num_shards)
         mem = self._mem
-        mem.context = f" in load_weights(layer {layer})"
+        mem.context = ("load_weights", layer)
         weight = Weight(self.rank, layer, 0, 1 << shard, num_shards, tp_rank, tp_size, 0,
                         Storage(mem, int(params * WEIGHT_BYTES), "weight"))
         opt = OptState(self.rank, layer, 0, 1 << shard, num_shards, tp_rank, tp_size, 0,
@@ -89,7 +91,7 @@ class Model:
         except (TypeError, ValueError) as exc:
             raise TensorError(f"rank {self.rank} get_input_activation: {exc}") from None
         nbytes = mask.bit_count() * self.workload.activation_bytes()
-        self._mem.context = " in get_input_activation"
+        self._mem.context = ("get_input_activation", None)
         return Activation(self.rank, 0, mask, Storage(self._mem, nbytes, "activation"))
 
     # ---- compute ------------------------------------------------------------------------------
@@ -108,7 +110,7 @@ class Model:
             state.forwards.add(key)
         self._compute("forward", layer, samples, n, tp, "recompute" if recompute else "")
         mem = self._mem
-        mem.context = f" in forward(layer {layer})"
+        mem.context = ("forward", layer)
         if stash:
             act._stash = Stash(mem, n * self.workload.stash_bytes(layer, tp), tp_rank, tp)
         out = Activation(self.rank, layer + 1, samples, Storage(mem, n * self.workload.activation_bytes(),
@@ -124,7 +126,7 @@ class Model:
         self._compute("backward", layer, act.samples, act.samples.bit_count(), weight.tp_size, "")
         act._stash = None
         del stash
-        self._mem.context = f" in backward(layer {layer})"
+        self._mem.context = ("backward", layer)
         return self._weight_grad(layer, act, weight), self._activation_grad(layer, act, weight)
 
     def backward_input(self, layer: int, act: Activation, grad: ActivationGrad, weight: Weight) -> ActivationGrad:
@@ -133,7 +135,7 @@ class Model:
         stash = self._check_backward("backward_input", layer, act, grad, weight, need_input_done=False)
         self._compute("backward_input", layer, act.samples, act.samples.bit_count(), weight.tp_size, "")
         stash.input_done = True
-        self._mem.context = f" in backward_input(layer {layer})"
+        self._mem.context = ("backward_input", layer)
         return self._activation_grad(layer, act, weight)
 
     def backward_weight(self, layer: int, act: Activation, grad: ActivationGrad, weight: Weight) -> WeightGrad:
@@ -141,7 +143,7 @@ class Model:
         self._check_backward("backward_weight", layer, act, grad, weight, need_input_done=True)
         self._compute("backward_weight", layer, act.samples, act.samples.bit_count(), weight.tp_size, "")
         act._stash = None
-        self._mem.context = f" in backward_weight(layer {layer})"
+        self._mem.context = ("backward_weight", layer)
         return self._weight_grad(layer, act, weight)
 
     def loss(self, act: Activation) -> ActivationGrad:
@@ -156,7 +158,7 @@ class Model:
             raise TensorError(f"{where}: {act!r} is a tensor-parallel partial sum; all_reduce it first")
         n = act.samples.bit_count()
         self._compute("loss", self.num_layers, act.samples, n, 1, "")
-        self._mem.context = " in loss"
+        self._mem.context = ("loss", None)
         return ActivationGrad(self.rank, self.num_layers, act.samples,
                               Storage(self._mem, n * self.workload.activation_bytes(), "activation_grad"))
 
@@ -189,7 +191,7 @@ class Model:
                               f"{missing}; accumulate microbatches and all_reduce/reduce_scatter across "
                               f"data-parallel ranks first")
         state.updated.add(key)
-        params = self.workload.layer_params(layer) / opt_state.tp_size * \
+        params = self._params[layer] / opt_state.tp_size * \
             opt_state.shards.bit_count() / opt_state.num_shards
         duration = costs.update_time(self.device, params)
         start = state.clock
@@ -197,7 +199,7 @@ class Model:
         self._events.append((self.rank, "update", "compute", start, end, layer, grad.samples,
                              int(params * costs.ADAM_BYTES_PER_PARAM), 0.0, None, 0, ""))
         same = weight.shards == opt_state.shards and weight.num_shards == opt_state.num_shards
-        self._mem.context = f" in update(layer {layer})"
+        self._mem.context = ("update", layer)
         storage = weight._storage if same else Storage(self._mem, int(params * WEIGHT_BYTES), "weight")
         new_weight = Weight(self.rank, layer, 1, opt_state.shards, opt_state.num_shards, opt_state.tp_rank,
                             opt_state.tp_size, grad.samples, storage)
@@ -257,7 +259,7 @@ class Model:
 
     def _compute(self, op: str, layer: int, samples: int, n: int, tp: int, detail: str) -> None:
         """Advance the compute stream by the op's duration and record it."""
-        key = (self.device, op, layer, n, tp)
+        key = (op, layer, n, tp)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = _compute_cost(self.device, self.workload, op, layer, n, tp)
@@ -271,7 +273,7 @@ class Model:
         self._events.append((self.rank, op, "compute", start, end, layer, samples, 0, flops, None, 0, detail))
 
     def _weight_grad(self, layer: int, act: Activation, weight: Weight) -> WeightGrad:
-        nbytes = int(self.workload.layer_params(layer) / weight.tp_size * WEIGHT_BYTES)
+        nbytes = int(self._params[layer] / weight.tp_size * WEIGHT_BYTES)
         return WeightGrad(self.rank, layer, act.samples, 1, 1, weight.tp_rank, weight.tp_size,
                           Storage(self._mem, nbytes, "weight_grad"))
 
