@@ -128,21 +128,37 @@ def load_strategy(strategy: Strategy | str | Path) -> tuple[Strategy, str]:
 
 
 def _load_file(path: Path) -> Any:
+    """Import a strategy file; a file inside a package (e.g. strategies/ddp.py) is imported as part of
+    it, so that its relative imports work."""
     if not path.is_file():
         raise SpecError(f"strategy file {path}: not found")
-    module_name = f"_strategy_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise SpecError(f"strategy file {path}: cannot be imported as Python")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
+    path = path.resolve()
+    parts = [path.stem]
+    root = path.parent
+    while (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
     try:
+        if len(parts) > 1:
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            module = importlib.import_module(".".join(parts))
+            if Path(module.__file__ or "").resolve() == path:
+                return module
+        module_name = f"_strategy_{abs(hash(str(path)))}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise SpecError(f"strategy file {path}: cannot be imported as Python")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
         spec.loader.exec_module(module)
+        return module
+    except SpecError:
+        raise
     except Exception as exc:
         from .engine import user_frame
         raise StrategyError(f"strategy file {path}: importing it raised {type(exc).__name__}: {exc}"
                             f"{user_frame(exc)}") from exc
-    return module
 
 
 def check_options(train: Strategy, options: dict[str, Any], name: str) -> None:
