@@ -33,13 +33,15 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 class Group:
     """An ordered set of ranks. One object per distinct set, so collectives on it can be matched."""
 
-    __slots__ = ("ranks", "index", "size", "link", "next_seq", "pending")
+    __slots__ = ("ranks", "index", "size", "link", "topology", "next_seq", "pending")
 
-    def __init__(self, ranks: tuple[int, ...], link: Link):
+    def __init__(self, ranks: tuple[int, ...], link: Link, topology: costs.Topology | None = None):
         self.ranks = ranks
         self.index = {r: i for i, r in enumerate(ranks)}
         self.size = len(ranks)
         self.link = link  # the ring's bottleneck hop
+        # nodes spanned and links, for choosing flat ring or hierarchical (computed once per group)
+        self.topology = topology or costs.Topology(len(ranks), 1, len(ranks), link)
         self.next_seq = [0] * len(ranks)
         self.pending: dict[int, Collective] = {}
 
@@ -65,7 +67,8 @@ def get_group(engine: Engine, ranks: Any) -> Group:
                 raise TensorError(f"group {list(ranks)}: rank {r!r} is not in 0..{engine.world_size - 1}")
         if not key:
             raise TensorError("a group needs at least one rank")
-        group = engine.groups[key] = Group(key, engine.cluster.ring_link(key))
+        group = engine.groups[key] = Group(key, engine.cluster.ring_link(key),
+                                           engine.cluster.topology(key))
     return group
 
 
@@ -273,15 +276,10 @@ def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
     start = max(max(w.issue for w in works), max(s.comm_free for s in states))
     first = works[0].input
     results, nbytes, label = _combine(engine, coll, [w.input for w in works])
-    if coll.op == "all_reduce":
-        duration = costs.all_reduce_time(nbytes, group.size, group.link)
-        if isinstance(first, (Activation, ActivationGrad)):
-            # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h.
-            duration *= 2
-    elif coll.op == "all_gather":
-        duration = costs.all_gather_time(nbytes, group.size, group.link)
-    else:
-        duration = costs.reduce_scatter_time(nbytes, group.size, group.link)
+    duration = costs.collective_time(coll.op, nbytes, group.topology)
+    if coll.op == "all_reduce" and isinstance(first, (Activation, ActivationGrad)):
+        # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h.
+        duration *= 2
     end = start + duration
     del group.pending[coll.seq]
     peers = group.ranks

@@ -5,6 +5,8 @@ Nothing here knows about ranks, clocks or tensors: callers pass the device or li
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .devices import Device, Link
 from .workload import Workload
 
@@ -37,38 +39,108 @@ def compute_time(device: Device, flops: float, bytes_moved: float) -> float:
     return max(flops / (device.peak_flops * efficiency(device, flops)), bytes_moved / device.hbm_bandwidth)
 
 
-def _layer_bytes(workload: Workload, layer: int, samples: int, tp: int) -> float:
-    """HBM traffic of a layer's forward: its 16-bit weight shard plus input, output and stash."""
-    weights = 2 * workload.layer_params(layer) / tp
-    return weights + samples * (2 * workload.activation_bytes() + workload.stash_bytes(layer, tp))
+def _gemm_time(device: Device, flops: float, weight_bytes: float) -> float:
+    """The GEMMs of an op as one compute-bound kernel class (they also read the weights once)."""
+    return compute_time(device, flops, weight_bytes)
 
 
-def forward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1) -> float:
-    flops = workload.layer_forward_flops(layer) * samples / tp
-    return compute_time(device, flops, _layer_bytes(workload, layer, samples, tp))
+def _stream_time(device: Device, nbytes: float) -> float:
+    """Memory-bound kernels (layernorm, softmax, dropout, GeLU, residual adds): bytes over HBM bandwidth."""
+    return nbytes / device.hbm_bandwidth
 
 
-def backward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1) -> float:
-    """Backward is twice the forward: input and weight gradients each cost one forward (Korthikanti 2022)."""
-    flops = 2 * workload.layer_forward_flops(layer) * samples / tp
-    return compute_time(device, flops, 2 * _layer_bytes(workload, layer, samples, tp))
+# A layer is a sequence of kernels, each either compute-bound (the GEMMs and attention batched GEMMs)
+# or memory-bound (everything elementwise); its time is the sum of each kernel's roofline time
+# (Williams et al. 2009 per kernel). `Workload.elementwise_bytes` counts the memory-bound traffic.
+
+def forward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
+                 sequence_parallel: bool = False) -> float:
+    measured = _profiled(device, workload, layer, samples, tp, FORWARD_SHARE_OF_PROFILE)
+    if measured is not None:
+        return measured
+    flops = (workload.layer_gemm_flops(layer) + workload.attention_core_flops()) * samples / tp
+    return (_gemm_time(device, flops, 2 * workload.layer_params(layer) / tp)
+            + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
 
 
-def backward_input_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1) -> float:
-    flops = BACKWARD_INPUT_SHARE * workload.layer_forward_flops(layer) * samples / tp
-    return compute_time(device, flops, _layer_bytes(workload, layer, samples, tp))
+def recompute_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
+                   recompute: str = "selective", sequence_parallel: bool = False) -> float:
+    """Extra time backward spends re-running forward work: none; the attention core alone
+    (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5); or the
+    whole layer forward (`full`)."""
+    if recompute == "none":
+        return 0.0
+    if recompute == "full":
+        return forward_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel)
+    if recompute != "selective":
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+    measured = _profiled(device, workload, layer, samples, tp, 0.0)
+    if measured is not None:  # a profile holds no split of the attention core; charge nothing extra
+        return 0.0
+    flops = workload.attention_core_flops() * samples / tp
+    return (compute_time(device, flops, 0.0)
+            + _stream_time(device, samples * workload.elementwise_bytes(tp, attention_only=True)))
+
+
+def backward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
+                  sequence_parallel: bool = False, recompute: str = "none") -> float:
+    """Backward GEMMs are twice the forward ones (input and weight gradients; Korthikanti 2022), plus
+    the backward of the memory-bound kernels and any recompute of forward work."""
+    extra = recompute_time(device, workload, layer, samples, tp, recompute=recompute,
+                           sequence_parallel=sequence_parallel)
+    measured = _profiled(device, workload, layer, samples, tp, 1 - FORWARD_SHARE_OF_PROFILE)
+    if measured is not None:
+        return measured + extra
+    return backward_input_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel) \
+        + backward_weight_time(device, workload, layer, samples, tp) + extra
+
+
+def backward_input_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
+                        sequence_parallel: bool = False) -> float:
+    """Input-gradient half of a split backward: its GEMMs and the backward of the elementwise kernels."""
+    measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
+    if measured is not None:
+        return measured
+    # weight GEMMs' input gradients, plus the attention core's backward (four batched GEMMs, 2x its forward)
+    flops = (BACKWARD_INPUT_SHARE * workload.layer_gemm_flops(layer) + 2 * workload.attention_core_flops()) \
+        * samples / tp
+    return (_gemm_time(device, flops, 2 * workload.layer_params(layer) / tp)
+            + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel, backward=True)))
 
 
 def backward_weight_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1) -> float:
-    flops = BACKWARD_WEIGHT_SHARE * workload.layer_forward_flops(layer) * samples / tp
-    return compute_time(device, flops, _layer_bytes(workload, layer, samples, tp))
+    """Weight-gradient half: the weight GEMMs only (the attention core has no weights)."""
+    measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
+    if measured is not None:
+        return measured
+    flops = BACKWARD_WEIGHT_SHARE * workload.layer_gemm_flops(layer) * samples / tp
+    return _gemm_time(device, flops, 2 * workload.layer_params(layer) / tp)
 
 
-def loss_time(device: Device, workload: Workload, samples: int) -> float:
-    """LM head forward and backward plus the softmax cross-entropy (3x the head's forward FLOPs)."""
-    flops = 3 * workload.head_forward_flops() * samples
-    logits_bytes = 4 * samples * workload.seq_len * workload.vocab  # fp32 logits, written then read
-    return compute_time(device, flops, 2 * logits_bytes + 2 * samples * workload.activation_bytes())
+# A measured profile gives forward+backward per layer; forward is a third of it, as in FLOPs.
+FORWARD_SHARE_OF_PROFILE = 1 / 3
+
+
+def _profiled(device: Device, workload: Workload, layer: int, samples: int, tp: int, share: float) -> float | None:
+    """`share` of the measured forward+backward time of `layer`, if the workload carries a profile
+    for this device type."""
+    profile = workload.profile
+    if profile is None:
+        return None
+    total = profile.layer_time(device, layer, samples, tp)  # type: ignore[attr-defined]
+    return None if total is None else share * total
+
+
+def loss_time(device: Device, workload: Workload, samples: int, tp: int = 1) -> float:
+    """LM head forward and backward plus the softmax cross-entropy (3x the head's forward FLOPs); with
+    TP the head is vocabulary-parallel (Megatron), so each rank does 1/t of it."""
+    measured = workload.profile.head_time(device, samples, tp) if workload.profile is not None else None
+    if measured is not None:
+        return measured
+    flops = 3 * workload.head_forward_flops() * samples / tp
+    logits_bytes = 4 * samples * workload.seq_len * workload.vocab / tp  # fp32 logits, written then read
+    return (compute_time(device, flops, 2 * workload.hidden * workload.vocab / tp)
+            + _stream_time(device, 2 * logits_bytes + 2 * samples * workload.activation_bytes()))
 
 
 def update_time(device: Device, params: float) -> float:
@@ -76,13 +148,24 @@ def update_time(device: Device, params: float) -> float:
     return compute_time(device, 0.0, ADAM_BYTES_PER_PARAM * params)
 
 
-def compute_flops(workload: Workload, op: str, layer: int, samples: int, tp: int = 1) -> float:
-    """The FLOPs an op executes, for HFU (the same figures the durations above are built from)."""
+def compute_flops(workload: Workload, op: str, layer: int, samples: int, tp: int = 1, *,
+                  recompute: str = "none") -> float:
+    """The FLOPs an op executes, for HFU (the same figures the durations above are built from).
+    A backward with selective recompute also re-runs the attention core (Korthikanti 2022, Eq. 8);
+    with full recompute the forward is a separate op and counted there."""
     if op == "loss":
-        return 3 * workload.head_forward_flops() * samples
+        return 3 * workload.head_forward_flops() * samples / tp
     share = {"forward": 1.0, "backward": 2.0, "backward_input": BACKWARD_INPUT_SHARE,
              "backward_weight": BACKWARD_WEIGHT_SHARE}.get(op, 0.0)
-    return share * workload.layer_forward_flops(layer) * samples / tp
+    flops = share * workload.layer_forward_flops(layer) * samples / tp
+    if op == "backward_weight":  # the attention core has no weight gradient
+        flops = BACKWARD_WEIGHT_SHARE * workload.layer_gemm_flops(layer) * samples / tp
+    elif op == "backward_input":
+        flops = (BACKWARD_INPUT_SHARE * workload.layer_gemm_flops(layer) + 2 * workload.attention_core_flops()) \
+            * samples / tp
+    if op in ("backward", "backward_input") and recompute == "selective":
+        flops += workload.attention_core_flops() * samples / tp
+    return flops
 
 
 # ---- communication: alpha-beta ring models (Thakur et al. 2005; NCCL's nccl-tests PERFORMANCE.md
@@ -110,3 +193,108 @@ def reduce_scatter_time(nbytes: float, p: int, link: Link) -> float:
 def p2p_time(nbytes: float, link: Link) -> float:
     """One point-to-point message: alpha + n/B."""
     return link.latency + nbytes / link.bandwidth
+
+
+# ---- collectives over groups that span nodes: flat ring or hierarchical, whichever is faster -------
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """How a group's ranks sit on nodes, as the collective cost model needs it.
+
+    `ring` is the slowest hop of a flat ring over the ranks in order; `intra` the slowest intra-node
+    link among the nodes spanned (None when no node holds two members); `inter` the slowest NIC
+    (None within one node); `per_node` the members on each node when every node holds the same
+    number, else 0 (then only the flat ring applies); `nics` the members on the least populated
+    node spanned: NCCL runs one ring channel per NIC, so a ring's node-crossing hop can use that
+    many NICs side by side (tuning.cc: bus bandwidth = channels x per-channel bandwidth).
+    """
+
+    size: int
+    nodes: int
+    per_node: int
+    ring: Link
+    intra: Link | None = None
+    inter: Link | None = None
+    nics: int = 1
+
+
+def _ring_latency(op: str, topo: Topology) -> float:
+    """Latency of a flat ring, composed as NCCL's tuner does (src/graph/tuning.cc, ring algorithm):
+    all-reduce takes 2(p-1) steps of which 2(N-1) cross nodes, all-gather and reduce-scatter p-1 of
+    which N-1 cross nodes; each step costs its link's latency."""
+    p, n = topo.size, topo.nodes
+    steps, inter_steps = (2 * (p - 1), 2 * (n - 1)) if op == "all_reduce" else (p - 1, n - 1)
+    intra = topo.intra.latency if topo.intra is not None else topo.ring.latency
+    inter = topo.inter.latency if topo.inter is not None else topo.ring.latency
+    return (steps - inter_steps) * intra + inter_steps * inter
+
+
+def ring_bandwidth(topo: Topology) -> float:
+    """Per-rank bandwidth of a flat ring: its slowest intra-node hop, or the node-crossing hop spread
+    over `nics` NICs, whichever is slower (a mixed group runs at its bottleneck)."""
+    if topo.inter is None:
+        return topo.ring.bandwidth
+    crossing = topo.nics * topo.inter.bandwidth
+    return crossing if topo.intra is None else min(topo.intra.bandwidth, crossing)
+
+
+def flat_ring_time(op: str, nbytes: float, topo: Topology) -> float:
+    """One ring over every member: bus-bandwidth factor 2(p-1)/p (all-reduce) or (p-1)/p, per-link latencies."""
+    p = topo.size
+    if p <= 1:
+        return 0.0
+    factor = 2 * (p - 1) / p if op == "all_reduce" else (p - 1) / p
+    return factor * nbytes / ring_bandwidth(topo) + _ring_latency(op, topo)
+
+
+def hierarchical_time(op: str, nbytes: float, topo: Topology) -> float | None:
+    """Two-level collective for N nodes of g members each (None when the group is not N x g, g > 1,
+    N > 1). All-reduce: reduce-scatter inside each node, g parallel all-reduces of n/g across nodes
+    (one per local rank, each on its own NIC), all-gather inside each node. All-gather: the
+    inter-node all-gather of each local rank's n/g slice, then the intra-node all-gather of n;
+    reduce-scatter is the mirror image. (Thakur et al. 2005; NCCL's tree/CollNet split the same way.)"""
+    g, n = topo.per_node, topo.nodes
+    if g <= 1 or n <= 1 or topo.intra is None or topo.inter is None:
+        return None
+    intra = reduce_scatter_time(nbytes, g, topo.intra)
+    if op == "all_reduce":
+        return 2 * intra + all_reduce_time(nbytes / g, n, topo.inter)
+    return intra + all_gather_time(nbytes / g, n, topo.inter)
+
+
+def collective_algorithm(op: str, nbytes: float, topo: Topology) -> tuple[str, float]:
+    """The algorithm NCCL's tuner would pick (the lowest predicted time) and its time."""
+    if op not in ("all_reduce", "all_gather", "reduce_scatter"):
+        raise ValueError(f"unknown collective {op!r}")
+    best = ("ring", flat_ring_time(op, nbytes, topo))
+    hier = hierarchical_time(op, nbytes, topo)
+    if hier is not None and hier < best[1]:
+        best = ("hierarchical", hier)
+    return best
+
+
+def collective_time(op: str, nbytes: float, topo: Topology) -> float:
+    return collective_algorithm(op, nbytes, topo)[1]
+
+
+# ---- Megatron tensor and pipeline parallelism ----------------------------------------------------
+
+def tp_layer_comm_time(workload: Workload, samples: int, topo: Topology, *,
+                       sequence_parallel: bool = False) -> float:
+    """TP communication of one layer's forward (the backward moves the same): two all-reduces of the
+    b*s*h activation (after attention and after the MLP; Shoeybi et al. 2019, sec. 3). With
+    sequence parallelism each becomes a reduce-scatter plus an all-gather of the same buffer, the
+    same volume as a ring all-reduce (Korthikanti et al. 2022, sec. 4.2.2)."""
+    if topo.size <= 1:
+        return 0.0
+    nbytes = samples * workload.activation_bytes()
+    if sequence_parallel:
+        return 2 * (collective_time("reduce_scatter", nbytes, topo) + collective_time("all_gather", nbytes, topo))
+    return 2 * collective_time("all_reduce", nbytes, topo)
+
+
+def pipeline_message_bytes(workload: Workload, samples: int, tp: int = 1, *, sequence_parallel: bool = False) -> float:
+    """Bytes a pipeline stage sends its neighbour per microbatch: b*s*h 16-bit values, or 1/t of
+    them with sequence parallelism (each TP rank holds and sends its slice of the sequence)."""
+    nbytes = samples * workload.activation_bytes()
+    return nbytes / tp if sequence_parallel and tp > 1 else nbytes

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .costs import Topology
 from .devices import GB, GiB, Device, Link, get_device
 from .errors import SpecError
 
@@ -84,6 +85,18 @@ class Cluster:
             else:
                 links.update((self.nodes[a].inter_link, self.nodes[b].inter_link))
         return _bottleneck(tuple(links))
+
+    def topology(self, ranks: Sequence[int]) -> Topology:
+        """Where a group's ranks sit, for choosing between a flat ring and a hierarchical collective."""
+        nodes = [self._rank_node[r] for r in ranks]
+        counts: dict[int, int] = {}
+        for n in nodes:
+            counts[n] = counts.get(n, 0) + 1
+        per_node = next(iter(counts.values())) if len(set(counts.values())) == 1 else 0
+        shared = [self.nodes[n].intra_link for n, c in counts.items() if c > 1]
+        inter = _bottleneck(tuple(self.nodes[n].inter_link for n in counts)) if len(counts) > 1 else None
+        return Topology(len(nodes), len(counts), per_node, self.ring_link(ranks),
+                        _bottleneck(tuple(shared)) if shared else None, inter, min(counts.values()))
 
     def __str__(self) -> str:
         return self.name

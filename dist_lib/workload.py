@@ -14,7 +14,7 @@ Formulas (notation s sequence, h hidden, a heads, V vocabulary, t tensor-paralle
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from .errors import SpecError
@@ -31,6 +31,8 @@ class Workload:
     seq_len: int
     vocab: int
     bytes_per_element: int = 2
+    # Measured per-layer times and memory by device type (`profiles.ProfileSet`), when built from profiles
+    profile: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden", "heads", "seq_len", "bytes_per_element"):
@@ -68,14 +70,64 @@ class Workload:
         """Bytes of one sample's hidden states between layers (b*s*h elements)."""
         return self.seq_len * self.hidden * self.bytes_per_element
 
-    def stash_bytes(self, layer: int, tp: int = 1) -> int:
-        """Bytes one sample's backward needs from this layer's forward, besides the layer input."""
+    def stash_bytes(self, layer: int, tp: int = 1, *, recompute: str = "none",
+                    sequence_parallel: bool = False) -> int:
+        """Bytes one sample's backward needs from this layer's forward, besides the layer input.
+
+        Korthikanti et al. 2022, Table 2 (per sample, 16-bit): TP only s*h*(10 + 24/t + 5as/(ht));
+        with sequence parallelism the 10*s*h replicated part is split too, s*h*(34/t + 5as/(ht));
+        selective recompute drops the attention-core term 5as/(ht) (softmax, its dropout mask and
+        output are recomputed in backward): s*h*(10 + 24/t), or 34*s*h/t with sequence parallelism.
+        """
+        if recompute not in RECOMPUTE_MODES:
+            raise SpecError(f"workload {self.name!r}: recompute must be one of {', '.join(RECOMPUTE_MODES)}, "
+                            f"got {recompute!r}")
+        if recompute == "full":  # only the layer input is kept, and that is its own Activation
+            return 0
         s, h, a = self.seq_len, self.hidden, self.heads
+        attention = 0.0 if recompute == "selective" else 5 * a * s / (h * tp)
         if tp == 1:
-            total = s * h * (34 + 5 * a * s / h)
+            total = s * h * (34 + attention)
+        elif sequence_parallel:
+            total = s * h * (34 / tp + attention)
         else:
-            total = s * h * (10 + 24 / tp + 5 * a * s / (h * tp))
-        return int(total * self.bytes_per_element / 2) - self.activation_bytes()
+            total = s * h * (10 + 24 / tp + attention)
+        return max(0, int(total * self.bytes_per_element / 2) - self.activation_bytes())
+
+    # ---- what the cost model needs: GEMM FLOPs and the traffic of the memory-bound kernels --------
+
+    def layer_gemm_flops(self, layer: int) -> float:
+        """Forward FLOPs of a layer's weight GEMMs for one sample (QKV 6sh^2, projection 2sh^2, MLP 16sh^2)."""
+        return 24.0 * self.seq_len * self.hidden * self.hidden
+
+    def attention_core_flops(self) -> float:
+        """Forward FLOPs of the attention core for one sample: Q K^T and softmax * V, 2*s^2*h each."""
+        return 4.0 * self.seq_len * self.seq_len * self.hidden
+
+    def elementwise_bytes(self, tp: int = 1, sequence_parallel: bool = False, *, backward: bool = False,
+                          attention_only: bool = False) -> float:
+        """HBM traffic of one sample's memory-bound kernels in a layer (forward, or its backward).
+
+        Counted kernel by kernel from the tensors of Korthikanti et al. 2022, sec. 4.1, in units of
+        s*h 16-bit elements (2*s*h bytes) and a*s^2 elements; a read and a write each count once:
+        two layernorms (read x, write y: 4 sh bytes each; backward reads x and dy, writes dx: 6),
+        two bias-dropout-residual adds (read input and residual, write output and a 1-byte mask:
+        7; backward 5), bias+GeLU on the 4h-wide MLP activation (16; backward 24), softmax over the
+        a*s^2 scores (4 a*s^2 bytes; backward 6) and its dropout (5; backward 5). Layernorms and the
+        residual adds are replicated on every TP rank unless sequence parallelism splits them;
+        the rest are split t ways. `attention_only` is the softmax and dropout alone (what
+        selective recompute runs again).
+        """
+        s, h, a = self.seq_len, self.hidden, self.heads
+        scale = self.bytes_per_element / 2
+        attention = (11 if backward else 9) * a * s * s / tp
+        if attention_only:
+            return attention * scale
+        replicated = 22 * s * h  # 2 layernorms + 2 residual adds, forward (4+7)*2, backward (6+5)*2
+        if sequence_parallel and tp > 1:
+            replicated /= tp
+        split = (24 if backward else 16) * s * h / tp
+        return (replicated + split + attention) * scale
 
     def model_flops_per_sample(self) -> float:
         """Forward plus backward (3x forward) of all layers and the head, no recompute."""
@@ -143,6 +195,8 @@ class Workload:
 
 
 SPEC_SCHEMES: dict[str, object] = {}  # `scheme:argument` workload readers registered by other modules
+RECOMPUTE_MODES = ("none", "selective", "full")  # activation checkpointing: Korthikanti et al. 2022
+
 
 _FIELD_NAMES = {"layers": "num_layers", "hidden": "hidden", "heads": "heads", "seq": "seq_len",
                 "vocab": "vocab", "bytes_per_element": "bytes_per_element"}
