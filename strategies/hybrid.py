@@ -1,0 +1,35 @@
+"""Hybrid 3D parallelism: data x pipeline x tensor parallel, as Megatron-LM lays it out.
+
+Shoeybi et al. 2019 (Megatron-LM tensor parallelism) and Narayanan et al. 2021 ("Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", the PTD-P layout). Ranks form a
+(pp, dp, tp) grid with TP fastest, so each TP group of `tp` consecutive ranks sits inside a node:
+every layer's forward and backward ends in two all-reduces of b*s*h activations in the TP group. Each
+of the `dp` replicas runs a pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b or
+interleaved with `chunks` per rank) over its share of the batch, and layer gradients are all-reduced
+across replicas as soon as a stage's last microbatch has passed. Bubble: the schedule's,
+(p - 1) / (m + p - 1) for gpipe and 1f1b, divided by `chunks` for interleaved. Memory per rank: model
+state 16 bytes x parameters / (pp x tp) plus the schedule's in-flight activations (the TP stash
+formula); `recompute=True` keeps only layer inputs and runs each forward again before its backward.
+"""
+
+from __future__ import annotations
+
+from dist_lib import Model
+
+from . import gpipe, interleaved, one_f_one_b
+from ._pipeline import run_stage
+from ._plan import build_plan
+
+SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule}
+
+
+async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1, microbatch_size: int = 1,
+                schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
+                partition=None) -> None:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if chunks is None:
+        chunks = 2 if schedule == "interleaved" else 1
+    plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
+                      chunks=chunks, partition=partition, recompute=recompute)
+    await run_stage(model, plan)
