@@ -1,0 +1,182 @@
+"""`python -m grader`: run one strategy file, rank many on a suite, or search for a breaking config.
+
+    python -m grader                                   # every built-in strategy on the default suite
+    python -m grader run FILE [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
+    python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--out DIR]
+    python -m grader check FILE [--examples N]
+
+Exit codes: 0 success, 1 a strategy failed (or was flagged invalid), 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
+
+from .errors import InputError
+from .runner import Limits
+from .scenario import Scenario, parse_set
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILTIN = ROOT / "strategies"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise InputError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m grader", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    run = sub.add_parser("run", help="one strategy file on one scenario")
+    run.add_argument("file")
+    run.add_argument("--cluster", default=DEFAULT_CLUSTER)
+    run.add_argument("--workload", default=DEFAULT_WORKLOAD)
+    run.add_argument("--batch", type=int, default=DEFAULT_GLOBAL_BATCH, help="global batch size")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="a strategy option (repeatable)")
+    run.add_argument("--trace", help="trace path (default traces/<strategy>.json)")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds (default 300)")
+    run.add_argument("--no-plots", action="store_true")
+    run.add_argument("--no-enforce-memory", action="store_true", help="report memory instead of failing on OOM")
+    run.add_argument("--api", choices=("puzzles", "lab"), help="run a file written for another API")
+    run.add_argument("--function", help="the function to run with --api")
+    board = sub.add_parser("leaderboard", help="many submissions on a suite")
+    board.add_argument("paths", nargs="+")
+    board.add_argument("--suite", default=None, help="suite TOML file or shipped name (default: default)")
+    board.add_argument("--jobs", type=int, default=1)
+    board.add_argument("--out", default="traces/leaderboard")
+    board.add_argument("--no-plots", action="store_true")
+    board.add_argument("--fresh", action="store_true", help="ignore results saved by an earlier run")
+    check = sub.add_parser("check", help="property-based search for a configuration that breaks a strategy")
+    check.add_argument("file")
+    check.add_argument("--examples", type=int, default=40)
+    check.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    console = Console(highlight=False)
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "run":
+            return cmd_run(args, console)
+        if args.command == "leaderboard":
+            return cmd_leaderboard(args, console)
+        if args.command == "check":
+            from .check import cmd_check
+            return cmd_check(args.file, args.examples, args.seed, console)
+        return main_job(console)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; finished runs are saved, run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+def _strategy_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise InputError(f"strategy file {text}: not found" if not path.exists() else f"{text}: not a file")
+    return path
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    path = _strategy_file(args.file)
+    if args.api:
+        try:
+            import dist_lib.compat  # noqa: F401
+        except ImportError:
+            raise InputError("--api needs the puzzles/lab compatibility layer (dist_lib.compat), "
+                             "which this installation does not have") from None
+    elif args.function:
+        raise InputError("--function only applies with --api puzzles|lab")
+    if args.timeout <= 0:
+        raise InputError("--timeout must be positive")
+    scenario = Scenario(name="run", cluster=args.cluster, workload=args.workload, global_batch=args.batch,
+                        options=parse_set(args.set), enforce_memory=not args.no_enforce_memory)
+    scenario.load()
+    from .grade import grade_run
+    trace = args.trace or str(Path("traces") / f"{path.stem}.json")
+    row, result = grade_run(str(path), scenario.to_dict(), {"timeout_s": args.timeout,
+                                                             "address_space_bytes": Limits().address_space_bytes},
+                            trace, plots=not args.no_plots, api=args.api, function=args.function)
+    if row["status"] == "bad_input":
+        raise InputError(row["error"].splitlines()[0])
+    if args.json:
+        keys = ("strategy", "cluster", "workload", "global_batch", "status", "error", "time_s", "peak_memory_bytes",
+                "peak_memory_rank", "memory_bytes", "mfu", "hfu", "bubble_fraction", "correct", "problems", "trace",
+                "plots")
+        print(json.dumps({k: row.get(k) for k in keys}))
+    else:
+        from .report_terminal import print_run
+        print_run(console, row, result)
+    return 0 if row["status"] == "ok" else 1
+
+
+def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
+    from .leaderboard import collect_submissions, run_leaderboard
+    from .report_terminal import leaderboard_table
+    from .suites import load_suite
+    if args.jobs < 1:
+        raise InputError("--jobs must be at least 1")
+    suite = load_suite(args.suite)
+    submissions = collect_submissions(args.paths)
+    summary = run_leaderboard(submissions, suite, Path(args.out), jobs=args.jobs, plots=not args.no_plots,
+                              console=console, fresh=args.fresh)
+    _print_board(console, summary, Path(args.out))
+    return 0
+
+
+def _print_board(console: Console, summary: dict[str, Any], out: Path) -> None:
+    from .report_terminal import leaderboard_table
+    console.print(leaderboard_table(summary["ranked"], summary["scenarios"]))
+    for entry in summary["ranked"]:
+        for name, run in entry["runs"].items():
+            if run["status"] != "ok":
+                console.print(f"[red]{entry['submission']} / {name}: {run['status']}[/] — "
+                              f"{run['error'].splitlines()[0] if run['error'] else ''}", highlight=False)
+    console.print(f"results: {out / 'leaderboard.json'}, {out / 'leaderboard.csv'}; traces and plots under {out}/")
+
+
+def main_job(console: Console) -> int:
+    """Every built-in strategy on the default suite; the winner's schedule; files under traces/."""
+    from .leaderboard import run_leaderboard
+    from .suites import load_suite
+    suite = load_suite(None)
+    builtins = sorted(p for p in BUILTIN.glob("*.py") if not p.name.startswith("_"))
+    console.print(f"[bold]grading {len(builtins)} built-in strategies on suite '{suite.name}' "
+                  f"({len(suite.scenarios)} scenarios)[/]")
+    out = Path("traces")
+    summary = run_leaderboard(builtins, suite, out, jobs=min(2, os.cpu_count() or 1), console=console)
+    _print_board(console, summary, out)
+    best = next((e for e in summary["ranked"] if e["rank"] == 1), None)
+    if best:
+        name, row = next(((n, r) for n, r in best["runs"].items() if r["status"] == "ok"), (None, None))
+        if row and row.get("trace"):
+            from dist_lib.trace import validate_trace  # noqa: F401 - the trace is already written
+            _show_schedule(console, best, name, row, suite)
+    return 0
+
+
+def _show_schedule(console: Console, entry: dict[str, Any], name: str, row: dict[str, Any], suite: Any) -> None:
+    from .grade import grade_run
+    from .report_terminal import legend, schedule_view, timeline_width
+    scenario = next(s for s in suite.scenarios if s.name == name)
+    _, result = grade_run(entry["path"], scenario.to_dict(), {"timeout_s": suite.limits.timeout_s,
+                                                              "address_space_bytes": suite.limits.address_space_bytes},
+                          None)
+    if result is not None:
+        console.print(f"\n[bold]best: {entry['submission']} on {name}[/]")
+        console.print(schedule_view(result, timeline_width(console)))
+        console.print(legend())

@@ -1,0 +1,79 @@
+"""Grade one strategy file on one scenario: run it isolated, re-verify its log, write trace and plots.
+
+`grade_one` is a plain function of picklable arguments returning a plain dict (a "row"), so the
+leaderboard can hand it to a process pool, or to Ray or Dask workers, unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .runner import Limits, run_isolated
+from .scenario import Scenario
+from .verify import verify
+
+# statuses: ok | incorrect | invalid (cheating: never ranked) | failed | timeout | crashed | bad_input
+RANKABLE = ("ok", "incorrect", "failed", "timeout", "crashed")
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
+
+
+def grade_one(strategy: str, scenario_data: dict[str, Any], limits_data: dict[str, Any], trace_path: str | None,
+              plots: bool = True, api: str | None = None, function: str | None = None) -> dict[str, Any]:
+    """The row for one submission x scenario; never raises for anything the submission does."""
+    return grade_run(strategy, scenario_data, limits_data, trace_path, plots, api, function)[0]
+
+
+def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[str, Any], trace_path: str | None,
+              plots: bool = True, api: str | None = None, function: str | None = None) -> tuple[dict[str, Any], Any]:
+    """`grade_one`, also returning the re-derived `Result` (None when the run produced none)."""
+    scenario = Scenario.from_dict(scenario_data)
+    cluster, workload = scenario.load()
+    row: dict[str, Any] = {"submission": str(strategy), "strategy": Path(strategy).stem, "scenario": scenario.name,
+                           "cluster": cluster.name, "workload": workload.name, "global_batch": scenario.global_batch,
+                           "status": "", "error": "", "time_s": None, "peak_memory_bytes": None,
+                           "peak_memory_rank": None, "memory_bytes": None, "mfu": None, "hfu": None,
+                           "bubble_fraction": None, "correct": False, "problems": [], "trace": None, "plots": [],
+                           "wall_s": 0.0}
+    outcome = run_isolated(strategy, scenario, Limits(**limits_data), api=api, function=function)
+    row["wall_s"] = round(outcome.wall_s, 3)
+    if outcome.status != "ok":
+        row["status"] = outcome.status
+        row["error"] = f"{outcome.kind}: {outcome.message}" if outcome.kind and outcome.status == "failed" \
+            else outcome.message
+        return row, None
+    payload = outcome.payload or {}
+    checked = verify(payload, cluster, workload, scenario.global_batch, payload.get("options"))
+    result = checked.result
+    if not checked.valid:
+        row["status"] = "invalid"
+        row["error"] = "the event log does not verify: " + "; ".join(checked.integrity)
+        row["problems"] = checked.integrity
+        return row, None
+    assert result is not None
+    row.update({"time_s": result.time_s, "peak_memory_bytes": result.peak_memory_bytes,
+                "peak_memory_rank": result.peak_memory_rank, "memory_bytes": result.memory_bytes,
+                "mfu": result.mfu, "hfu": result.hfu, "bubble_fraction": result.bubble_fraction,
+                "correct": result.correct, "problems": result.problems, "options": result.options,
+                "memory_capacity_bytes": result.cluster.device_of(result.peak_memory_rank).memory_bytes})
+    row["status"] = "ok" if result.correct else "incorrect"
+    if not result.correct:
+        row["error"] = "incorrect step: " + "; ".join(result.problems[:3])
+    limit = scenario.memory_limit_bytes
+    if limit is not None and result.peak_memory_bytes > limit and row["status"] == "ok":
+        row["status"] = "failed"
+        row["error"] = (f"peak memory {result.peak_memory_bytes / 1e9:.1f} GB on rank {result.peak_memory_rank} "
+                        f"exceeds the scenario's limit of {limit / 1e9:.1f} GB per rank")
+    if trace_path:
+        path = result.write_chrome_trace(trace_path)
+        row["trace"] = str(path)
+        if plots:
+            from .report_plots import write_plots
+            row["plots"], row["plot_note"] = write_plots(result, path)
+    return row, result
+
+

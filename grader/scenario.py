@@ -1,0 +1,72 @@
+"""A scenario: one cluster, one workload, one global batch and the options a strategy runs with.
+
+Scenarios travel between processes as plain JSON (the worker that runs untrusted code gets one, the
+parent rebuilds the `Cluster` and `Workload` from it itself and never trusts the worker's copy).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dist_lib import Cluster, SpecError, Workload
+from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str = "default"
+    cluster: str = DEFAULT_CLUSTER
+    workload: str = DEFAULT_WORKLOAD
+    global_batch: int = DEFAULT_GLOBAL_BATCH
+    options: dict[str, Any] = field(default_factory=dict)
+    # per-strategy option overrides, keyed by the strategy file's stem (suites only)
+    strategy_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # True: an option the strategy does not take is an error (`run`); False: it is dropped (suites,
+    # where one scenario serves strategies with different options)
+    strict_options: bool = True
+    memory_limit_bytes: float | None = None  # per rank; above it the run fails (suites)
+    enforce_memory: bool = True
+
+    def options_for(self, strategy_stem: str) -> dict[str, Any]:
+        return {**self.options, **self.strategy_options.get(strategy_stem, {})}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Scenario:
+        return cls(**data)
+
+    def load(self) -> tuple[Cluster, Workload]:
+        """The cluster and workload, or an `InputError` naming the bad spec."""
+        try:
+            cluster = Cluster.load(self.cluster)
+        except SpecError as exc:
+            raise InputError(f"cluster {self.cluster!r}: {exc}") from None
+        try:
+            workload = Workload.load(self.workload)
+        except SpecError as exc:
+            raise InputError(f"workload {self.workload!r}: {exc}") from None
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
+            raise InputError(f"global batch must be a whole number >= 1, got {self.global_batch!r}")
+        return cluster, workload
+
+
+def parse_set(items: list[str] | None) -> dict[str, Any]:
+    """`--set key=value` pairs; values are read as TOML literals (4, 2.5, true, "x"), else as text."""
+    options: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise InputError(f"--set {item!r}: expected key=value with a Python identifier as key")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        options[key] = value
+    return options

@@ -1,0 +1,99 @@
+"""Scoring rubrics are data: a list of weighted components, each turning one metric into points.
+
+    [[scoring.components]]
+    metric = "mfu"                 # any number in a graded row: mfu, hfu, time_s, peak_memory_bytes,
+    weight = 0.75                  #   memory_fraction, bubble_fraction, samples_per_s
+    higher_is_better = true
+    steps = [[0.80, 5], [0.70, 4], [0.60, 3], [0.50, 2], [0.40, 1]]   # first threshold met wins
+    otherwise = 0
+
+or a linear component: `scale = 100` (points = metric x scale, clipped to [min, max] if given).
+A run that did not finish correctly scores 0; a submission's score is the mean over scenarios.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InputError
+
+METRICS = ("mfu", "hfu", "time_s", "peak_memory_bytes", "memory_fraction", "bubble_fraction", "samples_per_s")
+
+
+@dataclass(frozen=True)
+class Component:
+    metric: str
+    weight: float
+    higher_is_better: bool = True
+    steps: tuple[tuple[float, float], ...] = ()
+    otherwise: float = 0.0
+    scale: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+    def points(self, value: float) -> float:
+        if self.scale is not None:
+            pts = value * self.scale
+            if self.min is not None:
+                pts = max(self.min, pts)
+            if self.max is not None:
+                pts = min(self.max, pts)
+            return pts
+        for threshold, pts in self.steps:
+            if (value >= threshold) if self.higher_is_better else (value <= threshold):
+                return pts
+        return self.otherwise
+
+
+@dataclass(frozen=True)
+class Rubric:
+    components: tuple[Component, ...]
+
+    def score(self, row: dict[str, Any]) -> float:
+        if row.get("status") != "ok":
+            return 0.0
+        return sum(c.weight * c.points(metric(row, c.metric)) for c in self.components)
+
+
+def metric(row: dict[str, Any], name: str) -> float:
+    if name == "memory_fraction":
+        return row["peak_memory_bytes"] / row["memory_capacity_bytes"]
+    if name == "samples_per_s":
+        return row["global_batch"] / row["time_s"] if row["time_s"] else 0.0
+    return float(row[name])
+
+
+def parse_rubric(data: Any, where: str) -> Rubric:
+    if not isinstance(data, dict) or not isinstance(data.get("components"), list) or not data["components"]:
+        raise InputError(f"{where}: [scoring] needs at least one [[scoring.components]] table")
+    components = []
+    for i, c in enumerate(data["components"]):
+        at = f"{where}: scoring.components[{i}]"
+        if not isinstance(c, dict):
+            raise InputError(f"{at}: expected a table")
+        unknown = set(c) - {"metric", "weight", "higher_is_better", "steps", "otherwise", "scale", "min", "max", "name"}
+        if unknown:
+            raise InputError(f"{at}: unknown field(s) {', '.join(sorted(unknown))}")
+        if c.get("metric") not in METRICS:
+            raise InputError(f"{at}: metric must be one of {', '.join(METRICS)}, got {c.get('metric')!r}")
+        weight = _number(c.get("weight", 1.0), f"{at}.weight")
+        steps = c.get("steps", [])
+        if not isinstance(steps, list) or any(not isinstance(s, list) or len(s) != 2 for s in steps):
+            raise InputError(f"{at}.steps: expected a list of [threshold, points] pairs")
+        if not steps and "scale" not in c:
+            raise InputError(f"{at}: give either steps = [[threshold, points], ...] or scale = number")
+        components.append(Component(
+            metric=c["metric"], weight=weight, higher_is_better=bool(c.get("higher_is_better", True)),
+            steps=tuple((_number(t, f"{at}.steps"), _number(p, f"{at}.steps")) for t, p in steps),
+            otherwise=_number(c.get("otherwise", 0), f"{at}.otherwise"),
+            scale=_number(c["scale"], f"{at}.scale") if "scale" in c else None,
+            min=_number(c["min"], f"{at}.min") if "min" in c else None,
+            max=_number(c["max"], f"{at}.max") if "max" in c else None))
+    return Rubric(tuple(components))
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{where}: expected a number, got {value!r}")
+    return float(value)
