@@ -84,6 +84,7 @@ class _Stage:
         self.loss_grads: dict = {}  # (chunk, mb) -> gradient of the loss (last virtual stage)
         self.deferred: dict = {}  # (chunk, mb) -> [(layer, input, output grad)] awaiting W
         self.sends: list = []
+        self.local: dict[str, list] = {"activation": [], "activation gradient": []}  # pp == 1 with chunks
 
     async def run(self) -> None:
         for action in self.plan.actions:
@@ -112,8 +113,14 @@ class _Stage:
     def _peer(self, virtual: int) -> int:
         return self.plan.stage_ranks[virtual % self.pp]
 
+    def _send(self, x, dst: int, what: str) -> None:
+        if dst == self.model.rank:  # one stage holding several chunks hands the tensor to itself
+            self.local[what].append(x)
+        else:
+            self.sends.append(self.model.send(x, dst))
+
     async def _receive(self, src: int, layer: int, samples: range, what: str):
-        x = await self.model.recv(src)
+        x = self.local[what].pop(0) if src == self.model.rank else await self.model.recv(src)
         if x.layer != layer or x.samples != ((1 << samples.stop) - (1 << samples.start)):
             raise ValueError(f"rank {self.model.rank}: expected the {what} of layer {layer} for samples "
                              f"{samples.start}..{samples.stop - 1} from rank {src}, got {x!r}; the schedules of "
@@ -137,7 +144,7 @@ class _Stage:
         if k == self.virtual - 1:
             self.loss_grads[(chunk, mb)] = model.loss(x)
         else:
-            self.sends.append(model.send(x, self._peer(k + 1)))
+            self._send(x, self._peer(k + 1), "activation")
 
     async def backward(self, chunk: int, mb: int, split: bool) -> None:
         model, plan = self.model, self.plan
@@ -164,7 +171,7 @@ class _Stage:
                 grad_in = await model.all_reduce(grad_in, self.tp_group)
             grad = grad_in
         if k > 0:
-            self.sends.append(model.send(grad, self._peer(k - 1)))
+            self._send(grad, self._peer(k - 1), "activation gradient")
 
     def weight_grads(self, chunk: int, mb: int) -> None:
         for layer, x, grad in self.deferred.pop((chunk, mb)):
