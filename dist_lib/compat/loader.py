@@ -1,0 +1,190 @@
+"""Load a puzzles or course-lab strategy file unchanged and run it: `run_file(...) -> Result`.
+
+Both APIs are imported as `from lib import ...` (the lab also `from utils import ...`, the puzzles
+`from drawing import ...`); `api_modules` points those names at the compatible modules while the file
+loads and runs, and restores whatever they were before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import inspect
+import re
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..engine import user_frame
+from ..errors import IncorrectStepError, SimulationError, SpecError, StrategyError
+from ..result import Result
+from . import _runtime
+from ._base import build_result
+
+# The puzzles' set-ups by the notebook's function names: (ranks, layers, batches).
+PUZZLE_SETUPS = {"basic": (1, 2, 4), "grad_accum": (1, 2, 4), "ddp": (4, 2, 4), "wsdp": (4, 6, 4),
+                 "fsdp": (4, 6, 4), "pipeline": (4, 8, 4), "gpipe": (4, 8, 4), "pipeline_fsdp": (16, 4, 4)}
+LAB_FUNCTIONS = ("train_ddp", "part1_training_loop", "part2_training_loop", "part3_training_loop",
+                 "part4_training_loop")
+LAB_DEFAULT = (4, 4, 16)  # the lab's example harness: world size, layers, global batch size
+
+_LAB_MARKS = (r"\bfrom\s+utils\s+import", r"\bimport\s+utils\b", r"get_input_activation", r"\.all_reduce\(",
+              r"\.all_gather\(", r"\.reduce_scatter\(", r"\.num_layers\b", r"\.global_batch_size\b",
+              r"\bget_training_stats\b", r"\.send\(")
+_PUZZLE_MARKS = (r"\bfrom\s+drawing\s+import", r"\.get_activation\(", r"\.allreduce\(", r"\.allgather\(",
+                 r"\.scatterreduce\(", r"\.pass_to\(", r"\.LAYERS\b", r"\.BATCHES\b", r"\.RANKS\b",
+                 r"fake_grad")
+
+
+def detect_api(source: str) -> str | None:
+    """'puzzles' or 'lab' from what a file's text uses, or None when it uses neither."""
+    lab = sum(bool(re.search(p, source)) for p in _LAB_MARKS)
+    puzzles = sum(bool(re.search(p, source)) for p in _PUZZLE_MARKS)
+    if lab == puzzles == 0:
+        return "puzzles" if re.search(r"^\s*(from\s+lib\s+import|import\s+lib\b)", source, re.M) else None
+    return "lab" if lab > puzzles else "puzzles"
+
+
+@contextlib.contextmanager
+def api_modules(api: str) -> Iterator[types.ModuleType]:
+    """Make `import lib` (and `utils` / `drawing`, and `chalk` if it is not installed) resolve to the
+    compatible modules of `api` inside the block."""
+    from . import drawing, lab, puzzles
+    module = {"puzzles": puzzles, "lab": lab}.get(api)
+    if module is None:
+        raise SpecError(f"api must be 'puzzles' or 'lab', got {api!r}")
+    names = {"lib": module, "drawing": drawing}
+    if api == "lab":
+        names["utils"] = lab
+    if importlib.util.find_spec("chalk") is None:
+        stub = types.ModuleType("chalk")
+        stub.__getattr__ = lambda name: (lambda *a, **k: None)  # type: ignore[attr-defined]
+        names["chalk"] = stub
+    saved = {name: sys.modules.get(name) for name in names}
+    sys.modules.update(names)
+    try:
+        yield module
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+
+
+def run_file(path: str | Path, api: str | None = None, function: str | None = None, *,
+             timing: str | None = None, cluster: Any = None, workload: Any = None, ranks: int | None = None,
+             layers: int | None = None, batches: int | None = None, options: dict[str, Any] | None = None,
+             check: bool = True) -> Result:
+    """Run a puzzles or lab strategy file unchanged and return a dist_lib `Result`.
+
+    api: 'puzzles', 'lab', or None to detect it from the file's text.
+    function: the training function to run on every rank (`async def f(model, **options)`, or a plain
+    function for the one-rank puzzles 0 and 1). None: a lone known function (the puzzles' names, the
+    lab's `partN_training_loop`/`train_ddp`), else the file's `main()` runs and the models of the last
+    `Dist` it created are reported.
+    timing: 'unit' (puzzles' steps) or 'real' (seconds on `cluster`); defaults: puzzles unit, lab real.
+    cluster, workload: dist_lib specs or objects for real timing (default: H100s, the API's shape).
+    ranks, layers, batches: the set-up (defaults: the puzzle's own set-up by function name; lab 4, 4, 16).
+    options: extra keyword arguments for the training function (lab: `batch_size`, default 2 when needed).
+    check: raise `IncorrectStepError` when the final weights are not one correct step; otherwise it is
+    reported in `result.correct` / `result.problems`.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("run_file() runs its own event loop; call it outside a running loop")
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"strategy file {path}: not found")
+    source = path.read_text()
+    api = api or detect_api(source)
+    if api not in ("puzzles", "lab"):
+        raise SpecError(f"{path}: cannot tell which API it uses; pass api='puzzles' or api='lab'")
+    options = dict(options or {})
+    with api_modules(api) as lib, _runtime.configure(api, timing=timing, cluster=cluster, workload=workload):
+        module = _load(path)
+        fn_name = function or _pick_function(module, api)
+        before = len(_runtime.WORLDS)
+        try:
+            if fn_name is None:
+                main = getattr(module, "main", None)
+                if not callable(main):
+                    raise SpecError(f"{path}: name the training function to run (no known one and no main())")
+                out = main()
+                if inspect.isawaitable(out):
+                    asyncio.run(_awaited(out))
+                worlds = [w for w in _runtime.WORLDS[before:] if w.models]
+                if not worlds:
+                    raise SpecError(f"{path}: main() created no models")
+                world, fn_name = worlds[-1], "main"
+            else:
+                fn = getattr(module, fn_name, None)
+                if not callable(fn):
+                    raise SpecError(f"{path}: no function {fn_name!r}")
+                world = _run_function(lib, api, fn, fn_name, ranks, layers, batches, options)
+        except SimulationError:
+            raise
+        except Exception as error:
+            raise StrategyError(f"{path.name}: {type(error).__name__}: {error}{user_frame(error)}") from error
+        models = sorted({m.rank: m for m in world.models}.values(), key=lambda m: m.rank)
+        found = lib.problems(models)
+    result = build_result(world, f"{path.stem}.{fn_name}", found, options)
+    if found and check:
+        raise IncorrectStepError(f"{path.stem}.{fn_name}: not a correct training step:\n  " + "\n  ".join(found))
+    return result
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _load(path: Path) -> types.ModuleType:
+    name = f"_compat_strategy_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SpecError(f"strategy file {path}: cannot be imported as Python")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SimulationError:
+        raise
+    except Exception as exc:
+        raise StrategyError(f"strategy file {path}: importing it raised {type(exc).__name__}: {exc}"
+                            f"{user_frame(exc)}") from exc
+    return module
+
+
+def _pick_function(module: types.ModuleType, api: str) -> str | None:
+    known = PUZZLE_SETUPS if api == "puzzles" else LAB_FUNCTIONS
+    present = [name for name in known if callable(getattr(module, name, None))]
+    return present[0] if len(present) == 1 else None
+
+
+def _run_function(lib: types.ModuleType, api: str, fn: Any, name: str, ranks: int | None, layers: int | None,
+                  batches: int | None, options: dict[str, Any]) -> Any:
+    default = PUZZLE_SETUPS.get(name, (4, 4, 4)) if api == "puzzles" else LAB_DEFAULT
+    n, num_layers, batch = ranks or default[0], layers or default[1], batches or default[2]
+    params = inspect.signature(fn).parameters
+    if api == "lab" and "batch_size" in params and "batch_size" not in options \
+            and params["batch_size"].default is inspect.Parameter.empty:
+        options["batch_size"] = 2 if batch % 2 == 0 else 1
+    dist = lib.Dist(n)
+    if api == "puzzles":
+        models = [lib.Model(rank=r, dist=dist, layers=num_layers, batches=batch) for r in range(n)]
+    else:
+        models = [lib.Model(r, dist, num_layers, batch) for r in range(n)]
+    if inspect.iscoroutinefunction(fn):
+        async def all_ranks() -> None:
+            await asyncio.gather(*[fn(m, **options) for m in models])
+        asyncio.run(all_ranks())
+    else:
+        if n != 1:
+            raise SpecError(f"{name} is a plain function: it can only run on one rank, not {n}")
+        fn(models[0], **options)
+    return dist._world

@@ -1,0 +1,132 @@
+"""The LLM-Training-Puzzles API: my solutions to all eight puzzles pass the check and, in unit-cost
+mode, land on the puzzles' published targets (srush/LLM-Training-Puzzles, Distributed.ipynb)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from dist_lib import DeadlockError, IncorrectStepError, SimulationError
+from dist_lib.compat import api_modules, detect_api, run_file
+from dist_lib.compat import puzzles as P
+from dist_lib.trace import chrome_trace, validate_trace
+
+SOLUTIONS = Path(__file__).parent / "compat_solutions" / "puzzles_solutions.py"
+
+# name: (published steps, published memory, exact steps on the diagram's axis, exact end, exact peak)
+# The notebook reads its targets off the diagram, whose axis ends where the last event starts; exact
+# values are derived by hand from the unit costs (forward/backward 1 per batch, update 0.5,
+# collective 0.3, each end of a pass 0.2) and the memory units (layer 512*512, batch 512*256).
+TARGETS = {
+    "basic": (17, 2_600_000, 16.5, 17.0, 2_621_440),
+    "grad_accum": (17, 2_000_000, 16.5, 17.0, 1_966_080),
+    "ddp": (5, 1_800_000, 5.1, 5.6, 1_572_864),
+    "wsdp": (20, 2_800_000, 19.9, 20.4, 2_621_440),
+    "fsdp": (20, 2_300_000, 19.9, 20.4, 1_966_080),
+    "pipeline": (66, 3_300_000, 66.9, 67.4, 2_621_440),
+    "gpipe": (33, 4_100_000, 33.3, 33.8, 2_752_512),
+    "pipeline_fsdp": (15, 1_000_000, 15.5, 16.0, 704_512),
+}
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_solution_is_correct_and_lands_on_the_published_targets(name):
+    steps_target, memory_target, steps, end, peak = TARGETS[name]
+    with api_modules("puzzles"):
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("_p_sol", SOLUTIONS)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        models = asyncio.run(module.run(name))
+    P.Model.check(models)
+    got_steps, got_end, got_memory = P.stats(models)
+    assert got_steps == pytest.approx(steps) and got_end == pytest.approx(end) and got_memory == peak
+    assert abs(got_steps - steps_target) < 1  # the published step count, as the diagram shows it
+    assert got_memory <= memory_target * 1.01
+
+
+def test_run_file_gives_a_result_with_a_valid_trace():
+    result = run_file(SOLUTIONS, function="gpipe")
+    assert result.correct and result.options == {"api": "puzzles", "timing": "unit"}
+    assert result.time_s == pytest.approx(33.8) and result.peak_memory_bytes == 2_752_512
+    assert validate_trace(chrome_trace(result)) == []
+    sends = [e for e in result.events if e.op == "send"]
+    assert len(sends) == 3 * 4 * 2  # 3 hops x 4 microbatches x (forward + backward)
+
+
+def test_real_timing_uses_the_cost_model():
+    from dist_lib import costs
+    from dist_lib.devices import DEVICES
+    from dist_lib.workload import Workload
+    result = run_file(SOLUTIONS, function="basic", timing="real", cluster="1xA100-80GB",
+                      workload="toy:layers=2")
+    a100, toy = DEVICES["A100-80GB"], Workload.parse("toy:layers=2")
+    params = toy.layer_params(0)
+    expected = 2 * costs.forward_time(a100, toy, 0, 4) + 2 * costs.backward_time(a100, toy, 0, 4) \
+        + costs.loss_time(a100, toy, 4) + 2 * costs.update_time(a100, params)
+    assert result.time_s == pytest.approx(expected)
+    # the peak holds weights + optimizer (2 + 12 bytes/param), the stashes of both layers, the output
+    stash = 4 * (toy.activation_bytes() + toy.stash_bytes(0))
+    assert result.peak_memory_bytes == 2 * 14 * params + 2 * stash + 4 * toy.activation_bytes()
+
+
+def test_heterogeneous_cluster_makes_the_slow_rank_late():
+    fast = run_file(SOLUTIONS, function="ddp", timing="real", cluster="4xA100-80GB")
+    mixed = run_file(SOLUTIONS, function="ddp", timing="real", cluster="2xA100-80GB+2xT4")
+    assert mixed.time_s > 2 * fast.time_s
+
+
+def test_collective_mismatch_and_deadlock_raise_instead_of_hanging():
+    async def mismatched(model):
+        if model.rank == 0:
+            await model.allreduce(model.fake_grad(0, [0]), 0)
+        else:
+            await model.allgather(model.load_weights(0, 1, 2)[0], 0)
+
+    async def lonely(model):
+        model.load_weights(0)  # a rank is known to the runtime from its first call
+        if model.rank == 1:
+            await model.receive()
+
+    async def main(train):
+        dist = P.Dist(2)
+        await asyncio.wait_for(asyncio.gather(*[train(P.Model(r, dist, 1, 2)) for r in range(2)]), 5)
+
+    with pytest.raises(AssertionError, match="rank 0 called allreduce but rank 1 called allgather"):
+        asyncio.run(main(mismatched))
+    with pytest.raises(DeadlockError, match="rank 1 waits in receive"):
+        asyncio.run(main(lonely))
+
+
+def test_wrong_step_is_reported():
+    async def no_update(model):
+        w, _ = model.load_weights(0)
+        model.set_final_weight(0, w)
+    with pytest.raises(AssertionError, match="step 0"):
+        dist = P.Dist(1)
+        m = P.Model(0, dist, 1, 1)
+        asyncio.run(no_update(m))
+        P.Model.check([m])
+
+
+def test_double_counted_gradient_is_refused():
+    g = P.WeightGrad(0, 1, frozenset({0}), 2)
+    with pytest.raises(SimulationError, match="counted twice"):
+        g + g
+
+
+def test_detect_api():
+    assert detect_api(SOLUTIONS.read_text()) == "puzzles"
+    assert detect_api("from utils import get_training_stats\nmodel.get_input_activation([0])") == "lab"
+    assert detect_api("print(1)") is None
+
+
+def test_incorrect_file_raises(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from lib import Model\n\nasync def ddp(model):\n"
+                   "    w, o = model.load_weights(0)\n    model.set_final_weight(0, w)\n")
+    with pytest.raises(IncorrectStepError):
+        run_file(bad, layers=1)
+    assert not run_file(bad, layers=1, check=False).correct
