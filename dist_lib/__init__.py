@@ -18,3 +18,5 @@ __all__ = [
     "Result", "SimulationError", "SpecError", "StrategyError", "TensorError", "Weight", "WeightGrad", "Work",
     "Workload", "get_device", "simulate", "simulate_async", "validate_trace",
 ]
+
+from . import metis as _metis, profiles as _profiles  # noqa: E402,F401  register the metis: and profiles: specs

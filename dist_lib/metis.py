@@ -1,0 +1,145 @@
+"""Metis cluster descriptions (Um et al., USENIX ATC'24, SamsungLabs/Metis): a host file plus a JSON file.
+
+Host file, one node per line, in file order (blank lines and `#` comments are skipped)::
+
+    10.0.0.1 slots=8        # MPI/DeepSpeed style
+    10.0.0.2 4              # or just the GPU count
+
+Cluster file, a JSON object keyed by the same IPs::
+
+    {"10.0.0.1": {"instance_type": "A100", "inter_bandwidth": 25, "intra_bandwidth": 300, "memory": 80}}
+
+Units: `inter_bandwidth` and `intra_bandwidth` are per-GPU bandwidth each way in decimal GB/s (the
+unit the Metis cost estimator actually uses: its repository's clusterfile.json holds values such as
+10 and 46). Values above 2000 GB/s are rejected as implausible, with a hint when they look like bytes/s.
+`memory` is GB per GPU, at most 1024. `instance_type` is a Metis device type (A100, V100, P100, T4) or
+any device of the catalog; the memory picks the variant (A100 with 40 -> A100-40GB).
+
+Every problem raises `SpecError` naming the file, the line or IP, and the field.
+Spec string: `metis:HOSTFILE,CLUSTERFILE`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from . import hardware
+from .devices import DEVICES, GB, GiB, Device, Link, get_device
+from .errors import SpecError
+from .hardware import Cluster, Node
+
+MAX_BANDWIDTH_GBPS = 2000.0  # above any per-GPU link today (NVLink 5 is 900 GB/s each way)
+MAX_MEMORY_GB = 1024.0
+
+
+def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
+    """(IP, GPUs) per node, in file order."""
+    path = Path(path)
+    text = _read_text(path, "host file")
+    hosts: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path}:{number}"
+        parts = line.split()
+        if len(parts) != 2:
+            raise SpecError(f"{where}: expected 'IP slots=N' or 'IP N', got {raw.strip()!r}")
+        ip, count = parts
+        if count.startswith("slots="):
+            count = count[len("slots="):]
+        if not count.isdigit() or int(count) < 1:
+            raise SpecError(f"{where}: slots must be a whole number >= 1, got {parts[1]!r}")
+        if ip in seen:
+            raise SpecError(f"{where}: host {ip} is listed twice")
+        seen.add(ip)
+        hosts.append((ip, int(count)))
+    if not hosts:
+        raise SpecError(f"{path}: the host file lists no hosts")
+    return hosts
+
+
+def read_clusterfile(path: str | Path) -> dict[str, dict]:
+    path = Path(path)
+    text = _read_text(path, "cluster file")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SpecError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not data:
+        raise SpecError(f"{path}: expected a JSON object keyed by host IP")
+    return data
+
+
+def load_cluster(hostfile: str | Path, clusterfile: str | Path) -> Cluster:
+    """A `Cluster` with one node per host-file line, described by the cluster file."""
+    hosts = read_hostfile(hostfile)
+    info = read_clusterfile(clusterfile)
+    nodes = []
+    for ip, gpus in hosts:
+        where = f"{clusterfile}: {ip}"
+        if ip not in info:
+            raise SpecError(f"{where}: host from {hostfile} has no entry in the cluster file")
+        entry = info[ip]
+        if not isinstance(entry, dict):
+            raise SpecError(f"{where}: expected an object, got {type(entry).__name__}")
+        missing = [k for k in ("instance_type", "inter_bandwidth", "intra_bandwidth", "memory") if k not in entry]
+        if missing:
+            raise SpecError(f"{where}: missing field(s) {', '.join(missing)}")
+        kind = entry["instance_type"]
+        if not isinstance(kind, str) or not kind.strip():
+            raise SpecError(f"{where}.instance_type: expected a device name such as 'A100', got {kind!r}")
+        memory = _plausible(entry["memory"], f"{where}.memory", "GB", MAX_MEMORY_GB)
+        intra = _plausible(entry["intra_bandwidth"], f"{where}.intra_bandwidth", "GB/s", MAX_BANDWIDTH_GBPS)
+        inter = _plausible(entry["inter_bandwidth"], f"{where}.inter_bandwidth", "GB/s", MAX_BANDWIDTH_GBPS)
+        device = _device(kind, memory, f"{where}.instance_type")
+        nodes.append(Node(device, gpus, Link(f"{ip}-intra", intra * GB, device.intra_link.latency),
+                          Link(f"{ip}-inter", inter * GB, device.inter_link.latency)))
+    return Cluster(tuple(nodes), name=f"metis:{Path(hostfile).name}")
+
+
+def parse_spec(arg: str) -> Cluster:
+    """`HOSTFILE,CLUSTERFILE` (the part after `metis:`)."""
+    parts = [p.strip() for p in arg.split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise SpecError(f"metis:{arg}: expected metis:HOSTFILE,CLUSTERFILE")
+    return load_cluster(*parts)
+
+
+def _device(kind: str, memory_gb: float, where: str) -> Device:
+    """The catalog device of this type whose memory is nearest `memory_gb`; its memory is set to that."""
+    key = kind.strip().upper()
+    family = [d for name, d in DEVICES.items() if name.upper() == key or name.upper().startswith(key + "-")]
+    if not family:
+        try:
+            family = [get_device(kind)]
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+    best = min(family, key=lambda d: abs(d.memory_bytes / GiB - memory_gb))
+    return replace(best, memory_bytes=int(memory_gb * GiB))
+
+
+def _plausible(value: object, where: str, unit: str, limit: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"{where}: expected a number in {unit}, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise SpecError(f"{where}: must be a positive number of {unit}, got {value!r}")
+    if number > limit:
+        hint = " (this looks like bytes/s; give GB/s)" if unit == "GB/s" and number >= 1e6 else ""
+        raise SpecError(f"{where}: {value!r} {unit} is implausible (at most {limit:g}){hint}")
+    return number
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read {what} ({exc})") from None
+
+
+hardware.SPEC_SCHEMES["metis"] = parse_spec

@@ -1,0 +1,232 @@
+"""Measured per-layer profiles in the Metis format (Um et al., USENIX ATC'24, SamsungLabs/Metis).
+
+A profile directory holds one JSON file per (device type, TP degree, batch size), named
+`DeviceType.<TYPE>_tp<N>_bs<M>.json`::
+
+    {"model": {"num_layers": 10,
+               "parameters": {"parameters_per_layer_bytes": [...one per layer...]}},
+     "execution_time": {"layer_compute_total_ms": [...forward+backward per layer...],
+                        "optimizer_time_ms": 39.3, "batch_generator_time_ms": 0.9},
+     "execution_memory": {"layer_memory_total_mb": [...]}}      # older files: "total_memory"
+
+Metis layers are the embedding, the transformer layers, then the LM head, so a profile of
+`num_layers` N describes a workload of N - 2 transformer layers: layer i of the workload takes
+profile entry i + 1 (layer 0 also the embedding's), and the loss takes the head's.
+
+A batch size that was not profiled is interpolated linearly between the nearest profiled sizes
+(extrapolated from the two nearest beyond them; proportionally from a single one). A device type or
+TP degree with no file raises `SpecError` naming the file that is missing. Every malformed file raises
+`SpecError` naming the file and the field. Spec string: `profiles:DIR` or `profiles:DIR,WORKLOAD`,
+where WORKLOAD (a preset spec such as `gpt-1.3b:seq=1024`) gives the shape; without it the hidden
+size is solved from the transformer layer's parameters (12h^2 + 13h), heads are h/128 and the
+sequence is 2048.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from bisect import bisect_left
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from . import workload as _workload
+from .devices import Device
+from .errors import SpecError
+from .workload import Workload
+
+FILE_NAME = re.compile(r"^DeviceType\.(\w+?)_tp(\d+)_bs(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One measured file: per-layer forward+backward seconds and memory bytes, step times."""
+
+    path: Path
+    device_type: str
+    tp: int
+    batch: int
+    layer_seconds: tuple[float, ...]
+    layer_memory_bytes: tuple[float, ...]
+    parameter_bytes: tuple[float, ...]
+    optimizer_seconds: float
+    batch_generator_seconds: float
+
+
+def read_profile(path: str | Path) -> Profile:
+    """Read and check one profile file."""
+    path = Path(path)
+    match = FILE_NAME.match(path.name)
+    if not match:
+        raise SpecError(f"{path}: file name should be DeviceType.<TYPE>_tp<N>_bs<M>.json")
+    device_type, tp, batch = match.group(1).upper(), int(match.group(2)), int(match.group(3))
+    if tp < 1 or batch < 1:
+        raise SpecError(f"{path}: tp and bs in the file name must be >= 1")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read profile ({exc})") from None
+    except ValueError as exc:
+        raise SpecError(f"{path}: not valid JSON ({exc})") from None
+    where = str(path)
+    model = _object(data, "", where)
+    model_info = _object(model.get("model"), "model", where)
+    times = _object(model.get("execution_time"), "execution_time", where)
+    memory = _object(model.get("execution_memory"), "execution_memory", where)
+    num_layers = model_info.get("num_layers")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 3:
+        raise SpecError(f"{where}: model.num_layers must be a whole number >= 3 (embedding, layers, head), "
+                        f"got {num_layers!r}")
+    params = _object(model_info.get("parameters"), "model.parameters", where)
+    layer_ms = _numbers(times.get("layer_compute_total_ms"), "execution_time.layer_compute_total_ms",
+                        where, num_layers, allow_zero=True)
+    mem_key = "layer_memory_total_mb" if "layer_memory_total_mb" in memory else "total_memory"
+    layer_mb = _numbers(memory.get(mem_key), f"execution_memory.{mem_key}", where, num_layers, allow_zero=True)
+    param_bytes = _numbers(params.get("parameters_per_layer_bytes"), "model.parameters.parameters_per_layer_bytes",
+                           where, num_layers, allow_zero=True)
+    if any(t <= 0 for t in layer_ms[1:-1]):
+        raise SpecError(f"{where}: execution_time.layer_compute_total_ms: transformer layers must take > 0 ms")
+    optimizer = _number(times.get("optimizer_time_ms", 0.0), "execution_time.optimizer_time_ms", where)
+    generator = _number(times.get("batch_generator_time_ms", 0.0), "execution_time.batch_generator_time_ms", where)
+    return Profile(path, device_type, tp, batch, tuple(t * 1e-3 for t in layer_ms),
+                   tuple(m * 2**20 for m in layer_mb), tuple(param_bytes), optimizer * 1e-3, generator * 1e-3)
+
+
+class ProfileSet:
+    """All profiles of a directory, looked up by (device type, TP, batch size)."""
+
+    def __init__(self, directory: Path, profiles: list[Profile]):
+        self.directory = directory
+        self.profiles = {(p.device_type, p.tp, p.batch): p for p in profiles}
+        self.num_layers = profiles[0].layer_seconds.__len__()
+        for p in profiles:
+            if len(p.layer_seconds) != self.num_layers:
+                raise SpecError(f"{p.path}: model.num_layers is {len(p.layer_seconds)} but "
+                                f"{profiles[0].path.name} has {self.num_layers}")
+        self.parameter_bytes = profiles[0].parameter_bytes
+
+    @classmethod
+    def load(cls, directory: str | Path) -> ProfileSet:
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise SpecError(f"{directory}: profile directory not found")
+        files = sorted(p for p in directory.iterdir() if p.name.startswith("DeviceType.") and p.suffix == ".json")
+        if not files:
+            raise SpecError(f"{directory}: no DeviceType.<TYPE>_tp<N>_bs<M>.json profile files")
+        return cls(directory, [read_profile(f) for f in files])
+
+    @property
+    def device_types(self) -> list[str]:
+        return sorted({key[0] for key in self.profiles})
+
+    def device_type(self, device: Device) -> str:
+        """The profile type of a catalog device: its name (A100-80GB) or its family (A100)."""
+        name = device.name.upper()
+        types = self.device_types
+        if name in types:
+            return name
+        family = name.split("-")[0]
+        if family in types:
+            return family
+        raise SpecError(f"{self.directory}: no profile for device {device.name}: missing "
+                        f"{self.directory / f'DeviceType.{family}_tp1_bs1.json'} (profiled: {', '.join(types)})")
+
+    def _series(self, device: Device, tp: int) -> list[Profile]:
+        kind = self.device_type(device)
+        series = sorted((p for (k, t, _), p in self.profiles.items() if k == kind and t == tp), key=lambda p: p.batch)
+        if not series:
+            raise SpecError(f"{self.directory}: no profile of {kind} at TP {tp}: missing "
+                            f"{self.directory / f'DeviceType.{kind}_tp{tp}_bs1.json'}")
+        return series
+
+    def _interpolate(self, device: Device, tp: int, samples: int, value) -> float:
+        series = self._series(device, tp)
+        batches = [p.batch for p in series]
+        i = bisect_left(batches, samples)
+        if i < len(series) and batches[i] == samples:
+            return value(series[i])
+        if len(series) == 1:
+            return value(series[0]) * samples / batches[0]
+        i = min(max(i, 1), len(series) - 1)  # the two nearest profiled sizes
+        lo, hi = series[i - 1], series[i]
+        slope = (value(hi) - value(lo)) / (hi.batch - lo.batch)
+        return max(0.0, value(lo) + slope * (samples - lo.batch))
+
+    def layer_time(self, device: Device, layer: int, samples: int, tp: int) -> float:
+        """Forward+backward seconds of workload layer `layer` (0-based transformer layer) for `samples`."""
+        index = layer + 1
+        if not 1 <= index <= self.num_layers - 2:
+            raise SpecError(f"{self.directory}: layer {layer} is outside the profiled {self.num_layers - 2} layers")
+        seconds = self._interpolate(device, tp, samples, lambda p: p.layer_seconds[index])
+        if layer == 0:
+            seconds += self._interpolate(device, tp, samples, lambda p: p.layer_seconds[0])
+        return seconds
+
+    def head_time(self, device: Device, samples: int, tp: int) -> float:
+        return self._interpolate(device, tp, samples, lambda p: p.layer_seconds[-1])
+
+    def layer_memory_bytes(self, device: Device, layer: int, samples: int, tp: int) -> float:
+        """Measured memory of a layer (weights, gradients, optimizer state and activations)."""
+        return self._interpolate(device, tp, samples, lambda p: p.layer_memory_bytes[layer + 1])
+
+    def optimizer_time(self, device: Device, tp: int) -> float:
+        return self._series(device, tp)[0].optimizer_seconds
+
+    def batch_generator_time(self, device: Device, samples: int, tp: int) -> float:
+        return self._interpolate(device, tp, samples, lambda p: p.batch_generator_seconds)
+
+    def infer_workload(self, name: str) -> Workload:
+        """A workload shape from the parameters: 12h^2 + 13h per transformer layer, 16-bit."""
+        params = self.parameter_bytes[1] / 2
+        if params <= 0:
+            raise SpecError(f"{self.directory}: model.parameters.parameters_per_layer_bytes[1] must be > 0 "
+                            f"to infer the hidden size; give a shape as profiles:DIR,gpt-1.3b")
+        hidden = round((-13 + math.sqrt(169 + 48 * params)) / 24)
+        hidden = max(1, hidden)
+        heads = max(1, hidden // 128) if hidden % 128 == 0 else 1
+        return Workload(name, self.num_layers - 2, hidden, heads, 2048, 0)
+
+
+def load_workload(directory: str | Path, shape: str | None = None) -> Workload:
+    """A workload whose layer times come from the profiles in `directory`."""
+    profiles = ProfileSet.load(directory)
+    name = f"profiles:{directory}"
+    if shape:
+        base = Workload.parse(shape)
+        base = replace(base, name=name, num_layers=profiles.num_layers - 2)
+    else:
+        base = profiles.infer_workload(name)
+    return replace(base, profile=profiles)
+
+
+def parse_spec(arg: str) -> Workload:
+    directory, _, shape = arg.partition(",")
+    if not directory.strip():
+        raise SpecError(f"profiles:{arg}: expected profiles:DIR or profiles:DIR,WORKLOAD")
+    return load_workload(directory.strip(), shape.strip() or None)
+
+
+def _object(value: object, field: str, where: str) -> dict:
+    if not isinstance(value, dict):
+        label = f"{field}: " if field else ""
+        raise SpecError(f"{where}: {label}expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _number(value: object, field: str, where: str, allow_zero: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (value == 0 and not allow_zero):
+        raise SpecError(f"{where}: {field} must be a non-negative finite number, got {value!r}")
+    return float(value)
+
+
+def _numbers(value: object, field: str, where: str, count: int, allow_zero: bool) -> list[float]:
+    if not isinstance(value, list):
+        raise SpecError(f"{where}: {field}: missing or not a list of numbers")
+    if len(value) != count:
+        raise SpecError(f"{where}: {field} has {len(value)} entries but model.num_layers is {count}")
+    return [_number(v, f"{field}[{i}]", where, allow_zero) for i, v in enumerate(value)]
+
+
+_workload.SPEC_SCHEMES["profiles"] = parse_spec
