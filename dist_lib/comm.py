@@ -291,6 +291,7 @@ def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
         events.append((state.rank, coll.op, "collective", start, end, first.layer, result.samples, nbytes,
                        0.0, peers, coll.op_id, label))
         engine.wake(work)
+    coll.works, coll.first = [], None  # resolved: no Work <-> Collective cycle may outlive the step
 
 
 def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[list[Tensor], int, str]:

@@ -8,7 +8,6 @@ share a buffer (an in-place all-reduce result, an accumulated gradient) share on
 from __future__ import annotations
 
 from array import array
-from itertools import accumulate
 from typing import Protocol
 
 from .errors import OutOfMemoryError
@@ -72,9 +71,12 @@ class MemoryTracker:
         self.by_kind[code] -= nbytes
         self.live -= nbytes
 
-    def values(self) -> array:
-        """Live bytes after each log entry."""
-        return array("d", accumulate(self.deltas))
+    def detach_log(self) -> tuple[array, array, array, array]:
+        """Hand over (times, deltas, buffer ids, kind codes) and start an empty log, so that tensors freed
+        after the step (as the simulator is collected) do not reach what was handed over."""
+        log = (self.times, self.deltas, self.ids, self.kinds)
+        self.times, self.deltas, self.ids, self.kinds = array("d"), array("q"), array("q"), array("b")
+        return log
 
     def peak_by_kind(self) -> dict[str, int]:
         """Live bytes by kind at the peak."""

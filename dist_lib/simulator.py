@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from array import array
+from itertools import accumulate
 import importlib.util
 import inspect
 import random
@@ -63,7 +65,15 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     order = list(range(cluster.world_size))
     if start_order_seed is not None:
         random.Random(start_order_seed).shuffle(order)
-    await engine.run(lambda rank: train(models[rank], **options), order)
+    # Frees rely on reference counting, not on the cycle collector, whose full passes over a growing
+    # event log would make long steps quadratic: pause it for the step.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        await engine.run(lambda rank: train(models[rank], **options), order)
+    finally:
+        if collecting:
+            gc.enable()
     leftovers = unfinished(engine)
     if leftovers:
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
@@ -86,18 +96,18 @@ def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: 
         if e[4] > rank_times[e[0]]:
             rank_times[e[0]] = e[4]
     workload = engine.workload
+    by_kind = [s.memory.peak_by_kind() for s in engine.ranks]
+    logs = [s.memory.detach_log() for s in engine.ranks]
     return Result(
         cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,
         options=dict(options), time_s=max(rank_times), rank_times=rank_times,
         memory_bytes=[s.memory.peak for s in engine.ranks],
-        memory_by_kind=[s.memory.peak_by_kind() for s in engine.ranks],
+        memory_by_kind=by_kind,
         model_flops=workload.model_flops_per_sample() * engine.global_batch_size,
         hardware_flops=sum(s.flops for s in engine.ranks),
         correct=not problems, problems=problems, raw_events=engine.events,
-        # copies: tensors freed after the step (as the engine is collected) must not reach the result
-        timelines=[(array("d", s.memory.times), s.memory.values()) for s in engine.ranks],
-        memory_log=[(array("q", s.memory.deltas), array("q", s.memory.ids), array("b", s.memory.kinds))
-                    for s in engine.ranks],
+        timelines=[(times, array("d", accumulate(deltas))) for times, deltas, _, _ in logs],
+        memory_log=[(deltas, ids, kinds) for _, deltas, ids, kinds in logs],
         strategy=name)
 
 

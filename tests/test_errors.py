@@ -205,5 +205,5 @@ def train(model):  # a plain function: simulate must refuse it
 
 
 def test_unknown_options_list_the_accepted_ones():
-    with pytest.raises(SpecError, match="unknown option.*bucket_mb.*accepts microbatch_size"):
-        simulate("strategies/ddp.py", bucket_mb=25)
+    with pytest.raises(SpecError, match="unknown option.*pipeline_stages.*accepts microbatch_size"):
+        simulate("strategies/ddp.py", pipeline_stages=2)
