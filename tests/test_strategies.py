@@ -1,0 +1,140 @@
+"""Analytic checks of the bundled strategies on hand-derivable scenarios, and their error messages.
+
+Compute costs are pinned (F = 1 ms per layer and microbatch, B = 2 ms, I = W = 1 ms, loss and update
+free) so expected step times follow from the schedule alone; communication stays as modelled.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_lib import StrategyError, costs, simulate, testing
+
+F, B, I, W = 1e-3, 2e-3, 1e-3, 1e-3
+
+
+@pytest.fixture
+def pinned(monkeypatch):
+    monkeypatch.setattr(costs, "forward_time", lambda *a, **k: F)
+    monkeypatch.setattr(costs, "backward_time", lambda *a, **k: B)
+    monkeypatch.setattr(costs, "backward_input_time", lambda *a, **k: I)
+    monkeypatch.setattr(costs, "backward_weight_time", lambda *a, **k: W)
+    monkeypatch.setattr(costs, "loss_time", lambda *a, **k: 0.0)
+    monkeypatch.setattr(costs, "update_time", lambda *a, **k: 0.0)
+
+
+def idle(result, rank):
+    return result.time_s - result.compute_busy()[rank]
+
+
+def run(name, cluster, layers, batch, **options):
+    return simulate(f"strategies.{name}", cluster, f"toy:layers={layers}", batch, **options)
+
+
+P, M = 4, 8  # stages, microbatches
+
+
+@pytest.mark.parametrize("name", ["gpipe", "one_f_one_b"])
+def test_gpipe_and_1f1b_step_is_m_plus_p_minus_1_slots(pinned, name):
+    result = run(name, "1x4xA100-80GB", P, M)
+    ideal = (M + P - 1) * (F + B)  # one layer per stage
+    assert ideal <= result.time_s <= ideal * 1.02  # + 2(p-1) activation hops on NVLink
+    assert idle(result, 0) == pytest.approx((P - 1) * (F + B), rel=0.05)
+
+
+def test_in_flight_activations_1f1b_p_versus_gpipe_m(pinned):
+    gpipe = run("gpipe", "1x4xA100-80GB", P, M)
+    one_f = run("one_f_one_b", "1x4xA100-80GB", P, M)
+    assert testing.peak_in_flight(gpipe, 0) == M
+    assert [testing.peak_in_flight(one_f, r) for r in range(P)] == [4, 3, 2, 1]
+    assert one_f.memory_bytes[0] < gpipe.memory_bytes[0]
+
+
+def test_interleaving_divides_the_bubble_by_v(pinned):
+    plain = run("one_f_one_b", "1x4xA100-80GB", 2 * P, M)  # 2 layers per stage
+    inter = run("interleaved", "1x4xA100-80GB", 2 * P, M, chunks=2)  # two 1-layer chunks per rank
+    assert idle(plain, 0) == pytest.approx((P - 1) * 2 * (F + B), rel=0.05)
+    assert idle(inter, 0) == pytest.approx(idle(plain, 0) / 2, rel=0.1)
+
+
+@pytest.mark.parametrize("m, ratio", [(4, 0.36), (8, 0.6)])
+def test_zb_h1_bubble_is_about_a_third_of_1f1b(pinned, m, ratio):
+    one_f = run("one_f_one_b", "1x4xA100-80GB", P, m)
+    zb = run("zero_bubble", "1x4xA100-80GB", P, m)
+    assert idle(one_f, 0) == pytest.approx((P - 1) * (F + I + W), rel=0.05)
+    assert idle(zb, 0) < ratio * idle(one_f, 0)  # (p-1)(F+I-W) = a third; the greedy order gets close
+    assert zb.time_s < one_f.time_s
+
+
+def test_zero_bubble_with_zb_h2_memory_reaches_the_bound(pinned):
+    zb = run("zero_bubble", "1x4xA100-80GB", P, M, max_in_flight=2 * P - 1)
+    assert idle(zb, 0) == pytest.approx((P - 1) * (F + I - W), rel=0.1)
+
+
+def _zero3_gap():
+    from dist_lib import Workload
+    workload = Workload.parse("toy:layers=4")
+    ddp = simulate("strategies.ddp", "1x4xA100-80GB", workload, 4, microbatch_size=1)
+    z3 = simulate("strategies.zero", "1x4xA100-80GB", workload, 4, stage=3, microbatch_size=1)
+    saved = 16 * workload.total_params * (1 - 1 / 4)  # (2 + 2 + 12) bytes per parameter, 3/4 sharded away
+    return ddp.peak_memory_bytes - z3.peak_memory_bytes, saved, 2 * workload.layer_params(0)
+
+
+def test_zero3_saves_most_of_the_sharded_model_state():
+    gap, saved, layer_bytes = _zero3_gap()
+    assert saved / 2 < gap <= saved
+
+
+@pytest.mark.xfail(reason="a finished collective's Work keeps every member's result alive until all members "
+                          "drop their Work (comm.Collective.works), so gathered weights can outlive their use "
+                          "on ranks that run ahead", strict=False)
+def test_zero3_saves_the_sharded_model_state_less_two_gathered_layers():
+    gap, saved, layer_bytes = _zero3_gap()
+    assert saved - 2 * layer_bytes <= gap <= saved  # ZeRO-3 holds up to two gathered layers at a time
+
+
+def test_zero_stages_order_memory():
+    peaks = [min(simulate("strategies.zero", "1x4xA100-80GB", "toy:layers=4", 8, stage=s, microbatch_size=1)
+                 .memory_bytes) for s in (1, 2, 3)]
+    ddp = simulate("strategies.ddp", "1x4xA100-80GB", "toy:layers=4", 8, microbatch_size=1).peak_memory_bytes
+    assert ddp > peaks[0] > peaks[1] > peaks[2]
+
+
+def test_hetero_beats_an_even_hybrid_on_a_mixed_cluster():
+    cluster = "1x2xA100-80GB+1x2xV100-32GB"
+    even = run("hybrid", cluster, 8, 8, pp=2)
+    hetero = run("hetero", cluster, 8, 8, pp=2)
+    assert hetero.time_s < 0.85 * even.time_s
+    stage0_layers = {e.layer for e in hetero.events if e.rank == 0 and e.op == "forward"}
+    assert len(stage0_layers) > 4  # the A100 stage takes more than half of the layers
+
+
+def test_hetero_gives_faster_replicas_more_samples():
+    result = run("hetero", "1x2xA100-80GB+1x2xV100-32GB", 4, 16, pp=1)
+    samples = [sum(bin(e.samples).count("1") for e in result.events if e.rank == r and e.op == "forward"
+                   and e.layer == 0) for r in range(4)]
+    assert samples[0] == samples[1] > samples[2] == samples[3] and sum(samples) == 16
+
+
+def test_explicit_partition_and_shares_are_followed():
+    result = run("hetero", "1x4xA100-80GB", 6, 6, pp=2, partition=[2, 4], shares=[1, 5])
+    assert {e.layer for e in result.events if e.rank == 0 and e.op == "forward"} == {0, 1}
+    replica1 = sum(bin(e.samples).count("1") for e in result.events if e.rank == 1 and e.op == "forward"
+                   and e.layer == 0)
+    assert replica1 == 5
+
+
+@pytest.mark.parametrize("name, options, option", [
+    ("gpipe", {"pp": 4}, "pp"),
+    ("one_f_one_b", {"microbatch_size": 3}, "microbatch_size"),
+    ("interleaved", {"pp": 2, "chunks": 4}, "pp x chunks"),
+    ("hybrid", {"pp": 2, "tp": 3}, "tp"),
+    ("hybrid", {"pp": 2, "schedule": "zigzag"}, "schedule"),
+    ("ddp", {"microbatch_size": 3}, "microbatch_size"),
+    ("zero", {"stage": 4}, "stage"),
+    ("hetero", {"pp": 2, "partition": [2, 2]}, "partition"),
+    ("hetero", {"pp": 2, "shares": [1, 1]}, "shares"),
+])
+def test_invalid_configurations_name_the_option(name, options, option):
+    with pytest.raises(StrategyError, match=option):
+        run(name, "1x4xA100-80GB", 6, 8, **options)
