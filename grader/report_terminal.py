@@ -96,7 +96,7 @@ def print_run(console: Console, row: dict[str, Any], result: Any | None, schedul
 
 
 def leaderboard_table(ranked: list[dict[str, Any]], scenarios: list[str]) -> Table:
-    table = Table(title="leaderboard")
+    table = Table(title="leaderboard (per scenario: score, MFU · peak memory per rank)")
     table.add_column("#", justify="right")
     table.add_column("submission")
     table.add_column("score", justify="right")
@@ -109,8 +109,8 @@ def leaderboard_table(ranked: list[dict[str, Any]], scenarios: list[str]) -> Tab
             if run is None:
                 cells.append("[dim]-[/]")
             elif run["status"] == "ok":
-                cells.append(f"{run['score']:.2f} [dim]({run['mfu'] * 100:.0f}% MFU, "
-                             f"{run['peak_memory_bytes'] / 1e9:.0f} GB)[/]")
+                cells.append(f"{run['score']:.2f}\n[dim]{run['mfu'] * 100:.0f}% · "
+                             f"{run['peak_memory_bytes'] / 1e9:.0f} GB[/]")
             else:
                 cells.append(f"[red]{run['status']}[/]")
         place = str(entry["rank"]) if entry["rank"] else "[red]—[/]"

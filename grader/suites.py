@@ -79,8 +79,12 @@ def load_suite(spec: str | Path | None = None) -> Suite:
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise InputError(f"{where}: scenarios[{i}] must be a table")
-        scenario = _scenario({**defaults, **entry, "options": {**defaults.get("options", {}),
-                                                               **entry.get("options", {})}}, f"{where}: scenarios[{i}]")
+        per = {**defaults.get("strategy_options", {})}
+        for name, values in entry.get("strategy_options", {}).items():
+            per[name] = {**per.get(name, {}), **values}
+        merged = {**defaults, **entry, "options": {**defaults.get("options", {}), **entry.get("options", {})},
+                  "strategy_options": per}
+        scenario = _scenario(merged, f"{where}: scenarios[{i}]")
         if scenario.name in names:
             raise InputError(f"{where}: two scenarios are named {scenario.name!r}")
         names.add(scenario.name)

@@ -283,8 +283,8 @@ class _Checker:
                               f"{last * 1e3:.3f} ms: the rank's clock went backwards")
                     last = t
                 last = max(last, t)
-                if d >= 0:
-                    if i < 0 or i in open_buffers:
+                if d > 0 or (d == 0 and i not in open_buffers):
+                    if i < 0:
                         self.flag(f"rank {rank}: an allocation of {d} bytes at {t * 1e3:.3f} ms is not a "
                                   f"fresh buffer")
                     open_buffers[i] = d
