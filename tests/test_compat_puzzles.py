@@ -75,7 +75,7 @@ def test_real_timing_uses_the_cost_model():
 def test_heterogeneous_cluster_makes_the_slow_rank_late():
     fast = run_file(SOLUTIONS, function="ddp", timing="real", cluster="4xA100-80GB")
     mixed = run_file(SOLUTIONS, function="ddp", timing="real", cluster="2xA100-80GB+2xT4")
-    assert mixed.time_s > 2 * fast.time_s
+    assert mixed.time_s > 1.5 * fast.time_s  # the T4s hold everyone back at the all-reduces
 
 
 def test_collective_mismatch_and_deadlock_raise_instead_of_hanging():
@@ -130,3 +130,9 @@ def test_incorrect_file_raises(tmp_path):
     with pytest.raises(IncorrectStepError):
         run_file(bad, layers=1)
     assert not run_file(bad, layers=1, check=False).correct
+
+
+def test_grader_style_call():
+    result = run_file(SOLUTIONS, api="puzzles", function="ddp", cluster="4xA100-80GB", workload="toy",
+                      global_batch_size=32, check=False, enforce_memory=True)
+    assert result.correct and result.options["timing"] == "real" and result.cluster.world_size == 4

@@ -78,7 +78,8 @@ def api_modules(api: str) -> Iterator[types.ModuleType]:
 def run_file(path: str | Path, api: str | None = None, function: str | None = None, *,
              timing: str | None = None, cluster: Any = None, workload: Any = None, ranks: int | None = None,
              layers: int | None = None, batches: int | None = None, options: dict[str, Any] | None = None,
-             check: bool = True) -> Result:
+             check: bool = True, global_batch_size: int | None = None, enforce_memory: bool = True,
+             **more_options: Any) -> Result:
     """Run a puzzles or lab strategy file unchanged and return a dist_lib `Result`.
 
     api: 'puzzles', 'lab', or None to detect it from the file's text.
@@ -92,6 +93,10 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     options: extra keyword arguments for the training function (lab: `batch_size`, default 2 when needed).
     check: raise `IncorrectStepError` when the final weights are not one correct step; otherwise it is
     reported in `result.correct` / `result.problems`.
+    global_batch_size: the lab's global batch (same as `batches`); ignored for the puzzles, whose
+    set-ups fix their batches. enforce_memory: accepted for symmetry with `simulate` (the toy APIs
+    have no capacity limit). Other keywords join `options`.
+    With timing=None, a puzzles file given a cluster or workload runs in 'real' timing.
     """
     try:
         asyncio.get_running_loop()
@@ -106,7 +111,11 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     api = api or detect_api(source)
     if api not in ("puzzles", "lab"):
         raise SpecError(f"{path}: cannot tell which API it uses; pass api='puzzles' or api='lab'")
-    options = dict(options or {})
+    options = {**(options or {}), **more_options}
+    if api == "lab" and batches is None:
+        batches = global_batch_size
+    if api == "puzzles" and timing is None and (cluster is not None or workload is not None):
+        timing = "real"
     with api_modules(api) as lib, _runtime.configure(api, timing=timing, cluster=cluster, workload=workload):
         module = _load(path)
         fn_name = function or _pick_function(module, api)
