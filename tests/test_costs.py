@@ -32,28 +32,29 @@ def test_point_to_point_is_latency_plus_size_over_bandwidth():
     assert costs.p2p_time(25e6, IB_EDR) == pytest.approx(14e-6 + 2e-3)
 
 
-def test_large_forward_is_gemms_at_max_efficiency_plus_memory_bound_kernels():
-    # gpt-1.3b layer (s = h = 2048, a = 16), 2 samples. GEMMs: 2 * (24*s*h^2 + 4*s^2*h) = 2 * 28 * 2048^3
-    # FLOPs = 4.81e11; at peak w = 1.5418 ms; efficiency 0.6 * w / (w + 20 us) gives (w + 20 us) / 0.6.
+HALF = 20e-6  # costs.HALF_EFFICIENCY_WORK: each GEMM kernel's time is (w + HALF) / 0.62
+
+
+def test_large_forward_is_gemm_kernels_on_the_curve_plus_memory_bound_kernels():
+    # gpt-1.3b layer (s = h = 2048, a = 16), 2 samples: GEMMs 2 * (24*s*h^2 + 4*s^2*h) = 2 * 28 * 2048^3
+    # FLOPs in six kernels (QKV, projection, MLP up, MLP down, two attention batched GEMMs), each
+    # (w_i + HALF) / 0.62, so together (sum w + 6 HALF) / 0.62.
     # Memory-bound kernels per sample: (22 + 16) * s*h + 9 * a * s^2 = (38 + 144) * 2048^2 bytes.
     w = Workload.parse("gpt-1.3b")
     flops = 2 * 28 * 2048**3
     assert w.layer_forward_flops(3) * 2 == flops
-    at_peak = flops / 312e12
     stream = 2 * 182 * 2048**2 / 2039e9
-    assert costs.forward_time(A100, w, 3, 2) == pytest.approx((at_peak + 20e-6) / 0.6 + stream)
-    # backward: input-gradient GEMMs 2 * (24 + 2*4) * 2048^3 and weight-gradient GEMMs 2 * 24 * 2048^3,
-    # two kernels with their own 20 us; memory-bound backward (22 + 24) * s*h + 11 * a * s^2 = 222 * 2048^2
-    b_in, b_w = 2 * 32 * 2048**3 / 312e12, 2 * 24 * 2048**3 / 312e12
-    expected = (b_in + 20e-6) / 0.6 + (b_w + 20e-6) / 0.6 + 2 * 222 * 2048**2 / 2039e9
-    assert costs.backward_time(A100, w, 3, 2) == pytest.approx(expected)
+    assert costs.forward_time(A100, w, 3, 2) == pytest.approx((flops / 312e12 + 6 * HALF) / 0.62 + stream)
+    # backward: 4 input-gradient GEMMs + 4 attention backward GEMMs (2 * 32 * 2048^3 FLOPs) and 4
+    # weight-gradient GEMMs (2 * 24 * 2048^3); memory-bound (22 + 24) * s*h + 11 * a * s^2 = 222 * 2048^2
+    gemms = (2 * 56 * 2048**3 / 312e12 + 12 * HALF) / 0.62
+    assert costs.backward_time(A100, w, 3, 2) == pytest.approx(gemms + 2 * 222 * 2048**2 / 2039e9)
 
 
 def test_selective_recompute_reruns_the_attention_core():
-    # attention core 4 * s^2 * h = 4 * 2048^3 FLOPs per sample, softmax + dropout 9 * a * s^2 bytes
+    # attention core 4 * s^2 * h = 4 * 2048^3 FLOPs per sample in two kernels, softmax + dropout 9 a s^2 bytes
     w = Workload.parse("gpt-1.3b")
-    at_peak = 4 * 2048**3 / 312e12
-    expected = (at_peak + 20e-6) / 0.6 + 9 * 16 * 2048**2 / 2039e9
+    expected = (4 * 2048**3 / 312e12 + 2 * HALF) / 0.62 + 9 * 16 * 2048**2 / 2039e9
     assert costs.recompute_time(A100, w, 3, 1) == pytest.approx(expected)
     plain = costs.backward_time(A100, w, 3, 1)
     assert costs.backward_time(A100, w, 3, 1, recompute="selective") == pytest.approx(plain + expected)
@@ -62,21 +63,21 @@ def test_selective_recompute_reruns_the_attention_core():
 
 
 def test_small_ops_lose_efficiency():
-    assert costs.efficiency(A100, 1e15) == pytest.approx(0.6, rel=1e-3)
-    # an op of exactly 20 us of peak work reaches half of max efficiency
-    assert costs.efficiency(A100, 20e-6 * 312e12) == pytest.approx(0.3)
+    assert costs.efficiency(A100, 1e15) == pytest.approx(0.62, rel=1e-3)
+    # an op of exactly HALF of peak work reaches half of max efficiency
+    assert costs.efficiency(A100, HALF * 312e12) == pytest.approx(0.31)
 
 
 def test_tensor_parallel_forward_splits_the_flops_and_the_split_kernels():
-    # TP 4: GEMMs 28 * 2048^3 / 4; memory-bound: replicated 22 * s*h, split (16 * s*h + 9 * a * s^2 = 144 * s*h) / 4
+    # TP 4: GEMMs 28 * 2048^3 / 4 in six kernels; memory-bound: replicated 22 * s*h stays, the split
+    # part (16 * s*h + 9 * a * s^2 = 144 * s*h) is divided by 4
     w = Workload.parse("gpt-1.3b")
-    at_peak = 28 * 2048**3 / 312e12 / 4
+    gemms = (28 * 2048**3 / 312e12 / 4 + 6 * HALF) / 0.62
     stream = (22 + (16 + 144) / 4) * 2048**2 / 2039e9
-    assert costs.forward_time(A100, w, 3, 1, tp=4) == pytest.approx((at_peak + 20e-6) / 0.6 + stream)
+    assert costs.forward_time(A100, w, 3, 1, tp=4) == pytest.approx(gemms + stream)
     # sequence parallelism splits the layernorms and residual adds too: (22 + 160) / 4
     sp = (22 + 16 + 144) / 4 * 2048**2 / 2039e9
-    assert costs.forward_time(A100, w, 3, 1, tp=4, sequence_parallel=True) == pytest.approx(
-        (at_peak + 20e-6) / 0.6 + sp)
+    assert costs.forward_time(A100, w, 3, 1, tp=4, sequence_parallel=True) == pytest.approx(gemms + sp)
 
 
 def test_optimizer_update_is_bound_by_hbm():
