@@ -13,7 +13,6 @@ node 1 and 16-19 on the T4 node. Three ways to describe one:
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 from .costs import Topology
 from .devices import GB, GiB, Device, Link, get_device
 from .errors import SpecError
+from .specs import load_spec, read_toml
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,14 +133,7 @@ class Cluster:
             inter_bandwidth_GBps = 25    # optional overrides, also intra_bandwidth_GBps,
                                          # intra_latency_us, inter_latency_us
         """
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpecError(f"{path}: cannot read cluster file ({exc})") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"{path}: not valid TOML ({exc})") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_toml(path, "cluster"), source=str(path))
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "<cluster>") -> Cluster:
@@ -172,16 +165,7 @@ class Cluster:
     @classmethod
     def load(cls, cluster: Cluster | str | Path) -> Cluster:
         """Accept a `Cluster`, a TOML path, a `scheme:argument` spec, or a spec string."""
-        if isinstance(cluster, Cluster):
-            return cluster
-        if isinstance(cluster, Path) or (isinstance(cluster, str) and cluster.endswith(".toml")):
-            return cls.from_toml(cluster)
-        if not isinstance(cluster, str):
-            raise SpecError(f"cluster must be a spec string, a .toml path or a Cluster, got {type(cluster).__name__}")
-        scheme, _, arg = cluster.partition(":")
-        if scheme in SPEC_SCHEMES and arg:
-            return SPEC_SCHEMES[scheme](arg)
-        return cls.parse(cluster)
+        return load_spec(cluster, cls, "cluster", cls.from_toml, SPEC_SCHEMES, cls.parse)
 
 
 # `scheme:argument` cluster specs (other modules register readers here, e.g. "metis").

@@ -164,44 +164,10 @@ class WeightGrad(_Sharded):
                           self.tp_rank, self.tp_size, self._storage)
 
 
-class Activation(Tensor):
-    """Hidden states entering layer `layer` (after the last layer: the input of the loss).
-
-    `forward` attaches the layer's stash (what backward needs) to its *input* activation; a TP forward
-    returns a partial sum (`tp_parts` of `tp_size`) that must be all-reduced in the TP group.
-    """
-
-    __slots__ = ("tp_parts", "tp_size", "_stash")
-    kind = "activation"
-
-    def __init__(self, rank: int, layer: int, samples: int, storage: Storage, tp_parts: int = 1,
-                 tp_size: int = 1):
-        self.rank = rank
-        self.layer = layer
-        self.samples = samples
-        self._storage = storage
-        self.tp_parts = tp_parts
-        self.tp_size = tp_size
-        self._stash: Stash | None = None
-
-    @property
-    def is_partial(self) -> bool:
-        return self.tp_parts != (1 << self.tp_size) - 1
-
-    @property
-    def has_stash(self) -> bool:
-        return self._stash is not None
-
-    def _fields(self) -> str:
-        out = f", partial {describe_mask(self.tp_parts)} of {self.tp_size}" if self.is_partial else ""
-        return out + (", with stash" if self._stash is not None else "")
-
-
-class ActivationGrad(Tensor):
-    """Gradient of the loss with respect to the activation entering layer `layer`."""
+class _Hidden(Tensor):
+    """Hidden states or their gradient: possibly a tensor-parallel partial sum (`tp_parts` of `tp_size`)."""
 
     __slots__ = ("tp_parts", "tp_size")
-    kind = "activation_grad"
 
     def __init__(self, rank: int, layer: int, samples: int, storage: Storage, tp_parts: int = 1,
                  tp_size: int = 1):
@@ -218,6 +184,36 @@ class ActivationGrad(Tensor):
 
     def _fields(self) -> str:
         return f", partial {describe_mask(self.tp_parts)} of {self.tp_size}" if self.is_partial else ""
+
+
+class Activation(_Hidden):
+    """Hidden states entering layer `layer` (after the last layer: the input of the loss).
+
+    `forward` attaches the layer's stash (what backward needs) to its *input* activation; a TP forward
+    returns a partial sum that must be all-reduced in the TP group.
+    """
+
+    __slots__ = ("_stash",)
+    kind = "activation"
+
+    def __init__(self, rank: int, layer: int, samples: int, storage: Storage, tp_parts: int = 1,
+                 tp_size: int = 1):
+        super().__init__(rank, layer, samples, storage, tp_parts, tp_size)
+        self._stash: Stash | None = None
+
+    @property
+    def has_stash(self) -> bool:
+        return self._stash is not None
+
+    def _fields(self) -> str:
+        return super()._fields() + (", with stash" if self._stash is not None else "")
+
+
+class ActivationGrad(_Hidden):
+    """Gradient of the loss with respect to the activation entering layer `layer`."""
+
+    __slots__ = ()
+    kind = "activation_grad"
 
 
 class Stash(Storage):

@@ -13,11 +13,11 @@ Formulas (notation s sequence, h hidden, a heads, V vocabulary, t tensor-paralle
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from .errors import SpecError
+from .specs import load_spec, read_toml
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,12 +162,7 @@ class Workload:
         """Read a workload file: `preset = "gpt-1.3b"` and/or any of the fields (`layers`, `hidden`,
         `heads`, `seq`, `vocab`, `bytes_per_element`, `name`)."""
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpecError(f"{path}: cannot read workload file ({exc})") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"{path}: not valid TOML ({exc})") from None
+        data = read_toml(path, "workload")
         preset = data.pop("preset", None)
         name = data.pop("name", None)
         if preset is not None:
@@ -182,16 +177,7 @@ class Workload:
     @classmethod
     def load(cls, workload: Workload | str | Path) -> Workload:
         """Accept a `Workload`, a TOML path, a `scheme:argument` spec, or a preset spec string."""
-        if isinstance(workload, Workload):
-            return workload
-        if isinstance(workload, Path) or (isinstance(workload, str) and workload.endswith(".toml")):
-            return cls.from_toml(workload)
-        if not isinstance(workload, str):
-            raise SpecError(f"workload must be a preset name, a .toml path or a Workload, got {type(workload).__name__}")
-        scheme, _, arg = workload.partition(":")
-        if scheme in SPEC_SCHEMES and arg:
-            return SPEC_SCHEMES[scheme](arg)
-        return cls.parse(workload)
+        return load_spec(workload, cls, "workload", cls.from_toml, SPEC_SCHEMES, cls.parse)
 
 
 SPEC_SCHEMES: dict[str, object] = {}  # `scheme:argument` workload readers registered by other modules
