@@ -60,8 +60,11 @@ def execute(job: dict[str, Any]) -> Any:
         except ImportError:
             raise _BadInput("--api needs the puzzles/lab compatibility layer (dist_lib.compat), "
                             "which this installation does not have") from None
-        result = compat.run_file(path, api=job["api"], function=job.get("function"), cluster=scenario["cluster"],
-                                 workload=scenario["workload"], global_batch_size=scenario["global_batch"],
+        given = scenario.get("given", ("cluster", "workload", "batch"))
+        result = compat.run_file(path, api=job["api"], function=job.get("function"),
+                                 cluster=scenario["cluster"] if "cluster" in given else None,
+                                 workload=scenario["workload"] if "workload" in given else None,
+                                 global_batch_size=scenario["global_batch"] if "batch" in given else None,
                                  **common, **options)
         from dist_lib import Result
         if not isinstance(result, Result):
@@ -97,6 +100,10 @@ def serialize(result: Any) -> dict[str, Any]:
         "timelines": [[list(t), list(v)] for t, v in result.timelines],
         "memory_log": [[list(d), list(i), list(k)] for d, i, k in result.memory_log],
         "final_weights": [list(w) for w in result.final_weights],
+        "cluster": result.cluster.name,
+        "workload": {f: getattr(result.workload, f) for f in ("name", "num_layers", "hidden", "heads", "seq_len",
+                                                               "vocab", "bytes_per_element")},
+        "global_batch": result.global_batch_size,
     }
 
 

@@ -39,9 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="one strategy file on one scenario")
     run.add_argument("file")
-    run.add_argument("--cluster", default=DEFAULT_CLUSTER)
-    run.add_argument("--workload", default=DEFAULT_WORKLOAD)
-    run.add_argument("--batch", type=int, default=DEFAULT_GLOBAL_BATCH, help="global batch size")
+    run.add_argument("--cluster", help=f"cluster spec or file (default {DEFAULT_CLUSTER})")
+    run.add_argument("--workload", help=f"workload spec or file (default {DEFAULT_WORKLOAD})")
+    run.add_argument("--batch", type=int, help=f"global batch size (default {DEFAULT_GLOBAL_BATCH})")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="a strategy option (repeatable)")
     run.add_argument("--trace", help="trace path (default traces/<strategy>.json)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
@@ -103,8 +103,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         raise InputError("--function only applies with --api puzzles|lab")
     if args.timeout <= 0:
         raise InputError("--timeout must be positive")
-    scenario = Scenario(name="run", cluster=args.cluster, workload=args.workload, global_batch=args.batch,
-                        options=parse_set(args.set), enforce_memory=not args.no_enforce_memory)
+    # A puzzles or lab file sets up its own ranks and model: only what the user names is passed on.
+    given = [name for name in ("cluster", "workload", "batch") if getattr(args, name) is not None]
+    scenario = Scenario(name="run", cluster=args.cluster or DEFAULT_CLUSTER, workload=args.workload or DEFAULT_WORKLOAD,
+                        global_batch=DEFAULT_GLOBAL_BATCH if args.batch is None else args.batch,
+                        options=parse_set(args.set), enforce_memory=not args.no_enforce_memory, given=tuple(given))
     scenario.load()
     from .grade import grade_run
     trace = args.trace or str(Path("traces") / f"{path.stem}.json")

@@ -74,14 +74,22 @@ def print_run(console: Console, row: dict[str, Any], result: Any | None, schedul
     colour = {"ok": "green", "incorrect": "yellow"}.get(status, "red")
     console.print(f"[bold]{row['strategy']}[/] on {row['cluster']}, {row['workload']}, batch {row['global_batch']}"
                   f" — [{colour}]{status}[/]")
-    if row["time_s"] is not None:
+    options = row.get("options") or {}
+    if row["time_s"] is not None and options.get("timing") == "unit":  # a puzzles file on its own unit costs
+        console.print(f"  step time     {row['time_s']:.1f} steps (the puzzles' unit costs)")
+        console.print(f"  peak memory   {row['peak_memory_bytes']:,} units on rank {row['peak_memory_rank']}")
+    elif row["time_s"] is not None:
         cap = row.get("memory_capacity_bytes") or 0
         console.print(f"  step time     {row['time_s'] * 1e3:.2f} ms")
         console.print(f"  peak memory   {row['peak_memory_bytes'] / 2**30:.2f} GiB on rank {row['peak_memory_rank']}"
                       + (f" (of {cap / 2**30:.0f} GiB)" if cap else ""))
         console.print(f"  MFU / HFU     {row['mfu'] * 100:.1f} % / {row['hfu'] * 100:.1f} %")
+    if row["time_s"] is not None:
         console.print(f"  bubble        {row['bubble_fraction'] * 100:.1f} % of compute idle")
         console.print(f"  correct       {'yes' if row['correct'] else 'NO'}")
+        if options.get("verified") is False:
+            console.print("  [dim]verified      no: puzzles/lab runs keep their own clocks and memory rules; they run "
+                          "isolated but are not re-derived from the log[/]")
     if row["error"]:
         console.print(f"  [red]error[/]         {row['error']}", markup=True, highlight=False)
     if result is not None and schedule:

@@ -30,6 +30,9 @@ class Scenario:
     strict_options: bool = True
     memory_limit_bytes: float | None = None  # per rank; above it the run fails (suites)
     enforce_memory: bool = True
+    # which of cluster, workload and batch the user named: a puzzles or lab file sets up its own ranks
+    # and model, so only those are passed on to it
+    given: tuple[str, ...] = ("cluster", "workload", "batch")
 
     def options_for(self, strategy_stem: str) -> dict[str, Any]:
         return {**self.options, **self.strategy_options.get(strategy_stem, {})}
@@ -39,6 +42,9 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scenario:
+        data = dict(data)
+        if "given" in data:
+            data["given"] = tuple(data["given"])
         return cls(**data)
 
     def load(self) -> tuple[Cluster, Workload]:

@@ -110,3 +110,14 @@ def test_check_passes_honest_and_shrinks_a_failure(capsys):
     assert main(["check", str(ROOT / "tests" / "submissions" / "buggy.py"), "--examples", "10"]) == 1
     out = capsys.readouterr().out
     assert "smallest failing configuration" in out and "workload toy:layers=1" in out
+
+
+def test_run_grades_a_puzzles_file_on_its_own_set_up(tmp_path, capsys):
+    # GPipe puzzle: 4 ranks, its own unit costs; the published target is 33 steps (33.8 to the last event's end)
+    solutions = str(ROOT / "tests" / "compat_solutions" / "puzzles_solutions.py")
+    code = main(["run", solutions, "--api", "puzzles", "--function", "gpipe", "--json", "--no-plots",
+                 "--trace", str(tmp_path / "gpipe.json")])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["status"] == "ok" and out["correct"]
+    assert out["time_s"] == pytest.approx(33.8)
+    assert out["cluster"] == "1x4xH100-80GB" and Path(out["trace"]).is_file()
