@@ -21,8 +21,9 @@ with every duration from `dist_lib.costs` on the catalog A100 and the cluster's 
 * after the flush: the embedding-gradient all-reduce between the first and last stage, then the
   optimizer step of the largest stage (`costs.update_time`).
 
-No figure is fitted to these rows: the A100's GEMM efficiency in `devices.py` comes from the paper's
-single-layer measurement (Table 4), everything else from data sheets and the NCCL tuner.
+No figure is fitted to these rows: GEMMs are timed by their shape (`costs.gemm_time`: 256 x 128 output
+tiles in waves over the A100's 108 SMs), with the per-SM efficiency in `devices.py` calibrated on the
+paper's single-layer measurement (Table 4); everything else comes from data sheets and the NCCL tuner.
 """
 
 from __future__ import annotations

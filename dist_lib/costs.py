@@ -5,15 +5,20 @@ Nothing here knows about ranks, clocks or tensors: callers pass the device or li
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .devices import Device, Link
 from .workload import Workload
 
-# Work (in seconds at peak) at which an op reaches half of its device's `max_efficiency`. Small kernels
-# are dominated by launch and tail effects; in this saturating curve each op behaves as if it carried
-# a fixed overhead of HALF_EFFICIENCY_WORK / max_efficiency seconds.
-HALF_EFFICIENCY_WORK = 20e-6
+# GEMM kernels are timed by their shape, as a tiled kernel runs on the GPU (NVIDIA, "Matrix
+# Multiplication Background User's Guide", sections on tile and wave quantization): the output M x N
+# is cut into GEMM_TILE_LONG x GEMM_TILE_SHORT tiles (256 x 128 is the largest cuBLAS tile and the
+# most efficient one the guide lists for A100; the long side goes along the longer output
+# dimension), each tile is one thread block, and the blocks run in waves of one block per SM.
+# A partial last wave, or a tile hanging over the matrix edge, leaves SMs or tensor-core lanes idle.
+GEMM_TILE_LONG = 256
+GEMM_TILE_SHORT = 128
 
 # Bytes of HBM traffic per parameter in a mixed-precision Adam step: read the 16-bit gradient and
 # the fp32 master weight, momentum and variance (2+4+4+4), write those three and the 16-bit weight
@@ -26,33 +31,67 @@ BACKWARD_INPUT_SHARE = 1.0
 BACKWARD_WEIGHT_SHARE = 1.0
 
 
-def efficiency(device: Device, flops: float) -> float:
-    """Fraction of peak an op of `flops` sustains: max_efficiency * w / (w + HALF_EFFICIENCY_WORK)."""
-    work = flops / device.peak_flops
-    return device.max_efficiency * work / (work + HALF_EFFICIENCY_WORK)
+def gemm_time(device: Device, m: int, n: int, k: int, batch: int = 1, bytes_per_element: int = 2) -> float:
+    """Time of a (batched) M x N x K GEMM: whole waves of output tiles, each tile running its K loop
+    at `device.max_efficiency` of one SM's share of peak and then storing its tile (the store of a
+    wave's tiles shares HBM and is not overlapped: one block fills an SM); never faster than reading
+    A and B and writing C once over HBM (roofline, Williams et al. 2009)."""
+    if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
+        return 0.0
+    long, short = max(m, n), min(m, n)
+    tiles = batch * math.ceil(long / GEMM_TILE_LONG) * math.ceil(short / GEMM_TILE_SHORT)
+    sms = device.sms
+    # unknown SM count: no wave quantization, every SM busy to the end
+    waves = math.ceil(tiles / sms) if sms else tiles / _NOMINAL_SMS
+    slots = sms or _NOMINAL_SMS
+    per_sm = device.peak_flops / slots
+    tile_flops = 2.0 * GEMM_TILE_LONG * GEMM_TILE_SHORT * k
+    tile_store = min(tiles, slots) * GEMM_TILE_LONG * GEMM_TILE_SHORT * bytes_per_element / device.hbm_bandwidth
+    tiled = waves * (tile_flops / (per_sm * device.max_efficiency) + tile_store)
+    traffic = batch * bytes_per_element * (m * k + k * n + m * n) / device.hbm_bandwidth
+    return max(tiled, traffic)
+
+
+# Only the split of a device's peak into SM shares needs a count when the catalog has none; any
+# positive value gives the same unquantized time.
+_NOMINAL_SMS = 100
 
 
 def compute_time(device: Device, flops: float, bytes_moved: float) -> float:
-    """Roofline: the slower of the math at its achievable rate and the HBM traffic (Williams et al. 2009)."""
+    """Roofline for an op known only by its FLOPs and bytes: the math at `max_efficiency` of peak or
+    the HBM traffic, whichever is slower (Williams et al. 2009)."""
     if flops <= 0:
         return bytes_moved / device.hbm_bandwidth
-    return max(flops / (device.peak_flops * efficiency(device, flops)), bytes_moved / device.hbm_bandwidth)
+    return max(flops / (device.peak_flops * device.max_efficiency), bytes_moved / device.hbm_bandwidth)
 
 
-# Shares of a layer's weight-GEMM FLOPs per kernel (QKV 6, projection 2, MLP up 8 and down 8 of
-# 24*s*h^2; Korthikanti et al. 2022, Appendix A) and of the attention core per batched GEMM (2 of 4).
-WEIGHT_GEMMS = (6 / 24, 2 / 24, 8 / 24, 8 / 24)
-ATTENTION_GEMMS = (0.5, 0.5)
+def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -> list[tuple[float, float, float]]:
+    """(M, N, K) of a layer's four weight GEMMs on one TP rank (Megatron: QKV and MLP-up split by
+    columns, projection and MLP-down by rows; Shoeybi et al. 2019, sec. 3): forward Y = X W, the
+    input gradient dX = dY W^T (M, K, N) and the weight gradient dW = X^T dY (K, N, M)."""
+    tokens, h = samples * workload.seq_len, workload.hidden
+    forward = [(tokens, 3 * h / tp, h), (tokens, h, h / tp), (tokens, 4 * h / tp, h), (tokens, h, 4 * h / tp)]
+    if pass_ == "forward":
+        return forward
+    if pass_ == "input":
+        return [(m, k, n) for m, n, k in forward]
+    return [(k, n, m) for m, n, k in forward]
 
 
-def _gemm_time(device: Device, flops: float, weight_bytes: float, attention_flops: float = 0.0,
-               attention_kernels: int = 2) -> float:
-    """The GEMM kernels of an op, each on the efficiency curve by its own size (a layer's four weight
-    GEMMs, plus `attention_kernels` equal batched GEMMs of the attention core); they read the weights."""
-    time = sum(compute_time(device, share * flops, share * weight_bytes) for share in WEIGHT_GEMMS)
-    if attention_flops > 0:
-        time += attention_kernels * compute_time(device, attention_flops / attention_kernels, 0.0)
-    return time
+def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int, pass_: str) -> float:
+    return sum(gemm_time(device, m, n, k, 1, workload.bytes_per_element)
+               for m, n, k in _weight_gemm_shapes(workload, samples, tp, pass_))
+
+
+def _attention_time(device: Device, workload: Workload, samples: int, tp: int, backward: bool = False) -> float:
+    """The attention core's batched GEMMs, one matrix per sample and local head (head size d = h/a):
+    forward Q K^T (s x s x d) and P V (s x d x s); backward dP = dO V^T (s x s x d) and dQ, dK, dV
+    (each s x d x s)."""
+    s, d = workload.seq_len, workload.hidden / workload.heads
+    batch = samples * workload.heads / tp
+    scores = gemm_time(device, s, s, d, batch, workload.bytes_per_element)
+    mixes = gemm_time(device, s, d, s, batch, workload.bytes_per_element)
+    return scores + (3 if backward else 1) * mixes
 
 
 def _stream_time(device: Device, nbytes: float) -> float:
@@ -69,9 +108,8 @@ def forward_time(device: Device, workload: Workload, layer: int, samples: int, t
     measured = _profiled(device, workload, layer, samples, tp, FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured
-    flops = workload.layer_gemm_flops(layer) * samples / tp
-    attention = workload.attention_core_flops() * samples / tp
-    return (_gemm_time(device, flops, 2 * workload.layer_params(layer) / tp, attention)
+    return (_weight_gemms_time(device, workload, samples, tp, "forward")
+            + _attention_time(device, workload, samples, tp)
             + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
 
 
@@ -89,8 +127,7 @@ def recompute_time(device: Device, workload: Workload, layer: int, samples: int,
     measured = _profiled(device, workload, layer, samples, tp, 0.0)
     if measured is not None:  # a profile holds no split of the attention core; charge nothing extra
         return 0.0
-    flops = workload.attention_core_flops() * samples / tp
-    return (2 * compute_time(device, flops / 2, 0.0)
+    return (_attention_time(device, workload, samples, tp)
             + _stream_time(device, samples * workload.elementwise_bytes(tp, attention_only=True)))
 
 
@@ -114,9 +151,8 @@ def backward_input_time(device: Device, workload: Workload, layer: int, samples:
     if measured is not None:
         return measured
     # weight GEMMs' input gradients, plus the attention core's backward (four batched GEMMs, 2x its forward)
-    flops = BACKWARD_INPUT_SHARE * workload.layer_gemm_flops(layer) * samples / tp
-    attention = 2 * workload.attention_core_flops() * samples / tp
-    return (_gemm_time(device, flops, 2 * workload.layer_params(layer) / tp, attention, 4)
+    return (_weight_gemms_time(device, workload, samples, tp, "input")
+            + _attention_time(device, workload, samples, tp, backward=True)
             + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel, backward=True)))
 
 
@@ -125,8 +161,7 @@ def backward_weight_time(device: Device, workload: Workload, layer: int, samples
     measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
     if measured is not None:
         return measured
-    flops = BACKWARD_WEIGHT_SHARE * workload.layer_gemm_flops(layer) * samples / tp
-    return _gemm_time(device, flops, 2 * workload.layer_params(layer) / tp)
+    return _weight_gemms_time(device, workload, samples, tp, "weight")
 
 
 # A measured profile gives forward+backward per layer; forward is a third of it, as in FLOPs.

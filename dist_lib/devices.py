@@ -41,9 +41,10 @@ class Device:
     hbm_bandwidth: float  # bytes/s
     intra_link: Link  # default link between GPUs of one node
     inter_link: Link  # default per-GPU network link between nodes
-    # Fraction of peak that large transformer-layer kernels sustain (GEMMs plus the memory-bound
-    # softmax/layernorm/dropout around them); small ops fall below it, see costs.compute_time.
+    # Fraction of an SM's share of peak that a GEMM tile's K loop sustains; whole GEMMs lose more to
+    # wave and tile quantization (costs.gemm_time).
     max_efficiency: float
+    sms: int = 0  # streaming multiprocessors (data sheet); 0 if unknown, then GEMMs run in fractional waves
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "memory_bytes", "hbm_bandwidth"):
@@ -71,26 +72,26 @@ LINKS: dict[str, Link] = {link.name.lower(): link for link in
                           (NVLINK_4, NVLINK_3, NVLINK_2, PCIE_4, PCIE_3, IB_NDR, IB_HDR, IB_EDR,
                            ETH_100G, ETH_50G, ETH_40G)}
 
-# max_efficiency is the asymptotic share of peak a large 16-bit GEMM kernel sustains; costs.py puts
-# each GEMM of a layer on a saturating curve by its size (HALF_EFFICIENCY_WORK) and adds the
-# memory-bound kernels and communication separately. A100 (and H100, unvalidated): 0.80, i.e.
-# ~250 TFLOP/s of 312 for large bf16 GEMMs, the figure commonly measured with cuBLAS (calculon's
-# a100_80g.json assumes 0.90-0.95 for >= 16 GFLOP GEMMs; Megatron-LM's end-to-end HFU is 44-57 %).
-# With the curve's half-point from Korthikanti et al. 2022 Table 4 this predicts that paper's Table 5
-# (benchmarks/fidelity.py) to 4.6 % mean error without per-row fitting. The V100, A10, L4, T4 and
-# P100 figures are placeholders that no published measurement has checked yet.
+# max_efficiency is the share of one SM's peak that a GEMM tile's K loop sustains; costs.gemm_time
+# adds wave and tile quantization and the tile stores from the SM count, and the memory-bound kernels
+# and communication are timed separately. A100: 0.70, calibrated once on Korthikanti et al. 2022
+# Table 4 (one 22B layer forward, 7.7 ms with its TP all-reduces); with it benchmarks/fidelity.py
+# predicts that paper's Table 5 to 5.4 % mean / 10.1 % max error without per-row fitting. SM counts
+# from the data sheets / architecture whitepapers (H100 SXM 132, A100 108, V100 80, A10 72, L4 58,
+# T4 40, P100 56). The H100, V100, A10, L4, T4 and P100 efficiencies are placeholders that no
+# published measurement has checked yet.
 DEVICES: dict[str, Device] = {d.name: d for d in (
-    Device("H100-80GB", 989e12, 80 * GiB, 3350 * GB, NVLINK_4, IB_NDR, 0.62),
-    Device("A100-80GB", 312e12, 80 * GiB, 2039 * GB, NVLINK_3, IB_HDR, 0.62),
-    Device("A100-40GB", 312e12, 40 * GiB, 1555 * GB, NVLINK_3, IB_HDR, 0.62),
-    Device("V100-32GB", 125e12, 32 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.65),
-    Device("V100-16GB", 125e12, 16 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.65),
-    Device("A10", 125e12, 24 * GiB, 600 * GB, PCIE_4, ETH_40G, 0.60),
-    Device("L4", 121e12, 24 * GiB, 300 * GB, PCIE_4, ETH_40G, 0.60),
-    Device("T4", 65e12, 16 * GiB, 320 * GB, PCIE_3, ETH_50G, 0.55),
+    Device("H100-80GB", 989e12, 80 * GiB, 3350 * GB, NVLINK_4, IB_NDR, 0.62, 132),
+    Device("A100-80GB", 312e12, 80 * GiB, 2039 * GB, NVLINK_3, IB_HDR, 0.70, 108),
+    Device("A100-40GB", 312e12, 40 * GiB, 1555 * GB, NVLINK_3, IB_HDR, 0.70, 108),
+    Device("V100-32GB", 125e12, 32 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.65, 80),
+    Device("V100-16GB", 125e12, 16 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.65, 80),
+    Device("A10", 125e12, 24 * GiB, 600 * GB, PCIE_4, ETH_40G, 0.60, 72),
+    Device("L4", 121e12, 24 * GiB, 300 * GB, PCIE_4, ETH_40G, 0.60, 58),
+    Device("T4", 65e12, 16 * GiB, 320 * GB, PCIE_3, ETH_50G, 0.55, 40),
     # Tesla P100 SXM2 data sheet: 21.2 TFLOP/s fp16 (no tensor cores), 16 GB HBM2 at 732 GB/s,
     # NVLink 1 four links of 20 GB/s each way; a Metis device type (SamsungLabs/Metis utils.DeviceType).
-    Device("P100-16GB", 21.2e12, 16 * GiB, 732 * GB, Link("NVLink1", 80 * GB, 3.4e-6), ETH_100G, 0.55),
+    Device("P100-16GB", 21.2e12, 16 * GiB, 732 * GB, Link("NVLink1", 80 * GB, 3.4e-6), ETH_100G, 0.55, 56),
 )}
 
 _ALIASES = {"h100": "H100-80GB", "a100": "A100-80GB", "v100": "V100-32GB", "p100": "P100-16GB"}

@@ -32,29 +32,46 @@ def test_point_to_point_is_latency_plus_size_over_bandwidth():
     assert costs.p2p_time(25e6, IB_EDR) == pytest.approx(14e-6 + 2e-3)
 
 
-HALF = 20e-6  # costs.HALF_EFFICIENCY_WORK: each GEMM kernel's time is (w + HALF) / 0.62
+# costs.gemm_time on the A100 (108 SMs, max_efficiency 0.70): output tiles of 256 x 128 run in waves
+# of 108; a wave takes a tile's K loop, 2 * 256 * 128 * K FLOPs at 0.70 of one SM's 312e12 / 108,
+# plus the store of its tiles' 256 * 128 16-bit outputs over HBM (all 108 of them in a full wave).
+PER_K = 2 * 256 * 128 / (312e12 / 108 * 0.70)  # seconds of K loop per unit of K
+STORE = 108 * 256 * 128 * 2 / 2039e9  # a full wave's tile stores
 
 
-def test_large_forward_is_gemm_kernels_on_the_curve_plus_memory_bound_kernels():
-    # gpt-1.3b layer (s = h = 2048, a = 16), 2 samples: GEMMs 2 * (24*s*h^2 + 4*s^2*h) = 2 * 28 * 2048^3
-    # FLOPs in six kernels (QKV, projection, MLP up, MLP down, two attention batched GEMMs), each
-    # (w_i + HALF) / 0.62, so together (sum w + 6 HALF) / 0.62.
+def waves(k, count=1):
+    return count * (k * PER_K + STORE)
+
+
+def test_large_forward_is_gemm_waves_plus_memory_bound_kernels():
+    # gpt-1.3b layer (s = h = 2048, a = 16, head 128), 2 samples: 4096 tokens. Tiles (long side / 256
+    # x short side / 128) and waves (ceil of tiles / 108):
+    #   QKV 4096 x 6144 x K 2048: 24 * 32 = 768 tiles, 8 waves;  projection 4096 x 2048 x 2048: 256, 3;
+    #   MLP up 4096 x 8192 x 2048: 1024, 10;  MLP down 4096 x 2048 x K 8192: 256, 3;
+    #   Q K^T 2048 x 2048 x K 128 for 32 heads: 32 * 8 * 16 = 4096 tiles, 38 waves;
+    #   P V 2048 x 128 x K 2048 for 32 heads: 32 * 8 * 1 = 256 tiles, 3 waves.
+    # All are slower than their HBM traffic (Q K^T: 32 * 2 * (2 * 2048 * 128 + 2048^2) B = 0.15 ms < 0.29 ms).
     # Memory-bound kernels per sample: (22 + 16) * s*h + 9 * a * s^2 = (38 + 144) * 2048^2 bytes.
     w = Workload.parse("gpt-1.3b")
-    flops = 2 * 28 * 2048**3
-    assert w.layer_forward_flops(3) * 2 == flops
+    gemms = waves(2048, 8 + 3 + 10 + 3) + waves(8192, 3) + waves(128, 38)
     stream = 2 * 182 * 2048**2 / 2039e9
-    assert costs.forward_time(A100, w, 3, 2) == pytest.approx((flops / 312e12 + 6 * HALF) / 0.62 + stream)
-    # backward: 4 input-gradient GEMMs + 4 attention backward GEMMs (2 * 32 * 2048^3 FLOPs) and 4
-    # weight-gradient GEMMs (2 * 24 * 2048^3); memory-bound (22 + 24) * s*h + 11 * a * s^2 = 222 * 2048^2
-    gemms = (2 * 56 * 2048**3 / 312e12 + 12 * HALF) / 0.62
+    assert costs.forward_time(A100, w, 3, 2) == pytest.approx(gemms + stream)
+    # backward: input gradients dX = dY W^T (M, K, N): QKV 4096 x 2048 x K 6144: 256 tiles, 3 waves;
+    # projection 3 waves (K 2048); MLP up 4096 x 2048 x K 8192: 3 waves; MLP down 4096 x 8192 x K 2048:
+    # 10 waves. Weight gradients dW = X^T dY (K, N, M), all K 4096: QKV 2048 x 6144: 384 tiles, 4
+    # waves; projection 2048 x 2048: 128, 2; MLP up and down 2048 x 8192: 512, 5 each. Attention:
+    # dP = dO V^T like Q K^T (38 waves), dQ, dK, dV like P V (3 waves each).
+    # Memory-bound (22 + 24) * s*h + 11 * a * s^2 = 222 * 2048^2 bytes per sample.
+    gemms = (waves(6144, 3) + waves(2048, 3 + 10 + 3 * 3) + waves(8192, 3) + waves(4096, 4 + 2 + 5 + 5)
+             + waves(128, 38))
     assert costs.backward_time(A100, w, 3, 2) == pytest.approx(gemms + 2 * 222 * 2048**2 / 2039e9)
 
 
 def test_selective_recompute_reruns_the_attention_core():
-    # attention core 4 * s^2 * h = 4 * 2048^3 FLOPs per sample in two kernels, softmax + dropout 9 a s^2 bytes
+    # one sample, 16 heads: Q K^T 16 * 128 = 2048 tiles, 19 waves of K 128; P V 16 * 8 = 128 tiles,
+    # 2 waves of K 2048; softmax + dropout 9 a s^2 bytes
     w = Workload.parse("gpt-1.3b")
-    expected = (4 * 2048**3 / 312e12 + 2 * HALF) / 0.62 + 9 * 16 * 2048**2 / 2039e9
+    expected = waves(128, 19) + waves(2048, 2) + 9 * 16 * 2048**2 / 2039e9
     assert costs.recompute_time(A100, w, 3, 1) == pytest.approx(expected)
     plain = costs.backward_time(A100, w, 3, 1)
     assert costs.backward_time(A100, w, 3, 1, recompute="selective") == pytest.approx(plain + expected)
@@ -62,17 +79,26 @@ def test_selective_recompute_reruns_the_attention_core():
         plain + costs.forward_time(A100, w, 3, 1))
 
 
-def test_small_ops_lose_efficiency():
-    assert costs.efficiency(A100, 1e15) == pytest.approx(0.62, rel=1e-3)
-    # an op of exactly HALF of peak work reaches half of max efficiency
-    assert costs.efficiency(A100, HALF * 312e12) == pytest.approx(0.31)
+def test_wave_and_tile_quantization():
+    # 109 tiles need a second wave: as long as 216 tiles
+    one_wave = costs.gemm_time(A100, 108 * 256, 128, 4096)
+    assert one_wave == pytest.approx(waves(4096))
+    assert costs.gemm_time(A100, 109 * 256, 128, 4096) == pytest.approx(2 * one_wave)
+    assert costs.gemm_time(A100, 216 * 256, 128, 4096) == pytest.approx(2 * one_wave)
+    # a single 100 x 100 output is one partly filled tile on one SM: one tile's K loop and store
+    assert costs.gemm_time(A100, 100, 100, 4096) == pytest.approx(4096 * PER_K + STORE / 108)
+    # tiny K is bound by its HBM traffic: 2 * (2 * 4096 * 8 + 4096^2) bytes
+    assert costs.gemm_time(A100, 4096, 4096, 8) > 2 * (2 * 4096 * 8 + 4096**2) / 2039e9 * 0.999
 
 
 def test_tensor_parallel_forward_splits_the_flops_and_the_split_kernels():
-    # TP 4: GEMMs 28 * 2048^3 / 4 in six kernels; memory-bound: replicated 22 * s*h stays, the split
-    # part (16 * s*h + 9 * a * s^2 = 144 * s*h) is divided by 4
+    # TP 4, one sample (2048 tokens): QKV 2048 x 1536 x 2048: 8 * 12 = 96 tiles, one wave storing
+    # 96 tiles; projection 2048 x 2048 x K 512: 128 tiles, 2 waves; MLP up and down 2048 x 2048 x K
+    # 2048: 2 waves each; 4 heads: Q K^T 512 tiles, 5 waves of K 128; P V 32 tiles, one wave of 32.
+    # Memory-bound: replicated 22 * s*h stays, the split part (16 * s*h + 9 * a * s^2 = 144 * s*h) / 4
     w = Workload.parse("gpt-1.3b")
-    gemms = (28 * 2048**3 / 312e12 / 4 + 6 * HALF) / 0.62
+    gemms = (2048 * PER_K + STORE * 96 / 108 + waves(512, 2) + waves(2048, 4) + waves(128, 5)
+             + 2048 * PER_K + STORE * 32 / 108)
     stream = (22 + (16 + 144) / 4) * 2048**2 / 2039e9
     assert costs.forward_time(A100, w, 3, 1, tp=4) == pytest.approx(gemms + stream)
     # sequence parallelism splits the layernorms and residual adds too: (22 + 160) / 4
