@@ -62,6 +62,7 @@ class Engine:
         self.ranks = [RankState(r, cluster, enforce_memory) for r in range(self.world_size)]
         self.events: list[RawEvent] = []
         self.groups: dict[tuple[int, ...], Any] = {}
+        self.world_group: Any = None  # the group of all ranks, once a rank asks for it
         self.channels: dict[tuple[int, int], Any] = {}
         self.blocked = 0  # ranks with at least one wait in progress
         self.finished = 0

@@ -230,8 +230,11 @@ class Model:
 
     def _resolve_group(self, group: Group | Iterable[int] | None) -> Group:
         if group is None:
-            if self._world is None:
-                self._world = get_group(self._engine, range(self.world_size))
+            if self._world is None:  # built once per engine, not once per rank (its key is O(ranks))
+                engine = self._engine
+                if engine.world_group is None:
+                    engine.world_group = get_group(engine, range(self.world_size))
+                self._world = engine.world_group
             return self._world
         if isinstance(group, Group):
             return group
