@@ -1,0 +1,19 @@
+"""Scale tests (`python3 dev.py test -m slow`): a 1024-rank, 96-layer step runs through and stays exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_lib import simulate
+
+
+@pytest.mark.slow
+def test_a_1024_rank_96_layer_ddp_step():
+    result = simulate("strategies/ddp.py", "128x8xA100-80GB", "toy:layers=96", 1024, microbatch_size=1)
+    assert result.correct
+    # per rank: 96 forwards, one loss, 96 backwards, 96 all-reduces and 96 updates
+    assert len(result.raw_events) == 1024 * (96 + 1 + 96 + 96 + 96)
+    busy = result.compute_busy()
+    assert max(busy) == pytest.approx(min(busy))  # identical ranks do identical work
+    collective = {e.start for e in result.events if e.op == "all_reduce" and e.layer == 0}
+    assert len(collective) == 1  # the 1024 members of one all-reduce start together
