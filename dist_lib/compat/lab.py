@@ -34,49 +34,38 @@ def _frac(shards: Any, num_shards: int) -> float:
 
 
 @dataclass
-class Weight:
+class _LayerState:
+    """Weights or optimizer state of one layer at optimizer step `step`; may hold some shards of `num_shards`."""
+
     layer: int
     layers: int
     step: int
     shards: FrozenSet[int] = frozenset([0])
     num_shards: int = 1
 
-    def combine(self, other: Weight) -> Weight:
-        require(isinstance(other, Weight) and other.layer == self.layer, f"cannot combine {other} into {self}")
-        return Weight(self.layer, self.layers, self.step, frozenset(self.shards) | other.shards, self.num_shards)
+    def combine(self, other: Any) -> Any:
+        require(type(other) is type(self) and other.layer == self.layer, f"cannot combine {other} into {self}")
+        return type(self)(self.layer, self.layers, self.step, frozenset(self.shards) | other.shards, self.num_shards)
 
     def memory(self) -> float:
         return _frac(self.shards, self.num_shards) * HIDDEN_SIZE * HIDDEN_SIZE
 
-    def shard(self, shard: int, num_shards: int) -> Weight:
+    def shard(self, shard: int, num_shards: int) -> Any:
         require(self.is_complete() and shard < num_shards, f"cannot take shard {shard} of {num_shards} from {self}")
-        return Weight(self.layer, self.layers, self.step, frozenset([shard]), num_shards)
+        return type(self)(self.layer, self.layers, self.step, frozenset([shard]), num_shards)
 
     def is_complete(self) -> bool:
         return len(self.shards) == self.num_shards
 
 
 @dataclass
-class OptState:
-    layer: int
-    layers: int
-    step: int
-    shards: FrozenSet[int] = frozenset([0])
-    num_shards: int = 1
+class Weight(_LayerState):
+    pass
 
-    def combine(self, other: OptState) -> OptState:
-        require(isinstance(other, OptState) and other.layer == self.layer, f"cannot combine {other} into {self}")
-        return OptState(self.layer, self.layers, self.step, frozenset(self.shards) | other.shards, self.num_shards)
 
-    def memory(self) -> float:
-        return HIDDEN_SIZE * HIDDEN_SIZE * _frac(self.shards, self.num_shards)
-
-    def shard(self, shard: int, num_shards: int) -> OptState:
-        require(self.is_complete() and shard < num_shards, f"cannot take shard {shard} of {num_shards} from {self}")
-        return OptState(self.layer, self.layers, self.step, frozenset([shard]), num_shards)
-
-    def is_complete(self) -> bool:
-        return len(self.shards) == self.num_shards
+@dataclass
+class OptState(_LayerState):
+    pass
 
 
 @dataclass

@@ -34,8 +34,8 @@ def _frac(shards: Any, total: int) -> float:
 
 
 @dataclass
-class Weight:
-    """The weights of one layer at optimizer step `step`; may hold only some shards of `total`."""
+class _LayerState:
+    """Per-layer state at optimizer step `step`; may hold only some shards of `total`."""
 
     layer: int
     layers: int
@@ -43,47 +43,32 @@ class Weight:
     shards: FrozenSet[int] = frozenset([0])
     total: int = 1
 
-    def combine(self, other: Weight) -> Weight:
-        require(isinstance(other, Weight) and other.layer == self.layer and other.total == self.total,
+    def combine(self, other: Any) -> Any:
+        require(type(other) is type(self) and other.layer == self.layer and other.total == self.total,
                 f"cannot combine {other} into {self}: layer and total must match")
-        return Weight(self.layer, self.layers, self.step, frozenset(self.shards) | other.shards, self.total)
+        return type(self)(self.layer, self.layers, self.step, frozenset(self.shards) | other.shards, self.total)
 
     def memory(self) -> float:
         return _frac(self.shards, self.total) * HIDDEN * HIDDEN
 
-    def shard(self, shard: int, total: int) -> Weight:
-        require(self.is_complete(), f"only a complete weight can be sharded, got shards {set(self.shards)} of {self.total}")
+    def shard(self, shard: int, total: int) -> Any:
+        require(self.is_complete(), f"only a complete {type(self).__name__} can be sharded, got shards "
+                                    f"{set(self.shards)} of {self.total}")
         require(shard < total, f"shard {shard} is not below total {total}")
-        return Weight(self.layer, self.layers, self.step, frozenset([shard]), total)
+        return type(self)(self.layer, self.layers, self.step, frozenset([shard]), total)
 
     def is_complete(self) -> bool:
         return len(self.shards) == self.total
 
 
 @dataclass
-class OptState:
-    """The optimizer state (Adam moments) of one layer; may hold only some shards."""
+class Weight(_LayerState):
+    """The weights of one layer."""
 
-    layer: int
-    layers: int
-    step: int
-    shards: FrozenSet[int] = frozenset([0])
-    total: int = 1
 
-    def combine(self, other: OptState) -> OptState:
-        require(isinstance(other, OptState) and other.layer == self.layer and other.total == self.total,
-                f"cannot combine {other} into {self}: layer and total must match")
-        return OptState(self.layer, self.layers, self.step, frozenset(self.shards) | other.shards, self.total)
-
-    def memory(self) -> float:
-        return HIDDEN * HIDDEN * _frac(self.shards, self.total)
-
-    def shard(self, shard: int, total: int) -> OptState:
-        require(self.is_complete() and shard < total, f"cannot take shard {shard} of {total} from {self}")
-        return OptState(self.layer, self.layers, self.step, frozenset([shard]), total)
-
-    def is_complete(self) -> bool:
-        return len(self.shards) == self.total
+@dataclass
+class OptState(_LayerState):
+    """The optimizer state (Adam moments) of one layer."""
 
 
 @dataclass
