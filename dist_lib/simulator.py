@@ -171,13 +171,33 @@ def _load_file(path: Path) -> Any:
                             f"{user_frame(exc)}") from exc
 
 
-def check_options(train: Strategy, options: dict[str, Any], name: str) -> None:
-    """Reject option names the strategy does not take, listing those it does."""
+def accepted_options(train: Strategy) -> list[str] | None:
+    """The option names `train` takes after `model`, or None when it takes any (`**options`)."""
     params = inspect.signature(train).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    accepted = [p for i, p in enumerate(params) if i > 0]
-    unknown = [k for k in options if k not in accepted]
-    if unknown:
-        raise SpecError(f"strategy {name}: unknown option(s) {', '.join(unknown)}; it accepts "
-                        f"{', '.join(accepted) or 'no options'}")
+        return None
+    return list(params)[1:]
+
+
+def check_options(train: Strategy, options: dict[str, Any], name: str) -> None:
+    """Reject option names the strategy does not take (listing those it does), and values whose type
+    differs from a plain default's (an int, float, bool or str default says what the option expects)."""
+    accepted = accepted_options(train)
+    if accepted is not None:
+        unknown = [k for k in options if k not in accepted]
+        if unknown:
+            raise SpecError(f"strategy {name}: unknown option(s) {', '.join(unknown)}; it accepts "
+                            f"{', '.join(accepted) or 'no options'}")
+    params = inspect.signature(train).parameters
+    for key, value in options.items():
+        param = params.get(key)
+        if param is None or param.default is inspect.Parameter.empty or param.default is None:
+            continue
+        want = type(param.default)
+        if want not in (int, float, bool, str):
+            continue
+        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+        ok = ok or (want is float and isinstance(value, int) and not isinstance(value, bool))
+        if not ok:
+            raise SpecError(f"strategy {name}: option {key} expects {want.__name__} "
+                            f"(default {param.default!r}), got {type(value).__name__} {value!r}")

@@ -7,7 +7,6 @@ execute anything the submission could have shaped). The parent trusts none of it
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import resource
@@ -24,31 +23,8 @@ def _limit(address_space_bytes: int | None, cpu_seconds: float | None) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
 
 
-def _check_option_types(train: Any, options: dict[str, Any], name: str) -> None:
-    from dist_lib import SpecError
-    params = inspect.signature(train).parameters
-    for key, value in options.items():
-        param = params.get(key)
-        if param is None or param.default is inspect.Parameter.empty or param.default is None:
-            continue
-        want = type(param.default)
-        if want in (int, float, bool, str):
-            ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
-            ok = ok or (want is float and isinstance(value, int) and not isinstance(value, bool))
-            if not ok:
-                raise SpecError(f"strategy {name}: option {key} expects {want.__name__} "
-                                f"(default {param.default!r}), got {type(value).__name__} {value!r}")
-
-
-def _accepted(train: Any, options: dict[str, Any]) -> dict[str, Any]:
-    params = inspect.signature(train).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return options
-    return {k: v for k, v in options.items() if k in params and k != next(iter(params))}
-
-
 def execute(job: dict[str, Any]) -> Any:
-    from dist_lib.simulator import load_strategy, check_options
+    from dist_lib.simulator import accepted_options, check_options, load_strategy
     scenario = job["scenario"]
     path = job["strategy"]
     stem = Path(path).stem
@@ -72,9 +48,10 @@ def execute(job: dict[str, Any]) -> Any:
         return result
     train, name = load_strategy(path)
     if not scenario["strict_options"]:
-        options = _accepted(train, options)
+        accepted = accepted_options(train)  # a suite's shared options reach only the strategies that take them
+        if accepted is not None:
+            options = {k: v for k, v in options.items() if k in accepted}
     check_options(train, options, name)
-    _check_option_types(train, options, name)
     return _simulate_named(train, name, scenario, common, options)
 
 

@@ -207,3 +207,8 @@ def train(model):  # a plain function: simulate must refuse it
 def test_unknown_options_list_the_accepted_ones():
     with pytest.raises(SpecError, match="unknown option.*pipeline_stages.*accepts microbatch_size"):
         simulate("strategies/ddp.py", pipeline_stages=2)
+
+
+def test_option_values_of_the_wrong_type_name_the_option():
+    with pytest.raises(SpecError, match="option microbatch_size expects int .*got str '2'"):
+        simulate("strategies/ddp.py", microbatch_size="2")

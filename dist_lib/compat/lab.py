@@ -69,7 +69,9 @@ class OptState(_LayerState):
 
 
 @dataclass
-class Activation:
+class _Hidden:
+    """Hidden states of some samples at a layer boundary, or their gradient."""
+
     layer: int
     layers: int
     samples: FrozenSet[int]
@@ -80,14 +82,13 @@ class Activation:
 
 
 @dataclass
-class ActivationGrad:
-    layer: int
-    layers: int
-    samples: FrozenSet[int]
-    total_samples: int
+class Activation(_Hidden):
+    pass
 
-    def memory(self) -> int:
-        return len(self.samples) * HIDDEN_SIZE * BLOCK_SIZE
+
+@dataclass
+class ActivationGrad(_Hidden):
+    pass
 
 
 @dataclass

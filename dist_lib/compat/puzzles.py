@@ -72,8 +72,8 @@ class OptState(_LayerState):
 
 
 @dataclass
-class Activation:
-    """The activations entering layer `layer` for a set of batches."""
+class _Hidden:
+    """Hidden states of a set of batches at a layer boundary, or their gradient."""
 
     layer: int
     layers: int
@@ -85,16 +85,13 @@ class Activation:
 
 
 @dataclass
-class ActivationGrad:
+class Activation(_Hidden):
+    """The activations entering layer `layer` for a set of batches."""
+
+
+@dataclass
+class ActivationGrad(_Hidden):
     """The gradient of the loss with respect to the output of layer `layer`, for a set of batches."""
-
-    layer: int
-    layers: int
-    batches: FrozenSet[int]
-    total_batches: int
-
-    def memory(self) -> int:
-        return len(self.batches) * HIDDEN * LENGTH
 
 
 @dataclass
