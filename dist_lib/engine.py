@@ -30,7 +30,7 @@ class RankState:
     """Per-rank simulator state: clocks, the collective stream's queue, memory, outstanding works."""
 
     __slots__ = ("rank", "device", "clock", "comm_free", "queue", "memory", "outstanding", "waiting",
-                 "finished", "flops", "recompute_flops", "final_weights", "updated", "forwards",
+                 "finished", "flops", "final_weights", "updated", "forwards",
                  "node")
 
     def __init__(self, rank: int, cluster: Cluster, enforce_memory: bool):
@@ -45,7 +45,6 @@ class RankState:
         self.waiting: list[Any] = []  # works this rank is blocked on
         self.finished = False
         self.flops = 0.0  # executed, including recompute (HFU)
-        self.recompute_flops = 0.0
         self.final_weights: dict[tuple[int, int], Any] = {}  # (layer, tp_rank) -> [Weight]
         self.updated: set = set()  # (layer, shards, tp_rank) already updated on this rank
         self.forwards: set = set()  # (layer, samples, tp_rank) forwarded once: a repeat is recompute

@@ -27,7 +27,7 @@ class MemoryTracker:
     breakdown by kind at the peak are derived from it after the step, so the hot path only appends.
     """
 
-    __slots__ = ("rank", "device_name", "capacity", "enforce", "owner", "live", "peak", "peak_time",
+    __slots__ = ("rank", "device_name", "capacity", "enforce", "owner", "live", "peak",
                  "peak_index", "by_kind", "times", "context", "deltas", "ids", "kinds", "next_id")
 
     def __init__(self, rank: int, device_name: str, capacity: int, owner: Clocked, enforce: bool = True):
@@ -38,7 +38,6 @@ class MemoryTracker:
         self.owner = owner  # whose clock stamps the log
         self.live = 0
         self.peak = 0
-        self.peak_time = 0.0
         self.peak_index = 0  # log entries up to and including the peak
         self.by_kind = [0] * len(KINDS)  # live bytes by kind code, for out-of-memory reports
         self.context: tuple = ()  # (op, layer) being executed, for out-of-memory messages
@@ -49,8 +48,7 @@ class MemoryTracker:
         self.next_id = 0
 
     def alloc(self, nbytes: int, code: int, buffer_id: int = -1) -> None:
-        now = self.owner.clock
-        self.times.append(now)
+        self.times.append(self.owner.clock)
         self.deltas.append(nbytes)
         self.ids.append(buffer_id)
         self.kinds.append(code)
@@ -58,7 +56,6 @@ class MemoryTracker:
         live = self.live = self.live + nbytes
         if live > self.peak:
             self.peak = live
-            self.peak_time = now
             self.peak_index = len(self.deltas)
             if self.enforce and live > self.capacity:
                 self._out_of_memory(nbytes, KINDS[code])

@@ -271,8 +271,6 @@ class Model:
         start = state.clock
         state.clock = end = start + duration
         state.flops += flops
-        if detail:
-            state.recompute_flops += flops
         self._events.append((self.rank, op, "compute", start, end, layer, samples, 0, flops, None, 0, detail))
 
     def _weight_grad(self, layer: int, act: Activation, weight: Weight) -> WeightGrad:
