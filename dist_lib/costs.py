@@ -345,3 +345,12 @@ def pipeline_message_bytes(workload: Workload, samples: int, tp: int = 1, *, seq
     them with sequence parallelism (each TP rank holds and sends its slice of the sequence)."""
     nbytes = samples * workload.activation_bytes()
     return nbytes / tp if sequence_parallel and tp > 1 else nbytes
+
+
+# ---- the LLM-Training-Puzzles' own unit costs (its lib.py, Model.event), so that files written for it
+# can be compared with its published step counts: forward and backward cost one step per batch, an
+# update half a step, a collective 0.3 and each end of a message 0.2; loading and the loss are free.
+PUZZLE_STEPS_PER_BATCH = {"forward": 1.0, "backward": 1.0}
+PUZZLE_UPDATE_STEPS = 0.5
+PUZZLE_COLLECTIVE_STEPS = 0.3
+PUZZLE_MESSAGE_STEPS = 0.2

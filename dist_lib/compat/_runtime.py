@@ -129,16 +129,16 @@ class UnitCosts:
         self.workload = Workload("toy-units", max(num_layers, 1), 512, 8, 256, 0)
 
     def compute(self, rank: int, op: str, layer: int, n: int) -> tuple[float, float]:
-        return (float(n) if op in ("forward", "backward") else 0.0), 0.0
+        return costs.PUZZLE_STEPS_PER_BATCH.get(op, 0.0) * n, 0.0
 
     def update(self, rank: int, layer: int, fraction: float) -> float:
-        return 0.5
+        return costs.PUZZLE_UPDATE_STEPS
 
     def collective(self, op: str, value: Any, result: Any) -> float:
-        return 0.3
+        return costs.PUZZLE_COLLECTIVE_STEPS
 
     def p2p(self, src: int, dst: int, value: Any) -> float:
-        return 0.2
+        return costs.PUZZLE_MESSAGE_STEPS
 
     def load(self, rank: int, layer: int, fraction: float) -> float:
         return 0.0
