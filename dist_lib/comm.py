@@ -75,7 +75,7 @@ def get_group(engine: Engine, ranks: Any) -> Group:
 class Work:
     """Handle of an issued communication op; `await work` returns its result and moves the clock."""
 
-    __slots__ = ("engine", "rank", "op", "issue", "end", "result", "input", "future", "peer", "detail")
+    __slots__ = ("engine", "rank", "op", "issue", "end", "result", "input", "future", "peer")
 
     def __init__(self, engine: Engine, rank: int, op: str, issue: float, tensor: Tensor | None, peer: Any):
         self.engine = engine
@@ -87,7 +87,12 @@ class Work:
         self.input = tensor
         self.future = None
         self.peer = peer  # the Collective, or the (src, dst) pair
-        self.detail = ""
+
+    @property
+    def detail(self) -> str:
+        """What is being sent or reduced (while the op is pending, its input is alive)."""
+        t = self.input
+        return f"{t.kind} layer {t.layer}" if t is not None else ""
 
     @property
     def done(self) -> bool:
@@ -108,7 +113,7 @@ class Work:
         if isinstance(result, _Pending):  # a received tensor materializes on the receiver now
             result = self.result = result.materialize(state)
         self.input = None
-        state.outstanding.pop(id(self), None)
+        state.outstanding.pop(self, None)
         return result
 
     def describe(self) -> str:
@@ -137,7 +142,7 @@ class _Pending:
 
     def materialize(self, state: RankState) -> Tensor:
         t = self.template
-        return clone(t, state.rank, Storage(state.memory, self.nbytes, t.kind))
+        return clone(t, state.rank, Storage(state.memory, self.nbytes, t.code))
 
 
 def clone(t: Tensor, rank: int, storage: Storage, **changes: Any) -> Tensor:
@@ -193,16 +198,15 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     else:
         _check_match(coll, op, tensor, rank)
     work = Work(engine, rank, op, state.clock, tensor, coll)
-    work.detail = f"{tensor.kind} layer {tensor.layer}"
     if op == "all_gather":
-        work.result = Storage(state.memory, _gathered_bytes(engine, tensor, group), tensor.kind)
+        work.result = Storage(state.memory, _gathered_bytes(engine, tensor, group), tensor.code)
     elif op == "reduce_scatter":
-        work.result = Storage(state.memory, tensor.nbytes // group.size, tensor.kind)
+        work.result = Storage(state.memory, tensor.nbytes // group.size, tensor.code)
     coll.works[pos] = work
     coll.issued += 1
     if coll.first is None:
         coll.first = work
-    state.outstanding[id(work)] = work
+    state.outstanding[work] = None
     queue = state.queue
     queue.append(coll)
     if len(queue) == 1:
@@ -396,10 +400,9 @@ def issue_send(engine: Engine, state: RankState, tensor: Tensor, dst: int) -> Wo
     if tensor.rank != rank:
         raise TensorError(f"rank {rank} send to {dst}: {tensor!r} lives on rank {tensor.rank}, not here")
     work = Work(engine, rank, "send", state.clock, tensor, (rank, dst))
-    work.detail = f"{tensor.kind} layer {tensor.layer}"
     channel = _channel(engine, rank, dst)
     channel.sends.append(work)
-    state.outstanding[id(work)] = work
+    state.outstanding[work] = None
     _match(engine, channel)
     return work
 
@@ -410,7 +413,7 @@ def issue_recv(engine: Engine, state: RankState, src: int) -> Work:
     work = Work(engine, rank, "recv", state.clock, None, (src, rank))
     channel = _channel(engine, src, rank)
     channel.recvs.append(work)
-    state.outstanding[id(work)] = work
+    state.outstanding[work] = None
     _match(engine, channel)
     return work
 
@@ -425,7 +428,6 @@ def _match(engine: Engine, channel: Channel) -> None:
         send.end = recv.end = end
         recv.result = _Pending(clone(tensor, tensor.rank, None), tensor.nbytes)  # type: ignore[arg-type]
         send.result = None
-        recv.detail = send.detail
         op_id = engine.new_op_id()
         pair = (channel.src, channel.dst)
         for work in (send, recv):

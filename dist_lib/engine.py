@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import DeadlockError, SimulationError, StrategyError
 from .hardware import Cluster
-from .memory import MemoryTracker
+from .memory import WEIGHT_BYTES, MemoryTracker
 from .workload import Workload
 
 # One recorded op, as a plain tuple for speed (see `result.Event` for the named view):
@@ -30,10 +30,10 @@ class RankState:
     """Per-rank simulator state: clocks, the collective stream's queue, memory, outstanding works."""
 
     __slots__ = ("rank", "device", "clock", "comm_free", "queue", "memory", "outstanding", "waiting",
-                 "finished", "flops", "final_weights", "updated", "forwards",
+                 "finished", "flops", "final_weights", "handed", "updated", "forwarded",
                  "node")
 
-    def __init__(self, rank: int, cluster: Cluster, enforce_memory: bool):
+    def __init__(self, rank: int, cluster: Cluster, num_layers: int, enforce_memory: bool):
         self.rank = rank
         self.device = cluster.device_of(rank)
         self.node = cluster.node_of(rank)
@@ -41,13 +41,17 @@ class RankState:
         self.comm_free = 0.0  # when the collective stream is next free
         self.queue: deque = deque()  # issued, unresolved collectives in issue order (one NCCL stream)
         self.memory = MemoryTracker(rank, self.device.name, self.device.memory_bytes, self, enforce_memory)
-        self.outstanding: dict[int, Any] = {}  # id(work) -> Work not yet awaited
+        # Works not yet awaited (their stream keeps their buffers), as an insertion-ordered set
+        self.outstanding: dict[Any, None] = {}
         self.waiting: list[Any] = []  # works this rank is blocked on
         self.finished = False
         self.flops = 0.0  # executed, including recompute (HFU)
-        self.final_weights: dict[tuple[int, int], Any] = {}  # (layer, tp_rank) -> [Weight]
-        self.updated: set = set()  # (layer, shards, tp_rank) already updated on this rank
-        self.forwards: set = set()  # (layer, samples, tp_rank) forwarded once: a repeat is recompute
+        self.final_weights: list[Any] = []  # the Weights handed in
+        # per layer, the shards handed in and the shards updated (see `Model._first_time`)
+        self.handed: list[Any] = [None] * num_layers
+        self.updated: list[Any] = [None] * num_layers
+        # per layer, a mask of (TP slice, sample) pairs forwarded so far: a repeat is a recompute
+        self.forwarded: list[int] = [0] * num_layers
 
 
 class Engine:
@@ -58,7 +62,7 @@ class Engine:
         self.workload = workload
         self.global_batch_size = global_batch_size
         self.world_size = cluster.world_size
-        self.ranks = [RankState(r, cluster, enforce_memory) for r in range(self.world_size)]
+        self.ranks = [RankState(r, cluster, workload.num_layers, enforce_memory) for r in range(self.world_size)]
         self.events: list[RawEvent] = []
         self.groups: dict[tuple[int, ...], Any] = {}
         self.world_group: Any = None  # the group of all ranks, once a rank asks for it
@@ -68,6 +72,7 @@ class Engine:
         self.next_op_id = 0
         self.cost_cache: dict[str, dict[tuple, tuple[float, float]]] = {}  # device name -> op key -> (s, FLOPs)
         self.layer_params = [workload.layer_params(layer) for layer in range(workload.num_layers)]
+        self.layer_grad_bytes = [int(params * WEIGHT_BYTES) for params in self.layer_params]
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # ---- blocking and waking ------------------------------------------------------------------

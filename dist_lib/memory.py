@@ -10,10 +10,17 @@ from __future__ import annotations
 from array import array
 from typing import Protocol
 
+import numpy as np
+
 from .errors import OutOfMemoryError
 
 KINDS = ("weight", "optimizer", "weight_grad", "activation", "activation_grad", "stash")
 KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
+WEIGHT, OPTIMIZER, WEIGHT_GRAD, ACTIVATION, ACTIVATION_GRAD, STASH = range(len(KINDS))
+WEIGHT_BYTES = 2  # 16-bit weights and gradients
+OPTIMIZER_BYTES = 12  # fp32 master weights, momentum and variance (Rajbhandari et al. 2020, sec. 3.1)
+KIND_BITS = 3  # a log tag is buffer id << KIND_BITS | kind code
+KIND_MASK = (1 << KIND_BITS) - 1
 
 
 class Clocked(Protocol):
@@ -23,12 +30,13 @@ class Clocked(Protocol):
 class MemoryTracker:
     """Live bytes on one rank, with the peak and a log of every allocation and free.
 
-    The log (time, signed bytes, buffer id, kind code) is the one record: the timeline and the
-    breakdown by kind at the peak are derived from it after the step, so the hot path only appends.
+    The log is three parallel arrays: time, signed bytes, and a tag (buffer id << 3 | kind code). It is
+    the one record: the timeline and the breakdown by kind at the peak are derived from it, so the hot
+    path (inlined in `Storage`) only appends.
     """
 
-    __slots__ = ("rank", "device_name", "capacity", "enforce", "owner", "live", "peak",
-                 "peak_index", "by_kind", "times", "context", "deltas", "ids", "kinds", "next_id")
+    __slots__ = ("rank", "device_name", "capacity", "enforce", "owner", "live", "peak", "peak_index",
+                 "context", "times", "deltas", "tags", "next_tag")
 
     def __init__(self, rank: int, device_name: str, capacity: int, owner: Clocked, enforce: bool = True):
         self.rank = rank
@@ -39,82 +47,86 @@ class MemoryTracker:
         self.live = 0
         self.peak = 0
         self.peak_index = 0  # log entries up to and including the peak
-        self.by_kind = [0] * len(KINDS)  # live bytes by kind code, for out-of-memory reports
         self.context: tuple = ()  # (op, layer) being executed, for out-of-memory messages
         self.times = array("d")
         self.deltas = array("q")
-        self.ids = array("q")
-        self.kinds = array("b")
-        self.next_id = 0
+        self.tags = array("q")
+        self.next_tag = 0  # the next buffer's id, already shifted by KIND_BITS
 
-    def alloc(self, nbytes: int, code: int, buffer_id: int = -1) -> None:
-        self.times.append(self.owner.clock)
-        self.deltas.append(nbytes)
-        self.ids.append(buffer_id)
-        self.kinds.append(code)
-        self.by_kind[code] += nbytes
-        live = self.live = self.live + nbytes
-        if live > self.peak:
-            self.peak = live
-            self.peak_index = len(self.deltas)
-            if self.enforce and live > self.capacity:
-                self._out_of_memory(nbytes, KINDS[code])
-
-    def free(self, nbytes: int, code: int, buffer_id: int = -1) -> None:
-        self.times.append(self.owner.clock)
-        self.deltas.append(-nbytes)
-        self.ids.append(buffer_id)
-        self.kinds.append(code)
-        self.by_kind[code] -= nbytes
-        self.live -= nbytes
-
-    def detach_log(self) -> tuple[array, array, array, array]:
-        """Hand over (times, deltas, buffer ids, kind codes) and start an empty log, so that tensors freed
-        after the step (as the simulator is collected) do not reach what was handed over."""
-        log = (self.times, self.deltas, self.ids, self.kinds)
-        self.times, self.deltas, self.ids, self.kinds = array("d"), array("q"), array("q"), array("b")
+    def detach_log(self) -> tuple[array, array, array]:
+        """Hand over (times, deltas, tags) and start an empty log, so that tensors freed after the step
+        (as the simulator is collected) do not reach what was handed over."""
+        log = (self.times, self.deltas, self.tags)
+        self.times, self.deltas, self.tags = array("d"), array("q"), array("q")
         return log
+
+    def live_by_kind(self, entries: int | None = None) -> list[int]:
+        """Live bytes by kind code after the first `entries` log entries (default: all of them)."""
+        end = len(self.deltas) if entries is None else entries
+        if not end:
+            return [0] * len(KINDS)
+        deltas = np.frombuffer(self.deltas, dtype=np.int64, count=end)
+        codes = np.frombuffer(self.tags, dtype=np.int64, count=end) & KIND_MASK
+        # float64 sums are exact: every partial sum is a byte count far below 2**53
+        return [int(v) for v in np.bincount(codes, weights=deltas, minlength=len(KINDS))[:len(KINDS)]]
 
     def peak_by_kind(self) -> dict[str, int]:
         """Live bytes by kind at the peak."""
-        totals = [0] * len(KINDS)
-        for delta, code in zip(self.deltas[:self.peak_index], self.kinds[:self.peak_index]):
-            totals[code] += delta
-        return dict(zip(KINDS, totals))
+        return dict(zip(KINDS, self.live_by_kind(self.peak_index)))
 
-    def _out_of_memory(self, nbytes: int, kind: str) -> None:
+    def out_of_memory(self, nbytes: int, code: int) -> None:
         # Stop counting this rank so that the unwinding frees do not mask the report.
         self.enforce = False
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in zip(KINDS, self.by_kind) if v)
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in zip(KINDS, self.live_by_kind()) if v)
         where = ""
         if self.context:
             op, layer = self.context
             where = f" in {op}" + (f"(layer {layer})" if layer is not None else "")
         raise OutOfMemoryError(
             f"rank {self.rank} ({self.device_name}, {format_bytes(self.capacity)}): out of memory at "
-            f"t={self.owner.clock * 1e3:.3f} ms{where} allocating {format_bytes(nbytes)} of {kind}; "
+            f"t={self.owner.clock * 1e3:.3f} ms{where} allocating {format_bytes(nbytes)} of {KINDS[code]}; "
             f"{format_bytes(self.live)} live: {parts}")
 
 
 class Storage:
-    """A buffer of `nbytes` on one rank; its bytes are live while any tensor refers to it."""
+    """A buffer of `nbytes` on one rank, of kind code `code`; its bytes are live while any tensor refers
+    to it. Allocation and free write the tracker's log directly: this is the simulator's hottest path."""
 
-    __slots__ = ("tracker", "nbytes", "code", "buffer_id")
+    __slots__ = ("tracker", "nbytes", "tag")
 
-    def __init__(self, tracker: MemoryTracker, nbytes: int, kind: str):
+    def __init__(self, tracker: MemoryTracker, nbytes: int, code: int):
         self.tracker = tracker
         self.nbytes = nbytes
-        self.code = code = KIND_CODES[kind]
-        self.buffer_id = buffer_id = tracker.next_id
-        tracker.next_id = buffer_id + 1
-        tracker.alloc(nbytes, code, buffer_id)
+        self.tag = tag = tracker.next_tag | code
+        tracker.next_tag += 1 << KIND_BITS
+        tracker.times.append(tracker.owner.clock)
+        tracker.deltas.append(nbytes)
+        tracker.tags.append(tag)
+        live = tracker.live = tracker.live + nbytes
+        if live > tracker.peak:
+            tracker.peak = live
+            tracker.peak_index = len(tracker.tags)
+            if live > tracker.capacity and tracker.enforce:
+                tracker.out_of_memory(nbytes, code)
+
+    @property
+    def code(self) -> int:
+        return self.tag & KIND_MASK
 
     @property
     def kind(self) -> str:
-        return KINDS[self.code]
+        return KINDS[self.tag & KIND_MASK]
+
+    @property
+    def buffer_id(self) -> int:
+        return self.tag >> KIND_BITS
 
     def __del__(self) -> None:
-        self.tracker.free(self.nbytes, self.code, self.buffer_id)
+        tracker = self.tracker
+        tracker.times.append(tracker.owner.clock)
+        tracker.deltas.append(-self.nbytes)
+        tracker.tags.append(self.tag)
+        tracker.live -= self.nbytes
 
 
 def format_bytes(n: float) -> str:

@@ -16,20 +16,20 @@ from .devices import Device
 from .engine import Engine, RankState
 from .errors import TensorError
 from .hardware import Cluster
-from .memory import Storage
+from .memory import (ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, OPTIMIZER_BYTES, WEIGHT, WEIGHT_BYTES, WEIGHT_GRAD,
+                     Storage)
 from .tensors import (Activation, ActivationGrad, OptState, Stash, Weight, WeightGrad, describe_mask,
                       samples_mask)
 from .workload import Workload
 
-WEIGHT_BYTES = 2  # 16-bit weights and gradients
-OPTIMIZER_BYTES = 12  # fp32 master weights, momentum and variance (ZeRO paper, sec. 3.1)
 
 
 class Model:
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",
-                 "global_batch_size", "device", "node", "cluster", "workload", "_world", "_params")
+                 "global_batch_size", "device", "node", "cluster", "workload", "_world", "_params", "_grad_bytes",
+                 "_act_bytes")
 
     def __init__(self, engine: Engine, rank: int):
         self._engine = engine
@@ -48,6 +48,8 @@ class Model:
         self.workload: Workload = engine.workload
         self._world: Group | None = None
         self._params = engine.layer_params  # parameters of each layer
+        self._grad_bytes = engine.layer_grad_bytes  # bytes of each layer's full (TP 1) gradient
+        self._act_bytes = engine.workload.activation_bytes()  # one sample's hidden states
 
     def __repr__(self) -> str:
         return f"Model(rank {self.rank} of {self.world_size}, {self.device.name}, node {self.node})"
@@ -79,9 +81,9 @@ class Model:
         mem = self._mem
         mem.context = ("load_weights", layer)
         weight = Weight(self.rank, layer, 0, 1 << shard, num_shards, tp_rank, tp_size, 0,
-                        Storage(mem, int(params * WEIGHT_BYTES), "weight"))
+                        Storage(mem, int(params * WEIGHT_BYTES), WEIGHT))
         opt = OptState(self.rank, layer, 0, 1 << shard, num_shards, tp_rank, tp_size, 0,
-                       Storage(mem, int(params * OPTIMIZER_BYTES), "optimizer"))
+                       Storage(mem, int(params * OPTIMIZER_BYTES), OPTIMIZER))
         return weight, opt
 
     def get_input_activation(self, samples: Iterable[int] | range) -> Activation:
@@ -90,31 +92,41 @@ class Model:
             mask = samples_mask(samples, self.global_batch_size)
         except (TypeError, ValueError) as exc:
             raise TensorError(f"rank {self.rank} get_input_activation: {exc}") from None
-        nbytes = mask.bit_count() * self.workload.activation_bytes()
+        nbytes = mask.bit_count() * self._act_bytes
         self._mem.context = ("get_input_activation", None)
-        return Activation(self.rank, 0, mask, Storage(self._mem, nbytes, "activation"))
+        return Activation(self.rank, 0, mask, Storage(self._mem, nbytes, ACTIVATION))
 
     # ---- compute ------------------------------------------------------------------------------
 
     def forward(self, layer: int, act: Activation, weight: Weight, *, stash: bool = True) -> Activation:
         """Run `layer` on `act`; keeps the stash backward needs on `act` unless `stash=False`
         (activation checkpointing: backward will need this forward run again first)."""
-        self._check_compute("forward", layer, act, weight, layer)
+        rank = self.rank
+        if act.__class__ is not Activation or weight.__class__ is not Weight or act.rank != rank \
+                or weight.rank != rank or act.layer != layer or weight.layer != layer or act.tp_size != 1 \
+                or weight.shards != (1 << weight.num_shards) - 1:
+            self._explain_compute("forward", layer, act, weight, layer)
         state = self._state
         samples = act.samples
-        n = samples.bit_count()
         tp_rank, tp = weight.tp_rank, weight.tp_size
-        key = (layer, samples, tp_rank)
-        recompute = key in state.forwards
+        # a forward of samples this layer (and TP slice) has already seen on this rank is a recompute
+        seen = samples << (tp_rank * self.global_batch_size) if tp_rank else samples
+        before = state.forwarded[layer]
+        recompute = before & seen == seen
         if not recompute:
-            state.forwards.add(key)
-        self._compute("forward", layer, samples, n, tp, "recompute" if recompute else "")
+            state.forwarded[layer] = before | seen if before else seen  # shares the mask when it can
+        n = samples.bit_count()
+        duration, flops, stash_bytes = self._cost("forward", layer, n, tp)
+        start = state.clock
+        state.clock = end = start + duration
+        state.flops += flops
+        self._events.append((rank, "forward", "compute", start, end, layer, samples, 0, flops, None, 0,
+                             "recompute" if recompute else ""))
         mem = self._mem
         mem.context = ("forward", layer)
         if stash:
-            act._stash = Stash(mem, n * self.workload.stash_bytes(layer, tp), tp_rank, tp)
-        out = Activation(self.rank, layer + 1, samples, Storage(mem, n * self.workload.activation_bytes(),
-                                                                "activation"))
+            act._stash = Stash(mem, stash_bytes, tp_rank, tp)
+        out = Activation(rank, layer + 1, samples, Storage(mem, n * self._act_bytes, ACTIVATION))
         if tp > 1:
             out.tp_parts, out.tp_size = 1 << tp_rank, tp
         return out
@@ -122,26 +134,25 @@ class Model:
     def backward(self, layer: int, act: Activation, grad: ActivationGrad,
                  weight: Weight) -> tuple[WeightGrad, ActivationGrad]:
         """Gradients of `layer` for the samples of `act`; consumes the stash `forward` left on `act`."""
-        stash = self._check_backward("backward", layer, act, grad, weight, need_input_done=False)
-        self._compute("backward", layer, act.samples, act.samples.bit_count(), weight.tp_size, "")
+        self._check_backward("backward", layer, act, grad, weight, need_input_done=False)
+        self._compute("backward", layer, act.samples, weight.tp_size)
         act._stash = None
-        del stash
         self._mem.context = ("backward", layer)
-        return self._weight_grad(layer, act, weight), self._activation_grad(layer, act, weight)
+        return self._weight_grad(layer, act, weight), self._activation_grad(act, weight)
 
     def backward_input(self, layer: int, act: Activation, grad: ActivationGrad, weight: Weight) -> ActivationGrad:
         """First half of a split backward (zero-bubble): the input gradient only; keeps the stash
         for `backward_weight` (Qi et al. 2023)."""
         stash = self._check_backward("backward_input", layer, act, grad, weight, need_input_done=False)
-        self._compute("backward_input", layer, act.samples, act.samples.bit_count(), weight.tp_size, "")
+        self._compute("backward_input", layer, act.samples, weight.tp_size)
         stash.input_done = True
         self._mem.context = ("backward_input", layer)
-        return self._activation_grad(layer, act, weight)
+        return self._activation_grad(act, weight)
 
     def backward_weight(self, layer: int, act: Activation, grad: ActivationGrad, weight: Weight) -> WeightGrad:
         """Second half of a split backward: the weight gradient; consumes the stash."""
         self._check_backward("backward_weight", layer, act, grad, weight, need_input_done=True)
-        self._compute("backward_weight", layer, act.samples, act.samples.bit_count(), weight.tp_size, "")
+        self._compute("backward_weight", layer, act.samples, weight.tp_size)
         act._stash = None
         self._mem.context = ("backward_weight", layer)
         return self._weight_grad(layer, act, weight)
@@ -156,14 +167,48 @@ class Model:
             raise TensorError(f"{where}: {act!r} has only passed {act.layer} of {self.num_layers} layers")
         if act.is_partial:
             raise TensorError(f"{where}: {act!r} is a tensor-parallel partial sum; all_reduce it first")
-        n = act.samples.bit_count()
-        self._compute("loss", self.num_layers, act.samples, n, 1, "")
+        self._compute("loss", self.num_layers, act.samples, 1)
         self._mem.context = ("loss", None)
         return ActivationGrad(self.rank, self.num_layers, act.samples,
-                              Storage(self._mem, n * self.workload.activation_bytes(), "activation_grad"))
+                              Storage(self._mem, act.samples.bit_count() * self._act_bytes, ACTIVATION_GRAD))
 
     def update(self, layer: int, grad: WeightGrad, weight: Weight, opt_state: OptState) -> tuple[Weight, OptState]:
         """Adam step on the shard `opt_state` holds; the gradient must cover the whole global batch."""
+        rank = self.rank
+        shards, num_shards, tp_rank, tp = opt_state.shards, opt_state.num_shards, opt_state.tp_rank, \
+            opt_state.tp_size
+        if layer.__class__ is not int or grad.__class__ is not WeightGrad or weight.__class__ is not Weight \
+                or opt_state.__class__ is not OptState or grad.rank != rank or weight.rank != rank \
+                or opt_state.rank != rank or grad.layer != layer or weight.layer != layer \
+                or opt_state.layer != layer or grad.tp_rank != tp_rank or weight.tp_rank != tp_rank \
+                or grad.tp_size != tp or weight.tp_size != tp or not _covers(grad, opt_state) \
+                or not _covers(weight, opt_state) or weight.step or opt_state.step:
+            self._explain_update(layer, grad, weight, opt_state)
+        state = self._state
+        if not _first_time(state.updated, layer, _shard_key(shards, num_shards, tp_rank)):
+            raise TensorError(f"rank {rank} update(layer {layer}): this shard of layer {layer} was already "
+                              f"updated on rank {rank}")
+        full = (1 << self.global_batch_size) - 1
+        if grad.samples != full:
+            raise TensorError(f"rank {rank} update(layer {layer}): the gradient covers samples "
+                              f"{describe_mask(grad.samples)} but not {describe_mask(full & ~grad.samples)}; "
+                              f"accumulate microbatches and all_reduce/reduce_scatter across data-parallel "
+                              f"ranks first")
+        params = self._params[layer] / tp * shards.bit_count() / num_shards
+        duration = costs.update_time(self.device, params)
+        start = state.clock
+        state.clock = end = start + duration
+        self._events.append((rank, "update", "compute", start, end, layer, full,
+                             int(params * costs.ADAM_BYTES_PER_PARAM), 0.0, None, 0, ""))
+        if weight.shards == shards and weight.num_shards == num_shards:
+            storage = weight._storage
+        else:
+            self._mem.context = ("update", layer)
+            storage = Storage(self._mem, int(params * WEIGHT_BYTES), WEIGHT)
+        return (Weight(rank, layer, 1, shards, num_shards, tp_rank, tp, full, storage),
+                OptState(rank, layer, 1, shards, num_shards, tp_rank, tp, full, opt_state._storage))
+
+    def _explain_update(self, layer: Any, grad: Any, weight: Any, opt_state: Any) -> None:
         where = f"rank {self.rank} update(layer {layer})"
         self._check_layer(layer, where)
         for name, t, cls in (("grad", grad, WeightGrad), ("weight", weight, Weight), ("opt_state", opt_state, OptState)):
@@ -178,49 +223,24 @@ class Model:
             if not _covers(t, opt_state):
                 raise TensorError(f"{where}: {name} {t!r} does not hold the shard(s) the optimizer state "
                                   f"{opt_state!r} updates")
-        if weight.step != 0 or opt_state.step != 0:
-            raise TensorError(f"{where}: layer {layer} was already updated this step (step {max(weight.step, opt_state.step)})")
-        key = (layer, opt_state.shards, opt_state.num_shards, opt_state.tp_rank)
-        state = self._state
-        if key in state.updated:
-            raise TensorError(f"{where}: this shard of layer {layer} was already updated on rank {self.rank}")
-        full = (1 << self.global_batch_size) - 1
-        if grad.samples != full:
-            missing = describe_mask(full & ~grad.samples)
-            raise TensorError(f"{where}: the gradient covers samples {describe_mask(grad.samples)} but not "
-                              f"{missing}; accumulate microbatches and all_reduce/reduce_scatter across "
-                              f"data-parallel ranks first")
-        state.updated.add(key)
-        params = self._params[layer] / opt_state.tp_size * \
-            opt_state.shards.bit_count() / opt_state.num_shards
-        duration = costs.update_time(self.device, params)
-        start = state.clock
-        state.clock = end = start + duration
-        self._events.append((self.rank, "update", "compute", start, end, layer, grad.samples,
-                             int(params * costs.ADAM_BYTES_PER_PARAM), 0.0, None, 0, ""))
-        same = weight.shards == opt_state.shards and weight.num_shards == opt_state.num_shards
-        self._mem.context = ("update", layer)
-        storage = weight._storage if same else Storage(self._mem, int(params * WEIGHT_BYTES), "weight")
-        new_weight = Weight(self.rank, layer, 1, opt_state.shards, opt_state.num_shards, opt_state.tp_rank,
-                            opt_state.tp_size, grad.samples, storage)
-        new_opt = OptState(self.rank, layer, 1, opt_state.shards, opt_state.num_shards, opt_state.tp_rank,
-                           opt_state.tp_size, grad.samples, opt_state._storage)
-        return new_weight, new_opt
+        raise TensorError(f"{where}: layer {layer} was already updated this step "
+                          f"(step {max(weight.step, opt_state.step)})")
 
     def set_final_weight(self, layer: int, weight: Weight) -> None:
         """Hand in this rank's updated weights (or shard of them) for the end-of-step check."""
-        where = f"rank {self.rank} set_final_weight(layer {layer})"
-        self._check_layer(layer, where)
-        if type(weight) is not Weight:
-            raise TensorError(f"{where}: expected a Weight, got {weight!r}")
-        self._check_own(weight, where)
-        if weight.layer != layer:
+        if layer.__class__ is not int or weight.__class__ is not Weight or weight.rank != self.rank \
+                or weight.layer != layer:
+            where = f"rank {self.rank} set_final_weight(layer {layer})"
+            self._check_layer(layer, where)
+            if type(weight) is not Weight:
+                raise TensorError(f"{where}: expected a Weight, got {weight!r}")
+            self._check_own(weight, where)
             raise TensorError(f"{where}: {weight!r} is not layer {layer}")
-        finals = self._state.final_weights.setdefault(layer, [])
-        if any(w.shards == weight.shards and w.num_shards == weight.num_shards and w.tp_rank == weight.tp_rank
-               for w in finals):
-            raise TensorError(f"{where}: this shard of layer {layer} was already handed in")
-        finals.append(weight)
+        state = self._state
+        if not _first_time(state.handed, layer, _shard_key(weight.shards, weight.num_shards, weight.tp_rank)):
+            raise TensorError(f"rank {self.rank} set_final_weight(layer {layer}): this shard of layer {layer} "
+                              f"was already handed in")
+        state.final_weights.append(weight)
 
     # ---- communication ------------------------------------------------------------------------
 
@@ -260,31 +280,36 @@ class Model:
 
     # ---- internals ----------------------------------------------------------------------------
 
-    def _compute(self, op: str, layer: int, samples: int, n: int, tp: int, detail: str) -> None:
-        """Advance the compute stream by the op's duration and record it."""
+    def _cost(self, op: str, layer: int, n: int, tp: int) -> tuple[float, float, int]:
+        """(seconds, FLOPs, stash bytes) of a compute op, computed once per device type and shape."""
         key = (op, layer, n, tp)
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = self._cache[key] = _compute_cost(self.device, self.workload, op, layer, n, tp)
-        duration, flops = cached
+        cost = self._cache.get(key)
+        if cost is None:
+            duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp)
+            stash = n * self.workload.stash_bytes(layer, tp) if op == "forward" else 0
+            cost = self._cache[key] = (duration, flops, stash)
+        return cost
+
+    def _compute(self, op: str, layer: int, samples: int, tp: int) -> None:
+        """Advance the compute stream by the op's duration and record it."""
+        duration, flops, _ = self._cost(op, layer, samples.bit_count(), tp)
         state = self._state
         start = state.clock
         state.clock = end = start + duration
         state.flops += flops
-        self._events.append((self.rank, op, "compute", start, end, layer, samples, 0, flops, None, 0, detail))
+        self._events.append((self.rank, op, "compute", start, end, layer, samples, 0, flops, None, 0, ""))
 
     def _weight_grad(self, layer: int, act: Activation, weight: Weight) -> WeightGrad:
-        nbytes = int(self._params[layer] / weight.tp_size * WEIGHT_BYTES)
-        return WeightGrad(self.rank, layer, act.samples, 1, 1, weight.tp_rank, weight.tp_size,
-                          Storage(self._mem, nbytes, "weight_grad"))
+        tp = weight.tp_size
+        nbytes = self._grad_bytes[layer] if tp == 1 else int(self._params[layer] / tp * WEIGHT_BYTES)
+        return WeightGrad(self.rank, layer, act.samples, 1, 1, weight.tp_rank, tp,
+                          Storage(self._mem, nbytes, WEIGHT_GRAD))
 
-    def _activation_grad(self, layer: int, act: Activation, weight: Weight) -> ActivationGrad:
-        n = act.samples.bit_count()
-        out = ActivationGrad(self.rank, layer, act.samples,
-                             Storage(self._mem, n * self.workload.activation_bytes(), "activation_grad"))
+    def _activation_grad(self, act: Activation, weight: Weight) -> ActivationGrad:
+        storage = Storage(self._mem, act.samples.bit_count() * self._act_bytes, ACTIVATION_GRAD)
         if weight.tp_size > 1:
-            out.tp_parts, out.tp_size = 1 << weight.tp_rank, weight.tp_size
-        return out
+            return ActivationGrad(self.rank, act.layer, act.samples, storage, 1 << weight.tp_rank, weight.tp_size)
+        return ActivationGrad(self.rank, act.layer, act.samples, storage)
 
     def _check_layer(self, layer: Any, where: str) -> None:
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
@@ -347,6 +372,29 @@ class Model:
             raise TensorError(f"{where}: backward_weight before backward_input for samples "
                               f"{describe_mask(act.samples)}; compute the input gradient first")
         return stash
+
+
+def _shard_key(shards: int, num_shards: int, tp_rank: int) -> int:
+    """One int naming a (ZeRO shards, TP slice) part of a layer; a small cached int when unsharded."""
+    return tp_rank if num_shards == 1 else (shards << 16 | num_shards) << 16 | tp_rank
+
+
+def _first_time(seen: list[Any], layer: int, key: int) -> bool:
+    """Record `key` under `layer` in `seen` (per layer: None, one key, or a set of keys); False if it
+    was there already. Most layers only ever see one key, which then costs no set."""
+    before = seen[layer]
+    if before is None:
+        seen[layer] = key
+        return True
+    if before.__class__ is set:
+        if key in before:
+            return False
+        before.add(key)
+        return True
+    if before == key:
+        return False
+    seen[layer] = {before, key}
+    return True
 
 
 def _covers(t: Any, opt: OptState) -> bool:

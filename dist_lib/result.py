@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from .hardware import Cluster
-from .memory import format_bytes
+from .memory import KIND_BITS, KIND_MASK, format_bytes
 from .workload import Workload
 
 
@@ -35,6 +37,35 @@ class Event(NamedTuple):
         return self.end - self.start
 
 
+class PerRank(Sequence):
+    """A read-only per-rank view derived on access from each rank's allocation log (times, signed bytes,
+    tags), so a step's result does not hold the same log twice."""
+
+    __slots__ = ("_logs", "_derive")
+
+    def __init__(self, logs: list[tuple[array, array, array]], derive: Callable[[array, array, array], tuple]):
+        self._logs = logs
+        self._derive = derive
+
+    def __len__(self) -> int:
+        return len(self._logs)
+
+    def __getitem__(self, rank):  # type: ignore[override]
+        if isinstance(rank, slice):
+            return [self[r] for r in range(len(self))[rank]]
+        return self._derive(*self._logs[rank])
+
+
+def timeline_of(times: array, deltas: array, tags: array) -> tuple[array, array]:
+    """(times, live bytes after each entry)."""
+    return times, array("d", accumulate(deltas))
+
+
+def entries_of(times: array, deltas: array, tags: array) -> tuple[array, array, array]:
+    """(signed bytes, buffer ids, kind codes), one per entry of the timeline."""
+    return deltas, array("q", (t >> KIND_BITS for t in tags)), array("b", (t & KIND_MASK for t in tags))
+
+
 @dataclass
 class Result:
     """Step time, memory, utilisation, correctness and the full event log of one simulated step."""
@@ -52,10 +83,10 @@ class Result:
     correct: bool
     problems: list[str]
     raw_events: list[tuple] = field(repr=False)
-    timelines: list[tuple[array, array]] = field(repr=False)
+    timelines: Sequence[tuple[array, array]] = field(repr=False)  # per rank: (times, live bytes)
     strategy: str = ""
     # per rank: (signed bytes, buffer id, kind index into memory.KINDS) for every entry of `timelines`
-    memory_log: list[tuple[array, array, array]] = field(default_factory=list, repr=False)
+    memory_log: Sequence[tuple[array, array, array]] = field(default_factory=list, repr=False)
     # what each rank handed in: (rank, layer, step, samples, shards, num_shards, tp_rank, tp_size)
     final_weights: list[tuple[int, ...]] = field(default_factory=list, repr=False)
     _events: list[Event] | None = field(default=None, repr=False)

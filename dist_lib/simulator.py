@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from array import array
-from itertools import accumulate
 import importlib.util
 import inspect
 import random
@@ -20,7 +18,7 @@ from .engine import Engine
 from .errors import DeadlockError, IncorrectStepError, SpecError, StrategyError
 from .hardware import Cluster
 from .model import Model
-from .result import Result
+from .result import PerRank, Result, entries_of, timeline_of
 from .workload import Workload
 
 DEFAULT_CLUSTER = "1x8xA100-80GB"
@@ -80,7 +78,7 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
                             + "\n  ".join(leftovers))
     for state in engine.ranks:  # un-awaited works release their buffers when the rank's stream drains
         state.outstanding.clear()
-    finals = [w for state in engine.ranks for weights in state.final_weights.values() for w in weights]
+    finals = [w for state in engine.ranks for w in state.final_weights]
     problems = check_final_weights(finals, workload.num_layers, global_batch_size)
     result = _build_result(engine, options, name, problems)
     result.final_weights = [(w.rank, w.layer, w.step, w.samples, w.shards, w.num_shards, w.tp_rank, w.tp_size)
@@ -106,8 +104,7 @@ def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: 
         model_flops=workload.model_flops_per_sample() * engine.global_batch_size,
         hardware_flops=sum(s.flops for s in engine.ranks),
         correct=not problems, problems=problems, raw_events=engine.events,
-        timelines=[(times, array("d", accumulate(deltas))) for times, deltas, _, _ in logs],
-        memory_log=[(deltas, ids, kinds) for _, deltas, ids, kinds in logs],
+        timelines=PerRank(logs, timeline_of), memory_log=PerRank(logs, entries_of),
         strategy=name)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .memory import Storage
+from .memory import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, Storage
 
 
 def samples_mask(samples: Iterable[int] | range, global_batch_size: int) -> int:
@@ -103,6 +103,7 @@ class Weight(_Sharded):
 
     __slots__ = ("step",)
     kind = "weight"
+    code = WEIGHT  # memory.KINDS index
 
     def __init__(self, rank: int, layer: int, step: int, shards: int, num_shards: int, tp_rank: int,
                  tp_size: int, samples: int, storage: Storage):
@@ -125,6 +126,7 @@ class OptState(Weight):
 
     __slots__ = ()
     kind = "optimizer"
+    code = OPTIMIZER  # memory.KINDS index
 
 
 class WeightGrad(_Sharded):
@@ -132,6 +134,7 @@ class WeightGrad(_Sharded):
 
     __slots__ = ()
     kind = "weight_grad"
+    code = WEIGHT_GRAD  # memory.KINDS index
 
     def __init__(self, rank: int, layer: int, samples: int, shards: int, num_shards: int, tp_rank: int,
                  tp_size: int, storage: Storage):
@@ -195,6 +198,7 @@ class Activation(_Hidden):
 
     __slots__ = ("_stash",)
     kind = "activation"
+    code = ACTIVATION  # memory.KINDS index
 
     def __init__(self, rank: int, layer: int, samples: int, storage: Storage, tp_parts: int = 1,
                  tp_size: int = 1):
@@ -214,6 +218,7 @@ class ActivationGrad(_Hidden):
 
     __slots__ = ()
     kind = "activation_grad"
+    code = ACTIVATION_GRAD  # memory.KINDS index
 
 
 class Stash(Storage):
@@ -222,7 +227,7 @@ class Stash(Storage):
     __slots__ = ("tp_rank", "tp_size", "input_done")
 
     def __init__(self, tracker, nbytes: int, tp_rank: int, tp_size: int):
-        super().__init__(tracker, nbytes, "stash")
+        super().__init__(tracker, nbytes, STASH)
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.input_done = False

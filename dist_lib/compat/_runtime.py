@@ -24,10 +24,8 @@ from typing import Any
 from .. import costs
 from ..errors import DeadlockError, TensorError
 from ..hardware import Cluster
+from ..memory import OPTIMIZER_BYTES, WEIGHT_BYTES  # noqa: F401  (re-exported to the API modules)
 from ..workload import Workload
-
-OPTIMIZER_BYTES = 12  # fp32 master weights, momentum, variance (as dist_lib.model)
-WEIGHT_BYTES = 2
 
 
 class CompatAssertionError(AssertionError, TensorError):
