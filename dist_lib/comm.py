@@ -295,6 +295,7 @@ def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
         events.append((state.rank, coll.op, "collective", start, end, first.layer, result.samples, nbytes,
                        0.0, peers, coll.op_id, label))
         engine.wake(work)
+    events.maybe_pack()
     coll.works, coll.first = [], None  # resolved: no Work <-> Collective cycle may outlive the step
 
 

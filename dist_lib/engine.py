@@ -17,13 +17,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .errors import DeadlockError, SimulationError, StrategyError
+from .eventlog import EventLog
 from .hardware import Cluster
 from .memory import WEIGHT_BYTES, MemoryTracker
 from .workload import Workload
-
-# One recorded op, as a plain tuple for speed (see `result.Event` for the named view):
-# (rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail)
-RawEvent = tuple
 
 
 class RankState:
@@ -63,7 +60,7 @@ class Engine:
         self.global_batch_size = global_batch_size
         self.world_size = cluster.world_size
         self.ranks = [RankState(r, cluster, workload.num_layers, enforce_memory) for r in range(self.world_size)]
-        self.events: list[RawEvent] = []
+        self.events = EventLog()
         self.groups: dict[tuple[int, ...], Any] = {}
         self.world_group: Any = None  # the group of all ranks, once a rank asks for it
         self.channels: dict[tuple[int, int], Any] = {}
@@ -73,6 +70,8 @@ class Engine:
         self.cost_cache: dict[str, dict[tuple, tuple[float, float]]] = {}  # device name -> op key -> (s, FLOPs)
         self.layer_params = [workload.layer_params(layer) for layer in range(workload.num_layers)]
         self.layer_grad_bytes = [int(params * WEIGHT_BYTES) for params in self.layer_params]
+        self.shard_bytes: dict[tuple[int, int], tuple[int, int]] = {}  # (layer, parts) -> (weight, optimizer)
+        self.full_batch = (1 << global_batch_size) - 1  # the samples mask of a whole step's gradient
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # ---- blocking and waking ------------------------------------------------------------------
@@ -84,6 +83,7 @@ class Engine:
         if not state.waiting:
             self.blocked += 1
         state.waiting.append(work)
+        self.events.maybe_pack()
         if self.blocked + self.finished == self.world_size:
             raise DeadlockError(self.describe_deadlock())
         return future
@@ -101,6 +101,7 @@ class Engine:
             future.set_result(None)
 
     def rank_finished(self, state: RankState) -> None:
+        self.events.maybe_pack()
         state.finished = True
         self.finished += 1
         if self.blocked and self.blocked + self.finished == self.world_size:

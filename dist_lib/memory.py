@@ -36,7 +36,7 @@ class MemoryTracker:
     """
 
     __slots__ = ("rank", "device_name", "capacity", "enforce", "owner", "live", "peak", "peak_index",
-                 "context", "times", "deltas", "tags", "next_tag")
+                 "context", "times", "deltas", "tags")
 
     def __init__(self, rank: int, device_name: str, capacity: int, owner: Clocked, enforce: bool = True):
         self.rank = rank
@@ -51,7 +51,6 @@ class MemoryTracker:
         self.times = array("d")
         self.deltas = array("q")
         self.tags = array("q")
-        self.next_tag = 0  # the next buffer's id, already shifted by KIND_BITS
 
     def detach_log(self) -> tuple[array, array, array]:
         """Hand over (times, deltas, tags) and start an empty log, so that tensors freed after the step
@@ -90,18 +89,21 @@ class MemoryTracker:
 
 class Storage:
     """A buffer of `nbytes` on one rank, of kind code `code`; its bytes are live while any tensor refers
-    to it. Allocation and free write the tracker's log directly: this is the simulator's hottest path."""
+    to it. Allocation and free write the tracker's log directly: this is the simulator's hottest path.
 
-    __slots__ = ("tracker", "nbytes", "tag")
+    The buffer id in the log is the object's address divided by 8 (CPython aligns objects to at
+    least 8 bytes, so the low bits hold the kind): unique among live buffers, reused only after the
+    free is logged, and free of any per-buffer counter object."""
+
+    __slots__ = ("tracker", "nbytes", "code")
 
     def __init__(self, tracker: MemoryTracker, nbytes: int, code: int):
         self.tracker = tracker
         self.nbytes = nbytes
-        self.tag = tag = tracker.next_tag | code
-        tracker.next_tag += 1 << KIND_BITS
+        self.code = code
         tracker.times.append(tracker.owner.clock)
         tracker.deltas.append(nbytes)
-        tracker.tags.append(tag)
+        tracker.tags.append(id(self) | code)
         live = tracker.live = tracker.live + nbytes
         if live > tracker.peak:
             tracker.peak = live
@@ -110,22 +112,18 @@ class Storage:
                 tracker.out_of_memory(nbytes, code)
 
     @property
-    def code(self) -> int:
-        return self.tag & KIND_MASK
-
-    @property
     def kind(self) -> str:
-        return KINDS[self.tag & KIND_MASK]
+        return KINDS[self.code]
 
     @property
     def buffer_id(self) -> int:
-        return self.tag >> KIND_BITS
+        return id(self) >> KIND_BITS
 
     def __del__(self) -> None:
         tracker = self.tracker
         tracker.times.append(tracker.owner.clock)
         tracker.deltas.append(-self.nbytes)
-        tracker.tags.append(self.tag)
+        tracker.tags.append(id(self) | self.code)
         tracker.live -= self.nbytes
 
 

@@ -15,6 +15,7 @@ from .comm import Group, Work, get_group, issue_collective, issue_recv, issue_se
 from .devices import Device
 from .engine import Engine, RankState
 from .errors import TensorError
+from .eventlog import EventLog
 from .hardware import Cluster
 from .memory import (ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, OPTIMIZER_BYTES, WEIGHT, WEIGHT_BYTES, WEIGHT_GRAD,
                      Storage)
@@ -35,7 +36,7 @@ class Model:
         self._engine = engine
         self._state: RankState = engine.ranks[rank]
         self._mem = self._state.memory
-        self._events = engine.events
+        self._events = engine.events.recent  # appended to on every op; packed in place by the engine
         # durations by (op, layer, samples, tp), shared by the ranks of one device type
         self._cache: dict[tuple, tuple[float, float]] = engine.cost_cache.setdefault(self._state.device.name, {})
         self.rank = rank
@@ -69,6 +70,20 @@ class Model:
     def load_weights(self, layer: int, shard: int = 0, num_shards: int = 1, *, tp_rank: int = 0,
                      tp_size: int = 1) -> tuple[Weight, OptState]:
         """Weights and optimizer state of ZeRO shard `shard` of `num_shards`, TP slice `tp_rank` of `tp_size`."""
+        if layer.__class__ is not int or not 0 <= layer < self.num_layers or shard.__class__ is not int \
+                or num_shards.__class__ is not int or not 0 <= shard < num_shards \
+                or tp_rank.__class__ is not int or tp_size.__class__ is not int or not 0 <= tp_rank < tp_size:
+            self._explain_load(layer, shard, num_shards, tp_rank, tp_size)
+        weight_bytes, optimizer_bytes = self._shard_bytes(layer, tp_size * num_shards)
+        mem = self._mem
+        mem.context = ("load_weights", layer)
+        shards = 1 << shard
+        return (Weight(self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0,
+                       Storage(mem, weight_bytes, WEIGHT)),
+                OptState(self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0,
+                         Storage(mem, optimizer_bytes, OPTIMIZER)))
+
+    def _explain_load(self, layer: Any, shard: Any, num_shards: Any, tp_rank: Any, tp_size: Any) -> None:
         where = f"rank {self.rank} load_weights(layer {layer})"
         self._check_layer(layer, where)
         for name, index, count in (("shard", shard, num_shards), ("tp_rank", tp_rank, tp_size)):
@@ -77,14 +92,16 @@ class Model:
                                   f"got {count!r}")
             if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
                 raise TensorError(f"{where}: {name} must be in 0..{count - 1}, got {index!r}")
-        params = self._params[layer] / (tp_size * num_shards)
-        mem = self._mem
-        mem.context = ("load_weights", layer)
-        weight = Weight(self.rank, layer, 0, 1 << shard, num_shards, tp_rank, tp_size, 0,
-                        Storage(mem, int(params * WEIGHT_BYTES), WEIGHT))
-        opt = OptState(self.rank, layer, 0, 1 << shard, num_shards, tp_rank, tp_size, 0,
-                       Storage(mem, int(params * OPTIMIZER_BYTES), OPTIMIZER))
-        return weight, opt
+
+    def _shard_bytes(self, layer: int, parts: int) -> tuple[int, int]:
+        """(weight bytes, optimizer bytes) of one of `parts` equal parts of a layer, computed once per
+        step so that every rank's buffers share the same int objects."""
+        key = (layer, parts)
+        sizes = self._engine.shard_bytes.get(key)
+        if sizes is None:
+            params = self._params[layer] / parts
+            sizes = self._engine.shard_bytes[key] = (int(params * WEIGHT_BYTES), int(params * OPTIMIZER_BYTES))
+        return sizes
 
     def get_input_activation(self, samples: Iterable[int] | range) -> Activation:
         """Embedded inputs for these sample indices of the global batch (a `range` or any iterable)."""
@@ -120,8 +137,11 @@ class Model:
         start = state.clock
         state.clock = end = start + duration
         state.flops += flops
-        self._events.append((rank, "forward", "compute", start, end, layer, samples, 0, flops, None, 0,
-                             "recompute" if recompute else ""))
+        events = self._events
+        events.append((rank, "forward", "compute", start, end, layer, samples, 0, flops, None, 0,
+                       "recompute" if recompute else ""))
+        if len(events) >= EventLog.PACK_AT:
+            self._engine.events.pack()
         mem = self._mem
         mem.context = ("forward", layer)
         if stash:
@@ -188,7 +208,7 @@ class Model:
         if not _first_time(state.updated, layer, _shard_key(shards, num_shards, tp_rank)):
             raise TensorError(f"rank {rank} update(layer {layer}): this shard of layer {layer} was already "
                               f"updated on rank {rank}")
-        full = (1 << self.global_batch_size) - 1
+        full = self._engine.full_batch
         if grad.samples != full:
             raise TensorError(f"rank {rank} update(layer {layer}): the gradient covers samples "
                               f"{describe_mask(grad.samples)} but not {describe_mask(full & ~grad.samples)}; "

@@ -89,6 +89,7 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
 
 
 def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: list[str]) -> Result:
+    engine.events.pack()
     rank_times = [max(s.clock, s.comm_free) for s in engine.ranks]
     for e in engine.events:  # point-to-point ends (and un-awaited collectives) count too
         if e[4] > rank_times[e[0]]:

@@ -3,7 +3,7 @@ import dist_lib.memory
 
 
 def _untracked(self, tracker, nbytes, code):
-    self.tracker, self.nbytes, self.tag = tracker, nbytes, code
+    self.tracker, self.nbytes, self.code = tracker, nbytes, code
 
 
 dist_lib.memory.Storage.__init__ = _untracked

@@ -1,0 +1,102 @@
+"""The step's event log: the newest events as plain tuples, older ones packed into typed columns.
+
+Appending a tuple is the cheapest record the hot path can make, but a 12-field tuple and its floats
+cost about 150 bytes; packed into arrays an event takes about 80. Whenever a few thousand tuples have
+gathered, they are packed: the check runs on each forward, when a rank blocks or finishes and when a
+collective resolves. Readers see one sequence of the same tuples either way:
+
+    (rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail)
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from typing import Any
+
+RawEvent = tuple  # see `result.Event` for the named view
+
+STREAMS = ("compute", "collective", "p2p")
+KNOWN_OPS = ("forward", "backward", "backward_input", "backward_weight", "loss", "update",
+             "all_reduce", "all_gather", "reduce_scatter", "send", "recv")
+
+
+class EventLog(Sequence):
+    """Every event of one step, in the order recorded. `append` takes a raw event tuple."""
+
+    PACK_AT = 4096  # tuples gathered before `maybe_pack` packs them: bounds the unpacked part
+
+    __slots__ = ("recent", "append", "_op_names", "_op_codes", "_rank", "_op", "_stream", "_start", "_end",
+                 "_layer", "_samples", "_nbytes", "_flops", "_peers", "_op_id", "_detail")
+
+    def __init__(self) -> None:
+        self.recent: list[RawEvent] = []
+        self.append = self.recent.append
+        self._op_names: list[str] = list(KNOWN_OPS)
+        self._op_codes: dict[str, int] = {op: code for code, op in enumerate(KNOWN_OPS)}
+        self._rank, self._op, self._stream = array("i"), array("B"), array("B")
+        self._start, self._end, self._layer = array("d"), array("d"), array("i")
+        self._samples: list[int] = []  # bit masks are shared with the tensors: a reference each
+        self._nbytes, self._flops = array("q"), array("d")
+        self._peers: list[Any] = []
+        self._op_id = array("q")
+        self._detail: list[str] = []
+
+    def maybe_pack(self) -> None:
+        if len(self.recent) >= self.PACK_AT:
+            self.pack()
+
+    def pack(self) -> None:
+        """Move the recent tuples into the columns."""
+        recent = self.recent
+        if not recent:
+            return
+        (ranks, ops, streams, starts, ends, layers, samples, nbytes, flops, peers, op_ids,
+         details) = zip(*recent)
+        self._rank.extend(ranks)
+        self._op.extend(map(self._op_code, ops))
+        self._stream.extend(map(STREAMS.index, streams))
+        self._start.extend(starts)
+        self._end.extend(ends)
+        self._layer.extend(layers)
+        self._samples.extend(samples)
+        self._nbytes.extend(nbytes)
+        self._flops.extend(flops)
+        self._peers.extend(peers)
+        self._op_id.extend(op_ids)
+        self._detail.extend(details)
+        recent.clear()
+
+    def _op_code(self, op: str) -> int:
+        code = self._op_codes.get(op)
+        if code is None:  # an op this log has not seen: give it the next code
+            code = self._op_codes[op] = len(self._op_names)
+            self._op_names.append(op)
+        return code
+
+    def _packed(self) -> Iterator[RawEvent]:
+        return zip(self._rank, map(self._op_names.__getitem__, self._op), map(STREAMS.__getitem__, self._stream),
+                   self._start, self._end, self._layer, self._samples, self._nbytes, self._flops, self._peers,
+                   self._op_id, self._detail)
+
+    def __iter__(self) -> Iterator[RawEvent]:
+        return chain(self._packed(), self.recent)
+
+    def __len__(self) -> int:
+        return len(self._rank) + len(self.recent)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        packed = len(self._rank)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("event index out of range")
+        if index >= packed:
+            return self.recent[index - packed]
+        i = index
+        return (self._rank[i], self._op_names[self._op[i]], STREAMS[self._stream[i]], self._start[i], self._end[i],
+                self._layer[i], self._samples[i], self._nbytes[i], self._flops[i], self._peers[i], self._op_id[i],
+                self._detail[i])
