@@ -145,14 +145,20 @@ class _Pending:
         return clone(t, state.rank, Storage(state.memory, self.nbytes, t.code))
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}  # tensor class -> the fields `clone` copies
+
+
 def clone(t: Tensor, rank: int, storage: Storage, **changes: Any) -> Tensor:
     """A new tensor with t's fields (and `changes`) on `rank`, backed by `storage`, with no stash."""
-    out = object.__new__(type(t))
-    for cls in type(t).__mro__:
-        for name in getattr(cls, "__slots__", ()):
-            if name not in ("_storage", "_stash") and hasattr(t, name):
-                setattr(out, name, getattr(t, name))
-    if isinstance(out, Activation):
+    cls = t.__class__
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(name for c in cls.__mro__ for name in getattr(c, "__slots__", ())
+                                     if name not in ("_storage", "_stash"))
+    out = object.__new__(cls)
+    for name in names:
+        setattr(out, name, getattr(t, name))
+    if cls is Activation:
         out._stash = None
     out.rank = rank
     out._storage = storage
@@ -181,15 +187,9 @@ class Collective:
 
 def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, group: Group) -> Work:
     rank = state.rank
-    where = f"rank {rank} {op}(layer {getattr(tensor, 'layer', '?')})"
-    if not isinstance(tensor, Tensor):
-        raise TensorError(f"{where}: expected a tensor, got {type(tensor).__name__}")
-    if tensor.rank != rank:
-        raise TensorError(f"{where}: {tensor!r} lives on rank {tensor.rank}, not here")
     pos = group.index.get(rank)
-    if pos is None:
-        raise TensorError(f"{where}: rank {rank} is not a member of group {list(group.ranks)}")
-    _check_input(op, tensor, group, where)
+    if not isinstance(tensor, Tensor) or tensor.rank != rank or pos is None or _unfit(op, tensor):
+        _explain_input(op, tensor, group, rank)
     seq = group.next_seq[pos]
     group.next_seq[pos] = seq + 1
     coll = group.pending.get(seq)
@@ -216,24 +216,37 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     return work
 
 
-def _check_input(op: str, t: Tensor, group: Group, where: str) -> None:
+def _unfit(op: str, t: Tensor) -> bool:
+    """Can `op` not take `t`? (`_explain_input` says why.)"""
+    cls = t.__class__
+    if op == "all_reduce":
+        return cls is Weight or cls is OptState or ((cls is Activation or cls is ActivationGrad) and not t.is_partial)
+    if op == "all_gather":
+        return not (cls is Weight or cls is OptState or cls is WeightGrad) or t.is_complete
+    return cls is not WeightGrad or not t.is_complete
+
+
+def _explain_input(op: str, t: Any, group: Group, rank: int) -> None:
     """Reject tensors an op cannot take, with the fix in the message."""
+    where = f"rank {rank} {op}(layer {getattr(t, 'layer', '?')})"
+    if not isinstance(t, Tensor):
+        raise TensorError(f"{where}: expected a tensor, got {type(t).__name__}")
+    if t.rank != rank:
+        raise TensorError(f"{where}: {t!r} lives on rank {t.rank}, not here")
+    if rank not in group.index:
+        raise TensorError(f"{where}: rank {rank} is not a member of group {list(group.ranks)}")
     if op == "all_reduce":
         if isinstance(t, (Weight, OptState)):
             raise TensorError(f"{where}: all_reduce of a {type(t).__name__}; reduce gradients (WeightGrad) "
                               f"instead, or all_gather ZeRO shards")
-        if isinstance(t, (Activation, ActivationGrad)) and not t.is_partial:
-            raise TensorError(f"{where}: {t!r} is complete; only tensor-parallel partial sums need all_reduce")
-    elif op == "all_gather":
+        raise TensorError(f"{where}: {t!r} is complete; only tensor-parallel partial sums need all_reduce")
+    if op == "all_gather":
         if not isinstance(t, (Weight, OptState, WeightGrad)):
             raise TensorError(f"{where}: all_gather takes ZeRO shards of weights or gradients, got {t!r}")
-        if t.is_complete:
-            raise TensorError(f"{where}: {t!r} is already complete; nothing to gather")
-    elif op == "reduce_scatter":
-        if not isinstance(t, WeightGrad):
-            raise TensorError(f"{where}: reduce_scatter takes a WeightGrad, got {t!r}")
-        if not t.is_complete:
-            raise TensorError(f"{where}: reduce_scatter needs the full gradient of the layer, got {t!r}")
+        raise TensorError(f"{where}: {t!r} is already complete; nothing to gather")
+    if not isinstance(t, WeightGrad):
+        raise TensorError(f"{where}: reduce_scatter takes a WeightGrad, got {t!r}")
+    raise TensorError(f"{where}: reduce_scatter needs the full gradient of the layer, got {t!r}")
 
 
 def _check_match(coll: Collective, op: str, t: Tensor, rank: int) -> None:
@@ -317,7 +330,8 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
             if len(shards) > 1:
                 raise CollectiveMismatchError(f"{head}: members hold different ZeRO shards; "
                                               f"all-reduce the same shard on every member")
-            results = [clone(t, t.rank, t._storage, samples=samples) for t in inputs]
+            results = [WeightGrad(t.rank, t.layer, samples, t.shards, t.num_shards, t.tp_rank, t.tp_size, t._storage)
+                       for t in inputs]
             return results, first.nbytes, first.kind
         # tensor-parallel partial sums of one activation (or its gradient)
         if len({t.samples for t in inputs}) > 1:

@@ -28,6 +28,7 @@ async def train(model: Model, *, microbatch_size: int = 4, bucket_mb: float = 25
     grads: list = [None] * layers
     reduced: dict = {}
     bucket: list[int] = []
+    bucket_bytes = 0
     for i, samples in enumerate(batches):
         last = i == len(batches) - 1
         # 1. forward, keeping every layer's input (it carries the stash backward needs)
@@ -45,11 +46,12 @@ async def train(model: Model, *, microbatch_size: int = 4, bucket_mb: float = 25
             del weight_grad
             if last:
                 bucket.append(layer)
-                if sum(grads[b].nbytes for b in bucket) >= bucket_mb * 1e6 or layer == 0:
+                bucket_bytes += grads[layer].nbytes
+                if bucket_bytes >= bucket_mb * 1e6 or layer == 0:
                     for b in bucket:
                         reduced[b] = model.all_reduce(grads[b])
                         grads[b] = None
-                    bucket = []
+                    bucket, bucket_bytes = [], 0
         del grad
     # 3. wait for each layer's reduced gradient, update, hand in
     for layer in reversed(range(layers)):
