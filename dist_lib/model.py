@@ -365,6 +365,19 @@ class Model:
                               f"{weight.num_shards}; all_gather it before compute")
 
     def _check_backward(self, op: str, layer: int, act: Any, grad: Any, weight: Any, need_input_done: bool) -> Stash:
+        """The stash of a valid backward's input; a `TensorError` naming what is wrong otherwise."""
+        rank = self.rank
+        stash = act._stash if act.__class__ is Activation else None
+        if stash is None or weight.__class__ is not Weight or grad.__class__ is not ActivationGrad \
+                or act.rank != rank or weight.rank != rank or grad.rank != rank or act.layer != layer \
+                or weight.layer != layer or grad.layer != layer + 1 or act.tp_size != 1 or grad.tp_size != 1 \
+                or weight.shards != (1 << weight.num_shards) - 1 or grad.samples != act.samples \
+                or stash.tp_rank != weight.tp_rank or stash.tp_size != weight.tp_size \
+                or stash.input_done is not need_input_done:
+            return self._explain_backward(op, layer, act, grad, weight, need_input_done)
+        return stash
+
+    def _explain_backward(self, op: str, layer: int, act: Any, grad: Any, weight: Any, need_input_done: bool) -> Stash:
         self._check_compute(op, layer, act, weight, layer)
         where = f"rank {self.rank} {op}(layer {layer})"
         if type(grad) is not ActivationGrad:
