@@ -44,18 +44,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller sweep")
     args = parser.parse_args()
-    configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1), (1024, 24, 1), (1024, 96, 1)]
+    configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1), (1024, 24, 1), (1024, 24, 4), (1024, 96, 1)]
     if args.quick:
         configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1)]
     print("DDP step (forward/backward per microbatch and layer, one all-reduce and update per layer), "
           "toy layers, A100 nodes of 8")
-    print(f"{'ranks':>6} {'layers':>6} {'ops':>9} {'wall s':>8} {'ops/s':>10} {'us/op':>7} "
+    print(f"{'ranks':>6} {'layers':>6} {'microbatches':>12} {'ops':>9} {'wall s':>8} {'ops/s':>10} {'us/op':>7} "
           f"{'peak RSS MiB':>13} {'B/event':>8}")
     for ranks, layers, microbatches in configs:
         m = measure(ranks, layers, microbatches)
         rate = m["events"] / m["wall"]
         per_event = m["grew_kib"] * 1024 / m["events"]
-        print(f"{ranks:>6} {layers:>6} {m['events']:>9,} {m['wall']:>8.2f} {rate:>10,.0f} {1e6 / rate:>7.2f} "
+        print(f"{ranks:>6} {layers:>6} {microbatches:>12} {m['events']:>9,} {m['wall']:>8.2f} {rate:>10,.0f} {1e6 / rate:>7.2f} "
               f"{m['rss_kib'] / 1024:>13.0f} {per_event:>8.0f}")
 
 
