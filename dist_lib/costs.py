@@ -216,20 +216,21 @@ def compute_flops(workload: Workload, op: str, layer: int, samples: int, tp: int
 
 
 # ---- communication: alpha-beta ring models (Thakur et al. 2005; NCCL's nccl-tests PERFORMANCE.md
-# gives the same bus-bandwidth factors: all-reduce 2(p-1)/p, all-gather and reduce-scatter (p-1)/p) --
+# gives the same bus-bandwidth factors: all-reduce 2(p-1)/p, all-gather and reduce-scatter (p-1)/p).
+# B is the bandwidth NCCL achieves on the link (`Link.achieved_bandwidth`: line rate x protocol efficiency).
 
 def all_reduce_time(nbytes: float, p: int, link: Link) -> float:
     """Ring all-reduce of an n-byte buffer over p ranks: 2(p-1)/p * n/B + 2(p-1) * alpha."""
     if p <= 1:
         return 0.0
-    return 2 * (p - 1) / p * nbytes / link.bandwidth + 2 * (p - 1) * link.latency
+    return 2 * (p - 1) / p * nbytes / link.achieved_bandwidth + 2 * (p - 1) * link.latency
 
 
 def all_gather_time(nbytes: float, p: int, link: Link) -> float:
     """Ring all-gather producing an n-byte buffer: (p-1)/p * n/B + (p-1) * alpha."""
     if p <= 1:
         return 0.0
-    return (p - 1) / p * nbytes / link.bandwidth + (p - 1) * link.latency
+    return (p - 1) / p * nbytes / link.achieved_bandwidth + (p - 1) * link.latency
 
 
 def reduce_scatter_time(nbytes: float, p: int, link: Link) -> float:
@@ -239,7 +240,7 @@ def reduce_scatter_time(nbytes: float, p: int, link: Link) -> float:
 
 def p2p_time(nbytes: float, link: Link) -> float:
     """One point-to-point message: alpha + n/B."""
-    return link.latency + nbytes / link.bandwidth
+    return link.latency + nbytes / link.achieved_bandwidth
 
 
 # ---- collectives over groups that span nodes: flat ring or hierarchical, whichever is faster -------
@@ -280,9 +281,9 @@ def ring_bandwidth(topo: Topology) -> float:
     """Per-rank bandwidth of a flat ring: its slowest intra-node hop, or the node-crossing hop spread
     over `nics` NICs, whichever is slower (a mixed group runs at its bottleneck)."""
     if topo.inter is None:
-        return topo.ring.bandwidth
-    crossing = topo.nics * topo.inter.bandwidth
-    return crossing if topo.intra is None else min(topo.intra.bandwidth, crossing)
+        return topo.ring.achieved_bandwidth
+    crossing = topo.nics * topo.inter.achieved_bandwidth
+    return crossing if topo.intra is None else min(topo.intra.achieved_bandwidth, crossing)
 
 
 def flat_ring_time(op: str, nbytes: float, topo: Topology) -> float:

@@ -235,7 +235,7 @@ def _custom_device(name: str, spec: dict, where: str) -> Device:
 
 
 def _bottleneck(links: tuple[Link, ...]) -> Link:
-    slowest = min(links, key=lambda link: link.bandwidth)
+    slowest = min(links, key=lambda link: link.achieved_bandwidth)
     latency = max(link.latency for link in links)
     return slowest if slowest.latency == latency else replace(slowest, latency=latency)
 
