@@ -20,10 +20,20 @@ from .workload import Workload
 GEMM_TILE_LONG = 256
 GEMM_TILE_SHORT = 128
 
-# Bytes of HBM traffic per parameter in a mixed-precision Adam step: read the 16-bit gradient and
-# the fp32 master weight, momentum and variance (2+4+4+4), write those three and the 16-bit weight
-# (4+4+4+2). Rajbhandari et al. 2020 (ZeRO), sec. 3.1 for the 2+2+12 bytes of state.
-ADAM_BYTES_PER_PARAM = 28
+# Bytes of HBM traffic per parameter in one mixed-precision optimizer step as Megatron-LM runs it
+# (Float16OptimizerWithFloat16Params over apex FusedAdam, gradients accumulated in an fp32 main-gradient
+# buffer; Rajbhandari et al. 2020, sec. 3.1, for the 12 bytes of fp32 optimizer state):
+ADAM_BYTES_PER_PARAM = (
+    4  # zero the fp32 gradient buffer before the step's backward passes
+    + 4  # gradient norm for clipping: read every fp32 gradient (multi-tensor L2 norm)
+    + 16 + 12  # Adam: read gradient, master weight, momentum, variance; write the last three
+    + 4 + 2  # copy the fp32 master weights into the 16-bit model weights
+)  # = 42
+
+# Megatron-LM's local DDP divides the fp32 gradient buffer by the data-parallel size in place before
+# all-reducing it, even when that size is 1 (megatron/model/distributed.py, allreduce_gradients):
+# read and write 4 bytes per parameter.
+GRAD_AVERAGE_BYTES_PER_PARAM = 8
 
 # Share of a layer's forward FLOPs in each half of a split backward (zero-bubble): input-gradient and
 # weight-gradient GEMMs each cost about one forward (Qi et al. 2023, "Zero Bubble Pipeline Parallelism").
@@ -178,21 +188,38 @@ def _profiled(device: Device, workload: Workload, layer: int, samples: int, tp: 
     return None if total is None else share * total
 
 
+# Bytes of HBM traffic per logit of Megatron-LM's vocab_parallel_cross_entropy (see `loss_time`)
+CROSS_ENTROPY_BYTES_PER_LOGIT = (2 + 4) + 4 + 8 + 8 + 4 + 8 + (8 + 4 + 2)  # forward 38, backward 14
+
+
 def loss_time(device: Device, workload: Workload, samples: int, tp: int = 1) -> float:
-    """LM head forward and backward plus the softmax cross-entropy (3x the head's forward FLOPs); with
-    TP the head is vocabulary-parallel (Megatron), so each rank does 1/t of it."""
+    """LM head forward and backward and the softmax cross-entropy. With TP the head is vocabulary-parallel
+    (Megatron), so each rank holds V/t logits per token. Its three GEMMs are timed by shape like a
+    layer's (logits Y = X E^T, dX = dY E, dE = dY^T X); the memory-bound part is the final layernorm
+    (forward reads x and writes y, backward reads x and dy and writes dx: five b*s*h tensors) and the
+    cross-entropy over the logits, per logit: cast to fp32 (read 2, write 4), row max (4), subtract it
+    (4+4), exp (4+4), row sum (4), divide into the softmax kept for backward (4+4); backward scales
+    the softmax in place (4+4) and casts the gradient back to 16 bits (4+2): 52 bytes
+    (Megatron-LM's vocab_parallel_cross_entropy on `output.float()`)."""
     measured = workload.profile.head_time(device, samples, tp) if workload.profile is not None else None
     if measured is not None:
         return measured
-    flops = 3 * workload.head_forward_flops() * samples / tp
-    logits_bytes = 4 * samples * workload.seq_len * workload.vocab / tp  # fp32 logits, written then read
-    return (compute_time(device, flops, 2 * workload.hidden * workload.vocab / tp)
-            + _stream_time(device, 2 * logits_bytes + 2 * samples * workload.activation_bytes()))
+    tokens, h, vocab = samples * workload.seq_len, workload.hidden, workload.vocab / tp
+    e = workload.bytes_per_element
+    gemms = (gemm_time(device, tokens, vocab, h, 1, e) + gemm_time(device, tokens, h, vocab, 1, e)
+             + gemm_time(device, h, vocab, tokens, 1, e))
+    layernorm = 5 * samples * workload.activation_bytes()
+    return gemms + _stream_time(device, CROSS_ENTROPY_BYTES_PER_LOGIT * tokens * vocab + layernorm)
 
 
 def update_time(device: Device, params: float) -> float:
-    """Adam on `params` parameters is bound by HBM bandwidth."""
+    """One optimizer step on `params` parameters is bound by HBM bandwidth (`ADAM_BYTES_PER_PARAM`)."""
     return compute_time(device, 0.0, ADAM_BYTES_PER_PARAM * params)
+
+
+def grad_average_time(device: Device, params: float) -> float:
+    """Megatron-LM's in-place division of the fp32 gradient buffer by the data-parallel size."""
+    return compute_time(device, 0.0, GRAD_AVERAGE_BYTES_PER_PARAM * params)
 
 
 def compute_flops(workload: Workload, op: str, layer: int, samples: int, tp: int = 1, *,

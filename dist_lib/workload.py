@@ -113,20 +113,27 @@ class Workload:
         two layernorms (read x, write y: 4 sh bytes each; backward reads x and dy, writes dx: 6),
         two bias-dropout-residual adds (read input and residual, write output and a 1-byte mask:
         7; backward 5), bias+GeLU on the 4h-wide MLP activation (16; backward 24), softmax over the
-        a*s^2 scores (4 a*s^2 bytes; backward 6) and its dropout (5; backward 5). Layernorms and the
-        residual adds are replicated on every TP rank unless sequence parallelism splits them;
-        the rest are split t ways. `attention_only` is the softmax and dropout alone (what
-        selective recompute runs again).
+        a*s^2 scores (4 a*s^2 bytes; backward 6) and its dropout (5; backward 5), and the copy that
+        makes the attention output contiguous before the projection (4/t; backward 4/t).
+        Backward only, as PyTorch autograd runs it under Megatron-LM: the bias gradients, a sum over
+        tokens of each linear layer's output gradient (QKV 3h/t and MLP-up 4h/t wide: 14/t; the two
+        row-parallel biases, h wide: 2 each), and at each of the two residual forks the add of the
+        branch's input gradient to the residual's (read two, write one: 6 each).
+        Layernorms, residual adds and the row-parallel bias gradients are replicated on every TP rank
+        unless sequence parallelism splits them; the rest are split t ways. `attention_only` is the
+        softmax and dropout alone (what selective recompute runs again).
         """
         s, h, a = self.seq_len, self.hidden, self.heads
         scale = self.bytes_per_element / 2
         attention = (11 if backward else 9) * a * s * s / tp
         if attention_only:
             return attention * scale
-        replicated = 22 * s * h  # 2 layernorms + 2 residual adds, forward (4+7)*2, backward (6+5)*2
+        # forward (4 + 7) * 2; backward (6 + 5) * 2 + row-parallel bias gradients 2 * 2 + residual-fork adds 2 * 6
+        replicated = (38 if backward else 22) * s * h
         if sequence_parallel and tp > 1:
             replicated /= tp
-        split = (24 if backward else 16) * s * h / tp
+        # GeLU 16 (backward 24) + attention-output copy 4; backward also the column-parallel bias gradients 14
+        split = (24 + 4 + 14 if backward else 16 + 4) * s * h / tp
         return (replicated + split + attention) * scale
 
     def model_flops_per_sample(self) -> float:

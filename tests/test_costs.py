@@ -54,20 +54,24 @@ def test_large_forward_is_gemm_waves_plus_memory_bound_kernels():
     #   Q K^T 2048 x 2048 x K 128 for 32 heads: 32 * 8 * 16 = 4096 tiles, 38 waves;
     #   P V 2048 x 128 x K 2048 for 32 heads: 32 * 8 * 1 = 256 tiles, 3 waves.
     # All are slower than their HBM traffic (Q K^T: 32 * 2 * (2 * 2048 * 128 + 2048^2) B = 0.15 ms < 0.29 ms).
-    # Memory-bound kernels per sample: (22 + 16) * s*h + 9 * a * s^2 = (38 + 144) * 2048^2 bytes.
+    # Memory-bound kernels per sample: layernorms and residual adds 22 * s*h, GeLU 16 * s*h, the
+    # attention-output copy 4 * s*h, softmax and dropout 9 * a * s^2 = (42 + 144) * 2048^2 bytes.
     w = Workload.parse("gpt-1.3b")
     gemms = waves(2048, 8 + 3 + 10 + 3) + waves(8192, 3) + waves(128, 38)
-    stream = 2 * 182 * 2048**2 / 2039e9
+    stream = 2 * 186 * 2048**2 / 2039e9
     assert costs.forward_time(A100, w, 3, 2) == pytest.approx(gemms + stream)
     # backward: input gradients dX = dY W^T (M, K, N): QKV 4096 x 2048 x K 6144: 256 tiles, 3 waves;
     # projection 3 waves (K 2048); MLP up 4096 x 2048 x K 8192: 3 waves; MLP down 4096 x 8192 x K 2048:
     # 10 waves. Weight gradients dW = X^T dY (K, N, M), all K 4096: QKV 2048 x 6144: 384 tiles, 4
     # waves; projection 2048 x 2048: 128, 2; MLP up and down 2048 x 8192: 512, 5 each. Attention:
     # dP = dO V^T like Q K^T (38 waves), dQ, dK, dV like P V (3 waves each).
-    # Memory-bound (22 + 24) * s*h + 11 * a * s^2 = 222 * 2048^2 bytes per sample.
+    # Memory-bound per sample, in s*h bytes: layernorms and residual adds 22, the two row-parallel bias
+    # gradients 4 and the residual-fork gradient adds 12 (38), GeLU 24, attention-output copy 4,
+    # column-parallel bias gradients 14: 80; plus softmax and dropout 11 * a * s^2 = 176 * s*h.
+    # 256 * 2048^2 bytes per sample.
     gemms = (waves(6144, 3) + waves(2048, 3 + 10 + 3 * 3) + waves(8192, 3) + waves(4096, 4 + 2 + 5 + 5)
              + waves(128, 38))
-    assert costs.backward_time(A100, w, 3, 2) == pytest.approx(gemms + 2 * 222 * 2048**2 / 2039e9)
+    assert costs.backward_time(A100, w, 3, 2) == pytest.approx(gemms + 2 * 256 * 2048**2 / 2039e9)
 
 
 def test_selective_recompute_reruns_the_attention_core():
@@ -98,20 +102,37 @@ def test_tensor_parallel_forward_splits_the_flops_and_the_split_kernels():
     # TP 4, one sample (2048 tokens): QKV 2048 x 1536 x 2048: 8 * 12 = 96 tiles, one wave storing
     # 96 tiles; projection 2048 x 2048 x K 512: 128 tiles, 2 waves; MLP up and down 2048 x 2048 x K
     # 2048: 2 waves each; 4 heads: Q K^T 512 tiles, 5 waves of K 128; P V 32 tiles, one wave of 32.
-    # Memory-bound: replicated 22 * s*h stays, the split part (16 * s*h + 9 * a * s^2 = 144 * s*h) / 4
+    # Memory-bound: replicated 22 * s*h stays, the split part (GeLU 16 + attention-output copy 4) * s*h
+    # + 9 * a * s^2 (= 144 * s*h) is divided by 4
     w = Workload.parse("gpt-1.3b")
     gemms = (2048 * PER_K + STORE * 96 / 108 + waves(512, 2) + waves(2048, 4) + waves(128, 5)
              + 2048 * PER_K + STORE * 32 / 108)
-    stream = (22 + (16 + 144) / 4) * 2048**2 / 2039e9
+    stream = (22 + (16 + 4 + 144) / 4) * 2048**2 / 2039e9
     assert costs.forward_time(A100, w, 3, 1, tp=4) == pytest.approx(gemms + stream)
-    # sequence parallelism splits the layernorms and residual adds too: (22 + 160) / 4
-    sp = (22 + 16 + 144) / 4 * 2048**2 / 2039e9
+    # sequence parallelism splits the layernorms and residual adds too: (22 + 164) / 4
+    sp = (22 + 16 + 4 + 144) / 4 * 2048**2 / 2039e9
     assert costs.forward_time(A100, w, 3, 1, tp=4, sequence_parallel=True) == pytest.approx(gemms + sp)
 
 
+def test_loss_is_three_head_gemms_by_shape_plus_the_cross_entropy_traffic():
+    # gpt-1.3b with V = 51200, one sample, vocabulary-parallel over t = 8: 6400 logits per token.
+    # Logits 2048 x 6400 x K 2048: 25 * 16 = 400 tiles, 4 waves; input gradient 2048 x 2048 x K 6400:
+    # 8 * 16 = 128 tiles, 2 waves; weight gradient 2048 x 6400 x K 2048 (K = tokens): 400 tiles, 4 waves.
+    # Memory-bound: 52 bytes per logit (cast, max, subtract, exp, sum, divide; backward scale and cast)
+    # and the final layernorm, 5 bytes per s*h element pair (forward 4, backward 6, in 2-byte units).
+    w = Workload.parse("gpt-1.3b:vocab=51200")
+    gemms = waves(2048, 4 + 4) + waves(6400, 2)
+    stream = (52 * 2048 * 6400 + 5 * 2048 * 2048 * 2) / 2039e9
+    assert costs.loss_time(A100, w, 1, 8) == pytest.approx(gemms + stream)
+
+
 def test_optimizer_update_is_bound_by_hbm():
-    # 1e9 parameters * 28 bytes / 2039e9 B/s
-    assert costs.update_time(A100, 1e9) == pytest.approx(28e9 / 2039e9)
+    # Megatron's step per parameter: zero the fp32 gradient (4), its norm (4), Adam reading gradient,
+    # master, m, v (16) and writing the last three (12), copy to the 16-bit weight (4 + 2) = 42 bytes;
+    # 1e9 parameters * 42 bytes / 2039e9 B/s
+    assert costs.update_time(A100, 1e9) == pytest.approx(42e9 / 2039e9)
+    # Megatron's in-place averaging of the fp32 gradient buffer: read and write 4 bytes
+    assert costs.grad_average_time(A100, 1e9) == pytest.approx(8e9 / 2039e9)
 
 
 def test_memory_bound_op_takes_bytes_over_bandwidth():
