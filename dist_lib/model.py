@@ -115,10 +115,16 @@ class Model:
 
     # ---- compute ------------------------------------------------------------------------------
 
-    def forward(self, layer: int, act: Activation, weight: Weight, *, stash: bool = True) -> Activation:
+    def forward(self, layer: int, act: Activation, weight: Weight, *, stash: bool = True,
+                selective_recompute: bool = False) -> Activation:
         """Run `layer` on `act`; keeps the stash backward needs on `act` unless `stash=False`
-        (activation checkpointing: backward will need this forward run again first)."""
+        (activation checkpointing: backward will need this forward run again first).
+        `selective_recompute=True` keeps the stash without the attention core's softmax and dropout
+        (the 5as/ht term of Korthikanti et al. 2022, Table 2), which backward then re-runs."""
         rank = self.rank
+        if selective_recompute is not False and selective_recompute is not True:
+            raise TensorError(f"rank {rank} forward(layer {layer}): selective_recompute must be True or False, "
+                              f"got {selective_recompute!r}")
         if act.__class__ is not Activation or weight.__class__ is not Weight or act.rank != rank \
                 or weight.rank != rank or act.layer != layer or weight.layer != layer or act.tp_size != 1 \
                 or weight.shards != (1 << weight.num_shards) - 1:
@@ -133,7 +139,8 @@ class Model:
         if not recompute:
             state.forwarded[layer] = before | seen if before else seen  # shares the mask when it can
         n = samples.bit_count()
-        duration, flops, stash_bytes = self._cost("forward", layer, n, tp)
+        mode = "selective" if selective_recompute else "none"
+        duration, flops, stash_bytes = self._cost("forward", layer, n, tp, mode)
         start = state.clock
         state.clock = end = start + duration
         state.flops += flops
@@ -145,7 +152,7 @@ class Model:
         mem = self._mem
         mem.context = ("forward", layer)
         if stash:
-            act._stash = Stash(mem, stash_bytes, tp_rank, tp)
+            act._stash = Stash(mem, stash_bytes, tp_rank, tp, mode)
         out = Activation(rank, layer + 1, samples, Storage(mem, n * self._act_bytes, ACTIVATION))
         if tp > 1:
             out.tp_parts, out.tp_size = 1 << tp_rank, tp
@@ -154,9 +161,9 @@ class Model:
     def backward(self, layer: int, act: Activation, grad: ActivationGrad,
                  weight: Weight) -> tuple[WeightGrad, ActivationGrad]:
         """Gradients of `layer` for the samples of `act`; consumes the stash `forward` left on `act`."""
-        self._check_backward("backward", layer, act, grad, weight, need_input_done=False)
-        self._compute("backward", layer, act.samples, weight.tp_size)
-        act._stash = None
+        stash = self._check_backward("backward", layer, act, grad, weight, need_input_done=False)
+        self._compute("backward", layer, act.samples, weight.tp_size, stash.recompute)
+        act._stash = stash = None  # freed before the gradients are allocated
         self._mem.context = ("backward", layer)
         return self._weight_grad(layer, act, weight), self._activation_grad(act, weight)
 
@@ -164,7 +171,7 @@ class Model:
         """First half of a split backward (zero-bubble): the input gradient only; keeps the stash
         for `backward_weight` (Qi et al. 2023)."""
         stash = self._check_backward("backward_input", layer, act, grad, weight, need_input_done=False)
-        self._compute("backward_input", layer, act.samples, weight.tp_size)
+        self._compute("backward_input", layer, act.samples, weight.tp_size, stash.recompute)
         stash.input_done = True
         self._mem.context = ("backward_input", layer)
         return self._activation_grad(act, weight)
@@ -300,24 +307,31 @@ class Model:
 
     # ---- internals ----------------------------------------------------------------------------
 
-    def _cost(self, op: str, layer: int, n: int, tp: int) -> tuple[float, float, int]:
-        """(seconds, FLOPs, stash bytes) of a compute op, computed once per device type and shape."""
-        key = (op, layer, n, tp)
+    def _cost(self, op: str, layer: int, n: int, tp: int, recompute: str = "none") -> tuple[float, float, int]:
+        """(seconds, FLOPs, stash bytes) of a compute op, computed once per device type and shape.
+        For a forward, `recompute` is what its backward will re-run, which decides the stash."""
+        key = (op, layer, n, tp, recompute)
         cost = self._cache.get(key)
         if cost is None:
-            duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp)
-            stash = n * self.workload.stash_bytes(layer, tp) if op == "forward" else 0
+            if op == "forward":
+                duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp)
+                stash = n * self.workload.stash_bytes(layer, tp, recompute=recompute)
+            else:
+                duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp, recompute)
+                stash = 0
             cost = self._cache[key] = (duration, flops, stash)
         return cost
 
-    def _compute(self, op: str, layer: int, samples: int, tp: int) -> None:
-        """Advance the compute stream by the op's duration and record it."""
-        duration, flops, _ = self._cost(op, layer, samples.bit_count(), tp)
+    def _compute(self, op: str, layer: int, samples: int, tp: int, recompute: str = "none") -> None:
+        """Advance the compute stream by the op's duration and record it (the detail names a selective
+        recompute, which changes the duration)."""
+        duration, flops, _ = self._cost(op, layer, samples.bit_count(), tp, recompute)
         state = self._state
         start = state.clock
         state.clock = end = start + duration
         state.flops += flops
-        self._events.append((self.rank, op, "compute", start, end, layer, samples, 0, flops, None, 0, ""))
+        self._events.append((self.rank, op, "compute", start, end, layer, samples, 0, flops, None, 0,
+                             "" if recompute == "none" else recompute))
 
     def _weight_grad(self, layer: int, act: Activation, weight: Weight) -> WeightGrad:
         tp = weight.tp_size
@@ -437,15 +451,19 @@ def _covers(t: Any, opt: OptState) -> bool:
     return t.num_shards == opt.num_shards and t.shards & opt.shards == opt.shards
 
 
-def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int, tp: int) -> tuple[float, float]:
+def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int, tp: int,
+                  recompute: str = "none") -> tuple[float, float]:
+    """(seconds, FLOPs) of a compute op on `n` samples at TP degree `tp`; `recompute="selective"`: a
+    backward (or its input half) that first re-runs the attention core (Korthikanti et al. 2022, sec. 5)."""
     if op == "forward":
         duration = costs.forward_time(device, workload, layer, n, tp)
     elif op == "backward":
-        duration = costs.backward_time(device, workload, layer, n, tp)
+        duration = costs.backward_time(device, workload, layer, n, tp, recompute=recompute)
     elif op == "backward_input":
-        duration = costs.backward_input_time(device, workload, layer, n, tp)
+        duration = costs.backward_input_time(device, workload, layer, n, tp) \
+            + costs.recompute_time(device, workload, layer, n, tp, recompute=recompute)
     elif op == "backward_weight":
         duration = costs.backward_weight_time(device, workload, layer, n, tp)
     else:
         duration = costs.loss_time(device, workload, n)
-    return duration, costs.compute_flops(workload, op, layer, n, tp)
+    return duration, costs.compute_flops(workload, op, layer, n, tp, recompute=recompute)

@@ -222,12 +222,14 @@ class ActivationGrad(_Hidden):
 
 
 class Stash(Storage):
-    """What a layer's backward needs from its forward; `input_done` once backward_input consumed half."""
+    """What a layer's backward needs from its forward; `input_done` once backward_input consumed half;
+    `recompute` is what backward re-runs first ("none", or "selective": the attention core)."""
 
-    __slots__ = ("tp_rank", "tp_size", "input_done")
+    __slots__ = ("tp_rank", "tp_size", "input_done", "recompute")
 
-    def __init__(self, tracker, nbytes: int, tp_rank: int, tp_size: int):
+    def __init__(self, tracker, nbytes: int, tp_rank: int, tp_size: int, recompute: str = "none"):
         super().__init__(tracker, nbytes, STASH)
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.input_done = False
+        self.recompute = recompute

@@ -107,19 +107,22 @@ class _Checker:
         if op not in COMPUTE_OPS or n == 0 or (op == "loss") != (layer == self.workload.num_layers):
             self.flag(f"{where}: not an op the simulator records")
             return 0
-        tp = self._match(device, op, layer, n, end - start, flops)
+        # a backward whose forward kept the smaller stash re-runs the attention core (its detail says so)
+        recompute = "selective" if op in ("backward", "backward_input") and e[11] == "selective" else "none"
+        tp = self._match(device, op, layer, n, end - start, flops, recompute)
         if not tp:
-            expect, _ = _compute_cost(device, self.workload, op, layer, n, 1)
+            expect, _ = _compute_cost(device, self.workload, op, layer, n, 1, recompute)
             self.flag(f"{where}: lasted {(end - start) * 1e6:.3f} us with {flops:.4g} FLOPs; the cost model "
                       f"gives {expect * 1e6:.3f} us on a {device.name} (or 1/t of it with tensor parallelism)")
         return tp
 
-    def _match(self, device: Any, op: str, layer: int, n: int, duration: float, flops: float) -> int:
+    def _match(self, device: Any, op: str, layer: int, n: int, duration: float, flops: float,
+               recompute: str = "none") -> int:
         """The tensor-parallel degree whose cost-model duration and FLOPs match the event (0: none)."""
-        key = (device.name, op, layer, n)
+        key = (device.name, op, layer, n, recompute)
         options = self._costs.get(key)
         if options is None:
-            options = self._costs[key] = [(tp, *_compute_cost(device, self.workload, op, layer, n, tp))
+            options = self._costs[key] = [(tp, *_compute_cost(device, self.workload, op, layer, n, tp, recompute))
                                           for tp in range(1, self.world + 1)]
         for tp, expect, expect_flops in options:
             if _close(duration, expect) and _close(flops, expect_flops):

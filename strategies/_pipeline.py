@@ -48,6 +48,7 @@ class StagePlan:
     tp_group: Sequence[int] = (0,)
     tp_rank: int = 0
     recompute: bool = False
+    selective_recompute: bool = False  # keep the stash without the attention core (Korthikanti et al. 2022)
 
 
 def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
@@ -137,7 +138,8 @@ class _Stage:
         kept = []
         for layer in layers:
             kept.append(x)
-            x = model.forward(layer, x, self.weights[layer][0], stash=not plan.recompute)
+            x = model.forward(layer, x, self.weights[layer][0], stash=not plan.recompute,
+                              selective_recompute=plan.selective_recompute)
             if self.tp_group is not None:
                 x = await model.all_reduce(x, self.tp_group)
         self.inputs[(chunk, mb)] = kept
@@ -158,7 +160,8 @@ class _Stage:
         for layer in reversed(layers):
             x, weight = kept.pop(), self.weights[layer][0]
             if plan.recompute:
-                model.forward(layer, x, weight)  # rebuild the stash; the output is not needed again
+                # rebuild the stash; the output is not needed again
+                model.forward(layer, x, weight, selective_recompute=plan.selective_recompute)
             if split:
                 grad_in = model.backward_input(layer, x, grad, weight)
                 deferred.append((layer, x, grad))

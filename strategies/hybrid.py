@@ -9,7 +9,9 @@ interleaved with `chunks` per rank) over its share of the batch, and layer gradi
 across replicas as soon as a stage's last microbatch has passed. Bubble: the schedule's,
 (p - 1) / (m + p - 1) for gpipe and 1f1b, divided by `chunks` for interleaved. Memory per rank: model
 state 16 bytes x parameters / (pp x tp) plus the schedule's in-flight activations (the TP stash
-formula); `recompute=True` keeps only layer inputs and runs each forward again before its backward.
+formula); `recompute=True` keeps only layer inputs and runs each forward again before its backward;
+`selective_recompute=True` keeps everything but the attention core's softmax and dropout, which each
+backward re-runs (Korthikanti et al. 2022, sec. 5).
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved
 
 async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1, microbatch_size: int = 1,
                 schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
-                partition=None) -> None:
+                selective_recompute: bool = False, partition=None) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if chunks is None:
         chunks = 2 if schedule == "interleaved" else 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
-                      chunks=chunks, partition=partition, recompute=recompute)
+                      chunks=chunks, partition=partition, recompute=recompute,
+                      selective_recompute=selective_recompute)
     await run_stage(model, plan)

@@ -32,7 +32,7 @@ def honest() -> dict:
 
 
 OPTIONS = {"ddp": {"microbatch_size": 1}, "zero": {"microbatch_size": 1}, "interleaved": {"pp": 2},
-           "hybrid": {"pp": 2, "tp": 2}}
+           "hybrid": {"pp": 2, "tp": 2, "selective_recompute": True}}
 
 
 @pytest.mark.parametrize("path", BUILTIN, ids=lambda p: p.stem)

@@ -66,6 +66,33 @@ def test_backward_consumes_the_stash_and_checkpointing_keeps_only_the_input():
     assert result.hfu > result.mfu
 
 
+def test_selective_recompute_keeps_a_smaller_stash_and_backward_reruns_the_attention_core():
+    from dist_lib import costs
+    from dist_lib.devices import DEVICES
+    seen = {}
+
+    async def train(model):
+        w, _ = model.load_weights(0)
+        x = model.get_input_activation([0])
+        before = model.memory_bytes
+        y = model.forward(0, x, w, selective_recompute=True)
+        seen["stash"] = model.memory_bytes - before - ACT  # minus the output activation
+        w1, _ = model.load_weights(1)
+        _, grad = model.backward(1, y, model.loss(model.forward(1, y, w1)), w1)
+        model.backward(0, x, grad, w)
+
+    result = run(train, batch=1)
+    # Korthikanti et al. 2022, Table 2: selective recompute drops the 5as/(ht) * sh = 5 a s^2 bytes of
+    # softmax, its dropout mask and output (toy: 16 heads, sequence 1024)
+    assert seen["stash"] == STASH - 5 * 16 * 1024 * 1024
+    back = next(e for e in result.events if e.op == "backward" and e.layer == 0)
+    a100 = DEVICES["A100-80GB"]
+    assert back.detail == "selective"
+    assert back.end - back.start == pytest.approx(
+        costs.backward_time(a100, TOY, 0, 1) + costs.recompute_time(a100, TOY, 0, 1, recompute="selective"))
+    assert back.flops == pytest.approx(costs.compute_flops(TOY, "backward", 0, 1) + TOY.attention_core_flops())
+
+
 def test_in_place_all_reduce_adds_no_memory_and_gather_allocates_at_issue():
     seen = {}
 
