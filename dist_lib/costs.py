@@ -368,11 +368,63 @@ def tp_layer_comm_time(workload: Workload, samples: int, topo: Topology, *,
     return 2 * collective_time("all_reduce", nbytes, topo)
 
 
-def pipeline_message_bytes(workload: Workload, samples: int, tp: int = 1, *, sequence_parallel: bool = False) -> float:
-    """Bytes a pipeline stage sends its neighbour per microbatch: b*s*h 16-bit values, or 1/t of
-    them with sequence parallelism (each TP rank holds and sends its slice of the sequence)."""
+def tp_layer_backward_comm_time(workload: Workload, samples: int, topo: Topology, *,
+                                sequence_parallel: bool = False) -> tuple[float, float]:
+    """(exposed, overlappable) seconds of one layer's backward TP communication in Megatron-LM
+    (LinearWithGradAccumulationAndAsyncCommunication; Korthikanti et al. 2022, sec. 4.2.2).
+    Without SP: the input gradients of QKV and MLP-up are all-reduced asynchronously while the
+    weight-gradient GEMMs run. With SP: the gradients entering the two row-parallel layers are
+    all-gathered before their GEMMs (exposed); the re-gather of each column-parallel layer's input
+    for its weight gradient runs beside the input-gradient GEMM, and the reduce-scatter of that input
+    gradient beside the weight-gradient GEMM."""
+    if topo.size <= 1:
+        return 0.0, 0.0
     nbytes = samples * workload.activation_bytes()
-    return nbytes / tp if sequence_parallel and tp > 1 else nbytes
+    gather = collective_time("all_gather", nbytes, topo)
+    if sequence_parallel:
+        return 2 * gather, 2 * (gather + collective_time("reduce_scatter", nbytes, topo))
+    return 0.0, 2 * collective_time("all_reduce", nbytes, topo)
+
+
+def tp_embedding_comm_time(workload: Workload, samples: int, topo: Topology, *,
+                           sequence_parallel: bool = False) -> tuple[float, float]:
+    """(first stage, last stage) TP communication per microbatch, forward plus backward, of Megatron-LM's
+    vocabulary-parallel embedding and LM head. Embedding: its partial lookups are all-reduced in
+    forward, or reduce-scattered with SP (their gradient all-gathered in backward). Head: every rank
+    needs the full hidden states, so with SP they are all-gathered in forward and their gradient
+    reduce-scattered in backward; without SP the gradient is all-reduced in backward. The
+    cross-entropy adds three all-reduces of b*s fp32 values (max logit, target logit, sum of exps)."""
+    if topo.size <= 1:
+        return 0.0, 0.0
+    nbytes = samples * workload.activation_bytes()
+    if sequence_parallel:
+        pair = collective_time("reduce_scatter", nbytes, topo) + collective_time("all_gather", nbytes, topo)
+        embedding = head = pair
+    else:
+        embedding = head = collective_time("all_reduce", nbytes, topo)
+    return embedding, head + 3 * collective_time("all_reduce", 4 * samples * workload.seq_len, topo)
+
+
+def pipeline_message_bytes(workload: Workload, samples: int, tp: int = 1) -> float:
+    """Bytes one TP rank of a pipeline stage sends its neighbour per microbatch. With sequence
+    parallelism each rank holds and sends its 1/t slice of the b*s*h 16-bit values; without it
+    Megatron-LM still sends 1/t from each rank and all-gathers the message on arrival (its
+    scatter-gather optimization, on by default; Narayanan et al. 2021, sec. 4.1)."""
+    return samples * workload.activation_bytes() / max(tp, 1)
+
+
+def pipeline_exchange_time(workload: Workload, samples: int, link: Link, tp_topo: Topology, *, sends: int,
+                           receives: int, sequence_parallel: bool = False) -> float:
+    """One Megatron-LM pipeline exchange (a batch of sends and receives with the neighbour stages) once
+    every peer has posted its side: the messages sent share the rank's link one way and those received
+    the other way (full duplex), so alpha + max(sends, receives) x message / B; without SP each received
+    message is then all-gathered in the TP group (scatter-gather; Narayanan et al. 2021, sec. 4.1)."""
+    if sends == 0 and receives == 0:
+        return 0.0
+    seconds = p2p_time(max(sends, receives) * pipeline_message_bytes(workload, samples, tp_topo.size), link)
+    if receives and not sequence_parallel and tp_topo.size > 1:
+        seconds += receives * collective_time("all_gather", samples * workload.activation_bytes(), tp_topo)
+    return seconds
 
 
 # ---- the LLM-Training-Puzzles' own unit costs (its lib.py, Model.event), so that files written for it

@@ -84,14 +84,46 @@ def test_megatron_tensor_parallel_communication_per_layer():
     assert costs.tp_layer_comm_time(w, 4, topo) == pytest.approx(2 * one)
     # sequence parallelism: reduce-scatter + all-gather of the same buffer, the same time on a ring
     assert costs.tp_layer_comm_time(w, 4, topo, sequence_parallel=True) == pytest.approx(2 * one)
+    # backward, no SP: both all-reduces run beside the weight-gradient GEMMs, none is exposed
+    assert costs.tp_layer_backward_comm_time(w, 4, topo) == (0.0, pytest.approx(2 * one))
+    # backward, SP: the all-gathers of the gradients entering the two row-parallel layers are exposed;
+    # the input re-gathers and the input-gradient reduce-scatters overlap GEMMs
+    gather = 7 / 8 * n / 240e9 + 7 * 3.4 * US
+    exposed, overlapped = costs.tp_layer_backward_comm_time(w, 4, topo, sequence_parallel=True)
+    assert exposed == pytest.approx(2 * gather) and overlapped == pytest.approx(4 * gather)
 
 
-def test_pipeline_message_is_bsh_or_bsh_over_t_with_sequence_parallelism():
+def test_embedding_and_head_communication():
+    w = Workload.parse("gpt-22b")
+    topo = Cluster.parse("1x8xA100-80GB").topology(range(8))
+    n = 4 * 2048 * 6144 * 2
+    all_reduce, gather = 2 * 7 / 8 * n / 240e9 + 14 * 3.4 * US, 7 / 8 * n / 240e9 + 7 * 3.4 * US
+    # the cross-entropy's three all-reduces of 4 * 2048 fp32 values
+    small = 3 * (2 * 7 / 8 * 4 * 4 * 2048 / 240e9 + 14 * 3.4 * US)
+    # no SP: the embedding's partial lookups all-reduced; the head's input gradient all-reduced
+    assert costs.tp_embedding_comm_time(w, 4, topo) == (pytest.approx(all_reduce), pytest.approx(all_reduce + small))
+    # SP: a reduce-scatter and an all-gather each (forward and backward)
+    embedding, head = costs.tp_embedding_comm_time(w, 4, topo, sequence_parallel=True)
+    assert embedding == pytest.approx(2 * gather) and head == pytest.approx(2 * gather + small)
+
+
+def test_pipeline_messages_are_split_over_the_tp_ranks():
     w = Workload.parse("gpt-175b")
-    assert costs.pipeline_message_bytes(w, 1, 8) == 2048 * 12288 * 2
-    assert costs.pipeline_message_bytes(w, 1, 8, sequence_parallel=True) == 2048 * 12288 * 2 / 8
-
-
+    # each of the 8 TP ranks sends its 1/8 of b*s*h, with or without sequence parallelism (scatter-gather)
+    assert costs.pipeline_message_bytes(w, 1, 8) == 2048 * 12288 * 2 / 8
+    assert costs.pipeline_message_bytes(w, 1, 1) == 2048 * 12288 * 2
+    cluster = Cluster.parse("2x8xA100-80GB")
+    tp, ib = cluster.topology(range(8)), cluster.p2p_link(0, 8)
+    message = 2048 * 12288 * 2 / 8  # 6.29 MB per TP rank over its 25 GB/s NIC
+    # SP: one message out and one in share nothing (full duplex): 14 us + message / 25 GB/s
+    assert costs.pipeline_exchange_time(w, 1, ib, tp, sends=1, receives=1, sequence_parallel=True) == \
+        pytest.approx(14 * US + message / 25e9)
+    # two messages out (to both neighbours) queue on the NIC; without SP each received one is then
+    # all-gathered over NVLink: 7/8 * b*s*h / 240 GB/s + 7 steps
+    gather = 7 / 8 * 2048 * 12288 * 2 / 240e9 + 7 * 3.4 * US
+    assert costs.pipeline_exchange_time(w, 1, ib, tp, sends=2, receives=1) == \
+        pytest.approx(14 * US + 2 * message / 25e9 + gather)
+    assert costs.pipeline_exchange_time(w, 1, ib, tp, sends=0, receives=0) == 0.0
 
 
 def test_simulator_uses_the_faster_algorithm_for_a_group():

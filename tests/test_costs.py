@@ -35,10 +35,10 @@ def test_point_to_point_is_latency_plus_size_over_bandwidth():
     assert costs.p2p_time(24e6, NVLINK_3) == pytest.approx(3.4e-6 + 1e-4)
 
 
-# costs.gemm_time on the A100 (108 SMs, max_efficiency 0.70): output tiles of 256 x 128 run in waves
-# of 108; a wave takes a tile's K loop, 2 * 256 * 128 * K FLOPs at 0.70 of one SM's 312e12 / 108,
+# costs.gemm_time on the A100 (108 SMs, max_efficiency 0.75): output tiles of 256 x 128 run in waves
+# of 108; a wave takes a tile's K loop, 2 * 256 * 128 * K FLOPs at 0.75 of one SM's 312e12 / 108,
 # plus the store of its tiles' 256 * 128 16-bit outputs over HBM (all 108 of them in a full wave).
-PER_K = 2 * 256 * 128 / (312e12 / 108 * 0.70)  # seconds of K loop per unit of K
+PER_K = 2 * 256 * 128 / (312e12 / 108 * 0.75)  # seconds of K loop per unit of K
 STORE = 108 * 256 * 128 * 2 / 2039e9  # a full wave's tile stores
 
 

@@ -1,0 +1,1 @@
+"""Benchmark scripts that print tables; run each as `python benchmarks/<name>.py`."""
