@@ -1,1 +1,1 @@
-"""Benchmark scripts that print tables; run each as `python benchmarks/<name>.py`."""
+"""Benchmark scripts that print tables; each module docstring says how to run it."""
