@@ -315,7 +315,12 @@ class Model:
         if cost is None:
             if op == "forward":
                 duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp)
-                stash = n * self.workload.stash_bytes(layer, tp, recompute=recompute)
+                profile = self.workload.profile
+                if profile is None:
+                    stash = n * self.workload.stash_bytes(layer, tp, recompute=recompute)
+                else:  # measured memory; a profile does not split out what selective recompute drops
+                    state = self._params[layer] / tp * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES)
+                    stash = profile.stash_bytes(self.device, layer, n, tp, state, n * self._act_bytes)
             else:
                 duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp, recompute)
                 stash = 0

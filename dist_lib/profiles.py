@@ -167,8 +167,19 @@ class ProfileSet:
         return self._interpolate(device, tp, samples, lambda p: p.layer_seconds[-1])
 
     def layer_memory_bytes(self, device: Device, layer: int, samples: int, tp: int) -> float:
-        """Measured memory of a layer (weights, gradients, optimizer state and activations)."""
-        return self._interpolate(device, tp, samples, lambda p: p.layer_memory_bytes[layer + 1])
+        """Measured memory of a layer (weights, gradients, optimizer state and activations); layer 0
+        carries the embedding's too, as its time and parameters do."""
+        nbytes = self._interpolate(device, tp, samples, lambda p: p.layer_memory_bytes[layer + 1])
+        if layer == 0:
+            nbytes += self._interpolate(device, tp, samples, lambda p: p.layer_memory_bytes[0])
+        return nbytes
+
+    def stash_bytes(self, device: Device, layer: int, samples: int, tp: int, state_bytes: float,
+                    input_bytes: float) -> int:
+        """What `samples` samples of a layer keep for backward, by the measurement: the layer's measured
+        memory less what the simulator accounts as tensors of their own (the model state, `state_bytes`,
+        and the layer's input activation, `input_bytes`); never below zero."""
+        return max(0, round(self.layer_memory_bytes(device, layer, samples, tp) - state_bytes - input_bytes))
 
     def optimizer_time(self, device: Device, tp: int) -> float:
         return self._series(device, tp)[0].optimizer_seconds

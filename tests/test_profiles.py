@@ -57,7 +57,8 @@ def test_layer_times_come_from_the_profile_and_interpolate(small):
     # layer 0 carries the embedding too: 10 + 1 ms
     assert profiles.layer_time(A100, 0, 1, 1) == pytest.approx(11e-3)
     assert profiles.head_time(A100, 1, 1) == pytest.approx(2e-3)
-    assert profiles.layer_memory_bytes(A100, 0, 4, 1) == pytest.approx(10 * 2**20)
+    assert profiles.layer_memory_bytes(A100, 1, 4, 1) == pytest.approx(10 * 2**20)
+    assert profiles.layer_memory_bytes(A100, 0, 4, 1) == pytest.approx(20 * 2**20)  # with the embedding
     assert profiles.optimizer_time(A100, 1) == pytest.approx(3e-3)
     w = Workload.load(f"profiles:{small},toy")
     # forward is a third of the measured forward+backward, backward two thirds
@@ -99,6 +100,29 @@ def test_simulation_runs_on_profiled_times(small):
     # 11 + 12 ms of layers, 2 ms of head, plus two Adam updates
     updates = sum(costs.update_time(A100, w.layer_params(l)) for l in range(2))
     assert result.time_s == pytest.approx(23e-3 + 2e-3 + updates)
+
+
+def test_stash_comes_from_the_measured_layer_memory(tmp_path):
+    # Layer 0 measured at 0 + 300 MiB for one sample and 0 + 600 MiB for four, so two samples hold
+    # 300 + (600 - 300) / 3 = 400 MiB. The toy layer's model state (16 bytes x 12*1024^2 + 13*1024
+    # parameters = 201,539,584 bytes) and the two input activations (2 x 2 MiB) are tensors of their
+    # own; the stash is the rest.
+    _write(tmp_path, "DeviceType.A100_tp1_bs1.json", [1.0, 10.0, 12.0, 2.0],
+           execution_memory__layer_memory_total_mb=[0.0, 300.0, 300.0, 0.0])
+    _write(tmp_path, "DeviceType.A100_tp1_bs4.json", [1.0, 31.0, 36.0, 5.0],
+           execution_memory__layer_memory_total_mb=[0.0, 600.0, 600.0, 0.0])
+    w = Workload.load(f"profiles:{tmp_path},toy")
+    seen = {}
+
+    async def train(model):
+        weight, _ = model.load_weights(0)
+        x = model.get_input_activation(range(2))
+        before = model.memory_bytes
+        y = model.forward(0, x, weight)
+        seen["stash"] = model.memory_bytes - before - y.nbytes
+
+    simulate(train, "A100-80GB", w, 2, check=False)
+    assert seen["stash"] == 400 * 2**20 - 201_539_584 - 2 * 2 * 2**20
 
 
 @pytest.mark.parametrize("name, mutate, message", [
