@@ -10,8 +10,6 @@ from __future__ import annotations
 from array import array
 from typing import Protocol
 
-import numpy as np
-
 from .errors import OutOfMemoryError
 
 KINDS = ("weight", "optimizer", "weight_grad", "activation", "activation_grad", "stash")
@@ -21,6 +19,23 @@ WEIGHT_BYTES = 2  # 16-bit weights and gradients
 OPTIMIZER_BYTES = 12  # fp32 master weights, momentum and variance (Rajbhandari et al. 2020, sec. 3.1)
 KIND_BITS = 3  # a log tag is buffer id << KIND_BITS | kind code
 KIND_MASK = (1 << KIND_BITS) - 1
+
+
+def live_by_kind(deltas: array, tags: array, entries: int) -> list[int]:
+    """Live bytes by kind code after the first `entries` entries of an allocation log."""
+    import numpy as np  # only after a step or on out-of-memory: keep it off the import path
+
+    if not entries:
+        return [0] * len(KINDS)
+    signed = np.frombuffer(deltas, dtype=np.int64, count=entries)
+    codes = np.frombuffer(tags, dtype=np.int64, count=entries) & KIND_MASK
+    # float64 sums are exact: every partial sum is a byte count far below 2**53
+    return [int(v) for v in np.bincount(codes, weights=signed, minlength=len(KINDS))[:len(KINDS)]]
+
+
+def peak_by_kind(deltas: array, tags: array, peak_index: int) -> dict[str, int]:
+    """Live bytes by kind at the peak (the first `peak_index` log entries)."""
+    return dict(zip(KINDS, live_by_kind(deltas, tags, peak_index)))
 
 
 class Clocked(Protocol):
@@ -59,19 +74,9 @@ class MemoryTracker:
         self.times, self.deltas, self.tags = array("d"), array("q"), array("q")
         return log
 
-    def live_by_kind(self, entries: int | None = None) -> list[int]:
-        """Live bytes by kind code after the first `entries` log entries (default: all of them)."""
-        end = len(self.deltas) if entries is None else entries
-        if not end:
-            return [0] * len(KINDS)
-        deltas = np.frombuffer(self.deltas, dtype=np.int64, count=end)
-        codes = np.frombuffer(self.tags, dtype=np.int64, count=end) & KIND_MASK
-        # float64 sums are exact: every partial sum is a byte count far below 2**53
-        return [int(v) for v in np.bincount(codes, weights=deltas, minlength=len(KINDS))[:len(KINDS)]]
-
-    def peak_by_kind(self) -> dict[str, int]:
-        """Live bytes by kind at the peak."""
-        return dict(zip(KINDS, self.live_by_kind(self.peak_index)))
+    def live_by_kind(self) -> list[int]:
+        """Live bytes by kind code now."""
+        return live_by_kind(self.deltas, self.tags, len(self.deltas))
 
     def out_of_memory(self, nbytes: int, code: int) -> None:
         # Stop counting this rank so that the unwinding frees do not mask the report.

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .hardware import Cluster
-from .memory import KIND_BITS, KIND_MASK, format_bytes
+from .memory import KIND_BITS, KIND_MASK, format_bytes, peak_by_kind
 from .workload import Workload
 
 
@@ -66,6 +66,11 @@ def entries_of(times: array, deltas: array, tags: array) -> tuple[array, array, 
     return deltas, array("q", (t >> KIND_BITS for t in tags)), array("b", (t & KIND_MASK for t in tags))
 
 
+def peak_by_kind_of(times: array, deltas: array, tags: array, peak_index: int) -> dict[str, int]:
+    """Live bytes by kind at the peak (after the first `peak_index` entries)."""
+    return peak_by_kind(deltas, tags, peak_index)
+
+
 @dataclass
 class Result:
     """Step time, memory, utilisation, correctness and the full event log of one simulated step."""
@@ -77,7 +82,7 @@ class Result:
     time_s: float
     rank_times: list[float]
     memory_bytes: list[int]  # peak live bytes per rank
-    memory_by_kind: list[dict[str, int]]  # the breakdown at each rank's peak
+    memory_by_kind: Sequence[dict[str, int]]  # the breakdown at each rank's peak
     model_flops: float
     hardware_flops: float
     correct: bool
