@@ -1,13 +1,11 @@
-"""Groups, `Work` handles, and what collectives and point-to-point messages do to time and tensors.
+"""Groups, `Work` handles, and what collectives do to time and tensors (point-to-point: `p2p.py`).
 
 Timing (DESIGN.md, "Semantics"):
 
 * a collective on group G is the k-th op each member issues on G; it starts once every member has
   issued it and each member's collective stream is free (ops on one rank's stream run in issue order,
   like one NCCL stream): start = max(issue times, stream-free times), end = start + cost;
-* `send`/`recv` match in order per (src, dst) pair on their own channel (PyTorch gives every peer pair
-  its own NCCL communicator), so they neither wait for nor delay collectives: both ends complete at
-  max(issue times, channel free) + link cost.
+* `send`/`recv` match in order per (src, dst) pair on their own channel (`p2p.py`).
 
 Buffers follow NCCL: an all-reduce works in place (its result shares the input's memory), all-gather
 and reduce-scatter outputs are allocated when the op is issued, a received tensor when `recv` is
@@ -16,7 +14,6 @@ awaited. A Work keeps its input alive until it is awaited, as a stream keeps its
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from . import costs
@@ -377,79 +374,6 @@ def _disjoint_union(head: str, what: str, ranks: tuple[int, ...], masks: list[in
         union |= m
         owner[r] = m
     return union
-
-
-# ---- point to point ------------------------------------------------------------------------------
-
-class Channel:
-    """Messages from one rank to another, matched in order."""
-
-    __slots__ = ("src", "dst", "sends", "recvs", "free", "link")
-
-    def __init__(self, src: int, dst: int, link: Link):
-        self.src, self.dst, self.link = src, dst, link
-        self.sends: deque[Work] = deque()
-        self.recvs: deque[Work] = deque()
-        self.free = 0.0
-
-
-def _channel(engine: Engine, src: int, dst: int) -> Channel:
-    channel = engine.channels.get((src, dst))
-    if channel is None:
-        channel = engine.channels[(src, dst)] = Channel(src, dst, engine.cluster.p2p_link(src, dst))
-    return channel
-
-
-def _check_peer(engine: Engine, rank: int, peer: Any, op: str, name: str) -> None:
-    if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < engine.world_size:
-        raise TensorError(f"rank {rank} {op}: {name} must be a rank in 0..{engine.world_size - 1}, got {peer!r}")
-    if peer == rank:
-        raise TensorError(f"rank {rank} {op}: cannot {op} to or from itself")
-
-
-def issue_send(engine: Engine, state: RankState, tensor: Tensor, dst: int) -> Work:
-    rank = state.rank
-    _check_peer(engine, rank, dst, "send", "dst")
-    if not isinstance(tensor, Tensor):
-        raise TensorError(f"rank {rank} send to {dst}: expected a tensor, got {type(tensor).__name__}")
-    if tensor.rank != rank:
-        raise TensorError(f"rank {rank} send to {dst}: {tensor!r} lives on rank {tensor.rank}, not here")
-    work = Work(engine, rank, "send", state.clock, tensor, (rank, dst))
-    channel = _channel(engine, rank, dst)
-    channel.sends.append(work)
-    state.outstanding[work] = None
-    _match(engine, channel)
-    return work
-
-
-def issue_recv(engine: Engine, state: RankState, src: int) -> Work:
-    rank = state.rank
-    _check_peer(engine, rank, src, "recv", "src")
-    work = Work(engine, rank, "recv", state.clock, None, (src, rank))
-    channel = _channel(engine, src, rank)
-    channel.recvs.append(work)
-    state.outstanding[work] = None
-    _match(engine, channel)
-    return work
-
-
-def _match(engine: Engine, channel: Channel) -> None:
-    while channel.sends and channel.recvs:
-        send, recv = channel.sends.popleft(), channel.recvs.popleft()
-        tensor: Tensor = send.input  # type: ignore[assignment]
-        start = max(send.issue, recv.issue, channel.free)
-        end = start + costs.p2p_time(tensor.nbytes, channel.link)
-        channel.free = end
-        send.end = recv.end = end
-        recv.result = _Pending(clone(tensor, tensor.rank, None), tensor.nbytes)  # type: ignore[arg-type]
-        send.result = None
-        op_id = engine.new_op_id()
-        pair = (channel.src, channel.dst)
-        for work in (send, recv):
-            engine.events.append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples,
-                                  tensor.nbytes, 0.0, pair, op_id, tensor.kind))
-        engine.wake(send)
-        engine.wake(recv)
 
 
 def unfinished(engine: Engine) -> list[str]:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import costs
-from .comm import Group, Work, get_group, issue_collective, issue_recv, issue_send
+from .comm import Group, Work, get_group, issue_collective
 from .devices import Device
 from .engine import Engine, RankState
 from .errors import TensorError
@@ -19,13 +19,15 @@ from .eventlog import EventLog
 from .hardware import Cluster
 from .memory import (ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, OPTIMIZER_BYTES, WEIGHT, WEIGHT_BYTES, WEIGHT_GRAD,
                      Storage)
+from .p2p import issue_recv, issue_send
+from .op_checks import OpChecks, _covers, _first_time, _shard_key
 from .tensors import (Activation, ActivationGrad, OptState, Stash, Weight, WeightGrad, describe_mask,
                       samples_mask)
 from .workload import Workload
 
 
 
-class Model:
+class Model(OpChecks):
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",
@@ -82,16 +84,6 @@ class Model:
                        Storage(mem, weight_bytes, WEIGHT)),
                 OptState(self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0,
                          Storage(mem, optimizer_bytes, OPTIMIZER)))
-
-    def _explain_load(self, layer: Any, shard: Any, num_shards: Any, tp_rank: Any, tp_size: Any) -> None:
-        where = f"rank {self.rank} load_weights(layer {layer})"
-        self._check_layer(layer, where)
-        for name, index, count in (("shard", shard, num_shards), ("tp_rank", tp_rank, tp_size)):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise TensorError(f"{where}: {'num_shards' if name == 'shard' else 'tp_size'} must be an int >= 1, "
-                                  f"got {count!r}")
-            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
-                raise TensorError(f"{where}: {name} must be in 0..{count - 1}, got {index!r}")
 
     def _shard_bytes(self, layer: int, parts: int) -> tuple[int, int]:
         """(weight bytes, optimizer bytes) of one of `parts` equal parts of a layer, computed once per
@@ -235,24 +227,6 @@ class Model:
         return (Weight(rank, layer, 1, shards, num_shards, tp_rank, tp, full, storage),
                 OptState(rank, layer, 1, shards, num_shards, tp_rank, tp, full, opt_state._storage))
 
-    def _explain_update(self, layer: Any, grad: Any, weight: Any, opt_state: Any) -> None:
-        where = f"rank {self.rank} update(layer {layer})"
-        self._check_layer(layer, where)
-        for name, t, cls in (("grad", grad, WeightGrad), ("weight", weight, Weight), ("opt_state", opt_state, OptState)):
-            if type(t) is not cls:
-                raise TensorError(f"{where}: {name} must be a {cls.__name__}, got {t!r}")
-            self._check_own(t, where)
-            if t.layer != layer:
-                raise TensorError(f"{where}: {name} is {t!r}, not layer {layer}")
-            if (t.tp_rank, t.tp_size) != (opt_state.tp_rank, opt_state.tp_size):
-                raise TensorError(f"{where}: {name} is TP slice {t.tp_rank}/{t.tp_size} but opt_state is "
-                                  f"{opt_state.tp_rank}/{opt_state.tp_size}")
-            if not _covers(t, opt_state):
-                raise TensorError(f"{where}: {name} {t!r} does not hold the shard(s) the optimizer state "
-                                  f"{opt_state!r} updates")
-        raise TensorError(f"{where}: layer {layer} was already updated this step "
-                          f"(step {max(weight.step, opt_state.step)})")
-
     def set_final_weight(self, layer: int, weight: Weight) -> None:
         """Hand in this rank's updated weights (or shard of them) for the end-of-step check."""
         if layer.__class__ is not int or weight.__class__ is not Weight or weight.rank != self.rank \
@@ -349,111 +323,6 @@ class Model:
         if weight.tp_size > 1:
             return ActivationGrad(self.rank, act.layer, act.samples, storage, 1 << weight.tp_rank, weight.tp_size)
         return ActivationGrad(self.rank, act.layer, act.samples, storage)
-
-    def _check_layer(self, layer: Any, where: str) -> None:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise TensorError(f"{where}: layer must be in 0..{self.num_layers - 1}, got {layer!r}")
-
-    def _check_own(self, t: Any, where: str) -> None:
-        if t.rank != self.rank:
-            raise TensorError(f"{where}: {t!r} lives on rank {t.rank}; send it here first")
-
-    def _check_compute(self, op: str, layer: int, act: Any, weight: Any, act_layer: int) -> None:
-        if type(act) is not Activation or type(weight) is not Weight or act.rank != self.rank \
-                or weight.rank != self.rank or act.layer != act_layer or weight.layer != layer \
-                or act.tp_size != 1 or weight.shards != (1 << weight.num_shards) - 1:
-            self._explain_compute(op, layer, act, weight, act_layer)
-
-    def _explain_compute(self, op: str, layer: int, act: Any, weight: Any, act_layer: int) -> None:
-        where = f"rank {self.rank} {op}(layer {layer})"
-        self._check_layer(layer, where)
-        if type(act) is not Activation:
-            raise TensorError(f"{where}: expected an Activation, got {act!r}")
-        if type(weight) is not Weight:
-            raise TensorError(f"{where}: expected a Weight, got {weight!r}")
-        self._check_own(act, where)
-        self._check_own(weight, where)
-        if act.layer != act_layer:
-            raise TensorError(f"{where}: {act!r} is the input of layer {act.layer}, not {act_layer}")
-        if weight.layer != layer:
-            raise TensorError(f"{where}: {weight!r} belongs to layer {weight.layer}")
-        if act.is_partial:
-            raise TensorError(f"{where}: {act!r} is a tensor-parallel partial sum; all_reduce it in the TP group first")
-        if not weight.is_complete:
-            raise TensorError(f"{where}: {weight!r} holds only ZeRO shards {describe_mask(weight.shards)} of "
-                              f"{weight.num_shards}; all_gather it before compute")
-
-    def _check_backward(self, op: str, layer: int, act: Any, grad: Any, weight: Any, need_input_done: bool) -> Stash:
-        """The stash of a valid backward's input; a `TensorError` naming what is wrong otherwise."""
-        rank = self.rank
-        stash = act._stash if act.__class__ is Activation else None
-        if stash is None or weight.__class__ is not Weight or grad.__class__ is not ActivationGrad \
-                or act.rank != rank or weight.rank != rank or grad.rank != rank or act.layer != layer \
-                or weight.layer != layer or grad.layer != layer + 1 or act.tp_size != 1 or grad.tp_size != 1 \
-                or weight.shards != (1 << weight.num_shards) - 1 or grad.samples != act.samples \
-                or stash.tp_rank != weight.tp_rank or stash.tp_size != weight.tp_size \
-                or stash.input_done is not need_input_done:
-            return self._explain_backward(op, layer, act, grad, weight, need_input_done)
-        return stash
-
-    def _explain_backward(self, op: str, layer: int, act: Any, grad: Any, weight: Any, need_input_done: bool) -> Stash:
-        self._check_compute(op, layer, act, weight, layer)
-        where = f"rank {self.rank} {op}(layer {layer})"
-        if type(grad) is not ActivationGrad:
-            raise TensorError(f"{where}: expected the ActivationGrad of layer {layer + 1}, got {grad!r}")
-        self._check_own(grad, where)
-        if grad.layer != layer + 1:
-            raise TensorError(f"{where}: {grad!r} is the gradient entering layer {grad.layer}; "
-                              f"backward of layer {layer} needs the one from layer {layer + 1}")
-        if grad.samples != act.samples:
-            raise TensorError(f"{where}: gradient of samples {describe_mask(grad.samples)} but activation of "
-                              f"samples {describe_mask(act.samples)}")
-        if grad.is_partial:
-            raise TensorError(f"{where}: {grad!r} is a tensor-parallel partial sum; all_reduce it first")
-        stash = act._stash
-        if stash is None:
-            raise TensorError(f"{where}: {act!r} carries no stash for layer {layer}: forward ran with "
-                              f"stash=False or backward already consumed it; run forward(layer {layer}) "
-                              f"again to recompute")
-        if (stash.tp_rank, stash.tp_size) != (weight.tp_rank, weight.tp_size):
-            raise TensorError(f"{where}: the stash came from TP slice {stash.tp_rank}/{stash.tp_size}, "
-                              f"the weight is slice {weight.tp_rank}/{weight.tp_size}")
-        if stash.input_done and not need_input_done:
-            raise TensorError(f"{where}: backward_input already ran for these samples; call backward_weight")
-        if need_input_done and not stash.input_done:
-            raise TensorError(f"{where}: backward_weight before backward_input for samples "
-                              f"{describe_mask(act.samples)}; compute the input gradient first")
-        return stash
-
-
-def _shard_key(shards: int, num_shards: int, tp_rank: int) -> int:
-    """One int naming a (ZeRO shards, TP slice) part of a layer; a small cached int when unsharded."""
-    return tp_rank if num_shards == 1 else (shards << 16 | num_shards) << 16 | tp_rank
-
-
-def _first_time(seen: list[Any], layer: int, key: int) -> bool:
-    """Record `key` under `layer` in `seen` (per layer: None, one key, or a set of keys); False if it
-    was there already. Most layers only ever see one key, which then costs no set."""
-    before = seen[layer]
-    if before is None:
-        seen[layer] = key
-        return True
-    if before.__class__ is set:
-        if key in before:
-            return False
-        before.add(key)
-        return True
-    if before == key:
-        return False
-    seen[layer] = {before, key}
-    return True
-
-
-def _covers(t: Any, opt: OptState) -> bool:
-    """Does t hold every parameter of the optimizer state's shard(s)?"""
-    if t.is_complete:
-        return True
-    return t.num_shards == opt.num_shards and t.shards & opt.shards == opt.shards
 
 
 def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int, tp: int,

@@ -1,0 +1,88 @@
+"""Point-to-point messages: `send`/`recv` match in order per (src, dst) pair on their own channel (PyTorch
+gives every peer pair its own NCCL communicator), so they neither wait for nor delay collectives: both
+ends complete at max(issue times, channel free) + link cost. A received tensor is allocated when the
+receiver awaits it (see `comm._Pending`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from . import costs
+from .comm import Work, _Pending, clone
+from .engine import Engine, RankState
+from .errors import TensorError
+from .hardware import Link
+from .tensors import Tensor
+
+
+class Channel:
+    """Messages from one rank to another, matched in order."""
+
+    __slots__ = ("src", "dst", "sends", "recvs", "free", "link")
+
+    def __init__(self, src: int, dst: int, link: Link):
+        self.src, self.dst, self.link = src, dst, link
+        self.sends: deque[Work] = deque()
+        self.recvs: deque[Work] = deque()
+        self.free = 0.0
+
+
+def _channel(engine: Engine, src: int, dst: int) -> Channel:
+    channel = engine.channels.get((src, dst))
+    if channel is None:
+        channel = engine.channels[(src, dst)] = Channel(src, dst, engine.cluster.p2p_link(src, dst))
+    return channel
+
+
+def _check_peer(engine: Engine, rank: int, peer: Any, op: str, name: str) -> None:
+    if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < engine.world_size:
+        raise TensorError(f"rank {rank} {op}: {name} must be a rank in 0..{engine.world_size - 1}, got {peer!r}")
+    if peer == rank:
+        raise TensorError(f"rank {rank} {op}: cannot {op} to or from itself")
+
+
+def issue_send(engine: Engine, state: RankState, tensor: Tensor, dst: int) -> Work:
+    rank = state.rank
+    _check_peer(engine, rank, dst, "send", "dst")
+    if not isinstance(tensor, Tensor):
+        raise TensorError(f"rank {rank} send to {dst}: expected a tensor, got {type(tensor).__name__}")
+    if tensor.rank != rank:
+        raise TensorError(f"rank {rank} send to {dst}: {tensor!r} lives on rank {tensor.rank}, not here")
+    work = Work(engine, rank, "send", state.clock, tensor, (rank, dst))
+    channel = _channel(engine, rank, dst)
+    channel.sends.append(work)
+    state.outstanding[work] = None
+    _match(engine, channel)
+    return work
+
+
+def issue_recv(engine: Engine, state: RankState, src: int) -> Work:
+    rank = state.rank
+    _check_peer(engine, rank, src, "recv", "src")
+    work = Work(engine, rank, "recv", state.clock, None, (src, rank))
+    channel = _channel(engine, src, rank)
+    channel.recvs.append(work)
+    state.outstanding[work] = None
+    _match(engine, channel)
+    return work
+
+
+def _match(engine: Engine, channel: Channel) -> None:
+    while channel.sends and channel.recvs:
+        send, recv = channel.sends.popleft(), channel.recvs.popleft()
+        tensor: Tensor = send.input  # type: ignore[assignment]
+        start = max(send.issue, recv.issue, channel.free)
+        end = start + costs.p2p_time(tensor.nbytes, channel.link)
+        channel.free = end
+        send.end = recv.end = end
+        recv.result = _Pending(clone(tensor, tensor.rank, None), tensor.nbytes)  # type: ignore[arg-type]
+        send.result = None
+        op_id = engine.new_op_id()
+        pair = (channel.src, channel.dst)
+        for work in (send, recv):
+            engine.events.append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples,
+                                  tensor.nbytes, 0.0, pair, op_id, tensor.kind))
+        engine.wake(send)
+        engine.wake(recv)
