@@ -23,7 +23,7 @@ SEND_TID_BASE, RECV_TID_BASE = 10_000, 20_000
 
 
 def _tid(event: tuple) -> int:
-    rank, op, stream = event[0], event[1], event[2]
+    op, stream = event[1], event[2]
     if stream == "compute":
         return COMPUTE_TID
     if stream == "collective":

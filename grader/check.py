@@ -74,7 +74,7 @@ def invariants(setup: testing.Setup) -> list[str]:
 
 
 def cmd_check(file: str, examples: int, seed: int, console: Console) -> int:
-    from hypothesis import HealthCheck, given, seed as hseed, settings, strategies as st  # noqa: F401
+    from hypothesis import HealthCheck, given, seed as hseed, settings
     path = Path(file)
     if not path.is_file():
         raise InputError(f"strategy file {file}: not found")

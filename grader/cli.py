@@ -129,7 +129,6 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
     from .leaderboard import collect_submissions, run_leaderboard
-    from .report_terminal import leaderboard_table
     from .suites import load_suite
     if args.jobs < 1:
         raise InputError("--jobs must be at least 1")
@@ -167,7 +166,6 @@ def main_job(console: Console) -> int:
     if best:
         name, row = next(((n, r) for n, r in best["runs"].items() if r["status"] == "ok"), (None, None))
         if row and row.get("trace"):
-            from dist_lib.trace import validate_trace  # noqa: F401 - the trace is already written
             _show_schedule(console, best, name, row, suite)
     return 0
 
