@@ -93,6 +93,17 @@ def test_selective_recompute_keeps_a_smaller_stash_and_backward_reruns_the_atten
     assert back.flops == pytest.approx(costs.compute_flops(TOY, "backward", 0, 1) + TOY.attention_core_flops())
 
 
+def test_selective_recompute_must_be_a_bool():
+    from dist_lib import TensorError
+
+    async def train(model):
+        w, _ = model.load_weights(0)
+        model.forward(0, model.get_input_activation([0]), w, selective_recompute="yes")
+
+    with pytest.raises(TensorError, match=r"rank 0 forward\(layer 0\): selective_recompute must be True or False"):
+        run(train, batch=1)
+
+
 def test_in_place_all_reduce_adds_no_memory_and_gather_allocates_at_issue():
     seen = {}
 
