@@ -67,7 +67,7 @@ class Engine:
         self.blocked = 0  # ranks with at least one wait in progress
         self.finished = 0
         self.next_op_id = 0
-        self.cost_cache: dict[str, dict[tuple, tuple[float, float]]] = {}  # device name -> op key -> (s, FLOPs)
+        self.cost_cache: dict[str, dict[tuple, tuple]] = {}  # device name -> op key -> (seconds, ...)
         self.layer_params = [workload.layer_params(layer) for layer in range(workload.num_layers)]
         self.layer_grad_bytes = [int(params * WEIGHT_BYTES) for params in self.layer_params]
         self.shard_bytes: dict[tuple[int, int], tuple[int, int]] = {}  # (layer, parts) -> (weight, optimizer)

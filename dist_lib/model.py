@@ -40,7 +40,7 @@ class Model(OpChecks):
         self._mem = self._state.memory
         self._events = engine.events.recent  # appended to on every op; packed in place by the engine
         # durations by (op, layer, samples, tp), shared by the ranks of one device type
-        self._cache: dict[tuple, tuple[float, float]] = engine.cost_cache.setdefault(self._state.device.name, {})
+        self._cache: dict[tuple, tuple] = engine.cost_cache.setdefault(self._state.device.name, {})
         self.rank = rank
         self.world_size = engine.world_size
         self.num_layers = engine.workload.num_layers
@@ -213,17 +213,21 @@ class Model(OpChecks):
                               f"{describe_mask(grad.samples)} but not {describe_mask(full & ~grad.samples)}; "
                               f"accumulate microbatches and all_reduce/reduce_scatter across data-parallel "
                               f"ranks first")
-        params = self._params[layer] / tp * shards.bit_count() / num_shards
-        duration = costs.update_time(self.device, params)
+        held = shards.bit_count()
+        key = ("update", layer, held, num_shards, tp)
+        cost = self._cache.get(key)
+        if cost is None:  # (seconds, bytes of optimizer traffic), once per device type and shard size
+            params = self._params[layer] / tp * held / num_shards
+            cost = self._cache[key] = (costs.update_time(self.device, params),
+                                       int(params * costs.ADAM_BYTES_PER_PARAM))
         start = state.clock
-        state.clock = end = start + duration
-        self._events.append((rank, "update", "compute", start, end, layer, full,
-                             int(params * costs.ADAM_BYTES_PER_PARAM), 0.0, None, 0, ""))
+        state.clock = end = start + cost[0]
+        self._events.append((rank, "update", "compute", start, end, layer, full, cost[1], 0.0, None, 0, ""))
         if weight.shards == shards and weight.num_shards == num_shards:
             storage = weight._storage
         else:
             self._mem.context = ("update", layer)
-            storage = Storage(self._mem, int(params * WEIGHT_BYTES), WEIGHT)
+            storage = Storage(self._mem, int(self._params[layer] / tp * held / num_shards * WEIGHT_BYTES), WEIGHT)
         return (Weight(rank, layer, 1, shards, num_shards, tp_rank, tp, full, storage),
                 OptState(rank, layer, 1, shards, num_shards, tp_rank, tp, full, opt_state._storage))
 
