@@ -50,20 +50,20 @@ def issue_send(engine: Engine, state: RankState, tensor: Tensor, dst: int) -> Wo
         raise TensorError(f"rank {rank} send to {dst}: expected a tensor, got {type(tensor).__name__}")
     if tensor.rank != rank:
         raise TensorError(f"rank {rank} send to {dst}: {tensor!r} lives on rank {tensor.rank}, not here")
-    work = Work(engine, rank, "send", state.clock, tensor, (rank, dst))
-    channel = _channel(engine, rank, dst)
-    channel.sends.append(work)
-    state.outstanding[work] = None
-    _match(engine, channel)
-    return work
+    return _post(engine, state, Work(engine, rank, "send", state.clock, tensor, (rank, dst)))
 
 
 def issue_recv(engine: Engine, state: RankState, src: int) -> Work:
     rank = state.rank
     _check_peer(engine, rank, src, "recv", "src")
-    work = Work(engine, rank, "recv", state.clock, None, (src, rank))
-    channel = _channel(engine, src, rank)
-    channel.recvs.append(work)
+    return _post(engine, state, Work(engine, rank, "recv", state.clock, None, (src, rank)))
+
+
+def _post(engine: Engine, state: RankState, work: Work) -> Work:
+    """Queue a send or recv on its (src, dst) channel and match what can be matched."""
+    src, dst = work.peer
+    channel = _channel(engine, src, dst)
+    (channel.sends if work.op == "send" else channel.recvs).append(work)
     state.outstanding[work] = None
     _match(engine, channel)
     return work
