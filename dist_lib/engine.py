@@ -19,7 +19,7 @@ from typing import Any
 from .errors import DeadlockError, SimulationError, StrategyError
 from .eventlog import EventLog
 from .hardware import Cluster
-from .memory import WEIGHT_BYTES, MemoryTracker
+from .memory import MemoryTracker
 from .workload import Workload
 
 
@@ -44,7 +44,7 @@ class RankState:
         self.finished = False
         self.flops = 0.0  # executed, including recompute (HFU)
         self.final_weights: list[Any] = []  # the Weights handed in
-        # per layer, the shards handed in and the shards updated (see `Model._first_time`)
+        # per layer, the shards handed in and the shards updated (see `op_checks._first_time`)
         self.handed: list[Any] = [None] * num_layers
         self.updated: list[Any] = [None] * num_layers
         # per layer, a mask of (TP slice, sample) pairs forwarded so far: a repeat is a recompute
@@ -69,7 +69,6 @@ class Engine:
         self.next_op_id = 0
         self.cost_cache: dict[str, dict[tuple, tuple]] = {}  # device name -> op key -> (seconds, ...)
         self.layer_params = [workload.layer_params(layer) for layer in range(workload.num_layers)]
-        self.layer_grad_bytes = [int(params * WEIGHT_BYTES) for params in self.layer_params]
         self.shard_bytes: dict[tuple[int, int], tuple[int, int]] = {}  # (layer, parts) -> (weight, optimizer)
         self.full_batch = (1 << global_batch_size) - 1  # the samples mask of a whole step's gradient
         self.loop: asyncio.AbstractEventLoop | None = None

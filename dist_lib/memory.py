@@ -8,12 +8,12 @@ share a buffer (an in-place all-reduce result, an accumulated gradient) share on
 from __future__ import annotations
 
 from array import array
-from typing import Protocol
+from itertools import accumulate
+from typing import NamedTuple, Protocol
 
 from .errors import OutOfMemoryError
 
 KINDS = ("weight", "optimizer", "weight_grad", "activation", "activation_grad", "stash")
-KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 WEIGHT, OPTIMIZER, WEIGHT_GRAD, ACTIVATION, ACTIVATION_GRAD, STASH = range(len(KINDS))
 WEIGHT_BYTES = 2  # 16-bit weights and gradients
 OPTIMIZER_BYTES = 12  # fp32 master weights, momentum and variance (Rajbhandari et al. 2020, sec. 3.1)
@@ -33,9 +33,26 @@ def live_by_kind(deltas: array, tags: array, entries: int) -> list[int]:
     return [int(v) for v in np.bincount(codes, weights=signed, minlength=len(KINDS))[:len(KINDS)]]
 
 
-def peak_by_kind(deltas: array, tags: array, peak_index: int) -> dict[str, int]:
-    """Live bytes by kind at the peak (the first `peak_index` log entries)."""
-    return dict(zip(KINDS, live_by_kind(deltas, tags, peak_index)))
+class RankLog(NamedTuple):
+    """One rank's allocation log as handed over after a step, and the views derived from it."""
+
+    times: array
+    deltas: array
+    tags: array  # buffer id << KIND_BITS | kind code
+    peak_index: int  # entries up to and including the peak
+
+    def timeline(self) -> tuple[array, array]:
+        """(times, live bytes after each entry)."""
+        return self.times, array("d", accumulate(self.deltas))
+
+    def entries(self) -> tuple[array, array, array]:
+        """(signed bytes, buffer ids, kind codes), one per entry of the timeline."""
+        return (self.deltas, array("q", (t >> KIND_BITS for t in self.tags)),
+                array("b", (t & KIND_MASK for t in self.tags)))
+
+    def peak_by_kind(self) -> dict[str, int]:
+        """Live bytes by kind at the peak."""
+        return dict(zip(KINDS, live_by_kind(self.deltas, self.tags, self.peak_index)))
 
 
 class Clocked(Protocol):
@@ -67,10 +84,10 @@ class MemoryTracker:
         self.deltas = array("q")
         self.tags = array("q")
 
-    def detach_log(self) -> tuple[array, array, array]:
-        """Hand over (times, deltas, tags) and start an empty log, so that tensors freed after the step
-        (as the simulator is collected) do not reach what was handed over."""
-        log = (self.times, self.deltas, self.tags)
+    def detach_log(self) -> RankLog:
+        """Hand over the log and start an empty one, so that tensors freed after the step (as the
+        simulator is collected) do not reach what was handed over."""
+        log = RankLog(self.times, self.deltas, self.tags, self.peak_index)
         self.times, self.deltas, self.tags = array("d"), array("q"), array("q")
         return log
 
@@ -115,14 +132,6 @@ class Storage:
             tracker.peak_index = len(tracker.tags)
             if live > tracker.capacity and tracker.enforce:
                 tracker.out_of_memory(nbytes, code)
-
-    @property
-    def kind(self) -> str:
-        return KINDS[self.code]
-
-    @property
-    def buffer_id(self) -> int:
-        return id(self) >> KIND_BITS
 
     def __del__(self) -> None:
         tracker = self.tracker

@@ -19,27 +19,25 @@ from .eventlog import EventLog
 from .hardware import Cluster
 from .memory import (ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, OPTIMIZER_BYTES, WEIGHT, WEIGHT_BYTES, WEIGHT_GRAD,
                      Storage)
-from .p2p import issue_recv, issue_send
 from .op_checks import OpChecks, _covers, _first_time, _shard_key
+from .p2p import issue_recv, issue_send
 from .tensors import (Activation, ActivationGrad, OptState, Stash, Weight, WeightGrad, describe_mask,
                       samples_mask)
 from .workload import Workload
-
 
 
 class Model(OpChecks):
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",
-                 "global_batch_size", "device", "node", "cluster", "workload", "_world", "_params", "_grad_bytes",
-                 "_act_bytes")
+                 "global_batch_size", "device", "node", "cluster", "workload", "_world", "_params", "_act_bytes")
 
     def __init__(self, engine: Engine, rank: int):
         self._engine = engine
         self._state: RankState = engine.ranks[rank]
         self._mem = self._state.memory
         self._events = engine.events.recent  # appended to on every op; packed in place by the engine
-        # durations by (op, layer, samples, tp), shared by the ranks of one device type
+        # op costs by (op, layer, shape...), shared by the ranks of one device type
         self._cache: dict[tuple, tuple] = engine.cost_cache.setdefault(self._state.device.name, {})
         self.rank = rank
         self.world_size = engine.world_size
@@ -51,7 +49,6 @@ class Model(OpChecks):
         self.workload: Workload = engine.workload
         self._world: Group | None = None
         self._params = engine.layer_params  # parameters of each layer
-        self._grad_bytes = engine.layer_grad_bytes  # bytes of each layer's full (TP 1) gradient
         self._act_bytes = engine.workload.activation_bytes()  # one sample's hidden states
 
     def __repr__(self) -> str:
@@ -318,7 +315,7 @@ class Model(OpChecks):
 
     def _weight_grad(self, layer: int, act: Activation, weight: Weight) -> WeightGrad:
         tp = weight.tp_size
-        nbytes = self._grad_bytes[layer] if tp == 1 else int(self._params[layer] / tp * WEIGHT_BYTES)
+        nbytes = self._shard_bytes(layer, tp)[0]  # a 16-bit gradient is the size of the 16-bit weights
         return WeightGrad(self.rank, layer, act.samples, 1, 1, weight.tp_rank, tp,
                           Storage(self._mem, nbytes, WEIGHT_GRAD))
 

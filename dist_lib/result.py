@@ -5,12 +5,11 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from .hardware import Cluster
-from .memory import KIND_BITS, KIND_MASK, format_bytes, peak_by_kind
+from .memory import RankLog, format_bytes
 from .workload import Workload
 
 
@@ -38,12 +37,12 @@ class Event(NamedTuple):
 
 
 class PerRank(Sequence):
-    """A read-only per-rank view derived on access from each rank's allocation log (times, signed bytes,
-    tags), so a step's result does not hold the same log twice."""
+    """A read-only per-rank view derived on access from each rank's allocation log, so a step's result
+    does not hold the same log twice (`derive` is a `RankLog` method such as `RankLog.timeline`)."""
 
     __slots__ = ("_logs", "_derive")
 
-    def __init__(self, logs: list[tuple[array, array, array]], derive: Callable[[array, array, array], tuple]):
+    def __init__(self, logs: list[RankLog], derive: Callable[[RankLog], Any]):
         self._logs = logs
         self._derive = derive
 
@@ -53,22 +52,7 @@ class PerRank(Sequence):
     def __getitem__(self, rank):  # type: ignore[override]
         if isinstance(rank, slice):
             return [self[r] for r in range(len(self))[rank]]
-        return self._derive(*self._logs[rank])
-
-
-def timeline_of(times: array, deltas: array, tags: array) -> tuple[array, array]:
-    """(times, live bytes after each entry)."""
-    return times, array("d", accumulate(deltas))
-
-
-def entries_of(times: array, deltas: array, tags: array) -> tuple[array, array, array]:
-    """(signed bytes, buffer ids, kind codes), one per entry of the timeline."""
-    return deltas, array("q", (t >> KIND_BITS for t in tags)), array("b", (t & KIND_MASK for t in tags))
-
-
-def peak_by_kind_of(times: array, deltas: array, tags: array, peak_index: int) -> dict[str, int]:
-    """Live bytes by kind at the peak (after the first `peak_index` entries)."""
-    return peak_by_kind(deltas, tags, peak_index)
+        return self._derive(self._logs[rank])
 
 
 @dataclass

@@ -17,8 +17,9 @@ from .comm import unfinished
 from .engine import Engine
 from .errors import DeadlockError, IncorrectStepError, SpecError, StrategyError
 from .hardware import Cluster
+from .memory import RankLog
 from .model import Model
-from .result import PerRank, Result, entries_of, peak_by_kind_of, timeline_of
+from .result import PerRank, Result
 from .workload import Workload
 
 DEFAULT_CLUSTER = "1x8xA100-80GB"
@@ -95,17 +96,16 @@ def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: 
         if e[4] > rank_times[e[0]]:
             rank_times[e[0]] = e[4]
     workload = engine.workload
-    peaks = [(s.memory.peak_index,) for s in engine.ranks]
     logs = [s.memory.detach_log() for s in engine.ranks]
     return Result(
         cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,
         options=dict(options), time_s=max(rank_times), rank_times=rank_times,
         memory_bytes=[s.memory.peak for s in engine.ranks],
-        memory_by_kind=PerRank([log + peak for log, peak in zip(logs, peaks)], peak_by_kind_of),
+        memory_by_kind=PerRank(logs, RankLog.peak_by_kind),
         model_flops=workload.model_flops_per_sample() * engine.global_batch_size,
         hardware_flops=sum(s.flops for s in engine.ranks),
         correct=not problems, problems=problems, raw_events=engine.events,
-        timelines=PerRank(logs, timeline_of), memory_log=PerRank(logs, entries_of),
+        timelines=PerRank(logs, RankLog.timeline), memory_log=PerRank(logs, RankLog.entries),
         strategy=name)
 
 
