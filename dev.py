@@ -21,6 +21,7 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".installed"
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "dist_lib/_buffers.c")
 
 
 def ensure_env() -> None:
@@ -29,7 +30,8 @@ def ensure_env() -> None:
     if not PYTHON.exists():
         print("creating .venv ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    # what the install builds from: a change to any of them re-installs (and rebuilds the C accelerator)
+    want = hashlib.sha256(b"".join((ROOT / name).read_bytes() for name in BUILD_INPUTS)).hexdigest()
     if not STAMP.exists() or STAMP.read_text() != want:
         print("installing dependencies into .venv ...", flush=True)
         subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",

@@ -47,8 +47,11 @@ def main() -> None:
     configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1), (1024, 24, 1), (1024, 24, 4), (1024, 96, 1)]
     if args.quick:
         configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1)]
+    sys.path.insert(0, str(ROOT))
+    import dist_lib.memory
+    accelerated = dist_lib.memory.Buffer.__module__ == "dist_lib._buffers"
     print("DDP step (forward/backward per microbatch and layer, one all-reduce and update per layer), "
-          "toy layers, A100 nodes of 8")
+          f"toy layers, A100 nodes of 8; buffers in {'C' if accelerated else 'Python'}")
     print(f"{'ranks':>6} {'layers':>6} {'microbatches':>12} {'ops':>9} {'wall s':>8} {'ops/s':>10} {'us/op':>7} "
           f"{'peak RSS MiB':>13} {'B/event':>8}")
     for ranks, layers, microbatches in configs:

@@ -20,7 +20,7 @@ from . import costs
 from .engine import Engine, RankState
 from .errors import CollectiveMismatchError, TensorError
 from .hardware import Link
-from .memory import Storage
+from .memory import AllocLog
 from .tensors import (Activation, ActivationGrad, OptState, Tensor, Weight, WeightGrad, describe_mask,
                       full_mask)
 
@@ -129,36 +129,46 @@ class Work:
 
 
 class _Pending:
-    """A tensor to create on its receiver when the receiver awaits it: kind and fields, no buffer."""
+    """A tensor to create on its receiver when the receiver awaits it: class, fields and size, no buffer
+    (the sender's tensor may be freed meanwhile)."""
 
-    __slots__ = ("template", "nbytes")
+    __slots__ = ("cls", "values", "nbytes")
 
-    def __init__(self, template: Tensor, nbytes: int):
-        self.template = template
-        self.nbytes = nbytes
+    def __init__(self, tensor: Tensor):
+        self.cls = tensor.__class__
+        self.values = [getattr(tensor, name) for name in _field_names(self.cls)]
+        self.nbytes = tensor.nbytes
 
     def materialize(self, state: RankState) -> Tensor:
-        t = self.template
-        return clone(t, state.rank, Storage(state.memory, self.nbytes, t.code))
+        return _build(self.cls, self.values, state.rank, state.memory, self.nbytes)
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}  # tensor class -> the fields `clone` copies
 
 
-def clone(t: Tensor, rank: int, storage: Storage, **changes: Any) -> Tensor:
-    """A new tensor with t's fields (and `changes`) on `rank`, backed by `storage`, with no stash."""
-    cls = t.__class__
+def _field_names(cls: type) -> tuple[str, ...]:
     names = _FIELDS.get(cls)
-    if names is None:
+    if names is None:  # every slot but the buffer's and the stash
         names = _FIELDS[cls] = tuple(name for c in cls.__mro__ for name in getattr(c, "__slots__", ())
-                                     if name not in ("_storage", "_stash"))
-    out = object.__new__(cls)
-    for name in names:
-        setattr(out, name, getattr(t, name))
+                                     if not name.startswith("_") and name != "nbytes")
+    return names
+
+
+def clone(t: Tensor, rank: int, buffer: AllocLog | Tensor, nbytes: int = 0, **changes: Any) -> Tensor:
+    """A new tensor with t's fields (and `changes`) on `rank`, with no stash: `nbytes` allocated on the
+    memory log `buffer`, or a view of the tensor `buffer`."""
+    cls = t.__class__
+    return _build(cls, [getattr(t, name) for name in _field_names(cls)], rank, buffer, nbytes, **changes)
+
+
+def _build(cls: type, values: list[Any], rank: int, buffer: AllocLog | Tensor, nbytes: int,
+           **changes: Any) -> Tensor:
+    out = cls.__new__(cls, buffer, nbytes)
+    for name, value in zip(_FIELDS[cls], values):
+        setattr(out, name, value)
     if cls is Activation:
         out._stash = None
     out.rank = rank
-    out._storage = storage
     for name, value in changes.items():
         setattr(out, name, value)
     return out
@@ -195,10 +205,10 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     else:
         _check_match(coll, op, tensor, rank)
     work = Work(engine, rank, op, state.clock, tensor, coll)
-    if op == "all_gather":
-        work.result = Storage(state.memory, _gathered_bytes(engine, tensor, group), tensor.code)
+    if op == "all_gather":  # the output is allocated now; `_combine` fills in its fields
+        work.result = clone(tensor, rank, state.memory, _gathered_bytes(engine, tensor, group))
     elif op == "reduce_scatter":
-        work.result = Storage(state.memory, tensor.nbytes // group.size, tensor.code)
+        work.result = clone(tensor, rank, state.memory, tensor.nbytes // group.size)
     coll.works[pos] = work
     coll.issued += 1
     if coll.first is None:
@@ -327,7 +337,7 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
             if len(shards) > 1:
                 raise CollectiveMismatchError(f"{head}: members hold different ZeRO shards; "
                                               f"all-reduce the same shard on every member")
-            results = [WeightGrad(t.rank, t.layer, samples, t.shards, t.num_shards, t.tp_rank, t.tp_size, t._storage)
+            results = [WeightGrad(t, 0, t.rank, t.layer, samples, t.shards, t.num_shards, t.tp_rank, t.tp_size)
                        for t in inputs]
             return results, first.nbytes, first.kind
         # tensor-parallel partial sums of one activation (or its gradient)
@@ -339,7 +349,7 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
         tp_size = first.tp_size
         if parts == full_mask(tp_size):
             parts, tp_size = 1, 1
-        results = [clone(t, t.rank, t._storage, tp_parts=parts, tp_size=tp_size) for t in inputs]
+        results = [clone(t, t.rank, t, tp_parts=parts, tp_size=tp_size) for t in inputs]
         return results, first.nbytes, f"{first.kind} (TP partial sums)"
     if op == "all_gather":
         if len({t.num_shards for t in inputs}) > 1 or len({getattr(t, "step", 0) for t in inputs}) > 1 \
@@ -350,15 +360,17 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
         num_shards = first.num_shards
         if shards == full_mask(num_shards):  # complete tensors are always 1 shard of 1
             shards, num_shards = 1, 1
-        results = [clone(t, t.rank, w.result, shards=shards, num_shards=num_shards)
-                   for t, w in zip(inputs, works)]
+        results = [w.result for w in works]  # allocated at issue as copies of the inputs
+        for out in results:
+            out.shards, out.num_shards = shards, num_shards
         return results, results[0].nbytes, first.kind
     # reduce_scatter: sum complete gradients of disjoint samples, keep shard i on member i
     samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
                               "a sample's gradient would be counted twice")
     p = len(inputs)
-    results = [clone(t, t.rank, w.result, samples=samples, shards=1 << i, num_shards=p)
-               for i, (t, w) in enumerate(zip(inputs, works))]
+    results = [w.result for w in works]  # allocated at issue as copies of the inputs
+    for i, out in enumerate(results):
+        out.samples, out.shards, out.num_shards = samples, 1 << i, p
     return results, first.nbytes, first.kind
 
 

@@ -1,24 +1,35 @@
 """Lifetime-based memory accounting: a tensor's bytes count from creation until its last reference dies.
 
-Each tensor holds a `Storage`; CPython frees an object as soon as its last reference goes, so
-`Storage.__del__` returns the bytes at that moment, stamped with the owning rank's clock. Tensors that
-share a buffer (an in-place all-reduce result, an accumulated gradient) share one `Storage`.
+Every tensor is a `Buffer` (`buffers.py`); CPython frees an object as soon as its last reference goes,
+and the free returns the bytes at that moment, stamped with the owning rank's clock. Tensors that share a
+buffer (an in-place all-reduce result, an accumulated gradient) are views of the tensor that owns it.
+The C implementation of `Buffer` is used when it was built; `DIST_SANDBOX_PURE_PYTHON=1` forces the
+Python one.
 """
 
 from __future__ import annotations
 
+import os
 from array import array
 from itertools import accumulate
 from typing import NamedTuple, Protocol
 
+from .buffers import KIND_MASK
 from .errors import OutOfMemoryError
+
+if os.environ.get("DIST_SANDBOX_PURE_PYTHON"):
+    from .buffers import AllocLog, Buffer
+else:
+    try:
+        from ._buffers import AllocLog, Buffer
+    except ImportError:  # not built (no C compiler at install time): the same semantics in Python
+        from .buffers import AllocLog, Buffer
 
 KINDS = ("weight", "optimizer", "weight_grad", "activation", "activation_grad", "stash")
 WEIGHT, OPTIMIZER, WEIGHT_GRAD, ACTIVATION, ACTIVATION_GRAD, STASH = range(len(KINDS))
 WEIGHT_BYTES = 2  # 16-bit weights and gradients
 OPTIMIZER_BYTES = 12  # fp32 master weights, momentum and variance (Rajbhandari et al. 2020, sec. 3.1)
-KIND_BITS = 3  # a log tag is buffer id << KIND_BITS | kind code
-KIND_MASK = (1 << KIND_BITS) - 1
+KIND_BITS = KIND_MASK.bit_length()  # a log tag is buffer address | kind code; ids are address >> KIND_BITS
 
 
 def live_by_kind(deltas: array, tags: array, entries: int) -> list[int]:
@@ -38,7 +49,7 @@ class RankLog(NamedTuple):
 
     times: array
     deltas: array
-    tags: array  # buffer id << KIND_BITS | kind code
+    tags: array  # buffer address | kind code
     peak_index: int  # entries up to and including the peak
 
     def timeline(self) -> tuple[array, array]:
@@ -59,16 +70,15 @@ class Clocked(Protocol):
     clock: float
 
 
-class MemoryTracker:
+class MemoryTracker(AllocLog):
     """Live bytes on one rank, with the peak and a log of every allocation and free.
 
-    The log is three parallel arrays: time, signed bytes, and a tag (buffer id << 3 | kind code). It is
+    The log is three parallel arrays: time, signed bytes, and a tag (buffer address | kind code). It is
     the one record: the timeline and the breakdown by kind at the peak are derived from it, so the hot
-    path (inlined in `Storage`) only appends.
+    path (`Buffer`, in C when built) only appends.
     """
 
-    __slots__ = ("rank", "device_name", "capacity", "enforce", "owner", "live", "peak", "peak_index",
-                 "context", "times", "deltas", "tags")
+    __slots__ = ("rank", "device_name", "context")
 
     def __init__(self, rank: int, device_name: str, capacity: int, owner: Clocked, enforce: bool = True):
         self.rank = rank
@@ -76,24 +86,18 @@ class MemoryTracker:
         self.capacity = capacity
         self.enforce = enforce
         self.owner = owner  # whose clock stamps the log
-        self.live = 0
-        self.peak = 0
-        self.peak_index = 0  # log entries up to and including the peak
         self.context: tuple = ()  # (op, layer) being executed, for out-of-memory messages
-        self.times = array("d")
-        self.deltas = array("q")
-        self.tags = array("q")
 
     def detach_log(self) -> RankLog:
         """Hand over the log and start an empty one, so that tensors freed after the step (as the
         simulator is collected) do not reach what was handed over."""
-        log = RankLog(self.times, self.deltas, self.tags, self.peak_index)
-        self.times, self.deltas, self.tags = array("d"), array("q"), array("q")
-        return log
+        peak_index = self.peak_index
+        return RankLog(*self.take(), peak_index)
 
     def live_by_kind(self) -> list[int]:
         """Live bytes by kind code now."""
-        return live_by_kind(self.deltas, self.tags, len(self.deltas))
+        _, deltas, tags = self.arrays()
+        return live_by_kind(deltas, tags, len(deltas))
 
     def out_of_memory(self, nbytes: int, code: int) -> None:
         # Stop counting this rank so that the unwinding frees do not mask the report.
@@ -107,38 +111,6 @@ class MemoryTracker:
             f"rank {self.rank} ({self.device_name}, {format_bytes(self.capacity)}): out of memory at "
             f"t={self.owner.clock * 1e3:.3f} ms{where} allocating {format_bytes(nbytes)} of {KINDS[code]}; "
             f"{format_bytes(self.live)} live: {parts}")
-
-
-class Storage:
-    """A buffer of `nbytes` on one rank, of kind code `code`; its bytes are live while any tensor refers
-    to it. Allocation and free write the tracker's log directly: this is the simulator's hottest path.
-
-    The buffer id in the log is the object's address divided by 8 (CPython aligns objects to at
-    least 8 bytes, so the low bits hold the kind): unique among live buffers, reused only after the
-    free is logged, and free of any per-buffer counter object."""
-
-    __slots__ = ("tracker", "nbytes", "code")
-
-    def __init__(self, tracker: MemoryTracker, nbytes: int, code: int):
-        self.tracker = tracker
-        self.nbytes = nbytes
-        self.code = code
-        tracker.times.append(tracker.owner.clock)
-        tracker.deltas.append(nbytes)
-        tracker.tags.append(id(self) | code)
-        live = tracker.live = tracker.live + nbytes
-        if live > tracker.peak:
-            tracker.peak = live
-            tracker.peak_index = len(tracker.tags)
-            if live > tracker.capacity and tracker.enforce:
-                tracker.out_of_memory(nbytes, code)
-
-    def __del__(self) -> None:
-        tracker = self.tracker
-        tracker.times.append(tracker.owner.clock)
-        tracker.deltas.append(-self.nbytes)
-        tracker.tags.append(id(self) | self.code)
-        tracker.live -= self.nbytes
 
 
 def format_bytes(n: float) -> str:

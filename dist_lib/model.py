@@ -17,8 +17,7 @@ from .engine import Engine, RankState
 from .errors import TensorError
 from .eventlog import EventLog
 from .hardware import Cluster
-from .memory import (ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, OPTIMIZER_BYTES, WEIGHT, WEIGHT_BYTES, WEIGHT_GRAD,
-                     Storage)
+from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES
 from .op_checks import OpChecks, _covers, _first_time, _shard_key
 from .p2p import issue_recv, issue_send
 from .tensors import (Activation, ActivationGrad, OptState, Stash, Weight, WeightGrad, describe_mask,
@@ -77,10 +76,8 @@ class Model(OpChecks):
         mem = self._mem
         mem.context = ("load_weights", layer)
         shards = 1 << shard
-        return (Weight(self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0,
-                       Storage(mem, weight_bytes, WEIGHT)),
-                OptState(self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0,
-                         Storage(mem, optimizer_bytes, OPTIMIZER)))
+        return (Weight(mem, weight_bytes, self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0),
+                OptState(mem, optimizer_bytes, self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0))
 
     def _shard_bytes(self, layer: int, parts: int) -> tuple[int, int]:
         """(weight bytes, optimizer bytes) of one of `parts` equal parts of a layer, computed once per
@@ -100,7 +97,7 @@ class Model(OpChecks):
             raise TensorError(f"rank {self.rank} get_input_activation: {exc}") from None
         nbytes = mask.bit_count() * self._act_bytes
         self._mem.context = ("get_input_activation", None)
-        return Activation(self.rank, 0, mask, Storage(self._mem, nbytes, ACTIVATION))
+        return Activation(self._mem, nbytes, self.rank, 0, mask)
 
     # ---- compute ------------------------------------------------------------------------------
 
@@ -142,7 +139,7 @@ class Model(OpChecks):
         mem.context = ("forward", layer)
         if stash:
             act._stash = Stash(mem, stash_bytes, tp_rank, tp, mode)
-        out = Activation(rank, layer + 1, samples, Storage(mem, n * self._act_bytes, ACTIVATION))
+        out = Activation(mem, n * self._act_bytes, rank, layer + 1, samples)
         if tp > 1:
             out.tp_parts, out.tp_size = 1 << tp_rank, tp
         return out
@@ -185,8 +182,8 @@ class Model(OpChecks):
             raise TensorError(f"{where}: {act!r} is a tensor-parallel partial sum; all_reduce it first")
         self._compute("loss", self.num_layers, act.samples, 1)
         self._mem.context = ("loss", None)
-        return ActivationGrad(self.rank, self.num_layers, act.samples,
-                              Storage(self._mem, act.samples.bit_count() * self._act_bytes, ACTIVATION_GRAD))
+        return ActivationGrad(self._mem, act.samples.bit_count() * self._act_bytes, self.rank, self.num_layers,
+                              act.samples)
 
     def update(self, layer: int, grad: WeightGrad, weight: Weight, opt_state: OptState) -> tuple[Weight, OptState]:
         """Adam step on the shard `opt_state` holds; the gradient must cover the whole global batch."""
@@ -221,12 +218,12 @@ class Model(OpChecks):
         state.clock = end = start + cost[0]
         self._events.append((rank, "update", "compute", start, end, layer, full, cost[1], 0.0, None, 0, ""))
         if weight.shards == shards and weight.num_shards == num_shards:
-            storage = weight._storage
+            buffer, nbytes = weight, 0  # updated in place
         else:
-            self._mem.context = ("update", layer)
-            storage = Storage(self._mem, int(self._params[layer] / tp * held / num_shards * WEIGHT_BYTES), WEIGHT)
-        return (Weight(rank, layer, 1, shards, num_shards, tp_rank, tp, full, storage),
-                OptState(rank, layer, 1, shards, num_shards, tp_rank, tp, full, opt_state._storage))
+            buffer, nbytes = self._mem, int(self._params[layer] / tp * held / num_shards * WEIGHT_BYTES)
+            buffer.context = ("update", layer)
+        return (Weight(buffer, nbytes, rank, layer, 1, shards, num_shards, tp_rank, tp, full),
+                OptState(opt_state, 0, rank, layer, 1, shards, num_shards, tp_rank, tp, full))
 
     def set_final_weight(self, layer: int, weight: Weight) -> None:
         """Hand in this rank's updated weights (or shard of them) for the end-of-step check."""
@@ -316,14 +313,14 @@ class Model(OpChecks):
     def _weight_grad(self, layer: int, act: Activation, weight: Weight) -> WeightGrad:
         tp = weight.tp_size
         nbytes = self._shard_bytes(layer, tp)[0]  # a 16-bit gradient is the size of the 16-bit weights
-        return WeightGrad(self.rank, layer, act.samples, 1, 1, weight.tp_rank, tp,
-                          Storage(self._mem, nbytes, WEIGHT_GRAD))
+        return WeightGrad(self._mem, nbytes, self.rank, layer, act.samples, 1, 1, weight.tp_rank, tp)
 
     def _activation_grad(self, act: Activation, weight: Weight) -> ActivationGrad:
-        storage = Storage(self._mem, act.samples.bit_count() * self._act_bytes, ACTIVATION_GRAD)
+        nbytes = act.samples.bit_count() * self._act_bytes
         if weight.tp_size > 1:
-            return ActivationGrad(self.rank, act.layer, act.samples, storage, 1 << weight.tp_rank, weight.tp_size)
-        return ActivationGrad(self.rank, act.layer, act.samples, storage)
+            return ActivationGrad(self._mem, nbytes, self.rank, act.layer, act.samples, 1 << weight.tp_rank,
+                                  weight.tp_size)
+        return ActivationGrad(self._mem, nbytes, self.rank, act.layer, act.samples)
 
 
 def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int, tp: int,

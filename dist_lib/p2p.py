@@ -10,7 +10,7 @@ from collections import deque
 from typing import Any
 
 from . import costs
-from .comm import Work, _Pending, clone
+from .comm import Work, _Pending
 from .engine import Engine, RankState
 from .errors import TensorError
 from .hardware import Link
@@ -77,7 +77,7 @@ def _match(engine: Engine, channel: Channel) -> None:
         end = start + costs.p2p_time(tensor.nbytes, channel.link)
         channel.free = end
         send.end = recv.end = end
-        recv.result = _Pending(clone(tensor, tensor.rank, None), tensor.nbytes)  # type: ignore[arg-type]
+        recv.result = _Pending(tensor)
         send.result = None
         op_id = engine.new_op_id()
         pair = (channel.src, channel.dst)

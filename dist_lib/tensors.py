@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .memory import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, Storage
+from .memory import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, AllocLog, Buffer
 
 
 def samples_mask(samples: Iterable[int] | range, global_batch_size: int) -> int:
@@ -61,15 +61,13 @@ def full_mask(n: int) -> int:
     return (1 << n) - 1
 
 
-class Tensor:
-    """Base of every symbolic tensor: the rank that holds it, its layer, its samples and its buffer."""
+class Tensor(Buffer):
+    """Base of every symbolic tensor: the rank that holds it, its layer, its samples, and (as a `Buffer`)
+    its bytes. Constructors take the buffer first: a rank's memory log to allocate `nbytes` on, or a
+    tensor whose buffer the new one shares."""
 
-    __slots__ = ("rank", "layer", "samples", "_storage")
+    __slots__ = ("rank", "layer", "samples")
     kind = "tensor"
-
-    @property
-    def nbytes(self) -> int:
-        return self._storage.nbytes
 
     def _fields(self) -> str:
         return ""
@@ -105,8 +103,8 @@ class Weight(_Sharded):
     kind = "weight"
     code = WEIGHT  # memory.KINDS index
 
-    def __init__(self, rank: int, layer: int, step: int, shards: int, num_shards: int, tp_rank: int,
-                 tp_size: int, samples: int, storage: Storage):
+    def __init__(self, buffer: AllocLog | Tensor, nbytes: int, rank: int, layer: int, step: int, shards: int,
+                 num_shards: int, tp_rank: int, tp_size: int, samples: int):
         self.rank = rank
         self.layer = layer
         self.step = step
@@ -115,7 +113,6 @@ class Weight(_Sharded):
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.samples = samples  # samples whose gradients the last update applied
-        self._storage = storage
 
     def _fields(self) -> str:
         return f", step {self.step}" + super()._fields()
@@ -136,8 +133,8 @@ class WeightGrad(_Sharded):
     kind = "weight_grad"
     code = WEIGHT_GRAD  # memory.KINDS index
 
-    def __init__(self, rank: int, layer: int, samples: int, shards: int, num_shards: int, tp_rank: int,
-                 tp_size: int, storage: Storage):
+    def __init__(self, buffer: AllocLog | Tensor, nbytes: int, rank: int, layer: int, samples: int, shards: int,
+                 num_shards: int, tp_rank: int, tp_size: int):
         self.rank = rank
         self.layer = layer
         self.samples = samples
@@ -145,7 +142,6 @@ class WeightGrad(_Sharded):
         self.num_shards = num_shards
         self.tp_rank = tp_rank
         self.tp_size = tp_size
-        self._storage = storage
 
     def __add__(self, other: WeightGrad) -> WeightGrad:
         """Accumulate gradients of disjoint samples; like `.grad +=`, the sum reuses the left buffer."""
@@ -163,8 +159,8 @@ class WeightGrad(_Sharded):
         if problem:
             from .errors import TensorError
             raise TensorError(f"rank {self.rank} WeightGrad + WeightGrad (layer {self.layer}): {problem}")
-        return WeightGrad(self.rank, self.layer, self.samples | other.samples, self.shards, self.num_shards,
-                          self.tp_rank, self.tp_size, self._storage)
+        return WeightGrad(self, 0, self.rank, self.layer, self.samples | other.samples, self.shards,
+                          self.num_shards, self.tp_rank, self.tp_size)
 
 
 class _Hidden(Tensor):
@@ -172,12 +168,11 @@ class _Hidden(Tensor):
 
     __slots__ = ("tp_parts", "tp_size")
 
-    def __init__(self, rank: int, layer: int, samples: int, storage: Storage, tp_parts: int = 1,
-                 tp_size: int = 1):
+    def __init__(self, buffer: AllocLog | Tensor, nbytes: int, rank: int, layer: int, samples: int,
+                 tp_parts: int = 1, tp_size: int = 1):
         self.rank = rank
         self.layer = layer
         self.samples = samples
-        self._storage = storage
         self.tp_parts = tp_parts
         self.tp_size = tp_size
 
@@ -200,9 +195,13 @@ class Activation(_Hidden):
     kind = "activation"
     code = ACTIVATION  # memory.KINDS index
 
-    def __init__(self, rank: int, layer: int, samples: int, storage: Storage, tp_parts: int = 1,
-                 tp_size: int = 1):
-        super().__init__(rank, layer, samples, storage, tp_parts, tp_size)
+    def __init__(self, buffer: AllocLog | Tensor, nbytes: int, rank: int, layer: int, samples: int,
+                 tp_parts: int = 1, tp_size: int = 1):
+        self.rank = rank
+        self.layer = layer
+        self.samples = samples
+        self.tp_parts = tp_parts
+        self.tp_size = tp_size
         self._stash: Stash | None = None
 
     @property
@@ -221,14 +220,14 @@ class ActivationGrad(_Hidden):
     code = ACTIVATION_GRAD  # memory.KINDS index
 
 
-class Stash(Storage):
+class Stash(Buffer):
     """What a layer's backward needs from its forward; `input_done` once backward_input consumed half;
     `recompute` is what backward re-runs first ("none", or "selective": the attention core)."""
 
     __slots__ = ("tp_rank", "tp_size", "input_done", "recompute")
+    code = STASH  # memory.KINDS index
 
-    def __init__(self, tracker, nbytes: int, tp_rank: int, tp_size: int, recompute: str = "none"):
-        super().__init__(tracker, nbytes, STASH)
+    def __init__(self, buffer: AllocLog, nbytes: int, tp_rank: int, tp_size: int, recompute: str = "none"):
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.input_done = False

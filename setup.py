@@ -1,0 +1,9 @@
+"""Builds the optional C accelerator of the memory bookkeeping (`dist_lib/_buffers.c`).
+
+Everything else is in pyproject.toml. Without a C compiler the build goes on and `dist_lib/buffers.py`
+does the same work in Python, more slowly.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("dist_lib._buffers", ["dist_lib/_buffers.c"], optional=True)])

@@ -1,0 +1,147 @@
+"""The two implementations of buffers and allocation logs (C and Python) keep the same books."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dist_lib import buffers as python_buffers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _c_buffers():
+    try:
+        return importlib.import_module("dist_lib._buffers")
+    except ImportError:
+        return None
+
+
+IMPLEMENTATIONS = [pytest.param(python_buffers, id="python"),
+                   pytest.param(_c_buffers(), id="c", marks=pytest.mark.skipif(
+                       _c_buffers() is None, reason="the C accelerator was not built"))]
+
+
+class Clock:
+    clock = 0.0
+
+
+def make(impl):
+    """A log type, a buffer kind of code 3, and a log whose clock is ours to move."""
+
+    class Log(impl.AllocLog):
+        __slots__ = ("misses",)
+
+        def out_of_memory(self, nbytes, code):
+            self.enforce = False
+            raise MemoryError(f"{nbytes} of kind {code}")
+
+    class Thing(impl.Buffer):
+        __slots__ = ("label",)
+        code = 3
+
+        def __init__(self, source, nbytes, label):
+            self.label = label
+
+    log = Log()
+    log.owner = Clock()
+    log.capacity = 1000
+    log.enforce = True
+    return log, Thing
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_allocation_and_free_are_logged_with_time_bytes_and_tag(impl):
+    log, Thing = make(impl)
+    a = Thing(log, 100, "a")
+    log.owner.clock = 2.5
+    b = Thing(log, 300, "b")
+    assert (log.live, log.peak, log.peak_index, len(log)) == (400, 400, 2, 2)
+    tag_a = log.arrays()[2][0]
+    del a
+    log.owner.clock = 4.0
+    times, deltas, tags = log.arrays()
+    assert list(times) == [0.0, 2.5, 2.5] and list(deltas) == [100, 300, -100]
+    assert tags[0] == tags[2] == tag_a and tags[0] & 7 == 3 and tags[1] != tags[0]
+    assert (log.live, log.peak) == (300, 400)
+    del b
+    assert list(log.arrays()[1]) == [100, 300, -100, -300] and log.arrays()[0][-1] == 4.0
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_a_view_shares_the_owner_bytes_and_logs_nothing(impl):
+    log, Thing = make(impl)
+    owner = Thing(log, 200, "owner")
+    view = Thing(owner, 0, "view")
+    view_of_view = Thing(view, 0, "again")
+    assert view.nbytes == view_of_view.nbytes == 200
+    assert view_of_view._base is owner and view._mem is None and owner._mem is log
+    del owner, view
+    assert list(log.arrays()[1]) == [200]  # the last view keeps the buffer alive
+    del view_of_view
+    assert list(log.arrays()[1]) == [200, -200] and log.live == 0
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_going_over_capacity_calls_out_of_memory_and_the_unwinding_free_is_logged(impl):
+    log, Thing = make(impl)
+    keep = Thing(log, 900, "keep")
+    with pytest.raises(MemoryError, match="200 of kind 3"):
+        Thing(log, 200, "too much")
+    assert list(log.arrays()[1]) == [900, 200, -200] and log.live == 900 and keep.nbytes == 900
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_take_hands_over_the_log_and_starts_afresh(impl):
+    log, Thing = make(impl)
+    a = Thing(log, 10, "a")
+    times, deltas, tags = log.take()
+    assert list(deltas) == [10] and len(log) == 0
+    del a
+    assert list(log.arrays()[1]) == [-10] and list(deltas) == [10]
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_bad_sources_and_sizes_are_refused(impl):
+    log, Thing = make(impl)
+    with pytest.raises(TypeError, match="expected a memory log or a tensor to share, got NoneType"):
+        Thing(None, 10, "x")
+    with pytest.raises(ValueError, match="-5 bytes"):
+        Thing(log, -5, "x")
+    assert len(log) == 0
+
+
+RUN = """
+import json
+from dist_lib import simulate
+import dist_lib.memory as memory
+out = {"impl": memory.Buffer.__module__}
+for name, options in (("zero", {"stage": 3}), ("one_f_one_b", {})):  # collectives; point-to-point
+    r = simulate(f"strategies/{name}.py", "2x2xA100-80GB", "toy:layers=4", 16, microbatch_size=2, **options)
+    out[name] = {"time": r.time_s, "peaks": r.memory_bytes, "logs": [[list(d), list(k)] for d, _, k in r.memory_log],
+                 "timelines": [list(t) for t, _ in r.timelines]}
+print(json.dumps(out))
+"""
+
+
+def _run(pure: bool) -> dict:
+    env = dict(os.environ)
+    env.pop("DIST_SANDBOX_PURE_PYTHON", None)
+    if pure:
+        env["DIST_SANDBOX_PURE_PYTHON"] = "1"
+    out = subprocess.run([sys.executable, "-c", RUN], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(_c_buffers() is None, reason="the C accelerator was not built")
+def test_a_step_keeps_the_same_books_in_c_and_in_python():
+    c, python = _run(pure=False), _run(pure=True)
+    assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
+    for name in ("zero", "one_f_one_b"):
+        assert c[name] == python[name] and len(c[name]["logs"][0][0]) > 20
