@@ -37,7 +37,22 @@ typedef struct {
 
 static PyTypeObject AllocLogType;
 static PyTypeObject BufferType;
-static PyObject *str_clock, *str_code, *str_frombytes, *array_type;
+static PyObject *str_clock, *str_code, *str_args, *str_defaults, *str_frombytes, *array_type;
+
+/* What a Buffer subclass's constructor needs, looked up once per class: its kind code, and the slots
+ * that `_args` names with their offsets, so the fields are stored without running Python code. */
+#define MAX_ARGS 16
+#define MAX_TYPES 256
+typedef struct {
+    PyTypeObject *type; /* a strong reference: a cached class is never freed */
+    long code;          /* -1: the class has none (it can only make views) */
+    Py_ssize_t nargs;   /* -1: no `_args`, the class's own __init__ takes the fields */
+    Py_ssize_t nrequired;
+    Py_ssize_t offsets[MAX_ARGS];
+    PyObject *defaults; /* values of the trailing args a call may leave out */
+} TypeInfo;
+static TypeInfo type_cache[MAX_TYPES];
+static int type_cache_len;
 
 /* ---- the log ------------------------------------------------------------------------------------ */
 
@@ -172,15 +187,99 @@ static PyTypeObject AllocLogType = {
 
 /* ---- buffers ------------------------------------------------------------------------------------- */
 
-/* Buffer(log, nbytes, *fields) allocates `nbytes` of the class's kind (`cls.code`) on `log`;
- * Buffer(tensor, nbytes, *fields) is a view of `tensor`'s buffer. Fields are for the subclass's
- * __init__. */
+static TypeInfo *type_info(PyTypeObject *type) {
+    for (int i = 0; i < type_cache_len; i++)
+        if (type_cache[i].type == type) return &type_cache[i];
+    if (type_cache_len == MAX_TYPES) {
+        PyErr_SetString(PyExc_RuntimeError, "too many Buffer classes");
+        return NULL;
+    }
+    TypeInfo info = {.type = type, .code = -1, .nargs = -1};
+    PyObject *code = PyObject_GetAttr((PyObject *)type, str_code);
+    if (code) {
+        info.code = PyLong_AsLong(code);
+        Py_DECREF(code);
+        if (info.code == -1 && PyErr_Occurred()) return NULL;
+    } else if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+    } else {
+        return NULL;
+    }
+    PyObject *args = PyObject_GetAttr((PyObject *)type, str_args);
+    if (!args) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+        PyErr_Clear();
+    } else {
+        PyObject *defaults = PyObject_GetAttr((PyObject *)type, str_defaults);
+        if (!defaults) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) { Py_DECREF(args); return NULL; }
+            PyErr_Clear();
+            defaults = PyTuple_New(0);
+        }
+        if (!PyTuple_Check(args) || !defaults || !PyTuple_Check(defaults) || PyTuple_GET_SIZE(args) > MAX_ARGS ||
+            PyTuple_GET_SIZE(defaults) > PyTuple_GET_SIZE(args)) {
+            PyErr_Format(PyExc_TypeError, "%s: _args and _defaults must be tuples, at most %d args",
+                         type->tp_name, MAX_ARGS);
+            Py_DECREF(args); Py_XDECREF(defaults);
+            return NULL;
+        }
+        info.nargs = PyTuple_GET_SIZE(args);
+        info.nrequired = info.nargs - PyTuple_GET_SIZE(defaults);
+        info.defaults = defaults;
+        for (Py_ssize_t i = 0; i < info.nargs; i++) {
+            PyObject *descr = PyObject_GetAttr((PyObject *)type, PyTuple_GET_ITEM(args, i));
+            if (!descr) { Py_DECREF(args); Py_DECREF(defaults); return NULL; }
+            int is_slot = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                          ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+            if (is_slot) info.offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+            Py_DECREF(descr);
+            if (!is_slot) {
+                PyErr_Format(PyExc_TypeError, "%s: _args names %R, which is not a slot", type->tp_name,
+                             PyTuple_GET_ITEM(args, i));
+                Py_DECREF(args); Py_DECREF(defaults);
+                return NULL;
+            }
+        }
+        Py_DECREF(args);
+    }
+    Py_INCREF(type);
+    type_cache[type_cache_len] = info;
+    return &type_cache[type_cache_len++];
+}
+
+static int check_arg_count(PyTypeObject *type, TypeInfo *info, PyObject *args) {
+    Py_ssize_t given = PyTuple_GET_SIZE(args) - 2;
+    if (info->nargs >= 0 && (given < info->nrequired || given > info->nargs)) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd to %zd fields after the buffer and byte count, got %zd",
+                     type->tp_name, info->nrequired, info->nargs, given);
+        return -1;
+    }
+    return 0;
+}
+
+/* Store the constructor's fields (args after the buffer and byte count) in the slots `_args` names. */
+static void store_args(PyObject *self, TypeInfo *info, PyObject *args) {
+    Py_ssize_t given = PyTuple_GET_SIZE(args) - 2;
+    Py_ssize_t first_default = info->nargs - PyTuple_GET_SIZE(info->defaults);
+    for (Py_ssize_t i = 0; i < info->nargs; i++) {
+        PyObject *value = i < given ? PyTuple_GET_ITEM(args, i + 2) : PyTuple_GET_ITEM(info->defaults, i - first_default);
+        PyObject **slot = (PyObject **)((char *)self + info->offsets[i]);
+        Py_INCREF(value);
+        Py_XSETREF(*slot, value);
+    }
+}
+
+/* Cls(log, nbytes, *fields) allocates `nbytes` of the class's kind (`Cls.code`) on `log`;
+ * Cls(tensor, nbytes, *fields) is a view of `tensor`'s buffer. The fields go to the slots `Cls._args`
+ * names (trailing ones default to `Cls._defaults`); without `_args`, to the class's own __init__. */
 static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (PyTuple_GET_SIZE(args) < 2) {
         PyErr_Format(PyExc_TypeError, "%s() takes a memory log or tensor and a byte count first", type->tp_name);
         return NULL;
     }
     PyObject *source = PyTuple_GET_ITEM(args, 0);
+    TypeInfo *info = type_info(type);
+    if (!info || check_arg_count(type, info, args) < 0) return NULL;
     Buffer *self;
     if (PyObject_TypeCheck(source, &AllocLogType)) {
         long long nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(args, 1));
@@ -189,11 +288,11 @@ static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
             PyErr_Format(PyExc_ValueError, "%s(): a buffer of %lld bytes", type->tp_name, nbytes);
             return NULL;
         }
-        PyObject *code_obj = PyObject_GetAttr((PyObject *)type, str_code);
-        if (!code_obj) return NULL;
-        long code = PyLong_AsLong(code_obj);
-        Py_DECREF(code_obj);
-        if (code == -1 && PyErr_Occurred()) return NULL;
+        long code = info->code;
+        if (code < 0) {
+            PyErr_Format(PyExc_TypeError, "%s has no kind `code`: it cannot allocate", type->tp_name);
+            return NULL;
+        }
         AllocLog *log = (AllocLog *)source;
         double now = log_clock(log);
         if (now == -1.0 && PyErr_Occurred()) return NULL;
@@ -230,6 +329,7 @@ static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
                      type->tp_name, Py_TYPE(source)->tp_name);
         return NULL;
     }
+    if (info->nargs >= 0) store_args((PyObject *)self, info, args);
     return (PyObject *)self;
 }
 
@@ -288,6 +388,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_buffers",
 PyMODINIT_FUNC PyInit__buffers(void) {
     str_clock = PyUnicode_InternFromString("clock");
     str_code = PyUnicode_InternFromString("code");
+    str_args = PyUnicode_InternFromString("_args");
+    str_defaults = PyUnicode_InternFromString("_defaults");
     str_frombytes = PyUnicode_InternFromString("frombytes");
     PyObject *array_module = PyImport_ImportModule("array");
     if (!array_module) return NULL;

@@ -4,7 +4,9 @@ Every symbolic tensor is a `Buffer`. `Cls(log, nbytes, *fields)` allocates `nbyt
 kind (`Cls.code`) on a rank's `AllocLog`, which appends (time, +bytes, tag) to its log; when CPython
 frees the last reference, the free appends (time, -bytes, tag). `Cls(tensor, nbytes, *fields)` is a
 view of `tensor`'s buffer (an in-place all-reduce, an accumulated gradient, as PyTorch's `_base`): it
-keeps the owner alive and logs nothing itself. The remaining fields are for the subclass's `__init__`.
+keeps the owner alive and logs nothing itself. The remaining arguments go to the slots `Cls._args`
+names, in order (trailing ones may be left out for `Cls._defaults`); a class without `_args` of its own
+takes them in its `__init__`.
 
 A tag is the owner's address | kind code: unique among live buffers (CPython aligns objects to 16
 bytes, so the low bits are free) and reused only after the free is logged.
@@ -55,6 +57,21 @@ class Buffer:
     """Bytes on one rank, live while any tensor refers to them."""
 
     __slots__ = ("_mem", "_base", "nbytes", "_tag")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A class that names its `_args` gets an `__init__` storing them (as dataclasses write one)."""
+        super().__init_subclass__(**kwargs)
+        names = cls.__dict__.get("_args")
+        if names is None:
+            return
+        defaults = getattr(cls, "_defaults", ())
+        required = len(names) - len(defaults)
+        params = [*names[:required], *(f"{name}=_default{i}" for i, name in enumerate(names[required:]))]
+        source = (f"def __init__(self, _buffer, _nbytes, {', '.join(params)}):\n"
+                  + "".join(f"    self.{name} = {name}\n" for name in names))
+        namespace = {f"_default{i}": value for i, value in enumerate(defaults)}
+        exec(source, namespace)
+        cls.__init__ = namespace["__init__"]  # type: ignore[misc]
 
     def __new__(cls, source: AllocLog | Buffer, nbytes: int, *fields: Any) -> Buffer:
         self = object.__new__(cls)

@@ -132,46 +132,33 @@ class _Pending:
     """A tensor to create on its receiver when the receiver awaits it: class, fields and size, no buffer
     (the sender's tensor may be freed meanwhile)."""
 
-    __slots__ = ("cls", "values", "nbytes")
+    __slots__ = ("cls", "fields", "nbytes")
 
     def __init__(self, tensor: Tensor):
         self.cls = tensor.__class__
-        self.values = [getattr(tensor, name) for name in _field_names(self.cls)]
+        self.fields = _fields(tensor)
         self.nbytes = tensor.nbytes
 
     def materialize(self, state: RankState) -> Tensor:
-        return _build(self.cls, self.values, state.rank, state.memory, self.nbytes)
+        self.fields["rank"] = state.rank
+        return self.cls(state.memory, self.nbytes, *self.fields.values())
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}  # tensor class -> the fields `clone` copies
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    names = _FIELDS.get(cls)
-    if names is None:  # every slot but the buffer's and the stash
-        names = _FIELDS[cls] = tuple(name for c in cls.__mro__ for name in getattr(c, "__slots__", ())
-                                     if not name.startswith("_") and name != "nbytes")
-    return names
+def _fields(t: Tensor) -> dict[str, Any]:
+    """t's constructor fields in order, without a stash."""
+    fields = {name: getattr(t, name) for name in t._args}
+    if "_stash" in fields:
+        fields["_stash"] = None
+    return fields
 
 
 def clone(t: Tensor, rank: int, buffer: AllocLog | Tensor, nbytes: int = 0, **changes: Any) -> Tensor:
     """A new tensor with t's fields (and `changes`) on `rank`, with no stash: `nbytes` allocated on the
     memory log `buffer`, or a view of the tensor `buffer`."""
-    cls = t.__class__
-    return _build(cls, [getattr(t, name) for name in _field_names(cls)], rank, buffer, nbytes, **changes)
-
-
-def _build(cls: type, values: list[Any], rank: int, buffer: AllocLog | Tensor, nbytes: int,
-           **changes: Any) -> Tensor:
-    out = cls.__new__(cls, buffer, nbytes)
-    for name, value in zip(_FIELDS[cls], values):
-        setattr(out, name, value)
-    if cls is Activation:
-        out._stash = None
-    out.rank = rank
-    for name, value in changes.items():
-        setattr(out, name, value)
-    return out
+    fields = _fields(t)
+    fields["rank"] = rank
+    fields.update(changes)
+    return t.__class__(buffer, nbytes, *fields.values())
 
 
 # ---- collectives ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .memory import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, AllocLog, Buffer
+from .memory import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, Buffer
 
 
 def samples_mask(samples: Iterable[int] | range, global_batch_size: int) -> int:
@@ -63,18 +63,18 @@ def full_mask(n: int) -> int:
 
 class Tensor(Buffer):
     """Base of every symbolic tensor: the rank that holds it, its layer, its samples, and (as a `Buffer`)
-    its bytes. Constructors take the buffer first: a rank's memory log to allocate `nbytes` on, or a
-    tensor whose buffer the new one shares."""
+    its bytes. A constructor takes the buffer first, a rank's memory log to allocate `nbytes` on or a
+    tensor whose buffer the new one shares, then the fields its class's `_args` names, in that order."""
 
     __slots__ = ("rank", "layer", "samples")
     kind = "tensor"
 
-    def _fields(self) -> str:
+    def _describe(self) -> str:
         return ""
 
     def __repr__(self) -> str:
         samples = f", samples {describe_mask(self.samples)}" if self.samples else ""
-        return f"{type(self).__name__}(layer {self.layer}{samples}{self._fields()}, rank {self.rank})"
+        return f"{type(self).__name__}(layer {self.layer}{samples}{self._describe()}, rank {self.rank})"
 
 
 class _Sharded(Tensor):
@@ -87,7 +87,7 @@ class _Sharded(Tensor):
         """All ZeRO shards present (a TP slice counts as complete: it computes as it is)."""
         return self.shards == (1 << self.num_shards) - 1
 
-    def _fields(self) -> str:
+    def _describe(self) -> str:
         out = ""
         if self.num_shards > 1:
             out += f", shards {describe_mask(self.shards)} of {self.num_shards}"
@@ -103,19 +103,11 @@ class Weight(_Sharded):
     kind = "weight"
     code = WEIGHT  # memory.KINDS index
 
-    def __init__(self, buffer: AllocLog | Tensor, nbytes: int, rank: int, layer: int, step: int, shards: int,
-                 num_shards: int, tp_rank: int, tp_size: int, samples: int):
-        self.rank = rank
-        self.layer = layer
-        self.step = step
-        self.shards = shards
-        self.num_shards = num_shards
-        self.tp_rank = tp_rank
-        self.tp_size = tp_size
-        self.samples = samples  # samples whose gradients the last update applied
+    # Weight(buffer, nbytes, ...): `samples` are those whose gradients the last update applied
+    _args = ("rank", "layer", "step", "shards", "num_shards", "tp_rank", "tp_size", "samples")
 
-    def _fields(self) -> str:
-        return f", step {self.step}" + super()._fields()
+    def _describe(self) -> str:
+        return f", step {self.step}" + super()._describe()
 
 
 class OptState(Weight):
@@ -133,15 +125,7 @@ class WeightGrad(_Sharded):
     kind = "weight_grad"
     code = WEIGHT_GRAD  # memory.KINDS index
 
-    def __init__(self, buffer: AllocLog | Tensor, nbytes: int, rank: int, layer: int, samples: int, shards: int,
-                 num_shards: int, tp_rank: int, tp_size: int):
-        self.rank = rank
-        self.layer = layer
-        self.samples = samples
-        self.shards = shards
-        self.num_shards = num_shards
-        self.tp_rank = tp_rank
-        self.tp_size = tp_size
+    _args = ("rank", "layer", "samples", "shards", "num_shards", "tp_rank", "tp_size")
 
     def __add__(self, other: WeightGrad) -> WeightGrad:
         """Accumulate gradients of disjoint samples; like `.grad +=`, the sum reuses the left buffer."""
@@ -168,19 +152,14 @@ class _Hidden(Tensor):
 
     __slots__ = ("tp_parts", "tp_size")
 
-    def __init__(self, buffer: AllocLog | Tensor, nbytes: int, rank: int, layer: int, samples: int,
-                 tp_parts: int = 1, tp_size: int = 1):
-        self.rank = rank
-        self.layer = layer
-        self.samples = samples
-        self.tp_parts = tp_parts
-        self.tp_size = tp_size
+    _args = ("rank", "layer", "samples", "tp_parts", "tp_size")
+    _defaults = (1, 1)  # complete: not a partial sum
 
     @property
     def is_partial(self) -> bool:
         return self.tp_parts != (1 << self.tp_size) - 1
 
-    def _fields(self) -> str:
+    def _describe(self) -> str:
         return f", partial {describe_mask(self.tp_parts)} of {self.tp_size}" if self.is_partial else ""
 
 
@@ -195,21 +174,15 @@ class Activation(_Hidden):
     kind = "activation"
     code = ACTIVATION  # memory.KINDS index
 
-    def __init__(self, buffer: AllocLog | Tensor, nbytes: int, rank: int, layer: int, samples: int,
-                 tp_parts: int = 1, tp_size: int = 1):
-        self.rank = rank
-        self.layer = layer
-        self.samples = samples
-        self.tp_parts = tp_parts
-        self.tp_size = tp_size
-        self._stash: Stash | None = None
+    _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "_stash")
+    _defaults = (1, 1, None)
 
     @property
     def has_stash(self) -> bool:
         return self._stash is not None
 
-    def _fields(self) -> str:
-        return super()._fields() + (", with stash" if self._stash is not None else "")
+    def _describe(self) -> str:
+        return super()._describe() + (", with stash" if self._stash is not None else "")
 
 
 class ActivationGrad(_Hidden):
@@ -227,8 +200,5 @@ class Stash(Buffer):
     __slots__ = ("tp_rank", "tp_size", "input_done", "recompute")
     code = STASH  # memory.KINDS index
 
-    def __init__(self, buffer: AllocLog, nbytes: int, tp_rank: int, tp_size: int, recompute: str = "none"):
-        self.tp_rank = tp_rank
-        self.tp_size = tp_size
-        self.input_done = False
-        self.recompute = recompute
+    _args = ("tp_rank", "tp_size", "recompute", "input_done")
+    _defaults = ("none", False)

@@ -145,3 +145,25 @@ def test_a_step_keeps_the_same_books_in_c_and_in_python():
     assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
     for name in ("zero", "one_f_one_b"):
         assert c[name] == python[name] and len(c[name]["logs"][0][0]) > 20
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_args_fill_the_named_slots_in_order_with_trailing_defaults(impl):
+    log, _ = make(impl)
+
+    class Pair(impl.Buffer):
+        __slots__ = ("left", "right", "note")
+        code = 1
+        _args = ("right", "left", "note")
+        _defaults = ("none",)
+
+    p = Pair(log, 8, "r", "l")
+    assert (p.left, p.right, p.note, p.nbytes) == ("l", "r", "none", 8)
+    q = Pair(p, 0, 1, 2, "shared")
+    assert (q.left, q.right, q.note, q.nbytes, q._base) == (2, 1, "shared", 8, p)
+    for wrong in ((1,), (1, 2, 3, 4)):
+        with pytest.raises(TypeError):
+            Pair(log, 8, *wrong)
+    assert log.live == 8  # a refused call leaves nothing live
+    del p, q
+    assert log.live == 0
