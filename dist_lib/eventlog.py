@@ -18,14 +18,14 @@ from typing import Any
 RawEvent = tuple  # see `result.Event` for the named view
 
 STREAMS = ("compute", "collective", "p2p")
+STREAM_CODES = {stream: code for code, stream in enumerate(STREAMS)}
+PACK_AT = 4096  # tuples gathered before `maybe_pack` packs them: bounds the unpacked part
 KNOWN_OPS = ("forward", "backward", "backward_input", "backward_weight", "loss", "update",
              "all_reduce", "all_gather", "reduce_scatter", "send", "recv")
 
 
 class EventLog(Sequence):
     """Every event of one step, in the order recorded. `append` takes a raw event tuple."""
-
-    PACK_AT = 4096  # tuples gathered before `maybe_pack` packs them: bounds the unpacked part
 
     __slots__ = ("recent", "append", "_op_names", "_op_codes", "_rank", "_op", "_stream", "_start", "_end",
                  "_layer", "_samples", "_nbytes", "_flops", "_peers", "_op_id", "_detail")
@@ -44,7 +44,7 @@ class EventLog(Sequence):
         self._detail: list[str] = []
 
     def maybe_pack(self) -> None:
-        if len(self.recent) >= self.PACK_AT:
+        if len(self.recent) >= PACK_AT:
             self.pack()
 
     def pack(self) -> None:
@@ -54,9 +54,13 @@ class EventLog(Sequence):
             return
         (ranks, ops, streams, starts, ends, layers, samples, nbytes, flops, peers, op_ids,
          details) = zip(*recent)
+        codes = self._op_codes
+        for op in set(ops).difference(codes):  # ops this log has not seen get the next codes
+            codes[op] = len(self._op_names)
+            self._op_names.append(op)
         self._rank.extend(ranks)
-        self._op.extend(map(self._op_code, ops))
-        self._stream.extend(map(STREAMS.index, streams))
+        self._op.extend(map(codes.__getitem__, ops))
+        self._stream.extend(map(STREAM_CODES.__getitem__, streams))
         self._start.extend(starts)
         self._end.extend(ends)
         self._layer.extend(layers)
@@ -67,13 +71,6 @@ class EventLog(Sequence):
         self._op_id.extend(op_ids)
         self._detail.extend(details)
         recent.clear()
-
-    def _op_code(self, op: str) -> int:
-        code = self._op_codes.get(op)
-        if code is None:  # an op this log has not seen: give it the next code
-            code = self._op_codes[op] = len(self._op_names)
-            self._op_names.append(op)
-        return code
 
     def _packed(self) -> Iterator[RawEvent]:
         return zip(self._rank, map(self._op_names.__getitem__, self._op), map(STREAMS.__getitem__, self._stream),

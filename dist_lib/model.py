@@ -15,7 +15,7 @@ from .comm import Group, Work, get_group, issue_collective
 from .devices import Device
 from .engine import Engine, RankState
 from .errors import TensorError
-from .eventlog import EventLog
+from .eventlog import PACK_AT
 from .hardware import Cluster
 from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES
 from .op_checks import OpChecks, _covers, _first_time, _shard_key
@@ -126,14 +126,15 @@ class Model(OpChecks):
             state.forwarded[layer] = before | seen if before else seen  # shares the mask when it can
         n = samples.bit_count()
         mode = "selective" if selective_recompute else "none"
-        duration, flops, stash_bytes = self._cost("forward", layer, n, tp, mode)
+        duration, flops, stash_bytes = self._cache.get(("forward", layer, n, tp, mode)) \
+            or self._cost("forward", layer, n, tp, mode)
         start = state.clock
         state.clock = end = start + duration
         state.flops += flops
         events = self._events
         events.append((rank, "forward", "compute", start, end, layer, samples, 0, flops, None, 0,
                        "recompute" if recompute else ""))
-        if len(events) >= EventLog.PACK_AT:
+        if len(events) >= PACK_AT:
             self._engine.events.pack()
         mem = self._mem
         mem.context = ("forward", layer)
@@ -302,7 +303,8 @@ class Model(OpChecks):
     def _compute(self, op: str, layer: int, samples: int, tp: int, recompute: str = "none") -> None:
         """Advance the compute stream by the op's duration and record it (the detail names a selective
         recompute, which changes the duration)."""
-        duration, flops, _ = self._cost(op, layer, samples.bit_count(), tp, recompute)
+        n = samples.bit_count()
+        duration, flops, _ = self._cache.get((op, layer, n, tp, recompute)) or self._cost(op, layer, n, tp, recompute)
         state = self._state
         start = state.clock
         state.clock = end = start + duration
