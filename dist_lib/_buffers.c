@@ -27,13 +27,19 @@ typedef struct {
     long long *tags; /* buffer address | kind code */
 } AllocLog;
 
+/* Two words after the object header, as every live tensor is one: what the buffer hangs on, and its
+ * size, kind and whether it is a view. Its log tag is the owner's address | kind code. */
 typedef struct {
     PyObject_HEAD
-    AllocLog *log;   /* the owner's log; NULL for a view */
-    PyObject *base;  /* for a view, the tensor owning the buffer */
-    long long nbytes;
-    long long tag;
+    PyObject *ref;           /* the AllocLog it was allocated on; for a view, the owning Buffer */
+    unsigned long long word; /* nbytes | kind code << CODE_SHIFT | VIEW */
 } Buffer;
+
+#define CODE_SHIFT 56
+#define NBYTES_MASK ((1ULL << CODE_SHIFT) - 1)
+#define VIEW (1ULL << 63)
+#define BUFFER_NBYTES(b) ((long long)((b)->word & NBYTES_MASK))
+#define BUFFER_CODE(b) ((long long)(((b)->word >> CODE_SHIFT) & KIND_MASK))
 
 static PyTypeObject AllocLogType;
 static PyTypeObject BufferType;
@@ -284,7 +290,7 @@ static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     if (PyObject_TypeCheck(source, &AllocLogType)) {
         long long nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(args, 1));
         if (nbytes == -1 && PyErr_Occurred()) return NULL;
-        if (nbytes < 0) {
+        if (nbytes < 0 || (unsigned long long)nbytes > NBYTES_MASK) {
             PyErr_Format(PyExc_ValueError, "%s(): a buffer of %lld bytes", type->tp_name, nbytes);
             return NULL;
         }
@@ -298,14 +304,13 @@ static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         if (now == -1.0 && PyErr_Occurred()) return NULL;
         self = (Buffer *)type->tp_alloc(type, 0);
         if (!self) return NULL;
-        self->nbytes = nbytes;
-        self->tag = (long long)(uintptr_t)self | (code & KIND_MASK);
-        if (log_append(log, now, nbytes, self->tag) < 0) {
-            Py_DECREF(self); /* nothing was logged: leave `log` unset so the free is not either */
+        self->word = (unsigned long long)nbytes | (unsigned long long)(code & KIND_MASK) << CODE_SHIFT;
+        if (log_append(log, now, nbytes, (long long)(uintptr_t)self | (code & KIND_MASK)) < 0) {
+            Py_DECREF(self); /* nothing was logged: leave `ref` unset so the free is not either */
             return NULL;
         }
         Py_INCREF(log);
-        self->log = log;
+        self->ref = (PyObject *)log;
         if (log->live > log->peak) {
             log->peak = log->live;
             log->peak_index = log->len;
@@ -317,13 +322,12 @@ static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         }
     } else if (PyObject_TypeCheck(source, &BufferType)) {
         Buffer *owner = (Buffer *)source;
-        if (owner->base) owner = (Buffer *)owner->base;
+        if (owner->word & VIEW) owner = (Buffer *)owner->ref;
         self = (Buffer *)type->tp_alloc(type, 0);
         if (!self) return NULL;
         Py_INCREF(owner);
-        self->base = (PyObject *)owner;
-        self->nbytes = owner->nbytes;
-        self->tag = owner->tag;
+        self->ref = (PyObject *)owner;
+        self->word = owner->word | VIEW;
     } else {
         PyErr_Format(PyExc_TypeError, "%s(): expected a memory log or a tensor to share, got %.100s",
                      type->tp_name, Py_TYPE(source)->tp_name);
@@ -334,37 +338,52 @@ static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
 }
 
 static int Buffer_traverse(Buffer *self, visitproc visit, void *arg) {
-    Py_VISIT(self->log);
-    Py_VISIT(self->base);
+    Py_VISIT(self->ref);
     return 0;
 }
 
 static int Buffer_clear(Buffer *self) {
-    Py_CLEAR(self->log);
-    Py_CLEAR(self->base);
+    Py_CLEAR(self->ref);
     return 0;
 }
 
 static void Buffer_dealloc(Buffer *self) {
     PyObject_GC_UnTrack(self);
-    AllocLog *log = self->log;
-    if (log) {
+    AllocLog *log = (AllocLog *)self->ref;
+    if (log && !(self->word & VIEW)) {
         /* a free cannot fail: keep any exception in flight, and log what can be logged */
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         double now = log_clock(log);
         if (now == -1.0 && PyErr_Occurred()) { PyErr_Clear(); now = 0.0; }
-        if (log_append(log, now, -self->nbytes, self->tag) < 0) PyErr_Clear();
+        long long tag = (long long)(uintptr_t)self | BUFFER_CODE(self);
+        if (log_append(log, now, -BUFFER_NBYTES(self), tag) < 0) PyErr_Clear();
         PyErr_Restore(type, value, tb);
     }
     Buffer_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyMemberDef Buffer_members[] = {
-    {"nbytes", T_LONGLONG, offsetof(Buffer, nbytes), READONLY, "bytes of the buffer"},
-    {"_base", T_OBJECT, offsetof(Buffer, base), READONLY, "for a view, the tensor owning the buffer"},
-    {"_mem", T_OBJECT, offsetof(Buffer, log), READONLY, "the log this buffer was allocated on (None for a view)"},
+static PyObject *Buffer_nbytes(Buffer *self, void *closure) {
+    return PyLong_FromLongLong(BUFFER_NBYTES(self));
+}
+
+static PyObject *Buffer_base(Buffer *self, void *closure) {
+    PyObject *base = (self->word & VIEW) && self->ref ? self->ref : Py_None;
+    Py_INCREF(base);
+    return base;
+}
+
+static PyObject *Buffer_mem(Buffer *self, void *closure) {
+    PyObject *log = !(self->word & VIEW) && self->ref ? self->ref : Py_None;
+    Py_INCREF(log);
+    return log;
+}
+
+static PyGetSetDef Buffer_getset[] = {
+    {"nbytes", (getter)Buffer_nbytes, NULL, "bytes of the buffer", NULL},
+    {"_base", (getter)Buffer_base, NULL, "for a view, the tensor owning the buffer", NULL},
+    {"_mem", (getter)Buffer_mem, NULL, "the log this buffer was allocated on (None for a view)", NULL},
     {NULL}};
 
 static PyTypeObject BufferType = {
@@ -377,7 +396,7 @@ static PyTypeObject BufferType = {
     .tp_dealloc = (destructor)Buffer_dealloc,
     .tp_traverse = (traverseproc)Buffer_traverse,
     .tp_clear = (inquiry)Buffer_clear,
-    .tp_members = Buffer_members,
+    .tp_getset = Buffer_getset,
 };
 
 /* ---- module -------------------------------------------------------------------------------------- */
