@@ -57,9 +57,10 @@ def main() -> None:
     for ranks, layers, microbatches in configs:
         m = measure(ranks, layers, microbatches)
         rate = m["events"] / m["wall"]
-        per_event = m["grew_kib"] * 1024 / m["events"]
+        # a small run may fit in memory the interpreter already holds: then there is nothing to divide
+        per_event = f"{m['grew_kib'] * 1024 / m['events']:.0f}" if m["grew_kib"] > 0 else "-"
         print(f"{ranks:>6} {layers:>6} {microbatches:>12} {m['events']:>9,} {m['wall']:>8.2f} {rate:>10,.0f} {1e6 / rate:>7.2f} "
-              f"{m['rss_kib'] / 1024:>13.0f} {per_event:>8.0f}")
+              f"{m['rss_kib'] / 1024:>13.0f} {per_event:>8}")
 
 
 if __name__ == "__main__":
