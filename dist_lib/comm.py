@@ -30,7 +30,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 class Group:
     """An ordered set of ranks. One object per distinct set, so collectives on it can be matched."""
 
-    __slots__ = ("ranks", "index", "size", "link", "topology", "next_seq", "pending")
+    __slots__ = ("ranks", "index", "size", "link", "topology", "next_seq", "pending", "costs")
 
     def __init__(self, ranks: tuple[int, ...], link: Link, topology: costs.Topology | None = None):
         self.ranks = ranks
@@ -41,6 +41,7 @@ class Group:
         self.topology = topology or costs.Topology(len(ranks), 1, len(ranks), link)
         self.next_seq = [0] * len(ranks)
         self.pending: dict[int, Collective] = {}
+        self.costs: dict[tuple, float] = {}  # seconds by (op, bytes, TP partial sums): once per group
 
     def __repr__(self) -> str:
         return f"Group({list(self.ranks)})"
@@ -178,6 +179,11 @@ class Collective:
         self.first: Work | None = None  # the first member's work, to check the others against
         self.at_head = 0  # members whose collective stream has this op next
 
+    def __str__(self) -> str:
+        """Names a complete collective in error messages (formatting the group costs O(members): only
+        when an error is raised)."""
+        return f"{self.op} #{self.seq} on group {list(self.group.ranks)} (layer {self.works[0].input.layer})"
+
 
 def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, group: Group) -> Work:
     rank = state.rank
@@ -287,10 +293,11 @@ def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
     start = max(max(w.issue for w in works), max(s.comm_free for s in states))
     first = works[0].input
     results, nbytes, label = _combine(engine, coll, [w.input for w in works])
-    duration = costs.collective_time(coll.op, nbytes, group.topology)
-    if coll.op == "all_reduce" and isinstance(first, (Activation, ActivationGrad)):
-        # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h.
-        duration *= 2
+    # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h.
+    key = (coll.op, nbytes, first.__class__ is Activation or first.__class__ is ActivationGrad)
+    duration = group.costs.get(key)
+    if duration is None:
+        duration = group.costs[key] = costs.collective_time(coll.op, nbytes, group.topology) * (2 if key[2] else 1)
     end = start + duration
     del group.pending[coll.seq]
     peers = group.ranks
@@ -309,7 +316,7 @@ def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
 def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[list[Tensor], int, str]:
     """The per-member results of a collective, the bytes its cost is based on, and a label."""
     op, ranks, works = coll.op, coll.group.ranks, coll.works
-    head = f"{op} #{coll.seq} on group {list(ranks)} (layer {inputs[0].layer})"
+    head = coll  # formatted only in an error message
     if isinstance(inputs[0], (Weight, OptState, WeightGrad)):
         key = [(t.tp_rank, t.tp_size) for t in inputs]
         if len(set(key)) > 1:
@@ -336,7 +343,7 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
         tp_size = first.tp_size
         if parts == full_mask(tp_size):
             parts, tp_size = 1, 1
-        results = [clone(t, t.rank, t, tp_parts=parts, tp_size=tp_size) for t in inputs]
+        results = [t.__class__(t, 0, t.rank, t.layer, t.samples, parts, tp_size) for t in inputs]  # in place
         return results, first.nbytes, f"{first.kind} (TP partial sums)"
     if op == "all_gather":
         if len({t.num_shards for t in inputs}) > 1 or len({getattr(t, "step", 0) for t in inputs}) > 1 \
@@ -361,7 +368,7 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
     return results, first.nbytes, first.kind
 
 
-def _disjoint_union(head: str, what: str, ranks: tuple[int, ...], masks: list[int], why: str) -> int:
+def _disjoint_union(head: Collective, what: str, ranks: tuple[int, ...], masks: list[int], why: str) -> int:
     union = 0
     owner: dict[int, int] = {}
     for r, m in zip(ranks, masks):
