@@ -83,7 +83,8 @@ def test_double_counted_samples_across_ranks():
         wg, _ = model.backward(0, x0, grad, w0)
         await model.all_reduce(wg)
 
-    with pytest.raises(CollectiveMismatchError, match="ranks 0 and 1 both hold samples 0"):
+    with pytest.raises(CollectiveMismatchError,
+                       match=r"all_reduce #0 on group \[0, 1\] \(layer 0\): ranks 0 and 1 both hold samples 0"):
         run(train)
 
 
