@@ -5,8 +5,8 @@ kind (`Cls.code`) on a rank's `AllocLog`, which appends (time, +bytes, tag) to i
 frees the last reference, the free appends (time, -bytes, tag). `Cls(tensor, nbytes, *fields)` is a
 view of `tensor`'s buffer (an in-place all-reduce, an accumulated gradient, as PyTorch's `_base`): it
 keeps the owner alive and logs nothing itself. The remaining arguments go to the slots `Cls._args`
-names, in order (trailing ones may be left out for `Cls._defaults`); a class without `_args` of its own
-takes them in its `__init__`.
+names, in order (trailing ones may be left out for `Cls._defaults`); a class that inherits no `_args`
+takes them in its own `__init__`.
 
 A tag is the owner's address | kind code: unique among live buffers (CPython aligns objects to 16
 bytes, so the low bits are free) and reused only after the free is logged.
