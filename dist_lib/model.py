@@ -140,10 +140,8 @@ class Model(OpChecks):
         mem.context = ("forward", layer)
         if stash:
             act._stash = Stash(mem, stash_bytes, tp_rank, tp, mode)
-        out = Activation(mem, n * self._act_bytes, rank, layer + 1, samples)
-        if tp > 1:
-            out.tp_parts, out.tp_size = 1 << tp_rank, tp
-        return out
+        # a TP slice yields its part of the sum (with tp 1: part 0 of 1, complete)
+        return Activation(mem, n * self._act_bytes, rank, layer + 1, samples, 1 << tp_rank, tp)
 
     def backward(self, layer: int, act: Activation, grad: ActivationGrad,
                  weight: Weight) -> tuple[WeightGrad, ActivationGrad]:
@@ -318,11 +316,8 @@ class Model(OpChecks):
         return WeightGrad(self._mem, nbytes, self.rank, layer, act.samples, 1, 1, weight.tp_rank, tp)
 
     def _activation_grad(self, act: Activation, weight: Weight) -> ActivationGrad:
-        nbytes = act.samples.bit_count() * self._act_bytes
-        if weight.tp_size > 1:
-            return ActivationGrad(self._mem, nbytes, self.rank, act.layer, act.samples, 1 << weight.tp_rank,
-                                  weight.tp_size)
-        return ActivationGrad(self._mem, nbytes, self.rank, act.layer, act.samples)
+        return ActivationGrad(self._mem, act.samples.bit_count() * self._act_bytes, self.rank, act.layer,
+                              act.samples, 1 << weight.tp_rank, weight.tp_size)  # a TP slice: partial sum
 
 
 def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int, tp: int,

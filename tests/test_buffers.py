@@ -36,7 +36,7 @@ def make(impl):
     """A log type, a buffer kind of code 3, and a log whose clock is ours to move."""
 
     class Log(impl.AllocLog):
-        __slots__ = ("misses",)
+        __slots__ = ()
 
         def out_of_memory(self, nbytes, code):
             self.enforce = False
