@@ -65,14 +65,20 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     if start_order_seed is not None:
         random.Random(start_order_seed).shuffle(order)
     # Frees rely on reference counting, not on the cycle collector, whose full passes over a growing
-    # event log would make long steps quadratic: pause it for the step.
+    # event log would make long steps quadratic: pause it for the step and for building its result.
     collecting = gc.isenabled()
     gc.disable()
     try:
         await engine.run(lambda rank: train(models[rank], **options), order)
+        return _finish(engine, options, name, check)
     finally:
+        engine.release()
         if collecting:
             gc.enable()
+
+
+def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> Result:
+    """After every rank returned: the leftovers check, the end-of-step check and the result."""
     leftovers = unfinished(engine)
     if leftovers:
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
@@ -80,7 +86,7 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     for state in engine.ranks:  # un-awaited works release their buffers when the rank's stream drains
         state.outstanding.clear()
     finals = [w for state in engine.ranks for w in state.final_weights]
-    problems = check_final_weights(finals, workload.num_layers, global_batch_size)
+    problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
     result = _build_result(engine, options, name, problems)
     result.final_weights = [(w.rank, w.layer, w.step, w.samples, w.shards, w.num_shards, w.tp_rank, w.tp_size)
                             for w in finals]

@@ -155,3 +155,25 @@ def test_peak_is_per_rank_and_names_the_rank():
     result = run(train, cluster="3xA100-80GB", batch=3)
     assert result.memory_bytes == [14 * P, 28 * P, 42 * P]
     assert (result.peak_memory_rank, result.peak_memory_bytes) == (2, 42 * P)
+
+
+def test_a_finished_step_leaves_no_cyclic_garbage():
+    """The step's tensors and rank states are freed by reference counting as soon as `simulate` returns;
+    none is left for a (slow, whole-heap) pass of the cycle collector."""
+    import gc
+
+    from dist_lib.engine import RankState
+    from dist_lib.tensors import Weight
+
+    def leftovers() -> int:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            return sum(isinstance(o, (Weight, RankState)) for o in gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+
+    leftovers()
+    simulate("strategies/ddp.py", "2x4xA100-80GB", "toy:layers=4", 16, microbatch_size=2)
+    assert leftovers() == 0
