@@ -21,7 +21,7 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".installed"
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "dist_lib/_buffers.c")
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "dist_lib/_buffers.c", "dist_lib/_buffers.h", "dist_lib/_ops.c")
 
 
 def ensure_env() -> None:

@@ -6,43 +6,10 @@
  * alive and logs nothing itself. `buffers.py` is the pure-Python twin with the same semantics; its
  * docstrings are the specification, and `memory.py` takes this module when it was built.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-#include <stdint.h>
+#include "_buffers.h"
 
-#define KIND_MASK 7 /* low bits of a tag: the kind code (memory.KIND_BITS) */
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *owner; /* whose `clock` stamps the log */
-    long long live;
-    long long peak;
-    long long capacity;
-    Py_ssize_t peak_index; /* entries up to and including the peak */
-    char enforce;
-    Py_ssize_t len, cap;
-    double *times;
-    long long *deltas;
-    long long *tags; /* buffer address | kind code */
-} AllocLog;
-
-/* Two words after the object header, as every live tensor is one: what the buffer hangs on, and its
- * size, kind and whether it is a view. Its log tag is the owner's address | kind code. */
-typedef struct {
-    PyObject_HEAD
-    PyObject *ref;           /* the AllocLog it was allocated on; for a view, the owning Buffer */
-    unsigned long long word; /* nbytes | kind code << CODE_SHIFT | VIEW */
-} Buffer;
-
-#define CODE_SHIFT 56
-#define NBYTES_MASK ((1ULL << CODE_SHIFT) - 1)
-#define VIEW (1ULL << 63)
-#define BUFFER_NBYTES(b) ((long long)((b)->word & NBYTES_MASK))
-#define BUFFER_CODE(b) ((long long)(((b)->word >> CODE_SHIFT) & KIND_MASK))
-
-static PyTypeObject AllocLogType;
-static PyTypeObject BufferType;
+PyTypeObject AllocLogType;
+PyTypeObject BufferType;
 static PyObject *str_clock, *str_code, *str_args, *str_defaults, *str_frombytes, *array_type;
 
 /* What a Buffer subclass's constructor needs, looked up once per class: its kind code, and the slots
@@ -77,10 +44,23 @@ static int log_grow(AllocLog *log) {
     return 0;
 }
 
-/* The owner's clock, or -1 with an exception set. */
-static double log_clock(AllocLog *log) {
-    if (!log->owner) return 0.0;
-    PyObject *clock = PyObject_GetAttr(log->owner, str_clock);
+static PyTypeObject *clock_type; /* owners whose clock is read from a slot, not looked up */
+static Py_ssize_t clock_offset;
+
+void set_clock_slot(PyTypeObject *type, Py_ssize_t offset) {
+    Py_INCREF(type);
+    Py_XSETREF(clock_type, type);
+    clock_offset = offset;
+}
+
+double log_clock(AllocLog *log) {
+    PyObject *owner = log->owner;
+    if (!owner) return 0.0;
+    if (Py_TYPE(owner) == clock_type) {
+        PyObject *clock = *(PyObject **)((char *)owner + clock_offset);
+        if (clock && PyFloat_CheckExact(clock)) return PyFloat_AS_DOUBLE(clock);
+    }
+    PyObject *clock = PyObject_GetAttr(owner, str_clock);
     if (!clock) return -1.0;
     double t = PyFloat_AsDouble(clock);
     Py_DECREF(clock);
@@ -176,7 +156,7 @@ static PyMemberDef AllocLog_members[] = {
 
 static PySequenceMethods AllocLog_as_sequence = {.sq_length = (lenfunc)AllocLog_len};
 
-static PyTypeObject AllocLogType = {
+PyTypeObject AllocLogType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dist_lib._buffers.AllocLog",
     .tp_doc = "One rank's live bytes, peak, and log of every allocation and free.",
@@ -253,8 +233,7 @@ static TypeInfo *type_info(PyTypeObject *type) {
     return &type_cache[type_cache_len++];
 }
 
-static int check_arg_count(PyTypeObject *type, TypeInfo *info, PyObject *args) {
-    Py_ssize_t given = PyTuple_GET_SIZE(args) - 2;
+static int check_arg_count(PyTypeObject *type, TypeInfo *info, Py_ssize_t given) {
     if (info->nargs >= 0 && (given < info->nrequired || given > info->nargs)) {
         PyErr_Format(PyExc_TypeError, "%s() takes %zd to %zd fields after the buffer and byte count, got %zd",
                      type->tp_name, info->nrequired, info->nargs, given);
@@ -264,15 +243,64 @@ static int check_arg_count(PyTypeObject *type, TypeInfo *info, PyObject *args) {
 }
 
 /* Store the constructor's fields (args after the buffer and byte count) in the slots `_args` names. */
-static void store_args(PyObject *self, TypeInfo *info, PyObject *args) {
-    Py_ssize_t given = PyTuple_GET_SIZE(args) - 2;
+static void store_args(PyObject *self, TypeInfo *info, PyObject *const *fields, Py_ssize_t given) {
     Py_ssize_t first_default = info->nargs - PyTuple_GET_SIZE(info->defaults);
     for (Py_ssize_t i = 0; i < info->nargs; i++) {
-        PyObject *value = i < given ? PyTuple_GET_ITEM(args, i + 2) : PyTuple_GET_ITEM(info->defaults, i - first_default);
+        PyObject *value = i < given ? fields[i] : PyTuple_GET_ITEM(info->defaults, i - first_default);
         PyObject **slot = (PyObject **)((char *)self + info->offsets[i]);
         Py_INCREF(value);
         Py_XSETREF(*slot, value);
     }
+}
+
+PyObject *buffer_alloc(PyTypeObject *type, AllocLog *log, long long nbytes, PyObject *const *fields, Py_ssize_t n) {
+    TypeInfo *info = type_info(type);
+    if (!info || check_arg_count(type, info, n) < 0) return NULL;
+    if (nbytes < 0 || (unsigned long long)nbytes > NBYTES_MASK) {
+        PyErr_Format(PyExc_ValueError, "%s(): a buffer of %lld bytes", type->tp_name, nbytes);
+        return NULL;
+    }
+    long code = info->code;
+    if (code < 0) {
+        PyErr_Format(PyExc_TypeError, "%s has no kind `code`: it cannot allocate", type->tp_name);
+        return NULL;
+    }
+    double now = log_clock(log);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    Buffer *self = (Buffer *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->word = (unsigned long long)nbytes | (unsigned long long)(code & KIND_MASK) << CODE_SHIFT;
+    if (log_append(log, now, nbytes, (long long)(uintptr_t)self | (code & KIND_MASK)) < 0) {
+        Py_DECREF(self); /* nothing was logged: leave `ref` unset so the free is not either */
+        return NULL;
+    }
+    Py_INCREF(log);
+    self->ref = (PyObject *)log;
+    if (log->live > log->peak) {
+        log->peak = log->live;
+        log->peak_index = log->len;
+        if (log->live > log->capacity && log->enforce) {
+            PyObject *r = PyObject_CallMethod((PyObject *)log, "out_of_memory", "Ll", nbytes, code);
+            Py_XDECREF(r);
+            if (!r) { Py_DECREF(self); return NULL; }
+        }
+    }
+    if (info->nargs >= 0) store_args((PyObject *)self, info, fields, n);
+    return (PyObject *)self;
+}
+
+PyObject *buffer_view(PyTypeObject *type, PyObject *source, PyObject *const *fields, Py_ssize_t n) {
+    TypeInfo *info = type_info(type);
+    if (!info || check_arg_count(type, info, n) < 0) return NULL;
+    Buffer *owner = (Buffer *)source;
+    if (owner->word & VIEW) owner = (Buffer *)owner->ref;
+    Buffer *self = (Buffer *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    Py_INCREF(owner);
+    self->ref = (PyObject *)owner;
+    self->word = owner->word | VIEW;
+    if (info->nargs >= 0) store_args((PyObject *)self, info, fields, n);
+    return (PyObject *)self;
 }
 
 /* Cls(log, nbytes, *fields) allocates `nbytes` of the class's kind (`Cls.code`) on `log`;
@@ -284,57 +312,17 @@ static PyObject *Buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         return NULL;
     }
     PyObject *source = PyTuple_GET_ITEM(args, 0);
-    TypeInfo *info = type_info(type);
-    if (!info || check_arg_count(type, info, args) < 0) return NULL;
-    Buffer *self;
+    PyObject *const *fields = &PyTuple_GET_ITEM(args, 2);
+    Py_ssize_t n = PyTuple_GET_SIZE(args) - 2;
     if (PyObject_TypeCheck(source, &AllocLogType)) {
         long long nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(args, 1));
         if (nbytes == -1 && PyErr_Occurred()) return NULL;
-        if (nbytes < 0 || (unsigned long long)nbytes > NBYTES_MASK) {
-            PyErr_Format(PyExc_ValueError, "%s(): a buffer of %lld bytes", type->tp_name, nbytes);
-            return NULL;
-        }
-        long code = info->code;
-        if (code < 0) {
-            PyErr_Format(PyExc_TypeError, "%s has no kind `code`: it cannot allocate", type->tp_name);
-            return NULL;
-        }
-        AllocLog *log = (AllocLog *)source;
-        double now = log_clock(log);
-        if (now == -1.0 && PyErr_Occurred()) return NULL;
-        self = (Buffer *)type->tp_alloc(type, 0);
-        if (!self) return NULL;
-        self->word = (unsigned long long)nbytes | (unsigned long long)(code & KIND_MASK) << CODE_SHIFT;
-        if (log_append(log, now, nbytes, (long long)(uintptr_t)self | (code & KIND_MASK)) < 0) {
-            Py_DECREF(self); /* nothing was logged: leave `ref` unset so the free is not either */
-            return NULL;
-        }
-        Py_INCREF(log);
-        self->ref = (PyObject *)log;
-        if (log->live > log->peak) {
-            log->peak = log->live;
-            log->peak_index = log->len;
-            if (log->live > log->capacity && log->enforce) {
-                PyObject *r = PyObject_CallMethod((PyObject *)log, "out_of_memory", "Ll", nbytes, code);
-                Py_XDECREF(r);
-                if (!r) { Py_DECREF(self); return NULL; }
-            }
-        }
-    } else if (PyObject_TypeCheck(source, &BufferType)) {
-        Buffer *owner = (Buffer *)source;
-        if (owner->word & VIEW) owner = (Buffer *)owner->ref;
-        self = (Buffer *)type->tp_alloc(type, 0);
-        if (!self) return NULL;
-        Py_INCREF(owner);
-        self->ref = (PyObject *)owner;
-        self->word = owner->word | VIEW;
-    } else {
-        PyErr_Format(PyExc_TypeError, "%s(): expected a memory log or a tensor to share, got %.100s",
-                     type->tp_name, Py_TYPE(source)->tp_name);
-        return NULL;
+        return buffer_alloc(type, (AllocLog *)source, nbytes, fields, n);
     }
-    if (info->nargs >= 0) store_args((PyObject *)self, info, args);
-    return (PyObject *)self;
+    if (PyObject_TypeCheck(source, &BufferType)) return buffer_view(type, source, fields, n);
+    PyErr_Format(PyExc_TypeError, "%s(): expected a memory log or a tensor to share, got %.100s",
+                 type->tp_name, Py_TYPE(source)->tp_name);
+    return NULL;
 }
 
 static int Buffer_traverse(Buffer *self, visitproc visit, void *arg) {
@@ -386,7 +374,7 @@ static PyGetSetDef Buffer_getset[] = {
     {"_mem", (getter)Buffer_mem, NULL, "the log this buffer was allocated on (None for a view)", NULL},
     {NULL}};
 
-static PyTypeObject BufferType = {
+PyTypeObject BufferType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dist_lib._buffers.Buffer",
     .tp_doc = "Bytes on one rank, live while any tensor refers to them.",
@@ -417,6 +405,7 @@ PyMODINIT_FUNC PyInit__buffers(void) {
     if (!array_type || PyType_Ready(&AllocLogType) < 0 || PyType_Ready(&BufferType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
+    if (ops_init(m) < 0) { Py_DECREF(m); return NULL; }
     Py_INCREF(&AllocLogType);
     Py_INCREF(&BufferType);
     if (PyModule_AddObject(m, "AllocLog", (PyObject *)&AllocLogType) < 0 ||

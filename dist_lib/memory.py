@@ -24,6 +24,7 @@ else:
         from ._buffers import AllocLog, Buffer
     except ImportError:  # not built (no C compiler at install time): the same semantics in Python
         from .buffers import AllocLog, Buffer
+ACCELERATED = Buffer.__module__ == "dist_lib._buffers"  # the C buffers, and the C twins of the hottest ops
 
 KINDS = ("weight", "optimizer", "weight_grad", "activation", "activation_grad", "stash")
 WEIGHT, OPTIMIZER, WEIGHT_GRAD, ACTIVATION, ACTIVATION_GRAD, STASH = range(len(KINDS))

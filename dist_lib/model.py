@@ -17,7 +17,7 @@ from .engine import Engine, RankState
 from .errors import TensorError
 from .eventlog import PACK_AT
 from .hardware import Cluster
-from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES
+from .memory import ACCELERATED, OPTIMIZER_BYTES, WEIGHT_BYTES
 from .op_checks import OpChecks, _covers, _first_time, _shard_key
 from .p2p import issue_recv, issue_send
 from .tensors import (Activation, ActivationGrad, OptState, Stash, Weight, WeightGrad, describe_mask,
@@ -29,7 +29,8 @@ class Model(OpChecks):
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",
-                 "global_batch_size", "device", "node", "cluster", "workload", "_world", "_params", "_act_bytes")
+                 "global_batch_size", "device", "node", "cluster", "workload", "_world", "_params", "_act_bytes",
+                 "_shard_sizes")
 
     def __init__(self, engine: Engine, rank: int):
         self._engine = engine
@@ -49,6 +50,7 @@ class Model(OpChecks):
         self._world: Group | None = None
         self._params = engine.layer_params  # parameters of each layer
         self._act_bytes = engine.workload.activation_bytes()  # one sample's hidden states
+        self._shard_sizes = engine.shard_bytes  # (layer, parts) -> (weight bytes, optimizer bytes)
 
     def __repr__(self) -> str:
         return f"Model(rank {self.rank} of {self.world_size}, {self.device.name}, node {self.node})"
@@ -83,10 +85,10 @@ class Model(OpChecks):
         """(weight bytes, optimizer bytes) of one of `parts` equal parts of a layer, computed once per
         step so that every rank's buffers share the same int objects."""
         key = (layer, parts)
-        sizes = self._engine.shard_bytes.get(key)
+        sizes = self._shard_sizes.get(key)
         if sizes is None:
             params = self._params[layer] / parts
-            sizes = self._engine.shard_bytes[key] = (int(params * WEIGHT_BYTES), int(params * OPTIMIZER_BYTES))
+            sizes = self._shard_sizes[key] = (int(params * WEIGHT_BYTES), int(params * OPTIMIZER_BYTES))
         return sizes
 
     def get_input_activation(self, samples: Iterable[int] | range) -> Activation:
@@ -336,3 +338,10 @@ def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: in
     else:
         duration = costs.loss_time(device, workload, n)
     return duration, costs.compute_flops(workload, op, layer, n, tp, recompute=recompute)
+
+
+if ACCELERATED:  # `forward`, `backward` and `WeightGrad.__add__` in C; the Python above stays their spec and fallback
+    from ._buffers import install
+    from .memory import MemoryTracker
+
+    install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT)

@@ -122,10 +122,23 @@ import json
 from dist_lib import simulate
 import dist_lib.memory as memory
 out = {"impl": memory.Buffer.__module__}
-for name, options in (("zero", {"stage": 3}), ("one_f_one_b", {})):  # collectives; point-to-point
-    r = simulate(f"strategies/{name}.py", "2x2xA100-80GB", "toy:layers=4", 16, microbatch_size=2, **options)
+cases = {  # name: (strategy, options, cluster, layers, global batch)
+    "zero": ("zero", {"stage": 3}),  # collectives and ZeRO shards
+    "zero_wide": ("zero", {"stage": 3, "microbatch_size": 1}, "8x8xA100-80GB", 2, 64),  # 64 shards: wide masks
+    "ddp_wide": ("ddp", {"microbatch_size": 12}, "2x2xA100-80GB", 2, 96),  # samples beyond 64 bits
+    "one_f_one_b": ("one_f_one_b", {}),  # point-to-point
+    "ddp": ("ddp", {"microbatch_size": 1}),  # gradient accumulation (WeightGrad + WeightGrad)
+    "gpipe_recompute": ("gpipe", {"recompute": True}),  # forward again: a recompute
+    "hybrid_tp": ("hybrid", {"dp": 1, "pp": 2, "tp": 2, "selective_recompute": True}),  # TP slices, selective
+    "zero_bubble": ("zero_bubble", {}),  # split backward
+}
+for name, (strategy, options, *shape) in cases.items():
+    cluster, layers, batch = shape or ("2x2xA100-80GB", 4, 16)
+    options.setdefault("microbatch_size", 2)
+    r = simulate(f"strategies/{strategy}.py", cluster, f"toy:layers={layers}", batch, **options)
     out[name] = {"time": r.time_s, "peaks": r.memory_bytes, "logs": [[list(d), list(k)] for d, _, k in r.memory_log],
-                 "timelines": [list(t) for t, _ in r.timelines]}
+                 "timelines": [list(t) for t, _ in r.timelines],
+                 "events": [[str(x) for x in e] for e in r.raw_events]}
 print(json.dumps(out))
 """
 
@@ -140,11 +153,18 @@ def _run(pure: bool) -> dict:
 
 
 @pytest.mark.skipif(_c_buffers() is None, reason="the C accelerator was not built")
-def test_a_step_keeps_the_same_books_in_c_and_in_python():
+def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
+    """The C buffers and the C forward, backward and gradient sum against their Python twins, over steps
+    that take every path: the fast one, and each that falls back to Python (TP slices, selective
+    recompute, split backward)."""
     c, python = _run(pure=False), _run(pure=True)
     assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
-    for name in ("zero", "one_f_one_b"):
-        assert c[name] == python[name] and len(c[name]["logs"][0][0]) > 20
+    for name in ("zero", "zero_wide", "ddp_wide", "one_f_one_b", "ddp", "gpipe_recompute", "hybrid_tp",
+                 "zero_bubble"):
+        assert c[name] == python[name], name
+        assert len(c[name]["logs"][0][0]) > 20
+    details = {e[11] for case in c.values() if isinstance(case, dict) for e in case["events"]}
+    assert {"recompute", "selective"} <= details  # the recomputing paths were taken
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)

@@ -1,0 +1,455 @@
+/* The hottest ops in C: `Model.forward`, `Model.backward` and `WeightGrad.__add__`.
+ *
+ * Each handles the common, valid case exactly as the Python method in `model.py` / `tensors.py` does
+ * (same checks, same costs, same event, same allocations in the same order) and hands every other call
+ * (a keyword it does not know, a TP slice other than 0, a first use of a shape, any error) to that
+ * Python method, which stays the specification. `install` puts them on the classes; the tests run the
+ * whole suite both ways and compare a step's books entry by entry.
+ */
+#include "_buffers.h"
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* Slot offsets, classes and constants, resolved once by `install`. */
+static struct {
+    PyTypeObject *Activation, *ActivationGrad, *Weight, *WeightGrad, *Stash;
+    PyObject *py_forward, *py_backward, *py_add; /* the Python twins */
+    /* Model */
+    Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_gbs, m_act_bytes, m_shard_sizes;
+    /* RankState and MemoryTracker */
+    Py_ssize_t s_clock, s_flops, s_forwarded, mem_context;
+    /* Activation / ActivationGrad (_Hidden) */
+    Py_ssize_t h_rank, h_layer, h_samples, h_tp_parts, h_tp_size, a_stash;
+    /* Weight / WeightGrad (_Sharded) */
+    Py_ssize_t w_rank, w_layer, w_samples, w_shards, w_num_shards, w_tp_rank, w_tp_size;
+    /* Stash */
+    Py_ssize_t st_tp_rank, st_tp_size, st_recompute, st_input_done;
+    Py_ssize_t pack_at;
+    PyObject *s_forward, *s_backward, *s_compute, *s_recompute, *s_empty, *s_none, *s_stash, *s_selective,
+        *s_cost, *s_shard_bytes, *s_events, *s_pack, *s_bit_count, *s_bit_length, *zero, *one;
+} K;
+
+/* ---- small helpers -------------------------------------------------------------------------------- */
+
+/* a == b for two ints (identity first: small ints are shared). -1 with an exception set on error. */
+static inline int int_eq(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    if (!a || !b) return 0;
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+/* An exact int's value when it fits a long, else `fallback` (never raises). */
+static inline long small_int(PyObject *x, long fallback) {
+    if (!x || !PyLong_CheckExact(x)) return fallback;
+    int overflow;
+    long v = PyLong_AsLongAndOverflow(x, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); return fallback; }
+    return v;
+}
+
+/* An int method's result as a long, or -1 (never raises). */
+static long int_method(PyObject *x, PyObject *name) {
+    PyObject *args[1] = {x};
+    PyObject *r = PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    long v = r ? PyLong_AsLong(r) : -1;
+    Py_XDECREF(r);
+    if (v == -1) PyErr_Clear();
+    return v;
+}
+
+/* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). */
+static inline long mask_bit_count(PyObject *mask) {
+    if (!mask || !PyLong_CheckExact(mask)) return -1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(mask);
+    if (v != (unsigned long long)-1 || !PyErr_Occurred()) return __builtin_popcountll(v);
+    PyErr_Clear(); /* negative, or wider than 64 bits: ask the int (a step of more than 64 samples) */
+    return int_method(mask, K.s_bit_count);
+}
+
+/* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
+static inline int is_full_mask(PyObject *mask, long n) {
+    if (n < 1 || !mask || !PyLong_CheckExact(mask)) return 0;
+    if (n <= 62) return small_int(mask, -1) == (1L << n) - 1;
+    return int_method(mask, K.s_bit_length) == n && mask_bit_count(mask) == n;
+}
+
+/* Call the Python twin with self first. It re-checks everything, so a failed comparison on the way here
+ * (an exception set) is dropped: the twin meets and reports the same problem. */
+static PyObject *fallback(PyObject *twin, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyErr_Clear();
+    PyObject *stack[16];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw + 1 > 16) {
+        PyErr_SetString(PyExc_TypeError, "too many arguments");
+        return NULL;
+    }
+    stack[0] = self;
+    for (Py_ssize_t i = 0; i < nargs + nkw; i++) stack[i + 1] = args[i];
+    return PyObject_Vectorcall(twin, stack, nargs + 1, kwnames);
+}
+
+/* (seconds, FLOPs, stash bytes) of a compute op: the model's cost cache, else `Model._cost`.
+ * Returns a new reference to the cached tuple. */
+static PyObject *op_cost(PyObject *self, PyObject *op, PyObject *layer, long n, PyObject *tp, PyObject *mode) {
+    PyObject *n_obj = PyLong_FromLong(n);
+    if (!n_obj) return NULL;
+    PyObject *key = PyTuple_Pack(5, op, layer, n_obj, tp, mode);
+    if (!key) { Py_DECREF(n_obj); return NULL; }
+    PyObject *cost = PyDict_GetItemWithError(SLOT(self, K.m_cache), key);
+    Py_DECREF(key);
+    if (cost) {
+        Py_DECREF(n_obj);
+        Py_INCREF(cost);
+    } else if (!PyErr_Occurred()) {
+        PyObject *args[6] = {self, op, layer, n_obj, tp, mode};
+        cost = PyObject_VectorcallMethod(K.s_cost, args, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(n_obj);
+    } else {
+        Py_DECREF(n_obj);
+    }
+    if (cost && (!PyTuple_CheckExact(cost) || PyTuple_GET_SIZE(cost) != 3)) {
+        Py_DECREF(cost);
+        PyErr_SetString(PyExc_TypeError, "Model._cost must return (seconds, flops, stash bytes)");
+        return NULL;
+    }
+    return cost;
+}
+
+/* Advance the rank's compute stream by `cost` and record the event, as `Model._compute` does. */
+static int run_compute(PyObject *self, PyObject *op, PyObject *layer, PyObject *samples, PyObject *cost,
+                       PyObject *detail) {
+    PyObject *state = SLOT(self, K.m_state);
+    PyObject *start = SLOT(state, K.s_clock), *flops_before = SLOT(state, K.s_flops);
+    double duration = PyFloat_AsDouble(PyTuple_GET_ITEM(cost, 0));
+    double flops = PyFloat_AsDouble(PyTuple_GET_ITEM(cost, 1));
+    if (PyErr_Occurred() || !start || !flops_before) return -1;
+    double start_s = PyFloat_AsDouble(start), flops_so_far = PyFloat_AsDouble(flops_before);
+    if (PyErr_Occurred()) return -1;
+    PyObject *end = PyFloat_FromDouble(start_s + duration);
+    PyObject *total = end ? PyFloat_FromDouble(flops_so_far + flops) : NULL;
+    if (!total) { Py_XDECREF(end); return -1; }
+    PyObject *event = PyTuple_New(12);
+    if (!event) { Py_DECREF(end); Py_DECREF(total); return -1; }
+    PyObject *items[12] = {SLOT(self, K.m_rank), op, K.s_compute, start, end, layer, samples, K.zero,
+                           PyTuple_GET_ITEM(cost, 1), Py_None, K.zero, detail};
+    for (int i = 0; i < 12; i++) {
+        Py_INCREF(items[i]);
+        PyTuple_SET_ITEM(event, i, items[i]);
+    }
+    Py_XSETREF(SLOT(state, K.s_clock), end); /* `end` is now owned by the slot; the event holds its own */
+    Py_XSETREF(SLOT(state, K.s_flops), total);
+    PyObject *events = SLOT(self, K.m_events);
+    int failed = PyList_Append(events, event);
+    Py_DECREF(event);
+    if (failed) return -1;
+    if (PyList_GET_SIZE(events) >= K.pack_at) {
+        PyObject *log = PyObject_GetAttr(SLOT(self, K.m_engine), K.s_events);
+        PyObject *r = log ? PyObject_CallMethodNoArgs(log, K.s_pack) : NULL;
+        Py_XDECREF(log);
+        if (!r) return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* mem.context = (op, layer): what an out-of-memory message names. */
+static int set_context(PyObject *mem, PyObject *op, PyObject *layer) {
+    PyObject *context = PyTuple_Pack(2, op, layer);
+    if (!context) return -1;
+    Py_XSETREF(SLOT(mem, K.mem_context), context);
+    return 0;
+}
+
+/* n * one sample's activation bytes, or -1 (never raises). */
+static long long activation_bytes(PyObject *self, long n) {
+    PyObject *per_sample = SLOT(self, K.m_act_bytes);
+    long long each = per_sample ? PyLong_AsLongLong(per_sample) : -1;
+    long long out;
+    if (each < 0 || __builtin_mul_overflow(each, (long long)n, &out)) { PyErr_Clear(); return -1; }
+    return out;
+}
+
+/* ---- forward ------------------------------------------------------------------------------------- */
+
+static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs != 3) goto slow;
+    int keep_stash = 1;
+    if (kwnames) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
+            if (name == K.s_stash) {
+                keep_stash = PyObject_IsTrue(value);
+                if (keep_stash < 0) return NULL;
+            } else if (!(name == K.s_selective && value == Py_False)) {
+                goto slow;
+            }
+        }
+    }
+    PyObject *layer = args[0], *act = args[1], *weight = args[2], *rank = SLOT(self, K.m_rank);
+    if (Py_TYPE(act) != K.Activation || Py_TYPE(weight) != K.Weight || !PyLong_CheckExact(layer)) goto slow;
+    long layer_v = small_int(layer, -1);
+    if (layer_v < 0 || small_int(SLOT(act, K.h_tp_size), 0) != 1 || small_int(SLOT(weight, K.w_tp_rank), -1) != 0 ||
+        !is_full_mask(SLOT(weight, K.w_shards), small_int(SLOT(weight, K.w_num_shards), -1)) ||
+        int_eq(SLOT(act, K.h_rank), rank) != 1 || int_eq(SLOT(weight, K.w_rank), rank) != 1 ||
+        int_eq(SLOT(act, K.h_layer), layer) != 1 || int_eq(SLOT(weight, K.w_layer), layer) != 1)
+        goto slow;
+    PyObject *samples = SLOT(act, K.h_samples), *tp = SLOT(weight, K.w_tp_size);
+    long n = mask_bit_count(samples);
+    PyObject *state = SLOT(self, K.m_state);
+    PyObject *forwarded = SLOT(state, K.s_forwarded);
+    if (n < 0 || !tp || !PyList_CheckExact(forwarded) || layer_v >= PyList_GET_SIZE(forwarded)) goto slow;
+    long long out_bytes = activation_bytes(self, n);
+    if (out_bytes < 0) goto slow;
+
+    /* a forward of samples this layer has already seen on this rank is a recompute */
+    PyObject *before = PyList_GET_ITEM(forwarded, layer_v);
+    PyObject *seen = PyNumber_And(before, samples);
+    if (!seen) return NULL;
+    int recompute = PyObject_RichCompareBool(seen, samples, Py_EQ);
+    Py_DECREF(seen);
+    if (recompute < 0) return NULL;
+    if (!recompute) {
+        int any = PyObject_IsTrue(before);
+        if (any < 0) return NULL;
+        PyObject *now = any ? PyNumber_Or(before, samples) : Py_NewRef(samples);
+        if (!now) return NULL;
+        PyList_SetItem(forwarded, layer_v, now); /* steals `now` */
+    }
+    PyObject *cost = op_cost(self, K.s_forward, layer, n, tp, K.s_none);
+    if (!cost) return NULL;
+    if (run_compute(self, K.s_forward, layer, samples, cost, recompute ? K.s_recompute : K.s_empty) < 0 ||
+        set_context(SLOT(self, K.m_mem), K.s_forward, layer) < 0) {
+        Py_DECREF(cost);
+        return NULL;
+    }
+    AllocLog *mem = (AllocLog *)SLOT(self, K.m_mem);
+    if (keep_stash) {
+        long long stash_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(cost, 2));
+        if (stash_bytes == -1 && PyErr_Occurred()) { Py_DECREF(cost); return NULL; }
+        PyObject *fields[3] = {K.zero, tp, K.s_none};
+        PyObject *stash = buffer_alloc(K.Stash, mem, stash_bytes, fields, 3);
+        if (!stash) { Py_DECREF(cost); return NULL; }
+        Py_XSETREF(SLOT(act, K.a_stash), stash);
+    }
+    Py_DECREF(cost);
+    PyObject *next = PyLong_FromLong(layer_v + 1);
+    if (!next) return NULL;
+    PyObject *fields[5] = {rank, next, samples, K.one, tp}; /* TP slice 0 of `tp`: part 1 << 0 */
+    PyObject *out = buffer_alloc(K.Activation, mem, out_bytes, fields, 5);
+    Py_DECREF(next);
+    return out;
+slow:
+    return fallback(K.py_forward, self, args, nargs, kwnames);
+}
+
+/* ---- backward ------------------------------------------------------------------------------------ */
+
+static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs != 4 || kwnames) goto slow;
+    PyObject *layer = args[0], *act = args[1], *grad = args[2], *weight = args[3], *rank = SLOT(self, K.m_rank);
+    if (Py_TYPE(act) != K.Activation || Py_TYPE(grad) != K.ActivationGrad || Py_TYPE(weight) != K.Weight ||
+        !PyLong_CheckExact(layer))
+        goto slow;
+    PyObject *stash = SLOT(act, K.a_stash);
+    long layer_v = small_int(layer, -1);
+    if (!stash || Py_TYPE(stash) != K.Stash || layer_v < 0 ||
+        small_int(SLOT(act, K.h_tp_size), 0) != 1 || small_int(SLOT(grad, K.h_tp_size), 0) != 1 ||
+        small_int(SLOT(grad, K.h_layer), -1) != layer_v + 1 ||
+        small_int(SLOT(weight, K.w_tp_rank), -1) != 0 ||
+        !is_full_mask(SLOT(weight, K.w_shards), small_int(SLOT(weight, K.w_num_shards), -1)) ||
+        SLOT(stash, K.st_input_done) != Py_False ||
+        int_eq(SLOT(act, K.h_rank), rank) != 1 || int_eq(SLOT(weight, K.w_rank), rank) != 1 ||
+        int_eq(SLOT(grad, K.h_rank), rank) != 1 || int_eq(SLOT(act, K.h_layer), layer) != 1 ||
+        int_eq(SLOT(weight, K.w_layer), layer) != 1 ||
+        int_eq(SLOT(grad, K.h_samples), SLOT(act, K.h_samples)) != 1 ||
+        int_eq(SLOT(stash, K.st_tp_rank), SLOT(weight, K.w_tp_rank)) != 1 ||
+        int_eq(SLOT(stash, K.st_tp_size), SLOT(weight, K.w_tp_size)) != 1)
+        goto slow;
+    PyObject *samples = SLOT(act, K.h_samples), *tp = SLOT(weight, K.w_tp_size);
+    PyObject *recompute = SLOT(stash, K.st_recompute);
+    long n = mask_bit_count(samples);
+    long long grad_bytes = n < 0 ? -1 : activation_bytes(self, n);
+    if (grad_bytes < 0 || !tp || !recompute || !PyUnicode_CheckExact(recompute)) goto slow;
+    PyObject *key = PyTuple_Pack(2, layer, tp);
+    if (!key) return NULL;
+    PyObject *sizes = PyDict_GetItemWithError(SLOT(self, K.m_shard_sizes), key);
+    Py_DECREF(key);
+    if (!sizes || !PyTuple_CheckExact(sizes) || PyTuple_GET_SIZE(sizes) != 2) {
+        if (PyErr_Occurred()) return NULL;
+        goto slow; /* the first time for this (layer, TP degree): Python computes and caches it */
+    }
+    long long weight_grad_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 0));
+    if (weight_grad_bytes == -1 && PyErr_Occurred()) return NULL;
+
+    int plain = recompute == K.s_none || PyUnicode_Compare(recompute, K.s_none) == 0;
+    PyObject *cost = op_cost(self, K.s_backward, layer, n, tp, recompute);
+    if (!cost) return NULL;
+    int failed = run_compute(self, K.s_backward, layer, samples, cost, plain ? K.s_empty : recompute);
+    Py_DECREF(cost);
+    if (failed) return NULL;
+    Py_INCREF(samples); /* the activation may die with its stash's last reference below */
+    Py_INCREF(act);
+    Py_SETREF(SLOT(act, K.a_stash), Py_NewRef(Py_None)); /* freed before the gradients are allocated */
+    PyObject *result = NULL, *weight_grad = NULL, *act_grad = NULL;
+    AllocLog *mem = (AllocLog *)SLOT(self, K.m_mem);
+    if (set_context((PyObject *)mem, K.s_backward, layer) < 0) goto done;
+    PyObject *wfields[7] = {rank, layer, samples, K.one, K.one, K.zero, tp};
+    weight_grad = buffer_alloc(K.WeightGrad, mem, weight_grad_bytes, wfields, 7);
+    if (!weight_grad) goto done;
+    PyObject *gfields[5] = {rank, SLOT(act, K.h_layer), samples, K.one, tp}; /* TP slice 0: part 1 << 0 */
+    act_grad = buffer_alloc(K.ActivationGrad, mem, grad_bytes, gfields, 5);
+    if (!act_grad) goto done;
+    result = PyTuple_Pack(2, weight_grad, act_grad);
+done:
+    Py_XDECREF(weight_grad);
+    Py_XDECREF(act_grad);
+    Py_DECREF(act);
+    Py_DECREF(samples);
+    return result;
+slow:
+    return fallback(K.py_backward, self, args, nargs, kwnames);
+}
+
+/* ---- WeightGrad + WeightGrad ---------------------------------------------------------------------- */
+
+static PyObject *fast_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs != 1 || kwnames || Py_TYPE(self) != K.WeightGrad || Py_TYPE(args[0]) != K.WeightGrad) goto slow;
+    PyObject *other = args[0];
+    Py_ssize_t same[] = {K.w_rank, K.w_layer, K.w_shards, K.w_num_shards, K.w_tp_rank, K.w_tp_size};
+    for (int i = 0; i < 6; i++)
+        if (int_eq(SLOT(self, same[i]), SLOT(other, same[i])) != 1) goto slow;
+    PyObject *mine = SLOT(self, K.w_samples), *theirs = SLOT(other, K.w_samples);
+    if (!mine || !theirs) goto slow;
+    PyObject *overlap = PyNumber_And(mine, theirs);
+    if (!overlap) return NULL;
+    int clash = PyObject_IsTrue(overlap);
+    Py_DECREF(overlap);
+    if (clash) goto slow; /* (or an error): Python says which samples */
+    PyObject *both = PyNumber_Or(mine, theirs);
+    if (!both) return NULL;
+    PyObject *fields[7] = {SLOT(self, K.w_rank), SLOT(self, K.w_layer), both, SLOT(self, K.w_shards),
+                           SLOT(self, K.w_num_shards), SLOT(self, K.w_tp_rank), SLOT(self, K.w_tp_size)};
+    PyObject *sum = buffer_view(K.WeightGrad, self, fields, 7); /* like `.grad +=`: the left buffer */
+    Py_DECREF(both);
+    return sum;
+slow:
+    return fallback(K.py_add, self, args, nargs, kwnames);
+}
+
+/* ---- install ------------------------------------------------------------------------------------- */
+
+static int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out) {
+    PyObject *descr = PyObject_GetAttrString(cls, name);
+    if (!descr) return -1;
+    int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+    if (ok) *out = ((PyMemberDescrObject *)descr)->d_member->offset;
+    Py_DECREF(descr);
+    if (!ok) PyErr_Format(PyExc_TypeError, "%R.%s is not a slot", cls, name);
+    return ok ? 0 : -1;
+}
+
+static PyMethodDef forward_def = {"forward", (PyCFunction)(void (*)(void))fast_forward, METH_FASTCALL | METH_KEYWORDS,
+                                  NULL};
+static PyMethodDef backward_def = {"backward", (PyCFunction)(void (*)(void))fast_backward,
+                                   METH_FASTCALL | METH_KEYWORDS, NULL};
+static PyMethodDef add_def = {"__add__", (PyCFunction)(void (*)(void))fast_add, METH_FASTCALL | METH_KEYWORDS, NULL};
+
+/* Put `def` on `cls` as `name`, keeping the Python method there as the twin; its docstring carries over. */
+static int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin) {
+    PyObject *python = PyObject_GetAttrString(cls, def->ml_name);
+    if (!python) return -1;
+    if (!PyFunction_Check(python)) {
+        Py_DECREF(python);
+        PyErr_Format(PyExc_TypeError, "%R.%s is not a Python function (installed twice?)", cls, def->ml_name);
+        return -1;
+    }
+    PyObject *doc = PyObject_GetAttrString(python, "__doc__");
+    if (doc && PyUnicode_Check(doc)) def->ml_doc = PyUnicode_AsUTF8(doc); /* kept alive by the twin */
+    Py_XDECREF(doc);
+    PyErr_Clear();
+    Py_XSETREF(*twin, python);
+    PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cls, def);
+    if (!descr) return -1;
+    int r = PyObject_SetAttrString(cls, def->ml_name, descr);
+    Py_DECREF(descr);
+    return r;
+}
+
+static PyObject *install(PyObject *module, PyObject *args) {
+    PyObject *Model, *RankState, *MemoryTracker, *Activation, *ActivationGrad, *Weight, *WeightGrad, *Stash;
+    Py_ssize_t pack_at;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!n:install", &PyType_Type, &Model, &PyType_Type, &RankState,
+                          &PyType_Type, &MemoryTracker, &PyType_Type, &Activation, &PyType_Type, &ActivationGrad,
+                          &PyType_Type, &Weight, &PyType_Type, &WeightGrad, &PyType_Type, &Stash, &pack_at))
+        return NULL;
+    struct { PyObject *cls; const char *name; Py_ssize_t *out; } slots[] = {
+        {Model, "_engine", &K.m_engine}, {Model, "_state", &K.m_state}, {Model, "_mem", &K.m_mem},
+        {Model, "_events", &K.m_events}, {Model, "_cache", &K.m_cache}, {Model, "rank", &K.m_rank},
+        {Model, "global_batch_size", &K.m_gbs}, {Model, "_act_bytes", &K.m_act_bytes},
+        {Model, "_shard_sizes", &K.m_shard_sizes},
+        {RankState, "clock", &K.s_clock}, {RankState, "flops", &K.s_flops}, {RankState, "forwarded", &K.s_forwarded},
+        {MemoryTracker, "context", &K.mem_context},
+        {Activation, "rank", &K.h_rank}, {Activation, "layer", &K.h_layer}, {Activation, "samples", &K.h_samples},
+        {Activation, "tp_parts", &K.h_tp_parts}, {Activation, "tp_size", &K.h_tp_size},
+        {Activation, "_stash", &K.a_stash},
+        {Weight, "rank", &K.w_rank}, {Weight, "layer", &K.w_layer}, {Weight, "samples", &K.w_samples},
+        {Weight, "shards", &K.w_shards}, {Weight, "num_shards", &K.w_num_shards},
+        {Weight, "tp_rank", &K.w_tp_rank}, {Weight, "tp_size", &K.w_tp_size},
+        {Stash, "tp_rank", &K.st_tp_rank}, {Stash, "tp_size", &K.st_tp_size},
+        {Stash, "recompute", &K.st_recompute}, {Stash, "input_done", &K.st_input_done},
+    };
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
+        if (slot_offset(slots[i].cls, slots[i].name, slots[i].out) < 0) return NULL;
+    /* the shared fields must sit at the same offsets in the sibling classes the ops read them from */
+    Py_ssize_t check;
+    struct { PyObject *cls; const char *name; Py_ssize_t want; } same[] = {
+        {ActivationGrad, "rank", K.h_rank}, {ActivationGrad, "layer", K.h_layer},
+        {ActivationGrad, "samples", K.h_samples}, {ActivationGrad, "tp_size", K.h_tp_size},
+        {WeightGrad, "rank", K.w_rank}, {WeightGrad, "layer", K.w_layer}, {WeightGrad, "samples", K.w_samples},
+        {WeightGrad, "shards", K.w_shards}, {WeightGrad, "num_shards", K.w_num_shards},
+        {WeightGrad, "tp_rank", K.w_tp_rank}, {WeightGrad, "tp_size", K.w_tp_size},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        if (slot_offset(same[i].cls, same[i].name, &check) < 0) return NULL;
+        if (check != same[i].want) {
+            PyErr_Format(PyExc_TypeError, "%R.%s is not laid out like its sibling's", same[i].cls, same[i].name);
+            return NULL;
+        }
+    }
+    PyTypeObject **types[] = {&K.Activation, &K.ActivationGrad, &K.Weight, &K.WeightGrad, &K.Stash};
+    PyObject *given[] = {Activation, ActivationGrad, Weight, WeightGrad, Stash};
+    for (int i = 0; i < 5; i++) {
+        Py_INCREF(given[i]);
+        Py_XSETREF(*types[i], (PyTypeObject *)given[i]);
+    }
+    K.pack_at = pack_at;
+    if (replace_method(Model, &forward_def, &K.py_forward) < 0 ||
+        replace_method(Model, &backward_def, &K.py_backward) < 0 ||
+        replace_method(WeightGrad, &add_def, &K.py_add) < 0)
+        return NULL;
+    set_clock_slot((PyTypeObject *)RankState, K.s_clock);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ops_methods[] = {
+    {"install", install, METH_VARARGS,
+     "install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, pack_at): "
+     "put the C forward, backward and WeightGrad.__add__ on the classes; the Python methods stay as their "
+     "fallback for every case off the fast path."},
+    {NULL}};
+
+int ops_init(PyObject *module) {
+    struct { PyObject **out; const char *text; } strings[] = {
+        {&K.s_forward, "forward"}, {&K.s_backward, "backward"}, {&K.s_compute, "compute"},
+        {&K.s_recompute, "recompute"}, {&K.s_empty, ""}, {&K.s_none, "none"}, {&K.s_stash, "stash"},
+        {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"}, {&K.s_shard_bytes, "_shard_bytes"},
+        {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_bit_count, "bit_count"},
+        {&K.s_bit_length, "bit_length"},
+    };
+    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
+        if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
+    K.zero = PyLong_FromLong(0);
+    K.one = PyLong_FromLong(1);
+    if (!K.zero || !K.one) return -1;
+    return PyModule_AddFunctions(module, ops_methods);
+}
