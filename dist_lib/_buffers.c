@@ -1,7 +1,9 @@
 /* Buffers and their allocation log in C: the simulator's hottest path.
  *
  * Every symbolic tensor is a Buffer. Creating one on a rank's AllocLog appends (time, +bytes, tag) to
- * the log; when CPython frees the last reference, the deallocator appends (time, -bytes, tag). A view
+ * the log; when CPython frees the last reference, the deallocator appends (time, -bytes, tag). An
+ * entry is 16 bytes: the time, and the buffer's address with the number of its (bytes, kind) shape on
+ * that rank (a rank uses few distinct shapes); `arrays()` decodes them. A view
  * shares another tensor's buffer (an in-place all-reduce, an accumulated gradient): it keeps the owner
  * alive and logs nothing itself. `buffers.py` is the pure-Python twin with the same semantics; its
  * docstrings are the specification, and `memory.py` takes this module when it was built.
@@ -31,17 +33,63 @@ static int type_cache_len;
 
 static int log_grow(AllocLog *log) {
     Py_ssize_t cap = log->cap + (log->cap >> 3) + 16; /* as CPython grows a list: little slack per rank */
-    double *times = PyMem_Realloc(log->times, cap * sizeof(double));
-    if (!times) { PyErr_NoMemory(); return -1; }
-    log->times = times;
-    long long *deltas = PyMem_Realloc(log->deltas, cap * sizeof(long long));
-    if (!deltas) { PyErr_NoMemory(); return -1; }
-    log->deltas = deltas;
-    long long *tags = PyMem_Realloc(log->tags, cap * sizeof(long long));
-    if (!tags) { PyErr_NoMemory(); return -1; }
-    log->tags = tags;
+    LogEntry *entries = PyMem_Realloc(log->entries, cap * sizeof(LogEntry));
+    if (!entries) { PyErr_NoMemory(); return -1; }
+    log->entries = entries;
     log->cap = cap;
     return 0;
+}
+
+static inline size_t shape_slot(unsigned long long key, Py_ssize_t index_cap) {
+    return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & (size_t)(index_cap - 1); /* Fibonacci hashing */
+}
+
+static int index_insert(AllocLog *log, Py_ssize_t shape) {
+    unsigned long long key = (unsigned long long)log->shape_bytes[shape] << 3 | log->shape_code[shape];
+    for (size_t i = shape_slot(key, log->index_cap);; i = (i + 1) & (size_t)(log->index_cap - 1))
+        if (log->index[i] < 0) { log->index[i] = (int32_t)shape; return 0; }
+}
+
+/* The number of the shape (nbytes, code) on this log, numbering it if new; -1 with an exception set. */
+static long long log_shape(AllocLog *log, long long nbytes, long code) {
+    unsigned long long key = (unsigned long long)nbytes << 3 | (unsigned long long)code;
+    if (log->index_cap) {
+        for (size_t i = shape_slot(key, log->index_cap);; i = (i + 1) & (size_t)(log->index_cap - 1)) {
+            int32_t shape = log->index[i];
+            if (shape < 0) break;
+            if (log->shape_bytes[shape] == nbytes && log->shape_code[shape] == code) return shape;
+        }
+    }
+    if ((unsigned long long)log->nshapes > SHAPE_MASK) {
+        PyErr_Format(PyExc_RuntimeError, "more than %llu distinct tensor sizes on one rank", SHAPE_MASK + 1);
+        return -1;
+    }
+    if (log->nshapes == log->shapes_cap) {
+        Py_ssize_t cap = log->shapes_cap * 2 + 8;
+        long long *bytes = PyMem_Realloc(log->shape_bytes, cap * sizeof(long long));
+        if (!bytes) { PyErr_NoMemory(); return -1; }
+        log->shape_bytes = bytes;
+        unsigned char *codes = PyMem_Realloc(log->shape_code, cap);
+        if (!codes) { PyErr_NoMemory(); return -1; }
+        log->shape_code = codes;
+        log->shapes_cap = cap;
+    }
+    Py_ssize_t shape = log->nshapes++;
+    log->shape_bytes[shape] = nbytes;
+    log->shape_code[shape] = (unsigned char)code;
+    if (log->nshapes * 2 > log->index_cap) { /* keep the index at most half full */
+        Py_ssize_t cap = log->index_cap ? log->index_cap * 2 : 16;
+        int32_t *index = PyMem_Malloc(cap * sizeof(int32_t));
+        if (!index) { log->nshapes--; PyErr_NoMemory(); return -1; }
+        memset(index, 0xff, cap * sizeof(int32_t));
+        PyMem_Free(log->index);
+        log->index = index;
+        log->index_cap = cap;
+        for (Py_ssize_t i = 0; i < log->nshapes; i++) index_insert(log, i);
+    } else {
+        index_insert(log, shape);
+    }
+    return shape;
 }
 
 static PyTypeObject *clock_type; /* owners whose clock is read from a slot, not looked up */
@@ -67,23 +115,23 @@ double log_clock(AllocLog *log) {
     return t;
 }
 
-static int log_append(AllocLog *log, double time, long long delta, long long tag) {
+static int log_append(AllocLog *log, double time, uint64_t packed, long long delta) {
     if (log->len == log->cap && log_grow(log) < 0) return -1;
-    Py_ssize_t i = log->len++;
-    log->times[i] = time;
-    log->deltas[i] = delta;
-    log->tags[i] = tag;
+    LogEntry *e = &log->entries[log->len++];
+    e->time = time;
+    e->packed = packed;
     log->live += delta;
     return 0;
 }
 
-static void log_free_all(AllocLog *log) {
-    PyMem_Free(log->times);
-    PyMem_Free(log->deltas);
-    PyMem_Free(log->tags);
-    log->times = NULL;
-    log->deltas = NULL;
-    log->tags = NULL;
+/* The entry a buffer's allocation logs (its free adds FREE). */
+static inline uint64_t buffer_entry(Buffer *self) {
+    return (uint64_t)(uintptr_t)self >> 4 << ADDRESS_SHIFT | BUFFER_SHAPE(self);
+}
+
+static void log_free_entries(AllocLog *log) {
+    PyMem_Free(log->entries);
+    log->entries = NULL;
     log->len = log->cap = 0;
 }
 
@@ -100,12 +148,31 @@ static PyObject *to_array(const char *typecode, void *data, Py_ssize_t n, Py_ssi
     return out;
 }
 
+/* (times, signed bytes, tags: buffer address | kind code), decoded from the entries. */
 static PyObject *log_arrays(AllocLog *log) {
-    PyObject *times = to_array("d", log->times, log->len, sizeof(double));
-    PyObject *deltas = times ? to_array("q", log->deltas, log->len, sizeof(long long)) : NULL;
-    PyObject *tags = deltas ? to_array("q", log->tags, log->len, sizeof(long long)) : NULL;
-    if (!tags) { Py_XDECREF(times); Py_XDECREF(deltas); return NULL; }
-    return Py_BuildValue("(NNN)", times, deltas, tags);
+    Py_ssize_t n = log->len;
+    double *times = PyMem_Malloc((n ? n : 1) * sizeof(double));
+    long long *deltas = PyMem_Malloc((n ? n : 1) * sizeof(long long));
+    long long *tags = PyMem_Malloc((n ? n : 1) * sizeof(long long));
+    PyObject *out = NULL;
+    if (!times || !deltas || !tags) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        LogEntry e = log->entries[i];
+        Py_ssize_t shape = (Py_ssize_t)(e.packed & SHAPE_MASK);
+        times[i] = e.time;
+        deltas[i] = e.packed & FREE ? -log->shape_bytes[shape] : log->shape_bytes[shape];
+        tags[i] = (long long)(e.packed >> ADDRESS_SHIFT << 4) | log->shape_code[shape];
+    }
+    PyObject *t = to_array("d", times, n, sizeof(double));
+    PyObject *d = t ? to_array("q", deltas, n, sizeof(long long)) : NULL;
+    PyObject *g = d ? to_array("q", tags, n, sizeof(long long)) : NULL;
+    if (!g) { Py_XDECREF(t); Py_XDECREF(d); goto done; }
+    out = Py_BuildValue("(NNN)", t, d, g);
+done:
+    PyMem_Free(times);
+    PyMem_Free(deltas);
+    PyMem_Free(tags);
+    return out;
 }
 
 static PyObject *AllocLog_arrays(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
@@ -114,7 +181,7 @@ static PyObject *AllocLog_arrays(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
 
 static PyObject *AllocLog_take(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
     PyObject *out = log_arrays(self);
-    if (out) log_free_all(self);
+    if (out) log_free_entries(self); /* the shapes stay: live buffers refer to them */
     return out;
 }
 
@@ -133,7 +200,10 @@ static int AllocLog_clear(AllocLog *self) {
 static void AllocLog_dealloc(AllocLog *self) {
     PyObject_GC_UnTrack(self);
     AllocLog_clear(self);
-    log_free_all(self);
+    log_free_entries(self);
+    PyMem_Free(self->shape_bytes);
+    PyMem_Free(self->shape_code);
+    PyMem_Free(self->index);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -267,10 +337,18 @@ PyObject *buffer_alloc(PyTypeObject *type, AllocLog *log, long long nbytes, PyOb
     }
     double now = log_clock(log);
     if (now == -1.0 && PyErr_Occurred()) return NULL;
+    long long shape = log_shape(log, nbytes, code & KIND_MASK);
+    if (shape < 0) return NULL;
     Buffer *self = (Buffer *)type->tp_alloc(type, 0);
     if (!self) return NULL;
-    self->word = (unsigned long long)nbytes | (unsigned long long)(code & KIND_MASK) << CODE_SHIFT;
-    if (log_append(log, now, nbytes, (long long)(uintptr_t)self | (code & KIND_MASK)) < 0) {
+    self->word = (unsigned long long)nbytes | (unsigned long long)shape << SHAPE_SHIFT |
+                 (unsigned long long)(code & KIND_MASK) << CODE_SHIFT;
+    if ((uintptr_t)self >> 48) {
+        PyErr_SetString(PyExc_RuntimeError, "a tensor at an address beyond 2**48: the memory log cannot name it");
+        Py_DECREF(self);
+        return NULL;
+    }
+    if (log_append(log, now, buffer_entry(self), nbytes) < 0) {
         Py_DECREF(self); /* nothing was logged: leave `ref` unset so the free is not either */
         return NULL;
     }
@@ -344,8 +422,7 @@ static void Buffer_dealloc(Buffer *self) {
         PyErr_Fetch(&type, &value, &tb);
         double now = log_clock(log);
         if (now == -1.0 && PyErr_Occurred()) { PyErr_Clear(); now = 0.0; }
-        long long tag = (long long)(uintptr_t)self | BUFFER_CODE(self);
-        if (log_append(log, now, -BUFFER_NBYTES(self), tag) < 0) PyErr_Clear();
+        if (log_append(log, now, buffer_entry(self) | FREE, -BUFFER_NBYTES(self)) < 0) PyErr_Clear();
         PyErr_Restore(type, value, tb);
     }
     Buffer_clear(self);

@@ -9,6 +9,17 @@
 
 #define KIND_MASK 7 /* low bits of a tag: the kind code (memory.KIND_BITS) */
 
+/* One log entry: when, and which buffer of which shape was allocated or freed. */
+typedef struct {
+    double time;
+    uint64_t packed; /* buffer address >> 4 << ADDRESS_SHIFT | FREE | shape number */
+} LogEntry;
+
+#define SHAPE_BITS 19 /* shape numbers: distinct (bytes, kind) pairs per rank */
+#define SHAPE_MASK ((1ULL << SHAPE_BITS) - 1)
+#define FREE (1ULL << SHAPE_BITS)
+#define ADDRESS_SHIFT (SHAPE_BITS + 1) /* 16-byte aligned addresses below 2**48 fill the other 44 bits */
+
 typedef struct {
     PyObject_HEAD
     PyObject *owner; /* whose `clock` stamps the log */
@@ -18,23 +29,28 @@ typedef struct {
     Py_ssize_t peak_index; /* entries up to and including the peak */
     char enforce;
     Py_ssize_t len, cap;
-    double *times;
-    long long *deltas;
-    long long *tags; /* buffer address | kind code */
+    LogEntry *entries;
+    /* shapes: the distinct (bytes, kind) pairs, numbered in order of first use, and a hash index */
+    Py_ssize_t nshapes, shapes_cap, index_cap;
+    long long *shape_bytes;
+    unsigned char *shape_code;
+    int32_t *index; /* open addressing; -1 is empty */
 } AllocLog;
 
 /* Two words after the object header, as every live tensor is one: what the buffer hangs on, and its
- * size, kind and whether it is a view. Its log tag is the owner's address | kind code. */
+ * size, shape number, kind and whether it is a view. */
 typedef struct {
     PyObject_HEAD
     PyObject *ref;           /* the AllocLog it was allocated on; for a view, the owning Buffer */
-    unsigned long long word; /* nbytes | kind code << CODE_SHIFT | VIEW */
+    unsigned long long word; /* nbytes | shape << SHAPE_SHIFT | kind code << CODE_SHIFT | VIEW */
 } Buffer;
 
-#define CODE_SHIFT 56
-#define NBYTES_MASK ((1ULL << CODE_SHIFT) - 1)
+#define SHAPE_SHIFT 40
+#define NBYTES_MASK ((1ULL << SHAPE_SHIFT) - 1) /* a buffer holds less than a TiB */
+#define CODE_SHIFT 59
 #define VIEW (1ULL << 63)
 #define BUFFER_NBYTES(b) ((long long)((b)->word & NBYTES_MASK))
+#define BUFFER_SHAPE(b) ((b)->word >> SHAPE_SHIFT & SHAPE_MASK)
 #define BUFFER_CODE(b) ((long long)(((b)->word >> CODE_SHIFT) & KIND_MASK))
 
 extern PyTypeObject AllocLogType;

@@ -9,7 +9,8 @@ names, in order (trailing ones may be left out for `Cls._defaults`); a class tha
 takes them in its own `__init__`.
 
 A tag is the owner's address | kind code: unique among live buffers (CPython aligns objects to 16
-bytes, so the low bits are free) and reused only after the free is logged.
+bytes, so the low bits are free) and reused only after the free is logged. The log stores each entry
+in 16 bytes (see `AllocLog`) and decodes the signed bytes and tags when asked.
 
 This module is the specification and the fallback; `_buffers.c` implements the same in C, and
 `memory.py` takes it when it was built (the simulator's hottest path: every tensor passes here twice).
@@ -21,32 +22,60 @@ from array import array
 from typing import Any
 
 KIND_MASK = 7  # low bits of a tag: the kind code
+SHAPE_BITS = 19  # an entry names its buffer's (bytes, kind) shape by number: few distinct ones per rank
+FREE = 1 << SHAPE_BITS
+ADDRESS_SHIFT = SHAPE_BITS + 1  # 16-byte aligned addresses below 2**48 fill the other 44 bits
+MAX_NBYTES = (1 << 40) - 1  # a buffer holds less than a TiB
 
 
 class AllocLog:
-    """One rank's live bytes, peak, and log of every allocation and free: time, signed bytes, tag."""
+    """One rank's live bytes, peak, and log of every allocation and free: time, signed bytes, tag.
 
-    __slots__ = ("owner", "live", "peak", "capacity", "peak_index", "enforce", "_times", "_deltas", "_tags")
+    An entry is 16 bytes: the time, and `address >> 4 << ADDRESS_SHIFT | FREE (for a free) | shape`,
+    where a shape numbers a distinct (bytes, kind) pair on this rank; `arrays()` decodes them.
+    """
+
+    __slots__ = ("owner", "live", "peak", "capacity", "peak_index", "enforce", "_times", "_entries", "_shapes",
+                 "_shape_bytes", "_shape_codes")
 
     def __new__(cls, *args: Any, **kwargs: Any) -> AllocLog:
         self = object.__new__(cls)
         self.owner: Any = None  # whose `clock` stamps the log
         self.live = self.peak = self.capacity = self.peak_index = 0
         self.enforce = False
-        self._times, self._deltas, self._tags = array("d"), array("q"), array("q")
+        self._times, self._entries = array("d"), array("Q")
+        self._shapes: dict[tuple[int, int], int] = {}  # (bytes, kind code) -> shape number
+        self._shape_bytes: list[int] = []
+        self._shape_codes: list[int] = []
         return self
 
     def __len__(self) -> int:
-        return len(self._tags)
+        return len(self._entries)
+
+    def _shape(self, nbytes: int, code: int) -> int:
+        """The number of the shape (nbytes, code), numbering it if new."""
+        shape = self._shapes.get((nbytes, code))
+        if shape is None:
+            shape = len(self._shape_bytes)
+            if shape >= 1 << SHAPE_BITS:
+                raise RuntimeError(f"more than {1 << SHAPE_BITS} distinct tensor sizes on one rank")
+            self._shapes[nbytes, code] = shape
+            self._shape_bytes.append(nbytes)
+            self._shape_codes.append(code)
+        return shape
 
     def arrays(self) -> tuple[array, array, array]:
-        """(times, signed bytes, tags) so far, as new arrays."""
-        return array("d", self._times), array("q", self._deltas), array("q", self._tags)
+        """(times, signed bytes, tags: buffer address | kind code) so far, as new arrays."""
+        sizes, codes, mask = self._shape_bytes, self._shape_codes, FREE - 1
+        deltas = array("q", (-sizes[e & mask] if e & FREE else sizes[e & mask] for e in self._entries))
+        tags = array("q", (e >> ADDRESS_SHIFT << 4 | codes[e & mask] for e in self._entries))
+        return array("d", self._times), deltas, tags
 
     def take(self) -> tuple[array, array, array]:
-        """(times, signed bytes, tags) so far; the log starts empty again."""
-        out = self._times, self._deltas, self._tags
-        self._times, self._deltas, self._tags = array("d"), array("q"), array("q")
+        """(times, signed bytes, tags) so far; the log starts empty again (the shapes stay: live buffers
+        refer to them)."""
+        out = self.arrays()
+        self._times, self._entries = array("d"), array("Q")
         return out
 
     def out_of_memory(self, nbytes: int, code: int) -> None:
@@ -56,7 +85,7 @@ class AllocLog:
 class Buffer:
     """Bytes on one rank, live while any tensor refers to them."""
 
-    __slots__ = ("_mem", "_base", "nbytes", "_tag")
+    __slots__ = ("_mem", "_base", "nbytes", "_entry")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A class that names its `_args` gets an `__init__` storing them (as dataclasses write one)."""
@@ -77,26 +106,29 @@ class Buffer:
         self = object.__new__(cls)
         self._mem = None
         if isinstance(source, AllocLog):
-            if nbytes < 0:
+            if not 0 <= nbytes <= MAX_NBYTES:
                 raise ValueError(f"{cls.__name__}(): a buffer of {nbytes} bytes")
             self._base = None
             self.nbytes = nbytes
-            tag = self._tag = id(self) | cls.code  # type: ignore[attr-defined]
+            code = cls.code  # type: ignore[attr-defined]
+            shape = source._shapes.get((nbytes, code))
+            if shape is None:
+                shape = source._shape(nbytes, code)
+            entry = self._entry = id(self) >> 4 << ADDRESS_SHIFT | shape
             source._times.append(source.owner.clock)
-            source._deltas.append(nbytes)
-            source._tags.append(tag)
+            source._entries.append(entry)
             self._mem = source
             live = source.live = source.live + nbytes
             if live > source.peak:
                 source.peak = live
-                source.peak_index = len(source._tags)
+                source.peak_index = len(source._entries)
                 if live > source.capacity and source.enforce:
-                    source.out_of_memory(nbytes, tag & KIND_MASK)
+                    source.out_of_memory(nbytes, code)
         elif isinstance(source, Buffer):
             owner = source._base or source
             self._base = owner
             self.nbytes = owner.nbytes
-            self._tag = owner._tag
+            self._entry = owner._entry
         else:
             raise TypeError(f"{cls.__name__}(): expected a memory log or a tensor to share, "
                             f"got {type(source).__name__}")
@@ -106,6 +138,5 @@ class Buffer:
         log = self._mem
         if log is not None:
             log._times.append(log.owner.clock)
-            log._deltas.append(-self.nbytes)
-            log._tags.append(self._tag)
+            log._entries.append(self._entry | FREE)
             log.live -= self.nbytes

@@ -108,12 +108,37 @@ def test_take_hands_over_the_log_and_starts_afresh(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_many_shapes_of_two_kinds_decode_to_their_bytes_kinds_and_addresses(impl):
+    """Entries name a (bytes, kind) shape by number; 100 shapes (past the first index sizes) of two
+    kinds, each allocated twice, decode to the bytes, kind and address of each buffer."""
+    log, Thing = make(impl)
+
+    class Other(impl.Buffer):
+        __slots__ = ()
+        code = 5
+
+    log.capacity = 10**9
+    made = [cls(log, 1000 + size, "x") if cls is Thing else cls(log, 1000 + size)
+            for size in range(50) for cls in (Thing, Other, Thing)]
+    _, deltas, tags = log.arrays()
+    assert list(deltas) == [t.nbytes for t in made] == [1000 + s for s in range(50) for _ in range(3)]
+    assert list(tags) == [id(t) | t.code for t in made]
+    freed = made[1::3]
+    del made[1::3]
+    expected = [-t.nbytes for t in freed]
+    del freed
+    assert sorted(log.arrays()[1][150:]) == sorted(expected)  # (a list frees its items last first)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_bad_sources_and_sizes_are_refused(impl):
     log, Thing = make(impl)
     with pytest.raises(TypeError, match="expected a memory log or a tensor to share, got NoneType"):
         Thing(None, 10, "x")
     with pytest.raises(ValueError, match="-5 bytes"):
         Thing(log, -5, "x")
+    with pytest.raises(ValueError, match=f"{2**40} bytes"):  # a buffer holds less than a TiB
+        Thing(log, 2**40, "x")
     assert len(log) == 0
 
 
