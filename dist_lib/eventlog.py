@@ -1,7 +1,9 @@
 """The step's event log: the newest events as plain tuples, older ones packed into typed columns.
 
 Appending a tuple is the cheapest record the hot path can make, but a 12-field tuple and its floats
-cost about 150 bytes; packed into arrays an event takes about 80. Whenever a few thousand tuples have
+cost about 150 bytes; packed into arrays an event takes about 70: ops, streams and details become codes
+into small tables, and peers stay a reference to the one tuple its group or channel shares among its
+events (a table of them would have to be kept by identity, which costs more time than it saves memory). Whenever a few thousand tuples have
 gathered, they are packed: the check runs on each forward, when a rank blocks or finishes and when a
 collective resolves. Readers see one sequence of the same tuples either way:
 
@@ -28,21 +30,23 @@ KNOWN_OPS = ("forward", "backward", "backward_input", "backward_weight", "loss",
 class EventLog(Sequence):
     """Every event of one step, in the order recorded. `append` takes a raw event tuple."""
 
-    __slots__ = ("recent", "append", "_op_names", "_op_codes", "_rank", "_op", "_stream", "_start", "_end",
-                 "_layer", "_samples", "_nbytes", "_flops", "_peers", "_op_id", "_detail")
+    __slots__ = ("recent", "append", "_op_names", "_op_codes", "_details", "_detail_codes", "_rank", "_op", "_stream", "_start", "_end", "_layer", "_samples", "_nbytes",
+                 "_flops", "_peers", "_op_id", "_detail")
 
     def __init__(self) -> None:
         self.recent: list[RawEvent] = []
         self.append = self.recent.append
         self._op_names: list[str] = list(KNOWN_OPS)
         self._op_codes: dict[str, int] = {op: code for code, op in enumerate(KNOWN_OPS)}
+        self._details: list[str] = []
+        self._detail_codes: dict[str, int] = {}
         self._rank, self._op, self._stream = array("i"), array("B"), array("B")
         self._start, self._end, self._layer = array("d"), array("d"), array("i")
         self._samples: list[int] = []  # bit masks are shared with the tensors: a reference each
         self._nbytes, self._flops = array("q"), array("d")
         self._peers: list[Any] = []
-        self._op_id = array("q")
-        self._detail: list[str] = []
+        self._op_id = array("i")
+        self._detail = array("H")
 
     def maybe_pack(self) -> None:
         if len(self.recent) >= PACK_AT:
@@ -59,6 +63,10 @@ class EventLog(Sequence):
         for op in set(ops).difference(codes):  # ops this log has not seen get the next codes
             codes[op] = len(self._op_names)
             self._op_names.append(op)
+        detail_codes = self._detail_codes
+        for detail in set(details).difference(detail_codes):
+            detail_codes[detail] = len(self._details)
+            self._details.append(detail)
         # struct converts a column in one call, about six times faster than array.extend's per-item parse
         n = len(recent)
         self._rank.frombytes(struct.pack(f"{n}i", *ranks))
@@ -71,14 +79,14 @@ class EventLog(Sequence):
         self._nbytes.frombytes(struct.pack(f"{n}q", *nbytes))
         self._flops.frombytes(struct.pack(f"{n}d", *flops))
         self._peers.extend(peers)
-        self._op_id.frombytes(struct.pack(f"{n}q", *op_ids))
-        self._detail.extend(details)
+        self._op_id.frombytes(struct.pack(f"{n}i", *op_ids))
+        self._detail.frombytes(struct.pack(f"{n}H", *map(detail_codes.__getitem__, details)))
         recent.clear()
 
     def _packed(self) -> Iterator[RawEvent]:
         return zip(self._rank, map(self._op_names.__getitem__, self._op), map(STREAMS.__getitem__, self._stream),
                    self._start, self._end, self._layer, self._samples, self._nbytes, self._flops, self._peers,
-                   self._op_id, self._detail)
+                   self._op_id, map(self._details.__getitem__, self._detail))
 
     def __iter__(self) -> Iterator[RawEvent]:
         return chain(self._packed(), self.recent)
@@ -98,5 +106,5 @@ class EventLog(Sequence):
             return self.recent[index - packed]
         i = index
         return (self._rank[i], self._op_names[self._op[i]], STREAMS[self._stream[i]], self._start[i], self._end[i],
-                self._layer[i], self._samples[i], self._nbytes[i], self._flops[i], self._peers[i], self._op_id[i],
-                self._detail[i])
+                self._layer[i], self._samples[i], self._nbytes[i], self._flops[i], self._peers[i],
+                self._op_id[i], self._details[self._detail[i]])

@@ -20,10 +20,11 @@ from .tensors import Tensor
 class Channel:
     """Messages from one rank to another, matched in order."""
 
-    __slots__ = ("src", "dst", "sends", "recvs", "free", "link")
+    __slots__ = ("src", "dst", "peers", "sends", "recvs", "free", "link")
 
     def __init__(self, src: int, dst: int, link: Link):
         self.src, self.dst, self.link = src, dst, link
+        self.peers = (src, dst)  # one tuple for every event of the channel: the event log keeps it once
         self.sends: deque[Work] = deque()
         self.recvs: deque[Work] = deque()
         self.free = 0.0
@@ -80,9 +81,8 @@ def _match(engine: Engine, channel: Channel) -> None:
         recv.result = _Pending(tensor)
         send.result = None
         op_id = engine.new_op_id()
-        pair = (channel.src, channel.dst)
         for work in (send, recv):
             engine.events.append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples,
-                                  tensor.nbytes, 0.0, pair, op_id, tensor.kind))
+                                  tensor.nbytes, 0.0, channel.peers, op_id, tensor.kind))
         engine.wake(send)
         engine.wake(recv)

@@ -1,0 +1,34 @@
+"""The event log reads back exactly the tuples appended, whether they are still recent or packed."""
+
+from __future__ import annotations
+
+from dist_lib.eventlog import EventLog
+
+GROUP = tuple(range(1024))  # a world group: kept by identity, never hashed per event
+PAIR = (3, 4)
+
+
+def _events():
+    return [
+        (0, "forward", "compute", 0.0, 1.5, 0, 0b11, 0, 3.0e9, None, 0, ""),
+        (0, "forward", "compute", 1.5, 2.5, 0, 0b11, 0, 3.0e9, None, 0, "recompute"),
+        (1, "all_reduce", "collective", 2.5, 4.0, 3, (1 << 1000) - 1, 4096, 0.0, GROUP, 7, "weight_grad"),
+        (3, "send", "p2p", 4.0, 4.25, 2, 1 << 70, 512, 0.0, PAIR, 2**31 - 1, "activation"),
+        (4, "recv", "p2p", 4.0, 4.25, 2, 1 << 70, 512, 0.0, PAIR, 2**31 - 1, "activation"),
+        (2, "my_op", "compute", 5.0, 6.0, 1, 1, 0, 1.0, None, 0, "selective"),  # an op the log has not seen
+    ]
+
+
+def test_packed_and_recent_events_read_back_as_appended():
+    log = EventLog()
+    events = _events()
+    for e in events[:4]:
+        log.append(e)
+    log.pack()
+    for e in events[4:]:
+        log.append(e)
+    assert list(log) == events and len(log) == len(events)
+    assert [log[i] for i in range(len(events))] == events and log[-1] == events[-1] and log[1:3] == events[1:3]
+    assert log[2][9] is GROUP  # the very tuple: one reference for all the group's events
+    log.pack()
+    assert list(log) == events and log[3][9] is PAIR and log[4][9] is PAIR
