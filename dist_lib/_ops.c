@@ -14,19 +14,20 @@
 static struct {
     PyTypeObject *Activation, *ActivationGrad, *Weight, *WeightGrad, *Stash;
     PyObject *py_forward, *py_backward, *py_add; /* the Python twins */
+    PyObject *docs;                              /* method name -> text signature and docstring */
     /* Model */
-    Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_gbs, m_act_bytes, m_shard_sizes;
+    Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_act_bytes, m_shard_sizes;
     /* RankState and MemoryTracker */
     Py_ssize_t s_clock, s_flops, s_forwarded, mem_context;
     /* Activation / ActivationGrad (_Hidden) */
-    Py_ssize_t h_rank, h_layer, h_samples, h_tp_parts, h_tp_size, a_stash;
+    Py_ssize_t h_rank, h_layer, h_samples, h_tp_size, a_stash;
     /* Weight / WeightGrad (_Sharded) */
     Py_ssize_t w_rank, w_layer, w_samples, w_shards, w_num_shards, w_tp_rank, w_tp_size;
     /* Stash */
     Py_ssize_t st_tp_rank, st_tp_size, st_recompute, st_input_done;
     Py_ssize_t pack_at;
     PyObject *s_forward, *s_backward, *s_compute, *s_recompute, *s_empty, *s_none, *s_stash, *s_selective,
-        *s_cost, *s_shard_bytes, *s_events, *s_pack, *s_bit_count, *s_bit_length, *zero, *one;
+        *s_cost, *s_events, *s_pack, *s_bit_count, *s_bit_length, *zero, *one;
 } K;
 
 /* ---- small helpers -------------------------------------------------------------------------------- */
@@ -77,15 +78,14 @@ static inline int is_full_mask(PyObject *mask, long n) {
  * (an exception set) is dropped: the twin meets and reports the same problem. */
 static PyObject *fallback(PyObject *twin, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     PyErr_Clear();
-    PyObject *stack[16];
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs + nkw + 1 > 16) {
-        PyErr_SetString(PyExc_TypeError, "too many arguments");
-        return NULL;
-    }
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) + 1;
+    PyObject *small[8], **stack = total <= 8 ? small : PyMem_Malloc(total * sizeof(PyObject *));
+    if (!stack) return PyErr_NoMemory();
     stack[0] = self;
-    for (Py_ssize_t i = 0; i < nargs + nkw; i++) stack[i + 1] = args[i];
-    return PyObject_Vectorcall(twin, stack, nargs + 1, kwnames);
+    for (Py_ssize_t i = 1; i < total; i++) stack[i] = args[i - 1];
+    PyObject *out = PyObject_Vectorcall(twin, stack, nargs + 1, kwnames);
+    if (stack != small) PyMem_Free(stack);
+    return out;
 }
 
 /* (seconds, FLOPs, stash bytes) of a compute op: the model's cost cache, else `Model._cost`.
@@ -287,8 +287,6 @@ static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t
     int failed = run_compute(self, K.s_backward, layer, samples, cost, plain ? K.s_empty : recompute);
     Py_DECREF(cost);
     if (failed) return NULL;
-    Py_INCREF(samples); /* the activation may die with its stash's last reference below */
-    Py_INCREF(act);
     Py_SETREF(SLOT(act, K.a_stash), Py_NewRef(Py_None)); /* freed before the gradients are allocated */
     PyObject *result = NULL, *weight_grad = NULL, *act_grad = NULL;
     AllocLog *mem = (AllocLog *)SLOT(self, K.m_mem);
@@ -303,8 +301,6 @@ static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t
 done:
     Py_XDECREF(weight_grad);
     Py_XDECREF(act_grad);
-    Py_DECREF(act);
-    Py_DECREF(samples);
     return result;
 slow:
     return fallback(K.py_backward, self, args, nargs, kwnames);
@@ -354,7 +350,8 @@ static PyMethodDef backward_def = {"backward", (PyCFunction)(void (*)(void))fast
                                    METH_FASTCALL | METH_KEYWORDS, NULL};
 static PyMethodDef add_def = {"__add__", (PyCFunction)(void (*)(void))fast_add, METH_FASTCALL | METH_KEYWORDS, NULL};
 
-/* Put `def` on `cls` as `name`, keeping the Python method there as the twin; its docstring carries over. */
+/* Put `def` on `cls`, keeping the Python method there as the twin; `docs[name]` (its signature and
+ * docstring, kept alive in K.docs) becomes the C method's. */
 static int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin) {
     PyObject *python = PyObject_GetAttrString(cls, def->ml_name);
     if (!python) return -1;
@@ -363,10 +360,9 @@ static int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin) {
         PyErr_Format(PyExc_TypeError, "%R.%s is not a Python function (installed twice?)", cls, def->ml_name);
         return -1;
     }
-    PyObject *doc = PyObject_GetAttrString(python, "__doc__");
-    if (doc && PyUnicode_Check(doc)) def->ml_doc = PyUnicode_AsUTF8(doc); /* kept alive by the twin */
-    Py_XDECREF(doc);
-    PyErr_Clear();
+    PyObject *doc = PyDict_GetItemString(K.docs, def->ml_name);
+    if (doc && PyUnicode_Check(doc)) def->ml_doc = PyUnicode_AsUTF8(doc);
+    if (PyErr_Occurred()) { Py_DECREF(python); return -1; }
     Py_XSETREF(*twin, python);
     PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cls, def);
     if (!descr) return -1;
@@ -377,20 +373,21 @@ static int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin) {
 
 static PyObject *install(PyObject *module, PyObject *args) {
     PyObject *Model, *RankState, *MemoryTracker, *Activation, *ActivationGrad, *Weight, *WeightGrad, *Stash;
+    PyObject *docs;
     Py_ssize_t pack_at;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!n:install", &PyType_Type, &Model, &PyType_Type, &RankState,
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!nO!:install", &PyType_Type, &Model, &PyType_Type, &RankState,
                           &PyType_Type, &MemoryTracker, &PyType_Type, &Activation, &PyType_Type, &ActivationGrad,
-                          &PyType_Type, &Weight, &PyType_Type, &WeightGrad, &PyType_Type, &Stash, &pack_at))
+                          &PyType_Type, &Weight, &PyType_Type, &WeightGrad, &PyType_Type, &Stash, &pack_at, &PyDict_Type, &docs))
         return NULL;
     struct { PyObject *cls; const char *name; Py_ssize_t *out; } slots[] = {
         {Model, "_engine", &K.m_engine}, {Model, "_state", &K.m_state}, {Model, "_mem", &K.m_mem},
         {Model, "_events", &K.m_events}, {Model, "_cache", &K.m_cache}, {Model, "rank", &K.m_rank},
-        {Model, "global_batch_size", &K.m_gbs}, {Model, "_act_bytes", &K.m_act_bytes},
+        {Model, "_act_bytes", &K.m_act_bytes},
         {Model, "_shard_sizes", &K.m_shard_sizes},
         {RankState, "clock", &K.s_clock}, {RankState, "flops", &K.s_flops}, {RankState, "forwarded", &K.s_forwarded},
         {MemoryTracker, "context", &K.mem_context},
         {Activation, "rank", &K.h_rank}, {Activation, "layer", &K.h_layer}, {Activation, "samples", &K.h_samples},
-        {Activation, "tp_parts", &K.h_tp_parts}, {Activation, "tp_size", &K.h_tp_size},
+        {Activation, "tp_size", &K.h_tp_size},
         {Activation, "_stash", &K.a_stash},
         {Weight, "rank", &K.w_rank}, {Weight, "layer", &K.w_layer}, {Weight, "samples", &K.w_samples},
         {Weight, "shards", &K.w_shards}, {Weight, "num_shards", &K.w_num_shards},
@@ -423,6 +420,8 @@ static PyObject *install(PyObject *module, PyObject *args) {
         Py_XSETREF(*types[i], (PyTypeObject *)given[i]);
     }
     K.pack_at = pack_at;
+    Py_INCREF(docs);
+    Py_XSETREF(K.docs, docs);
     if (replace_method(Model, &forward_def, &K.py_forward) < 0 ||
         replace_method(Model, &backward_def, &K.py_backward) < 0 ||
         replace_method(WeightGrad, &add_def, &K.py_add) < 0)
@@ -433,7 +432,7 @@ static PyObject *install(PyObject *module, PyObject *args) {
 
 static PyMethodDef ops_methods[] = {
     {"install", install, METH_VARARGS,
-     "install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, pack_at): "
+     "install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, pack_at, docs): "
      "put the C forward, backward and WeightGrad.__add__ on the classes; the Python methods stay as their "
      "fallback for every case off the fast path."},
     {NULL}};
@@ -442,7 +441,7 @@ int ops_init(PyObject *module) {
     struct { PyObject **out; const char *text; } strings[] = {
         {&K.s_forward, "forward"}, {&K.s_backward, "backward"}, {&K.s_compute, "compute"},
         {&K.s_recompute, "recompute"}, {&K.s_empty, ""}, {&K.s_none, "none"}, {&K.s_stash, "stash"},
-        {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"}, {&K.s_shard_bytes, "_shard_bytes"},
+        {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"},
         {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_bit_count, "bit_count"},
         {&K.s_bit_length, "bit_length"},
     };

@@ -3,8 +3,8 @@
 Appending a tuple is the cheapest record the hot path can make, but a 12-field tuple and its floats
 cost about 150 bytes; packed into arrays an event takes about 70: ops, streams and details become codes
 into small tables, and peers stay a reference to the one tuple its group or channel shares among its
-events (a table of them would have to be kept by identity, which costs more time than it saves memory). Whenever a few thousand tuples have
-gathered, they are packed: the check runs on each forward, when a rank blocks or finishes and when a
+events (a table of them would have to be kept by identity, which costs more time than it saves
+memory). Whenever a few thousand tuples have gathered, they are packed: the check runs on each forward, when a rank blocks or finishes and when a
 collective resolves. Readers see one sequence of the same tuples either way:
 
     (rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail)
@@ -30,8 +30,9 @@ KNOWN_OPS = ("forward", "backward", "backward_input", "backward_weight", "loss",
 class EventLog(Sequence):
     """Every event of one step, in the order recorded. `append` takes a raw event tuple."""
 
-    __slots__ = ("recent", "append", "_op_names", "_op_codes", "_details", "_detail_codes", "_rank", "_op", "_stream", "_start", "_end", "_layer", "_samples", "_nbytes",
-                 "_flops", "_peers", "_op_id", "_detail")
+    __slots__ = ("recent", "append", "_op_names", "_op_codes", "_details", "_detail_codes", "_rank", "_op",
+                 "_stream", "_start", "_end", "_layer", "_samples", "_nbytes", "_flops", "_peers", "_op_id",
+                 "_detail")
 
     def __init__(self) -> None:
         self.recent: list[RawEvent] = []

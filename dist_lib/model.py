@@ -7,6 +7,7 @@ schedule fails where it goes wrong rather than at the end.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from typing import Any
 
@@ -340,8 +341,17 @@ def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: in
     return duration, costs.compute_flops(workload, op, layer, n, tp, recompute=recompute)
 
 
+def _c_doc(method: Any) -> str:
+    """A C method's docstring: the Python twin's signature (for `help` and `inspect`) and docstring."""
+    sig = inspect.signature(method)
+    sig = sig.replace(parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+                      return_annotation=sig.empty)
+    return f"{method.__name__}{str(sig).replace('(self', '($self', 1)}\n--\n\n{method.__doc__ or ''}"
+
+
 if ACCELERATED:  # `forward`, `backward` and `WeightGrad.__add__` in C; the Python above stays their spec and fallback
     from ._buffers import install
     from .memory import MemoryTracker
 
-    install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT)
+    install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT,
+            {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, WeightGrad.__add__)})

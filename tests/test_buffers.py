@@ -212,3 +212,16 @@ def test_args_fill_the_named_slots_in_order_with_trailing_defaults(impl):
     assert log.live == 8  # a refused call leaves nothing live
     del p, q
     assert log.live == 0
+
+
+def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():
+    import inspect
+
+    from dist_lib.model import Model
+    from dist_lib.tensors import WeightGrad
+
+    assert list(inspect.signature(Model.forward).parameters) == ["self", "layer", "act", "weight", "stash",
+                                                                 "selective_recompute"]
+    assert list(inspect.signature(Model.backward).parameters) == ["self", "layer", "act", "grad", "weight"]
+    assert list(inspect.signature(WeightGrad.__add__).parameters) == ["self", "other"]
+    assert "consumes the stash" in Model.backward.__doc__
