@@ -111,7 +111,11 @@ class Work:
         if isinstance(result, _Pending):  # a received tensor materializes on the receiver now
             result = self.result = result.materialize(state)
         self.input = None
-        state.outstanding.pop(self, None)
+        outstanding = state.outstanding
+        if outstanding and outstanding[0] is self:  # works are mostly awaited in the order issued
+            del outstanding[0]
+        elif self in outstanding:
+            outstanding.remove(self)
         return result
 
     def describe(self) -> str:
@@ -206,7 +210,7 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     coll.issued += 1
     if coll.first is None:
         coll.first = work
-    state.outstanding[work] = None
+    state.outstanding.append(work)
     queue = state.queue
     queue.append(coll)
     if len(queue) == 1:

@@ -65,7 +65,7 @@ def _post(engine: Engine, state: RankState, work: Work) -> Work:
     src, dst = work.peer
     channel = _channel(engine, src, dst)
     (channel.sends if work.op == "send" else channel.recvs).append(work)
-    state.outstanding[work] = None
+    state.outstanding.append(work)
     _match(engine, channel)
     return work
 

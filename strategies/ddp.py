@@ -24,9 +24,14 @@ async def train(model: Model, *, microbatch_size: int = 4, bucket_mb: float = 25
     first, count = replica_samples(model.global_batch_size, model.world_size, model.rank)
     batches = microbatches(first, count, microbatch_size)
 
-    weights = [model.load_weights(layer) for layer in range(layers)]
+    weights, opt_states = [], []
+    for layer in range(layers):
+        weight, opt_state = model.load_weights(layer)
+        weights.append(weight)
+        opt_states.append(opt_state)
+    del weight, opt_state
     grads: list = [None] * layers
-    reduced: dict = {}
+    reduced: list = [None] * layers  # each layer's all-reduce Work
     bucket: list[int] = []
     bucket_bytes = 0
     for i, samples in enumerate(batches):
@@ -36,12 +41,12 @@ async def train(model: Model, *, microbatch_size: int = 4, bucket_mb: float = 25
         x = model.get_input_activation(samples)
         for layer in range(layers):
             inputs.append(x)
-            x = model.forward(layer, x, weights[layer][0])
+            x = model.forward(layer, x, weights[layer])
         grad = model.loss(x)
         del x
         # 2. backward, accumulating; on the last microbatch, all-reduce each bucket once it is full
         for layer in reversed(range(layers)):
-            weight_grad, grad = model.backward(layer, inputs.pop(), grad, weights[layer][0])
+            weight_grad, grad = model.backward(layer, inputs.pop(), grad, weights[layer])
             grads[layer] = weight_grad if grads[layer] is None else grads[layer] + weight_grad
             del weight_grad
             if last:
@@ -55,7 +60,8 @@ async def train(model: Model, *, microbatch_size: int = 4, bucket_mb: float = 25
         del grad
     # 3. wait for each layer's reduced gradient, update, hand in
     for layer in reversed(range(layers)):
-        weight, opt_state = weights[layer]
-        weights[layer] = None
-        new_weight, _ = model.update(layer, await reduced.pop(layer), weight, opt_state)
+        weight, opt_state = weights[layer], opt_states[layer]
+        weights[layer] = opt_states[layer] = None
+        work, reduced[layer] = reduced[layer], None
+        new_weight, _ = model.update(layer, await work, weight, opt_state)
         model.set_final_weight(layer, new_weight)

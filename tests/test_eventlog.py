@@ -32,3 +32,19 @@ def test_packed_and_recent_events_read_back_as_appended():
     assert log[2][9] is GROUP  # the very tuple: one reference for all the group's events
     log.pack()
     assert list(log) == events and log[3][9] is PAIR and log[4][9] is PAIR
+
+
+def test_events_of_one_kind_share_a_row_of_the_kind_table():
+    """Op, stream, layer, bytes, FLOPs, peers and detail are stored once per distinct combination."""
+    log = EventLog()
+    events = _events()
+    for step in range(3):  # the same kinds again, on other ranks and at other times
+        for e in events:
+            log.append((e[0] + step, *e[1:3], e[3] + step, e[4] + step, *e[5:]))
+        log.pack()
+    assert len(log) == 3 * len(events) and len(log._kinds[0]) == len(events)
+    assert log[len(events) + 2] == (2, *events[2][1:3], 3.5, 5.0, *events[2][5:])
+    other = tuple(range(1024))  # equal to GROUP but another group's tuple: another kind, kept as given
+    log.append((*events[2][:9], other, 8, events[2][11]))
+    log.pack()
+    assert len(log._kinds[0]) == len(events) + 1 and log[-1][9] is other

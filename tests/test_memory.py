@@ -119,6 +119,27 @@ def test_in_place_all_reduce_adds_no_memory_and_gather_allocates_at_issue():
     assert seen == {"gather issued": 2 * P, "full": 2 * P}
 
 
+def test_a_work_keeps_its_input_until_awaited_in_any_order():
+    seen = {}
+
+    async def train(model):
+        shards = [model.load_weights(layer, shard=model.rank, num_shards=2)[0] for layer in range(2)]
+        first, second = model.all_gather(shards[0]), model.all_gather(shards[1])
+        held = model.memory_bytes
+        shards.clear()  # the works still hold their inputs, as a stream keeps its buffers
+        freed = [held - model.memory_bytes]
+        full = await second  # awaited out of issue order: its input goes
+        freed.append(held - model.memory_bytes)
+        again = await second
+        await first
+        freed.append(held - model.memory_bytes)
+        if model.rank == 0:
+            seen.update(freed=freed, same=again is full)
+
+    run(train, cluster="2xA100-80GB", batch=2)
+    assert seen == {"freed": [0, P, 2 * P], "same": True}  # a shard is half a layer's 2-byte weights
+
+
 def test_gradient_accumulation_reuses_the_buffer():
     seen = {}
 
