@@ -21,7 +21,8 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".installed"
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "dist_lib/_buffers.c", "dist_lib/_buffers.h", "dist_lib/_ops.c")
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "dist_lib/_buffers.c", "dist_lib/_buffers.h", "dist_lib/_ops.c",
+                "dist_lib/_events.c")
 
 
 def ensure_env() -> None:

@@ -1,4 +1,5 @@
-/* What `_buffers.c` (buffers and their log) and `_ops.c` (the hottest ops) share. */
+/* What `_buffers.c` (buffers and their log), `_ops.c` (the hottest ops) and `_events.c` (packing the
+ * event log) share. */
 #ifndef DIST_LIB_BUFFERS_H
 #define DIST_LIB_BUFFERS_H
 
@@ -66,5 +67,7 @@ PyObject *buffer_view(PyTypeObject *type, PyObject *source, PyObject *const *fie
 
 /* Adds the hot ops' `install` to the module (`_ops.c`). */
 int ops_init(PyObject *module);
+/* Adds `KindIndex` and `pack_events` to the module (`_events.c`). */
+int events_init(PyObject *module);
 
 #endif

@@ -19,6 +19,13 @@ from array import array
 from collections.abc import Iterator, Sequence
 from itertools import chain
 
+from .memory import ACCELERATED
+
+if ACCELERATED:  # `pack` in C for the common case; the Python below is its specification and fallback
+    from ._buffers import KindIndex, pack_events
+else:
+    KindIndex = pack_events = None
+
 RawEvent = tuple  # see `result.Event` for the named view
 
 PACK_AT = 4096  # tuples gathered before `maybe_pack` packs them: bounds the unpacked part
@@ -27,7 +34,7 @@ PACK_AT = 4096  # tuples gathered before `maybe_pack` packs them: bounds the unp
 class EventLog(Sequence):
     """Every event of one step, in the order recorded. `append` takes a raw event tuple."""
 
-    __slots__ = ("recent", "append", "_kind_codes", "_kinds", "_rank", "_kind", "_start", "_end", "_samples",
+    __slots__ = ("recent", "append", "_kind_codes", "_kind_index", "_kinds", "_rank", "_kind", "_start", "_end", "_samples",
                  "_op_id")
 
     def __init__(self) -> None:
@@ -36,6 +43,7 @@ class EventLog(Sequence):
         # (op, stream, layer, nbytes, flops, detail, id(peers)) -> code; the table holds the peers tuple,
         # which keeps its id from being reused while the log lives
         self._kind_codes: dict[tuple, int] = {}
+        self._kind_index = KindIndex() if KindIndex is not None else None  # the same, for the C pack
         # a kind's fields by code, one list per field: op, stream, layer, nbytes, flops, peers, detail
         self._kinds: tuple[list, ...] = ([], [], [], [], [], [], [])
         self._rank, self._kind = array("i"), array("I")
@@ -51,6 +59,9 @@ class EventLog(Sequence):
         """Move the recent tuples into the columns."""
         recent = self.recent
         if not recent:
+            return
+        if pack_events is not None and pack_events(recent, self._kind_index, self._kinds, self._rank, self._kind,
+                                                   self._start, self._end, self._samples, self._op_id):
             return
         (ranks, ops, streams, starts, ends, layers, samples, nbytes, flops, peers, op_ids,
          details) = zip(*recent)

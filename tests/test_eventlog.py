@@ -48,3 +48,20 @@ def test_events_of_one_kind_share_a_row_of_the_kind_table():
     log.append((*events[2][:9], other, 8, events[2][11]))
     log.pack()
     assert len(log._kinds[0]) == len(events) + 1 and log[-1][9] is other
+
+
+def test_batches_packed_either_way_read_back_as_appended():
+    """A batch with a field of an unexpected type (an int time) is packed by the general path; the
+    batches around it by the fast one (in C when built). They share one kind table."""
+    log = EventLog()
+    events = _events()
+    odd = (5, "forward", "compute", 7, 8, 0, 0b11, 0, 3.0e9, None, 0, "")  # int times
+    batches = [events[:3], [odd, *events[3:]], events]
+    for batch in batches:
+        for e in batch:
+            log.append(e)
+        log.pack()
+    appended = [e for batch in batches for e in batch]
+    assert list(log) == appended and [log[i] for i in range(len(log))] == appended
+    assert log[3][3] == 7.0 and type(log[3][3]) is float  # a packed time is a float
+    assert log[2][9] is GROUP and log[-4][9] is GROUP
