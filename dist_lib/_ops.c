@@ -6,9 +6,7 @@
  * Python method, which stays the specification. `install` puts them on the classes; the tests run the
  * whole suite both ways and compare a step's books entry by entry.
  */
-#include "_buffers.h"
-
-#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+#include "_ops.h"
 
 /* Slot offsets, classes and constants, resolved once by `install`. */
 static struct {
@@ -30,23 +28,8 @@ static struct {
         *s_cost, *s_events, *s_pack, *s_bit_count, *s_bit_length, *zero, *one;
 } K;
 
+
 /* ---- small helpers -------------------------------------------------------------------------------- */
-
-/* a == b for two ints (identity first: small ints are shared). -1 with an exception set on error. */
-static inline int int_eq(PyObject *a, PyObject *b) {
-    if (a == b) return 1;
-    if (!a || !b) return 0;
-    return PyObject_RichCompareBool(a, b, Py_EQ);
-}
-
-/* An exact int's value when it fits a long, else `fallback` (never raises). */
-static inline long small_int(PyObject *x, long fallback) {
-    if (!x || !PyLong_CheckExact(x)) return fallback;
-    int overflow;
-    long v = PyLong_AsLongAndOverflow(x, &overflow);
-    if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); return fallback; }
-    return v;
-}
 
 /* An int method's result as a long, or -1 (never raises). */
 static long int_method(PyObject *x, PyObject *name) {
@@ -59,7 +42,7 @@ static long int_method(PyObject *x, PyObject *name) {
 }
 
 /* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). */
-static inline long mask_bit_count(PyObject *mask) {
+long mask_bit_count(PyObject *mask) {
     if (!mask || !PyLong_CheckExact(mask)) return -1;
     unsigned long long v = PyLong_AsUnsignedLongLong(mask);
     if (v != (unsigned long long)-1 || !PyErr_Occurred()) return __builtin_popcountll(v);
@@ -68,7 +51,7 @@ static inline long mask_bit_count(PyObject *mask) {
 }
 
 /* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
-static inline int is_full_mask(PyObject *mask, long n) {
+int is_full_mask(PyObject *mask, long n) {
     if (n < 1 || !mask || !PyLong_CheckExact(mask)) return 0;
     if (n <= 62) return small_int(mask, -1) == (1L << n) - 1;
     return int_method(mask, K.s_bit_length) == n && mask_bit_count(mask) == n;
@@ -76,7 +59,7 @@ static inline int is_full_mask(PyObject *mask, long n) {
 
 /* Call the Python twin with self first. It re-checks everything, so a failed comparison on the way here
  * (an exception set) is dropped: the twin meets and reports the same problem. */
-static PyObject *fallback(PyObject *twin, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+PyObject *fallback(PyObject *twin, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     PyErr_Clear();
     Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) + 1;
     PyObject *small[8], **stack = total <= 8 ? small : PyMem_Malloc(total * sizeof(PyObject *));
@@ -334,7 +317,7 @@ slow:
 
 /* ---- install ------------------------------------------------------------------------------------- */
 
-static int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out) {
+int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out) {
     PyObject *descr = PyObject_GetAttrString(cls, name);
     if (!descr) return -1;
     int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
@@ -352,7 +335,7 @@ static PyMethodDef add_def = {"__add__", (PyCFunction)(void (*)(void))fast_add, 
 
 /* Put `def` on `cls`, keeping the Python method there as the twin; `docs[name]` (its signature and
  * docstring, kept alive in K.docs) becomes the C method's. */
-static int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin) {
+int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin, PyObject *docs) {
     PyObject *python = PyObject_GetAttrString(cls, def->ml_name);
     if (!python) return -1;
     if (!PyFunction_Check(python)) {
@@ -360,7 +343,7 @@ static int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin) {
         PyErr_Format(PyExc_TypeError, "%R.%s is not a Python function (installed twice?)", cls, def->ml_name);
         return -1;
     }
-    PyObject *doc = PyDict_GetItemString(K.docs, def->ml_name);
+    PyObject *doc = PyDict_GetItemString(docs, def->ml_name);
     if (doc && PyUnicode_Check(doc)) def->ml_doc = PyUnicode_AsUTF8(doc);
     if (PyErr_Occurred()) { Py_DECREF(python); return -1; }
     Py_XSETREF(*twin, python);
@@ -422,9 +405,9 @@ static PyObject *install(PyObject *module, PyObject *args) {
     K.pack_at = pack_at;
     Py_INCREF(docs);
     Py_XSETREF(K.docs, docs);
-    if (replace_method(Model, &forward_def, &K.py_forward) < 0 ||
-        replace_method(Model, &backward_def, &K.py_backward) < 0 ||
-        replace_method(WeightGrad, &add_def, &K.py_add) < 0)
+    if (replace_method(Model, &forward_def, &K.py_forward, K.docs) < 0 ||
+        replace_method(Model, &backward_def, &K.py_backward, K.docs) < 0 ||
+        replace_method(WeightGrad, &add_def, &K.py_add, K.docs) < 0)
         return NULL;
     set_clock_slot((PyTypeObject *)RankState, K.s_clock);
     Py_RETURN_NONE;
@@ -450,5 +433,6 @@ int ops_init(PyObject *module) {
     K.zero = PyLong_FromLong(0);
     K.one = PyLong_FromLong(1);
     if (!K.zero || !K.one) return -1;
+    if (weight_ops_init(module) < 0) return -1;
     return PyModule_AddFunctions(module, ops_methods);
 }

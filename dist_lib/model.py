@@ -31,7 +31,7 @@ class Model(OpChecks):
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",
                  "global_batch_size", "device", "node", "cluster", "workload", "_world", "_params", "_act_bytes",
-                 "_shard_sizes")
+                 "_shard_sizes", "_full_batch")
 
     def __init__(self, engine: Engine, rank: int):
         self._engine = engine
@@ -52,6 +52,7 @@ class Model(OpChecks):
         self._params = engine.layer_params  # parameters of each layer
         self._act_bytes = engine.workload.activation_bytes()  # one sample's hidden states
         self._shard_sizes = engine.shard_bytes  # (layer, parts) -> (weight bytes, optimizer bytes)
+        self._full_batch = engine.full_batch  # the samples mask of a whole step's gradient
 
     def __repr__(self) -> str:
         return f"Model(rank {self.rank} of {self.world_size}, {self.device.name}, node {self.node})"
@@ -203,7 +204,7 @@ class Model(OpChecks):
         if not _first_time(state.updated, layer, _shard_key(shards, num_shards, tp_rank)):
             raise TensorError(f"rank {rank} update(layer {layer}): this shard of layer {layer} was already "
                               f"updated on rank {rank}")
-        full = self._engine.full_batch
+        full = self._full_batch
         if grad.samples != full:
             raise TensorError(f"rank {rank} update(layer {layer}): the gradient covers samples "
                               f"{describe_mask(grad.samples)} but not {describe_mask(full & ~grad.samples)}; "
@@ -349,9 +350,11 @@ def _c_doc(method: Any) -> str:
     return f"{method.__name__}{str(sig).replace('(self', '($self', 1)}\n--\n\n{method.__doc__ or ''}"
 
 
-if ACCELERATED:  # `forward`, `backward` and `WeightGrad.__add__` in C; the Python above stays their spec and fallback
-    from ._buffers import install
+if ACCELERATED:  # the hottest ops in C; the Python above stays their spec and fallback
+    from ._buffers import install, install_weight_ops
     from .memory import MemoryTracker
 
     install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT,
             {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, WeightGrad.__add__)})
+    install_weight_ops(Model, RankState, MemoryTracker, Weight, OptState, WeightGrad,
+                       {m.__name__: _c_doc(m) for m in (Model.load_weights, Model.update, Model.set_final_weight)})

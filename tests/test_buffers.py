@@ -149,6 +149,7 @@ import dist_lib.memory as memory
 out = {"impl": memory.Buffer.__module__}
 cases = {  # name: (strategy, options, cluster, layers, global batch)
     "zero": ("zero", {"stage": 3}),  # collectives and ZeRO shards
+    "zero1": ("zero", {"stage": 1}),  # an update of a weight holding more than its optimizer shard allocates
     "zero_wide": ("zero", {"stage": 3, "microbatch_size": 1}, "8x8xA100-80GB", 2, 64),  # 64 shards: wide masks
     "ddp_wide": ("ddp", {"microbatch_size": 12}, "2x2xA100-80GB", 2, 96),  # samples beyond 64 bits
     "one_f_one_b": ("one_f_one_b", {}),  # point-to-point
@@ -179,12 +180,13 @@ def _run(pure: bool) -> dict:
 
 @pytest.mark.skipif(_c_buffers() is None, reason="the C accelerator was not built")
 def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
-    """The C buffers and the C forward, backward and gradient sum against their Python twins, over steps
-    that take every path: the fast one, and each that falls back to Python (TP slices, selective
-    recompute, split backward)."""
+    """The C buffers, the C ops (forward, backward, gradient sum, load_weights, update, set_final_weight)
+    and the C event packing against their Python twins, over steps that take every path: the fast one,
+    and each that falls back to Python (TP slices, selective recompute, split backward, an update that
+    allocates)."""
     c, python = _run(pure=False), _run(pure=True)
     assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
-    for name in ("zero", "zero_wide", "ddp_wide", "one_f_one_b", "ddp", "gpipe_recompute", "hybrid_tp",
+    for name in ("zero", "zero1", "zero_wide", "ddp_wide", "one_f_one_b", "ddp", "gpipe_recompute", "hybrid_tp",
                  "zero_bubble"):
         assert c[name] == python[name], name
         assert len(c[name]["logs"][0][0]) > 20
@@ -224,4 +226,9 @@ def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():
                                                                  "selective_recompute"]
     assert list(inspect.signature(Model.backward).parameters) == ["self", "layer", "act", "grad", "weight"]
     assert list(inspect.signature(WeightGrad.__add__).parameters) == ["self", "other"]
+    assert list(inspect.signature(Model.load_weights).parameters) == ["self", "layer", "shard", "num_shards",
+                                                                      "tp_rank", "tp_size"]
+    assert list(inspect.signature(Model.update).parameters) == ["self", "layer", "grad", "weight", "opt_state"]
+    assert list(inspect.signature(Model.set_final_weight).parameters) == ["self", "layer", "weight"]
+    assert "Adam step" in Model.update.__doc__
     assert "consumes the stash" in Model.backward.__doc__

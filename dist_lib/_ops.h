@@ -1,0 +1,41 @@
+/* What the C twins of `Model`'s ops share: `_ops.c` (forward, backward, gradient sum) and
+ * `_weight_ops.c` (load_weights, update, set_final_weight). */
+#ifndef DIST_LIB_OPS_H
+#define DIST_LIB_OPS_H
+
+#include "_buffers.h"
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* a == b for two ints (identity first: small ints are shared). -1 with an exception set on error. */
+static inline int int_eq(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    if (!a || !b) return 0;
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+/* An exact int's value when it fits a long, else `fallback` (never raises). */
+static inline long small_int(PyObject *x, long fallback) {
+    if (!x || !PyLong_CheckExact(x)) return fallback;
+    int overflow;
+    long v = PyLong_AsLongAndOverflow(x, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); return fallback; }
+    return v;
+}
+
+/* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). */
+long mask_bit_count(PyObject *mask);
+/* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
+int is_full_mask(PyObject *mask, long n);
+/* Call the Python twin with self first (dropping any exception set on the way: the twin meets and
+ * reports the same problem). */
+PyObject *fallback(PyObject *twin, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+/* The offset of the slot `name` of `cls`; -1 with TypeError if it is not an object slot. */
+int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out);
+/* Put `def` on `cls`, keeping the Python method in *twin; docs[name] (kept alive by the caller) becomes
+ * the C method's signature and docstring. */
+int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin, PyObject *docs);
+/* Adds `install_weight_ops` to the module (`_weight_ops.c`). */
+int weight_ops_init(PyObject *module);
+
+#endif
