@@ -179,9 +179,27 @@ static PyObject *AllocLog_arrays(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
     return log_arrays(self);
 }
 
+/* (times, packed entries, shape bytes, shape kind codes): the log as stored, for `memory.decode`. */
 static PyObject *AllocLog_take(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
-    PyObject *out = log_arrays(self);
-    if (out) log_free_entries(self); /* the shapes stay: live buffers refer to them */
+    Py_ssize_t n = self->len;
+    double *times = PyMem_Malloc((n ? n : 1) * sizeof(double));
+    unsigned long long *packed = PyMem_Malloc((n ? n : 1) * sizeof(unsigned long long));
+    PyObject *out = NULL;
+    if (!times || !packed) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        times[i] = self->entries[i].time;
+        packed[i] = self->entries[i].packed;
+    }
+    log_free_entries(self); /* before the copies are made into arrays: the step's peak memory holds one */
+    PyObject *t = to_array("d", times, n, sizeof(double));
+    PyObject *p = t ? to_array("Q", packed, n, sizeof(unsigned long long)) : NULL;
+    PyObject *b = p ? to_array("q", self->shape_bytes, self->nshapes, sizeof(long long)) : NULL;
+    PyObject *c = b ? to_array("B", self->shape_code, self->nshapes, 1) : NULL;
+    if (!c) { Py_XDECREF(t); Py_XDECREF(p); Py_XDECREF(b); goto done; }
+    out = Py_BuildValue("(NNNN)", t, p, b, c);
+done:
+    PyMem_Free(times);
+    PyMem_Free(packed);
     return out;
 }
 
@@ -211,7 +229,8 @@ static PyMethodDef AllocLog_methods[] = {
     {"arrays", (PyCFunction)AllocLog_arrays, METH_NOARGS,
      "(times, signed bytes, tags) so far, as new arrays."},
     {"take", (PyCFunction)AllocLog_take, METH_NOARGS,
-     "(times, signed bytes, tags) so far, as new arrays; the log starts empty again."},
+     "(times, packed entries, shape bytes, shape kind codes) so far, as stored (`memory.decode` reads "
+     "them); the log starts empty again."},
     {NULL}};
 
 static PyMemberDef AllocLog_members[] = {

@@ -71,10 +71,10 @@ class AllocLog:
         tags = array("q", (e >> ADDRESS_SHIFT << 4 | codes[e & mask] for e in self._entries))
         return array("d", self._times), deltas, tags
 
-    def take(self) -> tuple[array, array, array]:
-        """(times, signed bytes, tags) so far; the log starts empty again (the shapes stay: live buffers
-        refer to them)."""
-        out = self.arrays()
+    def take(self) -> tuple[array, array, array, array]:
+        """(times, packed entries, shape bytes, shape kind codes) so far, as stored (`memory.decode` reads
+        them); the log starts empty again (the shapes stay: live buffers refer to them)."""
+        out = (self._times, self._entries, array("q", self._shape_bytes), array("B", self._shape_codes))
         self._times, self._entries = array("d"), array("Q")
         return out
 

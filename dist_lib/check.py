@@ -8,15 +8,31 @@ gradients from every sample of the global batch.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
-from .tensors import Weight, describe_mask, full_mask
+from .tensors import describe_mask, full_mask
 
 
-def check_final_weights(finals: Iterable[Weight], num_layers: int, global_batch_size: int) -> list[str]:
-    """Problems with the handed-in weights, one line each; empty when the step is correct."""
-    by_layer: dict[int, list[Weight]] = {layer: [] for layer in range(num_layers)}
-    for weight in finals:
-        by_layer[weight.layer].append(weight)
+class HandedIn(NamedTuple):
+    """What a rank handed in for a layer with `set_final_weight`: the fields of its `Weight`. Records
+    are plain tuples in this order (`Result.final_weights`); this names them."""
+
+    rank: int
+    layer: int
+    step: int
+    samples: int
+    shards: int
+    num_shards: int
+    tp_rank: int
+    tp_size: int
+
+
+def check_final_weights(finals: Iterable[tuple], num_layers: int, global_batch_size: int) -> list[str]:
+    """Problems with the handed-in weights (`HandedIn` records), one line each; empty when the step is
+    correct."""
+    by_layer: dict[int, list[HandedIn]] = {layer: [] for layer in range(num_layers)}
+    for record in finals:
+        by_layer[record[1]].append(HandedIn._make(record))
     everything = full_mask(global_batch_size)
     problems: list[str] = []
     for layer, weights in by_layer.items():
@@ -41,11 +57,11 @@ def check_final_weights(finals: Iterable[Weight], num_layers: int, global_batch_
     return problems
 
 
-def _shard_coverage(layer: int, tp_rank: int, tp_size: int, weights: list[Weight]) -> list[str]:
+def _shard_coverage(layer: int, tp_rank: int, tp_size: int, weights: list[HandedIn]) -> list[str]:
     where = f"layer {layer}" + (f" TP slice {tp_rank}/{tp_size}" if tp_size > 1 else "")
     if not weights:
         return [f"{where}: no rank handed in this tensor-parallel slice"]
-    if any(w.is_complete for w in weights):
+    if any(w.shards == full_mask(w.num_shards) for w in weights):
         return []
     counts = {w.num_shards for w in weights}
     if len(counts) > 1:

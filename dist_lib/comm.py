@@ -283,7 +283,7 @@ def _resolve_ready(engine: Engine, coll: Collective) -> None:
         _resolve(engine, c, states)
         for s in states:
             queue = s.queue
-            queue.popleft()
+            del queue[0]
             if queue:
                 head = queue[0]
                 head.at_head += 1

@@ -14,7 +14,7 @@ from array import array
 from itertools import accumulate
 from typing import NamedTuple, Protocol
 
-from .buffers import KIND_MASK
+from .buffers import ADDRESS_SHIFT, FREE, KIND_MASK
 from .errors import OutOfMemoryError
 
 if os.environ.get("DIST_SANDBOX_PURE_PYTHON"):
@@ -45,13 +45,33 @@ def live_by_kind(deltas: array, tags: array, entries: int) -> list[int]:
     return [int(v) for v in np.bincount(codes, weights=signed, minlength=len(KINDS))[:len(KINDS)]]
 
 
+def decode(packed: array, shape_bytes: array, shape_codes: array) -> tuple[array, array]:
+    """(signed bytes, tags: buffer address | kind code) of stored log entries (see `buffers.AllocLog`)."""
+    import numpy as np  # only after a step: keep it off the import path
+
+    words = np.frombuffer(packed, dtype=np.uint64) if len(packed) else np.zeros(0, dtype=np.uint64)
+    shape = (words & np.uint64(FREE - 1)).astype(np.intp)
+    nbytes = np.frombuffer(shape_bytes, dtype=np.int64)[shape] if len(shape_bytes) else np.zeros(0, np.int64)
+    deltas = np.where(words & np.uint64(FREE), -nbytes, nbytes)
+    codes = np.frombuffer(shape_codes, dtype=np.uint8)[shape] if len(shape_codes) else np.zeros(0, np.uint8)
+    tags = (words >> np.uint64(ADDRESS_SHIFT) << np.uint64(4)).astype(np.int64) | codes
+    return array("q", deltas.astype(np.int64).tobytes()), array("q", tags.tobytes())
+
+
 class RankLog(NamedTuple):
-    """One rank's allocation log as handed over after a step, and the views derived from it."""
+    """One rank's allocation log as handed over after a step, kept as stored (16 bytes an entry), and
+    the views derived from it on demand."""
 
     times: array
-    deltas: array
-    tags: array  # buffer address | kind code
+    packed: array  # per entry: buffer address >> 4 << ADDRESS_SHIFT | FREE | shape number
+    shape_bytes: array  # per shape number: its bytes and its kind code
+    shape_codes: array
     peak_index: int  # entries up to and including the peak
+
+    @property
+    def deltas(self) -> array:
+        """Signed bytes of each entry."""
+        return decode(self.packed, self.shape_bytes, self.shape_codes)[0]
 
     def timeline(self) -> tuple[array, array]:
         """(times, live bytes after each entry)."""
@@ -59,12 +79,13 @@ class RankLog(NamedTuple):
 
     def entries(self) -> tuple[array, array, array]:
         """(signed bytes, buffer ids, kind codes), one per entry of the timeline."""
-        return (self.deltas, array("q", (t >> KIND_BITS for t in self.tags)),
-                array("b", (t & KIND_MASK for t in self.tags)))
+        deltas, tags = decode(self.packed, self.shape_bytes, self.shape_codes)
+        return (deltas, array("q", (t >> KIND_BITS for t in tags)), array("b", (t & KIND_MASK for t in tags)))
 
     def peak_by_kind(self) -> dict[str, int]:
         """Live bytes by kind at the peak."""
-        return dict(zip(KINDS, live_by_kind(self.deltas, self.tags, self.peak_index)))
+        deltas, tags = decode(self.packed, self.shape_bytes, self.shape_codes)
+        return dict(zip(KINDS, live_by_kind(deltas, tags, self.peak_index)))
 
 
 class Clocked(Protocol):

@@ -85,24 +85,35 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> 
                             + "\n  ".join(leftovers))
     for state in engine.ranks:  # un-awaited works release their buffers when the rank's stream drains
         state.outstanding.clear()
-    finals = [w for state in engine.ranks for w in state.final_weights]
+    logs = [s.memory.detach_log() for s in engine.ranks]  # the step's books: later frees are not in them
+    finals = _take_final_weights(engine)
     problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
-    result = _build_result(engine, options, name, problems)
-    result.final_weights = [(w.rank, w.layer, w.step, w.samples, w.shards, w.num_shards, w.tp_rank, w.tp_size)
-                            for w in finals]
+    result = _build_result(engine, options, name, problems, logs)
+    result.final_weights = finals
     if problems and check:
         raise IncorrectStepError(f"{name}: the step is not a correct training step:\n  " + "\n  ".join(problems))
     return result
 
 
-def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: list[str]) -> Result:
+def _take_final_weights(engine: Engine) -> list[tuple]:
+    """The handed-in weights as `check.HandedIn` records. Each rank's weights are released as soon as
+    they are recorded, so that the records take the memory the weights held."""
+    finals: list[tuple] = []
+    for state in engine.ranks:
+        finals += [(w.rank, w.layer, w.step, w.samples, w.shards, w.num_shards, w.tp_rank, w.tp_size)
+                   for w in state.final_weights]
+        state.final_weights = []
+    return finals
+
+
+def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: list[str],
+                  logs: list[RankLog]) -> Result:
     engine.events.pack()
     rank_times = [max(s.clock, s.comm_free) for s in engine.ranks]
     for e in engine.events:  # point-to-point ends (and un-awaited collectives) count too
         if e[4] > rank_times[e[0]]:
             rank_times[e[0]] = e[4]
     workload = engine.workload
-    logs = [s.memory.detach_log() for s in engine.ranks]
     return Result(
         cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,
         options=dict(options), time_s=max(rank_times), rank_times=rank_times,

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from dist_lib import Cluster, Result, Workload, costs
@@ -364,9 +363,7 @@ def verify(payload: dict[str, Any], cluster: Cluster, workload: Workload, global
         if not 0 <= layer < workload.num_layers:
             c.flag(f"rank {rank} handed in a weight of layer {layer}, which does not exist")
             continue
-        finals.append(SimpleNamespace(rank=rank, layer=layer, step=step, samples=samples, shards=shards,
-                                      num_shards=num_shards, tp_rank=tp_rank, tp_size=tp_size,
-                                      is_complete=shards == full_mask(num_shards)))
+        finals.append((rank, layer, step, samples, shards, num_shards, tp_rank, tp_size))
     problems = check_final_weights(finals, workload.num_layers, global_batch)
     if bool(payload.get("correct")) != (not problems) and not c.integrity:
         c.flag("the run reported itself " + ("correct" if payload.get("correct") else "incorrect") +

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dist_lib import buffers as python_buffers
+from dist_lib.memory import decode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,10 +102,14 @@ def test_going_over_capacity_calls_out_of_memory_and_the_unwinding_free_is_logge
 def test_take_hands_over_the_log_and_starts_afresh(impl):
     log, Thing = make(impl)
     a = Thing(log, 10, "a")
-    times, deltas, tags = log.take()
-    assert list(deltas) == [10] and len(log) == 0
+    b = Thing(log, 24, "b")
+    del b
+    before = log.arrays()
+    times, packed, shape_bytes, shape_codes = log.take()  # as stored: 16 bytes an entry
+    assert (times, *decode(packed, shape_bytes, shape_codes)) == before and len(log) == 0
+    assert list(before[1]) == [10, 24, -24]
     del a
-    assert list(log.arrays()[1]) == [-10] and list(deltas) == [10]
+    assert list(log.arrays()[1]) == [-10] and list(decode(packed, shape_bytes, shape_codes)[0]) == [10, 24, -24]
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
