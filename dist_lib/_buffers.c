@@ -2,8 +2,9 @@
  *
  * Every symbolic tensor is a Buffer. Creating one on a rank's AllocLog appends (time, +bytes, tag) to
  * the log; when CPython frees the last reference, the deallocator appends (time, -bytes, tag). An
- * entry is 16 bytes: the time, and the buffer's address with the number of its (bytes, kind) shape on
- * that rank (a rank uses few distinct shapes); `arrays()` decodes them. A view
+ * entry is 8 bytes: the buffer's address with the number of its (bytes, kind) shape on that rank (a
+ * rank uses few distinct shapes); times are kept once per run of entries logged at the same time (an op
+ * allocates and frees several buffers at one instant). `arrays()` decodes them. A view
  * shares another tensor's buffer (an in-place all-reduce, an accumulated gradient): it keeps the owner
  * alive and logs nothing itself. `buffers.py` is the pure-Python twin with the same semantics; its
  * docstrings are the specification, and `memory.py` takes this module when it was built.
@@ -33,10 +34,23 @@ static int type_cache_len;
 
 static int log_grow(AllocLog *log) {
     Py_ssize_t cap = log->cap + (log->cap >> 3) + 16; /* as CPython grows a list: little slack per rank */
-    LogEntry *entries = PyMem_Realloc(log->entries, cap * sizeof(LogEntry));
+    if (cap > UINT32_MAX) { PyErr_SetString(PyExc_OverflowError, "more than 2**32 log entries on one rank"); return -1; }
+    uint64_t *entries = PyMem_Realloc(log->entries, cap * sizeof(uint64_t));
     if (!entries) { PyErr_NoMemory(); return -1; }
     log->entries = entries;
     log->cap = cap;
+    return 0;
+}
+
+static int runs_grow(AllocLog *log) {
+    Py_ssize_t cap = log->runs_cap + (log->runs_cap >> 3) + 8;
+    double *times = PyMem_Realloc(log->run_time, cap * sizeof(double));
+    if (!times) { PyErr_NoMemory(); return -1; }
+    log->run_time = times;
+    uint32_t *firsts = PyMem_Realloc(log->run_first, cap * sizeof(uint32_t));
+    if (!firsts) { PyErr_NoMemory(); return -1; }
+    log->run_first = firsts;
+    log->runs_cap = cap;
     return 0;
 }
 
@@ -117,9 +131,12 @@ double log_clock(AllocLog *log) {
 
 static int log_append(AllocLog *log, double time, uint64_t packed, long long delta) {
     if (log->len == log->cap && log_grow(log) < 0) return -1;
-    LogEntry *e = &log->entries[log->len++];
-    e->time = time;
-    e->packed = packed;
+    if (!log->nruns || log->run_time[log->nruns - 1] != time) { /* the time moved: a new run */
+        if (log->nruns == log->runs_cap && runs_grow(log) < 0) return -1;
+        log->run_time[log->nruns] = time;
+        log->run_first[log->nruns++] = (uint32_t)log->len;
+    }
+    log->entries[log->len++] = packed;
     log->live += delta;
     return 0;
 }
@@ -131,8 +148,12 @@ static inline uint64_t buffer_entry(Buffer *self) {
 
 static void log_free_entries(AllocLog *log) {
     PyMem_Free(log->entries);
+    PyMem_Free(log->run_time);
+    PyMem_Free(log->run_first);
     log->entries = NULL;
-    log->len = log->cap = 0;
+    log->run_time = NULL;
+    log->run_first = NULL;
+    log->len = log->cap = log->nruns = log->runs_cap = 0;
 }
 
 /* array.array(typecode) holding a copy of n items of `size` bytes at `data`. */
@@ -156,12 +177,14 @@ static PyObject *log_arrays(AllocLog *log) {
     long long *tags = PyMem_Malloc((n ? n : 1) * sizeof(long long));
     PyObject *out = NULL;
     if (!times || !deltas || !tags) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t run = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        LogEntry e = log->entries[i];
-        Py_ssize_t shape = (Py_ssize_t)(e.packed & SHAPE_MASK);
-        times[i] = e.time;
-        deltas[i] = e.packed & FREE ? -log->shape_bytes[shape] : log->shape_bytes[shape];
-        tags[i] = (long long)(e.packed >> ADDRESS_SHIFT << 4) | log->shape_code[shape];
+        uint64_t e = log->entries[i];
+        Py_ssize_t shape = (Py_ssize_t)(e & SHAPE_MASK);
+        while (run + 1 < log->nruns && log->run_first[run + 1] <= i) run++;
+        times[i] = log->run_time[run];
+        deltas[i] = e & FREE ? -log->shape_bytes[shape] : log->shape_bytes[shape];
+        tags[i] = (long long)(e >> ADDRESS_SHIFT << 4) | log->shape_code[shape];
     }
     PyObject *t = to_array("d", times, n, sizeof(double));
     PyObject *d = t ? to_array("q", deltas, n, sizeof(long long)) : NULL;
@@ -179,28 +202,20 @@ static PyObject *AllocLog_arrays(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
     return log_arrays(self);
 }
 
-/* (times, packed entries, shape bytes, shape kind codes): the log as stored, for `memory.decode`. */
+/* (first entry of each time run, its time, packed entries, shape bytes, shape kind codes): the log as
+ * stored, for `memory.decode`. */
 static PyObject *AllocLog_take(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
-    Py_ssize_t n = self->len;
-    double *times = PyMem_Malloc((n ? n : 1) * sizeof(double));
-    unsigned long long *packed = PyMem_Malloc((n ? n : 1) * sizeof(unsigned long long));
-    PyObject *out = NULL;
-    if (!times || !packed) { PyErr_NoMemory(); goto done; }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        times[i] = self->entries[i].time;
-        packed[i] = self->entries[i].packed;
-    }
-    log_free_entries(self); /* before the copies are made into arrays: the step's peak memory holds one */
-    PyObject *t = to_array("d", times, n, sizeof(double));
-    PyObject *p = t ? to_array("Q", packed, n, sizeof(unsigned long long)) : NULL;
+    PyObject *f = to_array("I", self->run_first, self->nruns, sizeof(uint32_t));
+    PyObject *t = f ? to_array("d", self->run_time, self->nruns, sizeof(double)) : NULL;
+    PyObject *p = t ? to_array("Q", self->entries, self->len, sizeof(uint64_t)) : NULL;
     PyObject *b = p ? to_array("q", self->shape_bytes, self->nshapes, sizeof(long long)) : NULL;
     PyObject *c = b ? to_array("B", self->shape_code, self->nshapes, 1) : NULL;
-    if (!c) { Py_XDECREF(t); Py_XDECREF(p); Py_XDECREF(b); goto done; }
-    out = Py_BuildValue("(NNNN)", t, p, b, c);
-done:
-    PyMem_Free(times);
-    PyMem_Free(packed);
-    return out;
+    if (!c) {
+        Py_XDECREF(f); Py_XDECREF(t); Py_XDECREF(p); Py_XDECREF(b);
+        return NULL;
+    }
+    log_free_entries(self); /* the shapes stay: live buffers refer to them */
+    return Py_BuildValue("(NNNNN)", f, t, p, b, c);
 }
 
 static Py_ssize_t AllocLog_len(AllocLog *self) { return self->len; }
@@ -229,8 +244,8 @@ static PyMethodDef AllocLog_methods[] = {
     {"arrays", (PyCFunction)AllocLog_arrays, METH_NOARGS,
      "(times, signed bytes, tags) so far, as new arrays."},
     {"take", (PyCFunction)AllocLog_take, METH_NOARGS,
-     "(times, packed entries, shape bytes, shape kind codes) so far, as stored (`memory.decode` reads "
-     "them); the log starts empty again."},
+     "(first entry of each time run, its time, packed entries, shape bytes, shape kind codes) so far, "
+     "as stored (`memory.decode` reads them); the log starts empty again."},
     {NULL}};
 
 static PyMemberDef AllocLog_members[] = {

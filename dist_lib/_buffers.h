@@ -10,12 +10,6 @@
 
 #define KIND_MASK 7 /* low bits of a tag: the kind code (memory.KIND_BITS) */
 
-/* One log entry: when, and which buffer of which shape was allocated or freed. */
-typedef struct {
-    double time;
-    uint64_t packed; /* buffer address >> 4 << ADDRESS_SHIFT | FREE | shape number */
-} LogEntry;
-
 #define SHAPE_BITS 19 /* shape numbers: distinct (bytes, kind) pairs per rank */
 #define SHAPE_MASK ((1ULL << SHAPE_BITS) - 1)
 #define FREE (1ULL << SHAPE_BITS)
@@ -29,8 +23,14 @@ typedef struct {
     long long capacity;
     Py_ssize_t peak_index; /* entries up to and including the peak */
     char enforce;
+    /* entries: which buffer of which shape was allocated or freed, as
+     * buffer address >> 4 << ADDRESS_SHIFT | FREE | shape number */
     Py_ssize_t len, cap;
-    LogEntry *entries;
+    uint64_t *entries;
+    /* when: one time per run of entries logged at the same time; run r starts at entry run_first[r] */
+    Py_ssize_t nruns, runs_cap;
+    double *run_time;
+    uint32_t *run_first;
     /* shapes: the distinct (bytes, kind) pairs, numbered in order of first use, and a hash index */
     Py_ssize_t nshapes, shapes_cap, index_cap;
     long long *shape_bytes;

@@ -31,11 +31,14 @@ MAX_NBYTES = (1 << 40) - 1  # a buffer holds less than a TiB
 class AllocLog:
     """One rank's live bytes, peak, and log of every allocation and free: time, signed bytes, tag.
 
-    An entry is 16 bytes: the time, and `address >> 4 << ADDRESS_SHIFT | FREE (for a free) | shape`,
-    where a shape numbers a distinct (bytes, kind) pair on this rank; `arrays()` decodes them.
+    An entry is 8 bytes, `address >> 4 << ADDRESS_SHIFT | FREE (for a free) | shape`, where a shape
+    numbers a distinct (bytes, kind) pair on this rank. Times are stored once per run of entries logged
+    at the same time (an op allocates and frees several buffers at one instant): run r starts at entry
+    `_run_first[r]`. `arrays()` decodes them.
     """
 
-    __slots__ = ("owner", "live", "peak", "capacity", "peak_index", "enforce", "_times", "_entries", "_shapes",
+    __slots__ = ("owner", "live", "peak", "capacity", "peak_index", "enforce", "_run_first", "_run_time", "_entries",
+                 "_shapes",
                  "_shape_bytes", "_shape_codes")
 
     def __new__(cls, *args: Any, **kwargs: Any) -> AllocLog:
@@ -43,7 +46,7 @@ class AllocLog:
         self.owner: Any = None  # whose `clock` stamps the log
         self.live = self.peak = self.capacity = self.peak_index = 0
         self.enforce = False
-        self._times, self._entries = array("d"), array("Q")
+        self._run_first, self._run_time, self._entries = array("I"), array("d"), array("Q")
         self._shapes: dict[tuple[int, int], int] = {}  # (bytes, kind code) -> shape number
         self._shape_bytes: list[int] = []
         self._shape_codes: list[int] = []
@@ -69,13 +72,28 @@ class AllocLog:
         sizes, codes, mask = self._shape_bytes, self._shape_codes, FREE - 1
         deltas = array("q", (-sizes[e & mask] if e & FREE else sizes[e & mask] for e in self._entries))
         tags = array("q", (e >> ADDRESS_SHIFT << 4 | codes[e & mask] for e in self._entries))
-        return array("d", self._times), deltas, tags
+        return self._times(), deltas, tags
 
-    def take(self) -> tuple[array, array, array, array]:
-        """(times, packed entries, shape bytes, shape kind codes) so far, as stored (`memory.decode` reads
-        them); the log starts empty again (the shapes stay: live buffers refer to them)."""
-        out = (self._times, self._entries, array("q", self._shape_bytes), array("B", self._shape_codes))
-        self._times, self._entries = array("d"), array("Q")
+    def _times(self) -> array:
+        """Each entry's time."""
+        ends = [*self._run_first[1:], len(self._entries)]
+        return array("d", (t for t, first, end in zip(self._run_time, self._run_first, ends) for _ in range(end - first)))
+
+    def _log(self, entry: int) -> None:
+        """Append an entry at the owner's clock (a new run if the time moved)."""
+        now = self.owner.clock
+        if not self._run_time or self._run_time[-1] != now:
+            self._run_first.append(len(self._entries))
+            self._run_time.append(now)
+        self._entries.append(entry)
+
+    def take(self) -> tuple[array, array, array, array, array]:
+        """(first entry of each time run, its time, packed entries, shape bytes, shape kind codes) so far,
+        as stored (`memory.decode` reads them); the log starts empty again (the shapes stay: live buffers
+        refer to them)."""
+        out = (self._run_first, self._run_time, self._entries, array("q", self._shape_bytes),
+               array("B", self._shape_codes))
+        self._run_first, self._run_time, self._entries = array("I"), array("d"), array("Q")
         return out
 
     def out_of_memory(self, nbytes: int, code: int) -> None:
@@ -115,8 +133,7 @@ class Buffer:
             if shape is None:
                 shape = source._shape(nbytes, code)
             entry = self._entry = id(self) >> 4 << ADDRESS_SHIFT | shape
-            source._times.append(source.owner.clock)
-            source._entries.append(entry)
+            source._log(entry)
             self._mem = source
             live = source.live = source.live + nbytes
             if live > source.peak:
@@ -137,6 +154,5 @@ class Buffer:
     def __del__(self) -> None:
         log = self._mem
         if log is not None:
-            log._times.append(log.owner.clock)
-            log._entries.append(self._entry | FREE)
+            log._log(self._entry | FREE)
             log.live -= self.nbytes

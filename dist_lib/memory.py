@@ -58,15 +58,31 @@ def decode(packed: array, shape_bytes: array, shape_codes: array) -> tuple[array
     return array("q", deltas.astype(np.int64).tobytes()), array("q", tags.tobytes())
 
 
-class RankLog(NamedTuple):
-    """One rank's allocation log as handed over after a step, kept as stored (16 bytes an entry), and
-    the views derived from it on demand."""
+def expand_runs(run_first: array, run_time: array, entries: int) -> array:
+    """Each entry's time, from the time of each run of entries and the run's first entry."""
+    import numpy as np
 
-    times: array
+    if not entries:
+        return array("d")
+    counts = np.diff(np.append(np.frombuffer(run_first, dtype=np.uint32).astype(np.int64), entries))
+    return array("d", np.repeat(np.frombuffer(run_time, dtype=np.float64), counts).tobytes())
+
+
+class RankLog(NamedTuple):
+    """One rank's allocation log as handed over after a step, kept as stored (8 bytes an entry and 12 a
+    time), and the views derived from it on demand."""
+
+    run_first: array  # the first entry of each run of entries logged at one time
+    run_time: array  # and that time
     packed: array  # per entry: buffer address >> 4 << ADDRESS_SHIFT | FREE | shape number
     shape_bytes: array  # per shape number: its bytes and its kind code
     shape_codes: array
     peak_index: int  # entries up to and including the peak
+
+    @property
+    def times(self) -> array:
+        """Each entry's time."""
+        return expand_runs(self.run_first, self.run_time, len(self.packed))
 
     @property
     def deltas(self) -> array:

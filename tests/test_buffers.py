@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dist_lib import buffers as python_buffers
-from dist_lib.memory import decode
+from dist_lib.memory import decode, expand_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,8 +105,9 @@ def test_take_hands_over_the_log_and_starts_afresh(impl):
     b = Thing(log, 24, "b")
     del b
     before = log.arrays()
-    times, packed, shape_bytes, shape_codes = log.take()  # as stored: 16 bytes an entry
-    assert (times, *decode(packed, shape_bytes, shape_codes)) == before and len(log) == 0
+    run_first, run_time, packed, shape_bytes, shape_codes = log.take()  # as stored: one time per run
+    assert (expand_runs(run_first, run_time, len(packed)), *decode(packed, shape_bytes, shape_codes)) == before
+    assert len(log) == 0 and list(run_first) == [0] and list(run_time) == [before[0][0]]  # one instant: one run
     assert list(before[1]) == [10, 24, -24]
     del a
     assert list(log.arrays()[1]) == [-10] and list(decode(packed, shape_bytes, shape_codes)[0]) == [10, 24, -24]
