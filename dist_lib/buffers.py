@@ -10,7 +10,8 @@ takes them in its own `__init__`.
 
 A tag is the owner's address | kind code: unique among live buffers (CPython aligns objects to 16
 bytes, so the low bits are free) and reused only after the free is logged. The log stores each entry
-in 16 bytes (see `AllocLog`) and decodes the signed bytes and tags when asked.
+in 8 bytes and a time per run of entries (see `AllocLog`), and decodes the signed bytes and tags when
+asked.
 
 This module is the specification and the fallback; `_buffers.c` implements the same in C, and
 `memory.py` takes it when it was built (the simulator's hottest path: every tensor passes here twice).

@@ -111,8 +111,8 @@ class Clocked(Protocol):
 class MemoryTracker(AllocLog):
     """Live bytes on one rank, with the peak and a log of every allocation and free.
 
-    The log is three parallel arrays: time, signed bytes, and a tag (buffer address | kind code). It is
-    the one record: the timeline and the breakdown by kind at the peak are derived from it, so the hot
+    The log (see `buffers.AllocLog`) records for each allocation and free its time, its signed bytes and
+    a tag (buffer address | kind code), compactly. It is the one record: the timeline and the breakdown by kind at the peak are derived from it, so the hot
     path (`Buffer`, in C when built) only appends.
     """
 
