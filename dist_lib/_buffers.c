@@ -203,7 +203,7 @@ static PyObject *AllocLog_arrays(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
 }
 
 /* (first entry of each time run, its time, packed entries, shape bytes, shape kind codes): the log as
- * stored, for `memory.decode`. */
+ * stored, for `buffers.decode` and `buffers.expand_runs`. */
 static PyObject *AllocLog_take(AllocLog *self, PyObject *Py_UNUSED(ignored)) {
     PyObject *f = to_array("I", self->run_first, self->nruns, sizeof(uint32_t));
     PyObject *t = f ? to_array("d", self->run_time, self->nruns, sizeof(double)) : NULL;
@@ -245,7 +245,7 @@ static PyMethodDef AllocLog_methods[] = {
      "(times, signed bytes, tags) so far, as new arrays."},
     {"take", (PyCFunction)AllocLog_take, METH_NOARGS,
      "(first entry of each time run, its time, packed entries, shape bytes, shape kind codes) so far, "
-     "as stored (`memory.decode` reads them); the log starts empty again."},
+     "as stored (`buffers.decode` reads them); the log starts empty again."},
     {NULL}};
 
 static PyMemberDef AllocLog_members[] = {
@@ -516,7 +516,7 @@ PyMODINIT_FUNC PyInit__buffers(void) {
     if (!array_type || PyType_Ready(&AllocLogType) < 0 || PyType_Ready(&BufferType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    if (ops_init(m) < 0 || events_init(m) < 0) { Py_DECREF(m); return NULL; }
+    if (ops_init(m) < 0 || weight_ops_init(m) < 0 || events_init(m) < 0) { Py_DECREF(m); return NULL; }
     Py_INCREF(&AllocLogType);
     Py_INCREF(&BufferType);
     if (PyModule_AddObject(m, "AllocLog", (PyObject *)&AllocLogType) < 0 ||

@@ -67,6 +67,8 @@ PyObject *buffer_view(PyTypeObject *type, PyObject *source, PyObject *const *fie
 
 /* Adds the hot ops' `install` to the module (`_ops.c`). */
 int ops_init(PyObject *module);
+/* Adds `install_weight_ops` to the module (`_weight_ops.c`). */
+int weight_ops_init(PyObject *module);
 /* Adds `KindIndex` and `pack_events` to the module (`_events.c`). */
 int events_init(PyObject *module);
 

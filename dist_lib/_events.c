@@ -87,8 +87,10 @@ static long kind_code(KindIndex *self, PyObject *table, PyObject *const *e, long
     if (h_op == -1 || h_stream == -1 || h_detail == -1) return -1;
     unsigned long long flop_bits;
     memcpy(&flop_bits, &flops, sizeof flop_bits);
-    Py_hash_t h = mix(mix(mix(mix(mix(mix(h_op, (unsigned long long)h_stream), (unsigned long long)h_detail),
-                                  (uintptr_t)peers), (unsigned long long)layer), (unsigned long long)nbytes), flop_bits);
+    unsigned long long parts[] = {(unsigned long long)h_stream, (unsigned long long)h_detail, (uintptr_t)peers,
+                                  (unsigned long long)layer, (unsigned long long)nbytes, flop_bits};
+    Py_hash_t h = h_op;
+    for (int i = 0; i < 6; i++) h = mix(h, parts[i]);
     if (self->used * 2 >= self->cap && index_grow(self) < 0) return -1;
     Py_ssize_t i = (size_t)h & (self->cap - 1);
     for (;; i = (i + 1) & (self->cap - 1)) {

@@ -28,7 +28,6 @@ static struct {
         *s_cost, *s_events, *s_pack, *s_bit_count, *s_bit_length, *zero, *one;
 } K;
 
-
 /* ---- small helpers -------------------------------------------------------------------------------- */
 
 /* An int method's result as a long, or -1 (never raises). */
@@ -334,7 +333,7 @@ static PyMethodDef backward_def = {"backward", (PyCFunction)(void (*)(void))fast
 static PyMethodDef add_def = {"__add__", (PyCFunction)(void (*)(void))fast_add, METH_FASTCALL | METH_KEYWORDS, NULL};
 
 /* Put `def` on `cls`, keeping the Python method there as the twin; `docs[name]` (its signature and
- * docstring, kept alive in K.docs) becomes the C method's. */
+ * docstring, kept alive by the caller) becomes the C method's. */
 int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin, PyObject *docs) {
     PyObject *python = PyObject_GetAttrString(cls, def->ml_name);
     if (!python) return -1;
@@ -433,6 +432,5 @@ int ops_init(PyObject *module) {
     K.zero = PyLong_FromLong(0);
     K.one = PyLong_FromLong(1);
     if (!K.zero || !K.one) return -1;
-    if (weight_ops_init(module) < 0) return -1;
     return PyModule_AddFunctions(module, ops_methods);
 }

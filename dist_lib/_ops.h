@@ -35,7 +35,5 @@ int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out);
 /* Put `def` on `cls`, keeping the Python method in *twin; docs[name] (kept alive by the caller) becomes
  * the C method's signature and docstring. */
 int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin, PyObject *docs);
-/* Adds `install_weight_ops` to the module (`_weight_ops.c`). */
-int weight_ops_init(PyObject *module);
 
 #endif

@@ -33,11 +33,11 @@ static PyObject *shard_key(PyObject *shards, PyObject *num_shards, PyObject *tp_
                                        (unsigned long long)t);
 }
 
-/* The empty per-layer slot of `seen` (RankState.updated or .handed) for `layer`, or -1 when it is
- * taken (the Python `_first_time` decides then) or off the list. */
-static Py_ssize_t free_slot(PyObject *seen, long layer) {
-    if (!PyList_CheckExact(seen) || layer < 0 || layer >= PyList_GET_SIZE(seen)) return -1;
-    return PyList_GET_ITEM(seen, layer) == Py_None ? layer : -1;
+/* Is `layer`'s entry of `seen` (RankState.updated or .handed) still empty? When it is taken (the Python
+ * `_first_time` decides then) or off the list, no. */
+static int first_time(PyObject *seen, long layer) {
+    return PyList_CheckExact(seen) && layer >= 0 && layer < PyList_GET_SIZE(seen) &&
+           PyList_GET_ITEM(seen, layer) == Py_None;
 }
 
 /* t holds every parameter of the optimizer state's shards (`op_checks._covers`), for masks that fit a long. */
@@ -113,7 +113,7 @@ static PyObject *fast_update(PyObject *self, PyObject *const *args, Py_ssize_t n
     long layer_v = small_int(layer, -1), n = small_int(num_shards, -1), s = small_int(shards, -1);
     PyObject *state = SLOT(self, W.m_state);
     PyObject *updated = SLOT(state, W.s_updated);
-    if (layer_v < 0 || n < 1 || n > 62 || s < 0 || !tp || !full || free_slot(updated, layer_v) < 0) goto slow;
+    if (layer_v < 0 || n < 1 || n > 62 || s < 0 || !tp || !full || !first_time(updated, layer_v)) goto slow;
     PyObject *const tensors[3] = {grad, weight, opt};
     for (int i = 0; i < 3; i++)
         if (int_eq(SLOT(tensors[i], W.rank), rank) != 1 || int_eq(SLOT(tensors[i], W.layer), layer) != 1)
@@ -175,7 +175,7 @@ static PyObject *fast_set_final_weight(PyObject *self, PyObject *const *args, Py
     PyObject *handed = SLOT(state, W.s_handed), *finals = SLOT(state, W.s_final_weights);
     long layer_v = small_int(layer, -1);
     if (!PyLong_CheckExact(layer) || Py_TYPE(weight) != W.Weight || !finals || !PyList_CheckExact(finals) ||
-        free_slot(handed, layer_v) < 0 || int_eq(SLOT(weight, W.rank), SLOT(self, W.m_rank)) != 1 ||
+        !first_time(handed, layer_v) || int_eq(SLOT(weight, W.rank), SLOT(self, W.m_rank)) != 1 ||
         int_eq(SLOT(weight, W.layer), layer) != 1)
         goto slow;
     PyObject *key = shard_key(SLOT(weight, W.shards), SLOT(weight, W.num_shards), SLOT(weight, W.tp_rank));

@@ -29,6 +29,28 @@ ADDRESS_SHIFT = SHAPE_BITS + 1  # 16-byte aligned addresses below 2**48 fill the
 MAX_NBYTES = (1 << 40) - 1  # a buffer holds less than a TiB
 
 
+def decode(packed: array, shape_bytes: array, shape_codes: array) -> tuple[array, array]:
+    """(signed bytes, tags: buffer address | kind code) of stored log entries, given each shape
+    number's bytes and kind code."""
+    import numpy as np  # only to read a log: keep it off the import path
+
+    words = np.frombuffer(packed, dtype=np.uint64)
+    shape = (words & np.uint64(FREE - 1)).astype(np.intp)
+    nbytes = np.frombuffer(shape_bytes, dtype=np.int64)[shape]
+    deltas = np.where(words & np.uint64(FREE), -nbytes, nbytes)
+    tags = (words >> np.uint64(ADDRESS_SHIFT) << np.uint64(4)).astype(np.int64) \
+        | np.frombuffer(shape_codes, dtype=np.uint8)[shape]
+    return array("q", deltas.tobytes()), array("q", tags.tobytes())
+
+
+def expand_runs(run_first: array, run_time: array, entries: int) -> array:
+    """Each of `entries` entries' time, from the time of each run of entries and the run's first entry."""
+    import numpy as np
+
+    counts = np.diff(np.append(np.frombuffer(run_first, dtype=np.uint32).astype(np.int64), entries))
+    return array("d", np.repeat(np.frombuffer(run_time, dtype=np.float64), counts).tobytes())
+
+
 class AllocLog:
     """One rank's live bytes, peak, and log of every allocation and free: time, signed bytes, tag.
 
@@ -38,9 +60,8 @@ class AllocLog:
     `_run_first[r]`. `arrays()` decodes them.
     """
 
-    __slots__ = ("owner", "live", "peak", "capacity", "peak_index", "enforce", "_run_first", "_run_time", "_entries",
-                 "_shapes",
-                 "_shape_bytes", "_shape_codes")
+    __slots__ = ("owner", "live", "peak", "capacity", "peak_index", "enforce", "_run_first", "_run_time",
+                 "_entries", "_shapes", "_shape_bytes", "_shape_codes")
 
     def __new__(cls, *args: Any, **kwargs: Any) -> AllocLog:
         self = object.__new__(cls)
@@ -70,15 +91,8 @@ class AllocLog:
 
     def arrays(self) -> tuple[array, array, array]:
         """(times, signed bytes, tags: buffer address | kind code) so far, as new arrays."""
-        sizes, codes, mask = self._shape_bytes, self._shape_codes, FREE - 1
-        deltas = array("q", (-sizes[e & mask] if e & FREE else sizes[e & mask] for e in self._entries))
-        tags = array("q", (e >> ADDRESS_SHIFT << 4 | codes[e & mask] for e in self._entries))
-        return self._times(), deltas, tags
-
-    def _times(self) -> array:
-        """Each entry's time."""
-        ends = [*self._run_first[1:], len(self._entries)]
-        return array("d", (t for t, first, end in zip(self._run_time, self._run_first, ends) for _ in range(end - first)))
+        return (expand_runs(self._run_first, self._run_time, len(self._entries)),
+                *decode(self._entries, array("q", self._shape_bytes), array("B", self._shape_codes)))
 
     def _log(self, entry: int) -> None:
         """Append an entry at the owner's clock (a new run if the time moved)."""
@@ -90,7 +104,7 @@ class AllocLog:
 
     def take(self) -> tuple[array, array, array, array, array]:
         """(first entry of each time run, its time, packed entries, shape bytes, shape kind codes) so far,
-        as stored (`memory.decode` reads them); the log starts empty again (the shapes stay: live buffers
+        as stored (`decode` and `expand_runs` read them); the log starts empty again (the shapes stay: live buffers
         refer to them)."""
         out = (self._run_first, self._run_time, self._entries, array("q", self._shape_bytes),
                array("B", self._shape_codes))

@@ -34,8 +34,8 @@ PACK_AT = 4096  # tuples gathered before `maybe_pack` packs them: bounds the unp
 class EventLog(Sequence):
     """Every event of one step, in the order recorded. `append` takes a raw event tuple."""
 
-    __slots__ = ("recent", "append", "_kind_codes", "_kind_index", "_kinds", "_rank", "_kind", "_start", "_end", "_samples",
-                 "_op_id")
+    __slots__ = ("recent", "append", "_kind_codes", "_kind_index", "_kinds", "_rank", "_kind", "_start", "_end",
+                 "_samples", "_op_id")
 
     def __init__(self) -> None:
         self.recent: list[RawEvent] = []

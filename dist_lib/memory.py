@@ -14,7 +14,7 @@ from array import array
 from itertools import accumulate
 from typing import NamedTuple, Protocol
 
-from .buffers import ADDRESS_SHIFT, FREE, KIND_MASK
+from .buffers import KIND_MASK, decode, expand_runs
 from .errors import OutOfMemoryError
 
 if os.environ.get("DIST_SANDBOX_PURE_PYTHON"):
@@ -43,29 +43,6 @@ def live_by_kind(deltas: array, tags: array, entries: int) -> list[int]:
     codes = np.frombuffer(tags, dtype=np.int64, count=entries) & KIND_MASK
     # float64 sums are exact: every partial sum is a byte count far below 2**53
     return [int(v) for v in np.bincount(codes, weights=signed, minlength=len(KINDS))[:len(KINDS)]]
-
-
-def decode(packed: array, shape_bytes: array, shape_codes: array) -> tuple[array, array]:
-    """(signed bytes, tags: buffer address | kind code) of stored log entries (see `buffers.AllocLog`)."""
-    import numpy as np  # only after a step: keep it off the import path
-
-    words = np.frombuffer(packed, dtype=np.uint64) if len(packed) else np.zeros(0, dtype=np.uint64)
-    shape = (words & np.uint64(FREE - 1)).astype(np.intp)
-    nbytes = np.frombuffer(shape_bytes, dtype=np.int64)[shape] if len(shape_bytes) else np.zeros(0, np.int64)
-    deltas = np.where(words & np.uint64(FREE), -nbytes, nbytes)
-    codes = np.frombuffer(shape_codes, dtype=np.uint8)[shape] if len(shape_codes) else np.zeros(0, np.uint8)
-    tags = (words >> np.uint64(ADDRESS_SHIFT) << np.uint64(4)).astype(np.int64) | codes
-    return array("q", deltas.astype(np.int64).tobytes()), array("q", tags.tobytes())
-
-
-def expand_runs(run_first: array, run_time: array, entries: int) -> array:
-    """Each entry's time, from the time of each run of entries and the run's first entry."""
-    import numpy as np
-
-    if not entries:
-        return array("d")
-    counts = np.diff(np.append(np.frombuffer(run_first, dtype=np.uint32).astype(np.int64), entries))
-    return array("d", np.repeat(np.frombuffer(run_time, dtype=np.float64), counts).tobytes())
 
 
 class RankLog(NamedTuple):
@@ -112,8 +89,8 @@ class MemoryTracker(AllocLog):
     """Live bytes on one rank, with the peak and a log of every allocation and free.
 
     The log (see `buffers.AllocLog`) records for each allocation and free its time, its signed bytes and
-    a tag (buffer address | kind code), compactly. It is the one record: the timeline and the breakdown by kind at the peak are derived from it, so the hot
-    path (`Buffer`, in C when built) only appends.
+    a tag (buffer address | kind code), compactly. It is the one record: the timeline and the breakdown
+    by kind at the peak are derived from it, so the hot path (`Buffer`, in C when built) only appends.
     """
 
     __slots__ = ("rank", "device_name", "context")

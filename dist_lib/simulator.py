@@ -9,10 +9,11 @@ import inspect
 import random
 import sys
 from collections.abc import Callable
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from .check import check_final_weights
+from .check import HandedIn, check_final_weights
 from .comm import unfinished
 from .engine import Engine
 from .errors import DeadlockError, IncorrectStepError, SpecError, StrategyError
@@ -98,10 +99,10 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> 
 def _take_final_weights(engine: Engine) -> list[tuple]:
     """The handed-in weights as `check.HandedIn` records. Each rank's weights are released as soon as
     they are recorded, so that the records take the memory the weights held."""
+    record = attrgetter(*HandedIn._fields)  # a Weight's fields, as a plain tuple in the record's order
     finals: list[tuple] = []
     for state in engine.ranks:
-        finals += [(w.rank, w.layer, w.step, w.samples, w.shards, w.num_shards, w.tp_rank, w.tp_size)
-                   for w in state.final_weights]
+        finals += map(record, state.final_weights)
         state.final_weights = []
     return finals
 

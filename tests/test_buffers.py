@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dist_lib import buffers as python_buffers
-from dist_lib.memory import decode, expand_runs
+from dist_lib.buffers import decode, expand_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
