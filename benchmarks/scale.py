@@ -20,17 +20,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
-import gc, json, resource, sys, time
+import gc, json, re, resource, sys, time
 sys.path.insert(0, {root!r})
 from dist_lib import simulate
+
+
+def rss_kib(key):
+    # Linux: the current (VmRSS) and peak (VmHWM) resident set. ru_maxrss would do for the peak, but a
+    # spawned process starts with its parent's high-water mark, which hides a step smaller than that.
+    try:
+        with open("/proc/self/status") as f:
+            return int(re.search(key + r":\s+(\d+)", f.read()).group(1))
+    except (OSError, AttributeError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 ranks, layers, microbatches = {ranks}, {layers}, {microbatches}
 gc.collect()
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the high-water mark to the current resident set
+except OSError:
+    pass
+base = rss_kib("VmRSS")
 start = time.perf_counter()
 result = simulate("strategies/ddp.py", f"{{ranks // 8}}x8xA100-80GB" if ranks >= 8 else f"{{ranks}}xA100-80GB",
                   f"toy:layers={{layers}}", ranks * microbatches, microbatch_size=1)
 wall = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = rss_kib("VmHWM")
 events = len(result.raw_events)
 print(json.dumps({{"wall": wall, "events": events, "rss_kib": peak, "grew_kib": peak - base,
                   "time_s": result.time_s}}))
