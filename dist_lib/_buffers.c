@@ -415,6 +415,25 @@ PyObject *buffer_view(PyTypeObject *type, PyObject *source, PyObject *const *fie
     return (PyObject *)self;
 }
 
+PyObject *buffer_clone(AllocLog *log, long long nbytes, PyObject *source) {
+    PyTypeObject *type = Py_TYPE(source);
+    TypeInfo *info = type_info(type);
+    if (!info) return NULL;
+    if (info->nargs < 0) {
+        PyErr_Format(PyExc_TypeError, "%s has no _args: it cannot be cloned", type->tp_name);
+        return NULL;
+    }
+    PyObject *fields[MAX_ARGS];
+    for (Py_ssize_t i = 0; i < info->nargs; i++) {
+        fields[i] = *(PyObject **)((char *)source + info->offsets[i]);
+        if (!fields[i]) {
+            PyErr_Format(PyExc_AttributeError, "%s: field %zd is unset", type->tp_name, i);
+            return NULL;
+        }
+    }
+    return buffer_alloc(type, log, nbytes, fields, info->nargs);
+}
+
 /* Cls(log, nbytes, *fields) allocates `nbytes` of the class's kind (`Cls.code`) on `log`;
  * Cls(tensor, nbytes, *fields) is a view of `tensor`'s buffer. The fields go to the slots `Cls._args`
  * names (trailing ones default to `Cls._defaults`); without `_args`, to the class's own __init__. */
@@ -516,7 +535,7 @@ PyMODINIT_FUNC PyInit__buffers(void) {
     if (!array_type || PyType_Ready(&AllocLogType) < 0 || PyType_Ready(&BufferType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    if (ops_init(m) < 0 || weight_ops_init(m) < 0 || events_init(m) < 0) { Py_DECREF(m); return NULL; }
+    if (ops_init(m) < 0 || weight_ops_init(m) < 0 || comm_ops_init(m) < 0 || events_init(m) < 0) { Py_DECREF(m); return NULL; }
     Py_INCREF(&AllocLogType);
     Py_INCREF(&BufferType);
     if (PyModule_AddObject(m, "AllocLog", (PyObject *)&AllocLogType) < 0 ||

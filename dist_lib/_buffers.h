@@ -64,11 +64,15 @@ void set_clock_slot(PyTypeObject *type, Py_ssize_t offset);
 /* type(log, nbytes, *fields) and type(tensor, nbytes, *fields) without building an argument tuple. */
 PyObject *buffer_alloc(PyTypeObject *type, AllocLog *log, long long nbytes, PyObject *const *fields, Py_ssize_t n);
 PyObject *buffer_view(PyTypeObject *type, PyObject *source, PyObject *const *fields, Py_ssize_t n);
+/* A new buffer of `nbytes` on `log` of source's class, with source's `_args` fields. */
+PyObject *buffer_clone(AllocLog *log, long long nbytes, PyObject *source);
 
 /* Adds the hot ops' `install` to the module (`_ops.c`). */
 int ops_init(PyObject *module);
 /* Adds `install_weight_ops` to the module (`_weight_ops.c`). */
 int weight_ops_init(PyObject *module);
+/* Adds `install_comm_ops` to the module (`_comm_ops.c`). */
+int comm_ops_init(PyObject *module);
 /* Adds `KindIndex` and `pack_events` to the module (`_events.c`). */
 int events_init(PyObject *module);
 

@@ -351,10 +351,13 @@ def _c_doc(method: Any) -> str:
 
 
 if ACCELERATED:  # the hottest ops in C; the Python above stays their spec and fallback
-    from ._buffers import install, install_weight_ops
+    from ._buffers import install, install_comm_ops, install_weight_ops
+    from .comm import Collective, _resolve_ready
     from .memory import MemoryTracker
 
     install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT,
             {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, WeightGrad.__add__)})
     install_weight_ops(Model, RankState, MemoryTracker, Weight, OptState, WeightGrad,
                        {m.__name__: _c_doc(m) for m in (Model.load_weights, Model.update, Model.set_final_weight)})
+    install_comm_ops(Model, RankState, Group, Collective, Work, Weight, OptState, WeightGrad, _resolve_ready,
+                     {m.__name__: _c_doc(m) for m in (Model.all_reduce, Model.all_gather, Model.reduce_scatter)})

@@ -1,0 +1,227 @@
+/* C twins of `Model.all_reduce`, `Model.all_gather` and `Model.reduce_scatter`: `comm.issue_collective`
+ * for a member that joins a collective another member opened.
+ *
+ * As in `_ops.c`, the common valid call is handled exactly as `comm.issue_collective` does it (same
+ * checks, same output allocation, same Work and queue bookkeeping, and `comm._resolve_ready` called at
+ * the same moment), and every other call goes to the Python method, which stays the specification: a
+ * keyword it does not know, a group given as ranks, a tensor that is not a weight, optimizer state or
+ * gradient, the first member of a collective (Python opens it), any mismatch and any error. Nothing is
+ * changed before the fast path is sure to finish, so the Python method starts from the same state.
+ */
+#include "_ops.h"
+
+enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, NUM_OPS };
+
+static struct {
+    PyTypeObject *Weight, *OptState, *WeightGrad, *Group, *Collective, *Work;
+    PyObject *py_ops[NUM_OPS]; /* the Python twins */
+    PyObject *names[NUM_OPS];  /* "all_reduce", ...: a Collective's `op` is one of these interned strings */
+    PyObject *resolve_ready;   /* comm._resolve_ready */
+    PyObject *docs;
+    /* Model */
+    Py_ssize_t m_engine, m_state, m_mem, m_world;
+    /* RankState */
+    Py_ssize_t s_rank, s_clock, s_outstanding, s_queue;
+    /* Group */
+    Py_ssize_t g_index, g_size, g_next_seq, g_pending;
+    /* Collective */
+    Py_ssize_t c_op, c_works, c_issued, c_first, c_at_head;
+    /* Work */
+    Py_ssize_t w_engine, w_rank, w_op, w_issue, w_end, w_result, w_input, w_future, w_peer;
+    /* Weight, OptState and WeightGrad share these offsets (checked by `install_comm_ops`) */
+    Py_ssize_t t_rank, t_layer, t_shards, t_num_shards;
+    PyObject *s_group;
+} C;
+
+/* A new int one more than `x`, or NULL (with an exception if out of memory; without one if x is odd). */
+static PyObject *plus_one(PyObject *x) {
+    long v = small_int(x, -1);
+    return v < 0 || v >= LONG_MAX - 1 ? NULL : PyLong_FromLong(v + 1);
+}
+
+static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs < 1 || nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) > 2) goto slow;
+    PyObject *x = args[0], *group = Py_None;
+    if (nargs == 2) group = args[1];
+    if (kwnames) {
+        if (PyTuple_GET_ITEM(kwnames, 0) != C.s_group) goto slow;
+        group = args[1];
+    }
+    if (group == Py_None) group = SLOT(self, C.m_world); /* None until the rank's first world collective */
+    if (!group || Py_TYPE(group) != C.Group) goto slow;
+
+    /* 1. the tensor: on this rank, and one this op takes (`comm._unfit`) */
+    PyTypeObject *type = Py_TYPE(x);
+    if (type != C.Weight && type != C.OptState && type != C.WeightGrad) goto slow;
+    PyObject *state = SLOT(self, C.m_state), *rank = SLOT(state, C.s_rank);
+    long num_shards = small_int(SLOT(x, C.t_num_shards), -1);
+    if (num_shards < 1 || int_eq(SLOT(x, C.t_rank), rank) != 1) goto slow;
+    int complete = is_full_mask(SLOT(x, C.t_shards), num_shards);
+    if (op == ALL_REDUCE ? type != C.WeightGrad : op == ALL_GATHER ? complete : type != C.WeightGrad || !complete)
+        goto slow;
+
+    /* 2. the collective: this member's next one on the group, opened by another member */
+    long size = small_int(SLOT(group, C.g_size), -1);
+    PyObject *pos_obj = PyDict_GetItemWithError(SLOT(group, C.g_index), rank);
+    long pos = small_int(pos_obj, -1);
+    PyObject *next_seq = SLOT(group, C.g_next_seq);
+    if (pos < 0 || pos >= size || !PyList_CheckExact(next_seq) || PyList_GET_SIZE(next_seq) != size) goto slow;
+    PyObject *seq = PyList_GET_ITEM(next_seq, pos);
+    PyObject *coll = PyDict_GetItemWithError(SLOT(group, C.g_pending), seq);
+    if (!coll || Py_TYPE(coll) != C.Collective) goto slow;
+    PyObject *works = SLOT(coll, C.c_works), *first = SLOT(coll, C.c_first);
+    if (!works || !PyList_CheckExact(works) || PyList_GET_SIZE(works) != size || !first ||
+        Py_TYPE(first) != C.Work)
+        goto slow;
+    /* `comm._check_match`: the same op on a tensor of the same class, layer and size */
+    PyObject *theirs = SLOT(first, C.w_input);
+    if (SLOT(coll, C.c_op) != C.names[op] || !theirs || Py_TYPE(theirs) != type ||
+        int_eq(SLOT(theirs, C.t_layer), SLOT(x, C.t_layer)) != 1 ||
+        BUFFER_NBYTES((Buffer *)theirs) != BUFFER_NBYTES((Buffer *)x))
+        goto slow;
+    PyObject *outstanding = SLOT(state, C.s_outstanding), *queue = SLOT(state, C.s_queue);
+    PyObject *clock = SLOT(state, C.s_clock), *at_head = SLOT(coll, C.c_at_head);
+    if (!outstanding || !PyList_CheckExact(outstanding) || !queue || !PyList_CheckExact(queue) || !clock ||
+        small_int(at_head, -1) < 0)
+        goto slow;
+    long long nbytes = BUFFER_NBYTES((Buffer *)x);
+    if (op == ALL_GATHER && nbytes > (long long)(NBYTES_MASK / (unsigned long long)size)) goto slow;
+
+    /* 3. everything new, before anything changes */
+    PyObject *next = plus_one(seq), *issued = next ? plus_one(SLOT(coll, C.c_issued)) : NULL;
+    if (!issued) {
+        Py_XDECREF(next);
+        if (PyErr_Occurred()) return NULL;
+        goto slow;
+    }
+    PyObject *result = Py_NewRef(Py_None);
+    if (op != ALL_REDUCE) { /* the output is allocated now (`comm._combine` fills in its fields) */
+        Py_SETREF(result, buffer_clone((AllocLog *)SLOT(self, C.m_mem),
+                                       op == ALL_GATHER ? nbytes * size : nbytes / size, x));
+    }
+    PyObject *work = result ? C.Work->tp_alloc(C.Work, 0) : NULL;
+    if (!work) {
+        Py_XDECREF(result);
+        Py_DECREF(next);
+        Py_DECREF(issued);
+        return NULL;
+    }
+    struct { Py_ssize_t offset; PyObject *value; } fields[] = {
+        {C.w_engine, SLOT(self, C.m_engine)}, {C.w_rank, rank}, {C.w_op, C.names[op]}, {C.w_issue, clock},
+        {C.w_end, Py_None}, {C.w_result, result}, {C.w_input, x}, {C.w_future, Py_None}, {C.w_peer, coll},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        SLOT(work, fields[i].offset) = Py_NewRef(fields[i].value);
+    Py_DECREF(result);
+
+    /* 4. the books: this member has issued it, and its collective stream has it queued */
+    PyList_SetItem(next_seq, pos, next); /* steals `next` */
+    PyList_SetItem(works, pos, Py_NewRef(work));
+    Py_SETREF(SLOT(coll, C.c_issued), issued);
+    if (PyList_Append(outstanding, work) < 0 || PyList_Append(queue, coll) < 0) {
+        Py_DECREF(work);
+        return NULL;
+    }
+    if (PyList_GET_SIZE(queue) == 1) { /* it heads this member's stream */
+        long heads = small_int(at_head, -1) + 1;
+        PyObject *count = PyLong_FromLong(heads);
+        if (!count) {
+            Py_DECREF(work);
+            return NULL;
+        }
+        Py_SETREF(SLOT(coll, C.c_at_head), count);
+        if (heads == size) {
+            PyObject *call[2] = {SLOT(self, C.m_engine), coll};
+            PyObject *done = PyObject_Vectorcall(C.resolve_ready, call, 2, NULL);
+            if (!done) {
+                Py_DECREF(work);
+                return NULL;
+            }
+            Py_DECREF(done);
+        }
+    }
+    return work;
+slow:
+    return fallback(C.py_ops[op], self, args, nargs, kwnames);
+}
+
+static PyObject *fast_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return issue(ALL_REDUCE, self, args, nargs, kwnames);
+}
+
+static PyObject *fast_all_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return issue(ALL_GATHER, self, args, nargs, kwnames);
+}
+
+static PyObject *fast_reduce_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    return issue(REDUCE_SCATTER, self, args, nargs, kwnames);
+}
+
+/* ---- install ------------------------------------------------------------------------------------- */
+
+static PyMethodDef op_defs[NUM_OPS] = {
+    {"all_reduce", (PyCFunction)(void (*)(void))fast_all_reduce, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"all_gather", (PyCFunction)(void (*)(void))fast_all_gather, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"reduce_scatter", (PyCFunction)(void (*)(void))fast_reduce_scatter, METH_FASTCALL | METH_KEYWORDS, NULL},
+};
+
+static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
+    PyObject *Model, *RankState, *Group, *Collective, *Work, *Weight, *OptState, *WeightGrad, *resolve_ready, *docs;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!OO!:install_comm_ops", &PyType_Type, &Model, &PyType_Type,
+                          &RankState, &PyType_Type, &Group, &PyType_Type, &Collective, &PyType_Type, &Work,
+                          &PyType_Type, &Weight, &PyType_Type, &OptState, &PyType_Type, &WeightGrad, &resolve_ready,
+                          &PyDict_Type, &docs))
+        return NULL;
+    struct { PyObject *cls; const char *name; Py_ssize_t *out; } slots[] = {
+        {Model, "_engine", &C.m_engine}, {Model, "_state", &C.m_state}, {Model, "_mem", &C.m_mem},
+        {Model, "_world", &C.m_world},
+        {RankState, "rank", &C.s_rank}, {RankState, "clock", &C.s_clock}, {RankState, "outstanding", &C.s_outstanding},
+        {RankState, "queue", &C.s_queue},
+        {Group, "index", &C.g_index}, {Group, "size", &C.g_size}, {Group, "next_seq", &C.g_next_seq},
+        {Group, "pending", &C.g_pending},
+        {Collective, "op", &C.c_op}, {Collective, "works", &C.c_works}, {Collective, "issued", &C.c_issued},
+        {Collective, "first", &C.c_first}, {Collective, "at_head", &C.c_at_head},
+        {Work, "engine", &C.w_engine}, {Work, "rank", &C.w_rank}, {Work, "op", &C.w_op}, {Work, "issue", &C.w_issue},
+        {Work, "end", &C.w_end}, {Work, "result", &C.w_result}, {Work, "input", &C.w_input},
+        {Work, "future", &C.w_future}, {Work, "peer", &C.w_peer},
+        {Weight, "rank", &C.t_rank}, {Weight, "layer", &C.t_layer}, {Weight, "shards", &C.t_shards},
+        {Weight, "num_shards", &C.t_num_shards},
+    };
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
+        if (slot_offset(slots[i].cls, slots[i].name, slots[i].out) < 0) return NULL;
+    const char *shared[] = {"rank", "layer", "shards", "num_shards"};
+    Py_ssize_t want[] = {C.t_rank, C.t_layer, C.t_shards, C.t_num_shards};
+    PyObject *siblings[] = {OptState, WeightGrad};
+    for (int c = 0; c < 2; c++)
+        for (int i = 0; i < 4; i++) {
+            Py_ssize_t offset;
+            if (slot_offset(siblings[c], shared[i], &offset) < 0) return NULL;
+            if (offset != want[i]) {
+                PyErr_Format(PyExc_TypeError, "%R.%s is not laid out like Weight's", siblings[c], shared[i]);
+                return NULL;
+            }
+        }
+    PyObject *given[] = {Weight, OptState, WeightGrad, Group, Collective, Work};
+    PyTypeObject **types[] = {&C.Weight, &C.OptState, &C.WeightGrad, &C.Group, &C.Collective, &C.Work};
+    for (int i = 0; i < 6; i++) Py_XSETREF(*types[i], (PyTypeObject *)Py_NewRef(given[i]));
+    Py_XSETREF(C.resolve_ready, Py_NewRef(resolve_ready));
+    Py_XSETREF(C.docs, Py_NewRef(docs));
+    for (int op = 0; op < NUM_OPS; op++)
+        if (replace_method(Model, &op_defs[op], &C.py_ops[op], C.docs) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef comm_ops_methods[] = {
+    {"install_comm_ops", install_comm_ops, METH_VARARGS,
+     "install_comm_ops(Model, RankState, Group, Collective, Work, Weight, OptState, WeightGrad, resolve_ready, "
+     "docs): put the C all_reduce, all_gather and reduce_scatter on Model; the Python methods stay their "
+     "fallback."},
+    {NULL}};
+
+int comm_ops_init(PyObject *module) {
+    const char *names[NUM_OPS] = {"all_reduce", "all_gather", "reduce_scatter"};
+    for (int op = 0; op < NUM_OPS; op++)
+        if (!(C.names[op] = PyUnicode_InternFromString(names[op]))) return -1;
+    if (!(C.s_group = PyUnicode_InternFromString("group"))) return -1;
+    return PyModule_AddFunctions(module, comm_ops_methods);
+}
