@@ -306,13 +306,15 @@ def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
     del group.pending[coll.seq]
     peers = group.ranks
     events = engine.events
+    op, layer, op_id = coll.op, first.layer, coll.op_id
     for work, state, result in zip(works, states, results):
         state.comm_free = end
         work.end = end
         work.result = result
-        events.append((state.rank, coll.op, "collective", start, end, first.layer, result.samples, nbytes,
-                       0.0, peers, coll.op_id, label))
-        engine.wake(work)
+        events.append((state.rank, op, "collective", start, end, layer, result.samples, nbytes, 0.0, peers, op_id,
+                       label))
+        if work.future is not None:  # its rank waits on it
+            engine.wake(work)
     events.maybe_pack()
     coll.works, coll.first = [], None  # resolved: no Work <-> Collective cycle may outlive the step
 
@@ -322,10 +324,10 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
     op, ranks, works = coll.op, coll.group.ranks, coll.works
     head = coll  # formatted only in an error message
     if isinstance(inputs[0], (Weight, OptState, WeightGrad)):
-        key = [(t.tp_rank, t.tp_size) for t in inputs]
-        if len(set(key)) > 1:
+        if len({(t.tp_rank, t.tp_size) for t in inputs}) > 1:
+            slices = {r: (t.tp_rank, t.tp_size) for r, t in zip(ranks, inputs)}
             raise CollectiveMismatchError(f"{head}: members hold different tensor-parallel slices "
-                                          f"{dict(zip(ranks, key))}; reduce within one TP slice")
+                                          f"{slices}; reduce within one TP slice")
     first = inputs[0]
     if op == "all_reduce":
         if isinstance(first, WeightGrad):
@@ -374,16 +376,25 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
 
 def _disjoint_union(head: Collective, what: str, ranks: tuple[int, ...], masks: list[int], why: str) -> int:
     union = 0
-    owner: dict[int, int] = {}
-    for r, m in zip(ranks, masks):
+    for m in masks:
         if union & m:
-            clash = union & m
-            other = next(o for o, om in owner.items() if om & clash)
-            raise CollectiveMismatchError(f"{head}: ranks {other} and {r} both hold {what} "
-                                          f"{describe_mask(clash)}; {why}")
+            pair, clash = _first_clash(ranks, masks)
+            raise CollectiveMismatchError(f"{head}: {pair} both hold {what} {clash}; {why}")
         union |= m
-        owner[r] = m
     return union
+
+
+def _first_clash(ranks: tuple[int, ...], masks: list[int]) -> tuple[str, str]:
+    """('ranks 0 and 3', '4-5'): the first member whose mask overlaps an earlier member's, with whom,
+    and the bits they share."""
+    union = 0
+    for r, m in zip(ranks, masks):
+        clash = union & m
+        if clash:
+            other = next(o for o, om in zip(ranks, masks) if om & clash)
+            return f"ranks {other} and {r}", describe_mask(clash)
+        union |= m
+    return "", ""
 
 
 def unfinished(engine: Engine) -> list[str]:

@@ -109,11 +109,9 @@ def _take_final_weights(engine: Engine) -> list[tuple]:
 
 def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: list[str],
                   logs: list[RankLog]) -> Result:
-    engine.events.pack()
-    rank_times = [max(s.clock, s.comm_free) for s in engine.ranks]
-    for e in engine.events:  # point-to-point ends (and un-awaited collectives) count too
-        if e[4] > rank_times[e[0]]:
-            rank_times[e[0]] = e[4]
+    # a rank's step ends with its last op: point-to-point ends (and un-awaited collectives) count too
+    ends = engine.events.latest_ends(engine.world_size)
+    rank_times = [max(s.clock, s.comm_free, end) for s, end in zip(engine.ranks, ends)]
     workload = engine.workload
     return Result(
         cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,

@@ -1,0 +1,40 @@
+"""The end-of-step check over hand-built `HandedIn` records: each problem it names, and silence for a
+correct step."""
+
+from dist_lib.check import HandedIn, check_final_weights
+
+EVERY = 0b1111  # a global batch of 4 samples
+
+
+def record(rank=0, layer=0, step=1, samples=EVERY, shards=1, num_shards=1, tp_rank=0, tp_size=1) -> tuple:
+    return tuple(HandedIn(rank, layer, step, samples, shards, num_shards, tp_rank, tp_size))
+
+
+def test_a_correct_step_has_no_problems_whichever_way_it_is_split():
+    replicas = [record(rank=r, layer=layer) for r in range(4) for layer in range(2)]  # DDP
+    zero = [record(rank=r, layer=layer, shards=1 << r, num_shards=4) for r in range(4) for layer in range(2)]
+    tp = [record(rank=r, layer=layer, tp_rank=r, tp_size=2) for r in range(2) for layer in range(2)]
+    for finals in (replicas, zero, tp):
+        assert check_final_weights(finals, 2, 4) == []
+
+
+def test_each_wrong_update_is_named_with_its_rank():
+    finals = [record(rank=0, step=0), record(rank=1, step=2), record(rank=2, samples=0b0101), record(rank=3)]
+    assert check_final_weights(finals, 1, 4) == [
+        "layer 0: rank 0 handed in a weight that was never updated",
+        "layer 0: rank 1 handed in a weight updated 2 times",
+        "layer 0: rank 2's weight was updated with gradients of samples 0, 2, missing 1, 3",
+    ]
+
+
+def test_missing_layers_slices_and_shards_are_named():
+    assert check_final_weights([record(layer=1)], 2, 4) == [
+        "layer 0: no rank handed in its final weight (call set_final_weight)"]
+    assert check_final_weights([record(tp_rank=1, tp_size=2)], 1, 4) == [
+        "layer 0 TP slice 0/2: no rank handed in this tensor-parallel slice"]
+    assert check_final_weights([record(tp_size=2), record(rank=1, tp_size=4)], 1, 4) == [
+        "layer 0: final weights mix tensor-parallel degrees [2, 4]"]
+    assert check_final_weights([record(shards=0b01, num_shards=2), record(rank=1, shards=0b010, num_shards=3)],
+                               1, 4) == ["layer 0: final shards use different shard counts [2, 3]"]
+    assert check_final_weights([record(shards=0b0011, num_shards=4), record(rank=1, shards=0b0100, num_shards=4)],
+                               1, 4) == ["layer 0: ZeRO shards 3 of 4 were never handed in"]
