@@ -108,7 +108,9 @@ class Work:
         if state.clock < self.end:
             state.clock = self.end
         result = self.result
-        if isinstance(result, _Pending):  # a received tensor materializes on the receiver now
+        if isinstance(result, _Reduced):  # an all-reduce's result is made on each member as it awaits it
+            result = self.result = result.materialize(self.input)
+        elif isinstance(result, _Pending):  # a received tensor materializes on the receiver now
             result = self.result = result.materialize(state)
         self.input = None
         outstanding = state.outstanding
@@ -131,6 +133,25 @@ class Work:
 
     def __repr__(self) -> str:
         return f"Work({self.op} on rank {self.rank}, {'done' if self.done else 'pending'})"
+
+
+class _Reduced:
+    """What an all-reduce leaves each member: a view of the member's own input (the reduction is in
+    place) with the reduced samples, or for TP partial sums the reduced parts. One object serves every
+    member and each member's tensor is made when it awaits the op, so that a thousand ranks waiting on
+    their gradients' all-reduces do not also hold a reduced copy of each."""
+
+    __slots__ = ("samples", "tp_parts", "tp_size")
+
+    def __init__(self, samples: int, tp_parts: int = 1, tp_size: int = 1):
+        self.samples = samples
+        self.tp_parts = tp_parts
+        self.tp_size = tp_size
+
+    def materialize(self, t: Tensor) -> Tensor:
+        if t.__class__ is WeightGrad:
+            return WeightGrad(t, 0, t.rank, t.layer, self.samples, t.shards, t.num_shards, t.tp_rank, t.tp_size)
+        return t.__class__(t, 0, t.rank, t.layer, t.samples, self.tp_parts, self.tp_size)
 
 
 class _Pending:
@@ -319,8 +340,9 @@ def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
     coll.works, coll.first = [], None  # resolved: no Work <-> Collective cycle may outlive the step
 
 
-def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[list[Tensor], int, str]:
-    """The per-member results of a collective, the bytes its cost is based on, and a label."""
+def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[list[Any], int, str]:
+    """The per-member results of a collective (tensors, or for an all-reduce one shared `_Reduced`),
+    the bytes its cost is based on, and a label."""
     op, ranks, works = coll.op, coll.group.ranks, coll.works
     head = coll  # formatted only in an error message
     if isinstance(inputs[0], (Weight, OptState, WeightGrad)):
@@ -337,9 +359,7 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
             if len(shards) > 1:
                 raise CollectiveMismatchError(f"{head}: members hold different ZeRO shards; "
                                               f"all-reduce the same shard on every member")
-            results = [WeightGrad(t, 0, t.rank, t.layer, samples, t.shards, t.num_shards, t.tp_rank, t.tp_size)
-                       for t in inputs]
-            return results, first.nbytes, first.kind
+            return [_Reduced(samples)] * len(inputs), first.nbytes, first.kind
         # tensor-parallel partial sums of one activation (or its gradient)
         if len({t.samples for t in inputs}) > 1:
             raise CollectiveMismatchError(f"{head}: partial sums of different samples "
@@ -349,8 +369,7 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
         tp_size = first.tp_size
         if parts == full_mask(tp_size):
             parts, tp_size = 1, 1
-        results = [t.__class__(t, 0, t.rank, t.layer, t.samples, parts, tp_size) for t in inputs]  # in place
-        return results, first.nbytes, f"{first.kind} (TP partial sums)"
+        return [_Reduced(first.samples, parts, tp_size)] * len(inputs), first.nbytes, f"{first.kind} (TP partial sums)"
     if op == "all_gather":
         if len({t.num_shards for t in inputs}) > 1 or len({getattr(t, "step", 0) for t in inputs}) > 1 \
                 or len({t.samples for t in inputs}) > 1:

@@ -140,6 +140,26 @@ def test_a_work_keeps_its_input_until_awaited_in_any_order():
     assert seen == {"freed": [0, P, 2 * P], "same": True}  # a shard is half a layer's 2-byte weights
 
 
+def test_an_all_reduced_gradient_is_its_input_buffer_with_every_member_samples():
+    seen = {}
+
+    async def train(model):
+        w0, _ = model.load_weights(0)
+        w1, _ = model.load_weights(1)
+        h = model.forward(0, model.get_input_activation([model.rank]), w0)
+        grad, _ = model.backward(1, h, model.loss(model.forward(1, h, w1)), w1)
+        held = model.memory_bytes
+        work = model.all_reduce(grad)
+        reduced = await work
+        again = await work
+        if model.rank == 1:
+            seen.update(samples=reduced.samples, same=again is reduced, view_of_input=reduced._base is grad,
+                        grew=model.memory_bytes - held)
+
+    run(train, cluster="2xA100-80GB", batch=2)
+    assert seen == {"samples": 0b11, "same": True, "view_of_input": True, "grew": 0}
+
+
 def test_gradient_accumulation_reuses_the_buffer():
     seen = {}
 
