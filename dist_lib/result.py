@@ -55,7 +55,7 @@ class PerRank(Sequence):
         return self._derive(self._logs[rank])
 
 
-@dataclass
+@dataclass(repr=False)
 class Result:
     """Step time, memory, utilisation, correctness and the full event log of one simulated step."""
 
@@ -134,6 +134,12 @@ class Result:
         """Write a Perfetto / chrome://tracing JSON trace; returns the path."""
         from .trace import write_chrome_trace
         return write_chrome_trace(self, path)
+
+    def __repr__(self) -> str:
+        """One line, whatever the cluster's size (`summary()` has more; the fields have everything)."""
+        return (f"Result({self.strategy or '?'} on {self.cluster.name}, {self.workload.name}: "
+                f"{self.time_s * 1e3:.2f} ms, peak {format_bytes(self.peak_memory_bytes)} on rank "
+                f"{self.peak_memory_rank}, MFU {self.mfu * 100:.1f}%, {'correct' if self.correct else 'INCORRECT'})")
 
     def summary(self) -> str:
         peak = self.peak_memory_rank

@@ -17,3 +17,11 @@ def test_a_1024_rank_96_layer_ddp_step():
     assert max(busy) == pytest.approx(min(busy))  # identical ranks do identical work
     collective = {e.start for e in result.events if e.op == "all_reduce" and e.layer == 0}
     assert len(collective) == 1  # the 1024 members of one all-reduce start together
+
+
+def test_a_large_step_result_prints_as_one_short_line():
+    """Printing a result (or a task that holds one) does not format its per-rank lists."""
+    result = simulate("strategies/ddp.py", "64x8xA100-80GB", "toy:layers=2", 512, microbatch_size=1)
+    text = repr(result)
+    assert text.startswith("Result(ddp on 64x8xA100-80GB, toy:layers=2: ") and text.endswith(", correct)")
+    assert f"{result.time_s * 1e3:.2f} ms" in text and "\n" not in text and len(text) < 200
