@@ -190,6 +190,56 @@ slow:
     return fallback(W.py_final, self, args, nargs, kwnames);
 }
 
+/* ---- the records of what was handed in ----------------------------------------------------------- */
+
+/* slot_records(objects, cls, names): the named slots of each object (all of class `cls`) as tuples.
+ * A tuple of ints is untracked by the cycle collector, as CPython does on its first pass over one: a
+ * step's records are tens of thousands of tuples, and the first collection after the step would
+ * otherwise visit each. */
+static PyObject *slot_records(PyObject *module, PyObject *args) {
+    PyObject *objects, *cls, *names;
+    if (!PyArg_ParseTuple(args, "O!O!O!:slot_records", &PyList_Type, &objects, &PyType_Type, &cls, &PyTuple_Type,
+                          &names))
+        return NULL;
+    Py_ssize_t width = PyTuple_GET_SIZE(names), count = PyList_GET_SIZE(objects);
+    Py_ssize_t offsets[16];
+    if (width > 16) return PyErr_Format(PyExc_ValueError, "slot_records: at most 16 names, got %zd", width);
+    for (Py_ssize_t i = 0; i < width; i++) {
+        const char *name = PyUnicode_Check(PyTuple_GET_ITEM(names, i)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i))
+                                                                         : NULL;
+        if (!name) return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_TypeError, "slot_records: names are strings");
+        if (slot_offset(cls, name, &offsets[i]) < 0) return NULL;
+    }
+    PyObject *out = PyList_New(count);
+    if (!out) return NULL;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *obj = PyList_GET_ITEM(objects, k);
+        if (Py_TYPE(obj) != (PyTypeObject *)cls) {
+            PyErr_Format(PyExc_TypeError, "slot_records: item %zd is a %s, not a %s", k, Py_TYPE(obj)->tp_name,
+                         ((PyTypeObject *)cls)->tp_name);
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *record = PyTuple_New(width);
+        if (!record) { Py_DECREF(out); return NULL; }
+        int atoms = 1;
+        for (Py_ssize_t i = 0; i < width; i++) {
+            PyObject *value = SLOT(obj, offsets[i]);
+            if (!value) {
+                PyErr_Format(PyExc_AttributeError, "slot_records: item %zd has no %R", k, PyTuple_GET_ITEM(names, i));
+                Py_DECREF(record);
+                Py_DECREF(out);
+                return NULL;
+            }
+            atoms &= PyLong_CheckExact(value);
+            PyTuple_SET_ITEM(record, i, Py_NewRef(value));
+        }
+        if (atoms) PyObject_GC_UnTrack(record);
+        PyList_SET_ITEM(out, k, record);
+    }
+    return out;
+}
+
 /* ---- install ------------------------------------------------------------------------------------- */
 
 static PyMethodDef load_def = {"load_weights", (PyCFunction)(void (*)(void))fast_load_weights,
@@ -244,6 +294,9 @@ static PyMethodDef weight_ops_methods[] = {
     {"install_weight_ops", install_weight_ops, METH_VARARGS,
      "install_weight_ops(Model, RankState, MemoryTracker, Weight, OptState, WeightGrad, docs): put the C "
      "load_weights, update and set_final_weight on Model; the Python methods stay their fallback."},
+    {"slot_records", slot_records, METH_VARARGS,
+     "slot_records(objects, cls, names): the named slots of each object of class `cls`, as tuples (those of "
+     "ints untracked by the cycle collector)."},
     {NULL}};
 
 int weight_ops_init(PyObject *module) {

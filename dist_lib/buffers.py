@@ -20,6 +20,7 @@ This module is the specification and the fallback; `_buffers.c` implements the s
 from __future__ import annotations
 
 from array import array
+from operator import attrgetter
 from typing import Any
 
 KIND_MASK = 7  # low bits of a tag: the kind code
@@ -49,6 +50,15 @@ def expand_runs(run_first: array, run_time: array, entries: int) -> array:
 
     counts = np.diff(np.append(np.frombuffer(run_first, dtype=np.uint32).astype(np.int64), entries))
     return array("d", np.repeat(np.frombuffer(run_time, dtype=np.float64), counts).tobytes())
+
+
+def slot_records(objects: list, cls: type, names: tuple[str, ...]) -> list[tuple]:
+    """The named slots of each object (all of class `cls`) as tuples: the records a step hands over."""
+    for k, obj in enumerate(objects):
+        if type(obj) is not cls:
+            raise TypeError(f"slot_records: item {k} is a {type(obj).__name__}, not a {cls.__name__}")
+    record = attrgetter(*names) if len(names) > 1 else lambda obj: (getattr(obj, names[0]),)
+    return list(map(record, objects))
 
 
 class AllocLog:

@@ -31,9 +31,8 @@ class FinalClock(NamedTuple):
 class RankState:
     """Per-rank simulator state: clocks, the collective stream's queue, memory, outstanding works."""
 
-    __slots__ = ("rank", "device", "clock", "comm_free", "queue", "memory", "outstanding", "waiting",
-                 "finished", "flops", "final_weights", "handed", "updated", "forwarded",
-                 "node")
+    __slots__ = ("rank", "device", "clock", "comm_free", "p2p_end", "queue", "memory", "outstanding", "waiting",
+                 "finished", "flops", "final_weights", "handed", "updated", "forwarded", "node")
 
     def __init__(self, rank: int, cluster: Cluster, num_layers: int, enforce_memory: bool):
         self.rank = rank
@@ -41,6 +40,7 @@ class RankState:
         self.node = cluster.node_of(rank)
         self.clock = 0.0  # compute stream
         self.comm_free = 0.0  # when the collective stream is next free
+        self.p2p_end = 0.0  # the latest end of a send or recv (awaited or not)
         # issued, unresolved collectives in issue order (one NCCL stream); a list, as it is short and
         # an empty deque costs 600 bytes a rank
         self.queue: list = []

@@ -87,16 +87,6 @@ class EventLog(Sequence):
         self._op_id.frombytes(struct.pack(f"{n}i", *op_ids))
         recent.clear()
 
-    def latest_ends(self, ranks: int) -> list[float]:
-        """Each rank's latest event end, 0.0 for a rank without events (read from the packed columns,
-        without building each event's tuple)."""
-        self.pack()
-        ends = [0.0] * ranks
-        for rank, end in zip(self._rank, self._end):
-            if end > ends[rank]:
-                ends[rank] = end
-        return ends
-
     def _packed(self) -> Iterator[RawEvent]:
         op, stream, layer, nbytes, flops, peers, detail = (column.__getitem__ for column in self._kinds)
         kind = self._kind

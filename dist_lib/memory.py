@@ -18,12 +18,12 @@ from .buffers import KIND_MASK, decode, expand_runs
 from .errors import OutOfMemoryError
 
 if os.environ.get("DIST_SANDBOX_PURE_PYTHON"):
-    from .buffers import AllocLog, Buffer
+    from .buffers import AllocLog, Buffer, slot_records
 else:
     try:
-        from ._buffers import AllocLog, Buffer
+        from ._buffers import AllocLog, Buffer, slot_records
     except ImportError:  # not built (no C compiler at install time): the same semantics in Python
-        from .buffers import AllocLog, Buffer
+        from .buffers import AllocLog, Buffer, slot_records
 ACCELERATED = Buffer.__module__ == "dist_lib._buffers"  # the C buffers, and the C twins of the hottest ops
 
 KINDS = ("weight", "optimizer", "weight_grad", "activation", "activation_grad", "stash")

@@ -82,6 +82,9 @@ def _match(engine: Engine, channel: Channel) -> None:
         send.result = None
         op_id = engine.new_op_id()
         for work in (send, recv):
+            state = engine.ranks[work.rank]
+            if end > state.p2p_end:
+                state.p2p_end = end
             engine.events.append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples,
                                   tensor.nbytes, 0.0, channel.peers, op_id, tensor.kind))
         engine.wake(send)

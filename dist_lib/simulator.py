@@ -9,7 +9,6 @@ import inspect
 import random
 import sys
 from collections.abc import Callable
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,10 @@ from .comm import unfinished
 from .engine import Engine
 from .errors import DeadlockError, IncorrectStepError, SpecError, StrategyError
 from .hardware import Cluster
-from .memory import RankLog
+from .memory import RankLog, slot_records
 from .model import Model
 from .result import PerRank, Result
+from .tensors import Weight
 from .workload import Workload
 
 DEFAULT_CLUSTER = "1x8xA100-80GB"
@@ -99,19 +99,18 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> 
 def _take_final_weights(engine: Engine) -> list[tuple]:
     """The handed-in weights as `check.HandedIn` records. Each rank's weights are released as soon as
     they are recorded, so that the records take the memory the weights held."""
-    record = attrgetter(*HandedIn._fields)  # a Weight's fields, as a plain tuple in the record's order
     finals: list[tuple] = []
     for state in engine.ranks:
-        finals += map(record, state.final_weights)
+        finals += slot_records(state.final_weights, Weight, HandedIn._fields)
         state.final_weights = []
     return finals
 
 
 def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: list[str],
                   logs: list[RankLog]) -> Result:
-    # a rank's step ends with its last op: point-to-point ends (and un-awaited collectives) count too
-    ends = engine.events.latest_ends(engine.world_size)
-    rank_times = [max(s.clock, s.comm_free, end) for s, end in zip(engine.ranks, ends)]
+    # a rank's step ends with its last op, awaited or not: compute, collective or point-to-point
+    engine.events.pack()
+    rank_times = [max(s.clock, s.comm_free, s.p2p_end) for s in engine.ranks]
     workload = engine.workload
     return Result(
         cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,

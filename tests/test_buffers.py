@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -220,6 +221,30 @@ def test_args_fill_the_named_slots_in_order_with_trailing_defaults(impl):
     assert log.live == 8  # a refused call leaves nothing live
     del p, q
     assert log.live == 0
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_slot_records_read_the_named_slots_of_each_object_in_order(impl):
+    class Point:
+        __slots__ = ("x", "y", "name")
+
+        def __init__(self, x, y, name=None):
+            self.x, self.y = x, y
+            if name is not None:
+                self.name = name
+
+    points = [Point(1, 2), Point(3, 1 << 100)]
+    records = impl.slot_records(points, Point, ("y", "x"))
+    assert records == [(2, 1), (1 << 100, 3)]
+    if impl is not python_buffers:  # tuples of ints: nothing for the cycle collector to visit
+        assert not any(gc.is_tracked(r) for r in records)
+    assert impl.slot_records(points, Point, ("x",)) == [(1,), (3,)]
+    assert impl.slot_records([], Point, ("x", "y")) == []
+    assert impl.slot_records([Point(0, 0, "a")], Point, ("name", "x")) == [("a", 0)]
+    with pytest.raises(TypeError, match="item 1 is a int, not a Point"):
+        impl.slot_records([Point(0, 0), 5], Point, ("x", "y"))
+    with pytest.raises(AttributeError):
+        impl.slot_records(points, Point, ("name",))  # a slot never set
 
 
 def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():

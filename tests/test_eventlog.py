@@ -66,13 +66,3 @@ def test_batches_packed_either_way_read_back_as_appended():
     assert log[3][3] == 7.0 and type(log[3][3]) is float  # a packed time is a float
     assert log[2][9] is GROUP and log[-4][9] is GROUP
 
-
-def test_each_rank_latest_end_counts_packed_and_recent_events():
-    log = EventLog()
-    events = _events()
-    for e in events[:3]:
-        log.append(e)
-    log.pack()
-    for e in events[3:]:
-        log.append(e)
-    assert log.latest_ends(6) == [2.5, 4.0, 6.0, 4.25, 4.25, 0.0]  # rank 5 has no events

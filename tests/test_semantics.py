@@ -139,6 +139,27 @@ def test_subgroups_match_independently():
     assert groups == {(0, 1), (2, 3)}
 
 
+def test_a_rank_step_ends_with_its_last_op_even_one_never_awaited():
+    async def train(model):
+        wg = grad_of_sample(model, model.rank)  # F + L + B
+        if model.rank == 0:
+            model.send(wg, 1)  # issued, matched, never awaited
+        else:
+            model.all_reduce(wg, group=[1])  # a collective of one, never awaited
+            model.recv(0)
+
+    result = run(train)
+    ends = [max(e.end for e in result.events if e.rank == rank) for rank in range(2)]
+    send = costs.p2p_time(TOY.layer_params(0) * 2, NVLINK_3)
+    assert result.rank_times == ends == [pytest.approx(F + L + B + send)] * 2
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero", "one_f_one_b", "hybrid"])
+def test_each_rank_time_is_the_end_of_its_last_event(strategy):
+    result = simulate(f"strategies/{strategy}.py", "2x2xA100-80GB", "toy:layers=4", 16, microbatch_size=2)
+    assert result.rank_times == [max(e.end for e in result.events if e.rank == r) for r in range(4)]
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_results_do_not_depend_on_start_order(seed):
     def summary(result):
