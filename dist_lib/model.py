@@ -352,12 +352,12 @@ def _c_doc(method: Any) -> str:
 
 if ACCELERATED:  # the hottest ops in C; the Python above stays their spec and fallback
     from ._buffers import install, install_comm_ops, install_weight_ops
-    from .comm import Collective, _resolve_ready
+    from . import comm
     from .memory import MemoryTracker
 
     install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT,
             {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, WeightGrad.__add__)})
     install_weight_ops(Model, RankState, MemoryTracker, Weight, OptState, WeightGrad,
                        {m.__name__: _c_doc(m) for m in (Model.load_weights, Model.update, Model.set_final_weight)})
-    install_comm_ops(Model, RankState, Group, Collective, Work, Weight, OptState, WeightGrad, _resolve_ready,
+    install_comm_ops(Model, RankState, comm, Weight, OptState, WeightGrad,
                      {m.__name__: _c_doc(m) for m in (Model.all_reduce, Model.all_gather, Model.reduce_scatter)})
