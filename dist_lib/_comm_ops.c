@@ -372,15 +372,7 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
     const char *shared[] = {"rank", "layer", "samples", "shards", "num_shards", "tp_rank", "tp_size"};
     Py_ssize_t want[] = {C.t_rank, C.t_layer, C.t_samples, C.t_shards, C.t_num_shards, C.t_tp_rank, C.t_tp_size};
     PyObject *siblings[] = {OptState, WeightGrad};
-    for (int c = 0; c < 2; c++)
-        for (int i = 0; i < 7; i++) {
-            Py_ssize_t offset;
-            if (slot_offset(siblings[c], shared[i], &offset) < 0) return NULL;
-            if (offset != want[i]) {
-                PyErr_Format(PyExc_TypeError, "%R.%s is not laid out like Weight's", siblings[c], shared[i]);
-                return NULL;
-            }
-        }
+    if (same_layout(siblings, 2, shared, want, 7) < 0) return NULL;
     PyObject *kind = PyObject_GetAttrString(WeightGrad, "kind");
     if (!kind) return NULL;
     Py_XSETREF(C.grad_kind, kind);

@@ -326,6 +326,20 @@ int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out) {
     return ok ? 0 : -1;
 }
 
+int same_layout(PyObject *const *siblings, int nsiblings, const char *const *names, const Py_ssize_t *want,
+                int nnames) {
+    for (int c = 0; c < nsiblings; c++)
+        for (int i = 0; i < nnames; i++) {
+            Py_ssize_t offset;
+            if (slot_offset(siblings[c], names[i], &offset) < 0) return -1;
+            if (offset != want[i]) {
+                PyErr_Format(PyExc_TypeError, "%R.%s is not laid out like its sibling's", siblings[c], names[i]);
+                return -1;
+            }
+        }
+    return 0;
+}
+
 static PyMethodDef forward_def = {"forward", (PyCFunction)(void (*)(void))fast_forward, METH_FASTCALL | METH_KEYWORDS,
                                   NULL};
 static PyMethodDef backward_def = {"backward", (PyCFunction)(void (*)(void))fast_backward,

@@ -32,6 +32,10 @@ int is_full_mask(PyObject *mask, long n);
 PyObject *fallback(PyObject *twin, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 /* The offset of the slot `name` of `cls`; -1 with TypeError if it is not an object slot. */
 int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out);
+/* Do the classes `siblings` have the slots `names` at the offsets `want` (those of the class the fast ops
+ * read them from)? 0, or -1 with TypeError naming the first that does not. */
+int same_layout(PyObject *const *siblings, int nsiblings, const char *const *names, const Py_ssize_t *want,
+                int nnames);
 /* Put `def` on `cls`, keeping the Python method in *twin; docs[name] (kept alive by the caller) becomes
  * the C method's signature and docstring. */
 int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin, PyObject *docs);

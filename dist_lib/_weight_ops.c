@@ -270,15 +270,7 @@ static PyObject *install_weight_ops(PyObject *module, PyObject *args) {
     const char *shared[] = {"rank", "layer", "shards", "num_shards", "tp_rank", "tp_size", "samples"};
     Py_ssize_t want[] = {W.rank, W.layer, W.shards, W.num_shards, W.tp_rank, W.tp_size, W.samples};
     PyObject *siblings[] = {OptState, WeightGrad};
-    for (int c = 0; c < 2; c++)
-        for (int i = 0; i < 7; i++) {
-            Py_ssize_t offset;
-            if (slot_offset(siblings[c], shared[i], &offset) < 0) return NULL;
-            if (offset != want[i]) {
-                PyErr_Format(PyExc_TypeError, "%R.%s is not laid out like Weight's", siblings[c], shared[i]);
-                return NULL;
-            }
-        }
+    if (same_layout(siblings, 2, shared, want, 7) < 0) return NULL;
     PyObject *given[] = {Weight, OptState, WeightGrad};
     PyTypeObject **types[] = {&W.Weight, &W.OptState, &W.WeightGrad};
     for (int i = 0; i < 3; i++) Py_XSETREF(*types[i], (PyTypeObject *)Py_NewRef(given[i]));
