@@ -6,7 +6,8 @@ Each configuration runs in a fresh subprocess so its peak RSS is its own. Usage:
     python benchmarks/scale.py --quick    # a smaller sweep
 
 Wall time is the best of `--repeat` runs (3 by default), as `timeit` reports: on a shared machine the
-slower runs measure the neighbours.
+slower runs measure the neighbours. The runs go in rounds over all rows, so that a slow spell of the
+machine does not fall on all of one row's runs.
 """
 
 from __future__ import annotations
@@ -75,8 +76,14 @@ def main() -> None:
           f"toy layers, A100 nodes of 8; buffers in {'C' if accelerated else 'Python'}")
     print(f"{'ranks':>6} {'layers':>6} {'microbatches':>12} {'ops':>9} {'wall s':>8} {'ops/s':>10} {'us/op':>7} "
           f"{'peak RSS MiB':>13} {'B/event':>8}")
-    for ranks, layers, microbatches in configs:
-        m = min((measure(ranks, layers, microbatches) for _ in range(max(1, args.repeat))), key=lambda m: m["wall"])
+    # rounds over every row, rather than a row's runs back to back: a slow minute on a shared machine
+    # then costs each row one run instead of all of one row's
+    runs: list[list[dict]] = [[] for _ in configs]
+    for _ in range(max(1, args.repeat)):
+        for config, seen in zip(configs, runs):
+            seen.append(measure(*config))
+    for (ranks, layers, microbatches), seen in zip(configs, runs):
+        m = min(seen, key=lambda m: m["wall"])
         rate = m["events"] / m["wall"]
         # a small run may fit in memory the interpreter already holds: then there is nothing to divide
         per_event = f"{m['grew_kib'] * 1024 / m['events']:.0f}" if m["grew_kib"] > 0 else "-"
