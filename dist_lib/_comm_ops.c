@@ -23,6 +23,8 @@ static struct {
     PyObject *docs;
     /* Model */
     Py_ssize_t m_engine, m_state, m_mem, m_world;
+    /* MemoryTracker */
+    Py_ssize_t mem_context;
     /* RankState */
     Py_ssize_t s_rank, s_clock, s_comm_free, s_outstanding, s_queue;
     /* Group */
@@ -99,8 +101,10 @@ static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t
     }
     PyObject *result = Py_NewRef(Py_None);
     if (op != ALL_REDUCE) { /* the output is allocated now (`comm._combine` fills in its fields) */
-        Py_SETREF(result, buffer_clone((AllocLog *)SLOT(self, C.m_mem),
-                                       op == ALL_GATHER ? nbytes * size : nbytes / size, x));
+        PyObject *mem = SLOT(self, C.m_mem), *context = PyTuple_Pack(2, C.names[op], SLOT(x, C.t_layer));
+        if (context) Py_XSETREF(SLOT(mem, C.mem_context), context); /* what an out-of-memory error names */
+        Py_SETREF(result, context ? buffer_clone((AllocLog *)mem, op == ALL_GATHER ? nbytes * size : nbytes / size, x)
+                                  : NULL);
     }
     PyObject *work = result ? C.Work->tp_alloc(C.Work, 0) : NULL;
     if (!work) {
@@ -335,10 +339,10 @@ static int comm_attr(PyObject *comm, const char *name, int is_type, PyObject **o
 static PyMethodDef resolve_def = {"_resolve", (PyCFunction)(void (*)(void))fast_resolve, METH_FASTCALL, NULL};
 
 static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
-    PyObject *Model, *RankState, *comm, *Weight, *OptState, *WeightGrad, *docs;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!:install_comm_ops", &PyType_Type, &Model, &PyType_Type, &RankState,
-                          &PyModule_Type, &comm, &PyType_Type, &Weight, &PyType_Type, &OptState, &PyType_Type,
-                          &WeightGrad, &PyDict_Type, &docs))
+    PyObject *Model, *RankState, *MemoryTracker, *comm, *Weight, *OptState, *WeightGrad, *docs;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!:install_comm_ops", &PyType_Type, &Model, &PyType_Type, &RankState,
+                          &PyType_Type, &MemoryTracker, &PyModule_Type, &comm, &PyType_Type, &Weight, &PyType_Type,
+                          &OptState, &PyType_Type, &WeightGrad, &PyDict_Type, &docs))
         return NULL;
     if (comm_attr(comm, "Group", 1, (PyObject **)&C.Group) < 0 ||
         comm_attr(comm, "Collective", 1, (PyObject **)&C.Collective) < 0 ||
@@ -352,7 +356,7 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
     PyObject *Group = (PyObject *)C.Group, *Collective = (PyObject *)C.Collective, *Work = (PyObject *)C.Work;
     struct { PyObject *cls; const char *name; Py_ssize_t *out; } slots[] = {
         {Model, "_engine", &C.m_engine}, {Model, "_state", &C.m_state}, {Model, "_mem", &C.m_mem},
-        {Model, "_world", &C.m_world},
+        {Model, "_world", &C.m_world}, {MemoryTracker, "context", &C.mem_context},
         {RankState, "rank", &C.s_rank}, {RankState, "clock", &C.s_clock}, {RankState, "comm_free", &C.s_comm_free},
         {RankState, "outstanding", &C.s_outstanding}, {RankState, "queue", &C.s_queue},
         {Group, "ranks", &C.g_ranks}, {Group, "index", &C.g_index}, {Group, "size", &C.g_size},
@@ -394,9 +398,9 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
 
 static PyMethodDef comm_ops_methods[] = {
     {"install_comm_ops", install_comm_ops, METH_VARARGS,
-     "install_comm_ops(Model, RankState, comm, Weight, OptState, WeightGrad, docs): put the C all_reduce, "
-     "all_gather and reduce_scatter on Model and the C _resolve in the comm module; the Python functions stay "
-     "their fallback."},
+     "install_comm_ops(Model, RankState, MemoryTracker, comm, Weight, OptState, WeightGrad, docs): put the C "
+     "all_reduce, all_gather and reduce_scatter on Model and the C _resolve in the comm module; the Python "
+     "functions stay their fallback."},
     {NULL}};
 
 int comm_ops_init(PyObject *module) {

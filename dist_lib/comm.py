@@ -167,6 +167,7 @@ class _Pending:
 
     def materialize(self, state: RankState) -> Tensor:
         self.fields["rank"] = state.rank
+        state.memory.context = ("recv", self.fields["layer"])  # what an out-of-memory error names
         return self.cls(state.memory, self.nbytes, *self.fields.values())
 
 
@@ -223,10 +224,10 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     else:
         _check_match(coll, op, tensor, rank)
     work = Work(engine, rank, op, state.clock, tensor, coll)
-    if op == "all_gather":  # the output is allocated now; `_combine` fills in its fields
-        work.result = clone(tensor, rank, state.memory, _gathered_bytes(engine, tensor, group))
-    elif op == "reduce_scatter":
-        work.result = clone(tensor, rank, state.memory, tensor.nbytes // group.size)
+    if op != "all_reduce":  # the output is allocated now (`_combine` fills in its fields)
+        state.memory.context = (op, tensor.layer)  # what an out-of-memory error names
+        nbytes = tensor.nbytes * group.size if op == "all_gather" else tensor.nbytes // group.size
+        work.result = clone(tensor, rank, state.memory, nbytes)
     coll.works[pos] = work
     coll.issued += 1
     if coll.first is None:
@@ -286,10 +287,6 @@ def _check_match(coll: Collective, op: str, t: Tensor, rank: int) -> None:
                                       f"{op}({t!r}) at the same position")
     raise CollectiveMismatchError(f"{head}: {op} tensors differ: rank {other} gave {f!r} "
                                   f"({f.nbytes} bytes), rank {rank} gave {t!r} ({t.nbytes} bytes)")
-
-
-def _gathered_bytes(engine: Engine, t: Tensor, group: Group) -> int:
-    return t.nbytes * group.size
 
 
 def _resolve_ready(engine: Engine, coll: Collective) -> None:

@@ -359,5 +359,5 @@ if ACCELERATED:  # the hottest ops in C; the Python above stays their spec and f
             {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, WeightGrad.__add__)})
     install_weight_ops(Model, RankState, MemoryTracker, Weight, OptState, WeightGrad,
                        {m.__name__: _c_doc(m) for m in (Model.load_weights, Model.update, Model.set_final_weight)})
-    install_comm_ops(Model, RankState, comm, Weight, OptState, WeightGrad,
+    install_comm_ops(Model, RankState, MemoryTracker, comm, Weight, OptState, WeightGrad,
                      {m.__name__: _c_doc(m) for m in (Model.all_reduce, Model.all_gather, Model.reduce_scatter)})

@@ -169,6 +169,20 @@ def test_out_of_memory_names_rank_device_capacity_and_kinds():
     assert "load_weights(layer" in message and "weight" in message and "optimizer" in message
 
 
+def test_out_of_memory_allocating_a_gather_output_names_the_collective():
+    async def train(model):
+        keep = [model.load_weights(layer, shard=model.rank, num_shards=2) for layer in range(6)]
+        sample = 0
+        while model.rank == 1 and model.memory_bytes < 15.2 * 2**30:  # rank 1 fills up with inputs
+            keep.append(model.get_input_activation([sample]))
+            sample += 1
+        await model.all_gather(keep[0][0])  # rank 1 joins the gather rank 0 opened
+
+    with pytest.raises(OutOfMemoryError) as info:
+        run(train, cluster="2xT4", workload="gpt-13b", batch=128)
+    assert "rank 1 (T4, 16.00 GiB): out of memory at t=0.000 ms in all_gather(layer 0) allocating" in str(info.value)
+
+
 def test_memory_limit_can_be_lifted_to_measure_the_need():
     async def train(model):
         keep = [model.load_weights(layer) for layer in range(model.num_layers)]
