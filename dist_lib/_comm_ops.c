@@ -2,8 +2,8 @@
  * for a member that joins a collective another member opened.
  *
  * As in `_ops.c`, the common valid call is handled exactly as `comm.issue_collective` does it (same
- * checks, same output allocation, same Work and queue bookkeeping, and `comm._resolve_ready` called at
- * the same moment), and every other call goes to the Python method, which stays the specification: a
+ * checks, same output allocation, same Work bookkeeping, and `comm._resolve_ready` called at the same
+ * moment: when the last member issues it), and every other call goes to the Python method, which stays the specification: a
  * keyword it does not know, a group given as ranks, a tensor that is not a weight, optimizer state or
  * gradient, the first member of a collective (Python opens it), any mismatch and any error. Nothing is
  * changed before the fast path is sure to finish, so the Python method starts from the same state.
@@ -26,11 +26,11 @@ static struct {
     /* MemoryTracker */
     Py_ssize_t mem_context;
     /* RankState */
-    Py_ssize_t s_rank, s_clock, s_comm_free, s_outstanding, s_queue;
+    Py_ssize_t s_rank, s_clock, s_comm_end, s_outstanding;
     /* Group */
-    Py_ssize_t g_ranks, g_index, g_size, g_next_seq, g_pending, g_costs;
+    Py_ssize_t g_ranks, g_index, g_size, g_next_seq, g_pending, g_costs, g_free;
     /* Collective */
-    Py_ssize_t c_group, c_seq, c_op, c_works, c_issued, c_op_id, c_first, c_at_head;
+    Py_ssize_t c_group, c_seq, c_op, c_works, c_issued, c_op_id, c_first;
     /* Work */
     Py_ssize_t w_engine, w_rank, w_op, w_issue, w_end, w_result, w_input, w_future, w_peer;
     /* Weight, OptState and WeightGrad share these offsets (checked by `install_comm_ops`) */
@@ -84,11 +84,8 @@ static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t
         int_eq(SLOT(theirs, C.t_layer), SLOT(x, C.t_layer)) != 1 ||
         BUFFER_NBYTES((Buffer *)theirs) != BUFFER_NBYTES((Buffer *)x))
         goto slow;
-    PyObject *outstanding = SLOT(state, C.s_outstanding), *queue = SLOT(state, C.s_queue);
-    PyObject *clock = SLOT(state, C.s_clock), *at_head = SLOT(coll, C.c_at_head);
-    if (!outstanding || !PyList_CheckExact(outstanding) || !queue || !PyList_CheckExact(queue) || !clock ||
-        small_int(at_head, -1) < 0)
-        goto slow;
+    PyObject *outstanding = SLOT(state, C.s_outstanding), *clock = SLOT(state, C.s_clock);
+    if (!outstanding || !PyList_CheckExact(outstanding) || !clock) goto slow;
     long long nbytes = BUFFER_NBYTES((Buffer *)x);
     if (op == ALL_GATHER && nbytes > (long long)(NBYTES_MASK / (unsigned long long)size)) goto slow;
 
@@ -121,31 +118,23 @@ static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t
         SLOT(work, fields[i].offset) = Py_NewRef(fields[i].value);
     Py_DECREF(result);
 
-    /* 4. the books: this member has issued it, and its collective stream has it queued */
+    /* 4. the books: this member has issued it; the last member's issue resolves it */
     PyList_SetItem(next_seq, pos, next); /* steals `next` */
     PyList_SetItem(works, pos, Py_NewRef(work));
+    long count = small_int(issued, -1);
     Py_SETREF(SLOT(coll, C.c_issued), issued);
-    if (PyList_Append(outstanding, work) < 0 || PyList_Append(queue, coll) < 0) {
+    if (PyList_Append(outstanding, work) < 0) {
         Py_DECREF(work);
         return NULL;
     }
-    if (PyList_GET_SIZE(queue) == 1) { /* it heads this member's stream */
-        long heads = small_int(at_head, -1) + 1;
-        PyObject *count = PyLong_FromLong(heads);
-        if (!count) {
+    if (count == size) {
+        PyObject *call[2] = {SLOT(self, C.m_engine), coll};
+        PyObject *done = PyObject_Vectorcall(C.resolve_ready, call, 2, NULL);
+        if (!done) {
             Py_DECREF(work);
             return NULL;
         }
-        Py_SETREF(SLOT(coll, C.c_at_head), count);
-        if (heads == size) {
-            PyObject *call[2] = {SLOT(self, C.m_engine), coll};
-            PyObject *done = PyObject_Vectorcall(C.resolve_ready, call, 2, NULL);
-            if (!done) {
-                Py_DECREF(work);
-                return NULL;
-            }
-            Py_DECREF(done);
-        }
+        Py_DECREF(done);
     }
     return work;
 slow:
@@ -219,7 +208,8 @@ static PyObject *fast_resolve(PyObject *module, PyObject *const *args, Py_ssize_
 
     /* 1. `_combine`'s checks: one TP slice and ZeRO shard, disjoint samples; the start time */
     Union samples = {0, NULL};
-    double start = 0.0;
+    double start = float_slot(group, C.g_free); /* the group's stream is free */
+    if (start < 0) goto slow;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *work = PyList_GET_ITEM(works, i), *state = PyList_GET_ITEM(states, i);
         PyObject *t = Py_TYPE(work) == C.Work ? SLOT(work, C.w_input) : NULL;
@@ -229,10 +219,9 @@ static PyObject *fast_resolve(PyObject *module, PyObject *const *args, Py_ssize_
             for (int f = 0; f < 4; f++)
                 if (int_eq(SLOT(t, same[f]), SLOT(first, same[f])) != 1) goto slow_union;
         }
-        double issue = float_slot(work, C.w_issue), comm_free = float_slot(state, C.s_comm_free);
-        if (issue < 0 || comm_free < 0) goto slow_union;
+        double issue = float_slot(work, C.w_issue);
+        if (issue < 0 || float_slot(state, C.s_comm_end) < 0) goto slow_union;
         if (issue > start) start = issue;
-        if (comm_free > start) start = comm_free;
         PyObject *mask = SLOT(t, C.t_samples);
         if (!mask || !PyLong_CheckExact(mask)) goto slow_union;
         int added = union_add(&samples, mask);
@@ -268,12 +257,15 @@ static PyObject *fast_resolve(PyObject *module, PyObject *const *args, Py_ssize_
         if (empty) PyErr_SetString(PyExc_TypeError, "EventLog.recent is not a list");
         goto done;
     }
-    /* 4. the books: the op leaves the group's pending ones; each member's stream, Work and event */
+    /* 4. the books: the op leaves the group's pending ones; the group's stream; each member's Work,
+     * latest collective end and event */
     if (PyDict_DelItem(SLOT(group, C.g_pending), SLOT(coll, C.c_seq)) < 0) goto done;
+    Py_SETREF(SLOT(group, C.g_free), Py_NewRef(end));
+    double end_time = PyFloat_AS_DOUBLE(end);
     PyObject *peers = SLOT(group, C.g_ranks), *layer = SLOT(first, C.t_layer), *op_id = SLOT(coll, C.c_op_id);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *work = PyList_GET_ITEM(works, i), *state = PyList_GET_ITEM(states, i);
-        Py_SETREF(SLOT(state, C.s_comm_free), Py_NewRef(end));
+        if (end_time > float_slot(state, C.s_comm_end)) Py_SETREF(SLOT(state, C.s_comm_end), Py_NewRef(end));
         Py_SETREF(SLOT(work, C.w_end), Py_NewRef(end));
         Py_SETREF(SLOT(work, C.w_result), Py_NewRef(reduced));
         PyObject *event = PyTuple_New(12);
@@ -357,13 +349,13 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
     struct { PyObject *cls; const char *name; Py_ssize_t *out; } slots[] = {
         {Model, "_engine", &C.m_engine}, {Model, "_state", &C.m_state}, {Model, "_mem", &C.m_mem},
         {Model, "_world", &C.m_world}, {MemoryTracker, "context", &C.mem_context},
-        {RankState, "rank", &C.s_rank}, {RankState, "clock", &C.s_clock}, {RankState, "comm_free", &C.s_comm_free},
-        {RankState, "outstanding", &C.s_outstanding}, {RankState, "queue", &C.s_queue},
+        {RankState, "rank", &C.s_rank}, {RankState, "clock", &C.s_clock}, {RankState, "comm_end", &C.s_comm_end},
+        {RankState, "outstanding", &C.s_outstanding}, {Group, "free", &C.g_free},
         {Group, "ranks", &C.g_ranks}, {Group, "index", &C.g_index}, {Group, "size", &C.g_size},
         {Group, "next_seq", &C.g_next_seq}, {Group, "pending", &C.g_pending}, {Group, "costs", &C.g_costs},
         {Collective, "group", &C.c_group}, {Collective, "seq", &C.c_seq}, {Collective, "op", &C.c_op},
         {Collective, "works", &C.c_works}, {Collective, "issued", &C.c_issued}, {Collective, "op_id", &C.c_op_id},
-        {Collective, "first", &C.c_first}, {Collective, "at_head", &C.c_at_head},
+        {Collective, "first", &C.c_first},
         {Work, "engine", &C.w_engine}, {Work, "rank", &C.w_rank}, {Work, "op", &C.w_op}, {Work, "issue", &C.w_issue},
         {Work, "end", &C.w_end}, {Work, "result", &C.w_result}, {Work, "input", &C.w_input},
         {Work, "future", &C.w_future}, {Work, "peer", &C.w_peer},

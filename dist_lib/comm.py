@@ -2,9 +2,12 @@
 
 Timing (DESIGN.md, "Semantics"):
 
-* a collective on group G is the k-th op each member issues on G; it starts once every member has
-  issued it and each member's collective stream is free (ops on one rank's stream run in issue order,
-  like one NCCL stream): start = max(issue times, stream-free times), end = start + cost;
+* each group is a communicator with its own stream on every member, as each PyTorch process group has
+  its own NCCL communicator and stream: a collective on group G is the k-th op each member issues on G;
+  it starts once every member has issued it and the group's (k-1)-th op has ended (ops on one
+  communicator run in issue order): start = max(issue times, group stream free), end = start + cost.
+  Collectives of different groups do not wait for each other, so a data-parallel gradient all-reduce
+  overlaps the tensor-parallel all-reduces that follow it;
 * `send`/`recv` match in order per (src, dst) pair on their own channel (`p2p.py`).
 
 Buffers follow NCCL: an all-reduce works in place (its result shares the input's memory), all-gather
@@ -30,7 +33,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 class Group:
     """An ordered set of ranks. One object per distinct set, so collectives on it can be matched."""
 
-    __slots__ = ("ranks", "index", "size", "link", "topology", "next_seq", "pending", "costs")
+    __slots__ = ("ranks", "index", "size", "link", "topology", "next_seq", "pending", "costs", "free")
 
     def __init__(self, ranks: tuple[int, ...], link: Link, topology: costs.Topology | None = None):
         self.ranks = ranks
@@ -42,6 +45,9 @@ class Group:
         self.next_seq = [0] * len(ranks)
         self.pending: dict[int, Collective] = {}
         self.costs: dict[tuple, float] = {}  # seconds by (op, bytes, TP partial sums): once per group
+        # when the communicator's stream is next free: the end of its latest collective (every member's
+        # stream on this group holds the same ops in the same order, so one time serves them all)
+        self.free = 0.0
 
     def __repr__(self) -> str:
         return f"Group({list(self.ranks)})"
@@ -124,7 +130,7 @@ class Work:
         if self.op in COLLECTIVES:
             coll: Collective = self.peer
             missing = [r for r, w in zip(coll.group.ranks, coll.works) if w is None]
-            why = f"ranks {missing} have not issued it" if missing else "earlier ops on a member's stream"
+            why = f"ranks {missing} have not issued it" if missing else "earlier ops on the group's stream"
             return f"{self.op} #{coll.seq} on group {list(coll.group.ranks)} ({self.detail}): {why}"
         src, dst = self.peer
         if self.op == "send":
@@ -193,7 +199,7 @@ def clone(t: Tensor, rank: int, buffer: AllocLog | Tensor, nbytes: int = 0, **ch
 class Collective:
     """The k-th collective on a group, filled in as members issue it."""
 
-    __slots__ = ("group", "seq", "op", "works", "issued", "op_id", "first", "at_head")
+    __slots__ = ("group", "seq", "op", "works", "issued", "op_id", "first")
 
     def __init__(self, group: Group, seq: int, op: str, op_id: int):
         self.group = group
@@ -203,7 +209,6 @@ class Collective:
         self.issued = 0
         self.op_id = op_id
         self.first: Work | None = None  # the first member's work, to check the others against
-        self.at_head = 0  # members whose collective stream has this op next
 
     def __str__(self) -> str:
         """Names a complete collective in error messages (formatting the group costs O(members): only
@@ -233,12 +238,8 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     if coll.first is None:
         coll.first = work
     state.outstanding.append(work)
-    queue = state.queue
-    queue.append(coll)
-    if len(queue) == 1:
-        coll.at_head += 1
-        if coll.at_head == group.size:
-            _resolve_ready(engine, coll)
+    if coll.issued == group.size:
+        _resolve_ready(engine, coll)
     return work
 
 
@@ -290,29 +291,17 @@ def _check_match(coll: Collective, op: str, t: Tensor, rank: int) -> None:
 
 
 def _resolve_ready(engine: Engine, coll: Collective) -> None:
-    """Resolve `coll`, which heads every member's stream, then every op that this brings to the head
-    of all its members' streams. Each member's move to the head is counted once, so the cost per
-    member op stays constant whatever the group size."""
-    ready = [coll]
+    """Resolve `coll`, which every member has now issued. Its predecessor on the group is resolved
+    already: the member whose issue completes `coll` issued the predecessor before, as the last of its
+    members, and so resolved it then."""
     ranks = engine.ranks
-    while ready:
-        c = ready.pop()
-        states = [ranks[r] for r in c.group.ranks]
-        _resolve(engine, c, states)
-        for s in states:
-            queue = s.queue
-            del queue[0]
-            if queue:
-                head = queue[0]
-                head.at_head += 1
-                if head.at_head == head.group.size:
-                    ready.append(head)
+    _resolve(engine, coll, [ranks[r] for r in coll.group.ranks])
 
 
 def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
     group = coll.group
     works: list[Work] = coll.works  # type: ignore[assignment]
-    start = max(max(w.issue for w in works), max(s.comm_free for s in states))
+    start = max(max(w.issue for w in works), group.free)
     first = works[0].input
     results, nbytes, label = _combine(engine, coll, [w.input for w in works])
     # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h.
@@ -325,8 +314,10 @@ def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
     peers = group.ranks
     events = engine.events
     op, layer, op_id = coll.op, first.layer, coll.op_id
+    group.free = end
     for work, state, result in zip(works, states, results):
-        state.comm_free = end
+        if end > state.comm_end:
+            state.comm_end = end
         work.end = end
         work.result = result
         events.append((state.rank, op, "collective", start, end, layer, result.samples, nbytes, 0.0, peers, op_id,

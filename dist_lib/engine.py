@@ -29,9 +29,9 @@ class FinalClock(NamedTuple):
 
 
 class RankState:
-    """Per-rank simulator state: clocks, the collective stream's queue, memory, outstanding works."""
+    """Per-rank simulator state: clocks, memory, outstanding works."""
 
-    __slots__ = ("rank", "device", "clock", "comm_free", "p2p_end", "queue", "memory", "outstanding", "waiting",
+    __slots__ = ("rank", "device", "clock", "comm_end", "p2p_end", "memory", "outstanding", "waiting",
                  "finished", "flops", "final_weights", "handed", "updated", "forwarded", "node")
 
     def __init__(self, rank: int, cluster: Cluster, num_layers: int, enforce_memory: bool):
@@ -39,11 +39,8 @@ class RankState:
         self.device = cluster.device_of(rank)
         self.node = cluster.node_of(rank)
         self.clock = 0.0  # compute stream
-        self.comm_free = 0.0  # when the collective stream is next free
+        self.comm_end = 0.0  # the latest end of a collective (awaited or not); each group has its stream
         self.p2p_end = 0.0  # the latest end of a send or recv (awaited or not)
-        # issued, unresolved collectives in issue order (one NCCL stream); a list, as it is short and
-        # an empty deque costs 600 bytes a rank
-        self.queue: list = []
         self.memory = MemoryTracker(rank, self.device.name, self.device.memory_bytes, self, enforce_memory)
         # Works not yet awaited, in issue order: their stream keeps their buffers (a list costs a fifth
         # of a dict's bytes per entry, and most works are awaited from its front)

@@ -110,7 +110,7 @@ def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: 
                   logs: list[RankLog]) -> Result:
     # a rank's step ends with its last op, awaited or not: compute, collective or point-to-point
     engine.events.pack()
-    rank_times = [max(s.clock, s.comm_free, s.p2p_end) for s in engine.ranks]
+    rank_times = [max(s.clock, s.comm_end, s.p2p_end) for s in engine.ranks]
     workload = engine.workload
     return Result(
         cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,

@@ -84,6 +84,29 @@ def test_collectives_on_one_rank_run_in_issue_order():
     assert second[0] == pytest.approx(first[1])  # ... so it starts when the first all-reduce ends
 
 
+def test_collectives_of_different_groups_overlap():
+    # 2 nodes of 2 on a 1 GB/s network: the data-parallel groups {0, 2} and {1, 3} cross it, the
+    # tensor-parallel-like groups {0, 1} and {2, 3} stay on NVLink. Each group is its own communicator
+    # with its own stream, so the in-node all-reduce of the second gradient does not queue behind the
+    # slow cross-node all-reduce of the first.
+    async def train(model):
+        slow = model.all_reduce(grad_of_sample(model, model.rank), group=[model.rank % 2, model.rank % 2 + 2])
+        node = model.rank - model.rank % 2
+        fast = model.all_reduce(grad_of_sample(model, model.rank + 4), group=[node, node + 1])
+        await fast
+        await slow
+
+    result = run(train, cluster="2x2xA100-80GB:inter=1", batch=8)
+    slow_ar = costs.all_reduce_time(TOY.layer_params(0) * 2, 2, replace(IB_HDR, bandwidth=1e9))
+    assert slow_ar > F + L + B  # the second gradient is ready while the first all-reduce runs
+    spans = {e.peers: (e.start, e.end) for e in result.events if e.op == "all_reduce"}
+    for group in ((0, 2), (1, 3)):
+        assert spans[group] == (pytest.approx(F + L + B), pytest.approx(F + L + B + slow_ar))
+    for group in ((0, 1), (2, 3)):  # starts when issued, inside the slow one's span
+        assert spans[group] == (pytest.approx(2 * (F + L + B)), pytest.approx(2 * (F + L + B) + AR))
+    assert result.time_s == pytest.approx(F + L + B + slow_ar)
+
+
 def test_send_and_recv_rendezvous():
     async def train(model):
         if model.rank == 0:
