@@ -84,8 +84,6 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> 
     if leftovers:
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
                             + "\n  ".join(leftovers))
-    for state in engine.ranks:  # un-awaited works release their buffers when the rank's stream drains
-        state.outstanding.clear()
     logs = [s.memory.detach_log() for s in engine.ranks]  # the step's books: later frees are not in them
     finals = _take_final_weights(engine)
     problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
