@@ -2,8 +2,9 @@
 
 Each configuration runs in a fresh subprocess so its peak RSS is its own. Usage:
 
-    python benchmarks/scale.py            # the table in the README
-    python benchmarks/scale.py --quick    # a smaller sweep
+    python benchmarks/scale.py                      # the tables in the README
+    python benchmarks/scale.py --quick              # a smaller sweep
+    python benchmarks/scale.py --table pipeline     # only the pipeline rows (the 3072-rank one with them)
 
 Wall time is the best of `--repeat` runs (3 by default), as `timeit` reports: on a shared machine the
 slower runs measure the neighbours. The runs go in rounds over all rows, so that a slow spell of the
@@ -36,7 +37,7 @@ def rss_kib(key):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-ranks, layers, microbatches = {ranks}, {layers}, {microbatches}
+call = json.loads({call!r})
 gc.collect()
 try:
     with open("/proc/self/clear_refs", "w") as f:
@@ -45,8 +46,7 @@ except OSError:
     pass
 base = rss_kib("VmRSS")
 start = time.perf_counter()
-result = simulate("strategies/ddp.py", f"{{ranks // 8}}x8xA100-80GB" if ranks >= 8 else f"{{ranks}}xA100-80GB",
-                  f"toy:layers={{layers}}", ranks * microbatches, microbatch_size=1)
+result = simulate(call["strategy"], call["cluster"], call["workload"], call["batch"], **call["options"])
 wall = time.perf_counter() - start
 peak = rss_kib("VmHWM")
 events = len(result.raw_events)
@@ -55,8 +55,31 @@ print(json.dumps({{"wall": wall, "events": events, "rss_kib": peak, "grew_kib": 
 """
 
 
-def measure(ranks: int, layers: int, microbatches: int) -> dict:
-    code = CHILD.format(root=str(ROOT), ranks=ranks, layers=layers, microbatches=microbatches)
+def ddp_call(ranks: int, layers: int, microbatches: int) -> dict:
+    cluster = f"{ranks // 8}x8xA100-80GB" if ranks >= 8 else f"{ranks}xA100-80GB"
+    return {"strategy": "strategies/ddp.py", "cluster": cluster, "workload": f"toy:layers={layers}",
+            "batch": ranks * microbatches, "options": {"microbatch_size": 1}}
+
+
+# Pipelines, rank for rank: (label, tp, pp, dp, microbatches per replica, schedule, workload, recompute).
+# The last row is Megatron-LM's 1T configuration (Narayanan et al. 2021, Table 1: 3072 GPUs, TP 8 x PP 64
+# x DP 6, batch 3072 of microbatch 1, interleaved), with full recompute so that it fits in 80 GB.
+PIPELINES = [
+    ("1F1B, 8 stages", 1, 8, 1, 512, "1f1b", "toy:layers=32", False),
+    ("1F1B, TP 4 x PP 8", 4, 8, 1, 256, "1f1b", "toy:layers=32", False),
+    ("interleaved 1T", 8, 64, 6, 512, "interleaved", "gpt-1t", True),
+]
+
+
+def pipeline_call(tp: int, pp: int, dp: int, microbatches: int, schedule: str, workload: str, recompute: bool) -> dict:
+    nodes = max(1, tp * pp * dp // 8)
+    options = {"microbatch_size": 1, "tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute}
+    return {"strategy": "strategies/hybrid.py", "cluster": f"{nodes}x8xA100-80GB", "workload": workload,
+            "batch": dp * microbatches, "options": options}
+
+
+def measure(call: dict) -> dict:
+    code = CHILD.format(root=str(ROOT), call=json.dumps(call))
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -65,13 +88,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller sweep")
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; the fastest counts")
+    parser.add_argument("--table", choices=("ddp", "pipeline", "all"), default="all", help="which rows to run")
     args = parser.parse_args()
     configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1), (1024, 24, 1), (1024, 24, 4), (1024, 96, 1)]
+    pipelines = PIPELINES
     if args.quick:
-        configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1)]
+        configs, pipelines = [(8, 24, 4), (64, 24, 4), (512, 24, 1)], PIPELINES[:1]
     sys.path.insert(0, str(ROOT))
     import dist_lib.memory
     accelerated = dist_lib.memory.Buffer.__module__ == "dist_lib._buffers"
+    if args.table in ("ddp", "all"):
+        ddp_table(configs, args.repeat, accelerated)
+    if args.table in ("pipeline", "all"):
+        pipeline_table(pipelines, args.repeat, accelerated)
+
+
+def ddp_table(configs: list[tuple[int, int, int]], repeat: int, accelerated: bool) -> None:
     print("DDP step (forward/backward per microbatch and layer, one all-reduce and update per layer), "
           f"toy layers, A100 nodes of 8; buffers in {'C' if accelerated else 'Python'}")
     print(f"{'ranks':>6} {'layers':>6} {'microbatches':>12} {'ops':>9} {'wall s':>8} {'ops/s':>10} {'us/op':>7} "
@@ -79,9 +111,9 @@ def main() -> None:
     # rounds over every row, rather than a row's runs back to back: a slow minute on a shared machine
     # then costs each row one run instead of all of one row's
     runs: list[list[dict]] = [[] for _ in configs]
-    for _ in range(max(1, args.repeat)):
+    for _ in range(max(1, repeat)):
         for config, seen in zip(configs, runs):
-            seen.append(measure(*config))
+            seen.append(measure(ddp_call(*config)))
     for (ranks, layers, microbatches), seen in zip(configs, runs):
         m = min(seen, key=lambda m: m["wall"])
         rate = m["events"] / m["wall"]
@@ -89,6 +121,21 @@ def main() -> None:
         per_event = f"{m['grew_kib'] * 1024 / m['events']:.0f}" if m["grew_kib"] > 0 else "-"
         print(f"{ranks:>6} {layers:>6} {microbatches:>12} {m['events']:>9,} {m['wall']:>8.2f} {rate:>10,.0f} {1e6 / rate:>7.2f} "
               f"{m['rss_kib'] / 1024:>13.0f} {per_event:>8}")
+
+
+
+def pipeline_table(rows: list[tuple], repeat: int, accelerated: bool) -> None:
+    print()
+    print("Pipeline steps with strategies/hybrid.py on A100 nodes of 8, microbatch 1; the 3072-rank row runs once; "
+          f"buffers in {'C' if accelerated else 'Python'}")
+    print(f"{'pipeline':<20} {'ranks':>6} {'microbatches':>12} {'ops':>11} {'wall s':>8} {'ops/s':>9} "
+          f"{'peak RSS MiB':>13} {'step s':>8}")
+    for label, tp, pp, dp, microbatches, schedule, workload, recompute in rows:
+        call = pipeline_call(tp, pp, dp, microbatches, schedule, workload, recompute)
+        runs = 1 if tp * pp * dp > 1024 else max(1, repeat)
+        m = min((measure(call) for _ in range(runs)), key=lambda m: m["wall"])
+        print(f"{label:<20} {tp * pp * dp:>6} {microbatches:>12} {m['events']:>11,} {m['wall']:>8.1f} "
+              f"{m['events'] / m['wall']:>9,.0f} {m['rss_kib'] / 1024:>13.0f} {m['time_s']:>8.2f}", flush=True)
 
 
 if __name__ == "__main__":

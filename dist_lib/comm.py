@@ -5,14 +5,17 @@ Timing (DESIGN.md, "Semantics"):
 * each group is a communicator with its own stream on every member, as each PyTorch process group has
   its own NCCL communicator and stream: a collective on group G is the k-th op each member issues on G;
   it starts once every member has issued it and the group's (k-1)-th op has ended (ops on one
-  communicator run in issue order): start = max(issue times, group stream free), end = start + cost.
+  communicator run in issue order): start = max(issue times, group stream free). It then takes its
+  cost (costs.py), stretched while other transfers share its links (`transfers.py`); its end is final
+  at the engine's next quiescence, when the member Works complete and their waiting ranks wake.
   Collectives of different groups do not wait for each other, so a data-parallel gradient all-reduce
   overlaps the tensor-parallel all-reduces that follow it;
 * `send`/`recv` match in order per (src, dst) pair on their own channel (`p2p.py`).
 
 Buffers follow NCCL: an all-reduce works in place (its result shares the input's memory), all-gather
 and reduce-scatter outputs are allocated when the op is issued, a received tensor when `recv` is
-awaited. A Work keeps its input alive until it is awaited, as a stream keeps its buffers.
+awaited. The engine holds an op's Works until the op ends, as a stream keeps its buffers, and a Work
+holds its input until it is awaited; a send's tensor is let go of when the message ends.
 """
 
 from __future__ import annotations

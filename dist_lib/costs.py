@@ -270,15 +270,17 @@ def p2p_time(nbytes: float, link: Link) -> float:
     return link.latency + nbytes / link.achieved_bandwidth
 
 
-def shared_speed(links: list[tuple[int, int]]) -> float:
-    """Share of its own full speed a transfer gets from links it shares: for each link (capacity, load)
-    in units (a port, a NIC), concurrent transfers split the capacity in proportion to the units they
-    want, so one that wants u of a link loaded with L > capacity c moves at c / L of its speed alone; a
-    transfer moves at the share of its most loaded link (a flow-level model: Velho et al. 2013)."""
+def shared_speed(usage: tuple[tuple[int, int], ...], capacity: list[int], load: list[int]) -> float:
+    """Share of its own full speed a transfer gets from the links it shares. `usage` lists its (link,
+    units); a link carries `capacity` units at full speed and `load` units are wanted on it. Concurrent
+    transfers split a link in proportion to the units they want, so on a link loaded beyond its capacity
+    c with L units each moves at c / L of its speed alone; a transfer moves at the share of its most
+    loaded link (a flow-level model: Velho et al. 2013)."""
     speed = 1.0
-    for capacity, load in links:
-        if load > capacity and capacity / load < speed:
-            speed = capacity / load
+    for link, _ in usage:
+        wanted, carried = load[link], capacity[link]
+        if wanted > carried and carried / wanted < speed:
+            speed = carried / wanted
     return speed
 
 

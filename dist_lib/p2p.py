@@ -117,6 +117,6 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
     del tensor
     engine.wake(send)
     engine.wake(recv)
-    release(engine, [send, recv], end)
+    release(engine, [send], end)  # the sender's stream lets go of the tensor (a recv holds none)
     if channel.ready:
         _start(engine, channel, *channel.ready.popleft())

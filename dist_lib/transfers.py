@@ -103,26 +103,30 @@ class Scheduler:
             return done
 
     def _begin(self, transfer: Transfer) -> None:
-        usage = transfer.usage
+        load, on_link = self.load, self.on_link
         touched: list[Transfer] = []
-        for link, units in usage:
-            self.load[link] += units
-            peers = self.on_link[link]
+        for link, units in transfer.usage:
+            load[link] += units
+            peers = on_link[link]
             if peers:
-                touched.extend(peers)
+                touched += peers
             peers.append(transfer)
         transfer.since = self.now
         self._reproject(transfer)
-        self._reproject_all(touched)
+        if touched:
+            self._reproject_all(touched)
 
     def _leave(self, transfer: Transfer) -> None:
+        load, on_link = self.load, self.on_link
         touched: list[Transfer] = []
         for link, units in transfer.usage:
-            self.load[link] -= units
-            peers = self.on_link[link]
+            load[link] -= units
+            peers = on_link[link]
             peers.remove(transfer)
-            touched.extend(peers)
-        self._reproject_all(touched)
+            if peers:
+                touched += peers
+        if touched:
+            self._reproject_all(touched)
 
     def _reproject_all(self, transfers: list[Transfer]) -> None:
         seen: set[int] = set()
@@ -139,11 +143,10 @@ class Scheduler:
             if transfer.left < 0.0:
                 transfer.left = 0.0
             transfer.since = now
-        speed = costs.shared_speed([(self.capacity[link], self.load[link]) for link, _ in transfer.usage])
+        speed = costs.shared_speed(transfer.usage, self.capacity, self.load)
         if speed == transfer.speed and transfer.version:
             return  # nothing changed for it: its projected end stands
         transfer.speed = speed
         transfer.version += 1
         transfer.end = now + transfer.left / speed
         heapq.heappush(self.ends, (transfer.end, transfer.seq, transfer.version, transfer))
-
