@@ -173,8 +173,13 @@ class Model(OpChecks):
         self._mem.context = ("backward_weight", layer)
         return self._weight_grad(layer, act, weight)
 
-    def loss(self, act: Activation) -> ActivationGrad:
-        """LM head, loss and its gradient for the final activations of some samples."""
+    def loss(self, act: Activation, *, tp_rank: int = 0, tp_size: int = 1) -> ActivationGrad:
+        """LM head, loss and its gradient for the final activations of some samples.
+
+        With `tp_size` > 1 the head is vocabulary-parallel, as in Megatron-LM (Shoeybi et al. 2019,
+        sec. 3): TP rank `tp_rank` holds V/t of the output embedding, computes those logits and its
+        part of the cross-entropy, at 1/t of the cost, and returns its partial sum of the input gradient
+        (dX = dY E over its vocabulary slice), which an all-reduce in the TP group completes."""
         where = f"rank {self.rank} loss"
         if type(act) is not Activation:
             raise TensorError(f"{where}: expected the Activation after the last layer, got {act!r}")
@@ -183,10 +188,14 @@ class Model(OpChecks):
             raise TensorError(f"{where}: {act!r} has only passed {act.layer} of {self.num_layers} layers")
         if act.is_partial:
             raise TensorError(f"{where}: {act!r} is a tensor-parallel partial sum; all_reduce it first")
-        self._compute("loss", self.num_layers, act.samples, 1)
+        if tp_size.__class__ is not int or tp_rank.__class__ is not int or tp_size < 1 \
+                or not 0 <= tp_rank < tp_size:
+            raise TensorError(f"{where}: tp_rank={tp_rank!r}, tp_size={tp_size!r} is not a TP slice; need whole "
+                              f"numbers with 0 <= tp_rank < tp_size")
+        self._compute("loss", self.num_layers, act.samples, tp_size)
         self._mem.context = ("loss", None)
         return ActivationGrad(self._mem, act.samples.bit_count() * self._act_bytes, self.rank, self.num_layers,
-                              act.samples)
+                              act.samples, 1 << tp_rank, tp_size)
 
     def update(self, layer: int, grad: WeightGrad, weight: Weight, opt_state: OptState) -> tuple[Weight, OptState]:
         """Adam step on the shard `opt_state` holds; the gradient must cover the whole global batch."""
@@ -338,7 +347,7 @@ def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: in
     elif op == "backward_weight":
         duration = costs.backward_weight_time(device, workload, layer, n, tp)
     else:
-        duration = costs.loss_time(device, workload, n)
+        duration = costs.loss_time(device, workload, n, tp)
     return duration, costs.compute_flops(workload, op, layer, n, tp, recompute=recompute)
 
 

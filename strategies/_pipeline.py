@@ -144,7 +144,8 @@ class _Stage:
                 x = await model.all_reduce(x, self.tp_group)
         self.inputs[(chunk, mb)] = kept
         if k == self.virtual - 1:
-            self.loss_grads[(chunk, mb)] = model.loss(x)
+            # vocabulary-parallel LM head: each TP rank its V/t logits (Megatron-LM)
+            self.loss_grads[(chunk, mb)] = model.loss(x, tp_rank=plan.tp_rank, tp_size=len(plan.tp_group))
         else:
             self._send(x, self._peer(k + 1), "activation")
 
@@ -153,6 +154,8 @@ class _Stage:
         layers, samples, k = plan.chunks[chunk], plan.microbatches[mb], self._virtual(chunk)
         if k == self.virtual - 1:
             grad = self.loss_grads.pop((chunk, mb))
+            if self.tp_group is not None:  # sum the head's vocabulary slices' input gradients
+                grad = await model.all_reduce(grad, self.tp_group)
         else:
             grad = await self._receive(self._peer(k + 1), layers.stop, samples, "activation gradient")
         kept = self.inputs.pop((chunk, mb))

@@ -51,5 +51,5 @@ def stage_times(model: Model, rank: int, chunks: Sequence[range], microbatch_siz
              for kind, fn in (("F", costs.forward_time), ("B", costs.backward_time),
                               ("I", costs.backward_input_time), ("W", costs.backward_weight_time))}
     if last:
-        times["F"] += costs.loss_time(device, workload, microbatch_size)
+        times["F"] += costs.loss_time(device, workload, microbatch_size, tp)
     return times
