@@ -49,6 +49,7 @@ class StagePlan:
     tp_rank: int = 0
     recompute: bool = False
     selective_recompute: bool = False  # keep the stash without the attention core (Korthikanti et al. 2022)
+    sequence_parallel: bool = False  # TP layers split their elementwise work along the sequence (same paper)
 
 
 def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
@@ -86,6 +87,10 @@ class _Stage:
         self.deferred: dict = {}  # (chunk, mb) -> [(layer, input, output grad)] awaiting W
         self.sends: list = []
         self.local: dict[str, list] = {"activation": [], "activation gradient": []}  # pp == 1 with chunks
+        # forward options: the option is left out when off, so the plain call stays on the fast path
+        self.modes = {"selective_recompute": plan.selective_recompute}
+        if plan.sequence_parallel:
+            self.modes["sequence_parallel"] = True
 
     async def run(self) -> None:
         for action in self.plan.actions:
@@ -138,8 +143,7 @@ class _Stage:
         kept = []
         for layer in layers:
             kept.append(x)
-            x = model.forward(layer, x, self.weights[layer][0], stash=not plan.recompute,
-                              selective_recompute=plan.selective_recompute)
+            x = model.forward(layer, x, self.weights[layer][0], stash=not plan.recompute, **self.modes)
             if self.tp_group is not None:
                 x = await model.all_reduce(x, self.tp_group)
         self.inputs[(chunk, mb)] = kept
@@ -160,21 +164,32 @@ class _Stage:
             grad = await self._receive(self._peer(k + 1), layers.stop, samples, "activation gradient")
         kept = self.inputs.pop((chunk, mb))
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
+        tp_group = self.tp_group
         for layer in reversed(layers):
             x, weight = kept.pop(), self.weights[layer][0]
             if plan.recompute:
-                # rebuild the stash; the output is not needed again
-                model.forward(layer, x, weight, selective_recompute=plan.selective_recompute)
+                # rebuild the stash; the output is not needed again, but the re-run forward repeats its
+                # TP all-reduces (Megatron-LM checkpoints whole layers, communication included)
+                out = model.forward(layer, x, weight, **self.modes)
+                if tp_group is not None:
+                    await model.all_reduce(out, tp_group)
+                del out
             if split:
                 grad_in = model.backward_input(layer, x, grad, weight)
                 deferred.append((layer, x, grad))
+            elif tp_group is not None:
+                # Megatron-LM all-reduces the input gradient while the weight-gradient GEMMs run
+                # (async_tensor_model_parallel_allreduce; Korthikanti et al. 2022, sec. 4.2.2)
+                reducing = model.all_reduce(model.backward_input(layer, x, grad, weight), tp_group)
+                self._accumulate(layer, model.backward_weight(layer, x, grad, weight))
+                grad_in = await reducing
             else:
                 weight_grad, grad_in = model.backward(layer, x, grad, weight)
                 self._accumulate(layer, weight_grad)
                 del weight_grad
             del x
-            if self.tp_group is not None:
-                grad_in = await model.all_reduce(grad_in, self.tp_group)
+            if split and tp_group is not None:
+                grad_in = await model.all_reduce(grad_in, tp_group)
             grad = grad_in
         if k > 0:
             self._send(grad, self._peer(k - 1), "activation gradient")
