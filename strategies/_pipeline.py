@@ -50,6 +50,9 @@ class StagePlan:
     recompute: bool = False
     selective_recompute: bool = False  # keep the stash without the attention core (Korthikanti et al. 2022)
     sequence_parallel: bool = False  # TP layers split their elementwise work along the sequence (same paper)
+    # all-reduce each layer's gradient as soon as it is complete (PyTorch DDP's buckets), or only after the
+    # pipeline flush, as Megatron-LM's local DDP and DeepSpeed's pipeline engine do
+    overlap_grad_reduce: bool = True
 
 
 def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
@@ -102,6 +105,9 @@ class _Stage:
                 await self.backward(action.chunk, action.mb, split=action.kind == "I")
             self.sends = [w for w in self.sends if not (w.done and w.end <= self.model.time)]
         model = self.model
+        if not self.plan.overlap_grad_reduce:  # after the flush, last layer first
+            for layer in sorted(self.grads, reverse=True):
+                self._reduce(layer)
         for layer in sorted(self.weights, reverse=True):
             grad = self.reduced.pop(layer)
             if isinstance(grad, Work):
@@ -202,7 +208,11 @@ class _Stage:
         total = self.grads.get(layer)
         self.grads[layer] = weight_grad if total is None else total + weight_grad
         self.left[layer] -= 1
-        if self.left[layer] == 0:  # every local microbatch is in: reduce over the replicas now
-            group = self.plan.dp_group(layer)
-            grad = self.grads.pop(layer)
-            self.reduced[layer] = self.model.all_reduce(grad, group) if len(group) > 1 else grad
+        if self.left[layer] == 0 and self.plan.overlap_grad_reduce:  # every local microbatch is in
+            self._reduce(layer)
+
+    def _reduce(self, layer: int) -> None:
+        """Start the all-reduce of a layer's accumulated gradient over the replicas."""
+        group = self.plan.dp_group(layer)
+        grad = self.grads.pop(layer)
+        self.reduced[layer] = self.model.all_reduce(grad, group) if len(group) > 1 else grad
