@@ -2,9 +2,12 @@
 
 Timing (DESIGN.md, "Semantics"):
 
-* a collective on group G is the k-th op each member issues on G; it starts once every member has
-  issued it and each member's collective stream is free (ops on one rank's stream run in issue order,
-  like one NCCL stream): start = max(issue times, stream-free times), end = start + cost;
+* each group is a communicator with its own stream on every member, as each PyTorch process group has
+  its own NCCL communicator and stream: a collective on group G is the k-th op each member issues on G;
+  it starts once every member has issued it and the group's (k-1)-th op has ended (ops on one
+  communicator run in issue order): start = max(issue times, group stream free), end = start + cost.
+  Collectives of different groups do not wait for each other, so a data-parallel gradient all-reduce
+  overlaps the tensor-parallel all-reduces that follow it;
 * `send`/`recv` match in order per (src, dst) pair on their own channel (`p2p.py`).
 
 Buffers follow NCCL: an all-reduce works in place (its result shares the input's memory), all-gather
@@ -23,6 +26,7 @@ from .hardware import Link
 from .memory import AllocLog
 from .tensors import (Activation, ActivationGrad, OptState, Tensor, Weight, WeightGrad, describe_mask,
                       full_mask)
+from .transfers import Transfer
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -30,9 +34,11 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 class Group:
     """An ordered set of ranks. One object per distinct set, so collectives on it can be matched."""
 
-    __slots__ = ("ranks", "index", "size", "link", "topology", "next_seq", "pending", "costs")
+    __slots__ = ("ranks", "index", "size", "link", "topology", "next_seq", "pending", "costs", "free", "busy",
+                 "ready", "usage")
 
-    def __init__(self, ranks: tuple[int, ...], link: Link, topology: costs.Topology | None = None):
+    def __init__(self, ranks: tuple[int, ...], link: Link, topology: costs.Topology | None = None,
+                 usage: tuple[tuple[int, int], ...] = ()):
         self.ranks = ranks
         self.index = {r: i for i, r in enumerate(ranks)}
         self.size = len(ranks)
@@ -42,6 +48,13 @@ class Group:
         self.next_seq = [0] * len(ranks)
         self.pending: dict[int, Collective] = {}
         self.costs: dict[tuple, float] = {}  # seconds by (op, bytes, TP partial sums): once per group
+        # The communicator's stream: every member's stream on this group holds the same ops in the same
+        # order, so one stream serves them all. `free` is the end of its latest collective, `busy` while
+        # one is in flight, `ready` the issued ones queued behind it.
+        self.free = 0.0
+        self.busy = False
+        self.ready: list[Collective] = []
+        self.usage = usage  # the links a collective on the group crosses (`Cluster.collective_usage`)
 
     def __repr__(self) -> str:
         return f"Group({list(self.ranks)})"
@@ -65,8 +78,9 @@ def get_group(engine: Engine, ranks: Any) -> Group:
                 raise TensorError(f"group {list(ranks)}: rank {r!r} is not in 0..{engine.world_size - 1}")
         if not key:
             raise TensorError("a group needs at least one rank")
-        group = engine.groups[key] = Group(key, engine.cluster.ring_link(key),
-                                           engine.cluster.topology(key))
+        cluster = engine.cluster
+        group = engine.groups[key] = Group(key, cluster.ring_link(key), cluster.topology(key),
+                                           cluster.collective_usage(key))
     return group
 
 
@@ -113,18 +127,13 @@ class Work:
         elif isinstance(result, _Pending):  # a received tensor materializes on the receiver now
             result = self.result = result.materialize(state)
         self.input = None
-        outstanding = state.outstanding
-        if outstanding and outstanding[0] is self:  # works are mostly awaited in the order issued
-            del outstanding[0]
-        elif self in outstanding:
-            outstanding.remove(self)
         return result
 
     def describe(self) -> str:
         if self.op in COLLECTIVES:
             coll: Collective = self.peer
             missing = [r for r, w in zip(coll.group.ranks, coll.works) if w is None]
-            why = f"ranks {missing} have not issued it" if missing else "earlier ops on a member's stream"
+            why = f"ranks {missing} have not issued it" if missing else "earlier ops on the group's stream"
             return f"{self.op} #{coll.seq} on group {list(coll.group.ranks)} ({self.detail}): {why}"
         src, dst = self.peer
         if self.op == "send":
@@ -193,17 +202,19 @@ def clone(t: Tensor, rank: int, buffer: AllocLog | Tensor, nbytes: int = 0, **ch
 class Collective:
     """The k-th collective on a group, filled in as members issue it."""
 
-    __slots__ = ("group", "seq", "op", "works", "issued", "op_id", "first", "at_head")
+    __slots__ = ("group", "seq", "op", "works", "issued", "first", "results", "nbytes", "label", "duration")
 
-    def __init__(self, group: Group, seq: int, op: str, op_id: int):
+    def __init__(self, group: Group, seq: int, op: str):
         self.group = group
         self.seq = seq
         self.op = op
         self.works: list[Work | None] = [None] * group.size
         self.issued = 0
-        self.op_id = op_id
         self.first: Work | None = None  # the first member's work, to check the others against
-        self.at_head = 0  # members whose collective stream has this op next
+        self.results: list[Any] = []  # once every member issued it: each member's result, bytes, label,
+        self.nbytes = 0  # and its time with the links to itself
+        self.label = ""
+        self.duration = 0.0
 
     def __str__(self) -> str:
         """Names a complete collective in error messages (formatting the group costs O(members): only
@@ -220,7 +231,7 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     group.next_seq[pos] = seq + 1
     coll = group.pending.get(seq)
     if coll is None:
-        coll = group.pending[seq] = Collective(group, seq, op, engine.new_op_id())
+        coll = group.pending[seq] = Collective(group, seq, op)
     else:
         _check_match(coll, op, tensor, rank)
     work = Work(engine, rank, op, state.clock, tensor, coll)
@@ -232,13 +243,8 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     coll.issued += 1
     if coll.first is None:
         coll.first = work
-    state.outstanding.append(work)
-    queue = state.queue
-    queue.append(coll)
-    if len(queue) == 1:
-        coll.at_head += 1
-        if coll.at_head == group.size:
-            _resolve_ready(engine, coll)
+    if coll.issued == group.size:
+        _resolve_ready(engine, coll)
     return work
 
 
@@ -290,51 +296,81 @@ def _check_match(coll: Collective, op: str, t: Tensor, rank: int) -> None:
 
 
 def _resolve_ready(engine: Engine, coll: Collective) -> None:
-    """Resolve `coll`, which heads every member's stream, then every op that this brings to the head
-    of all its members' streams. Each member's move to the head is counted once, so the cost per
-    member op stays constant whatever the group size."""
-    ready = [coll]
-    ranks = engine.ranks
-    while ready:
-        c = ready.pop()
-        states = [ranks[r] for r in c.group.ranks]
-        _resolve(engine, c, states)
-        for s in states:
-            queue = s.queue
-            del queue[0]
-            if queue:
-                head = queue[0]
-                head.at_head += 1
-                if head.at_head == head.group.size:
-                    ready.append(head)
-
-
-def _resolve(engine: Engine, coll: Collective, states: list[RankState]) -> None:
+    """Every member has issued `coll`: check and combine the inputs, price it, and start it on the
+    group's stream, or queue it behind the collective in flight there. (Its predecessor on the group is
+    issued already: the member whose issue completes `coll` issued the predecessor before.)"""
     group = coll.group
     works: list[Work] = coll.works  # type: ignore[assignment]
-    start = max(max(w.issue for w in works), max(s.comm_free for s in states))
     first = works[0].input
-    results, nbytes, label = _combine(engine, coll, [w.input for w in works])
+    coll.results, coll.nbytes, coll.label = _combine(engine, coll, [w.input for w in works])
     # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h.
-    key = (coll.op, nbytes, first.__class__ is Activation or first.__class__ is ActivationGrad)
+    key = (coll.op, coll.nbytes, first.__class__ is Activation or first.__class__ is ActivationGrad)
     duration = group.costs.get(key)
     if duration is None:
-        duration = group.costs[key] = costs.collective_time(coll.op, nbytes, group.topology) * (2 if key[2] else 1)
-    end = start + duration
+        duration = group.costs[key] = costs.collective_time(coll.op, coll.nbytes, group.topology) * \
+            (2 if key[2] else 1)
+    coll.duration = duration
     del group.pending[coll.seq]
+    if group.busy:
+        group.ready.append(coll)
+    else:
+        _start(engine, coll)
+
+
+def _start(engine: Engine, coll: Collective) -> None:
+    """The group's stream takes `coll`: it starts once the last member issued it and the stream is free."""
+    group = coll.group
+    group.busy = True
+    start = max(max(w.issue for w in coll.works), group.free)  # type: ignore[union-attr]
+    engine.schedule(Transfer(start, coll.duration, group.usage, _finish, coll, (0, group.ranks, coll.seq)))
+
+
+def _finish(engine: Engine, transfer: Transfer) -> None:
+    """`coll` ended (its end is final): each member's Work completes, its event is logged, its waiting rank
+    wakes; the stream releases the buffers and takes the next collective queued on the group."""
+    coll: Collective = transfer.owner
+    group, start, end = coll.group, transfer.start, transfer.end
+    works: list[Work] = coll.works  # type: ignore[assignment]
+    first = works[0].input
     peers = group.ranks
     events = engine.events
-    op, layer, op_id = coll.op, first.layer, coll.op_id
-    for work, state, result in zip(works, states, results):
-        state.comm_free = end
+    ranks = engine.ranks
+    op, layer, op_id, nbytes, label = coll.op, first.layer, engine.new_op_id(), coll.nbytes, coll.label
+    group.free = end
+    group.busy = False
+    for work, result in zip(works, coll.results):
+        state = ranks[work.rank]
+        if end > state.comm_end:
+            state.comm_end = end
         work.end = end
         work.result = result
-        events.append((state.rank, op, "collective", start, end, layer, result.samples, nbytes, 0.0, peers, op_id,
+        events.append((work.rank, op, "collective", start, end, layer, result.samples, nbytes, 0.0, peers, op_id,
                        label))
         if work.future is not None:  # its rank waits on it
             engine.wake(work)
     events.maybe_pack()
-    coll.works, coll.first = [], None  # resolved: no Work <-> Collective cycle may outlive the step
+    # resolved: no Work <-> Collective cycle may outlive the step
+    coll.works, coll.first, coll.results = [], None, []
+    release(engine, works, end)
+    if group.ready:
+        _start(engine, group.ready.pop(0))
+
+
+def release(engine: Engine, works: list[Work], end: float) -> None:
+    """A stream lets go of an op's buffers when the op ends: the engine's references to each Work go at
+    `end` (or at its rank's clock, if that is later), so a Work its strategy dropped frees its tensors
+    then, and a send, which needs its tensor no more, frees it even while its Work is held."""
+    ranks = engine.ranks
+    while works:
+        work = works.pop()
+        state = ranks[work.rank]
+        clock = state.clock
+        if end > clock:  # every rank is blocked or done here, and wakes at or after `end`
+            state.clock = end
+        if work.op == "send":
+            work.input = None
+        del work
+        state.clock = clock
 
 
 def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[list[Any], int, str]:

@@ -270,6 +270,18 @@ def p2p_time(nbytes: float, link: Link) -> float:
     return link.latency + nbytes / link.achieved_bandwidth
 
 
+def shared_speed(links: list[tuple[int, int]]) -> float:
+    """Share of its own full speed a transfer gets from links it shares: for each link (capacity, load)
+    in units (a port, a NIC), concurrent transfers split the capacity in proportion to the units they
+    want, so one that wants u of a link loaded with L > capacity c moves at c / L of its speed alone; a
+    transfer moves at the share of its most loaded link (a flow-level model: Velho et al. 2013)."""
+    speed = 1.0
+    for capacity, load in links:
+        if load > capacity and capacity / load < speed:
+            speed = capacity / load
+    return speed
+
+
 # ---- collectives over groups that span nodes: flat ring or hierarchical, whichever is faster -------
 
 @dataclass(frozen=True, slots=True)
@@ -279,9 +291,10 @@ class Topology:
     `ring` is the slowest hop of a flat ring over the ranks in order; `intra` the slowest intra-node
     link among the nodes spanned (None when no node holds two members); `inter` the slowest NIC
     (None within one node); `per_node` the members on each node when every node holds the same
-    number, else 0 (then only the flat ring applies); `nics` the members on the least populated
-    node spanned: NCCL runs one ring channel per NIC, so a ring's node-crossing hop can use that
-    many NICs side by side (tuning.cc: bus bandwidth = channels x per-channel bandwidth).
+    number, else 0 (then only the flat ring applies); `nics` the NICs the least provided node spanned
+    drives: its members when each GPU has its own NIC, at most the node's NICs when they belong to the
+    node. NCCL runs one ring channel per NIC, so a ring's node-crossing hop can use that many NICs
+    side by side (tuning.cc: bus bandwidth = channels x per-channel bandwidth).
     """
 
     size: int
@@ -332,9 +345,11 @@ def hierarchical_time(op: str, nbytes: float, topo: Topology) -> float | None:
     if g <= 1 or n <= 1 or topo.intra is None or topo.inter is None:
         return None
     intra = reduce_scatter_time(nbytes, g, topo.intra)
+    # the g inter-node collectives share the node's NICs when it has fewer than g (node NICs)
+    shared = g / topo.nics if topo.nics < g else 1.0
     if op == "all_reduce":
-        return 2 * intra + all_reduce_time(nbytes / g, n, topo.inter)
-    return intra + all_gather_time(nbytes / g, n, topo.inter)
+        return 2 * intra + shared * all_reduce_time(nbytes / g, n, topo.inter)
+    return intra + shared * all_gather_time(nbytes / g, n, topo.inter)
 
 
 def collective_algorithm(op: str, nbytes: float, topo: Topology) -> tuple[str, float]:

@@ -1,10 +1,15 @@
-"""Virtual clocks, rank coroutines, blocking on Work handles, deadlock detection and the event log.
+"""Virtual clocks, rank coroutines, blocking on Work handles, quiescence, deadlock detection and the
+event log.
 
 Time is virtual: a rank's `clock` (its compute stream) only moves by the cost of what it does or by
-waiting for a `Work`. Nothing sleeps and nothing polls. Each blocking wait checks at once whether every
-unfinished rank is now blocked; if so no one can ever wake them, and a `DeadlockError` lists each
-blocked rank and the op it waits on. Results never depend on the order asyncio runs ranks in, because
-every time is computed from issue times and completion times, which are fixed by program order.
+waiting for a `Work`. Nothing sleeps and nothing polls. Transfers (collectives, messages) share links,
+so a transfer's end depends on the transfers that overlap it, some of which ranks may not have issued
+yet; an end is therefore final only at *quiescence*, when every unfinished rank is blocked: then the
+transfer scheduler (`transfers.py`) runs the links up to the earliest end, the transfers that end then
+complete (events, wake-ups, buffers their streams release), and the ranks they wake run on from there.
+Quiescence with nothing in flight is a deadlock: a `DeadlockError` lists each blocked rank and the op
+it waits on. Results never depend on the order asyncio runs ranks in: between two quiescences every
+rank runs to its next wait whatever the order, and ends are decided in virtual-time order.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from .errors import DeadlockError, SimulationError, StrategyError
 from .eventlog import EventLog
 from .hardware import Cluster
 from .memory import MemoryTracker
+from .transfers import Scheduler, Transfer
 from .workload import Workload
 
 
@@ -29,9 +35,9 @@ class FinalClock(NamedTuple):
 
 
 class RankState:
-    """Per-rank simulator state: clocks, the collective stream's queue, memory, outstanding works."""
+    """Per-rank simulator state: clocks, memory, the works it waits on."""
 
-    __slots__ = ("rank", "device", "clock", "comm_free", "p2p_end", "queue", "memory", "outstanding", "waiting",
+    __slots__ = ("rank", "device", "clock", "comm_end", "p2p_end", "memory", "waiting",
                  "finished", "flops", "final_weights", "handed", "updated", "forwarded", "node")
 
     def __init__(self, rank: int, cluster: Cluster, num_layers: int, enforce_memory: bool):
@@ -39,15 +45,9 @@ class RankState:
         self.device = cluster.device_of(rank)
         self.node = cluster.node_of(rank)
         self.clock = 0.0  # compute stream
-        self.comm_free = 0.0  # when the collective stream is next free
+        self.comm_end = 0.0  # the latest end of a collective (awaited or not); each group has its stream
         self.p2p_end = 0.0  # the latest end of a send or recv (awaited or not)
-        # issued, unresolved collectives in issue order (one NCCL stream); a list, as it is short and
-        # an empty deque costs 600 bytes a rank
-        self.queue: list = []
         self.memory = MemoryTracker(rank, self.device.name, self.device.memory_bytes, self, enforce_memory)
-        # Works not yet awaited, in issue order: their stream keeps their buffers (a list costs a fifth
-        # of a dict's bytes per entry, and most works are awaited from its front)
-        self.outstanding: list[Any] = []
         self.waiting: list[Any] = []  # works this rank is blocked on
         self.finished = False
         self.flops = 0.0  # executed, including recompute (HFU)
@@ -80,6 +80,7 @@ class Engine:
         self.shard_bytes: dict[tuple[int, int], tuple[int, int]] = {}  # (layer, parts) -> (weight, optimizer)
         self.full_batch = (1 << global_batch_size) - 1  # the samples mask of a whole step's gradient
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.transfers = Scheduler(cluster.link_capacities())
 
     # ---- blocking and waking ------------------------------------------------------------------
 
@@ -92,8 +93,34 @@ class Engine:
         state.waiting.append(work)
         self.events.maybe_pack()
         if self.blocked + self.finished == self.world_size:
-            raise DeadlockError(self.describe_deadlock())
+            self.advance()
         return future
+
+    def advance(self) -> None:
+        """Quiescence: complete the earliest transfers until one wakes a rank; none left is a deadlock."""
+        while self.blocked + self.finished == self.world_size:
+            done = self.transfers.next_completions()
+            if not done:
+                raise DeadlockError(self.describe_deadlock())
+            self.complete(done)
+
+    def complete(self, done: list[Transfer]) -> None:
+        """Finish transfers that end at one instant, in an order fixed by what they are (op ids follow it)."""
+        if len(done) > 1:
+            done.sort(key=_transfer_key)
+        for transfer in done:
+            transfer.finish(self, transfer)
+
+    def schedule(self, transfer: Transfer) -> None:
+        self.transfers.add(transfer)
+
+    def drain(self) -> None:
+        """After the last rank returned: run the transfers still in flight to their ends."""
+        while True:
+            done = self.transfers.next_completions()
+            if not done:
+                return
+            self.complete(done)
 
     def wake(self, work: Any) -> None:
         """`work` just resolved: its waiting rank (if any) can run again."""
@@ -112,7 +139,11 @@ class Engine:
         state.finished = True
         self.finished += 1
         if self.blocked and self.blocked + self.finished == self.world_size:
-            error = DeadlockError(self.describe_deadlock())
+            try:
+                self.advance()
+                return
+            except DeadlockError as raised:
+                error = raised
             for other in self.ranks:
                 for work in other.waiting:
                     if not work.future.done():
@@ -149,6 +180,8 @@ class Engine:
         tasks = [asyncio.ensure_future(self._run_rank(make_coroutine, rank)) for rank in order]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            if self.first_error is None:
+                self.drain()
         finally:
             for task in tasks:
                 if not task.done():
@@ -178,6 +211,10 @@ class Engine:
     def _fail(self, error: BaseException) -> None:
         if self.first_error is None:
             self.first_error = error
+
+
+def _transfer_key(transfer: Transfer) -> tuple:
+    return transfer.key
 
 
 def user_frame(error: BaseException) -> str:

@@ -4,7 +4,9 @@ Ranks are laid out node by node: a `2x8xA100-80GB+1x4xT4` cluster has ranks 0-7 
 node 1 and 16-19 on the T4 node. Three ways to describe one:
 
 * a spec string: `NODESxGPUSxDEVICE` terms joined by `+`, each optionally followed by
-  `:inter=GBps`, `:intra=GBps` (per-GPU bandwidth each way, decimal GB/s), e.g. `2x8xA100-80GB:inter=50`;
+  `:inter=GBps`, `:intra=GBps` (per-GPU bandwidth each way, decimal GB/s), e.g. `2x8xA100-80GB:inter=50`,
+  or `:nics=COUNTxGBps` for NICs that belong to the node and are shared by its GPUs (many cloud
+  instances: AWS p3.8xlarge has one 10 Gb/s NIC for four V100s, `4xV100-16GB:nics=1x1.25`);
   `8xA100-80GB` is one node of eight, a bare `T4` one GPU;
 * a TOML file (see `Cluster.from_toml`);
 * other `scheme:argument` specs registered in `SPEC_SCHEMES` (e.g. Metis cluster files).
@@ -25,16 +27,25 @@ from .specs import load_spec, read_toml
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A host with `gpus` devices of one type, an intra-node link and a per-GPU network link."""
+    """A host with `gpus` devices of one type, an intra-node link and its network links: a NIC per GPU
+    (`nics` = 0, `inter_link` is each GPU's), or `nics` NICs that belong to the node and are shared by
+    its GPUs (`inter_link` is one NIC's)."""
 
     device: Device
     gpus: int
     intra_link: Link
     inter_link: Link
+    nics: int = 0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.gpus, int) and self.gpus >= 1):
             raise SpecError(f"node of {self.device.name}: gpus must be a whole number >= 1, got {self.gpus!r}")
+        if isinstance(self.nics, bool) or not (isinstance(self.nics, int) and self.nics >= 0):
+            raise SpecError(f"node of {self.device.name}: nics must be a whole number >= 0, got {self.nics!r}")
+
+    def nics_for(self, members: int) -> int:
+        """NICs that `members` of this node's GPUs drive side by side (NCCL runs a ring channel per NIC)."""
+        return members if not self.nics else min(members, self.nics)
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class Cluster:
     nodes: tuple[Node, ...]
     name: str = ""
     _rank_node: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _node_start: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -51,6 +63,10 @@ class Cluster:
         object.__setattr__(self, "nodes", tuple(self.nodes))
         rank_node = tuple(i for i, node in enumerate(self.nodes) for _ in range(node.gpus))
         object.__setattr__(self, "_rank_node", rank_node)
+        starts = [0]
+        for node in self.nodes:
+            starts.append(starts[-1] + node.gpus)
+        object.__setattr__(self, "_node_start", tuple(starts))
         if not self.name:
             object.__setattr__(self, "name", _describe(self.nodes))
 
@@ -65,8 +81,52 @@ class Cluster:
         return self.nodes[self._rank_node[rank]].device
 
     def ranks_of_node(self, node: int) -> range:
-        start = sum(n.gpus for n in self.nodes[:node])
-        return range(start, start + self.nodes[node].gpus)
+        return range(self._node_start[node], self._node_start[node + 1])
+
+    # ---- the links transfers share (see `transfers.py`) ------------------------------------------
+    # Link ids: each GPU's NVLink/PCIe port out and in, its own NIC out and in (4 per rank), then each
+    # node's shared NICs out and in. A port or a GPU's NIC carries one unit, a node's NICs `nics` units.
+
+    def link_capacities(self) -> list[int]:
+        """Units each link carries at full speed, by link id."""
+        per_rank = [1] * (4 * self.world_size)
+        return per_rank + [max(node.nics, 1) for node in self.nodes for _ in range(2)]
+
+    def _nic_links(self, rank: int) -> tuple[int, int]:
+        """(out, in) ids of the NIC `rank` sends and receives through."""
+        node = self._rank_node[rank]
+        if self.nodes[node].nics:
+            base = 4 * self.world_size + 2 * node
+            return base, base + 1
+        return 4 * rank + 2, 4 * rank + 3
+
+    def p2p_usage(self, src: int, dst: int) -> tuple[tuple[int, int], ...]:
+        """(link id, units) a message from `src` to `dst` uses: the sender's port or NIC out and the
+        receiver's in (links are full duplex)."""
+        if self._rank_node[src] == self._rank_node[dst]:
+            return ((4 * src, 1), (4 * dst + 1, 1))
+        return ((self._nic_links(src)[0], 1), (self._nic_links(dst)[1], 1))
+
+    def collective_usage(self, ranks: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """(link id, units) a collective over `ranks` uses each way: within a node every member's port;
+        across nodes the NICs (a GPU's own, or as many of its node's as the members drive), which are
+        its bottleneck (the intra-node phases are not counted against the ports)."""
+        if len(ranks) <= 1:
+            return ()
+        nodes = [self._rank_node[r] for r in ranks]
+        if len(set(nodes)) == 1:
+            return tuple((4 * r + d, 1) for r in ranks for d in (0, 1))
+        usage: dict[int, int] = {}
+        counts: dict[int, int] = {}
+        for r, n in zip(ranks, nodes):
+            if self.nodes[n].nics:
+                counts[n] = counts.get(n, 0) + 1
+            else:
+                usage[4 * r + 2] = usage[4 * r + 3] = 1
+        for n, members in counts.items():
+            base = 4 * self.world_size + 2 * n
+            usage[base] = usage[base + 1] = self.nodes[n].nics_for(members)
+        return tuple(usage.items())
 
     def p2p_link(self, src: int, dst: int) -> Link:
         """The link a point-to-point transfer crosses: NVLink/PCIe inside a node, else the slower NIC."""
@@ -95,8 +155,9 @@ class Cluster:
         per_node = next(iter(counts.values())) if len(set(counts.values())) == 1 else 0
         shared = [self.nodes[n].intra_link for n, c in counts.items() if c > 1]
         inter = _bottleneck(tuple(self.nodes[n].inter_link for n in counts)) if len(counts) > 1 else None
+        nics = min(self.nodes[n].nics_for(c) for n, c in counts.items())
         return Topology(len(nodes), len(counts), per_node, self.ring_link(ranks),
-                        _bottleneck(tuple(shared)) if shared else None, inter, min(counts.values()))
+                        _bottleneck(tuple(shared)) if shared else None, inter, nics)
 
     def __str__(self) -> str:
         return self.name
@@ -132,6 +193,9 @@ class Cluster:
             gpus = 8
             inter_bandwidth_GBps = 25    # optional overrides, also intra_bandwidth_GBps,
                                          # intra_latency_us, inter_latency_us
+            # or NICs that belong to the node, shared by its GPUs (instead of one per GPU):
+            # nics = 1
+            # nic_bandwidth_GBps = 1.25  # each NIC's, each way (10 Gb/s)
         """
         return cls.from_dict(read_toml(path, "cluster"), source=str(path))
 
@@ -149,7 +213,7 @@ class Cluster:
             where = f"{source}: nodes[{i}]"
             entry = _table(entry, where)
             unknown = set(entry) - {"device", "count", "gpus", "intra_bandwidth_GBps", "inter_bandwidth_GBps",
-                                    "intra_latency_us", "inter_latency_us"}
+                                    "intra_latency_us", "inter_latency_us", "nics", "nic_bandwidth_GBps"}
             if unknown:
                 raise SpecError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
             if "device" not in entry or not isinstance(entry["device"], str):
@@ -161,6 +225,30 @@ class Cluster:
             node = _with_links(node, entry, where)
             nodes.extend([node] * count)
         return cls(tuple(nodes), name=str(data.get("name", "")))
+
+    def to_toml(self) -> str:
+        """The cluster as a file `from_toml` reads back to an equal cluster (catalog devices only)."""
+        lines = [f"name = {self.name!r}".replace("'", '"')]
+        i = 0
+        while i < len(self.nodes):
+            node, j = self.nodes[i], i
+            while j < len(self.nodes) and self.nodes[j] == node:
+                j += 1
+            device = get_device(node.device.name)
+            if device != node.device:
+                raise SpecError(f"cluster {self.name}: to_toml writes catalog devices only, not {node.device.name}")
+            lines += ["", "[[nodes]]", f'device = "{device.name}"', f"count = {j - i}", f"gpus = {node.gpus}"]
+            links = (("intra", node.intra_link, device.intra_link), ("inter", node.inter_link, device.inter_link))
+            for key, link, default in links:
+                if link.latency != default.latency:
+                    lines.append(f"{key}_latency_us = {link.latency * 1e6!r}")
+                if link.bandwidth != default.bandwidth:
+                    name = "nic" if key == "inter" and node.nics else key
+                    lines.append(f"{name}_bandwidth_GBps = {link.bandwidth / GB!r}")
+            if node.nics:
+                lines.append(f"nics = {node.nics}")
+            i = j
+        return "\n".join(lines) + "\n"
 
     @classmethod
     def load(cls, cluster: Cluster | str | Path) -> Cluster:
@@ -191,9 +279,18 @@ def _parse_term(term: str, spec: str) -> list[Node]:
     for opt in options:
         key, sep, value = opt.partition("=")
         key = key.strip()
-        if not sep or key not in ("inter", "intra"):
-            raise SpecError(f"cluster spec {spec!r}: option {opt!r}; expected inter=GBps or intra=GBps")
-        values[f"{key}_bandwidth_GBps"] = _number(value, f"cluster spec {spec!r}: {key}")
+        if not sep or key not in ("inter", "intra", "nics"):
+            raise SpecError(f"cluster spec {spec!r}: option {opt!r}; expected inter=GBps, intra=GBps or "
+                            f"nics=COUNTxGBps")
+        if key == "nics":
+            count, x, bandwidth = value.strip().partition("x")
+            if not x or not count.strip().isdigit():
+                raise SpecError(f"cluster spec {spec!r}: option {opt!r}; expected nics=COUNTxGBps, e.g. nics=1x1.25 "
+                                f"for one 10 Gb/s NIC per node")
+            values["nics"] = int(count)
+            values["nic_bandwidth_GBps"] = _number(bandwidth, f"cluster spec {spec!r}: nics")
+        else:
+            values[f"{key}_bandwidth_GBps"] = _number(value, f"cluster spec {spec!r}: {key}")
     node = _with_links(Node(device, gpus, device.intra_link, device.inter_link), values, f"cluster spec {spec!r}")
     return [node] * n_nodes
 
@@ -209,7 +306,15 @@ def _with_links(node: Node, entry: dict, where: str) -> Node:
         intra = replace(intra, latency=_non_negative(entry["intra_latency_us"], f"{where}.intra_latency_us") * 1e-6)
     if "inter_latency_us" in entry:
         inter = replace(inter, latency=_non_negative(entry["inter_latency_us"], f"{where}.inter_latency_us") * 1e-6)
-    return replace(node, intra_link=intra, inter_link=inter)
+    nics = node.nics
+    if "nics" in entry or "nic_bandwidth_GBps" in entry:
+        if "nics" not in entry or "inter_bandwidth_GBps" in entry:
+            raise SpecError(f"{where}: node NICs need nics and nic_bandwidth_GBps (and no inter_bandwidth_GBps, "
+                            f"which is a per-GPU NIC)")
+        nics = _positive_int(entry["nics"], f"{where}.nics")
+        if "nic_bandwidth_GBps" in entry:
+            inter = replace(inter, bandwidth=_positive(entry["nic_bandwidth_GBps"], f"{where}.nic_bandwidth_GBps") * GB)
+    return replace(node, intra_link=intra, inter_link=inter, nics=nics)
 
 
 def _custom_device(name: str, spec: dict, where: str) -> Device:

@@ -1,7 +1,8 @@
 """Point-to-point messages: `send`/`recv` match in order per (src, dst) pair on their own channel (PyTorch
-gives every peer pair its own NCCL communicator), so they neither wait for nor delay collectives: both
-ends complete at max(issue times, channel free) + link cost. A received tensor is allocated when the
-receiver awaits it (see `comm._Pending`).
+gives every peer pair its own NCCL communicator), so they never queue behind collectives: a matched
+pair starts at max(issue times, channel free) and takes the link cost, stretched while other transfers
+share its links (`transfers.py`); both ends complete then. A received tensor is allocated when the
+receiver awaits it (see `comm._Pending`); the sender's stream lets go of the sent tensor at the end.
 """
 
 from __future__ import annotations
@@ -10,30 +11,37 @@ from collections import deque
 from typing import Any
 
 from . import costs
-from .comm import Work, _Pending
+from .comm import Work, _Pending, release
 from .engine import Engine, RankState
 from .errors import TensorError
 from .hardware import Link
 from .tensors import Tensor
+from .transfers import Transfer
 
 
 class Channel:
     """Messages from one rank to another, matched in order."""
 
-    __slots__ = ("src", "dst", "peers", "sends", "recvs", "free", "link")
+    __slots__ = ("src", "dst", "peers", "sends", "recvs", "free", "link", "usage", "busy", "ready", "started")
 
-    def __init__(self, src: int, dst: int, link: Link):
+    def __init__(self, src: int, dst: int, link: Link, usage: tuple[tuple[int, int], ...] = ()):
         self.src, self.dst, self.link = src, dst, link
         self.peers = (src, dst)  # one tuple for every event of the channel: the event log keeps it once
         self.sends: deque[Work] = deque()
         self.recvs: deque[Work] = deque()
-        self.free = 0.0
+        self.free = 0.0  # the end of the channel's latest message
+        self.busy = False  # a message is in flight; matched ones queue in `ready`
+        self.ready: deque[tuple[Work, Work]] = deque()
+        self.usage = usage  # the links a message crosses (`Cluster.p2p_usage`)
+        self.started = 0  # messages started so far
 
 
 def _channel(engine: Engine, src: int, dst: int) -> Channel:
     channel = engine.channels.get((src, dst))
     if channel is None:
-        channel = engine.channels[(src, dst)] = Channel(src, dst, engine.cluster.p2p_link(src, dst))
+        cluster = engine.cluster
+        channel = engine.channels[(src, dst)] = Channel(src, dst, cluster.p2p_link(src, dst),
+                                                        cluster.p2p_usage(src, dst))
     return channel
 
 
@@ -65,7 +73,6 @@ def _post(engine: Engine, state: RankState, work: Work) -> Work:
     src, dst = work.peer
     channel = _channel(engine, src, dst)
     (channel.sends if work.op == "send" else channel.recvs).append(work)
-    state.outstanding.append(work)
     _match(engine, channel)
     return work
 
@@ -73,19 +80,43 @@ def _post(engine: Engine, state: RankState, work: Work) -> Work:
 def _match(engine: Engine, channel: Channel) -> None:
     while channel.sends and channel.recvs:
         send, recv = channel.sends.popleft(), channel.recvs.popleft()
-        tensor: Tensor = send.input  # type: ignore[assignment]
-        start = max(send.issue, recv.issue, channel.free)
-        end = start + costs.p2p_time(tensor.nbytes, channel.link)
-        channel.free = end
-        send.end = recv.end = end
-        recv.result = _Pending(tensor)
-        send.result = None
-        op_id = engine.new_op_id()
-        for work in (send, recv):
-            state = engine.ranks[work.rank]
-            if end > state.p2p_end:
-                state.p2p_end = end
-            engine.events.append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples,
-                                  tensor.nbytes, 0.0, channel.peers, op_id, tensor.kind))
-        engine.wake(send)
-        engine.wake(recv)
+        recv.result = _Pending(send.input)  # type: ignore[arg-type]
+        if channel.busy:
+            channel.ready.append((send, recv))
+        else:
+            _start(engine, channel, send, recv)
+
+
+def _start(engine: Engine, channel: Channel, send: Work, recv: Work) -> None:
+    channel.busy = True
+    channel.started += 1
+    start = max(send.issue, recv.issue, channel.free)
+    duration = costs.p2p_time(send.input.nbytes, channel.link)  # type: ignore[union-attr]
+    engine.schedule(Transfer(start, duration, channel.usage, _finish, (channel, send, recv),
+                             (1, channel.peers, channel.started)))
+
+
+def _finish(engine: Engine, transfer: Transfer) -> None:
+    """The message arrived (its end is final): both Works complete, both ranks log it and wake; the
+    sender's stream lets go of the tensor; the channel takes its next matched message."""
+    channel, send, recv = transfer.owner
+    transfer.owner = None
+    start, end = transfer.start, transfer.end
+    tensor: Tensor = send.input  # type: ignore[assignment]
+    channel.free = end
+    channel.busy = False
+    send.end = recv.end = end
+    send.result = None
+    op_id = engine.new_op_id()
+    for work in (send, recv):
+        state = engine.ranks[work.rank]
+        if end > state.p2p_end:
+            state.p2p_end = end
+        engine.events.append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples,
+                              tensor.nbytes, 0.0, channel.peers, op_id, tensor.kind))
+    del tensor
+    engine.wake(send)
+    engine.wake(recv)
+    release(engine, [send, recv], end)
+    if channel.ready:
+        _start(engine, channel, *channel.ready.popleft())

@@ -84,8 +84,6 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> 
     if leftovers:
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
                             + "\n  ".join(leftovers))
-    for state in engine.ranks:  # un-awaited works release their buffers when the rank's stream drains
-        state.outstanding.clear()
     logs = [s.memory.detach_log() for s in engine.ranks]  # the step's books: later frees are not in them
     finals = _take_final_weights(engine)
     problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
@@ -110,7 +108,7 @@ def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: 
                   logs: list[RankLog]) -> Result:
     # a rank's step ends with its last op, awaited or not: compute, collective or point-to-point
     engine.events.pack()
-    rank_times = [max(s.clock, s.comm_free, s.p2p_end) for s in engine.ranks]
+    rank_times = [max(s.clock, s.comm_end, s.p2p_end) for s in engine.ranks]
     workload = engine.workload
     return Result(
         cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,

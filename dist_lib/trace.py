@@ -2,8 +2,9 @@
 
 Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU (complete
 events `ph: X` with `ts`/`dur` in microseconds, metadata `ph: M`, counters `ph: C`, flows `ph: s`/`f`).
-Events on one thread must nest, so each rank (process) has a compute thread, a collective thread and
-one thread per point-to-point peer and direction.
+Events on one thread must nest, so each rank (process) has a compute thread, one thread per
+communicator (group) it runs collectives on, as each process group has its own NCCL stream, and one
+thread per point-to-point peer and direction.
 """
 
 from __future__ import annotations
@@ -18,18 +19,28 @@ from .tensors import describe_mask
 if TYPE_CHECKING:
     from .result import Result
 
-COMPUTE_TID, COLLECTIVE_TID = 0, 1
-SEND_TID_BASE, RECV_TID_BASE = 10_000, 20_000
+COMPUTE_TID = 0
+GROUP_TID_BASE = 1  # + the group's number among the step's groups, in sorted order of their ranks
+SEND_TID_BASE, RECV_TID_BASE = 1 << 24, 2 << 24
 
 
-def _tid(event: tuple) -> int:
+def _tid(event: tuple, groups: dict[tuple, int]) -> int:
     op, stream = event[1], event[2]
     if stream == "compute":
         return COMPUTE_TID
     if stream == "collective":
-        return COLLECTIVE_TID
+        return GROUP_TID_BASE + groups[event[9]]
     src, dst = event[9]
     return SEND_TID_BASE + dst if op == "send" else RECV_TID_BASE + src
+
+
+def group_label(ranks: tuple[int, ...]) -> str:
+    """'group 0-7', 'group 0,8,16,24', or 'group 0,8,16,...,8184 (1024 ranks)' for a long irregular one."""
+    if len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1:
+        return f"group {ranks[0]}-{ranks[-1]}"
+    if len(ranks) <= 8:
+        return "group " + ",".join(map(str, ranks))
+    return f"group {','.join(map(str, ranks[:3]))},...,{ranks[-1]} ({len(ranks)} ranks)"
 
 
 def chrome_trace(result: Result) -> dict[str, Any]:
@@ -42,9 +53,12 @@ def chrome_trace(result: Result) -> dict[str, Any]:
         out.append({"ph": "M", "pid": r, "tid": 0, "name": "process_name",
                     "args": {"name": f"rank {r} · {device.name} · node {cluster.node_of(r)}"}})
         out.append({"ph": "M", "pid": r, "tid": 0, "name": "process_sort_index", "args": {"sort_index": r}})
-    for e in result.raw_events:
+    events = result.raw_events
+    names = sorted({e[9] for e in events if e[2] == "collective"})
+    groups = {ranks: i for i, ranks in enumerate(names)}
+    for e in events:
         rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail = e
-        tid = _tid(e)
+        tid = _tid(e, groups)
         threads[rank].add(tid)
         args: dict[str, Any] = {"layer": layer, "samples": describe_mask(samples)}
         if nbytes:
@@ -68,8 +82,8 @@ def chrome_trace(result: Result) -> dict[str, Any]:
         for tid in tids:
             if tid == COMPUTE_TID:
                 name = "compute"
-            elif tid == COLLECTIVE_TID:
-                name = "collectives"
+            elif tid < SEND_TID_BASE:
+                name = group_label(names[tid - GROUP_TID_BASE])
             elif tid >= RECV_TID_BASE:
                 name = f"recv ← {tid - RECV_TID_BASE}"
             else:

@@ -19,6 +19,7 @@ those lists; `run_stage` carries them out:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -88,7 +89,9 @@ class _Stage:
         self.inputs: dict = {}  # (chunk, mb) -> each layer's input, in order
         self.loss_grads: dict = {}  # (chunk, mb) -> gradient of the loss (last virtual stage)
         self.deferred: dict = {}  # (chunk, mb) -> [(layer, input, output grad)] awaiting W
-        self.sends: list = []
+        # sends in flight, to await before the step ends (a send's stream lets go of its tensor when it
+        # completes, so a completed one is dropped from the front of the queue after each action)
+        self.sends: deque[Work] = deque()
         self.local: dict[str, list] = {"activation": [], "activation gradient": []}  # pp == 1 with chunks
         # forward options: the option is left out when off, so the plain call stays on the fast path
         self.modes = {"selective_recompute": plan.selective_recompute}
@@ -103,7 +106,9 @@ class _Stage:
                 self.weight_grads(action.chunk, action.mb)
             else:
                 await self.backward(action.chunk, action.mb, split=action.kind == "I")
-            self.sends = [w for w in self.sends if not (w.done and w.end <= self.model.time)]
+            sends = self.sends
+            while sends and sends[0].done:
+                sends.popleft()
         model = self.model
         if not self.plan.overlap_grad_reduce:  # after the flush, last layer first
             for layer in sorted(self.grads, reverse=True):

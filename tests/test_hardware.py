@@ -26,6 +26,29 @@ def test_short_forms_and_link_overrides():
     assert cluster.nodes[0].intra_link.bandwidth == 100 * GB
 
 
+def test_node_nics_are_shared_by_the_node_gpus_and_round_trip_through_toml(tmp_path):
+    # AWS p3.8xlarge: one 10 Gb/s (1.25 GB/s) NIC for four V100s; g4dn.12xlarge: 50 Gb/s for four T4s
+    cluster = Cluster.parse("2x4xV100-16GB:nics=1x1.25+1x4xT4:nics=1x6.25")
+    v100, t4 = cluster.nodes[0], cluster.nodes[2]
+    assert (v100.nics, v100.inter_link.bandwidth, t4.nics, t4.inter_link.bandwidth) == (1, 1.25 * GB, 1, 6.25 * GB)
+    # a ring over all 12 GPUs crosses nodes through one NIC per node, not four
+    assert cluster.topology(range(12)).nics == 1
+    assert Cluster.parse("2x4xV100-16GB").topology(range(8)).nics == 4
+    # both GPUs' messages leave node 0 through its one NIC (the same link id, one unit each)
+    assert cluster.p2p_usage(0, 4)[0] == cluster.p2p_usage(1, 5)[0]
+    path = tmp_path / "cloud.toml"
+    path.write_text(cluster.to_toml())
+    assert "nics = 1" in path.read_text() and "nic_bandwidth_GBps = 1.25" in path.read_text()
+    assert Cluster.from_toml(path) == cluster
+
+
+def test_node_nics_in_toml_need_a_count(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[[nodes]]\ndevice = "T4"\ngpus = 4\nnic_bandwidth_GBps = 6.25\n')
+    with pytest.raises(SpecError, match=r"bad.toml: nodes\[0\]: node NICs need nics"):
+        Cluster.from_toml(path)
+
+
 @pytest.mark.parametrize("spec, message", [
     ("", "expected terms"),
     ("2x8xB200", "unknown device 'B200'"),
@@ -34,6 +57,8 @@ def test_short_forms_and_link_overrides():
     ("2x8xA100-80GB:speed=3", "expected inter=GBps"),
     ("2x8xA100-80GB+", "expected terms"),
     ("2x8xA100-80GB:inter=-1", "positive"),
+    ("4xT4:nics=one", "expected nics=COUNTxGBps"),
+    ("4xT4:nics=0x6.25", "nics: must be a whole number >= 1"),
 ])
 def test_bad_specs_name_the_problem(spec, message):
     with pytest.raises(SpecError, match=message):

@@ -84,6 +84,90 @@ def test_collectives_on_one_rank_run_in_issue_order():
     assert second[0] == pytest.approx(first[1])  # ... so it starts when the first all-reduce ends
 
 
+def test_collectives_of_different_groups_overlap():
+    # 2 nodes of 2 on a 1 GB/s network: the data-parallel groups {0, 2} and {1, 3} cross it, the
+    # tensor-parallel-like groups {0, 1} and {2, 3} stay on NVLink. Each group is its own communicator
+    # with its own stream, so the in-node all-reduce of the second gradient does not queue behind the
+    # slow cross-node all-reduce of the first.
+    async def train(model):
+        slow = model.all_reduce(grad_of_sample(model, model.rank), group=[model.rank % 2, model.rank % 2 + 2])
+        node = model.rank - model.rank % 2
+        fast = model.all_reduce(grad_of_sample(model, model.rank + 4), group=[node, node + 1])
+        await fast
+        await slow
+
+    result = run(train, cluster="2x2xA100-80GB:inter=1", batch=8)
+    slow_ar = costs.all_reduce_time(TOY.layer_params(0) * 2, 2, replace(IB_HDR, bandwidth=1e9))
+    assert slow_ar > F + L + B  # the second gradient is ready while the first all-reduce runs
+    spans = {e.peers: (e.start, e.end) for e in result.events if e.op == "all_reduce"}
+    for group in ((0, 2), (1, 3)):
+        assert spans[group] == (pytest.approx(F + L + B), pytest.approx(F + L + B + slow_ar))
+    for group in ((0, 1), (2, 3)):  # starts when issued, inside the slow one's span
+        assert spans[group] == (pytest.approx(2 * (F + L + B)), pytest.approx(2 * (F + L + B) + AR))
+    assert result.time_s == pytest.approx(F + L + B + slow_ar)
+
+
+def test_a_completed_send_frees_its_tensor_even_while_its_work_is_held():
+    # rank 0 sends a one-sample activation at t=0 and keeps only the Work; rank 1 has its recv posted
+    # at t=0, so the message takes p2p = alpha + ACT/B on NVLink and the sender's stream lets go of the
+    # tensor at its end, while rank 0 waits for a reply
+    held = {}
+
+    async def train(model):
+        if model.rank == 0:
+            held["work"] = model.send(model.get_input_activation([0]), 1)
+            await model.recv(1)
+        else:
+            await model.recv(0)
+            busy(model, 1)
+            await model.send(model.get_input_activation([1]), 0)
+
+    result = run(train)
+    act = TOY.activation_bytes()
+    p2p = costs.p2p_time(act, NVLINK_3)
+    assert held["work"].done and held["work"].input is None
+    timeline = result.memory_timeline(0)
+    assert timeline[:2] == [(0.0, act), (pytest.approx(p2p), 0)]
+
+
+NIC = replace(IB_HDR, bandwidth=1.25e9)  # one 10 Gb/s NIC per node, each way
+SHARED_NIC = "2x2xA100-80GB:nics=1x1.25"
+
+
+def sends_across_nodes(delay_second: int | None):
+    """Ranks 0 and 1 (node 0) each send an activation to ranks 2 and 3 (node 1): both cross node 0's one
+    NIC out and node 1's one NIC in. Rank 1 sends after `delay_second` forwards, or not at all."""
+    async def train(model):
+        if model.rank == 0 or (model.rank == 1 and delay_second is not None):
+            if model.rank == 1:
+                busy(model, delay_second)
+            await model.send(model.get_input_activation([model.rank]), model.rank + 2)
+        elif model.rank >= 2 and (model.rank == 2 or delay_second is not None):
+            await model.recv(model.rank - 2)
+
+    result = run(train, cluster=SHARED_NIC)
+    return sorted((e.start, e.end) for e in result.events if e.op == "send")
+
+
+def test_one_transfer_through_a_node_nic_takes_the_single_time():
+    alone = costs.p2p_time(TOY.activation_bytes(), NIC)
+    assert sends_across_nodes(None) == [(0.0, pytest.approx(alone))]
+
+
+def test_two_concurrent_transfers_through_one_nic_each_take_twice_as_long():
+    alone = costs.p2p_time(TOY.activation_bytes(), NIC)
+    assert sends_across_nodes(0) == [(0.0, pytest.approx(2 * alone))] * 2
+
+
+def test_a_transfer_speeds_up_when_the_one_sharing_its_nic_ends():
+    # the first runs alone until the second starts at s, then both at half speed: the first has D - s
+    # left and ends at s + 2(D - s) = 2D - s; the second has done D - s by then and ends alone s later
+    d = costs.p2p_time(TOY.activation_bytes(), NIC)
+    s = F
+    assert s < d
+    assert sends_across_nodes(1) == [(0.0, pytest.approx(2 * d - s)), (pytest.approx(s), pytest.approx(2 * d))]
+
+
 def test_send_and_recv_rendezvous():
     async def train(model):
         if model.rank == 0:
@@ -171,6 +255,20 @@ def test_results_do_not_depend_on_start_order(seed):
     assert summary(shuffled) == summary(baseline)
     timelines = [shuffled.memory_timeline(r) == baseline.memory_timeline(r) for r in range(8)]
     assert all(timelines)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_shared_links_give_the_same_times_whatever_the_start_order(seed):
+    # a hybrid pipeline on nodes whose one NIC carries every stage's messages and gradient all-reduce
+    def summary(result):
+        return sorted(result.raw_events), result.memory_bytes, result.time_s
+
+    args = ("strategies/hybrid.py", "4x2xA100-80GB:nics=1x1.25", "toy:layers=8", 16)
+    options = dict(microbatch_size=2, tp=2, pp=2)
+    baseline = simulate(*args, **options)
+    shuffled = simulate(*args, **options, start_order_seed=seed)
+    assert summary(shuffled) == summary(baseline)
+    assert all(shuffled.memory_timeline(r) == baseline.memory_timeline(r) for r in range(8))
 
 
 def test_a_long_virtual_wait_sleeps_no_real_time(monkeypatch):

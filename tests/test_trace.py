@@ -49,6 +49,24 @@ def test_ddp_trace_separates_compute_and_collectives():
     assert len(collective) == 4 * 3 and all(e["tid"] == 1 and e["args"]["group"] == [0, 1, 2, 3] for e in collective)
 
 
+def test_each_communicator_is_a_thread_of_its_own():
+    # hybrid TP 2 x DP 2 on 4 ranks: TP groups {0, 1}, {2, 3} and DP groups {0, 2}, {1, 3}; their
+    # collectives may overlap in time, so each rank shows one thread per group it belongs to
+    result = simulate("strategies/hybrid.py", "1x4xA100-80GB", "toy:layers=2", 8, tp=2, pp=1, dp=2)
+    trace = chrome_trace(result)
+    assert validate_trace(trace) == []
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    label = {(0, 1): "group 0-1", (2, 3): "group 2-3", (0, 2): "group 0,2", (1, 3): "group 1,3"}
+    reduces = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "all_reduce"]
+    assert {tuple(e["args"]["group"]) for e in reduces} == set(label)
+    assert all(names[(e["pid"], e["tid"])] == label[tuple(e["args"]["group"])] for e in reduces)
+    threads = {pid: sorted(name for (p, _), name in names.items() if p == pid and name.startswith("group"))
+               for pid in range(4)}
+    assert threads == {0: ["group 0,2", "group 0-1"], 1: ["group 0-1", "group 1,3"],
+                       2: ["group 0,2", "group 2-3"], 3: ["group 1,3", "group 2-3"]}
+
+
 def test_validator_finds_broken_traces():
     meta = {"ph": "M", "pid": 0, "tid": 0, "name": "process_name", "args": {"name": "r"}}
     overlapping = {"traceEvents": [meta,

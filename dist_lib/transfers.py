@@ -1,0 +1,149 @@
+"""Transfers in flight and the links they share, in virtual time.
+
+Every collective and every point-to-point message is a `Transfer`: it becomes ready at a known start
+(its members have issued it and its communicator's stream is free), needs `duration` seconds of
+transfer when it has its links to itself (costs.py), and crosses a set of links (`Link usage`: a GPU's
+NVLink/PCIe port each way, a GPU's or a node's NICs each way). Concurrent transfers share a link: a link
+of capacity c carrying transfers that want u_1, u_2, ... of it gives each the share c / sum(u), so a
+transfer progresses at min(1, c / load) over the most loaded of its links (`costs.shared_speed`), a
+flow-level model of the kind SimGrid uses (Velho et al. 2013, "On the validity of flow-level TCP network
+models for grid and cloud simulations"), here with proportional rather than max-min shares. Rates are
+recomputed whenever a transfer starts or ends on one of the links.
+
+A transfer's end is provisional until no rank can still start a transfer that would share its links
+before that end. The engine asks for completions only at quiescence (every unfinished rank blocked):
+then no rank can issue anything before the earliest completion, as every rank's next issue comes after
+a completion it waits for. `Scheduler.next_completions` runs the fluid model up to the earliest end and
+returns the transfers that end then; their waiters wake with clocks at or after it. Loads are whole
+numbers of NIC or port units, so the shares, and hence every time, are the same whatever order
+asyncio ran the ranks in.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+from . import costs
+
+
+class Transfer:
+    """One collective or message: when it may start, its time alone, the link units it uses."""
+
+    __slots__ = ("start", "duration", "usage", "finish", "owner", "key", "left", "speed", "since", "end",
+                 "version", "seq")
+
+    def __init__(self, start: float, duration: float, usage: tuple[tuple[int, int], ...],
+                 finish: Callable[[Any, Transfer], None], owner: Any, key: tuple):
+        self.start = start
+        self.duration = duration
+        self.usage = usage  # ((link id, units), ...)
+        self.finish = finish  # finish(engine, transfer), once its end is final
+        self.owner = owner  # the collective or the message
+        # orders transfers that end at the same instant by what they are, not by when asyncio ran their
+        # ranks: (0, group, seq) or (1, (src, dst), message number)
+        self.key = key
+        self.left = duration  # seconds of transfer still to do at full speed, as of `since`
+        self.speed = 1.0
+        self.since = start
+        self.end = start + duration  # projected while in flight
+        self.version = 0
+        self.seq = 0
+
+
+class Scheduler:
+    """Transfers waiting to start and in flight, advanced in virtual time order."""
+
+    def __init__(self, capacity: list[int]):
+        self.capacity = capacity  # units each link carries at full speed (1 port, or a node's NICs)
+        self.load = [0] * len(capacity)  # units wanted by the transfers in flight on each link
+        self.on_link: list[list[Transfer]] = [[] for _ in capacity]
+        self.waiting: list[tuple[float, int, Transfer]] = []  # not started: (start, seq, transfer)
+        self.ends: list[tuple[float, int, int, Transfer]] = []  # in flight: (end, seq, version, transfer)
+        self.now = 0.0
+        self.count = 0
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.ends)
+
+    def add(self, transfer: Transfer) -> None:
+        """A transfer whose start is known (never before `now`, see the module docstring)."""
+        self.count += 1
+        transfer.seq = self.count
+        if transfer.start < self.now:
+            transfer.start = transfer.since = self.now
+        heapq.heappush(self.waiting, (transfer.start, transfer.seq, transfer))
+
+    def next_completions(self) -> list[Transfer]:
+        """Advance to the earliest end of a transfer and return every transfer that ends then (empty when
+        nothing is left). Starts at that same instant are taken after the ends."""
+        waiting, ends = self.waiting, self.ends
+        while True:
+            while ends and ends[0][2] != ends[0][3].version:  # superseded projections
+                heapq.heappop(ends)
+            if not ends and not waiting:
+                return []
+            if waiting and (not ends or waiting[0][0] < ends[0][0]):
+                start, _, transfer = heapq.heappop(waiting)
+                self.now = start
+                self._begin(transfer)
+                continue
+            end = ends[0][0]
+            self.now = end
+            done: list[Transfer] = []
+            while ends and ends[0][0] == end:
+                _, _, version, transfer = heapq.heappop(ends)
+                if version == transfer.version:
+                    transfer.end = end
+                    transfer.version = -1  # ended: not to be projected again
+                    done.append(transfer)
+            for transfer in done:
+                self._leave(transfer)
+            return done
+
+    def _begin(self, transfer: Transfer) -> None:
+        usage = transfer.usage
+        touched: list[Transfer] = []
+        for link, units in usage:
+            self.load[link] += units
+            peers = self.on_link[link]
+            if peers:
+                touched.extend(peers)
+            peers.append(transfer)
+        transfer.since = self.now
+        self._reproject(transfer)
+        self._reproject_all(touched)
+
+    def _leave(self, transfer: Transfer) -> None:
+        touched: list[Transfer] = []
+        for link, units in transfer.usage:
+            self.load[link] -= units
+            peers = self.on_link[link]
+            peers.remove(transfer)
+            touched.extend(peers)
+        self._reproject_all(touched)
+
+    def _reproject_all(self, transfers: list[Transfer]) -> None:
+        seen: set[int] = set()
+        for t in transfers:
+            if t.version >= 0 and id(t) not in seen:
+                seen.add(id(t))
+                self._reproject(t)
+
+    def _reproject(self, transfer: Transfer) -> None:
+        """Settle the work done since the last change at the old speed, then project the end at the new."""
+        now = self.now
+        if now > transfer.since:
+            transfer.left -= (now - transfer.since) * transfer.speed
+            if transfer.left < 0.0:
+                transfer.left = 0.0
+            transfer.since = now
+        speed = costs.shared_speed([(self.capacity[link], self.load[link]) for link, _ in transfer.usage])
+        if speed == transfer.speed and transfer.version:
+            return  # nothing changed for it: its projected end stands
+        transfer.speed = speed
+        transfer.version += 1
+        transfer.end = now + transfer.left / speed
+        heapq.heappush(self.ends, (transfer.end, transfer.seq, transfer.version, transfer))
+
