@@ -4,7 +4,7 @@ the measurements.
     python benchmarks/fidelity.py                      # every set (the large Narayanan rows take long)
     python benchmarks/fidelity.py --sets korthikanti   # or narayanan, amp, table4; comma-separated
     python benchmarks/fidelity.py --max-ranks 600      # skip rows with more simulated ranks than this
-    python benchmarks/fidelity.py --calibrate          # the A100 GEMM efficiency Table 4's forward implies
+    python benchmarks/fidelity.py --calibrate          # every constant set from one published point
 
 Every prediction is one `simulate("strategies/hybrid.py", cluster, workload, batch, **plan)` call, rank for
 rank, with the plan the paper ran: TP, PP, DP, microbatch, interleaved chunks, full recompute or sequence
@@ -27,9 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import megatron_pipeline  # noqa: E402
-from benchmarks.published import (AMP_BATCH, AMP_CLUSTER, AMP_GPT2, AMP_HET_CLUSTER, GPT_22B,  # noqa: E402
-                                  KORTHIKANTI_TABLE5, NARAYANAN_TABLE1, AmpPlan, MegatronRun)
-from dist_lib import Cluster, Result, simulate  # noqa: E402
+from benchmarks.published import (AMP_BATCH, AMP_CLUSTER, AMP_GPT2, AMP_HET_CLUSTER,  # noqa: E402
+                                  AMP_LAYER_FORWARD_MS, GPT_22B, KORTHIKANTI_TABLE5, NARAYANAN_TABLE1, AmpPlan,
+                                  MegatronRun)
+from dist_lib import Cluster, Result, costs, simulate  # noqa: E402
 from dist_lib.devices import DEVICES, Device  # noqa: E402
 
 HYBRID = str(Path(__file__).resolve().parent.parent / "strategies" / "hybrid.py")
@@ -55,10 +56,36 @@ def table4(device: Device = A100) -> list[tuple[str, float, float, float, float]
     return out
 
 
-def calibrate(target_forward: float = TABLE4[0][3]) -> float:
+def calibrate_a100(target_forward: float = TABLE4[0][3]) -> float:
     """The A100 `max_efficiency` (two decimals) whose Table 4 baseline layer forward is closest to 7.7 ms."""
     candidates = [round(0.5 + i / 100, 2) for i in range(51)]
     return min(candidates, key=lambda e: abs(table4(replace(A100, max_efficiency=e))[0][2] - target_forward))
+
+
+def calibrate_gemm(device: Device, size: int, achieved_flops: float, clock_peak: float | None = None) -> float:
+    """The `max_efficiency` (two decimals) at which a size^3 GEMM runs at `achieved_flops`, on a device
+    whose peak at the measured clock is `clock_peak` (the catalog's if None)."""
+    device = replace(device, peak_flops=clock_peak or device.peak_flops)
+    target = 2 * size**3 / achieved_flops
+    candidates = [round(0.2 + i / 100, 2) for i in range(81)]
+    return min(candidates, key=lambda e: abs(costs.gemm_time(replace(device, max_efficiency=e), size, size, size)
+                                                  - target))
+
+
+def calibrate_framework_overhead() -> float:
+    """Seconds of host time per layer pass that make one AMP GPT-2 layer forward on a V100 (TP 1,
+    microbatch 1) take what AMP's profile measured."""
+    device = DEVICES["V100-16GB"]
+    kernels = costs.forward_time(device, replace(AMP_GPT2, framework_overhead_s=0.0), 1, 1)
+    return round(AMP_LAYER_FORWARD_MS[device.name, 1] * 1e-3 - kernels, 6)
+
+
+def calibrate() -> dict[str, float]:
+    """Every constant set from one published point (see devices.py and published.py for the sources)."""
+    return {"A100-80GB max_efficiency": calibrate_a100(),
+            "V100 max_efficiency": calibrate_gemm(DEVICES["V100-16GB"], 8192, 101e12, clock_peak=112e12),
+            "T4 max_efficiency": calibrate_gemm(DEVICES["T4"], 4096, 24e12),
+            "AMP framework overhead per layer pass (s)": calibrate_framework_overhead()}
 
 
 # ---- predictions through simulate() -------------------------------------------------------------
@@ -153,7 +180,25 @@ def print_megatron(title: str, runs: list[MegatronRun], max_ranks: int, cross_ch
     return errors
 
 
+def amp_layer_forwards() -> list[tuple[str, int, float, float]]:
+    """(device, TP, measured ms, predicted ms) of one AMP layer forward at microbatch 1, TP all-reduces
+    included: the calibration point (V100, TP 1) and its checks."""
+    cluster = Cluster.from_dict(AMP_CLUSTER)
+    first = {"V100-16GB": 0, "T4": 12}
+    out = []
+    for (name, tp), measured in AMP_LAYER_FORWARD_MS.items():
+        topo = cluster.topology(range(first[name], first[name] + tp))
+        seconds = costs.forward_time(DEVICES[name], AMP_GPT2, 1, 1, tp) + costs.tp_layer_comm_time(AMP_GPT2, 1, topo)
+        out.append((name, tp, measured, 1e3 * seconds))
+    return out
+
+
 def print_amp() -> tuple[list[float], float, bool]:
+    print("AMP's profiles: one GPT-2 layer forward at microbatch 1, ms (V100 TP 1 is the calibration point)")
+    print(f"{'device':<10} {'TP':>3} {'measured':>9} {'predicted':>9} {'error':>7}")
+    for name, tp, measured, predicted in amp_layer_forwards():
+        print(f"{name:<10} {tp:>3} {measured:>9.2f} {predicted:>9.2f} {100 * (predicted / measured - 1):>+6.1f}%")
+    print()
     print("Li et al. 2022 (AMP): GPT-2 (h 1024, s 1024, 24 layers), batch 32, 3 x 4 V100 (10 Gb/s) + 4 T4 (50 Gb/s)")
     print(f"{'plan':<20} {'stages (layers)':<26} {'measured':>9} {'simulated':>9} {'error':>7}")
     measured, predicted, errors = [], [], []
@@ -186,7 +231,8 @@ def main() -> None:
     parser.add_argument("--max-ranks", type=int, default=10**6, help="skip rows with more ranks than this")
     args = parser.parse_args()
     if args.calibrate:
-        print(f"A100 max_efficiency from Table 4's forward: {calibrate():.2f} (catalog: {A100.max_efficiency})")
+        for name, value in calibrate().items():
+            print(f"{name}: {value:g}")
         return
     sets = {s.strip() for s in args.sets.split(",")}
     unknown = sets - {"table4", "korthikanti", "narayanan", "amp"}

@@ -125,9 +125,19 @@ class AmpPlan:
         return f"mb{self.microbatch} tp{self.tp} dp{self.dp} pp{self.pp}"
 
 
+# AMP's profiles of one transformer layer's forward at microbatch 1 under DeepSpeed and Megatron-LM v1.1.5,
+# ms, by device and TP degree: the mean over the 24 layers of src/known_cost/gpt2_{P3,G4}_{1,2,4}.npy
+# (P3: the p3.8xlarge V100s, G4: the g4dn.12xlarge T4s; the TP all-reduces included).
+AMP_LAYER_FORWARD_MS = {("V100-16GB", 1): 3.919, ("V100-16GB", 2): 5.243, ("V100-16GB", 4): 4.519,
+                        ("T4", 1): 5.470, ("T4", 2): 5.962, ("T4", 4): 5.577}
+
+# The framework's host time per layer pass, set once so that the V100 TP-1 profile above comes out
+# (`python benchmarks/fidelity.py --calibrate`); the T4 and TP profiles and the 43 iteration times check it.
+AMP_FRAMEWORK_OVERHEAD_S = 3147e-6
+
 # The AMP model: GPT-2 with h 1024, s 1024, 24 layers, vocabulary 52256 (src/het_cluster.py); 16 heads as in
-# its launch scripts (examples/ds_pretrain_gpt2_pipe.sh).
-AMP_GPT2 = Workload("amp-gpt2", 24, 1024, 16, 1024, 52256)
+# its launch scripts (examples/ds_pretrain_gpt2_pipe.sh), fp16.
+AMP_GPT2 = Workload("amp-gpt2", 24, 1024, 16, 1024, 52256, framework_overhead_s=AMP_FRAMEWORK_OVERHEAD_S)
 AMP_BATCH = 32
 
 _PP4, _PP8 = (0, 7, 14, 20, 30), (0, 5, 9, 12, 15, 18, 21, 24, 30)
@@ -178,12 +188,13 @@ AMP_HET_CLUSTER = [  # in the order of the results file; measured r_cost, s
     AmpPlan(32, 4, 1, 4, _PP4B, 3.13),
 ]
 
-# The AMP cluster as AMP's own script describes it (src/het_cluster.py): three nodes at 10 Gb/s between nodes
-# and 170 Gb/s inside, one at 50 Gb/s both ways; the p3.8xlarge nodes come first (ranks 0-11).
+# The AMP cluster as AMP's own script describes it (src/het_cluster.py: three nodes at 10 Gb/s between nodes,
+# one at 50 Gb/s) and AWS lists the instances: a p3.8xlarge has one 10 Gb/s NIC for its 4 NVLink V100s, a
+# g4dn.12xlarge one 50 Gb/s NIC for its 4 T4s on PCIe. The p3.8xlarge nodes come first (ranks 0-11).
 AMP_CLUSTER = {
     "name": "amp-3xp3.8xlarge+1xg4dn.12xlarge",
     "nodes": [
-        {"device": "V100-16GB", "count": 3, "gpus": 4, "inter_bandwidth_GBps": 10 / 8},
-        {"device": "T4", "count": 1, "gpus": 4, "inter_bandwidth_GBps": 50 / 8},
+        {"device": "V100-16GB", "count": 3, "gpus": 4, "nics": 1, "nic_bandwidth_GBps": 10 / 8},
+        {"device": "T4", "count": 1, "gpus": 4, "nics": 1, "nic_bandwidth_GBps": 50 / 8},
     ],
 }

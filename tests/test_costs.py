@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dist_lib import Cluster, Workload, costs
+from dist_lib.errors import SpecError
 from dist_lib.devices import DEVICES, GB, IB_EDR, NVLINK_2, NVLINK_3, Device
 
 A100 = DEVICES["A100-80GB"]
@@ -135,6 +136,29 @@ def test_lm_head_cost_divides_by_the_tensor_parallel_degree():
     w = Workload("head", 1, 256, 4, 512, 8192)
     for t in (1, 2, 4, 8):
         assert costs.loss_time(ideal, w, 2, t) == pytest.approx(6 * 1024 * 8192 / t * 256 / 5e11)
+
+
+def test_framework_overhead_is_added_once_per_forward_and_twice_per_backward():
+    bare = Workload.parse("gpt-350m")
+    eager = Workload.parse("gpt-350m:framework_overhead_us=3000")
+    assert eager.framework_overhead_s == pytest.approx(0.003)
+    for tp in (1, 2):
+        assert costs.forward_time(A100, eager, 1, 2, tp) - costs.forward_time(A100, bare, 1, 2, tp) == \
+            pytest.approx(0.003)
+        assert costs.backward_time(A100, eager, 1, 2, tp) - costs.backward_time(A100, bare, 1, 2, tp) == \
+            pytest.approx(0.006)
+        assert costs.backward_weight_time(A100, eager, 1, 2, tp) - costs.backward_weight_time(A100, bare, 1, 2, tp) \
+            == pytest.approx(0.003)
+    # full recompute re-runs the forward, overhead included; selective re-runs only the attention core
+    assert costs.recompute_time(A100, eager, 1, 2, recompute="full") == pytest.approx(costs.forward_time(A100, eager, 1, 2))
+    assert costs.recompute_time(A100, eager, 1, 2) == pytest.approx(costs.recompute_time(A100, bare, 1, 2))
+
+
+def test_framework_overhead_must_be_a_non_negative_number():
+    with pytest.raises(SpecError, match="framework_overhead_s must be a number >= 0"):
+        Workload("w", 1, 64, 1, 64, 0, framework_overhead_s=-1.0)
+    with pytest.raises(SpecError, match="framework_overhead_us: expected a whole number"):
+        Workload.parse("gpt-350m:framework_overhead_us=1.5")
 
 
 def test_optimizer_update_is_bound_by_hbm():

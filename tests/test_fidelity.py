@@ -19,8 +19,17 @@ from benchmarks import megatron_pipeline as pipeline  # noqa: E402
 from benchmarks import published  # noqa: E402
 
 
-def test_catalog_a100_efficiency_is_the_one_table_4_forward_gives():
-    assert fidelity.calibrate() == fidelity.A100.max_efficiency
+def test_catalog_constants_are_the_ones_their_published_points_give():
+    calibrated = fidelity.calibrate()
+    assert calibrated["A100-80GB max_efficiency"] == fidelity.A100.max_efficiency
+    assert calibrated["V100 max_efficiency"] == fidelity.DEVICES["V100-16GB"].max_efficiency
+    assert calibrated["T4 max_efficiency"] == fidelity.DEVICES["T4"].max_efficiency
+    assert calibrated["AMP framework overhead per layer pass (s)"] == published.AMP_FRAMEWORK_OVERHEAD_S
+
+
+def test_amp_t4_layer_forward_is_predicted_from_the_v100_calibration_within_five_percent():
+    [(_, _, measured, predicted)] = [row for row in fidelity.amp_layer_forwards() if row[:2] == ("T4", 1)]
+    assert predicted == pytest.approx(measured, rel=0.05)
 
 
 def test_table_4_layer_times_within_five_percent():
