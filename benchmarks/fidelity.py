@@ -1,79 +1,40 @@
-"""Predict published iteration times with the built-in cost model and print them beside the measurements.
+"""Predict published iteration times through `simulate()` and the built-in strategies; print them beside
+the measurements.
 
-    python benchmarks/fidelity.py              # Table 4 (one layer) and Table 5 (whole iterations)
-    python benchmarks/fidelity.py --calibrate  # the A100 GEMM efficiency that reproduces Table 4's forward
+    python benchmarks/fidelity.py                      # every set (the large Narayanan rows take long)
+    python benchmarks/fidelity.py --sets korthikanti   # or narayanan, amp, table4; comma-separated
+    python benchmarks/fidelity.py --max-ranks 600      # skip rows with more simulated ranks than this
+    python benchmarks/fidelity.py --calibrate          # every constant set from one published point
 
-Target: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Tables 4
-and 5 (A100 80GB on Selene, sequence 2048, vocabulary 51200, TP 8 inside a node, PP across nodes, no data
-parallelism). Each Table 5 row is run twice: full recompute (TP only), and sequence parallelism with
-selective recompute.
-
-How a row is simulated. With DP = 1 every TP rank of a stage does the same work, so one TP rank per
-pipeline stage is simulated, running Megatron-LM's own (interleaved) 1F1B program with its blocking
-point-to-point exchanges (`megatron_pipeline.py`). Every duration comes from `dist_lib.costs` on the
-catalog A100 and the cluster's links:
-
-* forward of a microbatch on a layer: `costs.forward_time` plus the TP communication Megatron does not
-  overlap (`costs.tp_layer_comm_time`: two all-reduces, or with SP two all-gathers and reduce-scatters);
-* backward: `costs.backward_time` with the recompute mode (full recompute re-runs the forward and its
-  communication), plus the backward TP communication that cannot hide behind GEMMs
-  (`costs.tp_layer_backward_comm_time`);
-* the embedding on the first stage and the LM head and loss on the last (`costs.loss_time`, and
-  `costs.tp_embedding_comm_time` for their TP communication);
-* stage-to-stage messages: `costs.pipeline_exchange_time` over the InfiniBand NIC;
-* after the flush: Megatron's in-place averaging of the gradient buffer (`costs.grad_average_time`), the
-  fp32 all-reduce of the tied word-embedding gradient between the first and last stage, and the optimizer
-  step of the largest stage (`costs.update_time`).
-
-No figure is fitted to Table 5: GEMMs are timed by their shape (`costs.gemm_time`: 256 x 128 output tiles
-in waves over the A100's 108 SMs), with the per-SM efficiency in `devices.py` set once so that the
-paper's Table 4 layer forward (7.7 ms, no SP) comes out right (`--calibrate`); Table 4's other nine
-figures check it. Everything else comes from data sheets, NCCL (its tuner's latencies, its achieved NVLink
-bandwidth) and what Megatron-LM's code does.
+Every prediction is one `simulate("strategies/hybrid.py", cluster, workload, batch, **plan)` call, rank for
+rank, with the plan the paper ran: TP, PP, DP, microbatch, interleaved chunks, full recompute or sequence
+parallelism with selective recompute, gradient all-reduce after the flush or overlapped (see
+`published.py` for the sources). Nothing is fitted to any row: the A100 GEMM efficiency comes from one
+layer of Korthikanti et al. 2022 Table 4 (`--calibrate`), every other figure from data sheets, NCCL and
+the frameworks' code, each cited where it is defined (dist_lib/devices.py, dist_lib/costs.py).
+For Korthikanti et al. 2022 Table 5 a bespoke composition of the same cost formulas outside the
+simulator (`megatron_pipeline.compose`) is printed as a cross-check.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, replace
+import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.megatron_pipeline import Compute, megatron_programs, run  # noqa: E402
-from dist_lib import Cluster, Workload, costs  # noqa: E402
-from dist_lib.costs import Topology  # noqa: E402
+from benchmarks import megatron_pipeline  # noqa: E402
+from benchmarks.published import (AMP_BATCH, AMP_CLUSTER, AMP_GPT2, AMP_HET_CLUSTER,  # noqa: E402
+                                  AMP_LAYER_FORWARD_MS, GPT_22B, KORTHIKANTI_TABLE5, NARAYANAN_TABLE1, AmpPlan,
+                                  MegatronRun)
+from dist_lib import Cluster, Result, costs, simulate  # noqa: E402
 from dist_lib.devices import DEVICES, Device  # noqa: E402
 
-PEAK = 312e12
+HYBRID = str(Path(__file__).resolve().parent.parent / "strategies" / "hybrid.py")
 A100 = DEVICES["A100-80GB"]
-
-
-@dataclass(frozen=True)
-class Row:
-    name: str
-    preset: str
-    gpus: int
-    tp: int
-    pp: int
-    global_batch: int
-    microbatch: int
-    chunks: int  # interleaved model chunks per rank (1: plain 1F1B)
-    full_recompute_s: float
-    selective_sp_s: float
-
-
-# Korthikanti et al. 2022, Tables 3 and 5. Interleaving: 3 model chunks per rank for 175B and 530B, plain
-# 1F1B for 22B and 1T (so 1T's last stage, 2 layers plus the LM head, paces its 512 microbatches); the
-# Calculon authors' validation configurations of the same table use the same (calculon-ai/calculon,
-# validation/*.json, "pipeline_interleaving").
-TABLE5 = [
-    Row("22B", "gpt-22b", 8, 8, 1, 4, 4, 1, 1.42, 1.10),
-    Row("175B", "gpt-175b", 64, 8, 8, 64, 1, 3, 18.13, 13.75),
-    Row("530B", "gpt-530b", 280, 8, 35, 280, 1, 3, 49.05, 37.83),
-    Row("1T", "gpt-1t", 512, 8, 64, 512, 1, 1, 94.42, 71.49),
-]
 
 # Korthikanti et al. 2022, Table 4: one 22B layer (microbatch 4, TP 8), forward and backward in ms.
 TABLE4 = [  # (experiment, sequence parallel, recompute, forward, backward)
@@ -85,105 +46,211 @@ TABLE4 = [  # (experiment, sequence parallel, recompute, forward, backward)
 ]
 
 
-def layer_times(device: Device, workload: Workload, samples: int, tp_topo: Topology, sequence_parallel: bool,
-                recompute: str) -> tuple[float, float]:
-    """(forward, backward) seconds of one layer on one TP rank, communication included."""
-    t, sp = tp_topo.size, sequence_parallel
-    comm = costs.tp_layer_comm_time(workload, samples, tp_topo, sequence_parallel=sp)
-    forward = costs.forward_time(device, workload, 1, samples, t, sequence_parallel=sp) + comm
-    exposed, overlapped = costs.tp_layer_backward_comm_time(workload, samples, tp_topo, sequence_parallel=sp)
-    hidden_behind = costs.backward_weight_time(device, workload, 1, samples, t)
-    backward = (costs.backward_time(device, workload, 1, samples, t, sequence_parallel=sp, recompute=recompute)
-                + exposed + max(0.0, overlapped - hidden_behind))
-    if recompute == "full":
-        backward += comm  # the re-run forward repeats its communication
-    return forward, backward
-
-
 def table4(device: Device = A100) -> list[tuple[str, float, float, float, float]]:
     """(experiment, measured forward, predicted forward, measured backward, predicted backward), ms."""
-    workload = Workload.parse("gpt-22b:vocab=51200")
-    topo = Cluster.parse("1x8xA100-80GB").topology(range(8))
+    topo = Cluster.parse(f"1x8x{device.name}").topology(range(8))
     out = []
     for name, sp, recompute, forward, backward in TABLE4:
-        f, b = layer_times(device, workload, 4, topo, sp, recompute)
+        f, b = megatron_pipeline.layer_times(device, GPT_22B, 4, topo, sp, recompute)
         out.append((name, forward, 1e3 * f, backward, 1e3 * b))
     return out
 
 
-def simulate_row(row: Row, selective_sp: bool, device: Device = A100) -> dict[str, float]:
-    workload = Workload.parse(f"{row.preset}:vocab=51200")
-    nodes = max(1, row.gpus // 8)
-    cluster = Cluster.parse(f"{nodes}x8xA100-80GB")
-    tp_topo = cluster.topology(range(row.tp))
-    p2p_link = cluster.p2p_link(0, 8) if nodes > 1 else cluster.p2p_link(0, 1)
-    sp = selective_sp
-    recompute = "selective" if selective_sp else "full"
-    b, t, p, v = row.microbatch, row.tp, row.pp, row.chunks
-    m = row.global_batch // b
-    layers_per_chunk = workload.num_layers / (p * v)
-
-    f_layer, b_layer = layer_times(device, workload, b, tp_topo, sp, recompute)
-    embedding_comm, head_comm = costs.tp_embedding_comm_time(workload, b, tp_topo, sequence_parallel=sp)
-    head = costs.loss_time(device, workload, b, t) + head_comm
-    last = p * v - 1
-
-    def compute_time(rank: int, step: Compute) -> float:
-        stage = step.chunk * p + rank
-        seconds = layers_per_chunk * (f_layer if step.kind == "F" else b_layer)
-        if stage == last:  # the head's forward is a third of its FLOPs
-            seconds += head / 3 if step.kind == "F" else 2 * head / 3
-        if stage == 0 and step.kind == "F":
-            seconds += embedding_comm
-        return seconds
-
-    def exchange_time(sends: int, receives: int) -> float:
-        return costs.pipeline_exchange_time(workload, b, p2p_link, tp_topo, sends=sends, receives=receives,
-                                            sequence_parallel=sp)
-
-    ends = run(megatron_programs(p, m, v), compute_time, exchange_time)
-    word_embedding = workload.vocab * workload.hidden / t
-    stage_params = workload.layer_params(1) * workload.num_layers / p / t + word_embedding \
-        + workload.seq_len * workload.hidden
-    done = [end + costs.grad_average_time(device, stage_params) for end in ends]
-    if p > 1:  # the tied word-embedding gradient, fp32 (main_grad), all-reduced by the first and last stage
-        tied = costs.collective_time("all_reduce", 4 * word_embedding, cluster.topology([0, 8 * (nodes - 1)]))
-        done[0] = done[-1] = max(done[0], done[-1]) + tied
-    total = max(done) + costs.update_time(device, stage_params)
-    model_flops = workload.model_flops_per_sample() * row.global_batch
-    return {"time": total, "mfu": model_flops / (total * row.gpus * PEAK)}
-
-
-def calibrate(target_forward: float = TABLE4[0][3]) -> float:
+def calibrate_a100(target_forward: float = TABLE4[0][3]) -> float:
     """The A100 `max_efficiency` (two decimals) whose Table 4 baseline layer forward is closest to 7.7 ms."""
     candidates = [round(0.5 + i / 100, 2) for i in range(51)]
     return min(candidates, key=lambda e: abs(table4(replace(A100, max_efficiency=e))[0][2] - target_forward))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calibrate", action="store_true", help="print the A100 efficiency Table 4 implies")
-    if parser.parse_args().calibrate:
-        print(f"A100 max_efficiency from Table 4's forward: {calibrate():.2f} (catalog: {A100.max_efficiency})")
-        return
-    print("Korthikanti et al. 2022, Table 4: one 22B layer (microbatch 4, TP 8), ms; predicted by dist_lib.costs")
+def calibrate_gemm(device: Device, size: int, achieved_flops: float, clock_peak: float | None = None) -> float:
+    """The `max_efficiency` (two decimals) at which a size^3 GEMM runs at `achieved_flops`, on a device
+    whose peak at the measured clock is `clock_peak` (the catalog's if None)."""
+    device = replace(device, peak_flops=clock_peak or device.peak_flops)
+    target = 2 * size**3 / achieved_flops
+    candidates = [round(0.2 + i / 100, 2) for i in range(81)]
+    return min(candidates, key=lambda e: abs(costs.gemm_time(replace(device, max_efficiency=e), size, size, size)
+                                                  - target))
+
+
+def calibrate_framework_overhead() -> float:
+    """Seconds of host time per layer pass that make one AMP GPT-2 layer forward on a V100 (TP 1,
+    microbatch 1) take what AMP's profile measured."""
+    device = DEVICES["V100-16GB"]
+    kernels = costs.forward_time(device, replace(AMP_GPT2, framework_overhead_s=0.0), 1, 1)
+    return round(AMP_LAYER_FORWARD_MS[device.name, 1] * 1e-3 - kernels, 6)
+
+
+def calibrate() -> dict[str, float]:
+    """Every constant set from one published point (see devices.py and published.py for the sources)."""
+    return {"A100-80GB max_efficiency": calibrate_a100(),
+            "V100 max_efficiency": calibrate_gemm(DEVICES["V100-16GB"], 8192, 101e12, clock_peak=112e12),
+            "T4 max_efficiency": calibrate_gemm(DEVICES["T4"], 4096, 24e12),
+            "AMP framework overhead per layer pass (s)": calibrate_framework_overhead()}
+
+
+# ---- predictions through simulate() -------------------------------------------------------------
+
+def megatron_plan(run: MegatronRun) -> dict:
+    """hybrid's options for a Megatron-LM run."""
+    return dict(dp=run.dp, pp=run.pp, tp=run.tp, microbatch_size=run.microbatch,
+                schedule="interleaved" if run.chunks > 1 else "1f1b", chunks=run.chunks,
+                recompute=not run.selective_sp, selective_recompute=run.selective_sp,
+                sequence_parallel=run.selective_sp, overlap_grad_reduce=run.overlap_grad_reduce)
+
+
+def predict_megatron(run: MegatronRun) -> Result:
+    """One Megatron-LM run on DGX A100 nodes (8 GPUs on NVLink, one HDR NIC per GPU)."""
+    return simulate(HYBRID, f"{run.gpus // 8}x8xA100-80GB", run.workload, run.global_batch, check=False,
+                    enforce_memory=False, **megatron_plan(run))
+
+
+def amp_plan(plan: AmpPlan) -> dict:
+    """hybrid's options for an AMP plan: DeepSpeed's pipeline engine runs 1F1B and all-reduces gradients
+    after the flush."""
+    return dict(dp=plan.dp, pp=plan.pp, tp=plan.tp, microbatch_size=plan.microbatch, schedule="1f1b",
+                partition=plan.partition if plan.pp > 1 else None, overlap_grad_reduce=False)
+
+
+def predict_amp(plan: AmpPlan) -> Result:
+    return simulate(HYBRID, Cluster.from_dict(AMP_CLUSTER), AMP_GPT2, AMP_BATCH, check=False, enforce_memory=False,
+                    **amp_plan(plan))
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks, ties given their mean rank."""
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var
+
+
+# ---- printing -----------------------------------------------------------------------------------
+
+def _summary(errors: list[float]) -> str:
+    if not errors:
+        return "no row simulated"
+    mean = 100 * sum(map(abs, errors)) / len(errors)
+    return f"mean |error| {mean:.1f} %, max |error| {100 * max(map(abs, errors)):.1f} % over {len(errors)} rows"
+
+
+def print_table4() -> None:
+    print("Korthikanti et al. 2022, Table 4: one 22B layer (microbatch 4, TP 8), ms; dist_lib.costs")
     print(f"{'experiment':<26} {'forward':>8} {'predicted':>9} {'backward':>9} {'predicted':>9}")
     for name, forward, f, backward, b in table4():
         print(f"{name:<26} {forward:>8.1f} {f:>9.2f} {backward:>9.1f} {b:>9.2f}")
+
+
+def print_megatron(title: str, runs: list[MegatronRun], max_ranks: int, cross_check: bool) -> list[float]:
+    print(title)
+    extra = f" {'composed':>9}" if cross_check else ""
+    print(f"{'model':>5} {'GPUs':>5} {'TP':>3} {'PP':>3} {'DP':>3} {'mode':<15} {'measured':>9} {'simulated':>9} "
+          f"{'error':>7} {'MFU':>6}{extra} {'wall':>6}")
+    errors = []
+    for run in runs:
+        mode = "SP + selective" if run.selective_sp else "full recompute"
+        head = f"{run.name:>5} {run.gpus:>5} {run.tp:>3} {run.pp:>3} {run.dp:>3} {mode:<15} {run.measured_s:>9.2f}"
+        if run.gpus > max_ranks:
+            print(f"{head} {'skipped':>9}   ({run.gpus} ranks > --max-ranks {max_ranks})", flush=True)
+            continue
+        started = time.perf_counter()
+        result = predict_megatron(run)
+        wall = time.perf_counter() - started
+        error = result.time_s / run.measured_s - 1
+        errors.append(error)
+        composed = ""
+        if cross_check:
+            composed = f" {megatron_pipeline.compose(run.workload, run.gpus, run.tp, run.pp, run.global_batch, run.microbatch, run.chunks, run.selective_sp, A100):>9.2f}"  # noqa: E501
+        print(f"{head} {result.time_s:>9.2f} {100 * error:>+6.1f}% {100 * result.mfu:>5.1f}%{composed} {wall:>5.0f}s",
+              flush=True)
+    print(_summary(errors))
+    return errors
+
+
+def amp_layer_forwards() -> list[tuple[str, int, float, float]]:
+    """(device, TP, measured ms, predicted ms) of one AMP layer forward at microbatch 1, TP all-reduces
+    included: the calibration point (V100, TP 1) and its checks."""
+    cluster = Cluster.from_dict(AMP_CLUSTER)
+    first = {"V100-16GB": 0, "T4": 12}
+    out = []
+    for (name, tp), measured in AMP_LAYER_FORWARD_MS.items():
+        topo = cluster.topology(range(first[name], first[name] + tp))
+        seconds = costs.forward_time(DEVICES[name], AMP_GPT2, 1, 1, tp) + costs.tp_layer_comm_time(AMP_GPT2, 1, topo)
+        out.append((name, tp, measured, 1e3 * seconds))
+    return out
+
+
+def print_amp() -> tuple[list[float], float, bool]:
+    print("AMP's profiles: one GPT-2 layer forward at microbatch 1, ms (V100 TP 1 is the calibration point)")
+    print(f"{'device':<10} {'TP':>3} {'measured':>9} {'predicted':>9} {'error':>7}")
+    for name, tp, measured, predicted in amp_layer_forwards():
+        print(f"{name:<10} {tp:>3} {measured:>9.2f} {predicted:>9.2f} {100 * (predicted / measured - 1):>+6.1f}%")
     print()
-    errors: list[float] = []
-    print("Korthikanti et al. 2022, Table 5: iteration time (s), A100 80GB, seq 2048; predicted by dist_lib.costs")
-    print(f"{'model':>5} {'GPUs':>5} {'TP':>3} {'PP':>3} {'mode':<22} {'measured':>9} {'predicted':>9} "
-          f"{'error':>7} {'MFU':>6}")
-    for row in TABLE5:
-        for selective, measured in ((False, row.full_recompute_s), (True, row.selective_sp_s)):
-            out = simulate_row(row, selective)
-            error = out["time"] / measured - 1
-            errors.append(abs(error))
-            mode = "SP + selective" if selective else "full recompute"
-            print(f"{row.name:>5} {row.gpus:>5} {row.tp:>3} {row.pp:>3} {mode:<22} {measured:>9.2f} "
-                  f"{out['time']:>9.2f} {100 * error:>+6.1f}% {100 * out['mfu']:>5.1f}%")
-    print(f"mean |error| {100 * sum(errors) / len(errors):.1f} %, max |error| {100 * max(errors):.1f} %")
+    print("Li et al. 2022 (AMP): GPT-2 (h 1024, s 1024, 24 layers), batch 32, 3 x 4 V100 (10 Gb/s) + 4 T4 (50 Gb/s)")
+    print(f"{'plan':<20} {'stages (layers)':<26} {'measured':>9} {'simulated':>9} {'error':>7}")
+    measured, predicted, errors = [], [], []
+    for plan in AMP_HET_CLUSTER:
+        result = predict_amp(plan)
+        error = result.time_s / plan.measured_s - 1
+        measured.append(plan.measured_s)
+        predicted.append(result.time_s)
+        errors.append(error)
+        stages = "-".join(map(str, plan.partition))
+        print(f"{plan.name:<20} {stages:<26} {plan.measured_s:>9.2f} {result.time_s:>9.2f} {100 * error:>+6.1f}%",
+              flush=True)
+    rho = spearman(predicted, measured)
+    best_measured = min(range(len(measured)), key=measured.__getitem__)
+    best_predicted = min(range(len(predicted)), key=predicted.__getitem__)
+    same = best_measured == best_predicted
+    print(_summary(errors))
+    print(f"Spearman correlation of simulated and measured times: {rho:.2f}; measured best plan "
+          f"{AMP_HET_CLUSTER[best_measured].name} is {'' if same else 'not '}the simulated best"
+          + ("" if same else f" ({AMP_HET_CLUSTER[best_predicted].name}, measured "
+                             f"{measured[best_predicted]:.2f} s against {measured[best_measured]:.2f} s)"))
+    return errors, rho, same
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calibrate", action="store_true", help="print the A100 efficiency Table 4 implies")
+    parser.add_argument("--sets", default="table4,korthikanti,narayanan,amp",
+                        help="comma-separated: table4, korthikanti, narayanan, amp")
+    parser.add_argument("--max-ranks", type=int, default=10**6, help="skip rows with more ranks than this")
+    args = parser.parse_args()
+    if args.calibrate:
+        for name, value in calibrate().items():
+            print(f"{name}: {value:g}")
+        return
+    sets = {s.strip() for s in args.sets.split(",")}
+    unknown = sets - {"table4", "korthikanti", "narayanan", "amp"}
+    if unknown:
+        parser.error(f"unknown set(s) {', '.join(sorted(unknown))}")
+    if "table4" in sets:
+        print_table4()
+        print()
+    if "korthikanti" in sets:
+        print_megatron("Korthikanti et al. 2022, Table 5: iteration time (s), A100 80GB, seq 2048; simulate(hybrid)",
+                       KORTHIKANTI_TABLE5, args.max_ranks, cross_check=True)
+        print()
+    if "narayanan" in sets:
+        print_megatron("Narayanan et al. 2021, Table 1: iteration time (s) from achieved TFLOP/s, A100 80GB, "
+                       "full recompute; simulate(hybrid)", NARAYANAN_TABLE1, args.max_ranks, cross_check=False)
+        print()
+    if "amp" in sets:
+        print_amp()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
-"""Megatron-LM's pipeline schedules as each rank runs them, with its blocking point-to-point exchanges.
+"""A cross-check for `fidelity.py`: Megatron-LM's pipeline schedules as each rank runs them, with its blocking
+point-to-point exchanges, composed with `dist_lib.costs` outside the simulator (`compose`).
 
-Used by `fidelity.py`. Each rank runs a program of compute steps ("F"/"B" of one microbatch on one model
+`fidelity.py` predicts every published run through `simulate()` and the built-in strategies; this bespoke
+composition of the same cost formulas is printed beside it, so that a gap between the two points at the
+strategy or the engine rather than at the formulas. Each rank runs a program of compute steps ("F"/"B" of one microbatch on one model
 chunk) and exchanges: one `_communicate` call of Megatron-LM's p2p_communication.py, a batch of sends
 and receives with the previous and next pipeline rank that returns only when all of them are done
 (torch.distributed.batch_isend_irecv, then waits and a torch.cuda.synchronize). A send completes when
@@ -15,6 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from dist_lib import Cluster, Workload, costs
+from dist_lib.costs import Topology
+from dist_lib.devices import Device
 
 ACT, GRAD = "act", "grad"  # what a message carries: forward activations (to next) or gradients (to previous)
 
@@ -154,3 +161,65 @@ def run(programs: list[list[Step]], compute_time: Callable[[int, Compute], float
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked")
     return clock
+
+
+# ---- the composition -----------------------------------------------------------------------------
+
+def layer_times(device: Device, workload: Workload, samples: int, tp_topo: Topology, sequence_parallel: bool,
+                recompute: str) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer on one TP rank, communication included."""
+    t, sp = tp_topo.size, sequence_parallel
+    comm = costs.tp_layer_comm_time(workload, samples, tp_topo, sequence_parallel=sp)
+    forward = costs.forward_time(device, workload, 1, samples, t, sequence_parallel=sp) + comm
+    exposed, overlapped = costs.tp_layer_backward_comm_time(workload, samples, tp_topo, sequence_parallel=sp)
+    hidden_behind = costs.backward_weight_time(device, workload, 1, samples, t)
+    backward = (costs.backward_time(device, workload, 1, samples, t, sequence_parallel=sp, recompute=recompute)
+                + exposed + max(0.0, overlapped - hidden_behind))
+    if recompute == "full":
+        backward += comm  # the re-run forward repeats its communication
+    return forward, backward
+
+
+def compose(workload: Workload, gpus: int, tp: int, pp: int, global_batch: int, microbatch: int, chunks: int,
+            selective_sp: bool, device: Device) -> float:
+    """Iteration seconds of a DP-1 Megatron-LM run on `gpus // 8` DGX A100 nodes: one TP rank per stage
+    running Megatron's own program; layer, head and embedding times and their TP communication from
+    `dist_lib.costs`; scatter-gather pipeline messages over InfiniBand; after the flush, the gradient
+    averaging, the fp32 tied-embedding all-reduce between first and last stage, and the optimizer."""
+    nodes = max(1, gpus // 8)
+    cluster = Cluster.parse(f"{nodes}x8x{device.name}")
+    tp_topo = cluster.topology(range(tp))
+    p2p_link = cluster.p2p_link(0, 8) if nodes > 1 else cluster.p2p_link(0, 1)
+    sp = selective_sp
+    recompute = "selective" if sp else "full"
+    b, t, p, v = microbatch, tp, pp, chunks
+    m = global_batch // b
+    layers_per_chunk = workload.num_layers / (p * v)
+
+    f_layer, b_layer = layer_times(device, workload, b, tp_topo, sp, recompute)
+    embedding_comm, head_comm = costs.tp_embedding_comm_time(workload, b, tp_topo, sequence_parallel=sp)
+    head = costs.loss_time(device, workload, b, t) + head_comm
+    last = p * v - 1
+
+    def compute_time(rank: int, step: Compute) -> float:
+        stage = step.chunk * p + rank
+        seconds = layers_per_chunk * (f_layer if step.kind == "F" else b_layer)
+        if stage == last:  # the head's forward is a third of its FLOPs
+            seconds += head / 3 if step.kind == "F" else 2 * head / 3
+        if stage == 0 and step.kind == "F":
+            seconds += embedding_comm
+        return seconds
+
+    def exchange_time(sends: int, receives: int) -> float:
+        return costs.pipeline_exchange_time(workload, b, p2p_link, tp_topo, sends=sends, receives=receives,
+                                            sequence_parallel=sp)
+
+    ends = run(megatron_programs(p, m, v), compute_time, exchange_time)
+    word_embedding = workload.vocab * workload.hidden / t
+    stage_params = workload.layer_params(1) * workload.num_layers / p / t + word_embedding \
+        + workload.seq_len * workload.hidden
+    done = [end + costs.grad_average_time(device, stage_params) for end in ends]
+    if p > 1:  # the tied word-embedding gradient, fp32 (main_grad), all-reduced by the first and last stage
+        tied = costs.collective_time("all_reduce", 4 * word_embedding, cluster.topology([0, 8 * (nodes - 1)]))
+        done[0] = done[-1] = max(done[0], done[-1]) + tied
+    return max(done) + costs.update_time(device, stage_params)

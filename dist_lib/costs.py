@@ -113,12 +113,19 @@ def _stream_time(device: Device, nbytes: float) -> float:
 # or memory-bound (everything elementwise); its time is the sum of each kernel's roofline time
 # (Williams et al. 2009 per kernel). `Workload.elementwise_bytes` counts the memory-bound traffic.
 
+# An eager framework adds host time to every layer pass (`Workload.framework_overhead_s`, the same for a
+# forward and for each half of a backward). It is added to the kernels' time rather than hidden behind
+# it: AMP's profiles of one GPT-2 layer forward at microbatch 1 (Li et al. 2022, DachengLi1/AMP
+# src/known_cost) take 3.9 ms on a V100 and 5.5 ms on a T4, where the kernels alone take about 0.8 and
+# 2.5 ms, so the GPU is not the bottleneck and the difference between the devices is the kernels'.
+# A measured profile includes it already.
+
 def forward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
                  sequence_parallel: bool = False) -> float:
     measured = _profiled(device, workload, layer, samples, tp, FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured
-    return (_weight_gemms_time(device, workload, samples, tp, "forward")
+    return (workload.framework_overhead_s + _weight_gemms_time(device, workload, samples, tp, "forward")
             + _attention_time(device, workload, samples, tp)
             + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
 
@@ -161,7 +168,7 @@ def backward_input_time(device: Device, workload: Workload, layer: int, samples:
     if measured is not None:
         return measured
     # weight GEMMs' input gradients, plus the attention core's backward (four batched GEMMs, 2x its forward)
-    return (_weight_gemms_time(device, workload, samples, tp, "input")
+    return (workload.framework_overhead_s + _weight_gemms_time(device, workload, samples, tp, "input")
             + _attention_time(device, workload, samples, tp, backward=True)
             + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel, backward=True)))
 
@@ -171,7 +178,7 @@ def backward_weight_time(device: Device, workload: Workload, layer: int, samples
     measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
     if measured is not None:
         return measured
-    return _weight_gemms_time(device, workload, samples, tp, "weight")
+    return workload.framework_overhead_s + _weight_gemms_time(device, workload, samples, tp, "weight")
 
 
 # A measured profile gives forward+backward per layer; forward is a third of it, as in FLOPs.

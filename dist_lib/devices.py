@@ -90,22 +90,29 @@ LINKS: dict[str, Link] = {link.name.lower(): link for link in
 
 # max_efficiency is the share of one SM's peak that a GEMM tile's K loop sustains; costs.gemm_time
 # adds wave and tile quantization and the tile stores from the SM count, and the memory-bound kernels
-# and communication are timed separately. A100: 0.75, calibrated once on Korthikanti et al. 2022
-# Table 4 (one 22B layer forward, 7.7 ms with its TP all-reduces at NCCL's achieved NVLink bandwidth;
-# `python benchmarks/fidelity.py --calibrate`); Table 4's nine other layer times and the paper's Table 5
-# iteration times are predictions, not fits (benchmarks/fidelity.py). SM counts
-# from the data sheets / architecture whitepapers (H100 SXM 132, A100 108, V100 80, A10 72, L4 58,
-# T4 40, P100 56). The H100, V100, A10, L4, T4 and P100 efficiencies are placeholders that no
-# published measurement has checked yet.
+# and communication are timed separately. Each is set once from one published measurement
+# (`python benchmarks/fidelity.py --calibrate` recomputes them) and checked against others:
+# * A100 0.75: Korthikanti et al. 2022 Table 4, one 22B layer forward, 7.7 ms with its TP all-reduces at
+#   NCCL's achieved NVLink bandwidth; Table 4's nine other layer times and the Table 5 and Narayanan et
+#   al. 2021 Table 1 iteration times are predictions, not fits (benchmarks/fidelity.py).
+# * V100 0.93: cuBLAS fp16 GEMM of 8192^3 on a V100 reaches about 101 TFLOP/s of the 112 its clock
+#   gives (NVIDIA developer forum, "Understanding IPC and issue slot utilization when using Tensor Cores",
+#   thread 79781); the same share of the SXM2's 125.
+# * T4 0.38: a sustained cuBLAS fp16 GEMM of 4096^3 runs at about 24 TFLOP/s of the data sheet's 65,
+#   because the 70 W power cap lowers the clock (NVIDIA developer forum, "About GPU peak performance",
+#   thread 264462, with NVIDIA's answer).
+# SM counts from the data sheets / architecture whitepapers (H100 SXM 132, A100 108, V100 80, A10 72,
+# L4 58, T4 40, P100 56). The H100, A10, L4 and P100 efficiencies are placeholders that no published
+# measurement has checked yet.
 DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("H100-80GB", 989e12, 80 * GiB, 3350 * GB, NVLINK_4, IB_NDR, 0.62, 132),
     Device("A100-80GB", 312e12, 80 * GiB, 2039 * GB, NVLINK_3, IB_HDR, 0.75, 108),
     Device("A100-40GB", 312e12, 40 * GiB, 1555 * GB, NVLINK_3, IB_HDR, 0.75, 108),
-    Device("V100-32GB", 125e12, 32 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.65, 80),
-    Device("V100-16GB", 125e12, 16 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.65, 80),
+    Device("V100-32GB", 125e12, 32 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.93, 80),
+    Device("V100-16GB", 125e12, 16 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.93, 80),
     Device("A10", 125e12, 24 * GiB, 600 * GB, PCIE_4, ETH_40G, 0.60, 72),
     Device("L4", 121e12, 24 * GiB, 300 * GB, PCIE_4, ETH_40G, 0.60, 58),
-    Device("T4", 65e12, 16 * GiB, 320 * GB, PCIE_3, ETH_50G, 0.55, 40),
+    Device("T4", 65e12, 16 * GiB, 320 * GB, PCIE_3, ETH_50G, 0.38, 40),
     # Tesla P100 SXM2 data sheet: 21.2 TFLOP/s fp16 (no tensor cores), 16 GB HBM2 at 732 GB/s,
     # NVLink 1 four links of 20 GB/s each way; a Metis device type (SamsungLabs/Metis utils.DeviceType).
     Device("P100-16GB", 21.2e12, 16 * GiB, 732 * GB, Link("NVLink1", 80 * GB, 3.4e-6, NVLINK_NCCL_EFFICIENCY),

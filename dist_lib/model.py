@@ -106,15 +106,18 @@ class Model(OpChecks):
     # ---- compute ------------------------------------------------------------------------------
 
     def forward(self, layer: int, act: Activation, weight: Weight, *, stash: bool = True,
-                selective_recompute: bool = False) -> Activation:
+                selective_recompute: bool = False, sequence_parallel: bool = False) -> Activation:
         """Run `layer` on `act`; keeps the stash backward needs on `act` unless `stash=False`
         (activation checkpointing: backward will need this forward run again first).
         `selective_recompute=True` keeps the stash without the attention core's softmax and dropout
-        (the 5as/ht term of Korthikanti et al. 2022, Table 2), which backward then re-runs."""
+        (the 5as/ht term of Korthikanti et al. 2022, Table 2), which backward then re-runs.
+        `sequence_parallel=True` (with a TP slice of the weight): the layernorms, dropouts and residual
+        adds run on 1/t of the sequence and their stash is split t ways (Korthikanti et al. 2022, sec. 4.2.2);
+        the stash remembers it, so the backward is timed the same way."""
         rank = self.rank
-        if selective_recompute is not False and selective_recompute is not True:
-            raise TensorError(f"rank {rank} forward(layer {layer}): selective_recompute must be True or False, "
-                              f"got {selective_recompute!r}")
+        for name, value in (("selective_recompute", selective_recompute), ("sequence_parallel", sequence_parallel)):
+            if value is not False and value is not True:
+                raise TensorError(f"rank {rank} forward(layer {layer}): {name} must be True or False, got {value!r}")
         if act.__class__ is not Activation or weight.__class__ is not Weight or act.rank != rank \
                 or weight.rank != rank or act.layer != layer or weight.layer != layer or act.tp_size != 1 \
                 or weight.shards != (1 << weight.num_shards) - 1:
@@ -129,7 +132,7 @@ class Model(OpChecks):
         if not recompute:
             state.forwarded[layer] = before | seen if before else seen  # shares the mask when it can
         n = samples.bit_count()
-        mode = "selective" if selective_recompute else "none"
+        mode = compute_mode(selective_recompute, sequence_parallel)
         duration, flops, stash_bytes = self._cache.get(("forward", layer, n, tp, mode)) \
             or self._cost("forward", layer, n, tp, mode)
         start = state.clock
@@ -173,8 +176,13 @@ class Model(OpChecks):
         self._mem.context = ("backward_weight", layer)
         return self._weight_grad(layer, act, weight)
 
-    def loss(self, act: Activation) -> ActivationGrad:
-        """LM head, loss and its gradient for the final activations of some samples."""
+    def loss(self, act: Activation, *, tp_rank: int = 0, tp_size: int = 1) -> ActivationGrad:
+        """LM head, loss and its gradient for the final activations of some samples.
+
+        With `tp_size` > 1 the head is vocabulary-parallel, as in Megatron-LM (Shoeybi et al. 2019,
+        sec. 3): TP rank `tp_rank` holds V/t of the output embedding, computes those logits and its
+        part of the cross-entropy, at 1/t of the cost, and returns its partial sum of the input gradient
+        (dX = dY E over its vocabulary slice), which an all-reduce in the TP group completes."""
         where = f"rank {self.rank} loss"
         if type(act) is not Activation:
             raise TensorError(f"{where}: expected the Activation after the last layer, got {act!r}")
@@ -183,10 +191,14 @@ class Model(OpChecks):
             raise TensorError(f"{where}: {act!r} has only passed {act.layer} of {self.num_layers} layers")
         if act.is_partial:
             raise TensorError(f"{where}: {act!r} is a tensor-parallel partial sum; all_reduce it first")
-        self._compute("loss", self.num_layers, act.samples, 1)
+        if tp_size.__class__ is not int or tp_rank.__class__ is not int or tp_size < 1 \
+                or not 0 <= tp_rank < tp_size:
+            raise TensorError(f"{where}: tp_rank={tp_rank!r}, tp_size={tp_size!r} is not a TP slice; need whole "
+                              f"numbers with 0 <= tp_rank < tp_size")
+        self._compute("loss", self.num_layers, act.samples, tp_size)
         self._mem.context = ("loss", None)
         return ActivationGrad(self._mem, act.samples.bit_count() * self._act_bytes, self.rank, self.num_layers,
-                              act.samples)
+                              act.samples, 1 << tp_rank, tp_size)
 
     def update(self, layer: int, grad: WeightGrad, weight: Weight, opt_state: OptState) -> tuple[Weight, OptState]:
         """Adam step on the shard `opt_state` holds; the gradient must cover the whole global batch."""
@@ -282,37 +294,38 @@ class Model(OpChecks):
 
     # ---- internals ----------------------------------------------------------------------------
 
-    def _cost(self, op: str, layer: int, n: int, tp: int, recompute: str = "none") -> tuple[float, float, int]:
-        """(seconds, FLOPs, stash bytes) of a compute op, computed once per device type and shape.
-        For a forward, `recompute` is what its backward will re-run, which decides the stash."""
-        key = (op, layer, n, tp, recompute)
+    def _cost(self, op: str, layer: int, n: int, tp: int, mode: str = "none") -> tuple[float, float, int]:
+        """(seconds, FLOPs, stash bytes) of a compute op in a compute mode (`COMPUTE_MODES`), computed once
+        per device type and shape. For a forward, the mode also says what its backward will re-run, which
+        decides the stash."""
+        key = (op, layer, n, tp, mode)
         cost = self._cache.get(key)
         if cost is None:
+            duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp, mode)
+            stash = 0
             if op == "forward":
-                duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp)
                 profile = self.workload.profile
                 if profile is None:
-                    stash = n * self.workload.stash_bytes(layer, tp, recompute=recompute)
+                    selective, sequence_parallel = parse_mode(mode)
+                    stash = n * self.workload.stash_bytes(layer, tp, recompute="selective" if selective else "none",
+                                                          sequence_parallel=sequence_parallel)
                 else:  # measured memory; a profile does not split out what selective recompute drops
                     state = self._params[layer] / tp * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES)
                     stash = profile.stash_bytes(self.device, layer, n, tp, state, n * self._act_bytes)
-            else:
-                duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp, recompute)
-                stash = 0
             cost = self._cache[key] = (duration, flops, stash)
         return cost
 
-    def _compute(self, op: str, layer: int, samples: int, tp: int, recompute: str = "none") -> None:
-        """Advance the compute stream by the op's duration and record it (the detail names a selective
-        recompute, which changes the duration)."""
+    def _compute(self, op: str, layer: int, samples: int, tp: int, mode: str = "none") -> None:
+        """Advance the compute stream by the op's duration and record it (the detail names the compute
+        mode, selective recompute or sequence parallelism, which changes the duration)."""
         n = samples.bit_count()
-        duration, flops, _ = self._cache.get((op, layer, n, tp, recompute)) or self._cost(op, layer, n, tp, recompute)
+        duration, flops, _ = self._cache.get((op, layer, n, tp, mode)) or self._cost(op, layer, n, tp, mode)
         state = self._state
         start = state.clock
         state.clock = end = start + duration
         state.flops += flops
         self._events.append((self.rank, op, "compute", start, end, layer, samples, 0, flops, None, 0,
-                             "" if recompute == "none" else recompute))
+                             "" if mode == "none" else mode))
 
     def _weight_grad(self, layer: int, act: Activation, weight: Weight) -> WeightGrad:
         tp = weight.tp_size
@@ -324,22 +337,48 @@ class Model(OpChecks):
                               act.samples, 1 << weight.tp_rank, weight.tp_size)  # a TP slice: partial sum
 
 
+# What a forward's stash tells its backward about how to time it (the `recompute` field of a Stash, a
+# compute event's detail, a cost-cache key): whether backward re-runs the attention core (selective
+# recompute) and whether the layer runs sequence-parallel.
+SELECTIVE, SEQUENCE_PARALLEL = "selective", "sequence-parallel"
+COMPUTE_MODES = {(False, False): "none", (True, False): SELECTIVE, (False, True): SEQUENCE_PARALLEL,
+                 (True, True): f"{SELECTIVE}, {SEQUENCE_PARALLEL}"}
+_MODE_FLAGS = {mode: flags for flags, mode in COMPUTE_MODES.items()}
+
+
+def compute_mode(selective_recompute: bool, sequence_parallel: bool) -> str:
+    return COMPUTE_MODES[selective_recompute, sequence_parallel]
+
+
+def parse_mode(mode: str) -> tuple[bool, bool]:
+    """(selective recompute, sequence parallel) of a compute mode; ValueError for anything else."""
+    try:
+        return _MODE_FLAGS[mode]
+    except KeyError:
+        raise ValueError(f"unknown compute mode {mode!r} (known: {', '.join(_MODE_FLAGS)})") from None
+
+
 def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int, tp: int,
-                  recompute: str = "none") -> tuple[float, float]:
-    """(seconds, FLOPs) of a compute op on `n` samples at TP degree `tp`; `recompute="selective"`: a
-    backward (or its input half) that first re-runs the attention core (Korthikanti et al. 2022, sec. 5)."""
+                  mode: str = "none") -> tuple[float, float]:
+    """(seconds, FLOPs) of a compute op on `n` samples at TP degree `tp`, in a compute `mode`:
+    a backward (or its input half) after a selective-recompute forward first re-runs the attention core
+    (Korthikanti et al. 2022, sec. 5); a sequence-parallel layer splits its replicated elementwise work."""
+    selective, sp = parse_mode(mode)
+    recompute = "selective" if selective else "none"
     if op == "forward":
-        duration = costs.forward_time(device, workload, layer, n, tp)
+        duration = costs.forward_time(device, workload, layer, n, tp, sequence_parallel=sp)
     elif op == "backward":
-        duration = costs.backward_time(device, workload, layer, n, tp, recompute=recompute)
+        duration = costs.backward_time(device, workload, layer, n, tp, recompute=recompute, sequence_parallel=sp)
     elif op == "backward_input":
-        duration = costs.backward_input_time(device, workload, layer, n, tp) \
-            + costs.recompute_time(device, workload, layer, n, tp, recompute=recompute)
+        duration = costs.backward_input_time(device, workload, layer, n, tp, sequence_parallel=sp) \
+            + costs.recompute_time(device, workload, layer, n, tp, recompute=recompute, sequence_parallel=sp)
     elif op == "backward_weight":
         duration = costs.backward_weight_time(device, workload, layer, n, tp)
     else:
-        duration = costs.loss_time(device, workload, n)
-    return duration, costs.compute_flops(workload, op, layer, n, tp, recompute=recompute)
+        duration = costs.loss_time(device, workload, n, tp)
+    flops_op = "forward" if op == "forward" else op  # a forward's mode names what its backward re-runs
+    return duration, costs.compute_flops(workload, flops_op, layer, n, tp,
+                                         recompute="none" if op == "forward" else recompute)
 
 
 def _c_doc(method: Any) -> str:

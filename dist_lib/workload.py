@@ -31,6 +31,11 @@ class Workload:
     seq_len: int
     vocab: int
     bytes_per_element: int = 2
+    # Host time per layer pass (a forward; a backward counts two) that the training framework adds to the
+    # GPU's kernel time: an eager framework issuing a layer's unfused ops one by one, with Python, autograd
+    # and its own hooks around each, keeps a small GPU waiting (see costs.forward_time). 0 for Megatron-LM's
+    # fused kernels at the sizes the catalog efficiencies were set on. TOML / spec key framework_overhead_us.
+    framework_overhead_s: float = 0.0
     # Measured per-layer times and memory by device type (`profiles.ProfileSet`), when built from profiles
     profile: object = field(default=None, compare=False, repr=False)
 
@@ -41,6 +46,9 @@ class Workload:
                 raise SpecError(f"workload {self.name!r}: {f} must be a whole number >= 1, got {value!r}")
         if isinstance(self.vocab, bool) or not isinstance(self.vocab, int) or self.vocab < 0:
             raise SpecError(f"workload {self.name!r}: vocab must be a whole number >= 0, got {self.vocab!r}")
+        overhead = self.framework_overhead_s
+        if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not overhead >= 0:
+            raise SpecError(f"workload {self.name!r}: framework_overhead_s must be a number >= 0, got {overhead!r}")
         if self.hidden % self.heads:
             raise SpecError(f"workload {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}")
 
@@ -167,7 +175,7 @@ class Workload:
     @classmethod
     def from_toml(cls, path: str | Path) -> Workload:
         """Read a workload file: `preset = "gpt-1.3b"` and/or any of the fields (`layers`, `hidden`,
-        `heads`, `seq`, `vocab`, `bytes_per_element`, `name`)."""
+        `heads`, `seq`, `vocab`, `bytes_per_element`, `framework_overhead_us`, `name`)."""
         path = Path(path)
         data = read_toml(path, "workload")
         preset = data.pop("preset", None)
@@ -198,8 +206,11 @@ _FIELD_NAMES = {"layers": "num_layers", "hidden": "hidden", "heads": "heads", "s
 def _override(base: Workload, values: dict, where: str, name: str) -> Workload:
     changes: dict[str, object] = {"name": name}
     for key, value in values.items():
+        if key == "framework_overhead_us":
+            changes["framework_overhead_s"] = _int(value, f"{where}: {key}") / 1e6
+            continue
         if key not in _FIELD_NAMES:
-            raise SpecError(f"{where}: unknown field {key!r} (known: {', '.join(_FIELD_NAMES)})")
+            raise SpecError(f"{where}: unknown field {key!r} (known: {', '.join(_FIELD_NAMES)}, framework_overhead_us)")
         changes[_FIELD_NAMES[key]] = _int(value, f"{where}: {key}")
     return replace(base, **changes)
 

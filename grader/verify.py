@@ -29,8 +29,10 @@ from typing import Any
 from dist_lib import Cluster, Result, Workload, costs
 from dist_lib.check import check_final_weights
 from dist_lib.memory import KINDS
-from dist_lib.model import WEIGHT_BYTES, _compute_cost
+from dist_lib.model import COMPUTE_MODES, SEQUENCE_PARALLEL, WEIGHT_BYTES, _compute_cost
 from dist_lib.tensors import describe_mask, full_mask
+
+_MODE_NAMES = frozenset(COMPUTE_MODES.values())
 
 COMPUTE_OPS = ("forward", "backward", "backward_input", "backward_weight", "loss")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -106,9 +108,15 @@ class _Checker:
         if op not in COMPUTE_OPS or n == 0 or (op == "loss") != (layer == self.workload.num_layers):
             self.flag(f"{where}: not an op the simulator records")
             return 0
-        # a backward whose forward kept the smaller stash re-runs the attention core (its detail says so)
-        recompute = "selective" if op in ("backward", "backward_input") and e[11] == "selective" else "none"
-        tp = self._match(device, op, layer, n, end - start, flops, recompute)
+        # a backward's detail is its forward's compute mode (selective recompute, sequence parallelism);
+        # a forward's says only whether it is a recompute, so both sequence-parallel modes are tried
+        if op in ("backward", "backward_input"):
+            modes = [e[11] if e[11] in _MODE_NAMES else "none"]
+        else:
+            modes = ["none", SEQUENCE_PARALLEL] if op == "forward" else ["none"]
+        tp = 0
+        for recompute in modes:
+            tp = tp or self._match(device, op, layer, n, end - start, flops, recompute)
         if not tp:
             expect, _ = _compute_cost(device, self.workload, op, layer, n, 1, recompute)
             self.flag(f"{where}: lasted {(end - start) * 1e6:.3f} us with {flops:.4g} FLOPs; the cost model "

@@ -50,6 +50,10 @@ class StagePlan:
     tp_rank: int = 0
     recompute: bool = False
     selective_recompute: bool = False  # keep the stash without the attention core (Korthikanti et al. 2022)
+    sequence_parallel: bool = False  # TP layers split their elementwise work along the sequence (same paper)
+    # all-reduce each layer's gradient as soon as it is complete (PyTorch DDP's buckets), or only after the
+    # pipeline flush, as Megatron-LM's local DDP and DeepSpeed's pipeline engine do
+    overlap_grad_reduce: bool = True
 
 
 def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
@@ -89,6 +93,10 @@ class _Stage:
         # completes, so a completed one is dropped from the front of the queue after each action)
         self.sends: deque[Work] = deque()
         self.local: dict[str, list] = {"activation": [], "activation gradient": []}  # pp == 1 with chunks
+        # forward options: the option is left out when off, so the plain call stays on the fast path
+        self.modes = {"selective_recompute": plan.selective_recompute}
+        if plan.sequence_parallel:
+            self.modes["sequence_parallel"] = True
 
     async def run(self) -> None:
         for action in self.plan.actions:
@@ -102,6 +110,9 @@ class _Stage:
             while sends and sends[0].done:
                 sends.popleft()
         model = self.model
+        if not self.plan.overlap_grad_reduce:  # after the flush, last layer first
+            for layer in sorted(self.grads, reverse=True):
+                self._reduce(layer)
         for layer in sorted(self.weights, reverse=True):
             grad = self.reduced.pop(layer)
             if isinstance(grad, Work):
@@ -143,13 +154,13 @@ class _Stage:
         kept = []
         for layer in layers:
             kept.append(x)
-            x = model.forward(layer, x, self.weights[layer][0], stash=not plan.recompute,
-                              selective_recompute=plan.selective_recompute)
+            x = model.forward(layer, x, self.weights[layer][0], stash=not plan.recompute, **self.modes)
             if self.tp_group is not None:
                 x = await model.all_reduce(x, self.tp_group)
         self.inputs[(chunk, mb)] = kept
         if k == self.virtual - 1:
-            self.loss_grads[(chunk, mb)] = model.loss(x)
+            # vocabulary-parallel LM head: each TP rank its V/t logits (Megatron-LM)
+            self.loss_grads[(chunk, mb)] = model.loss(x, tp_rank=plan.tp_rank, tp_size=len(plan.tp_group))
         else:
             self._send(x, self._peer(k + 1), "activation")
 
@@ -158,25 +169,38 @@ class _Stage:
         layers, samples, k = plan.chunks[chunk], plan.microbatches[mb], self._virtual(chunk)
         if k == self.virtual - 1:
             grad = self.loss_grads.pop((chunk, mb))
+            if self.tp_group is not None:  # sum the head's vocabulary slices' input gradients
+                grad = await model.all_reduce(grad, self.tp_group)
         else:
             grad = await self._receive(self._peer(k + 1), layers.stop, samples, "activation gradient")
         kept = self.inputs.pop((chunk, mb))
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
+        tp_group = self.tp_group
         for layer in reversed(layers):
             x, weight = kept.pop(), self.weights[layer][0]
             if plan.recompute:
-                # rebuild the stash; the output is not needed again
-                model.forward(layer, x, weight, selective_recompute=plan.selective_recompute)
+                # rebuild the stash; the output is not needed again, but the re-run forward repeats its
+                # TP all-reduces (Megatron-LM checkpoints whole layers, communication included)
+                out = model.forward(layer, x, weight, **self.modes)
+                if tp_group is not None:
+                    await model.all_reduce(out, tp_group)
+                del out
             if split:
                 grad_in = model.backward_input(layer, x, grad, weight)
                 deferred.append((layer, x, grad))
+            elif tp_group is not None:
+                # Megatron-LM all-reduces the input gradient while the weight-gradient GEMMs run
+                # (async_tensor_model_parallel_allreduce; Korthikanti et al. 2022, sec. 4.2.2)
+                reducing = model.all_reduce(model.backward_input(layer, x, grad, weight), tp_group)
+                self._accumulate(layer, model.backward_weight(layer, x, grad, weight))
+                grad_in = await reducing
             else:
                 weight_grad, grad_in = model.backward(layer, x, grad, weight)
                 self._accumulate(layer, weight_grad)
                 del weight_grad
             del x
-            if self.tp_group is not None:
-                grad_in = await model.all_reduce(grad_in, self.tp_group)
+            if split and tp_group is not None:
+                grad_in = await model.all_reduce(grad_in, tp_group)
             grad = grad_in
         if k > 0:
             self._send(grad, self._peer(k - 1), "activation gradient")
@@ -189,7 +213,11 @@ class _Stage:
         total = self.grads.get(layer)
         self.grads[layer] = weight_grad if total is None else total + weight_grad
         self.left[layer] -= 1
-        if self.left[layer] == 0:  # every local microbatch is in: reduce over the replicas now
-            group = self.plan.dp_group(layer)
-            grad = self.grads.pop(layer)
-            self.reduced[layer] = self.model.all_reduce(grad, group) if len(group) > 1 else grad
+        if self.left[layer] == 0 and self.plan.overlap_grad_reduce:  # every local microbatch is in
+            self._reduce(layer)
+
+    def _reduce(self, layer: int) -> None:
+        """Start the all-reduce of a layer's accumulated gradient over the replicas."""
+        group = self.plan.dp_group(layer)
+        grad = self.grads.pop(layer)
+        self.reduced[layer] = self.model.all_reduce(grad, group) if len(group) > 1 else grad

@@ -15,7 +15,8 @@ Schedule = Callable[[int, int, int, int], Sequence[Action]]  # (stage, stages, m
 
 def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: int, tp: int = 1,
                dp: int | None = None, chunks: int = 1, partition: Sequence | None = None,
-               recompute: bool = False, selective_recompute: bool = False) -> StagePlan:
+               recompute: bool = False, selective_recompute: bool = False,
+               sequence_parallel: bool = False, overlap_grad_reduce: bool = True) -> StagePlan:
     """This rank's part of a dp x pp x tp run with an even (or the given) layer partition."""
     layout = Layout.build(model.world_size, dp, pp, tp)
     if tp > 1:
@@ -39,7 +40,8 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
     return StagePlan(stage=stage, stage_ranks=stage_ranks,
                      chunks=[blocks[c * pp + stage] for c in range(chunks)], microbatches=mbs,
                      actions=actions, dp_group=lambda layer: dp_ranks, tp_group=layout.tp_group(model.rank),
-                     tp_rank=tp_rank, recompute=recompute, selective_recompute=selective_recompute)
+                     tp_rank=tp_rank, recompute=recompute, selective_recompute=selective_recompute,
+                     sequence_parallel=sequence_parallel, overlap_grad_reduce=overlap_grad_reduce)
 
 
 def stage_times(model: Model, rank: int, chunks: Sequence[range], microbatch_size: int, tp: int,
@@ -51,5 +53,5 @@ def stage_times(model: Model, rank: int, chunks: Sequence[range], microbatch_siz
              for kind, fn in (("F", costs.forward_time), ("B", costs.backward_time),
                               ("I", costs.backward_input_time), ("W", costs.backward_weight_time))}
     if last:
-        times["F"] += costs.loss_time(device, workload, microbatch_size)
+        times["F"] += costs.loss_time(device, workload, microbatch_size, tp)
     return times

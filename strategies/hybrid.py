@@ -11,7 +11,12 @@ across replicas as soon as a stage's last microbatch has passed. Bubble: the sch
 state 16 bytes x parameters / (pp x tp) plus the schedule's in-flight activations (the TP stash
 formula); `recompute=True` keeps only layer inputs and runs each forward again before its backward;
 `selective_recompute=True` keeps everything but the attention core's softmax and dropout, which each
-backward re-runs (Korthikanti et al. 2022, sec. 5).
+backward re-runs (Korthikanti et al. 2022, sec. 5); `sequence_parallel=True` splits each TP layer's
+layernorms, dropouts and residual adds along the sequence, and their stash with them (same paper, sec. 4.2.2).
+As in Megatron-LM, the LM head is vocabulary-parallel over the TP group, each backward all-reduces its
+input gradient while the weight-gradient GEMMs run, and a recomputed forward repeats its TP all-reduces.
+`overlap_grad_reduce=False` all-reduces the gradients only after the pipeline flush (Megatron-LM's local
+DDP of 2021, DeepSpeed's pipeline engine) instead of as each layer's last microbatch passes.
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved
 
 async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1, microbatch_size: int = 1,
                 schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
-                selective_recompute: bool = False, partition=None) -> None:
+                selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
+                partition=None) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if chunks is None:
         chunks = 2 if schedule == "interleaved" else 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
                       chunks=chunks, partition=partition, recompute=recompute,
-                      selective_recompute=selective_recompute)
+                      selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
+                      overlap_grad_reduce=overlap_grad_reduce)
     await run_stage(model, plan)

@@ -254,7 +254,7 @@ def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():
     from dist_lib.tensors import WeightGrad
 
     assert list(inspect.signature(Model.forward).parameters) == ["self", "layer", "act", "weight", "stash",
-                                                                 "selective_recompute"]
+                                                                 "selective_recompute", "sequence_parallel"]
     assert list(inspect.signature(Model.backward).parameters) == ["self", "layer", "act", "grad", "weight"]
     assert list(inspect.signature(WeightGrad.__add__).parameters) == ["self", "other"]
     assert list(inspect.signature(Model.load_weights).parameters) == ["self", "layer", "shard", "num_shards",

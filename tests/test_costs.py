@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dist_lib import Cluster, Workload, costs
-from dist_lib.devices import DEVICES, GB, IB_EDR, NVLINK_2, NVLINK_3
+from dist_lib.errors import SpecError
+from dist_lib.devices import DEVICES, GB, IB_EDR, NVLINK_2, NVLINK_3, Device
 
 A100 = DEVICES["A100-80GB"]
 
@@ -124,6 +125,40 @@ def test_loss_is_three_head_gemms_by_shape_plus_the_cross_entropy_traffic():
     gemms = waves(2048, 4 + 4) + waves(6400, 2)
     stream = (52 * 2048 * 6400 + 5 * 2048 * 2048 * 2) / 2039e9
     assert costs.loss_time(A100, w, 1, 8) == pytest.approx(gemms + stream)
+
+
+def test_lm_head_cost_divides_by_the_tensor_parallel_degree():
+    # A device without wave quantization (no SM count) and with HBM so fast that memory-bound work is
+    # free: each of the head's three GEMMs (logits, input and weight gradient) is 2 * tokens * (V/t) * h
+    # FLOPs at 0.5 of 1e12 FLOP/s. Every dimension is a multiple of the 256 x 128 tile, so no tile
+    # overhangs. Two samples of 512 tokens, h = 256, V = 8192: 6 * 1024 * 8192 * 256 / 5e11 = 25.77 ms.
+    ideal = Device("ideal", 1e12, 80 * 2**30, 1e30, NVLINK_3, IB_EDR, 0.5)
+    w = Workload("head", 1, 256, 4, 512, 8192)
+    for t in (1, 2, 4, 8):
+        assert costs.loss_time(ideal, w, 2, t) == pytest.approx(6 * 1024 * 8192 / t * 256 / 5e11)
+
+
+def test_framework_overhead_is_added_once_per_forward_and_twice_per_backward():
+    bare = Workload.parse("gpt-350m")
+    eager = Workload.parse("gpt-350m:framework_overhead_us=3000")
+    assert eager.framework_overhead_s == pytest.approx(0.003)
+    for tp in (1, 2):
+        assert costs.forward_time(A100, eager, 1, 2, tp) - costs.forward_time(A100, bare, 1, 2, tp) == \
+            pytest.approx(0.003)
+        assert costs.backward_time(A100, eager, 1, 2, tp) - costs.backward_time(A100, bare, 1, 2, tp) == \
+            pytest.approx(0.006)
+        assert costs.backward_weight_time(A100, eager, 1, 2, tp) - costs.backward_weight_time(A100, bare, 1, 2, tp) \
+            == pytest.approx(0.003)
+    # full recompute re-runs the forward, overhead included; selective re-runs only the attention core
+    assert costs.recompute_time(A100, eager, 1, 2, recompute="full") == pytest.approx(costs.forward_time(A100, eager, 1, 2))
+    assert costs.recompute_time(A100, eager, 1, 2) == pytest.approx(costs.recompute_time(A100, bare, 1, 2))
+
+
+def test_framework_overhead_must_be_a_non_negative_number():
+    with pytest.raises(SpecError, match="framework_overhead_s must be a number >= 0"):
+        Workload("w", 1, 64, 1, 64, 0, framework_overhead_s=-1.0)
+    with pytest.raises(SpecError, match="framework_overhead_us: expected a whole number"):
+        Workload.parse("gpt-350m:framework_overhead_us=1.5")
 
 
 def test_optimizer_update_is_bound_by_hbm():

@@ -6,6 +6,7 @@ import pytest
 
 from dist_lib import Workload, costs, simulate
 from dist_lib.devices import DEVICES, NVLINK_3
+from dist_lib.errors import TensorError
 
 A100 = DEVICES["A100-80GB"]
 TOY = Workload.parse("toy:layers=1")
@@ -35,6 +36,50 @@ def test_tensor_parallel_step_is_correct_and_costs_two_all_reduces_per_layer_pas
     update = costs.update_time(A100, TOY.layer_params(0) / 2)
     assert result.time_s == pytest.approx(f + tp_comm + loss + b + tp_comm + update)
     assert result.memory_by_kind[0]["optimizer"] == int(12 * TOY.layer_params(0) / 2)
+
+
+HEAD = Workload.parse("gpt-125m:layers=1,vocab=8192")
+
+
+async def vocabulary_parallel_head(model):
+    """Both ranks hold half of the layer and half of the output embedding (Megatron-LM)."""
+    tp = model.group([0, 1])
+    w, o = model.load_weights(0, tp_rank=model.rank, tp_size=2)
+    x = model.get_input_activation(range(2))
+    out = await model.all_reduce(model.forward(0, x, w), group=tp)
+    grad = model.loss(out, tp_rank=model.rank, tp_size=2)
+    assert grad.is_partial  # each rank's vocabulary slice gives part of the input gradient
+    grad = await model.all_reduce(grad, group=tp)
+    wg, grad_in = model.backward(0, x, grad, w)
+    await model.all_reduce(grad_in, group=tp)
+    model.set_final_weight(0, model.update(0, wg, w, o)[0])
+
+
+def test_vocabulary_parallel_head_costs_half_on_each_of_two_ranks():
+    result = simulate(vocabulary_parallel_head, "2xA100-80GB", HEAD, 2)
+    [loss] = {e.duration for e in result.events if e.op == "loss"}
+    assert loss == pytest.approx(costs.loss_time(A100, HEAD, 2, 2))
+    assert loss < 0.6 * costs.loss_time(A100, HEAD, 2, 1)
+
+
+def test_a_vocabulary_slice_of_the_loss_gradient_must_be_all_reduced_before_backward():
+    async def train(model):
+        w, o = model.load_weights(0, tp_rank=model.rank, tp_size=2)
+        x = model.get_input_activation(range(2))
+        out = await model.all_reduce(model.forward(0, x, w), group=[0, 1])
+        model.backward(0, x, model.loss(out, tp_rank=model.rank, tp_size=2), w)
+
+    with pytest.raises(TensorError, match="partial"):
+        simulate(train, "2xA100-80GB", HEAD, 2)
+
+
+def test_loss_rejects_a_tp_rank_outside_its_slice():
+    async def train(model):
+        w, _ = model.load_weights(0)
+        model.loss(model.forward(0, model.get_input_activation([0]), w), tp_rank=2, tp_size=2)
+
+    with pytest.raises(TensorError, match="rank 0 loss: tp_rank=2, tp_size=2"):
+        simulate(train, "1xA100-80GB", HEAD, 1)
 
 
 async def zero3(model):

@@ -1,0 +1,200 @@
+"""Published measurements of real training runs, as data: what ran (model, cluster, plan) and how long an
+iteration took. `fidelity.py` predicts each one through `simulate()` and the built-in strategies.
+
+Three sets, each from one cluster and one software stack:
+
+* Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Tables 3 and 5:
+  Megatron-LM on Selene (DGX A100 80GB, 8 HDR InfiniBand NICs a node), TP 8, deep pipelines, DP 1, full
+  recompute or sequence parallelism with selective recompute; iteration times in seconds.
+* Narayanan et al. 2021 (SC'21), "Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM", Table 1: weak scaling from 1.7B parameters on 32 GPUs to 1T on 3072, same cluster; the
+  plans (TP, PP, microbatch, interleaving, full recompute, DDP flavour) are the paper's own scripts,
+  NVIDIA/Megatron-LM examples/sc21/run_table_1.sh. The paper gives achieved teraFLOP/s per GPU; the
+  iteration time is the FLOPs its Eq. 3 counts over that rate and the GPUs.
+* Li et al. 2022 (NeurIPS), "AMP: Automatically Finding Model Parallel Strategies with Heterogeneity
+  Awareness": 53 plans of one GPT-2 model run with DeepSpeed on one mixed AWS cluster (three p3.8xlarge,
+  4 V100 16GB on NVLink and a 10 Gb/s NIC each, and one g4dn.12xlarge, 4 T4 on PCIe and a 50 Gb/s NIC),
+  global batch 32; measured iteration times from the authors' repository (DachengLi1/AMP,
+  src/results/het_cluster_results.txt, `r_cost`; plans that failed, `inf`, are left out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dist_lib import Workload
+
+
+@dataclass(frozen=True)
+class MegatronRun:
+    """One Megatron-LM run on Selene: the plan and its measured iteration time."""
+
+    name: str
+    workload: Workload
+    gpus: int
+    tp: int
+    pp: int
+    global_batch: int
+    microbatch: int
+    chunks: int  # interleaved model chunks per pipeline rank (1: plain 1F1B)
+    selective_sp: bool  # sequence parallelism with selective recompute (else full recompute)
+    overlap_grad_reduce: bool  # PyTorch DDP (overlapped buckets) rather than Megatron's local DDP
+    measured_s: float
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> Workload:
+    return Workload(name, layers, hidden, heads, 2048, 51200)  # sequence 2048, vocabulary 51200 in both papers
+
+
+GPT_22B, GPT_175B = _gpt("gpt-22b", 48, 6144, 64), _gpt("gpt-175b", 96, 12288, 96)
+GPT_530B, GPT_1T = _gpt("gpt-530b", 105, 20480, 128), _gpt("gpt-1t", 128, 25600, 160)
+
+# Korthikanti et al. 2022, Table 3 (plans; 3 interleaved chunks for 175B and 530B, as in the Calculon
+# authors' validation files of the same table, calculon-ai/calculon validation/*.json) and Table 5
+# (iteration time, s): (name, workload, GPUs, TP, PP, batch, microbatch, chunks, full recompute, SP + selective)
+_TABLE5 = [
+    ("22B", GPT_22B, 8, 8, 1, 4, 4, 1, 1.42, 1.10),
+    ("175B", GPT_175B, 64, 8, 8, 64, 1, 3, 18.13, 13.75),
+    ("530B", GPT_530B, 280, 8, 35, 280, 1, 3, 49.05, 37.83),
+    ("1T", GPT_1T, 512, 8, 64, 512, 1, 1, 94.42, 71.49),
+]
+KORTHIKANTI_TABLE5 = [
+    MegatronRun(name, workload, gpus, tp, pp, batch, micro, chunks, selective, False, seconds)
+    for name, workload, gpus, tp, pp, batch, micro, chunks, full_s, sp_s in _TABLE5
+    for selective, seconds in ((False, full_s), (True, sp_s))
+]
+
+
+def narayanan_iteration_time(workload: Workload, batch: int, gpus: int, tflops_per_gpu: float) -> float:
+    """Narayanan et al. 2021, Eq. 3: an iteration with full recompute does
+    96 B s l h^2 (1 + s/(6h) + V/(16 l h)) FLOPs; at the achieved rate X per GPU on n GPUs it takes
+    that over n X seconds."""
+    s, l, h, v = workload.seq_len, workload.num_layers, workload.hidden, workload.vocab
+    flops = 96 * batch * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    return flops / (gpus * tflops_per_gpu * 1e12)
+
+
+# Narayanan et al. 2021, Table 1 (heads, hidden, layers, TP, PP, GPUs, batch, achieved teraFLOP/s per GPU) with
+# run_table_1.sh's microbatch, DDP flavour (torch: overlapped; local: after the flush) and layers per virtual
+# pipeline stage (76B 5, 145B 5, 310B 3, 530B 1: 3, 2, 2 and 3 chunks). Every run uses full recompute.
+_TABLE1 = [  # name, heads, hidden, layers, TP, PP, GPUs, batch, microbatch, chunks, torch DDP, TFLOP/s
+    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 16, 1, True, 137),
+    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 16, 1, True, 138),
+    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 16, 1, True, 142),
+    ("18B", 48, 6144, 40, 8, 1, 256, 1024, 8, 1, True, 135),
+    ("39B", 64, 8192, 48, 8, 2, 512, 1536, 4, 1, False, 138),
+    ("76B", 80, 10240, 60, 8, 4, 1024, 1792, 2, 3, False, 140),
+    ("145B", 96, 12288, 80, 8, 8, 1536, 2304, 2, 2, False, 148),
+    ("310B", 128, 16384, 96, 8, 16, 1920, 2160, 1, 2, False, 155),
+    ("530B", 128, 20480, 105, 8, 35, 2520, 2520, 1, 3, False, 163),
+    ("1T", 160, 25600, 128, 8, 64, 3072, 3072, 1, 1, False, 163),
+]
+NARAYANAN_TABLE1 = [
+    MegatronRun(name, workload, gpus, tp, pp, batch, micro, chunks, False, torch_ddp,
+                narayanan_iteration_time(workload, batch, gpus, tflops))
+    for name, heads, hidden, layers, tp, pp, gpus, batch, micro, chunks, torch_ddp, tflops in _TABLE1
+    for workload in [_gpt(f"gpt-{name.lower()}", layers, hidden, heads)]
+]
+
+
+@dataclass(frozen=True)
+class AmpPlan:
+    """One plan AMP ran on its mixed cluster: microbatch, TP, DP, PP, the stage boundaries over AMP's 30
+    pipeline slots (0 input, 1 embedding, 2-25 the 24 transformer layers, 26-29 head and loss), and the
+    measured iteration time."""
+
+    microbatch: int
+    tp: int
+    dp: int
+    pp: int
+    boundaries: tuple[int, ...]
+    measured_s: float
+
+    @property
+    def partition(self) -> list[int]:
+        """Transformer layers per stage."""
+        first, last = 2, 25
+        return [len(range(max(a, first), min(b, last + 1))) for a, b in zip(self.boundaries, self.boundaries[1:])]
+
+    @property
+    def name(self) -> str:
+        return f"mb{self.microbatch} tp{self.tp} dp{self.dp} pp{self.pp}"
+
+
+# AMP's profiles of one transformer layer's forward at microbatch 1 under DeepSpeed and Megatron-LM v1.1.5,
+# ms, by device and TP degree: the mean over the 24 layers of src/known_cost/gpt2_{P3,G4}_{1,2,4}.npy
+# (P3: the p3.8xlarge V100s, G4: the g4dn.12xlarge T4s; the TP all-reduces included).
+AMP_LAYER_FORWARD_MS = {("V100-16GB", 1): 3.919, ("V100-16GB", 2): 5.243, ("V100-16GB", 4): 4.519,
+                        ("T4", 1): 5.470, ("T4", 2): 5.962, ("T4", 4): 5.577}
+
+# The framework's host time per layer pass, set once so that the V100 TP-1 profile above comes out
+# (`python benchmarks/fidelity.py --calibrate`); the T4 and TP profiles and the 43 iteration times check it.
+AMP_FRAMEWORK_OVERHEAD_S = 3147e-6
+
+# The AMP model: GPT-2 with h 1024, s 1024, 24 layers, vocabulary 52256 (src/het_cluster.py); 16 heads as in
+# its launch scripts (examples/ds_pretrain_gpt2_pipe.sh), fp16.
+AMP_GPT2 = Workload("amp-gpt2", 24, 1024, 16, 1024, 52256, framework_overhead_s=AMP_FRAMEWORK_OVERHEAD_S)
+AMP_BATCH = 32
+
+_PP4, _PP8 = (0, 7, 14, 20, 30), (0, 5, 9, 12, 15, 18, 21, 24, 30)
+_PP4B, _PP8B = (0, 8, 14, 20, 30), (0, 5, 8, 11, 14, 17, 20, 23, 30)
+AMP_HET_CLUSTER = [  # in the order of the results file; measured r_cost, s
+    AmpPlan(1, 1, 4, 4, _PP4, 1.47),
+    AmpPlan(1, 1, 2, 8, _PP8, 1.28),
+    AmpPlan(1, 1, 1, 16, (0, 3, 5, 7, 9, 11, 13, 15, 16, 17, 19, 20, 21, 22, 23, 25, 30), 1.52),
+    AmpPlan(2, 1, 4, 4, _PP4, 1.53),
+    AmpPlan(2, 1, 2, 8, (0, 5, 9, 12, 14, 17, 20, 23, 30), 1.54),
+    AmpPlan(2, 1, 1, 16, (0, 3, 5, 7, 9, 11, 13, 14, 16, 18, 19, 20, 21, 23, 24, 25, 30), 1.58),
+    AmpPlan(4, 1, 4, 4, (0, 6, 13, 20, 30), 1.71),
+    AmpPlan(1, 1, 8, 2, (0, 14, 30), 2.23),
+    AmpPlan(1, 2, 2, 4, _PP4B, 2.80),
+    AmpPlan(4, 1, 2, 8, (0, 3, 7, 11, 14, 17, 20, 23, 30), 1.71),
+    AmpPlan(1, 2, 1, 8, _PP8B, 3.81),
+    AmpPlan(2, 1, 8, 2, (0, 14, 30), 2.26),
+    AmpPlan(1, 2, 4, 2, (0, 14, 30), 2.89),
+    AmpPlan(2, 2, 2, 4, _PP4B, 2.37),
+    AmpPlan(4, 1, 8, 2, (0, 14, 30), 2.34),
+    AmpPlan(2, 2, 1, 8, _PP8B, 3.36),
+    AmpPlan(2, 2, 4, 2, (0, 14, 30), 2.50),
+    AmpPlan(1, 2, 8, 1, (0, 30), 3.13),
+    AmpPlan(2, 2, 8, 1, (0, 30), 3.06),
+    AmpPlan(4, 2, 8, 1, (0, 30), 3.03),
+    AmpPlan(1, 1, 16, 1, (0, 30), 2.90),
+    AmpPlan(8, 1, 4, 4, _PP4B, 2.07),
+    AmpPlan(4, 2, 4, 2, (0, 14, 30), 2.41),
+    AmpPlan(4, 2, 2, 4, _PP4B, 1.65),
+    AmpPlan(4, 2, 1, 8, _PP8B, 1.79),
+    AmpPlan(1, 4, 4, 1, (0, 30), 3.80),
+    AmpPlan(2, 4, 4, 1, (0, 30), 3.56),
+    AmpPlan(4, 4, 4, 1, (0, 30), 3.29),
+    AmpPlan(8, 4, 4, 1, (0, 30), 3.27),
+    AmpPlan(2, 4, 2, 2, (0, 14, 30), 3.29),
+    AmpPlan(2, 4, 1, 4, _PP4B, 3.92),
+    AmpPlan(4, 4, 2, 2, (0, 14, 30), 2.66),
+    AmpPlan(8, 2, 4, 2, (0, 14, 30), 2.45),
+    AmpPlan(4, 4, 1, 4, _PP4B, 2.05),
+    AmpPlan(8, 2, 2, 4, _PP4B, 1.91),
+    AmpPlan(8, 4, 2, 2, (0, 14, 30), 2.71),
+    AmpPlan(8, 2, 1, 8, _PP8B, 2.12),
+    AmpPlan(8, 4, 1, 4, _PP4B, 2.13),
+    AmpPlan(16, 4, 2, 2, (0, 14, 30), 2.66),
+    AmpPlan(16, 2, 2, 4, _PP4B, 2.33),
+    AmpPlan(16, 4, 1, 4, _PP4B, 2.49),
+    AmpPlan(16, 2, 1, 8, _PP8B, 2.69),
+    AmpPlan(32, 4, 1, 4, _PP4B, 3.13),
+]
+
+# The AMP cluster as AMP's own script describes it (src/het_cluster.py: three nodes at 10 Gb/s between nodes,
+# one at 50 Gb/s) and AWS lists the instances: a p3.8xlarge has one 10 Gb/s NIC for its 4 NVLink V100s, a
+# g4dn.12xlarge one 50 Gb/s NIC for its 4 T4s on PCIe. The p3.8xlarge nodes come first (ranks 0-11).
+AMP_CLUSTER = {
+    "name": "amp-3xp3.8xlarge+1xg4dn.12xlarge",
+    "nodes": [
+        {"device": "V100-16GB", "count": 3, "gpus": 4, "nics": 1, "nic_bandwidth_GBps": 10 / 8},
+        {"device": "T4", "count": 1, "gpus": 4, "nics": 1, "nic_bandwidth_GBps": 50 / 8},
+    ],
+}
