@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dist_lib import DeadlockError, IncorrectStepError, SimulationError
-from dist_lib.compat import api_modules, detect_api, run_file
+from dist_lib import DeadlockError, IncorrectStepError
+from dist_lib.compat import CompatStrictWarning, api_modules, configure, detect_api, run_file
 from dist_lib.compat import puzzles as P
 from dist_lib.trace import chrome_trace, validate_trace
 
@@ -49,7 +49,7 @@ def test_solution_is_correct_and_lands_on_the_published_targets(name):
 
 def test_run_file_gives_a_result_with_a_valid_trace():
     result = run_file(SOLUTIONS, function="gpipe")
-    assert result.correct and result.options == {"api": "puzzles", "timing": "unit"}
+    assert result.correct and result.options == {"api": "puzzles", "timing": "original"}
     assert result.time_s == pytest.approx(33.8) and result.peak_memory_bytes == 2_752_512
     assert validate_trace(chrome_trace(result)) == []
     sends = [e for e in result.events if e.op == "send"]
@@ -111,10 +111,14 @@ def test_wrong_step_is_reported():
         P.Model.check([m])
 
 
-def test_double_counted_gradient_is_refused():
+def test_gradient_sum_unites_batches_as_the_original_and_strict_mode_warns():
     g = P.WeightGrad(0, 1, frozenset({0}), 2)
-    with pytest.raises(SimulationError, match="counted twice"):
+    h = P.WeightGrad(0, 1, frozenset({1}), 2)
+    assert (g + g).batches == {0} and (g + h).batches == {0, 1}
+    with configure("puzzles", strict=True), pytest.warns(CompatStrictWarning, match=r"batches \[0\] is counted twice"):
         g + g
+    with pytest.raises(AssertionError, match="same layer"):
+        g + P.WeightGrad(1, 2, frozenset({1}), 2)
 
 
 def test_detect_api():
