@@ -150,6 +150,7 @@ class Mailbox:
                 return
 
 
+CONFIRM_TURNS = 8  # event-loop turns a suspected deadlock must last before it is reported
 WORLDS: list = []  # every World created, so a file's main() can be run and its models found afterwards
 
 
@@ -171,6 +172,8 @@ class World:
         self.finished: set[int] = set()
         self.next_op_id = 0
         self.collectives = 0
+        self.progress = 0  # bumped whenever a rank blocks, wakes or starts a task
+        self._confirming = False
         WORLDS.append(self)
         del WORLDS[:-64]  # keep the list short
 
@@ -188,6 +191,7 @@ class World:
             return
         self.tasks[rank] = task
         self.finished.discard(rank)
+        self.progress += 1
         task.add_done_callback(functools.partial(self._task_done, rank))
 
     def current_rank(self) -> int | None:
@@ -209,6 +213,7 @@ class World:
         if rank is None:
             return await future
         self.blocked[rank] = (future, describe)
+        self.progress += 1
         self._check_deadlock()
         try:
             return await future
@@ -220,12 +225,34 @@ class World:
         """Resolve a blocked rank's future; from now on it counts as running."""
         if rank is not None and self.blocked.get(rank, (None,))[0] is future:
             del self.blocked[rank]
+        self.progress += 1
         if not future.done():
             future.set_result(value)
 
+    def _stalled(self) -> bool:
+        return all(r in self.blocked or r in self.finished for r in range(self.n))
+
     def _check_deadlock(self) -> None:
-        if any(r not in self.blocked and r not in self.finished for r in range(self.n)):
+        """When every rank looks blocked or finished, confirm it after the tasks already scheduled
+        have run (a rank whose earlier task finished may have a new one about to start), then fail
+        every blocked rank with the report. No clock is involved: a few turns of the event loop."""
+        if self._stalled() and not self._confirming:
+            self._confirming = True
+            asyncio.get_running_loop().call_soon(self._confirm, self.progress, CONFIRM_TURNS)
+
+    def _confirm(self, progress: int, turns: int) -> None:
+        if self.progress != progress or not self._stalled():
+            self._confirming = False
+            if self._stalled():  # moved on, then stalled again
+                self._check_deadlock()
             return
+        if turns > 0:
+            asyncio.get_running_loop().call_soon(self._confirm, progress, turns - 1)
+            return
+        self._confirming = False
+        self._fail_blocked()
+
+    def _fail_blocked(self) -> None:
         lines = ["deadlock: every rank is blocked or finished; the original API would hang here"]
         for r in range(self.n):
             lines.append(f"  rank {r} " + (f"waits in {self.blocked[r][1]()}" if r in self.blocked else "finished"))
@@ -267,6 +294,7 @@ class World:
         if len(slot.entries) == self.n:
             del self.slots[k]
             self.collectives += 1
+            self.progress += 1
             for r in slot.entries:
                 if r in self.blocked:
                     del self.blocked[r]

@@ -53,6 +53,25 @@ def gather_fold(total: Any, value: Any) -> Any:
     return total.combine(value)
 
 
+class WorldCollectives:
+    """The collectives of both APIs' `Dist` on its world: an all-reduce folds with `+`, an all-gather
+    with `combine`, a reduce-scatter is an all-reduce then each rank's own shard (as the originals).
+    `op` and `layer` name the call in a deadlock report."""
+
+    _world: Any
+    _NAMES: dict[str, str]  # kind -> the API's name of the op
+
+    async def _reduce(self, rank: int, inp: Any, time: float, op: str, layer: Any) -> tuple[Any, float]:
+        return await self._world.collective(rank, op, inp, time, layer, add_grads, kind="reduce")
+
+    async def _gather(self, rank: int, inp: Any, time: float, layer: Any) -> tuple[Any, float]:
+        return await self._world.collective(rank, self._NAMES["gather"], inp, time, layer, gather_fold, kind="gather")
+
+    async def _scatter(self, rank: int, inp: Any, time: float, layer: Any) -> tuple[Any, float]:
+        total, time = await self._reduce(rank, inp, time, self._NAMES["scatter"], layer)
+        return total.shard(rank, self._world.n), time
+
+
 class Message(tuple):
     """What a send puts in a mailbox: `(value, sender's clock)`, as the originals, plus the sender
     and op id (attributes) so the trace can pair the two ends."""

@@ -20,7 +20,7 @@ from typing import Any, Dict, FrozenSet, Optional, Protocol, Sequence, Tuple, Ty
 
 from ._base import ToyModel
 from ._runtime import Mailbox, World, require
-from ._tensor_rules import Message, add_grads, combine_parts, gather_fold, united
+from ._tensor_rules import Message, WorldCollectives, combine_parts, united
 from .lab_costs import BLOCK_SIZE, BYTES_PER_ELEMENT, DATATYPE, HIDDEN_SIZE, RuntimePredictor
 from .puzzles import Barrier
 
@@ -57,8 +57,10 @@ class ReduceableGatherable(Reduceable[TO], Gatherable[TO]):
     pass
 
 
-class Dist:
+class Dist(WorldCollectives):
     """`world_size` ranks; collectives involve all of them; one mailbox per (source, destination)."""
+
+    _NAMES = {"gather": "all_gather", "scatter": "reduce_scatter"}
 
     def __init__(self, world_size: int) -> None:
         self.reduce: Optional[Any] = None
@@ -71,16 +73,14 @@ class Dist:
             for i in range(world_size) for j in range(world_size) if i != j}
         self.mtime = 0
 
-    async def all_reduce(self, rank: int, inp: T, time: int, _op: str = "all_reduce",
-                         _layer: Any = None) -> Tuple[T, int]:
-        return await self._world.collective(rank, _op, inp, time, _layer, add_grads, kind="reduce")
+    async def all_reduce(self, rank: int, inp: T, time: int) -> Tuple[T, int]:
+        return await self._reduce(rank, inp, time, "all_reduce", None)
 
-    async def all_gather(self, rank: int, inp: O, time: int, _layer: Any = None) -> Tuple[O, int]:
-        return await self._world.collective(rank, "all_gather", inp, time, _layer, gather_fold, kind="gather")
+    async def all_gather(self, rank: int, inp: O, time: int) -> Tuple[O, int]:
+        return await self._gather(rank, inp, time, None)
 
-    async def reduce_scatter(self, rank: int, inp: TO, time: int, _layer: Any = None) -> Tuple[TO, int]:
-        x, time = await self.all_reduce(rank, inp, time, "reduce_scatter", _layer)
-        return x.shard(rank, self.world_size), time  # type: ignore[attr-defined]
+    async def reduce_scatter(self, rank: int, inp: TO, time: int) -> Tuple[TO, int]:
+        return await self._scatter(rank, inp, time, None)
 
     async def receive(self, rank_source: int, rank_dest: int) -> Any:
         return await self.queue[(rank_source, rank_dest)].get()
@@ -337,11 +337,11 @@ class Model(ToyModel):
 
     async def _collective(self, typ: str, v: Any, layer: int) -> Any:
         if typ == "all_gather":
-            out, self.time = await self.dist.all_gather(self.rank, v, self.time, layer)
+            out, self.time = await self.dist._gather(self.rank, v, self.time, layer)
         elif typ == "reduce_scatter":
-            out, self.time = await self.dist.reduce_scatter(self.rank, v, self.time, layer)
+            out, self.time = await self.dist._scatter(self.rank, v, self.time, layer)
         else:
-            out, self.time = await self.dist.all_reduce(self.rank, v, self.time, "all_reduce", layer)
+            out, self.time = await self.dist._reduce(self.rank, v, self.time, "all_reduce", layer)
         real = self._real
         self._log(typ, layer, _samples(out), out, length=None if real is None else real.collective(typ, v, out),
                   value=v, peers=tuple(range(self.world_size)), op_id=-self._world.seq[self.rank])

@@ -23,7 +23,7 @@ from typing import Any, FrozenSet, List, Optional, Protocol, Sequence, Tuple, Ty
 from .. import costs
 from ._base import ToyModel
 from ._runtime import CompatAssertionError, Mailbox, World, require
-from ._tensor_rules import Message, add_grads, combine_parts, drawable, gather_fold, united
+from ._tensor_rules import Message, WorldCollectives, combine_parts, drawable, united
 
 HIDDEN = 512
 LENGTH = 256
@@ -87,8 +87,10 @@ class ReduceableGatherable(Reduceable[TO], Gatherable[TO]):
     pass
 
 
-class Dist:
+class Dist(WorldCollectives):
     """`total` ranks that communicate; collectives involve all of them, mailboxes hold one message."""
+
+    _NAMES = {"gather": "allgather", "scatter": "scatterreduce"}
 
     def __init__(self, total: int) -> None:
         self.reduce: Optional[Any] = None
@@ -99,15 +101,14 @@ class Dist:
         self.queue: Sequence[Mailbox] = [Mailbox(self._world, f"rank {i}'s mailbox", "pass_to") for i in range(total)]
         self.mtime = 0
 
-    async def allreduce(self, rank: int, inp: T, time: int, _op: str = "allreduce", _layer: Any = None) -> Tuple[T, int]:
-        return await self._world.collective(rank, _op, inp, time, _layer, add_grads, kind="reduce")
+    async def allreduce(self, rank: int, inp: T, time: int) -> Tuple[T, int]:
+        return await self._reduce(rank, inp, time, "allreduce", None)
 
-    async def allgather(self, rank: int, inp: O, time: int, _layer: Any = None) -> Tuple[O, int]:
-        return await self._world.collective(rank, "allgather", inp, time, _layer, gather_fold, kind="gather")
+    async def allgather(self, rank: int, inp: O, time: int) -> Tuple[O, int]:
+        return await self._gather(rank, inp, time, None)
 
-    async def scatterreduce(self, rank: int, inp: TO, time: int, _layer: Any = None) -> Tuple[TO, int]:
-        x, time = await self.allreduce(rank, inp, time, "scatterreduce", _layer)
-        return x.shard(rank, self.ranks), time  # type: ignore[attr-defined]
+    async def scatterreduce(self, rank: int, inp: TO, time: int) -> Tuple[TO, int]:
+        return await self._scatter(rank, inp, time, None)
 
     async def receive(self, rank: int) -> Any:
         return await self.queue[rank].get()
@@ -351,19 +352,19 @@ class Model(ToyModel):
         return None if self._real is None else self._real.collective(typ, v, out)
 
     async def allreduce(self, v: T, layer: int) -> T:
-        out, self.time = await self.dist.allreduce(self.rank, v, self.time, "allreduce", layer)
+        out, self.time = await self.dist._reduce(self.rank, v, self.time, "allreduce", layer)
         self._event("allreduce", layer, frozenset(), length=self._comm_length("allreduce", v, out), value=v,
                     peers=tuple(range(self.RANKS)), op_id=-self._world.seq[self.rank])
         return out
 
     async def scatterreduce(self, v: TO, layer: int) -> TO:
-        out, self.time = await self.dist.scatterreduce(self.rank, v, self.time, layer)
+        out, self.time = await self.dist._scatter(self.rank, v, self.time, layer)
         self._event("scatterreduce", layer, frozenset(), length=self._comm_length("scatterreduce", v, out),
                     value=v, peers=tuple(range(self.RANKS)), op_id=-self._world.seq[self.rank])
         return out
 
     async def allgather(self, v: O, layer: int) -> O:
-        out, self.time = await self.dist.allgather(self.rank, v, self.time, layer)
+        out, self.time = await self.dist._gather(self.rank, v, self.time, layer)
         self._event("allgather", layer, frozenset(), length=self._comm_length("allgather", v, out), value=v,
                     peers=tuple(range(self.RANKS)), op_id=-self._world.seq[self.rank])
         return out
