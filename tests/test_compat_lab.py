@@ -106,3 +106,16 @@ def test_tensors_must_be_in_the_storage_dicts():
         model.forward(0, model.get_input_activation([0]), w)
     with pytest.raises(AssertionError, match="not in model.activations"):
         asyncio.run(sloppy(lab_api.Model(0, lab_api.Dist(1), 1, 1)))
+
+
+def test_main_runs_the_files_own_configuration_unless_a_function_or_set_up_is_named(capsys):
+    styles = SOLUTIONS.parent / "lab_course_styles.py"
+    own = run_file(styles)  # main(): 4 ranks, 8 layers, batch 32 in microbatches of 4, 1F1B
+    assert own.strategy == "lab_course_styles.main" and own.cluster.world_size == 4 and own.global_batch_size == 32
+    same = run_file(styles, function="part3_training_loop", ranks=4, layers=8, batches=32, batch_size=4)
+    assert same.notebook_time == own.notebook_time and same.memory_bytes == own.memory_bytes
+    assert "MFU:" in capsys.readouterr().out  # main() printed its own figures
+    forced = run_file(styles, main=True, ranks=2)  # main=True wins over a named set-up
+    assert forced.cluster.world_size == 4
+    with pytest.raises(Exception, match="no function 'nope'"):
+        run_file(styles, function="nope")

@@ -203,7 +203,10 @@ def build_result(world: World, strategy: str, problems: list[str], options: dict
             from .lab_costs import theoretical_best_time
             best = theoretical_best_time(layers, batches, n)
             extra["original_mfu"] = best / notebook_time if notebook_time > 0 else 0.0
-    opts = {"api": world.api, "timing": world.settings.timing, **(options or {})}
+    figures = {"time": notebook_time, "time_unit": units[0], "memory_unit": units[1]}
+    if "original_mfu" in extra:
+        figures["mfu"] = extra["original_mfu"]
+    opts = {"api": world.api, "timing": world.settings.timing, **(options or {}), "notebook": figures}
     return ToyResult(cluster=cluster, workload=workload, global_batch_size=batches, options=opts,
                      time_s=max(rank_times), rank_times=rank_times, memory_bytes=peaks, memory_by_kind=by_kind,
                      model_flops=model_flops, hardware_flops=flops, correct=not problems, problems=list(problems),

@@ -167,9 +167,8 @@ def _run_main(module: types.ModuleType, path: Path, before: int) -> Any:
 
 def _located(error: SimulationError, path: Path) -> SimulationError:
     """The same error with the file and the line in it where it arose."""
-    where = user_frame(error)
-    located = type(error)(f"{path.name}: {error}{where}")
-    return located
+    first, _, rest = str(error).partition("\n")
+    return type(error)(f"{path.name}: {first}{user_frame(error)}" + (f"\n{rest}" if rest else ""))
 
 
 async def _awaited(awaitable: Any) -> Any:
