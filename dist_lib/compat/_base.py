@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import Any
 
 from ..memory import format_bytes
@@ -62,7 +63,7 @@ class ToyModel:
     def memory(self) -> int | float:
         """What the storage dicts hold, in the API's own units."""
         ledger = self._ledger
-        if self._untracked or ledger.opaque or ledger.fraction:
+        if self._untracked or ledger.opaque or ledger.fractional:
             return self._summed()  # the originals' own float sum, rounding and all
         return ledger.total()
 
@@ -105,10 +106,16 @@ class ToyModel:
         stream = "compute" if op in COMPUTE_OPS else "collective" if op in COLLECTIVE_OPS else "p2p"
         size = int(self._real.nbytes(value)) if self._real is not None and value is not None else 0
         self._flops += flops
-        mask = 0
-        for i in samples:
-            if isinstance(i, int) and i >= 0:
-                mask |= 1 << i
+        masks = self._world.masks
+        mask = masks.get(samples)
+        if mask is None:
+            mask = 0
+            for i in samples:
+                if isinstance(i, int) and i >= 0:
+                    mask |= 1 << i
+            if len(masks) > 4096:
+                masks.clear()
+            masks[samples] = mask
         self._records.append((self.rank, CORE_OP.get(op, op), stream, start, start + length,
                               layer if isinstance(layer, int) else -1, mask, size, flops, peers, op_id, ""))
 
@@ -186,7 +193,7 @@ def build_result(world: World, strategy: str, problems: list[str], options: dict
         timelines.append((array("d", m._mem_times), array("d", m._mem_values)))
         flops += m._flops
         batches = max(batches, m._batches)
-    events.sort(key=lambda e: (e[3], e[0]))
+    events.sort(key=itemgetter(3, 0))
     notebook_time = max((float(m.log[-1].time) for m in models.values() if m.log), default=0.0)
     real = world.costs
     extra: dict[str, Any] = {}

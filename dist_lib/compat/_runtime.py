@@ -34,6 +34,14 @@ class CompatDeadlockError(DeadlockError):
     """Every rank is blocked or finished: the original would hang here."""
 
 
+def brief(values: Any, shown: int = 12) -> str:
+    """A sorted list for a message, cut after `shown` items: '[0, 1, ..., 11, ... 256 in all]'."""
+    items = sorted(values)
+    if len(items) <= shown:
+        return str(items)
+    return "[" + ", ".join(map(str, items[:shown])) + f", ... {len(items)} in all]"
+
+
 def require(condition: Any, message: str) -> None:
     if not condition:
         raise CompatAssertionError(message)
@@ -157,6 +165,8 @@ WORLDS: list = []  # every World created, so a file's main() can be run and its 
 class World:
     """The ranks of one `Dist`: collective slots, mailboxes, and who is blocked or finished."""
 
+    created = 0  # how many worlds were ever made; each has its serial number
+
     def __init__(self, world_size: int, api: str):
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise CompatAssertionError(f"Dist needs a whole number of ranks >= 1, got {world_size!r}")
@@ -169,11 +179,15 @@ class World:
         self.slots: dict[int, _Slot] = {}
         self.blocked: dict[int, tuple[asyncio.Future, Callable[[], str]]] = {}
         self.tasks: dict[int, asyncio.Task] = {}
+        self.rank_of_task: dict[asyncio.Task, int] = {}
         self.finished: set[int] = set()
         self.next_op_id = 0
         self.collectives = 0
+        self.masks: dict[frozenset, int] = {}  # sample sets as bit masks, for the event records
         self.progress = 0  # bumped whenever a rank blocks, wakes or starts a task
         self._confirming = False
+        World.created += 1
+        self.serial = World.created
         WORLDS.append(self)
         del WORLDS[:-64]  # keep the list short
 
@@ -190,17 +204,14 @@ class World:
         if task is None or self.tasks.get(rank) is task:
             return
         self.tasks[rank] = task
+        self.rank_of_task[task] = rank
         self.finished.discard(rank)
         self.progress += 1
         task.add_done_callback(functools.partial(self._task_done, rank))
 
     def current_rank(self) -> int | None:
         """The rank the running task plays (known from its first call into the API), or None."""
-        task = asyncio.current_task()
-        for rank, t in self.tasks.items():
-            if t is task:
-                return rank
-        return None
+        return self.rank_of_task.get(asyncio.current_task())
 
     def _task_done(self, rank: int, task: asyncio.Task) -> None:
         if self.tasks.get(rank) is task:

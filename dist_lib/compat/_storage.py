@@ -14,7 +14,6 @@ as the originals do, which gives their figure to the last bit and raises the err
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
 
 _MISSING = object()
@@ -23,79 +22,108 @@ _MISSING = object()
 class Ledger:
     """Running totals of one model's storage: toy units, and bytes by kind when a sizer is given."""
 
-    __slots__ = ("whole", "fraction", "floats", "opaque", "sizer", "kind_of", "by_kind")
+    __slots__ = ("whole", "fractional", "floats", "opaque", "sizer", "kind_of", "by_kind")
 
     def __init__(self, sizer: Any = None, kind_of: Any = None):
-        self.whole = 0  # the integer part of the total, exactly
-        self.fraction = Fraction(0)  # the rest, exactly
+        self.whole = 0  # the total of the whole-number sizes, exactly
+        self.fractional = 0  # how many stored sizes are not whole numbers (the total is then not kept)
         self.floats = 0  # how many stored sizes are floats (the originals' sum is then a float)
         self.opaque = 0  # stored values whose size could not be taken
         self.sizer = sizer  # value -> bytes, in real timing
         self.kind_of = kind_of  # value -> kind name, in real timing
         self.by_kind: dict[str, float] = {}
 
-    def change(self, value: Any, sign: int) -> None:
+    def measure(self, value: Any) -> tuple:
+        """What `value` adds to the totals: (whole part, is a float, is fractional, is opaque, kind, bytes)."""
         try:
             size = value.memory()
         except Exception:
-            self.opaque += sign
-            return
+            return (0, False, False, True, None, 0.0)
         if isinstance(size, float):
-            self.floats += sign
-            if size.is_integer():
-                self.whole += sign * int(size)
-            else:
-                self.fraction += sign * Fraction(size)
+            whole = size.is_integer()
+            measured = (int(size) if whole else 0, True, not whole, False)
         elif isinstance(size, int):
-            self.whole += sign * size
+            measured = (size, False, False, False)
         else:
+            return (0, False, False, True, None, 0.0)
+        if self.sizer is None:
+            return measured + (None, 0.0)
+        return measured + (self.kind_of(value), self.sizer(value))
+
+    def apply(self, measured: tuple, sign: int) -> None:
+        whole, is_float, fractional, opaque, kind, nbytes = measured
+        self.whole += sign * whole
+        if is_float:
+            self.floats += sign
+        if fractional:
+            self.fractional += sign
+        if opaque:
             self.opaque += sign
-            return
-        if self.sizer is not None:
-            kind = self.kind_of(value)
-            self.by_kind[kind] = self.by_kind.get(kind, 0.0) + sign * self.sizer(value)
+        if kind is not None:
+            self.by_kind[kind] = self.by_kind.get(kind, 0.0) + sign * nbytes
 
     def total(self) -> int | float:
-        exact = self.whole + self.fraction if self.fraction else self.whole
-        return float(exact) if self.floats else int(exact)
+        """The sum of the stored sizes, valid while none is opaque or fractional."""
+        return float(self.whole) if self.floats else self.whole
 
 
 class Storage(dict):
-    """A dict that tells its model's ledger what enters and leaves it."""
+    """A dict that tells its model's ledger what enters and leaves it, and knows which objects it
+    holds (so "is this tensor stored?" is answered without comparing it to every stored one)."""
 
-    __slots__ = ("ledger",)
+    __slots__ = ("ledger", "held")
 
     def __init__(self, ledger: Ledger):
         super().__init__()
         self.ledger = ledger
+        self.held: dict[int, list] = {}  # id(value) -> [how many keys hold it, what it measured on entry]
+
+    def _enter(self, value: Any) -> None:
+        entry = self.held.get(id(value))
+        if entry is None:  # sized once while held: what leaves is what entered
+            entry = self.held[id(value)] = [0, self.ledger.measure(value)]
+        entry[0] += 1
+        self.ledger.apply(entry[1], 1)
+
+    def _leave(self, value: Any) -> None:
+        entry = self.held[id(value)]
+        self.ledger.apply(entry[1], -1)
+        entry[0] -= 1
+        if not entry[0]:
+            del self.held[id(value)]
+
+    def holds(self, value: Any) -> bool:
+        """`value in self.values()`, as the originals test it (identity first, then equality)."""
+        return id(value) in self.held or value in self.values()
 
     def __setitem__(self, key: Any, value: Any) -> None:
         old = self.get(key, _MISSING)
         super().__setitem__(key, value)
         if old is not _MISSING:
-            self.ledger.change(old, -1)
-        self.ledger.change(value, 1)
+            self._leave(old)
+        self._enter(value)
 
     def __delitem__(self, key: Any) -> None:
         value = self[key]
         super().__delitem__(key)
-        self.ledger.change(value, -1)
+        self._leave(value)
 
     def pop(self, key: Any, *default: Any) -> Any:
         if key not in self:
             return super().pop(key, *default)
         value = super().pop(key)
-        self.ledger.change(value, -1)
+        self._leave(value)
         return value
 
     def popitem(self) -> tuple[Any, Any]:
         key, value = super().popitem()
-        self.ledger.change(value, -1)
+        self._leave(value)
         return key, value
 
     def clear(self) -> None:
-        for value in self.values():
-            self.ledger.change(value, -1)
+        for count, measured in self.held.values():
+            self.ledger.apply(measured, -count)
+        self.held.clear()
         super().clear()
 
     def setdefault(self, key: Any, default: Any = None) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ._runtime import current, require
+from ._runtime import brief, current, require
 
 
 class CompatStrictWarning(UserWarning):
@@ -28,7 +28,7 @@ def united(a: Any, b: Any, field: str, api: str) -> frozenset:
     if current(api).strict:
         twice = set(mine) & set(theirs)
         if twice:
-            warnings.warn(f"layer {a.layer}: the gradient of {field} {sorted(twice)} is counted twice in a sum "
+            warnings.warn(f"layer {a.layer}: the gradient of {field} {brief(twice)} is counted twice in a sum "
                           f"(the original keeps one copy of each)", CompatStrictWarning, stacklevel=3)
     return mine | theirs
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from ._base import ToyModel
-from ._runtime import Mailbox, World, require
+from ._runtime import Mailbox, World, brief, require
+from ._storage import Storage
 from ._tensor_rules import Message, WorldCollectives, combine_parts, united
 from .lab_costs import BLOCK_SIZE, BYTES_PER_ELEMENT, DATATYPE, HIDDEN_SIZE, RuntimePredictor
 from .puzzles import Barrier
@@ -220,6 +221,7 @@ class Model(ToyModel):
         self.num_layers = num_layers
         self.global_batch_size = global_batch_size
         self.runtime_predictor = RuntimePredictor(dist.world_size)
+        self._every_sample = frozenset(range(global_batch_size))
 
     def log_event(self, typ: str, layer: Optional[int] = None, samples: FrozenSet[int] = frozenset({}),
                   input: Optional[Any] = None, num_shards_on_device: Optional[int] = None,  # noqa: A002
@@ -276,7 +278,7 @@ class Model(ToyModel):
         return Activation(0, self.num_layers, frozenset(samples), self.global_batch_size)
 
     def _held(self, value: Any, store: dict, what: str, op: str) -> None:
-        require(value in store.values(),
+        require(store.holds(value) if isinstance(store, Storage) else value in store.values(),
                 f"{op}: the {what[:-1].replace('_', ' ')} passed in is not in model.{what}; every op takes "
                 f"its tensors from the storage dicts")
 
@@ -320,9 +322,10 @@ class Model(ToyModel):
         self._held(opt_state, self.opt_states, "opt_states", where)
         require(weight.layer == layer, f"Weight should be layer {layer}")
         require(weight_grad.layer == layer, f"Grad weight should be layer {layer}")
-        missing = set(range(self.global_batch_size)) - set(weight_grad.samples)
-        require(set(weight_grad.samples) == set(range(self.global_batch_size)),
-                f"{where}: the gradient covers samples {sorted(weight_grad.samples)}, missing {sorted(missing)}")
+        if set(weight_grad.samples) != self._every_sample:
+            missing = self._every_sample - set(weight_grad.samples)
+            require(False, f"{where}: the gradient covers samples {brief(weight_grad.samples)}, missing "
+                           f"{brief(missing)}")
         require(opt_state.layer == layer, f"OptState should be layer {layer}")
         if weight_grad.num_shards > 1:
             require(weight.shards.issubset(weight_grad.shards), f"Weight {weight.shards}")

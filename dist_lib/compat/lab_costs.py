@@ -97,6 +97,7 @@ class RuntimePredictor:
         if config_file_name not in SYSTEMS:
             raise ValueError(f"RuntimePredictor: unknown system {config_file_name!r}; known: {sorted(SYSTEMS)}")
         self.world_size = world_size
+        self._memo: dict[tuple, float] = {}  # the durations are pure functions of their arguments
         system = SYSTEMS[config_file_name]
         self.processor = system["matrix"]
         self.mem_hbm = system["hbm"]
@@ -118,10 +119,14 @@ class RuntimePredictor:
 
     def get_forward_backward_time(self, batch_size: int) -> float:
         """One [tokens x H] @ [H x H] product: reads the weight and the input, writes the output."""
+        hit = self._memo.get(("fb", batch_size))
+        if hit is not None:
+            return hit
         tokens = batch_size * BLOCK_SIZE
         flops = 2 * HIDDEN_SIZE * HIDDEN_SIZE * tokens
         traffic = (HIDDEN_SIZE * HIDDEN_SIZE + 2 * tokens * HIDDEN_SIZE) * BYTES_PER_ELEMENT
-        return self.get_processing_time(flops, traffic)
+        hit = self._memo[("fb", batch_size)] = self.get_processing_time(flops, traffic)
+        return hit
 
     def get_update_step_time(self, num_shards_on_device: int, num_shards: int) -> float:
         """An element-wise step over this rank's [H x H*on/shards] slice: reads two, writes one."""
@@ -144,7 +149,11 @@ class RuntimePredictor:
         return elements * BYTES_PER_ELEMENT
 
     def get_collective_time(self, collective_name: str, v: Any) -> float:
-        return self.network.time(collective_name, self.get_comm_bytes(v), self.world_size)
+        nbytes = self.get_comm_bytes(v)
+        hit = self._memo.get((collective_name, nbytes))
+        if hit is None:
+            hit = self._memo[(collective_name, nbytes)] = self.network.time(collective_name, nbytes, self.world_size)
+        return hit
 
     def get_send_recv_time(self, v: Any) -> float:
         return self.network.time("p2p", self.get_comm_bytes(v), 2)

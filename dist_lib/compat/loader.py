@@ -128,7 +128,7 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
             function is None and ranks is None and layers is None and batches is None
             and callable(getattr(module, "main", None)))
         fn_name = None if use_main else function or _pick_function(module, api)
-        before = len(_runtime.WORLDS)
+        before = _runtime.World.created
         try:
             if fn_name is None:
                 world = _run_main(module, path, before)
@@ -159,7 +159,7 @@ def _run_main(module: types.ModuleType, path: Path, before: int) -> Any:
     out = main()
     if inspect.isawaitable(out):
         asyncio.run(_awaited(out))
-    worlds = [w for w in _runtime.WORLDS[before:] if w.models]
+    worlds = [w for w in _runtime.WORLDS if w.serial > before and w.models]
     if not worlds:
         raise SpecError(f"{path}: main() created no models")
     return worlds[-1]

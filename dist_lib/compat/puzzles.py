@@ -22,7 +22,7 @@ from typing import Any, FrozenSet, List, Optional, Protocol, Sequence, Tuple, Ty
 
 from .. import costs
 from ._base import ToyModel
-from ._runtime import CompatAssertionError, Mailbox, World, require
+from ._runtime import CompatAssertionError, Mailbox, World, brief, require
 from ._tensor_rules import Message, WorldCollectives, combine_parts, drawable, united
 
 HIDDEN = 512
@@ -329,10 +329,10 @@ class Model(ToyModel):
                shard: int = 0) -> Tuple[Weight, OptState]:
         require(weight.layer == layer, f"Weight should be layer {layer}, got layer {weight.layer}")
         require(weight_grad.layer == layer, f"Grad weight should be layer {layer}, got layer {weight_grad.layer}")
-        missing = set(range(self.BATCHES)) - set(weight_grad.batches)
-        require(set(weight_grad.batches) == set(range(self.BATCHES)),
-                f"update(layer {layer}): the gradient covers batches {sorted(weight_grad.batches)}, missing "
-                f"{sorted(missing)}")
+        if set(weight_grad.batches) != set(range(self.BATCHES)):
+            missing = set(range(self.BATCHES)) - set(weight_grad.batches)
+            require(False, f"update(layer {layer}): the gradient covers batches {brief(weight_grad.batches)}, "
+                           f"missing {brief(missing)}")
         require(opt_state.layer == layer, f"OptState should be layer {layer}, got layer {opt_state.layer}")
         if weight_grad.total > 1:
             require(weight.shards.issubset(weight_grad.shards), f"Weight {weight.shards}")
