@@ -143,3 +143,21 @@ def test_grader_style_call():
     result = run_file(SOLUTIONS, api="puzzles", function="ddp", cluster="4xA100-80GB", workload="toy",
                       global_batch_size=32, check=False, enforce_memory=True)
     assert result.correct and result.options["timing"] == "real" and result.cluster.world_size == 4
+
+
+def test_deadlock_report_lists_who_is_missing_when_it_is_detected():
+    async def rank_two_skips(model):
+        model.load_weights(0)
+        if model.rank != 2:
+            await model.allreduce(model.fake_grad(0, [model.rank]), 0)
+
+    async def main():
+        dist = P.Dist(3)
+        await asyncio.gather(*[rank_two_skips(P.Model(r, dist, 1, 3)) for r in range(3)])
+
+    with pytest.raises(DeadlockError) as caught:
+        asyncio.run(main())
+    report = str(caught.value)
+    # rank 0 arrived when ranks 1 and 2 were missing; by detection only rank 2 is
+    assert "rank 0 waits in allreduce(layer 0) #0, waiting for ranks [2]" in report
+    assert "rank 1 waits in allreduce(layer 0) #0, waiting for ranks [2]" in report and "rank 2 finished" in report

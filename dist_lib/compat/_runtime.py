@@ -42,9 +42,11 @@ def brief(values: Any, shown: int = 12) -> str:
     return "[" + ", ".join(map(str, items[:shown])) + f", ... {len(items)} in all]"
 
 
-def require(condition: Any, message: str) -> None:
+def require(condition: Any, message: str | Callable[[], str]) -> None:
+    """Raise `CompatAssertionError(message)` unless `condition`; a callable message is built only then
+    (the hot ops check on every call, and their messages format sample sets)."""
     if not condition:
-        raise CompatAssertionError(message)
+        raise CompatAssertionError(message() if callable(message) else message)
 
 
 # ---- settings ------------------------------------------------------------------------------------
@@ -241,7 +243,8 @@ class World:
             future.set_result(value)
 
     def _stalled(self) -> bool:
-        return all(r in self.blocked or r in self.finished for r in range(self.n))
+        # a finished rank is never blocked (a new task for it leaves `finished` when it enters)
+        return len(self.blocked) + len(self.finished) >= self.n
 
     def _check_deadlock(self) -> None:
         """When every rank looks blocked or finished, confirm it after the tasks already scheduled

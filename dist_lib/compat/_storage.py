@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 _MISSING = object()
+FLOAT, FRACTIONAL, OPAQUE = 1, 2, 4  # what a measured size is, besides its whole part
 
 
 class Ledger:
@@ -34,31 +35,33 @@ class Ledger:
         self.by_kind: dict[str, float] = {}
 
     def measure(self, value: Any) -> tuple:
-        """What `value` adds to the totals: (whole part, is a float, is fractional, is opaque, kind, bytes)."""
+        """What `value` adds to the totals: (whole part, flags FLOAT|FRACTIONAL|OPAQUE, kind, bytes)."""
         try:
             size = value.memory()
         except Exception:
-            return (0, False, False, True, None, 0.0)
-        if isinstance(size, float):
-            whole = size.is_integer()
-            measured = (int(size) if whole else 0, True, not whole, False)
+            return (0, OPAQUE, None, 0.0)
+        if type(size) is int:
+            measured = (size, 0)
+        elif isinstance(size, float):
+            measured = (int(size), FLOAT) if size.is_integer() else (0, FLOAT | FRACTIONAL)
         elif isinstance(size, int):
-            measured = (size, False, False, False)
+            measured = (int(size), 0)
         else:
-            return (0, False, False, True, None, 0.0)
+            return (0, OPAQUE, None, 0.0)
         if self.sizer is None:
             return measured + (None, 0.0)
         return measured + (self.kind_of(value), self.sizer(value))
 
     def apply(self, measured: tuple, sign: int) -> None:
-        whole, is_float, fractional, opaque, kind, nbytes = measured
+        whole, flags, kind, nbytes = measured
         self.whole += sign * whole
-        if is_float:
-            self.floats += sign
-        if fractional:
-            self.fractional += sign
-        if opaque:
-            self.opaque += sign
+        if flags:
+            if flags & FLOAT:
+                self.floats += sign
+            if flags & FRACTIONAL:
+                self.fractional += sign
+            if flags & OPAQUE:
+                self.opaque += sign
         if kind is not None:
             self.by_kind[kind] = self.by_kind.get(kind, 0.0) + sign * nbytes
 
@@ -96,12 +99,21 @@ class Storage(dict):
         """`value in self.values()`, as the originals test it (identity first, then equality)."""
         return id(value) in self.held or value in self.values()
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: Any, value: Any) -> None:  # the hot path: _leave and _enter, inlined
         old = self.get(key, _MISSING)
-        super().__setitem__(key, value)
+        dict.__setitem__(self, key, value)
+        held, ledger = self.held, self.ledger
         if old is not _MISSING:
-            self._leave(old)
-        self._enter(value)
+            entry = held[id(old)]
+            ledger.apply(entry[1], -1)
+            entry[0] -= 1
+            if not entry[0]:
+                del held[id(old)]
+        entry = held.get(id(value))
+        if entry is None:
+            entry = held[id(value)] = [0, ledger.measure(value)]
+        entry[0] += 1
+        ledger.apply(entry[1], 1)
 
     def __delitem__(self, key: Any) -> None:
         value = self[key]

@@ -107,9 +107,9 @@ class Weight(Gatherable["Weight"]):
         return (len(self.shards) / self.num_shards) * HIDDEN_SIZE * HIDDEN_SIZE
 
     def shard(self, shard: int, num_shards: int) -> Weight:
-        require(self.is_complete(), f"only a complete Weight can be sharded, got shards {set(self.shards)} of "
+        require(self.is_complete(), lambda: f"only a complete Weight can be sharded, got shards {set(self.shards)} of "
                                     f"{self.num_shards}")
-        require(shard < num_shards, f"shard {shard} is not below {num_shards}")
+        require(shard < num_shards, lambda: f"shard {shard} is not below {num_shards}")
         return Weight(self.layer, self.layers, self.step, frozenset([shard]), num_shards)
 
     def is_complete(self) -> bool:
@@ -153,8 +153,8 @@ class WeightGrad(Reduceable["WeightGrad"], Gatherable["WeightGrad"]):
         return (len(self.shards) / self.num_shards) * HIDDEN_SIZE * HIDDEN_SIZE
 
     def shard(self, shard: int, num_shards: int) -> WeightGrad:
-        require(self.is_complete(), f"{self.shards} out of {self.num_shards}")
-        require(shard < num_shards, f"shard {shard} is not below {num_shards}")
+        require(self.is_complete(), lambda: f"{self.shards} out of {self.num_shards}")
+        require(shard < num_shards, lambda: f"shard {shard} is not below {num_shards}")
         return WeightGrad(self.layer, self.layers, self.samples, self.total_samples, frozenset([shard]), num_shards)
 
     def is_complete(self) -> bool:
@@ -279,39 +279,39 @@ class Model(ToyModel):
 
     def _held(self, value: Any, store: dict, what: str, op: str) -> None:
         require(store.holds(value) if isinstance(store, Storage) else value in store.values(),
-                f"{op}: the {what[:-1].replace('_', ' ')} passed in is not in model.{what}; every op takes "
+                lambda: f"{op}: the {what[:-1].replace('_', ' ')} passed in is not in model.{what}; every op takes "
                 f"its tensors from the storage dicts")
 
     def forward(self, layer: int, inp: Activation, weight: Weight) -> Activation:
         self._log("forward", layer, inp.samples)
         where = f"forward(layer {layer})"
-        require(weight.is_complete(), f"{where}: the weight holds shards {set(weight.shards)} of "
+        require(weight.is_complete(), lambda: f"{where}: the weight holds shards {set(weight.shards)} of "
                                       f"{weight.num_shards}; all_gather it first")
-        require(weight.layer == layer, f"Weight should be layer {layer}, but is {weight.layer}")
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}, but is {weight.layer}")
         self._held(inp, self.activations, "activations", where)
         self._held(weight, self.weights, "weights", where)
-        require(inp.layer == layer, f"Input should be layer {layer}, but is {inp.layer}")
+        require(inp.layer == layer, lambda: f"Input should be layer {layer}, but is {inp.layer}")
         return Activation(layer + 1, self.num_layers, inp.samples, self.global_batch_size)
 
     def backward(self, layer: int, inp: Activation, grad: ActivationGrad,
                  weight: Weight) -> Tuple[WeightGrad, ActivationGrad]:
         self._log("backward", layer, inp.samples)
         where = f"backward(layer {layer})"
-        require(weight.is_complete(), f"{where}: the weight holds shards {set(weight.shards)}; all_gather it first")
-        require(weight.layer == layer, f"Weight should be layer {layer}, but is {weight.layer}")
-        require(inp.layer == layer, f"Input should be layer {layer}, but is {inp.layer}")
+        require(weight.is_complete(), lambda: f"{where}: the weight holds shards {set(weight.shards)}; all_gather it first")
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}, but is {weight.layer}")
+        require(inp.layer == layer, lambda: f"Input should be layer {layer}, but is {inp.layer}")
         self._held(inp, self.activations, "activations", where)
         self._held(weight, self.weights, "weights", where)
         self._held(grad, self.grad_activations, "grad_activations", where)
-        require(set(inp.samples) == set(grad.samples), f"Batch mismatch {set(inp.samples)} vs {set(grad.samples)}")
-        require(grad.layer == layer, f"Activation Grad should be layer {layer}, but is {grad.layer}")
+        require(set(inp.samples) == set(grad.samples), lambda: f"Batch mismatch {set(inp.samples)} vs {set(grad.samples)}")
+        require(grad.layer == layer, lambda: f"Activation Grad should be layer {layer}, but is {grad.layer}")
         return (WeightGrad(layer, self.num_layers, inp.samples, self.global_batch_size),
                 ActivationGrad(layer - 1, self.num_layers, inp.samples, self.global_batch_size))
 
     def loss(self, inp: Activation) -> ActivationGrad:
         self._log("loss", self.num_layers, inp.samples)
         self._held(inp, self.activations, "activations", "loss")
-        require(inp.layer == self.num_layers, f"Input should be final layer {self.num_layers}, but is {inp.layer}")
+        require(inp.layer == self.num_layers, lambda: f"Input should be final layer {self.num_layers}, but is {inp.layer}")
         return ActivationGrad(self.num_layers - 1, self.num_layers, inp.samples, self.global_batch_size)
 
     def update(self, layer: int, weight_grad: WeightGrad, weight: Weight,
@@ -320,17 +320,17 @@ class Model(ToyModel):
         self._held(weight, self.weights, "weights", where)
         self._held(weight_grad, self.grad_weights, "grad_weights", where)
         self._held(opt_state, self.opt_states, "opt_states", where)
-        require(weight.layer == layer, f"Weight should be layer {layer}")
-        require(weight_grad.layer == layer, f"Grad weight should be layer {layer}")
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}")
+        require(weight_grad.layer == layer, lambda: f"Grad weight should be layer {layer}")
         if set(weight_grad.samples) != self._every_sample:
             missing = self._every_sample - set(weight_grad.samples)
-            require(False, f"{where}: the gradient covers samples {brief(weight_grad.samples)}, missing "
+            require(False, lambda: f"{where}: the gradient covers samples {brief(weight_grad.samples)}, missing "
                            f"{brief(missing)}")
-        require(opt_state.layer == layer, f"OptState should be layer {layer}")
+        require(opt_state.layer == layer, lambda: f"OptState should be layer {layer}")
         if weight_grad.num_shards > 1:
-            require(weight.shards.issubset(weight_grad.shards), f"Weight {weight.shards}")
-            require(opt_state.shards.issubset(weight_grad.shards), f"Opt {opt_state.shards}")
-        require(weight.step == opt_state.step, f"{where}: weight and optimizer state steps differ")
+            require(weight.shards.issubset(weight_grad.shards), lambda: f"Weight {weight.shards}")
+            require(opt_state.shards.issubset(weight_grad.shards), lambda: f"Opt {opt_state.shards}")
+        require(weight.step == opt_state.step, lambda: f"{where}: weight and optimizer state steps differ")
         new_opt = OptState(layer, self.num_layers, opt_state.step + 1, opt_state.shards, opt_state.num_shards)
         new_weight = Weight(layer, self.num_layers, weight.step + 1, weight.shards, weight.num_shards)
         self._log("update", layer, weight_grad.samples, None, len(weight.shards), weight.num_shards)

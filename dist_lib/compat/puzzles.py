@@ -135,9 +135,9 @@ class Weight(Gatherable["Weight"]):
         return (len(self.shards) / self.total) * HIDDEN * HIDDEN
 
     def shard(self, shard: int, total: int) -> Weight:
-        require(self.is_complete(), f"only a complete Weight can be sharded, got shards {set(self.shards)} "
+        require(self.is_complete(), lambda: f"only a complete Weight can be sharded, got shards {set(self.shards)} "
                                     f"of {self.total}")
-        require(shard < total, f"shard {shard} is not below total {total}")
+        require(shard < total, lambda: f"shard {shard} is not below total {total}")
         return Weight(self.layer, self.layers, self.step, frozenset([shard]), total)
 
     def is_complete(self) -> bool:
@@ -185,8 +185,8 @@ class WeightGrad(Reduceable["WeightGrad"], Gatherable["WeightGrad"]):
         return (len(self.shards) / self.total) * HIDDEN * HIDDEN
 
     def shard(self, shard: int, total: int) -> WeightGrad:
-        require(self.is_complete(), f"{self.shards} out of {self.total}")
-        require(shard < total, f"shard {shard} is not below total {total}")
+        require(self.is_complete(), lambda: f"{self.shards} out of {self.total}")
+        require(shard < total, lambda: f"shard {shard} is not below total {total}")
         return WeightGrad(self.layer, self.layers, self.batches, self.total_batches, frozenset([shard]), total)
 
     def is_complete(self) -> bool:
@@ -301,43 +301,43 @@ class Model(ToyModel):
     def forward(self, layer: int, inp: Activation, weight: Weight) -> Activation:
         """Take the activation entering layer `layer` and return the one entering layer + 1."""
         self._event("forward", layer, inp.batches)
-        require(weight.is_complete(), f"forward(layer {layer}): the weight holds shards {set(weight.shards)} "
+        require(weight.is_complete(), lambda: f"forward(layer {layer}): the weight holds shards {set(weight.shards)} "
                                       f"of {weight.total}; allgather it first")
-        require(weight.layer == layer, f"Weight should be layer {layer}, got layer {weight.layer}")
-        require(inp.layer == layer, f"Input should be layer {layer}, got layer {inp.layer}")
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}, got layer {weight.layer}")
+        require(inp.layer == layer, lambda: f"Input should be layer {layer}, got layer {inp.layer}")
         return Activation(layer + 1, self.LAYERS, inp.batches, self.BATCHES)
 
     def backward(self, layer: int, inp: Activation, grad: ActivationGrad,
                  weight: Weight) -> Tuple[WeightGrad, ActivationGrad]:
         self._event("backward", layer, inp.batches)
-        require(weight.is_complete(), f"backward(layer {layer}): the weight holds shards {set(weight.shards)} "
+        require(weight.is_complete(), lambda: f"backward(layer {layer}): the weight holds shards {set(weight.shards)} "
                                       f"of {weight.total}; allgather it first")
-        require(weight.layer == layer, f"Weight should be layer {layer}, got layer {weight.layer}")
-        require(inp.layer == layer, f"Input should be layer {layer}, got layer {inp.layer}")
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}, got layer {weight.layer}")
+        require(inp.layer == layer, lambda: f"Input should be layer {layer}, got layer {inp.layer}")
         require(set(inp.batches) == set(grad.batches),
-                f"Batch mismatch {set(inp.batches)} (activation) vs {set(grad.batches)} (gradient)")
-        require(grad.layer == layer, f"Activation Grad should be layer {layer}, got layer {grad.layer}")
+                lambda: f"Batch mismatch {set(inp.batches)} (activation) vs {set(grad.batches)} (gradient)")
+        require(grad.layer == layer, lambda: f"Activation Grad should be layer {layer}, got layer {grad.layer}")
         return (WeightGrad(layer, self.LAYERS, inp.batches, self.BATCHES),
                 ActivationGrad(layer - 1, self.LAYERS, inp.batches, self.BATCHES))
 
     def loss(self, inp: Activation) -> ActivationGrad:
         self._event("loss", self.LAYERS, frozenset(), n=len(inp.batches))
-        require(inp.layer == self.LAYERS, f"Input should be final layer {self.LAYERS}, got layer {inp.layer}")
+        require(inp.layer == self.LAYERS, lambda: f"Input should be final layer {self.LAYERS}, got layer {inp.layer}")
         return ActivationGrad(self.LAYERS - 1, self.LAYERS, inp.batches, self.BATCHES)
 
     def update(self, layer: int, weight_grad: WeightGrad, weight: Weight, opt_state: OptState,
                shard: int = 0) -> Tuple[Weight, OptState]:
-        require(weight.layer == layer, f"Weight should be layer {layer}, got layer {weight.layer}")
-        require(weight_grad.layer == layer, f"Grad weight should be layer {layer}, got layer {weight_grad.layer}")
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}, got layer {weight.layer}")
+        require(weight_grad.layer == layer, lambda: f"Grad weight should be layer {layer}, got layer {weight_grad.layer}")
         if set(weight_grad.batches) != set(range(self.BATCHES)):
             missing = set(range(self.BATCHES)) - set(weight_grad.batches)
-            require(False, f"update(layer {layer}): the gradient covers batches {brief(weight_grad.batches)}, "
+            require(False, lambda: f"update(layer {layer}): the gradient covers batches {brief(weight_grad.batches)}, "
                            f"missing {brief(missing)}")
-        require(opt_state.layer == layer, f"OptState should be layer {layer}, got layer {opt_state.layer}")
+        require(opt_state.layer == layer, lambda: f"OptState should be layer {layer}, got layer {opt_state.layer}")
         if weight_grad.total > 1:
-            require(weight.shards.issubset(weight_grad.shards), f"Weight {weight.shards}")
-            require(opt_state.shards.issubset(weight_grad.shards), f"Opt {opt_state.shards}")
-        require(weight.step == opt_state.step, f"weight step {weight.step} != optimizer step {opt_state.step}")
+            require(weight.shards.issubset(weight_grad.shards), lambda: f"Weight {weight.shards}")
+            require(opt_state.shards.issubset(weight_grad.shards), lambda: f"Opt {opt_state.shards}")
+        require(weight.step == opt_state.step, lambda: f"weight step {weight.step} != optimizer step {opt_state.step}")
         new_opt = OptState(layer, self.LAYERS, opt_state.step + 1, opt_state.shards, opt_state.total)
         new_weight = Weight(layer, self.LAYERS, weight.step + 1, weight.shards, weight.total)
         self._event("update", None, frozenset(), at=layer, fraction=len(opt_state.shards) / opt_state.total)
@@ -372,7 +372,7 @@ class Model(ToyModel):
     async def pass_to(self, rank: int, v: Any) -> None:
         world = self._world
         world.enter(self.rank)
-        require(isinstance(rank, int) and 0 <= rank < world.n, f"pass_to({rank!r}): no such rank (0..{world.n - 1})")
+        require(isinstance(rank, int) and 0 <= rank < world.n, lambda: f"pass_to({rank!r}): no such rank (0..{world.n - 1})")
         real, op_id = self._real, world.op_id()
         self._event("pass", None, frozenset(), at=getattr(v, "layer", None), value=v, peers=(self.rank, rank),
                     length=None if real is None else real.p2p(self.rank, rank, v), op_id=op_id, trace_op="send")
