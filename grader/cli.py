@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-enforce-memory", action="store_true", help="report memory instead of failing on OOM")
     run.add_argument("--api", choices=("puzzles", "lab"), help="run a file written for another API")
     run.add_argument("--function", help="the function to run with --api")
+    run.add_argument("--timing", choices=("original", "unit", "real"),
+                     help="with --api: the original library's cost model (default) or this simulator's device "
+                          "costs ('real', on --cluster)")
+    run.add_argument("--main", action="store_true",
+                     help="with --api: run the file's own main() (its ranks, layers and batch); by default it runs "
+                          "when no --function or --set ranks/layers/batches is given")
     board = sub.add_parser("leaderboard", help="many submissions on a suite")
     board.add_argument("paths", nargs="+")
     board.add_argument("--suite", default=None, help="suite TOML file or shipped name (default: default)")
@@ -99,15 +105,22 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         except ImportError:
             raise InputError("--api needs the puzzles/lab compatibility layer (dist_lib.compat), "
                              "which this installation does not have") from None
-    elif args.function:
-        raise InputError("--function only applies with --api puzzles|lab")
+    else:
+        for flag, given_flag in (("--function", args.function), ("--timing", args.timing), ("--main", args.main)):
+            if given_flag:
+                raise InputError(f"{flag} only applies with --api puzzles|lab")
+    options = parse_set(args.set)
+    if args.timing:
+        options["timing"] = args.timing
+    if args.main:
+        options["main"] = True
     if args.timeout <= 0:
         raise InputError("--timeout must be positive")
     # A puzzles or lab file sets up its own ranks and model: only what the user names is passed on.
     given = [name for name in ("cluster", "workload", "batch") if getattr(args, name) is not None]
     scenario = Scenario(name="run", cluster=args.cluster or DEFAULT_CLUSTER, workload=args.workload or DEFAULT_WORKLOAD,
                         global_batch=DEFAULT_GLOBAL_BATCH if args.batch is None else args.batch,
-                        options=parse_set(args.set), enforce_memory=not args.no_enforce_memory, given=tuple(given))
+                        options=options, enforce_memory=not args.no_enforce_memory, given=tuple(given))
     scenario.load()
     from .grade import grade_run
     trace = args.trace or str(Path("traces") / f"{path.stem}.json")
@@ -116,7 +129,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                             trace, plots=not args.no_plots, api=args.api, function=args.function)
     if row["status"] == "bad_input":
         raise InputError(row["error"].splitlines()[0])
-    if args.json:
+    if args.api:
+        _report_compat(args, row, result, console)
+    elif args.json:
         keys = ("strategy", "cluster", "workload", "global_batch", "status", "error", "time_s", "peak_memory_bytes",
                 "peak_memory_rank", "memory_bytes", "mfu", "hfu", "bubble_fraction", "correct", "problems", "trace",
                 "plots")
@@ -125,6 +140,31 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         from .report_terminal import print_run
         print_run(console, row, result)
     return 0 if row["status"] == "ok" else 1
+
+
+def _report_compat(args: argparse.Namespace, row: dict[str, Any], result: Any, console: Console) -> None:
+    """A puzzles or lab run in the original library's figures and units (dist_lib.compat.report)."""
+    from dist_lib.compat.report import notebook, run_lines
+    name = result.strategy if result is not None else row["strategy"] + (f".{args.function}" if args.function else "")
+    if args.json:
+        figures = notebook(row)
+        keys = ("strategy", "status", "error", "time_s", "peak_memory_bytes", "peak_memory_rank", "memory_bytes",
+                "correct", "problems", "trace", "cluster")
+        ran = result is not None or args.cluster is not None  # else the row names the unused native cluster
+        print(json.dumps({**{k: row.get(k) for k in keys}, "strategy": name, "cluster": row["cluster"] if ran else None,
+                          "api": args.api,
+                          "timing": (row.get("options") or {}).get("timing", args.timing or "original"),
+                          "notebook_time": figures.get("time"), "time_unit": figures.get("time_unit"),
+                          "memory_unit": figures.get("memory_unit"), "mfu": figures.get("mfu", row.get("mfu"))}))
+        return
+    for line in run_lines({**row, "strategy": name}, args.api, args.timing):
+        console.print(line, highlight=False)
+    if result is not None and (row.get("options") or {}).get("timing") == "real":  # seconds and bytes
+        from .report_terminal import legend, schedule_view, timeline_width
+        console.print(schedule_view(result, timeline_width(console)))
+        console.print(legend())
+    if row.get("trace"):
+        console.print(f"  trace         {row['trace']} (open in https://ui.perfetto.dev)")
 
 
 def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:

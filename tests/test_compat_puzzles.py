@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dist_lib import DeadlockError, IncorrectStepError, SimulationError
-from dist_lib.compat import api_modules, detect_api, run_file
+from dist_lib import DeadlockError, IncorrectStepError
+from dist_lib.compat import CompatStrictWarning, api_modules, configure, detect_api, run_file
 from dist_lib.compat import puzzles as P
 from dist_lib.trace import chrome_trace, validate_trace
 
@@ -49,7 +49,10 @@ def test_solution_is_correct_and_lands_on_the_published_targets(name):
 
 def test_run_file_gives_a_result_with_a_valid_trace():
     result = run_file(SOLUTIONS, function="gpipe")
-    assert result.correct and result.options == {"api": "puzzles", "timing": "unit"}
+    assert result.correct and result.options == {
+        "api": "puzzles", "timing": "original",
+        "notebook": {"time": pytest.approx(33.3), "time_unit": "steps", "memory_unit": "units"}}
+    assert result.notebook_time == pytest.approx(33.3) and "33.3 steps" in repr(result)
     assert result.time_s == pytest.approx(33.8) and result.peak_memory_bytes == 2_752_512
     assert validate_trace(chrome_trace(result)) == []
     sends = [e for e in result.events if e.op == "send"]
@@ -111,10 +114,14 @@ def test_wrong_step_is_reported():
         P.Model.check([m])
 
 
-def test_double_counted_gradient_is_refused():
+def test_gradient_sum_unites_batches_as_the_original_and_strict_mode_warns():
     g = P.WeightGrad(0, 1, frozenset({0}), 2)
-    with pytest.raises(SimulationError, match="counted twice"):
+    h = P.WeightGrad(0, 1, frozenset({1}), 2)
+    assert (g + g).batches == {0} and (g + h).batches == {0, 1}
+    with configure("puzzles", strict=True), pytest.warns(CompatStrictWarning, match=r"batches \[0\] is counted twice"):
         g + g
+    with pytest.raises(AssertionError, match="same layer"):
+        g + P.WeightGrad(1, 2, frozenset({1}), 2)
 
 
 def test_detect_api():
@@ -136,3 +143,21 @@ def test_grader_style_call():
     result = run_file(SOLUTIONS, api="puzzles", function="ddp", cluster="4xA100-80GB", workload="toy",
                       global_batch_size=32, check=False, enforce_memory=True)
     assert result.correct and result.options["timing"] == "real" and result.cluster.world_size == 4
+
+
+def test_deadlock_report_lists_who_is_missing_when_it_is_detected():
+    async def rank_two_skips(model):
+        model.load_weights(0)
+        if model.rank != 2:
+            await model.allreduce(model.fake_grad(0, [model.rank]), 0)
+
+    async def main():
+        dist = P.Dist(3)
+        await asyncio.gather(*[rank_two_skips(P.Model(r, dist, 1, 3)) for r in range(3)])
+
+    with pytest.raises(DeadlockError) as caught:
+        asyncio.run(main())
+    report = str(caught.value)
+    # rank 0 arrived when ranks 1 and 2 were missing; by detection only rank 2 is
+    assert "rank 0 waits in allreduce(layer 0) #0, waiting for ranks [2]" in report
+    assert "rank 1 waits in allreduce(layer 0) #0, waiting for ranks [2]" in report and "rank 2 finished" in report

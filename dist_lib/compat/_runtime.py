@@ -1,4 +1,4 @@
-"""What the two toy APIs share: settings, cost models, rendezvous without polling, deadlock detection.
+"""What the two toy APIs share: settings, rendezvous without polling, one-message mailboxes, deadlocks.
 
 The toy APIs (LLM-Training-Puzzles and the course lab built on it) keep one clock per rank as the
 attribute `model.time` and give collectives a simple rule: every rank's clock jumps to the latest
@@ -7,8 +7,10 @@ clock; the receiver's clock becomes max(own, sender's). Here those rules run on 
 completes the moment its last rank arrives, and nothing sleeps or polls.
 
 Collectives are world-wide and matched by position: the k-th collective call of every rank forms one
-operation. Deadlock (every rank either blocked in a collective or receive, or finished) raises
-`CompatDeadlockError` in every blocked rank instead of hanging.
+operation. A mailbox holds one message, as the originals' `asyncio.Queue(maxsize=1)` does, so a second
+send to a full mailbox waits until the first is received. Deadlock (every rank blocked in a
+collective, a receive or a send, or finished) raises `CompatDeadlockError` in every blocked rank,
+naming what each waits for at that moment, where the originals would hang.
 """
 
 from __future__ import annotations
@@ -17,15 +19,11 @@ import asyncio
 import contextlib
 import functools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import costs
 from ..errors import DeadlockError, TensorError
-from ..hardware import Cluster
-from ..memory import OPTIMIZER_BYTES, WEIGHT_BYTES  # noqa: F401  (re-exported to the API modules)
-from ..workload import Workload
 
 
 class CompatAssertionError(AssertionError, TensorError):
@@ -36,31 +34,47 @@ class CompatDeadlockError(DeadlockError):
     """Every rank is blocked or finished: the original would hang here."""
 
 
-def require(condition: Any, message: str) -> None:
+def brief(values: Any, shown: int = 12) -> str:
+    """A sorted list for a message, cut after `shown` items: '[0, 1, ..., 11, ... 256 in all]'."""
+    items = sorted(values)
+    if len(items) <= shown:
+        return str(items)
+    return "[" + ", ".join(map(str, items[:shown])) + f", ... {len(items)} in all]"
+
+
+def require(condition: Any, message: str | Callable[[], str]) -> None:
+    """Raise `CompatAssertionError(message)` unless `condition`; a callable message is built only then
+    (the hot ops check on every call, and their messages format sample sets)."""
     if not condition:
-        raise CompatAssertionError(message)
+        raise CompatAssertionError(message() if callable(message) else message)
 
 
 # ---- settings ------------------------------------------------------------------------------------
+
+TIMINGS = ("original", "real")
+
 
 @dataclass(frozen=True)
 class Settings:
     """How a `Dist` created while these settings are active prices its ops.
 
-    timing: 'unit' (the puzzles' own costs: forward/backward 1 per sample, update 0.5, collectives 0.3,
-    point-to-point 0.2) or 'real' (dist_lib.costs on `cluster` with `workload`, in seconds).
+    timing: 'original' (the original library's own cost model: the puzzles' unit steps, the lab's
+    calculon-style formulas; 'unit' is accepted as another name for it) or 'real' (dist_lib.costs on
+    `cluster` with `workload`, in seconds and bytes).
     cluster: a Cluster or spec; None builds one of `default_device` nodes of 8 for the world size.
     workload: a Workload or spec, or None for the API's default shape; its layer count is replaced by
-    the Model's."""
+    the Model's.
+    strict: warn where the original silently accepts something suspicious (a gradient sum that counts
+    a sample twice, combining tensors of different layers); the verdict stays the original's."""
 
-    timing: str = "unit"
+    timing: str = "original"
     cluster: Any = None
     workload: Any = None
     default_device: str = "H100-80GB"
+    strict: bool = False
 
 
-_STACK: dict[str, list[Settings]] = {"puzzles": [Settings("unit")],
-                                     "lab": [Settings("real")]}
+_STACK: dict[str, list[Settings]] = {"puzzles": [Settings()], "lab": [Settings()]}
 
 
 def current(api: str) -> Settings:
@@ -70,144 +84,16 @@ def current(api: str) -> Settings:
 @contextlib.contextmanager
 def configure(api: str, **changes: Any) -> Iterator[Settings]:
     """Within the block, new `Dist` objects of `api` use these settings."""
+    if changes.get("timing") == "unit":
+        changes["timing"] = "original"
     settings = replace(current(api), **{k: v for k, v in changes.items() if v is not None})
-    if settings.timing not in ("unit", "real"):
-        raise ValueError(f"timing must be 'unit' or 'real', got {settings.timing!r}")
+    if settings.timing not in TIMINGS:
+        raise ValueError(f"timing must be 'original' (or 'unit') or 'real', got {settings.timing!r}")
     _STACK[api].append(settings)
     try:
         yield settings
     finally:
         _STACK[api].pop()
-
-
-def default_cluster(world_size: int, device: str) -> Cluster:
-    """`world_size` GPUs of one kind, in nodes of eight."""
-    full, rest = divmod(world_size, 8)
-    terms = ([f"{full}x8x{device}"] if full else []) + ([f"{rest}x{device}"] if rest else [])
-    return Cluster.parse("+".join(terms))
-
-
-# ---- what a toy tensor is ------------------------------------------------------------------------
-
-def samples_of(v: Any) -> frozenset:
-    s = getattr(v, "batches", None)
-    if s is None:
-        s = getattr(v, "samples", frozenset())
-    return frozenset(s)
-
-
-def shard_fraction(v: Any) -> float:
-    total = getattr(v, "total", None) or getattr(v, "num_shards", 1)
-    return len(getattr(v, "shards", (0,))) / total
-
-
-def samples_mask(samples: frozenset) -> int:
-    mask = 0
-    for i in samples:
-        if isinstance(i, int) and i >= 0:
-            mask |= 1 << i
-    return mask
-
-
-KIND = {"Weight": "weight", "OptState": "optimizer", "WeightGrad": "weight_grad", "Activation": "activation",
-        "ActivationGrad": "activation_grad"}
-
-
-# ---- cost models ---------------------------------------------------------------------------------
-
-class UnitCosts:
-    """The puzzles' own costs (lib.py `Model.event`); memory in the toy's own units."""
-
-    timing = "unit"
-
-    def __init__(self, world_size: int, num_layers: int, memory_units):
-        self.world_size = world_size
-        self.memory_units = memory_units
-        self.cluster = default_cluster(world_size, "H100-80GB")  # nominal: units are not seconds
-        self.workload = Workload("toy-units", max(num_layers, 1), 512, 8, 256, 0)
-
-    def compute(self, rank: int, op: str, layer: int, n: int) -> tuple[float, float]:
-        return costs.PUZZLE_STEPS_PER_BATCH.get(op, 0.0) * n, 0.0
-
-    def update(self, rank: int, layer: int, fraction: float) -> float:
-        return costs.PUZZLE_UPDATE_STEPS
-
-    def collective(self, op: str, value: Any, result: Any) -> float:
-        return costs.PUZZLE_COLLECTIVE_STEPS
-
-    def p2p(self, src: int, dst: int, value: Any) -> float:
-        return costs.PUZZLE_MESSAGE_STEPS
-
-    def load(self, rank: int, layer: int, fraction: float) -> float:
-        return 0.0
-
-    def nbytes(self, value: Any) -> float:
-        return self.memory_units(value)
-
-
-class RealCosts:
-    """dist_lib.costs on a (possibly heterogeneous) cluster; sizes from a transformer workload."""
-
-    timing = "real"
-
-    def __init__(self, cluster: Cluster, workload: Workload):
-        self.cluster = cluster
-        self.workload = workload
-        self.world_size = cluster.world_size
-        self.ring = cluster.ring_link(range(cluster.world_size))
-        self._cache: dict[tuple, tuple[float, float]] = {}
-
-    def _params(self, layer: Any) -> int:
-        layer = layer if isinstance(layer, int) and 0 <= layer < self.workload.num_layers else 0
-        return self.workload.layer_params(layer)
-
-    def compute(self, rank: int, op: str, layer: int, n: int) -> tuple[float, float]:
-        key = (rank, op, layer, n)
-        hit = self._cache.get(key)
-        if hit is None:
-            device, w = self.cluster.device_of(rank), self.workload
-            if op == "loss" or not isinstance(layer, int) or not 0 <= layer < w.num_layers:
-                hit = (costs.loss_time(device, w, n), costs.compute_flops(w, "loss", 0, n)) if n else (0.0, 0.0)
-            elif op == "forward":
-                hit = (costs.forward_time(device, w, layer, n), costs.compute_flops(w, op, layer, n))
-            else:
-                hit = (costs.backward_time(device, w, layer, n), costs.compute_flops(w, op, layer, n))
-            self._cache[key] = hit
-        return hit
-
-    def update(self, rank: int, layer: int, fraction: float) -> float:
-        return costs.update_time(self.cluster.device_of(rank), self._params(layer) * fraction)
-
-    def collective(self, op: str, value: Any, result: Any) -> float:
-        p = self.world_size
-        if op in ("allgather", "all_gather"):
-            return costs.all_gather_time(self.nbytes(result), p, self.ring)
-        if op in ("scatterreduce", "reduce_scatter"):
-            return costs.reduce_scatter_time(self.nbytes(value), p, self.ring)
-        return costs.all_reduce_time(self.nbytes(value), p, self.ring)
-
-    def p2p(self, src: int, dst: int, value: Any) -> float:
-        if not 0 <= dst < self.world_size or src == dst:
-            return 0.0
-        return costs.p2p_time(self.nbytes(value), self.cluster.p2p_link(src, dst))
-
-    def load(self, rank: int, layer: int, fraction: float) -> float:
-        return 0.0  # as in dist_lib: weights are resident when the step starts
-
-    def nbytes(self, value: Any) -> float:
-        """Bytes a toy tensor stands for: 2/12/2 bytes per parameter for weights/optimizer/gradients;
-        a stored activation is what backward of its layer needs (the layer's whole stash)."""
-        kind = KIND.get(type(value).__name__)
-        w = self.workload
-        if kind in ("weight", "weight_grad", "optimizer"):
-            per = OPTIMIZER_BYTES if kind == "optimizer" else WEIGHT_BYTES
-            return self._params(value.layer) * per * shard_fraction(value)
-        n = len(samples_of(value))
-        if kind == "activation" and isinstance(value.layer, int) and 0 <= value.layer < w.num_layers:
-            return n * (w.activation_bytes() + w.stash_bytes(value.layer))
-        if kind in ("activation", "activation_grad"):
-            return n * w.activation_bytes()
-        return 0.0
 
 
 # ---- rendezvous ----------------------------------------------------------------------------------
@@ -217,17 +103,71 @@ class _Slot:
 
     def __init__(self, op: str, seq: int):
         self.op, self.seq = op, seq
-        self.entries: dict[int, tuple[Any, float, Any]] = {}
+        self.entries: dict[int, tuple[Any, float, Any, str]] = {}
         self.future: asyncio.Future | None = None
         self.results: dict[int, Any] = {}
         self.time = 0.0
 
 
+class Mailbox:
+    """A queue of capacity one with the methods of the originals' `asyncio.Queue(maxsize=1)`, whose
+    waits the world sees (so a wait nobody can end is reported instead of hanging)."""
+
+    maxsize = 1
+
+    def __init__(self, world: World, name: str, put_op: str = "send", get_op: str = "receive"):
+        self.world, self.name, self.put_op, self.get_op = world, name, put_op, get_op
+        self.items: deque = deque()
+        self.getters: deque[tuple[int, asyncio.Future]] = deque()
+        self.putters: deque[tuple[int, asyncio.Future]] = deque()
+
+    def qsize(self) -> int:
+        return len(self.items)
+
+    def empty(self) -> bool:
+        return not self.items
+
+    def full(self) -> bool:
+        return len(self.items) >= self.maxsize
+
+    async def put(self, item: Any) -> None:
+        world = self.world
+        rank = world.current_rank()
+        while self.full():
+            future = asyncio.get_running_loop().create_future()
+            self.putters.append((rank, future))
+            await world.block(rank, future, lambda: f"{self.put_op}(): {self.name} still holds a message "
+                                                                   f"nobody has received")
+        self.items.append(item)
+        self._wake(self.getters)
+
+    async def get(self) -> Any:
+        world = self.world
+        rank = world.current_rank()
+        while not self.items:
+            future = asyncio.get_running_loop().create_future()
+            self.getters.append((rank, future))
+            await world.block(rank, future, lambda: f"{self.get_op}(): {self.name} is empty")
+        item = self.items.popleft()
+        self._wake(self.putters)
+        return item
+
+    def _wake(self, waiters: deque) -> None:
+        while waiters:
+            rank, future = waiters.popleft()
+            if not future.done():
+                self.world.wake(rank, future)
+                return
+
+
+CONFIRM_TURNS = 8  # event-loop turns a suspected deadlock must last before it is reported
 WORLDS: list = []  # every World created, so a file's main() can be run and its models found afterwards
 
 
 class World:
     """The ranks of one `Dist`: collective slots, mailboxes, and who is blocked or finished."""
+
+    created = 0  # how many worlds were ever made; each has its serial number
 
     def __init__(self, world_size: int, api: str):
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -235,34 +175,23 @@ class World:
         self.n = world_size
         self.api = api
         self.settings = current(api)
-        self.costs: UnitCosts | RealCosts | None = None
+        self.costs: Any = None
         self.models: list[Any] = []
         self.seq = [0] * world_size
         self.slots: dict[int, _Slot] = {}
-        self.mail: dict[Any, deque] = {}
-        self.mail_waiters: dict[Any, tuple[int, asyncio.Future]] = {}
-        self.blocked: dict[int, str] = {}
+        self.blocked: dict[int, tuple[asyncio.Future, Callable[[], str]]] = {}
         self.tasks: dict[int, asyncio.Task] = {}
+        self.rank_of_task: dict[asyncio.Task, int] = {}
         self.finished: set[int] = set()
         self.next_op_id = 0
         self.collectives = 0
+        self.masks: dict[frozenset, int] = {}  # sample sets as bit masks, for the event records
+        self.progress = 0  # bumped whenever a rank blocks, wakes or starts a task
+        self._confirming = False
+        World.created += 1
+        self.serial = World.created
         WORLDS.append(self)
         del WORLDS[:-64]  # keep the list short
-
-    # -- cost model, built when the first Model tells us the layer count
-    def cost_model(self, num_layers: int, memory_units) -> UnitCosts | RealCosts:
-        if self.costs is None:
-            s = self.settings
-            if s.timing == "unit":
-                self.costs = UnitCosts(self.n, num_layers, memory_units)
-            else:
-                cluster = Cluster.load(s.cluster) if s.cluster is not None else default_cluster(self.n, s.default_device)
-                if cluster.world_size != self.n:
-                    raise CompatAssertionError(f"cluster {cluster.name} has {cluster.world_size} GPUs but "
-                                               f"Dist has {self.n} ranks")
-                workload = Workload.load(s.workload) if s.workload is not None else _default_workload(self.api)
-                self.costs = RealCosts(cluster, replace(workload, num_layers=max(num_layers, 1)))
-        return self.costs
 
     def op_id(self) -> int:
         self.next_op_id += 1
@@ -277,8 +206,14 @@ class World:
         if task is None or self.tasks.get(rank) is task:
             return
         self.tasks[rank] = task
+        self.rank_of_task[task] = rank
         self.finished.discard(rank)
+        self.progress += 1
         task.add_done_callback(functools.partial(self._task_done, rank))
+
+    def current_rank(self) -> int | None:
+        """The rank the running task plays (known from its first call into the API), or None."""
+        return self.rank_of_task.get(asyncio.current_task())
 
     def _task_done(self, rank: int, task: asyncio.Task) -> None:
         if self.tasks.get(rank) is task:
@@ -286,31 +221,71 @@ class World:
             if self.blocked:
                 self._check_deadlock()
 
-    async def _block(self, rank: int, future: asyncio.Future, what: str) -> Any:
-        self.blocked[rank] = what
+    async def block(self, rank: int | None, future: asyncio.Future, describe: Callable[[], str]) -> Any:
+        """Wait on `future`; `describe()` says, when asked, what the rank waits for."""
+        if rank is None:
+            return await future
+        self.blocked[rank] = (future, describe)
+        self.progress += 1
         self._check_deadlock()
         try:
             return await future
         finally:
-            self.blocked.pop(rank, None)
+            if self.blocked.get(rank, (None,))[0] is future:
+                del self.blocked[rank]
+
+    def wake(self, rank: int | None, future: asyncio.Future, value: Any = None) -> None:
+        """Resolve a blocked rank's future; from now on it counts as running."""
+        if rank is not None and self.blocked.get(rank, (None,))[0] is future:
+            del self.blocked[rank]
+        self.progress += 1
+        if not future.done():
+            future.set_result(value)
+
+    def _stalled(self) -> bool:
+        # a finished rank is never blocked (a new task for it leaves `finished` when it enters)
+        return len(self.blocked) + len(self.finished) >= self.n
 
     def _check_deadlock(self) -> None:
-        if any(r not in self.blocked and r not in self.finished for r in range(self.n)):
+        """When every rank looks blocked or finished, confirm it after the tasks already scheduled
+        have run (a rank whose earlier task finished may have a new one about to start), then fail
+        every blocked rank with the report. No clock is involved: a few turns of the event loop."""
+        if self._stalled() and not self._confirming:
+            self._confirming = True
+            asyncio.get_running_loop().call_soon(self._confirm, self.progress, CONFIRM_TURNS)
+
+    def _confirm(self, progress: int, turns: int) -> None:
+        if self.progress != progress or not self._stalled():
+            self._confirming = False
+            if self._stalled():  # moved on, then stalled again
+                self._check_deadlock()
             return
+        if turns > 0:
+            asyncio.get_running_loop().call_soon(self._confirm, progress, turns - 1)
+            return
+        self._confirming = False
+        self._fail_blocked()
+
+    def _fail_blocked(self) -> None:
         lines = ["deadlock: every rank is blocked or finished; the original API would hang here"]
         for r in range(self.n):
-            lines.append(f"  rank {r} " + (f"waits in {self.blocked[r]}" if r in self.blocked else "finished"))
+            lines.append(f"  rank {r} " + (f"waits in {self.blocked[r][1]()}" if r in self.blocked else "finished"))
         error = CompatDeadlockError("\n".join(lines))
+        blocked = list(self.blocked.values())
         self.blocked.clear()
-        futures = [s.future for s in self.slots.values()] + [f for _, f in self.mail_waiters.values()]
         self.slots.clear()
-        self.mail_waiters.clear()
-        for f in futures:
-            if f is not None and not f.done():
-                f.set_exception(error)
+        for future, _ in blocked:
+            if not future.done():
+                future.set_exception(error)
 
     # -- collectives: the k-th call of every rank is one op
-    async def collective(self, rank: int, op: str, value: Any, time: float, layer: Any, combine) -> tuple[Any, float]:
+    async def collective(self, rank: int, op: str, value: Any, time: float, layer: Any,
+                         fold: Callable[[Any, Any], Any], kind: str | None = None) -> tuple[Any, float]:
+        """Join the rank's next collective; returns (every member's value folded in arrival order, as
+        the originals accumulate it, and the latest member clock). A fold that fails raises in the
+        rank whose arrival made it fail, as in the originals. Calls of the same `kind` (default: `op`)
+        match: the originals' reduce-scatter is an all-reduce on every rank, then a local shard."""
+        kind = kind or op
         require(isinstance(rank, int) and 0 <= rank < self.n,
                 f"rank {rank!r} called {op} but the Dist has ranks 0..{self.n - 1}")
         self.enter(rank)
@@ -318,58 +293,30 @@ class World:
         self.seq[rank] = k + 1
         slot = self.slots.get(k)
         if slot is None:
-            slot = self.slots[k] = _Slot(op, k)
-        elif slot.op != op:
+            slot = self.slots[k] = _Slot(kind, k)
+            slot.results = value
+        elif slot.op != kind:
             first = next(iter(slot.entries))
-            raise CompatAssertionError(f"collective #{k}: rank {first} called {slot.op} but rank {rank} "
-                                       f"called {op}; every rank must call the same collectives in the same order")
-        if rank in slot.entries:
+            raise CompatAssertionError(f"collective #{k}: rank {first} called {slot.entries[first][3]} but rank "
+                                       f"{rank} called {op}; every rank must call the same collectives in the same order")
+        elif rank in slot.entries:
             raise CompatAssertionError(f"collective #{k}: two models with rank {rank} joined it")
-        slot.entries[rank] = (value, time, layer)
+        else:
+            slot.results = fold(slot.results, value)
+        slot.entries[rank] = (value, time, layer, op)
+        slot.time = max(slot.time, time)
         if len(slot.entries) == self.n:
             del self.slots[k]
             self.collectives += 1
-            try:
-                ordered = [slot.entries[r][0] for r in range(self.n)]
-                slot.results = combine(ordered)
-                slot.time = max(t for _, t, _ in slot.entries.values())
-            except Exception as error:
-                if slot.future is not None and not slot.future.done():
-                    slot.future.set_exception(error)
-                raise
+            self.progress += 1
             for r in slot.entries:
-                self.blocked.pop(r, None)
+                if r in self.blocked:
+                    del self.blocked[r]
             if slot.future is not None and not slot.future.done():
                 slot.future.set_result(None)
         else:
             if slot.future is None:
                 slot.future = asyncio.get_running_loop().create_future()
-            missing = [r for r in range(self.n) if r not in slot.entries]
-            await self._block(rank, slot.future, f"{op}(layer {layer}) #{k}, waiting for ranks {missing}")
-        return slot.results[rank], slot.time
-
-    # -- point to point: FIFO mailboxes keyed by destination (puzzles) or (source, destination) (lab)
-    def post(self, key: Any, message: tuple) -> None:
-        waiter = self.mail_waiters.pop(key, None)
-        if waiter is not None:
-            self.blocked.pop(waiter[0], None)
-            if not waiter[1].done():
-                waiter[1].set_result(message)
-            return
-        self.mail.setdefault(key, deque()).append(message)
-
-    async def take(self, rank: int, key: Any, what: str) -> tuple:
-        self.enter(rank)
-        box = self.mail.get(key)
-        if box:
-            return box.popleft()
-        require(key not in self.mail_waiters, f"rank {rank}: two receives wait on the same mailbox {key!r}")
-        future = asyncio.get_running_loop().create_future()
-        self.mail_waiters[key] = (rank, future)
-        return await self._block(rank, future, what)
-
-
-def _default_workload(api: str) -> Workload:
-    if api == "lab":  # the lab's H100 class: hidden 4096, 1024 tokens per sample, 16-bit
-        return Workload("lab-h4096", 1, 4096, 32, 1024, 0)
-    return Workload("puzzles-h512", 1, 512, 8, 256, 0)  # the puzzles' HIDDEN=512, LENGTH=256
+            await self.block(rank, slot.future, lambda: f"{op}(layer {layer}) #{k}, waiting for ranks "
+                                                        f"{[r for r in range(self.n) if r not in slot.entries]}")
+        return slot.results, slot.time

@@ -1,41 +1,98 @@
-"""The course-lab API (the LLM-Training-Puzzles extension used in courses: its `lib.py` and `utils.py`).
+"""The course lab's `lib.py` (the LLM-Training-Puzzles extension with a calculon-style cost model).
 
-Names follow the lab: `Dist(world_size)`, `Model(rank, dist, num_layers, global_batch_size)`, tensors with
-`samples`/`total_samples` and `num_shards`, async `all_reduce`/`all_gather`/`reduce_scatter`/`send`/
-`receive`, and the helpers of `utils.py`. As in the lab, compute ops take only tensors held in the
-storage dicts, and memory is what those dicts hold, in the lab's element units (`Model.memory()`,
-`get_training_stats`). Durations come from this simulator's cost model (seconds) on a cluster of H100s
-in nodes of eight by default, with the lab's shape (hidden 4096, 1024 tokens per sample, 16-bit); a
-heterogeneous cluster or other workload can be set with `dist_lib.compat.configure('lab', ...)`.
+Same names, signatures and semantics: `Dist(world_size)` with its collectives and one-message
+mailboxes per (source, destination), `Model(rank, dist, num_layers, global_batch_size)` with five
+storage dicts whose tensors every op must take from them, `log_event`, `runtime_predictor`, async
+`all_reduce`/`all_gather`/`reduce_scatter`/`send`/`receive`, tensors with `samples`/`total_samples`
+and `num_shards`, memory in the lab's element units. Durations are the lab's own
+(`lab_costs.RuntimePredictor`) by default, so `get_training_stats` and the MFU match the course's;
+`timing='real'` uses this simulator's device costs on any cluster instead (`dist_lib.compat.configure`).
+The helpers of the lab's `utils.py` are in `dist_lib.compat.lab_utils`.
 
-Differences: nothing polls or sleeps; a deadlock raises; sends never block; `load_weights` costs no
-time (weights are resident, as in dist_lib); `write_chrome_trace` writes dist_lib's trace (separate
-compute, collective and per-peer threads, memory counters in bytes).
+Where it differs: nothing polls or sleeps; a deadlock raises `CompatDeadlockError` naming each
+rank's wait instead of hanging; assertion messages say what is wrong.
 """
 
 from __future__ import annotations
 
-import functools
-import operator
 from dataclasses import dataclass
-from typing import Any, FrozenSet, Generator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Optional, Protocol, Sequence, Tuple, TypeVar
 
-from ._base import ToyModel, build_result
-from ._runtime import CompatAssertionError, World, require
+from ._base import ToyModel
+from ._runtime import Mailbox, World, brief, require
+from ._storage import Storage
+from ._tensor_rules import Message, WorldCollectives, combine_parts, united
+from .lab_costs import BLOCK_SIZE, BYTES_PER_ELEMENT, DATATYPE, HIDDEN_SIZE, RuntimePredictor
+from .puzzles import Barrier
 
-HIDDEN_SIZE = 4096
-BLOCK_SIZE = 1024
-DATATYPE = "float16"
-BYTES_PER_ELEMENT = 2
+__all__ = ["BLOCK_SIZE", "BYTES_PER_ELEMENT", "DATATYPE", "HIDDEN_SIZE", "O", "T", "TO", "Activation",
+           "ActivationGrad", "Barrier", "Dist", "Event", "Gatherable", "Model", "OptState", "Reduceable",
+           "ReduceableGatherable", "RuntimePredictor", "Weight", "WeightGrad"]
+
+T = TypeVar("T")
 
 
-def _frac(shards: Any, num_shards: int) -> float:
-    return len(shards) / num_shards
+class Reduceable(Protocol[T]):
+    """A type that can be reduced."""
+
+    def __add__(self, other: T) -> T: ...
+
+
+O = TypeVar("O")  # noqa: E741  (the original's name)
+
+
+class Gatherable(Protocol[O]):
+    """A type that can be sharded."""
+
+    def shard(self, shard: int, num_shards: int) -> O: ...
+
+    def is_complete(self) -> bool: ...
+
+    def combine(self, other: O) -> O: ...
+
+
+TO = TypeVar("TO")
+
+
+class ReduceableGatherable(Reduceable[TO], Gatherable[TO]):
+    pass
+
+
+class Dist(WorldCollectives):
+    """`world_size` ranks; collectives involve all of them; one mailbox per (source, destination)."""
+
+    _NAMES = {"gather": "all_gather", "scatter": "reduce_scatter"}
+
+    def __init__(self, world_size: int) -> None:
+        self.reduce: Optional[Any] = None
+        self.gather: Optional[Any] = None
+        self.world_size = world_size
+        self._world = World(world_size, "lab")
+        self.barrier = Barrier(world_size)
+        self.queue: Dict[Tuple[int, int], Mailbox] = {
+            (i, j): Mailbox(self._world, f"the mailbox from rank {i} to rank {j}")
+            for i in range(world_size) for j in range(world_size) if i != j}
+        self.mtime = 0
+
+    async def all_reduce(self, rank: int, inp: T, time: int) -> Tuple[T, int]:
+        return await self._reduce(rank, inp, time, "all_reduce", None)
+
+    async def all_gather(self, rank: int, inp: O, time: int) -> Tuple[O, int]:
+        return await self._gather(rank, inp, time, None)
+
+    async def reduce_scatter(self, rank: int, inp: TO, time: int) -> Tuple[TO, int]:
+        return await self._scatter(rank, inp, time, None)
+
+    async def receive(self, rank_source: int, rank_dest: int) -> Any:
+        return await self.queue[(rank_source, rank_dest)].get()
+
+    async def send(self, rank_source: int, rank_dest: int, v: Any) -> None:
+        await self.queue[(rank_source, rank_dest)].put(v)
 
 
 @dataclass
-class _LayerState:
-    """Weights or optimizer state of one layer at optimizer step `step`; may hold some shards of `num_shards`."""
+class Weight(Gatherable["Weight"]):
+    """The weights for a specific layer. Can be sharded. Required for forward and backward passes."""
 
     layer: int
     layers: int
@@ -43,34 +100,25 @@ class _LayerState:
     shards: FrozenSet[int] = frozenset([0])
     num_shards: int = 1
 
-    def combine(self, other: Any) -> Any:
-        require(type(other) is type(self) and other.layer == self.layer, f"cannot combine {other} into {self}")
-        return type(self)(self.layer, self.layers, self.step, frozenset(self.shards) | other.shards, self.num_shards)
+    def combine(self, other: Weight) -> Weight:
+        return Weight(self.layer, self.layers, self.step, combine_parts(self, other), self.num_shards)
 
     def memory(self) -> float:
-        return _frac(self.shards, self.num_shards) * HIDDEN_SIZE * HIDDEN_SIZE
+        return (len(self.shards) / self.num_shards) * HIDDEN_SIZE * HIDDEN_SIZE
 
-    def shard(self, shard: int, num_shards: int) -> Any:
-        require(self.is_complete() and shard < num_shards, f"cannot take shard {shard} of {num_shards} from {self}")
-        return type(self)(self.layer, self.layers, self.step, frozenset([shard]), num_shards)
+    def shard(self, shard: int, num_shards: int) -> Weight:
+        require(self.is_complete(), lambda: f"only a complete Weight can be sharded, got shards {set(self.shards)} of "
+                                    f"{self.num_shards}")
+        require(shard < num_shards, lambda: f"shard {shard} is not below {num_shards}")
+        return Weight(self.layer, self.layers, self.step, frozenset([shard]), num_shards)
 
     def is_complete(self) -> bool:
         return len(self.shards) == self.num_shards
 
 
 @dataclass
-class Weight(_LayerState):
-    pass
-
-
-@dataclass
-class OptState(_LayerState):
-    pass
-
-
-@dataclass
-class _Hidden:
-    """Hidden states of some samples at a layer boundary, or their gradient."""
+class Activation:
+    """The activations entering layer `layer` for a set of samples."""
 
     layer: int
     layers: int
@@ -82,17 +130,10 @@ class _Hidden:
 
 
 @dataclass
-class Activation(_Hidden):
-    pass
+class WeightGrad(Reduceable["WeightGrad"], Gatherable["WeightGrad"]):
+    """The gradient of one layer's weights over `samples`; may hold only some shards. `+` unites
+    the sample sets, as the lab does (see `_tensor_rules`)."""
 
-
-@dataclass
-class ActivationGrad(_Hidden):
-    pass
-
-
-@dataclass
-class WeightGrad:
     layer: int
     layers: int
     samples: FrozenSet[int]
@@ -101,24 +142,19 @@ class WeightGrad:
     num_shards: int = 1
 
     def __add__(self, other: WeightGrad) -> WeightGrad:
-        require(isinstance(other, WeightGrad) and self.layer == other.layer, "Only add same layer weight grads")
-        require(set(self.shards) == set(other.shards), f"shards differ: {set(self.shards)} and {set(other.shards)}")
-        twice = set(self.samples) & set(other.samples)
-        require(not twice, f"layer {self.layer}: the gradient of samples {sorted(twice)} would be counted twice")
-        return WeightGrad(self.layer, self.layers, frozenset(self.samples) | other.samples, self.total_samples,
-                          self.shards, self.num_shards)
+        samples = united(self, other, "samples", "lab")
+        return WeightGrad(self.layer, self.layers, samples, self.total_samples, self.shards, self.num_shards)
 
     def combine(self, other: WeightGrad) -> WeightGrad:
-        require(isinstance(other, WeightGrad) and other.layer == self.layer, f"cannot combine {other} into {self}")
-        return WeightGrad(self.layer, self.layers, self.samples, self.total_samples,
-                          frozenset(self.shards) | other.shards, self.num_shards)
+        return WeightGrad(self.layer, self.layers, self.samples, self.total_samples, combine_parts(self, other),
+                          self.num_shards)
 
     def memory(self) -> float:
-        return _frac(self.shards, self.num_shards) * HIDDEN_SIZE * HIDDEN_SIZE
+        return (len(self.shards) / self.num_shards) * HIDDEN_SIZE * HIDDEN_SIZE
 
     def shard(self, shard: int, num_shards: int) -> WeightGrad:
-        require(self.is_complete(), f"{set(self.shards)} out of {self.num_shards}")
-        require(shard < num_shards, f"shard {shard} is not below {num_shards}")
+        require(self.is_complete(), lambda: f"{self.shards} out of {self.num_shards}")
+        require(shard < num_shards, lambda: f"shard {shard} is not below {num_shards}")
         return WeightGrad(self.layer, self.layers, self.samples, self.total_samples, frozenset([shard]), num_shards)
 
     def is_complete(self) -> bool:
@@ -126,78 +162,112 @@ class WeightGrad:
 
 
 @dataclass
+class OptState(Gatherable["OptState"]):
+    """The optimizer state (Adam moments) of one layer. Can be sharded. Required for updates."""
+
+    layer: int
+    layers: int
+    step: int
+    shards: FrozenSet[int] = frozenset([0])
+    num_shards: int = 1
+
+    def combine(self, other: OptState) -> OptState:
+        return OptState(self.layer, self.layers, self.step, combine_parts(self, other), self.num_shards)
+
+    def memory(self) -> float:
+        return HIDDEN_SIZE * HIDDEN_SIZE * (len(self.shards) / self.num_shards)
+
+
+@dataclass
+class ActivationGrad:
+    """The gradient of the loss with respect to the output of layer `layer`, for a set of samples."""
+
+    layer: int
+    layers: int
+    samples: FrozenSet[int]
+    total_samples: int
+
+    def memory(self) -> int:
+        return len(self.samples) * HIDDEN_SIZE * BLOCK_SIZE
+
+
+@dataclass
 class Event:
+    """One logged op: type, layer, rank, start, duration (s), memory held (elements), samples."""
+
     typ: str
     layer: Optional[int]
     rank: int
-    time: float
-    duration: float
-    memory: float
+    time: int
+    duration: int
+    memory: int
     samples: FrozenSet[int] = frozenset()
 
     def __str__(self) -> str:
         return f"({self.typ}" + (f", S={list(self.samples)}" if self.samples else "") + ")"
 
 
-class Dist:
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
-        self._world = World(world_size, "lab")
-
-
-def _sum(values: list) -> list:
-    return [functools.reduce(operator.add, values)] * len(values)
-
-
-def _gather(values: list) -> list:
-    require(len({type(v) for v in values}) == 1, "all_gather of mixed tensor types")
-    return [functools.reduce(lambda a, b: a.combine(b), values)] * len(values)
-
-
-def _scatter(values: list) -> list:
-    total = functools.reduce(operator.add, values)
-    return [total.shard(r, len(values)) for r in range(len(values))]
-
-
-def _held(value: Any, store: dict, what: str, op: str) -> None:
-    require(any(value is v or value == v for v in store.values()),
-            f"{op}: the {what} passed in is not in model.{what}; keep every tensor in its storage dict")
+def _samples(v: Any) -> FrozenSet[int]:
+    return getattr(v, "samples", frozenset())
 
 
 class Model(ToyModel):
-    _api = "lab"
+    """One rank's view: storage dicts, compute ops, communication, and a log of events."""
 
-    def __init__(self, rank: int = 1, dist: Dist | None = None, num_layers: int = 2, global_batch_size: int = 1):
-        dist = dist if dist is not None else Dist(1)
+    def __init__(self, rank: int = 1, dist: Dist = Dist(1), num_layers: int = 2,  # noqa: B008
+                 global_batch_size: int = 1):
         self._setup(rank, dist, num_layers, global_batch_size)
         self.world_size = dist.world_size
         self.num_layers = num_layers
         self.global_batch_size = global_batch_size
+        self.runtime_predictor = RuntimePredictor(dist.world_size)
+        self._every_sample = frozenset(range(global_batch_size))
 
-    def log_event(self, typ: str, layer: Optional[int] = None, samples: FrozenSet[int] = frozenset(),
-                  input: Any = None, num_shards_on_device: Optional[int] = None, num_shards: Optional[int] = None,
-                  *, duration: Optional[float] = None, **extra: Any) -> None:
-        costs, flops = self._costs, 0.0
-        fraction = (num_shards_on_device or 1) / (num_shards or 1)
-        if duration is None:
-            if typ in ("forward", "backward", "loss"):
-                duration, flops = costs.compute(self.rank, typ, layer, len(samples))
-            elif typ == "update":
-                duration = costs.update(self.rank, layer, fraction)
-            elif typ == "load_weights":
-                duration = costs.load(self.rank, layer, fraction)
-            else:
-                duration = 0.0
-        units = self._record(typ, layer, frozenset(samples), duration, value=input, flops=flops, **extra)
-        self.log.append(Event(typ, layer, self.rank, self.time, duration, units, frozenset(samples)))
+    def log_event(self, typ: str, layer: Optional[int] = None, samples: FrozenSet[int] = frozenset({}),
+                  input: Optional[Any] = None, num_shards_on_device: Optional[int] = None,  # noqa: A002
+                  num_shards: Optional[int] = None) -> None:
+        self._log(typ, layer, samples, input, num_shards_on_device, num_shards)
+
+    def _original_duration(self, typ: str, samples: FrozenSet[int], input: Any, on: Any, total: Any) -> float:  # noqa: A002
+        """The lab's `log_event` durations, from this model's `runtime_predictor`."""
+        predictor = self.runtime_predictor
+        if typ in ("forward", "backward"):
+            return predictor.get_forward_backward_time(len(samples))
+        if typ == "update":
+            return predictor.get_update_step_time(on, total)
+        if typ in ("all_reduce", "reduce_scatter", "all_gather"):
+            return predictor.get_collective_time(typ, input)
+        if typ in ("send", "recv"):
+            return predictor.get_send_recv_time(input)
+        if typ == "load_weights":
+            return predictor.get_weight_load_time(on, total)
+        return 0
+
+    def _log(self, typ: str, layer: Optional[int], samples: FrozenSet[int], input: Any = None,  # noqa: A002
+             on: Any = None, total: Any = None, *, length: Optional[float] = None, value: Any = None,
+             peers: Any = None, op_id: int = 0) -> None:
+        real, flops = self._real, 0.0
+        if real is None:
+            duration = self._original_duration(typ, samples, input, on, total)
+        elif length is not None:
+            duration = length
+        elif typ in ("forward", "backward", "loss"):
+            duration, flops = real.compute(self.rank, typ, layer, len(samples))
+        elif typ == "update":
+            duration = real.update(self.rank, layer, (on or 1) / (total or 1))
+        else:
+            duration = 0.0
+        units = self.memory()
+        self.log.append(Event(typ, layer, self.rank, self.time, duration, units, samples))
+        self._record(typ, layer, frozenset(samples), self.time, duration, units,
+                     value=input if value is None else value, flops=flops, peers=peers, op_id=op_id)
         self.time += duration
 
     def load_weights(self, layer: int, shard: int = 0, num_shards: int = 1) -> Tuple[Weight, OptState]:
         self._world.enter(self.rank)
-        require(0 <= shard < num_shards, f"load_weights(layer {layer}): shard {shard} not in 0..{num_shards - 1}")
         weight = Weight(layer, self.num_layers, 0, frozenset([shard]), num_shards)
         opt_state = OptState(layer, self.num_layers, 0, frozenset([shard]), num_shards)
-        self.log_event("load_weights", layer, input=weight, num_shards_on_device=1, num_shards=num_shards)
+        self._log("load_weights", layer, frozenset({}), weight, 1, num_shards, length=0.0)
         return weight, opt_state
 
     def set_final_weight(self, layer: int, weight: Weight) -> None:
@@ -207,158 +277,103 @@ class Model(ToyModel):
         self._world.enter(self.rank)
         return Activation(0, self.num_layers, frozenset(samples), self.global_batch_size)
 
+    def _held(self, value: Any, store: dict, what: str, op: str) -> None:
+        require(store.holds(value) if isinstance(store, Storage) else value in store.values(),
+                lambda: f"{op}: the {what[:-1].replace('_', ' ')} passed in is not in model.{what}; every op takes "
+                f"its tensors from the storage dicts")
+
     def forward(self, layer: int, inp: Activation, weight: Weight) -> Activation:
-        self.log_event("forward", layer, inp.samples)
-        require(weight.is_complete(), f"forward(layer {layer}): weight holds shards {set(weight.shards)} of "
+        self._log("forward", layer, inp.samples)
+        where = f"forward(layer {layer})"
+        require(weight.is_complete(), lambda: f"{where}: the weight holds shards {set(weight.shards)} of "
                                       f"{weight.num_shards}; all_gather it first")
-        require(weight.layer == layer, f"Weight should be layer {layer}, but is {weight.layer}")
-        _held(inp, self.activations, "activations", f"forward(layer {layer})")
-        _held(weight, self.weights, "weights", f"forward(layer {layer})")
-        require(inp.layer == layer, f"Input should be layer {layer}, but is {inp.layer}")
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}, but is {weight.layer}")
+        self._held(inp, self.activations, "activations", where)
+        self._held(weight, self.weights, "weights", where)
+        require(inp.layer == layer, lambda: f"Input should be layer {layer}, but is {inp.layer}")
         return Activation(layer + 1, self.num_layers, inp.samples, self.global_batch_size)
 
     def backward(self, layer: int, inp: Activation, grad: ActivationGrad,
                  weight: Weight) -> Tuple[WeightGrad, ActivationGrad]:
-        self.log_event("backward", layer, inp.samples)
+        self._log("backward", layer, inp.samples)
         where = f"backward(layer {layer})"
-        require(weight.is_complete(), f"{where}: weight holds shards {set(weight.shards)}; all_gather it first")
-        require(weight.layer == layer, f"Weight should be layer {layer}, but is {weight.layer}")
-        require(inp.layer == layer, f"Input should be layer {layer}, but is {inp.layer}")
-        _held(inp, self.activations, "activations", where)
-        _held(weight, self.weights, "weights", where)
-        _held(grad, self.grad_activations, "grad_activations", where)
-        require(set(inp.samples) == set(grad.samples), f"Batch mismatch {set(inp.samples)} vs {set(grad.samples)}")
-        require(grad.layer == layer, f"Activation Grad should be layer {layer}, but is {grad.layer}")
+        require(weight.is_complete(), lambda: f"{where}: the weight holds shards {set(weight.shards)}; all_gather it first")
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}, but is {weight.layer}")
+        require(inp.layer == layer, lambda: f"Input should be layer {layer}, but is {inp.layer}")
+        self._held(inp, self.activations, "activations", where)
+        self._held(weight, self.weights, "weights", where)
+        self._held(grad, self.grad_activations, "grad_activations", where)
+        require(set(inp.samples) == set(grad.samples), lambda: f"Batch mismatch {set(inp.samples)} vs {set(grad.samples)}")
+        require(grad.layer == layer, lambda: f"Activation Grad should be layer {layer}, but is {grad.layer}")
         return (WeightGrad(layer, self.num_layers, inp.samples, self.global_batch_size),
                 ActivationGrad(layer - 1, self.num_layers, inp.samples, self.global_batch_size))
 
     def loss(self, inp: Activation) -> ActivationGrad:
-        self.log_event("loss", self.num_layers, inp.samples)
-        _held(inp, self.activations, "activations", "loss")
-        require(inp.layer == self.num_layers, f"Input should be final layer {self.num_layers}, but is {inp.layer}")
+        self._log("loss", self.num_layers, inp.samples)
+        self._held(inp, self.activations, "activations", "loss")
+        require(inp.layer == self.num_layers, lambda: f"Input should be final layer {self.num_layers}, but is {inp.layer}")
         return ActivationGrad(self.num_layers - 1, self.num_layers, inp.samples, self.global_batch_size)
 
-    def update(self, layer: int, weight_grad: WeightGrad, weight: Weight, opt_state: OptState) -> Tuple[Weight, OptState]:
+    def update(self, layer: int, weight_grad: WeightGrad, weight: Weight,
+               opt_state: OptState) -> Tuple[Weight, OptState]:
         where = f"update(layer {layer})"
-        _held(weight, self.weights, "weights", where)
-        _held(weight_grad, self.grad_weights, "grad_weights", where)
-        _held(opt_state, self.opt_states, "opt_states", where)
-        require(weight.layer == layer and weight_grad.layer == layer and opt_state.layer == layer,
-                f"{where}: weight, gradient and optimizer state must all be layer {layer}")
-        missing = set(range(self.global_batch_size)) - set(weight_grad.samples)
-        require(not missing, f"{where}: the gradient is missing samples {sorted(missing)}")
+        self._held(weight, self.weights, "weights", where)
+        self._held(weight_grad, self.grad_weights, "grad_weights", where)
+        self._held(opt_state, self.opt_states, "opt_states", where)
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}")
+        require(weight_grad.layer == layer, lambda: f"Grad weight should be layer {layer}")
+        if set(weight_grad.samples) != self._every_sample:
+            missing = self._every_sample - set(weight_grad.samples)
+            require(False, lambda: f"{where}: the gradient covers samples {brief(weight_grad.samples)}, missing "
+                           f"{brief(missing)}")
+        require(opt_state.layer == layer, lambda: f"OptState should be layer {layer}")
         if weight_grad.num_shards > 1:
-            require(set(weight.shards) <= set(weight_grad.shards), f"Weight {set(weight.shards)}")
-            require(set(opt_state.shards) <= set(weight_grad.shards), f"Opt {set(opt_state.shards)}")
-        require(weight.step == opt_state.step, f"{where}: weight and optimizer state steps differ")
+            require(weight.shards.issubset(weight_grad.shards), lambda: f"Weight {weight.shards}")
+            require(opt_state.shards.issubset(weight_grad.shards), lambda: f"Opt {opt_state.shards}")
+        require(weight.step == opt_state.step, lambda: f"{where}: weight and optimizer state steps differ")
         new_opt = OptState(layer, self.num_layers, opt_state.step + 1, opt_state.shards, opt_state.num_shards)
         new_weight = Weight(layer, self.num_layers, weight.step + 1, weight.shards, weight.num_shards)
-        self.log_event("update", layer, weight_grad.samples, num_shards_on_device=len(weight.shards),
-                       num_shards=weight.num_shards)
+        self._log("update", layer, weight_grad.samples, None, len(weight.shards), weight.num_shards)
         return new_weight, new_opt
 
-    async def _collective(self, op: str, v: Any, layer: int, combine) -> Any:
-        world = self._world
-        out, self.time = await world.collective(self.rank, op, v, self.time, layer, combine)
-        self.log_event(op, layer, getattr(out, "samples", frozenset()), v,
-                       duration=self._costs.collective(op, v, out), peers=tuple(range(world.n)),
-                       op_id=-world.seq[self.rank])
+    # ---- communication: world-wide, matched by call position ----------------------------------
+
+    async def _collective(self, typ: str, v: Any, layer: int) -> Any:
+        if typ == "all_gather":
+            out, self.time = await self.dist._gather(self.rank, v, self.time, layer)
+        elif typ == "reduce_scatter":
+            out, self.time = await self.dist._scatter(self.rank, v, self.time, layer)
+        else:
+            out, self.time = await self.dist._reduce(self.rank, v, self.time, "all_reduce", layer)
+        real = self._real
+        self._log(typ, layer, _samples(out), out, length=None if real is None else real.collective(typ, v, out),
+                  value=v, peers=tuple(range(self.world_size)), op_id=-self._world.seq[self.rank])
         return out
 
-    async def all_reduce(self, v: Any, layer: int) -> Any:
-        return await self._collective("all_reduce", v, layer, _sum)
+    async def all_reduce(self, v: T, layer: int) -> T:
+        return await self._collective("all_reduce", v, layer)
 
-    async def reduce_scatter(self, v: Any, layer: int) -> Any:
-        return await self._collective("reduce_scatter", v, layer, _scatter)
+    async def reduce_scatter(self, v: TO, layer: int) -> TO:
+        return await self._collective("reduce_scatter", v, layer)
 
-    async def all_gather(self, v: Any, layer: int) -> Any:
-        return await self._collective("all_gather", v, layer, _gather)
+    async def all_gather(self, v: O, layer: int) -> O:
+        return await self._collective("all_gather", v, layer)
 
     async def send(self, dest: int, v: Any) -> None:
         world = self._world
         world.enter(self.rank)
-        require(isinstance(dest, int) and 0 <= dest < world.n and dest != self.rank, f"send({dest!r}): no such peer")
         op_id = world.op_id()
-        world.post((self.rank, dest), (v, self.time, self.rank, op_id))
-        self.log_event("send", getattr(v, "layer", None), getattr(v, "samples", frozenset()), v,
-                       duration=self._costs.p2p(self.rank, dest, v), peers=(self.rank, dest), op_id=op_id)
+        await self.dist.send(self.rank, dest, Message(v, self.time, self.rank, op_id))
+        real = self._real
+        self._log("send", v.layer, _samples(v), v, length=None if real is None else real.p2p(self.rank, dest, v),
+                  peers=(self.rank, dest), op_id=op_id)
 
     async def receive(self, source: int) -> Any:
-        world = self._world
-        require(isinstance(source, int) and 0 <= source < world.n and source != self.rank,
-                f"receive({source!r}): no such peer")
-        v, time, src, op_id = await world.take(self.rank, (source, self.rank),
-                                               f"receive({source}): rank {source} has not sent to it")
+        self._world.enter(self.rank)
+        message = await self.dist.receive(source, self.rank)
+        v, time = message
         self.time = max(time, self.time)
-        self.log_event("recv", getattr(v, "layer", None), getattr(v, "samples", frozenset()), v,
-                       duration=self._costs.p2p(source, self.rank, v), peers=(source, self.rank), op_id=op_id)
+        real = self._real
+        self._log("recv", v.layer, _samples(v), v, length=None if real is None else real.p2p(source, self.rank, v),
+                  peers=(source, self.rank), op_id=getattr(message, "op_id", 0))
         return v
-
-
-# ---- utils.py ------------------------------------------------------------------------------------
-
-def get_next_microbatch(global_batch_size: int, world_size: int, batch_size: int,
-                        rank: int) -> Generator[List[int], None, None]:
-    """Rank `rank`'s contiguous share of the global batch, in chunks of `batch_size` samples."""
-    per_rank = global_batch_size // world_size
-    mine = list(range(per_rank * rank, per_rank * (rank + 1)))
-    for i in range(0, len(mine), batch_size):
-        yield mine[i:i + batch_size]
-
-
-def get_global_batch_list(global_batch_size: int, batch_size: int) -> List[List[int]]:
-    return [list(range(i * batch_size, (i + 1) * batch_size)) for i in range(global_batch_size // batch_size)]
-
-
-def problems(models: Sequence[Model]) -> List[str]:
-    out: List[str] = []
-    for layer in range(models[0].num_layers):
-        weight = None
-        for m in models:
-            w = m.final_weights.get(layer)
-            if w is None:
-                continue
-            if w.step != 1:
-                out.append(f"layer {layer}: rank {m.rank}'s final weight is at step {w.step}, not 1")
-            weight = w if weight is None else weight.combine(w)
-        if weight is None:
-            out.append(f"Missing weight {layer}")
-        elif not weight.is_complete():
-            out.append(f"Weight not complete {weight}")
-    return out
-
-
-def check(models: Sequence[Model]) -> None:
-    for line in problems(models):
-        raise CompatAssertionError(line)
-
-
-def get_training_stats(models: Sequence[Model]) -> Tuple[float, float, int]:
-    """(execution time: latest start of a rank's last event, as the lab measures it; the largest memory
-    any event recorded, in the lab's units; the rank that recorded it)."""
-    check(models)
-    execution_time = max(m.log[-1].time for m in models)
-    best, where = 0, (0, 0.0)
-    for i, m in enumerate(models):
-        for e in m.log:
-            if e.memory > best:
-                best, where = e.memory, (i, e.time)
-    print(f"Execution time: {execution_time} \nMaximum Memory: {best} at GPU: {where[0]} time: {where[1]}")
-    return execution_time, best, where[0]
-
-
-def to_chrome_trace(models: Sequence[Model], global_batch_list: Optional[List[List[int]]] = None) -> dict:
-    from ..trace import chrome_trace
-    return chrome_trace(build_result(models[0]._world, "lab", problems(models)))
-
-
-def write_chrome_trace(models: Sequence[Model], path: str, global_batch_list: Optional[List[List[int]]] = None) -> None:
-    build_result(models[0]._world, "lab", problems(models)).write_chrome_trace(path)
-
-
-def get_model_theoretical_best_time(model: Model) -> float:
-    """Model FLOPs of the step over the summed peak FLOP/s of the cluster's devices (seconds), so that
-    best / time is the MFU dist_lib reports."""
-    costs = model._costs
-    peak = sum(costs.cluster.device_of(r).peak_flops for r in range(costs.cluster.world_size))
-    return costs.workload.model_flops_per_sample() * model.global_batch_size / peak if costs.timing == "real" else 0.0

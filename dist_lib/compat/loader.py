@@ -23,6 +23,7 @@ from ..errors import IncorrectStepError, SimulationError, SpecError, StrategyErr
 from ..result import Result
 from . import _runtime
 from ._base import build_result
+from .puzzles import problems
 
 # The puzzles' set-ups by the notebook's function names: (ranks, layers, batches).
 PUZZLE_SETUPS = {"basic": (1, 2, 4), "grad_accum": (1, 2, 4), "ddp": (4, 2, 4), "wsdp": (4, 6, 4),
@@ -52,13 +53,13 @@ def detect_api(source: str) -> str | None:
 def api_modules(api: str) -> Iterator[types.ModuleType]:
     """Make `import lib` (and `utils` / `drawing`, and `chalk` if it is not installed) resolve to the
     compatible modules of `api` inside the block."""
-    from . import drawing, lab, puzzles
+    from . import drawing, lab, lab_utils, puzzles
     module = {"puzzles": puzzles, "lab": lab}.get(api)
     if module is None:
         raise SpecError(f"api must be 'puzzles' or 'lab', got {api!r}")
     names = {"lib": module, "drawing": drawing}
     if api == "lab":
-        names["utils"] = lab
+        names["utils"] = lab_utils
     if importlib.util.find_spec("chalk") is None:
         stub = types.ModuleType("chalk")
         stub.__getattr__ = lambda name: (lambda *a, **k: None)  # type: ignore[attr-defined]
@@ -79,24 +80,28 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
              timing: str | None = None, cluster: Any = None, workload: Any = None, ranks: int | None = None,
              layers: int | None = None, batches: int | None = None, options: dict[str, Any] | None = None,
              check: bool = True, global_batch_size: int | None = None, enforce_memory: bool = True,
-             **more_options: Any) -> Result:
-    """Run a puzzles or lab strategy file unchanged and return a dist_lib `Result`.
+             main: bool | None = None, strict: bool = False, **more_options: Any) -> Result:
+    """Run a puzzles or lab strategy file unchanged and return its `ToyResult` (a dist_lib `Result`).
 
     api: 'puzzles', 'lab', or None to detect it from the file's text.
     function: the training function to run on every rank (`async def f(model, **options)`, or a plain
-    function for the one-rank puzzles 0 and 1). None: a lone known function (the puzzles' names, the
-    lab's `partN_training_loop`/`train_ddp`), else the file's `main()` runs and the models of the last
-    `Dist` it created are reported.
-    timing: 'unit' (puzzles' steps) or 'real' (seconds on `cluster`); defaults: puzzles unit, lab real.
+    function for the one-rank puzzles 0 and 1), with the set-up `ranks`, `layers`, `batches`.
+    main: True runs the file's own `main()` (its world size, layers and batch) and reports the models
+    of the last `Dist` it created; False never does; None (default) runs `main()` when the file has
+    one and no function or set-up is named, else a lone known function (the puzzles' names, the lab's
+    `partN_training_loop` / `train_ddp`).
+    timing: 'original' (default: the original library's cost model, the puzzles' unit steps or the
+    lab's calculon-style seconds; 'unit' is the same) or 'real' (this simulator's costs on `cluster`).
     cluster, workload: dist_lib specs or objects for real timing (default: H100s, the API's shape).
     ranks, layers, batches: the set-up (defaults: the puzzle's own set-up by function name; lab 4, 4, 16).
     options: extra keyword arguments for the training function (lab: `batch_size`, default 2 when needed).
     check: raise `IncorrectStepError` when the final weights are not one correct step; otherwise it is
     reported in `result.correct` / `result.problems`.
+    strict: warn where the original accepts something suspicious (a sample counted twice in a sum).
     global_batch_size: the lab's global batch (same as `batches`); ignored for the puzzles, whose
     set-ups fix their batches. enforce_memory: accepted for symmetry with `simulate` (the toy APIs
     have no capacity limit). Other keywords join `options`.
-    With timing=None, a puzzles file given a cluster or workload runs in 'real' timing.
+    With timing=None, a file given a cluster or workload runs in 'real' timing.
     """
     try:
         asyncio.get_running_loop()
@@ -114,39 +119,56 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     options = {**(options or {}), **more_options}
     if api == "lab" and batches is None:
         batches = global_batch_size
-    if api == "puzzles" and timing is None and (cluster is not None or workload is not None):
+    if timing is None and (cluster is not None or workload is not None):
         timing = "real"
-    with api_modules(api) as lib, _runtime.configure(api, timing=timing, cluster=cluster, workload=workload):
+    with api_modules(api) as lib, _runtime.configure(api, timing=timing, cluster=cluster, workload=workload,
+                                                     strict=strict):
         module = _load(path)
-        fn_name = function or _pick_function(module, api)
-        before = len(_runtime.WORLDS)
+        use_main = main if main is not None else (
+            function is None and ranks is None and layers is None and batches is None
+            and callable(getattr(module, "main", None)))
+        fn_name = None if use_main else function or _pick_function(module, api)
+        before = _runtime.World.created
         try:
             if fn_name is None:
-                main = getattr(module, "main", None)
-                if not callable(main):
-                    raise SpecError(f"{path}: name the training function to run (no known one and no main())")
-                out = main()
-                if inspect.isawaitable(out):
-                    asyncio.run(_awaited(out))
-                worlds = [w for w in _runtime.WORLDS[before:] if w.models]
-                if not worlds:
-                    raise SpecError(f"{path}: main() created no models")
-                world, fn_name = worlds[-1], "main"
+                world = _run_main(module, path, before)
+                fn_name = "main"
             else:
                 fn = getattr(module, fn_name, None)
                 if not callable(fn):
                     raise SpecError(f"{path}: no function {fn_name!r}")
                 world = _run_function(lib, api, fn, fn_name, ranks, layers, batches, options)
-        except SimulationError:
+        except SpecError:
             raise
+        except SimulationError as error:
+            raise _located(error, path) from error
         except Exception as error:
             raise StrategyError(f"{path.name}: {type(error).__name__}: {error}{user_frame(error)}") from error
         models = sorted({m.rank: m for m in world.models}.values(), key=lambda m: m.rank)
-        found = lib.problems(models)
+        found = problems(models)
     result = build_result(world, f"{path.stem}.{fn_name}", found, options)
     if found and check:
         raise IncorrectStepError(f"{path.stem}.{fn_name}: not a correct training step:\n  " + "\n  ".join(found))
     return result
+
+
+def _run_main(module: types.ModuleType, path: Path, before: int) -> Any:
+    main = getattr(module, "main", None)
+    if not callable(main):
+        raise SpecError(f"{path}: name the training function to run (no known one and no main())")
+    out = main()
+    if inspect.isawaitable(out):
+        asyncio.run(_awaited(out))
+    worlds = [w for w in _runtime.WORLDS if w.serial > before and w.models]
+    if not worlds:
+        raise SpecError(f"{path}: main() created no models")
+    return worlds[-1]
+
+
+def _located(error: SimulationError, path: Path) -> SimulationError:
+    """The same error with the file and the line in it where it arose."""
+    first, _, rest = str(error).partition("\n")
+    return type(error)(f"{path.name}: {first}{user_frame(error)}" + (f"\n{rest}" if rest else ""))
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -1,41 +1,126 @@
 """The LLM-Training-Puzzles API (srush/LLM-Training-Puzzles `lib.py`), on this simulator's runtime.
 
-Same names, fields and semantics: `Dist(ranks)`, `Model(rank, dist, layers, batches)` with five storage
-dicts, `load_weights`, `get_activation`, `forward`, `backward`, `loss`, `update`, `fake_grad`, async
-`allreduce`/`allgather`/`scatterreduce` (world-wide, matched by call position), `pass_to`/`receive`,
-and `Model.check`. Memory is what the storage dicts hold, in the puzzles' units (a full layer's weight
-is HIDDEN*HIDDEN, a batch of activations HIDDEN*LENGTH). Timing is the puzzles' unit costs by default
-(so the published step and memory targets compare), or real costs: see `dist_lib.compat.configure`.
+Same names, signatures and semantics: `Dist(total)` with its collectives and one-message mailboxes,
+`Model(rank, dist, layers, batches)` with five storage dicts, `load_weights`, `get_activation`,
+`forward`, `backward`, `loss`, `update`, `fake_grad`, async `allreduce`/`allgather`/`scatterreduce`
+(world-wide, matched by call position), `pass_to`/`receive`, `Model.check`, and the tensor types with
+their `memory()` (a layer's weight is HIDDEN*HIDDEN units, a batch of activations HIDDEN*LENGTH) and
+`draw()`. Timing is the puzzles' own unit costs (forward/backward 1 per batch, update 0.5, collective
+0.3, pass 0.2), or this simulator's device costs with `timing='real'` (`dist_lib.compat.configure`).
 
-Differences: nothing polls or sleeps (a collective completes when its last rank arrives); a deadlock
-raises instead of hanging; sends never block (the original's mailbox holds one message); assertion
-messages say what is wrong; gradient sums refuse to count a batch twice; no plotting dependency.
+Where it differs: nothing polls or sleeps (a collective completes when its last rank arrives); a
+deadlock raises `CompatDeadlockError` naming each rank's wait instead of hanging; assertion messages
+say what is wrong; pictures are SVG without a plotting dependency. With `strict=True` a gradient sum
+that counts a batch twice, which the original accepts, also warns.
 """
 
 from __future__ import annotations
 
-import functools
-import operator
+import asyncio
 from dataclasses import dataclass
-from typing import Any, FrozenSet, Optional, Sequence
+from typing import Any, FrozenSet, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
+from .. import costs
 from ._base import ToyModel
-from ._runtime import World, require
+from ._runtime import CompatAssertionError, Mailbox, World, brief, require
+from ._tensor_rules import Message, WorldCollectives, combine_parts, drawable, united
 
 HIDDEN = 512
 LENGTH = 256
 
-__all__ = ["HIDDEN", "LENGTH", "Activation", "ActivationGrad", "Dist", "Event", "Model", "OptState", "Weight",
-           "WeightGrad"]
+
+class Barrier:
+    """Sync across n ranks: `wait(rank)` returns once `target` ranks are waiting (no polling)."""
+
+    def __init__(self, target: int):
+        self.counter = 0
+        self.target = target
+        self.lock = asyncio.Lock()
+        self.round = 0
+        self.done = 0
+        self._release: asyncio.Future | None = None
+
+    async def wait(self, rank: int) -> None:
+        self.counter += 1
+        if self.counter >= self.target:
+            release, self._release = self._release, None
+            await self.reset()
+            self.round += 1
+            if release is not None and not release.done():
+                release.set_result(None)
+            return
+        if self._release is None:
+            self._release = asyncio.get_running_loop().create_future()
+        await self._release
+
+    async def reset(self) -> None:
+        self.counter = 0
+        self.done = 0
 
 
-def _frac(shards: Any, total: int) -> float:
-    return len(shards) / total
+T = TypeVar("T")
 
 
+class Reduceable(Protocol[T]):
+    """A type that can be reduced."""
+
+    def __add__(self, other: T) -> T: ...
+
+
+O = TypeVar("O")  # noqa: E741  (the original's name)
+
+
+class Gatherable(Protocol[O]):
+    """A type that can be sharded."""
+
+    def shard(self, shard: int, total: int) -> O: ...
+
+    def is_complete(self) -> bool: ...
+
+    def combine(self, other: O) -> O: ...
+
+
+TO = TypeVar("TO")
+
+
+class ReduceableGatherable(Reduceable[TO], Gatherable[TO]):
+    pass
+
+
+class Dist(WorldCollectives):
+    """`total` ranks that communicate; collectives involve all of them, mailboxes hold one message."""
+
+    _NAMES = {"gather": "allgather", "scatter": "scatterreduce"}
+
+    def __init__(self, total: int) -> None:
+        self.reduce: Optional[Any] = None
+        self.gather: Optional[Any] = None
+        self.ranks = total
+        self._world = World(total, "puzzles")
+        self.barrier = Barrier(total)
+        self.queue: Sequence[Mailbox] = [Mailbox(self._world, f"rank {i}'s mailbox", "pass_to") for i in range(total)]
+        self.mtime = 0
+
+    async def allreduce(self, rank: int, inp: T, time: int) -> Tuple[T, int]:
+        return await self._reduce(rank, inp, time, "allreduce", None)
+
+    async def allgather(self, rank: int, inp: O, time: int) -> Tuple[O, int]:
+        return await self._gather(rank, inp, time, None)
+
+    async def scatterreduce(self, rank: int, inp: TO, time: int) -> Tuple[TO, int]:
+        return await self._scatter(rank, inp, time, None)
+
+    async def receive(self, rank: int) -> Any:
+        return await self.queue[rank].get()
+
+    async def pass_to(self, rank: int, v: Any) -> None:
+        await self.queue[rank].put(v)
+
+
+@drawable(weight="layer", shards=True)
 @dataclass
-class _LayerState:
-    """Per-layer state at optimizer step `step`; may hold only some shards of `total`."""
+class Weight(Gatherable["Weight"]):
+    """The weights for a specific layer. Can be sharded. Required for forward and backward passes."""
 
     layer: int
     layers: int
@@ -43,37 +128,93 @@ class _LayerState:
     shards: FrozenSet[int] = frozenset([0])
     total: int = 1
 
-    def combine(self, other: Any) -> Any:
-        require(type(other) is type(self) and other.layer == self.layer and other.total == self.total,
-                f"cannot combine {other} into {self}: layer and total must match")
-        return type(self)(self.layer, self.layers, self.step, frozenset(self.shards) | other.shards, self.total)
+    def combine(self, other: Weight) -> Weight:
+        return Weight(self.layer, self.layers, self.step, combine_parts(self, other), self.total)
 
     def memory(self) -> float:
-        return _frac(self.shards, self.total) * HIDDEN * HIDDEN
+        return (len(self.shards) / self.total) * HIDDEN * HIDDEN
 
-    def shard(self, shard: int, total: int) -> Any:
-        require(self.is_complete(), f"only a complete {type(self).__name__} can be sharded, got shards "
-                                    f"{set(self.shards)} of {self.total}")
-        require(shard < total, f"shard {shard} is not below total {total}")
-        return type(self)(self.layer, self.layers, self.step, frozenset([shard]), total)
+    def shard(self, shard: int, total: int) -> Weight:
+        require(self.is_complete(), lambda: f"only a complete Weight can be sharded, got shards {set(self.shards)} "
+                                    f"of {self.total}")
+        require(shard < total, lambda: f"shard {shard} is not below total {total}")
+        return Weight(self.layer, self.layers, self.step, frozenset([shard]), total)
 
     def is_complete(self) -> bool:
         return len(self.shards) == self.total
 
 
+@drawable(before="layer", batches=True)
 @dataclass
-class Weight(_LayerState):
-    """The weights of one layer."""
+class Activation:
+    """The activations entering layer `layer` for a set of batches."""
+
+    layer: int
+    layers: int
+    batches: FrozenSet[int]
+    total_batches: int
+
+    def memory(self) -> int:
+        return len(self.batches) * HIDDEN * LENGTH
 
 
+@drawable(weight="layer", shards=True, batches=True, is_grad=True)
 @dataclass
-class OptState(_LayerState):
-    """The optimizer state (Adam moments) of one layer."""
+class WeightGrad(Reduceable["WeightGrad"], Gatherable["WeightGrad"]):
+    """The gradient of one layer's weights, summed over `batches`; may hold only some shards.
+
+    `+` unites the batch sets, as the original does (so adding a gradient to its own all-reduce
+    passes); in strict mode a batch counted twice warns."""
+
+    layer: int
+    layers: int
+    batches: FrozenSet[int]
+    total_batches: int
+    shards: FrozenSet[int] = frozenset([0])
+    total: int = 1
+
+    def __add__(self, other: WeightGrad) -> WeightGrad:
+        samples = united(self, other, "batches", "puzzles")
+        return WeightGrad(self.layer, self.layers, samples, self.total_batches, self.shards, self.total)
+
+    def combine(self, other: WeightGrad) -> WeightGrad:
+        return WeightGrad(self.layer, self.layers, self.batches, self.total_batches, combine_parts(self, other),
+                          self.total)
+
+    def memory(self) -> float:
+        return (len(self.shards) / self.total) * HIDDEN * HIDDEN
+
+    def shard(self, shard: int, total: int) -> WeightGrad:
+        require(self.is_complete(), lambda: f"{self.shards} out of {self.total}")
+        require(shard < total, lambda: f"shard {shard} is not below total {total}")
+        return WeightGrad(self.layer, self.layers, self.batches, self.total_batches, frozenset([shard]), total)
+
+    def is_complete(self) -> bool:
+        return len(self.shards) == self.total
 
 
+@drawable(before="layer", shards=True)
 @dataclass
-class _Hidden:
-    """Hidden states of a set of batches at a layer boundary, or their gradient."""
+class OptState(Gatherable["OptState"]):
+    """The optimizer state (Adam moments) of one layer. Can be sharded. Required for updates."""
+
+    layer: int
+    layers: int
+    step: int
+    shards: FrozenSet[int] = frozenset([0])
+    total: int = 1
+
+    def combine(self, other: OptState) -> OptState:
+        return OptState(self.layer, self.layers, self.step, combine_parts(self, other), self.total)
+
+    def memory(self) -> float:
+        return HIDDEN * HIDDEN * (len(self.shards) / self.total)
+
+
+@drawable(after="layer", batches=True)
+@dataclass
+class ActivationGrad:
+    """The gradient of the loss with respect to the output of layer `layer`, for a set of batches."""
 
     layer: int
     layers: int
@@ -85,121 +226,68 @@ class _Hidden:
 
 
 @dataclass
-class Activation(_Hidden):
-    """The activations entering layer `layer` for a set of batches."""
-
-
-@dataclass
-class ActivationGrad(_Hidden):
-    """The gradient of the loss with respect to the output of layer `layer`, for a set of batches."""
-
-
-@dataclass
-class WeightGrad:
-    """The gradient of one layer's weights, summed over `batches`; may hold only some shards."""
-
-    layer: int
-    layers: int
-    batches: FrozenSet[int]
-    total_batches: int
-    shards: FrozenSet[int] = frozenset([0])
-    total: int = 1
-
-    def __add__(self, other: WeightGrad) -> WeightGrad:
-        require(isinstance(other, WeightGrad), f"cannot add {other!r} to a WeightGrad")
-        require(self.layer == other.layer, f"Only add same layer weight grads (layers {self.layer} and {other.layer})")
-        require(set(self.shards) == set(other.shards), f"shards differ: {set(self.shards)} and {set(other.shards)}")
-        twice = set(self.batches) & set(other.batches)
-        require(not twice, f"layer {self.layer}: the gradient of batches {sorted(twice)} would be counted twice")
-        return WeightGrad(self.layer, self.layers, frozenset(self.batches) | other.batches, self.total_batches,
-                          self.shards, self.total)
-
-    def combine(self, other: WeightGrad) -> WeightGrad:
-        require(isinstance(other, WeightGrad) and other.layer == self.layer, f"cannot combine {other} into {self}")
-        return WeightGrad(self.layer, self.layers, self.batches, self.total_batches,
-                          frozenset(self.shards) | other.shards, self.total)
-
-    def memory(self) -> float:
-        return _frac(self.shards, self.total) * HIDDEN * HIDDEN
-
-    def shard(self, shard: int, total: int) -> WeightGrad:
-        require(self.is_complete(), f"{set(self.shards)} out of {self.total}")
-        require(shard < total, f"shard {shard} is not below total {total}")
-        return WeightGrad(self.layer, self.layers, self.batches, self.total_batches, frozenset([shard]), total)
-
-    def is_complete(self) -> bool:
-        return len(self.shards) == self.total
-
-
-@dataclass
 class Event:
     """One logged op: its type, layer, rank, start time, length and the memory held when it ran."""
 
     typ: str
     layer: Optional[int]
     rank: int
-    time: float
-    length: float
-    memory: float
+    time: int
+    length: int
+    memory: int
     batches: FrozenSet[int] = frozenset()
 
 
-class Dist:
-    """`total` ranks that communicate; collectives involve all of them."""
-
-    def __init__(self, total: int) -> None:
-        self.ranks = total
-        self._world = World(total, "puzzles")
+_COMM_LENGTH = {"allreduce": costs.PUZZLE_COLLECTIVE_STEPS, "scatterreduce": costs.PUZZLE_COLLECTIVE_STEPS,
+                "allgather": costs.PUZZLE_COLLECTIVE_STEPS, "pass": costs.PUZZLE_MESSAGE_STEPS,
+                "update": costs.PUZZLE_UPDATE_STEPS}
 
 
-def _sum(values: list) -> list:
-    total = functools.reduce(operator.add, values)
-    return [total] * len(values)
-
-
-def _gather(values: list) -> list:
-    first = values[0]
-    for v in values[1:]:
-        require(type(v) is type(first), f"allgather of mixed types {type(first).__name__} and {type(v).__name__}")
-    total = functools.reduce(lambda a, b: a.combine(b), values)
-    return [total] * len(values)
-
-
-def _scatter(values: list) -> list:
-    total = functools.reduce(operator.add, values)
-    return [total.shard(r, len(values)) for r in range(len(values))]
+def _steps(typ: str, batches: FrozenSet[int]) -> float:
+    """The puzzles' unit cost of an op (lib.py `Model.event`)."""
+    per = costs.PUZZLE_STEPS_PER_BATCH.get(typ)
+    if per is not None:
+        steps = per * len(batches)
+        return int(steps) if float(steps).is_integer() else steps  # the original's lengths are ints here
+    return _COMM_LENGTH.get(typ, 0)
 
 
 class Model(ToyModel):
     """One rank's view: storage dicts, compute ops, communication, and a log of events."""
 
-    def __init__(self, rank: int = 1, dist: Dist | None = None, layers: int = 2, batches: int = 1):
-        dist = dist if dist is not None else Dist(1)
+    def __init__(self, rank: int = 1, dist: Dist = Dist(1), layers: int = 2, batches: int = 1):  # noqa: B008
         self._setup(rank, dist, layers, batches)
         self.RANKS = dist.ranks
         self.LAYERS = layers
         self.BATCHES = batches
 
-    def event(self, typ: str, layer: Optional[int] = None, batches: FrozenSet[int] = frozenset(), *,
-              value: Any = None, length: Optional[float] = None, **extra: Any) -> None:
-        costs = self._costs
-        flops = 0.0
+    def event(self, typ: str, layer: Optional[int] = None, batches: FrozenSet[int] = frozenset({})) -> None:
+        self._event(typ, layer, batches)
+
+    def _event(self, typ: str, layer: Optional[int], batches: FrozenSet[int], *, length: Optional[float] = None,
+               at: Any = None, n: int = 0, fraction: float = 1.0, value: Any = None, peers: Any = None,
+               op_id: int = 0, trace_op: Optional[str] = None) -> None:
+        """Log `typ` as the original does (Event with its layer and batches) and record it for the
+        trace, where `at` names the layer and `n` the samples the original's event leaves out."""
+        real, flops = self._real, 0.0
+        at = layer if at is None else at
         if length is None:
-            if typ in ("forward", "backward", "loss"):
-                length, flops = costs.compute(self.rank, typ, layer, len(batches))
+            if real is None:
+                length = _steps(typ, batches)
+            elif typ in ("forward", "backward", "loss"):
+                length, flops = real.compute(self.rank, typ, at, n or len(batches))
             elif typ == "update":
-                length = costs.update(self.rank, layer, extra.pop("fraction", 1.0))
+                length = real.update(self.rank, at, fraction)
             else:
                 length = 0.0
-        record = {"pass_send": "send", "pass_recv": "recv"}.get(typ, typ)
-        units = self._record(record, layer, frozenset(batches), length, value=value, flops=flops, **extra)
-        shown = "pass" if typ in ("pass_send", "pass_recv") else typ
-        self.log.append(Event(shown, layer, self.rank, self.time, length, units, frozenset(batches)))
+        units = self.memory()
+        self.log.append(Event(typ, layer, self.rank, self.time, length, units, batches))
+        self._record(trace_op or typ, at, frozenset(batches) or frozenset(getattr(value, "batches", ())), self.time, length,
+                     units, value=value, flops=flops, peers=peers, op_id=op_id)
         self.time += length
 
-    def load_weights(self, layer: int, shard: int = 0, total: int = 1) -> tuple[Weight, OptState]:
+    def load_weights(self, layer: int, shard: int = 0, total: int = 1) -> Tuple[Weight, OptState]:
         self._world.enter(self.rank)
-        require(0 <= shard < total, f"load_weights(layer {layer}): shard {shard} is not in 0..{total - 1}")
         return (Weight(layer, self.LAYERS, 0, frozenset([shard]), total),
                 OptState(layer, self.LAYERS, 0, frozenset([shard]), total))
 
@@ -212,84 +300,93 @@ class Model(ToyModel):
 
     def forward(self, layer: int, inp: Activation, weight: Weight) -> Activation:
         """Take the activation entering layer `layer` and return the one entering layer + 1."""
-        self.event("forward", layer, inp.batches)
-        require(weight.is_complete(), f"forward(layer {layer}): the weight holds shards {set(weight.shards)} "
+        self._event("forward", layer, inp.batches)
+        require(weight.is_complete(), lambda: f"forward(layer {layer}): the weight holds shards {set(weight.shards)} "
                                       f"of {weight.total}; allgather it first")
-        require(weight.layer == layer, f"Weight should be layer {layer}, got layer {weight.layer}")
-        require(inp.layer == layer, f"Input should be layer {layer}, got layer {inp.layer}")
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}, got layer {weight.layer}")
+        require(inp.layer == layer, lambda: f"Input should be layer {layer}, got layer {inp.layer}")
         return Activation(layer + 1, self.LAYERS, inp.batches, self.BATCHES)
 
     def backward(self, layer: int, inp: Activation, grad: ActivationGrad,
-                 weight: Weight) -> tuple[WeightGrad, ActivationGrad]:
-        self.event("backward", layer, inp.batches)
-        require(weight.is_complete(), f"backward(layer {layer}): the weight holds shards {set(weight.shards)} "
+                 weight: Weight) -> Tuple[WeightGrad, ActivationGrad]:
+        self._event("backward", layer, inp.batches)
+        require(weight.is_complete(), lambda: f"backward(layer {layer}): the weight holds shards {set(weight.shards)} "
                                       f"of {weight.total}; allgather it first")
-        require(weight.layer == layer, f"Weight should be layer {layer}, got layer {weight.layer}")
-        require(inp.layer == layer, f"Input should be layer {layer}, got layer {inp.layer}")
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}, got layer {weight.layer}")
+        require(inp.layer == layer, lambda: f"Input should be layer {layer}, got layer {inp.layer}")
         require(set(inp.batches) == set(grad.batches),
-                f"Batch mismatch {set(inp.batches)} (activation) vs {set(grad.batches)} (gradient)")
-        require(grad.layer == layer, f"Activation Grad should be layer {layer}, got layer {grad.layer}")
+                lambda: f"Batch mismatch {set(inp.batches)} (activation) vs {set(grad.batches)} (gradient)")
+        require(grad.layer == layer, lambda: f"Activation Grad should be layer {layer}, got layer {grad.layer}")
         return (WeightGrad(layer, self.LAYERS, inp.batches, self.BATCHES),
                 ActivationGrad(layer - 1, self.LAYERS, inp.batches, self.BATCHES))
 
     def loss(self, inp: Activation) -> ActivationGrad:
-        self.event("loss", self.LAYERS, inp.batches)
-        require(inp.layer == self.LAYERS, f"Input should be final layer {self.LAYERS}, got layer {inp.layer}")
+        self._event("loss", self.LAYERS, frozenset(), n=len(inp.batches))
+        require(inp.layer == self.LAYERS, lambda: f"Input should be final layer {self.LAYERS}, got layer {inp.layer}")
         return ActivationGrad(self.LAYERS - 1, self.LAYERS, inp.batches, self.BATCHES)
 
     def update(self, layer: int, weight_grad: WeightGrad, weight: Weight, opt_state: OptState,
-               shard: int = 0) -> tuple[Weight, OptState]:
-        require(weight.layer == layer, f"Weight should be layer {layer}, got layer {weight.layer}")
-        require(weight_grad.layer == layer, f"Grad weight should be layer {layer}, got layer {weight_grad.layer}")
-        missing = set(range(self.BATCHES)) - set(weight_grad.batches)
-        require(set(weight_grad.batches) == set(range(self.BATCHES)),
-                f"update(layer {layer}): the gradient covers batches {sorted(weight_grad.batches)}, missing "
-                f"{sorted(missing)}")
-        require(opt_state.layer == layer, f"OptState should be layer {layer}, got layer {opt_state.layer}")
+               shard: int = 0) -> Tuple[Weight, OptState]:
+        require(weight.layer == layer, lambda: f"Weight should be layer {layer}, got layer {weight.layer}")
+        require(weight_grad.layer == layer, lambda: f"Grad weight should be layer {layer}, got layer {weight_grad.layer}")
+        if set(weight_grad.batches) != set(range(self.BATCHES)):
+            missing = set(range(self.BATCHES)) - set(weight_grad.batches)
+            require(False, lambda: f"update(layer {layer}): the gradient covers batches {brief(weight_grad.batches)}, "
+                           f"missing {brief(missing)}")
+        require(opt_state.layer == layer, lambda: f"OptState should be layer {layer}, got layer {opt_state.layer}")
         if weight_grad.total > 1:
-            require(set(weight.shards) <= set(weight_grad.shards), f"Weight {set(weight.shards)}")
-            require(set(opt_state.shards) <= set(weight_grad.shards), f"Opt {set(opt_state.shards)}")
-        require(weight.step == opt_state.step, f"weight step {weight.step} != optimizer step {opt_state.step}")
+            require(weight.shards.issubset(weight_grad.shards), lambda: f"Weight {weight.shards}")
+            require(opt_state.shards.issubset(weight_grad.shards), lambda: f"Opt {opt_state.shards}")
+        require(weight.step == opt_state.step, lambda: f"weight step {weight.step} != optimizer step {opt_state.step}")
         new_opt = OptState(layer, self.LAYERS, opt_state.step + 1, opt_state.shards, opt_state.total)
         new_weight = Weight(layer, self.LAYERS, weight.step + 1, weight.shards, weight.total)
-        self.event("update", layer, fraction=_frac(opt_state.shards, opt_state.total))
+        self._event("update", None, frozenset(), at=layer, fraction=len(opt_state.shards) / opt_state.total)
         return new_weight, new_opt
 
-    def fake_grad(self, layer: int, batches: Sequence[int]) -> WeightGrad:
+    def fake_grad(self, layer: int, batches=List[int]) -> WeightGrad:  # the original's default, kept as is
         return WeightGrad(layer, self.LAYERS, frozenset(batches), self.BATCHES)
 
     # ---- communication: world-wide, matched by call position ----------------------------------
 
-    async def _collective(self, op: str, v: Any, layer: int, combine) -> Any:
-        world = self._world
-        out, self.time = await world.collective(self.rank, op, v, self.time, layer, combine)
-        self.event(op, layer, value=v, length=self._costs.collective(op, v, out),
-                   peers=tuple(range(world.n)), op_id=-world.seq[self.rank])
+    def _comm_length(self, typ: str, v: Any, out: Any) -> Optional[float]:
+        return None if self._real is None else self._real.collective(typ, v, out)
+
+    async def allreduce(self, v: T, layer: int) -> T:
+        out, self.time = await self.dist._reduce(self.rank, v, self.time, "allreduce", layer)
+        self._event("allreduce", layer, frozenset(), length=self._comm_length("allreduce", v, out), value=v,
+                    peers=tuple(range(self.RANKS)), op_id=-self._world.seq[self.rank])
         return out
 
-    async def allreduce(self, v: Any, layer: int) -> Any:
-        return await self._collective("allreduce", v, layer, _sum)
+    async def scatterreduce(self, v: TO, layer: int) -> TO:
+        out, self.time = await self.dist._scatter(self.rank, v, self.time, layer)
+        self._event("scatterreduce", layer, frozenset(), length=self._comm_length("scatterreduce", v, out),
+                    value=v, peers=tuple(range(self.RANKS)), op_id=-self._world.seq[self.rank])
+        return out
 
-    async def scatterreduce(self, v: Any, layer: int) -> Any:
-        return await self._collective("scatterreduce", v, layer, _scatter)
-
-    async def allgather(self, v: Any, layer: int) -> Any:
-        return await self._collective("allgather", v, layer, _gather)
+    async def allgather(self, v: O, layer: int) -> O:
+        out, self.time = await self.dist._gather(self.rank, v, self.time, layer)
+        self._event("allgather", layer, frozenset(), length=self._comm_length("allgather", v, out), value=v,
+                    peers=tuple(range(self.RANKS)), op_id=-self._world.seq[self.rank])
+        return out
 
     async def pass_to(self, rank: int, v: Any) -> None:
         world = self._world
         world.enter(self.rank)
-        require(isinstance(rank, int) and 0 <= rank < world.n, f"pass_to({rank!r}): no such rank")
-        op_id = world.op_id()
-        self.event("pass_send", getattr(v, "layer", None), _batches(v), value=v,
-                   length=self._costs.p2p(self.rank, rank, v), peers=(self.rank, rank), op_id=op_id)
-        world.post(rank, (v, self.time, self.rank, op_id))
+        require(isinstance(rank, int) and 0 <= rank < world.n, lambda: f"pass_to({rank!r}): no such rank (0..{world.n - 1})")
+        real, op_id = self._real, world.op_id()
+        self._event("pass", None, frozenset(), at=getattr(v, "layer", None), value=v, peers=(self.rank, rank),
+                    length=None if real is None else real.p2p(self.rank, rank, v), op_id=op_id, trace_op="send")
+        await self.dist.pass_to(rank, Message(v, self.time, self.rank, op_id))
 
     async def receive(self) -> Any:
-        v, time, src, op_id = await self._world.take(self.rank, self.rank, "receive(): no rank passed to it")
+        self._world.enter(self.rank)
+        message = await self.dist.receive(self.rank)
+        v, time = message
+        src, op_id = getattr(message, "source", -1), getattr(message, "op_id", 0)
         self.time = max(time, self.time)
-        self.event("pass_recv", getattr(v, "layer", None), _batches(v), value=v,
-                   length=self._costs.p2p(src, self.rank, v), peers=(src, self.rank), op_id=op_id)
+        real = self._real
+        self._event("pass", None, frozenset(), at=getattr(v, "layer", None), value=v, peers=(src, self.rank),
+                    length=None if real is None else real.p2p(src, self.rank, v), op_id=op_id, trace_op="recv")
         return v
 
     @staticmethod
@@ -300,10 +397,12 @@ class Model(ToyModel):
         print("Correct!")
 
 
-def problems(models: Sequence[Model]) -> list[str]:
-    """What `Model.check` would complain about (empty when the step is correct)."""
+def problems(models: Sequence[Any]) -> list[str]:
+    """What `Model.check` would complain about (empty when the step is correct), in the original's
+    order: the first problem is the one `check` raises."""
     out: list[str] = []
-    for layer in range(models[0].LAYERS):
+    layers = getattr(models[0], "LAYERS", None) or getattr(models[0], "num_layers")
+    for layer in range(layers):
         weight = None
         for m in models:
             w = m.final_weights.get(layer)
@@ -319,16 +418,10 @@ def problems(models: Sequence[Model]) -> list[str]:
     return out
 
 
-def _batches(v: Any) -> frozenset:
-    return frozenset(getattr(v, "batches", ()) or ())
-
-
-from ._runtime import CompatAssertionError  # noqa: E402  (re-exported for users catching it)
-
-
 def stats(models: Sequence[Model]) -> tuple[float, float, float]:
     """(steps, time, memory): the time axis of the puzzles' diagram (the latest start of any rank's
     last event, which the published targets read off), when the last op ends, and the peak memory."""
-    from .drawing import draw
-    numbers = draw(models)
-    return numbers["steps"], numbers["time"], numbers["memory"]
+    models = [m for m in models if m.log]
+    steps = max(m.log[-1].time for m in models)
+    end = max(float(m.time) for m in models)
+    return steps, end, max(e.memory for m in models for e in m.log)
