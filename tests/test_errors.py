@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from dist_lib import (CollectiveMismatchError, DeadlockError, IncorrectStepError, OutOfMemoryError, SpecError,
-                      StrategyError, TensorError, simulate)
+from dist_lib import (CollectiveMismatchError, DeadlockError, IncorrectStepError, OutOfMemoryError, ResourceError,
+                      SpecError, StrategyError, TensorError, simulate)
 
 
 def run(train, cluster="2xA100-80GB", workload="toy:layers=2", batch=2, **kw):
@@ -155,6 +155,28 @@ def test_an_exception_in_the_strategy_names_rank_and_line():
 
     with pytest.raises(StrategyError, match=r"rank 1: ValueError: layers do not divide .* \(at test_errors.py:\d+ in train\)"):
         run(train)
+
+
+@pytest.mark.parametrize("raised", [asyncio.CancelledError, SystemExit, KeyboardInterrupt, GeneratorExit])
+def test_a_rank_raising_a_base_exception_is_reported_as_itself_with_the_rank(raised):
+    async def train(model):
+        await asyncio.sleep(0)
+        if model.rank == 1:
+            raise raised("stop here")
+
+    with pytest.raises(StrategyError, match=rf"rank 1: {raised.__name__}: stop here \(at test_errors.py:\d+ in train\)"):
+        run(train)
+
+
+def test_a_memory_error_while_simulating_is_a_resource_error_not_the_strategys():
+    async def train(model):
+        if model.rank == 0:
+            raise MemoryError
+
+    with pytest.raises(ResourceError, match=r"rank 0: MemoryError: the simulation ran out of real memory "
+                                            r"\(at test_errors.py:\d+ in train\)") as caught:
+        run(train)
+    assert not isinstance(caught.value, StrategyError)
 
 
 def test_out_of_memory_names_rank_device_capacity_and_kinds():
