@@ -22,16 +22,16 @@ Spec string: `metis:HOSTFILE,CLUSTERFILE`.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 
-from . import hardware
+from . import hardware, specs
 from .devices import DEVICES, GB, GiB, Device, Link, get_device
 from .errors import SpecError
-from .hardware import Cluster, Node
+from .hardware import FIGURE_RANGES, MAX_WORLD_SIZE, Cluster, Node
+from .specs import number, whole
 
-MAX_BANDWIDTH_GBPS = 2000.0  # above any per-GPU link today (NVLink 5 is 900 GB/s each way)
+MIN_VALUE, MAX_BANDWIDTH_GBPS = FIGURE_RANGES["bandwidth_GBps"]  # the cluster file's accepted range
 MAX_MEMORY_GB = 1024.0
 
 
@@ -52,12 +52,11 @@ def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
         ip, count = parts
         if count.startswith("slots="):
             count = count[len("slots="):]
-        if not count.isdigit() or int(count) < 1:
-            raise SpecError(f"{where}: slots must be a whole number >= 1, got {parts[1]!r}")
+        slots = whole(count, f"{where}: slots", 1, MAX_WORLD_SIZE)
         if ip in seen:
             raise SpecError(f"{where}: host {ip} is listed twice")
         seen.add(ip)
-        hosts.append((ip, int(count)))
+        hosts.append((ip, slots))
     if not hosts:
         raise SpecError(f"{path}: the host file lists no hosts")
     return hosts
@@ -123,19 +122,15 @@ def _device(kind: str, memory_gb: float, where: str) -> Device:
     return replace(best, memory_bytes=int(memory_gb * GiB))
 
 
-MIN_VALUE = 1e-3  # below a megabyte per second or of memory, a value is a unit mistake
-
-
 def _plausible(value: object, where: str, unit: str, limit: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(f"{where}: expected a number in {unit}, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < MIN_VALUE:
-        raise SpecError(f"{where}: must be a number of {unit} of at least {MIN_VALUE:g}, got {value!r}")
-    if number > limit:
-        hint = " (this looks like bytes/s; give GB/s)" if unit == "GB/s" and number >= 1e6 else ""
-        raise SpecError(f"{where}: {value!r} {unit} is implausible (at most {limit:g}){hint}")
-    return number
+    """A JSON number of `unit` from MIN_VALUE (below a megabyte, a unit mistake) to `limit`."""
+    if isinstance(value, str):
+        raise SpecError(f"{where}: expected a number in {unit}, got {specs.shown(value)}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 1e6 <= value < float("inf") \
+            and unit == "GB/s":
+        raise SpecError(f"{where}: {value!r} {unit} is implausible (at most {limit:g}); this looks like bytes/s, "
+                        f"give GB/s")
+    return number(value, where, MIN_VALUE, limit, unit=f" {unit}")
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -146,3 +141,4 @@ def _read_text(path: Path, what: str) -> str:
 
 
 hardware.SPEC_SCHEMES["metis"] = parse_spec
+specs.PATH_PARTS["metis"] = 2  # metis:HOSTFILE,CLUSTERFILE

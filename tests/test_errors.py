@@ -164,7 +164,8 @@ def test_a_rank_raising_a_base_exception_is_reported_as_itself_with_the_rank(rai
         if model.rank == 1:
             raise raised("stop here")
 
-    with pytest.raises(StrategyError, match=rf"rank 1: {raised.__name__}: stop here \(at test_errors.py:\d+ in train\)"):
+    with pytest.raises(StrategyError, match=rf"rank 1: {raised.__name__}: stop here "
+                                            rf"\(at test_errors.py:\d+ in train\)"):
         run(train)
 
 

@@ -29,11 +29,11 @@ def test_short_forms_and_link_overrides():
 @pytest.mark.parametrize("spec, message", [
     ("", "expected terms"),
     ("2x8xB200", "unknown device 'B200'"),
-    ("0x8xA100-80GB", "at least one node"),
+    ("0x8xA100-80GB", "nodes: must be a whole number from 1 to 131072"),
     ("2x8xA100-80GB:inter=fast", "expected a number"),
     ("2x8xA100-80GB:speed=3", "expected inter=GBps"),
     ("2x8xA100-80GB+", "expected terms"),
-    ("2x8xA100-80GB:inter=-1", "positive"),
+    ("2x8xA100-80GB:inter=-1", r"inter_bandwidth_GBps: must be at least 0.001 and at most 2000"),
 ])
 def test_bad_specs_name_the_problem(spec, message):
     with pytest.raises(SpecError, match=message):
