@@ -35,7 +35,9 @@ def load_spec(value: Any, cls: type[T], what: str, from_toml: Callable[[Any], T]
     if not isinstance(value, str):
         raise SpecError(f"{what} must be a spec string, a .toml path or a {cls.__name__}, got {type(value).__name__}")
     scheme, _, arg = value.partition(":")
-    if scheme in schemes and arg:
+    if scheme in schemes:
+        if not arg.strip():
+            raise SpecError(f"{what} spec {shown(value)}: {scheme}: needs what to read, e.g. {scheme}:PATH")
         return schemes[scheme](arg)
     return parse(value)
 

@@ -114,8 +114,8 @@ def _strategy_file(text: str) -> Path:
 
 
 def _writable(text: str, flag: str, *, folder: bool) -> Path:
-    """An output path the grader can create: a file (`--trace`) or a folder (`--out`), checked before the
-    run rather than found out after it."""
+    """An output path the grader can write: a file (`--trace`) or a folder (`--out`), checked (and its
+    folder made) before the run rather than found out after it."""
     path = Path(text)
     if folder and path.exists() and not path.is_dir():
         raise InputError(f"{flag} {text}: is a file; give a folder")
@@ -123,13 +123,13 @@ def _writable(text: str, flag: str, *, folder: bool) -> Path:
         raise InputError(f"{flag} {text}: is a folder; give a file path such as {path / 'trace.json'}")
     if not folder and path.exists() and not path.is_file():
         raise InputError(f"{flag} {text}: not a regular file")
-    existing = path.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() and existing != path.absolute():
-        raise InputError(f"{flag} {text}: {existing} is not a folder")
-    if not os.access(existing if existing.is_dir() else existing.parent, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {text}: cannot write there ({existing} is not writable)")
+    where = path if folder else path.parent
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{flag} {text}: cannot create folder {where} ({exc.strerror})") from None
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {text}: folder {where} is not writable")
     return path
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from dist_lib import Cluster, SpecError, Workload
 from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
-from dist_lib.specs import absolute_spec, shown
+from dist_lib.specs import absolute_spec
 from dist_lib.workload import check_global_batch
 
 from .errors import InputError
@@ -58,15 +58,8 @@ class Scenario:
 
     def load(self) -> tuple[Cluster, Workload]:
         """The cluster and workload, or an `InputError` naming the bad spec."""
-        try:
-            cluster = Cluster.load(self.cluster)
-        except SpecError as exc:
-            raise InputError(f"cluster {shown(self.cluster)}: {exc}") from None
-        try:
-            workload = Workload.load(self.workload)
-        except SpecError as exc:
-            raise InputError(f"workload {shown(self.workload)}: {exc}") from None
-        try:
+        try:  # each message names the spec or file and the field
+            cluster, workload = Cluster.load(self.cluster), Workload.load(self.workload)
             check_global_batch(self.global_batch, "global batch")
         except SpecError as exc:
             raise InputError(str(exc)) from None

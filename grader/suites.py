@@ -103,7 +103,10 @@ def _suite(data: dict[str, Any], path: Path) -> Suite:
         if scenario.name in names:
             raise InputError(f"{where}: two scenarios are named {scenario.name!r}")
         names.add(scenario.name)
-        scenario.load()  # unknown cluster or workload: say so now, not once per submission
+        try:
+            scenario.load()  # unknown cluster or workload: say so now, not once per submission
+        except InputError as exc:
+            raise InputError(f"{at}: {exc}") from None
         scenarios.append(scenario)
     limits = table(data.get("limits", {}), f"{where}: [limits]", {"timeout_s", "address_space_GiB"})
     timeout = number(limits.get("timeout_s", 120), f"{where}: limits.timeout_s", 0, MAX_TIMEOUT_S, above=True,

@@ -260,7 +260,8 @@ SUITE = {"name": '"s"', "limits.timeout_s": "10", "limits.address_space_GiB": "2
          "scenarios.name": '"a"', "scenarios.cluster": '"2xA100-80GB"', "scenarios.workload": '"toy:layers=2"',
          "scenarios.global_batch": "4", "scenarios.memory_limit_GB": "80", "scenarios.enforce_memory": "true",
          "scenarios.options": "{ microbatch_size = 1 }", "scoring.components.metric": '"mfu"',
-         "scoring.components.weight": "1.0", "scoring.components.scale": "100"}
+         "scoring.components.weight": "1.0", "scoring.components.scale": "100",
+         "scoring.components.higher_is_better": "true"}
 
 
 def _suite_text(values: dict[str, str]) -> str:
@@ -297,7 +298,7 @@ def test_suite_fields(key, value):
     scenario = suite.scenarios[0]
     assert isinstance(scenario.enforce_memory, bool) and scenario.global_batch >= 1
     assert scenario.memory_limit_bytes is None or 0 < scenario.memory_limit_bytes < float("inf")
-    assert all(math.isfinite(c.weight) for c in suite.rubric.components)
+    assert all(math.isfinite(c.weight) and isinstance(c.higher_is_better, bool) for c in suite.rubric.components)
 
 
 @pytest.mark.parametrize("load, spec, message", [
