@@ -21,7 +21,6 @@ Spec string: `metis:HOSTFILE,CLUSTERFILE`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,7 +37,7 @@ MAX_MEMORY_GB = 1024.0
 def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
     """(IP, GPUs) per node, in file order."""
     path = Path(path)
-    text = _read_text(path, "host file")
+    text = specs.read_text(path, "host file")
     hosts: list[tuple[str, int]] = []
     seen: set[str] = set()
     for number, raw in enumerate(text.splitlines(), 1):
@@ -48,7 +47,7 @@ def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
         where = f"{path}:{number}"
         parts = line.split()
         if len(parts) != 2:
-            raise SpecError(f"{where}: expected 'IP slots=N' or 'IP N', got {raw.strip()!r}")
+            raise SpecError(f"{where}: expected 'IP slots=N' or 'IP N', got {specs.shown(raw.strip())}")
         ip, count = parts
         if count.startswith("slots="):
             count = count[len("slots="):]
@@ -64,11 +63,7 @@ def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
 
 def read_clusterfile(path: str | Path) -> dict[str, dict]:
     path = Path(path)
-    text = _read_text(path, "cluster file")
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise SpecError(f"{path}: not valid JSON ({exc})") from None
+    data = specs.read_json(path, "cluster file")
     if not isinstance(data, dict) or not data:
         raise SpecError(f"{path}: expected a JSON object keyed by host IP")
     return data
@@ -131,13 +126,6 @@ def _plausible(value: object, where: str, unit: str, limit: float) -> float:
         raise SpecError(f"{where}: {value!r} {unit} is implausible (at most {limit:g}); this looks like bytes/s, "
                         f"give GB/s")
     return number(value, where, MIN_VALUE, limit, unit=f" {unit}")
-
-
-def _read_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read {what} ({exc})") from None
 
 
 hardware.SPEC_SCHEMES["metis"] = parse_spec

@@ -24,7 +24,6 @@ sequence is 2048.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from bisect import bisect_left
@@ -66,12 +65,7 @@ def read_profile(path: str | Path) -> Profile:
     device_type = match.group(1).upper()
     tp = specs.whole(match.group(2), f"{path}: tp in the file name", 1, MAX_WORLD_SIZE)
     batch = specs.whole(match.group(3), f"{path}: bs in the file name", 1, MAX_GLOBAL_BATCH)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read profile ({exc})") from None
-    except ValueError as exc:
-        raise SpecError(f"{path}: not valid JSON ({exc})") from None
+    data = specs.read_json(path, "profile")
     where = str(path)
     model = _object(data, "", where)
     model_info = _object(model.get("model"), "model", where)

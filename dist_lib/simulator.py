@@ -59,6 +59,8 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     cluster = Cluster.load(cluster)
     workload = Workload.load(workload)
     check_global_batch(global_batch_size)
+    if start_order_seed is not None and (isinstance(start_order_seed, bool) or not isinstance(start_order_seed, int)):
+        raise SpecError(f"start_order_seed must be a whole number or None, got {start_order_seed!r}")
     engine = Engine(cluster, workload, global_batch_size, enforce_memory)
     models = [Model(engine, r) for r in range(cluster.world_size)]
     order = list(range(cluster.world_size))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -14,15 +15,45 @@ from .errors import SpecError
 T = TypeVar("T")
 
 
+MAX_FILE_BYTES = 2**24  # a description file larger than 16 MiB is not one
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """A description file's text: a regular UTF-8 file of at most `MAX_FILE_BYTES` (a folder, a device
+    such as /dev/zero or a FIFO would otherwise fail late, hang or fill memory)."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise SpecError(f"{path}: cannot read {what} (not a regular file)")
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SpecError(f"{path}: {what} is larger than {MAX_FILE_BYTES >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: {what} is not UTF-8 text") from None
+
+
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     """The table in a TOML file; unreadable or malformed files raise `SpecError` naming the file."""
-    path = Path(path)
+    return _decode(tomllib.loads, "TOML", path, read_text(path, f"{what} file"))
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The value in a JSON file; unreadable or malformed files raise `SpecError` naming the file."""
+    return _decode(json.loads, "JSON", path, read_text(path, what))
+
+
+def _decode(parse: Callable[[str], Any], language: str, path: str | Path, text: str) -> Any:
     try:
-        return tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read {what} file ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path}: not valid TOML ({exc})") from None
+        return parse(text)
+    except ValueError as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise SpecError(f"{path}: not valid {language} ({exc})") from None
+    except RecursionError:
+        raise SpecError(f"{path}: not valid {language} (nested too deeply)") from None
 
 
 def load_spec(value: Any, cls: type[T], what: str, from_toml: Callable[[Any], T],

@@ -20,13 +20,12 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dist_lib import SpecError
-from dist_lib.specs import number, shown, table, text
+from dist_lib.specs import number, read_toml, shown, table, text
 from dist_lib.workload import check_global_batch
 
 from .errors import InputError
@@ -66,14 +65,11 @@ def find_suite(spec: str | Path | None) -> Path:
 def load_suite(spec: str | Path | None = None) -> Suite:
     path = find_suite(spec)
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
+        data = read_toml(path, "suite")
+    except SpecError as exc:
         shipped = ", ".join(p.stem for p in sorted(SUITES_DIR.glob("*.toml")))
-        raise InputError(f"suite {spec}: cannot read it ({exc.strerror}); shipped suites: {shipped}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"suite {path}: not valid TOML ({exc})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"suite {path}: not a text file") from None
+        hint = "" if path.exists() else f"; shipped suites: {shipped}"
+        raise InputError(f"suite {exc}{hint}") from None
     try:
         return _suite(data, path)
     except SpecError as exc:  # the shared validators' one line, naming the field and its range

@@ -250,3 +250,21 @@ def test_unknown_options_list_the_accepted_ones():
 def test_option_values_of_the_wrong_type_name_the_option():
     with pytest.raises(SpecError, match="option microbatch_size expects int .*got str '2'"):
         simulate("strategies/ddp.py", microbatch_size="2")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"global_batch_size": 2.0}, "global_batch_size: must be a whole number from 1 to 1048576, got 2.0"),
+    ({"global_batch_size": 0}, "global_batch_size: must be a whole number from 1 to 1048576, got 0"),
+    ({"global_batch_size": 2**20 + 1}, "global_batch_size: must be a whole number from 1 to 1048576, got 1048577"),
+    ({"start_order_seed": [1]}, "start_order_seed must be a whole number or None"),
+    ({"cluster": None}, "cluster must be a spec string, a .toml path or a Cluster, got NoneType"),
+    ({"workload": "toy:layers=2,layers=3"}, "layers is given twice"),
+])
+def test_simulate_arguments_out_of_range_name_the_argument(kwargs, message):
+    async def train(model):
+        pass
+
+    arguments = {"cluster": "2xA100-80GB", "workload": "toy:layers=2", "global_batch_size": 2, **kwargs}
+    with pytest.raises(SpecError) as caught:
+        simulate(train, **arguments)
+    assert message in str(caught.value)

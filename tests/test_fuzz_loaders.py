@@ -339,3 +339,49 @@ def test_below_the_smallest_profiled_batch_time_never_falls_under_its_per_sample
     assert profiles.layer_time(a100, 0, 1, 1) == pytest.approx(5e-3)
     assert profiles.layer_time(a100, 0, 3, 1) == pytest.approx(20e-3)  # interpolated as before
     assert profiles.layer_time(a100, 0, 6, 1) == pytest.approx(50e-3)  # extrapolated along the line
+
+
+@SETTINGS
+@given(st.dictionaries(st.integers(1, 64), st.floats(0.001, 1e3), min_size=1, max_size=4), st.integers(1, 512))
+def test_profiled_time_is_positive_and_grows_with_the_batch(layer_ms_by_batch, samples):
+    with tempfile.TemporaryDirectory() as d:
+        _write_profiles(Path(d), layer_ms_by_batch)
+        try:
+            profiles = ProfileSet.load(d)
+        except SpecError as exc:
+            assert "layer_compute_total_ms[1]" in str(exc) and "a larger batch must not take less time" in str(exc)
+            ordered = [layer_ms_by_batch[b] for b in sorted(layer_ms_by_batch)]
+            assert any(b < a for a, b in zip(ordered, ordered[1:]))
+            return
+    a100 = get_device("A100-80GB")
+    now, more = profiles.layer_time(a100, 0, samples, 1), profiles.layer_time(a100, 0, samples + 1, 1)
+    assert 0 < now <= more < float("inf")
+
+
+@pytest.mark.parametrize("content", ["deep", "device", "folder", "big"])
+def test_files_that_cannot_be_descriptions_are_one_line(tmp_path, content):
+    from grader.errors import InputError
+    from grader.suites import load_suite
+    from dist_lib.specs import MAX_FILE_BYTES
+    readers = {"toml": [Cluster.load, Workload.load, load_suite], "json": [read_profile]}
+    for kind, loaders in readers.items():
+        path = tmp_path / ("DeviceType.A100_tp1_bs1.json" if kind == "json" else "f.toml")
+        if content == "deep":  # the parsers recurse once per bracket
+            path.write_text("[" * 100_000 if kind == "json" else "a = " + "[" * 100_000)
+            expected = "nested too deeply"
+        elif content == "big":
+            path.write_bytes(b"#" * (MAX_FILE_BYTES + 1))
+            expected = "larger than 16 MiB"
+        elif content == "folder":
+            path.mkdir()
+            expected = "not a regular file"
+        elif kind == "toml":
+            path = Path("/dev/zero")  # would be read forever
+            expected = "not a regular file"
+        else:
+            continue  # a profile's file name must match DeviceType.*.json first
+        for load in loaders:
+            with pytest.raises((SpecError, InputError), match=expected):
+                load(path)
+        if content == "folder":
+            path.rmdir()
