@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             from .check import cmd_check
             return cmd_check(args.file, args.examples, args.seed, console)
         return main_job(console)
-    except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (InputError, SpecError) as exc:  # SpecError: a description found wanting after the checks up front
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; finished runs are saved, run the same command again to resume", file=sys.stderr)

@@ -74,6 +74,8 @@ def parse_set(items: list[str] | None) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key.isidentifier():
             raise InputError(f"--set {item!r}: expected key=value with a Python identifier as key")
+        if key in options:
+            raise InputError(f"--set {key} is given twice")
         try:
             value = tomllib.loads(f"v = {text.strip()}")["v"]
         except tomllib.TOMLDecodeError:

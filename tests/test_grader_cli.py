@@ -62,6 +62,7 @@ def _suite(limits: str, weight: str = "1") -> str:
     (["leaderboard", "/no/such/dir"], "no such file or folder"),
     (["check", "NOTASYNC"], "must be `async def train"),
     (["frobnicate"], "invalid choice"),
+    (["run", DDP, "--set", "microbatch_size=1", "--set", "microbatch_size=2"], "--set microbatch_size is given twice"),
     (["run", DDP, "--timeout", "nan"], "argument --timeout: must be more than 0 and at most 86400 s, got 'nan'"),
     (["run", DDP, "--timeout", "-1"], "argument --timeout: must be more than 0"),
     (["run", DDP, "--trace", str(ROOT)], "is a folder; give a file path"),
