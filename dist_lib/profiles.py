@@ -14,9 +14,10 @@ Metis layers are the embedding, the transformer layers, then the LM head, so a p
 profile entry i + 1 (layer 0 also the embedding's), and the loss takes the head's.
 
 A batch size that was not profiled is interpolated linearly between the nearest profiled sizes
-(extrapolated from the two nearest beyond them; proportionally from a single one). A device type or
-TP degree with no file raises `SpecError` naming the file that is missing. Every malformed file raises
-`SpecError` naming the file and the field. Spec string: `profiles:DIR` or `profiles:DIR,WORKLOAD`,
+(extrapolated from the two nearest beyond them, but below the smallest never under its per-sample
+share; proportionally from a single one). A larger batch must not take less time than a smaller one
+(else the line would reach zero time). A device type or TP degree with no file raises `SpecError`
+naming the file that is missing. Every malformed file raises `SpecError` naming the file and the field. Spec string: `profiles:DIR` or `profiles:DIR,WORKLOAD`,
 where WORKLOAD (a preset spec such as `gpt-1.3b:seq=1024`) gives the shape; without it the hidden
 size is solved from the transformer layer's parameters (12h^2 + 13h), heads are h/128 and the
 sequence is 2048.

@@ -2,8 +2,8 @@
 
     name = "default"
     [limits]
-    timeout_s = 60                      # wall clock per run
-    address_space_GiB = 4               # real memory of the worker process
+    timeout_s = 60                      # wall clock per run, more than 0 and at most 86400
+    address_space_GiB = 4               # real memory of the worker process, 1 to 1024
     [defaults]                          # merged into every scenario
     options = { microbatch_size = 2 }
     [[scenarios]]
