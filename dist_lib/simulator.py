@@ -179,7 +179,7 @@ def _load_file(path: Path) -> Any:
         return module
     except SpecError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a file that calls exit() on import must not end the caller
         from .engine import user_frame
         raise StrategyError(f"strategy file {path}: importing it raised {type(exc).__name__}: {exc}"
                             f"{user_frame(exc)}") from exc

@@ -268,3 +268,10 @@ def test_simulate_arguments_out_of_range_name_the_argument(kwargs, message):
     with pytest.raises(SpecError) as caught:
         simulate(train, **arguments)
     assert message in str(caught.value)
+
+
+def test_a_strategy_file_that_exits_on_import_is_a_strategy_error(tmp_path):
+    path = tmp_path / "exits.py"
+    path.write_text("raise SystemExit(0)\n\nasync def train(model):\n    pass\n")
+    with pytest.raises(StrategyError, match=r"exits.py: importing it raised SystemExit: 0 \(at exits.py:1 in <module>\)"):
+        run(str(path))
