@@ -11,6 +11,7 @@ import difflib
 from dataclasses import dataclass
 
 from .errors import SpecError
+from .specs import shown
 
 GB = 1e9  # bandwidths and FLOP rates use decimal units, as the data sheets do
 GiB = 2**30
@@ -133,7 +134,7 @@ def get_device(name: str, custom: dict[str, Device] | None = None) -> Device:
         return DEVICES[_ALIASES[key]]
     close = difflib.get_close_matches(name.upper(), list(catalog), n=3, cutoff=0.4)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise SpecError(f"unknown device {name!r}{hint} (known: {', '.join(catalog)})")
+    raise SpecError(f"unknown device {shown(name)}{hint} (known: {', '.join(catalog)})")
 
 
 def get_link(name: str) -> Link:

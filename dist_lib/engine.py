@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
-from .errors import DeadlockError, SimulationError, StrategyError
+from .errors import DeadlockError, ResourceError, SimulationError, StrategyError
 from .eventlog import EventLog
 from .hardware import Cluster
 from .memory import MemoryTracker
@@ -194,13 +194,20 @@ class Engine:
         state = self.ranks[rank]
         try:
             await make_coroutine(rank)
-        except asyncio.CancelledError:
-            raise
         except SimulationError as error:
             self._fail(error)
             raise
-        except Exception as error:  # the strategy's own bug: say which rank and which line
-            wrapped = StrategyError(f"rank {rank}: {type(error).__name__}: {error}{user_frame(error)}")
+        except BaseException as error:
+            task = asyncio.current_task()
+            if isinstance(error, asyncio.CancelledError) and task is not None and task.cancelling():
+                raise  # the engine stops this rank because another one failed
+            if isinstance(error, MemoryError):  # the host ran out, not the simulated GPU: not the strategy's bug
+                wrapped: SimulationError = ResourceError(
+                    f"rank {rank}: MemoryError: the simulation ran out of real memory{user_frame(error)}; this "
+                    f"step is too large to simulate within this process's memory limit")
+            else:  # the strategy's own bug (CancelledError, SystemExit... included): which rank, which line
+                said = f": {error}" if str(error) else ""
+                wrapped = StrategyError(f"rank {rank}: {type(error).__name__}{said}{user_frame(error)}")
             wrapped.__cause__ = error
             self._fail(wrapped)
             raise wrapped from error
@@ -223,6 +230,7 @@ def user_frame(error: BaseException) -> str:
     found = ""
     for frame, lineno in traceback.walk_tb(error.__traceback__):
         filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(here) and "asyncio" not in filename:
+        if not os.path.abspath(filename).startswith(here) and "asyncio" not in filename \
+                and not filename.startswith("<frozen"):  # the import machinery is not the user's line
             found = f" (at {os.path.basename(filename)}:{lineno} in {frame.f_code.co_name})"
     return found

@@ -30,6 +30,10 @@ class OutOfMemoryError(SimulationError):
     """A rank's live tensors exceeded its device's memory."""
 
 
+class ResourceError(SimulationError):
+    """The machine running the simulation ran out of real memory (names the rank it was simulating)."""
+
+
 class StrategyError(SimulationError):
     """The strategy itself raised on some rank; the original exception is chained."""
 

@@ -22,7 +22,15 @@ from pathlib import Path
 from .costs import Topology
 from .devices import GB, GiB, Device, Link, get_device
 from .errors import SpecError
-from .specs import load_spec, read_toml
+from .specs import load_spec, number, read_toml, shown, table, text, whole
+
+
+# Accepted ranges of the figures a cluster description gives, by field-name suffix (units as named):
+# beyond them a value is a typo or a unit mistake (NVLink 5 is 900 GB/s per GPU each way, the largest
+# GPU memory 192 GB, the fastest dense 16-bit peak about 2.5 PFLOP/s).
+FIGURE_RANGES = {"bandwidth_GBps": (1e-3, 2000.0), "latency_us": (0.0, 1e6), "peak_tflops": (1e-3, 1e5),
+                 "memory_GiB": (1e-3, 1024.0), "hbm_GBps": (1e-3, 1e5), "max_efficiency": (1e-3, 1.0)}
+MAX_WORLD_SIZE = 2**17  # GPUs in one cluster, above the largest built (about 100,000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +46,8 @@ class Node:
     nics: int = 0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.gpus, int) and self.gpus >= 1):
-            raise SpecError(f"node of {self.device.name}: gpus must be a whole number >= 1, got {self.gpus!r}")
-        if isinstance(self.nics, bool) or not (isinstance(self.nics, int) and self.nics >= 0):
-            raise SpecError(f"node of {self.device.name}: nics must be a whole number >= 0, got {self.nics!r}")
+        whole(self.gpus, f"node of {self.device.name}: gpus", 1, MAX_WORLD_SIZE, exact=True)
+        whole(self.nics, f"node of {self.device.name}: nics", 0, MAX_WORLD_SIZE, exact=True)
 
     def nics_for(self, members: int) -> int:
         """NICs that `members` of this node's GPUs drive side by side (NCCL runs a ring channel per NIC)."""
@@ -61,6 +67,7 @@ class Cluster:
         if not self.nodes:
             raise SpecError("a cluster needs at least one node")
         object.__setattr__(self, "nodes", tuple(self.nodes))
+        _check_world_size(sum(node.gpus for node in self.nodes), self.name or "cluster")
         rank_node = tuple(i for i, node in enumerate(self.nodes) for _ in range(node.gpus))
         object.__setattr__(self, "_rank_node", rank_node)
         starts = [0]
@@ -169,7 +176,7 @@ class Cluster:
         """Build a cluster from a spec string such as `2x8xA100-80GB+1x4xT4:inter=12.5`."""
         terms = [t.strip() for t in spec.split("+")]
         if not spec.strip() or any(not t for t in terms):
-            raise SpecError(f"cluster spec {spec!r}: expected terms like 2x8xA100-80GB joined by '+'")
+            raise SpecError(f"cluster spec {shown(spec)}: expected terms like 2x8xA100-80GB joined by '+'")
         nodes: list[Node] = []
         for term in terms:
             nodes.extend(_parse_term(term, spec))
@@ -203,28 +210,32 @@ class Cluster:
     def from_dict(cls, data: dict, source: str = "<cluster>") -> Cluster:
         if not isinstance(data, dict):
             raise SpecError(f"{source}: expected a table with [[nodes]]")
+        table(data, source, {"name", "devices", "nodes"})
         custom = {name: _custom_device(name, spec, f"{source}: devices.{name}")
-                  for name, spec in _table(data.get("devices", {}), f"{source}: devices").items()}
+                  for name, spec in table(data.get("devices", {}), f"{source}: devices").items()}
         entries = data.get("nodes")
         if not isinstance(entries, list) or not entries:
             raise SpecError(f"{source}: needs at least one [[nodes]] entry")
         nodes: list[Node] = []
+        total = 0
         for i, entry in enumerate(entries):
             where = f"{source}: nodes[{i}]"
-            entry = _table(entry, where)
+            entry = table(entry, where)
             unknown = set(entry) - {"device", "count", "gpus", "intra_bandwidth_GBps", "inter_bandwidth_GBps",
                                     "intra_latency_us", "inter_latency_us", "nics", "nic_bandwidth_GBps"}
             if unknown:
                 raise SpecError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
             if "device" not in entry or not isinstance(entry["device"], str):
                 raise SpecError(f"{where}.device: missing or not a string")
-            device = get_device(entry["device"], custom)
-            count = _positive_int(entry.get("count", 1), f"{where}.count")
-            gpus = _positive_int(entry.get("gpus", 1), f"{where}.gpus")
+            device = _device(entry["device"], f"{where}.device", custom)
+            count = whole(entry.get("count", 1), f"{where}.count", 1, MAX_WORLD_SIZE)
+            gpus = whole(entry.get("gpus", 1), f"{where}.gpus", 1, MAX_WORLD_SIZE)
+            total += count * gpus
+            _check_world_size(total, where)
             node = Node(device, gpus, device.intra_link, device.inter_link)
             node = _with_links(node, entry, where)
             nodes.extend([node] * count)
-        return cls(tuple(nodes), name=str(data.get("name", "")))
+        return cls(tuple(nodes), name=text(data.get("name", ""), f"{source}: name"))
 
     def to_toml(self) -> str:
         """The cluster as a file `from_toml` reads back to an equal cluster (catalog devices only)."""
@@ -266,32 +277,38 @@ def _parse_term(term: str, spec: str) -> list[Node]:
     head, *options = term.split(":")
     m = _TERM.match(head.strip())
     if not m:
-        raise SpecError(f"cluster spec {spec!r}: cannot read {term!r}; expected NODESxGPUSxDEVICE, e.g. 2x8xA100-80GB")
+        raise SpecError(f"cluster spec {shown(spec)}: cannot read {shown(term)}; expected NODESxGPUSxDEVICE, "
+                        f"e.g. 2x8xA100-80GB")
     first, second, device_name = m.groups()
+    where = f"cluster spec {shown(spec)}" + ("" if term == spec.strip() else f", term {shown(term)}")
     if second is not None:
-        n_nodes, gpus = int(first), int(second)
+        n_nodes = whole(first, f"{where} nodes", 1, MAX_WORLD_SIZE)
+        gpus = whole(second, f"{where} gpus", 1, MAX_WORLD_SIZE)
     else:
-        n_nodes, gpus = 1, int(first) if first is not None else 1
-    if n_nodes < 1 or gpus < 1:
-        raise SpecError(f"cluster spec {spec!r}: {term!r} needs at least one node and one GPU")
-    device = get_device(device_name)
+        n_nodes, gpus = 1, whole(first, f"{where} gpus", 1, MAX_WORLD_SIZE) if first is not None else 1
+    _check_world_size(n_nodes * gpus, where)
+    device = _device(device_name, where)
     values: dict[str, float] = {}
     for opt in options:
         key, sep, value = opt.partition("=")
         key = key.strip()
         if not sep or key not in ("inter", "intra", "nics"):
-            raise SpecError(f"cluster spec {spec!r}: option {opt!r}; expected inter=GBps, intra=GBps or "
+            raise SpecError(f"cluster spec {shown(spec)}: option {shown(opt)}; expected inter=GBps, intra=GBps or "
                             f"nics=COUNTxGBps")
+        field_name = "nics" if key == "nics" else f"{key}_bandwidth_GBps"
+        if field_name in values:
+            raise SpecError(f"cluster spec {shown(spec)}: {key} is given twice in {shown(term)}")
         if key == "nics":
             count, x, bandwidth = value.strip().partition("x")
-            if not x or not count.strip().isdigit():
-                raise SpecError(f"cluster spec {spec!r}: option {opt!r}; expected nics=COUNTxGBps, e.g. nics=1x1.25 "
-                                f"for one 10 Gb/s NIC per node")
-            values["nics"] = int(count)
-            values["nic_bandwidth_GBps"] = _number(bandwidth, f"cluster spec {spec!r}: nics")
+            if not x:
+                raise SpecError(f"cluster spec {shown(spec)}: option {shown(opt)}; expected nics=COUNTxGBps, e.g. "
+                                f"nics=1x1.25 for one 10 Gb/s NIC per node")
+            values["nics"] = count
+            values["nic_bandwidth_GBps"] = bandwidth
         else:
-            values[f"{key}_bandwidth_GBps"] = _number(value, f"cluster spec {spec!r}: {key}")
-    node = _with_links(Node(device, gpus, device.intra_link, device.inter_link), values, f"cluster spec {spec!r}")
+            values[field_name] = value  # range-checked with the file's figures in _with_links
+    node = _with_links(Node(device, gpus, device.intra_link, device.inter_link), values,
+                       f"cluster spec {shown(spec)}")
     return [node] * n_nodes
 
 
@@ -299,44 +316,43 @@ def _with_links(node: Node, entry: dict, where: str) -> Node:
     """Apply bandwidth/latency overrides from a spec or file entry to a node's default links."""
     intra, inter = node.intra_link, node.inter_link
     if "intra_bandwidth_GBps" in entry:
-        intra = replace(intra, bandwidth=_positive(entry["intra_bandwidth_GBps"], f"{where}.intra_bandwidth_GBps") * GB)
+        intra = replace(intra, bandwidth=_figure(entry["intra_bandwidth_GBps"], f"{where}.intra_bandwidth_GBps") * GB)
     if "inter_bandwidth_GBps" in entry:
-        inter = replace(inter, bandwidth=_positive(entry["inter_bandwidth_GBps"], f"{where}.inter_bandwidth_GBps") * GB)
+        inter = replace(inter, bandwidth=_figure(entry["inter_bandwidth_GBps"], f"{where}.inter_bandwidth_GBps") * GB)
     if "intra_latency_us" in entry:
-        intra = replace(intra, latency=_non_negative(entry["intra_latency_us"], f"{where}.intra_latency_us") * 1e-6)
+        intra = replace(intra, latency=_figure(entry["intra_latency_us"], f"{where}.intra_latency_us") * 1e-6)
     if "inter_latency_us" in entry:
-        inter = replace(inter, latency=_non_negative(entry["inter_latency_us"], f"{where}.inter_latency_us") * 1e-6)
+        inter = replace(inter, latency=_figure(entry["inter_latency_us"], f"{where}.inter_latency_us") * 1e-6)
     nics = node.nics
     if "nics" in entry or "nic_bandwidth_GBps" in entry:
         if "nics" not in entry or "inter_bandwidth_GBps" in entry:
             raise SpecError(f"{where}: node NICs need nics and nic_bandwidth_GBps (and no inter_bandwidth_GBps, "
                             f"which is a per-GPU NIC)")
-        nics = _positive_int(entry["nics"], f"{where}.nics")
+        nics = whole(entry["nics"], f"{where}.nics", 1, MAX_WORLD_SIZE)
         if "nic_bandwidth_GBps" in entry:
-            inter = replace(inter, bandwidth=_positive(entry["nic_bandwidth_GBps"], f"{where}.nic_bandwidth_GBps") * GB)
+            inter = replace(inter, bandwidth=_figure(entry["nic_bandwidth_GBps"], f"{where}.nic_bandwidth_GBps") * GB)
     return replace(node, intra_link=intra, inter_link=inter, nics=nics)
 
 
 def _custom_device(name: str, spec: dict, where: str) -> Device:
-    spec = _table(spec, where)
+    spec = table(spec, where, {"like", "peak_tflops", "memory_GiB", "hbm_GBps", "intra_bandwidth_GBps",
+                               "inter_bandwidth_GBps", "max_efficiency"})
     required = ("peak_tflops", "memory_GiB", "hbm_GBps")
     for key in required:
         if key not in spec:
             raise SpecError(f"{where}.{key}: missing")
-    base = get_device(spec.get("like", "A100-80GB"))
+    base = _device(text(spec.get("like", "A100-80GB"), f"{where}.like"), f"{where}.like")
     intra, inter = base.intra_link, base.inter_link
     if "intra_bandwidth_GBps" in spec:
-        intra = Link(f"{name}-intra", _positive(spec["intra_bandwidth_GBps"], f"{where}.intra_bandwidth_GBps") * GB,
+        intra = Link(f"{name}-intra", _figure(spec["intra_bandwidth_GBps"], f"{where}.intra_bandwidth_GBps") * GB,
                      intra.latency)
     if "inter_bandwidth_GBps" in spec:
-        inter = Link(f"{name}-inter", _positive(spec["inter_bandwidth_GBps"], f"{where}.inter_bandwidth_GBps") * GB,
+        inter = Link(f"{name}-inter", _figure(spec["inter_bandwidth_GBps"], f"{where}.inter_bandwidth_GBps") * GB,
                      inter.latency)
-    efficiency = _positive(spec.get("max_efficiency", base.max_efficiency), f"{where}.max_efficiency")
-    if efficiency > 1:
-        raise SpecError(f"{where}.max_efficiency: must be at most 1, got {efficiency}")
-    return Device(name, _positive(spec["peak_tflops"], f"{where}.peak_tflops") * 1e12,
-                  int(_positive(spec["memory_GiB"], f"{where}.memory_GiB") * GiB),
-                  _positive(spec["hbm_GBps"], f"{where}.hbm_GBps") * GB, intra, inter, efficiency)
+    efficiency = _figure(spec.get("max_efficiency", base.max_efficiency), f"{where}.max_efficiency")
+    return Device(name, _figure(spec["peak_tflops"], f"{where}.peak_tflops") * 1e12,
+                  int(_figure(spec["memory_GiB"], f"{where}.memory_GiB") * GiB),
+                  _figure(spec["hbm_GBps"], f"{where}.hbm_GBps") * GB, intra, inter, efficiency)
 
 
 def _bottleneck(links: tuple[Link, ...]) -> Link:
@@ -357,36 +373,20 @@ def _describe(nodes: tuple[Node, ...]) -> str:
     return "+".join(parts)
 
 
-def _table(value: object, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise SpecError(f"{where}: expected a table, got {type(value).__name__}")
-    return value
-
-
-def _number(value: object, where: str) -> float:
-    if isinstance(value, bool):
-        raise SpecError(f"{where}: expected a number, got {value!r}")
+def _device(name: str, where: str, custom: dict[str, Device] | None = None) -> Device:
     try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise SpecError(f"{where}: expected a number, got {value!r}") from None
+        return get_device(name, custom)
+    except SpecError as exc:
+        raise SpecError(f"{where}: {exc}") from None
 
 
-def _positive(value: object, where: str) -> float:
-    number = _number(value, where)
-    if not number > 0 or number == float("inf"):
-        raise SpecError(f"{where}: must be a positive finite number, got {value!r}")
-    return number
+def _check_world_size(gpus: int, where: str) -> None:
+    """Before anything is built per GPU: a cluster larger than `MAX_WORLD_SIZE` is a typo, not a plan."""
+    if gpus > MAX_WORLD_SIZE:
+        raise SpecError(f"{where}: {gpus} GPUs in all; a cluster may have at most {MAX_WORLD_SIZE}")
 
 
-def _non_negative(value: object, where: str) -> float:
-    number = _number(value, where)
-    if not number >= 0 or number == float("inf"):
-        raise SpecError(f"{where}: must be a non-negative finite number, got {value!r}")
-    return number
-
-
-def _positive_int(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(f"{where}: must be a whole number >= 1, got {value!r}")
-    return value
+def _figure(value: object, where: str) -> float:
+    """A cluster figure, within the accepted range of its kind (the field name's suffix)."""
+    low, high = FIGURE_RANGES[next(kind for kind in FIGURE_RANGES if where.endswith(kind))]
+    return number(value, where, low, high)

@@ -21,24 +21,23 @@ Spec string: `metis:HOSTFILE,CLUSTERFILE`.
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import replace
 from pathlib import Path
 
-from . import hardware
+from . import hardware, specs
 from .devices import DEVICES, GB, GiB, Device, Link, get_device
 from .errors import SpecError
-from .hardware import Cluster, Node
+from .hardware import FIGURE_RANGES, MAX_WORLD_SIZE, Cluster, Node
+from .specs import number, whole
 
-MAX_BANDWIDTH_GBPS = 2000.0  # above any per-GPU link today (NVLink 5 is 900 GB/s each way)
+MIN_VALUE, MAX_BANDWIDTH_GBPS = FIGURE_RANGES["bandwidth_GBps"]  # the cluster file's accepted range
 MAX_MEMORY_GB = 1024.0
 
 
 def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
     """(IP, GPUs) per node, in file order."""
     path = Path(path)
-    text = _read_text(path, "host file")
+    text = specs.read_text(path, "host file")
     hosts: list[tuple[str, int]] = []
     seen: set[str] = set()
     for number, raw in enumerate(text.splitlines(), 1):
@@ -48,16 +47,15 @@ def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
         where = f"{path}:{number}"
         parts = line.split()
         if len(parts) != 2:
-            raise SpecError(f"{where}: expected 'IP slots=N' or 'IP N', got {raw.strip()!r}")
+            raise SpecError(f"{where}: expected 'IP slots=N' or 'IP N', got {specs.shown(raw.strip())}")
         ip, count = parts
         if count.startswith("slots="):
             count = count[len("slots="):]
-        if not count.isdigit() or int(count) < 1:
-            raise SpecError(f"{where}: slots must be a whole number >= 1, got {parts[1]!r}")
+        slots = whole(count, f"{where}: slots", 1, MAX_WORLD_SIZE)
         if ip in seen:
             raise SpecError(f"{where}: host {ip} is listed twice")
         seen.add(ip)
-        hosts.append((ip, int(count)))
+        hosts.append((ip, slots))
     if not hosts:
         raise SpecError(f"{path}: the host file lists no hosts")
     return hosts
@@ -65,11 +63,7 @@ def read_hostfile(path: str | Path) -> list[tuple[str, int]]:
 
 def read_clusterfile(path: str | Path) -> dict[str, dict]:
     path = Path(path)
-    text = _read_text(path, "cluster file")
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise SpecError(f"{path}: not valid JSON ({exc})") from None
+    data = specs.read_json(path, "cluster file")
     if not isinstance(data, dict) or not data:
         raise SpecError(f"{path}: expected a JSON object keyed by host IP")
     return data
@@ -123,26 +117,16 @@ def _device(kind: str, memory_gb: float, where: str) -> Device:
     return replace(best, memory_bytes=int(memory_gb * GiB))
 
 
-MIN_VALUE = 1e-3  # below a megabyte per second or of memory, a value is a unit mistake
-
-
 def _plausible(value: object, where: str, unit: str, limit: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(f"{where}: expected a number in {unit}, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < MIN_VALUE:
-        raise SpecError(f"{where}: must be a number of {unit} of at least {MIN_VALUE:g}, got {value!r}")
-    if number > limit:
-        hint = " (this looks like bytes/s; give GB/s)" if unit == "GB/s" and number >= 1e6 else ""
-        raise SpecError(f"{where}: {value!r} {unit} is implausible (at most {limit:g}){hint}")
-    return number
-
-
-def _read_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read {what} ({exc})") from None
+    """A JSON number of `unit` from MIN_VALUE (below a megabyte, a unit mistake) to `limit`."""
+    if isinstance(value, str):
+        raise SpecError(f"{where}: expected a number in {unit}, got {specs.shown(value)}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 1e6 <= value < float("inf") \
+            and unit == "GB/s":
+        raise SpecError(f"{where}: {value!r} {unit} is implausible (at most {limit:g}); this looks like bytes/s, "
+                        f"give GB/s")
+    return number(value, where, MIN_VALUE, limit, unit=f" {unit}")
 
 
 hardware.SPEC_SCHEMES["metis"] = parse_spec
+specs.PATH_PARTS["metis"] = 2  # metis:HOSTFILE,CLUSTERFILE

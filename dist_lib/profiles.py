@@ -14,9 +14,10 @@ Metis layers are the embedding, the transformer layers, then the LM head, so a p
 profile entry i + 1 (layer 0 also the embedding's), and the loss takes the head's.
 
 A batch size that was not profiled is interpolated linearly between the nearest profiled sizes
-(extrapolated from the two nearest beyond them; proportionally from a single one). A device type or
-TP degree with no file raises `SpecError` naming the file that is missing. Every malformed file raises
-`SpecError` naming the file and the field. Spec string: `profiles:DIR` or `profiles:DIR,WORKLOAD`,
+(extrapolated from the two nearest beyond them, but below the smallest never under its per-sample
+share; proportionally from a single one). A larger batch must not take less time than a smaller one
+(else the line would reach zero time). A device type or TP degree with no file raises `SpecError`
+naming the file that is missing. Every malformed file raises `SpecError` naming the file and the field. Spec string: `profiles:DIR` or `profiles:DIR,WORKLOAD`,
 where WORKLOAD (a preset spec such as `gpt-1.3b:seq=1024`) gives the shape; without it the hidden
 size is solved from the transformer layer's parameters (12h^2 + 13h), heads are h/128 and the
 sequence is 2048.
@@ -24,17 +25,19 @@ sequence is 2048.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from . import specs
 from . import workload as _workload
 from .devices import Device
 from .errors import SpecError
-from .workload import Workload
+from .hardware import MAX_WORLD_SIZE
+from .workload import FIELD_RANGES, MAX_GLOBAL_BATCH, Workload
 
 FILE_NAME = re.compile(r"^DeviceType\.(\w+?)_tp(\d+)_bs(\d+)\.json$")
 
@@ -60,35 +63,31 @@ def read_profile(path: str | Path) -> Profile:
     match = FILE_NAME.match(path.name)
     if not match:
         raise SpecError(f"{path}: file name should be DeviceType.<TYPE>_tp<N>_bs<M>.json")
-    device_type, tp, batch = match.group(1).upper(), int(match.group(2)), int(match.group(3))
-    if tp < 1 or batch < 1:
-        raise SpecError(f"{path}: tp and bs in the file name must be >= 1")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read profile ({exc})") from None
-    except ValueError as exc:
-        raise SpecError(f"{path}: not valid JSON ({exc})") from None
+    device_type = match.group(1).upper()
+    tp = specs.whole(match.group(2), f"{path}: tp in the file name", 1, MAX_WORLD_SIZE)
+    batch = specs.whole(match.group(3), f"{path}: bs in the file name", 1, MAX_GLOBAL_BATCH)
+    data = specs.read_json(path, "profile")
     where = str(path)
     model = _object(data, "", where)
     model_info = _object(model.get("model"), "model", where)
     times = _object(model.get("execution_time"), "execution_time", where)
     memory = _object(model.get("execution_memory"), "execution_memory", where)
     num_layers = model_info.get("num_layers")
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 3:
-        raise SpecError(f"{where}: model.num_layers must be a whole number >= 3 (embedding, layers, head), "
-                        f"got {num_layers!r}")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 3 <= num_layers <= MAX_LAYERS + 2:
+        raise SpecError(f"{where}: model.num_layers must be a whole number from 3 to {MAX_LAYERS + 2} (embedding, "
+                        f"layers, head), got {specs.shown(num_layers)}")
     params = _object(model_info.get("parameters"), "model.parameters", where)
     layer_ms = _numbers(times.get("layer_compute_total_ms"), "execution_time.layer_compute_total_ms",
-                        where, num_layers, allow_zero=True)
+                        where, num_layers, MAX_MS)
     mem_key = "layer_memory_total_mb" if "layer_memory_total_mb" in memory else "total_memory"
-    layer_mb = _numbers(memory.get(mem_key), f"execution_memory.{mem_key}", where, num_layers, allow_zero=True)
+    layer_mb = _numbers(memory.get(mem_key), f"execution_memory.{mem_key}", where, num_layers, MAX_MB)
     param_bytes = _numbers(params.get("parameters_per_layer_bytes"), "model.parameters.parameters_per_layer_bytes",
-                           where, num_layers, allow_zero=True)
+                           where, num_layers, MAX_PARAMETER_BYTES)
     if any(t <= 0 for t in layer_ms[1:-1]):
         raise SpecError(f"{where}: execution_time.layer_compute_total_ms: transformer layers must take > 0 ms")
-    optimizer = _number(times.get("optimizer_time_ms", 0.0), "execution_time.optimizer_time_ms", where)
-    generator = _number(times.get("batch_generator_time_ms", 0.0), "execution_time.batch_generator_time_ms", where)
+    optimizer = _number(times.get("optimizer_time_ms", 0.0), "execution_time.optimizer_time_ms", where, MAX_MS)
+    generator = _number(times.get("batch_generator_time_ms", 0.0), "execution_time.batch_generator_time_ms", where,
+                        MAX_MS)
     return Profile(path, device_type, tp, batch, tuple(t * 1e-3 for t in layer_ms),
                    tuple(m * 2**20 for m in layer_mb), tuple(param_bytes), optimizer * 1e-3, generator * 1e-3)
 
@@ -105,6 +104,7 @@ class ProfileSet:
                 raise SpecError(f"{p.path}: model.num_layers is {len(p.layer_seconds)} but "
                                 f"{profiles[0].path.name} has {self.num_layers}")
         self.parameter_bytes = profiles[0].parameter_bytes
+        _check_monotonic(self.profiles.values())
 
     @classmethod
     def load(cls, directory: str | Path) -> ProfileSet:
@@ -146,12 +146,16 @@ class ProfileSet:
         i = bisect_left(batches, samples)
         if i < len(series) and batches[i] == samples:
             return value(series[i])
+        proportional = value(series[0]) * samples / batches[0]
         if len(series) == 1:
-            return value(series[0]) * samples / batches[0]
+            return proportional
         i = min(max(i, 1), len(series) - 1)  # the two nearest profiled sizes
         lo, hi = series[i - 1], series[i]
         slope = (value(hi) - value(lo)) / (hi.batch - lo.batch)
-        return max(0.0, value(lo) + slope * (samples - lo.batch))
+        linear = value(lo) + slope * (samples - lo.batch)
+        # Below the smallest profiled size a steep line would reach zero: never less than that size's
+        # per-sample share (a kernel's fixed cost only adds to it).
+        return max(linear, proportional) if samples < batches[0] else max(0.0, linear)
 
     def layer_time(self, device: Device, layer: int, samples: int, tp: int) -> float:
         """Forward+backward seconds of workload layer `layer` (0-based transformer layer) for `samples`."""
@@ -196,7 +200,11 @@ class ProfileSet:
         hidden = round((-13 + math.sqrt(169 + 48 * params)) / 24)
         hidden = max(1, hidden)
         heads = max(1, hidden // 128) if hidden % 128 == 0 else 1
-        return Workload(name, self.num_layers - 2, hidden, heads, 2048, 0)
+        try:
+            return Workload(name, self.num_layers - 2, hidden, heads, 2048, 0)
+        except SpecError as exc:
+            raise SpecError(f"{self.directory}: the shape inferred from model.parameters does not fit ({exc}); "
+                            f"give one as profiles:DIR,gpt-1.3b") from None
 
 
 def load_workload(directory: str | Path, shape: str | None = None) -> Workload:
@@ -225,19 +233,40 @@ def _object(value: object, field: str, where: str) -> dict:
     return value
 
 
-def _number(value: object, field: str, where: str, allow_zero: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (value == 0 and not allow_zero):
-        raise SpecError(f"{where}: {field} must be a non-negative finite number, got {value!r}")
-    return float(value)
+def _number(value: object, field: str, where: str, high: float) -> float:
+    if isinstance(value, str):  # JSON numbers only: text is a malformed file, not a figure
+        raise SpecError(f"{where}: {field}: expected a number, got {specs.shown(value)}")
+    return specs.number(value, f"{where}: {field}", 0.0, high)
 
 
-def _numbers(value: object, field: str, where: str, count: int, allow_zero: bool) -> list[float]:
+def _check_monotonic(profiles: Iterable[Profile]) -> None:
+    """A larger batch cannot take less time: otherwise interpolation would extrapolate to zero time."""
+    series: dict[tuple[str, int], list[Profile]] = {}
+    for p in profiles:
+        series.setdefault((p.device_type, p.tp), []).append(p)
+    for runs in series.values():
+        runs.sort(key=lambda p: p.batch)
+        for lo, hi in zip(runs, runs[1:]):
+            for i, (fast, slow) in enumerate(zip(hi.layer_seconds, lo.layer_seconds)):
+                if fast < slow:
+                    raise SpecError(f"{hi.path}: execution_time.layer_compute_total_ms[{i}] is {fast * 1e3:g} ms at "
+                                    f"batch {hi.batch}, less than {slow * 1e3:g} ms at batch {lo.batch} "
+                                    f"({lo.path.name}); a larger batch must not take less time")
+
+
+def _numbers(value: object, field: str, where: str, count: int, high: float) -> list[float]:
     if not isinstance(value, list):
         raise SpecError(f"{where}: {field}: missing or not a list of numbers")
     if len(value) != count:
         raise SpecError(f"{where}: {field} has {len(value)} entries but model.num_layers is {count}")
-    return [_number(v, f"{field}[{i}]", where, allow_zero) for i, v in enumerate(value)]
+    return [_number(v, f"{field}[{i}]", where, high) for i, v in enumerate(value)]
+
+
+# Upper bounds of measured figures: a day per layer or step part, a TiB of memory or of weights per layer
+# (what one simulated tensor may hold).
+MAX_MS, MAX_MB, MAX_PARAMETER_BYTES = 86_400_000.0, 2.0**20, 2.0**40
+MAX_LAYERS = FIELD_RANGES["num_layers"][1]
 
 
 _workload.SPEC_SCHEMES["profiles"] = parse_spec
+specs.PATH_PARTS["profiles"] = 1  # profiles:DIR[,WORKLOAD]

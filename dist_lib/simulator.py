@@ -21,7 +21,7 @@ from .memory import RankLog, slot_records
 from .model import Model
 from .result import PerRank, Result
 from .tensors import Weight
-from .workload import Workload
+from .workload import Workload, check_global_batch
 
 DEFAULT_CLUSTER = "1x8xA100-80GB"
 DEFAULT_WORKLOAD = "gpt-1.3b"
@@ -58,8 +58,9 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     check_options(train, options, name)
     cluster = Cluster.load(cluster)
     workload = Workload.load(workload)
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-        raise SpecError(f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}")
+    check_global_batch(global_batch_size)
+    if start_order_seed is not None and (isinstance(start_order_seed, bool) or not isinstance(start_order_seed, int)):
+        raise SpecError(f"start_order_seed must be a whole number or None, got {start_order_seed!r}")
     engine = Engine(cluster, workload, global_batch_size, enforce_memory)
     models = [Model(engine, r) for r in range(cluster.world_size)]
     order = list(range(cluster.world_size))
@@ -176,7 +177,7 @@ def _load_file(path: Path) -> Any:
         return module
     except SpecError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a file that calls exit() on import must not end the caller
         from .engine import user_frame
         raise StrategyError(f"strategy file {path}: importing it raised {type(exc).__name__}: {exc}"
                             f"{user_frame(exc)}") from exc

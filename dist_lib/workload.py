@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from .buffers import MAX_NBYTES
 from .errors import SpecError
-from .specs import load_spec, read_toml
+from .specs import key_values, load_spec, number, read_toml, shown, text, whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,17 +41,19 @@ class Workload:
     profile: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for f in ("num_layers", "hidden", "heads", "seq_len", "bytes_per_element"):
-            value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"workload {self.name!r}: {f} must be a whole number >= 1, got {value!r}")
-        if isinstance(self.vocab, bool) or not isinstance(self.vocab, int) or self.vocab < 0:
-            raise SpecError(f"workload {self.name!r}: vocab must be a whole number >= 0, got {self.vocab!r}")
-        overhead = self.framework_overhead_s
-        if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not overhead >= 0:
-            raise SpecError(f"workload {self.name!r}: framework_overhead_s must be a number >= 0, got {overhead!r}")
+        for f, (low, high) in FIELD_RANGES.items():
+            whole(getattr(self, f), f"workload {shown(self.name)}: {f}", low, high, exact=True)
+        number(self.framework_overhead_s, f"workload {shown(self.name)}: framework_overhead_s", 0.0, 1.0)
         if self.hidden % self.heads:
-            raise SpecError(f"workload {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}")
+            raise SpecError(f"workload {shown(self.name)}: hidden {self.hidden} is not divisible by heads {self.heads}")
+        # One sample's largest tensor must fit a simulated buffer, or every strategy would fail on it.
+        sample = {"layer 0's weights": self.layer_params(0) * self.bytes_per_element,
+                  "one sample's activation stash": self.stash_bytes(0) + self.activation_bytes()}
+        for what, nbytes in sample.items():
+            if nbytes > MAX_NBYTES:
+                raise SpecError(f"workload {shown(self.name)}: {what} would take {nbytes / 2**40:.3g} TiB, above the "
+                                f"{(MAX_NBYTES + 1) / 2**40:g} TiB a simulated tensor may hold; reduce seq, hidden, "
+                                f"heads or vocab")
 
     # ---- per-layer figures --------------------------------------------------------------------
 
@@ -88,7 +91,7 @@ class Workload:
         output are recomputed in backward): s*h*(10 + 24/t), or 34*s*h/t with sequence parallelism.
         """
         if recompute not in RECOMPUTE_MODES:
-            raise SpecError(f"workload {self.name!r}: recompute must be one of {', '.join(RECOMPUTE_MODES)}, "
+            raise SpecError(f"workload {shown(self.name)}: recompute must be one of {', '.join(RECOMPUTE_MODES)}, "
                             f"got {recompute!r}")
         if recompute == "full":  # only the layer input is kept, and that is its own Activation
             return 0
@@ -162,15 +165,10 @@ class Workload:
         if key.startswith("toy-") and key[4:].isdigit():  # `toy-8` reads as `toy:layers=8`
             key, overrides = "toy", ",".join(filter(None, [f"layers={key[4:]}", overrides]))
         if key not in PRESETS:
-            raise SpecError(f"unknown workload {name!r} (presets: {', '.join(PRESETS)})")
-        values: dict[str, object] = {}
-        for item in filter(None, (o.strip() for o in overrides.split(","))):
-            field, sep, value = item.partition("=")
-            if not sep:
-                raise SpecError(f"workload spec {spec!r}: {item!r} should be key=value")
-            values[field.strip()] = _int(value, f"workload spec {spec!r}: {field.strip()}")
+            raise SpecError(f"unknown workload {shown(name)} (presets: {', '.join(PRESETS)})")
+        values = dict(key_values(overrides, ",", f"workload spec {shown(spec)}"))
         base = PRESETS[key]
-        return _override(base, values, f"workload spec {spec!r}", name=spec.strip() if values else base.name)
+        return _override(base, values, f"workload spec {shown(spec)}", name=spec.strip() if values else base.name)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Workload:
@@ -180,8 +178,10 @@ class Workload:
         data = read_toml(path, "workload")
         preset = data.pop("preset", None)
         name = data.pop("name", None)
+        if name is not None:
+            text(name, f"{path}: name")
         if preset is not None:
-            base = cls.parse(str(preset))
+            base = cls.parse(text(preset, f"{path}: preset"))
         else:
             missing = [k for k in ("layers", "hidden", "heads", "seq") if k not in data]
             if missing:
@@ -197,6 +197,16 @@ class Workload:
 
 SPEC_SCHEMES: dict[str, object] = {}  # `scheme:argument` workload readers registered by other modules
 RECOMPUTE_MODES = ("none", "selective", "full")  # activation checkpointing: Korthikanti et al. 2022
+# Accepted sizes: beyond these a value is a typo (the largest published models have about 130 layers,
+# h = 25600, 160 heads, vocabularies of 256k; contexts reach millions of tokens; fp8 to fp64).
+FIELD_RANGES = {"num_layers": (1, 10_000), "hidden": (1, 2**20), "heads": (1, 2**16), "seq_len": (1, 2**24),
+                "vocab": (0, 2**24), "bytes_per_element": (1, 8)}
+MAX_GLOBAL_BATCH = 2**20  # samples per step; the largest published batches are about 2**16
+
+
+def check_global_batch(value: object, where: str = "global_batch_size") -> int:
+    """The global batch size, a whole number of samples within range (not a float, not text)."""
+    return whole(value, where, 1, MAX_GLOBAL_BATCH, exact=True)
 
 
 _FIELD_NAMES = {"layers": "num_layers", "hidden": "hidden", "heads": "heads", "seq": "seq_len",
@@ -207,24 +217,13 @@ def _override(base: Workload, values: dict, where: str, name: str) -> Workload:
     changes: dict[str, object] = {"name": name}
     for key, value in values.items():
         if key == "framework_overhead_us":
-            changes["framework_overhead_s"] = _int(value, f"{where}: {key}") / 1e6
+            changes["framework_overhead_s"] = number(value, f"{where}: {key}", 0.0, 1e6) / 1e6
             continue
         if key not in _FIELD_NAMES:
-            raise SpecError(f"{where}: unknown field {key!r} (known: {', '.join(_FIELD_NAMES)}, framework_overhead_us)")
-        changes[_FIELD_NAMES[key]] = _int(value, f"{where}: {key}")
+            raise SpecError(f"{where}: unknown field {shown(key)} (known: {', '.join(_FIELD_NAMES)}, "
+                            f"framework_overhead_us)")
+        changes[_FIELD_NAMES[key]] = whole(value, f"{where}: {key}", *FIELD_RANGES[_FIELD_NAMES[key]])
     return replace(base, **changes)
-
-
-def _int(value: object, where: str) -> int:
-    if isinstance(value, bool):
-        raise SpecError(f"{where}: expected a whole number, got {value!r}")
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise SpecError(f"{where}: expected a whole number, got {value!r}") from None
-    if number != int(number):
-        raise SpecError(f"{where}: expected a whole number, got {value!r}")
-    return int(number)
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 50257) -> Workload:

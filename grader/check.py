@@ -80,8 +80,8 @@ def cmd_check(file: str, examples: int, seed: int, console: Console) -> int:
         raise InputError(f"strategy file {file}: not found")
     try:
         train, name = load_strategy(str(path))
-    except SpecError as exc:
-        raise InputError(str(exc)) from None
+    except (SpecError, StrategyError) as exc:  # StrategyError: importing the file raised (a syntax error...)
+        raise InputError(str(exc).splitlines()[0]) from None
     accepted = set(list(inspect.signature(train).parameters)[1:])
     if path.stem in BUNDLED:
         source = testing.setups(path.stem).map(

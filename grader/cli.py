@@ -19,7 +19,10 @@ from typing import Any
 
 from rich.console import Console
 
+from dist_lib import SpecError
 from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
+from dist_lib.specs import number, whole
+from dist_lib.workload import MAX_GLOBAL_BATCH
 
 from .errors import InputError
 from .runner import Limits
@@ -34,6 +37,23 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(f"{self.prog}: {message}")
 
 
+def _ranged(low: float, high: float, *, integer: bool = False, unit: str = "") -> Any:
+    """An argparse type: a whole number or a finite number within [low, high] (`low` excluded for
+    numbers: a timeout of 0 is no timeout), else one line naming the flag and the range."""
+    def parse(text: str) -> float:
+        try:
+            return whole(text, "", int(low), int(high)) if integer else number(text, "", low, high, above=True,
+                                                                             unit=unit)
+        except SpecError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(": ")) from None
+    return parse
+
+
+MAX_TIMEOUT_S = 86_400.0  # a day
+MAX_JOBS = 256
+MAX_EXAMPLES = 100_000
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m grader", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -41,11 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("file")
     run.add_argument("--cluster", help=f"cluster spec or file (default {DEFAULT_CLUSTER})")
     run.add_argument("--workload", help=f"workload spec or file (default {DEFAULT_WORKLOAD})")
-    run.add_argument("--batch", type=int, help=f"global batch size (default {DEFAULT_GLOBAL_BATCH})")
+    run.add_argument("--batch", type=_ranged(1, MAX_GLOBAL_BATCH, integer=True),
+                     help=f"global batch size (default {DEFAULT_GLOBAL_BATCH})")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="a strategy option (repeatable)")
     run.add_argument("--trace", help="trace path (default traces/<strategy>.json)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
-    run.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds (default 300)")
+    run.add_argument("--timeout", type=_ranged(0, MAX_TIMEOUT_S, unit=" s"), default=300.0,
+                     help="wall-clock seconds (default 300)")
     run.add_argument("--no-plots", action="store_true")
     run.add_argument("--no-enforce-memory", action="store_true", help="report memory instead of failing on OOM")
     run.add_argument("--api", choices=("puzzles", "lab"), help="run a file written for another API")
@@ -59,13 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     board = sub.add_parser("leaderboard", help="many submissions on a suite")
     board.add_argument("paths", nargs="+")
     board.add_argument("--suite", default=None, help="suite TOML file or shipped name (default: default)")
-    board.add_argument("--jobs", type=int, default=1)
+    board.add_argument("--jobs", type=_ranged(1, MAX_JOBS, integer=True), default=1)
     board.add_argument("--out", default="traces/leaderboard")
     board.add_argument("--no-plots", action="store_true")
     board.add_argument("--fresh", action="store_true", help="ignore results saved by an earlier run")
     check = sub.add_parser("check", help="property-based search for a configuration that breaks a strategy")
     check.add_argument("file")
-    check.add_argument("--examples", type=int, default=40)
+    check.add_argument("--examples", type=_ranged(1, MAX_EXAMPLES, integer=True), default=40)
     check.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -82,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             from .check import cmd_check
             return cmd_check(args.file, args.examples, args.seed, console)
         return main_job(console)
-    except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (InputError, SpecError) as exc:  # SpecError: a description found wanting after the checks up front
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; finished runs are saved, run the same command again to resume", file=sys.stderr)
@@ -94,6 +116,26 @@ def _strategy_file(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
         raise InputError(f"strategy file {text}: not found" if not path.exists() else f"{text}: not a file")
+    return path
+
+
+def _writable(text: str, flag: str, *, folder: bool) -> Path:
+    """An output path the grader can write: a file (`--trace`) or a folder (`--out`), checked (and its
+    folder made) before the run rather than found out after it."""
+    path = Path(text)
+    if folder and path.exists() and not path.is_dir():
+        raise InputError(f"{flag} {text}: is a file; give a folder")
+    if not folder and path.is_dir():
+        raise InputError(f"{flag} {text}: is a folder; give a file path such as {path / 'trace.json'}")
+    if not folder and path.exists() and not path.is_file():
+        raise InputError(f"{flag} {text}: not a regular file")
+    where = path if folder else path.parent
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{flag} {text}: cannot create folder {where} ({exc.strerror})") from None
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {text}: folder {where} is not writable")
     return path
 
 
@@ -114,16 +156,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         options["timing"] = args.timing
     if args.main:
         options["main"] = True
-    if args.timeout <= 0:
-        raise InputError("--timeout must be positive")
     # A puzzles or lab file sets up its own ranks and model: only what the user names is passed on.
     given = [name for name in ("cluster", "workload", "batch") if getattr(args, name) is not None]
-    scenario = Scenario(name="run", cluster=args.cluster or DEFAULT_CLUSTER, workload=args.workload or DEFAULT_WORKLOAD,
+    scenario = Scenario(name="run", cluster=DEFAULT_CLUSTER if args.cluster is None else args.cluster,
+                        workload=DEFAULT_WORKLOAD if args.workload is None else args.workload,
                         global_batch=DEFAULT_GLOBAL_BATCH if args.batch is None else args.batch,
                         options=options, enforce_memory=not args.no_enforce_memory, given=tuple(given))
     scenario.load()
     from .grade import grade_run
-    trace = args.trace or str(Path("traces") / f"{path.stem}.json")
+    trace = str(_writable(args.trace, "--trace", folder=False)) if args.trace is not None \
+        else str(Path("traces") / f"{path.stem}.json")
     row, result = grade_run(str(path), scenario.to_dict(), {"timeout_s": args.timeout,
                                                              "address_space_bytes": Limits().address_space_bytes},
                             trace, plots=not args.no_plots, api=args.api, function=args.function)
@@ -170,8 +212,7 @@ def _report_compat(args: argparse.Namespace, row: dict[str, Any], result: Any, c
 def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
     from .leaderboard import collect_submissions, run_leaderboard
     from .suites import load_suite
-    if args.jobs < 1:
-        raise InputError("--jobs must be at least 1")
+    _writable(args.out, "--out", folder=True)
     suite = load_suite(args.suite)
     submissions = collect_submissions(args.paths)
     summary = run_leaderboard(submissions, suite, Path(args.out), jobs=args.jobs, plots=not args.no_plots,

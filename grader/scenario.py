@@ -12,6 +12,8 @@ from typing import Any
 
 from dist_lib import Cluster, SpecError, Workload
 from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
+from dist_lib.specs import absolute_spec
+from dist_lib.workload import check_global_batch
 
 from .errors import InputError
 
@@ -34,6 +36,13 @@ class Scenario:
     # and model, so only those are passed on to it
     given: tuple[str, ...] = ("cluster", "workload", "batch")
 
+    def __post_init__(self) -> None:
+        # Files a spec names are found from the working directory of whoever made the scenario: the
+        # worker that runs it sits in a scratch folder of its own.
+        for key in ("cluster", "workload"):
+            if isinstance(getattr(self, key), str):
+                object.__setattr__(self, key, absolute_spec(getattr(self, key)))
+
     def options_for(self, strategy_stem: str) -> dict[str, Any]:
         return {**self.options, **self.strategy_options.get(strategy_stem, {})}
 
@@ -49,16 +58,11 @@ class Scenario:
 
     def load(self) -> tuple[Cluster, Workload]:
         """The cluster and workload, or an `InputError` naming the bad spec."""
-        try:
-            cluster = Cluster.load(self.cluster)
+        try:  # each message names the spec or file and the field
+            cluster, workload = Cluster.load(self.cluster), Workload.load(self.workload)
+            check_global_batch(self.global_batch, "global batch")
         except SpecError as exc:
-            raise InputError(f"cluster {self.cluster!r}: {exc}") from None
-        try:
-            workload = Workload.load(self.workload)
-        except SpecError as exc:
-            raise InputError(f"workload {self.workload!r}: {exc}") from None
-        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
-            raise InputError(f"global batch must be a whole number >= 1, got {self.global_batch!r}")
+            raise InputError(str(exc)) from None
         return cluster, workload
 
 
@@ -70,6 +74,8 @@ def parse_set(items: list[str] | None) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key.isidentifier():
             raise InputError(f"--set {item!r}: expected key=value with a Python identifier as key")
+        if key in options:
+            raise InputError(f"--set {key} is given twice")
         try:
             value = tomllib.loads(f"v = {text.strip()}")["v"]
         except tomllib.TOMLDecodeError:

@@ -13,6 +13,7 @@ A run that did not finish correctly scores 0; a submission's score is the mean o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,10 +82,12 @@ def parse_rubric(data: Any, where: str) -> Rubric:
         steps = c.get("steps", [])
         if not isinstance(steps, list) or any(not isinstance(s, list) or len(s) != 2 for s in steps):
             raise InputError(f"{at}.steps: expected a list of [threshold, points] pairs")
+        if not isinstance(c.get("higher_is_better", True), bool):
+            raise InputError(f"{at}.higher_is_better: expected true or false, got {c['higher_is_better']!r}")
         if not steps and "scale" not in c:
             raise InputError(f"{at}: give either steps = [[threshold, points], ...] or scale = number")
         components.append(Component(
-            metric=c["metric"], weight=weight, higher_is_better=bool(c.get("higher_is_better", True)),
+            metric=c["metric"], weight=weight, higher_is_better=c.get("higher_is_better", True),
             steps=tuple((_number(t, f"{at}.steps"), _number(p, f"{at}.steps")) for t, p in steps),
             otherwise=_number(c.get("otherwise", 0), f"{at}.otherwise"),
             scale=_number(c["scale"], f"{at}.scale") if "scale" in c else None,
@@ -94,6 +97,6 @@ def parse_rubric(data: Any, where: str) -> Rubric:
 
 
 def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{where}: expected a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{where}: expected a finite number, got {value!r}")
     return float(value)

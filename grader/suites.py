@@ -2,8 +2,8 @@
 
     name = "default"
     [limits]
-    timeout_s = 60                      # wall clock per run
-    address_space_GiB = 4               # real memory of the worker process
+    timeout_s = 60                      # wall clock per run, more than 0 and at most 86400
+    address_space_GiB = 4               # real memory of the worker process, 1 to 1024
     [defaults]                          # merged into every scenario
     options = { microbatch_size = 2 }
     [[scenarios]]
@@ -20,10 +20,13 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dist_lib import SpecError
+from dist_lib.specs import number, read_toml, shown, table, text
+from dist_lib.workload import check_global_batch
 
 from .errors import InputError
 from .runner import Limits
@@ -31,6 +34,11 @@ from .scenario import Scenario
 from .scoring import Rubric, parse_rubric
 
 SUITES_DIR = Path(__file__).parent / "suites"
+# [limits]: a run gets at most a day; the worker process 1 to 1024 GiB of address space (Python and numpy
+# alone take about half a GiB; 0 must not read as "no limit").
+MAX_TIMEOUT_S = 86_400.0
+ADDRESS_SPACE_GIB = (1.0, 1024.0)
+MAX_MEMORY_LIMIT_GB = 1e4  # memory_limit_GB per rank
 SCENARIO_FIELDS = {"name", "cluster", "workload", "global_batch", "options", "strategy_options", "memory_limit_GB",
                    "enforce_memory"}
 
@@ -57,67 +65,70 @@ def find_suite(spec: str | Path | None) -> Path:
 def load_suite(spec: str | Path | None = None) -> Suite:
     path = find_suite(spec)
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
+        data = read_toml(path, "suite")
+    except SpecError as exc:
         shipped = ", ".join(p.stem for p in sorted(SUITES_DIR.glob("*.toml")))
-        raise InputError(f"suite {spec}: cannot read it ({exc.strerror}); shipped suites: {shipped}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"suite {path}: not valid TOML ({exc})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"suite {path}: not a text file") from None
+        hint = "" if path.exists() else f"; shipped suites: {shipped}"
+        raise InputError(f"suite {exc}{hint}") from None
+    try:
+        return _suite(data, path)
+    except SpecError as exc:  # the shared validators' one line, naming the field and its range
+        raise InputError(str(exc)) from None
+
+
+def _suite(data: dict[str, Any], path: Path) -> Suite:
     where = f"suite {path}"
-    unknown = set(data) - {"name", "description", "limits", "defaults", "scenarios", "scoring"}
-    if unknown:
-        raise InputError(f"{where}: unknown top-level field(s) {', '.join(sorted(unknown))}")
-    defaults = data.get("defaults", {})
+    table(data, where, {"name", "description", "limits", "defaults", "scenarios", "scoring"})
+    name = text(data.get("name", path.stem), f"{where}: name")
+    text(data.get("description", ""), f"{where}: description")
+    defaults = table(data.get("defaults", {}), f"{where}: [defaults]", SCENARIO_FIELDS - {"name"})
     entries = data.get("scenarios")
-    if not isinstance(defaults, dict):
-        raise InputError(f"{where}: [defaults] must be a table")
     if not isinstance(entries, list) or not entries:
         raise InputError(f"{where}: needs at least one [[scenarios]] table")
+    shared_per = _tables(defaults.get("strategy_options", {}), f"{where}: defaults.strategy_options")
+    shared_options = table(defaults.get("options", {}), f"{where}: defaults.options")
     scenarios, names = [], set()
     for i, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise InputError(f"{where}: scenarios[{i}] must be a table")
-        per = {**defaults.get("strategy_options", {})}
-        for name, values in entry.get("strategy_options", {}).items():
-            per[name] = {**per.get(name, {}), **values}
-        merged = {**defaults, **entry, "options": {**defaults.get("options", {}), **entry.get("options", {})},
-                  "strategy_options": per}
-        scenario = _scenario(merged, f"{where}: scenarios[{i}]")
+        at = f"{where}: scenarios[{i}]"
+        entry = table(entry, at, SCENARIO_FIELDS)
+        per = dict(shared_per)
+        for stem, values in _tables(entry.get("strategy_options", {}), f"{at}.strategy_options").items():
+            per[stem] = {**per.get(stem, {}), **values}
+        options = {**shared_options, **table(entry.get("options", {}), f"{at}.options")}
+        scenario = _scenario({**defaults, **entry, "options": options, "strategy_options": per}, at)
         if scenario.name in names:
             raise InputError(f"{where}: two scenarios are named {scenario.name!r}")
         names.add(scenario.name)
-        scenario.load()  # unknown cluster or workload: say so now, not once per submission
+        try:
+            scenario.load()  # unknown cluster or workload: say so now, not once per submission
+        except InputError as exc:
+            raise InputError(f"{at}: {exc}") from None
         scenarios.append(scenario)
-    limits = data.get("limits", {})
-    if not isinstance(limits, dict) or set(limits) - {"timeout_s", "address_space_GiB"}:
-        raise InputError(f"{where}: [limits] takes timeout_s and address_space_GiB")
-    try:
-        lim = Limits(float(limits.get("timeout_s", 120)), int(float(limits.get("address_space_GiB", 4)) * 2**30))
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: [limits] values must be numbers") from None
+    limits = table(data.get("limits", {}), f"{where}: [limits]", {"timeout_s", "address_space_GiB"})
+    timeout = number(limits.get("timeout_s", 120), f"{where}: limits.timeout_s", 0, MAX_TIMEOUT_S, above=True,
+                     unit=" s")
+    memory = number(limits.get("address_space_GiB", 4), f"{where}: limits.address_space_GiB", *ADDRESS_SPACE_GIB,
+                    unit=" GiB")
     rubric = parse_rubric(data.get("scoring"), where)
-    return Suite(str(data.get("name", path.stem)), tuple(scenarios), rubric, lim, str(path))
+    return Suite(name, tuple(scenarios), rubric, Limits(timeout, int(memory * 2**30)), str(path))
+
+
+def _tables(value: Any, where: str) -> dict[str, dict]:
+    """A table of tables (per-strategy options keyed by the strategy file's stem)."""
+    return {key: table(inner, f"{where}.{key}") for key, inner in table(value, where).items()}
 
 
 def _scenario(entry: dict[str, Any], where: str) -> Scenario:
-    unknown = set(entry) - SCENARIO_FIELDS
-    if unknown:
-        raise InputError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     for key in ("name", "cluster", "workload"):
-        if not isinstance(entry.get(key), str):
-            raise InputError(f"{where}: {key} must be a string")
-    batch = entry.get("global_batch")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise InputError(f"{where}: global_batch must be a whole number >= 1, got {batch!r}")
-    options, per = entry.get("options", {}), entry.get("strategy_options", {})
-    if not isinstance(options, dict) or not isinstance(per, dict) or any(not isinstance(v, dict) for v in per.values()):
-        raise InputError(f"{where}: options and strategy_options.<name> must be tables")
+        text(entry.get(key), f"{where}.{key}")
+    batch = check_global_batch(entry.get("global_batch"), f"{where}.global_batch")
     limit = entry.get("memory_limit_GB")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
-        raise InputError(f"{where}: memory_limit_GB must be a positive number")
+    if limit is not None:
+        limit = number(limit, f"{where}.memory_limit_GB", 0, MAX_MEMORY_LIMIT_GB, above=True, unit=" GB")
+    enforce = entry.get("enforce_memory", True)
+    if not isinstance(enforce, bool):
+        raise InputError(f"{where}.enforce_memory: expected true or false, got {shown(enforce)}")
+    per = {stem: dict(values) for stem, values in entry["strategy_options"].items()}
     return Scenario(name=entry["name"], cluster=entry["cluster"], workload=entry["workload"], global_batch=batch,
-                    options=dict(options), strategy_options={k: dict(v) for k, v in per.items()},
-                    strict_options=False, memory_limit_bytes=limit * 1e9 if limit else None,
-                    enforce_memory=bool(entry.get("enforce_memory", True)))
+                    options=dict(entry["options"]), strategy_options=per, strict_options=False,
+                    memory_limit_bytes=limit * 1e9 if limit else None, enforce_memory=enforce)

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from dist_lib import (CollectiveMismatchError, DeadlockError, IncorrectStepError, OutOfMemoryError, SpecError,
-                      StrategyError, TensorError, simulate)
+from dist_lib import (CollectiveMismatchError, DeadlockError, IncorrectStepError, OutOfMemoryError, ResourceError,
+                      SpecError, StrategyError, TensorError, simulate)
 
 
 def run(train, cluster="2xA100-80GB", workload="toy:layers=2", batch=2, **kw):
@@ -157,6 +157,29 @@ def test_an_exception_in_the_strategy_names_rank_and_line():
         run(train)
 
 
+@pytest.mark.parametrize("raised", [asyncio.CancelledError, SystemExit, KeyboardInterrupt, GeneratorExit])
+def test_a_rank_raising_a_base_exception_is_reported_as_itself_with_the_rank(raised):
+    async def train(model):
+        await asyncio.sleep(0)
+        if model.rank == 1:
+            raise raised("stop here")
+
+    with pytest.raises(StrategyError, match=rf"rank 1: {raised.__name__}: stop here "
+                                            rf"\(at test_errors.py:\d+ in train\)"):
+        run(train)
+
+
+def test_a_memory_error_while_simulating_is_a_resource_error_not_the_strategys():
+    async def train(model):
+        if model.rank == 0:
+            raise MemoryError
+
+    with pytest.raises(ResourceError, match=r"rank 0: MemoryError: the simulation ran out of real memory "
+                                            r"\(at test_errors.py:\d+ in train\)") as caught:
+        run(train)
+    assert not isinstance(caught.value, StrategyError)
+
+
 def test_out_of_memory_names_rank_device_capacity_and_kinds():
     async def train(model):
         keep = [model.load_weights(layer) for layer in range(model.num_layers)]
@@ -227,3 +250,28 @@ def test_unknown_options_list_the_accepted_ones():
 def test_option_values_of_the_wrong_type_name_the_option():
     with pytest.raises(SpecError, match="option microbatch_size expects int .*got str '2'"):
         simulate("strategies/ddp.py", microbatch_size="2")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"global_batch_size": 2.0}, "global_batch_size: must be a whole number from 1 to 1048576, got 2.0"),
+    ({"global_batch_size": 0}, "global_batch_size: must be a whole number from 1 to 1048576, got 0"),
+    ({"global_batch_size": 2**20 + 1}, "global_batch_size: must be a whole number from 1 to 1048576, got 1048577"),
+    ({"start_order_seed": [1]}, "start_order_seed must be a whole number or None"),
+    ({"cluster": None}, "cluster must be a spec string, a .toml path or a Cluster, got NoneType"),
+    ({"workload": "toy:layers=2,layers=3"}, "layers is given twice"),
+])
+def test_simulate_arguments_out_of_range_name_the_argument(kwargs, message):
+    async def train(model):
+        pass
+
+    arguments = {"cluster": "2xA100-80GB", "workload": "toy:layers=2", "global_batch_size": 2, **kwargs}
+    with pytest.raises(SpecError) as caught:
+        simulate(train, **arguments)
+    assert message in str(caught.value)
+
+
+def test_a_strategy_file_that_exits_on_import_is_a_strategy_error(tmp_path):
+    path = tmp_path / "exits.py"
+    path.write_text("raise SystemExit(0)\n\nasync def train(model):\n    pass\n")
+    with pytest.raises(StrategyError, match=r"exits.py: importing it raised SystemExit: 0 \(at exits.py:1 in <module>\)"):
+        run(str(path))

@@ -11,6 +11,7 @@ from rich.console import Console
 from dist_lib import simulate
 from grader.cli import main
 from grader.report_terminal import schedule_view
+from grader.scenario import Scenario
 from grader.scoring import parse_rubric
 from grader.suites import load_suite
 
@@ -41,6 +42,12 @@ def test_run_failure_prints_the_strategy_line_and_exits_1(tmp_path, capsys):
     assert "TensorError" in out and "update(layer" in out
 
 
+def _suite(limits: str, weight: str = "1") -> str:
+    return (f'name = "x"\n[limits]\n{limits}\n[[scenarios]]\nname = "a"\ncluster = "2xA100-80GB"\n'
+            f'workload = "toy"\nglobal_batch = 2\n[[scoring.components]]\nmetric = "mfu"\nweight = {weight}\n'
+            f'scale = 1\n')
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "/no/such/file.py"], "not found"),
     (["run", "NOTRAIN"], "defines no `train` function"),
@@ -49,17 +56,42 @@ def test_run_failure_prints_the_strategy_line_and_exits_1(tmp_path, capsys):
     (["run", DDP, "--set", "microbatch_size=abc", *TOY], "expects int"),
     (["run", DDP, "--cluster", "3xZ100"], "unknown device"),
     (["run", DDP, "--workload", "gpt-9"], "unknown workload"),
-    (["run", DDP, "--batch", "zero"], "invalid int value"),
+    (["run", DDP, "--batch", "zero"], "argument --batch: expected a whole number from 1 to 1048576, got 'zero'"),
     (["leaderboard", DDP, "--suite", "BADTOML"], "not valid TOML"),
     (["leaderboard", DDP, "--suite", "BADSUITE"], "unknown field(s) colour"),
     (["leaderboard", "/no/such/dir"], "no such file or folder"),
     (["check", "NOTASYNC"], "must be `async def train"),
     (["frobnicate"], "invalid choice"),
+    (["run", DDP, "--set", "microbatch_size=1", "--set", "microbatch_size=2"], "--set microbatch_size is given twice"),
+    (["run", DDP, "--timeout", "nan"], "argument --timeout: must be more than 0 and at most 86400 s, got 'nan'"),
+    (["run", DDP, "--timeout", "-1"], "argument --timeout: must be more than 0"),
+    (["run", DDP, "--trace", str(ROOT)], "is a folder; give a file path"),
+    (["run", DDP, "--trace", "/dev/full"], "--trace /dev/full: not a regular file"),
+    (["run", DDP, "--trace", f"{DDP}/t.json"], "cannot create folder"),
+    (["run", DDP, "--cluster", ""], "cluster spec '': expected terms"),
+    (["run", DDP, "--workload", ""], "unknown workload ''"),
+    (["run", DDP, "--cluster", "1x1000000000xA100-80GB"], "gpus: must be a whole number from 1 to 131072"),
+    (["run", DDP, "--cluster", "2xA100-80GB:inter=inf"], "inter_bandwidth_GBps: must be at least 0.001 and at most"),
+    (["run", DDP, "--workload", "toy:layers=2,layers=3"], "layers is given twice"),
+    (["run", DDP, "--workload", "toy:seq=1e9"], "seq: must be a whole number from 1 to 16777216, got 1000000000"),
+    (["run", DDP, "--batch", "1e9"], "argument --batch: must be a whole number from 1 to 1048576"),
+    (["leaderboard", DDP, "--out", DDP], "ddp.py: is a file; give a folder"),
+    (["leaderboard", DDP, "--jobs", "0"], "argument --jobs: must be a whole number from 1 to 256, got 0"),
+    (["leaderboard", DDP, "--suite", "TIMEOUT_SUITE"], "limits.timeout_s: must be more than 0 and at most 86400 s"),
+    (["leaderboard", DDP, "--suite", "BOOL_SUITE"], "limits.timeout_s: expected a number more than 0"),
+    (["leaderboard", DDP, "--suite", "NAN_SUITE"], "limits.timeout_s: must be more than 0 and at most 86400 s, got na"),
+    (["leaderboard", DDP, "--suite", "ZERO_MEMORY_SUITE"], "limits.address_space_GiB: must be at least 1 and at"),
+    (["leaderboard", DDP, "--suite", "WEIGHT_SUITE"], "scoring.components[0].weight: expected a finite number"),
+    (["check", DDP, "--examples", "0"], "argument --examples: must be a whole number from 1 to 100000, got 0"),
+    (["check", "SYNTAX"], "importing it raised SyntaxError: expected ':' (syntax.py, line 1)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
     files = {"NOTRAIN": "x = 1\n", "NOTASYNC": "def train(model):\n    pass\n", "BADTOML": "name = [\n",
              "BADSUITE": 'name = "x"\n[[scenarios]]\nname = "a"\ncluster = "2xA100-80GB"\nworkload = "toy"\n'
-                         'global_batch = 2\ncolour = "red"\n'}
+                         'global_batch = 2\ncolour = "red"\n', "SYNTAX": "async def train(model)\n    pass\n",
+             "TIMEOUT_SUITE": _suite("timeout_s = -1"), "BOOL_SUITE": _suite("timeout_s = true"),
+             "NAN_SUITE": _suite("timeout_s = nan"), "ZERO_MEMORY_SUITE": _suite("address_space_GiB = 0"),
+             "WEIGHT_SUITE": _suite("", weight="nan")}
     for placeholder, text in files.items():
         if placeholder in args:
             path = tmp_path / (placeholder.lower() + (".toml" if "TOML" in placeholder or "SUITE" in placeholder
@@ -121,3 +153,18 @@ def test_run_grades_a_puzzles_file_on_its_own_set_up(tmp_path, capsys):
     assert code == 0 and out["status"] == "ok" and out["correct"]
     assert out["time_s"] == pytest.approx(33.8)
     assert out["cluster"] == "1x4xH100-80GB" and Path(out["trace"]).is_file()
+
+
+def test_relative_paths_in_specs_are_found_from_the_callers_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "c.toml").write_text('[[nodes]]\ndevice = "A100-80GB"\ngpus = 2\n')
+    (tmp_path / "profiles").symlink_to(ROOT / "examples" / "profiles")
+    monkeypatch.chdir(tmp_path)
+    scenario = Scenario(cluster="c.toml", workload="profiles:profiles,toy")
+    assert scenario.cluster == str(tmp_path / "c.toml")
+    assert scenario.workload == f"profiles:{tmp_path / 'profiles'},toy"
+    assert Scenario(cluster="metis:h,c").cluster == f"metis:{tmp_path / 'h'},{tmp_path / 'c'}"
+    code = main(["run", DDP, "--cluster", "c.toml", "--workload", "profiles:profiles", "--batch", "4",
+                 "--set", "microbatch_size=1", "--json", "--no-plots", "--trace", "t.json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["status"] == "ok" and out["cluster"] == "1x2xA100-80GB"
+    assert (tmp_path / "t.json").is_file()

@@ -52,13 +52,14 @@ def test_node_nics_in_toml_need_a_count(tmp_path):
 @pytest.mark.parametrize("spec, message", [
     ("", "expected terms"),
     ("2x8xB200", "unknown device 'B200'"),
-    ("0x8xA100-80GB", "at least one node"),
+    ("0x8xA100-80GB", "nodes: must be a whole number from 1 to 131072"),
     ("2x8xA100-80GB:inter=fast", "expected a number"),
     ("2x8xA100-80GB:speed=3", "expected inter=GBps"),
     ("2x8xA100-80GB+", "expected terms"),
-    ("2x8xA100-80GB:inter=-1", "positive"),
+    ("2x8xA100-80GB:inter=-1", r"inter_bandwidth_GBps: must be at least 0.001 and at most 2000"),
     ("4xT4:nics=one", "expected nics=COUNTxGBps"),
-    ("4xT4:nics=0x6.25", "nics: must be a whole number >= 1"),
+    ("4xT4:nics=0x6.25", "nics: must be a whole number from 1"),
+    ("4xT4:nics=1x0", r"nic_bandwidth_GBps: must be at least 0.001"),
 ])
 def test_bad_specs_name_the_problem(spec, message):
     with pytest.raises(SpecError, match=message):

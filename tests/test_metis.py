@@ -41,8 +41,8 @@ GOOD = {"instance_type": "V100", "inter_bandwidth": 10, "intra_bandwidth": 50, "
 
 
 @pytest.mark.parametrize("hosts, info, message", [
-    ("1.1.1.1 slots=x\n", {"1.1.1.1": GOOD}, r"h:1: slots must be"),
-    ("1.1.1.1 slots=0\n", {"1.1.1.1": GOOD}, "slots must be"),
+    ("1.1.1.1 slots=x\n", {"1.1.1.1": GOOD}, r"h:1: slots: expected a whole number from 1 to"),
+    ("1.1.1.1 slots=0\n", {"1.1.1.1": GOOD}, "slots: must be a whole number from 1 to 131072, got 0"),
     ("1.1.1.1\n", {"1.1.1.1": GOOD}, "expected 'IP slots=N'"),
     ("1.1.1.1 2\n1.1.1.1 2\n", {"1.1.1.1": GOOD}, "listed twice"),
     ("", {"1.1.1.1": GOOD}, "no hosts"),
