@@ -32,6 +32,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 FOLDER_PREFIX = "dist-sandbox-grader-"
 HEADER_BYTES = 16 * 2**20  # a header: status and lengths (a --api run's figures are larger)
 STDERR_TAIL = 4096
+MAX_RANKS = 1 << 17  # ranks a header may list (the replay then checks the cluster's own count)
 
 
 @dataclass(frozen=True)
@@ -165,16 +166,15 @@ def _read(files: dict[str, Any], code: int | None, limits: Limits, wall: float) 
         return Outcome("ok", header=header, wall_s=wall)
     lengths = header.get("lengths")
     total = os.fstat(program_file.fileno()).st_size
-    if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths) \
+    if not isinstance(lengths, list) or len(lengths) > MAX_RANKS or not all(type(n) is int and n >= 0 for n in lengths) \
             or sum(lengths) * 8 != total or total > limits.file_bytes:
         return _crashed(f"the worker's program ({total} bytes) does not match its header", wall)
     program_file.seek(0)
-    words = array("q")
-    words.frombytes(program_file.read(total))
-    programs, start = [], 0
-    for n in lengths:
-        programs.append(words[start:start + n])
-        start += n
+    programs = []
+    for n in lengths:  # rank by rank: the parent holds each word once
+        words = array("q")
+        words.frombytes(program_file.read(8 * n))
+        programs.append(words)
     return Outcome("ok", header=header, programs=programs, wall_s=wall)
 
 
