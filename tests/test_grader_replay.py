@@ -158,3 +158,19 @@ def _forward_one(model, x):
     weight, _ = model.load_weights(0)
     out = model.forward(0, x, weight)
     return x, model.loss(out), weight
+
+
+def test_run_grades_a_profile_workload_on_every_tp_degree_from_a_relative_path(tmp_path):
+    """The sandboxed run resolves the relative profile folder from where `run` was started."""
+    import json
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "grader", "run", "strategies/hybrid.py", "--workload",
+                           "profiles:examples/profiles", "--cluster", "1x4xA100-80GB", "--set", "tp=2", "--set", "pp=2",
+                           "--json", "--no-plots", "--trace", str(tmp_path / "t.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)
+    direct = simulate(str(ROOT / "strategies" / "hybrid.py"), "1x4xA100-80GB",
+                      "profiles:" + str(ROOT / "examples" / "profiles"), 32, tp=2, pp=2)
+    assert (row["status"], row["time_s"], row["memory_bytes"]) == ("ok", direct.time_s, direct.memory_bytes)
