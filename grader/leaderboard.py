@@ -1,9 +1,11 @@
 """Many submissions x a suite's scenarios: a job list, graded in parallel, saved as each run finishes.
 
-Every finished row is appended to `results.jsonl` in the output folder with a fingerprint of the
-submission's source, the scenario and the simulator's source, and `leaderboard.json` / `.csv` are
-rewritten. Running again skips rows whose fingerprint matches, so an interrupted leaderboard
-resumes where it stopped.
+Every finished row is appended to `results.jsonl` in the output folder (by this process only: runs
+are confined and cannot write there) with a fingerprint of the submission's source, the scenario, the
+suite's limits and the grader's and simulator's own code (Python and C), and `leaderboard.json` /
+`.csv` are rewritten. Running again skips rows whose fingerprint matches, so an interrupted
+leaderboard resumes where it stopped, and a changed grader, simulator or limit grades again. A line
+of `results.jsonl` that is not a well-formed row is ignored (and graded again).
 
 Scaling past one machine: the job list is a list of `(grade_one, args)` calls on picklable plain
 data, and each call is independent and returns a plain dict. The same list can be submitted with
@@ -18,8 +20,10 @@ import csv
 import hashlib
 import json
 import multiprocessing
+import signal
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,9 @@ from .errors import InputError
 from .grade import grade_one, slug
 from .suites import Suite
 
-DIST_LIB = Path(__file__).resolve().parents[1] / "dist_lib"
+ROOT = Path(__file__).resolve().parents[1]
+CODE = ("dist_lib", "grader", "strategies")  # what a grade depends on besides the submission (strategies:
+# helpers a submission may import)
 CSV_COLUMNS = ("rank", "submission", "scenario", "status", "score", "time_s", "mfu", "hfu", "peak_memory_bytes",
                "peak_memory_rank", "bubble_fraction", "correct", "error", "trace")
 
@@ -66,21 +72,26 @@ def labels_for(submissions: list[Path]) -> dict[Path, str]:
     return {p: p.stem if stems.count(p.stem) == 1 else f"{p.parent.name}/{p.stem}" for p in submissions}
 
 
-def _simulator_hash() -> str:
+def code_hash() -> str:
+    """Of the grader's and simulator's source: Python, C and suite files, by path and content."""
     digest = hashlib.sha256()
-    for path in sorted(DIST_LIB.rglob("*.py")):
-        digest.update(path.read_bytes())
+    for folder in CODE:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".c", ".h", ".toml") and path.is_file():
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
 def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) -> list[Job]:
-    sim = _simulator_hash()
+    code = code_hash()
+    limits = json.dumps(asdict(suite.limits), sort_keys=True)
     jobs = []
     for path, label in labels_for(submissions).items():
         source = path.read_bytes()
         for scenario in suite.scenarios:
             data = scenario.to_dict()
-            fingerprint = hashlib.sha256(source + json.dumps(data, sort_keys=True).encode() + sim.encode()).hexdigest()
+            fingerprint = hashlib.sha256(b"\0".join((source, json.dumps(data, sort_keys=True).encode(),
+                                                     limits.encode(), code.encode()))).hexdigest()
             trace = str(out / slug(label) / f"{slug(scenario.name)}.json") if traces else None
             jobs.append(Job(str(path), label, data, f"{path}::{scenario.name}", fingerprint[:16], trace))
     return jobs
@@ -93,16 +104,39 @@ def load_done(results: Path, jobs: list[Job]) -> dict[str, dict[str, Any]]:
         for line in results.read_text().splitlines():
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue  # a line cut short by an interruption
-            if isinstance(row, dict) and wanted.get(row.get("key")) == row.get("fingerprint"):
+            if isinstance(row, dict) and isinstance(row.get("key"), str) and _well_formed(row) \
+                    and wanted.get(row["key"]) == row.get("fingerprint"):
                 done[row["key"]] = row
     return done
 
 
+def _well_formed(row: dict[str, Any]) -> bool:
+    """A row this grader could have written: the fields ranking and reports read, of their types."""
+    number = (int, float, type(None))
+    return isinstance(row.get("status"), str) and isinstance(row.get("error"), str) \
+        and all(isinstance(row.get(k), number) and not isinstance(row.get(k), bool)
+                for k in ("time_s", "peak_memory_bytes", "mfu", "hfu", "bubble_fraction")) \
+        and isinstance(row.get("global_batch"), int) and isinstance(row.get("problems"), list)
+
+
+def _pool_worker_init() -> None:
+    """A pool worker dies with the leaderboard process (Linux), so that no grading outlives it."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int = 1, plots: bool = True,
-                    console: Console | None = None, fresh: bool = False) -> dict[str, Any]:
+                    console: Console | None = None, fresh: bool = False, confine: bool = True) -> dict[str, Any]:
+    """Grade every submission x scenario not graded yet; `confine=False` runs submissions without the
+    OS sandbox (for trusted code only)."""
+    from .runner.isolation import clean_stale
     console = console or Console()
+    clean_stale()
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     if fresh and results.exists():
@@ -112,7 +146,7 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     todo = [job for job in job_list if job.key not in done]
     if done:
         console.print(f"resuming: {len(done)} of {len(job_list)} runs already graded in {results}")
-    limits = {"timeout_s": suite.limits.timeout_s, "address_space_bytes": suite.limits.address_space_bytes}
+    limits = asdict(suite.limits)
 
     def finished(job: Job, row: dict[str, Any]) -> None:
         row.update(key=job.key, fingerprint=job.fingerprint, label=job.label)
@@ -128,26 +162,66 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
         if jobs <= 1:
             for job in todo:
                 progress.update(task, description=f"{job.label} / {job.scenario['name']}")
-                finished(job, grade_one(job.submission, job.scenario, limits, job.trace, plots))
+                try:
+                    row = grade_one(job.submission, job.scenario, limits, job.trace, plots, confine=confine)
+                except Exception as exc:  # noqa: BLE001 - one row's failure never stops the board
+                    row = _grader_error(job, exc)
+                finished(job, row)
                 progress.advance(task)
         else:
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-                pending: dict[Future, Job] = {pool.submit(grade_one, j.submission, j.scenario, limits, j.trace, plots): j
-                                              for j in todo}
-                try:
-                    while pending:
-                        ready, _ = wait(pending, return_when=FIRST_COMPLETED)
-                        for future in ready:
-                            job = pending.pop(future)
-                            finished(job, future.result())
-                            progress.update(task, description=f"{job.label} / {job.scenario['name']}")
-                            progress.advance(task)
-                except BaseException:
-                    for future in pending:
-                        future.cancel()
-                    raise
+            remaining = list(todo)
+            while remaining:  # a pool whose worker died is replaced, and its unfinished jobs run again
+                remaining = _run_pool(remaining, jobs, limits, plots, confine, finished,
+                                      lambda job: (progress.update(task, description=f"{job.label} / "
+                                                                   f"{job.scenario['name']}"), progress.advance(task)))
     return write_outputs(out, suite, job_list, done)
+
+
+def _run_pool(todo: list[Job], jobs: int, limits: dict[str, Any], plots: bool, confine: bool,
+              finished: Any, advance: Any) -> list[Job]:
+    """Grade `todo` on a pool of `jobs` processes; the jobs left when the pool broke (a pool worker
+    killed from outside), to run on a new one. A job that breaks a pool twice is a crashed row."""
+    context = multiprocessing.get_context("spawn")
+    left: list[Job] = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_pool_worker_init) as pool:
+        pending: dict[Future, Job] = {pool.submit(grade_one, j.submission, j.scenario, limits, j.trace, plots,
+                                                  confine=confine): j for j in todo}
+        try:
+            while pending:
+                ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in ready:
+                    job = pending.pop(future)
+                    try:
+                        row = future.result()
+                    except BrokenProcessPool as exc:
+                        if job.key in _BROKE:
+                            finished(job, _grader_error(job, exc))
+                        else:
+                            _BROKE.add(job.key)
+                            left.append(job)
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - one row's failure never stops the board
+                        row = _grader_error(job, exc)
+                    finished(job, row)
+                    advance(job)
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+    return left
+
+
+_BROKE: set[str] = set()  # jobs whose pool broke once
+
+
+def _grader_error(job: Job, exc: BaseException) -> dict[str, Any]:
+    return {"submission": job.submission, "strategy": Path(job.submission).stem, "scenario": job.scenario["name"],
+            "cluster": job.scenario["cluster"], "workload": job.scenario["workload"],
+            "global_batch": job.scenario["global_batch"], "status": "crashed",
+            "error": f"grading this run failed in the grader ({type(exc).__name__}: {str(exc)[:300]})",
+            "time_s": None, "peak_memory_bytes": None, "peak_memory_rank": None, "memory_bytes": None, "mfu": None,
+            "hfu": None, "bubble_fraction": None, "correct": False, "problems": [], "trace": None, "plots": [],
+            "wall_s": 0.0}
 
 
 def rank(suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -167,8 +241,8 @@ def rank(suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> 
         entry["score"] = round(sum(r["score"] for r in runs) / len(suite.scenarios), 4)
         entry["complete"] = len(entry["runs"]) == len(suite.scenarios)
     valid = sorted((e for e in entries.values() if not e["invalid"]), key=lambda e: (-e["score"], e["submission"]))
-    for i, entry in enumerate(valid, 1):
-        entry["rank"] = i
+    for i, entry in enumerate(valid):  # equal scores share a rank (1, 2, 2, 4): no order among equals
+        entry["rank"] = valid[i - 1]["rank"] if i and entry["score"] == valid[i - 1]["score"] else i + 1
     invalid = [e for e in entries.values() if e["invalid"]]
     for entry in invalid:
         entry["rank"] = None

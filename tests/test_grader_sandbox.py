@@ -1,0 +1,138 @@
+"""The grader's own resilience: killed, it leaves no run behind; without a sandbox it refuses untrusted
+code unless told to trust it; a changed limit or grader code grades again."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grader import leaderboard
+from grader.runner import sandbox_problem
+from grader.runner.isolation import FOLDER_PREFIX, _alive, clean_stale
+from grader.suites import load_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = """
+name = "one"
+[limits]
+timeout_s = {timeout}
+address_space_GiB = 2
+[[scenarios]]
+name = "toy2"
+cluster = "2xA100-80GB"
+workload = "toy:layers=2"
+global_batch = 4
+[[scoring.components]]
+metric = "mfu"
+scale = 100
+"""
+WORKER = b"grader._worker\0"
+
+
+def _workers_of(parent_pids: set[int]) -> list[int]:
+    """Worker processes (sandboxed or not) whose ancestry includes one of `parent_pids`."""
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if WORKER not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            ancestor = pid
+            while ancestor > 1 and ancestor not in parent_pids:
+                ancestor = int(Path(f"/proc/{ancestor}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ancestor in parent_pids:
+                found.append(pid)
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+
+def _descendants(pid: int) -> set[int]:
+    children = {pid}
+    for _ in range(4):
+        for p in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid in children:
+                children.add(p)
+    return children
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    """Poll `condition` (a bound against hanging, not a performance target)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_killed_grader_leaves_no_run_behind(tmp_path, jobs):
+    if sandbox_problem():
+        pytest.skip(f"the OS sandbox is not usable here: {sandbox_problem()}")
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=60))
+    board = subprocess.Popen([sys.executable, "-m", "grader", "leaderboard", "tests/submissions/hang.py", "--suite",
+                              str(tmp_path / "suite.toml"), "--jobs", jobs, "--out", str(tmp_path / "out"),
+                              "--no-plots"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        family: set[int] = set()
+
+        def running() -> bool:
+            family.update(_descendants(board.pid))
+            return bool(_workers_of(family))
+        assert _wait_for(running, 60), "the hanging submission never started"
+        family.update(_descendants(board.pid))
+    finally:
+        board.send_signal(signal.SIGKILL)  # the grader itself, killed as a submission once could
+        board.wait()
+    assert _wait_for(lambda: not _workers_of(family) and not any(_alive(p) for p in family - {board.pid}), 30)
+    clean_stale()  # what the next run does first
+    left = [f for f in Path(os.environ.get("TMPDIR", "/tmp")).glob(f"{FOLDER_PREFIX}*")
+            if int(f.name[len(FOLDER_PREFIX):].split("-")[0]) in family]
+    assert left == []
+
+
+def test_leaderboard_refuses_untrusted_code_without_a_sandbox_unless_trusted(tmp_path):
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    env = dict(os.environ, PATH=str(tmp_path))  # no bwrap on the PATH
+    args = [sys.executable, "-m", "grader", "leaderboard", "tests/submissions/honest.py", "--suite",
+            str(tmp_path / "suite.toml"), "--out", str(tmp_path / "out"), "--no-plots"]
+    refused = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "bubblewrap" in refused.stderr and "--trusted" in refused.stderr
+    trusted = subprocess.run(args + ["--trusted"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert trusted.returncode == 0, trusted.stderr
+    assert "honest" in trusted.stdout
+
+
+def test_a_changed_limit_or_grader_code_grades_again(tmp_path, monkeypatch):
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    suite = load_suite(str(tmp_path / "suite.toml"))
+    honest = [ROOT / "tests" / "submissions" / "honest.py"]
+    first = leaderboard.make_jobs(honest, suite, tmp_path, traces=False)[0].fingerprint
+    assert leaderboard.make_jobs(honest, suite, tmp_path, traces=False)[0].fingerprint == first
+    longer = dataclasses.replace(suite, limits=dataclasses.replace(suite.limits, timeout_s=31.0))
+    assert leaderboard.make_jobs(honest, longer, tmp_path, traces=False)[0].fingerprint != first
+    fewer = dataclasses.replace(suite, limits=dataclasses.replace(suite.limits, processes=8))
+    assert leaderboard.make_jobs(honest, fewer, tmp_path, traces=False)[0].fingerprint != first
+    # the code hash reads C sources and grader modules too
+    fake = tmp_path / "tree"
+    for folder in leaderboard.CODE:
+        (fake / folder).mkdir(parents=True)
+    (fake / "dist_lib" / "_ops.c").write_text("int x;")
+    monkeypatch.setattr(leaderboard, "ROOT", fake)
+    before = leaderboard.code_hash()
+    (fake / "dist_lib" / "_ops.c").write_text("int y;")
+    assert leaderboard.code_hash() != before
+    (fake / "grader" / "verify.py").write_text("")
+    assert leaderboard.code_hash() not in (before,)
