@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from dist_lib.compat import puzzles, run_file
+from dist_lib.compat.loader import modules_as
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB_FILE = ROOT / "tests" / "compat_solutions" / "lab_course_styles.py"
@@ -110,10 +111,8 @@ def lab_compat(function: str, ranks: int, layers: int, batch: int, microbatch: i
 def lab_summing(function: str, ranks: int, layers: int, batch: int, microbatch: int) -> float:
     """CPU seconds for the same run on the oracle library, which sums storage at every event."""
     sys.path.insert(0, str(ROOT))
-    from tests.compat_oracle import _hang, lab_lib, lab_utils
-    saved = {name: sys.modules.get(name) for name in ("lib", "utils")}
-    sys.modules.update(lib=lab_lib, utils=lab_utils)
-    try:
+    from tests.compat_oracle import _common as _hang, lab_lib, lab_utils
+    with modules_as({"lib": lab_lib, "utils": lab_utils}):
         spec = importlib.util.spec_from_file_location("_bench_lab", LAB_FILE)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -124,12 +123,6 @@ def lab_summing(function: str, ranks: int, layers: int, batch: int, microbatch: 
         kwargs = {"batch_size": microbatch} if function != "part2_training_loop" else {}
         asyncio.run(_hang.run_ranks([fn(m, **kwargs) for m in models]))
         return time.process_time() - start
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = old
 
 
 def main() -> None:

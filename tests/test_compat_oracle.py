@@ -16,7 +16,8 @@ import pytest
 
 from dist_lib import DeadlockError, StrategyError
 from dist_lib.compat import api_modules, run_file
-from tests.compat_oracle import _hang, lab_lib, lab_utils, puzzles_lib
+from dist_lib.compat.loader import modules_as
+from tests.compat_oracle import _common as _hang, lab_lib, lab_utils, puzzles_lib
 
 SOLUTIONS = Path(__file__).parent / "compat_solutions"
 
@@ -55,19 +56,8 @@ def _api(file: str) -> str:
     return "lab" if file.startswith("lab") else "puzzles"
 
 
-@contextlib.contextmanager
 def _oracle_modules(api: str):
-    names = {"lib": puzzles_lib} if api == "puzzles" else {"lib": lab_lib, "utils": lab_utils}
-    saved = {name: sys.modules.get(name) for name in names}
-    sys.modules.update(names)
-    try:
-        yield names["lib"]
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = old
+    return modules_as({"lib": puzzles_lib} if api == "puzzles" else {"lib": lab_lib, "utils": lab_utils})
 
 
 def _load(file: str):
@@ -107,7 +97,8 @@ def run_driver(api: str, file: str, function: str, n: int, layers: int, batches:
                oracle: bool) -> tuple[str, list, dict]:
     """Run `function` on every rank with the oracle's or the compat layer's modules as `lib`/`utils`."""
     modules = _oracle_modules(api) if oracle else api_modules(api)
-    with modules as lib:
+    with modules:
+        lib = sys.modules["lib"]
         module = _load(file)
         utils = sys.modules.get("utils")
         fn = getattr(module, function)

@@ -11,6 +11,7 @@ different layers or kinds are combined.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Any
 
 from ._runtime import brief, current, require
@@ -40,6 +41,29 @@ def combine_parts(a: Any, b: Any) -> frozenset:
         warnings.warn(f"combining {type(b).__name__} of layer {b.layer} into {type(a).__name__} of layer "
                       f"{a.layer}", CompatStrictWarning, stacklevel=3)
     return a.shards | b.shards
+
+
+class Combinable:
+    """`combine` for a tensor dataclass with `shards`: the same tensor with both shard sets."""
+
+    def combine(self, other: Any) -> Any:
+        return replace(self, shards=combine_parts(self, other))
+
+
+class Sharded(Combinable):
+    """`combine`, `is_complete` and a checked `_sharded` for a tensor dataclass with `shards` and a
+    shard count whose field `_COUNT` names ('total' in the puzzles, 'num_shards' in the lab)."""
+
+    _COUNT = "total"
+
+    def is_complete(self) -> bool:
+        return len(self.shards) == getattr(self, self._COUNT)
+
+    def _sharded(self, shard: int, count: int) -> Any:
+        require(self.is_complete(), lambda: f"only a complete {type(self).__name__} can be sharded, got shards "
+                                            f"{set(self.shards)} of {getattr(self, self._COUNT)}")
+        require(shard < count, lambda: f"shard {shard} is not below {count}")
+        return replace(self, shards=frozenset([shard]), **{self._COUNT: count})
 
 
 def add_grads(total: Any, value: Any) -> Any:

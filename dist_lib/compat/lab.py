@@ -16,29 +16,18 @@ rank's wait instead of hanging; assertion messages say what is wrong.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Optional, Protocol, Sequence, Tuple, TypeVar
+from typing import Any, Dict, FrozenSet, Optional, Protocol, Sequence, Tuple
 
 from ._base import ToyModel
 from ._runtime import Mailbox, World, brief, require
 from ._storage import Storage
-from ._tensor_rules import Message, WorldCollectives, combine_parts, united
+from ._tensor_rules import Combinable, Message, Sharded, WorldCollectives, united
 from .lab_costs import BLOCK_SIZE, BYTES_PER_ELEMENT, DATATYPE, HIDDEN_SIZE, RuntimePredictor
-from .puzzles import Barrier
+from .puzzles import TO, Barrier, O, Reduceable, T  # the same as the puzzles'
 
 __all__ = ["BLOCK_SIZE", "BYTES_PER_ELEMENT", "DATATYPE", "HIDDEN_SIZE", "O", "T", "TO", "Activation",
            "ActivationGrad", "Barrier", "Dist", "Event", "Gatherable", "Model", "OptState", "Reduceable",
            "ReduceableGatherable", "RuntimePredictor", "Weight", "WeightGrad"]
-
-T = TypeVar("T")
-
-
-class Reduceable(Protocol[T]):
-    """A type that can be reduced."""
-
-    def __add__(self, other: T) -> T: ...
-
-
-O = TypeVar("O")  # noqa: E741  (the original's name)
 
 
 class Gatherable(Protocol[O]):
@@ -51,10 +40,7 @@ class Gatherable(Protocol[O]):
     def combine(self, other: O) -> O: ...
 
 
-TO = TypeVar("TO")
-
-
-class ReduceableGatherable(Reduceable[TO], Gatherable[TO]):
+class ReduceableGatherable(Reduceable[TO], Gatherable[TO]):  # Gatherable's shard count is `num_shards` here
     pass
 
 
@@ -91,7 +77,7 @@ class Dist(WorldCollectives):
 
 
 @dataclass
-class Weight(Gatherable["Weight"]):
+class Weight(Sharded, Gatherable["Weight"]):
     """The weights for a specific layer. Can be sharded. Required for forward and backward passes."""
 
     layer: int
@@ -99,21 +85,13 @@ class Weight(Gatherable["Weight"]):
     step: int
     shards: FrozenSet[int] = frozenset([0])
     num_shards: int = 1
-
-    def combine(self, other: Weight) -> Weight:
-        return Weight(self.layer, self.layers, self.step, combine_parts(self, other), self.num_shards)
+    _COUNT = "num_shards"
 
     def memory(self) -> float:
         return (len(self.shards) / self.num_shards) * HIDDEN_SIZE * HIDDEN_SIZE
 
     def shard(self, shard: int, num_shards: int) -> Weight:
-        require(self.is_complete(), lambda: f"only a complete Weight can be sharded, got shards {set(self.shards)} of "
-                                    f"{self.num_shards}")
-        require(shard < num_shards, lambda: f"shard {shard} is not below {num_shards}")
-        return Weight(self.layer, self.layers, self.step, frozenset([shard]), num_shards)
-
-    def is_complete(self) -> bool:
-        return len(self.shards) == self.num_shards
+        return self._sharded(shard, num_shards)
 
 
 @dataclass
@@ -130,7 +108,7 @@ class Activation:
 
 
 @dataclass
-class WeightGrad(Reduceable["WeightGrad"], Gatherable["WeightGrad"]):
+class WeightGrad(Sharded, Reduceable["WeightGrad"], Gatherable["WeightGrad"]):
     """The gradient of one layer's weights over `samples`; may hold only some shards. `+` unites
     the sample sets, as the lab does (see `_tensor_rules`)."""
 
@@ -140,29 +118,21 @@ class WeightGrad(Reduceable["WeightGrad"], Gatherable["WeightGrad"]):
     total_samples: int
     shards: FrozenSet[int] = frozenset([0])
     num_shards: int = 1
+    _COUNT = "num_shards"
 
     def __add__(self, other: WeightGrad) -> WeightGrad:
         samples = united(self, other, "samples", "lab")
         return WeightGrad(self.layer, self.layers, samples, self.total_samples, self.shards, self.num_shards)
 
-    def combine(self, other: WeightGrad) -> WeightGrad:
-        return WeightGrad(self.layer, self.layers, self.samples, self.total_samples, combine_parts(self, other),
-                          self.num_shards)
-
     def memory(self) -> float:
         return (len(self.shards) / self.num_shards) * HIDDEN_SIZE * HIDDEN_SIZE
 
     def shard(self, shard: int, num_shards: int) -> WeightGrad:
-        require(self.is_complete(), lambda: f"{self.shards} out of {self.num_shards}")
-        require(shard < num_shards, lambda: f"shard {shard} is not below {num_shards}")
-        return WeightGrad(self.layer, self.layers, self.samples, self.total_samples, frozenset([shard]), num_shards)
-
-    def is_complete(self) -> bool:
-        return len(self.shards) == self.num_shards
+        return self._sharded(shard, num_shards)
 
 
 @dataclass
-class OptState(Gatherable["OptState"]):
+class OptState(Combinable, Gatherable["OptState"]):
     """The optimizer state (Adam moments) of one layer. Can be sharded. Required for updates."""
 
     layer: int
@@ -170,9 +140,6 @@ class OptState(Gatherable["OptState"]):
     step: int
     shards: FrozenSet[int] = frozenset([0])
     num_shards: int = 1
-
-    def combine(self, other: OptState) -> OptState:
-        return OptState(self.layer, self.layers, self.step, combine_parts(self, other), self.num_shards)
 
     def memory(self) -> float:
         return HIDDEN_SIZE * HIDDEN_SIZE * (len(self.shards) / self.num_shards)

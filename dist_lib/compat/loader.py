@@ -64,10 +64,17 @@ def api_modules(api: str) -> Iterator[types.ModuleType]:
         stub = types.ModuleType("chalk")
         stub.__getattr__ = lambda name: (lambda *a, **k: None)  # type: ignore[attr-defined]
         names["chalk"] = stub
+    with modules_as(names):
+        yield module
+
+
+@contextlib.contextmanager
+def modules_as(names: dict[str, types.ModuleType]) -> Iterator[None]:
+    """Inside the block, `import NAME` gives `names[NAME]`; whatever was there before comes back after."""
     saved = {name: sys.modules.get(name) for name in names}
     sys.modules.update(names)
     try:
-        yield module
+        yield
     finally:
         for name, old in saved.items():
             if old is None:

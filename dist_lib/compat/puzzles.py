@@ -23,7 +23,7 @@ from typing import Any, FrozenSet, List, Optional, Protocol, Sequence, Tuple, Ty
 from .. import costs
 from ._base import ToyModel
 from ._runtime import CompatAssertionError, Mailbox, World, brief, require
-from ._tensor_rules import Message, WorldCollectives, combine_parts, drawable, united
+from ._tensor_rules import Combinable, Message, Sharded, WorldCollectives, drawable, united
 
 HIDDEN = 512
 LENGTH = 256
@@ -119,7 +119,7 @@ class Dist(WorldCollectives):
 
 @drawable(weight="layer", shards=True)
 @dataclass
-class Weight(Gatherable["Weight"]):
+class Weight(Sharded, Gatherable["Weight"]):
     """The weights for a specific layer. Can be sharded. Required for forward and backward passes."""
 
     layer: int
@@ -128,20 +128,11 @@ class Weight(Gatherable["Weight"]):
     shards: FrozenSet[int] = frozenset([0])
     total: int = 1
 
-    def combine(self, other: Weight) -> Weight:
-        return Weight(self.layer, self.layers, self.step, combine_parts(self, other), self.total)
-
     def memory(self) -> float:
         return (len(self.shards) / self.total) * HIDDEN * HIDDEN
 
     def shard(self, shard: int, total: int) -> Weight:
-        require(self.is_complete(), lambda: f"only a complete Weight can be sharded, got shards {set(self.shards)} "
-                                    f"of {self.total}")
-        require(shard < total, lambda: f"shard {shard} is not below total {total}")
-        return Weight(self.layer, self.layers, self.step, frozenset([shard]), total)
-
-    def is_complete(self) -> bool:
-        return len(self.shards) == self.total
+        return self._sharded(shard, total)
 
 
 @drawable(before="layer", batches=True)
@@ -160,7 +151,7 @@ class Activation:
 
 @drawable(weight="layer", shards=True, batches=True, is_grad=True)
 @dataclass
-class WeightGrad(Reduceable["WeightGrad"], Gatherable["WeightGrad"]):
+class WeightGrad(Sharded, Reduceable["WeightGrad"], Gatherable["WeightGrad"]):
     """The gradient of one layer's weights, summed over `batches`; may hold only some shards.
 
     `+` unites the batch sets, as the original does (so adding a gradient to its own all-reduce
@@ -177,25 +168,16 @@ class WeightGrad(Reduceable["WeightGrad"], Gatherable["WeightGrad"]):
         samples = united(self, other, "batches", "puzzles")
         return WeightGrad(self.layer, self.layers, samples, self.total_batches, self.shards, self.total)
 
-    def combine(self, other: WeightGrad) -> WeightGrad:
-        return WeightGrad(self.layer, self.layers, self.batches, self.total_batches, combine_parts(self, other),
-                          self.total)
-
     def memory(self) -> float:
         return (len(self.shards) / self.total) * HIDDEN * HIDDEN
 
     def shard(self, shard: int, total: int) -> WeightGrad:
-        require(self.is_complete(), lambda: f"{self.shards} out of {self.total}")
-        require(shard < total, lambda: f"shard {shard} is not below total {total}")
-        return WeightGrad(self.layer, self.layers, self.batches, self.total_batches, frozenset([shard]), total)
-
-    def is_complete(self) -> bool:
-        return len(self.shards) == self.total
+        return self._sharded(shard, total)
 
 
 @drawable(before="layer", shards=True)
 @dataclass
-class OptState(Gatherable["OptState"]):
+class OptState(Combinable, Gatherable["OptState"]):
     """The optimizer state (Adam moments) of one layer. Can be sharded. Required for updates."""
 
     layer: int
@@ -203,9 +185,6 @@ class OptState(Gatherable["OptState"]):
     step: int
     shards: FrozenSet[int] = frozenset([0])
     total: int = 1
-
-    def combine(self, other: OptState) -> OptState:
-        return OptState(self.layer, self.layers, self.step, combine_parts(self, other), self.total)
 
     def memory(self) -> float:
         return HIDDEN * HIDDEN * (len(self.shards) / self.total)

@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import FrozenSet, Optional
 
-from ._hang import PROGRESS
+from ._common import PROGRESS, SharedStateDist
 
 HIDDEN_SIZE, BLOCK_SIZE, BYTES_PER_ELEMENT = 4096, 1024, 2
 
@@ -65,7 +65,7 @@ class Predictor:
         return nbytes / (PCIE[0] * _efficiency(PCIE[1], nbytes))
 
 
-class Dist:
+class Dist(SharedStateDist):
     def __init__(self, world_size):
         self.reduce = self.gather = None
         self.world_size = world_size
@@ -74,28 +74,11 @@ class Dist:
                       if i != j}
         self.mtime = 0
 
-    async def _shared(self, attr, rank, inp, time, merge):
-        held = getattr(self, attr)
-        setattr(self, attr, inp if held is None else merge(held, inp))
-        self.mtime = max(time, self.mtime)
-        await self.barrier.wait()
-        out, mtime = getattr(self, attr), self.mtime
-        await self.barrier.wait()
-        if rank == 0:
-            setattr(self, attr, None)
-            self.mtime = 0
-        await self.barrier.wait()
-        PROGRESS[0] += 1
-        return out, mtime
-
     async def all_reduce(self, rank, inp, time):
-        return await self._shared("reduce", rank, inp, time, lambda a, b: a + b)
+        return await self._reduce(rank, inp, time)
 
     async def all_gather(self, rank, inp, time):
-        def merge(a, b):
-            assert type(a) == type(b)
-            return a.combine(b)
-        return await self._shared("gather", rank, inp, time, merge)
+        return await self._gather(rank, inp, time)
 
     async def reduce_scatter(self, rank, inp, time):
         x, time = await self.all_reduce(rank, inp, time)

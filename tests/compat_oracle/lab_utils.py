@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._common import check_final_weights
 from .lab_lib import BLOCK_SIZE, HIDDEN_SIZE
 
 
@@ -17,14 +18,7 @@ def get_global_batch_list(global_batch_size, batch_size):
 
 
 def check(models):
-    for layer in range(models[0].num_layers):
-        weight = None
-        for m in models:
-            if layer in m.final_weights:
-                assert m.final_weights[layer].step == 1
-                w = m.final_weights[layer]
-                weight = w if weight is None else weight.combine(w)
-        assert weight is not None and weight.is_complete()
+    check_final_weights(models, models[0].num_layers)
 
 
 def get_training_stats(models):

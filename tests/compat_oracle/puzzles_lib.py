@@ -7,12 +7,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, FrozenSet, Optional
 
-from ._hang import PROGRESS
+from ._common import PROGRESS, SharedStateDist, check_final_weights
 
 HIDDEN, LENGTH = 512, 256
 
 
-class Dist:
+class Dist(SharedStateDist):
     def __init__(self, total: int) -> None:
         self.reduce: Any = None
         self.gather: Any = None
@@ -21,28 +21,11 @@ class Dist:
         self.queue = [asyncio.Queue(maxsize=1) for _ in range(total)]
         self.mtime = 0
 
-    async def _shared(self, attr: str, rank: int, inp: Any, time: float, merge) -> tuple:
-        held = getattr(self, attr)
-        setattr(self, attr, inp if held is None else merge(held, inp))
-        self.mtime = max(time, self.mtime)
-        await self.barrier.wait()
-        out, mtime = getattr(self, attr), self.mtime
-        await self.barrier.wait()
-        if rank == 0:
-            setattr(self, attr, None)
-            self.mtime = 0
-        await self.barrier.wait()
-        PROGRESS[0] += 1
-        return out, mtime
-
     async def allreduce(self, rank, inp, time):
-        return await self._shared("reduce", rank, inp, time, lambda a, b: a + b)
+        return await self._reduce(rank, inp, time)
 
     async def allgather(self, rank, inp, time):
-        def merge(a, b):
-            assert type(a) == type(b)
-            return a.combine(b)
-        return await self._shared("gather", rank, inp, time, merge)
+        return await self._gather(rank, inp, time)
 
     async def scatterreduce(self, rank, inp, time):
         x, time = await self.allreduce(rank, inp, time)
@@ -241,11 +224,4 @@ class Model:
 
     @staticmethod
     def check(models):
-        for layer in range(models[0].LAYERS):
-            weight = None
-            for m in models:
-                if layer in m.final_weights:
-                    assert m.final_weights[layer].step == 1
-                    w = m.final_weights[layer]
-                    weight = w if weight is None else weight.combine(w)
-            assert weight is not None and weight.is_complete()
+        check_final_weights(models, models[0].LAYERS)
