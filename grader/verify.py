@@ -33,6 +33,7 @@ from dist_lib.model import WEIGHT_BYTES, _compute_cost
 from dist_lib.tensors import describe_mask, full_mask
 
 COMPUTE_OPS = ("forward", "backward", "backward_input", "backward_weight", "loss")
+RESPLIT_OPS = ("split_samples", "join_samples")  # Model ops that re-cut activations by samples
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 REL, ABS = 1e-9, 1e-12
 MAX_REPORTED = 8  # integrity problems listed per run (the first ones tell the story)
@@ -102,6 +103,12 @@ class _Checker:
             if not _close(end - start, costs.update_time(device, params), 1e-6):
                 self.flag(f"{where}: lasted {(end - start) * 1e6:.3f} us, the cost model gives "
                           f"{costs.update_time(device, params) * 1e6:.3f} us")
+            return 1
+        if op in RESPLIT_OPS:  # a copy of some samples' rows: their bytes read and written once
+            expect = costs.compute_time(device, 0.0, 2.0 * nbytes)
+            if nbytes != n * self.workload.activation_bytes() or flops or not _close(end - start, expect, 1e-6):
+                self.flag(f"{where}: copies {nbytes} bytes in {(end - start) * 1e6:.3f} us; {n} samples are "
+                          f"{n * self.workload.activation_bytes()} bytes in {expect * 1e6:.3f} us")
             return 1
         if op not in COMPUTE_OPS or n == 0 or (op == "loss") != (layer == self.workload.num_layers):
             self.flag(f"{where}: not an op the simulator records")
@@ -201,7 +208,7 @@ class _Checker:
         inputs_done: dict[tuple[int, int, int], float] = {}
         for e, tp in zip(compute, tps):
             rank, op, layer, samples = e[0], e[1], e[5], e[6]
-            if op == "update" or not tp:
+            if op in ("update", *RESPLIT_OPS) or not tp:
                 continue
             share = samples.bit_count() / tp
             kinds = {"forward": ["F"], "backward": ["B", "W"], "backward_input": ["B"], "backward_weight": ["W"],
