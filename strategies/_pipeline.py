@@ -81,8 +81,7 @@ class _Stage:
         self.virtual = self.pp * len(plan.chunks)
         tp = len(plan.tp_group)
         self.tp_group = model.group(plan.tp_group) if tp > 1 else None
-        self.weights = {layer: model.load_weights(layer, tp_rank=plan.tp_rank, tp_size=tp)
-                        for chunk in plan.chunks for layer in chunk}
+        self.weights = {layer: self.load(layer) for chunk in plan.chunks for layer in chunk}
         self.left = {layer: len(plan.microbatches) for layer in self.weights}
         self.grads: dict = {}
         self.reduced: dict = {}
@@ -98,6 +97,10 @@ class _Stage:
         if plan.sequence_parallel:
             self.modes["sequence_parallel"] = True
 
+    def load(self, layer: int) -> tuple:
+        """(weight, optimizer state) this rank keeps for `layer`: its TP slice, whole."""
+        return self.model.load_weights(layer, tp_rank=self.plan.tp_rank, tp_size=len(self.plan.tp_group))
+
     async def run(self) -> None:
         for action in self.plan.actions:
             if action.kind == "F":
@@ -109,6 +112,12 @@ class _Stage:
             sends = self.sends
             while sends and sends[0].done:
                 sends.popleft()
+        await self.update_all()
+        for work in self.sends:
+            await work
+
+    async def update_all(self) -> None:
+        """After the schedule: each layer's optimizer step on its reduced gradient, then the hand-in."""
         model = self.model
         if not self.plan.overlap_grad_reduce:  # after the flush, last layer first
             for layer in sorted(self.grads, reverse=True):
@@ -121,8 +130,6 @@ class _Stage:
             new_weight, _ = model.update(layer, grad, weight, opt_state)
             del grad, weight, opt_state
             model.set_final_weight(layer, new_weight)
-        for work in self.sends:
-            await work
 
     def _virtual(self, chunk: int) -> int:
         return chunk * self.pp + self.plan.stage
@@ -135,6 +142,14 @@ class _Stage:
             self.local[what].append(x)
         else:
             self.sends.append(self.model.send(x, dst))
+
+    def _send_to(self, x, virtual: int, what: str) -> None:
+        """Hand `x` to virtual stage `virtual` (a subclass may route it to several ranks)."""
+        self._send(x, self._peer(virtual), what)
+
+    async def _receive_from(self, virtual: int, layer: int, samples: range, what: str):
+        """The `what` of `layer` for `samples` from virtual stage `virtual`."""
+        return await self._receive(self._peer(virtual), layer, samples, what)
 
     async def _receive(self, src: int, layer: int, samples: range, what: str):
         x = self.local[what].pop(0) if src == self.model.rank else await self.model.recv(src)
@@ -150,7 +165,7 @@ class _Stage:
         if k == 0:
             x = model.get_input_activation(samples)
         else:
-            x = await self._receive(self._peer(k - 1), layers.start, samples, "activation")
+            x = await self._receive_from(k - 1, layers.start, samples, "activation")
         kept = []
         for layer in layers:
             kept.append(x)
@@ -162,7 +177,7 @@ class _Stage:
             # vocabulary-parallel LM head: each TP rank its V/t logits (Megatron-LM)
             self.loss_grads[(chunk, mb)] = model.loss(x, tp_rank=plan.tp_rank, tp_size=len(plan.tp_group))
         else:
-            self._send(x, self._peer(k + 1), "activation")
+            self._send_to(x, k + 1, "activation")
 
     async def backward(self, chunk: int, mb: int, split: bool) -> None:
         model, plan = self.model, self.plan
@@ -172,7 +187,7 @@ class _Stage:
             if self.tp_group is not None:  # sum the head's vocabulary slices' input gradients
                 grad = await model.all_reduce(grad, self.tp_group)
         else:
-            grad = await self._receive(self._peer(k + 1), layers.stop, samples, "activation gradient")
+            grad = await self._receive_from(k + 1, layers.stop, samples, "activation gradient")
         kept = self.inputs.pop((chunk, mb))
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
         tp_group = self.tp_group
@@ -203,7 +218,7 @@ class _Stage:
                 grad_in = await model.all_reduce(grad_in, tp_group)
             grad = grad_in
         if k > 0:
-            self._send(grad, self._peer(k - 1), "activation gradient")
+            self._send_to(grad, k - 1, "activation gradient")
 
     def weight_grads(self, chunk: int, mb: int) -> None:
         for layer, x, grad in self.deferred.pop((chunk, mb)):
@@ -217,7 +232,11 @@ class _Stage:
             self._reduce(layer)
 
     def _reduce(self, layer: int) -> None:
-        """Start the all-reduce of a layer's accumulated gradient over the replicas."""
+        """Start the reduction of a layer's accumulated gradient over the replicas."""
         group = self.plan.dp_group(layer)
         grad = self.grads.pop(layer)
-        self.reduced[layer] = self.model.all_reduce(grad, group) if len(group) > 1 else grad
+        self.reduced[layer] = self.reduce(grad, group) if len(group) > 1 else grad
+
+    def reduce(self, grad, group: Sequence[int]):
+        """Start the data-parallel reduction of a layer's accumulated gradient (a subclass may shard it)."""
+        return self.model.all_reduce(grad, group)
