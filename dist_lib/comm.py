@@ -111,7 +111,8 @@ class Work:
 
     @property
     def done(self) -> bool:
-        """True once the op's completion time is known (the peers have issued their side)."""
+        """True once the op's end is final: every peer has issued its side and the engine has run the
+        links up to the end (at a quiescence, see `engine.py`)."""
         return self.end is not None
 
     def __await__(self):

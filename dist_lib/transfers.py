@@ -31,13 +31,11 @@ from . import costs
 class Transfer:
     """One collective or message: when it may start, its time alone, the link units it uses."""
 
-    __slots__ = ("start", "duration", "usage", "finish", "owner", "key", "left", "speed", "since", "end",
-                 "version", "seq")
+    __slots__ = ("start", "usage", "finish", "owner", "key", "left", "speed", "since", "end", "version", "seq")
 
     def __init__(self, start: float, duration: float, usage: tuple[tuple[int, int], ...],
                  finish: Callable[[Any, Transfer], None], owner: Any, key: tuple):
         self.start = start
-        self.duration = duration
         self.usage = usage  # ((link id, units), ...)
         self.finish = finish  # finish(engine, transfer), once its end is final
         self.owner = owner  # the collective or the message
@@ -63,9 +61,6 @@ class Scheduler:
         self.ends: list[tuple[float, int, int, Transfer]] = []  # in flight: (end, seq, version, transfer)
         self.now = 0.0
         self.count = 0
-
-    def __len__(self) -> int:
-        return len(self.waiting) + len(self.ends)
 
     def add(self, transfer: Transfer) -> None:
         """A transfer whose start is known (never before `now`, see the module docstring)."""

@@ -149,3 +149,17 @@ async def _train_ddp(model):
     wg = await model.all_reduce(wg)
     w, opt = model.update(0, wg, w, opt)
     model.set_final_weight(0, w)
+
+
+def test_a_node_nic_is_shared_by_the_node_gpus_in_the_collective_cost():
+    # two nodes of 4 V100 (NVLink2: 120 GB/s achieved, 3.4 us a step) with one 1.25 GB/s NIC each (14 us)
+    topo = Cluster.parse("2x4xV100-16GB:nics=1x1.25").topology(range(8))
+    assert (topo.per_node, topo.nics) == (4, 1)
+    n = 1e8
+    # flat ring: 2*7/8 n through one NIC per node; 12 NVLink steps and 2 crossing nodes
+    flat = 2 * 7 / 8 * n / 1.25e9 + 12 * 3.4 * US + 2 * 14 * US
+    # hierarchical: the four inter-node all-reduces of n/4 take turns on the one NIC (4x one alone)
+    hier = 2 * (3 / 4 * n / 120e9 + 3 * 3.4 * US) + 4 * (2 * 1 / 2 * n / 4 / 1.25e9 + 2 * 14 * US)
+    assert costs.flat_ring_time("all_reduce", n, topo) == pytest.approx(flat)
+    assert costs.collective_algorithm("all_reduce", n, topo) == ("hierarchical", pytest.approx(hier))
+    assert hier == pytest.approx(81.382e-3, rel=1e-4)

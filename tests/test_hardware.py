@@ -42,6 +42,19 @@ def test_node_nics_are_shared_by_the_node_gpus_and_round_trip_through_toml(tmp_p
     assert Cluster.from_toml(path) == cluster
 
 
+def test_every_cluster_spec_in_the_readme_table_parses():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text[text.index("## Clusters and workloads"):text.index("## How costs are computed")]
+    specs = re.findall(r"^\| `([^`]+)` \|", section, flags=re.M)
+    clusters = {spec: Cluster.parse(spec) for spec in specs}
+    assert len(clusters) >= 4
+    shared = clusters["2x4xV100-16GB:nics=1x1.25+1x4xT4:nics=1x6.25"]
+    assert [node.nics for node in shared.nodes] == [1, 1, 1]
+
+
 def test_node_nics_in_toml_need_a_count(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[[nodes]]\ndevice = "T4"\ngpus = 4\nnic_bandwidth_GBps = 6.25\n')
