@@ -36,11 +36,15 @@ class Workload:
     # and its own hooks around each, keeps a small GPU waiting (see costs.forward_time). 0 for Megatron-LM's
     # fused kernels at the sizes the catalog efficiencies were set on. TOML / spec key framework_overhead_us.
     framework_overhead_s: float = 0.0
+    # Bytes of each weight-gradient element as it is accumulated and all-reduced: 2 for 16-bit gradients; 4
+    # for Megatron-LM's fp32 main gradients or DeepSpeed's fp32_allreduce (which casts the 16-bit gradients
+    # to fp32 for the all-reduce; here they are fp32 throughout, 2 bytes a parameter more memory).
+    grad_bytes_per_element: int = 2
     # Measured per-layer times and memory by device type (`profiles.ProfileSet`), when built from profiles
     profile: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for f in ("num_layers", "hidden", "heads", "seq_len", "bytes_per_element"):
+        for f in ("num_layers", "hidden", "heads", "seq_len", "bytes_per_element", "grad_bytes_per_element"):
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(f"workload {self.name!r}: {f} must be a whole number >= 1, got {value!r}")
@@ -175,7 +179,8 @@ class Workload:
     @classmethod
     def from_toml(cls, path: str | Path) -> Workload:
         """Read a workload file: `preset = "gpt-1.3b"` and/or any of the fields (`layers`, `hidden`,
-        `heads`, `seq`, `vocab`, `bytes_per_element`, `framework_overhead_us`, `name`)."""
+        `heads`, `seq`, `vocab`, `bytes_per_element`, `grad_bytes_per_element`, `framework_overhead_us`,
+        `name`)."""
         path = Path(path)
         data = read_toml(path, "workload")
         preset = data.pop("preset", None)
@@ -200,7 +205,8 @@ RECOMPUTE_MODES = ("none", "selective", "full")  # activation checkpointing: Kor
 
 
 _FIELD_NAMES = {"layers": "num_layers", "hidden": "hidden", "heads": "heads", "seq": "seq_len",
-                "vocab": "vocab", "bytes_per_element": "bytes_per_element"}
+                "vocab": "vocab", "bytes_per_element": "bytes_per_element",
+                "grad_bytes_per_element": "grad_bytes_per_element"}
 
 
 def _override(base: Workload, values: dict, where: str, name: str) -> Workload:

@@ -331,7 +331,8 @@ class _Checker:
             if op in ("backward", "backward_input", "loss"):
                 need.append((act_grad, n * w.activation_bytes()))
             if op in ("backward", "backward_weight"):
-                need.append((grad_kind, int(w.layer_params(layer) / tp * WEIGHT_BYTES)))
+                need.append((grad_kind, int(w.layer_params(layer) / tp * WEIGHT_BYTES * w.grad_bytes_per_element
+                                            / w.bytes_per_element)))
             for kind, nbytes in need:
                 live = made.get((rank, end, kind, nbytes))
                 if live is None:
