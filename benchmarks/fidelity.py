@@ -81,12 +81,22 @@ def calibrate_framework_overhead() -> float:
     return round(AMP_LAYER_FORWARD_MS[device.name, 1] * 1e-3 - kernels, 6)
 
 
+def calibrate_tp_overhead() -> float:
+    """Seconds a TP layer pass adds, from AMP's V100 TP-2 layer profile (the framework overhead as set)."""
+    device, tp = DEVICES["V100-16GB"], 2
+    workload = replace(AMP_GPT2, tp_overhead_s=0.0)
+    topo = Cluster.from_dict(AMP_CLUSTER).topology(range(tp))
+    modelled = costs.forward_time(device, workload, 1, 1, tp) + costs.tp_layer_comm_time(workload, 1, topo)
+    return round(AMP_LAYER_FORWARD_MS[device.name, tp] * 1e-3 - modelled, 6)
+
+
 def calibrate() -> dict[str, float]:
     """Every constant set from one published point (see devices.py and published.py for the sources)."""
     return {"A100-80GB max_efficiency": calibrate_a100(),
             "V100 max_efficiency": calibrate_gemm(DEVICES["V100-16GB"], 8192, 101e12, clock_peak=112e12),
             "T4 max_efficiency": calibrate_gemm(DEVICES["T4"], 4096, 24e12),
-            "AMP framework overhead per layer pass (s)": calibrate_framework_overhead()}
+            "AMP framework overhead per layer pass (s)": calibrate_framework_overhead(),
+            "AMP extra overhead per TP layer pass (s)": calibrate_tp_overhead()}
 
 
 # ---- predictions through simulate() -------------------------------------------------------------
@@ -198,7 +208,8 @@ def amp_layer_forwards() -> list[tuple[str, int, float, float]]:
 
 
 def print_amp() -> tuple[list[float], float, bool]:
-    print("AMP's profiles: one GPT-2 layer forward at microbatch 1, ms (V100 TP 1 is the calibration point)")
+    print("AMP's profiles: one GPT-2 layer forward at microbatch 1, ms (V100 TP 1 and TP 2 are the calibration "
+          "points)")
     print(f"{'device':<10} {'TP':>3} {'measured':>9} {'predicted':>9} {'error':>7}")
     for name, tp, measured, predicted in amp_layer_forwards():
         print(f"{name:<10} {tp:>3} {measured:>9.2f} {predicted:>9.2f} {100 * (predicted / measured - 1):>+6.1f}%")

@@ -36,6 +36,10 @@ class Workload:
     # and its own hooks around each, keeps a small GPU waiting (see costs.forward_time). 0 for Megatron-LM's
     # fused kernels at the sizes the catalog efficiencies were set on. TOML / spec key framework_overhead_us.
     framework_overhead_s: float = 0.0
+    # What a tensor-parallel layer pass adds on top (the framework's scatter, gather and copy ops around each
+    # TP layer and the launch of its all-reduces, beyond their modelled transfer time). TOML / spec key
+    # tp_overhead_us.
+    tp_overhead_s: float = 0.0
     # Bytes of each weight-gradient element as it is accumulated and all-reduced: 2 for 16-bit gradients; 4
     # for Megatron-LM's fp32 main gradients or DeepSpeed's fp32_allreduce (which casts the 16-bit gradients
     # to fp32 for the all-reduce; here they are fp32 throughout, 2 bytes a parameter more memory).
@@ -50,9 +54,10 @@ class Workload:
                 raise SpecError(f"workload {self.name!r}: {f} must be a whole number >= 1, got {value!r}")
         if isinstance(self.vocab, bool) or not isinstance(self.vocab, int) or self.vocab < 0:
             raise SpecError(f"workload {self.name!r}: vocab must be a whole number >= 0, got {self.vocab!r}")
-        overhead = self.framework_overhead_s
-        if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not overhead >= 0:
-            raise SpecError(f"workload {self.name!r}: framework_overhead_s must be a number >= 0, got {overhead!r}")
+        for f in ("framework_overhead_s", "tp_overhead_s"):
+            overhead = getattr(self, f)
+            if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not overhead >= 0:
+                raise SpecError(f"workload {self.name!r}: {f} must be a number >= 0, got {overhead!r}")
         if self.hidden % self.heads:
             raise SpecError(f"workload {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}")
 
@@ -180,7 +185,7 @@ class Workload:
     def from_toml(cls, path: str | Path) -> Workload:
         """Read a workload file: `preset = "gpt-1.3b"` and/or any of the fields (`layers`, `hidden`,
         `heads`, `seq`, `vocab`, `bytes_per_element`, `grad_bytes_per_element`, `framework_overhead_us`,
-        `name`)."""
+        `tp_overhead_us`, `name`)."""
         path = Path(path)
         data = read_toml(path, "workload")
         preset = data.pop("preset", None)
@@ -207,16 +212,17 @@ RECOMPUTE_MODES = ("none", "selective", "full")  # activation checkpointing: Kor
 _FIELD_NAMES = {"layers": "num_layers", "hidden": "hidden", "heads": "heads", "seq": "seq_len",
                 "vocab": "vocab", "bytes_per_element": "bytes_per_element",
                 "grad_bytes_per_element": "grad_bytes_per_element"}
+_MICROSECOND_FIELDS = {"framework_overhead_us": "framework_overhead_s", "tp_overhead_us": "tp_overhead_s"}
 
 
 def _override(base: Workload, values: dict, where: str, name: str) -> Workload:
     changes: dict[str, object] = {"name": name}
     for key, value in values.items():
-        if key == "framework_overhead_us":
-            changes["framework_overhead_s"] = _int(value, f"{where}: {key}") / 1e6
+        if key in _MICROSECOND_FIELDS:
+            changes[_MICROSECOND_FIELDS[key]] = _int(value, f"{where}: {key}") / 1e6
             continue
         if key not in _FIELD_NAMES:
-            raise SpecError(f"{where}: unknown field {key!r} (known: {', '.join(_FIELD_NAMES)}, framework_overhead_us)")
+            raise SpecError(f"{where}: unknown field {key!r} (known: {', '.join([*_FIELD_NAMES, *_MICROSECOND_FIELDS])})")
         changes[_FIELD_NAMES[key]] = _int(value, f"{where}: {key}")
     return replace(base, **changes)
 
