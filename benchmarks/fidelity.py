@@ -4,6 +4,7 @@ the measurements.
     python benchmarks/fidelity.py                      # every set (the large Narayanan rows take long)
     python benchmarks/fidelity.py --sets korthikanti   # or narayanan, amp, table4; comma-separated
     python benchmarks/fidelity.py --max-ranks 600      # skip rows with more simulated ranks than this
+    python benchmarks/fidelity.py --sets narayanan --rows 76B,145B   # only these rows
     python benchmarks/fidelity.py --calibrate          # every constant set from one published point
 
 Every prediction is one `simulate("strategies/hybrid.py", cluster, workload, batch, **plan)` call, rank for
@@ -80,12 +81,22 @@ def calibrate_framework_overhead() -> float:
     return round(AMP_LAYER_FORWARD_MS[device.name, 1] * 1e-3 - kernels, 6)
 
 
+def calibrate_tp_overhead() -> float:
+    """Seconds a TP layer pass adds, from AMP's V100 TP-2 layer profile (the framework overhead as set)."""
+    device, tp = DEVICES["V100-16GB"], 2
+    workload = replace(AMP_GPT2, tp_overhead_s=0.0)
+    topo = Cluster.from_dict(AMP_CLUSTER).topology(range(tp))
+    modelled = costs.forward_time(device, workload, 1, 1, tp) + costs.tp_layer_comm_time(workload, 1, topo)
+    return round(AMP_LAYER_FORWARD_MS[device.name, tp] * 1e-3 - modelled, 6)
+
+
 def calibrate() -> dict[str, float]:
     """Every constant set from one published point (see devices.py and published.py for the sources)."""
     return {"A100-80GB max_efficiency": calibrate_a100(),
             "V100 max_efficiency": calibrate_gemm(DEVICES["V100-16GB"], 8192, 101e12, clock_peak=112e12),
             "T4 max_efficiency": calibrate_gemm(DEVICES["T4"], 4096, 24e12),
-            "AMP framework overhead per layer pass (s)": calibrate_framework_overhead()}
+            "AMP framework overhead per layer pass (s)": calibrate_framework_overhead(),
+            "AMP extra overhead per TP layer pass (s)": calibrate_tp_overhead()}
 
 
 # ---- predictions through simulate() -------------------------------------------------------------
@@ -154,13 +165,16 @@ def print_table4() -> None:
         print(f"{name:<26} {forward:>8.1f} {f:>9.2f} {backward:>9.1f} {b:>9.2f}")
 
 
-def print_megatron(title: str, runs: list[MegatronRun], max_ranks: int, cross_check: bool) -> list[float]:
+def print_megatron(title: str, runs: list[MegatronRun], max_ranks: int, cross_check: bool,
+                   rows: set[str] | None = None) -> list[float]:
     print(title)
     extra = f" {'composed':>9}" if cross_check else ""
     print(f"{'model':>5} {'GPUs':>5} {'TP':>3} {'PP':>3} {'DP':>3} {'mode':<15} {'measured':>9} {'simulated':>9} "
           f"{'error':>7} {'MFU':>6}{extra} {'wall':>6}")
     errors = []
     for run in runs:
+        if rows and run.name not in rows:
+            continue
         mode = "SP + selective" if run.selective_sp else "full recompute"
         head = f"{run.name:>5} {run.gpus:>5} {run.tp:>3} {run.pp:>3} {run.dp:>3} {mode:<15} {run.measured_s:>9.2f}"
         if run.gpus > max_ranks:
@@ -194,7 +208,8 @@ def amp_layer_forwards() -> list[tuple[str, int, float, float]]:
 
 
 def print_amp() -> tuple[list[float], float, bool]:
-    print("AMP's profiles: one GPT-2 layer forward at microbatch 1, ms (V100 TP 1 is the calibration point)")
+    print("AMP's profiles: one GPT-2 layer forward at microbatch 1, ms (V100 TP 1 and TP 2 are the calibration "
+          "points)")
     print(f"{'device':<10} {'TP':>3} {'measured':>9} {'predicted':>9} {'error':>7}")
     for name, tp, measured, predicted in amp_layer_forwards():
         print(f"{name:<10} {tp:>3} {measured:>9.2f} {predicted:>9.2f} {100 * (predicted / measured - 1):>+6.1f}%")
@@ -229,12 +244,14 @@ def main() -> None:
     parser.add_argument("--sets", default="table4,korthikanti,narayanan,amp",
                         help="comma-separated: table4, korthikanti, narayanan, amp")
     parser.add_argument("--max-ranks", type=int, default=10**6, help="skip rows with more ranks than this")
+    parser.add_argument("--rows", default="", help="comma-separated model names (e.g. 22B,175B) to run alone")
     args = parser.parse_args()
     if args.calibrate:
         for name, value in calibrate().items():
             print(f"{name}: {value:g}")
         return
     sets = {s.strip() for s in args.sets.split(",")}
+    rows = {r.strip() for r in args.rows.split(",") if r.strip()} or None
     unknown = sets - {"table4", "korthikanti", "narayanan", "amp"}
     if unknown:
         parser.error(f"unknown set(s) {', '.join(sorted(unknown))}")
@@ -243,11 +260,12 @@ def main() -> None:
         print()
     if "korthikanti" in sets:
         print_megatron("Korthikanti et al. 2022, Table 5: iteration time (s), A100 80GB, seq 2048; simulate(hybrid)",
-                       KORTHIKANTI_TABLE5, args.max_ranks, cross_check=True)
+                       KORTHIKANTI_TABLE5, args.max_ranks, cross_check=True, rows=rows)
         print()
     if "narayanan" in sets:
         print_megatron("Narayanan et al. 2021, Table 1: iteration time (s) from achieved TFLOP/s, A100 80GB, "
-                       "full recompute; simulate(hybrid)", NARAYANAN_TABLE1, args.max_ranks, cross_check=False)
+                       "full recompute; simulate(hybrid)", NARAYANAN_TABLE1, args.max_ranks, cross_check=False,
+                       rows=rows)
         print()
     if "amp" in sets:
         print_amp()

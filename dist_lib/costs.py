@@ -118,14 +118,20 @@ def _stream_time(device: Device, nbytes: float) -> float:
 # it: AMP's profiles of one GPT-2 layer forward at microbatch 1 (Li et al. 2022, DachengLi1/AMP
 # src/known_cost) take 3.9 ms on a V100 and 5.5 ms on a T4, where the kernels alone take about 0.8 and
 # 2.5 ms, so the GPU is not the bottleneck and the difference between the devices is the kernels'.
-# A measured profile includes it already.
+# A tensor-parallel layer pass adds `Workload.tp_overhead_s` on top. A measured profile includes both.
+
+
+def _overhead(workload: Workload, tp: int) -> float:
+    """Host time the framework adds to one layer pass (see above)."""
+    return workload.framework_overhead_s + (workload.tp_overhead_s if tp > 1 else 0.0)
+
 
 def forward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
                  sequence_parallel: bool = False) -> float:
     measured = _profiled(device, workload, layer, samples, tp, FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured
-    return (workload.framework_overhead_s + _weight_gemms_time(device, workload, samples, tp, "forward")
+    return (_overhead(workload, tp) + _weight_gemms_time(device, workload, samples, tp, "forward")
             + _attention_time(device, workload, samples, tp)
             + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
 
@@ -168,7 +174,7 @@ def backward_input_time(device: Device, workload: Workload, layer: int, samples:
     if measured is not None:
         return measured
     # weight GEMMs' input gradients, plus the attention core's backward (four batched GEMMs, 2x its forward)
-    return (workload.framework_overhead_s + _weight_gemms_time(device, workload, samples, tp, "input")
+    return (_overhead(workload, tp) + _weight_gemms_time(device, workload, samples, tp, "input")
             + _attention_time(device, workload, samples, tp, backward=True)
             + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel, backward=True)))
 
@@ -178,7 +184,7 @@ def backward_weight_time(device: Device, workload: Workload, layer: int, samples
     measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
     if measured is not None:
         return measured
-    return workload.framework_overhead_s + _weight_gemms_time(device, workload, samples, tp, "weight")
+    return _overhead(workload, tp) + _weight_gemms_time(device, workload, samples, tp, "weight")
 
 
 # A measured profile gives forward+backward per layer; forward is a third of it, as in FLOPs.

@@ -76,21 +76,27 @@ class Model(OpChecks):
                 or num_shards.__class__ is not int or not 0 <= shard < num_shards \
                 or tp_rank.__class__ is not int or tp_size.__class__ is not int or not 0 <= tp_rank < tp_size:
             self._explain_load(layer, shard, num_shards, tp_rank, tp_size)
-        weight_bytes, optimizer_bytes = self._shard_bytes(layer, tp_size * num_shards)
+        weight_bytes, optimizer_bytes = self._shard_bytes(layer, tp_size * num_shards)[:2]
         mem = self._mem
         mem.context = ("load_weights", layer)
         shards = 1 << shard
         return (Weight(mem, weight_bytes, self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0),
                 OptState(mem, optimizer_bytes, self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0))
 
-    def _shard_bytes(self, layer: int, parts: int) -> tuple[int, int]:
-        """(weight bytes, optimizer bytes) of one of `parts` equal parts of a layer, computed once per
-        step so that every rank's buffers share the same int objects."""
+    def _shard_bytes(self, layer: int, parts: int) -> tuple[int, ...]:
+        """(weight bytes, optimizer bytes[, gradient bytes]) of one of `parts` equal parts of a layer,
+        computed once per step so that every rank's buffers share the same int objects. The gradient's
+        size is listed only where the workload's gradients are wider than its weights (fp32 gradients); the
+        C ops read two-element entries only, so such layers take the Python path."""
         key = (layer, parts)
         sizes = self._shard_sizes.get(key)
         if sizes is None:
             params = self._params[layer] / parts
-            sizes = self._shard_sizes[key] = (int(params * WEIGHT_BYTES), int(params * OPTIMIZER_BYTES))
+            sizes = (int(params * WEIGHT_BYTES), int(params * OPTIMIZER_BYTES))
+            grad = int(params * WEIGHT_BYTES * self.workload.grad_bytes_per_element / self.workload.bytes_per_element)
+            if grad != sizes[0]:
+                sizes += (grad,)
+            self._shard_sizes[key] = sizes
         return sizes
 
     def get_input_activation(self, samples: Iterable[int] | range) -> Activation:
@@ -377,7 +383,8 @@ class Model(OpChecks):
 
     def _weight_grad(self, layer: int, act: Activation, weight: Weight) -> WeightGrad:
         tp = weight.tp_size
-        nbytes = self._shard_bytes(layer, tp)[0]  # a 16-bit gradient is the size of the 16-bit weights
+        sizes = self._shard_bytes(layer, tp)
+        nbytes = sizes[2] if len(sizes) > 2 else sizes[0]  # the weights' size, unless the gradients are wider
         return WeightGrad(self._mem, nbytes, self.rank, layer, act.samples, 1, 1, weight.tp_rank, tp)
 
     def _activation_grad(self, act: Activation, weight: Weight) -> ActivationGrad:

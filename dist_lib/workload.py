@@ -37,13 +37,22 @@ class Workload:
     # and its own hooks around each, keeps a small GPU waiting (see costs.forward_time). 0 for Megatron-LM's
     # fused kernels at the sizes the catalog efficiencies were set on. TOML / spec key framework_overhead_us.
     framework_overhead_s: float = 0.0
+    # What a tensor-parallel layer pass adds on top (the framework's scatter, gather and copy ops around each
+    # TP layer and the launch of its all-reduces, beyond their modelled transfer time). TOML / spec key
+    # tp_overhead_us.
+    tp_overhead_s: float = 0.0
+    # Bytes of each weight-gradient element as it is accumulated and all-reduced: 2 for 16-bit gradients; 4
+    # for Megatron-LM's fp32 main gradients or DeepSpeed's fp32_allreduce (which casts the 16-bit gradients
+    # to fp32 for the all-reduce; here they are fp32 throughout, 2 bytes a parameter more memory).
+    grad_bytes_per_element: int = 2
     # Measured per-layer times and memory by device type (`profiles.ProfileSet`), when built from profiles
     profile: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for f, (low, high) in FIELD_RANGES.items():
             whole(getattr(self, f), f"workload {shown(self.name)}: {f}", low, high, exact=True)
-        number(self.framework_overhead_s, f"workload {shown(self.name)}: framework_overhead_s", 0.0, 1.0)
+        for f in _MICROSECOND_FIELDS.values():
+            number(getattr(self, f), f"workload {shown(self.name)}: {f}", 0.0, 1.0, unit=" s")
         if self.hidden % self.heads:
             raise SpecError(f"workload {shown(self.name)}: hidden {self.hidden} is not divisible by heads {self.heads}")
         # One sample's largest tensor must fit a simulated buffer, or every strategy would fail on it.
@@ -173,7 +182,8 @@ class Workload:
     @classmethod
     def from_toml(cls, path: str | Path) -> Workload:
         """Read a workload file: `preset = "gpt-1.3b"` and/or any of the fields (`layers`, `hidden`,
-        `heads`, `seq`, `vocab`, `bytes_per_element`, `framework_overhead_us`, `name`)."""
+        `heads`, `seq`, `vocab`, `bytes_per_element`, `grad_bytes_per_element`, `framework_overhead_us`,
+        `tp_overhead_us`, `name`)."""
         path = Path(path)
         data = read_toml(path, "workload")
         preset = data.pop("preset", None)
@@ -200,7 +210,7 @@ RECOMPUTE_MODES = ("none", "selective", "full")  # activation checkpointing: Kor
 # Accepted sizes: beyond these a value is a typo (the largest published models have about 130 layers,
 # h = 25600, 160 heads, vocabularies of 256k; contexts reach millions of tokens; fp8 to fp64).
 FIELD_RANGES = {"num_layers": (1, 10_000), "hidden": (1, 2**20), "heads": (1, 2**16), "seq_len": (1, 2**24),
-                "vocab": (0, 2**24), "bytes_per_element": (1, 8)}
+                "vocab": (0, 2**24), "bytes_per_element": (1, 8), "grad_bytes_per_element": (1, 8)}
 MAX_GLOBAL_BATCH = 2**20  # samples per step; the largest published batches are about 2**16
 
 
@@ -210,18 +220,20 @@ def check_global_batch(value: object, where: str = "global_batch_size") -> int:
 
 
 _FIELD_NAMES = {"layers": "num_layers", "hidden": "hidden", "heads": "heads", "seq": "seq_len",
-                "vocab": "vocab", "bytes_per_element": "bytes_per_element"}
+                "vocab": "vocab", "bytes_per_element": "bytes_per_element",
+                "grad_bytes_per_element": "grad_bytes_per_element"}
+_MICROSECOND_FIELDS = {"framework_overhead_us": "framework_overhead_s", "tp_overhead_us": "tp_overhead_s"}
 
 
 def _override(base: Workload, values: dict, where: str, name: str) -> Workload:
     changes: dict[str, object] = {"name": name}
     for key, value in values.items():
-        if key == "framework_overhead_us":
-            changes["framework_overhead_s"] = number(value, f"{where}: {key}", 0.0, 1e6) / 1e6
+        if key in _MICROSECOND_FIELDS:
+            changes[_MICROSECOND_FIELDS[key]] = number(value, f"{where}: {key}", 0.0, 1e6, unit=" us") / 1e6
             continue
         if key not in _FIELD_NAMES:
-            raise SpecError(f"{where}: unknown field {shown(key)} (known: {', '.join(_FIELD_NAMES)}, "
-                            f"framework_overhead_us)")
+            raise SpecError(f"{where}: unknown field {shown(key)} (known: "
+                            f"{', '.join([*_FIELD_NAMES, *_MICROSECOND_FIELDS])})")
         changes[_FIELD_NAMES[key]] = whole(value, f"{where}: {key}", *FIELD_RANGES[_FIELD_NAMES[key]])
     return replace(base, **changes)
 

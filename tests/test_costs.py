@@ -154,6 +154,15 @@ def test_framework_overhead_is_added_once_per_forward_and_twice_per_backward():
     assert costs.recompute_time(A100, eager, 1, 2) == pytest.approx(costs.recompute_time(A100, bare, 1, 2))
 
 
+def test_tp_overhead_is_added_to_tensor_parallel_passes_only():
+    bare = Workload.parse("gpt-350m")
+    eager = Workload.parse("gpt-350m:framework_overhead_us=3000,tp_overhead_us=1500")
+    assert costs.forward_time(A100, eager, 1, 2, 1) - costs.forward_time(A100, bare, 1, 2, 1) == pytest.approx(0.003)
+    assert costs.forward_time(A100, eager, 1, 2, 4) - costs.forward_time(A100, bare, 1, 2, 4) == pytest.approx(0.0045)
+    assert costs.backward_time(A100, eager, 1, 2, 4) - costs.backward_time(A100, bare, 1, 2, 4) == \
+        pytest.approx(0.009)
+
+
 def test_framework_overhead_must_be_a_non_negative_number():
     with pytest.raises(SpecError, match="framework_overhead_s must be a number >= 0"):
         Workload("w", 1, 64, 1, 64, 0, framework_overhead_s=-1.0)

@@ -25,6 +25,7 @@ def test_catalog_constants_are_the_ones_their_published_points_give():
     assert calibrated["V100 max_efficiency"] == fidelity.DEVICES["V100-16GB"].max_efficiency
     assert calibrated["T4 max_efficiency"] == fidelity.DEVICES["T4"].max_efficiency
     assert calibrated["AMP framework overhead per layer pass (s)"] == published.AMP_FRAMEWORK_OVERHEAD_S
+    assert calibrated["AMP extra overhead per TP layer pass (s)"] == published.AMP_TP_OVERHEAD_S
 
 
 def test_amp_t4_layer_forward_is_predicted_from_the_v100_calibration_within_five_percent():

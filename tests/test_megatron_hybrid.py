@@ -78,3 +78,18 @@ def test_the_grader_rederives_a_sequence_parallel_hybrid_step(options):
     checked = verify(json.loads(json.dumps(serialize(result))), Cluster.load(cluster), SMALL, batch)
     assert checked.integrity == []
     assert checked.result.time_s == pytest.approx(result.time_s)
+
+
+def test_fp32_gradients_double_the_gradient_all_reduce():
+    def step(grad_bytes):
+        workload = Workload.parse(f"gpt-125m:layers=2,vocab=0,grad_bytes_per_element={grad_bytes}")
+        return simulate("strategies/hybrid.py", "1x2xA100-80GB", workload, 2, dp=2, pp=1, tp=1)
+
+    half, full = step(2), step(4)
+    for result, per_param in ((half, 2), (full, 4)):
+        # each layer's gradient, 12h^2 + 13h parameters (h 768) at `per_param` bytes, ring all-reduced over
+        # two ranks on NVLink3: 2 (p-1)/p n / (0.8 * 300 GB/s) + 2 (p-1) * 3.4 us
+        nbytes = (12 * 768**2 + 13 * 768) * per_param
+        reduces = [e for e in result.events if e.op == "all_reduce" and e.rank == 0 and e.layer == 1]
+        assert [e.nbytes for e in reduces] == [nbytes]
+        assert reduces[0].duration == pytest.approx(nbytes / 240e9 + 2 * 3.4e-6)
