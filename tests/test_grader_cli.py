@@ -189,3 +189,17 @@ def test_numeric_flags_parse_within_range_or_fail_in_one_line_naming_the_flag(co
     value = getattr(args, flag[2:])
     low, high = ranges[flag]
     assert (low < value <= high) if flag == "--timeout" else (low <= value <= high and isinstance(value, int))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=12), max_size=4))
+def test_set_options_parse_to_plain_values_or_fail_in_one_line(items):
+    from grader.errors import InputError
+    from grader.scenario import parse_set
+    try:
+        options = parse_set(items)
+    except InputError as exc:
+        assert str(exc).startswith("--set ") and "\n" not in str(exc), str(exc)
+        return
+    keys = [item.partition("=")[0].strip() for item in items]
+    assert sorted(options) == sorted(keys) and all(key.isidentifier() for key in keys)
