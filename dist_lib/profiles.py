@@ -73,9 +73,7 @@ def read_profile(path: str | Path) -> Profile:
     times = _object(model.get("execution_time"), "execution_time", where)
     memory = _object(model.get("execution_memory"), "execution_memory", where)
     num_layers = model_info.get("num_layers")
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 3 <= num_layers <= MAX_LAYERS + 2:
-        raise SpecError(f"{where}: model.num_layers must be a whole number from 3 to {MAX_LAYERS + 2} (embedding, "
-                        f"layers, head), got {specs.shown(num_layers)}")
+    specs.whole(num_layers, f"{where}: model.num_layers (embedding, layers, head)", 3, MAX_LAYERS + 2, exact=True)
     params = _object(model_info.get("parameters"), "model.parameters", where)
     layer_ms = _numbers(times.get("layer_compute_total_ms"), "execution_time.layer_compute_total_ms",
                         where, num_layers, MAX_MS)

@@ -15,7 +15,7 @@ from typing import Any
 from .check import HandedIn, check_final_weights
 from .comm import unfinished
 from .engine import Engine
-from .errors import DeadlockError, IncorrectStepError, SpecError, StrategyError
+from .errors import DeadlockError, IncorrectStepError, ResourceError, SpecError, StrategyError
 from .hardware import Cluster
 from .memory import RankLog, slot_records
 from .model import Model
@@ -73,6 +73,9 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     try:
         await engine.run(lambda rank: train(models[rank], **options), order)
         return _finish(engine, options, name, check)
+    except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
+        raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
+                            f"while checking the step and building its result") from None
     finally:
         engine.release()
         if collecting:

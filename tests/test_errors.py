@@ -275,3 +275,17 @@ def test_a_strategy_file_that_exits_on_import_is_a_strategy_error(tmp_path):
     path.write_text("raise SystemExit(0)\n\nasync def train(model):\n    pass\n")
     with pytest.raises(StrategyError, match=r"exits.py: importing it raised SystemExit: 0 \(at exits.py:1 in <module>\)"):
         run(str(path))
+
+
+def test_a_memory_error_after_the_ranks_finished_is_a_resource_error(monkeypatch):
+    import dist_lib.simulator as simulator
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    async def train(model):
+        pass
+
+    monkeypatch.setattr(simulator, "_finish", exhausted)
+    with pytest.raises(ResourceError, match="MemoryError: the simulation of 2 ranks ran out of real memory"):
+        run(train)

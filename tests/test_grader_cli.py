@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from dist_lib import simulate
@@ -168,3 +170,36 @@ def test_relative_paths_in_specs_are_found_from_the_callers_folder(tmp_path, mon
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["status"] == "ok" and out["cluster"] == "1x2xA100-80GB"
     assert (tmp_path / "t.json").is_file()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([("run", "--timeout"), ("run", "--batch"), ("leaderboard", "--jobs"), ("check", "--examples")]),
+       st.one_of(st.text(max_size=12), st.floats().map(repr), st.integers(-10**12, 10**12).map(str)))
+def test_numeric_flags_parse_within_range_or_fail_in_one_line_naming_the_flag(command, text):
+    from grader.cli import MAX_EXAMPLES, MAX_JOBS, MAX_TIMEOUT_S, build_parser
+    from grader.errors import InputError
+    sub, flag = command
+    ranges = {"--timeout": (0, MAX_TIMEOUT_S), "--batch": (1, 2**20), "--jobs": (1, MAX_JOBS),
+              "--examples": (1, MAX_EXAMPLES)}
+    try:
+        args = build_parser().parse_args([sub, DDP, f"{flag}={text}"])
+    except InputError as exc:
+        assert "\n" not in str(exc) and flag in str(exc), str(exc)
+        return
+    value = getattr(args, flag[2:])
+    low, high = ranges[flag]
+    assert (low < value <= high) if flag == "--timeout" else (low <= value <= high and isinstance(value, int))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=12), max_size=4))
+def test_set_options_parse_to_plain_values_or_fail_in_one_line(items):
+    from grader.errors import InputError
+    from grader.scenario import parse_set
+    try:
+        options = parse_set(items)
+    except InputError as exc:
+        assert str(exc).startswith("--set ") and "\n" not in str(exc), str(exc)
+        return
+    keys = [item.partition("=")[0].strip() for item in items]
+    assert sorted(options) == sorted(keys) and all(key.isidentifier() for key in keys)
