@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dist_lib import Cluster, Workload, costs
-from dist_lib.compat import api_modules, configure, run_file
+from dist_lib.compat import CompatStrictWarning, api_modules, configure, run_file
 from dist_lib.compat import lab as lab_api
 from dist_lib.compat import lab_utils
 from dist_lib.devices import DEVICES
@@ -119,3 +119,11 @@ def test_main_runs_the_files_own_configuration_unless_a_function_or_set_up_is_na
     assert forced.cluster.world_size == 4
     with pytest.raises(Exception, match="no function 'nope'"):
         run_file(styles, function="nope")
+
+
+def test_course_ddp_passes_as_in_the_original_and_strict_mode_warns_about_the_double_count():
+    styles = SOLUTIONS.parent / "lab_course_styles.py"
+    setup = dict(function="train_ddp", ranks=4, layers=2, batches=8, batch_size=2)  # one microbatch per rank
+    assert run_file(styles, **setup).correct
+    with pytest.warns(CompatStrictWarning, match=r"the gradient of samples \[\d+, \d+\] is counted twice"):
+        assert run_file(styles, strict=True, **setup).correct

@@ -10,6 +10,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, replace
 from operator import itemgetter
+from collections.abc import Sequence
 from typing import Any
 
 from ..memory import format_bytes
@@ -118,6 +119,28 @@ class ToyModel:
             masks[samples] = mask
         self._records.append((self.rank, CORE_OP.get(op, op), stream, start, start + length,
                               layer if isinstance(layer, int) else -1, mask, size, flops, peers, op_id, ""))
+
+
+def problems(models: Sequence[Any]) -> list[str]:
+    """What `Model.check` would complain about (empty when the step is correct), in the original's
+    order: the first problem is the one `check` raises."""
+    out: list[str] = []
+    layers = getattr(models[0], "LAYERS", None) or getattr(models[0], "num_layers")
+    for layer in range(layers):
+        weight = None
+        for m in models:
+            w = m.final_weights.get(layer)
+            if w is None:
+                continue
+            if w.step != 1:
+                out.append(f"layer {layer}: rank {m.rank}'s final weight is at step {w.step}, not 1")
+            weight = w if weight is None else weight.combine(w)
+        if weight is None:
+            out.append(f"Missing weight {layer}")
+        elif not weight.is_complete():
+            out.append(f"Weight not complete {weight}")
+    return out
+
 
 
 @dataclass(repr=False)

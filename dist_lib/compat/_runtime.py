@@ -298,7 +298,8 @@ class World:
         elif slot.op != kind:
             first = next(iter(slot.entries))
             raise CompatAssertionError(f"collective #{k}: rank {first} called {slot.entries[first][3]} but rank "
-                                       f"{rank} called {op}; every rank must call the same collectives in the same order")
+                                       f"{rank} called {op}; every rank must call the same collectives in the "
+                                       f"same order")
         elif rank in slot.entries:
             raise CompatAssertionError(f"collective #{k}: two models with rank {rank} joined it")
         else:

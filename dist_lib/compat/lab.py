@@ -195,7 +195,8 @@ class Model(ToyModel):
                   num_shards: Optional[int] = None) -> None:
         self._log(typ, layer, samples, input, num_shards_on_device, num_shards)
 
-    def _original_duration(self, typ: str, samples: FrozenSet[int], input: Any, on: Any, total: Any) -> float:  # noqa: A002
+    def _original_duration(self, typ: str, samples: FrozenSet[int], input: Any,  # noqa: A002
+                           on: Any, total: Any) -> float:
         """The lab's `log_event` durations, from this model's `runtime_predictor`."""
         predictor = self.runtime_predictor
         if typ in ("forward", "backward"):
@@ -264,13 +265,15 @@ class Model(ToyModel):
                  weight: Weight) -> Tuple[WeightGrad, ActivationGrad]:
         self._log("backward", layer, inp.samples)
         where = f"backward(layer {layer})"
-        require(weight.is_complete(), lambda: f"{where}: the weight holds shards {set(weight.shards)}; all_gather it first")
+        require(weight.is_complete(),
+                lambda: f"{where}: the weight holds shards {set(weight.shards)}; all_gather it first")
         require(weight.layer == layer, lambda: f"Weight should be layer {layer}, but is {weight.layer}")
         require(inp.layer == layer, lambda: f"Input should be layer {layer}, but is {inp.layer}")
         self._held(inp, self.activations, "activations", where)
         self._held(weight, self.weights, "weights", where)
         self._held(grad, self.grad_activations, "grad_activations", where)
-        require(set(inp.samples) == set(grad.samples), lambda: f"Batch mismatch {set(inp.samples)} vs {set(grad.samples)}")
+        require(set(inp.samples) == set(grad.samples),
+                lambda: f"Batch mismatch {set(inp.samples)} vs {set(grad.samples)}")
         require(grad.layer == layer, lambda: f"Activation Grad should be layer {layer}, but is {grad.layer}")
         return (WeightGrad(layer, self.num_layers, inp.samples, self.global_batch_size),
                 ActivationGrad(layer - 1, self.num_layers, inp.samples, self.global_batch_size))
@@ -278,7 +281,8 @@ class Model(ToyModel):
     def loss(self, inp: Activation) -> ActivationGrad:
         self._log("loss", self.num_layers, inp.samples)
         self._held(inp, self.activations, "activations", "loss")
-        require(inp.layer == self.num_layers, lambda: f"Input should be final layer {self.num_layers}, but is {inp.layer}")
+        require(inp.layer == self.num_layers,
+                lambda: f"Input should be final layer {self.num_layers}, but is {inp.layer}")
         return ActivationGrad(self.num_layers - 1, self.num_layers, inp.samples, self.global_batch_size)
 
     def update(self, layer: int, weight_grad: WeightGrad, weight: Weight,

@@ -17,7 +17,7 @@ from ._runtime import CompatAssertionError
 from .drawing import peak
 from .lab import BLOCK_SIZE, HIDDEN_SIZE, Model  # noqa: F401  (the original's imports, kept)
 from .lab_costs import theoretical_best_time
-from .puzzles import problems
+from ._base import problems
 
 
 def get_next_microbatch(global_batch_size: int, world_size: int, batch_size: int,

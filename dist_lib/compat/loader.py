@@ -23,7 +23,7 @@ from ..errors import IncorrectStepError, SimulationError, SpecError, StrategyErr
 from ..result import Result
 from . import _runtime
 from ._base import build_result
-from .puzzles import problems
+from ._base import problems
 
 # The puzzles' set-ups by the notebook's function names: (ranks, layers, batches).
 PUZZLE_SETUPS = {"basic": (1, 2, 4), "grad_accum": (1, 2, 4), "ddp": (4, 2, 4), "wsdp": (4, 6, 4),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, FrozenSet, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from .. import costs
-from ._base import ToyModel
+from ._base import ToyModel, problems
 from ._runtime import CompatAssertionError, Mailbox, World, brief, require
 from ._tensor_rules import Combinable, Message, Sharded, WorldCollectives, drawable, united
 
@@ -261,7 +261,8 @@ class Model(ToyModel):
                 length = 0.0
         units = self.memory()
         self.log.append(Event(typ, layer, self.rank, self.time, length, units, batches))
-        self._record(trace_op or typ, at, frozenset(batches) or frozenset(getattr(value, "batches", ())), self.time, length,
+        samples = frozenset(batches) or frozenset(getattr(value, "batches", ()))
+        self._record(trace_op or typ, at, samples, self.time, length,
                      units, value=value, flops=flops, peers=peers, op_id=op_id)
         self.time += length
 
@@ -307,7 +308,8 @@ class Model(ToyModel):
     def update(self, layer: int, weight_grad: WeightGrad, weight: Weight, opt_state: OptState,
                shard: int = 0) -> Tuple[Weight, OptState]:
         require(weight.layer == layer, lambda: f"Weight should be layer {layer}, got layer {weight.layer}")
-        require(weight_grad.layer == layer, lambda: f"Grad weight should be layer {layer}, got layer {weight_grad.layer}")
+        require(weight_grad.layer == layer,
+                lambda: f"Grad weight should be layer {layer}, got layer {weight_grad.layer}")
         if set(weight_grad.batches) != set(range(self.BATCHES)):
             missing = set(range(self.BATCHES)) - set(weight_grad.batches)
             require(False, lambda: f"update(layer {layer}): the gradient covers batches {brief(weight_grad.batches)}, "
@@ -351,7 +353,8 @@ class Model(ToyModel):
     async def pass_to(self, rank: int, v: Any) -> None:
         world = self._world
         world.enter(self.rank)
-        require(isinstance(rank, int) and 0 <= rank < world.n, lambda: f"pass_to({rank!r}): no such rank (0..{world.n - 1})")
+        require(isinstance(rank, int) and 0 <= rank < world.n,
+                lambda: f"pass_to({rank!r}): no such rank (0..{world.n - 1})")
         real, op_id = self._real, world.op_id()
         self._event("pass", None, frozenset(), at=getattr(v, "layer", None), value=v, peers=(self.rank, rank),
                     length=None if real is None else real.p2p(self.rank, rank, v), op_id=op_id, trace_op="send")
@@ -374,27 +377,6 @@ class Model(ToyModel):
         for line in problems(models):
             raise CompatAssertionError(line)
         print("Correct!")
-
-
-def problems(models: Sequence[Any]) -> list[str]:
-    """What `Model.check` would complain about (empty when the step is correct), in the original's
-    order: the first problem is the one `check` raises."""
-    out: list[str] = []
-    layers = getattr(models[0], "LAYERS", None) or getattr(models[0], "num_layers")
-    for layer in range(layers):
-        weight = None
-        for m in models:
-            w = m.final_weights.get(layer)
-            if w is None:
-                continue
-            if w.step != 1:
-                out.append(f"layer {layer}: rank {m.rank}'s final weight is at step {w.step}, not 1")
-            weight = w if weight is None else weight.combine(w)
-        if weight is None:
-            out.append(f"Missing weight {layer}")
-        elif not weight.is_complete():
-            out.append(f"Weight not complete {weight}")
-    return out
 
 
 def stats(models: Sequence[Model]) -> tuple[float, float, float]:
