@@ -26,6 +26,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 NOBODY = 65534
@@ -80,14 +81,16 @@ def problem() -> str | None:
         return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     if _prefix() is None:
         return "the grader runs as root and setpriv (util-linux) is missing, so it cannot drop to nobody"
-    probe = Path(os.devnull)  # any readable file will do as the job file
-    true = shutil.which("true") or "/bin/true"
+    # the real thing: this Python importing the worker module from the project, as the sandbox's user
+    root = Path(__file__).resolve().parents[2]
+    argv = command([sys.executable, "-c", "import grader._worker"], job=Path(os.devnull), readable=[root],
+                   scratch_bytes=2**20)
     try:
-        proc = subprocess.run(command([true], job=probe, readable=[], scratch_bytes=2**20),
-                              capture_output=True, timeout=30)
+        proc = subprocess.run(argv, capture_output=True, timeout=60, cwd="/",
+                              env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(root)})
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap could not be started ({exc})"
     if proc.returncode != 0:
         why = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
-        return f"bubblewrap cannot create its namespaces here ({why[0]})"
+        return f"bubblewrap cannot run the worker here ({why[0]})"
     return None
