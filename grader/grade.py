@@ -98,7 +98,8 @@ def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[st
         try:
             result = _compat_result((outcome.header or {})["compat"])
         except Exception as exc:  # noqa: BLE001 - an untrusted payload of the wrong shape
-            row["status"], row["error"] = "crashed", f"the worker wrote a result of the wrong shape ({type(exc).__name__})"
+            row["status"] = "invalid"
+            row["error"] = f"the worker wrote a result of the wrong shape ({type(exc).__name__})"
             return row, None
         row.update(cluster=result.cluster.name, workload=result.workload.name, global_batch=result.global_batch_size)
     else:

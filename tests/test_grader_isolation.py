@@ -128,9 +128,9 @@ def test_no_cheat_ranks_above_its_honest_twin(board):
     ("enforce_off", "failed", "out of memory"),
     ("skip_layers", "failed", "was not returned by this model's ops"),
     ("fake_samples", "failed", "the gradient covers samples"),
-    ("wrong_shape_result", "crashed", "does not match its header"),
-    ("nested_brackets", "crashed", "unreadable result"),
-    ("huge_result", "crashed", "unreadable result"),  # cut at the file-size limit, its own header then garbled
+    ("wrong_shape_result", "invalid", "does not match its header"),
+    ("nested_brackets", "invalid", "unreadable result"),
+    ("huge_result", "invalid", "unreadable result"),  # cut at the file-size limit, its own header then garbled
     ("flood_stdout", "failed", "File too large"),  # stdout cut at the file-size limit
 ])
 def test_a_cheat_fails_as_its_program_deserves(board, cheat, status, words):

@@ -45,7 +45,8 @@ def _prefix() -> list[str] | None:
     return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", bwrap]
 
 
-def command(argv: list[str], *, job: Path, readable: list[Path], scratch_bytes: int, cwd: Path | None = None) -> list[str]:
+def command(argv: list[str], *, job: Path, readable: list[Path], scratch_bytes: int,
+            cwd: Path | None = None) -> list[str]:
     """`argv` run inside the sandbox from `cwd` (default /tmp); `job` appears read-only at /tmp/job.json,
     `readable` folders at their own paths (over the private /tmp)."""
     prefix = _prefix()
@@ -57,7 +58,8 @@ def command(argv: list[str], *, job: Path, readable: list[Path], scratch_bytes: 
     return [*prefix, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--size", str(int(scratch_bytes)), "--tmpfs", "/tmp", *binds, "--ro-bind", str(job), "/tmp/job.json",
-            "--chdir", str(cwd or "/tmp"), "--setenv", "HOME", "/tmp", "--die-with-parent", "--new-session", "--", *argv]
+            "--chdir", str(cwd or "/tmp"), "--setenv", "HOME", "/tmp", "--die-with-parent", "--new-session", "--",
+            *argv]
 
 
 def readable_by_sandbox(path: Path) -> bool:
