@@ -196,3 +196,18 @@ def test_what_the_sandbox_confines(tmp_path):
     # the host's /tmp is hidden: only its job, its mark, and the path its copied file is bound at
     assert "pytest-of-root" not in seen["host_tmp"] and len(seen["host_tmp"]) <= 3, seen["host_tmp"]
     assert not (tmp_path / "probe_mark").exists() and not Path("/var/tmp/probe_mark").exists()
+
+
+def test_a_changed_helper_beside_a_submission_grades_it_again(tmp_path):
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    suite = load_suite(str(tmp_path / "suite.toml"))
+    folder = tmp_path / "subs"
+    folder.mkdir()
+    (folder / "mine.py").write_text("from _helpers import train\n")
+    (folder / "_helpers.py").write_text("async def train(model): pass\n")
+    (folder / "other.py").write_text("async def train(model): pass\n")
+    first = leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint
+    (folder / "other.py").write_text("async def train(model): return 1\n")  # another submission: no effect
+    assert leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint == first
+    (folder / "_helpers.py").write_text("async def train(model): return 1\n")
+    assert leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint != first
