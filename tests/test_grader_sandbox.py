@@ -211,3 +211,16 @@ def test_a_changed_helper_beside_a_submission_grades_it_again(tmp_path):
     assert leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint == first
     (folder / "_helpers.py").write_text("async def train(model): return 1\n")
     assert leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint != first
+
+
+def test_a_submission_the_sandbox_user_cannot_read_runs_with_its_helpers(tmp_path):
+    """tmp_path is private to the grader's user: the file and its _*.py helpers are copied in."""
+    from grader.runner import run_isolated
+    from grader.scenario import Scenario
+    (tmp_path / "_helpers.py").write_text((ROOT / "tests" / "submissions" / "honest.py").read_text())
+    (tmp_path / "mine.py").write_text("import pathlib, sys\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
+                                      "from _helpers import train  # noqa: F401\n")
+    outcome = run_isolated(tmp_path / "mine.py", Scenario(cluster="2xA100-80GB", workload="toy:layers=2",
+                                                          global_batch=4), confine=sandbox_problem() is None)
+    assert outcome.status == "ok", outcome.message
+    assert len(outcome.programs) == 2

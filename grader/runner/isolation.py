@@ -81,11 +81,12 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
         if confine:
             folder.chmod(0o711)  # the sandbox's user reads its job (and a copied submission) by name only
             root = _import_root(path)
-            if not sandbox.readable_by_sandbox(path):
+            if not sandbox.readable_by_sandbox(path):  # copied, with the _*.py helpers beside it
                 root = folder / "src"
                 root.mkdir(mode=0o755)
-                job["strategy"] = str(shutil.copy(path, root / path.name))
-                os.chmod(job["strategy"], 0o644)
+                for source in [path, *sorted(path.parent.glob("_*.py"))]:
+                    os.chmod(shutil.copy(source, root / source.name), 0o644)
+                job["strategy"] = str(root / path.name)
             here = Path.cwd()  # relative paths in the scenario (profiles, cluster files) resolve from here
             readable = [PROJECT_ROOT, root] + ([] if here in folder.parents else [here])
             argv = sandbox.command(argv + ["/tmp/job.json"], job=folder / "job.json", readable=readable,

@@ -64,7 +64,8 @@ def command(argv: list[str], *, job: Path, readable: list[Path], scratch_bytes: 
 
 def readable_by_sandbox(path: Path) -> bool:
     """Whether the sandbox's user can read `path` (when it runs as nobody: by the "other" permissions).
-    A submission it cannot read is copied alone into the grader's private folder."""
+    A submission it cannot read is copied, with the `_*.py` helpers beside it, into the grader's
+    private folder."""
     if os.geteuid() != 0:
         return os.access(path, os.R_OK)
     import stat
