@@ -43,6 +43,7 @@ OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backw
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
            "add", "await", "drop")
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
+UNRECORDED_OPS = ("group",)  # Model methods that decide nothing (a group is named by its ranks where used)
 
 
 class Recorder:
@@ -139,7 +140,11 @@ class RecordingModel:
         self._rank = model.rank
 
     def __getattr__(self, name: str) -> Any:  # rank, world_size, time, memory_bytes, device, group, ...
-        return getattr(self._model, name)
+        value = getattr(self._model, name)
+        if callable(value) and not name.startswith("_") and name not in UNRECORDED_OPS:
+            raise TensorError(f"rank {self._rank} {name}: this op is not recorded, so a graded run cannot use it "
+                              f"(the grader re-executes only recorded ops)")
+        return value
 
     def __repr__(self) -> str:
         return repr(self._model)

@@ -69,10 +69,9 @@ def replay(programs: list[array], cluster: Cluster | str, workload: Workload | s
         tables.clear()
 
 
-async def _run(model: Any, words: array, table: list, deadline: float | None) -> None:
+async def _run(model: Any, program: array, table: list, deadline: float | None) -> None:
     rank, world, batch = model.rank, model.world_size, model.global_batch_size
-    program = words.tolist()  # a list indexes faster than an array
-    n = len(program)
+    n = len(program)  # read in place: a list of the words would take four times their bytes
     append, extend = table.append, table.extend
     i = 0
     since = 0
@@ -130,7 +129,7 @@ async def _run(model: Any, words: array, table: list, deadline: float | None) ->
             k = program[i + 2] if i + 2 < n else -1
             if not 0 <= k <= world or i + 2 + k >= n:
                 raise fail(f"group size {k} is not in 0..{world} or runs past the program's end")
-            append(getattr(model, OPCODES[op])(get(1), None if k == 0 else program[i + 3:i + 3 + k]))
+            append(getattr(model, OPCODES[op])(get(1), None if k == 0 else program[i + 3:i + 3 + k].tolist()))
             i += 3 + k
             continue
         elif op == ADD:
@@ -159,7 +158,7 @@ async def _run(model: Any, words: array, table: list, deadline: float | None) ->
         i += 1 + arity  # type: ignore[operator]
 
 
-def _input(model: Any, program: list[int], i: int, n: int, batch: int, append: Any, fail: Any) -> int:
+def _input(model: Any, program: array, i: int, n: int, batch: int, append: Any, fail: Any) -> int:
     """Run an INPUT entry at word i; return its length in words."""
     k = program[i + 1] if i + 1 < n else -1
     if not 1 <= k <= batch or i + 1 + 2 * k >= n:

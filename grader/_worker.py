@@ -3,8 +3,9 @@
 It sets its resource limits, imports the strategy, simulates one step while recording the strategy's
 decisions (`dist_lib.recording`), and writes two things to file descriptors the parent opened:
 
-* the first of the job's two `fds`, a small JSON header: the status, and for a run that finished the length of each rank's program
-  and the option names the strategy takes (or the error of a run that did not);
+* the first of the job's two `fds`, a small JSON header: the status, and for a run that finished the
+  length of each rank's program and the option names the strategy takes (or the error of a run that
+  did not);
 * the second, the program itself: each rank's 8-byte words, one rank after the other.
 
 Nothing it writes is trusted: the parent re-executes the program through the simulator (`replay`) and

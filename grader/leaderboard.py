@@ -1,11 +1,12 @@
 """Many submissions x a suite's scenarios: a job list, graded in parallel, saved as each run finishes.
 
 Every finished row is appended to `results.jsonl` in the output folder (by this process only: runs
-are confined and cannot write there) with a fingerprint of the submission's source, the scenario, the
-suite's limits and the grader's and simulator's own code (Python and C), and `leaderboard.json` /
-`.csv` are rewritten. Running again skips rows whose fingerprint matches, so an interrupted
-leaderboard resumes where it stopped, and a changed grader, simulator or limit grades again. A line
-of `results.jsonl` that is not a well-formed row is ignored (and graded again).
+are confined and cannot write there) with a fingerprint of the submission's source and the helpers
+beside it, the scenario, the suite's limits, and the grader's and simulator's own code (Python and C)
+and Python version, and `leaderboard.json` / `.csv` are rewritten. Running again skips rows whose
+fingerprint matches, so an interrupted leaderboard resumes where it stopped, and a changed grader,
+simulator, helper or limit grades again. A line of `results.jsonl` that is not a well-formed row is
+ignored (and graded again).
 
 Scaling past one machine: the job list is a list of `(grade_one, args)` calls on picklable plain
 data, and each call is independent and returns a plain dict. The same list can be submitted with
@@ -21,6 +22,7 @@ import hashlib
 import json
 import multiprocessing
 import signal
+import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
@@ -73,8 +75,9 @@ def labels_for(submissions: list[Path]) -> dict[Path, str]:
 
 
 def code_hash() -> str:
-    """Of the grader's and simulator's source: Python, C and suite files, by path and content."""
-    digest = hashlib.sha256()
+    """Of the grader's and simulator's source (Python, C and suite files, by path and content) and the
+    Python version."""
+    digest = hashlib.sha256(sys.version.encode())  # and the interpreter that runs it
     for folder in CODE:
         for path in sorted((ROOT / folder).rglob("*")):
             if path.suffix in (".py", ".c", ".h", ".toml") and path.is_file():
@@ -82,12 +85,21 @@ def code_hash() -> str:
     return digest.hexdigest()
 
 
+def submission_source(path: Path) -> bytes:
+    """What a submission's grade depends on among its own files: the file, and the helpers beside it
+    (files named with a leading underscore, which are not submissions themselves)."""
+    parts = [path.read_bytes()]
+    for helper in sorted(path.parent.glob("_*.py")):
+        parts += [helper.name.encode(), helper.read_bytes()]
+    return b"\0".join(parts)
+
+
 def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) -> list[Job]:
     code = code_hash()
     limits = json.dumps(asdict(suite.limits), sort_keys=True)
     jobs = []
     for path, label in labels_for(submissions).items():
-        source = path.read_bytes()
+        source = submission_source(path)
         for scenario in suite.scenarios:
             data = scenario.to_dict()
             fingerprint = hashlib.sha256(b"\0".join((source, json.dumps(data, sort_keys=True).encode(),

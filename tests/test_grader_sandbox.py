@@ -136,3 +136,91 @@ def test_a_changed_limit_or_grader_code_grades_again(tmp_path, monkeypatch):
     assert leaderboard.code_hash() != before
     (fake / "grader" / "verify.py").write_text("")
     assert leaderboard.code_hash() not in (before,)
+
+
+PROBE = '''
+import json, os, socket, time
+from pathlib import Path
+
+
+async def train(model):
+    seen = {"uid": os.getuid(), "pid": os.getpid()}
+    forked = 0
+    try:
+        for _ in range(200):
+            if os.fork() == 0:
+                time.sleep(60)
+                os._exit(0)
+            forked += 1
+    except OSError:
+        pass
+    seen["forked"] = forked
+    seen["processes"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    try:
+        socket.create_connection(("192.0.2.1", 9), timeout=2)  # TEST-NET-1: unroutable anyway
+        seen["network"] = "connected"
+    except OSError as exc:
+        seen["network"] = type(exc).__name__ + ":" + str(exc.errno)
+    written = []
+    for path in (Path(__file__).with_name("probe_mark"), Path("/var/tmp/probe_mark"), Path("/tmp/probe_mark")):
+        try:
+            path.write_text("x")
+            written.append(str(path))
+        except OSError:
+            pass
+    seen["written"] = written
+    seen["host_tmp"] = sorted(os.listdir("/tmp"))
+    raise RuntimeError("PROBE" + json.dumps(seen))
+'''
+
+
+def test_what_the_sandbox_confines(tmp_path):
+    """A probe reports what it can do inside: its own user and pid namespace (it sees only its own
+    processes), the process-count limit, no network, writes only to its private /tmp."""
+    if sandbox_problem():
+        pytest.skip(f"the OS sandbox is not usable here: {sandbox_problem()}")
+    import json
+    from grader.runner import Limits, run_isolated
+    from grader.scenario import Scenario
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    outcome = run_isolated(probe, Scenario(cluster="1xA100-80GB", workload="toy:layers=1", global_batch=1),
+                           Limits(timeout_s=60, processes=16))
+    assert outcome.status == "failed", outcome.message
+    seen = json.loads(outcome.message.split("PROBE", 1)[1].split(" (at probe.py")[0])
+    assert seen["uid"] == 65534 or os.geteuid() != 0  # nobody, when the grader is root
+    assert seen["forked"] < 16  # the worker itself and bubblewrap's init count too
+    assert seen["processes"] == sorted(seen["processes"]) and max(seen["processes"]) < 100  # its own namespace
+    assert seen["network"].startswith("OSError") or "Unreachable" in seen["network"] or "101" in seen["network"]
+    assert seen["written"] == ["/tmp/probe_mark"]
+    # the host's /tmp is hidden: only its job, its mark, and the path its copied file is bound at
+    assert "pytest-of-root" not in seen["host_tmp"] and len(seen["host_tmp"]) <= 3, seen["host_tmp"]
+    assert not (tmp_path / "probe_mark").exists() and not Path("/var/tmp/probe_mark").exists()
+
+
+def test_a_changed_helper_beside_a_submission_grades_it_again(tmp_path):
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    suite = load_suite(str(tmp_path / "suite.toml"))
+    folder = tmp_path / "subs"
+    folder.mkdir()
+    (folder / "mine.py").write_text("from _helpers import train\n")
+    (folder / "_helpers.py").write_text("async def train(model): pass\n")
+    (folder / "other.py").write_text("async def train(model): pass\n")
+    first = leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint
+    (folder / "other.py").write_text("async def train(model): return 1\n")  # another submission: no effect
+    assert leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint == first
+    (folder / "_helpers.py").write_text("async def train(model): return 1\n")
+    assert leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint != first
+
+
+def test_a_submission_the_sandbox_user_cannot_read_runs_with_its_helpers(tmp_path):
+    """tmp_path is private to the grader's user: the file and its _*.py helpers are copied in."""
+    from grader.runner import run_isolated
+    from grader.scenario import Scenario
+    (tmp_path / "_helpers.py").write_text((ROOT / "tests" / "submissions" / "honest.py").read_text())
+    (tmp_path / "mine.py").write_text("import pathlib, sys\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
+                                      "from _helpers import train  # noqa: F401\n")
+    outcome = run_isolated(tmp_path / "mine.py", Scenario(cluster="2xA100-80GB", workload="toy:layers=2",
+                                                          global_batch=4), confine=sandbox_problem() is None)
+    assert outcome.status == "ok", outcome.message
+    assert len(outcome.programs) == 2
