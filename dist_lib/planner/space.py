@@ -55,7 +55,8 @@ def divisors(n: int) -> list[int]:
 
 
 def layouts(order: Order, num_layers: int, max_stages: int) -> list[tuple[tuple[int, ...], ...]]:
-    """Stage rank groups: equal widths over the whole order, and type by type with per-type widths."""
+    """Stage rank groups: equal widths over the whole order, and type by type with per-type widths
+    (each type cut into a power-of-two number of stages, as Metis' device groups are)."""
     ranks, found = order.ranks, set()
     for pp in divisors(len(ranks)):
         if pp <= min(num_layers, max_stages):
@@ -67,7 +68,7 @@ def layouts(order: Order, num_layers: int, max_stages: int) -> list[tuple[tuple[
         for _, count in order.runs:
             run = ranks[start:start + count]
             splits.append([tuple(run[i * (count // k):(i + 1) * (count // k)] for i in range(k))
-                           for k in divisors(count) if k <= min(num_layers, max_stages)])
+                           for k in divisors(count) if k <= min(num_layers, max_stages) and not k & (k - 1)])
             start += count
         combos: list[tuple] = [()]
         for options in splits:
