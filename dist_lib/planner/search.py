@@ -330,8 +330,9 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             break
         m = global_batch // microbatch
         unconstrained = partition(free, L, m, memory=False)
-        if unconstrained is None:
-            continue
+        weight = price if objective == "cost" else 1.0
+        if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + PRUNE_SLACK):
+            continue  # even without memory limits its slowest stage makes it lose
         for recompute, zero in MEMORY_CONFIGS:
             options = [sp.options(ranks, microbatch, recompute, zero) for ranks in stages]
             found = partition(options, L, m)
@@ -340,7 +341,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                 continue
             new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price)
             for c in new:
-                incumbent = min(incumbent, c.estimate * (c.price_per_hour if objective == "cost" else 1.0))
+                incumbent = min(incumbent, c.estimate * weight)
             out += new
             if found[0] <= unconstrained[0] * (1 + 1e-6):
                 break  # memory did not bind: the slower settings cannot win
