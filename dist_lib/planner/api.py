@@ -17,7 +17,7 @@ OBJECTIVES = ("time", "cost")
 
 def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_batch_size: int, *,
          top: int = 10, objective: str = "time", budget: float | None = None, refine_rounds: int = 8,
-         max_stages: int = 64, progress: Callable[[str, int, int], None] | None = None) -> Search:
+         max_stages: int = 16, progress: Callable[[str, int, int], None] | None = None) -> Search:
     """Search plans for one training step: every candidate estimated, the best `top` by the estimate
     simulated, the winner refined on the simulator. `objective` ranks by step time or by dollars per
     step; `budget` (USD per hour) leaves out device mixes that cost more. `top=0` trusts the estimate
@@ -33,7 +33,8 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
         raise SpecError(f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}")
     started = time.perf_counter()
     report = (lambda i, n: progress("estimate", i, n)) if progress else None
-    candidates, reasons = generate(cluster, workload, global_batch_size, budget=budget, max_stages=max_stages,
+    candidates, reasons = generate(cluster, workload, global_batch_size, budget=budget, objective=objective,
+                                   max_stages=max_stages,
                                    progress=report)
     if not candidates:
         raise SpecError(reasons[0])
@@ -44,11 +45,16 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     candidates.sort(key=key)
     estimated = len(candidates)
     chosen = _distinct(candidates, top)
-    simulated = []
+    simulated, error = [], 0.0
     for i, candidate in enumerate(chosen):
         if progress:
             progress("simulate", i, len(chosen))
+        ran = [c for c in simulated if c.simulated is not None]
+        if ran and objective == "time" and candidate.estimate > min(c.simulated for c in ran) * (1 + 2 * error):
+            break  # even an estimate as wrong as the worst seen so far could not make this one win
         simulated.append(simulate_candidate(cluster, workload, global_batch_size, candidate))
+        if candidate.simulated is not None:
+            error = max(error, abs(candidate.estimate - candidate.simulated) / candidate.simulated)
     if progress and chosen:
         progress("simulate", len(chosen), len(chosen))
     ran = [c for c in simulated if c.simulated is not None]

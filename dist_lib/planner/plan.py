@@ -76,7 +76,7 @@ class Plan:
 
     def describe(self) -> str:
         """One line: each stage as dp x tp and its layer count, then the microbatching and options."""
-        stages = " | ".join(f"{s.dp}x{s.tp}:{s.layers}L" for s in self.stages)
+        stages = "+".join(f"{s.dp}x{s.tp}:{s.layers}L" for s in self.stages)
         extra = "".join(f" {k}={v}" for k, v in (("recompute", self.recompute), ("zero", self.zero))
                         if v not in ("none", 0))
         return f"{stages}  {self.microbatches}x{self.microbatch_size} {self.schedule}{extra}"
