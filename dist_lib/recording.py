@@ -16,10 +16,11 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
 
     LOAD layer shard num_shards tp_rank tp_size   -> weight, optimizer state
     INPUT k (start stop) x k                      -> activation (samples: k half-open intervals)
-    FORWARD layer act weight flags                -> activation (flags: 1 stash, 2 selective recompute)
+    FORWARD layer act weight flags                -> activation (flags: 1 stash, 2 selective recompute,
+                                                     4 sequence parallel)
     BACKWARD layer act grad weight                -> weight gradient, activation gradient
     BACKWARD_INPUT / BACKWARD_WEIGHT (the same)   -> activation gradient / weight gradient
-    LOSS act                                      -> activation gradient
+    LOSS act tp_rank tp_size                      -> activation gradient (its TP slice of the LM head)
     UPDATE layer grad weight opt                  -> weight, optimizer state
     FINAL layer weight                            -> (nothing)
     ALL_REDUCE / ALL_GATHER / REDUCE_SCATTER x k rank x k (k = 0: every rank) -> work
@@ -171,10 +172,11 @@ class RecordingModel:
         return self._wrap(act)
 
     def forward(self, layer: int, act: Any, weight: Any, *, stash: bool = True,
-                selective_recompute: bool = False) -> Any:
+                selective_recompute: bool = False, sequence_parallel: bool = False) -> Any:
         out = self._model.forward(layer, self._t(act, "forward"), self._t(weight, "forward"), stash=stash,
-                                  selective_recompute=selective_recompute)
-        self._emit(FORWARD, layer, act._number, weight._number, (1 if stash else 0) | (2 if selective_recompute else 0))
+                                  selective_recompute=selective_recompute, sequence_parallel=sequence_parallel)
+        self._emit(FORWARD, layer, act._number, weight._number,
+                   (1 if stash else 0) | (2 if selective_recompute else 0) | (4 if sequence_parallel else 0))
         return self._wrap(out)
 
     def _backward(self, op: int, name: str, layer: int, act: Any, grad: Any, weight: Any) -> Any:
@@ -192,9 +194,9 @@ class RecordingModel:
     def backward_weight(self, layer: int, act: Any, grad: Any, weight: Any) -> Any:
         return self._wrap(self._backward(BACKWARD_WEIGHT, "backward_weight", layer, act, grad, weight))
 
-    def loss(self, act: Any) -> Any:
-        out = self._model.loss(self._t(act, "loss"))
-        self._emit(LOSS, act._number)
+    def loss(self, act: Any, *, tp_rank: int = 0, tp_size: int = 1) -> Any:
+        out = self._model.loss(self._t(act, "loss"), tp_rank=tp_rank, tp_size=tp_size)
+        self._emit(LOSS, act._number, tp_rank, tp_size)
         return self._wrap(out)
 
     def update(self, layer: int, grad: Any, weight: Any, opt_state: Any) -> tuple[Any, Any]:

@@ -36,7 +36,7 @@ MAX_FIELD = 1 << 16  # shard, shard count, TP rank and degree: far above any clu
 CHECK_EVERY = 4096  # entries between deadline checks
 _DROPPED = object()
 # operands after the opcode, for the fixed-size entries
-_ARITY = {LOAD: 5, FORWARD: 4, BACKWARD: 4, BACKWARD_INPUT: 4, BACKWARD_WEIGHT: 4, LOSS: 1, UPDATE: 4, FINAL: 2,
+_ARITY = {LOAD: 5, FORWARD: 4, BACKWARD: 4, BACKWARD_INPUT: 4, BACKWARD_WEIGHT: 4, LOSS: 3, UPDATE: 4, FINAL: 2,
           SEND: 2, RECV: 1, ADD: 2, AWAIT: 1, DROP: 1}
 
 
@@ -114,9 +114,11 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             continue
         if op == FORWARD:
             flags = program[i + 4]
-            if not 0 <= flags <= 3:
-                raise fail(f"flags {flags} are not a combination of 1 (stash) and 2 (selective recompute)")
-            append(model.forward(small(1), get(2), get(3), stash=bool(flags & 1), selective_recompute=bool(flags & 2)))
+            if not 0 <= flags <= 7:
+                raise fail(f"flags {flags} are not a combination of 1 (stash), 2 (selective recompute) and 4 "
+                           f"(sequence parallel)")
+            append(model.forward(small(1), get(2), get(3), stash=bool(flags & 1), selective_recompute=bool(flags & 2),
+                                 sequence_parallel=bool(flags & 4)))
         elif op == BACKWARD:
             extend(model.backward(small(1), get(2), get(3), get(4)))
         elif op == AWAIT:
@@ -139,7 +141,7 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
         elif op == BACKWARD_WEIGHT:
             append(model.backward_weight(small(1), get(2), get(3), get(4)))
         elif op == LOSS:
-            append(model.loss(get(1)))
+            append(model.loss(get(1), tp_rank=small(2), tp_size=small(3)))
         elif op == UPDATE:
             extend(model.update(small(1), get(2), get(3), get(4)))
         elif op == FINAL:

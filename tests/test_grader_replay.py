@@ -3,13 +3,14 @@ graded as the program it is, and a malformed one is rejected naming the rank and
 
 from __future__ import annotations
 
+import inspect
 from array import array
 from pathlib import Path
 
 import pytest
 
 from dist_lib import Activation, TensorError, Work, simulate
-from dist_lib.errors import SimulationError
+from dist_lib.errors import SimulationError, StrategyError
 from dist_lib.recording import (ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, LOAD, LOSS, Handle, record)
 from dist_lib.replay import ProgramError, ReplayTimeout, replay
 from dist_lib.workload import Workload
@@ -110,7 +111,7 @@ def test_forged_programs_fail_as_the_program_deserves(honest):
     (lambda es: es.append([FORWARD, 0, 1]), "ends inside this entry"),
     (lambda es: es.append([ALL_REDUCE, 0, 9, 0, 1]), "group size 9"),
     (lambda es: es.insert(0, [LOAD, 0, 2**40, 2**41, 0, 1]), "out of range"),
-    (lambda es: es.insert(9, [FORWARD, 0, 8, 0, 7]), "flags 7"),
+    (lambda es: es.insert(9, [FORWARD, 0, 8, 0, 8]), "flags 8"),
     (lambda es: es.insert(9, [AWAIT, 8]), "handle 8 is not a Work"),
     (lambda es: es.insert(0, [INPUT, 1, 5, 99]), "not an interval of the global batch"),
 ])
@@ -148,7 +149,7 @@ def test_handles_look_like_their_tensors_and_foreign_tensors_are_refused():
             model.loss(x._t)
         raise SystemExit  # nothing more to record
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(StrategyError, match="SystemExit"):  # reported as the strategy's own exit
         record(train, "2xA100-80GB", "toy:layers=1", BATCH)
     assert seen["kinds"][:3] == (True, True, True)
     assert seen["kinds"][3].startswith("Activation(layer 0, samples 0-3")
@@ -221,6 +222,12 @@ def test_every_model_op_is_recorded():
     ops = {n for n in dir(Model) if not n.startswith("_") and callable(getattr(Model, n))}
     recorded = {n for n in vars(RecordingModel) if not n.startswith("_")}
     assert ops - set(UNRECORDED_OPS) == recorded
+    for name in recorded:  # and each takes exactly what the op takes, keywords and defaults included
+        assert inspect.signature(getattr(RecordingModel, name)).parameters.keys() == \
+            inspect.signature(getattr(Model, name)).parameters.keys(), name
+        for theirs, ours in zip(inspect.signature(getattr(Model, name)).parameters.values(),
+                                inspect.signature(getattr(RecordingModel, name)).parameters.values()):
+            assert (ours.kind, ours.default) == (theirs.kind, theirs.default), f"{name}({theirs.name})"
 
 
 def test_an_op_the_recorder_does_not_know_is_refused(monkeypatch):
