@@ -224,3 +224,22 @@ def test_a_submission_the_sandbox_user_cannot_read_runs_with_its_helpers(tmp_pat
                                                           global_batch=4), confine=sandbox_problem() is None)
     assert outcome.status == "ok", outcome.message
     assert len(outcome.programs) == 2
+
+
+def test_a_program_over_the_size_limit_fails_with_one_clear_line(tmp_path):
+    """Also a file straight in the temporary folder, whose folder is not bound into the sandbox (it holds
+    the grader's own folders): it is copied in."""
+    import tempfile
+    from grader.runner import Limits, run_isolated
+    from grader.scenario import Scenario
+    fd, name = tempfile.mkstemp(suffix=".py")
+    os.write(fd, b"async def train(model):\n    for _ in range(20_000):\n        model.load_weights(0)\n")
+    os.close(fd)
+    try:
+        outcome = run_isolated(name, Scenario(cluster="1xA100-80GB", workload="toy:layers=1", global_batch=1),
+                               Limits(file_bytes=2**20), confine=sandbox_problem() is None)
+    finally:
+        os.unlink(name)
+    # 20,000 loads: 20,000 x (6 + 2 x 2) words of 8 bytes
+    assert (outcome.status, outcome.kind) == ("failed", "TooLarge"), outcome.message
+    assert outcome.message.startswith("the recorded program takes 1.5 MiB, over the 1 MiB")
