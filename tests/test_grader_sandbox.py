@@ -243,3 +243,20 @@ def test_a_program_over_the_size_limit_fails_with_one_clear_line(tmp_path):
     # 20,000 loads: 20,000 x (6 + 2 x 2) words of 8 bytes
     assert (outcome.status, outcome.kind) == ("failed", "TooLarge"), outcome.message
     assert outcome.message.startswith("the recorded program takes 1.5 MiB, over the 1 MiB")
+
+
+def test_unconfined_a_run_that_kills_its_grading_process_is_one_crashed_row(tmp_path):
+    """With --trusted nothing stops a run from killing the pool worker grading it; the board replaces
+    the pool, tries the run once more, then records it as crashed and finishes the others."""
+    import json
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    (tmp_path / "killer.py").write_text("import os, signal\n\n\nasync def train(model):\n"
+                                        "    os.kill(os.getppid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-m", "grader", "leaderboard", str(tmp_path / "killer.py"),
+                           "tests/submissions/honest.py", "--suite", str(tmp_path / "suite.toml"), "--jobs", "2",
+                           "--out", str(tmp_path / "out"), "--no-plots", "--trusted"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["strategy"]: r for r in json.loads((tmp_path / "out" / "leaderboard.json").read_text())["rows"]}
+    assert rows["killer"]["status"] == "crashed" and "BrokenProcessPool" in rows["killer"]["error"]
+    assert rows["honest"]["status"] == "ok"
