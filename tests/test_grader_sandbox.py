@@ -92,10 +92,13 @@ def test_a_killed_grader_leaves_no_run_behind(tmp_path, jobs):
             return bool(_workers_of(family))
         assert _wait_for(running, 60), "the hanging submission never started"
         family.update(_descendants(board.pid))
+        workers = _workers_of(family)
     finally:
         board.send_signal(signal.SIGKILL)  # the grader itself, killed as a submission once could
         board.wait()
-    assert _wait_for(lambda: not _workers_of(family) and not any(_alive(p) for p in family - {board.pid}), 30)
+    # every process it had started (the pool, the sandboxes, the workers in them) ends with it
+    assert workers and _wait_for(lambda: not any(_alive(p) for p in family - {board.pid}), 30), \
+        [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in family - {board.pid} if _alive(p)]
     clean_stale()  # what the next run does first
     left = [f for f in Path(os.environ.get("TMPDIR", "/tmp")).glob(f"{FOLDER_PREFIX}*")
             if int(f.name[len(FOLDER_PREFIX):].split("-")[0]) in family]
