@@ -33,7 +33,7 @@ global_batch = 4
 metric = "mfu"
 scale = 100
 """
-WORKER = b"grader._worker\0"
+WORKER = b"-m\0grader._worker\0"  # the worker itself (the sandbox probe only imports it)
 
 
 def _workers_of(parent_pids: set[int]) -> list[int]:
