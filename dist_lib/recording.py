@@ -77,10 +77,10 @@ class Handle:
     __slots__ = ("_t", "_rank", "_number", "_recorder")
 
     def __init__(self, target: Any, rank: int, number: int, recorder: Recorder):
-        object.__setattr__(self, "_t", target)
-        object.__setattr__(self, "_rank", rank)
-        object.__setattr__(self, "_number", number)
-        object.__setattr__(self, "_recorder", recorder)
+        _SET_T(self, target)  # the slots' own setters: this class forwards setattr to the tensor
+        _SET_RANK(self, rank)
+        _SET_NUMBER(self, number)
+        _SET_RECORDER(self, recorder)
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:  # isinstance(handle, Activation) holds, as for the tensor itself
@@ -104,7 +104,12 @@ class Handle:
         return self._recorder.wrap(self._rank, total)
 
     def __del__(self) -> None:
-        self._recorder.emit(self._rank, DROP, self._number)
+        recorder = self._recorder  # Recorder.emit, inlined: a drop is every other entry
+        if recorder.open:
+            recorder.programs[self._rank].extend((DROP, self._number))
+
+
+_SET_T, _SET_RANK, _SET_NUMBER, _SET_RECORDER = (getattr(Handle, name).__set__ for name in Handle.__slots__)
 
 
 class WorkHandle(Handle):

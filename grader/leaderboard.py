@@ -181,18 +181,20 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
                 finished(job, row)
                 progress.advance(task)
         else:
-            remaining = list(todo)
-            while remaining:  # a pool whose worker died is replaced, and its unfinished jobs run again
-                remaining = _run_pool(remaining, jobs, limits, plots, confine, finished,
-                                      lambda job: (progress.update(task, description=f"{job.label} / "
-                                                                   f"{job.scenario['name']}"), progress.advance(task)))
+            def advance(job: Job) -> None:
+                progress.update(task, description=f"{job.label} / {job.scenario['name']}")
+                progress.advance(task)
+            left = _run_pool(todo, jobs, limits, plots, confine, finished, advance, blame=False)
+            for job in left:  # a pool worker was killed: each unfinished job alone, so a break names its job
+                _run_pool([job], 1, limits, plots, confine, finished, advance, blame=True)
     return write_outputs(out, suite, job_list, done)
 
 
 def _run_pool(todo: list[Job], jobs: int, limits: dict[str, Any], plots: bool, confine: bool,
-              finished: Any, advance: Any) -> list[Job]:
-    """Grade `todo` on a pool of `jobs` processes; the jobs left when the pool broke (a pool worker
-    killed from outside), to run on a new one. A job that breaks a pool twice is a crashed row."""
+              finished: Any, advance: Any, blame: bool) -> list[Job]:
+    """Grade `todo` on a pool of `jobs` processes. If the pool breaks (a pool worker killed from
+    outside), the jobs it did not finish are returned to run again, or with `blame` (one job alone)
+    recorded as crashed."""
     context = multiprocessing.get_context("spawn")
     left: list[Job] = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_pool_worker_init) as pool:
@@ -206,12 +208,10 @@ def _run_pool(todo: list[Job], jobs: int, limits: dict[str, Any], plots: bool, c
                     try:
                         row = future.result()
                     except BrokenProcessPool as exc:
-                        if job.key in _BROKE:
-                            finished(job, _grader_error(job, exc))
-                        else:
-                            _BROKE.add(job.key)
+                        if not blame:
                             left.append(job)
-                        continue
+                            continue
+                        row = _grader_error(job, exc)
                     except Exception as exc:  # noqa: BLE001 - one row's failure never stops the board
                         row = _grader_error(job, exc)
                     finished(job, row)
@@ -221,9 +221,6 @@ def _run_pool(todo: list[Job], jobs: int, limits: dict[str, Any], plots: bool, c
                 future.cancel()
             raise
     return left
-
-
-_BROKE: set[str] = set()  # jobs whose pool broke once
 
 
 def _grader_error(job: Job, exc: BaseException) -> dict[str, Any]:

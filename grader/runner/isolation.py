@@ -81,7 +81,9 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
         if confine:
             folder.chmod(0o711)  # the sandbox's user reads its job (and a copied submission) by name only
             root = _import_root(path)
-            if not sandbox.readable_by_sandbox(path):  # copied, with the _*.py helpers beside it
+            # copied, with the _*.py helpers beside it, when the sandbox's user cannot read it or its folder
+            # holds the grader's own (a file straight in /tmp)
+            if not sandbox.readable_by_sandbox(path) or root in folder.parents:
                 root = folder / "src"
                 root.mkdir(mode=0o755)
                 for source in [path, *sorted(path.parent.glob("_*.py"))]:
