@@ -161,12 +161,18 @@ PATH_PARTS: dict[str, int] = {}
 def absolute_spec(spec: str) -> str:
     """`spec` with the files it names made absolute against the working directory, so that it means
     the same in a process that runs elsewhere (the grader's workers)."""
+    return map_spec_paths(spec, lambda path: os.path.abspath(os.path.expanduser(path)))
+
+
+def map_spec_paths(spec: str, change: Callable[[str], str]) -> str:
+    """`spec` with `change` applied to each file path it names (a `.toml` spec, or the leading parts of
+    a registered `scheme:argument` spec)."""
     if spec.endswith(".toml"):
-        return os.path.abspath(os.path.expanduser(spec))
+        return change(spec)
     scheme, _, arg = spec.partition(":")
     count = PATH_PARTS.get(scheme, 0)
     if not count or not arg:
         return spec
     parts = arg.split(",")
-    paths = [os.path.abspath(os.path.expanduser(p.strip())) if p.strip() else p for p in parts[:count]]
+    paths = [change(p.strip()) if p.strip() else p for p in parts[:count]]
     return f"{scheme}:{','.join(paths + parts[count:])}"

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dist_lib.specs import map_spec_paths
+
 from ..scenario import Scenario
 from . import sandbox
 
@@ -89,11 +91,15 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
                 for source in [path, *sorted(path.parent.glob("_*.py"))]:
                     os.chmod(shutil.copy(source, root / source.name), 0o644)
                 job["strategy"] = str(root / path.name)
+            job["scenario"] = _readable_inputs(scenario.to_dict(), folder)
             here = Path.cwd()  # relative paths in the scenario (profiles, cluster files) resolve from here
-            readable = [PROJECT_ROOT, root] + ([] if here in folder.parents else [here])
+            bind_here = here not in folder.parents and sandbox.readable_by_sandbox(here)
+            readable = [PROJECT_ROOT, root] + ([here] if bind_here else [])
+            if (folder / "inputs").is_dir():
+                readable.append(folder / "inputs")
             argv = sandbox.command(argv + ["/tmp/job.json"], job=folder / "job.json", readable=readable,
                                    scratch_bytes=limits.scratch_bytes,
-                                   cwd=here if here not in folder.parents else None)
+                                   cwd=here if bind_here else None)
         else:
             argv.append(str(folder / "job.json"))
         (folder / "job.json").write_text(json.dumps(job))
@@ -109,6 +115,29 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
         for fh in files.values():
             fh.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _readable_inputs(scenario: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The scenario with every cluster, workload or profile file the sandbox's user cannot read (a folder
+    of mode 0700 on the way, as a home folder or pytest's tmp_path when the grader runs as root) copied
+    into the run's private folder, world-readable, and the spec pointing at the copy."""
+    inputs = folder / "inputs"
+
+    def readable(name: str) -> str:
+        source = Path(name)
+        if not source.exists() or sandbox.readable_by_sandbox(source):
+            return name  # (a missing file is the worker's error to report, as without the sandbox)
+        inputs.mkdir(mode=0o755, exist_ok=True)
+        target = inputs / f"{len(list(inputs.iterdir()))}-{source.name}"
+        if source.is_dir():
+            shutil.copytree(source, target)
+            for path in [target, *target.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+        else:
+            os.chmod(shutil.copy(source, target), 0o644)
+        return str(target)
+
+    return {**scenario, **{key: map_spec_paths(scenario[key], readable) for key in ("cluster", "workload")}}
 
 
 def _import_root(path: Path) -> Path:
