@@ -43,7 +43,7 @@ class StageOption:
     costs: LayerCosts
     capacity: float  # usable bytes on its smallest device
     loss: float  # loss seconds per microbatch if it is the last stage
-    transient: float  # bytes of in-flight buffers besides the stashes
+    unit: float  # bytes of one replica's share of a microbatch's activation (its largest share)
     reduce: Callable[[float], float]  # seconds of the data-parallel gradient reduction of n bytes
 
 
@@ -121,13 +121,13 @@ class _Space:
         combined = per[0] if len(per) == 1 else _slowest(per)
         capacity = MEMORY_HEADROOM * min(cluster.device_of(r).memory_bytes for r in ranks)
         loss = max(costs.loss_time(device, workload, n) for device, n, _ in replicas)
-        transient = TRANSIENT_ACTIVATIONS * max(shares) * workload.activation_bytes()
+        unit = max(shares) * workload.activation_bytes()
         dp_topo = self.topology(ranks[::tp]) if dp > 1 else None
         if dp_topo is None:
             reduce = _no_reduce
         else:
             reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, workload.num_layers)
-        return StageOption(ranks, tp, shares, combined, capacity, loss, transient, reduce)
+        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce)
 
 
 def _no_reduce(nbytes: float) -> float:
@@ -172,7 +172,8 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
     # per stage: its in-flight microbatches, and per option what a probe reads (hoisted out of the loop)
     prepared = [(in_flight(schedule, s, pp, microbatches, 1),
                  [(o, o.costs.total, o.costs.state, o.costs.activation, o.loss if s == pp - 1 else 0.0,
-                   (o.capacity if memory else infinite) - o.transient) for o in options])
+                   (o.capacity if memory else infinite) - buffers(s, pp, microbatches, schedule) * o.unit)
+                  for o in options])
                 for s, options in enumerate(stages)]
 
     def place(bound: float):
@@ -225,6 +226,15 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
     return hi, place(hi)
 
 
+def buffers(stage: int, stages: int, microbatches: int, schedule: str) -> float:
+    """Activations a stage holds besides its layer inputs and stashes, in microbatch shares: a few
+    passing through (received, all-reduced, being sent) and the messages it sent that the neighbour has
+    not received yet (a send keeps its tensor until matched): outputs of up to the microbatches in
+    flight, and a gradient past the first stage."""
+    sent = in_flight(schedule, stage, stages, microbatches, 1) if stage < stages - 1 else 0
+    return TRANSIENT_ACTIVATIONS + sent + (1 if stage > 0 else 0)
+
+
 def _block_time(o: StageOption, start: int, n: int) -> float:
     return o.costs.total[start + n] - o.costs.total[start]
 
@@ -247,7 +257,8 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         reduce = o.reduce(grads)
         tails.append(max(reduce - backward, 0.0) + reduce / n + c.update[stop] - c.update[start])
         flight = in_flight(schedule, s, pp, m, chunks)
-        used = c.state[stop] - c.state[start] + flight * (c.activation[stop] - c.activation[start]) + o.transient
+        used = c.state[stop] - c.state[start] + flight * (c.activation[stop] - c.activation[start]) \
+            + buffers(s, pp, m, schedule) * o.unit
         mem = max(mem, used / o.capacity * MEMORY_HEADROOM)
         start = stop
     slowest = max(times)
