@@ -92,7 +92,11 @@ class Plan:
         return data
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        """JSON with one line per stage."""
+        data = self.to_dict()
+        stages = ",\n".join("  " + json.dumps(stage) for stage in data.pop("stages"))
+        rest = "".join(f',\n {json.dumps(k)}: {json.dumps(v)}' for k, v in data.items())
+        Path(path).write_text(f'{{\n "stages": [\n{stages}\n ]{rest}\n}}\n')
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "<plan>") -> Plan:
