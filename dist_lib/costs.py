@@ -285,9 +285,9 @@ def p2p_time(nbytes: float, link: Link) -> float:
 
 def shared_speed(usage: tuple[tuple[int, int], ...], capacity: list[int], load: list[int]) -> float:
     """Share of its own full speed a transfer gets from the links it shares. `usage` lists its (link,
-    units); a link carries `capacity` units at full speed and `load` units are wanted on it. Concurrent
-    transfers split a link in proportion to the units they want, so on a link loaded beyond its capacity
-    c with L units each moves at c / L of its speed alone; a transfer moves at the share of its most
+    bytes/s it wants there); a link carries `capacity` bytes/s and the transfers on it want `load` in
+    all. Concurrent transfers split a link in proportion to what they want, so on a link asked for L
+    more than its capacity c each gets c / L of its own rate; a transfer moves at its share of its most
     loaded link (a flow-level model: Velho et al. 2013)."""
     speed = 1.0
     for link, _ in usage:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .costs import Topology
+from .costs import Topology, ring_bandwidth
 from .devices import GB, GiB, Device, Link, get_device
 from .errors import SpecError
 from .specs import load_spec, number, read_toml, shown, table, text, whole
@@ -92,12 +92,19 @@ class Cluster:
 
     # ---- the links transfers share (see `transfers.py`) ------------------------------------------
     # Link ids: each GPU's NVLink/PCIe port out and in, its own NIC out and in (4 per rank), then each
-    # node's shared NICs out and in. A port or a GPU's NIC carries one unit, a node's NICs `nics` units.
+    # node's shared NICs out and in. Capacities and demands are whole bytes/s (achieved bandwidth), so
+    # that sums of demands are exact and shares the same whatever order transfers start in.
 
     def link_capacities(self) -> list[int]:
-        """Units each link carries at full speed, by link id."""
-        per_rank = [1] * (4 * self.world_size)
-        return per_rank + [max(node.nics, 1) for node in self.nodes for _ in range(2)]
+        """Bytes/s each link carries, by link id."""
+        capacity: list[int] = []
+        for node in self.nodes:
+            port, nic = round(node.intra_link.achieved_bandwidth), round(node.inter_link.achieved_bandwidth)
+            capacity += [port, port, nic, nic] * node.gpus
+        for node in self.nodes:
+            shared = round(node.inter_link.achieved_bandwidth) * max(node.nics, 1)
+            capacity += [shared, shared]
+        return capacity
 
     def _nic_links(self, rank: int) -> tuple[int, int]:
         """(out, in) ids of the NIC `rank` sends and receives through."""
@@ -108,31 +115,33 @@ class Cluster:
         return 4 * rank + 2, 4 * rank + 3
 
     def p2p_usage(self, src: int, dst: int) -> tuple[tuple[int, int], ...]:
-        """(link id, units) a message from `src` to `dst` uses: the sender's port or NIC out and the
-        receiver's in (links are full duplex)."""
+        """(link id, bytes/s) a message from `src` to `dst` wants: its link's bandwidth on the sender's
+        port or NIC out and the receiver's in (links are full duplex)."""
+        rate = round(self.p2p_link(src, dst).achieved_bandwidth)
         if self._rank_node[src] == self._rank_node[dst]:
-            return ((4 * src, 1), (4 * dst + 1, 1))
-        return ((self._nic_links(src)[0], 1), (self._nic_links(dst)[1], 1))
+            return ((4 * src, rate), (4 * dst + 1, rate))
+        return ((self._nic_links(src)[0], rate), (self._nic_links(dst)[1], rate))
 
     def collective_usage(self, ranks: Sequence[int]) -> tuple[tuple[int, int], ...]:
-        """(link id, units) a collective over `ranks` uses each way: within a node every member's port;
-        across nodes the NICs (a GPU's own, or as many of its node's as the members drive), which are
-        its bottleneck (the intra-node phases are not counted against the ports)."""
+        """(link id, bytes/s) a collective over `ranks` wants each way: within a node the ring's bandwidth
+        on every member's port; across nodes the ring's bandwidth through each node's NICs (its
+        bottleneck; the intra-node phases are not counted against the ports), spread over the members'
+        own NICs or on the node's shared ones. A ring slowed by a slower node wants only that much of
+        a faster node's NIC."""
         if len(ranks) <= 1:
             return ()
+        rate = ring_bandwidth(self.topology(ranks))
         nodes = [self._rank_node[r] for r in ranks]
         if len(set(nodes)) == 1:
-            return tuple((4 * r + d, 1) for r in ranks for d in (0, 1))
+            return tuple((4 * r + d, round(rate)) for r in ranks for d in (0, 1))
+        members: dict[int, int] = {}
+        for n in nodes:
+            members[n] = members.get(n, 0) + 1
         usage: dict[int, int] = {}
-        counts: dict[int, int] = {}
         for r, n in zip(ranks, nodes):
-            if self.nodes[n].nics:
-                counts[n] = counts.get(n, 0) + 1
-            else:
-                usage[4 * r + 2] = usage[4 * r + 3] = 1
-        for n, members in counts.items():
-            base = 4 * self.world_size + 2 * n
-            usage[base] = usage[base + 1] = self.nodes[n].nics_for(members)
+            out, into = self._nic_links(r)
+            share = rate if self.nodes[n].nics else rate / members[n]
+            usage[out] = usage[into] = round(share)
         return tuple(usage.items())
 
     def p2p_link(self, src: int, dst: int) -> Link:

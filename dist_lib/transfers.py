@@ -2,10 +2,12 @@
 
 Every collective and every point-to-point message is a `Transfer`: it becomes ready at a known start
 (its members have issued it and its communicator's stream is free), needs `duration` seconds of
-transfer when it has its links to itself (costs.py), and crosses a set of links (`Link usage`: a GPU's
-NVLink/PCIe port each way, a GPU's or a node's NICs each way). Concurrent transfers share a link: a link
-of capacity c carrying transfers that want u_1, u_2, ... of it gives each the share c / sum(u), so a
-transfer progresses at min(1, c / load) over the most loaded of its links (`costs.shared_speed`), a
+transfer when it has its links to itself (costs.py), and crosses a set of links (its `usage`: a GPU's
+NVLink/PCIe port each way, a GPU's or a node's NICs each way), wanting some bytes/s of each (the rate it
+moves at alone, `Cluster.collective_usage`, `Cluster.p2p_usage`). Concurrent transfers share a link: a
+link of capacity c whose transfers want u_1, u_2, ... bytes/s in all more than c gives each the share
+c / sum(u) of what it wants, so a transfer progresses at min(1, c / load) over the most loaded of its
+links (`costs.shared_speed`), a
 flow-level model of the kind SimGrid uses (Velho et al. 2013, "On the validity of flow-level TCP network
 models for grid and cloud simulations"), here with proportional rather than max-min shares. Rates are
 recomputed whenever a transfer starts or ends on one of the links.
@@ -15,7 +17,7 @@ before that end. The engine asks for completions only at quiescence (every unfin
 then no rank can issue anything before the earliest completion, as every rank's next issue comes after
 a completion it waits for. `Scheduler.next_completions` runs the fluid model up to the earliest end and
 returns the transfers that end then; their waiters wake with clocks at or after it. Loads are whole
-numbers of NIC or port units, so the shares, and hence every time, are the same whatever order
+bytes/s, so their sums are exact and the shares, and hence every time, are the same whatever order
 asyncio ran the ranks in.
 """
 
@@ -29,14 +31,14 @@ from . import costs
 
 
 class Transfer:
-    """One collective or message: when it may start, its time alone, the link units it uses."""
+    """One collective or message: when it may start, its time alone, the links it uses."""
 
     __slots__ = ("start", "usage", "finish", "owner", "key", "left", "speed", "since", "end", "version", "seq")
 
     def __init__(self, start: float, duration: float, usage: tuple[tuple[int, int], ...],
                  finish: Callable[[Any, Transfer], None], owner: Any, key: tuple):
         self.start = start
-        self.usage = usage  # ((link id, units), ...)
+        self.usage = usage  # ((link id, bytes/s wanted), ...)
         self.finish = finish  # finish(engine, transfer), once its end is final
         self.owner = owner  # the collective or the message
         # orders transfers that end at the same instant by what they are, not by when asyncio ran their
@@ -54,8 +56,8 @@ class Scheduler:
     """Transfers waiting to start and in flight, advanced in virtual time order."""
 
     def __init__(self, capacity: list[int]):
-        self.capacity = capacity  # units each link carries at full speed (1 port, or a node's NICs)
-        self.load = [0] * len(capacity)  # units wanted by the transfers in flight on each link
+        self.capacity = capacity  # bytes/s each link carries (a port, a GPU's NIC, a node's NICs together)
+        self.load = [0] * len(capacity)  # bytes/s wanted by the transfers in flight on each link
         self.on_link: list[list[Transfer]] = [[] for _ in capacity]
         self.waiting: list[tuple[float, int, Transfer]] = []  # not started: (start, seq, transfer)
         self.ends: list[tuple[float, int, int, Transfer]] = []  # in flight: (end, seq, version, transfer)
@@ -100,8 +102,8 @@ class Scheduler:
     def _begin(self, transfer: Transfer) -> None:
         load, on_link = self.load, self.on_link
         touched: list[Transfer] = []
-        for link, units in transfer.usage:
-            load[link] += units
+        for link, rate in transfer.usage:
+            load[link] += rate
             peers = on_link[link]
             if peers:
                 touched += peers
@@ -114,8 +116,8 @@ class Scheduler:
     def _leave(self, transfer: Transfer) -> None:
         load, on_link = self.load, self.on_link
         touched: list[Transfer] = []
-        for link, units in transfer.usage:
-            load[link] -= units
+        for link, rate in transfer.usage:
+            load[link] -= rate
             peers = on_link[link]
             peers.remove(transfer)
             if peers:

@@ -257,6 +257,29 @@ def test_results_do_not_depend_on_start_order(seed):
     assert all(timelines)
 
 
+def test_a_ring_slowed_by_a_slower_node_wants_only_its_rate_of_a_faster_node_nic():
+    # node 0: four V100 behind one 1.25 GB/s NIC; nodes 1 and 2: four T4 behind one 6.25 GB/s NIC each.
+    # At t=0 ranks 0 and 4 all-gather a weight (a ring held to 1.25 GB/s by node 0) and rank 5 sends an
+    # activation to rank 9 at 6.25 GB/s. Node 1's NIC is asked for 1.25 + 6.25 = 7.5 GB/s of its 6.25,
+    # so both move at 5/6 while they overlap; the message ends first, at 6/5 of its time alone, and the
+    # gather then runs alone: Dg - Dp of it is left, so it ends at 6/5 Dp + (Dg - Dp) = Dg + Dp / 5.
+    async def train(model):
+        if model.rank in (0, 4):
+            shard, _ = model.load_weights(0, shard=model.rank // 4, num_shards=2)
+            await model.all_gather(shard, group=[0, 4])
+        elif model.rank == 5:
+            await model.send(model.get_input_activation([0]), 9)
+        elif model.rank == 9:
+            await model.recv(5)
+
+    cluster = Cluster.parse("1x4xV100-16GB:nics=1x1.25+2x4xT4:nics=1x6.25")
+    result = run(train, cluster=cluster)
+    gather = costs.all_gather_time(TOY.layer_params(0) * 2, 2, replace(IB_HDR, bandwidth=1.25e9))  # 14 us
+    message = costs.p2p_time(TOY.activation_bytes(), replace(IB_HDR, bandwidth=6.25e9))
+    ends = {e.op: e.end for e in result.events if e.rank in (0, 5)}
+    assert ends == {"all_gather": pytest.approx(gather + message / 5), "send": pytest.approx(6 / 5 * message)}
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_shared_links_give_the_same_times_whatever_the_start_order(seed):
     # a hybrid pipeline on nodes whose one NIC carries every stage's messages and gradient all-reduce
