@@ -11,10 +11,13 @@ those lists; `run_stage` carries them out:
   loss on the last); a backward receives the output gradient, walks the chunk's layers in reverse and
   sends the input gradient back. Sends are non-blocking, receives block only when the data is needed;
 * tensor parallelism: every layer's forward and backward output is all-reduced in the TP group
-  (Megatron-LM, Shoeybi et al. 2019);
-* activation recompute: forwards keep only each layer's input, and backward runs the forward again;
+  (Megatron-LM, Shoeybi et al. 2019), the backward's while the weight-gradient GEMMs run; the LM head is
+  vocabulary-parallel and its input gradient all-reduced too;
+* activation recompute: forwards keep only each layer's input, and backward runs the forward again,
+  TP all-reduces included;
 * once a layer has the gradient of every local microbatch, its data-parallel all-reduce starts and
-  overlaps the rest of the schedule; updates follow at the end.
+  overlaps the rest of the schedule (or, with `overlap_grad_reduce=False`, all start after the flush);
+  updates follow at the end.
 """
 
 from __future__ import annotations
