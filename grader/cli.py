@@ -2,7 +2,7 @@
 
     python -m grader                                   # every built-in strategy on the default suite
     python -m grader run FILE [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
-    python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--out DIR]
+    python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR]
     python -m grader check FILE [--examples N]
 
 Exit codes: 0 success, 1 a strategy failed (or was flagged invalid), 2 bad input, 130 interrupted.
@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     board = sub.add_parser("leaderboard", help="many submissions on a suite")
     board.add_argument("paths", nargs="+")
     board.add_argument("--suite", default=None, help="suite TOML file or shipped name (default: default)")
-    board.add_argument("--jobs", type=int, default=1)
+    board.add_argument("--jobs", type=int, help="local processes (default 1); with --ray, the CPUs of the local "
+                                                "Ray instance (default all)")
+    _add_ray_option(board)
     board.add_argument("--out", default="traces/leaderboard")
     board.add_argument("--no-plots", action="store_true")
     board.add_argument("--fresh", action="store_true", help="ignore results saved by an earlier run")
@@ -62,6 +64,24 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--examples", type=int, default=40)
     check.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _add_ray_option(parser: argparse.ArgumentParser) -> None:
+    from .jobs import RAY_LOCAL
+    parser.add_argument("--ray", nargs="?", const=RAY_LOCAL, metavar="ADDRESS",
+                        help="run the jobs as Ray tasks: on the cluster at ADDRESS (host:6379, ray://host:10001, "
+                             "auto), or on a Ray instance started on this machine when no address is given")
+
+
+def _backend(args: argparse.Namespace) -> Any:
+    from .jobs import Backend
+    if args.jobs is not None and args.jobs < 1:
+        raise InputError("--jobs must be at least 1")
+    if args.ray is not None:
+        from .jobs import import_ray
+        import_ray()  # a missing Ray is one line now, not a failure after the board is planned
+        return Backend(workers=args.jobs or 0, ray=args.ray)
+    return Backend(workers=args.jobs or 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,12 +150,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
     from .leaderboard import collect_submissions, run_leaderboard
     from .suites import load_suite
-    if args.jobs < 1:
-        raise InputError("--jobs must be at least 1")
+    backend = _backend(args)
     suite = load_suite(args.suite)
     submissions = collect_submissions(args.paths)
-    summary = run_leaderboard(submissions, suite, Path(args.out), jobs=args.jobs, plots=not args.no_plots,
-                              console=console, fresh=args.fresh)
+    summary = run_leaderboard(submissions, suite, Path(args.out), jobs=backend.workers, plots=not args.no_plots,
+                              console=console, fresh=args.fresh, ray=backend.ray)
     _print_board(console, summary, Path(args.out))
     return 0
 

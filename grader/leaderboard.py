@@ -5,11 +5,10 @@ submission's source, the scenario and the simulator's source, and `leaderboard.j
 rewritten. Running again skips rows whose fingerprint matches, so an interrupted leaderboard
 resumes where it stopped.
 
-Scaling past one machine: the job list is a list of `(grade_one, args)` calls on picklable plain
-data, and each call is independent and returns a plain dict. The same list can be submitted with
-`ray.remote(grade_one).remote(*args)` or `dask.distributed.Client.submit(grade_one, *args)` instead
-of the local process pool; the parent (this module) keeps only the collection, the resume file and
-the ranking, so no scheduler of our own is involved.
+The runs are independent `grade_job` calls on plain data (`portable.py`: each carries its
+submission's source and returns its trace as bytes), handed to `jobs.run_jobs`: in this process, a
+local process pool, or Ray tasks across a cluster. This module, the driver, keeps the collection, the
+resume file and the ranking, so a run retried after a worker died is still recorded once.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import multiprocessing
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .errors import InputError
-from .grade import grade_one, slug
+from .grade import slug
+from .jobs import Backend, Lost, run_jobs
+from .portable import GradeJob, grade_job, save
 from .suites import Suite
 
 DIST_LIB = Path(__file__).resolve().parents[1] / "dist_lib"
@@ -101,7 +100,9 @@ def load_done(results: Path, jobs: list[Job]) -> dict[str, dict[str, Any]]:
 
 
 def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int = 1, plots: bool = True,
-                    console: Console | None = None, fresh: bool = False) -> dict[str, Any]:
+                    console: Console | None = None, fresh: bool = False, ray: str | None = None) -> dict[str, Any]:
+    """Grade every submission on every scenario of `suite` into `out`, skipping runs already saved there.
+    `jobs` runs that many local processes; `ray` (an address, or `jobs.RAY_LOCAL`) runs Ray tasks instead."""
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
@@ -113,8 +114,14 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     if done:
         console.print(f"resuming: {len(done)} of {len(job_list)} runs already graded in {results}")
     limits = {"timeout_s": suite.limits.timeout_s, "address_space_bytes": suite.limits.address_space_bytes}
+    sources = {job.submission: Path(job.submission).read_bytes() for job in todo}
+    work = [GradeJob(job.submission, sources[job.submission], job.scenario, limits, job.trace, plots) for job in todo]
+    backend = Backend(workers=jobs, ray=ray)
+    lost: list[str] = []
 
     def finished(job: Job, row: dict[str, Any]) -> None:
+        if job.key in done:
+            return  # one row per run, whatever the backend delivers
         row.update(key=job.key, fingerprint=job.fingerprint, label=job.label)
         done[job.key] = row
         with results.open("a") as fh:
@@ -124,29 +131,17 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("", total=len(todo))
-        if jobs <= 1:
-            for job in todo:
-                progress.update(task, description=f"{job.label} / {job.scenario['name']}")
-                finished(job, grade_one(job.submission, job.scenario, limits, job.trace, plots))
-                progress.advance(task)
-        else:
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-                pending: dict[Future, Job] = {pool.submit(grade_one, j.submission, j.scenario, limits, j.trace, plots): j
-                                              for j in todo}
-                try:
-                    while pending:
-                        ready, _ = wait(pending, return_when=FIRST_COMPLETED)
-                        for future in ready:
-                            job = pending.pop(future)
-                            finished(job, future.result())
-                            progress.update(task, description=f"{job.label} / {job.scenario['name']}")
-                            progress.advance(task)
-                except BaseException:
-                    for future in pending:
-                        future.cancel()
-                    raise
+        task = progress.add_task(backend.describe() if todo else "", total=len(todo))
+        for index, graded in run_jobs(grade_job, work, backend):
+            job = todo[index]
+            if isinstance(graded, Lost):
+                lost.append(f"{job.label} / {job.scenario['name']}: {graded.reason}")
+            else:
+                finished(job, save(graded))
+            progress.update(task, description=f"{job.label} / {job.scenario['name']}")
+            progress.advance(task)
+    for line in lost:
+        console.print(f"[yellow]not graded, run again to retry: {line}[/]", highlight=False)
     return write_outputs(out, suite, job_list, done)
 
 

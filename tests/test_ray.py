@@ -1,0 +1,170 @@
+"""Jobs on a real local Ray instance: a small leaderboard is the same as one graded locally, a task whose
+worker dies is retried and recorded once, a task that dies every time is reported lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from grader import leaderboard
+from grader.cli import main
+from grader.errors import InputError
+from grader.jobs import RAY_LOCAL, Backend, Lost, import_ray, run_jobs
+from grader.leaderboard import collect_submissions, run_leaderboard
+from grader.portable import GradeJob, grade_job, save
+from grader.suites import load_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = """
+name = "tiny"
+[limits]
+timeout_s = 30
+address_space_GiB = 2
+[defaults]
+options = { microbatch_size = 1 }
+[[scenarios]]
+name = "toy2"
+cluster = "2xA100-80GB"
+workload = "toy:layers=2"
+global_batch = 4
+[[scenarios]]
+name = "toy4"
+cluster = "4xA100-80GB"
+workload = "toy:layers=4"
+global_batch = 8
+[[scoring.components]]
+metric = "mfu"
+scale = 100
+"""
+SUBMISSIONS = [ROOT / "tests" / "submissions" / "honest.py", ROOT / "tests" / "submissions" / "buggy.py",
+               ROOT / "strategies" / "ddp.py"]
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """One light local Ray instance for the module: 2 CPUs, no dashboard, the smallest object store."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install '.[ray]')")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             object_store_memory=80 * 2**20)
+    # the job functions below live in this test module, which Ray's workers cannot import: ship them by value
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    path = tmp_path_factory.mktemp("suite") / "suite.toml"
+    path.write_text(SUITE)
+    return load_suite(path)
+
+
+@pytest.fixture(scope="module")
+def local_board(tmp_path_factory, suite):
+    out = tmp_path_factory.mktemp("local") / "board"
+    run_leaderboard(collect_submissions([str(p) for p in SUBMISSIONS]), suite, out, jobs=1)
+    return out
+
+
+def _without_wall_times(out: Path, where: Path) -> str:
+    """leaderboard.json with wall times dropped and the output folder written as OUT."""
+    data = json.loads((out / "leaderboard.json").read_text())
+    for row in data["rows"]:
+        row.pop("wall_s")
+    return json.dumps(data, indent=1).replace(str(where), "OUT")
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()
+            and p.suffix in (".json", ".png") and p.name != "leaderboard.json"}
+
+
+def _result_keys(out: Path) -> list[str]:
+    return [json.loads(line)["key"] for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_board_on_ray_is_the_local_board_byte_for_byte(ray_instance, suite, local_board, tmp_path):
+    out = tmp_path / "board"
+    # through the command line: `--ray` with no address joins the instance this process holds
+    assert main(["leaderboard", *map(str, SUBMISSIONS), "--suite", suite.path, "--out", str(out), "--ray"]) == 0
+    # same folder name under a different parent: paths in the rows differ only by that parent
+    assert _without_wall_times(out, out) == _without_wall_times(local_board, local_board)
+    traces = _files(out)
+    assert traces == _files(local_board)
+    # honest and ddp run on both scenarios (a trace and two plots each); buggy fails, with no trace
+    assert sorted(traces) == [f"{s}/{n}{ext}" for s in ("ddp", "honest") for n in ("toy2", "toy4")
+                              for ext in (".json", ".memory.png", ".schedule.png")]
+    keys = _result_keys(out)
+    assert sorted(keys) == sorted(set(keys)) and len(keys) == 6
+
+
+def test_a_worker_killed_mid_run_is_retried_and_its_row_recorded_once(ray_instance, suite, local_board, tmp_path,
+                                                                      monkeypatch):
+    marker = tmp_path / "killed-once"
+    real = leaderboard.grade_job
+
+    def dies_on_first_attempt(job):  # defined here, so Ray ships it by value to its worker processes
+        if Path(job.submission).stem == "honest" and job.scenario["name"] == "toy4" and not marker.exists():
+            marker.write_text(str(os.getpid()))
+            os._exit(1)  # the worker process vanishes mid-task, as on a lost node
+        return real(job)
+
+    monkeypatch.setattr(leaderboard, "grade_job", dies_on_first_attempt)
+    out = tmp_path / "board"
+    run_leaderboard(collect_submissions([str(p) for p in SUBMISSIONS]), suite, out, ray=RAY_LOCAL)
+    assert marker.exists()  # the first attempt really died
+    keys = _result_keys(out)
+    assert len(keys) == len(set(keys)) == 6
+    assert _without_wall_times(out, out) == _without_wall_times(local_board, local_board)
+
+
+def _exit_when_odd(n: int) -> int:
+    if n % 2:
+        os._exit(3)
+    return n * n
+
+
+def test_a_job_whose_worker_dies_every_time_comes_back_lost(ray_instance):
+    results = dict(run_jobs(_exit_when_odd, [2, 3, 4], Backend(ray=RAY_LOCAL, max_retries=1)))
+    assert results[0] == 4 and results[2] == 16
+    assert isinstance(results[1], Lost) and "2 attempts" in results[1].reason
+
+
+def _refuse(n: int) -> int:
+    raise InputError(f"item {n}: refused")
+
+
+def test_an_exception_raised_by_a_job_reaches_the_driver_as_itself(ray_instance):
+    with pytest.raises(InputError, match="item 7: refused"):
+        list(run_jobs(_refuse, [7], Backend(ray=RAY_LOCAL)))
+
+
+def test_jobs_finish_in_any_order_and_each_result_comes_once():
+    # local pool: same contract as Ray
+    results = list(run_jobs(abs, [-3, 1, -2], Backend(workers=2)))
+    assert sorted(results) == [(0, 3), (1, 1), (2, 2)]
+
+
+def test_ray_missing_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(InputError, match=r"pip install 'dist-sandbox\[ray\]'"):
+        import_ray()
+
+
+def test_a_job_for_a_submission_this_node_lacks_runs_the_shipped_source(suite, tmp_path):
+    """As on a Ray node without the driver's files: the row names the driver's paths, the trace comes back."""
+    honest = SUBMISSIONS[0]
+    driver_path = tmp_path / "driver-only" / "honest.py"  # never created
+    trace = tmp_path / "board" / "honest" / "toy2.json"
+    limits = {"timeout_s": suite.limits.timeout_s, "address_space_bytes": suite.limits.address_space_bytes}
+    graded = grade_job(GradeJob(str(driver_path), honest.read_bytes(), suite.scenarios[0].to_dict(), limits,
+                                str(trace), plots=False))
+    assert graded.row["status"] == "ok" and graded.row["submission"] == str(driver_path)
+    assert graded.row["trace"] == str(trace) and list(graded.files) == [str(trace)]
+    assert not trace.exists()
+    save(graded)
+    assert json.loads(trace.read_text())["traceEvents"]
