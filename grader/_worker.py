@@ -1,8 +1,14 @@
-"""The subprocess that runs one untrusted strategy on one scenario: `python -m grader._worker JOB OUT`.
+"""The process that runs one untrusted strategy on one scenario: `python -m grader._worker JOB`.
 
-It limits its own address space, imports the strategy, simulates one step and writes the raw event
-log, the memory allocation log and the hand-in summary as JSON (never pickle: the parent must not
-execute anything the submission could have shaped). The parent trusts none of it; see `verify.py`.
+It sets its resource limits, imports the strategy, simulates one step while recording the strategy's
+decisions (`dist_lib.recording`), and writes two things to file descriptors the parent opened:
+
+* the first of the job's two `fds`, a small JSON header: the status, and for a run that finished the length of each rank's program
+  and the option names the strategy takes (or the error of a run that did not);
+* the second, the program itself: each rank's 8-byte words, one rank after the other.
+
+Nothing it writes is trusted: the parent re-executes the program through the simulator (`replay`) and
+reads only a failure's message as text. Never pickle: the parent must not run anything shaped here.
 """
 
 from __future__ import annotations
@@ -15,103 +21,107 @@ from pathlib import Path
 from typing import Any
 
 
-def _limit(address_space_bytes: int | None, cpu_seconds: float | None) -> None:
-    if address_space_bytes:
-        resource.setrlimit(resource.RLIMIT_AS, (int(address_space_bytes), int(address_space_bytes)))
-    if cpu_seconds:
-        seconds = int(cpu_seconds) + 2  # backstop for the parent's wall-clock timeout
+
+def _limit(job: dict[str, Any]) -> None:
+    """rlimits for everything this process and its children do from here on (the strategy included)."""
+    def cap(which: int, value: Any) -> None:
+        if value:
+            resource.setrlimit(which, (int(value), int(value)))
+    cap(resource.RLIMIT_AS, job.get("address_space_bytes"))
+    if job.get("timeout_s"):
+        seconds = int(job["timeout_s"]) + 2  # backstop for the parent's wall-clock timeout
         resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
+    cap(resource.RLIMIT_FSIZE, job.get("file_bytes"))
+    cap(resource.RLIMIT_NOFILE, job.get("open_files"))
+    cap(resource.RLIMIT_NPROC, job.get("processes"))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def execute(job: dict[str, Any]) -> Any:
-    from dist_lib.simulator import accepted_options, check_options, load_strategy
+def execute(job: dict[str, Any]) -> dict[str, Any]:
+    """The header of a finished run; its program goes to the job's second fd."""
+    from dist_lib.recording import record
+    from dist_lib.simulator import accepted_options, load_strategy
     scenario = job["scenario"]
     path = job["strategy"]
-    stem = Path(path).stem
-    options = {**scenario["options"], **scenario["strategy_options"].get(stem, {})}
-    common = dict(check=False, enforce_memory=scenario["enforce_memory"])
+    options = {**scenario["options"], **scenario["strategy_options"].get(Path(path).stem, {})}
     if job.get("api"):
-        try:
-            from dist_lib import compat  # type: ignore[attr-defined]
-        except ImportError:
-            raise _BadInput("--api needs the puzzles/lab compatibility layer (dist_lib.compat), "
-                            "which this installation does not have") from None
-        given = scenario.get("given", ("cluster", "workload", "batch"))
-        result = compat.run_file(path, api=job["api"], function=job.get("function"),
-                                 cluster=scenario["cluster"] if "cluster" in given else None,
-                                 workload=scenario["workload"] if "workload" in given else None,
-                                 global_batch_size=scenario["global_batch"] if "batch" in given else None,
-                                 **common, **options)
-        from dist_lib import Result
-        if not isinstance(result, Result):
-            raise RuntimeError(f"dist_lib.compat.run_file returned {type(result).__name__}, not a Result")
-        return result
-    train, name = load_strategy(path)
+        return {"status": "ok", "compat": _run_compat(job, scenario, options)}
+    train, _ = load_strategy(path)
     if not scenario["strict_options"]:
         accepted = accepted_options(train)  # a suite's shared options reach only the strategies that take them
         if accepted is not None:
             options = {k: v for k, v in options.items() if k in accepted}
-    check_options(train, options, name)
-    return _simulate_named(train, name, scenario, common, options)
+    _, programs = record(train, scenario["cluster"], scenario["workload"], scenario["global_batch"],
+                         enforce_memory=scenario["enforce_memory"], **options)
+    with os.fdopen(job["fds"][1], "wb", closefd=False) as out:
+        for program in programs:
+            out.write(program.tobytes())
+    return {"status": "ok", "lengths": [len(p) for p in programs], "options": sorted(options)}
 
 
-def _simulate_named(train: Any, name: str, scenario: dict, common: dict, options: dict) -> Any:
-    from dist_lib import simulate
-    result = simulate(train, scenario["cluster"], scenario["workload"], scenario["global_batch"], **common, **options)
-    result.strategy = name
-    return result
+def _run_compat(job: dict[str, Any], scenario: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """A puzzles or lab file: those APIs keep their own clocks and memory rules, which a replay does
+    not model, so the run reports its figures (the parent marks them unverified)."""
+    try:
+        from dist_lib import compat  # type: ignore[attr-defined]
+    except ImportError:
+        raise _BadInput("--api needs the puzzles/lab compatibility layer (dist_lib.compat), "
+                        "which this installation does not have") from None
+    given = scenario.get("given", ("cluster", "workload", "batch"))
+    result = compat.run_file(job["strategy"], api=job["api"], function=job.get("function"),
+                             cluster=scenario["cluster"] if "cluster" in given else None,
+                             workload=scenario["workload"] if "workload" in given else None,
+                             global_batch_size=scenario["global_batch"] if "batch" in given else None,
+                             check=False, enforce_memory=scenario["enforce_memory"], **options)
+    from dist_lib import Result
+    if not isinstance(result, Result):
+        raise RuntimeError(f"dist_lib.compat.run_file returned {type(result).__name__}, not a Result")
+    return {"strategy": result.strategy, "options": result.options, "time_s": result.time_s,
+            "rank_times": list(result.rank_times), "memory_bytes": list(result.memory_bytes),
+            "model_flops": result.model_flops, "hardware_flops": result.hardware_flops,
+            "correct": result.correct, "problems": list(result.problems),
+            "events": [list(e[:9]) + [list(e[9]) if e[9] is not None else None, e[10], e[11]]
+                       for e in result.raw_events],
+            "timelines": [[list(t), list(v)] for t, v in result.timelines],
+            "cluster": result.cluster.name,
+            "workload": {f: getattr(result.workload, f) for f in ("name", "num_layers", "hidden", "heads", "seq_len",
+                                                                   "vocab", "bytes_per_element")},
+            "global_batch": result.global_batch_size}
 
 
 class _BadInput(Exception):
     pass
 
 
-def serialize(result: Any) -> dict[str, Any]:
-    return {
-        "strategy": result.strategy, "options": result.options, "time_s": result.time_s,
-        "rank_times": list(result.rank_times), "memory_bytes": list(result.memory_bytes),
-        "model_flops": result.model_flops, "hardware_flops": result.hardware_flops,
-        "correct": result.correct, "problems": list(result.problems),
-        "events": [list(e[:9]) + [list(e[9]) if e[9] is not None else None, e[10], e[11]]
-                   for e in result.raw_events],
-        "timelines": [[list(t), list(v)] for t, v in result.timelines],
-        "memory_log": [[list(d), list(i), list(k)] for d, i, k in result.memory_log],
-        "final_weights": [list(w) for w in result.final_weights],
-        "cluster": result.cluster.name,
-        "workload": {f: getattr(result.workload, f) for f in ("name", "num_layers", "hidden", "heads", "seq_len",
-                                                               "vocab", "bytes_per_element")},
-        "global_batch": result.global_batch_size,
-    }
-
-
-def main(job_path: str, out_path: str) -> int:
+def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
-    _limit(job.get("address_space_bytes"), job.get("timeout_s"))
+    _limit(job)
     from dist_lib import SimulationError, SpecError
     from dist_lib.engine import user_frame
     try:
-        payload = {"status": "ok", "result": serialize(execute(job))}
+        header = execute(job)
     except (SpecError, _BadInput) as exc:
-        payload = {"status": "bad_input", "kind": type(exc).__name__, "message": str(exc)}
+        header = {"status": "bad_input", "kind": type(exc).__name__, "message": str(exc)}
     except SimulationError as exc:
-        payload = {"status": "failed", "kind": type(exc).__name__, "message": str(exc)}
+        header = {"status": "failed", "kind": type(exc).__name__, "message": str(exc)}
     except MemoryError:
-        payload = {"status": "failed", "kind": "MemoryError",
-                   "message": f"the strategy exhausted the worker's address space limit "
-                              f"({job.get('address_space_bytes', 0) / 2**30:.1f} GiB of real memory)"}
+        header = {"status": "failed", "kind": "MemoryError",
+                  "message": f"the strategy exhausted the worker's address space limit "
+                             f"({job.get('address_space_bytes', 0) / 2**30:.1f} GiB of real memory)"}
     except RecursionError as exc:
-        payload = {"status": "failed", "kind": "RecursionError", "message": f"{exc}{user_frame(exc)}"}
+        header = {"status": "failed", "kind": "RecursionError", "message": f"{exc}{user_frame(exc)}"}
     except BaseException as exc:  # noqa: BLE001 - anything the submission throws is its failure
-        payload = {"status": "failed", "kind": type(exc).__name__, "message": f"{exc}{user_frame(exc)}"}
+        header = {"status": "failed", "kind": type(exc).__name__, "message": f"{exc}{user_frame(exc)}"}
     try:
-        text = json.dumps(payload)
+        text = json.dumps(header)
     except (TypeError, ValueError) as exc:
         text = json.dumps({"status": "failed", "kind": "SerializationError",
                            "message": f"the run produced values that are not plain data ({exc})"})
-    Path(out_path).write_text(text)
+    with os.fdopen(job["fds"][0], "wb", closefd=False) as out:
+        out.write(text.encode())
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown (and any atexit hook a submission registered)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1]))

@@ -3,8 +3,8 @@
 Configurations come from `dist_lib.testing.setups` when FILE is (a copy of) a bundled strategy, else
 from a generic generator here (cluster from `testing.CLUSTERS`, toy workloads, batches that split
 evenly over ranks and microbatches). Each configuration must give a correct step whose event log
-passes `testing.schedule_problems` and the grader's own re-verification, with a valid trace and the
-same result whatever order the ranks start in. Hypothesis shrinks a failure to the smallest one.
+passes `testing.schedule_problems`, whose recorded program replays to the same result (what the
+grader relies on), with a valid trace and the same result whatever order the ranks start in. Hypothesis shrinks a failure to the smallest one.
 The search runs in this process: it is for checking your own file, not for grading others'.
 """
 
@@ -17,12 +17,11 @@ from typing import Any
 
 from rich.console import Console
 
-from dist_lib import Cluster, SimulationError, SpecError, StrategyError, Workload, simulate, testing
+from dist_lib import Cluster, SimulationError, SpecError, StrategyError, simulate, testing
 from dist_lib.simulator import load_strategy
 from dist_lib.trace import validate_trace
 
 from .errors import InputError
-from .verify import verify
 
 BUNDLED = {p.stem for p in (Path(__file__).resolve().parents[1] / "strategies").glob("*.py")
            if not p.name.startswith("_")}
@@ -49,8 +48,10 @@ def generic_setups(path: str, accepted: set[str]) -> Any:
 
 
 def invariants(setup: testing.Setup) -> list[str]:
+    from dist_lib.recording import record
+    from dist_lib.replay import replay
     try:
-        result = simulate(setup.strategy, setup.cluster, setup.workload, setup.batch, check=False, **setup.options)
+        result, programs = record(setup.strategy, setup.cluster, setup.workload, setup.batch, **setup.options)
     except StrategyError as exc:
         if isinstance(exc.__cause__, ValueError):
             raise Rejected(str(exc)) from None
@@ -59,11 +60,10 @@ def invariants(setup: testing.Setup) -> list[str]:
         return [f"{type(exc).__name__}: {str(exc).splitlines()[0]}"]
     problems = [f"incorrect step: {p}" for p in result.problems]
     problems += testing.schedule_problems(result)
-    from ._worker import serialize
-    import json
-    payload = json.loads(json.dumps(serialize(result)))
-    checked = verify(payload, Cluster.load(setup.cluster), Workload.load(setup.workload), setup.batch)
-    problems += [f"re-verification: {p}" for p in checked.integrity]
+    replayed = replay(programs, setup.cluster, setup.workload, setup.batch)
+    if (replayed.time_s, replayed.memory_bytes, replayed.correct) != (result.time_s, result.memory_bytes,
+                                                                      result.correct):
+        problems.append("the recorded program does not replay to the same step time, memory and verdict")
     with tempfile.TemporaryDirectory() as tmp:
         problems += [f"trace: {p}" for p in validate_trace(result.write_chrome_trace(Path(tmp) / "t.json"))[:3]]
     again = simulate(setup.strategy, setup.cluster, setup.workload, setup.batch, check=False, start_order_seed=7,

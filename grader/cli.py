@@ -2,7 +2,7 @@
 
     python -m grader                                   # every built-in strategy on the default suite
     python -m grader run FILE [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
-    python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR]
+    python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
     python -m grader check FILE [--examples N]
 
 Exit codes: 0 success, 1 a strategy failed (or was flagged invalid), 2 bad input, 130 interrupted.
@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--out", default="traces/leaderboard")
     board.add_argument("--no-plots", action="store_true")
     board.add_argument("--fresh", action="store_true", help="ignore results saved by an earlier run")
+    board.add_argument("--trusted", action="store_true",
+                       help="run the submissions without the OS sandbox (only for code you trust)")
     check = sub.add_parser("check", help="property-based search for a configuration that breaks a strategy")
     check.add_argument("file")
     check.add_argument("--examples", type=int, default=40)
@@ -131,9 +133,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     scenario.load()
     from .grade import grade_run
     trace = args.trace or str(Path("traces") / f"{path.stem}.json")
+    from .runner import sandbox_problem
     row, result = grade_run(str(path), scenario.to_dict(), {"timeout_s": args.timeout,
                                                              "address_space_bytes": Limits().address_space_bytes},
-                            trace, plots=not args.no_plots, api=args.api, function=args.function)
+                            trace, plots=not args.no_plots, api=args.api, function=args.function,
+                            confine=sandbox_problem() is None)  # your own file: the sandbox only if it is here
     if row["status"] == "bad_input":
         raise InputError(row["error"].splitlines()[0])
     if args.json:
@@ -151,10 +155,16 @@ def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
     from .leaderboard import collect_submissions, run_leaderboard
     from .suites import load_suite
     backend = _backend(args)
+    from .runner import sandbox_problem
     suite = load_suite(args.suite)
     submissions = collect_submissions(args.paths)
+    # on Ray the sandbox is needed on the nodes that run the submissions, and each node checks for itself
+    problem = None if args.trusted or backend.ray is not None else sandbox_problem()
+    if problem:
+        raise InputError(f"leaderboard: cannot confine untrusted submissions: {problem}; "
+                         f"pass --trusted to run them unconfined")
     summary = run_leaderboard(submissions, suite, Path(args.out), jobs=backend.workers, plots=not args.no_plots,
-                              console=console, fresh=args.fresh, ray=backend.ray)
+                              console=console, fresh=args.fresh, confine=not args.trusted, ray=backend.ray)
     _print_board(console, summary, Path(args.out))
     return 0
 
@@ -179,7 +189,9 @@ def main_job(console: Console) -> int:
     console.print(f"[bold]grading {len(builtins)} built-in strategies on suite '{suite.name}' "
                   f"({len(suite.scenarios)} scenarios)[/]")
     out = Path("traces")
-    summary = run_leaderboard(builtins, suite, out, jobs=min(2, os.cpu_count() or 1), console=console)
+    from .runner import sandbox_problem
+    summary = run_leaderboard(builtins, suite, out, jobs=min(2, os.cpu_count() or 1), console=console,
+                              confine=sandbox_problem() is None)  # the project's own strategies
     _print_board(console, summary, out)
     best = next((e for e in summary["ranked"] if e["rank"] == 1), None)
     if best:
@@ -193,9 +205,10 @@ def _show_schedule(console: Console, entry: dict[str, Any], name: str, row: dict
     from .grade import grade_run
     from .report_terminal import legend, schedule_view, timeline_width
     scenario = next(s for s in suite.scenarios if s.name == name)
-    _, result = grade_run(entry["path"], scenario.to_dict(), {"timeout_s": suite.limits.timeout_s,
-                                                              "address_space_bytes": suite.limits.address_space_bytes},
-                          None)
+    from dataclasses import asdict
+    from .runner import sandbox_problem
+    _, result = grade_run(entry["path"], scenario.to_dict(), asdict(suite.limits), None,
+                          confine=sandbox_problem() is None)
     if result is not None:
         console.print(f"\n[bold]best: {entry['submission']} on {name}[/]")
         console.print(schedule_view(result, timeline_width(console)))

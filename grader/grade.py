@@ -1,4 +1,4 @@
-"""Grade one strategy file on one scenario: run it isolated, re-verify its log, write trace and plots.
+"""Grade one strategy file on one scenario: run it isolated, re-execute what it decided, write trace and plots.
 
 `grade_one` is a plain function of picklable arguments returning a plain dict (a "row"), so the
 leaderboard can hand it to a process pool, or to Ray or Dask workers, unchanged.
@@ -10,11 +10,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .runner import Limits, run_isolated
+from .runner import Limits, Outcome, run_isolated
 from .scenario import Scenario
-from .verify import verify
 
-# statuses: ok | incorrect | invalid (cheating: never ranked) | failed | timeout | crashed | bad_input
+# statuses: ok | incorrect | invalid (a malformed recorded program: never ranked) | failed | timeout | crashed
+# | bad_input
 RANKABLE = ("ok", "incorrect", "failed", "timeout", "crashed")
 
 
@@ -23,20 +23,20 @@ def slug(text: str) -> str:
 
 
 def grade_one(strategy: str, scenario_data: dict[str, Any], limits_data: dict[str, Any], trace_path: str | None,
-              plots: bool = True, api: str | None = None, function: str | None = None) -> dict[str, Any]:
+              plots: bool = True, api: str | None = None, function: str | None = None,
+              confine: bool = True) -> dict[str, Any]:
     """The row for one submission x scenario; never raises for anything the submission does."""
-    return grade_run(strategy, scenario_data, limits_data, trace_path, plots, api, function)[0]
+    return grade_run(strategy, scenario_data, limits_data, trace_path, plots, api, function, confine)[0]
 
 
 def _compat_result(payload: dict[str, Any]) -> Any:
     """A puzzles or lab run as it reported itself. Those APIs keep their own clocks (unit costs) and
-    memory rules (storage dicts), which the native re-verification does not model, so such rows are
-    isolated but not re-derived; `options['verified']` says so."""
+    memory rules (storage dicts), which a replay does not model, so such rows are isolated but not
+    re-executed; `options['verified']` says so."""
     from array import array
-    from types import SimpleNamespace
 
     from dist_lib import Cluster, Result, Workload
-    result = Result(
+    return Result(
         cluster=Cluster.parse(payload["cluster"]), workload=Workload(**payload["workload"]),
         global_batch_size=int(payload["global_batch"]), options={**payload.get("options", {}), "verified": False},
         time_s=float(payload["time_s"]), rank_times=list(payload["rank_times"]),
@@ -47,12 +47,37 @@ def _compat_result(payload: dict[str, Any]) -> Any:
                     for e in payload["events"]],
         timelines=[(array("d", t), array("d", v)) for t, v in payload["timelines"]],
         strategy=str(payload.get("strategy", "")))
-    return SimpleNamespace(result=result, valid=True, integrity=[])
+
+
+def _replayed(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any, limits: Limits,
+              name: str) -> tuple[Any, str, str]:
+    """(result, status, error) of re-executing the run's recorded program in this process: the result
+    when the program replays (correct or not), else the status and one-line reason."""
+    from dist_lib import SimulationError
+    from dist_lib.replay import ProgramError, ReplayTimeout, replay
+    try:
+        result = replay(outcome.programs or [], cluster, workload, scenario.global_batch,
+                        enforce_memory=scenario.enforce_memory, deadline_s=limits.timeout_s)
+    except ProgramError as exc:
+        return None, "invalid", f"the recorded program is malformed: {exc}"
+    except ReplayTimeout as exc:
+        return None, "timeout", f"replaying the recorded program took over {limits.timeout_s:g} s ({exc})"
+    except SimulationError as exc:
+        return None, "failed", f"{type(exc).__name__}: {exc}"
+    except (MemoryError, RecursionError) as exc:
+        return None, "invalid", f"the recorded program exhausted the grader while replaying ({type(exc).__name__})"
+    accepted = (outcome.header or {}).get("options")
+    names = set(accepted) if isinstance(accepted, list) and all(isinstance(k, str) for k in accepted) else set()
+    result.options = {k: v for k, v in scenario.options_for(Path(name).stem).items() if k in names}
+    result.strategy = Path(name).stem
+    return result, "", ""
 
 
 def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[str, Any], trace_path: str | None,
-              plots: bool = True, api: str | None = None, function: str | None = None) -> tuple[dict[str, Any], Any]:
-    """`grade_one`, also returning the re-derived `Result` (None when the run produced none)."""
+              plots: bool = True, api: str | None = None, function: str | None = None,
+              confine: bool = True) -> tuple[dict[str, Any], Any]:
+    """`grade_one`, also returning the replayed `Result` (None when the run produced none). `confine=False`
+    runs the strategy without the OS sandbox (trusted code); its program is replayed all the same."""
     scenario = Scenario.from_dict(scenario_data)
     cluster, workload = scenario.load()
     row: dict[str, Any] = {"submission": str(strategy), "strategy": Path(strategy).stem, "scenario": scenario.name,
@@ -61,27 +86,26 @@ def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[st
                            "peak_memory_rank": None, "memory_bytes": None, "mfu": None, "hfu": None,
                            "bubble_fraction": None, "correct": False, "problems": [], "trace": None, "plots": [],
                            "wall_s": 0.0}
-    outcome = run_isolated(strategy, scenario, Limits(**limits_data), api=api, function=function)
+    limits = Limits(**limits_data)
+    outcome = run_isolated(strategy, scenario, limits, api=api, function=function, confine=confine)
     row["wall_s"] = round(outcome.wall_s, 3)
     if outcome.status != "ok":
         row["status"] = outcome.status
         row["error"] = f"{outcome.kind}: {outcome.message}" if outcome.kind and outcome.status == "failed" \
             else outcome.message
         return row, None
-    payload = outcome.payload or {}
     if api:
-        checked = _compat_result(payload)
-        row.update(cluster=checked.result.cluster.name, workload=checked.result.workload.name,
-                   global_batch=checked.result.global_batch_size)
+        try:
+            result = _compat_result((outcome.header or {})["compat"])
+        except Exception as exc:  # noqa: BLE001 - an untrusted payload of the wrong shape
+            row["status"], row["error"] = "crashed", f"the worker wrote a result of the wrong shape ({type(exc).__name__})"
+            return row, None
+        row.update(cluster=result.cluster.name, workload=result.workload.name, global_batch=result.global_batch_size)
     else:
-        checked = verify(payload, cluster, workload, scenario.global_batch, payload.get("options"))
-    result = checked.result
-    if not checked.valid:
-        row["status"] = "invalid"
-        row["error"] = "the event log does not verify: " + "; ".join(checked.integrity)
-        row["problems"] = checked.integrity
-        return row, None
-    assert result is not None
+        result, status, error = _replayed(outcome, scenario, cluster, workload, limits, strategy)
+        if result is None:
+            row["status"], row["error"] = status, error
+            return row, None
     row.update({"time_s": result.time_s, "peak_memory_bytes": result.peak_memory_bytes,
                 "peak_memory_rank": result.peak_memory_rank, "memory_bytes": result.memory_bytes,
                 "mfu": result.mfu, "hfu": result.hfu, "bubble_fraction": result.bubble_fraction,

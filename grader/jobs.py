@@ -4,20 +4,24 @@ A job is one call `fn(item)` on plain, picklable data returning plain data. `run
 `(index, result)` pairs in the order the jobs finish, so the caller (the driver) keeps collection,
 the resume file and the ranking; nothing is shared between jobs but what they return.
 
-On Ray (`Backend(ray=...)`), each job is one task. A task whose worker process or node dies is
-resubmitted by Ray itself (`max_retries`, which counts system failures only; `retry_exceptions=False`
-keeps an exception raised by `fn` from being retried: it would only happen again). The driver gets
-exactly one result per task however many attempts it took, so a job is never recorded twice. A job
-that still has no result after its retries comes back as a `Lost` value rather than an exception, so
-one lost node does not stop the other jobs. See https://docs.ray.io/en/latest/ray-core/fault_tolerance/tasks.html
-for the retry semantics.
+A job that raises, or whose worker process dies on every attempt, yields a `JobFailed` in place of
+its result, so one bad job never stops the others; only an `InputError` (a setup the user must fix,
+such as a node without the sandbox) stops the run. A worker that dies is replaced and its unfinished
+jobs run again, up to `max_retries` more times. On Ray (`Backend(ray=...)`) each job is one task and
+Ray resubmits it itself (`max_retries` counts system failures only: a worker process or node lost;
+`retry_exceptions=False` keeps an exception raised by `fn` from being retried, as it would only
+happen again; https://docs.ray.io/en/latest/ray-core/fault_tolerance/tasks.html). The driver gets
+one result per task however many attempts it took, so a job is never recorded twice. In a local pool
+a dead worker breaks the whole pool: every unfinished job counts an attempt and runs on a new pool.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable, Iterator, Sequence
+import signal
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -46,13 +50,14 @@ class Backend:
 
 
 @dataclass(frozen=True, slots=True)
-class Lost:
-    """A job with no result: its worker died on every attempt (a node lost, or killed for memory)."""
+class JobFailed:
+    """A job with no result: what it raised, or that its worker died on every attempt."""
 
     reason: str
 
 
-def run_jobs(fn: Callable[[T], R], items: Sequence[T], backend: Backend = Backend()) -> Iterator[tuple[int, R | Lost]]:
+def run_jobs(fn: Callable[[T], R], items: Sequence[T],
+             backend: Backend = Backend()) -> Iterator[tuple[int, R | JobFailed]]:
     """`(index, fn(items[index]))` for every item, as each finishes. Closing the iterator early (or an
     exception in the caller's loop) cancels the jobs not yet finished."""
     if not items:
@@ -60,25 +65,96 @@ def run_jobs(fn: Callable[[T], R], items: Sequence[T], backend: Backend = Backen
     if backend.ray is not None:
         return _run_ray(fn, items, backend)
     if backend.workers <= 1:
-        return ((i, fn(item)) for i, item in enumerate(items))
-    return _run_pool(fn, items, backend.workers)
+        return ((i, _call(fn, item)) for i, item in enumerate(items))
+    return _run_pool(fn, items, backend)
 
 
-def _run_pool(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterator[tuple[int, R]]:
-    # spawn, not fork: the driver may hold threads (rich's progress bar) that a fork would copy mid-lock
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pending: dict[Future, int] = {pool.submit(fn, item): i for i, item in enumerate(items)}
+def _call(fn: Callable[[T], R], item: T) -> R | JobFailed:
+    try:
+        return fn(item)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
+        return JobFailed(_describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _run_pool(fn: Callable[[T], R], items: Sequence[T], backend: Backend) -> Iterator[tuple[int, R | JobFailed]]:
+    """The jobs on a pool of `backend.workers` processes. A worker that dies breaks the whole pool; the
+    jobs it was running are charged an attempt and run again one at a time on a pool of one (so that a
+    job that kills its worker is told apart from those that happened to run beside it), the jobs not
+    started yet run again as before."""
+    attempts = [0] * len(items)
+    rounds: list[tuple[list[int], int]] = [(list(range(len(items))), backend.workers)]
+    while rounds:
+        indices, width = rounds.pop(0)
+        suspects, unstarted = yield from _pool_round(fn, items, indices, width)
+        retry = []
+        for index in suspects:
+            attempts[index] += 1
+            if attempts[index] > backend.max_retries:
+                yield index, JobFailed(f"its worker died on each of {attempts[index]} attempts")
+            else:
+                retry.append(index)
+        rounds[:0] = [r for r in ((retry, 1), (unstarted, width)) if r[0]]
+
+
+def _pool_round(fn: Callable[[T], R], items: Sequence[T], indices: list[int],
+                width: int) -> Generator[tuple[int, R | JobFailed], None, tuple[list[int], list[int]]]:
+    """Run `indices` on a new pool; (jobs running when the pool broke, jobs not started then)."""
+    context = multiprocessing.get_context("spawn")  # not fork: the driver may hold threads (rich's progress bar)
+    started = context.SimpleQueue()  # each worker puts a job's index here as it starts it
+    unfinished: list[int] = []
+    with ProcessPoolExecutor(max_workers=width, mp_context=context, initializer=_init_worker,
+                             initargs=(started,)) as pool:
+        pending: dict[Future, int] = {pool.submit(_tracked, fn, i, items[i]): i for i in indices}
         try:
             while pending:
                 ready, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in ready:
-                    yield pending.pop(future), future.result()
+                    index = pending.pop(future)
+                    try:
+                        yield index, future.result()
+                    except BrokenProcessPool:
+                        unfinished.append(index)
+                    except InputError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
+                        yield index, JobFailed(_describe(exc))
         finally:
             for future in pending:
                 future.cancel()
+    ran = set()
+    while unfinished and not started.empty():  # every writer is gone: this ends
+        ran.add(started.get())
+    return [i for i in unfinished if i in ran], [i for i in unfinished if i not in ran]
 
 
-def _run_ray(fn: Callable[[T], R], items: Sequence[T], backend: Backend) -> Iterator[tuple[int, R | Lost]]:
+_started: Any = None  # in a pool worker: where it reports the jobs it starts
+
+
+def _init_worker(started: Any) -> None:
+    """A pool worker reports the jobs it starts, and dies with the driver (Linux PR_SET_PDEATHSIG), so
+    that no job outlives it."""
+    global _started
+    _started = started
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _tracked(fn: Callable[[T], R], index: int, item: T) -> R:
+    _started.put(index)
+    return fn(item)
+
+
+def _run_ray(fn: Callable[[T], R], items: Sequence[T], backend: Backend) -> Iterator[tuple[int, R | JobFailed]]:
     ray = import_ray()
     started_here = connect(backend)
     try:
@@ -102,12 +178,13 @@ def _ray_result(ray: Any, ref: Any, retries: int) -> Any:
     from ray import exceptions
     try:
         return ray.get(ref)
-    except exceptions.RayTaskError as exc:
-        raise exc.as_instanceof_cause() from None  # what fn raised, as if it had run here
-    except (exceptions.WorkerCrashedError, exceptions.NodeDiedError, exceptions.ObjectLostError,
-            exceptions.TaskCancelledError, exceptions.OutOfMemoryError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return Lost(f"its Ray worker died on each of {retries + 1} attempts ({first})")
+    except exceptions.RayTaskError as exc:  # fn raised: the same exception as had it run here
+        cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
+        if isinstance(cause, InputError):
+            raise cause from None
+        return JobFailed(_describe(cause))
+    except exceptions.RayError as exc:  # the worker or its node died on every attempt, or the result was lost
+        return JobFailed(f"its Ray worker died on each of {retries + 1} attempts ({_describe(exc)})")
 
 
 def import_ray() -> Any:

@@ -1,9 +1,11 @@
 """Many submissions x a suite's scenarios: a job list, graded in parallel, saved as each run finishes.
 
-Every finished row is appended to `results.jsonl` in the output folder with a fingerprint of the
-submission's source, the scenario and the simulator's source, and `leaderboard.json` / `.csv` are
-rewritten. Running again skips rows whose fingerprint matches, so an interrupted leaderboard
-resumes where it stopped.
+Every finished row is appended to `results.jsonl` in the output folder (by this process only: runs
+are confined and cannot write there) with a fingerprint of the submission's source, the scenario, the
+suite's limits and the grader's and simulator's own code (Python and C), and `leaderboard.json` /
+`.csv` are rewritten. Running again skips rows whose fingerprint matches, so an interrupted
+leaderboard resumes where it stopped, and a changed grader, simulator or limit grades again. A line
+of `results.jsonl` that is not a well-formed row is ignored (and graded again).
 
 The runs are independent `grade_job` calls on plain data (`portable.py`: each carries its
 submission's source and returns its trace as bytes), handed to `jobs.run_jobs`: in this process, a
@@ -16,7 +18,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .errors import InputError
 from .grade import slug
-from .jobs import Backend, Lost, run_jobs
+from .jobs import Backend, JobFailed, run_jobs
 from .portable import GradeJob, grade_job, save
 from .suites import Suite
 
-DIST_LIB = Path(__file__).resolve().parents[1] / "dist_lib"
+ROOT = Path(__file__).resolve().parents[1]
+CODE = ("dist_lib", "grader", "strategies")  # what a grade depends on besides the submission (strategies:
+# helpers a submission may import)
 CSV_COLUMNS = ("rank", "submission", "scenario", "status", "score", "time_s", "mfu", "hfu", "peak_memory_bytes",
                "peak_memory_rank", "bubble_fraction", "correct", "error", "trace")
 
@@ -65,21 +69,26 @@ def labels_for(submissions: list[Path]) -> dict[Path, str]:
     return {p: p.stem if stems.count(p.stem) == 1 else f"{p.parent.name}/{p.stem}" for p in submissions}
 
 
-def _simulator_hash() -> str:
+def code_hash() -> str:
+    """Of the grader's and simulator's source: Python, C and suite files, by path and content."""
     digest = hashlib.sha256()
-    for path in sorted(DIST_LIB.rglob("*.py")):
-        digest.update(path.read_bytes())
+    for folder in CODE:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".c", ".h", ".toml") and path.is_file():
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
 def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) -> list[Job]:
-    sim = _simulator_hash()
+    code = code_hash()
+    limits = json.dumps(asdict(suite.limits), sort_keys=True)
     jobs = []
     for path, label in labels_for(submissions).items():
         source = path.read_bytes()
         for scenario in suite.scenarios:
             data = scenario.to_dict()
-            fingerprint = hashlib.sha256(source + json.dumps(data, sort_keys=True).encode() + sim.encode()).hexdigest()
+            fingerprint = hashlib.sha256(b"\0".join((source, json.dumps(data, sort_keys=True).encode(),
+                                                     limits.encode(), code.encode()))).hexdigest()
             trace = str(out / slug(label) / f"{slug(scenario.name)}.json") if traces else None
             jobs.append(Job(str(path), label, data, f"{path}::{scenario.name}", fingerprint[:16], trace))
     return jobs
@@ -92,18 +101,32 @@ def load_done(results: Path, jobs: list[Job]) -> dict[str, dict[str, Any]]:
         for line in results.read_text().splitlines():
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue  # a line cut short by an interruption
-            if isinstance(row, dict) and wanted.get(row.get("key")) == row.get("fingerprint"):
+            if isinstance(row, dict) and isinstance(row.get("key"), str) and _well_formed(row) \
+                    and wanted.get(row["key"]) == row.get("fingerprint"):
                 done[row["key"]] = row
     return done
 
 
+def _well_formed(row: dict[str, Any]) -> bool:
+    """A row this grader could have written: the fields ranking and reports read, of their types."""
+    number = (int, float, type(None))
+    return isinstance(row.get("status"), str) and isinstance(row.get("error"), str) \
+        and all(isinstance(row.get(k), number) and not isinstance(row.get(k), bool)
+                for k in ("time_s", "peak_memory_bytes", "mfu", "hfu", "bubble_fraction")) \
+        and isinstance(row.get("global_batch"), int) and isinstance(row.get("problems"), list)
+
+
 def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int = 1, plots: bool = True,
-                    console: Console | None = None, fresh: bool = False, ray: str | None = None) -> dict[str, Any]:
-    """Grade every submission on every scenario of `suite` into `out`, skipping runs already saved there.
-    `jobs` runs that many local processes; `ray` (an address, or `jobs.RAY_LOCAL`) runs Ray tasks instead."""
+                    console: Console | None = None, fresh: bool = False, confine: bool = True,
+                    ray: str | None = None) -> dict[str, Any]:
+    """Grade every submission x scenario not graded yet. `jobs` runs that many local processes; `ray` (an
+    address, or `jobs.RAY_LOCAL`) runs Ray tasks instead; `confine=False` runs submissions without the OS
+    sandbox (for trusted code only)."""
+    from .runner.isolation import clean_stale
     console = console or Console()
+    clean_stale()
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     if fresh and results.exists():
@@ -113,11 +136,10 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     todo = [job for job in job_list if job.key not in done]
     if done:
         console.print(f"resuming: {len(done)} of {len(job_list)} runs already graded in {results}")
-    limits = {"timeout_s": suite.limits.timeout_s, "address_space_bytes": suite.limits.address_space_bytes}
+    limits = asdict(suite.limits)
     sources = {job.submission: Path(job.submission).read_bytes() for job in todo}
-    work = [GradeJob(job.submission, sources[job.submission], job.scenario, limits, job.trace, plots) for job in todo]
-    backend = Backend(workers=jobs, ray=ray)
-    lost: list[str] = []
+    work = [GradeJob(job.submission, sources[job.submission], job.scenario, limits, job.trace, plots, confine)
+            for job in todo]
 
     def finished(job: Job, row: dict[str, Any]) -> None:
         if job.key in done:
@@ -131,18 +153,25 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(backend.describe() if todo else "", total=len(todo))
-        for index, graded in run_jobs(grade_job, work, backend):
+        task = progress.add_task("", total=len(todo))
+        for index, graded in run_jobs(grade_job, work, Backend(workers=jobs, ray=ray)):
             job = todo[index]
-            if isinstance(graded, Lost):
-                lost.append(f"{job.label} / {job.scenario['name']}: {graded.reason}")
-            else:
-                finished(job, save(graded))
+            # a run the grader itself could not finish (it raised, or killed its worker on every attempt)
+            # is a crashed row, recorded like any other: grading it again would fail again
+            finished(job, _grader_error(job, graded.reason) if isinstance(graded, JobFailed) else save(graded))
             progress.update(task, description=f"{job.label} / {job.scenario['name']}")
             progress.advance(task)
-    for line in lost:
-        console.print(f"[yellow]not graded, run again to retry: {line}[/]", highlight=False)
     return write_outputs(out, suite, job_list, done)
+
+
+def _grader_error(job: Job, reason: str) -> dict[str, Any]:
+    return {"submission": job.submission, "strategy": Path(job.submission).stem, "scenario": job.scenario["name"],
+            "cluster": job.scenario["cluster"], "workload": job.scenario["workload"],
+            "global_batch": job.scenario["global_batch"], "status": "crashed",
+            "error": f"grading this run failed in the grader ({reason[:300]})",
+            "time_s": None, "peak_memory_bytes": None, "peak_memory_rank": None, "memory_bytes": None, "mfu": None,
+            "hfu": None, "bubble_fraction": None, "correct": False, "problems": [], "trace": None, "plots": [],
+            "wall_s": 0.0}
 
 
 def rank(suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -162,8 +191,8 @@ def rank(suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> 
         entry["score"] = round(sum(r["score"] for r in runs) / len(suite.scenarios), 4)
         entry["complete"] = len(entry["runs"]) == len(suite.scenarios)
     valid = sorted((e for e in entries.values() if not e["invalid"]), key=lambda e: (-e["score"], e["submission"]))
-    for i, entry in enumerate(valid, 1):
-        entry["rank"] = i
+    for i, entry in enumerate(valid):  # equal scores share a rank (1, 2, 2, 4): no order among equals
+        entry["rank"] = valid[i - 1]["rank"] if i and entry["score"] == valid[i - 1]["score"] else i + 1
     invalid = [e for e in entries.values() if e["invalid"]]
     for entry in invalid:
         entry["rank"] = None

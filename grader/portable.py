@@ -9,11 +9,13 @@ board graded on Ray is the same, byte for byte, as one graded locally.
 
 from __future__ import annotations
 
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import InputError
 from .grade import grade_one
 
 
@@ -25,6 +27,7 @@ class GradeJob:
     limits: dict[str, Any]
     trace: str | None  # where the driver keeps the trace
     plots: bool = True
+    confine: bool = True  # run the submission in the OS sandbox of the machine the job runs on
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,8 @@ class Graded:
 
 def grade_job(job: GradeJob) -> Graded:
     """Grade `job` here; every file it writes is made in a private folder and returned as bytes."""
+    if job.confine:
+        _require_sandbox()
     with tempfile.TemporaryDirectory(prefix="grade-job-") as tmp:
         here = {}
         strategy = Path(job.submission)
@@ -50,10 +55,20 @@ def grade_job(job: GradeJob) -> Graded:
         trace = str(out / Path(job.trace).name) if job.trace else None
         if job.trace:
             here[str(out)] = str(Path(job.trace).parent)
-        row = grade_one(str(strategy), job.scenario, job.limits, trace, job.plots)
+        row = grade_one(str(strategy), job.scenario, job.limits, trace, job.plots, confine=job.confine)
         files = {str(Path(here[str(out)]) / p.relative_to(out)): p.read_bytes()
                  for p in sorted(out.rglob("*")) if p.is_file()} if job.trace else {}
     return Graded(_rebase(row, here), files)
+
+
+def _require_sandbox() -> None:
+    """Refuse, in one line naming this machine, to run an untrusted submission where it cannot be confined
+    (a Ray node set up without bubblewrap): every row of the board would be a crash."""
+    from .runner import sandbox_problem
+    problem = sandbox_problem()
+    if problem:
+        raise InputError(f"node {socket.gethostname()}: cannot confine untrusted submissions: {problem}; "
+                         f"set up every node alike, or pass --trusted to run them unconfined")
 
 
 def save(graded: Graded) -> dict[str, Any]:

@@ -1,48 +1,92 @@
-"""Leaderboard runs of untrusted code: cheats are flagged invalid, hangs, crashes and memory blow-ups
-are reported per row, outputs are written as rows finish, and a second run resumes."""
+"""One leaderboard of every cheat in tests/cheats beside two honest strategies, in the OS sandbox: the
+board completes, the honest rows are the simulator's own figures, no cheat ranks above its honest twin,
+and nothing a cheat did outlives its run or reaches outside it. Then: failures are rows, the outputs,
+and resuming (which ignores rows the grader did not write)."""
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from dist_lib import simulate
+from grader.runner import sandbox_problem
+from grader.runner.isolation import FOLDER_PREFIX, _alive
+
 ROOT = Path(__file__).resolve().parents[1]
-SUITE = """
+SCENARIO = ("2xA100-80GB", "toy:layers=4", 8)
+SUITE = f"""
 name = "tiny"
 [limits]
-timeout_s = 6
+timeout_s = 8
 address_space_GiB = 2
 [[scenarios]]
 name = "toy2"
-cluster = "2xA100-80GB"
-workload = "toy:layers=2"
-global_batch = 4
+cluster = "{SCENARIO[0]}"
+workload = "{SCENARIO[1]}"
+global_batch = {SCENARIO[2]}
 [[scoring.components]]
 metric = "mfu"
 scale = 100
 """
-CHEATS = sorted(p.stem for p in (ROOT / "tests" / "cheats").glob("*.py") if not p.name.startswith("_"))
+CHEATS = sorted(p for p in (ROOT / "tests" / "cheats").glob("*.py") if not p.name.startswith("_"))
+HONEST = ("honest", "honest_pipeline")
+
+
+def twin(path: Path) -> str:
+    """The TWIN a cheat file names, read without running it."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["TWIN"]:
+            return node.value.value
+    raise AssertionError(f"{path.name} names no TWIN")
 
 
 def grader(*args, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "grader", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=300)
+
+
+def _processes(needle: bytes) -> list[int]:
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if needle in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
 
 
 @pytest.fixture(scope="module")
 def board(tmp_path_factory):
+    problem = sandbox_problem()
+    if problem:
+        pytest.skip(f"the OS sandbox is not usable here: {problem}")
+    # copies in a folder the sandbox's user may read (as the submissions folder of a course would be)
+    copies = Path(tempfile.mkdtemp(prefix="cheat-board-"))
+    copies.chmod(0o755)
+    for name in ("cheats", "submissions"):
+        shutil.copytree(ROOT / "tests" / name, copies / name, ignore=shutil.ignore_patterns("__pycache__"))
+    # a run sees its own folder only (the rest of /tmp is hidden): the pipeline cheats' twin goes beside them
+    shutil.copy(copies / "submissions" / "honest_pipeline.py", copies / "cheats" / "_honest_pipeline.py")
+    before = {p: p.read_bytes() for p in copies.rglob("*") if p.is_file()}
     tmp = tmp_path_factory.mktemp("board")
-    suite = tmp / "suite.toml"
-    suite.write_text(SUITE)
+    (tmp / "suite.toml").write_text(SUITE)
     out = tmp / "out"
-    proc = grader("leaderboard", "tests/cheats", "tests/submissions", "--suite", str(suite), "--jobs", "2",
-                  "--out", str(out), "--no-plots")
-    return proc, out, suite
+    proc = grader("leaderboard", str(copies / "cheats"), str(copies / "submissions"), "--suite",
+                  str(tmp / "suite.toml"), "--jobs", "2", "--out", str(out), "--no-plots")
+    time.sleep(2.5)  # longer than the forging daemon waits before it writes
+    yield proc, out, copies, before
+    shutil.rmtree(copies, ignore_errors=True)
 
 
 def _rows(out):
@@ -50,28 +94,75 @@ def _rows(out):
     return {r["strategy"]: r for r in data["rows"]}, data
 
 
-def test_every_cheat_is_flagged_invalid_and_never_ranked(board):
-    proc, out, _ = board
+def test_the_board_completes_with_a_row_per_submission(board):
+    proc, out, copies, _ = board
     assert proc.returncode == 0, proc.stderr
     rows, data = _rows(out)
-    assert len(CHEATS) >= 7
-    for cheat in CHEATS:
-        assert rows[cheat]["status"] == "invalid", (cheat, rows[cheat]["error"])
-        assert rows[cheat]["error"].startswith("the event log does not verify")
-    ranked = {s["submission"]: s["rank"] for s in data["submissions"]}
-    assert all(ranked[c] is None for c in CHEATS)
-    assert ranked["honest"] == 1
+    expected = {p.stem for p in copies.rglob("*.py") if not p.name.startswith("_")}
+    assert set(rows) == expected
+    assert all(s["complete"] for s in data["submissions"])
 
 
-def test_reasons_name_the_cheat(board):
+def test_honest_rows_are_the_simulators_own_figures(board):
     rows, _ = _rows(board[1])
-    assert "cost model gives" in rows["zero_costs"]["error"]
-    assert "compute stream" in rows["clock_rewind"]["error"]
-    assert "work was skipped or its events removed" in rows["delete_events"]["error"]
-    assert "work was skipped" in rows["skip_layers"]["error"]
-    assert "gradients of samples" in rows["fake_samples"]["error"]
-    assert "peak memory" in rows["hide_memory"]["error"]
-    assert "missing from the memory log" in rows["stub_storage"]["error"]
+    for name in HONEST:
+        direct = simulate(str(ROOT / "tests" / "submissions" / f"{name}.py"), *SCENARIO)
+        row = rows[name]
+        assert row["status"] == "ok", row["error"]
+        assert (row["time_s"], row["memory_bytes"], row["mfu"]) == (direct.time_s, direct.memory_bytes, direct.mfu)
+
+
+def test_no_cheat_ranks_above_its_honest_twin(board):
+    rows, data = _rows(board[1])
+    entries = {s["submission"]: s for s in data["submissions"]}
+    assert len(CHEATS) >= 25
+    for path in CHEATS:
+        cheat, honest = entries[path.stem], entries[twin(path)]
+        assert cheat["rank"] is None or (cheat["rank"] >= honest["rank"] and cheat["score"] <= honest["score"]), \
+            (path.stem, rows[path.stem]["status"], rows[path.stem]["error"])
+
+
+@pytest.mark.parametrize("cheat, status, words", [
+    ("drop_recompute", "invalid", "malformed"),  # its program names a tensor it never made
+    ("early_allreduce", "invalid", "handle"),  # reduces a gradient before the backward makes it
+    ("enforce_off", "failed", "out of memory"),
+    ("skip_layers", "failed", "was not returned by this model's ops"),
+    ("fake_samples", "failed", "the gradient covers samples"),
+    ("wrong_shape_result", "crashed", "does not match its header"),
+    ("nested_brackets", "crashed", "unreadable result"),
+    ("huge_result", "crashed", "unreadable result"),  # cut at the file-size limit, its own header then garbled
+    ("flood_stdout", "failed", "File too large"),  # stdout cut at the file-size limit
+])
+def test_a_cheat_fails_as_its_program_deserves(board, cheat, status, words):
+    rows, _ = _rows(board[1])
+    assert rows[cheat]["status"] == status, rows[cheat]["error"]
+    assert words in rows[cheat]["error"]
+
+
+@pytest.mark.parametrize("cheat", ["clock_rewind", "delete_events", "hide_memory", "zero_costs", "tiny_collectives",
+                                   "one_param_update", "delete_allocations", "long_program", "kill_parent",
+                                   "kill_siblings", "daemon_forger", "rewrite_siblings", "setsid_child",
+                                   "write_outside", "fork_bomb", "patch_work_complete"])
+def test_a_cheat_that_made_the_honest_decisions_gets_the_honest_grade(board, cheat):
+    """What it patched or attempted in its own process changed nothing: its program is its twin's."""
+    rows, _ = _rows(board[1])
+    honest = rows[twin(ROOT / "tests" / "cheats" / f"{cheat}.py")]
+    assert rows[cheat]["status"] == "ok", rows[cheat]["error"]
+    assert (rows[cheat]["time_s"], rows[cheat]["memory_bytes"]) == (honest["time_s"], honest["memory_bytes"])
+
+
+def test_nothing_escaped_the_sandbox(board):
+    _, out, copies, before = board
+    after = {p: p.read_bytes() for p in copies.rglob("*") if p.is_file()}
+    assert after == before  # no sibling rewritten, no marker written beside a submission
+    for path in (ROOT / "WRITTEN_OUTSIDE", Path("/var/tmp/WRITTEN_OUTSIDE")):
+        assert not path.exists()
+    keys = [json.loads(line)["key"] for line in (out / "results.jsonl").read_text().splitlines()]
+    assert "forged" not in keys and len(keys) == len(set(keys))
+    assert _processes(b"dist-sandbox-escaped-child") == []
+    assert _processes(b"grader._worker\0/tmp/job.json\0") == []  # sandboxed workers and their forks
+    assert [f for f in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*")
+            if not _alive(int(f.name[len(FOLDER_PREFIX):].split("-")[0]))] == []
 
 
 def test_failures_are_rows_and_the_board_goes_on(board):
@@ -80,7 +171,6 @@ def test_failures_are_rows_and_the_board_goes_on(board):
     assert rows["crash"]["status"] == "crashed" and "code 3" in rows["crash"]["error"]
     assert rows["blowup"]["status"] == "failed" and "MemoryError" in rows["blowup"]["error"]
     assert rows["buggy"]["status"] == "failed" and "TensorError" in rows["buggy"]["error"]
-    assert rows["honest"]["status"] == "ok" and rows["honest"]["correct"]
     assert Path(rows["honest"]["trace"]).exists()
 
 
@@ -92,16 +182,16 @@ def test_csv_has_a_row_per_run_and_per_submission(board):
     assert len([line for line in lines if line["scenario"] == "toy2"]) == len(submissions)
 
 
-def test_second_run_resumes_without_rerunning(board):
-    _, out, suite = board
+def test_second_run_resumes_and_ignores_rows_it_did_not_write(board):
+    _, out, copies, _ = board
     results = out / "results.jsonl"
     lines = results.read_text().splitlines()
     kept = [line for line in lines if '"honest"' not in line]  # as if interrupted before honest finished
-    results.write_text("\n".join(kept) + "\n")
-    proc = grader("leaderboard", "tests/cheats", "tests/submissions", "--suite", str(suite), "--out", str(out),
-                  "--no-plots")
+    junk = ["[" * 200_000, json.dumps({"key": json.loads(lines[0])["key"], "status": 3}), "{}", "null"]
+    results.write_text("\n".join(junk + kept) + "\n")
+    proc = grader("leaderboard", str(copies / "cheats"), str(copies / "submissions"), "--suite",
+                  str(out.parent / "suite.toml"), "--out", str(out), "--no-plots")
     assert proc.returncode == 0, proc.stderr
     assert f"resuming: {len(kept)} of {len(lines)}" in proc.stdout
-    assert len(results.read_text().splitlines()) == len(lines)
     rows, _ = _rows(out)
     assert rows["honest"]["status"] == "ok"

@@ -13,7 +13,7 @@ import pytest
 from grader import leaderboard
 from grader.cli import main
 from grader.errors import InputError
-from grader.jobs import RAY_LOCAL, Backend, Lost, import_ray, run_jobs
+from grader.jobs import RAY_LOCAL, Backend, JobFailed, import_ray, run_jobs
 from grader.leaderboard import collect_submissions, run_leaderboard
 from grader.portable import GradeJob, grade_job, save
 from grader.suites import load_suite
@@ -122,25 +122,39 @@ def test_a_worker_killed_mid_run_is_retried_and_its_row_recorded_once(ray_instan
     assert _without_wall_times(out, out) == _without_wall_times(local_board, local_board)
 
 
+def _ready(request, backend: Backend) -> None:
+    if backend.ray is not None:
+        request.getfixturevalue("ray_instance")
+
+
 def _exit_when_odd(n: int) -> int:
     if n % 2:
         os._exit(3)
     return n * n
 
 
-def test_a_job_whose_worker_dies_every_time_comes_back_lost(ray_instance):
-    results = dict(run_jobs(_exit_when_odd, [2, 3, 4], Backend(ray=RAY_LOCAL, max_retries=1)))
+@pytest.mark.parametrize("backend", [Backend(ray=RAY_LOCAL, max_retries=1), Backend(workers=2, max_retries=1)],
+                         ids=["ray", "pool"])
+def test_a_job_whose_worker_dies_every_time_fails_alone(request, backend):
+    _ready(request, backend)
+    results = dict(run_jobs(_exit_when_odd, [2, 3, 4], backend))
     assert results[0] == 4 and results[2] == 16
-    assert isinstance(results[1], Lost) and "2 attempts" in results[1].reason
+    assert isinstance(results[1], JobFailed) and "each of 2 attempts" in results[1].reason
 
 
 def _refuse(n: int) -> int:
-    raise InputError(f"item {n}: refused")
+    if n == 7:
+        raise InputError(f"item {n}: refused")
+    raise ValueError(f"item {n}: no value")
 
 
-def test_an_exception_raised_by_a_job_reaches_the_driver_as_itself(ray_instance):
-    with pytest.raises(InputError, match="item 7: refused"):
-        list(run_jobs(_refuse, [7], Backend(ray=RAY_LOCAL)))
+@pytest.mark.parametrize("backend", [Backend(ray=RAY_LOCAL), Backend(workers=2), Backend()], ids=["ray", "pool", "here"])
+def test_a_job_that_raises_fails_alone_but_an_input_error_stops_the_run(request, backend):
+    _ready(request, backend)
+    assert list(run_jobs(_refuse, [3], backend)) == [(0, JobFailed("ValueError: item 3: no value"))]
+    with pytest.raises(InputError) as caught:
+        list(run_jobs(_refuse, [7], backend))
+    assert str(caught.value) == "item 7: refused"
 
 
 def test_jobs_finish_in_any_order_and_each_result_comes_once():

@@ -1,96 +1,221 @@
-"""Run one strategy file on one scenario in a fresh subprocess with a wall-clock timeout and an
-address-space limit. A hang, a crash, an infinite loop or a memory blow-up becomes an `Outcome`;
-nothing the submission does can stop the caller.
+"""Run one strategy file on one scenario in a fresh, confined process, and bring back what it decided.
+
+The process runs in the bubblewrap sandbox (`sandbox.py`) unless the caller trusts the code, with
+rlimits it sets itself before importing the submission, and a wall-clock timeout after which its whole
+process tree is killed. What comes back is capped and checked before anything reads it: its stdout
+and stderr go to files (bounded by the file-size rlimit; only the last line of stderr is read), its
+header is a bounded JSON object, its program a bounded number of 8-byte words. Anything else (a
+missing, oversized or malformed result) makes this one run `crashed`; nothing the submission does can
+stop the caller. The grader's own files live in a private folder outside the sandbox's view, removed
+after the run (and, if the grader was killed, by the next run: `clean_stale`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..scenario import Scenario
+from . import sandbox
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+FOLDER_PREFIX = "dist-sandbox-grader-"
+HEADER_BYTES = 16 * 2**20  # a header: status and lengths (a --api run's figures are larger)
+STDERR_TAIL = 4096
 
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 120.0
+    timeout_s: float = 120.0  # wall clock, and the replay's own limit
     address_space_bytes: int = 4 * 2**30
+    processes: int = 64  # in the run's user namespace
+    open_files: int = 256
+    file_bytes: int = 128 * 2**20  # any one file the run writes: its program, stdout, stderr
+    scratch_bytes: int = 64 * 2**20  # its private /tmp
 
 
 @dataclass
 class Outcome:
-    """status: ok | bad_input | failed | timeout | crashed. `payload` is the worker's raw JSON (untrusted)."""
+    """status: ok | bad_input | failed | timeout | crashed. On ok, `header` is the worker's header (untrusted)
+    and `programs` each rank's recorded program (untrusted, to be replayed)."""
 
     status: str
     message: str = ""
     kind: str = ""
-    payload: dict[str, Any] | None = None
+    header: dict[str, Any] | None = None
+    programs: list[array] | None = None
     wall_s: float = 0.0
 
 
 def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limits(), *,
-                 api: str | None = None, function: str | None = None) -> Outcome:
-    job = {"strategy": str(Path(strategy).resolve()), "scenario": scenario.to_dict(), "api": api,
-           "function": function, "timeout_s": limits.timeout_s, "address_space_bytes": limits.address_space_bytes}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-    env["PYTHONHASHSEED"] = "0"
+                 api: str | None = None, function: str | None = None, confine: bool = True) -> Outcome:
+    """Run `strategy` on `scenario`; `confine=False` runs it without the OS sandbox (trusted code)."""
+    clean_stale()
+    path = Path(strategy).resolve()
+    job = {"strategy": str(path), "scenario": scenario.to_dict(), "api": api, "function": function,
+           "timeout_s": limits.timeout_s, "address_space_bytes": limits.address_space_bytes,
+           "processes": limits.processes, "open_files": limits.open_files, "file_bytes": limits.file_bytes}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": str(PROJECT_ROOT), "DIST_SANDBOX_PURE_PYTHON": os.environ.get("DIST_SANDBOX_PURE_PYTHON", "")}
+    if not env["DIST_SANDBOX_PURE_PYTHON"]:
+        del env["DIST_SANDBOX_PURE_PYTHON"]
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="grader-") as tmp:
-        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        job_path.write_text(json.dumps(job))
-        proc = subprocess.Popen([sys.executable, "-m", "grader._worker", str(job_path), str(out_path)],
-                                cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-        try:
-            _, stderr = proc.communicate(timeout=limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
+    folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+    files = {name: os.fdopen(os.open(folder / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "w+b")
+             for name in ("stdout", "stderr", "header", "program")}
+    try:
+        job["fds"] = [files["header"].fileno(), files["program"].fileno()]  # inherited at these numbers
+        argv = [sys.executable, "-m", "grader._worker"]
+        if confine:
+            folder.chmod(0o711)  # the sandbox's user reads its job (and a copied submission) by name only
+            root = _import_root(path)
+            if not sandbox.readable_by_sandbox(path):
+                root = folder / "src"
+                root.mkdir(mode=0o755)
+                job["strategy"] = str(shutil.copy(path, root / path.name))
+                os.chmod(job["strategy"], 0o644)
+            here = Path.cwd()  # relative paths in the scenario (profiles, cluster files) resolve from here
+            readable = [PROJECT_ROOT, root] + ([] if here in folder.parents else [here])
+            argv = sandbox.command(argv + ["/tmp/job.json"], job=folder / "job.json", scratch_bytes=limits.scratch_bytes,
+                                   readable=readable, cwd=here if here not in folder.parents else None)
+        else:
+            argv.append(str(folder / "job.json"))
+        (folder / "job.json").write_text(json.dumps(job))
+        (folder / "job.json").chmod(0o644)
+        code, timed_out = _wait(argv, env, folder, files, limits.timeout_s)
+        wall = time.monotonic() - started
+        if timed_out:
             return Outcome("timeout", f"timed out after {limits.timeout_s:g} s of wall-clock time "
                                       f"(an infinite loop or a real blocking call in the strategy?)",
-                           kind="Timeout", wall_s=time.monotonic() - started)
-        finally:
-            _kill(proc)
-        wall = time.monotonic() - started
-        if not out_path.exists():
-            return Outcome("crashed", _crash_message(proc.returncode, stderr, limits), kind="Crash", wall_s=wall)
-        try:
-            payload = json.loads(out_path.read_text())
-        except (OSError, ValueError) as exc:
-            return Outcome("crashed", f"the worker wrote an unreadable result ({exc})", kind="Crash", wall_s=wall)
-    if not isinstance(payload, dict) or payload.get("status") not in ("ok", "bad_input", "failed"):
-        return Outcome("crashed", "the worker wrote a result of the wrong shape", kind="Crash", wall_s=wall)
-    status = payload["status"]
-    if status != "ok":
-        return Outcome(status, str(payload.get("message", "")), kind=str(payload.get("kind", "")), wall_s=wall)
-    return Outcome("ok", payload=payload.get("result"), wall_s=wall)
+                           kind="Timeout", wall_s=wall)
+        return _read(files, code, limits, wall)
+    finally:
+        for fh in files.values():
+            fh.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _import_root(path: Path) -> Path:
+    """The folder a strategy file is imported from (above its package, if it is in one)."""
+    root = path.parent
+    while (root / "__init__.py").is_file() and root.parent != root:
+        root = root.parent
+    return root
+
+
+def _wait(argv: list[str], env: dict[str, str], cwd: Path, files: dict[str, Any],
+          timeout_s: float) -> tuple[int | None, bool]:
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=files["stdout"],
+                            stderr=files["stderr"], pass_fds=(files["header"].fileno(), files["program"].fileno()),
+                            start_new_session=True, preexec_fn=_die_with_parent)
+    try:
+        return proc.wait(timeout=timeout_s), False
+    except subprocess.TimeoutExpired:
+        return None, True
+    finally:
+        _kill(proc)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the grader process dies (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
+    """The run's process group; in the sandbox, its first process dying takes its pid namespace with it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
-def _crash_message(code: int | None, stderr: bytes, limits: Limits) -> str:
-    tail = stderr.decode(errors="replace").strip().splitlines()[-1:] if stderr else []
+def _read(files: dict[str, Any], code: int | None, limits: Limits, wall: float) -> Outcome:
+    header_file, program_file = files["header"], files["program"]
+    size = os.fstat(header_file.fileno()).st_size
+    if size == 0:
+        return Outcome("crashed", _crash_message(code, files["stderr"]), kind="Crash", wall_s=wall)
+    if size > HEADER_BYTES:
+        return _crashed(f"the worker wrote a {size}-byte header (more than {HEADER_BYTES})", wall)
+    header_file.seek(0)
+    try:
+        header = json.loads(header_file.read())
+    except (ValueError, RecursionError) as exc:
+        return _crashed(f"the worker wrote an unreadable result ({type(exc).__name__})", wall)
+    if not isinstance(header, dict) or header.get("status") not in ("ok", "bad_input", "failed"):
+        return _crashed("the worker wrote a result of the wrong shape", wall)
+    status = header["status"]
+    if status != "ok":
+        return Outcome(status, _text(header.get("message")), kind=_text(header.get("kind"), 80), wall_s=wall)
+    if "compat" in header:
+        return Outcome("ok", header=header, wall_s=wall)
+    lengths = header.get("lengths")
+    total = os.fstat(program_file.fileno()).st_size
+    if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths) \
+            or sum(lengths) * 8 != total or total > limits.file_bytes:
+        return _crashed(f"the worker's program ({total} bytes) does not match its header", wall)
+    program_file.seek(0)
+    words = array("q")
+    words.frombytes(program_file.read(total))
+    programs, start = [], 0
+    for n in lengths:
+        programs.append(words[start:start + n])
+        start += n
+    return Outcome("ok", header=header, programs=programs, wall_s=wall)
+
+
+def _crashed(message: str, wall: float) -> Outcome:
+    return Outcome("crashed", message, kind="Crash", wall_s=wall)
+
+
+def _text(value: Any, cap: int = 2000) -> str:
+    """An untrusted message as printable text of bounded length."""
+    text = value if isinstance(value, str) else ""
+    text = "".join(c if c.isprintable() or c == "\n" else "?" for c in text[:cap])
+    return text + (" ..." if isinstance(value, str) and len(value) > cap else "")
+
+
+def _crash_message(code: int | None, stderr: Any) -> str:
+    size = os.fstat(stderr.fileno()).st_size
+    stderr.seek(max(0, size - STDERR_TAIL))
+    tail = [line for line in stderr.read().decode(errors="replace").strip().splitlines()[-1:]]
+    tail = [_text(line, 300) for line in tail]
     if code is not None and code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         why = {"SIGKILL": "killed (out of real memory or CPU time?)", "SIGXCPU": "CPU time limit reached",
-               "SIGSEGV": "segmentation fault"}.get(name, f"killed by {name}")
+               "SIGXFSZ": "file size limit reached", "SIGSEGV": "segmentation fault"}.get(name, f"killed by {name}")
         return f"the worker process died: {why}" + (f"; last output: {tail[0]}" if tail else "")
     detail = f": {tail[0]}" if tail else ""
     return f"the worker process exited with code {code} without a result{detail}"
+
+
+def clean_stale() -> None:
+    """Remove the private folders of grader processes that no longer exist (killed before cleaning up)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        pid = folder.name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -23,3 +23,24 @@ async def train(model, hook=None):
         model.set_final_weight(layer, new_weight)
     if hook:
         hook("end", model, None)
+
+
+def sibling(path):
+    """A module from ../submissions, imported by path (or from a copy beside the cheats named with a
+    leading underscore, where a sandbox shows only this folder)."""
+    import importlib.util
+    import pathlib
+    here = pathlib.Path(__file__).parent
+    file = here / f"_{path}" if (here / f"_{path}").exists() else here.parent / "submissions" / path
+    spec = importlib.util.spec_from_file_location(f"cheat_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def job():
+    """The grader's job description, as the worker read it (its path is the worker's last argument)."""
+    import json
+    import sys
+    with open(sys.argv[-1]) as fh:
+        return json.load(fh)

@@ -1,4 +1,5 @@
 """Cheat: move the rank's clock back after every forward so the forwards seem to take no time."""
+TWIN = "honest"  # the honest strategy this cheat must not rank above
 import importlib.util as _u
 import pathlib as _p
 

@@ -1,4 +1,5 @@
 """Cheat: run the step, then erase the backward passes from the event log."""
+TWIN = "honest"  # the honest strategy this cheat must not rank above
 import importlib.util as _u
 import pathlib as _p
 

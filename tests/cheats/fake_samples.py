@@ -1,4 +1,5 @@
 """Cheat: skip the all-reduce and claim the local gradient covers the whole batch."""
+TWIN = "honest"  # the honest strategy this cheat must not rank above
 
 
 async def train(model):

@@ -1,4 +1,5 @@
 """Cheat: keep every activation but quietly hand their bytes back to the memory tracker."""
+TWIN = "honest"  # the honest strategy this cheat must not rank above
 import importlib.util as _u
 import pathlib as _p
 

@@ -1,4 +1,5 @@
 """Cheat: compute only the first layer and conjure the later activations and gradients directly."""
+TWIN = "honest"  # the honest strategy this cheat must not rank above
 from dist_lib import ActivationGrad, WeightGrad
 
 

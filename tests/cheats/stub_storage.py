@@ -1,4 +1,5 @@
 """Cheat: make every buffer free of charge by allocating on a memory tracker nobody reports."""
+TWIN = "honest"  # the honest strategy this cheat must not rank above
 import importlib.util as _u
 import pathlib as _p
 

@@ -1,4 +1,5 @@
 """Cheat: monkeypatch the cost model so that every op takes no time."""
+TWIN = "honest"  # the honest strategy this cheat must not rank above
 import dist_lib.costs
 import dist_lib.model
 

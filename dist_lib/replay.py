@@ -1,0 +1,176 @@
+"""Re-execute a recorded program (see `recording.py`) through the simulator: the trusted half of grading.
+
+Each rank runs an interpreter of its program instead of the strategy: it calls the real `Model` ops with
+the tensors its handles name, awaits the works it awaited, and drops its reference to a handle where the
+program says. The engine, the cost model and the memory books are the same as in `simulate`, unpatched,
+so every time, byte and verdict of the result is the simulator's own. Replay is faithful because:
+
+* each rank's calls, awaits and drops keep their order, which is all the engine's results depend on
+  (they never depend on how asyncio interleaves ranks; DESIGN.md, "Virtual time only");
+* the interpreter holds each tensor only through its handle table, so a tensor is freed exactly where
+  the strategy dropped its last reference (or later, where the engine itself still held it);
+* handles still held when the step ends stay held until the result is built, as they were.
+
+The program is untrusted data: every entry is checked (opcode, operand count, handle numbers defined,
+not dropped and of the right kind, bounded integers) before the op runs, and a malformed entry raises
+`ProgramError` naming the rank and entry. A program that is well formed but wrong fails with the error
+the simulator gives that program. A deadline bounds the replay's wall-clock time.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from typing import Any
+
+from .comm import Work
+from .errors import SimulationError
+from .hardware import Cluster
+from .recording import (ADD, ALL_GATHER, ALL_REDUCE, AWAIT, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP,
+                        FINAL, FORWARD, INPUT, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, UPDATE)
+from .result import Result
+from .simulator import simulate
+from .workload import Workload
+
+MAX_FIELD = 1 << 16  # shard, shard count, TP rank and degree: far above any cluster, far below a huge mask
+CHECK_EVERY = 4096  # entries between deadline checks
+_DROPPED = object()
+# operands after the opcode, for the fixed-size entries
+_ARITY = {LOAD: 5, FORWARD: 4, BACKWARD: 4, BACKWARD_INPUT: 4, BACKWARD_WEIGHT: 4, LOSS: 1, UPDATE: 4, FINAL: 2,
+          SEND: 2, RECV: 1, ADD: 2, AWAIT: 1, DROP: 1}
+
+
+class ProgramError(SimulationError):
+    """A recorded program that is not well formed (not an error of the strategy: of the record)."""
+
+
+class ReplayTimeout(SimulationError):
+    """The replay ran past its wall-clock deadline."""
+
+
+def replay(programs: list[array], cluster: Cluster | str, workload: Workload | str, global_batch_size: int, *,
+           enforce_memory: bool = True, deadline_s: float | None = None) -> Result:
+    """The result of re-executing `programs` (one per rank). Raises `ProgramError` for a malformed
+    program, `SimulationError` for a well-formed one the simulator rejects (as `simulate` would)."""
+    cluster = Cluster.load(cluster)
+    if len(programs) != cluster.world_size:
+        raise ProgramError(f"the program has {len(programs)} ranks, the cluster {cluster.world_size}")
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    tables: list[list] = []  # kept until the result is built: handles held at the end stay alive
+
+    async def interpret(model: Any) -> None:
+        table: list = []
+        tables.append(table)
+        await _run(model, programs[model.rank], table, deadline)
+
+    try:
+        return simulate(interpret, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory)
+    finally:
+        tables.clear()
+
+
+async def _run(model: Any, program: array, table: list, deadline: float | None) -> None:
+    rank, world, batch, n = model.rank, model.world_size, model.global_batch_size, len(program)
+    append, extend = table.append, table.extend
+    i = 0
+    since = 0
+
+    def fail(why: str) -> ProgramError:
+        return ProgramError(f"rank {rank} entry at word {i} ({_name(program[i])}): {why}")
+
+    def handle(k: int) -> int:
+        h = program[i + k]
+        if not 0 <= h < len(table):
+            raise fail(f"handle {h} is not defined yet")
+        if table[h] is _DROPPED:
+            raise fail(f"handle {h} was already dropped")
+        return h
+
+    def small(k: int) -> int:
+        v = program[i + k]
+        if not -MAX_FIELD <= v <= MAX_FIELD:
+            raise fail(f"operand {v} is out of range")
+        return v
+
+    while i < n:
+        since += 1
+        if since == CHECK_EVERY:
+            since = 0
+            if deadline is not None and time.monotonic() > deadline:
+                raise ReplayTimeout(f"rank {rank}: the replay ran past its time limit at word {i} of {n}")
+        op = program[i]
+        arity = _ARITY.get(op)
+        if arity is not None and i + arity >= n:
+            raise fail("the program ends inside this entry")
+        if op == FORWARD:
+            flags = program[i + 4]
+            if not 0 <= flags <= 3:
+                raise fail(f"flags {flags} are not a combination of 1 (stash) and 2 (selective recompute)")
+            append(model.forward(small(1), table[handle(2)], table[handle(3)], stash=bool(flags & 1),
+                                 selective_recompute=bool(flags & 2)))
+        elif op == DROP:
+            table[handle(1)] = _DROPPED
+        elif op == BACKWARD:
+            extend(model.backward(small(1), table[handle(2)], table[handle(3)], table[handle(4)]))
+        elif op == AWAIT:
+            h = handle(1)
+            if table[h].__class__ is not Work:
+                raise fail(f"handle {h} is not a Work")
+            i += 2
+            append(await table[h])
+            continue
+        elif op in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER):
+            if i + 2 >= n:
+                raise fail("the program ends inside this entry")
+            k = program[i + 2]
+            if not 0 <= k <= world or i + 2 + k >= n:
+                raise fail(f"group size {k} is not in 0..{world} or runs past the program's end")
+            group = None if k == 0 else list(program[i + 3:i + 3 + k])
+            x = table[handle(1)]
+            append(getattr(model, OPCODES[op])(x, group))
+            del x
+            i += 3 + k
+            continue
+        elif op == ADD:
+            append(table[handle(1)] + table[handle(2)])
+        elif op == BACKWARD_INPUT:
+            append(model.backward_input(small(1), table[handle(2)], table[handle(3)], table[handle(4)]))
+        elif op == BACKWARD_WEIGHT:
+            append(model.backward_weight(small(1), table[handle(2)], table[handle(3)], table[handle(4)]))
+        elif op == LOSS:
+            append(model.loss(table[handle(1)]))
+        elif op == UPDATE:
+            extend(model.update(small(1), table[handle(2)], table[handle(3)], table[handle(4)]))
+        elif op == FINAL:
+            model.set_final_weight(small(1), table[handle(2)])
+        elif op == SEND:
+            append(model.send(table[handle(1)], small(2)))
+        elif op == RECV:
+            append(model.recv(small(1)))
+        elif op == LOAD:
+            extend(model.load_weights(small(1), small(2), small(3), tp_rank=small(4), tp_size=small(5)))
+        elif op == INPUT:
+            i += _input(model, program, i, n, batch, append, fail)
+            continue
+        else:
+            raise fail(f"unknown opcode {op}")
+        i += 1 + arity  # type: ignore[operator]
+
+
+def _input(model: Any, program: array, i: int, n: int, batch: int, append: Any, fail: Any) -> int:
+    """Run an INPUT entry at word i; return its length in words."""
+    k = program[i + 1] if i + 1 < n else -1
+    if not 1 <= k <= batch or i + 1 + 2 * k >= n:
+        raise fail(f"interval count {k} is not in 1..{batch} or runs past the program's end")
+    spans = program[i + 2:i + 2 + 2 * k]
+    samples: list[int] = []
+    for start, stop in zip(spans[::2], spans[1::2]):
+        if not 0 <= start < stop <= batch:
+            raise fail(f"samples {start}..{stop} are not an interval of the global batch 0..{batch}")
+        samples.extend(range(start, stop))
+    append(model.get_input_activation(range(spans[0], spans[1]) if k == 1 else samples))
+    return 2 + 2 * k
+
+
+def _name(op: int) -> str:
+    return OPCODES[op] if 0 <= op < len(OPCODES) else f"opcode {op}"

@@ -1,0 +1,160 @@
+"""Recorded programs and their replay: the replay of an honest run is that run, an edited program is
+graded as the program it is, and a malformed one is rejected naming the rank and entry."""
+
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+
+import pytest
+
+from dist_lib import Activation, TensorError, Work, simulate
+from dist_lib.errors import SimulationError
+from dist_lib.recording import (ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, LOAD, LOSS, Handle, record)
+from dist_lib.replay import ProgramError, ReplayTimeout, replay
+from dist_lib.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER, WORKLOAD, BATCH = "2x2xA100-80GB", "toy:layers=4", 8
+BUILTIN = sorted(p for p in (ROOT / "strategies").glob("*.py") if not p.name.startswith("_"))
+OPTIONS = {"ddp": {"microbatch_size": 1}, "zero": {"microbatch_size": 1}, "interleaved": {"pp": 2},
+           "hybrid": {"pp": 2, "tp": 2, "selective_recompute": True}}
+HONEST = str(ROOT / "tests" / "submissions" / "honest.py")
+
+
+def _same(a, b) -> None:
+    assert a.time_s == b.time_s and a.rank_times == b.rank_times
+    assert a.memory_bytes == b.memory_bytes and a.hardware_flops == b.hardware_flops
+    assert (a.correct, a.problems) == (b.correct, b.problems)
+    assert len(a.raw_events) == len(b.raw_events)
+    for (ta, va), (tb, vb) in zip(a.timelines, b.timelines):  # every allocation and free, at the same time
+        assert list(ta) == list(tb) and list(va) == list(vb)
+
+
+@pytest.mark.parametrize("path", BUILTIN, ids=lambda p: p.stem)
+def test_replay_of_every_builtin_strategy_is_the_run_itself(path):
+    options = OPTIONS.get(path.stem, {})
+    direct = simulate(str(path), CLUSTER, WORKLOAD, BATCH, **options)
+    recorded, programs = record(str(path), CLUSTER, WORKLOAD, BATCH, **options)
+    _same(recorded, direct)
+    _same(replay(programs, CLUSTER, WORKLOAD, BATCH), direct)
+
+
+def test_profile_workload_replays_on_every_tp_degree_it_uses():
+    workload = "profiles:" + str(ROOT / "examples" / "profiles")
+    direct = simulate(str(ROOT / "strategies" / "hybrid.py"), "1x4xA100-80GB", workload, 16, tp=2, pp=2)
+    _, programs = record(str(ROOT / "strategies" / "hybrid.py"), "1x4xA100-80GB", workload, 16, tp=2, pp=2)
+    _same(replay(programs, "1x4xA100-80GB", workload, 16), direct)
+
+
+@pytest.fixture(scope="module")
+def honest():
+    return record(HONEST, CLUSTER, WORKLOAD, BATCH)
+
+
+def _entries(program: array) -> list[list[int]]:
+    """A program split into entries (for editing in tests)."""
+    from dist_lib.replay import _ARITY
+    out, i = [], 0
+    while i < len(program):
+        op = program[i]
+        size = 1 + (_ARITY.get(op) or (1 + 2 * program[i + 1] if op == INPUT else 2 + program[i + 2]))
+        out.append(list(program[i:i + size]))
+        i += size
+    return out
+
+
+def _program(entries: list[list[int]]) -> array:
+    return array("q", [w for e in entries for w in e])
+
+
+def _edited(programs, change, rank=0):
+    programs = [array("q", p) for p in programs]
+    entries = _entries(programs[rank])
+    change(entries)
+    programs[rank] = _program(entries)
+    return programs
+
+
+def test_a_later_drop_costs_the_bytes_it_keeps(honest):
+    """Never drop rank 0's input activation: it is still live when the step ends, exactly its bytes more."""
+    result, programs = honest
+    act_bytes = Workload.load(WORKLOAD).activation_bytes() * (BATCH // 4)  # 2 samples a rank
+
+    def keep_activation(entries):  # handles 0..7: four layers' weights and optimizer states; 8: the input
+        drop = next(k for k, e in enumerate(entries) if e[0] == DROP and e[1] == 8)
+        del entries[drop]
+
+    kept = replay(_edited(programs, keep_activation), CLUSTER, WORKLOAD, BATCH)
+    assert kept.timelines[0][1][-1] - result.timelines[0][1][-1] == act_bytes
+    assert kept.memory_bytes[1:] == result.memory_bytes[1:]
+    assert kept.time_s == result.time_s
+
+
+def test_forged_programs_fail_as_the_program_deserves(honest):
+    _, programs = honest
+    no_forward = _edited(programs, lambda es: es.remove(next(e for e in es if e[0] == FORWARD and e[1] == 2)))
+    with pytest.raises(SimulationError, match="rank 0"):  # layer 3 is then fed layer 2's input
+        replay(no_forward, CLUSTER, WORKLOAD, BATCH)
+
+    def stop_before_reducing(entries):
+        del entries[next(k for k, e in enumerate(entries) if e[0] == ALL_REDUCE):]
+    with pytest.raises(SimulationError, match="deadlock"):  # the other ranks wait on rank 0's all-reduce
+        replay(_edited(programs, stop_before_reducing), CLUSTER, WORKLOAD, BATCH)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda es: es.insert(0, [FORWARD, 0, 99, 0, 1]), "handle 99 is not defined yet"),
+    (lambda es: es.insert(9, [DROP, 0]) or es.insert(10, [DROP, 0]), "handle 0 was already dropped"),
+    (lambda es: es.append([77]), "unknown opcode 77"),
+    (lambda es: es.append([FORWARD, 0, 1]), "ends inside this entry"),
+    (lambda es: es.append([ALL_REDUCE, 0, 9, 0, 1]), "group size 9"),
+    (lambda es: es.insert(0, [LOAD, 0, 2**40, 2**41, 0, 1]), "out of range"),
+    (lambda es: es.insert(9, [FORWARD, 0, 8, 0, 7]), "flags 7"),
+    (lambda es: es.insert(9, [AWAIT, 8]), "handle 8 is not a Work"),
+    (lambda es: es.insert(0, [INPUT, 1, 5, 99]), "not an interval of the global batch"),
+])
+def test_malformed_programs_name_rank_and_entry(honest, change, message):
+    _, programs = honest
+    with pytest.raises(ProgramError, match=message) as caught:
+        replay(_edited(programs, change), CLUSTER, WORKLOAD, BATCH)
+    assert str(caught.value).startswith("rank 0 entry at word")
+
+
+def test_a_program_for_another_world_size_is_malformed(honest):
+    with pytest.raises(ProgramError, match="4 ranks, the cluster 2"):
+        replay(honest[1], "2xA100-80GB", WORKLOAD, BATCH)
+
+
+def test_replay_stops_at_its_deadline():
+    async def busy(model):  # one rank loads and drops weights many times: a long, valid program
+        for _ in range(3000):
+            model.load_weights(0)
+
+    _, programs = record(busy, "1xA100-80GB", WORKLOAD, BATCH)
+    with pytest.raises(ReplayTimeout, match="time limit"):
+        replay(programs, "1xA100-80GB", WORKLOAD, BATCH, deadline_s=0.0)
+
+
+def test_handles_look_like_their_tensors_and_foreign_tensors_are_refused():
+    seen = {}
+
+    async def train(model):
+        x = model.get_input_activation(range(model.rank * 4, model.rank * 4 + 4))
+        work = model.all_reduce(model.backward(0, *_forward_one(model, x))[0])
+        seen.setdefault("kinds", (isinstance(x, Activation), type(x) is Handle, isinstance(work, Work), repr(x)))
+        await work
+        with pytest.raises(TensorError, match="was not returned by this model's ops"):
+            model.loss(x._t)
+        raise SystemExit  # nothing more to record
+
+    with pytest.raises(SystemExit):
+        record(train, "2xA100-80GB", "toy:layers=1", BATCH)
+    assert seen["kinds"][:3] == (True, True, True)
+    assert seen["kinds"][3].startswith("Activation(layer 0, samples 0-3")
+
+
+def _forward_one(model, x):
+    weight, _ = model.load_weights(0)
+    out = model.forward(0, x, weight)
+    return x, model.loss(out), weight
