@@ -8,7 +8,7 @@ Peak figures are dense 16-bit tensor-core throughput and HBM bandwidth from the 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import SpecError
 
@@ -54,6 +54,7 @@ class Device:
     # wave and tile quantization (costs.gemm_time).
     max_efficiency: float
     sms: int = 0  # streaming multiprocessors (data sheet); 0 if unknown, then GEMMs run in fractional waves
+    price_per_hour: float = 0.0  # USD per device-hour, on-demand list price (see PRICES_PER_HOUR)
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "memory_bytes", "hbm_bandwidth"):
@@ -111,6 +112,16 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("P100-16GB", 21.2e12, 16 * GiB, 732 * GB, Link("NVLink1", 80 * GB, 3.4e-6, NVLINK_NCCL_EFFICIENCY),
            ETH_100G, 0.55, 56),
 )}
+
+# On-demand list prices per GPU-hour: the instance's hourly price over its GPUs, AWS EC2 On-Demand
+# pricing, us-east-1 (aws.amazon.com/ec2/pricing/on-demand): p5.48xlarge 8 x H100 $98.32; p4de.24xlarge
+# 8 x A100-80GB $40.9657; p4d.24xlarge 8 x A100-40GB $32.7726; p3dn.24xlarge 8 x V100-32GB $31.212;
+# p3.16xlarge 8 x V100-16GB $24.48; g5.12xlarge 4 x A10G $5.672; g6.12xlarge 4 x L4 $4.6016;
+# g4dn.12xlarge 4 x T4 $3.912. P100: Google Cloud's on-demand GPU price, $1.46 per GPU-hour.
+PRICES_PER_HOUR = {"H100-80GB": 98.32 / 8, "A100-80GB": 40.9657 / 8, "A100-40GB": 32.7726 / 8,
+                   "V100-32GB": 31.212 / 8, "V100-16GB": 24.48 / 8, "A10": 5.672 / 4, "L4": 4.6016 / 4,
+                   "T4": 3.912 / 4, "P100-16GB": 1.46}
+DEVICES = {name: replace(d, price_per_hour=PRICES_PER_HOUR[name]) for name, d in DEVICES.items()}
 
 _ALIASES = {"h100": "H100-80GB", "a100": "A100-80GB", "v100": "V100-32GB", "p100": "P100-16GB"}
 

@@ -188,6 +188,61 @@ class Model(OpChecks):
         return ActivationGrad(self._mem, act.samples.bit_count() * self._act_bytes, self.rank, self.num_layers,
                               act.samples)
 
+    def split_samples(self, x: Activation | ActivationGrad, samples: Iterable[int] | range):
+        """The rows of `x` for some of its samples, as a tensor of their own: what a pipeline stage sends
+        a next stage of another data-parallel width (Metis, Um et al. ATC'24, sec. 4). Copying the rows
+        into a send buffer reads and writes their bytes once over HBM; `x` itself when it is all of them."""
+        mask = self._resample_mask(x, samples, "split_samples")
+        if mask == x.samples:
+            return x
+        if mask & ~x.samples:
+            raise TensorError(f"rank {self.rank} split_samples: {x!r} has no samples "
+                              f"{describe_mask(mask & ~x.samples)}")
+        return self._resampled("split_samples", type(x), x.layer, mask)
+
+    def join_samples(self, parts: list) -> Activation | ActivationGrad:
+        """One tensor from tensors of the same layer and disjoint samples (torch.cat along the batch):
+        a new buffer written once, each part read once over HBM. The inverse of `split_samples`."""
+        where = f"rank {self.rank} join_samples"
+        if not isinstance(parts, (list, tuple)) or not parts:
+            raise TensorError(f"{where}: expected a non-empty list of tensors, got {parts!r}")
+        mask = 0
+        for part in parts:
+            self._resample_mask(part, range(0), "join_samples")
+            if type(part) is not type(parts[0]) or part.layer != parts[0].layer:
+                raise TensorError(f"{where}: {part!r} and {parts[0]!r} differ in kind or layer")
+            if mask & part.samples:
+                raise TensorError(f"{where}: samples {describe_mask(mask & part.samples)} appear twice")
+            mask |= part.samples
+        if len(parts) == 1:
+            return parts[0]
+        return self._resampled("join_samples", type(parts[0]), parts[0].layer, mask)
+
+    def _resample_mask(self, x: Any, samples: Iterable[int] | range, op: str) -> int:
+        where = f"rank {self.rank} {op}"
+        if type(x) not in (Activation, ActivationGrad):
+            raise TensorError(f"{where}: expected an Activation or ActivationGrad, got {x!r}")
+        self._check_own(x, where)
+        if x.is_partial or getattr(x, "_stash", None) is not None:
+            raise TensorError(f"{where}: {x!r} is a tensor-parallel partial sum or carries a stash; "
+                              f"only complete layer outputs and gradients are re-split")
+        if isinstance(samples, range) and not samples:
+            return 0
+        try:
+            return samples_mask(samples, self.global_batch_size)
+        except (TypeError, ValueError) as exc:
+            raise TensorError(f"{where}: {exc}") from None
+
+    def _resampled(self, op: str, cls: type, layer: int, mask: int):
+        """A new `cls` tensor of `mask`'s samples, after an HBM copy of its bytes (read + write)."""
+        nbytes = mask.bit_count() * self._act_bytes
+        state = self._state
+        start = state.clock
+        state.clock = end = start + costs.compute_time(self.device, 0.0, 2.0 * nbytes)
+        self._events.append((self.rank, op, "compute", start, end, layer, mask, nbytes, 0.0, None, 0, ""))
+        self._mem.context = (op, layer)
+        return cls(self._mem, nbytes, self.rank, layer, mask)
+
     def update(self, layer: int, grad: WeightGrad, weight: Weight, opt_state: OptState) -> tuple[Weight, OptState]:
         """Adam step on the shard `opt_state` holds; the gradient must cover the whole global batch."""
         rank = self.rank
@@ -290,12 +345,7 @@ class Model(OpChecks):
         if cost is None:
             if op == "forward":
                 duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp)
-                profile = self.workload.profile
-                if profile is None:
-                    stash = n * self.workload.stash_bytes(layer, tp, recompute=recompute)
-                else:  # measured memory; a profile does not split out what selective recompute drops
-                    state = self._params[layer] / tp * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES)
-                    stash = profile.stash_bytes(self.device, layer, n, tp, state, n * self._act_bytes)
+                stash = forward_stash_bytes(self.device, self.workload, layer, n, tp, recompute)
             else:
                 duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp, recompute)
                 stash = 0
@@ -322,6 +372,17 @@ class Model(OpChecks):
     def _activation_grad(self, act: Activation, weight: Weight) -> ActivationGrad:
         return ActivationGrad(self._mem, act.samples.bit_count() * self._act_bytes, self.rank, act.layer,
                               act.samples, 1 << weight.tp_rank, weight.tp_size)  # a TP slice: partial sum
+
+
+def forward_stash_bytes(device: Device, workload: Workload, layer: int, n: int, tp: int, recompute: str) -> int:
+    """Bytes a forward of `n` samples keeps for backward besides its input; `recompute` is what the
+    backward re-runs ("none", "selective" or "full")."""
+    profile = workload.profile
+    if profile is None:
+        return n * workload.stash_bytes(layer, tp, recompute=recompute)
+    # measured memory; a profile does not split out what selective recompute drops
+    state = workload.layer_params(layer) / tp * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES)
+    return profile.stash_bytes(device, layer, n, tp, state, n * workload.activation_bytes())
 
 
 def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int, tp: int,

@@ -4,6 +4,8 @@
     python -m grader run FILE [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
     python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
     python -m grader check FILE [--examples N]
+    python -m grader plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
+                          [--budget USD_PER_HOUR] [--out plan.json]
 
 Exit codes: 0 success, 1 a strategy failed (or was flagged invalid), 2 bad input, 130 interrupted.
 """
@@ -65,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file")
     check.add_argument("--examples", type=int, default=40)
     check.add_argument("--seed", type=int, default=0)
+    planning = sub.add_parser("plan", help="search the fastest (or cheapest) plan for a model on a cluster")
+    planning.add_argument("--cluster", help=f"cluster spec or file (default {DEFAULT_CLUSTER})")
+    planning.add_argument("--workload", help=f"workload spec or file (default {DEFAULT_WORKLOAD})")
+    planning.add_argument("--batch", type=int, help=f"global batch size (default {DEFAULT_GLOBAL_BATCH})")
+    planning.add_argument("--top", type=int, default=10, help="plans to simulate (default 10; 0: estimate only)")
+    planning.add_argument("--objective", choices=("time", "cost"), default="time")
+    planning.add_argument("--budget", type=float, help="USD per hour the GPUs may cost at most")
+    planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
+    planning.add_argument("--plot", default="traces/pareto.png", help="Pareto plot PNG (default traces/pareto.png)")
     return parser
 
 
@@ -94,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args, console)
         if args.command == "leaderboard":
             return cmd_leaderboard(args, console)
+        if args.command == "plan":
+            from .plan import cmd_plan
+            return cmd_plan(args, console)
         if args.command == "check":
             from .check import cmd_check
             return cmd_check(args.file, args.examples, args.seed, console)

@@ -76,8 +76,7 @@ class _Stage:
         self.virtual = self.pp * len(plan.chunks)
         tp = len(plan.tp_group)
         self.tp_group = model.group(plan.tp_group) if tp > 1 else None
-        self.weights = {layer: model.load_weights(layer, tp_rank=plan.tp_rank, tp_size=tp)
-                        for chunk in plan.chunks for layer in chunk}
+        self.weights = {layer: self.load(layer) for chunk in plan.chunks for layer in chunk}
         self.left = {layer: len(plan.microbatches) for layer in self.weights}
         self.grads: dict = {}
         self.reduced: dict = {}
@@ -86,6 +85,10 @@ class _Stage:
         self.deferred: dict = {}  # (chunk, mb) -> [(layer, input, output grad)] awaiting W
         self.sends: list = []
         self.local: dict[str, list] = {"activation": [], "activation gradient": []}  # pp == 1 with chunks
+
+    def load(self, layer: int) -> tuple:
+        """(weight, optimizer state) this rank keeps for `layer`: its TP slice, whole."""
+        return self.model.load_weights(layer, tp_rank=self.plan.tp_rank, tp_size=len(self.plan.tp_group))
 
     async def run(self) -> None:
         for action in self.plan.actions:
@@ -96,6 +99,12 @@ class _Stage:
             else:
                 await self.backward(action.chunk, action.mb, split=action.kind == "I")
             self.sends = [w for w in self.sends if not (w.done and w.end <= self.model.time)]
+        await self.update_all()
+        for work in self.sends:
+            await work
+
+    async def update_all(self) -> None:
+        """After the schedule: each layer's optimizer step on its reduced gradient, then the hand-in."""
         model = self.model
         for layer in sorted(self.weights, reverse=True):
             grad = self.reduced.pop(layer)
@@ -105,8 +114,6 @@ class _Stage:
             new_weight, _ = model.update(layer, grad, weight, opt_state)
             del grad, weight, opt_state
             model.set_final_weight(layer, new_weight)
-        for work in self.sends:
-            await work
 
     def _virtual(self, chunk: int) -> int:
         return chunk * self.pp + self.plan.stage
@@ -119,6 +126,14 @@ class _Stage:
             self.local[what].append(x)
         else:
             self.sends.append(self.model.send(x, dst))
+
+    def _send_to(self, x, virtual: int, what: str) -> None:
+        """Hand `x` to virtual stage `virtual` (a subclass may route it to several ranks)."""
+        self._send(x, self._peer(virtual), what)
+
+    async def _receive_from(self, virtual: int, layer: int, samples: range, what: str):
+        """The `what` of `layer` for `samples` from virtual stage `virtual`."""
+        return await self._receive(self._peer(virtual), layer, samples, what)
 
     async def _receive(self, src: int, layer: int, samples: range, what: str):
         x = self.local[what].pop(0) if src == self.model.rank else await self.model.recv(src)
@@ -134,7 +149,7 @@ class _Stage:
         if k == 0:
             x = model.get_input_activation(samples)
         else:
-            x = await self._receive(self._peer(k - 1), layers.start, samples, "activation")
+            x = await self._receive_from(k - 1, layers.start, samples, "activation")
         kept = []
         for layer in layers:
             kept.append(x)
@@ -146,7 +161,7 @@ class _Stage:
         if k == self.virtual - 1:
             self.loss_grads[(chunk, mb)] = model.loss(x)
         else:
-            self._send(x, self._peer(k + 1), "activation")
+            self._send_to(x, k + 1, "activation")
 
     async def backward(self, chunk: int, mb: int, split: bool) -> None:
         model, plan = self.model, self.plan
@@ -154,7 +169,7 @@ class _Stage:
         if k == self.virtual - 1:
             grad = self.loss_grads.pop((chunk, mb))
         else:
-            grad = await self._receive(self._peer(k + 1), layers.stop, samples, "activation gradient")
+            grad = await self._receive_from(k + 1, layers.stop, samples, "activation gradient")
         kept = self.inputs.pop((chunk, mb))
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
         for layer in reversed(layers):
@@ -174,7 +189,7 @@ class _Stage:
                 grad_in = await model.all_reduce(grad_in, self.tp_group)
             grad = grad_in
         if k > 0:
-            self._send(grad, self._peer(k - 1), "activation gradient")
+            self._send_to(grad, k - 1, "activation gradient")
 
     def weight_grads(self, chunk: int, mb: int) -> None:
         for layer, x, grad in self.deferred.pop((chunk, mb)):
@@ -187,4 +202,8 @@ class _Stage:
         if self.left[layer] == 0:  # every local microbatch is in: reduce over the replicas now
             group = self.plan.dp_group(layer)
             grad = self.grads.pop(layer)
-            self.reduced[layer] = self.model.all_reduce(grad, group) if len(group) > 1 else grad
+            self.reduced[layer] = self.reduce(grad, group) if len(group) > 1 else grad
+
+    def reduce(self, grad, group: Sequence[int]):
+        """Start the data-parallel reduction of a layer's accumulated gradient."""
+        return self.model.all_reduce(grad, group)

@@ -1,0 +1,117 @@
+"""A closed-form estimate of a plan's step time and per-rank memory, from the same cost functions the
+simulator charges (costs.py through `model._compute_cost`, `model.forward_stash_bytes`), so that the
+search can rank thousands of candidates before the simulator runs the best few.
+
+Time: each stage's time per microbatch is its slowest replica's forward + backward (with TP all-reduces,
+recompute, the loss on the last stage and the activation exchange with its neighbours). A pipeline of p
+stages and m microbatches takes the sum of the stage times plus (m - 1) x the slowest (heterogeneous 1F1B,
+Narayanan et al. 2021; Metis, Um et al. ATC'24, eq. 2); interleaving divides the fill by the chunk count,
+ZB-H1 moves the weight-gradient half out of it (Qi et al. 2023). The data-parallel reduction and the
+optimizer step follow each stage's last backward.
+Memory: model state (16 bytes a parameter, the 12 optimizer bytes sharded by ZeRO-1) plus the stashes and
+inputs of the microbatches the schedule keeps in flight on that stage.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import accumulate
+
+from .. import costs
+from ..devices import Device
+from ..memory import OPTIMIZER_BYTES, WEIGHT_BYTES
+from ..model import _compute_cost, forward_stash_bytes
+from ..workload import Workload
+
+# Buffers an in-flight microbatch needs beside the stashes: the received input, the output being sent
+# and the gradient passing through (in units of one microbatch's b*s*h activation).
+TRANSIENT_ACTIVATIONS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCosts:
+    """Prefix sums over layers of one replica's per-microbatch seconds and bytes: entry i covers
+    layers 0..i-1, so a block i..j-1 costs `x[j] - x[i]`."""
+
+    forward: tuple[float, ...]  # forward compute + TP all-reduce
+    backward: tuple[float, ...]  # backward compute (+ recompute) + TP all-reduce
+    weight: tuple[float, ...]  # the weight-gradient half of backward (ZB-H1 defers it)
+    state: tuple[float, ...]  # model state bytes
+    activation: tuple[float, ...]  # stash + input bytes of one microbatch
+    grad_bytes: tuple[float, ...]  # 16-bit gradient bytes (what the data-parallel reduction moves)
+    update: tuple[float, ...]  # optimizer step seconds
+
+
+@lru_cache(maxsize=None)
+def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_topo: costs.Topology | None,
+                recompute: str, zero_dp: int) -> LayerCosts:
+    """Per-layer costs of a replica of `tp` ranks on `device` running `samples` samples a microbatch.
+    `tp_topo` is its TP group's topology (None for tp 1); `zero_dp` shards the optimizer state."""
+    act = samples * workload.activation_bytes()
+    tp_comm = costs.collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
+    mode = "selective" if recompute == "selective" else "none"
+    fwd, bwd, wgt, state, acts, grads, upd = [], [], [], [], [], [], []
+    for layer in range(workload.num_layers):
+        f = _compute_cost(device, workload, "forward", layer, samples, tp)[0]
+        b = _compute_cost(device, workload, "backward", layer, samples, tp, mode)[0]
+        if recompute == "full":
+            b += f
+        fwd.append(f + tp_comm)
+        bwd.append(b + tp_comm)
+        wgt.append(_compute_cost(device, workload, "backward_weight", layer, samples, tp)[0])
+        params = workload.layer_params(layer) / tp
+        state.append(params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES / zero_dp))
+        stash = 0 if recompute == "full" else forward_stash_bytes(device, workload, layer, samples, tp, mode)
+        acts.append(stash + act)
+        grads.append(params * WEIGHT_BYTES)
+        upd.append(costs.update_time(device, params / zero_dp))
+    return LayerCosts(*(tuple(accumulate(x, initial=0.0)) for x in (fwd, bwd, wgt, state, acts, grads, upd)))
+
+
+def in_flight(schedule: str, stage: int, stages: int, microbatches: int, chunks: int) -> float:
+    """Microbatches whose activations a stage holds at its peak, in units of its whole block's
+    activations (1F1B: p - s; GPipe: m; ZB-H1: p, stashes live until W; interleaved: Megatron's warm-up
+    of (p - s - 1) x 2 + (v - 1) x p + 1 chunk passes, each 1/v of the block)."""
+    if schedule == "gpipe":
+        return microbatches
+    if schedule == "zero-bubble":
+        return min(microbatches, stages)
+    if schedule == "interleaved":
+        return min(microbatches * chunks, (stages - stage - 1) * 2 + (chunks - 1) * stages + 1) / chunks
+    return min(microbatches, stages - stage)
+
+
+def max_layers(c: LayerCosts, start: int, seconds: float, memory: float, fixed_seconds: float,
+               fixed_bytes: float, flight: float) -> int:
+    """How many layers from `start` fit in `seconds` per microbatch and `memory` bytes (0 if none)."""
+    budget_t = seconds - fixed_seconds
+    if budget_t <= 0:
+        return 0
+    fb, bb = c.forward, c.backward
+    j = bisect_right(_TimeView(fb, bb), fb[start] + bb[start] + budget_t) - 1
+    budget_m = memory - fixed_bytes
+    lo, hi = start, j
+    while lo < hi:  # the largest block within memory (bytes grow with every layer)
+        mid = (lo + hi + 1) // 2
+        if (c.state[mid] - c.state[start]) + flight * (c.activation[mid] - c.activation[start]) <= budget_m:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo - start
+
+
+class _TimeView:
+    """forward[i] + backward[i] as a sequence, for bisect without building a list."""
+
+    __slots__ = ("f", "b")
+
+    def __init__(self, f, b):
+        self.f, self.b = f, b
+
+    def __len__(self) -> int:
+        return len(self.f)
+
+    def __getitem__(self, i: int) -> float:
+        return self.f[i] + self.b[i]

@@ -1,0 +1,81 @@
+"""The simulator's word on the best candidates: run each plan rank for rank (`strategies/planned.py`),
+keep those that are correct and fit memory, and improve the winner by moving one layer at a time across a
+stage boundary while the simulated step gets shorter (a local search on the simulator's own time, in the
+spirit of Aceso's bottleneck relief; Liu et al., EuroSys'24, sec. 4)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..errors import OutOfMemoryError, SimulationError
+from ..hardware import Cluster
+from ..simulator import simulate
+from ..workload import Workload
+from .plan import Plan, Stage
+from .search import Candidate
+
+
+def run_plan(cluster: Cluster, workload: Workload, global_batch: int, plan: Plan):
+    """The simulator's `Result` of one step of `plan` (memory enforced, correctness checked)."""
+    from strategies import planned  # the strategy that runs any plan
+    return simulate(planned.train, cluster, workload, global_batch, plan=plan)
+
+
+def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, candidate: Candidate) -> Candidate:
+    """Fill in the simulated time, memory and MFU of a candidate (or why it failed)."""
+    try:
+        result = run_plan(cluster, workload, global_batch, candidate.plan)
+    except OutOfMemoryError as exc:
+        candidate.error = "out of memory: " + str(exc).splitlines()[0]
+        return candidate
+    except SimulationError as exc:
+        candidate.error = str(exc).splitlines()[0]
+        return candidate
+    used = candidate.plan.ranks
+    candidate.simulated = result.time_s
+    candidate.peak_fraction = max(result.memory_bytes[r] / cluster.device_of(r).memory_bytes for r in used)
+    candidate.mfu = result.model_flops / (result.time_s * sum(cluster.device_of(r).peak_flops for r in used))
+    return candidate
+
+
+def neighbours(plan: Plan) -> list[Plan]:
+    """Plans with one layer moved across one stage boundary (one-chunk plans)."""
+    if plan.chunks != 1:
+        return []
+    out = []
+    counts = [s.layers for s in plan.stages]
+    for s in range(len(counts) - 1):
+        for move in (1, -1):
+            new = counts[:]
+            new[s] += move
+            new[s + 1] -= move
+            if min(new) >= 1:
+                out.append(with_counts(plan, new))
+    return out
+
+
+def with_counts(plan: Plan, counts: list[int]) -> Plan:
+    stages, start = [], 0
+    for stage, n in zip(plan.stages, counts):
+        stages.append(Stage(stage.ranks, stage.tp, ((start, start + n),), stage.shares))
+        start += n
+    return replace(plan, stages=tuple(stages))
+
+
+def refine(cluster: Cluster, workload: Workload, global_batch: int, best: Candidate, rounds: int,
+           key: Callable[[Candidate], float]) -> tuple[Candidate, int]:
+    """Hill-climb from `best` over `neighbours` for at most `rounds` improvements; (winner, plans run)."""
+    runs = 0
+    for _ in range(rounds):
+        improved = None
+        for plan in neighbours(best.plan):
+            trial = simulate_candidate(cluster, workload, global_batch,
+                                       Candidate(plan, best.estimate, best.memory, best.price_per_hour))
+            runs += 1
+            if trial.simulated is not None and key(trial) < key(improved or best) * (1 - 1e-9):
+                improved = trial
+        if improved is None:
+            break
+        best = improved
+    return best, runs

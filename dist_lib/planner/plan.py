@@ -1,0 +1,200 @@
+"""A plan is data: the pipeline stages (which ranks, their own data- and tensor-parallel degrees, their
+layer blocks, each replica's share of every microbatch), the microbatches, the schedule, the recompute
+mode and the ZeRO stage. One strategy (`strategies/planned.py`) runs any valid plan; the planner
+searches them and writes the winner as JSON.
+
+Per-stage (dp, tp) and uneven shares follow Metis (Um et al., ATC'24, sec. 4): every stage runs every
+microbatch, cut among its replicas by `shares`; where two neighbouring stages cut it differently, the
+activations are split and joined by samples on the way (`Model.split_samples`, `Model.join_samples`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One pipeline stage: `ranks` hold `dp = len(ranks) / tp` replicas of `tp` consecutive ranks each;
+    `blocks` are its layer ranges (start, stop), one per model chunk; replica r takes `shares[r]` samples
+    of every microbatch, in replica order."""
+
+    ranks: tuple[int, ...]
+    tp: int
+    blocks: tuple[tuple[int, int], ...]
+    shares: tuple[int, ...]
+
+    @property
+    def dp(self) -> int:
+        return len(self.ranks) // self.tp
+
+    def replica_ranks(self, replica: int) -> tuple[int, ...]:
+        return self.ranks[replica * self.tp:(replica + 1) * self.tp]
+
+    def offsets(self) -> list[int]:
+        """First sample of each replica's slice within a microbatch."""
+        out, total = [], 0
+        for share in self.shares:
+            out.append(total)
+            total += share
+        return out
+
+    @property
+    def layers(self) -> int:
+        return sum(stop - start for start, stop in self.blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    stages: tuple[Stage, ...]
+    microbatch_size: int  # samples of one microbatch, over all replicas of a stage
+    microbatches: int
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    zero: int = 0  # 1: each stage's optimizer state sharded over its replicas (Rajbhandari et al. 2020)
+
+    @property
+    def chunks(self) -> int:
+        return len(self.stages[0].blocks)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.microbatch_size * self.microbatches
+
+    @property
+    def ranks(self) -> list[int]:
+        return [r for stage in self.stages for r in stage.ranks]
+
+    def describe(self) -> str:
+        """One line: each stage as dp x tp and its layer count, then the microbatching and options."""
+        stages = " | ".join(f"{s.dp}x{s.tp}:{s.layers}L" for s in self.stages)
+        extra = "".join(f" {k}={v}" for k, v in (("recompute", self.recompute), ("zero", self.zero))
+                        if v not in ("none", 0))
+        return f"{stages}  {self.microbatches}x{self.microbatch_size} {self.schedule}{extra}"
+
+    # ---- JSON ---------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["stages"] = list(data["stages"])
+        for stage in data["stages"]:
+            stage["ranks"], stage["shares"] = list(stage["ranks"]), list(stage["shares"])
+            stage["blocks"] = [list(b) for b in stage["blocks"]]
+        return data
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<plan>") -> Plan:
+        if not isinstance(data, dict):
+            raise SpecError(f"{source}: a plan is a JSON object, got {type(data).__name__}")
+        unknown = set(data) - {"stages", "microbatch_size", "microbatches", "schedule", "recompute", "zero"}
+        if unknown:
+            raise SpecError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")
+        stages = data.get("stages")
+        if not isinstance(stages, list) or not stages:
+            raise SpecError(f"{source}: field stages must be a non-empty list")
+        built = []
+        for i, stage in enumerate(stages):
+            where = f"{source}: stages[{i}]"
+            if not isinstance(stage, dict) or set(stage) != {"ranks", "tp", "blocks", "shares"}:
+                raise SpecError(f"{where} must be an object with ranks, tp, blocks and shares")
+            ranks = _ints(stage["ranks"], f"{where}.ranks", 0)
+            blocks = stage["blocks"]
+            if not isinstance(blocks, list) or not blocks or any(
+                    not isinstance(b, list) or len(b) != 2 for b in blocks):
+                raise SpecError(f"{where}.blocks must list [start, stop] layer ranges, got {blocks!r}")
+            built.append(Stage(tuple(ranks), _int(stage["tp"], f"{where}.tp", 1),
+                               tuple(tuple(_ints(b, f"{where}.blocks", 0)) for b in blocks),
+                               tuple(_ints(stage["shares"], f"{where}.shares", 1))))
+        return cls(tuple(built), _int(data.get("microbatch_size"), f"{source}: microbatch_size", 1),
+                   _int(data.get("microbatches"), f"{source}: microbatches", 1), data.get("schedule", "1f1b"),
+                   data.get("recompute", "none"), data.get("zero", 0))
+
+    @classmethod
+    def load(cls, plan: Plan | dict | str | Path) -> Plan:
+        """A plan from a `Plan`, its dict, or a JSON file path."""
+        if isinstance(plan, Plan):
+            return plan
+        if isinstance(plan, dict):
+            return cls.from_dict(plan)
+        path = Path(plan)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise SpecError(f"plan file {path}: cannot be read ({exc.strerror})") from None
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"plan file {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls.from_dict(data, f"plan file {path}")
+
+    # ---- validation ---------------------------------------------------------------------------
+
+    def check(self, world_size: int, num_layers: int, global_batch_size: int, cluster: Any = None) -> None:
+        """Raise `SpecError` naming the field when this plan cannot run on the world, model and batch."""
+        if self.schedule not in SCHEDULES:
+            raise SpecError(f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.recompute not in RECOMPUTE:
+            raise SpecError(f"plan: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.zero not in ZERO_STAGES:
+            raise SpecError(f"plan: zero must be 0 or 1, got {self.zero!r}")
+        if self.global_batch_size != global_batch_size:
+            raise SpecError(f"plan: microbatch_size {self.microbatch_size} x microbatches {self.microbatches} = "
+                            f"{self.global_batch_size}, but the global batch is {global_batch_size}")
+        seen: set[int] = set()
+        for i, stage in enumerate(self.stages):
+            where = f"plan: stages[{i}]"
+            if stage.tp < 1 or len(stage.ranks) % stage.tp:
+                raise SpecError(f"{where}: tp={stage.tp} does not divide its {len(stage.ranks)} ranks")
+            for r in stage.ranks:
+                if not 0 <= r < world_size:
+                    raise SpecError(f"{where}.ranks: rank {r} is not in the cluster's 0..{world_size - 1}")
+                if r in seen:
+                    raise SpecError(f"{where}.ranks: rank {r} is in two places")
+                seen.add(r)
+            if len(stage.shares) != stage.dp or sum(stage.shares) != self.microbatch_size:
+                raise SpecError(f"{where}.shares: {list(stage.shares)} must give each of its dp={stage.dp} "
+                                f"replicas >= 1 sample, {self.microbatch_size} in all (the microbatch size)")
+            if len(stage.blocks) != self.chunks:
+                raise SpecError(f"{where}.blocks: every stage needs {self.chunks} block(s), one per chunk")
+            if cluster is not None and stage.tp > 1:
+                for d in range(stage.dp):
+                    nodes = {cluster.node_of(r) for r in stage.replica_ranks(d)}
+                    if len(nodes) > 1:
+                        raise SpecError(f"{where}: the TP group {list(stage.replica_ranks(d))} spans nodes "
+                                        f"{sorted(nodes)}; keep each TP group in one node")
+        order = [block for c in range(self.chunks) for block in (s.blocks[c] for s in self.stages)]
+        start = 0
+        for block in order:
+            if block[0] != start or block[1] <= block[0]:
+                raise SpecError(f"plan: blocks {[list(b) for b in order]} (chunk-major) must tile layers "
+                                f"0..{num_layers - 1} in order, each non-empty")
+            start = block[1]
+        if start != num_layers:
+            raise SpecError(f"plan: blocks cover {start} layers but the model has {num_layers}")
+        if self.schedule == "interleaved" and (self.chunks < 2 or self.microbatches % len(self.stages)):
+            raise SpecError(f"plan: interleaved needs >= 2 blocks per stage and microbatches a multiple of "
+                            f"the {len(self.stages)} stages")
+        if self.schedule != "interleaved" and self.chunks != 1:
+            raise SpecError(f"plan: schedule {self.schedule} runs one block per stage; use interleaved")
+
+
+def _int(value: Any, where: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SpecError(f"{where} must be a whole number >= {low}, got {value!r}")
+    return value
+
+
+def _ints(value: Any, where: str, low: int) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise SpecError(f"{where} must be a non-empty list of whole numbers, got {value!r}")
+    return [_int(v, where, low) for v in value]

@@ -1,0 +1,82 @@
+"""What a search shows: the table of the best plans, the Pareto front of time against cost per step
+(FASOP's question, Hwang et al. HPDC'24: which mix of GPUs to rent), and its plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from ..hardware import Cluster
+from .search import Candidate, Search
+
+
+SHORT = {"interleaved": "interl.", "zero-bubble": "ZB-H1"}
+
+
+def pareto(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates no other is both faster and cheaper per step than, fastest first."""
+    front: list[Candidate] = []
+    for c in sorted(candidates, key=lambda c: (c.seconds, c.dollars_per_step)):
+        if not front or c.dollars_per_step < front[-1].dollars_per_step:
+            front.append(c)
+    return front
+
+
+def layout(candidate: Candidate, cluster: Cluster) -> str:
+    """Each stage as `<dp>x<tp> <device>` (several devices: joined by '+'; names up to their first '-')."""
+    parts = []
+    for stage in candidate.plan.stages:
+        names = sorted({cluster.device_of(r).name.split("-")[0] for r in stage.ranks})
+        parts.append(f"{stage.dp}x{stage.tp} {'+'.join(names)}")
+    return " | ".join(parts)
+
+
+def table(search: Search, cluster: Cluster, rows: int = 10) -> Table:
+    """The simulated candidates (winner first), with the estimate beside the simulated time."""
+    shown = sorted({id(c): c for c in [search.best, *search.simulated]}.values(),
+                   key=lambda c: (c.simulated is None, c.seconds))[:rows]
+    out = Table(title=f"plans ({search.estimated_count} estimated, {len(search.simulated)} simulated, "
+                      f"{search.seconds:.1f} s)")
+    for name in ("#", "stages: dp x tp", "layers", "m x b", "schedule", "est. ms", "sim. ms", "free mem", "MFU",
+                 "$/step"):
+        out.add_column(name, justify="left" if name in ("stages: dp x tp", "schedule") else "right")
+    for i, c in enumerate(shown, 1):
+        plan = c.plan
+        extra = "".join(f" {v}" for v in (plan.recompute if plan.recompute != "none" else "",
+                                          "zero-1" if plan.zero else "") if v)
+        simulated = f"{c.simulated * 1e3:.2f}" if c.simulated is not None else (c.error[:30] or "-")
+        out.add_row(str(i), layout(c, cluster), "/".join(str(s.layers) for s in plan.stages),
+                    f"{plan.microbatches}x{plan.microbatch_size}", SHORT.get(plan.schedule, plan.schedule) + extra,
+                    f"{c.estimate * 1e3:.2f}", simulated,
+                    f"{(1 - c.peak_fraction) * 100:.0f} %" if c.peak_fraction is not None else "-",
+                    f"{c.mfu * 100:.1f} %" if c.mfu is not None else "-", f"{c.dollars_per_step:.5f}")
+    return out
+
+
+def plot_pareto(search: Search, path: str | Path) -> str:
+    """A PNG of every candidate's time and cost per step, the simulated ones and the Pareto front;
+    returns a one-line note when matplotlib (the optional `plot` extra) is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "Pareto plot skipped: matplotlib is not installed (pip install 'dist-sandbox[plot]')"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([c.estimate * 1e3 for c in search.candidates], [c.estimate * c.price_per_hour / 3.6
+                                                               for c in search.candidates],
+               s=6, c="#bbbbbb", label="estimated")
+    ran = [c for c in search.simulated if c.simulated is not None]
+    ax.scatter([c.seconds * 1e3 for c in ran], [c.dollars_per_step * 1e3 for c in ran], s=16, c="#2196f3",
+               label="simulated")
+    front = pareto(ran or search.candidates)
+    ax.plot([c.seconds * 1e3 for c in front], [c.dollars_per_step * 1e3 for c in front], "-o", c="#e91e63",
+            ms=4, label="Pareto front")
+    ax.set_xlabel("time per step (ms)")
+    ax.set_ylabel("cost per step (USD x 1000)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return ""

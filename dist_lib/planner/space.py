@@ -1,0 +1,107 @@
+"""The search space: which GPUs form each pipeline stage, and each stage's tensor-parallel options.
+
+Device grouping follows Metis (Um et al., ATC'24, sec. 5.1) and FASOP (Hwang et al., HPDC'24): the
+nodes of each device type are laid out in a chosen order along the pipeline (every order of every
+non-empty subset of the types, so a type too slow or too small can be left idle), and the ordered GPUs
+are cut into stages either all of one width (stages may then mix device types) or type by type, each
+type into stages of its own width. A stage's TP groups are consecutive GPUs of one node (Megatron-LM,
+Narayanan et al. 2021, sec. 3.3); its replicas share each microbatch in proportion to their speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import permutations
+
+from ..hardware import Cluster
+from ..model import _compute_cost
+from ..workload import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """GPUs in pipeline order, and the (device name, GPU count) of each type's run."""
+
+    ranks: tuple[int, ...]
+    runs: tuple[tuple[str, int], ...]
+
+
+def device_types(cluster: Cluster) -> dict[str, list[int]]:
+    """Each device name's nodes, in cluster order."""
+    types: dict[str, list[int]] = {}
+    for i, node in enumerate(cluster.nodes):
+        types.setdefault(node.device.name, []).append(i)
+    return types
+
+
+def orders(cluster: Cluster, price_cap: float | None = None) -> list[Order]:
+    """Every order of every non-empty subset of device types whose GPUs cost at most `price_cap` $/h."""
+    types = device_types(cluster)
+    out = []
+    for size in range(1, len(types) + 1):
+        for names in permutations(types, size):
+            nodes = [n for name in names for n in types[name]]
+            if price_cap is not None and sum(cluster.nodes[n].gpus * cluster.nodes[n].device.price_per_hour
+                                             for n in nodes) > price_cap * (1 + 1e-12):
+                continue
+            ranks = tuple(r for n in nodes for r in cluster.ranks_of_node(n))
+            runs = tuple((name, sum(cluster.nodes[n].gpus for n in types[name])) for name in names)
+            out.append(Order(ranks, runs))
+    return out
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(order: Order, num_layers: int, max_stages: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Stage rank groups: equal widths over the whole order, and type by type with per-type widths."""
+    ranks, found = order.ranks, set()
+    for pp in divisors(len(ranks)):
+        if pp <= min(num_layers, max_stages):
+            w = len(ranks) // pp
+            found.add(tuple(ranks[i * w:(i + 1) * w] for i in range(pp)))
+    if len(order.runs) > 1:
+        splits: list[list[tuple[tuple[int, ...], ...]]] = []
+        start = 0
+        for _, count in order.runs:
+            run = ranks[start:start + count]
+            splits.append([tuple(run[i * (count // k):(i + 1) * (count // k)] for i in range(k))
+                           for k in divisors(count) if k <= min(num_layers, max_stages)])
+            start += count
+        combos: list[tuple] = [()]
+        for options in splits:
+            combos = [c + o for c in combos for o in options if len(c) + len(o) <= min(num_layers, max_stages)]
+        found.update(combos)
+    return sorted(found, key=lambda stages: (len(stages), stages))
+
+
+def tp_options(cluster: Cluster, ranks: tuple[int, ...]) -> list[int]:
+    """TP degrees (powers of two) whose groups of consecutive ranks each sit in one node."""
+    out, t = [], 1
+    while t <= len(ranks):
+        if len(ranks) % t == 0 and all(len({cluster.node_of(r) for r in ranks[i:i + t]}) == 1
+                                       for i in range(0, len(ranks), t)):
+            out.append(t)
+        t *= 2
+    return out
+
+
+def shares(cluster: Cluster, workload: Workload, ranks: tuple[int, ...], tp: int, microbatch: int) -> tuple[int, ...]:
+    """Samples of each microbatch per replica: even on one device type, else in proportion to each
+    replica's speed on a transformer layer (Metis' uneven data shares), every replica at least one."""
+    dp = len(ranks) // tp
+    devices = [cluster.device_of(ranks[d * tp]) for d in range(dp)]
+    if len({d.name for d in devices}) == 1:
+        base, extra = divmod(microbatch, dp)
+        return tuple(base + (d < extra) for d in range(dp))
+    n = max(1, microbatch // dp)
+    layer = 1 if workload.num_layers > 1 else 0
+    speed = [1.0 / (_compute_cost(d, workload, "forward", layer, n, tp)[0]
+                    + _compute_cost(d, workload, "backward", layer, n, tp)[0]) for d in devices]
+    spare = microbatch - dp
+    ideal = [spare * s / sum(speed) for s in speed]
+    out = [1 + int(x) for x in ideal]
+    for d in sorted(range(dp), key=lambda d: int(ideal[d]) - ideal[d])[:microbatch - sum(out)]:
+        out[d] += 1
+    return tuple(out)

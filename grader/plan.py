@@ -1,0 +1,56 @@
+"""`python -m grader plan`: search plans, print the best, write the winner as a plan file and the Pareto plot."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dist_lib import Cluster, SpecError, Workload
+from dist_lib.planner import plan
+from dist_lib.planner.report import pareto, plot_pareto, table
+from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
+
+from .errors import InputError
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    try:
+        cluster = Cluster.load(args.cluster or DEFAULT_CLUSTER)
+        workload = Workload.load(args.workload or DEFAULT_WORKLOAD)
+        batch = DEFAULT_GLOBAL_BATCH if args.batch is None else args.batch
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            tasks: dict[str, int] = {}
+
+            def progress(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = bar.add_task(f"{phase:<9}", total=total)
+                bar.update(tasks[phase], completed=done, total=total)
+
+            search = plan(cluster, workload, batch, top=args.top, objective=args.objective, budget=args.budget,
+                          progress=progress)
+    except SpecError as exc:
+        raise InputError(str(exc).splitlines()[0]) from None
+    console.print(table(search, cluster))
+    if search.order_pairs:
+        console.print(f"estimate vs simulator: {search.order_disagreements} of {search.order_pairs} pairs of "
+                      f"simulated plans ordered differently")
+    if search.refined_from is not None:
+        console.print(f"moving layers between stages on the simulator: {search.refined_from.seconds * 1e3:.2f} -> "
+                      f"{search.best.seconds * 1e3:.2f} ms")
+    front = pareto([c for c in search.simulated if c.simulated is not None] or search.candidates)
+    tokens = batch * workload.seq_len
+    console.print("Pareto front (time per step, $ per step, $ per million tokens): " + ", ".join(
+        f"{c.seconds * 1e3:.2f} ms ${c.dollars_per_step:.5f} ${c.dollars_per_step / tokens * 1e6:.3f}" for c in front))
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        note = plot_pareto(search, args.plot)
+        console.print(note or f"Pareto plot: {args.plot}")
+    search.best.plan.save(args.out)
+    console.print(f"best plan: {search.best.plan.describe()} -> {args.out}  "
+                  f"(run it: python -m grader run strategies/planned.py --set plan={args.out} "
+                  f"--cluster '{cluster}' --workload '{workload.name}' --batch {batch})")
+    return 0

@@ -1,0 +1,147 @@
+"""Run any plan: pipeline stages of their own widths, each with its own data- and tensor-parallel
+degrees, layer blocks and per-replica shares of every microbatch (a `dist_lib.planner.Plan`, or the JSON
+file `python -m grader plan --out` writes).
+
+Every stage runs every microbatch, cut among its replicas by the stage's `shares` (Metis, Um et al.
+ATC'24, sec. 4: per-stage (dp, tp) and uneven data shares). Between two stages that cut a microbatch
+differently, a sender splits its output by samples into one piece per overlapping receiver replica
+(`Model.split_samples`) and a receiver joins the pieces it gets (`Model.join_samples`); backward does
+the same with the gradients. Tensor rank j of a receiving replica gets its input from tensor rank
+j mod t of the sending one (every TP rank holds the whole activation after its all-reduce). The schedule
+(GPipe, 1F1B, interleaved, ZB-H1), recompute and ZeRO-1 are the plan's; layer gradients are reduced
+among a stage's replicas as soon as the last microbatch has passed, as in the other pipeline strategies.
+"""
+
+from __future__ import annotations
+
+from dist_lib import Model, planner
+from dist_lib.planner.plan import Plan, Stage
+
+from . import gpipe, interleaved, one_f_one_b, zero_bubble
+from ._pipeline import StagePlan, _Stage, check_schedule
+from ._plan import stage_times
+
+SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
+             "zero-bubble": zero_bubble.schedule}
+
+
+async def train(model: Model, *, plan=None) -> None:
+    """Run `plan` (a `Plan`, its dict, or a plan file); without one, the planner's best estimate."""
+    plan = estimated_plan(model) if plan is None else Plan.load(plan)
+    plan.check(model.world_size, model.num_layers, model.global_batch_size, model.cluster)
+    where = locate(plan, model.rank)
+    if where is None:
+        return  # a rank the plan leaves idle
+    s, replica, tp_rank = where
+    stage, pp, b = plan.stages[s], len(plan.stages), plan.microbatch_size
+    first = stage.offsets()[replica]
+    mbs = [range(k * b + first, k * b + first + stage.shares[replica]) for k in range(plan.microbatches)]
+    chunks = [range(*block) for block in stage.blocks]
+    extra = {}
+    if plan.schedule == "zero-bubble":  # every replica of a stage orders its work the same way
+        extra["times"] = [stage_times(model, st.ranks[0], [range(*blk) for blk in st.blocks], max(st.shares),
+                                      st.tp, last=i == pp - 1) for i, st in enumerate(plan.stages)]
+    actions = list(SCHEDULES[plan.schedule](s, pp, plan.microbatches, plan.chunks, **extra))
+    check_schedule(actions, plan.chunks, plan.microbatches)
+    dp_ranks = [stage.ranks[d * stage.tp + tp_rank] for d in range(stage.dp)]
+    stage_plan = StagePlan(stage=s, stage_ranks=[st.ranks[0] for st in plan.stages], chunks=chunks,
+                           microbatches=mbs, actions=actions, dp_group=lambda layer: dp_ranks,
+                           tp_group=list(stage.replica_ranks(replica)), tp_rank=tp_rank,
+                           recompute=plan.recompute == "full", selective_recompute=plan.recompute == "selective")
+    await _PlannedStage(model, stage_plan, plan, replica).run()
+
+
+_ESTIMATED: dict = {}
+
+
+def estimated_plan(model: Model) -> Plan:
+    """The plan the closed-form estimate ranks first (no simulation: this runs inside one), once per
+    cluster, workload and batch."""
+    key = (model.cluster, model.workload, model.global_batch_size)
+    if key not in _ESTIMATED:
+        _ESTIMATED[key] = planner.plan(model.cluster, model.workload, model.global_batch_size, top=0).best.plan
+    return _ESTIMATED[key]
+
+
+def locate(plan: Plan, rank: int) -> tuple[int, int, int] | None:
+    """(stage, replica, tensor rank) of `rank` in the plan, or None when the plan does not use it."""
+    for s, stage in enumerate(plan.stages):
+        if rank in stage.ranks:
+            i = stage.ranks.index(rank)
+            return s, i // stage.tp, i % stage.tp
+    return None
+
+
+def overlaps(mine: Stage, replica: int, other: Stage) -> list[tuple[int, int, int]]:
+    """(other replica, first, stop) of each piece, in microbatch-relative samples, where `other`'s cut of
+    a microbatch overlaps `mine`'s replica's slice."""
+    lo = mine.offsets()[replica]
+    hi = lo + mine.shares[replica]
+    out = []
+    for e, (first, share) in enumerate(zip(other.offsets(), other.shares)):
+        a, z = max(lo, first), min(hi, first + share)
+        if a < z:
+            out.append((e, a, z))
+    return out
+
+
+class _PlannedStage(_Stage):
+    """`_Stage` whose neighbours are whole stages of their own widths, and (with ZeRO-1) whose optimizer
+    state is sharded over the stage's replicas: gradients reduce-scattered, updated shards all-gathered."""
+
+    def __init__(self, model: Model, stage_plan: StagePlan, plan: Plan, replica: int):
+        self.full = plan
+        self.mine = plan.stages[stage_plan.stage]
+        self.replica = replica
+        self.dp_ranks = sorted(stage_plan.dp_group(0))
+        self.zero = plan.zero == 1 and len(self.dp_ranks) > 1
+        super().__init__(model, stage_plan)
+        self.base = self.mine.offsets()[replica]
+
+    def load(self, layer: int) -> tuple:
+        if not self.zero:
+            return super().load(layer)
+        tp, tp_rank = len(self.plan.tp_group), self.plan.tp_rank
+        shard = self.dp_ranks.index(self.model.rank)
+        weight, _ = self.model.load_weights(layer, tp_rank=tp_rank, tp_size=tp)
+        _, opt_state = self.model.load_weights(layer, shard, len(self.dp_ranks), tp_rank=tp_rank, tp_size=tp)
+        return weight, opt_state
+
+    def reduce(self, grad, group):
+        return self.model.reduce_scatter(grad, group) if self.zero else super().reduce(grad, group)
+
+    async def update_all(self) -> None:
+        if not self.zero:
+            await super().update_all()
+            return
+        model, gathered = self.model, {}
+        for layer in sorted(self.weights, reverse=True):
+            grad = await self.reduced.pop(layer)
+            weight, opt_state = self.weights.pop(layer)
+            new_shard, _ = model.update(layer, grad, weight, opt_state)
+            del grad, weight, opt_state
+            gathered[layer] = model.all_gather(new_shard, self.dp_ranks)
+            del new_shard
+        for layer in sorted(gathered, reverse=True):
+            model.set_final_weight(layer, await gathered.pop(layer))
+
+    def _send_to(self, x, virtual: int, what: str) -> None:
+        other = self.full.stages[virtual % self.pp]
+        start = x.samples.bit_length() - self.mine.shares[self.replica]  # first sample of the slice
+        mb_first = start - self.base
+        t, tp = self.plan.tp_rank, len(self.plan.tp_group)
+        for e, a, z in overlaps(self.mine, self.replica, other):
+            targets = [other.ranks[e * other.tp + j] for j in range(other.tp) if j % tp == t]
+            if targets:  # receivers of another tensor rank get their copy from it
+                piece = self.model.split_samples(x, range(mb_first + a, mb_first + z))
+                for dst in targets:
+                    self._send(piece, dst, what)
+
+    async def _receive_from(self, virtual: int, layer: int, samples: range, what: str):
+        other = self.full.stages[virtual % self.pp]
+        mb_first = samples.start - self.base
+        pieces = []
+        for e, a, z in overlaps(self.mine, self.replica, other):
+            src = other.ranks[e * other.tp + self.plan.tp_rank % other.tp]
+            pieces.append(await self._receive(src, layer, range(mb_first + a, mb_first + z), what))
+        return self.model.join_samples(pieces)

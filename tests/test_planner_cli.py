@@ -1,0 +1,37 @@
+"""`python -m grader plan`: the table, the plan file that runs unchanged, and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+
+from dist_lib import simulate
+from dist_lib.planner import Plan, plan
+from grader.cli import main
+
+ARGS = ["--cluster", "1x2xA100-80GB+1x2xT4", "--workload", "toy:layers=4", "--batch", "8", "--top", "3"]
+
+
+def test_plan_writes_the_best_plan_as_a_file_that_runs(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", *ARGS, "--out", str(out), "--plot", str(tmp_path / "pareto.png")]) == 0
+    printed = capsys.readouterr().out
+    assert "Pareto front" in printed and "best plan" in printed
+    saved = Plan.load(out)
+    best = plan("1x2xA100-80GB+1x2xT4", "toy:layers=4", 8, top=3).best
+    assert saved == best.plan
+    result = simulate("strategies/planned.py", "1x2xA100-80GB+1x2xT4", "toy:layers=4", 8, plan=str(out))
+    assert result.correct and result.time_s == best.simulated
+    assert json.loads(out.read_text())["stages"]
+
+
+def test_plan_refuses_what_no_plan_fits_in_one_line(tmp_path, capsys):
+    assert main(["plan", "--cluster", "1x2xT4", "--workload", "gpt-175b", "--batch", "8",
+                 "--out", str(tmp_path / "p.json"), "--plot", ""]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no plan fits in memory") and "\n" not in err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_budget_below_every_gpu_is_refused(capsys):
+    assert main(["plan", *ARGS, "--budget", "0.1", "--plot", ""]) == 2
+    assert "budget" in capsys.readouterr().err

@@ -1,0 +1,89 @@
+"""The planner: never beaten by an exhaustive search on small clusters; every plan it returns runs
+correctly and fits memory; a request no plan fits is refused in one line."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from dist_lib import Cluster, SpecError, Workload, plan
+from dist_lib.planner import Plan, Stage, space
+from dist_lib.planner.evaluate import run_plan
+
+
+def compositions(layers: int, parts: int):
+    for cuts in itertools.combinations(range(1, layers), parts - 1):
+        bounds = (0, *cuts, layers)
+        yield [(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def exhaustive_best(cluster: Cluster, workload: Workload, batch: int) -> float:
+    """The simulated time of every plan of the space (each grouping, TP degree per stage, microbatch
+    size, layer partition, 1F1B and ZB-H1), least first."""
+    best = float("inf")
+    for order in space.orders(cluster):
+        for stages in space.layouts(order, workload.num_layers, 64):
+            for tps in itertools.product(*[space.tp_options(cluster, r) for r in stages]):
+                for mb in space.divisors(batch):
+                    if any(len(r) // t > mb for r, t in zip(stages, tps)):
+                        continue
+                    for blocks, schedule in itertools.product(compositions(workload.num_layers, len(stages)),
+                                                              ("1f1b", "zero-bubble")):
+                        plan_ = Plan(tuple(Stage(r, t, (b,), space.shares(cluster, workload, r, t, mb))
+                                           for r, t, b in zip(stages, tps, blocks)), mb, batch // mb, schedule)
+                        best = min(best, run_plan(cluster, workload, batch, plan_).time_s)
+    return best
+
+
+@pytest.mark.parametrize("cluster,workload,batch", [
+    ("1x2xA100-80GB+1x2xT4", "toy:layers=4", 4),
+    ("1x1xA100-80GB+1x1xV100-16GB+1x1xT4", "toy:layers=3", 4),
+])
+def test_no_plan_of_the_space_beats_the_planners_best(cluster, workload, batch):
+    cluster, workload = Cluster.load(cluster), Workload.load(workload)
+    found = plan(cluster, workload, batch)
+    assert found.best.simulated <= exhaustive_best(cluster, workload, batch) * (1 + 1e-9)
+
+
+def test_every_simulated_plan_runs_correctly_and_fits_memory():
+    cluster = Cluster.load("1x2xT4")
+    found = plan(cluster, "gpt-1.3b:layers=8", 8, top=6)
+    assert found.simulated and found.best.simulated is not None
+    for candidate in found.simulated:
+        if candidate.simulated is None:
+            assert candidate.error.startswith("out of memory")
+            continue
+        result = run_plan(cluster, Workload.load("gpt-1.3b:layers=8"), 8, candidate.plan)
+        assert result.correct and result.time_s == candidate.simulated
+        assert max(result.memory_bytes) <= cluster.device_of(0).memory_bytes
+    assert found.best.simulated == min(c.simulated for c in found.simulated if c.simulated is not None) or \
+        found.refined_from is not None
+
+
+def test_memory_pushes_the_planner_to_recompute_or_shard():
+    found = plan("1x2xT4", "gpt-1.3b", 8, top=3)
+    assert found.best.plan.recompute != "none" or found.best.plan.zero == 1
+
+
+def test_a_request_no_plan_fits_says_why_in_one_line():
+    with pytest.raises(SpecError) as info:
+        plan("1x2xT4", "gpt-175b", 8)
+    message = str(info.value)
+    assert "\n" not in message and "memory" in message and "16 GiB" in message
+
+
+def test_the_budget_leaves_out_dearer_gpus_and_cost_ranks_by_dollars():
+    cluster = Cluster.load("1x2xA100-80GB+1x2xT4")
+    t4_pair = 2 * cluster.device_of(2).price_per_hour
+    cheap = plan(cluster, "toy:layers=4", 8, budget=t4_pair)
+    assert set(cheap.best.plan.ranks) <= {2, 3}
+    by_cost = plan(cluster, "toy:layers=4", 8, objective="cost")
+    by_time = plan(cluster, "toy:layers=4", 8)
+    assert by_cost.best.dollars_per_step <= by_time.best.dollars_per_step
+    assert by_time.best.simulated <= by_cost.best.simulated
+
+
+def test_the_estimate_alone_gives_a_plan_without_simulating():
+    found = plan("1x2xA100-80GB", "toy:layers=2", 4, top=0)
+    assert found.simulated == [] and found.best.simulated is None and found.best.estimate > 0
