@@ -5,7 +5,7 @@
     python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
     python -m grader check FILE [--examples N]
     python -m grader plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
-                          [--budget USD_PER_HOUR] [--out plan.json]
+                          [--budget USD_PER_HOUR] [--out plan.json] [--jobs N] [--ray [ADDRESS]]
 
 Exit codes: 0 success, 1 a strategy failed (or was flagged invalid), 2 bad input, 130 interrupted.
 """
@@ -24,6 +24,7 @@ from rich.console import Console
 from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 
 from .errors import InputError
+from .jobs import add_backend_options, backend_from_args
 from .runner import Limits
 from .scenario import Scenario, parse_set
 
@@ -55,9 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     board = sub.add_parser("leaderboard", help="many submissions on a suite")
     board.add_argument("paths", nargs="+")
     board.add_argument("--suite", default=None, help="suite TOML file or shipped name (default: default)")
-    board.add_argument("--jobs", type=int, help="local processes (default 1); with --ray, the CPUs of the local "
-                                                "Ray instance (default all)")
-    _add_ray_option(board)
+    add_backend_options(board)
     board.add_argument("--out", default="traces/leaderboard")
     board.add_argument("--no-plots", action="store_true")
     board.add_argument("--fresh", action="store_true", help="ignore results saved by an earlier run")
@@ -76,25 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_argument("--budget", type=float, help="USD per hour the GPUs may cost at most")
     planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
     planning.add_argument("--plot", default="traces/pareto.png", help="Pareto plot PNG (default traces/pareto.png)")
+    add_backend_options(planning)
     return parser
-
-
-def _add_ray_option(parser: argparse.ArgumentParser) -> None:
-    from .jobs import RAY_LOCAL
-    parser.add_argument("--ray", nargs="?", const=RAY_LOCAL, metavar="ADDRESS",
-                        help="run the jobs as Ray tasks: on the cluster at ADDRESS (host:6379, ray://host:10001, "
-                             "auto), or on a Ray instance started on this machine when no address is given")
-
-
-def _backend(args: argparse.Namespace) -> Any:
-    from .jobs import Backend
-    if args.jobs is not None and args.jobs < 1:
-        raise InputError("--jobs must be at least 1")
-    if args.ray is not None:
-        from .jobs import import_ray
-        import_ray()  # a missing Ray is one line now, not a failure after the board is planned
-        return Backend(workers=args.jobs or 0, ray=args.ray)
-    return Backend(workers=args.jobs or 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +150,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
     from .leaderboard import collect_submissions, run_leaderboard
     from .suites import load_suite
-    backend = _backend(args)
+    backend = backend_from_args(args)
     from .runner import sandbox_problem
     suite = load_suite(args.suite)
     submissions = collect_submissions(args.paths)

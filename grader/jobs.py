@@ -17,11 +17,13 @@ a dead worker breaks the whole pool: every unfinished job counts an attempt and 
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import signal
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -158,8 +160,9 @@ def _run_ray(fn: Callable[[T], R], items: Sequence[T], backend: Backend) -> Iter
     ray = import_ray()
     started_here = connect(backend)
     try:
-        task = ray.remote(fn).options(max_retries=backend.max_retries, retry_exceptions=False)
-        pending = {task.remote(item): i for i, item in enumerate(items)}
+        task = ray.remote(_apply).options(max_retries=backend.max_retries, retry_exceptions=False)
+        shared = ray.put(fn)  # shipped once (a partial may hold a cluster), handed to each task by reference
+        pending = {task.remote(shared, item): i for i, item in enumerate(items)}
         try:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
@@ -174,6 +177,11 @@ def _run_ray(fn: Callable[[T], R], items: Sequence[T], backend: Backend) -> Iter
             ray.shutdown()
 
 
+def _apply(fn: Callable[[T], R], item: T) -> R:
+    """A Ray task: any callable, a partial included (Ray makes tasks of plain functions only)."""
+    return fn(item)
+
+
 def _ray_result(ray: Any, ref: Any, retries: int) -> Any:
     from ray import exceptions
     try:
@@ -185,6 +193,36 @@ def _ray_result(ray: Any, ref: Any, retries: int) -> Any:
         return JobFailed(_describe(cause))
     except exceptions.RayError as exc:  # the worker or its node died on every attempt, or the result was lost
         return JobFailed(f"its Ray worker died on each of {retries + 1} attempts ({_describe(exc)})")
+
+
+@contextmanager
+def session(backend: Backend) -> Iterator[None]:
+    """Hold the Ray connection `backend` names across several `run_jobs` calls (one start, not one per
+    call); nothing to do for local backends."""
+    started = backend.ray is not None and connect(backend)
+    try:
+        yield
+    finally:
+        if started:
+            import_ray().shutdown()
+
+
+def add_backend_options(parser: argparse.ArgumentParser) -> None:
+    """`--jobs N` and `--ray [ADDRESS]` of a command that runs jobs."""
+    parser.add_argument("--jobs", type=int, help="local processes (default 1); with --ray, the CPUs of the local "
+                                                 "Ray instance (default all)")
+    parser.add_argument("--ray", nargs="?", const=RAY_LOCAL, metavar="ADDRESS",
+                        help="run the jobs as Ray tasks: on the cluster at ADDRESS (host:6379, ray://host:10001, "
+                             "auto), or on a Ray instance started on this machine when no address is given")
+
+
+def backend_from_args(args: argparse.Namespace) -> Backend:
+    if args.jobs is not None and args.jobs < 1:
+        raise InputError("--jobs must be at least 1")
+    if args.ray is not None:
+        import_ray()  # a missing Ray is one line now, not a failure once the jobs are planned
+        return Backend(workers=args.jobs or 0, ray=args.ray)
+    return Backend(workers=args.jobs or 1)
 
 
 def import_ray() -> Any:

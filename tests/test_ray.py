@@ -182,3 +182,27 @@ def test_a_job_for_a_submission_this_node_lacks_runs_the_shipped_source(suite, t
     assert not trace.exists()
     save(graded)
     assert json.loads(trace.read_text())["traceEvents"]
+
+
+MIXED = "2xA100-80GB+2xV100-32GB"
+
+
+def _search(**runner):
+    from dist_lib.planner import plan
+    search = plan(MIXED, "toy:layers=4", 8, top=6, **runner)
+    return [(c.plan, c.simulated, c.peak_fraction, c.mfu, c.error) for c in search.simulated], search
+
+
+@pytest.mark.parametrize("backend", [Backend(ray=RAY_LOCAL), Backend(workers=2)], ids=["ray", "pool"])
+def test_a_plan_search_through_jobs_simulates_what_it_does_here(request, backend, tmp_path):
+    from grader.plan import _runner
+    _ready(request, backend)
+    here, search_here = _search()
+    there, search_there = _search(runner=_runner(backend))
+    assert there == here and len(here) == 6 and all(simulated for _, simulated, *_ in here)
+    assert search_there.best.plan == search_here.best.plan
+    # the command line writes the same best plan
+    for name, flags in (("here.json", []), ("there.json", ["--ray"] if backend.ray else ["--jobs", "2"])):
+        assert main(["plan", "--cluster", MIXED, "--workload", "toy:layers=4", "--batch", "8", "--top", "6",
+                     "--out", str(tmp_path / name), "--plot", str(tmp_path / "pareto.png"), *flags]) == 0
+    assert (tmp_path / "there.json").read_bytes() == (tmp_path / "here.json").read_bytes()

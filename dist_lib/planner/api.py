@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import SpecError
 from ..hardware import Cluster
 from ..workload import Workload
-from .evaluate import refine, simulate_candidate
+from .evaluate import Runner, refine, run_here, simulate_all
 from .search import Candidate, Search, generate
 
 OBJECTIVES = ("time", "cost")
@@ -17,11 +17,13 @@ OBJECTIVES = ("time", "cost")
 
 def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_batch_size: int, *,
          top: int = 10, objective: str = "time", budget: float | None = None, refine_rounds: int = 8,
-         max_stages: int = 64, progress: Callable[[str, int, int], None] | None = None) -> Search:
+         max_stages: int = 64, progress: Callable[[str, int, int], None] | None = None,
+         runner: Runner = run_here) -> Search:
     """Search plans for one training step: every candidate estimated, the best `top` by the estimate
     simulated, the winner refined on the simulator. `objective` ranks by step time or by dollars per
     step; `budget` (USD per hour) leaves out device mixes that cost more. `top=0` trusts the estimate
-    alone (no simulation). Raises `SpecError` with one line when no plan fits."""
+    alone (no simulation). `runner` runs the simulations, which are independent (default: one after another
+    in this process). Raises `SpecError` with one line when no plan fits."""
     if objective not in OBJECTIVES:
         raise SpecError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
@@ -44,13 +46,10 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     candidates.sort(key=key)
     estimated = len(candidates)
     chosen = _distinct(candidates, top)
-    simulated = []
-    for i, candidate in enumerate(chosen):
-        if progress:
-            progress("simulate", i, len(chosen))
-        simulated.append(simulate_candidate(cluster, workload, global_batch_size, candidate))
-    if progress and chosen:
-        progress("simulate", len(chosen), len(chosen))
+    if progress:
+        progress("simulate", 0, len(chosen))
+    simulated = simulate_all(cluster, workload, global_batch_size, chosen, runner,
+                             (lambda n: progress("simulate", n, len(chosen))) if progress else None)
     ran = [c for c in simulated if c.simulated is not None]
     if top and not ran:
         raise SpecError(f"no plan fits: the {len(chosen)} best estimates all fail in the simulator "
@@ -58,7 +57,7 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     best = min(ran, key=key) if ran else candidates[0]
     search = Search(candidates, simulated, best, estimated, 0.0)
     if ran and refine_rounds:
-        refined, _ = refine(cluster, workload, global_batch_size, best, refine_rounds, key)
+        refined, _ = refine(cluster, workload, global_batch_size, best, refine_rounds, key, runner)
         if refined is not best:
             search.refined_from, search.best = best, refined
     search.order_pairs, search.order_disagreements = _disagreements(ran)
