@@ -95,6 +95,8 @@ def _run_pool(fn: Callable[[T], R], items: Sequence[T], backend: Backend) -> Ite
     while rounds:
         indices, width = rounds.pop(0)
         suspects, unstarted = yield from _pool_round(fn, items, indices, width)
+        if len(unstarted) == len(indices):
+            raise InputError("the local worker processes die before they start any job; run with --jobs 1 to see why")
         retry = []
         for index in suspects:
             attempts[index] += 1
@@ -109,11 +111,18 @@ def _pool_round(fn: Callable[[T], R], items: Sequence[T], indices: list[int],
                 width: int) -> Generator[tuple[int, R | JobFailed], None, tuple[list[int], list[int]]]:
     """Run `indices` on a new pool; (jobs running when the pool broke, jobs not started then)."""
     context = multiprocessing.get_context("spawn")  # not fork: the driver may hold threads (rich's progress bar)
-    started = context.SimpleQueue()  # each worker puts a job's index here as it starts it
+    # one flag per job, set by the worker that starts it: shared memory, so a worker never waits on the driver
+    started = context.RawArray("b", len(indices))
     unfinished: list[int] = []
     with ProcessPoolExecutor(max_workers=width, mp_context=context, initializer=_init_worker,
                              initargs=(started,)) as pool:
-        pending: dict[Future, int] = {pool.submit(_tracked, fn, i, items[i]): i for i in indices}
+        pending: dict[Future, int] = {}
+        for slot, i in enumerate(indices):
+            try:
+                pending[pool.submit(_tracked, fn, slot, items[i])] = i
+            except BrokenProcessPool:  # it broke while the jobs were handed in: the rest were never sent
+                unfinished.extend(indices[slot:])
+                break
         try:
             while pending:
                 ready, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -130,17 +139,15 @@ def _pool_round(fn: Callable[[T], R], items: Sequence[T], indices: list[int],
         finally:
             for future in pending:
                 future.cancel()
-    ran = set()
-    while unfinished and not started.empty():  # every writer is gone: this ends
-        ran.add(started.get())
+    ran = {i for slot, i in enumerate(indices) if started[slot]}
     return [i for i in unfinished if i in ran], [i for i in unfinished if i not in ran]
 
 
-_started: Any = None  # in a pool worker: where it reports the jobs it starts
+_started: Any = None  # in a pool worker: the flags of the jobs of its round
 
 
 def _init_worker(started: Any) -> None:
-    """A pool worker reports the jobs it starts, and dies with the driver (Linux PR_SET_PDEATHSIG), so
+    """A pool worker flags the jobs it starts, and dies with the driver (Linux PR_SET_PDEATHSIG), so
     that no job outlives it."""
     global _started
     _started = started
@@ -151,8 +158,8 @@ def _init_worker(started: Any) -> None:
         pass
 
 
-def _tracked(fn: Callable[[T], R], index: int, item: T) -> R:
-    _started.put(index)
+def _tracked(fn: Callable[[T], R], slot: int, item: T) -> R:
+    _started[slot] = 1
     return fn(item)
 
 

@@ -154,7 +154,10 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
                TextColumn("{task.description}"))
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("", total=len(todo))
-        for index, graded in run_jobs(grade_job, work, Backend(workers=jobs, ray=ray)):
+        backend = Backend(workers=jobs, ray=ray)
+        if ray is not None and todo:
+            console.print(f"grading {len(todo)} runs on {backend.describe()}")
+        for index, graded in run_jobs(grade_job, work, backend):
             job = todo[index]
             # a run the grader itself could not finish (it raised, or killed its worker on every attempt)
             # is a crashed row, recorded like any other: grading it again would fail again

@@ -158,9 +158,10 @@ def test_a_job_that_raises_fails_alone_but_an_input_error_stops_the_run(request,
 
 
 def test_jobs_finish_in_any_order_and_each_result_comes_once():
-    # local pool: same contract as Ray
-    results = list(run_jobs(abs, [-3, 1, -2], Backend(workers=2)))
-    assert sorted(results) == [(0, 3), (1, 1), (2, 2)]
+    # local pool: same contract as Ray; thousands of jobs, more than a pipe's buffer of start reports
+    items = [-i for i in range(5000)]
+    results = list(run_jobs(abs, items, Backend(workers=2)))
+    assert sorted(results) == [(i, i) for i in range(5000)]
 
 
 def test_ray_missing_is_one_line(monkeypatch):
