@@ -70,7 +70,8 @@ def replay(programs: list[array], cluster: Cluster | str, workload: Workload | s
 
 
 async def _run(model: Any, program: array, table: list, deadline: float | None) -> None:
-    rank, world, batch, n = model.rank, model.world_size, model.global_batch_size, len(program)
+    rank, world, batch = model.rank, model.world_size, model.global_batch_size
+    n = len(program)  # read in place: a list of the words would take four times their bytes
     append, extend = table.append, table.extend
     i = 0
     since = 0
@@ -78,13 +79,15 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
     def fail(why: str) -> ProgramError:
         return ProgramError(f"rank {rank} entry at word {i} ({_name(program[i])}): {why}")
 
-    def handle(k: int) -> int:
+    def get(k: int) -> Any:
+        """The live object that the handle in operand k names."""
         h = program[i + k]
         if not 0 <= h < len(table):
             raise fail(f"handle {h} is not defined yet")
-        if table[h] is _DROPPED:
+        obj = table[h]
+        if obj is _DROPPED:
             raise fail(f"handle {h} was already dropped")
-        return h
+        return obj
 
     def small(k: int) -> int:
         v = program[i + k]
@@ -102,49 +105,47 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
         arity = _ARITY.get(op)
         if arity is not None and i + arity >= n:
             raise fail("the program ends inside this entry")
+        if op == DROP:  # over half of most programs
+            h = program[i + 1]
+            if not 0 <= h < len(table) or table[h] is _DROPPED:
+                get(1)  # raises the reason
+            table[h] = _DROPPED
+            i += 2
+            continue
         if op == FORWARD:
             flags = program[i + 4]
             if not 0 <= flags <= 3:
                 raise fail(f"flags {flags} are not a combination of 1 (stash) and 2 (selective recompute)")
-            append(model.forward(small(1), table[handle(2)], table[handle(3)], stash=bool(flags & 1),
-                                 selective_recompute=bool(flags & 2)))
-        elif op == DROP:
-            table[handle(1)] = _DROPPED
+            append(model.forward(small(1), get(2), get(3), stash=bool(flags & 1), selective_recompute=bool(flags & 2)))
         elif op == BACKWARD:
-            extend(model.backward(small(1), table[handle(2)], table[handle(3)], table[handle(4)]))
+            extend(model.backward(small(1), get(2), get(3), get(4)))
         elif op == AWAIT:
-            h = handle(1)
-            if table[h].__class__ is not Work:
-                raise fail(f"handle {h} is not a Work")
+            if get(1).__class__ is not Work:
+                raise fail(f"handle {program[i + 1]} is not a Work")
             i += 2
-            append(await table[h])
+            append(await table[program[i - 1]])
             continue
         elif op in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER):
-            if i + 2 >= n:
-                raise fail("the program ends inside this entry")
-            k = program[i + 2]
+            k = program[i + 2] if i + 2 < n else -1
             if not 0 <= k <= world or i + 2 + k >= n:
                 raise fail(f"group size {k} is not in 0..{world} or runs past the program's end")
-            group = None if k == 0 else list(program[i + 3:i + 3 + k])
-            x = table[handle(1)]
-            append(getattr(model, OPCODES[op])(x, group))
-            del x
+            append(getattr(model, OPCODES[op])(get(1), None if k == 0 else program[i + 3:i + 3 + k].tolist()))
             i += 3 + k
             continue
         elif op == ADD:
-            append(table[handle(1)] + table[handle(2)])
+            append(get(1) + get(2))
         elif op == BACKWARD_INPUT:
-            append(model.backward_input(small(1), table[handle(2)], table[handle(3)], table[handle(4)]))
+            append(model.backward_input(small(1), get(2), get(3), get(4)))
         elif op == BACKWARD_WEIGHT:
-            append(model.backward_weight(small(1), table[handle(2)], table[handle(3)], table[handle(4)]))
+            append(model.backward_weight(small(1), get(2), get(3), get(4)))
         elif op == LOSS:
-            append(model.loss(table[handle(1)]))
+            append(model.loss(get(1)))
         elif op == UPDATE:
-            extend(model.update(small(1), table[handle(2)], table[handle(3)], table[handle(4)]))
+            extend(model.update(small(1), get(2), get(3), get(4)))
         elif op == FINAL:
-            model.set_final_weight(small(1), table[handle(2)])
+            model.set_final_weight(small(1), get(2))
         elif op == SEND:
-            append(model.send(table[handle(1)], small(2)))
+            append(model.send(get(1), small(2)))
         elif op == RECV:
             append(model.recv(small(1)))
         elif op == LOAD:
@@ -158,14 +159,14 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             if i + 2 >= n:
                 raise fail("the program ends inside this entry")
             samples = _samples(program, i + 2, n, batch, fail)
-            append(model.split_samples(table[handle(1)], samples))
+            append(model.split_samples(get(1), samples))
             i += 3 + 2 * program[i + 2]
             continue
         elif op == JOIN:
             k = program[i + 1] if i + 1 < n else -1
             if not 1 <= k <= batch or i + 1 + k >= n:
                 raise fail(f"part count {k} is not in 1..{batch} or runs past the program's end")
-            append(model.join_samples([table[handle(2 + j)] for j in range(k)]))
+            append(model.join_samples([get(2 + j) for j in range(k)]))
             i += 2 + k
             continue
         else:

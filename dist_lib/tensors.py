@@ -8,7 +8,7 @@ overlap checks are single integer operations. Two kinds of splitting are kept ap
 * tensor-parallel shards (`tp_rank` of `tp_size`, Megatron-LM, Shoeybi et al. 2019) compute on their
   slice directly and yield *partial sums* (`tp_parts` of `tp_size`) that an all-reduce completes.
 
-Tensors are values: treat their fields as read-only (the grader re-derives every op from the log).
+Tensors are values: treat their fields as read-only (the grader re-executes the recorded ops, not the fields).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 It sets its resource limits, imports the strategy, simulates one step while recording the strategy's
 decisions (`dist_lib.recording`), and writes two things to file descriptors the parent opened:
 
-* the first of the job's two `fds`, a small JSON header: the status, and for a run that finished the length of each rank's program
-  and the option names the strategy takes (or the error of a run that did not);
+* the first of the job's two `fds`, a small JSON header: the status, and for a run that finished the
+  length of each rank's program and the option names the strategy takes (or the error of a run that
+  did not);
 * the second, the program itself: each rank's 8-byte words, one rank after the other.
 
 Nothing it writes is trusted: the parent re-executes the program through the simulator (`replay`) and
@@ -53,6 +54,10 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
             options = {k: v for k, v in options.items() if k in accepted}
     _, programs = record(train, scenario["cluster"], scenario["workload"], scenario["global_batch"],
                          enforce_memory=scenario["enforce_memory"], **options)
+    size = 8 * sum(len(p) for p in programs)
+    if job.get("file_bytes") and size > job["file_bytes"]:
+        raise _TooLarge(f"the recorded program takes {size / 2**20:.1f} MiB, over the {job['file_bytes'] / 2**20:.0f} "
+                        f"MiB a run may hand back (a step this long cannot be graded under these limits)")
     with os.fdopen(job["fds"][1], "wb", closefd=False) as out:
         for program in programs:
             out.write(program.tobytes())
@@ -93,6 +98,10 @@ class _BadInput(Exception):
     pass
 
 
+class _TooLarge(Exception):
+    pass
+
+
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     _limit(job)
@@ -102,8 +111,8 @@ def main(job_path: str) -> int:
         header = execute(job)
     except (SpecError, _BadInput) as exc:
         header = {"status": "bad_input", "kind": type(exc).__name__, "message": str(exc)}
-    except SimulationError as exc:
-        header = {"status": "failed", "kind": type(exc).__name__, "message": str(exc)}
+    except (SimulationError, _TooLarge) as exc:
+        header = {"status": "failed", "kind": type(exc).__name__.lstrip("_"), "message": str(exc)}
     except MemoryError:
         header = {"status": "failed", "kind": "MemoryError",
                   "message": f"the strategy exhausted the worker's address space limit "

@@ -1,11 +1,12 @@
 """`python -m grader check FILE`: property-based search for a configuration that breaks a strategy.
 
 Configurations come from `dist_lib.testing.setups` when FILE is (a copy of) a bundled strategy, else
-from a generic generator here (cluster from `testing.CLUSTERS`, toy workloads, batches that split
-evenly over ranks and microbatches). Each configuration must give a correct step whose event log
-passes `testing.schedule_problems`, whose recorded program replays to the same result (what the
-grader relies on), with a valid trace and the same result whatever order the ranks start in. Hypothesis shrinks a failure to the smallest one.
-The search runs in this process: it is for checking your own file, not for grading others'.
+from a generic generator here (cluster from `testing.CLUSTERS`, toy workloads, batches that split evenly
+over ranks and microbatches). Each configuration must give a correct step whose event log passes
+`testing.schedule_problems`, whose recorded program replays to the same result (what the grader relies
+on), with a valid trace and the same result whatever order the ranks start in. Hypothesis shrinks a
+failure to the smallest one. The search runs in this process: it is for checking your own file, not for
+grading others'.
 """
 
 from __future__ import annotations

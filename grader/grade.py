@@ -66,6 +66,8 @@ def _replayed(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any,
         return None, "failed", f"{type(exc).__name__}: {exc}"
     except (MemoryError, RecursionError) as exc:
         return None, "invalid", f"the recorded program exhausted the grader while replaying ({type(exc).__name__})"
+    except Exception as exc:  # noqa: BLE001 - a simulator bug a program reached: this row, not the board
+        return None, "crashed", f"replaying the recorded program raised {type(exc).__name__}: {exc}"
     accepted = (outcome.header or {}).get("options")
     names = set(accepted) if isinstance(accepted, list) and all(isinstance(k, str) for k in accepted) else set()
     result.options = {k: v for k, v in scenario.options_for(Path(name).stem).items() if k in names}
@@ -98,7 +100,8 @@ def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[st
         try:
             result = _compat_result((outcome.header or {})["compat"])
         except Exception as exc:  # noqa: BLE001 - an untrusted payload of the wrong shape
-            row["status"], row["error"] = "crashed", f"the worker wrote a result of the wrong shape ({type(exc).__name__})"
+            row["status"] = "invalid"
+            row["error"] = f"the worker wrote a result of the wrong shape ({type(exc).__name__})"
             return row, None
         row.update(cluster=result.cluster.name, workload=result.workload.name, global_batch=result.global_batch_size)
     else:

@@ -1,11 +1,12 @@
 """Many submissions x a suite's scenarios: a job list, graded in parallel, saved as each run finishes.
 
 Every finished row is appended to `results.jsonl` in the output folder (by this process only: runs
-are confined and cannot write there) with a fingerprint of the submission's source, the scenario, the
-suite's limits and the grader's and simulator's own code (Python and C), and `leaderboard.json` /
-`.csv` are rewritten. Running again skips rows whose fingerprint matches, so an interrupted
-leaderboard resumes where it stopped, and a changed grader, simulator or limit grades again. A line
-of `results.jsonl` that is not a well-formed row is ignored (and graded again).
+are confined and cannot write there) with a fingerprint of the submission's source and the helpers
+beside it, the scenario, the suite's limits, and the grader's and simulator's own code (Python and C)
+and Python version, and `leaderboard.json` / `.csv` are rewritten. Running again skips rows whose
+fingerprint matches, so an interrupted leaderboard resumes where it stopped, and a changed grader,
+simulator, helper or limit grades again. A line of `results.jsonl` that is not a well-formed row is
+ignored (and graded again).
 
 The runs are independent `grade_job` calls on plain data (`portable.py`: each carries its
 submission's source and returns its trace as bytes), handed to `jobs.run_jobs`: in this process, a
@@ -18,6 +19,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -70,8 +72,9 @@ def labels_for(submissions: list[Path]) -> dict[Path, str]:
 
 
 def code_hash() -> str:
-    """Of the grader's and simulator's source: Python, C and suite files, by path and content."""
-    digest = hashlib.sha256()
+    """Of the grader's and simulator's source (Python, C and suite files, by path and content) and the
+    Python version."""
+    digest = hashlib.sha256(sys.version.encode())  # and the interpreter that runs it
     for folder in CODE:
         for path in sorted((ROOT / folder).rglob("*")):
             if path.suffix in (".py", ".c", ".h", ".toml") and path.is_file():
@@ -79,12 +82,24 @@ def code_hash() -> str:
     return digest.hexdigest()
 
 
+def submission_files(path: Path) -> tuple[bytes, tuple[tuple[str, bytes], ...]]:
+    """What a submission's grade depends on among its own files: the file, and the helpers beside it
+    (files named with a leading underscore, which are not submissions themselves), by name."""
+    return path.read_bytes(), tuple((helper.name, helper.read_bytes()) for helper in sorted(path.parent.glob("_*.py")))
+
+
+def submission_source(path: Path) -> bytes:
+    """`submission_files` as one byte string, for the resume fingerprint."""
+    source, helpers = submission_files(path)
+    return b"\0".join([source, *(part for name, data in helpers for part in (name.encode(), data))])
+
+
 def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) -> list[Job]:
     code = code_hash()
     limits = json.dumps(asdict(suite.limits), sort_keys=True)
     jobs = []
     for path, label in labels_for(submissions).items():
-        source = path.read_bytes()
+        source = submission_source(path)
         for scenario in suite.scenarios:
             data = scenario.to_dict()
             fingerprint = hashlib.sha256(b"\0".join((source, json.dumps(data, sort_keys=True).encode(),
@@ -137,8 +152,8 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     if done:
         console.print(f"resuming: {len(done)} of {len(job_list)} runs already graded in {results}")
     limits = asdict(suite.limits)
-    sources = {job.submission: Path(job.submission).read_bytes() for job in todo}
-    work = [GradeJob(job.submission, sources[job.submission], job.scenario, limits, job.trace, plots, confine)
+    files = {job.submission: submission_files(Path(job.submission)) for job in todo}
+    work = [GradeJob(job.submission, *files[job.submission], job.scenario, limits, job.trace, plots, confine)
             for job in todo]
 
     def finished(job: Job, row: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from .grade import grade_one
 class GradeJob:
     submission: str  # the path on the driver
     source: bytes  # its contents when the board was planned (what the resume fingerprint covers)
+    helpers: tuple[tuple[str, bytes], ...]  # the _*.py files beside it, which it may import, by name
     scenario: dict[str, Any]
     limits: dict[str, Any]
     trace: str | None  # where the driver keeps the trace
@@ -43,12 +44,14 @@ def grade_job(job: GradeJob) -> Graded:
     with tempfile.TemporaryDirectory(prefix="grade-job-") as tmp:
         here = {}
         strategy = Path(job.submission)
-        if not _holds(strategy, job.source):
-            # not on this node (or changed since): run the shipped copy under the same file name, as the
-            # name selects the suite's per-strategy options
+        if not all(_holds(strategy.parent / name, data) for name, data in ((strategy.name, job.source), *job.helpers)):
+            # not on this node (or changed since): run the shipped copies under the same file names (the
+            # submission's name selects the suite's per-strategy options; the helpers' are imported)
             strategy = Path(tmp) / "src" / strategy.name
             strategy.parent.mkdir()
             strategy.write_bytes(job.source)
+            for name, data in job.helpers:
+                (strategy.parent / name).write_bytes(data)
             here[str(strategy.parent)] = str(Path(job.submission).parent)
         out = Path(tmp) / "out"
         out.mkdir()

@@ -89,7 +89,7 @@ def print_run(console: Console, row: dict[str, Any], result: Any | None, schedul
         console.print(f"  correct       {'yes' if row['correct'] else 'NO'}")
         if options.get("verified") is False:
             console.print("  [dim]verified      no: puzzles/lab runs keep their own clocks and memory rules; they run "
-                          "isolated but are not re-derived from the log[/]")
+                          "sandboxed but are not re-executed[/]")
     if row["error"]:
         console.print(f"  [red]error[/]         {row['error']}", markup=True, highlight=False)
     if result is not None and schedule:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 import sys
 from pathlib import Path
 
@@ -172,12 +173,17 @@ def test_ray_missing_is_one_line(monkeypatch):
 
 def test_a_job_for_a_submission_this_node_lacks_runs_the_shipped_source(suite, tmp_path):
     """As on a Ray node without the driver's files: the row names the driver's paths, the trace comes back."""
-    honest = SUBMISSIONS[0]
+    # a submission that imports its helper, as a class's shared code might
+    source = (b"import importlib.util, pathlib\n"
+              b"spec = importlib.util.spec_from_file_location('_shared', pathlib.Path(__file__).with_name('_shared.py'))\n"
+              b"shared = importlib.util.module_from_spec(spec)\n"
+              b"spec.loader.exec_module(shared)\n"
+              b"train = shared.train\n")
+    helper = ("_shared.py", SUBMISSIONS[0].read_bytes())
     driver_path = tmp_path / "driver-only" / "honest.py"  # never created
     trace = tmp_path / "board" / "honest" / "toy2.json"
-    limits = {"timeout_s": suite.limits.timeout_s, "address_space_bytes": suite.limits.address_space_bytes}
-    graded = grade_job(GradeJob(str(driver_path), honest.read_bytes(), suite.scenarios[0].to_dict(), limits,
-                                str(trace), plots=False))
+    graded = grade_job(GradeJob(str(driver_path), source, (helper,), suite.scenarios[0].to_dict(),
+                                asdict(suite.limits), str(trace), plots=False))
     assert graded.row["status"] == "ok" and graded.row["submission"] == str(driver_path)
     assert graded.row["trace"] == str(trace) and list(graded.files) == [str(trace)]
     assert not trace.exists()

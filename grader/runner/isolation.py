@@ -5,8 +5,8 @@ rlimits it sets itself before importing the submission, and a wall-clock timeout
 process tree is killed. What comes back is capped and checked before anything reads it: its stdout
 and stderr go to files (bounded by the file-size rlimit; only the last line of stderr is read), its
 header is a bounded JSON object, its program a bounded number of 8-byte words. Anything else (a
-missing, oversized or malformed result) makes this one run `crashed`; nothing the submission does can
-stop the caller. The grader's own files live in a private folder outside the sandbox's view, removed
+missing result makes this one run `crashed`, an oversized or malformed one `invalid`; nothing the
+submission does can stop the caller. The grader's own files live in a private folder outside the sandbox's view, removed
 after the run (and, if the grader was killed, by the next run: `clean_stale`).
 """
 
@@ -32,6 +32,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 FOLDER_PREFIX = "dist-sandbox-grader-"
 HEADER_BYTES = 16 * 2**20  # a header: status and lengths (a --api run's figures are larger)
 STDERR_TAIL = 4096
+MAX_RANKS = 1 << 17  # ranks a header may list (the replay then checks the cluster's own count)
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,9 @@ class Limits:
 
 @dataclass
 class Outcome:
-    """status: ok | bad_input | failed | timeout | crashed. On ok, `header` is the worker's header (untrusted)
-    and `programs` each rank's recorded program (untrusted, to be replayed)."""
+    """status: ok | bad_input | failed | timeout | crashed | invalid (a result of the wrong shape). On ok,
+    `header` is the worker's header (untrusted) and `programs` each rank's recorded program (untrusted,
+    to be replayed)."""
 
     status: str
     message: str = ""
@@ -79,15 +81,19 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
         if confine:
             folder.chmod(0o711)  # the sandbox's user reads its job (and a copied submission) by name only
             root = _import_root(path)
-            if not sandbox.readable_by_sandbox(path):
+            # copied, with the _*.py helpers beside it, when the sandbox's user cannot read it or its folder
+            # holds the grader's own (a file straight in /tmp)
+            if not sandbox.readable_by_sandbox(path) or root in folder.parents:
                 root = folder / "src"
                 root.mkdir(mode=0o755)
-                job["strategy"] = str(shutil.copy(path, root / path.name))
-                os.chmod(job["strategy"], 0o644)
+                for source in [path, *sorted(path.parent.glob("_*.py"))]:
+                    os.chmod(shutil.copy(source, root / source.name), 0o644)
+                job["strategy"] = str(root / path.name)
             here = Path.cwd()  # relative paths in the scenario (profiles, cluster files) resolve from here
             readable = [PROJECT_ROOT, root] + ([] if here in folder.parents else [here])
-            argv = sandbox.command(argv + ["/tmp/job.json"], job=folder / "job.json", scratch_bytes=limits.scratch_bytes,
-                                   readable=readable, cwd=here if here not in folder.parents else None)
+            argv = sandbox.command(argv + ["/tmp/job.json"], job=folder / "job.json", readable=readable,
+                                   scratch_bytes=limits.scratch_bytes,
+                                   cwd=here if here not in folder.parents else None)
         else:
             argv.append(str(folder / "job.json"))
         (folder / "job.json").write_text(json.dumps(job))
@@ -150,14 +156,14 @@ def _read(files: dict[str, Any], code: int | None, limits: Limits, wall: float) 
     if size == 0:
         return Outcome("crashed", _crash_message(code, files["stderr"]), kind="Crash", wall_s=wall)
     if size > HEADER_BYTES:
-        return _crashed(f"the worker wrote a {size}-byte header (more than {HEADER_BYTES})", wall)
+        return _malformed(f"the worker wrote a {size}-byte header (more than {HEADER_BYTES})", wall)
     header_file.seek(0)
     try:
         header = json.loads(header_file.read())
     except (ValueError, RecursionError) as exc:
-        return _crashed(f"the worker wrote an unreadable result ({type(exc).__name__})", wall)
+        return _malformed(f"the worker wrote an unreadable result ({type(exc).__name__})", wall)
     if not isinstance(header, dict) or header.get("status") not in ("ok", "bad_input", "failed"):
-        return _crashed("the worker wrote a result of the wrong shape", wall)
+        return _malformed("the worker wrote a result of the wrong shape", wall)
     status = header["status"]
     if status != "ok":
         return Outcome(status, _text(header.get("message")), kind=_text(header.get("kind"), 80), wall_s=wall)
@@ -165,21 +171,21 @@ def _read(files: dict[str, Any], code: int | None, limits: Limits, wall: float) 
         return Outcome("ok", header=header, wall_s=wall)
     lengths = header.get("lengths")
     total = os.fstat(program_file.fileno()).st_size
-    if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths) \
+    if not isinstance(lengths, list) or len(lengths) > MAX_RANKS \
+            or not all(type(n) is int and n >= 0 for n in lengths) \
             or sum(lengths) * 8 != total or total > limits.file_bytes:
-        return _crashed(f"the worker's program ({total} bytes) does not match its header", wall)
+        return _malformed(f"the worker's program ({total} bytes) does not match its header", wall)
     program_file.seek(0)
-    words = array("q")
-    words.frombytes(program_file.read(total))
-    programs, start = [], 0
-    for n in lengths:
-        programs.append(words[start:start + n])
-        start += n
+    programs = []
+    for n in lengths:  # rank by rank: the parent holds each word once
+        words = array("q")
+        words.frombytes(program_file.read(8 * n))
+        programs.append(words)
     return Outcome("ok", header=header, programs=programs, wall_s=wall)
 
 
-def _crashed(message: str, wall: float) -> Outcome:
-    return Outcome("crashed", message, kind="Crash", wall_s=wall)
+def _malformed(message: str, wall: float) -> Outcome:
+    return Outcome("invalid", message, kind="Invalid", wall_s=wall)
 
 
 def _text(value: Any, cap: int = 2000) -> str:

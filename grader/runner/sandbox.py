@@ -26,6 +26,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 NOBODY = 65534
@@ -44,7 +45,8 @@ def _prefix() -> list[str] | None:
     return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", bwrap]
 
 
-def command(argv: list[str], *, job: Path, readable: list[Path], scratch_bytes: int, cwd: Path | None = None) -> list[str]:
+def command(argv: list[str], *, job: Path, readable: list[Path], scratch_bytes: int,
+            cwd: Path | None = None) -> list[str]:
     """`argv` run inside the sandbox from `cwd` (default /tmp); `job` appears read-only at /tmp/job.json,
     `readable` folders at their own paths (over the private /tmp)."""
     prefix = _prefix()
@@ -56,12 +58,14 @@ def command(argv: list[str], *, job: Path, readable: list[Path], scratch_bytes: 
     return [*prefix, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--size", str(int(scratch_bytes)), "--tmpfs", "/tmp", *binds, "--ro-bind", str(job), "/tmp/job.json",
-            "--chdir", str(cwd or "/tmp"), "--setenv", "HOME", "/tmp", "--die-with-parent", "--new-session", "--", *argv]
+            "--chdir", str(cwd or "/tmp"), "--setenv", "HOME", "/tmp", "--die-with-parent", "--new-session", "--",
+            *argv]
 
 
 def readable_by_sandbox(path: Path) -> bool:
     """Whether the sandbox's user can read `path` (when it runs as nobody: by the "other" permissions).
-    A submission it cannot read is copied alone into the grader's private folder."""
+    A submission it cannot read is copied, with the `_*.py` helpers beside it, into the grader's
+    private folder."""
     if os.geteuid() != 0:
         return os.access(path, os.R_OK)
     import stat
@@ -80,14 +84,16 @@ def problem() -> str | None:
         return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     if _prefix() is None:
         return "the grader runs as root and setpriv (util-linux) is missing, so it cannot drop to nobody"
-    probe = Path(os.devnull)  # any readable file will do as the job file
-    true = shutil.which("true") or "/bin/true"
+    # the real thing: this Python importing the worker module from the project, as the sandbox's user
+    root = Path(__file__).resolve().parents[2]
+    argv = command([sys.executable, "-c", "import grader._worker"], job=Path(os.devnull), readable=[root],
+                   scratch_bytes=2**20)
     try:
-        proc = subprocess.run(command([true], job=probe, readable=[], scratch_bytes=2**20),
-                              capture_output=True, timeout=30)
+        proc = subprocess.run(argv, capture_output=True, timeout=60, cwd="/",
+                              env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(root)})
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap could not be started ({exc})"
     if proc.returncode != 0:
         why = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
-        return f"bubblewrap cannot create its namespaces here ({why[0]})"
+        return f"bubblewrap cannot run the worker here ({why[0]})"
     return None

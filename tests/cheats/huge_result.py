@@ -3,10 +3,9 @@ TWIN = "honest"  # the honest strategy this cheat must not rank above
 import json
 import os
 
-import importlib.util as _u, pathlib as _p  # noqa: E402
-_spec = _u.spec_from_file_location("cheat_base", _p.Path(__file__).with_name("_base.py"))
-_base = _u.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+import pathlib as _p, sys as _s  # noqa: E401 - the shared honest step, beside this file
+_s.path.insert(0, str(_p.Path(__file__).parent))
+import _base  # noqa: E402
 
 
 async def train(model):

@@ -12,8 +12,7 @@ for _name in dir(dist_lib.model):
     if isinstance(_obj, dict) and _name.startswith("_") and "cache" in _name.lower():
         _obj.clear()
 
-import importlib.util as _u, pathlib as _p  # noqa: E402
-_spec = _u.spec_from_file_location("_base", _p.Path(__file__).with_name("_base.py"))
-_base = _u.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+import pathlib as _p, sys as _s  # noqa: E401 - the shared honest step, beside this file
+_s.path.insert(0, str(_p.Path(__file__).parent))
+import _base  # noqa: E402
 train = _base.train

@@ -1,0 +1,245 @@
+"""The grader's own resilience: killed, it leaves no run behind; without a sandbox it refuses untrusted
+code unless told to trust it; a changed limit or grader code grades again."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grader import leaderboard
+from grader.runner import sandbox_problem
+from grader.runner.isolation import FOLDER_PREFIX, _alive, clean_stale
+from grader.suites import load_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = """
+name = "one"
+[limits]
+timeout_s = {timeout}
+address_space_GiB = 2
+[[scenarios]]
+name = "toy2"
+cluster = "2xA100-80GB"
+workload = "toy:layers=2"
+global_batch = 4
+[[scoring.components]]
+metric = "mfu"
+scale = 100
+"""
+WORKER = b"grader._worker\0"
+
+
+def _workers_of(parent_pids: set[int]) -> list[int]:
+    """Worker processes (sandboxed or not) whose ancestry includes one of `parent_pids`."""
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if WORKER not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            ancestor = pid
+            while ancestor > 1 and ancestor not in parent_pids:
+                ancestor = int(Path(f"/proc/{ancestor}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ancestor in parent_pids:
+                found.append(pid)
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+
+def _descendants(pid: int) -> set[int]:
+    children = {pid}
+    for _ in range(4):
+        for p in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid in children:
+                children.add(p)
+    return children
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    """Poll `condition` (a bound against hanging, not a performance target)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_killed_grader_leaves_no_run_behind(tmp_path, jobs):
+    if sandbox_problem():
+        pytest.skip(f"the OS sandbox is not usable here: {sandbox_problem()}")
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=60))
+    board = subprocess.Popen([sys.executable, "-m", "grader", "leaderboard", "tests/submissions/hang.py", "--suite",
+                              str(tmp_path / "suite.toml"), "--jobs", jobs, "--out", str(tmp_path / "out"),
+                              "--no-plots"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        family: set[int] = set()
+
+        def running() -> bool:
+            family.update(_descendants(board.pid))
+            return bool(_workers_of(family))
+        assert _wait_for(running, 60), "the hanging submission never started"
+        family.update(_descendants(board.pid))
+    finally:
+        board.send_signal(signal.SIGKILL)  # the grader itself, killed as a submission once could
+        board.wait()
+    assert _wait_for(lambda: not _workers_of(family) and not any(_alive(p) for p in family - {board.pid}), 30)
+    clean_stale()  # what the next run does first
+    left = [f for f in Path(os.environ.get("TMPDIR", "/tmp")).glob(f"{FOLDER_PREFIX}*")
+            if int(f.name[len(FOLDER_PREFIX):].split("-")[0]) in family]
+    assert left == []
+
+
+def test_leaderboard_refuses_untrusted_code_without_a_sandbox_unless_trusted(tmp_path):
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    env = dict(os.environ, PATH=str(tmp_path))  # no bwrap on the PATH
+    args = [sys.executable, "-m", "grader", "leaderboard", "tests/submissions/honest.py", "--suite",
+            str(tmp_path / "suite.toml"), "--out", str(tmp_path / "out"), "--no-plots"]
+    refused = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "bubblewrap" in refused.stderr and "--trusted" in refused.stderr
+    trusted = subprocess.run(args + ["--trusted"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert trusted.returncode == 0, trusted.stderr
+    assert "honest" in trusted.stdout
+
+
+def test_a_changed_limit_or_grader_code_grades_again(tmp_path, monkeypatch):
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    suite = load_suite(str(tmp_path / "suite.toml"))
+    honest = [ROOT / "tests" / "submissions" / "honest.py"]
+    first = leaderboard.make_jobs(honest, suite, tmp_path, traces=False)[0].fingerprint
+    assert leaderboard.make_jobs(honest, suite, tmp_path, traces=False)[0].fingerprint == first
+    longer = dataclasses.replace(suite, limits=dataclasses.replace(suite.limits, timeout_s=31.0))
+    assert leaderboard.make_jobs(honest, longer, tmp_path, traces=False)[0].fingerprint != first
+    fewer = dataclasses.replace(suite, limits=dataclasses.replace(suite.limits, processes=8))
+    assert leaderboard.make_jobs(honest, fewer, tmp_path, traces=False)[0].fingerprint != first
+    # the code hash reads C sources and grader modules too
+    fake = tmp_path / "tree"
+    for folder in leaderboard.CODE:
+        (fake / folder).mkdir(parents=True)
+    (fake / "dist_lib" / "_ops.c").write_text("int x;")
+    monkeypatch.setattr(leaderboard, "ROOT", fake)
+    before = leaderboard.code_hash()
+    (fake / "dist_lib" / "_ops.c").write_text("int y;")
+    assert leaderboard.code_hash() != before
+    (fake / "grader" / "verify.py").write_text("")
+    assert leaderboard.code_hash() not in (before,)
+
+
+PROBE = '''
+import json, os, socket, time
+from pathlib import Path
+
+
+async def train(model):
+    seen = {"uid": os.getuid(), "pid": os.getpid()}
+    forked = 0
+    try:
+        for _ in range(200):
+            if os.fork() == 0:
+                time.sleep(60)
+                os._exit(0)
+            forked += 1
+    except OSError:
+        pass
+    seen["forked"] = forked
+    seen["processes"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    try:
+        socket.create_connection(("192.0.2.1", 9), timeout=2)  # TEST-NET-1: unroutable anyway
+        seen["network"] = "connected"
+    except OSError as exc:
+        seen["network"] = type(exc).__name__ + ":" + str(exc.errno)
+    written = []
+    for path in (Path(__file__).with_name("probe_mark"), Path("/var/tmp/probe_mark"), Path("/tmp/probe_mark")):
+        try:
+            path.write_text("x")
+            written.append(str(path))
+        except OSError:
+            pass
+    seen["written"] = written
+    seen["host_tmp"] = sorted(os.listdir("/tmp"))
+    raise RuntimeError("PROBE" + json.dumps(seen))
+'''
+
+
+def test_what_the_sandbox_confines(tmp_path):
+    """A probe reports what it can do inside: its own user and pid namespace (it sees only its own
+    processes), the process-count limit, no network, writes only to its private /tmp."""
+    if sandbox_problem():
+        pytest.skip(f"the OS sandbox is not usable here: {sandbox_problem()}")
+    import json
+    from grader.runner import Limits, run_isolated
+    from grader.scenario import Scenario
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    outcome = run_isolated(probe, Scenario(cluster="1xA100-80GB", workload="toy:layers=1", global_batch=1),
+                           Limits(timeout_s=60, processes=16))
+    assert outcome.status == "failed", outcome.message
+    seen = json.loads(outcome.message.split("PROBE", 1)[1].split(" (at probe.py")[0])
+    assert seen["uid"] == 65534 or os.geteuid() != 0  # nobody, when the grader is root
+    assert seen["forked"] < 16  # the worker itself and bubblewrap's init count too
+    assert seen["processes"] == sorted(seen["processes"]) and max(seen["processes"]) < 100  # its own namespace
+    assert seen["network"].startswith("OSError") or "Unreachable" in seen["network"] or "101" in seen["network"]
+    assert seen["written"] == ["/tmp/probe_mark"]
+    # the host's /tmp is hidden: only its job, its mark, and the path its copied file is bound at
+    assert "pytest-of-root" not in seen["host_tmp"] and len(seen["host_tmp"]) <= 3, seen["host_tmp"]
+    assert not (tmp_path / "probe_mark").exists() and not Path("/var/tmp/probe_mark").exists()
+
+
+def test_a_changed_helper_beside_a_submission_grades_it_again(tmp_path):
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    suite = load_suite(str(tmp_path / "suite.toml"))
+    folder = tmp_path / "subs"
+    folder.mkdir()
+    (folder / "mine.py").write_text("from _helpers import train\n")
+    (folder / "_helpers.py").write_text("async def train(model): pass\n")
+    (folder / "other.py").write_text("async def train(model): pass\n")
+    first = leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint
+    (folder / "other.py").write_text("async def train(model): return 1\n")  # another submission: no effect
+    assert leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint == first
+    (folder / "_helpers.py").write_text("async def train(model): return 1\n")
+    assert leaderboard.make_jobs([folder / "mine.py"], suite, tmp_path, traces=False)[0].fingerprint != first
+
+
+def test_a_submission_the_sandbox_user_cannot_read_runs_with_its_helpers(tmp_path):
+    """tmp_path is private to the grader's user: the file and its _*.py helpers are copied in."""
+    from grader.runner import run_isolated
+    from grader.scenario import Scenario
+    (tmp_path / "_helpers.py").write_text((ROOT / "tests" / "submissions" / "honest.py").read_text())
+    (tmp_path / "mine.py").write_text("import pathlib, sys\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
+                                      "from _helpers import train  # noqa: F401\n")
+    outcome = run_isolated(tmp_path / "mine.py", Scenario(cluster="2xA100-80GB", workload="toy:layers=2",
+                                                          global_batch=4), confine=sandbox_problem() is None)
+    assert outcome.status == "ok", outcome.message
+    assert len(outcome.programs) == 2
+
+
+def test_a_program_over_the_size_limit_fails_with_one_clear_line(tmp_path):
+    """Also a file straight in the temporary folder, whose folder is not bound into the sandbox (it holds
+    the grader's own folders): it is copied in."""
+    import tempfile
+    from grader.runner import Limits, run_isolated
+    from grader.scenario import Scenario
+    fd, name = tempfile.mkstemp(suffix=".py")
+    os.write(fd, b"async def train(model):\n    for _ in range(20_000):\n        model.load_weights(0)\n")
+    os.close(fd)
+    try:
+        outcome = run_isolated(name, Scenario(cluster="1xA100-80GB", workload="toy:layers=1", global_batch=1),
+                               Limits(file_bytes=2**20), confine=sandbox_problem() is None)
+    finally:
+        os.unlink(name)
+    # 20,000 loads: 20,000 x (6 + 2 x 2) words of 8 bytes
+    assert (outcome.status, outcome.kind) == ("failed", "TooLarge"), outcome.message
+    assert outcome.message.startswith("the recorded program takes 1.5 MiB, over the 1 MiB")
