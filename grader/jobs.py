@@ -214,6 +214,14 @@ def session(backend: Backend) -> Iterator[None]:
             import_ray().shutdown()
 
 
+def parallelism(backend: Backend) -> int:
+    """How many jobs `backend` runs at once: its pool's size, or the CPUs of the Ray cluster (inside
+    `session`)."""
+    if backend.ray is None:
+        return max(1, backend.workers)
+    return max(1, int(import_ray().cluster_resources().get("CPU", 1)))
+
+
 def add_backend_options(parser: argparse.ArgumentParser) -> None:
     """`--jobs N` and `--ray [ADDRESS]` of a command that runs jobs."""
     parser.add_argument("--jobs", type=int, help="local processes (default 1); with --ray, the CPUs of the local "

@@ -18,7 +18,7 @@ from dist_lib.planner.report import pareto, plot_pareto, table
 from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 
 from .errors import InputError
-from .jobs import Backend, JobFailed, backend_from_args, run_jobs, session
+from .jobs import Backend, JobFailed, backend_from_args, parallelism, run_jobs, session
 
 
 def _runner(backend: Backend) -> Runner:
@@ -48,7 +48,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
             with session(backend):
                 search = plan(cluster, workload, batch, top=args.top, objective=args.objective, budget=args.budget,
-                              progress=progress, runner=_runner(backend))
+                              progress=progress, runner=_runner(backend), width=parallelism(backend))
     except SpecError as exc:
         raise InputError(str(exc).splitlines()[0]) from None
     console.print(table(search, cluster))

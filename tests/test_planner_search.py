@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from dist_lib import Cluster, SpecError, Workload, plan
+from dist_lib import DEVICES, Cluster, SpecError, Workload, plan
 from dist_lib.planner import Plan, Stage, space
 from dist_lib.planner.evaluate import run_plan
 
@@ -87,3 +87,25 @@ def test_the_budget_leaves_out_dearer_gpus_and_cost_ranks_by_dollars():
 def test_the_estimate_alone_gives_a_plan_without_simulating():
     found = plan("1x2xA100-80GB", "toy:layers=2", 4, top=0)
     assert found.simulated == [] and found.best.simulated is None and found.best.estimate > 0
+
+
+def test_the_pareto_front_keeps_only_plans_no_other_beats_on_both_time_and_cost():
+    from dist_lib.planner import Candidate
+    from dist_lib.planner.report import pareto
+
+    def candidate(seconds, price):
+        return Candidate(None, seconds, 0.5, price)
+
+    a, b, c, d = candidate(1.0, 36.0), candidate(2.0, 9.0), candidate(1.5, 36.0), candidate(3.0, 7.2)
+    # $/step: a 0.01, b 0.005, c 0.015 (slower and dearer than a), d 0.006 (slower and dearer than b)
+    assert pareto([c, d, b, a]) == [a, b]
+
+
+def test_cost_per_step_is_the_used_gpus_price_over_the_step():
+    cluster = Cluster.load("1x2xA100-80GB+1x2xT4")
+    found = plan(cluster, "toy:layers=4", 8, top=2, budget=2 * cluster.device_of(2).price_per_hour)
+    used = found.best.plan.ranks
+    hourly = sum(cluster.device_of(r).price_per_hour for r in used)
+    assert found.best.price_per_hour == pytest.approx(hourly)
+    assert found.best.dollars_per_step == pytest.approx(found.best.simulated * hourly / 3600)
+    assert all(device.price_per_hour > 0 for device in DEVICES.values())

@@ -205,7 +205,7 @@ def test_a_plan_search_through_jobs_simulates_what_it_does_here(request, backend
     from grader.plan import _runner
     _ready(request, backend)
     here, search_here = _search()
-    there, search_there = _search(runner=_runner(backend))
+    there, search_there = _search(runner=_runner(backend), width=2)  # two at a time, kept as one at a time
     assert there == here and len(here) == 6 and all(simulated for _, simulated, *_ in here)
     assert search_there.best.plan == search_here.best.plan
     # the command line writes the same best plan
@@ -213,3 +213,17 @@ def test_a_plan_search_through_jobs_simulates_what_it_does_here(request, backend
         assert main(["plan", "--cluster", MIXED, "--workload", "toy:layers=4", "--batch", "8", "--top", "6",
                      "--out", str(tmp_path / name), "--plot", str(tmp_path / "pareto.png"), *flags]) == 0
     assert (tmp_path / "there.json").read_bytes() == (tmp_path / "here.json").read_bytes()
+
+
+def test_simulating_several_at_a_time_keeps_the_candidates_one_at_a_time_keeps():
+    """The search stops simulating once the next estimate cannot win; in batches of 4 it takes the
+    batch's results in order under the same rule, so it keeps the same candidates."""
+    one, _ = _search_top(30, width=1)
+    four, _ = _search_top(30, width=4)
+    assert four == one and 0 < len(one) < 30  # the rule stopped it before the 30th
+
+
+def _search_top(top: int, **options):
+    from dist_lib.planner import plan
+    search = plan(MIXED, "toy:layers=4", 8, top=top, **options)
+    return [(c.plan, c.simulated) for c in search.simulated], search

@@ -14,7 +14,6 @@ inputs of the microbatches the schedule keeps in flight on that stage.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
@@ -42,6 +41,13 @@ class LayerCosts:
     activation: tuple[float, ...]  # stash + input bytes of one microbatch
     grad_bytes: tuple[float, ...]  # 16-bit gradient bytes (what the data-parallel reduction moves)
     update: tuple[float, ...]  # optimizer step seconds
+    total: list[float]  # forward + backward, for bisection
+
+    @property
+    def per_layer(self) -> float:
+        """Seconds of a layer past the first (forward + backward): what a lower bound may assume."""
+        n = len(self.total) - 1
+        return (self.total[n] - self.total[1]) / (n - 1) if n > 1 else self.total[n]
 
 
 @lru_cache(maxsize=None)
@@ -54,20 +60,33 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
     mode = "selective" if recompute == "selective" else "none"
     fwd, bwd, wgt, state, acts, grads, upd = [], [], [], [], [], [], []
     for layer in range(workload.num_layers):
-        f = _compute_cost(device, workload, "forward", layer, samples, tp)[0]
-        b = _compute_cost(device, workload, "backward", layer, samples, tp, mode)[0]
+        if layer > 1 and workload.profile is None:  # the cost model's layers after the first are alike
+            for column in (fwd, bwd, wgt, state, acts, grads, upd):
+                column.append(column[-1])
+            continue
+        f = _cost(device, workload, "forward", layer, samples, tp, "none")
+        b = _cost(device, workload, "backward", layer, samples, tp, mode)
         if recompute == "full":
             b += f
         fwd.append(f + tp_comm)
         bwd.append(b + tp_comm)
-        wgt.append(_compute_cost(device, workload, "backward_weight", layer, samples, tp)[0])
+        wgt.append(_cost(device, workload, "backward_weight", layer, samples, tp, "none"))
         params = workload.layer_params(layer) / tp
         state.append(params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES / zero_dp))
         stash = 0 if recompute == "full" else forward_stash_bytes(device, workload, layer, samples, tp, mode)
         acts.append(stash + act)
         grads.append(params * WEIGHT_BYTES)
         upd.append(costs.update_time(device, params / zero_dp))
-    return LayerCosts(*(tuple(accumulate(x, initial=0.0)) for x in (fwd, bwd, wgt, state, acts, grads, upd)))
+    return with_total(*(tuple(accumulate(x, initial=0.0)) for x in (fwd, bwd, wgt, state, acts, grads, upd)))
+
+
+def with_total(*prefixes: tuple[float, ...]) -> LayerCosts:
+    return LayerCosts(*prefixes, [f + b for f, b in zip(prefixes[0], prefixes[1])])
+
+
+@lru_cache(maxsize=None)
+def _cost(device: Device, workload: Workload, op: str, layer: int, samples: int, tp: int, mode: str) -> float:
+    return _compute_cost(device, workload, op, layer, samples, tp, mode)[0]
 
 
 def in_flight(schedule: str, stage: int, stages: int, microbatches: int, chunks: int) -> float:
@@ -81,37 +100,3 @@ def in_flight(schedule: str, stage: int, stages: int, microbatches: int, chunks:
     if schedule == "interleaved":
         return min(microbatches * chunks, (stages - stage - 1) * 2 + (chunks - 1) * stages + 1) / chunks
     return min(microbatches, stages - stage)
-
-
-def max_layers(c: LayerCosts, start: int, seconds: float, memory: float, fixed_seconds: float,
-               fixed_bytes: float, flight: float) -> int:
-    """How many layers from `start` fit in `seconds` per microbatch and `memory` bytes (0 if none)."""
-    budget_t = seconds - fixed_seconds
-    if budget_t <= 0:
-        return 0
-    fb, bb = c.forward, c.backward
-    j = bisect_right(_TimeView(fb, bb), fb[start] + bb[start] + budget_t) - 1
-    budget_m = memory - fixed_bytes
-    lo, hi = start, j
-    while lo < hi:  # the largest block within memory (bytes grow with every layer)
-        mid = (lo + hi + 1) // 2
-        if (c.state[mid] - c.state[start]) + flight * (c.activation[mid] - c.activation[start]) <= budget_m:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo - start
-
-
-class _TimeView:
-    """forward[i] + backward[i] as a sequence, for bisect without building a list."""
-
-    __slots__ = ("f", "b")
-
-    def __init__(self, f, b):
-        self.f, self.b = f, b
-
-    def __len__(self) -> int:
-        return len(self.f)
-
-    def __getitem__(self, i: int) -> float:
-        return self.f[i] + self.b[i]

@@ -57,25 +57,29 @@ def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, 
         candidate.error = str(exc).splitlines()[0]
         return candidate
     used = candidate.plan.ranks
+    busy = result.compute_busy()
+    candidate.stage_busy = [max(busy[r] for r in stage.ranks) for stage in candidate.plan.stages]
     candidate.simulated = result.time_s
     candidate.peak_fraction = max(result.memory_bytes[r] / cluster.device_of(r).memory_bytes for r in used)
     candidate.mfu = result.model_flops / (result.time_s * sum(cluster.device_of(r).peak_flops for r in used))
     return candidate
 
 
-def neighbours(plan: Plan) -> list[Plan]:
-    """Plans with one layer moved across one stage boundary (one-chunk plans)."""
-    if plan.chunks != 1:
+def neighbours(candidate: Candidate) -> list[Plan]:
+    """Plans with one layer moved from the stage whose compute was busiest in the simulation to a
+    neighbouring stage (one-chunk plans)."""
+    plan = candidate.plan
+    if plan.chunks != 1 or not candidate.stage_busy:
         return []
-    out = []
     counts = [s.layers for s in plan.stages]
-    for s in range(len(counts) - 1):
-        for move in (1, -1):
+    worst = candidate.stage_busy.index(max(candidate.stage_busy))
+    out = []
+    for other in (worst - 1, worst + 1):
+        if 0 <= other < len(counts) and counts[worst] > 1:
             new = counts[:]
-            new[s] += move
-            new[s + 1] -= move
-            if min(new) >= 1:
-                out.append(with_counts(plan, new))
+            new[worst] -= 1
+            new[other] += 1
+            out.append(with_counts(plan, new))
     return out
 
 
@@ -96,7 +100,7 @@ def refine(cluster: Cluster, workload: Workload, global_batch: int, best: Candid
         improved = None
         trials = simulate_all(cluster, workload, global_batch,
                               [Candidate(plan, best.estimate, best.memory, best.price_per_hour)
-                               for plan in neighbours(best.plan)], runner)
+                               for plan in neighbours(best)], runner)
         for trial in trials:
             runs += 1
             if trial.simulated is not None and key(trial) < key(improved or best) * (1 - 1e-9):

@@ -76,7 +76,7 @@ class Plan:
 
     def describe(self) -> str:
         """One line: each stage as dp x tp and its layer count, then the microbatching and options."""
-        stages = " | ".join(f"{s.dp}x{s.tp}:{s.layers}L" for s in self.stages)
+        stages = "+".join(f"{s.dp}x{s.tp}:{s.layers}L" for s in self.stages)
         extra = "".join(f" {k}={v}" for k, v in (("recompute", self.recompute), ("zero", self.zero))
                         if v not in ("none", 0))
         return f"{stages}  {self.microbatches}x{self.microbatch_size} {self.schedule}{extra}"
@@ -92,7 +92,11 @@ class Plan:
         return data
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        """JSON with one line per stage."""
+        data = self.to_dict()
+        stages = ",\n".join("  " + json.dumps(stage) for stage in data.pop("stages"))
+        rest = "".join(f',\n {json.dumps(k)}: {json.dumps(v)}' for k, v in data.items())
+        Path(path).write_text(f'{{\n "stages": [\n{stages}\n ]{rest}\n}}\n')
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "<plan>") -> Plan:

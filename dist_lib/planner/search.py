@@ -12,21 +12,25 @@ dynamic programming (Li et al. NeurIPS'22, sec. 4), in O(p log L) per probe.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from bisect import bisect_right
+from dataclasses import dataclass, field
 
 from .. import costs
 from ..hardware import Cluster
 from ..workload import Workload
 from . import space
-from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight, layer_costs, max_layers
+from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight, layer_costs, with_total
 from .plan import Plan, Stage
 
 MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
 MEMORY_CONFIGS = (("none", 0), ("none", 1), ("selective", 0), ("selective", 1), ("full", 0), ("full", 1))
 INTERLEAVE_CHUNKS = 2
+# Candidates whose lower bound is this much above the best estimate are not estimated: the estimate
+# orders simulated plans within about this margin (benchmarks/planners.py prints how often it errs).
+PRUNE_SLACK = 0.2
+BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,7 @@ class Candidate:
     peak_fraction: float | None = None  # simulated: highest peak / capacity over the ranks
     mfu: float | None = None
     error: str = ""
+    stage_busy: list[float] = field(default_factory=list)  # simulated: each stage's busiest compute stream
 
     @property
     def seconds(self) -> float:
@@ -146,14 +151,14 @@ class _Reduction:
 def _slowest(per: list[LayerCosts]) -> LayerCosts:
     """Per layer, the largest of each figure over the replicas, as prefix sums again."""
     fields = []
-    for name in LayerCosts.__slots__:
+    for name in LayerCosts.__slots__[:-1]:
         arrays = [getattr(c, name) for c in per]
         out, total = [0.0], 0.0
         for i in range(1, len(arrays[0])):
             total += max(a[i] - a[i - 1] for a in arrays)
             out.append(total)
         fields.append(tuple(out))
-    return LayerCosts(*fields)
+    return with_total(*fields)
 
 
 # ---- partition and step estimate --------------------------------------------------------------
@@ -163,45 +168,65 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
     """(bound, [(layer count, option)] per stage): the least per-microbatch stage time for which every
     layer finds a place, or None when no bound does (memory)."""
     pp = len(stages)
+    infinite = float("inf")
+    # per stage: its in-flight microbatches, and per option what a probe reads (hoisted out of the loop)
+    prepared = [(in_flight(schedule, s, pp, microbatches, 1),
+                 [(o, o.costs.total, o.costs.state, o.costs.activation, o.loss if s == pp - 1 else 0.0,
+                   (o.capacity if memory else infinite) - o.transient) for o in options])
+                for s, options in enumerate(stages)]
 
     def place(bound: float):
+        """Each stage in turn takes the most layers that fit in `bound` seconds and in its memory
+        (over its TP options; the faster block on a tie), leaving one for each later stage."""
         start, out = 0, []
-        for s, options in enumerate(stages):
-            flight = in_flight(schedule, s, pp, microbatches, 1)
-            room = layers - start - (pp - s - 1)  # leave a layer for each later stage
-            best, pick = 0, None
-            for o in options:
-                fixed = o.loss if s == pp - 1 else 0.0
-                mem = o.capacity if memory else float("inf")
-                n = min(room, max_layers(o.costs, start, bound, mem, fixed, o.transient, flight))
-                if n > best or (n == best and pick is not None and n and _block_time(o, start, n) <
-                                _block_time(pick, start, n)):
-                    best, pick = n, o
+        for s, (flight, options) in enumerate(prepared):
+            room = layers - start - (pp - s - 1)
+            best, pick, best_time = 0, None, 0.0
+            for o, total, state, act, fixed, budget_m in options:
+                t0 = total[start]
+                j = min(bisect_right(total, t0 + bound - fixed) - 1, start + room)
+                if j <= start:
+                    continue
+                s0, a0 = state[start], act[start]
+                if state[j] - s0 + flight * (act[j] - a0) > budget_m:
+                    lo, hi = start, j  # the largest block within memory (bytes grow with every layer)
+                    while lo < hi:
+                        mid = (lo + hi + 1) // 2
+                        if state[mid] - s0 + flight * (act[mid] - a0) <= budget_m:
+                            lo = mid
+                        else:
+                            hi = mid - 1
+                    j = lo
+                n = j - start
+                if n > best or (n == best and n and total[j] - t0 < best_time):
+                    best, pick, best_time = n, o, total[j] - t0
             if best == 0:
                 return None
             out.append((best, pick))
             start += best
         return out if start == layers else None
 
-    hi = sum(max(_block_time(o, 0, layers) for o in options) for options in stages) + \
+    top = sum(max(_block_time(o, 0, layers) for o in options) for options in stages) + \
         max(o.loss for o in stages[-1])
-    if place(hi) is None:
+    # start from the harmonic lower bound (see `generate`) and double until every layer is placed
+    lo = layers / sum(1 / min(o.costs.per_layer for o in options) for options in stages)
+    hi = 2 * lo
+    while hi < top and place(hi) is None:
+        lo, hi = hi, 2 * hi
+    if hi >= top and place(top) is None:
         return None
-    lo = 0.0
-    for _ in range(30):
+    hi = min(hi, top)
+    while hi - lo > BOUND_TOLERANCE * hi:
         mid = (lo + hi) / 2
         if place(mid) is None:
             lo = mid
         else:
             hi = mid
-        if hi - lo <= 1e-4 * hi:
-            break
     return hi, place(hi)
 
 
 def _block_time(o: StageOption, start: int, n: int) -> float:
-    c = o.costs
-    return c.forward[start + n] - c.forward[start] + c.backward[start + n] - c.backward[start]
+    return o.costs.total[start + n] - o.costs.total[start]
 
 
 def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
@@ -261,7 +286,7 @@ def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches
 
 
 def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget: float | None = None,
-             max_stages: int = 64, progress: Callable[[int, int], None] | None = None
+             objective: str = "time", max_stages: int = 16, progress: Callable[[int, int], None] | None = None
              ) -> tuple[list[Candidate], list[str]]:
     """Every candidate the estimate finds feasible, each with its best partition, and (when there are
     none) why not, one reason per line."""
@@ -272,34 +297,54 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         cheapest = min(n.device.price_per_hour for n in cluster.nodes)
         return [], [f"no device type's GPUs fit the budget of ${budget:.2f}/h (the cheapest GPU costs "
                     f"${cheapest:.2f}/h)"]
-    work = [(order, stages) for order in orders for stages in space.layouts(order, L, max_stages)]
-    out: list[Candidate] = []
     why = {"memory": 0, "batch": 0}
-    for i, (order, stages) in enumerate(work):
-        if progress is not None:
-            progress(i, len(work))
-        price = sum(cluster.device_of(r).price_per_hour for r in order.ranks if any(r in s for s in stages))
-        for microbatch in space.divisors(global_batch):
-            m = global_batch // microbatch
-            if len(stages) > 1 and m < len(stages) // 2:  # a pipeline needs microbatches to fill it
-                continue
-            free = [sp.options(ranks, microbatch, "none", 0) for ranks in stages]
-            if not all(free):
-                why["batch"] += 1
-                continue
-            unconstrained = partition(free, L, m, memory=False)
-            if unconstrained is None:
-                continue
-            for recompute, zero in MEMORY_CONFIGS:
-                options = [sp.options(ranks, microbatch, recompute, zero) for ranks in stages]
-                found = partition(options, L, m)
-                if found is None:
-                    why["memory"] += 1
+    # Branch and bound: a lower bound of each (grouping, microbatch size) orders the work, and the work
+    # stops where the bound exceeds the best estimate so far by more than the estimate's error could hide.
+    work = []
+    for order in orders:
+        price = sum(cluster.device_of(r).price_per_hour for r in order.ranks)
+        for stages in space.layouts(order, L, max_stages):
+            for microbatch in space.divisors(global_batch):
+                m = global_batch // microbatch
+                if len(stages) > 1 and m < len(stages) // 2:  # a pipeline needs microbatches to fill it
                     continue
-                bound, placed = found
-                out += _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price)
-                if bound <= unconstrained[0] * (1 + 1e-6):
-                    break  # memory did not bind: the slower settings cannot win
+                free = [sp.options(ranks, microbatch, "none", 0) for ranks in stages]
+                if not all(free):
+                    why["batch"] += 1
+                    continue
+                # every stage s runs n_s layers of at least u_s seconds within the bound T, so
+                # L = sum n_s <= T * sum 1/u_s, and the step takes at least m * T plus the fill, which
+                # is the sum of the other stages' times (1F1B), at least a third of it with ZB-H1 or
+                # interleaving: sum_s n_s u_s >= L min u_s
+                fastest = [min(o.costs.per_layer for o in options) for options in free]
+                slowest_stage = L / sum(1 / u for u in fastest)
+                bound = m * slowest_stage + max(0.0, L * min(fastest) - slowest_stage) / 3
+                work.append((bound * (price if objective == "cost" else 1.0), price, stages, microbatch, free))
+    work.sort(key=lambda w: w[0])
+    out: list[Candidate] = []
+    incumbent = float("inf")
+    for i, (bound, price, stages, microbatch, free) in enumerate(work):
+        if progress is not None and i % 64 == 0:
+            progress(i, len(work))
+        if bound > incumbent * (1 + PRUNE_SLACK):
+            break
+        m = global_batch // microbatch
+        unconstrained = partition(free, L, m, memory=False)
+        weight = price if objective == "cost" else 1.0
+        if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + PRUNE_SLACK):
+            continue  # even without memory limits its slowest stage makes it lose
+        for recompute, zero in MEMORY_CONFIGS:
+            options = [sp.options(ranks, microbatch, recompute, zero) for ranks in stages]
+            found = partition(options, L, m)
+            if found is None:
+                why["memory"] += 1
+                continue
+            new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price)
+            for c in new:
+                incumbent = min(incumbent, c.estimate * weight)
+            out += new
+            if found[0] <= unconstrained[0] * (1 + 1e-6):
+                break  # memory did not bind: the slower settings cannot win
     if progress is not None:
         progress(len(work), len(work))
     reasons = []

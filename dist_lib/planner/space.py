@@ -11,8 +11,10 @@ Narayanan et al. 2021, sec. 3.3); its replicas share each microbatch in proporti
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import permutations
 
+from ..devices import Device
 from ..hardware import Cluster
 from ..model import _compute_cost
 from ..workload import Workload
@@ -55,7 +57,8 @@ def divisors(n: int) -> list[int]:
 
 
 def layouts(order: Order, num_layers: int, max_stages: int) -> list[tuple[tuple[int, ...], ...]]:
-    """Stage rank groups: equal widths over the whole order, and type by type with per-type widths."""
+    """Stage rank groups: equal widths over the whole order, and type by type with per-type widths
+    (each type cut into a power-of-two number of stages, as Metis' device groups are)."""
     ranks, found = order.ranks, set()
     for pp in divisors(len(ranks)):
         if pp <= min(num_layers, max_stages):
@@ -67,7 +70,7 @@ def layouts(order: Order, num_layers: int, max_stages: int) -> list[tuple[tuple[
         for _, count in order.runs:
             run = ranks[start:start + count]
             splits.append([tuple(run[i * (count // k):(i + 1) * (count // k)] for i in range(k))
-                           for k in divisors(count) if k <= min(num_layers, max_stages)])
+                           for k in divisors(count) if k <= min(num_layers, max_stages) and not k & (k - 1)])
             start += count
         combos: list[tuple] = [()]
         for options in splits:
@@ -97,11 +100,17 @@ def shares(cluster: Cluster, workload: Workload, ranks: tuple[int, ...], tp: int
         return tuple(base + (d < extra) for d in range(dp))
     n = max(1, microbatch // dp)
     layer = 1 if workload.num_layers > 1 else 0
-    speed = [1.0 / (_compute_cost(d, workload, "forward", layer, n, tp)[0]
-                    + _compute_cost(d, workload, "backward", layer, n, tp)[0]) for d in devices]
+    speed = [1.0 / layer_seconds(d, workload, layer, n, tp) for d in devices]
     spare = microbatch - dp
     ideal = [spare * s / sum(speed) for s in speed]
     out = [1 + int(x) for x in ideal]
     for d in sorted(range(dp), key=lambda d: int(ideal[d]) - ideal[d])[:microbatch - sum(out)]:
         out[d] += 1
     return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def layer_seconds(device: Device, workload: Workload, layer: int, samples: int, tp: int) -> float:
+    """Forward + backward seconds of one layer (the cost model's, through `model._compute_cost`)."""
+    return (_compute_cost(device, workload, "forward", layer, samples, tp)[0]
+            + _compute_cost(device, workload, "backward", layer, samples, tp)[0])

@@ -1,0 +1,123 @@
+"""Our planner beside Metis, AMP and FASOP on each one's published setting, every plan simulated here.
+
+    python -m benchmarks.planners              # the five peer settings
+    python -m benchmarks.planners --scale      # plus 64- and 1024-GPU three-type clusters (search time)
+
+For each setting: the peer's chosen plan (as /work/shared/peer-plans.md reports it, written as a `Plan`)
+and our planner's best, both run through this sandbox's simulator, and the search wall times (the peers'
+as measured on a 2-core machine; ours on this one). The peers' models are written as the sandbox's GPT
+shapes with their layer counts, hidden sizes, sequence lengths and vocabularies (BERT-large as a GPT of
+its shape); durations come from costs.py, not from the peers' profiles. Clusters use per-GPU link figures:
+a node's NIC shared by its GPUs is not modelled yet, so every GPU has the peer's inter-node bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+from dist_lib import Cluster, SimulationError, Workload
+from dist_lib.planner import Plan, Stage, plan
+from dist_lib.planner.evaluate import run_plan, simulate_candidate
+
+
+@dataclass
+class Setting:
+    name: str
+    peer: str
+    cluster: str
+    workload: str
+    batch: int
+    peer_plan: Plan
+    peer_search_s: float
+
+
+def _uniform(stage_ranks: list[tuple[int, ...]], tp: int, counts: list[int], microbatch: int, m: int) -> Plan:
+    stages, start = [], 0
+    for ranks, n in zip(stage_ranks, counts):
+        dp = len(ranks) // tp
+        stages.append(Stage(ranks, tp, ((start, start + n),), (microbatch // dp,) * dp))
+        start += n
+    return Plan(tuple(stages), microbatch, m)
+
+
+GPT_1_5B = "gpt-6.7b:layers=8,seq=1024,vocab=51200"  # Metis' example model: 8 blocks of h 4096
+METIS_A100, METIS_V100 = "A100-80GB:intra=46:inter=10", "V100-16GB:intra=50:inter=10"
+AMP_V100, AMP_T4 = "V100-16GB:intra=21.25:inter=1.25", "T4:intra=6.25:inter=6.25"  # 170 / 10 / 50 Gb/s
+FASOP_A100, FASOP_A10 = "A100-40GB:intra=230:inter=5", "A10:intra=16:inter=5"  # 1840 / 128 / 40 Gb/s
+
+SETTINGS = [
+    # Metis (a): one stage, dp 8, 4 microbatches of 4 per replica
+    Setting("Metis (a) GPT 1.5B", "Metis", f"2x4x{METIS_A100}", GPT_1_5B, 128,
+            _uniform([tuple(range(8))], 1, [8], 32, 4), 1.0),
+    # Metis (b): V100s first, stage 0 = 4 V100 dp 2 tp 2 (embedding + 2 blocks), stage 1 = 4 A100 dp 4
+    Setting("Metis (b) GPT 1.5B", "Metis", f"1x4x{METIS_A100}+1x4x{METIS_V100}", GPT_1_5B, 128,
+            Plan((Stage((4, 5, 6, 7), 2, ((0, 2),), (2, 2)), Stage((0, 1, 2, 3), 1, ((2, 8),), (1, 1, 1, 1))), 4, 32),
+            1.0),
+    # AMP: node-major ranks, dp 4, pp 4, blocks 5/7/6/6, microbatch 1 per replica
+    Setting("AMP GPT-2 medium", "AMP", f"3x4x{AMP_V100}+1x4x{AMP_T4}", "gpt-350m:seq=1024,vocab=52256", 32,
+            _uniform([tuple(range(4 * s, 4 * s + 4)) for s in range(4)], 1, [5, 7, 6, 6], 4, 8), 1437.0),
+    # FASOP BERT-large: A100 node first, dp 4, pp 4, profiled partition [14, 5, 5, 2] of embedding + 24 + head
+    Setting("FASOP BERT-large", "FASOP", f"1x4x{FASOP_A100}+3x4x{FASOP_A10}", "gpt-350m:seq=512,vocab=30522", 256,
+            _uniform([tuple(range(4 * s, 4 * s + 4)) for s in range(4)], 1, [13, 5, 5, 1], 32, 8), 10.0),
+    # FASOP GPT-2 XL: dp 2, pp 16 (stages of 2 GPUs), A100 node last, 3 blocks a stage, microbatch 1
+    Setting("FASOP GPT-2 XL", "FASOP", f"1x4x{FASOP_A100}+7x4x{FASOP_A10}",
+            "gpt-1.3b:layers=48,hidden=1600,heads=25,seq=1024,vocab=50257", 64,
+            _uniform([(4 + 2 * s, 5 + 2 * s) for s in range(14)] + [(0, 1), (2, 3)], 1, [3] * 16, 2, 32), 35.0),
+]
+
+SCALE = [("64 GPUs: 2x8 H100 + 2x8 A100 + 4x8 V100", "2x8xH100-80GB+2x8xA100-80GB+4x8xV100-32GB", "gpt-13b", 512),
+         ("1024 GPUs: 32x8 H100 + 32x8 A100 + 64x8 V100", "32x8xH100-80GB+32x8xA100-80GB+64x8xV100-32GB",
+          "gpt-175b", 2048)]
+
+
+def _simulated(cluster: Cluster, workload: Workload, batch: int, plan_: Plan) -> str:
+    try:
+        return f"{run_plan(cluster, workload, batch, plan_).time_s * 1e3:.1f} ms"
+    except SimulationError as exc:
+        return str(exc).splitlines()[0][:60]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top", type=int, default=10, help="plans our planner simulates (default 10)")
+    parser.add_argument("--scale", action="store_true", help="also time the search on 64 and 1024 GPUs")
+    args = parser.parse_args()
+    print("| setting | peer's plan | peer's plan, simulated | our plan | ours, simulated | speed-up | "
+          "peer search | our search (wall / CPU) | estimate misorders |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for s in SETTINGS:
+        cluster, workload = Cluster.load(s.cluster), Workload.load(s.workload)
+        s.peer_plan.check(cluster.world_size, workload.num_layers, s.batch, cluster)
+        peer = _simulated(cluster, workload, s.batch, s.peer_plan)
+        started, cpu = time.perf_counter(), time.process_time()
+        found = plan(cluster, workload, s.batch, top=args.top)
+        took, cpu = time.perf_counter() - started, time.process_time() - cpu
+        ours = found.best.simulated
+        speedup = f"{float(peer.split()[0]) / (ours * 1e3):.2f}x" if peer.endswith(" ms") else "-"
+        print(f"| {s.name} | {s.peer_plan.describe()} | {peer} | {found.best.plan.describe()} | "
+              f"{ours * 1e3:.1f} ms | {speedup} | {s.peer_search_s:g} s ({s.peer}) | {took:.2f} s / {cpu:.2f} s | "
+              f"{found.order_disagreements} of {found.order_pairs} pairs |")
+    if args.scale:
+        # The estimate ranks every candidate; the simulator then runs the winner once (a 1024-rank
+        # pipeline step is millions of events), timed apart.
+        print("\n| cluster | workload, batch | candidates estimated | best plan | estimated step | search (wall / CPU) "
+              "| simulated step | simulation (wall / CPU) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, spec, workload, batch in SCALE:
+            cluster, model = Cluster.load(spec), Workload.load(workload)
+            started, cpu = time.perf_counter(), time.process_time()
+            found = plan(cluster, model, batch, top=0)
+            took, cpu = time.perf_counter() - started, time.process_time() - cpu
+            started, sim_cpu = time.perf_counter(), time.process_time()
+            best = simulate_candidate(cluster, model, batch, found.best)
+            sim_took, sim_cpu = time.perf_counter() - started, time.process_time() - sim_cpu
+            simulated = f"{best.simulated * 1e3:.0f} ms" if best.simulated is not None else best.error[:60]
+            print(f"| {name} | {workload}, {batch} | {found.estimated_count} | {best.plan.describe()} | "
+                  f"{best.estimate * 1e3:.0f} ms | {took:.1f} s / {cpu:.1f} s | {simulated} | "
+                  f"{sim_took:.1f} s / {sim_cpu:.1f} s |")
+
+
+if __name__ == "__main__":
+    main()
