@@ -17,6 +17,7 @@ from grader.errors import InputError
 from grader.jobs import RAY_LOCAL, Backend, JobFailed, import_ray, run_jobs
 from grader.leaderboard import collect_submissions, run_leaderboard
 from grader.portable import GradeJob, grade_job, save
+from grader.runner import sandbox_problem
 from grader.suites import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,7 @@ global_batch = 8
 metric = "mfu"
 scale = 100
 """
+CONFINE = sandbox_problem() is None  # confined as in production where bubblewrap runs, else unconfined
 SUBMISSIONS = [ROOT / "tests" / "submissions" / "honest.py", ROOT / "tests" / "submissions" / "buggy.py",
                ROOT / "strategies" / "ddp.py"]
 
@@ -67,7 +69,7 @@ def suite(tmp_path_factory):
 @pytest.fixture(scope="module")
 def local_board(tmp_path_factory, suite):
     out = tmp_path_factory.mktemp("local") / "board"
-    run_leaderboard(collect_submissions([str(p) for p in SUBMISSIONS]), suite, out, jobs=1)
+    run_leaderboard(collect_submissions([str(p) for p in SUBMISSIONS]), suite, out, jobs=1, confine=CONFINE)
     return out
 
 
@@ -91,7 +93,8 @@ def _result_keys(out: Path) -> list[str]:
 def test_board_on_ray_is_the_local_board_byte_for_byte(ray_instance, suite, local_board, tmp_path):
     out = tmp_path / "board"
     # through the command line: `--ray` with no address joins the instance this process holds
-    assert main(["leaderboard", *map(str, SUBMISSIONS), "--suite", suite.path, "--out", str(out), "--ray"]) == 0
+    assert main(["leaderboard", *map(str, SUBMISSIONS), "--suite", suite.path, "--out", str(out), "--ray",
+                 *([] if CONFINE else ["--trusted"])]) == 0
     # same folder name under a different parent: paths in the rows differ only by that parent
     assert _without_wall_times(out, out) == _without_wall_times(local_board, local_board)
     traces = _files(out)
@@ -116,7 +119,8 @@ def test_a_worker_killed_mid_run_is_retried_and_its_row_recorded_once(ray_instan
 
     monkeypatch.setattr(leaderboard, "grade_job", dies_on_first_attempt)
     out = tmp_path / "board"
-    run_leaderboard(collect_submissions([str(p) for p in SUBMISSIONS]), suite, out, ray=RAY_LOCAL)
+    run_leaderboard(collect_submissions([str(p) for p in SUBMISSIONS]), suite, out, ray=RAY_LOCAL,
+                    confine=CONFINE)
     assert marker.exists()  # the first attempt really died
     keys = _result_keys(out)
     assert len(keys) == len(set(keys)) == 6
@@ -183,7 +187,7 @@ def test_a_job_for_a_submission_this_node_lacks_runs_the_shipped_source(suite, t
     driver_path = tmp_path / "driver-only" / "honest.py"  # never created
     trace = tmp_path / "board" / "honest" / "toy2.json"
     graded = grade_job(GradeJob(str(driver_path), source, (helper,), suite.scenarios[0].to_dict(),
-                                asdict(suite.limits), str(trace), plots=False))
+                                asdict(suite.limits), str(trace), plots=False, confine=CONFINE))
     assert graded.row["status"] == "ok" and graded.row["submission"] == str(driver_path)
     assert graded.row["trace"] == str(trace) and list(graded.files) == [str(trace)]
     assert not trace.exists()
@@ -227,3 +231,22 @@ def _search_top(top: int, **options):
     from dist_lib.planner import plan
     search = plan(MIXED, "toy:layers=4", 8, top=top, **options)
     return [(c.plan, c.simulated) for c in search.simulated], search
+
+
+def test_a_node_without_the_sandbox_stops_the_board_naming_itself(suite, monkeypatch, tmp_path):
+    import socket
+
+    import grader.runner
+    monkeypatch.setattr(grader.runner, "sandbox_problem", lambda: "bubblewrap (bwrap) is not installed")
+    job = GradeJob(str(SUBMISSIONS[0]), SUBMISSIONS[0].read_bytes(), (), suite.scenarios[0].to_dict(),
+                   asdict(suite.limits), str(tmp_path / "t.json"))
+    with pytest.raises(InputError, match=f"^node {socket.gethostname()}: cannot confine untrusted submissions: "
+                                         f"bubblewrap \\(bwrap\\) is not installed; .* --trusted"):
+        grade_job(job)
+
+
+def test_ray_option_without_ray_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    assert main(["leaderboard", str(SUBMISSIONS[0]), "--ray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --ray needs Ray on this machine and every node: pip install 'dist-sandbox[ray]'"
