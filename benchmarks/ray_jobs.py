@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grader.jobs import RAY_LOCAL, Backend, JobFailed, connect, import_ray, run_jobs
+from grader.leaderboard import submission_files
 from grader.portable import GradeJob, grade_job
 from grader.runner import Limits, sandbox_problem
 from grader.scenario import Scenario
@@ -36,11 +37,11 @@ def echo(item: int) -> int:
 
 
 def grading_jobs(count: int, out: Path) -> list[GradeJob]:
-    source = SUBMISSION.read_bytes()
+    source, helpers = submission_files(SUBMISSION)
     limits = asdict(Limits(timeout_s=60))
     confine = sandbox_problem() is None
-    return [GradeJob(str(SUBMISSION), source, SCENARIO.to_dict(), limits, str(out / f"run{i}" / "toy4.json"),
-                     plots=False, confine=confine) for i in range(count)]
+    return [GradeJob(str(SUBMISSION), source, helpers, SCENARIO.to_dict(), limits,
+                     str(out / f"run{i}" / "toy4.json"), plots=False, confine=confine) for i in range(count)]
 
 
 def timed(fn, items, backend: Backend) -> float:

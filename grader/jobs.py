@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import signal
+import socket
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -32,6 +33,7 @@ from .errors import InputError
 T = TypeVar("T")
 R = TypeVar("R")
 
+CONNECT_TIMEOUT_S = 10.0  # for the head node to accept a connection
 RAY_LOCAL = "local"  # `--ray` with no address: start a Ray instance on this machine
 
 
@@ -235,9 +237,23 @@ def backend_from_args(args: argparse.Namespace) -> Backend:
     if args.jobs is not None and args.jobs < 1:
         raise InputError("--jobs must be at least 1")
     if args.ray is not None:
-        import_ray()  # a missing Ray is one line now, not a failure once the jobs are planned
+        import_ray()  # a missing Ray or cluster is one line now, not a failure once the jobs are planned
+        if args.ray != RAY_LOCAL:
+            _check_reachable(args.ray)
         return Backend(workers=args.jobs or 0, ray=args.ray)
     return Backend(workers=args.jobs or 1)
+
+
+def _check_reachable(address: str) -> None:
+    """One line, at once, when nothing answers at `host:port` (Ray itself retries for minutes)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # `auto`, or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise InputError(f"--ray {address}: nothing answers there ({_describe(exc)}); start the cluster with "
+                         f"`ray start --head` and give the address it prints") from None
 
 
 def import_ray() -> Any:
@@ -260,10 +276,10 @@ def connect(backend: Backend) -> bool:
         if backend.workers > 0:
             options["num_cpus"] = backend.workers
     else:
+        _check_reachable(backend.ray)
         options["address"] = backend.ray
     try:
         ray.init(**options)
     except (ConnectionError, ValueError, RuntimeError) as exc:
-        raise InputError(f"--ray {backend.ray}: cannot reach a Ray cluster there "
-                         f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
+        raise InputError(f"--ray {backend.ray}: cannot reach a Ray cluster there ({_describe(exc)})") from None
     return True

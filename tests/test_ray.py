@@ -250,3 +250,16 @@ def test_ray_option_without_ray_is_one_line_and_exit_2(monkeypatch, capsys):
     assert main(["leaderboard", str(SUBMISSIONS[0]), "--ray"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --ray needs Ray on this machine and every node: pip install 'dist-sandbox[ray]'"
+
+
+def test_a_ray_address_where_nothing_answers_is_one_line_at_once(capsys, tmp_path):
+    import socket
+    with socket.socket() as probe:  # a loopback port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["leaderboard", str(SUBMISSIONS[0]), "--out", str(tmp_path / "board"), "--ray",
+                 f"127.0.0.1:{port}"]) == 2
+    assert not (tmp_path / "board").exists()  # refused before anything was written
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --ray 127.0.0.1:{port}: nothing answers there (ConnectionRefusedError")
+    assert err.endswith("start the cluster with `ray start --head` and give the address it prints")
