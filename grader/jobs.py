@@ -96,34 +96,36 @@ def _run_pool(fn: Callable[[T], R], items: Sequence[T], backend: Backend) -> Ite
     rounds: list[tuple[list[int], int]] = [(list(range(len(items))), backend.workers)]
     while rounds:
         indices, width = rounds.pop(0)
-        suspects, unstarted = yield from _pool_round(fn, items, indices, width)
+        suspects, unstarted, why = yield from _pool_round(fn, items, indices, width)
         if len(unstarted) == len(indices):
             raise InputError("the local worker processes die before they start any job; run with --jobs 1 to see why")
         retry = []
         for index in suspects:
             attempts[index] += 1
             if attempts[index] > backend.max_retries:
-                yield index, JobFailed(f"its worker died on each of {attempts[index]} attempts")
+                yield index, JobFailed(f"its worker died on each of {attempts[index]} attempts ({why})")
             else:
                 retry.append(index)
         rounds[:0] = [r for r in ((retry, 1), (unstarted, width)) if r[0]]
 
 
 def _pool_round(fn: Callable[[T], R], items: Sequence[T], indices: list[int],
-                width: int) -> Generator[tuple[int, R | JobFailed], None, tuple[list[int], list[int]]]:
-    """Run `indices` on a new pool; (jobs running when the pool broke, jobs not started then)."""
+                width: int) -> Generator[tuple[int, R | JobFailed], None, tuple[list[int], list[int], str]]:
+    """Run `indices` on a new pool; (jobs running when the pool broke, jobs not started then, why it broke)."""
     context = multiprocessing.get_context("spawn")  # not fork: the driver may hold threads (rich's progress bar)
     # one flag per job, set by the worker that starts it: shared memory, so a worker never waits on the driver
     started = context.RawArray("b", len(indices))
     unfinished: list[int] = []
+    why = ""
     with ProcessPoolExecutor(max_workers=width, mp_context=context, initializer=_init_worker,
                              initargs=(started,)) as pool:
         pending: dict[Future, int] = {}
         for slot, i in enumerate(indices):
             try:
                 pending[pool.submit(_tracked, fn, slot, items[i])] = i
-            except BrokenProcessPool:  # it broke while the jobs were handed in: the rest were never sent
+            except BrokenProcessPool as exc:  # it broke while the jobs were handed in: the rest were never sent
                 unfinished.extend(indices[slot:])
+                why = _describe(exc)
                 break
         try:
             while pending:
@@ -132,8 +134,9 @@ def _pool_round(fn: Callable[[T], R], items: Sequence[T], indices: list[int],
                     index = pending.pop(future)
                     try:
                         yield index, future.result()
-                    except BrokenProcessPool:
+                    except BrokenProcessPool as exc:
                         unfinished.append(index)
+                        why = _describe(exc)
                     except InputError:
                         raise
                     except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
@@ -142,7 +145,7 @@ def _pool_round(fn: Callable[[T], R], items: Sequence[T], indices: list[int],
             for future in pending:
                 future.cancel()
     ran = {i for slot, i in enumerate(indices) if started[slot]}
-    return [i for i in unfinished if i in ran], [i for i in unfinished if i not in ran]
+    return [i for i in unfinished if i in ran], [i for i in unfinished if i not in ran], why
 
 
 _started: Any = None  # in a pool worker: the flags of the jobs of its round

@@ -33,7 +33,7 @@ global_batch = 4
 metric = "mfu"
 scale = 100
 """
-WORKER = b"grader._worker\0"
+WORKER = b"-m\0grader._worker\0"  # the worker itself (the sandbox probe only imports it)
 
 
 def _workers_of(parent_pids: set[int]) -> list[int]:
@@ -92,10 +92,13 @@ def test_a_killed_grader_leaves_no_run_behind(tmp_path, jobs):
             return bool(_workers_of(family))
         assert _wait_for(running, 60), "the hanging submission never started"
         family.update(_descendants(board.pid))
+        workers = _workers_of(family)
     finally:
         board.send_signal(signal.SIGKILL)  # the grader itself, killed as a submission once could
         board.wait()
-    assert _wait_for(lambda: not _workers_of(family) and not any(_alive(p) for p in family - {board.pid}), 30)
+    # every process it had started (the pool, the sandboxes, the workers in them) ends with it
+    assert workers and _wait_for(lambda: not any(_alive(p) for p in family - {board.pid}), 30), \
+        [Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in family - {board.pid} if _alive(p)]
     clean_stale()  # what the next run does first
     left = [f for f in Path(os.environ.get("TMPDIR", "/tmp")).glob(f"{FOLDER_PREFIX}*")
             if int(f.name[len(FOLDER_PREFIX):].split("-")[0]) in family]
@@ -243,3 +246,20 @@ def test_a_program_over_the_size_limit_fails_with_one_clear_line(tmp_path):
     # 20,000 loads: 20,000 x (6 + 2 x 2) words of 8 bytes
     assert (outcome.status, outcome.kind) == ("failed", "TooLarge"), outcome.message
     assert outcome.message.startswith("the recorded program takes 1.5 MiB, over the 1 MiB")
+
+
+def test_unconfined_a_run_that_kills_its_grading_process_is_one_crashed_row(tmp_path):
+    """With --trusted nothing stops a run from killing the pool worker grading it; the board replaces
+    the pool, tries the run once more, then records it as crashed and finishes the others."""
+    import json
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    (tmp_path / "killer.py").write_text("import os, signal\n\n\nasync def train(model):\n"
+                                        "    os.kill(os.getppid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-m", "grader", "leaderboard", str(tmp_path / "killer.py"),
+                           "tests/submissions/honest.py", "--suite", str(tmp_path / "suite.toml"), "--jobs", "2",
+                           "--out", str(tmp_path / "out"), "--no-plots", "--trusted"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["strategy"]: r for r in json.loads((tmp_path / "out" / "leaderboard.json").read_text())["rows"]}
+    assert rows["killer"]["status"] == "crashed" and "BrokenProcessPool" in rows["killer"]["error"]
+    assert rows["honest"]["status"] == "ok"
