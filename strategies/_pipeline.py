@@ -98,10 +98,14 @@ class _Stage:
                 self.weight_grads(action.chunk, action.mb)
             else:
                 await self.backward(action.chunk, action.mb, split=action.kind == "I")
-            self.sends = [w for w in self.sends if not (w.done and w.end <= self.model.time)]
+            await self.release_sends()
         await self.update_all()
         for work in self.sends:
             await work
+
+    async def release_sends(self) -> None:
+        """Forget the sends that have completed (their tensors stay with the un-awaited works)."""
+        self.sends = [w for w in self.sends if not (w.done and w.end <= self.model.time)]
 
     async def update_all(self) -> None:
         """After the schedule: each layer's optimizer step on its reduced gradient, then the hand-in."""

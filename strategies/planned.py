@@ -125,6 +125,17 @@ class _PlannedStage(_Stage):
         for layer in sorted(gathered, reverse=True):
             model.set_final_weight(layer, await gathered.pop(layer))
 
+    async def release_sends(self) -> None:
+        """Wait on the sends that have completed, which costs no time and frees their tensors (as
+        Megatron-LM waits on its point-to-point requests)."""
+        kept = []
+        for work in self.sends:
+            if work.done and work.end <= self.model.time:
+                await work
+            else:
+                kept.append(work)
+        self.sends = kept
+
     def _send_to(self, x, virtual: int, what: str) -> None:
         other = self.full.stages[virtual % self.pp]
         start = x.samples.bit_length() - self.mine.shares[self.replica]  # first sample of the slice

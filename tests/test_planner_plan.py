@@ -112,3 +112,16 @@ def test_joining_samples_twice_is_refused():
 
     with pytest.raises(TensorError, match="join_samples: samples 0 appear twice"):
         simulate(train, "1x1xA100-80GB", WORKLOAD, 2, check=False)
+
+
+def test_a_completed_send_frees_its_tensor_so_memory_does_not_grow_with_microbatches():
+    act = Workload.load("toy").activation_bytes()
+    peaks = []
+    for m in (4, 16):
+        plan = Plan((Stage((0,), 1, ((0, 4),), (1,)), Stage((1,), 1, ((4, 8),), (1,))), 1, m)
+        result = simulate("strategies/planned.py", "1x2xA100-80GB", "toy", m, plan=plan)
+        peaks.append([result.memory_by_kind[r]["activation"] + result.memory_by_kind[r]["activation_grad"]
+                      for r in (0, 1)])
+    # 1F1B keeps two microbatches' layer inputs on stage 0 (4 layers each) and one on stage 1
+    assert peaks[0] == peaks[1]
+    assert peaks[0][0] >= 8 * act and peaks[0][1] >= 4 * act

@@ -2,49 +2,29 @@
 ZeRO; rank them with the closed-form estimate (`estimate.py`), each with its best layer partition; then
 run the best K through the event simulator, rank for rank, and improve the winner by moving layers
 between neighbouring stages while the simulator says it helps (Aceso's bottleneck relief, Liu et al.
-EuroSys'24, sec. 4, here driven by simulated rather than estimated time).
-
-Partition: for a bound T on every stage's time per microbatch, the stages take layers greedily in pipeline
-order, each as many as fit in T and in its memory, over its TP options; a binary search finds the least T
-that places every layer. This is the bottleneck-optimal contiguous partition AMP and Metis find by
-dynamic programming (Li et al. NeurIPS'22, sec. 4), in O(p log L) per probe.
+EuroSys'24, sec. 4, here driven by simulated rather than estimated time). The partition of each
+grouping is `partition.py`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from .. import costs
 from ..hardware import Cluster
 from ..workload import Workload
 from . import space
-from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight, layer_costs, with_total
+from .estimate import LayerCosts, layer_costs, with_total
+from .partition import MEMORY_HEADROOM, StageOption, partition, step_estimate
 from .plan import Plan, Stage
 
-MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
 MEMORY_CONFIGS = (("none", 0), ("none", 1), ("selective", 0), ("selective", 1), ("full", 0), ("full", 1))
 INTERLEAVE_CHUNKS = 2
 # Candidates whose lower bound is this much above the best estimate are not estimated: the estimate
 # orders simulated plans within about this margin (benchmarks/planners.py prints how often it errs).
 PRUNE_SLACK = 0.2
-BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
-
-
-@dataclass(frozen=True, slots=True)
-class StageOption:
-    """One stage at one TP degree for one microbatch size: per-layer costs of its slowest replica."""
-
-    ranks: tuple[int, ...]
-    tp: int
-    shares: tuple[int, ...]
-    costs: LayerCosts
-    capacity: float  # usable bytes on its smallest device
-    loss: float  # loss seconds per microbatch if it is the last stage
-    transient: float  # bytes of in-flight buffers besides the stashes
-    reduce: Callable[[float], float]  # seconds of the data-parallel gradient reduction of n bytes
 
 
 @dataclass
@@ -121,13 +101,13 @@ class _Space:
         combined = per[0] if len(per) == 1 else _slowest(per)
         capacity = MEMORY_HEADROOM * min(cluster.device_of(r).memory_bytes for r in ranks)
         loss = max(costs.loss_time(device, workload, n) for device, n, _ in replicas)
-        transient = TRANSIENT_ACTIVATIONS * max(shares) * workload.activation_bytes()
+        unit = max(shares) * workload.activation_bytes()
         dp_topo = self.topology(ranks[::tp]) if dp > 1 else None
         if dp_topo is None:
             reduce = _no_reduce
         else:
             reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, workload.num_layers)
-        return StageOption(ranks, tp, shares, combined, capacity, loss, transient, reduce)
+        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce)
 
 
 def _no_reduce(nbytes: float) -> float:
@@ -159,113 +139,6 @@ def _slowest(per: list[LayerCosts]) -> LayerCosts:
             out.append(total)
         fields.append(tuple(out))
     return with_total(*fields)
-
-
-# ---- partition and step estimate --------------------------------------------------------------
-
-def partition(stages: list[list[StageOption]], layers: int, microbatches: int, schedule: str = "1f1b",
-              memory: bool = True) -> tuple[float, list[tuple[int, StageOption]]] | None:
-    """(bound, [(layer count, option)] per stage): the least per-microbatch stage time for which every
-    layer finds a place, or None when no bound does (memory)."""
-    pp = len(stages)
-    infinite = float("inf")
-    # per stage: its in-flight microbatches, and per option what a probe reads (hoisted out of the loop)
-    prepared = [(in_flight(schedule, s, pp, microbatches, 1),
-                 [(o, o.costs.total, o.costs.state, o.costs.activation, o.loss if s == pp - 1 else 0.0,
-                   (o.capacity if memory else infinite) - o.transient) for o in options])
-                for s, options in enumerate(stages)]
-
-    def place(bound: float):
-        """Each stage in turn takes the most layers that fit in `bound` seconds and in its memory
-        (over its TP options; the faster block on a tie), leaving one for each later stage."""
-        start, out = 0, []
-        for s, (flight, options) in enumerate(prepared):
-            room = layers - start - (pp - s - 1)
-            best, pick, best_time = 0, None, 0.0
-            for o, total, state, act, fixed, budget_m in options:
-                t0 = total[start]
-                j = min(bisect_right(total, t0 + bound - fixed) - 1, start + room)
-                if j <= start:
-                    continue
-                s0, a0 = state[start], act[start]
-                if state[j] - s0 + flight * (act[j] - a0) > budget_m:
-                    lo, hi = start, j  # the largest block within memory (bytes grow with every layer)
-                    while lo < hi:
-                        mid = (lo + hi + 1) // 2
-                        if state[mid] - s0 + flight * (act[mid] - a0) <= budget_m:
-                            lo = mid
-                        else:
-                            hi = mid - 1
-                    j = lo
-                n = j - start
-                if n > best or (n == best and n and total[j] - t0 < best_time):
-                    best, pick, best_time = n, o, total[j] - t0
-            if best == 0:
-                return None
-            out.append((best, pick))
-            start += best
-        return out if start == layers else None
-
-    top = sum(max(_block_time(o, 0, layers) for o in options) for options in stages) + \
-        max(o.loss for o in stages[-1])
-    # start from the harmonic lower bound (see `generate`) and double until every layer is placed
-    lo = layers / sum(1 / min(o.costs.per_layer for o in options) for options in stages)
-    hi = 2 * lo
-    while hi < top and place(hi) is None:
-        lo, hi = hi, 2 * hi
-    if hi >= top and place(top) is None:
-        return None
-    hi = min(hi, top)
-    while hi - lo > BOUND_TOLERANCE * hi:
-        mid = (lo + hi) / 2
-        if place(mid) is None:
-            lo = mid
-        else:
-            hi = mid
-    return hi, place(hi)
-
-
-def _block_time(o: StageOption, start: int, n: int) -> float:
-    return o.costs.total[start + n] - o.costs.total[start]
-
-
-def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
-                  microbatches: int, schedule: str, chunks: int) -> tuple[float, float]:
-    """(seconds per step, highest memory share) of a placed partition under a schedule."""
-    pp, m = len(placed), microbatches
-    times, backs, weights, tails, mem = [], [], [], [], 0.0
-    start = 0
-    for s, (n, o) in enumerate(placed):
-        c, stop = o.costs, start + n
-        forward, backward = c.forward[stop] - c.forward[start], c.backward[stop] - c.backward[start]
-        if s == pp - 1:
-            forward += o.loss
-        times.append(forward + backward)
-        backs.append(backward)
-        weights.append(c.weight[stop] - c.weight[start])
-        grads = c.grad_bytes[stop] - c.grad_bytes[start]
-        reduce = o.reduce(grads)
-        tails.append(max(reduce - backward, 0.0) + reduce / n + c.update[stop] - c.update[start])
-        flight = in_flight(schedule, s, pp, m, chunks)
-        used = c.state[stop] - c.state[start] + flight * (c.activation[stop] - c.activation[start]) + o.transient
-        mem = max(mem, used / o.capacity * MEMORY_HEADROOM)
-        start = stop
-    slowest = max(times)
-    fill = sum(times) - slowest
-    if schedule == "zero-bubble":
-        fill = max(0.0, sum(t - 2 * w for t, w in zip(times, weights)) - (slowest - 2 * weights[times.index(slowest)]))
-    elif schedule == "interleaved":
-        fill /= chunks
-    for s in range(pp - 1):  # an activation and a gradient cross each boundary while the pipeline fills
-        a, b = placed[s][1], placed[s + 1][1]
-        nbytes = max(max(a.shares), max(b.shares)) * workload.activation_bytes()
-        fill += 2 * costs.p2p_time(nbytes, cluster.p2p_link(a.ranks[0], b.ranks[0]))
-    pipeline = m * slowest + fill
-    step, before = 0.0, 0.0
-    for s in range(pp):
-        step = max(step, pipeline - before + tails[s])
-        before += backs[s]
-    return step, mem
 
 
 def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches: int, schedule: str,

@@ -1,0 +1,154 @@
+"""The layer partition of one grouping and its step estimate.
+
+Partition: for a bound T on every stage's time per microbatch, the stages take layers greedily in pipeline
+order, each as many as fit in T and in its memory, over its TP options; a binary search finds the least T
+that places every layer. This is the bottleneck-optimal contiguous partition AMP and Metis find by
+dynamic programming (Li et al. NeurIPS'22, sec. 4), in O(p log L) per probe. The step estimate then adds
+the pipeline fill, the exchanges between stages, the data-parallel reduction and the optimizer step
+(see `estimate.py` for the per-layer figures it reads).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import costs
+from ..hardware import Cluster
+from ..workload import Workload
+from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
+
+MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
+BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class StageOption:
+    """One stage at one TP degree for one microbatch size: per-layer costs of its slowest replica."""
+
+    ranks: tuple[int, ...]
+    tp: int
+    shares: tuple[int, ...]
+    costs: LayerCosts
+    capacity: float  # usable bytes on its smallest device
+    loss: float  # loss seconds per microbatch if it is the last stage
+    unit: float  # bytes of one replica's share of a microbatch's activation (its largest share)
+    reduce: Callable[[float], float]  # seconds of the data-parallel gradient reduction of n bytes
+
+
+
+def partition(stages: list[list[StageOption]], layers: int, microbatches: int, schedule: str = "1f1b",
+              memory: bool = True) -> tuple[float, list[tuple[int, StageOption]]] | None:
+    """(bound, [(layer count, option)] per stage): the least per-microbatch stage time for which every
+    layer finds a place, or None when no bound does (memory)."""
+    pp = len(stages)
+    infinite = float("inf")
+    # per stage: its in-flight microbatches, and per option what a probe reads (hoisted out of the loop)
+    prepared = [(in_flight(schedule, s, pp, microbatches, 1),
+                 [(o, o.costs.total, o.costs.state, o.costs.activation, o.loss if s == pp - 1 else 0.0,
+                   (o.capacity if memory else infinite) - buffers(s, pp, microbatches, schedule) * o.unit)
+                  for o in options])
+                for s, options in enumerate(stages)]
+
+    def place(bound: float):
+        """Each stage in turn takes the most layers that fit in `bound` seconds and in its memory
+        (over its TP options; the faster block on a tie), leaving one for each later stage."""
+        start, out = 0, []
+        for s, (flight, options) in enumerate(prepared):
+            room = layers - start - (pp - s - 1)
+            best, pick, best_time = 0, None, 0.0
+            for o, total, state, act, fixed, budget_m in options:
+                t0 = total[start]
+                j = min(bisect_right(total, t0 + bound - fixed) - 1, start + room)
+                if j <= start:
+                    continue
+                s0, a0 = state[start], act[start]
+                if state[j] - s0 + flight * (act[j] - a0) > budget_m:
+                    lo, hi = start, j  # the largest block within memory (bytes grow with every layer)
+                    while lo < hi:
+                        mid = (lo + hi + 1) // 2
+                        if state[mid] - s0 + flight * (act[mid] - a0) <= budget_m:
+                            lo = mid
+                        else:
+                            hi = mid - 1
+                    j = lo
+                n = j - start
+                if n > best or (n == best and n and total[j] - t0 < best_time):
+                    best, pick, best_time = n, o, total[j] - t0
+            if best == 0:
+                return None
+            out.append((best, pick))
+            start += best
+        return out if start == layers else None
+
+    top = sum(max(_block_time(o, 0, layers) for o in options) for options in stages) + \
+        max(o.loss for o in stages[-1])
+    # start from the harmonic lower bound (see `generate`) and double until every layer is placed
+    lo = layers / sum(1 / min(o.costs.per_layer for o in options) for options in stages)
+    hi = 2 * lo
+    while hi < top and place(hi) is None:
+        lo, hi = hi, 2 * hi
+    if hi >= top and place(top) is None:
+        return None
+    hi = min(hi, top)
+    while hi - lo > BOUND_TOLERANCE * hi:
+        mid = (lo + hi) / 2
+        if place(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    return hi, place(hi)
+
+
+def buffers(stage: int, stages: int, microbatches: int, schedule: str) -> float:
+    """Activations a stage holds besides its layer inputs and stashes, in microbatch shares: a few
+    passing through (received, all-reduced, being sent) and the messages it sent that the neighbour has
+    not received yet (a send keeps its tensor until matched): outputs of up to the microbatches in
+    flight, and a gradient past the first stage."""
+    sent = in_flight(schedule, stage, stages, microbatches, 1) if stage < stages - 1 else 0
+    return TRANSIENT_ACTIVATIONS + sent + (1 if stage > 0 else 0)
+
+
+def _block_time(o: StageOption, start: int, n: int) -> float:
+    return o.costs.total[start + n] - o.costs.total[start]
+
+
+def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
+                  microbatches: int, schedule: str, chunks: int) -> tuple[float, float]:
+    """(seconds per step, highest memory share) of a placed partition under a schedule."""
+    pp, m = len(placed), microbatches
+    times, backs, weights, tails, mem = [], [], [], [], 0.0
+    start = 0
+    for s, (n, o) in enumerate(placed):
+        c, stop = o.costs, start + n
+        forward, backward = c.forward[stop] - c.forward[start], c.backward[stop] - c.backward[start]
+        if s == pp - 1:
+            forward += o.loss
+        times.append(forward + backward)
+        backs.append(backward)
+        weights.append(c.weight[stop] - c.weight[start])
+        grads = c.grad_bytes[stop] - c.grad_bytes[start]
+        reduce = o.reduce(grads)
+        tails.append(max(reduce - backward, 0.0) + reduce / n + c.update[stop] - c.update[start])
+        flight = in_flight(schedule, s, pp, m, chunks)
+        used = c.state[stop] - c.state[start] + flight * (c.activation[stop] - c.activation[start]) \
+            + buffers(s, pp, m, schedule) * o.unit
+        mem = max(mem, used / o.capacity * MEMORY_HEADROOM)
+        start = stop
+    slowest = max(times)
+    fill = sum(times) - slowest
+    if schedule == "zero-bubble":
+        fill = max(0.0, sum(t - 2 * w for t, w in zip(times, weights)) - (slowest - 2 * weights[times.index(slowest)]))
+    elif schedule == "interleaved":
+        fill /= chunks
+    for s in range(pp - 1):  # an activation and a gradient cross each boundary while the pipeline fills
+        a, b = placed[s][1], placed[s + 1][1]
+        nbytes = max(max(a.shares), max(b.shares)) * workload.activation_bytes()
+        fill += 2 * costs.p2p_time(nbytes, cluster.p2p_link(a.ranks[0], b.ranks[0]))
+    pipeline = m * slowest + fill
+    step, before = 0.0, 0.0
+    for s in range(pp):
+        step = max(step, pipeline - before + tails[s])
+        before += backs[s]
+    return step, mem
