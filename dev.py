@@ -37,7 +37,7 @@ def ensure_env() -> None:
     if not STAMP.exists() or STAMP.read_text() != want:
         print("installing dependencies into .venv ...", flush=True)
         subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "-e", f"{ROOT}[test,plot]"], check=True)
+                        "-e", f"{ROOT}[test,plot,ray]"], check=True)
         STAMP.write_text(want)
 
 

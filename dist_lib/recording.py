@@ -26,6 +26,8 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     ALL_REDUCE / ALL_GATHER / REDUCE_SCATTER x k rank x k (k = 0: every rank) -> work
     SEND x dst, RECV src                          -> work
     ADD a b                                       -> weight gradient (a + b)
+    SPLIT x k (start stop) x k                    -> those samples of activation (gradient) x
+    JOIN k part x k                               -> the parts as one activation (gradient)
     AWAIT work                                    -> its result (None after a send)
     DROP handle
 """
@@ -39,10 +41,10 @@ from .comm import Work
 from .errors import TensorError
 
 (LOAD, INPUT, FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS, UPDATE, FINAL, ALL_REDUCE, ALL_GATHER,
- REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP) = range(17)
+ REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN) = range(19)
 OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backward_input", "backward_weight",
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
-           "add", "await", "drop")
+           "add", "await", "drop", "split_samples", "join_samples")
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
 UNRECORDED_OPS = ("group",)  # Model methods that decide nothing (a group is named by its ranks where used)
 
@@ -239,6 +241,19 @@ class RecordingModel:
         work = self._model.recv(src)
         self._emit(RECV, src)
         return self._wrap(work)
+
+    def split_samples(self, x: Any, samples: Any) -> Any:
+        out = self._model.split_samples(self._t(x, "split_samples"), samples)
+        spans = _intervals(out.samples)  # what was taken, however the samples were named
+        self._emit(SPLIT, x._number, len(spans) // 2, *spans)
+        return self._wrap(out)
+
+    def join_samples(self, parts: Any) -> Any:
+        if not isinstance(parts, (list, tuple)):
+            return self._model.join_samples(parts)  # refused there, with the model's message
+        out = self._model.join_samples([self._t(part, "join_samples") for part in parts])
+        self._emit(JOIN, len(parts), *(part._number for part in parts))
+        return self._wrap(out)
 
 
 def _intervals(mask: int) -> list[int]:

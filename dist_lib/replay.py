@@ -27,7 +27,7 @@ from .comm import Work
 from .errors import SimulationError
 from .hardware import Cluster
 from .recording import (ADD, ALL_GATHER, ALL_REDUCE, AWAIT, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP,
-                        FINAL, FORWARD, INPUT, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, UPDATE)
+                        FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, UPDATE)
 from .result import Result
 from .simulator import simulate
 from .workload import Workload
@@ -153,26 +153,41 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
         elif op == LOAD:
             extend(model.load_weights(small(1), small(2), small(3), tp_rank=small(4), tp_size=small(5)))
         elif op == INPUT:
-            i += _input(model, program, i, n, batch, append, fail)
+            samples = _samples(program, i + 1, n, batch, fail)
+            append(model.get_input_activation(samples))
+            i += 2 + 2 * program[i + 1]
+            continue
+        elif op == SPLIT:
+            if i + 2 >= n:
+                raise fail("the program ends inside this entry")
+            samples = _samples(program, i + 2, n, batch, fail)
+            append(model.split_samples(get(1), samples))
+            i += 3 + 2 * program[i + 2]
+            continue
+        elif op == JOIN:
+            k = program[i + 1] if i + 1 < n else -1
+            if not 1 <= k <= batch or i + 1 + k >= n:
+                raise fail(f"part count {k} is not in 1..{batch} or runs past the program's end")
+            append(model.join_samples([get(2 + j) for j in range(k)]))
+            i += 2 + k
             continue
         else:
             raise fail(f"unknown opcode {op}")
         i += 1 + arity  # type: ignore[operator]
 
 
-def _input(model: Any, program: array, i: int, n: int, batch: int, append: Any, fail: Any) -> int:
-    """Run an INPUT entry at word i; return its length in words."""
-    k = program[i + 1] if i + 1 < n else -1
-    if not 1 <= k <= batch or i + 1 + 2 * k >= n:
+def _samples(program: array, at: int, n: int, batch: int, fail: Any) -> range | list[int]:
+    """The samples named at word `at`: a count k, then k half-open intervals of the global batch."""
+    k = program[at] if at < n else -1
+    if not 1 <= k <= batch or at + 2 * k >= n:
         raise fail(f"interval count {k} is not in 1..{batch} or runs past the program's end")
-    spans = program[i + 2:i + 2 + 2 * k]
+    spans = program[at + 1:at + 1 + 2 * k]
     samples: list[int] = []
     for start, stop in zip(spans[::2], spans[1::2]):
         if not 0 <= start < stop <= batch:
             raise fail(f"samples {start}..{stop} are not an interval of the global batch 0..{batch}")
         samples.extend(range(start, stop))
-    append(model.get_input_activation(range(spans[0], spans[1]) if k == 1 else samples))
-    return 2 + 2 * k
+    return range(spans[0], spans[1]) if k == 1 else samples
 
 
 def _name(op: int) -> str:

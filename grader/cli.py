@@ -2,10 +2,10 @@
 
     python -m grader                                   # every built-in strategy on the default suite
     python -m grader run FILE [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
-    python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--out DIR] [--trusted]
+    python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
     python -m grader check FILE [--examples N]
     python -m grader plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
-                          [--budget USD_PER_HOUR] [--out plan.json]
+                          [--budget USD_PER_HOUR] [--out plan.json] [--jobs N] [--ray [ADDRESS]]
 
 Exit codes: 0 success, 1 a strategy failed (or was flagged invalid), 2 bad input, 130 interrupted.
 """
@@ -27,6 +27,7 @@ from dist_lib.specs import number, whole
 from dist_lib.workload import MAX_GLOBAL_BATCH
 
 from .errors import InputError
+from .jobs import add_backend_options, backend_from_args
 from .runner import Limits
 from .scenario import Scenario, parse_set
 
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     board = sub.add_parser("leaderboard", help="many submissions on a suite")
     board.add_argument("paths", nargs="+")
     board.add_argument("--suite", default=None, help="suite TOML file or shipped name (default: default)")
-    board.add_argument("--jobs", type=_ranged(1, MAX_JOBS, integer=True), default=1)
+    add_backend_options(board, jobs_type=_ranged(1, MAX_JOBS, integer=True))
     board.add_argument("--out", default="traces/leaderboard")
     board.add_argument("--no-plots", action="store_true")
     board.add_argument("--fresh", action="store_true", help="ignore results saved by an earlier run")
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_argument("--budget", type=float, help="USD per hour the GPUs may cost at most")
     planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
     planning.add_argument("--plot", default="traces/pareto.png", help="Pareto plot PNG (default traces/pareto.png)")
+    add_backend_options(planning, jobs_type=_ranged(1, MAX_JOBS, integer=True))
     return parser
 
 
@@ -231,15 +233,17 @@ def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
     from .leaderboard import collect_submissions, run_leaderboard
     from .suites import load_suite
     _writable(args.out, "--out", folder=True)
+    backend = backend_from_args(args)
     from .runner import sandbox_problem
     suite = load_suite(args.suite)
     submissions = collect_submissions(args.paths)
-    problem = None if args.trusted else sandbox_problem()
+    # on Ray the sandbox is needed on the nodes that run the submissions, and each node checks for itself
+    problem = None if args.trusted or backend.ray is not None else sandbox_problem()
     if problem:
         raise InputError(f"leaderboard: cannot confine untrusted submissions: {problem}; "
                          f"pass --trusted to run them unconfined")
-    summary = run_leaderboard(submissions, suite, Path(args.out), jobs=args.jobs, plots=not args.no_plots,
-                              console=console, fresh=args.fresh, confine=not args.trusted)
+    summary = run_leaderboard(submissions, suite, Path(args.out), jobs=backend.workers, plots=not args.no_plots,
+                              console=console, fresh=args.fresh, confine=not args.trusted, ray=backend.ray)
     _print_board(console, summary, Path(args.out))
     return 0
 

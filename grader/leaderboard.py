@@ -8,11 +8,10 @@ fingerprint matches, so an interrupted leaderboard resumes where it stopped, and
 simulator, helper or limit grades again. A line of `results.jsonl` that is not a well-formed row is
 ignored (and graded again).
 
-Scaling past one machine: the job list is a list of `(grade_one, args)` calls on picklable plain
-data, and each call is independent and returns a plain dict. The same list can be submitted with
-`ray.remote(grade_one).remote(*args)` or `dask.distributed.Client.submit(grade_one, *args)` instead
-of the local process pool; the parent (this module) keeps only the collection, the resume file and
-the ranking, so no scheduler of our own is involved.
+The runs are independent `grade_job` calls on plain data (`portable.py`: each carries its
+submission's source and returns its trace as bytes), handed to `jobs.run_jobs`: in this process, a
+local process pool, or Ray tasks across a cluster. This module, the driver, keeps the collection, the
+resume file and the ranking, so a run retried after a worker died is still recorded once.
 """
 
 from __future__ import annotations
@@ -20,11 +19,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import multiprocessing
-import signal
 import sys
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +28,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .errors import InputError
-from .grade import grade_one, slug
+from .grade import slug
+from .jobs import Backend, JobFailed, run_jobs
+from .portable import GradeJob, grade_job, save
 from .suites import Suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,13 +82,16 @@ def code_hash() -> str:
     return digest.hexdigest()
 
 
-def submission_source(path: Path) -> bytes:
+def submission_files(path: Path) -> tuple[bytes, tuple[tuple[str, bytes], ...]]:
     """What a submission's grade depends on among its own files: the file, and the helpers beside it
-    (files named with a leading underscore, which are not submissions themselves)."""
-    parts = [path.read_bytes()]
-    for helper in sorted(path.parent.glob("_*.py")):
-        parts += [helper.name.encode(), helper.read_bytes()]
-    return b"\0".join(parts)
+    (files named with a leading underscore, which are not submissions themselves), by name."""
+    return path.read_bytes(), tuple((helper.name, helper.read_bytes()) for helper in sorted(path.parent.glob("_*.py")))
+
+
+def submission_source(path: Path) -> bytes:
+    """`submission_files` as one byte string, for the resume fingerprint."""
+    source, helpers = submission_files(path)
+    return b"\0".join([source, *(part for name, data in helpers for part in (name.encode(), data))])
 
 
 def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) -> list[Job]:
@@ -133,19 +133,12 @@ def _well_formed(row: dict[str, Any]) -> bool:
         and isinstance(row.get("global_batch"), int) and isinstance(row.get("problems"), list)
 
 
-def _pool_worker_init() -> None:
-    """A pool worker dies with the leaderboard process (Linux), so that no grading outlives it."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int = 1, plots: bool = True,
-                    console: Console | None = None, fresh: bool = False, confine: bool = True) -> dict[str, Any]:
-    """Grade every submission x scenario not graded yet; `confine=False` runs submissions without the
-    OS sandbox (for trusted code only)."""
+                    console: Console | None = None, fresh: bool = False, confine: bool = True,
+                    ray: str | None = None) -> dict[str, Any]:
+    """Grade every submission x scenario not graded yet. `jobs` runs that many local processes; `ray` (an
+    address, or `jobs.RAY_LOCAL`) runs Ray tasks instead; `confine=False` runs submissions without the OS
+    sandbox (for trusted code only)."""
     from .runner.isolation import clean_stale
     console = console or Console()
     clean_stale()
@@ -159,8 +152,13 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     if done:
         console.print(f"resuming: {len(done)} of {len(job_list)} runs already graded in {results}")
     limits = asdict(suite.limits)
+    files = {job.submission: submission_files(Path(job.submission)) for job in todo}
+    work = [GradeJob(job.submission, *files[job.submission], job.scenario, limits, job.trace, plots, confine)
+            for job in todo]
 
     def finished(job: Job, row: dict[str, Any]) -> None:
+        if job.key in done:
+            return  # one row per run, whatever the backend delivers
         row.update(key=job.key, fingerprint=job.fingerprint, label=job.label)
         done[job.key] = row
         with results.open("a") as fh:
@@ -171,63 +169,24 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
                TextColumn("{task.description}"))
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("", total=len(todo))
-        if jobs <= 1:
-            for job in todo:
-                progress.update(task, description=f"{job.label} / {job.scenario['name']}")
-                try:
-                    row = grade_one(job.submission, job.scenario, limits, job.trace, plots, confine=confine)
-                except Exception as exc:  # noqa: BLE001 - one row's failure never stops the board
-                    row = _grader_error(job, exc)
-                finished(job, row)
-                progress.advance(task)
-        else:
-            def advance(job: Job) -> None:
-                progress.update(task, description=f"{job.label} / {job.scenario['name']}")
-                progress.advance(task)
-            left = _run_pool(todo, jobs, limits, plots, confine, finished, advance, blame=False)
-            for job in left:  # a pool worker was killed: each unfinished job alone, so a break names its job
-                _run_pool([job], 1, limits, plots, confine, finished, advance, blame=True)
+        backend = Backend(workers=jobs, ray=ray)
+        if ray is not None and todo:
+            console.print(f"grading {len(todo)} runs on {backend.describe()}")
+        for index, graded in run_jobs(grade_job, work, backend):
+            job = todo[index]
+            # a run the grader itself could not finish (it raised, or killed its worker on every attempt)
+            # is a crashed row, recorded like any other: grading it again would fail again
+            finished(job, _grader_error(job, graded.reason) if isinstance(graded, JobFailed) else save(graded))
+            progress.update(task, description=f"{job.label} / {job.scenario['name']}")
+            progress.advance(task)
     return write_outputs(out, suite, job_list, done)
 
 
-def _run_pool(todo: list[Job], jobs: int, limits: dict[str, Any], plots: bool, confine: bool,
-              finished: Any, advance: Any, blame: bool) -> list[Job]:
-    """Grade `todo` on a pool of `jobs` processes. If the pool breaks (a pool worker killed from
-    outside), the jobs it did not finish are returned to run again, or with `blame` (one job alone)
-    recorded as crashed."""
-    context = multiprocessing.get_context("spawn")
-    left: list[Job] = []
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_pool_worker_init) as pool:
-        pending: dict[Future, Job] = {pool.submit(grade_one, j.submission, j.scenario, limits, j.trace, plots,
-                                                  confine=confine): j for j in todo}
-        try:
-            while pending:
-                ready, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in ready:
-                    job = pending.pop(future)
-                    try:
-                        row = future.result()
-                    except BrokenProcessPool as exc:
-                        if not blame:
-                            left.append(job)
-                            continue
-                        row = _grader_error(job, exc)
-                    except Exception as exc:  # noqa: BLE001 - one row's failure never stops the board
-                        row = _grader_error(job, exc)
-                    finished(job, row)
-                    advance(job)
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
-    return left
-
-
-def _grader_error(job: Job, exc: BaseException) -> dict[str, Any]:
+def _grader_error(job: Job, reason: str) -> dict[str, Any]:
     return {"submission": job.submission, "strategy": Path(job.submission).stem, "scenario": job.scenario["name"],
             "cluster": job.scenario["cluster"], "workload": job.scenario["workload"],
             "global_batch": job.scenario["global_batch"], "status": "crashed",
-            "error": f"grading this run failed in the grader ({type(exc).__name__}: {str(exc)[:300]})",
+            "error": f"grading this run failed in the grader ({reason[:300]})",
             "time_s": None, "peak_memory_bytes": None, "peak_memory_rank": None, "memory_bytes": None, "mfu": None,
             "hfu": None, "bubble_fraction": None, "correct": False, "problems": [], "trace": None, "plots": [],
             "wall_s": 0.0}

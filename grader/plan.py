@@ -3,20 +3,36 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dist_lib import Cluster, SpecError, Workload
 from dist_lib.planner import plan
+from dist_lib.planner.evaluate import Runner
 from dist_lib.planner.report import pareto, plot_pareto, table
 from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 
 from .errors import InputError
+from .jobs import Backend, JobFailed, backend_from_args, parallelism, run_jobs, session
+
+
+def _runner(backend: Backend) -> Runner:
+    """The plan search's simulations as jobs on `backend`; one that could not finish is a candidate that
+    failed, with the reason."""
+    def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        for index, out in run_jobs(fn, items, backend):
+            yield index, replace(items[index], error=f"not simulated: {out.reason}") if isinstance(out, JobFailed) \
+                else out
+    return run
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    backend = backend_from_args(args)
     try:
         cluster = Cluster.load(args.cluster or DEFAULT_CLUSTER)
         workload = Workload.load(args.workload or DEFAULT_WORKLOAD)
@@ -30,8 +46,9 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
                     tasks[phase] = bar.add_task(f"{phase:<9}", total=total)
                 bar.update(tasks[phase], completed=done, total=total)
 
-            search = plan(cluster, workload, batch, top=args.top, objective=args.objective, budget=args.budget,
-                          progress=progress)
+            with session(backend):
+                search = plan(cluster, workload, batch, top=args.top, objective=args.objective, budget=args.budget,
+                              progress=progress, runner=_runner(backend), width=parallelism(backend))
     except SpecError as exc:
         raise InputError(str(exc).splitlines()[0]) from None
     console.print(table(search, cluster))

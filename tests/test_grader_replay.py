@@ -11,7 +11,8 @@ import pytest
 
 from dist_lib import Activation, TensorError, Work, simulate
 from dist_lib.errors import SimulationError, StrategyError
-from dist_lib.recording import (ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, LOAD, LOSS, Handle, record)
+from dist_lib.recording import (ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, JOIN, LOAD, LOSS, SPLIT, Handle,
+                                record)
 from dist_lib.replay import ProgramError, ReplayTimeout, replay
 from dist_lib.workload import Workload
 
@@ -59,7 +60,8 @@ def _entries(program: array) -> list[list[int]]:
     out, i = [], 0
     while i < len(program):
         op = program[i]
-        size = 1 + (_ARITY.get(op) or (1 + 2 * program[i + 1] if op == INPUT else 2 + program[i + 2]))
+        size = 1 + (_ARITY.get(op) or {INPUT: lambda: 1 + 2 * program[i + 1], SPLIT: lambda: 2 + 2 * program[i + 2],
+                                        JOIN: lambda: 1 + program[i + 1]}.get(op, lambda: 2 + program[i + 2])())
         out.append(list(program[i:i + size]))
         i += size
     return out
@@ -159,6 +161,25 @@ def _forward_one(model, x):
     weight, _ = model.load_weights(0)
     out = model.forward(0, x, weight)
     return x, model.loss(out), weight
+
+
+def test_a_plan_whose_stages_differ_in_width_replays_its_splits_and_joins():
+    """A 1-wide stage feeding a 2-wide one cuts each microbatch by samples and joins the gradients back."""
+    from dist_lib.planner.plan import Plan, Stage
+    plan = Plan(stages=(Stage((0,), 1, ((0, 2),), (4,)), Stage((1, 2), 1, ((2, 4),), (2, 2))), microbatch_size=4,
+                microbatches=2, schedule="1f1b", recompute="none", zero=0)
+    planned = str(ROOT / "strategies" / "planned.py")
+    direct = simulate(planned, "3xA100-80GB", WORKLOAD, BATCH, plan=plan)
+    recorded, programs = record(planned, "3xA100-80GB", WORKLOAD, BATCH, plan=plan)
+    ops = {entry[0] for program in programs for entry in _entries(program)}
+    assert {SPLIT, JOIN} <= ops
+    _same(recorded, direct)
+    _same(replay(programs, "3xA100-80GB", WORKLOAD, BATCH), direct)
+    split = next(e for e in _entries(programs[0]) if e[0] == SPLIT)
+    assert split[2] == 1 and split[4] - split[3] == 2  # one interval of two samples: a replica's share
+    forged = array("q", list(programs[0]) + [JOIN, 1, 10**6])
+    with pytest.raises(ProgramError, match=r"rank 0 entry at word \d+ \(join_samples\): handle 1000000 is not defined"):
+        replay([forged, *programs[1:]], "3xA100-80GB", WORKLOAD, BATCH)
 
 
 def test_run_grades_a_profile_workload_on_every_tp_degree_from_a_relative_path(tmp_path):

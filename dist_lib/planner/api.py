@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import SpecError
 from ..hardware import Cluster
 from ..workload import Workload
-from .evaluate import refine, simulate_candidate
+from .evaluate import Runner, refine, run_here, simulate_all
 from .search import Candidate, Search, generate
 
 OBJECTIVES = ("time", "cost")
@@ -17,11 +17,13 @@ OBJECTIVES = ("time", "cost")
 
 def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_batch_size: int, *,
          top: int = 10, objective: str = "time", budget: float | None = None, refine_rounds: int = 8,
-         max_stages: int = 16, progress: Callable[[str, int, int], None] | None = None) -> Search:
+         max_stages: int = 16, progress: Callable[[str, int, int], None] | None = None,
+         runner: Runner = run_here, width: int = 1) -> Search:
     """Search plans for one training step: every candidate estimated, the best `top` by the estimate
     simulated, the winner refined on the simulator. `objective` ranks by step time or by dollars per
     step; `budget` (USD per hour) leaves out device mixes that cost more. `top=0` trusts the estimate
-    alone (no simulation). Raises `SpecError` with one line when no plan fits."""
+    alone (no simulation). `runner` runs the simulations, `width` at a time (default: one after another in
+    this process). Raises `SpecError` with one line when no plan fits."""
     if objective not in OBJECTIVES:
         raise SpecError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
@@ -45,18 +47,7 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     candidates.sort(key=key)
     estimated = len(candidates)
     chosen = _distinct(candidates, top)
-    simulated, error = [], 0.0
-    for i, candidate in enumerate(chosen):
-        if progress:
-            progress("simulate", i, len(chosen))
-        ran = [c for c in simulated if c.simulated is not None]
-        if ran and objective == "time" and candidate.estimate > min(c.simulated for c in ran) * (1 + 2 * error):
-            break  # even an estimate as wrong as the worst seen so far could not make this one win
-        simulated.append(simulate_candidate(cluster, workload, global_batch_size, candidate))
-        if candidate.simulated is not None:
-            error = max(error, abs(candidate.estimate - candidate.simulated) / candidate.simulated)
-    if progress and chosen:
-        progress("simulate", len(chosen), len(chosen))
+    simulated = _simulate_in_order(cluster, workload, global_batch_size, chosen, objective, runner, width, progress)
     ran = [c for c in simulated if c.simulated is not None]
     if top and not ran:
         raise SpecError(f"no plan fits: the {len(chosen)} best estimates all fail in the simulator "
@@ -64,12 +55,43 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     best = min(ran, key=key) if ran else candidates[0]
     search = Search(candidates, simulated, best, estimated, 0.0)
     if ran and refine_rounds:
-        refined, _ = refine(cluster, workload, global_batch_size, best, refine_rounds, key)
+        refined, _ = refine(cluster, workload, global_batch_size, best, refine_rounds, key, runner)
         if refined is not best:
             search.refined_from, search.best = best, refined
     search.order_pairs, search.order_disagreements = _disagreements(ran)
     search.seconds = time.perf_counter() - started
     return search
+
+
+def _simulate_in_order(cluster: Cluster, workload: Workload, global_batch: int, chosen: list[Candidate],
+                       objective: str, runner: Runner, width: int,
+                       progress: Callable[[str, int, int], None] | None) -> list[Candidate]:
+    """The chosen candidates simulated in estimate order, stopping once even an estimate as wrong as the
+    worst seen so far could not make the next one win (step time only). `width` candidates are simulated
+    at a time through `runner`, and their results are taken in order under the same rule, so the
+    candidates kept are the same at any width (a wider batch may simulate a few that are then left out)."""
+    simulated: list[Candidate] = []
+    error = 0.0
+
+    def hopeless(candidate: Candidate) -> bool:
+        ran = [c.simulated for c in simulated if c.simulated is not None]
+        return bool(ran) and objective == "time" and candidate.estimate > min(ran) * (1 + 2 * error)
+
+    position = 0
+    while position < len(chosen) and not hopeless(chosen[position]):
+        if progress:
+            progress("simulate", position, len(chosen))
+        batch = simulate_all(cluster, workload, global_batch, chosen[position:position + max(1, width)], runner)
+        for candidate in batch:
+            if candidate is not batch[0] and hopeless(candidate):
+                return simulated
+            simulated.append(candidate)
+            if candidate.simulated is not None:
+                error = max(error, abs(candidate.estimate - candidate.simulated) / candidate.simulated)
+        position += len(batch)
+    if progress and chosen:
+        progress("simulate", len(chosen), len(chosen))
+    return simulated
 
 
 def _distinct(candidates: list[Candidate], top: int) -> list[Candidate]:
