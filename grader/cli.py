@@ -232,8 +232,8 @@ def _report_compat(args: argparse.Namespace, row: dict[str, Any], result: Any, c
 def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
     from .leaderboard import collect_submissions, run_leaderboard
     from .suites import load_suite
+    backend = backend_from_args(args)  # a missing Ray or an address where nothing answers: before any folder
     _writable(args.out, "--out", folder=True)
-    backend = backend_from_args(args)
     from .runner import sandbox_problem
     suite = load_suite(args.suite)
     submissions = collect_submissions(args.paths)
