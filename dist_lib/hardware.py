@@ -240,7 +240,7 @@ class Cluster:
             count = whole(entry.get("count", 1), f"{where}.count", 1, MAX_WORLD_SIZE)
             gpus = whole(entry.get("gpus", 1), f"{where}.gpus", 1, MAX_WORLD_SIZE)
             total += count * gpus
-            _check_world_size(total, where)
+            _check_world_size(total, f"{where}.count x gpus")
             node = Node(device, gpus, device.intra_link, device.inter_link)
             node = _with_links(node, entry, where)
             nodes.extend([node] * count)
