@@ -6,6 +6,7 @@ parent rebuilds the `Cluster` and `Workload` from it itself and never trusts the
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,6 +43,15 @@ class Scenario:
         for key in ("cluster", "workload"):
             if isinstance(getattr(self, key), str):
                 object.__setattr__(self, key, absolute_spec(getattr(self, key)))
+        # A plan file (`--set plan=plan.json`) is read here, in the grader, and goes to the worker as data:
+        # the sandbox's user may not reach the file (a private /tmp, a 0700 home folder).
+        if isinstance(self.options.get("plan"), str):
+            from dist_lib.planner.plan import Plan
+            try:
+                plan = Plan.load(os.path.expanduser(self.options["plan"])).to_dict()
+            except SpecError as exc:
+                raise InputError(str(exc)) from None
+            object.__setattr__(self, "options", {**self.options, "plan": plan})
 
     def options_for(self, strategy_stem: str) -> dict[str, Any]:
         return {**self.options, **self.strategy_options.get(strategy_stem, {})}

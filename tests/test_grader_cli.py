@@ -203,3 +203,18 @@ def test_set_options_parse_to_plain_values_or_fail_in_one_line(items):
         return
     keys = [item.partition("=")[0].strip() for item in items]
     assert sorted(options) == sorted(keys) and all(key.isidentifier() for key in keys)
+
+
+def test_a_plan_file_is_read_by_the_grader_so_a_sandboxed_run_needs_no_access_to_it(tmp_path, capsys):
+    from dist_lib import plan
+    cluster, workload = "1x2xA100-80GB+1x2xV100-32GB", "toy:layers=4"
+    best = plan(cluster, workload, 8, top=2).best.plan
+    (tmp_path / "plan.json").write_text(json.dumps(best.to_dict()))  # pytest's tmp_path: mode 0700
+    planned = str(ROOT / "strategies" / "planned.py")
+    code = main(["run", planned, "--set", f"plan={tmp_path / 'plan.json'}", "--cluster", cluster, "--workload",
+                 workload, "--batch", "8", "--json", "--no-plots", "--trace", str(tmp_path / "t.json")])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["status"] == "ok" and out["correct"]
+    assert out["time_s"] == simulate(planned, cluster, workload, 8, plan=best).time_s
+    assert main(["run", planned, "--set", f"plan={tmp_path / 'none.json'}", "--no-plots"]) == 2
+    assert "plan file" in capsys.readouterr().err
