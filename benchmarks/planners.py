@@ -3,12 +3,12 @@
     python -m benchmarks.planners              # the five peer settings
     python -m benchmarks.planners --scale      # plus 64- and 1024-GPU three-type clusters (search time)
 
-For each setting: the peer's chosen plan (as /work/shared/peer-plans.md reports it, written as a `Plan`)
+For each setting: the peer's chosen plan (the plan the peer chose when run on that setting, as a `Plan`)
 and our planner's best, both run through this sandbox's simulator, and the search wall times (the peers'
 as measured on a 2-core machine; ours on this one). The peers' models are written as the sandbox's GPT
 shapes with their layer counts, hidden sizes, sequence lengths and vocabularies (BERT-large as a GPT of
-its shape); durations come from costs.py, not from the peers' profiles. Clusters use per-GPU link figures:
-a node's NIC shared by its GPUs is not modelled yet, so every GPU has the peer's inter-node bandwidth.
+its shape); durations come from costs.py, not from the peers' profiles. AMP's and FASOP's clouds give each
+node one NIC that its four GPUs share (`nics=1xGBps`); Metis gives its figure per GPU.
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ def _uniform(stage_ranks: list[tuple[int, ...]], tp: int, counts: list[int], mic
 
 GPT_1_5B = "gpt-6.7b:layers=8,seq=1024,vocab=51200"  # Metis' example model: 8 blocks of h 4096
 METIS_A100, METIS_V100 = "A100-80GB:intra=46:inter=10", "V100-16GB:intra=50:inter=10"
-AMP_V100, AMP_T4 = "V100-16GB:intra=21.25:inter=1.25", "T4:intra=6.25:inter=6.25"  # 170 / 10 / 50 Gb/s
-FASOP_A100, FASOP_A10 = "A100-40GB:intra=230:inter=5", "A10:intra=16:inter=5"  # 1840 / 128 / 40 Gb/s
+# one NIC a node: p3.8xlarge 10 Gb/s, g4dn.12xlarge 50 Gb/s (NVLink 170 Gb/s and PCIe 50 Gb/s inside)
+AMP_V100, AMP_T4 = "V100-16GB:intra=21.25:nics=1x1.25", "T4:intra=6.25:nics=1x6.25"
+# one 40 Gb/s NIC a node as FASOP models p4d and g5 (NVLink 1840 Gb/s, PCIe 128 Gb/s inside)
+FASOP_A100, FASOP_A10 = "A100-40GB:intra=230:nics=1x5", "A10:intra=16:nics=1x5"
 
 SETTINGS = [
     # Metis (a): one stage, dp 8, 4 microbatches of 4 per replica
