@@ -27,8 +27,8 @@ from .engine import Engine, RankState
 from .errors import CollectiveMismatchError, TensorError
 from .hardware import Link
 from .memory import AllocLog
-from .tensors import (Activation, ActivationGrad, OptState, Tensor, Weight, WeightGrad, describe_mask,
-                      full_mask)
+from .tensors import (Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Tensor, Weight,
+                      WeightGrad, describe_mask, full_mask)
 from .transfers import Transfer
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -241,8 +241,13 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     work = Work(engine, rank, op, state.clock, tensor, coll)
     if op != "all_reduce":  # the output is allocated now (`_combine` fills in its fields)
         state.memory.context = (op, tensor.layer)  # what an out-of-memory error names
-        nbytes = tensor.nbytes * group.size if op == "all_gather" else tensor.nbytes // group.size
-        work.result = clone(tensor, rank, state.memory, nbytes)
+        if tensor.__class__ is ActivationSlice or tensor.__class__ is ActivationGradSlice:
+            # TP pieces gather into the whole activation (or gradient) of their samples
+            nbytes = tensor.samples.bit_count() * engine.workload.activation_bytes()
+            work.result = tensor.whole(state.memory, nbytes, rank, tensor.layer, tensor.samples)
+        else:
+            nbytes = tensor.nbytes * group.size if op == "all_gather" else tensor.nbytes // group.size
+            work.result = clone(tensor, rank, state.memory, nbytes)
     coll.works[pos] = work
     coll.issued += 1
     if coll.first is None:
@@ -258,6 +263,8 @@ def _unfit(op: str, t: Tensor) -> bool:
     if op == "all_reduce":
         return cls is Weight or cls is OptState or ((cls is Activation or cls is ActivationGrad) and not t.is_partial)
     if op == "all_gather":
+        if cls is ActivationSlice or cls is ActivationGradSlice:
+            return False
         return not (cls is Weight or cls is OptState or cls is WeightGrad) or t.is_complete
     return cls is not WeightGrad or not t.is_complete
 
@@ -278,7 +285,8 @@ def _explain_input(op: str, t: Any, group: Group, rank: int) -> None:
         raise TensorError(f"{where}: {t!r} is complete; only tensor-parallel partial sums need all_reduce")
     if op == "all_gather":
         if not isinstance(t, (Weight, OptState, WeightGrad)):
-            raise TensorError(f"{where}: all_gather takes ZeRO shards of weights or gradients, got {t!r}")
+            raise TensorError(f"{where}: all_gather takes ZeRO shards of weights or gradients, or TP pieces of "
+                              f"an activation (split_tp), got {t!r}")
         raise TensorError(f"{where}: {t!r} is already complete; nothing to gather")
     if not isinstance(t, WeightGrad):
         raise TensorError(f"{where}: reduce_scatter takes a WeightGrad, got {t!r}")
@@ -407,6 +415,16 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
         if parts == full_mask(tp_size):
             parts, tp_size = 1, 1
         return [_Reduced(first.samples, parts, tp_size)] * len(inputs), first.nbytes, f"{first.kind} (TP partial sums)"
+    if op == "all_gather" and first.__class__ in (ActivationSlice, ActivationGradSlice):
+        if len({t.samples for t in inputs}) > 1 or len({t.tp_size for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: TP pieces of different samples or piece counts: "
+                                          f"{ {r: t for r, t in zip(ranks, inputs)} }")
+        if first.tp_size != len(inputs):
+            raise CollectiveMismatchError(f"{head}: pieces of {first.tp_size} gathered by {len(inputs)} ranks; "
+                                          f"gather in a group of {first.tp_size}, one piece each")
+        _disjoint_union(head, "TP pieces", ranks, [t.tp_parts for t in inputs], "a piece is held twice")
+        results = [w.result for w in works]  # allocated at issue as the whole tensor
+        return results, results[0].nbytes, f"{first.kind}s (TP gather)"
     if op == "all_gather":
         if len({t.num_shards for t in inputs}) > 1 or len({getattr(t, "step", 0) for t in inputs}) > 1 \
                 or len({t.samples for t in inputs}) > 1:

@@ -21,7 +21,7 @@ from .hardware import Cluster
 from .memory import ACCELERATED, OPTIMIZER_BYTES, WEIGHT_BYTES
 from .op_checks import OpChecks, _covers, _first_time, _shard_key
 from .p2p import issue_recv, issue_send
-from .tensors import (Activation, ActivationGrad, OptState, Stash, Weight, WeightGrad, describe_mask,
+from .tensors import (SLICES, Activation, ActivationGrad, OptState, Stash, Weight, WeightGrad, describe_mask,
                       samples_mask)
 from .workload import Workload
 
@@ -235,6 +235,27 @@ class Model(OpChecks):
         if len(parts) == 1:
             return parts[0]
         return self._resampled("join_samples", type(parts[0]), parts[0].layer, mask)
+
+    def split_tp(self, x: Activation | ActivationGrad, tp_rank: int, tp_size: int):
+        """Piece `tp_rank` of `tp_size` equal pieces of a complete activation or gradient: what one TP rank
+        of a pipeline stage sends the same TP rank of the next stage under Megatron-LM's scatter-gather
+        optimization (Narayanan et al. 2021, sec. 4.1), so that the t ranks together move one copy of the
+        message over the inter-node links instead of t copies; `all_gather(piece, tp_group)` on the
+        receiving side makes the whole tensor again. Takes no time (Megatron cuts a view of the flattened
+        tensor); the piece is a buffer of its own of 1/t of the bytes."""
+        where = f"rank {self.rank} split_tp"
+        cls = SLICES.get(type(x))
+        if cls is None:
+            raise TensorError(f"{where}: expected a complete Activation or ActivationGrad, got {x!r}")
+        self._check_own(x, where)
+        if x.is_partial:
+            raise TensorError(f"{where}: {x!r} is a tensor-parallel partial sum; all_reduce it first")
+        if tp_size.__class__ is not int or tp_rank.__class__ is not int or tp_size < 1 \
+                or not 0 <= tp_rank < tp_size:
+            raise TensorError(f"{where}: tp_rank={tp_rank!r}, tp_size={tp_size!r} is not a TP slice; need whole "
+                              f"numbers with 0 <= tp_rank < tp_size")
+        self._mem.context = ("split_tp", x.layer)
+        return cls(self._mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size)
 
     def _resample_mask(self, x: Any, samples: Iterable[int] | range, op: str) -> int:
         where = f"rank {self.rank} {op}"

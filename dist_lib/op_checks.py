@@ -62,7 +62,8 @@ class OpChecks:
         where = f"rank {self.rank} {op}(layer {layer})"
         self._check_layer(layer, where)
         if type(act) is not Activation:
-            raise TensorError(f"{where}: expected an Activation, got {act!r}")
+            fix = "; all_gather the pieces in the TP group first" if type(act).__name__ == "ActivationSlice" else ""
+            raise TensorError(f"{where}: expected an Activation, got {act!r}{fix}")
         if type(weight) is not Weight:
             raise TensorError(f"{where}: expected a Weight, got {weight!r}")
         self._check_own(act, where)
@@ -94,7 +95,8 @@ class OpChecks:
         self._check_compute(op, layer, act, weight, layer)
         where = f"rank {self.rank} {op}(layer {layer})"
         if type(grad) is not ActivationGrad:
-            raise TensorError(f"{where}: expected the ActivationGrad of layer {layer + 1}, got {grad!r}")
+            fix = "; all_gather the pieces in the TP group first" if type(grad).__name__ == "ActivationGradSlice" else ""
+            raise TensorError(f"{where}: expected the ActivationGrad of layer {layer + 1}, got {grad!r}{fix}")
         self._check_own(grad, where)
         if grad.layer != layer + 1:
             raise TensorError(f"{where}: {grad!r} is the gradient entering layer {grad.layer}; "

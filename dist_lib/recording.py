@@ -28,6 +28,7 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     ADD a b                                       -> weight gradient (a + b)
     SPLIT x k (start stop) x k                    -> those samples of activation (gradient) x
     JOIN k part x k                               -> the parts as one activation (gradient)
+    SPLIT_TP x tp_rank tp_size                    -> that TP piece of activation (gradient) x
     AWAIT work                                    -> its result (None after a send)
     DROP handle
 """
@@ -41,10 +42,10 @@ from .comm import Work
 from .errors import TensorError
 
 (LOAD, INPUT, FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS, UPDATE, FINAL, ALL_REDUCE, ALL_GATHER,
- REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN) = range(19)
+ REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP) = range(20)
 OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backward_input", "backward_weight",
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
-           "add", "await", "drop", "split_samples", "join_samples")
+           "add", "await", "drop", "split_samples", "join_samples", "split_tp")
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
 UNRECORDED_OPS = ("group",)  # Model methods that decide nothing (a group is named by its ranks where used)
 
@@ -253,6 +254,11 @@ class RecordingModel:
             return self._model.join_samples(parts)  # refused there, with the model's message
         out = self._model.join_samples([self._t(part, "join_samples") for part in parts])
         self._emit(JOIN, len(parts), *(part._number for part in parts))
+        return self._wrap(out)
+
+    def split_tp(self, x: Any, tp_rank: int, tp_size: int) -> Any:
+        out = self._model.split_tp(self._t(x, "split_tp"), tp_rank, tp_size)
+        self._emit(SPLIT_TP, x._number, tp_rank, tp_size)
         return self._wrap(out)
 
 

@@ -6,7 +6,10 @@ overlap checks are single integer operations. Two kinds of splitting are kept ap
 * ZeRO shards (`shards` bit mask out of `num_shards`) hold part of a layer's parameters and must be
   all-gathered complete before compute (Rajbhandari et al. 2020);
 * tensor-parallel shards (`tp_rank` of `tp_size`, Megatron-LM, Shoeybi et al. 2019) compute on their
-  slice directly and yield *partial sums* (`tp_parts` of `tp_size`) that an all-reduce completes.
+  slice directly and yield *partial sums* (`tp_parts` of `tp_size`) that an all-reduce completes;
+* tensor-parallel *slices* of a complete activation or gradient (`ActivationSlice`, `ActivationGradSlice`:
+  piece `tp_parts` of `tp_size`) are what Megatron-LM's pipeline sends between stages, 1/t from each TP
+  rank, and an all-gather in the TP group makes them whole again (Narayanan et al. 2021, sec. 4.1).
 
 Tensors are values: treat their fields as read-only (the grader re-executes the recorded ops, not the fields).
 """
@@ -191,6 +194,41 @@ class ActivationGrad(_Hidden):
     __slots__ = ()
     kind = "activation_grad"
     code = ACTIVATION_GRAD  # memory.KINDS index
+
+
+class _Slice(_Hidden):
+    """1/`tp_size` of a complete activation or gradient, the pieces `tp_parts` names (one piece as cut):
+    Megatron-LM's scatter-gather pipeline messages (Narayanan et al. 2021, sec. 4.1) cut a stage's output
+    into t equal pieces, each TP rank sends one over the inter-node link, and the receiving TP group
+    all-gathers them. A slice feeds no compute op; `all_gather` in a group of `tp_size` members holding
+    every piece once returns the `whole` tensor."""
+
+    __slots__ = ()
+    whole: type
+
+    def _describe(self) -> str:
+        return f", piece {describe_mask(self.tp_parts)} of {self.tp_size}"
+
+
+class ActivationSlice(_Slice):
+    """A TP slice of an `Activation` (see `_Slice`)."""
+
+    __slots__ = ()
+    kind = "activation slice"
+    code = ACTIVATION  # memory.KINDS index
+    whole = Activation
+
+
+class ActivationGradSlice(_Slice):
+    """A TP slice of an `ActivationGrad` (see `_Slice`)."""
+
+    __slots__ = ()
+    kind = "activation_grad slice"
+    code = ACTIVATION_GRAD  # memory.KINDS index
+    whole = ActivationGrad
+
+
+SLICES = {Activation: ActivationSlice, ActivationGrad: ActivationGradSlice}
 
 
 class Stash(Buffer):

@@ -13,6 +13,13 @@ those lists; `run_stage` carries them out:
 * tensor parallelism: every layer's forward and backward output is all-reduced in the TP group
   (Megatron-LM, Shoeybi et al. 2019), the backward's while the weight-gradient GEMMs run; the LM head is
   vocabulary-parallel and its input gradient all-reduced too;
+* pipeline messages between TP groups (`scatter_gather`, Megatron-LM's default): each TP rank sends only
+  its 1/t piece of the activation or gradient, which every TP rank holds whole, to the same TP rank of the
+  neighbouring stage, and the receiving TP group all-gathers the pieces over its NVLink (Narayanan et al.
+  2021, sec. 4.1: the inter-node links carry one copy of the message rather than t);
+* sequence parallelism: each layer's backward first all-gathers the sequence-split output gradient for
+  each of its two row-parallel GEMMs (attention projection, MLP down), which nothing overlaps (Korthikanti
+  et al. 2022, sec. 4.2.2);
 * activation recompute: forwards keep only each layer's input, and backward runs the forward again,
   TP all-reduces included;
 * once a layer has the gradient of every local microbatch, its data-parallel all-reduce starts and
@@ -57,6 +64,10 @@ class StagePlan:
     # all-reduce each layer's gradient as soon as it is complete (PyTorch DDP's buckets), or only after the
     # pipeline flush, as Megatron-LM's local DDP and DeepSpeed's pipeline engine do
     overlap_grad_reduce: bool = True
+    # with TP, send 1/t of each pipeline message from each TP rank and all-gather it on arrival (Megatron-LM's
+    # scatter-gather optimization, on by default; Narayanan et al. 2021, sec. 4.1), rather than the whole
+    # message from every TP rank
+    scatter_gather: bool = True
 
 
 def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
@@ -84,6 +95,7 @@ class _Stage:
         self.virtual = self.pp * len(plan.chunks)
         tp = len(plan.tp_group)
         self.tp_group = model.group(plan.tp_group) if tp > 1 else None
+        self.scatter_gather = plan.scatter_gather and tp > 1
         self.weights = {layer: self.load(layer) for chunk in plan.chunks for layer in chunk}
         self.left = {layer: len(plan.microbatches) for layer in self.weights}
         self.grads: dict = {}
@@ -147,12 +159,21 @@ class _Stage:
             self.sends.append(self.model.send(x, dst))
 
     def _send_to(self, x, virtual: int, what: str) -> None:
-        """Hand `x` to virtual stage `virtual` (a subclass may route it to several ranks)."""
-        self._send(x, self._peer(virtual), what)
+        """Hand `x` to virtual stage `virtual` (a subclass may route it to several ranks): with scatter-gather,
+        this TP rank's piece of it."""
+        dst = self._peer(virtual)
+        if self.scatter_gather and dst != self.model.rank:
+            x = self.model.split_tp(x, self.plan.tp_rank, len(self.plan.tp_group))
+        self._send(x, dst, what)
 
     async def _receive_from(self, virtual: int, layer: int, samples: range, what: str):
-        """The `what` of `layer` for `samples` from virtual stage `virtual`."""
-        return await self._receive(self._peer(virtual), layer, samples, what)
+        """The `what` of `layer` for `samples` from virtual stage `virtual` (its pieces gathered in the TP
+        group, with scatter-gather)."""
+        src = self._peer(virtual)
+        x = await self._receive(src, layer, samples, what)
+        if self.scatter_gather and src != self.model.rank:
+            x = await self.model.all_gather(x, self.tp_group)
+        return x
 
     async def _receive(self, src: int, layer: int, samples: range, what: str):
         x = self.local[what].pop(0) if src == self.model.rank else await self.model.recv(src)
@@ -196,6 +217,8 @@ class _Stage:
         tp_group = self.tp_group
         for layer in reversed(layers):
             x, weight = kept.pop(), self.weights[layer][0]
+            if plan.sequence_parallel and tp_group is not None:
+                grad = await self._gather_sequence_parallel_grad(grad)
             if plan.recompute:
                 # rebuild the stash; the output is not needed again, but the re-run forward repeats its
                 # TP all-reduces (Megatron-LM checkpoints whole layers, communication included)
@@ -222,6 +245,17 @@ class _Stage:
             grad = grad_in
         if k > 0:
             self._send_to(grad, k - 1, "activation gradient")
+
+    async def _gather_sequence_parallel_grad(self, grad):
+        """Megatron-LM's sequence-parallel backward: the output gradient is split along the sequence, and
+        each of the two row-parallel GEMMs (MLP down, then attention projection) needs it whole before its
+        input-gradient GEMM, so two all-gathers of b*s*h run exposed (Korthikanti et al. 2022, sec. 4.2.2;
+        the other all-gathers and the reduce-scatters of the backward hide behind the weight-gradient GEMMs
+        and are the all-reduce issued beside them)."""
+        model, tp_rank, tp = self.model, self.plan.tp_rank, len(self.plan.tp_group)
+        for _ in range(2):
+            grad = await model.all_gather(model.split_tp(grad, tp_rank, tp), self.tp_group)
+        return grad
 
     def weight_grads(self, chunk: int, mb: int) -> None:
         for layer, x, grad in self.deferred.pop((chunk, mb)):
