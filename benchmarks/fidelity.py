@@ -106,7 +106,8 @@ def megatron_plan(run: MegatronRun) -> dict:
     return dict(dp=run.dp, pp=run.pp, tp=run.tp, microbatch_size=run.microbatch,
                 schedule="interleaved" if run.chunks > 1 else "1f1b", chunks=run.chunks,
                 recompute=not run.selective_sp, selective_recompute=run.selective_sp,
-                sequence_parallel=run.selective_sp, overlap_grad_reduce=run.overlap_grad_reduce)
+                sequence_parallel=run.selective_sp, overlap_grad_reduce=run.overlap_grad_reduce,
+                async_tp_allreduce=run.async_tp_allreduce)
 
 
 def predict_megatron(run: MegatronRun) -> Result:

@@ -40,6 +40,12 @@ class MegatronRun:
     selective_sp: bool  # sequence parallelism with selective recompute (else full recompute)
     overlap_grad_reduce: bool  # PyTorch DDP (overlapped buckets) rather than Megatron's local DDP
     measured_s: float
+    # the backward's TP all-reduce of the input gradient runs beside the weight-gradient GEMMs: Megatron-LM
+    # since 2 September 2021 (commits cf7efd4 and 3f65246, `async_tensor_model_parallel_allreduce`, on by
+    # default), so in Korthikanti et al. 2022's runs; Narayanan et al. 2021 measured the code of spring 2021
+    # (arXiv 2104.04473, April 2021; the sc21 scripts are of 10 August 2021 and predate the option), where it
+    # ran after the backward GEMMs
+    async_tp_allreduce: bool = True
 
     @property
     def dp(self) -> int:
@@ -95,7 +101,7 @@ _TABLE1 = [  # name, heads, hidden, layers, TP, PP, GPUs, batch, microbatch, chu
 ]
 NARAYANAN_TABLE1 = [
     MegatronRun(name, workload, gpus, tp, pp, batch, micro, chunks, False, torch_ddp,
-                narayanan_iteration_time(workload, batch, gpus, tflops))
+                narayanan_iteration_time(workload, batch, gpus, tflops), async_tp_allreduce=False)
     for name, heads, hidden, layers, tp, pp, gpus, batch, micro, chunks, torch_ddp, tflops in _TABLE1
     for workload in [_gpt(f"gpt-{name.lower()}", layers, hidden, heads)]
 ]

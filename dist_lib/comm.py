@@ -315,8 +315,11 @@ def _resolve_ready(engine: Engine, coll: Collective) -> None:
     works: list[Work] = coll.works  # type: ignore[assignment]
     first = works[0].input
     coll.results, coll.nbytes, coll.label = _combine(engine, coll, [w.input for w in works])
-    # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h.
-    key = (coll.op, coll.nbytes, first.__class__ is Activation or first.__class__ is ActivationGrad)
+    # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h; the LM
+    # head's input gradient (the gradient of the last layer's output) is one.
+    cls = first.__class__
+    key = (coll.op, coll.nbytes, cls is Activation
+           or (cls is ActivationGrad and first.layer != engine.workload.num_layers))
     duration = group.costs.get(key)
     if duration is None:
         duration = group.costs[key] = costs.collective_time(coll.op, coll.nbytes, group.topology) * \

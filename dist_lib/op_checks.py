@@ -95,7 +95,8 @@ class OpChecks:
         self._check_compute(op, layer, act, weight, layer)
         where = f"rank {self.rank} {op}(layer {layer})"
         if type(grad) is not ActivationGrad:
-            fix = "; all_gather the pieces in the TP group first" if type(grad).__name__ == "ActivationGradSlice" else ""
+            fix = "; all_gather the pieces in the TP group first" \
+                if type(grad).__name__ == "ActivationGradSlice" else ""
             raise TensorError(f"{where}: expected the ActivationGrad of layer {layer + 1}, got {grad!r}{fix}")
         self._check_own(grad, where)
         if grad.layer != layer + 1:

@@ -68,6 +68,10 @@ class StagePlan:
     # scatter-gather optimization, on by default; Narayanan et al. 2021, sec. 4.1), rather than the whole
     # message from every TP rank
     scatter_gather: bool = True
+    # with TP, all-reduce each backward's input gradient while the weight-gradient GEMMs run (Megatron-LM's
+    # async_tensor_model_parallel_allreduce, on by default since commit 3f65246 of 2 September 2021), or
+    # after the whole backward, as Megatron-LM did before (the version Narayanan et al. 2021 measured)
+    async_tp_allreduce: bool = True
 
 
 def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
@@ -217,8 +221,6 @@ class _Stage:
         tp_group = self.tp_group
         for layer in reversed(layers):
             x, weight = kept.pop(), self.weights[layer][0]
-            if plan.sequence_parallel and tp_group is not None:
-                grad = await self._gather_sequence_parallel_grad(grad)
             if plan.recompute:
                 # rebuild the stash; the output is not needed again, but the re-run forward repeats its
                 # TP all-reduces (Megatron-LM checkpoints whole layers, communication included)
@@ -226,10 +228,12 @@ class _Stage:
                 if tp_group is not None:
                     await model.all_reduce(out, tp_group)
                 del out
+            if plan.sequence_parallel and tp_group is not None:
+                grad = await self._gather_sequence_parallel_grad(grad)
             if split:
                 grad_in = model.backward_input(layer, x, grad, weight)
                 deferred.append((layer, x, grad))
-            elif tp_group is not None:
+            elif tp_group is not None and plan.async_tp_allreduce:
                 # Megatron-LM all-reduces the input gradient while the weight-gradient GEMMs run
                 # (async_tensor_model_parallel_allreduce; Korthikanti et al. 2022, sec. 4.2.2)
                 reducing = model.all_reduce(model.backward_input(layer, x, grad, weight), tp_group)
@@ -240,7 +244,9 @@ class _Stage:
                 self._accumulate(layer, weight_grad)
                 del weight_grad
             del x
-            if split and tp_group is not None:
+            if tp_group is not None and (split or not plan.async_tp_allreduce):
+                # after the backward GEMMs (Megatron-LM before September 2021: autograd all-reduces the
+                # input gradient once the column-parallel layer's backward has run)
                 grad_in = await model.all_reduce(grad_in, tp_group)
             grad = grad_in
         if k > 0:

@@ -17,7 +17,9 @@ As in Megatron-LM, the LM head is vocabulary-parallel over the TP group, each ba
 input gradient while the weight-gradient GEMMs run, and a recomputed forward repeats its TP all-reduces.
 Pipeline messages go as Megatron-LM sends them: each TP rank sends 1/t of the activation (or gradient) and
 the next stage's TP group all-gathers the pieces (Narayanan et al. 2021, sec. 4.1); `scatter_gather=False`
-sends the whole message from every TP rank. With sequence parallelism each layer's backward all-gathers its
+sends the whole message from every TP rank. Each backward all-reduces its input gradient while the
+weight-gradient GEMMs run (Megatron-LM since September 2021); `async_tp_allreduce=False` all-reduces it after
+the backward, as earlier versions did. With sequence parallelism each layer's backward all-gathers its
 output gradient twice before the row-parallel GEMMs, exposed (Korthikanti et al. 2022, sec. 4.2.2).
 `overlap_grad_reduce=False` all-reduces the gradients only after the pipeline flush (Megatron-LM's local
 DDP of 2021, DeepSpeed's pipeline engine) instead of as each layer's last microbatch passes.
@@ -37,7 +39,7 @@ SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved
 async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1, microbatch_size: int = 1,
                 schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
                 selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
-                scatter_gather: bool = True, partition=None) -> None:
+                scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if chunks is None:
@@ -45,5 +47,6 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
                       chunks=chunks, partition=partition, recompute=recompute,
                       selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
-                      overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather)
+                      overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
+                      async_tp_allreduce=async_tp_allreduce)
     await run_stage(model, plan)

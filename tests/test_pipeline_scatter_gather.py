@@ -132,3 +132,40 @@ def test_a_gradient_piece_gathers_into_an_activation_gradient():
 
     simulate(train, "1x2xA100-80GB", Workload.parse("toy:layers=1"), 1, check=False)
     assert kinds == {0: (ActivationGrad, SAMPLE, 1), 1: (ActivationGrad, SAMPLE, 1)}
+
+
+def test_the_lm_heads_input_gradient_all_reduce_is_one_all_reduce():
+    # a layer's TP partial sums stand for its two all-reduces (attention, MLP); the head's gradient is one
+
+    async def train(model):
+        group = model.group([0, 1])
+        w, _ = model.load_weights(0)
+        grad = model.loss(model.forward(0, model.get_input_activation(range(1)), w), tp_rank=model.rank,
+                          tp_size=2)
+        await model.all_reduce(grad, group)
+
+    result = simulate(train, "1x2xA100-80GB", Workload.parse("toy:layers=1"), 1, check=False)
+    link = Cluster.parse("1x2xA100-80GB").ring_link((0, 1))
+    # ring all-reduce over 2 ranks: 2(p-1)/p * n/B + 2(p-1) * alpha = n/B + 2 alpha
+    expected = SAMPLE / link.achieved_bandwidth + 2 * link.latency
+    reduces = [e for e in result.events if e.op == "all_reduce"]
+    assert len(reduces) == 2 and [e.duration for e in reduces] == [pytest.approx(expected)] * 2
+
+
+def test_without_async_tp_allreduce_the_input_gradient_is_all_reduced_after_the_whole_backward():
+    def run(**options):
+        return simulate("strategies/hybrid.py", "1x2xA100-80GB", TOY, 2, pp=1, tp=2, microbatch_size=1,
+                        **options)
+
+    late = run(async_tp_allreduce=False)
+    assert late.correct, late.problems
+    events = sorted((e for e in late.events if e.rank == 0), key=lambda e: (e.start, e.end))
+    backwards = [e for e in events if e.op == "backward"]
+    assert len(backwards) == 4 * 2 and not [e for e in events if e.op == "backward_weight"]
+    reduces = [e for e in events if e.op == "all_reduce" and e.detail.startswith("activation_grad")]
+    for backward in backwards:  # its all-reduce starts when it ends, and the next compute waits for it
+        mine = next(r for r in reduces if r.layer == backward.layer and r.start == backward.end)
+        later = [e for e in events if e.stream == "compute" and e.start >= backward.end]
+        assert not later or min(e.start for e in later) >= mine.end
+    # overlapped with the weight-gradient GEMMs, the same step is faster
+    assert run().time_s < late.time_s
