@@ -9,7 +9,8 @@ the measurements.
 
 Every prediction is one `simulate("strategies/hybrid.py", cluster, workload, batch, **plan)` call, rank for
 rank, with the plan the paper ran: TP, PP, DP, microbatch, interleaved chunks, full recompute or sequence
-parallelism with selective recompute, gradient all-reduce after the flush or overlapped (see
+parallelism with selective recompute, gradient all-reduce after the flush or overlapped, the backward's TP
+all-reduce beside the weight-gradient GEMMs or after them as the Megatron-LM version measured did (see
 `published.py` for the sources). Nothing is fitted to any row: the A100 GEMM efficiency comes from one
 layer of Korthikanti et al. 2022 Table 4 (`--calibrate`), every other figure from data sheets, NCCL and
 the frameworks' code, each cited where it is defined (dist_lib/devices.py, dist_lib/costs.py).
