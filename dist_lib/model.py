@@ -21,8 +21,8 @@ from .hardware import Cluster
 from .memory import ACCELERATED, OPTIMIZER_BYTES, WEIGHT_BYTES
 from .op_checks import OpChecks, _covers, _first_time, _shard_key
 from .p2p import issue_recv, issue_send
-from .tensors import (SLICES, Activation, ActivationGrad, OptState, Stash, Weight, WeightGrad, describe_mask,
-                      samples_mask)
+from .tensors import (SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Stash,
+                      Weight, WeightGrad, describe_mask, samples_mask)
 from .workload import Workload
 
 
@@ -236,7 +236,8 @@ class Model(OpChecks):
             return parts[0]
         return self._resampled("join_samples", type(parts[0]), parts[0].layer, mask)
 
-    def split_tp(self, x: Activation | ActivationGrad, tp_rank: int, tp_size: int):
+    def split_tp(self, x: Activation | ActivationGrad, tp_rank: int,
+                 tp_size: int) -> ActivationSlice | ActivationGradSlice:
         """Piece `tp_rank` of `tp_size` equal pieces of a complete activation or gradient: what one TP rank
         of a pipeline stage sends the same TP rank of the next stage under Megatron-LM's scatter-gather
         optimization (Narayanan et al. 2021, sec. 4.1), so that the t ranks together move one copy of the

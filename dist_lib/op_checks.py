@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import TensorError
-from .tensors import Activation, ActivationGrad, OptState, Stash, Weight, WeightGrad, describe_mask
+from .tensors import (Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Stash, Weight,
+                      WeightGrad, describe_mask)
 
 
 class OpChecks:
@@ -62,7 +63,7 @@ class OpChecks:
         where = f"rank {self.rank} {op}(layer {layer})"
         self._check_layer(layer, where)
         if type(act) is not Activation:
-            fix = "; all_gather the pieces in the TP group first" if type(act).__name__ == "ActivationSlice" else ""
+            fix = "; all_gather the pieces in the TP group first" if type(act) is ActivationSlice else ""
             raise TensorError(f"{where}: expected an Activation, got {act!r}{fix}")
         if type(weight) is not Weight:
             raise TensorError(f"{where}: expected a Weight, got {weight!r}")
@@ -95,8 +96,7 @@ class OpChecks:
         self._check_compute(op, layer, act, weight, layer)
         where = f"rank {self.rank} {op}(layer {layer})"
         if type(grad) is not ActivationGrad:
-            fix = "; all_gather the pieces in the TP group first" \
-                if type(grad).__name__ == "ActivationGradSlice" else ""
+            fix = "; all_gather the pieces in the TP group first" if type(grad) is ActivationGradSlice else ""
             raise TensorError(f"{where}: expected the ActivationGrad of layer {layer + 1}, got {grad!r}{fix}")
         self._check_own(grad, where)
         if grad.layer != layer + 1:
