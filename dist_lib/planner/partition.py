@@ -40,8 +40,9 @@ class StageOption:
 
 def partition(stages: list[list[StageOption]], layers: int, microbatches: int, schedule: str = "1f1b",
               memory: bool = True) -> tuple[float, list[tuple[int, StageOption]]] | None:
-    """(bound, [(layer count, option)] per stage): the least per-microbatch stage time for which every
-    layer finds a place, or None when no bound does (memory)."""
+    """(slowest stage, [(layer count, option)] per stage): the partition whose slowest stage time per
+    microbatch is least (within `BOUND_TOLERANCE`) with every layer placed, or None when no bound
+    places them all (memory)."""
     pp = len(stages)
     infinite = float("inf")
     # per stage: its in-flight microbatches, and per option what a probe reads (hoisted out of the loop)
@@ -53,11 +54,12 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
 
     def place(bound: float):
         """Each stage in turn takes the most layers that fit in `bound` seconds and in its memory
-        (over its TP options; the faster block on a tie), leaving one for each later stage."""
-        start, out = 0, []
+        (over its TP options; the faster block on a tie), leaving one for each later stage; with the
+        slowest stage's time, which is at most `bound`."""
+        start, out, slowest = 0, [], 0.0
         for s, (flight, options) in enumerate(prepared):
             room = layers - start - (pp - s - 1)
-            best, pick, best_time = 0, None, 0.0
+            best, pick, best_time, best_fixed = 0, None, 0.0, 0.0
             for o, total, state, act, fixed, budget_m in options:
                 t0 = total[start]
                 j = min(bisect_right(total, t0 + bound - fixed) - 1, start + room)
@@ -75,30 +77,54 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
                     j = lo
                 n = j - start
                 if n > best or (n == best and n and total[j] - t0 < best_time):
-                    best, pick, best_time = n, o, total[j] - t0
+                    best, pick, best_time, best_fixed = n, o, total[j] - t0, fixed
             if best == 0:
                 return None
             out.append((best, pick))
+            slowest = max(slowest, best_time + best_fixed)
             start += best
-        return out if start == layers else None
+        return (slowest, out) if start == layers else None
 
     top = sum(max(_block_time(o, 0, layers) for o in options) for options in stages) + \
         max(o.loss for o in stages[-1])
+    # memory alone decides whether any bound places every layer: one probe without a time limit says
+    if memory and place(top) is None:
+        return None
     # start from the harmonic lower bound (see `generate`) and double until every layer is placed
     lo = layers / sum(1 / min(o.costs.per_layer for o in options) for options in stages)
     hi = 2 * lo
-    while hi < top and place(hi) is None:
+    placed = place(hi) if hi < top else None
+    while placed is None and hi < top:
         lo, hi = hi, 2 * hi
-    if hi >= top and place(top) is None:
-        return None
-    hi = min(hi, top)
+        placed = place(hi) if hi < top else None
+    if placed is None:
+        placed = place(top)
+        if placed is None:
+            return None
+    # a placement within a bound is also the placement within its slowest stage's time (every stage
+    # keeps its block), so the upper end drops to that time at once
+    hi = placed[0]
     while hi - lo > BOUND_TOLERANCE * hi:
         mid = (lo + hi) / 2
-        if place(mid) is None:
+        trial = place(mid)
+        if trial is None:
             lo = mid
         else:
-            hi = mid
-    return hi, place(hi)
+            placed, hi = trial, trial[0]
+    return placed
+
+
+def fits(placed: list[tuple[int, StageOption]], microbatches: int, schedule: str = "1f1b") -> bool:
+    """Whether every stage of a placed partition fits its memory, as `partition` counts it."""
+    pp, start = len(placed), 0
+    for s, (n, o) in enumerate(placed):
+        c, stop = o.costs, start + n
+        used = c.state[stop] - c.state[start] + in_flight(schedule, s, pp, microbatches, 1) * \
+            (c.activation[stop] - c.activation[start]) + buffers(s, pp, microbatches, schedule) * o.unit
+        if used > o.capacity:
+            return False
+        start = stop
+    return True
 
 
 def buffers(stage: int, stages: int, microbatches: int, schedule: str) -> float:

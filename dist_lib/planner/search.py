@@ -9,14 +9,14 @@ grouping is `partition.py`'s.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import costs
 from ..hardware import Cluster
 from ..workload import Workload
 from . import space
 from .estimate import LayerCosts, layer_costs, with_total
-from .partition import MEMORY_HEADROOM, StageOption, partition, step_estimate
+from .partition import MEMORY_HEADROOM, StageOption, fits, partition, step_estimate
 from .plan import Plan, Stage
 
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
@@ -64,12 +64,20 @@ class Search:
 
 
 class _Space:
-    """Stage options for one cluster and workload, computed once and shared by every candidate."""
+    """Stage options for one cluster and workload, computed once and shared by every candidate.
+
+    Two stages whose ranks make the same runs of (kind of node, GPUs on it) in the same order have the
+    same options up to their rank numbers (TP degrees, shares, per-layer costs, memory, reduction), so
+    the options are built once per such shape and per setting, and copied with each stage's ranks."""
 
     def __init__(self, cluster: Cluster, workload: Workload):
         self.cluster, self.workload = cluster, workload
         self._options: dict = {}
+        self._templates: dict = {}
+        self._shapes: dict = {}
         self._topos: dict = {}
+        kinds: dict = {}
+        self._node_kind = [kinds.setdefault(node, i) for i, node in enumerate(cluster.nodes)]
 
     def topology(self, ranks: tuple[int, ...]) -> costs.Topology:
         topo = self._topos.get(ranks)
@@ -77,13 +85,36 @@ class _Space:
             topo = self._topos[ranks] = self.cluster.topology(ranks)
         return topo
 
+    def shape(self, ranks: tuple[int, ...]) -> tuple:
+        """The stage's runs of (node kind, GPU count) in rank order; the ranks themselves when a node
+        comes back after another (then no other stage is known to be alike)."""
+        found = self._shapes.get(ranks)
+        if found is None:
+            runs, nodes, node_of = [], [], self.cluster.node_of
+            for r in ranks:
+                node = node_of(r)
+                if nodes and nodes[-1] == node:
+                    runs[-1][1] += 1
+                else:
+                    nodes.append(node)
+                    runs.append([self._node_kind[node], 1])
+            found = tuple(map(tuple, runs)) if len(set(nodes)) == len(nodes) else ranks
+            self._shapes[ranks] = found
+        return found
+
     def options(self, ranks: tuple[int, ...], microbatch: int, recompute: str, zero: int) -> list[StageOption]:
         key = (ranks, microbatch, recompute, zero)
         found = self._options.get(key)
         if found is None:
-            found = self._options[key] = [self._option(ranks, tp, microbatch, recompute, zero)
-                                          for tp in space.tp_options(self.cluster, ranks)
-                                          if len(ranks) // tp <= microbatch]
+            shape_key = (self.shape(ranks), microbatch, recompute, zero)
+            template = self._templates.get(shape_key)
+            if template is None:
+                found = self._templates[shape_key] = [self._option(ranks, tp, microbatch, recompute, zero)
+                                                      for tp in space.tp_options(self.cluster, ranks)
+                                                      if len(ranks) // tp <= microbatch]
+            else:
+                found = [replace(o, ranks=ranks) for o in template]
+            self._options[key] = found
         return found
 
     def _option(self, ranks, tp, microbatch, recompute, zero) -> StageOption:
@@ -92,15 +123,16 @@ class _Space:
         shares = space.shares(cluster, workload, ranks, tp, microbatch)
         replicas = {}
         for d in range(dp):
-            group = ranks[d * tp:(d + 1) * tp]
-            device = cluster.device_of(group[0])
-            topo = self.topology(group) if tp > 1 else None
-            replicas[(device, shares[d], topo)] = None
-        per = [layer_costs(device, workload, n, tp, topo, recompute, dp if zero else 1)
-               for device, n, topo in replicas]
+            first = ranks[d * tp]
+            # a TP group sits in one node (`space.tp_options`): its topology is its node kind's
+            kind = self._node_kind[cluster.node_of(first)]
+            replicas.setdefault((kind, shares[d]), ranks[d * tp:(d + 1) * tp])
+        per = [layer_costs(cluster.device_of(group[0]), workload, n, tp,
+                           self.topology(group) if tp > 1 else None, recompute, dp if zero else 1)
+               for (_, n), group in replicas.items()]
         combined = per[0] if len(per) == 1 else _slowest(per)
         capacity = MEMORY_HEADROOM * min(cluster.device_of(r).memory_bytes for r in ranks)
-        loss = max(costs.loss_time(device, workload, n) for device, n, _ in replicas)
+        loss = max(costs.loss_time(cluster.device_of(group[0]), workload, n) for (_, n), group in replicas.items())
         unit = max(shares) * workload.activation_bytes()
         dp_topo = self.topology(ranks[::tp]) if dp > 1 else None
         if dp_topo is None:
@@ -207,8 +239,10 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + PRUNE_SLACK):
             continue  # even without memory limits its slowest stage makes it lose
         for recompute, zero in MEMORY_CONFIGS:
-            options = [sp.options(ranks, microbatch, recompute, zero) for ranks in stages]
-            found = partition(options, L, m)
+            if (recompute, zero) == MEMORY_CONFIGS[0] and fits(unconstrained[1], m):
+                found = unconstrained  # the same options, and memory does not bind: the same partition
+            else:
+                found = partition([sp.options(ranks, microbatch, recompute, zero) for ranks in stages], L, m)
             if found is None:
                 why["memory"] += 1
                 continue
