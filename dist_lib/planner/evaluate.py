@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 from ..errors import OutOfMemoryError, SimulationError
+from ..eventlog import EventLog
 from ..hardware import Cluster
 from ..simulator import simulate
 from ..workload import Workload
@@ -57,7 +58,9 @@ def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, 
         candidate.error = str(exc).splitlines()[0]
         return candidate
     used = candidate.plan.ranks
-    busy = result.compute_busy()
+    events = result.raw_events
+    busy = events.busy_seconds("compute", cluster.world_size) if isinstance(events, EventLog) \
+        else result.compute_busy()
     candidate.stage_busy = [max(busy[r] for r in stage.ranks) for stage in candidate.plan.stages]
     candidate.simulated = result.time_s
     candidate.peak_fraction = max(result.memory_bytes[r] / cluster.device_of(r).memory_bytes for r in used)
