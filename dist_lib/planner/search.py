@@ -8,8 +8,9 @@ grouping is `partition.py`'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from .. import costs
 from ..hardware import Cluster
@@ -171,6 +172,32 @@ def _slowest(per: list[LayerCosts]) -> LayerCosts:
             out.append(total)
         fields.append(tuple(out))
     return with_total(*fields)
+
+
+@lru_cache(maxsize=256)
+def pipeline_partition(cluster: Cluster, workload: Workload, stage_ranks: tuple[int, ...], microbatch_size: int,
+                       microbatches: int, recompute: str = "none") -> tuple[int, ...] | None:
+    """Layers per stage of a pipeline of one rank a stage under 1F1B (AMP's replicas, Li et al.
+    NeurIPS'22, sec. 4): the contiguous cut whose slowest stage per microbatch is least within every
+    device's memory (`partition`); None when no cut fits in memory."""
+    sp = _Space(cluster, workload)
+    found = partition([sp.options((rank,), microbatch_size, recompute, 0) for rank in stage_ranks],
+                      workload.num_layers, microbatches)
+    return None if found is None else tuple(n for n, _ in found[1])
+
+
+def pipeline_stage_seconds(cluster: Cluster, workload: Workload, stage_ranks: tuple[int, ...],
+                           counts: Sequence[int], microbatch_size: int, recompute: str = "none") -> list[float]:
+    """Seconds per microbatch (forward and backward, the loss on the last) of each stage of a pipeline
+    of one rank a stage holding `counts` layers each, as the estimate times them."""
+    sp = _Space(cluster, workload)
+    out, start = [], 0
+    for rank, n in zip(stage_ranks, counts):
+        option = sp.options((rank,), microbatch_size, recompute, 0)[0]
+        out.append(option.costs.total[start + n] - option.costs.total[start])
+        start += n
+    out[-1] += option.loss
+    return out
 
 
 def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches: int, schedule: str,
