@@ -109,3 +109,35 @@ def test_cost_per_step_is_the_used_gpus_price_over_the_step():
     assert found.best.price_per_hour == pytest.approx(hourly)
     assert found.best.dollars_per_step == pytest.approx(found.best.simulated * hourly / 3600)
     assert all(device.price_per_hour > 0 for device in DEVICES.values())
+
+
+@pytest.mark.parametrize("cluster,workload,batch", [
+    ("1x2xT4", "gpt-350m", 8),
+    ("1x2xA100-40GB+1x2xT4", "gpt-1.3b:layers=8", 16),
+    ("1x4xV100-16GB", "gpt-1.3b:layers=12", 16),
+])
+def test_the_estimates_memory_is_conservative(cluster, workload, batch):
+    """Every plan the estimate admits fits in the simulator, which peaks no higher than the estimate
+    said (to rounding), whatever the schedule, recompute and ZeRO setting."""
+    from dist_lib.planner.evaluate import simulate_candidate
+    from dist_lib.planner.search import generate
+
+    cluster, workload = Cluster.load(cluster), Workload.load(workload)
+    candidates, _ = generate(cluster, workload, batch)
+    settings = {}
+    for c in candidates:  # the tightest candidate of each setting, and a few more
+        key = (c.plan.schedule, c.plan.recompute, c.plan.zero)
+        settings.setdefault(key, []).append(c)
+    chosen = [c for group in settings.values() for c in sorted(group, key=lambda c: -c.memory)[:2]]
+    assert len(settings) >= 6
+    for c in chosen:
+        c = simulate_candidate(cluster, workload, batch, c)
+        assert c.simulated is not None, (c.plan.describe(), c.error)
+        assert c.peak_fraction <= c.memory * 1.001, c.plan.describe()
+
+
+def test_an_estimate_only_plan_fits_in_the_simulator():
+    cluster, workload = Cluster.load("1x4xV100-16GB"), Workload.load("gpt-1.3b:layers=12")
+    found = plan(cluster, workload, 16, top=0)
+    result = run_plan(cluster, workload, 16, found.best.plan)
+    assert max(result.memory_bytes) <= cluster.device_of(0).memory_bytes * found.best.memory * 1.001

@@ -72,12 +72,22 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
         bwd.append(b + tp_comm)
         wgt.append(_cost(device, workload, "backward_weight", layer, samples, tp, "none"))
         params = workload.layer_params(layer) / tp
-        state.append(params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES / zero_dp))
+        # ZeRO-1 also holds each layer's reduced gradient shard until the update (2/dp bytes a parameter)
+        shard = WEIGHT_BYTES / zero_dp if zero_dp > 1 else 0.0
+        state.append(params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES / zero_dp + shard))
         stash = 0 if recompute == "full" else forward_stash_bytes(device, workload, layer, samples, tp, mode)
         acts.append(stash + act)
         grads.append(params * WEIGHT_BYTES)
         upd.append(costs.update_time(device, params / zero_dp))
     return with_total(*(tuple(accumulate(x, initial=0.0)) for x in (fwd, bwd, wgt, state, acts, grads, upd)))
+
+
+@lru_cache(maxsize=None)
+def rerun_stash(device: Device, workload: Workload, samples: int, tp: int) -> float:
+    """Bytes of the largest stash a full-recompute backward rebuilds: it re-runs one layer's forward,
+    keeping its whole stash, then consumes it in that layer's backward before the next."""
+    layers = range(workload.num_layers) if workload.profile is not None else range(min(2, workload.num_layers))
+    return max(forward_stash_bytes(device, workload, layer, samples, tp, "none") for layer in layers)
 
 
 def with_total(*prefixes: tuple[float, ...]) -> LayerCosts:

@@ -35,6 +35,7 @@ class StageOption:
     loss: float  # loss seconds per microbatch if it is the last stage
     unit: float  # bytes of one replica's share of a microbatch's activation (its largest share)
     reduce: Callable[[float], float]  # seconds of the data-parallel gradient reduction of n bytes
+    rerun: float = 0.0  # full recompute: bytes of the largest layer stash a backward rebuilds, one at a time
 
 
 
@@ -48,7 +49,7 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
     # per stage: its in-flight microbatches, and per option what a probe reads (hoisted out of the loop)
     prepared = [(in_flight(schedule, s, pp, microbatches, 1),
                  [(o, o.costs.total, o.costs.state, o.costs.activation, o.loss if s == pp - 1 else 0.0,
-                   (o.capacity if memory else infinite) - buffers(s, pp, microbatches, schedule) * o.unit)
+                   (o.capacity if memory else infinite) - buffers(s, pp, microbatches, schedule) * o.unit - o.rerun)
                   for o in options])
                 for s, options in enumerate(stages)]
 
@@ -120,20 +121,40 @@ def fits(placed: list[tuple[int, StageOption]], microbatches: int, schedule: str
     for s, (n, o) in enumerate(placed):
         c, stop = o.costs, start + n
         used = c.state[stop] - c.state[start] + in_flight(schedule, s, pp, microbatches, 1) * \
-            (c.activation[stop] - c.activation[start]) + buffers(s, pp, microbatches, schedule) * o.unit
+            (c.activation[stop] - c.activation[start]) + buffers(s, pp, microbatches, schedule) * o.unit + o.rerun
         if used > o.capacity:
             return False
         start = stop
     return True
 
 
-def buffers(stage: int, stages: int, microbatches: int, schedule: str) -> float:
+def buffers(stage: int, stages: int, microbatches: int, schedule: str, chunks: int = 1) -> float:
     """Activations a stage holds besides its layer inputs and stashes, in microbatch shares: a few
     passing through (received, all-reduced, being sent) and the messages it sent that the neighbour has
-    not received yet (a send keeps its tensor until matched): outputs of up to the microbatches in
-    flight, and a gradient past the first stage."""
+    not received yet (a send keeps its tensor until matched): outputs of up to the passes in flight,
+    and a gradient past the first stage. Interleaved, every stage sends on and receives gradients."""
+    if schedule == "interleaved":
+        passes = in_flight(schedule, stage, stages, microbatches, chunks) * chunks
+        return TRANSIENT_ACTIVATIONS + passes + 1
     sent = in_flight(schedule, stage, stages, microbatches, 1) if stage < stages - 1 else 0
     return TRANSIENT_ACTIVATIONS + sent + (1 if stage > 0 else 0)
+
+
+def block_memory(o: StageOption, start: int, stop: int, stage: int, stages: int, microbatches: int,
+                 schedule: str, chunks: int) -> float:
+    """Peak bytes of a stage holding layers start..stop-1 under a schedule: model state, the
+    activations of the microbatches in flight (interleaved: each pass counted at the larger chunk's
+    size, as `to_plan` gives the first chunks the odd layers), the buffers, the full-recompute stash and,
+    under ZB-H1, the output gradient every layer keeps for its deferred weight-gradient pass."""
+    c, n = o.costs, stop - start
+    flight = in_flight(schedule, stage, stages, microbatches, chunks)
+    if schedule == "interleaved":
+        flight *= chunks * -(-n // chunks) / n
+    used = c.state[stop] - c.state[start] + flight * (c.activation[stop] - c.activation[start]) \
+        + buffers(stage, stages, microbatches, schedule, chunks) * o.unit + o.rerun
+    if schedule == "zero-bubble":
+        used += flight * n * o.unit
+    return used
 
 
 def _block_time(o: StageOption, start: int, n: int) -> float:
@@ -157,10 +178,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         grads = c.grad_bytes[stop] - c.grad_bytes[start]
         reduce = o.reduce(grads)
         tails.append(max(reduce - backward, 0.0) + reduce / n + c.update[stop] - c.update[start])
-        flight = in_flight(schedule, s, pp, m, chunks)
-        used = c.state[stop] - c.state[start] + flight * (c.activation[stop] - c.activation[start]) \
-            + buffers(s, pp, m, schedule) * o.unit
-        mem = max(mem, used / o.capacity * MEMORY_HEADROOM)
+        mem = max(mem, block_memory(o, start, stop, s, pp, m, schedule, chunks) / o.capacity * MEMORY_HEADROOM)
         start = stop
     slowest = max(times)
     fill = sum(times) - slowest

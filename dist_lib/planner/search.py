@@ -16,7 +16,7 @@ from .. import costs
 from ..hardware import Cluster
 from ..workload import Workload
 from . import space
-from .estimate import LayerCosts, layer_costs, with_total
+from .estimate import LayerCosts, layer_costs, rerun_stash, with_total
 from .partition import MEMORY_HEADROOM, StageOption, fits, partition, step_estimate
 from .plan import Plan, Stage
 
@@ -140,7 +140,9 @@ class _Space:
             reduce = _no_reduce
         else:
             reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, workload.num_layers)
-        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce)
+        rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
+                    for (_, n), group in replicas.items()) if recompute == "full" else 0.0
+        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun)
 
 
 def _no_reduce(nbytes: float) -> float:
@@ -296,12 +298,15 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
 
 
 def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price) -> list[Candidate]:
-    """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit."""
+    """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit. ZB-H1 is
+    left out under full recompute: its deferred weight-gradient pass needs the rebuilt stashes, so every
+    layer's stash lives from the input-gradient pass to W, which the estimate does not count."""
     out = []
     pp = len(placed)
     variants = [("1f1b", 1)]
     if pp > 1:
-        variants.append(("zero-bubble", 1))
+        if recompute != "full":
+            variants.append(("zero-bubble", 1))
         if m % pp == 0 and all(n >= INTERLEAVE_CHUNKS for n, _ in placed):
             variants.append(("interleaved", INTERLEAVE_CHUNKS))
     for schedule, chunks in variants:
