@@ -220,8 +220,8 @@ def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches
 
 
 def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget: float | None = None,
-             objective: str = "time", max_stages: int = 16, progress: Callable[[int, int], None] | None = None
-             ) -> tuple[list[Candidate], list[str]]:
+             objective: str = "time", max_stages: int = 16, progress: Callable[[int, int], None] | None = None,
+             prune_slack: float = PRUNE_SLACK) -> tuple[list[Candidate], list[str]]:
     """Every candidate the estimate finds feasible, each with its best partition, and (when there are
     none) why not, one reason per line."""
     sp = _Space(cluster, workload)
@@ -260,12 +260,12 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     for i, (bound, price, stages, microbatch, free) in enumerate(work):
         if progress is not None and i % 64 == 0:
             progress(i, len(work))
-        if bound > incumbent * (1 + PRUNE_SLACK):
+        if bound > incumbent * (1 + prune_slack):
             break
         m = global_batch // microbatch
         unconstrained = partition(free, L, m, memory=False)
         weight = price if objective == "cost" else 1.0
-        if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + PRUNE_SLACK):
+        if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
             continue  # even without memory limits its slowest stage makes it lose
         for recompute, zero in MEMORY_CONFIGS:
             if (recompute, zero) == MEMORY_CONFIGS[0] and fits(unconstrained[1], m):
