@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+import numpy as np
+
 from .. import costs
 from ..hardware import Cluster
 from ..workload import Workload
@@ -132,7 +134,8 @@ class _Space:
                            self.topology(group) if tp > 1 else None, recompute, dp if zero else 1)
                for (_, n), group in replicas.items()]
         combined = per[0] if len(per) == 1 else _slowest(per)
-        capacity = MEMORY_HEADROOM * min(cluster.device_of(r).memory_bytes for r in ranks)
+        # every rank is in some replica, and a replica's ranks share a node
+        capacity = MEMORY_HEADROOM * min(cluster.nodes[kind].device.memory_bytes for kind, _ in replicas)
         loss = max(costs.loss_time(cluster.device_of(group[0]), workload, n) for (_, n), group in replicas.items())
         unit = max(shares) * workload.activation_bytes()
         dp_topo = self.topology(ranks[::tp]) if dp > 1 else None
@@ -164,15 +167,12 @@ class _Reduction:
 
 
 def _slowest(per: list[LayerCosts]) -> LayerCosts:
-    """Per layer, the largest of each figure over the replicas, as prefix sums again."""
+    """Per layer, the largest of each figure over the replicas, as prefix sums again (summed in layer
+    order, as a loop would)."""
     fields = []
     for name in LayerCosts.__slots__[:-1]:
-        arrays = [getattr(c, name) for c in per]
-        out, total = [0.0], 0.0
-        for i in range(1, len(arrays[0])):
-            total += max(a[i] - a[i - 1] for a in arrays)
-            out.append(total)
-        fields.append(tuple(out))
+        steps = np.diff(np.array([getattr(c, name) for c in per]), axis=1).max(axis=0)
+        fields.append(tuple(np.concatenate(([0.0], np.cumsum(steps))).tolist()))
     return with_total(*fields)
 
 
