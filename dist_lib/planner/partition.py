@@ -48,7 +48,7 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
     infinite = float("inf")
     # per stage: its in-flight microbatches, and per option what a probe reads (hoisted out of the loop)
     prepared = [(in_flight(schedule, s, pp, microbatches, 1),
-                 [(o, o.costs.total, o.costs.state, o.costs.activation, o.loss if s == pp - 1 else 0.0,
+                 [(o, o.costs.total, o.costs.state, o.costs.activation, o.costs.shard, o.loss if s == pp - 1 else 0.0,
                    (o.capacity if memory else infinite) - buffers(s, pp, microbatches, schedule) * o.unit - o.rerun)
                   for o in options])
                 for s, options in enumerate(stages)]
@@ -61,17 +61,19 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
         for s, (flight, options) in enumerate(prepared):
             room = layers - start - (pp - s - 1)
             best, pick, best_time, best_fixed = 0, None, 0.0, 0.0
-            for o, total, state, act, fixed, budget_m in options:
+            for o, total, state, act, shard, fixed, budget_m in options:
                 t0 = total[start]
                 j = min(bisect_right(total, t0 + bound - fixed) - 1, start + room)
                 if j <= start:
                     continue
-                s0, a0 = state[start], act[start]
-                if state[j] - s0 + flight * (act[j] - a0) > budget_m:
+                s0, a0, h0 = state[start], act[start], shard[start]
+                # in flight, or (ZeRO-1) the gradient shards beside the last microbatch (`block_memory`)
+                if state[j] - s0 + act[j] - a0 + max((flight - 1) * (act[j] - a0), shard[j] - h0) > budget_m:
                     lo, hi = start, j  # the largest block within memory (bytes grow with every layer)
                     while lo < hi:
                         mid = (lo + hi + 1) // 2
-                        if state[mid] - s0 + flight * (act[mid] - a0) <= budget_m:
+                        if state[mid] - s0 + act[mid] - a0 + max((flight - 1) * (act[mid] - a0),
+                                                                 shard[mid] - h0) <= budget_m:
                             lo = mid
                         else:
                             hi = mid - 1
@@ -120,9 +122,7 @@ def fits(placed: list[tuple[int, StageOption]], microbatches: int, schedule: str
     pp, start = len(placed), 0
     for s, (n, o) in enumerate(placed):
         c, stop = o.costs, start + n
-        used = c.state[stop] - c.state[start] + in_flight(schedule, s, pp, microbatches, 1) * \
-            (c.activation[stop] - c.activation[start]) + buffers(s, pp, microbatches, schedule) * o.unit + o.rerun
-        if used > o.capacity:
+        if block_memory(o, start, stop, s, pp, microbatches, schedule, 1) > o.capacity:
             return False
         start = stop
     return True
@@ -145,16 +145,20 @@ def block_memory(o: StageOption, start: int, stop: int, stage: int, stages: int,
     """Peak bytes of a stage holding layers start..stop-1 under a schedule: model state, the
     activations of the microbatches in flight (interleaved: each pass counted at the larger chunk's
     size, as `to_plan` gives the first chunks the odd layers), the buffers, the full-recompute stash and,
-    under ZB-H1, the output gradient every layer keeps for its deferred weight-gradient pass."""
+    under ZB-H1, the output gradient every layer keeps for its deferred weight-gradient pass. ZeRO-1's
+    reduced gradient shards appear only as each layer's last microbatch passes backward, when at most
+    that microbatch's activations remain: the stage holds the larger of the two."""
     c, n = o.costs, stop - start
     flight = in_flight(schedule, stage, stages, microbatches, chunks)
     if schedule == "interleaved":
         flight *= chunks * -(-n // chunks) / n
-    used = c.state[stop] - c.state[start] + flight * (c.activation[stop] - c.activation[start]) \
-        + buffers(stage, stages, microbatches, schedule, chunks) * o.unit + o.rerun
+    activations = c.activation[stop] - c.activation[start]
+    in_flight_bytes = flight * activations
     if schedule == "zero-bubble":
-        used += flight * n * o.unit
-    return used
+        in_flight_bytes += flight * n * o.unit
+    shards = c.shard[stop] - c.shard[start] + activations
+    return c.state[stop] - c.state[start] + max(in_flight_bytes, shards) \
+        + buffers(stage, stages, microbatches, schedule, chunks) * o.unit + o.rerun
 
 
 def _block_time(o: StageOption, start: int, n: int) -> float:
