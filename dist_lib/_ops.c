@@ -14,7 +14,7 @@ static struct {
     PyObject *py_forward, *py_backward, *py_add; /* the Python twins */
     PyObject *docs;                              /* method name -> text signature and docstring */
     /* Model */
-    Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_act_bytes, m_shard_sizes;
+    Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_act_bytes, m_shard_sizes, m_batch;
     /* RankState and MemoryTracker */
     Py_ssize_t s_clock, s_flops, s_forwarded, mem_context;
     /* Activation / ActivationGrad (_Hidden) */
@@ -25,7 +25,7 @@ static struct {
     Py_ssize_t st_tp_rank, st_tp_size, st_recompute, st_input_done;
     Py_ssize_t pack_at;
     PyObject *s_forward, *s_backward, *s_compute, *s_recompute, *s_empty, *s_none, *s_stash, *s_selective,
-        *s_cost, *s_events, *s_pack, *s_bit_count, *s_bit_length, *zero, *one;
+        *s_cost, *s_events, *s_pack, *s_bit_count, *s_bit_length, *s_selective_mode, *zero, *one;
 } K;
 
 /* ---- small helpers -------------------------------------------------------------------------------- */
@@ -156,13 +156,16 @@ static long long activation_bytes(PyObject *self, long n) {
 static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     if (nargs != 3) goto slow;
     int keep_stash = 1;
+    PyObject *mode = K.s_none; /* compute_mode(selective_recompute, sequence_parallel=False) */
     if (kwnames) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
             PyObject *name = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
             if (name == K.s_stash) {
                 keep_stash = PyObject_IsTrue(value);
                 if (keep_stash < 0) return NULL;
-            } else if (!(name == K.s_selective && value == Py_False)) {
+            } else if (name == K.s_selective && (value == Py_False || value == Py_True)) {
+                mode = value == Py_True ? K.s_selective_mode : K.s_none;
+            } else {
                 goto slow;
             }
         }
@@ -170,7 +173,9 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyObject *layer = args[0], *act = args[1], *weight = args[2], *rank = SLOT(self, K.m_rank);
     if (Py_TYPE(act) != K.Activation || Py_TYPE(weight) != K.Weight || !PyLong_CheckExact(layer)) goto slow;
     long layer_v = small_int(layer, -1);
-    if (layer_v < 0 || small_int(SLOT(act, K.h_tp_size), 0) != 1 || small_int(SLOT(weight, K.w_tp_rank), -1) != 0 ||
+    /* a TP slice: its rank within the group (the part of the sum it yields), at most 62 */
+    long tp_rank = small_int(SLOT(weight, K.w_tp_rank), -1);
+    if (layer_v < 0 || small_int(SLOT(act, K.h_tp_size), 0) != 1 || tp_rank < 0 || tp_rank > 62 ||
         !is_full_mask(SLOT(weight, K.w_shards), small_int(SLOT(weight, K.w_num_shards), -1)) ||
         int_eq(SLOT(act, K.h_rank), rank) != 1 || int_eq(SLOT(weight, K.w_rank), rank) != 1 ||
         int_eq(SLOT(act, K.h_layer), layer) != 1 || int_eq(SLOT(weight, K.w_layer), layer) != 1)
@@ -183,21 +188,35 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     long long out_bytes = activation_bytes(self, n);
     if (out_bytes < 0) goto slow;
 
-    /* a forward of samples this layer has already seen on this rank is a recompute */
+    /* a forward of samples this layer (and TP slice: its samples shifted by tp_rank global batches) has
+       already seen on this rank is a recompute */
+    PyObject *mine = samples;
+    if (tp_rank) {
+        long batch = small_int(SLOT(self, K.m_batch), -1);
+        if (batch < 0) goto slow;
+        PyObject *shift = PyLong_FromLong(tp_rank * batch);
+        if (!shift) return NULL;
+        mine = PyNumber_Lshift(samples, shift);
+        Py_DECREF(shift);
+        if (!mine) return NULL;
+    } else {
+        Py_INCREF(mine);
+    }
     PyObject *before = PyList_GET_ITEM(forwarded, layer_v);
-    PyObject *seen = PyNumber_And(before, samples);
-    if (!seen) return NULL;
-    int recompute = PyObject_RichCompareBool(seen, samples, Py_EQ);
+    PyObject *seen = PyNumber_And(before, mine);
+    if (!seen) { Py_DECREF(mine); return NULL; }
+    int recompute = PyObject_RichCompareBool(seen, mine, Py_EQ);
     Py_DECREF(seen);
-    if (recompute < 0) return NULL;
+    if (recompute < 0) { Py_DECREF(mine); return NULL; }
     if (!recompute) {
         int any = PyObject_IsTrue(before);
-        if (any < 0) return NULL;
-        PyObject *now = any ? PyNumber_Or(before, samples) : Py_NewRef(samples);
-        if (!now) return NULL;
+        if (any < 0) { Py_DECREF(mine); return NULL; }
+        PyObject *now = any ? PyNumber_Or(before, mine) : Py_NewRef(mine);
+        if (!now) { Py_DECREF(mine); return NULL; }
         PyList_SetItem(forwarded, layer_v, now); /* steals `now` */
     }
-    PyObject *cost = op_cost(self, K.s_forward, layer, n, tp, K.s_none);
+    Py_DECREF(mine);
+    PyObject *cost = op_cost(self, K.s_forward, layer, n, tp, mode);
     if (!cost) return NULL;
     if (run_compute(self, K.s_forward, layer, samples, cost, recompute ? K.s_recompute : K.s_empty) < 0 ||
         set_context(SLOT(self, K.m_mem), K.s_forward, layer) < 0) {
@@ -208,7 +227,7 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (keep_stash) {
         long long stash_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(cost, 2));
         if (stash_bytes == -1 && PyErr_Occurred()) { Py_DECREF(cost); return NULL; }
-        PyObject *fields[3] = {K.zero, tp, K.s_none};
+        PyObject *fields[3] = {SLOT(weight, K.w_tp_rank), tp, mode};
         PyObject *stash = buffer_alloc(K.Stash, mem, stash_bytes, fields, 3);
         if (!stash) { Py_DECREF(cost); return NULL; }
         Py_XSETREF(SLOT(act, K.a_stash), stash);
@@ -216,9 +235,12 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_DECREF(cost);
     PyObject *next = PyLong_FromLong(layer_v + 1);
     if (!next) return NULL;
-    PyObject *fields[5] = {rank, next, samples, K.one, tp}; /* TP slice 0 of `tp`: part 1 << 0 */
+    PyObject *part = PyLong_FromLong(1L << tp_rank); /* TP slice tp_rank of `tp`: part 1 << tp_rank */
+    if (!part) { Py_DECREF(next); return NULL; }
+    PyObject *fields[5] = {rank, next, samples, part, tp};
     PyObject *out = buffer_alloc(K.Activation, mem, out_bytes, fields, 5);
     Py_DECREF(next);
+    Py_DECREF(part);
     return out;
 slow:
     return fallback(K.py_forward, self, args, nargs, kwnames);
@@ -379,7 +401,7 @@ static PyObject *install(PyObject *module, PyObject *args) {
         {Model, "_engine", &K.m_engine}, {Model, "_state", &K.m_state}, {Model, "_mem", &K.m_mem},
         {Model, "_events", &K.m_events}, {Model, "_cache", &K.m_cache}, {Model, "rank", &K.m_rank},
         {Model, "_act_bytes", &K.m_act_bytes},
-        {Model, "_shard_sizes", &K.m_shard_sizes},
+        {Model, "_shard_sizes", &K.m_shard_sizes}, {Model, "global_batch_size", &K.m_batch},
         {RankState, "clock", &K.s_clock}, {RankState, "flops", &K.s_flops}, {RankState, "forwarded", &K.s_forwarded},
         {MemoryTracker, "context", &K.mem_context},
         {Activation, "rank", &K.h_rank}, {Activation, "layer", &K.h_layer}, {Activation, "samples", &K.h_samples},
@@ -439,7 +461,7 @@ int ops_init(PyObject *module) {
         {&K.s_recompute, "recompute"}, {&K.s_empty, ""}, {&K.s_none, "none"}, {&K.s_stash, "stash"},
         {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"},
         {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_bit_count, "bit_count"},
-        {&K.s_bit_length, "bit_length"},
+        {&K.s_bit_length, "bit_length"}, {&K.s_selective_mode, "selective"},
     };
     for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
         if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;

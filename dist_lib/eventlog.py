@@ -114,3 +114,20 @@ class EventLog(Sequence):
         op, stream, layer, nbytes, flops, peers, detail = (column[self._kind[i]] for column in self._kinds)
         return (self._rank[i], op, stream, self._start[i], self._end[i], layer, self._samples[i], nbytes, flops,
                 peers, self._op_id[i], detail)
+
+    def busy_seconds(self, stream: str, ranks: int) -> list[float]:
+        """Seconds each of `ranks` ranks spent in events of `stream`, summed column-wise with numpy
+        (a 1024-rank step logs millions of events; summation order may differ from a loop's in the last
+        bits)."""
+        import numpy as np
+
+        self.pack()
+        busy = [0.0] * ranks
+        if not len(self._rank):
+            return busy
+        in_stream = np.fromiter((s == stream for s in self._kinds[1]), dtype=bool, count=len(self._kinds[1]))
+        chosen = in_stream[np.frombuffer(self._kind, dtype=np.uint32)]
+        durations = np.frombuffer(self._end, dtype=np.float64) - np.frombuffer(self._start, dtype=np.float64)
+        packed = np.bincount(np.frombuffer(self._rank, dtype=np.int32)[chosen], weights=durations[chosen],
+                             minlength=ranks)
+        return [a + float(b) for a, b in zip(busy, packed)]

@@ -195,11 +195,13 @@ class _Stage:
         else:
             x = await self._receive_from(k - 1, layers.start, samples, "activation")
         kept = []
+        weights, stash, modes, tp_group = self.weights, not plan.recompute, self.modes, self.tp_group
+        forward, keep = model.forward, kept.append
         for layer in layers:
-            kept.append(x)
-            x = model.forward(layer, x, self.weights[layer][0], stash=not plan.recompute, **self.modes)
-            if self.tp_group is not None:
-                x = await model.all_reduce(x, self.tp_group)
+            keep(x)
+            x = forward(layer, x, weights[layer][0], stash=stash, **modes)
+            if tp_group is not None:
+                x = await model.all_reduce(x, tp_group)
         self.inputs[(chunk, mb)] = kept
         if k == self.virtual - 1:
             # vocabulary-parallel LM head: each TP rank its V/t logits (Megatron-LM)
@@ -218,10 +220,10 @@ class _Stage:
             grad = await self._receive_from(k + 1, layers.stop, samples, "activation gradient")
         kept = self.inputs.pop((chunk, mb))
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
-        tp_group = self.tp_group
+        tp_group, weights, recompute = self.tp_group, self.weights, plan.recompute
         for layer in reversed(layers):
-            x, weight = kept.pop(), self.weights[layer][0]
-            if plan.recompute:
+            x, weight = kept.pop(), weights[layer][0]
+            if recompute:
                 # rebuild the stash; the output is not needed again, but the re-run forward repeats its
                 # TP all-reduces (Megatron-LM checkpoints whole layers, communication included)
                 out = model.forward(layer, x, weight, **self.modes)

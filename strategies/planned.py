@@ -97,6 +97,8 @@ class _PlannedStage(_Stage):
         self.zero = plan.zero == 1 and len(self.dp_ranks) > 1
         super().__init__(model, stage_plan)
         self.base = self.mine.offsets()[replica]
+        self.share = self.mine.shares[replica]
+        self.routes: dict[int, list] = {}
 
     def load(self, layer: int) -> tuple:
         if not self.zero:
@@ -125,23 +127,40 @@ class _PlannedStage(_Stage):
         for layer in sorted(gathered, reverse=True):
             model.set_final_weight(layer, await gathered.pop(layer))
 
+    def _routes(self, other: int) -> list[tuple[int, int, int, tuple[int, ...], int]]:
+        """Per piece of this replica's slice that stage `other` holds in one of its replicas:
+        (first, stop) relative to the slice, the ranks of that replica this tensor rank sends to (those
+        of another tensor rank get their copy from it), and the rank it receives from. Worked out once
+        per neighbouring stage: every microbatch is cut the same way."""
+        found = self.routes.get(other)
+        if found is None:
+            stage = self.full.stages[other]
+            t, tp, lo = self.plan.tp_rank, len(self.plan.tp_group), self.base
+            found = self.routes[other] = [
+                (a - lo, z - lo, tuple(stage.ranks[e * stage.tp + j] for j in range(stage.tp) if j % tp == t),
+                 stage.ranks[e * stage.tp + t % stage.tp])
+                for e, a, z in overlaps(self.mine, self.replica, stage)]
+        return found
+
     def _send_to(self, x, virtual: int, what: str) -> None:
-        other = self.full.stages[virtual % self.pp]
-        start = x.samples.bit_length() - self.mine.shares[self.replica]  # first sample of the slice
-        mb_first = start - self.base
-        t, tp = self.plan.tp_rank, len(self.plan.tp_group)
-        for e, a, z in overlaps(self.mine, self.replica, other):
-            targets = [other.ranks[e * other.tp + j] for j in range(other.tp) if j % tp == t]
-            if targets:  # receivers of another tensor rank get their copy from it
-                piece = self.model.split_samples(x, range(mb_first + a, mb_first + z))
+        routes = self._routes(virtual % self.pp)
+        if len(routes) == 1 and routes[0][1] - routes[0][0] == self.share:  # the receiver takes it whole
+            for dst in routes[0][2]:
+                self._send(x, dst, what)
+            return
+        start = x.samples.bit_length() - self.share  # first sample of the slice
+        for a, z, targets, _ in routes:
+            if targets:
+                piece = self.model.split_samples(x, range(start + a, start + z))
                 for dst in targets:
                     self._send(piece, dst, what)
 
     async def _receive_from(self, virtual: int, layer: int, samples: range, what: str):
-        other = self.full.stages[virtual % self.pp]
-        mb_first = samples.start - self.base
+        routes = self._routes(virtual % self.pp)
+        start = samples.start
+        if len(routes) == 1 and routes[0][1] - routes[0][0] == self.share:  # the sender sent it whole
+            return await self._receive(routes[0][3], layer, samples, what)
         pieces = []
-        for e, a, z in overlaps(self.mine, self.replica, other):
-            src = other.ranks[e * other.tp + self.plan.tp_rank % other.tp]
-            pieces.append(await self._receive(src, layer, range(mb_first + a, mb_first + z), what))
+        for a, z, _, src in routes:
+            pieces.append(await self._receive(src, layer, range(start + a, start + z), what))
         return self.model.join_samples(pieces)

@@ -66,3 +66,13 @@ def test_batches_packed_either_way_read_back_as_appended():
     assert log[3][3] == 7.0 and type(log[3][3]) is float  # a packed time is a float
     assert log[2][9] is GROUP and log[-4][9] is GROUP
 
+
+
+def test_busy_seconds_sums_each_ranks_events_of_one_stream():
+    log = EventLog()
+    for e in _events():
+        log.append(e)
+    # rank 0: two forwards of 1.5 s and 1.0 s; rank 2: one op of 1.0 s; the rest no compute
+    assert log.busy_seconds("compute", 5) == [2.5, 0.0, 1.0, 0.0, 0.0]
+    assert log.busy_seconds("p2p", 5) == [0.0, 0.0, 0.0, 0.25, 0.25]
+    assert EventLog().busy_seconds("compute", 2) == [0.0, 0.0]

@@ -109,3 +109,77 @@ def test_cost_per_step_is_the_used_gpus_price_over_the_step():
     assert found.best.price_per_hour == pytest.approx(hourly)
     assert found.best.dollars_per_step == pytest.approx(found.best.simulated * hourly / 3600)
     assert all(device.price_per_hour > 0 for device in DEVICES.values())
+
+
+@pytest.mark.parametrize("cluster,workload,batch", [
+    ("1x2xT4", "gpt-350m", 8),
+    ("1x2xA100-40GB+1x2xT4", "gpt-1.3b:layers=8", 16),
+    ("1x4xV100-16GB", "gpt-1.3b:layers=12", 16),
+])
+def test_the_estimates_memory_is_conservative(cluster, workload, batch):
+    """Every plan the estimate admits fits in the simulator, which peaks no higher than the estimate
+    said (to rounding), whatever the schedule, recompute and ZeRO setting."""
+    from dist_lib.planner.evaluate import simulate_candidate
+    from dist_lib.planner.search import generate
+
+    cluster, workload = Cluster.load(cluster), Workload.load(workload)
+    candidates, _ = generate(cluster, workload, batch)
+    settings = {}
+    for c in candidates:  # the tightest candidate of each setting, and a few more
+        key = (c.plan.schedule, c.plan.recompute, c.plan.zero)
+        settings.setdefault(key, []).append(c)
+    chosen = [c for group in settings.values() for c in sorted(group, key=lambda c: -c.memory)[:2]]
+    assert len(settings) >= 6
+    for c in chosen:
+        c = simulate_candidate(cluster, workload, batch, c)
+        assert c.simulated is not None, (c.plan.describe(), c.error)
+        assert c.peak_fraction <= c.memory * 1.001, c.plan.describe()
+
+
+def test_an_estimate_only_plan_fits_in_the_simulator():
+    cluster, workload = Cluster.load("1x4xV100-16GB"), Workload.load("gpt-1.3b:layers=12")
+    found = plan(cluster, workload, 16, top=0)
+    result = run_plan(cluster, workload, 16, found.best.plan)
+    assert max(result.memory_bytes) <= cluster.device_of(0).memory_bytes * found.best.memory * 1.001
+
+
+def test_refinement_moves_layers_between_the_chunks_of_an_interleaved_plan():
+    from dist_lib.planner import Candidate
+    from dist_lib.planner.evaluate import neighbours, refine, simulate_candidate, virtual_counts
+
+    cluster, workload = Cluster.load("1x2xA100-80GB"), Workload.load("toy:layers=8")
+    # chunk-major blocks 3, 1, 3, 1: stage 0 runs 6 layers, stage 1 two
+    lopsided = Plan((Stage((0,), 1, ((0, 3), (4, 7)), (1,)), Stage((1,), 1, ((3, 4), (7, 8)), (1,))), 1, 4,
+                    "interleaved")
+    start = simulate_candidate(cluster, workload, 4, Candidate(lopsided, 0.0, 0.0, 1.0))
+    assert start.stage_busy[0] > start.stage_busy[1]
+    moves = neighbours(start)
+    # out of stage 0's two blocks (virtual 0 and 2), into each neighbouring block: 0->1, 2->1, 2->3
+    assert sorted(virtual_counts(p) for p in moves) == [[2, 2, 3, 1], [3, 1, 2, 2], [3, 2, 2, 1]]
+    for p in moves:
+        p.check(2, 8, 4, cluster)
+    best, _ = refine(cluster, workload, 4, start, 8, lambda c: c.seconds)
+    assert best.simulated < start.simulated
+    assert max(s.layers for s in best.plan.stages) == 4 and best.plan.chunks == 2
+
+
+@pytest.mark.parametrize("cluster,workload,batch", [
+    ("1x2xA100-80GB+1x2xT4", "toy:layers=4", 4),
+    ("1x1xA100-80GB+1x1xV100-16GB+1x1xT4", "toy:layers=3", 4),
+    ("1x2xA100-80GB+1x2xV100-32GB", "gpt-350m:layers=8", 16),
+])
+def test_the_pruning_bounds_keep_the_best_plan_on_small_clusters(cluster, workload, batch):
+    """The 20 % slack and the 16-stage limit leave out plans the estimate ranks far behind; none of them
+    simulates faster than the planner's best (every estimated plan of the unpruned space simulated)."""
+    import math
+
+    from dist_lib.planner.evaluate import simulate_all
+    from dist_lib.planner.search import generate
+
+    cluster, workload = Cluster.load(cluster), Workload.load(workload)
+    pruned, _ = generate(cluster, workload, batch)
+    every, _ = generate(cluster, workload, batch, prune_slack=math.inf, max_stages=64)
+    assert len(every) > len(pruned)  # the bounds do leave plans out
+    distinct = list({c.plan: c for c in every}.values())
+    ran = [c.simulated for c in simulate_all(cluster, workload, batch, distinct) if c.simulated is not None]
+    assert plan(cluster, workload, batch).best.simulated <= min(ran) * (1 + 1e-9)

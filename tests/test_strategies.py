@@ -115,6 +115,20 @@ def test_hetero_gives_faster_replicas_more_samples():
     assert samples[0] == samples[1] > samples[2] == samples[3] and sum(samples) == 16
 
 
+def test_hetero_partition_is_the_planners_and_respects_memory():
+    from dist_lib import Cluster, Workload
+    from dist_lib.planner.search import pipeline_partition
+
+    cluster, workload = Cluster.load("1x2xA100-80GB+1x2xV100-32GB"), Workload.load("toy:layers=8")
+    result = run("hetero", cluster, 8, 8, pp=2)
+    counts = pipeline_partition(cluster, workload, (0, 2), 1, 8)  # replica 0: A100 rank 0, then V100 rank 2
+    assert counts[0] > counts[1]
+    assert {e.layer for e in result.events if e.rank == 0 and e.op == "forward"} == set(range(counts[0]))
+    # GPT-6.7B's model state alone (about 100 GiB) cannot be cut over two 16 GiB T4s
+    with pytest.raises(StrategyError, match="fits in device memory"):
+        simulate("strategies.hetero", "1x2xT4", "gpt-6.7b", 2, pp=2)
+
+
 def test_explicit_partition_and_shares_are_followed():
     result = run("hetero", "1x4xA100-80GB", 6, 6, pp=2, partition=[2, 4], shares=[1, 5])
     assert {e.layer for e in result.events if e.rank == 0 and e.op == "forward"} == {0, 1}

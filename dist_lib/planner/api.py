@@ -10,7 +10,7 @@ from ..errors import SpecError
 from ..hardware import Cluster
 from ..workload import Workload
 from .evaluate import Runner, refine, run_here, simulate_all
-from .search import Candidate, Search, generate
+from .search import PRUNE_SLACK, Candidate, Search, generate
 
 OBJECTIVES = ("time", "cost")
 
@@ -18,12 +18,14 @@ OBJECTIVES = ("time", "cost")
 def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_batch_size: int, *,
          top: int = 10, objective: str = "time", budget: float | None = None, refine_rounds: int = 8,
          max_stages: int = 16, progress: Callable[[str, int, int], None] | None = None,
-         runner: Runner = run_here, width: int = 1) -> Search:
+         runner: Runner = run_here, width: int = 1, prune_slack: float = PRUNE_SLACK) -> Search:
     """Search plans for one training step: every candidate estimated, the best `top` by the estimate
     simulated, the winner refined on the simulator. `objective` ranks by step time or by dollars per
     step; `budget` (USD per hour) leaves out device mixes that cost more. `top=0` trusts the estimate
     alone (no simulation). `runner` runs the simulations, `width` at a time (default: one after another in
-    this process). Raises `SpecError` with one line when no plan fits."""
+    this process). The estimate skips groupings whose lower bound is `prune_slack` above the best estimate
+    so far, and pipelines of more than `max_stages` stages. Raises `SpecError` with one line when no plan
+    fits."""
     if objective not in OBJECTIVES:
         raise SpecError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
@@ -36,8 +38,7 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     started = time.perf_counter()
     report = (lambda i, n: progress("estimate", i, n)) if progress else None
     candidates, reasons = generate(cluster, workload, global_batch_size, budget=budget, objective=objective,
-                                   max_stages=max_stages,
-                                   progress=report)
+                                   max_stages=max_stages, progress=report, prune_slack=prune_slack)
     if not candidates:
         raise SpecError(reasons[0])
 

@@ -41,6 +41,7 @@ class LayerCosts:
     activation: tuple[float, ...]  # stash + input bytes of one microbatch
     grad_bytes: tuple[float, ...]  # 16-bit gradient bytes (what the data-parallel reduction moves)
     update: tuple[float, ...]  # optimizer step seconds
+    shard: tuple[float, ...]  # ZeRO-1: reduced gradient shard bytes, held from a layer's last backward on
     total: list[float]  # forward + backward, for bisection
 
     @property
@@ -58,10 +59,10 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
     act = samples * workload.activation_bytes()
     tp_comm = costs.collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
     mode = "selective" if recompute == "selective" else "none"
-    fwd, bwd, wgt, state, acts, grads, upd = [], [], [], [], [], [], []
+    fwd, bwd, wgt, state, acts, grads, upd, shards = [], [], [], [], [], [], [], []
     for layer in range(workload.num_layers):
         if layer > 1 and workload.profile is None:  # the cost model's layers after the first are alike
-            for column in (fwd, bwd, wgt, state, acts, grads, upd):
+            for column in (fwd, bwd, wgt, state, acts, grads, upd, shards):
                 column.append(column[-1])
             continue
         f = _cost(device, workload, "forward", layer, samples, tp, "none")
@@ -73,11 +74,21 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
         wgt.append(_cost(device, workload, "backward_weight", layer, samples, tp, "none"))
         params = workload.layer_params(layer) / tp
         state.append(params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES / zero_dp))
+        # ZeRO-1 also holds each layer's reduced gradient shard (2/dp bytes a parameter) until the update
+        shards.append(params * WEIGHT_BYTES / zero_dp if zero_dp > 1 else 0.0)
         stash = 0 if recompute == "full" else forward_stash_bytes(device, workload, layer, samples, tp, mode)
         acts.append(stash + act)
         grads.append(params * WEIGHT_BYTES)
         upd.append(costs.update_time(device, params / zero_dp))
-    return with_total(*(tuple(accumulate(x, initial=0.0)) for x in (fwd, bwd, wgt, state, acts, grads, upd)))
+    return with_total(*(tuple(accumulate(x, initial=0.0)) for x in (fwd, bwd, wgt, state, acts, grads, upd, shards)))
+
+
+@lru_cache(maxsize=None)
+def rerun_stash(device: Device, workload: Workload, samples: int, tp: int) -> float:
+    """Bytes of the largest stash a full-recompute backward rebuilds: it re-runs one layer's forward,
+    keeping its whole stash, then consumes it in that layer's backward before the next."""
+    layers = range(workload.num_layers) if workload.profile is not None else range(min(2, workload.num_layers))
+    return max(forward_stash_bytes(device, workload, layer, samples, tp, "none") for layer in layers)
 
 
 def with_total(*prefixes: tuple[float, ...]) -> LayerCosts:

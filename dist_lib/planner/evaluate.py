@@ -1,7 +1,8 @@
 """The simulator's word on the best candidates: run each plan rank for rank (`strategies/planned.py`),
 keep those that are correct and fit memory, and improve the winner by moving one layer at a time across a
-stage boundary while the simulated step gets shorter (a local search on the simulator's own time, in the
-spirit of Aceso's bottleneck relief; Liu et al., EuroSys'24, sec. 4)."""
+block boundary (a block a stage, or a chunk when interleaved) while the simulated step gets shorter (a
+local search on the simulator's own time, in the spirit of Aceso's bottleneck relief; Liu et al.,
+EuroSys'24, sec. 4)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from functools import partial
 from typing import Any
 
 from ..errors import OutOfMemoryError, SimulationError
+from ..eventlog import EventLog
 from ..hardware import Cluster
 from ..simulator import simulate
 from ..workload import Workload
@@ -57,7 +59,9 @@ def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, 
         candidate.error = str(exc).splitlines()[0]
         return candidate
     used = candidate.plan.ranks
-    busy = result.compute_busy()
+    events = result.raw_events
+    busy = events.busy_seconds("compute", cluster.world_size) if isinstance(events, EventLog) \
+        else result.compute_busy()
     candidate.stage_busy = [max(busy[r] for r in stage.ranks) for stage in candidate.plan.stages]
     candidate.simulated = result.time_s
     candidate.peak_fraction = max(result.memory_bytes[r] / cluster.device_of(r).memory_bytes for r in used)
@@ -66,29 +70,45 @@ def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, 
 
 
 def neighbours(candidate: Candidate) -> list[Plan]:
-    """Plans with one layer moved from the stage whose compute was busiest in the simulation to a
-    neighbouring stage (one-chunk plans)."""
+    """Plans with one layer moved out of the stage whose compute was busiest in the simulation, from one
+    of its blocks into the next or previous block along the pipeline. With interleaving the blocks run
+    chunk-major (chunk c of stage s is virtual stage c x p + s, Narayanan et al. 2021, sec. 2.2), so a
+    block's neighbours may sit on the other end of the pipeline; every block keeps a layer."""
     plan = candidate.plan
-    if plan.chunks != 1 or not candidate.stage_busy:
+    if not candidate.stage_busy:
         return []
-    counts = [s.layers for s in plan.stages]
+    pp = len(plan.stages)
+    counts = virtual_counts(plan)
     worst = candidate.stage_busy.index(max(candidate.stage_busy))
     out = []
-    for other in (worst - 1, worst + 1):
-        if 0 <= other < len(counts) and counts[worst] > 1:
-            new = counts[:]
-            new[worst] -= 1
-            new[other] += 1
-            out.append(with_counts(plan, new))
+    for chunk in range(plan.chunks):
+        block = chunk * pp + worst
+        if counts[block] < 2:
+            continue
+        for other in (block - 1, block + 1):
+            if 0 <= other < len(counts):
+                new = counts[:]
+                new[block] -= 1
+                new[other] += 1
+                out.append(with_counts(plan, new))
     return out
 
 
+def virtual_counts(plan: Plan) -> list[int]:
+    """Layers of each block in pipeline order (chunk-major: chunk c of stage s at c x p + s)."""
+    return [stop - start for c in range(plan.chunks) for start, stop in (st.blocks[c] for st in plan.stages)]
+
+
 def with_counts(plan: Plan, counts: list[int]) -> Plan:
-    stages, start = [], 0
-    for stage, n in zip(plan.stages, counts):
-        stages.append(Stage(stage.ranks, stage.tp, ((start, start + n),), stage.shares))
+    """`plan` with its blocks re-cut to `counts` layers each, in `virtual_counts` order."""
+    pp = len(plan.stages)
+    blocks: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+    start = 0
+    for k, n in enumerate(counts):
+        blocks[k % pp].append((start, start + n))
         start += n
-    return replace(plan, stages=tuple(stages))
+    return replace(plan, stages=tuple(Stage(st.ranks, st.tp, tuple(blocks[s]), st.shares)
+                                      for s, st in enumerate(plan.stages)))
 
 
 def refine(cluster: Cluster, workload: Workload, global_batch: int, best: Candidate, rounds: int,

@@ -35,79 +35,130 @@ class StageOption:
     loss: float  # loss seconds per microbatch if it is the last stage
     unit: float  # bytes of one replica's share of a microbatch's activation (its largest share)
     reduce: Callable[[float], float]  # seconds of the data-parallel gradient reduction of n bytes
+    rerun: float = 0.0  # full recompute: bytes of the largest layer stash a backward rebuilds, one at a time
 
 
 
 def partition(stages: list[list[StageOption]], layers: int, microbatches: int, schedule: str = "1f1b",
               memory: bool = True) -> tuple[float, list[tuple[int, StageOption]]] | None:
-    """(bound, [(layer count, option)] per stage): the least per-microbatch stage time for which every
-    layer finds a place, or None when no bound does (memory)."""
+    """(slowest stage, [(layer count, option)] per stage): the partition whose slowest stage time per
+    microbatch is least (within `BOUND_TOLERANCE`) with every layer placed, or None when no bound
+    places them all (memory)."""
     pp = len(stages)
     infinite = float("inf")
     # per stage: its in-flight microbatches, and per option what a probe reads (hoisted out of the loop)
     prepared = [(in_flight(schedule, s, pp, microbatches, 1),
-                 [(o, o.costs.total, o.costs.state, o.costs.activation, o.loss if s == pp - 1 else 0.0,
-                   (o.capacity if memory else infinite) - buffers(s, pp, microbatches, schedule) * o.unit)
+                 [(o, o.costs.total, o.costs.state, o.costs.activation, o.costs.shard, o.loss if s == pp - 1 else 0.0,
+                   (o.capacity if memory else infinite) - buffers(s, pp, microbatches, schedule) * o.unit - o.rerun)
                   for o in options])
                 for s, options in enumerate(stages)]
 
     def place(bound: float):
         """Each stage in turn takes the most layers that fit in `bound` seconds and in its memory
-        (over its TP options; the faster block on a tie), leaving one for each later stage."""
-        start, out = 0, []
+        (over its TP options; the faster block on a tie), leaving one for each later stage; with the
+        slowest stage's time, which is at most `bound`."""
+        start, out, slowest = 0, [], 0.0
         for s, (flight, options) in enumerate(prepared):
             room = layers - start - (pp - s - 1)
-            best, pick, best_time = 0, None, 0.0
-            for o, total, state, act, fixed, budget_m in options:
+            best, pick, best_time, best_fixed = 0, None, 0.0, 0.0
+            for o, total, state, act, shard, fixed, budget_m in options:
                 t0 = total[start]
                 j = min(bisect_right(total, t0 + bound - fixed) - 1, start + room)
                 if j <= start:
                     continue
-                s0, a0 = state[start], act[start]
-                if state[j] - s0 + flight * (act[j] - a0) > budget_m:
+                s0, a0, h0 = state[start], act[start], shard[start]
+                # in flight, or (ZeRO-1) the gradient shards beside the last microbatch (`block_memory`)
+                if state[j] - s0 + act[j] - a0 + max((flight - 1) * (act[j] - a0), shard[j] - h0) > budget_m:
                     lo, hi = start, j  # the largest block within memory (bytes grow with every layer)
                     while lo < hi:
                         mid = (lo + hi + 1) // 2
-                        if state[mid] - s0 + flight * (act[mid] - a0) <= budget_m:
+                        if state[mid] - s0 + act[mid] - a0 + max((flight - 1) * (act[mid] - a0),
+                                                                 shard[mid] - h0) <= budget_m:
                             lo = mid
                         else:
                             hi = mid - 1
                     j = lo
                 n = j - start
                 if n > best or (n == best and n and total[j] - t0 < best_time):
-                    best, pick, best_time = n, o, total[j] - t0
+                    best, pick, best_time, best_fixed = n, o, total[j] - t0, fixed
             if best == 0:
                 return None
             out.append((best, pick))
+            slowest = max(slowest, best_time + best_fixed)
             start += best
-        return out if start == layers else None
+        return (slowest, out) if start == layers else None
 
     top = sum(max(_block_time(o, 0, layers) for o in options) for options in stages) + \
         max(o.loss for o in stages[-1])
+    # memory alone decides whether any bound places every layer: one probe without a time limit says
+    if memory and place(top) is None:
+        return None
     # start from the harmonic lower bound (see `generate`) and double until every layer is placed
     lo = layers / sum(1 / min(o.costs.per_layer for o in options) for options in stages)
     hi = 2 * lo
-    while hi < top and place(hi) is None:
+    placed = place(hi) if hi < top else None
+    while placed is None and hi < top:
         lo, hi = hi, 2 * hi
-    if hi >= top and place(top) is None:
-        return None
-    hi = min(hi, top)
+        placed = place(hi) if hi < top else None
+    if placed is None:
+        placed = place(top)
+        if placed is None:
+            return None
+    # a placement within a bound is also the placement within its slowest stage's time (every stage
+    # keeps its block), so the upper end drops to that time at once
+    hi = placed[0]
     while hi - lo > BOUND_TOLERANCE * hi:
         mid = (lo + hi) / 2
-        if place(mid) is None:
+        trial = place(mid)
+        if trial is None:
             lo = mid
         else:
-            hi = mid
-    return hi, place(hi)
+            placed, hi = trial, trial[0]
+    return placed
 
 
-def buffers(stage: int, stages: int, microbatches: int, schedule: str) -> float:
+def fits(placed: list[tuple[int, StageOption]], microbatches: int, schedule: str = "1f1b") -> bool:
+    """Whether every stage of a placed partition fits its memory, as `partition` counts it."""
+    pp, start = len(placed), 0
+    for s, (n, o) in enumerate(placed):
+        c, stop = o.costs, start + n
+        if block_memory(o, start, stop, s, pp, microbatches, schedule, 1) > o.capacity:
+            return False
+        start = stop
+    return True
+
+
+def buffers(stage: int, stages: int, microbatches: int, schedule: str, chunks: int = 1) -> float:
     """Activations a stage holds besides its layer inputs and stashes, in microbatch shares: a few
     passing through (received, all-reduced, being sent) and the messages it sent that the neighbour has
-    not received yet (a send keeps its tensor until matched): outputs of up to the microbatches in
-    flight, and a gradient past the first stage."""
+    not received yet (a send keeps its tensor until matched): outputs of up to the passes in flight,
+    and a gradient past the first stage. Interleaved, every stage sends on and receives gradients."""
+    if schedule == "interleaved":
+        passes = in_flight(schedule, stage, stages, microbatches, chunks) * chunks
+        return TRANSIENT_ACTIVATIONS + passes + 1
     sent = in_flight(schedule, stage, stages, microbatches, 1) if stage < stages - 1 else 0
     return TRANSIENT_ACTIVATIONS + sent + (1 if stage > 0 else 0)
+
+
+def block_memory(o: StageOption, start: int, stop: int, stage: int, stages: int, microbatches: int,
+                 schedule: str, chunks: int) -> float:
+    """Peak bytes of a stage holding layers start..stop-1 under a schedule: model state, the
+    activations of the microbatches in flight (interleaved: each pass counted at the larger chunk's
+    size, as `to_plan` gives the first chunks the odd layers), the buffers, the full-recompute stash and,
+    under ZB-H1, the output gradient every layer keeps for its deferred weight-gradient pass. ZeRO-1's
+    reduced gradient shards appear only as each layer's last microbatch passes backward, when at most
+    that microbatch's activations remain: the stage holds the larger of the two."""
+    c, n = o.costs, stop - start
+    flight = in_flight(schedule, stage, stages, microbatches, chunks)
+    if schedule == "interleaved":
+        flight *= chunks * -(-n // chunks) / n
+    activations = c.activation[stop] - c.activation[start]
+    in_flight_bytes = flight * activations
+    if schedule == "zero-bubble":
+        in_flight_bytes += flight * n * o.unit
+    shards = c.shard[stop] - c.shard[start] + activations
+    return c.state[stop] - c.state[start] + max(in_flight_bytes, shards) \
+        + buffers(stage, stages, microbatches, schedule, chunks) * o.unit + o.rerun
 
 
 def _block_time(o: StageOption, start: int, n: int) -> float:
@@ -131,10 +182,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         grads = c.grad_bytes[stop] - c.grad_bytes[start]
         reduce = o.reduce(grads)
         tails.append(max(reduce - backward, 0.0) + reduce / n + c.update[stop] - c.update[start])
-        flight = in_flight(schedule, s, pp, m, chunks)
-        used = c.state[stop] - c.state[start] + flight * (c.activation[stop] - c.activation[start]) \
-            + buffers(s, pp, m, schedule) * o.unit
-        mem = max(mem, used / o.capacity * MEMORY_HEADROOM)
+        mem = max(mem, block_memory(o, start, stop, s, pp, m, schedule, chunks) / o.capacity * MEMORY_HEADROOM)
         start = stop
     slowest = max(times)
     fill = sum(times) - slowest

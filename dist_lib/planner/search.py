@@ -8,15 +8,18 @@ grouping is `partition.py`'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+import numpy as np
 
 from .. import costs
 from ..hardware import Cluster
 from ..workload import Workload
 from . import space
-from .estimate import LayerCosts, layer_costs, with_total
-from .partition import MEMORY_HEADROOM, StageOption, partition, step_estimate
+from .estimate import LayerCosts, layer_costs, rerun_stash, with_total
+from .partition import MEMORY_HEADROOM, StageOption, fits, partition, step_estimate
 from .plan import Plan, Stage
 
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
@@ -64,12 +67,20 @@ class Search:
 
 
 class _Space:
-    """Stage options for one cluster and workload, computed once and shared by every candidate."""
+    """Stage options for one cluster and workload, computed once and shared by every candidate.
+
+    Two stages whose ranks make the same runs of (kind of node, GPUs on it) in the same order have the
+    same options up to their rank numbers (TP degrees, shares, per-layer costs, memory, reduction), so
+    the options are built once per such shape and per setting, and copied with each stage's ranks."""
 
     def __init__(self, cluster: Cluster, workload: Workload):
         self.cluster, self.workload = cluster, workload
         self._options: dict = {}
+        self._templates: dict = {}
+        self._shapes: dict = {}
         self._topos: dict = {}
+        kinds: dict = {}
+        self._node_kind = [kinds.setdefault(node, i) for i, node in enumerate(cluster.nodes)]
 
     def topology(self, ranks: tuple[int, ...]) -> costs.Topology:
         topo = self._topos.get(ranks)
@@ -77,13 +88,36 @@ class _Space:
             topo = self._topos[ranks] = self.cluster.topology(ranks)
         return topo
 
+    def shape(self, ranks: tuple[int, ...]) -> tuple:
+        """The stage's runs of (node kind, GPU count) in rank order; the ranks themselves when a node
+        comes back after another (then no other stage is known to be alike)."""
+        found = self._shapes.get(ranks)
+        if found is None:
+            runs, nodes, node_of = [], [], self.cluster.node_of
+            for r in ranks:
+                node = node_of(r)
+                if nodes and nodes[-1] == node:
+                    runs[-1][1] += 1
+                else:
+                    nodes.append(node)
+                    runs.append([self._node_kind[node], 1])
+            found = tuple(map(tuple, runs)) if len(set(nodes)) == len(nodes) else ranks
+            self._shapes[ranks] = found
+        return found
+
     def options(self, ranks: tuple[int, ...], microbatch: int, recompute: str, zero: int) -> list[StageOption]:
         key = (ranks, microbatch, recompute, zero)
         found = self._options.get(key)
         if found is None:
-            found = self._options[key] = [self._option(ranks, tp, microbatch, recompute, zero)
-                                          for tp in space.tp_options(self.cluster, ranks)
-                                          if len(ranks) // tp <= microbatch]
+            shape_key = (self.shape(ranks), microbatch, recompute, zero)
+            template = self._templates.get(shape_key)
+            if template is None:
+                found = self._templates[shape_key] = [self._option(ranks, tp, microbatch, recompute, zero)
+                                                      for tp in space.tp_options(self.cluster, ranks)
+                                                      if len(ranks) // tp <= microbatch]
+            else:
+                found = [replace(o, ranks=ranks) for o in template]
+            self._options[key] = found
         return found
 
     def _option(self, ranks, tp, microbatch, recompute, zero) -> StageOption:
@@ -92,22 +126,26 @@ class _Space:
         shares = space.shares(cluster, workload, ranks, tp, microbatch)
         replicas = {}
         for d in range(dp):
-            group = ranks[d * tp:(d + 1) * tp]
-            device = cluster.device_of(group[0])
-            topo = self.topology(group) if tp > 1 else None
-            replicas[(device, shares[d], topo)] = None
-        per = [layer_costs(device, workload, n, tp, topo, recompute, dp if zero else 1)
-               for device, n, topo in replicas]
+            first = ranks[d * tp]
+            # a TP group sits in one node (`space.tp_options`): its topology is its node kind's
+            kind = self._node_kind[cluster.node_of(first)]
+            replicas.setdefault((kind, shares[d]), ranks[d * tp:(d + 1) * tp])
+        per = [layer_costs(cluster.device_of(group[0]), workload, n, tp,
+                           self.topology(group) if tp > 1 else None, recompute, dp if zero else 1)
+               for (_, n), group in replicas.items()]
         combined = per[0] if len(per) == 1 else _slowest(per)
-        capacity = MEMORY_HEADROOM * min(cluster.device_of(r).memory_bytes for r in ranks)
-        loss = max(costs.loss_time(device, workload, n) for device, n, _ in replicas)
+        # every rank is in some replica, and a replica's ranks share a node
+        capacity = MEMORY_HEADROOM * min(cluster.nodes[kind].device.memory_bytes for kind, _ in replicas)
+        loss = max(costs.loss_time(cluster.device_of(group[0]), workload, n) for (_, n), group in replicas.items())
         unit = max(shares) * workload.activation_bytes()
         dp_topo = self.topology(ranks[::tp]) if dp > 1 else None
         if dp_topo is None:
             reduce = _no_reduce
         else:
             reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, workload.num_layers)
-        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce)
+        rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
+                    for (_, n), group in replicas.items()) if recompute == "full" else 0.0
+        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun)
 
 
 def _no_reduce(nbytes: float) -> float:
@@ -129,16 +167,39 @@ class _Reduction:
 
 
 def _slowest(per: list[LayerCosts]) -> LayerCosts:
-    """Per layer, the largest of each figure over the replicas, as prefix sums again."""
+    """Per layer, the largest of each figure over the replicas, as prefix sums again (summed in layer
+    order, as a loop would)."""
     fields = []
     for name in LayerCosts.__slots__[:-1]:
-        arrays = [getattr(c, name) for c in per]
-        out, total = [0.0], 0.0
-        for i in range(1, len(arrays[0])):
-            total += max(a[i] - a[i - 1] for a in arrays)
-            out.append(total)
-        fields.append(tuple(out))
+        steps = np.diff(np.array([getattr(c, name) for c in per]), axis=1).max(axis=0)
+        fields.append(tuple(np.concatenate(([0.0], np.cumsum(steps))).tolist()))
     return with_total(*fields)
+
+
+@lru_cache(maxsize=256)
+def pipeline_partition(cluster: Cluster, workload: Workload, stage_ranks: tuple[int, ...], microbatch_size: int,
+                       microbatches: int, recompute: str = "none") -> tuple[int, ...] | None:
+    """Layers per stage of a pipeline of one rank a stage under 1F1B (AMP's replicas, Li et al.
+    NeurIPS'22, sec. 4): the contiguous cut whose slowest stage per microbatch is least within every
+    device's memory (`partition`); None when no cut fits in memory."""
+    sp = _Space(cluster, workload)
+    found = partition([sp.options((rank,), microbatch_size, recompute, 0) for rank in stage_ranks],
+                      workload.num_layers, microbatches)
+    return None if found is None else tuple(n for n, _ in found[1])
+
+
+def pipeline_stage_seconds(cluster: Cluster, workload: Workload, stage_ranks: tuple[int, ...],
+                           counts: Sequence[int], microbatch_size: int, recompute: str = "none") -> list[float]:
+    """Seconds per microbatch (forward and backward, the loss on the last) of each stage of a pipeline
+    of one rank a stage holding `counts` layers each, as the estimate times them."""
+    sp = _Space(cluster, workload)
+    out, start = [], 0
+    for rank, n in zip(stage_ranks, counts):
+        option = sp.options((rank,), microbatch_size, recompute, 0)[0]
+        out.append(option.costs.total[start + n] - option.costs.total[start])
+        start += n
+    out[-1] += option.loss
+    return out
 
 
 def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches: int, schedule: str,
@@ -159,8 +220,8 @@ def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches
 
 
 def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget: float | None = None,
-             objective: str = "time", max_stages: int = 16, progress: Callable[[int, int], None] | None = None
-             ) -> tuple[list[Candidate], list[str]]:
+             objective: str = "time", max_stages: int = 16, progress: Callable[[int, int], None] | None = None,
+             prune_slack: float = PRUNE_SLACK) -> tuple[list[Candidate], list[str]]:
     """Every candidate the estimate finds feasible, each with its best partition, and (when there are
     none) why not, one reason per line."""
     sp = _Space(cluster, workload)
@@ -199,16 +260,18 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     for i, (bound, price, stages, microbatch, free) in enumerate(work):
         if progress is not None and i % 64 == 0:
             progress(i, len(work))
-        if bound > incumbent * (1 + PRUNE_SLACK):
+        if bound > incumbent * (1 + prune_slack):
             break
         m = global_batch // microbatch
         unconstrained = partition(free, L, m, memory=False)
         weight = price if objective == "cost" else 1.0
-        if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + PRUNE_SLACK):
+        if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
             continue  # even without memory limits its slowest stage makes it lose
         for recompute, zero in MEMORY_CONFIGS:
-            options = [sp.options(ranks, microbatch, recompute, zero) for ranks in stages]
-            found = partition(options, L, m)
+            if (recompute, zero) == MEMORY_CONFIGS[0] and fits(unconstrained[1], m):
+                found = unconstrained  # the same options, and memory does not bind: the same partition
+            else:
+                found = partition([sp.options(ranks, microbatch, recompute, zero) for ranks in stages], L, m)
             if found is None:
                 why["memory"] += 1
                 continue
@@ -235,12 +298,15 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
 
 
 def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price) -> list[Candidate]:
-    """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit."""
+    """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit. ZB-H1 is
+    left out under full recompute: its deferred weight-gradient pass needs the rebuilt stashes, so every
+    layer's stash lives from the input-gradient pass to W, which the estimate does not count."""
     out = []
     pp = len(placed)
     variants = [("1f1b", 1)]
     if pp > 1:
-        variants.append(("zero-bubble", 1))
+        if recompute != "full":
+            variants.append(("zero-bubble", 1))
         if m % pp == 0 and all(n >= INTERLEAVE_CHUNKS for n, _ in placed):
             variants.append(("interleaved", INTERLEAVE_CHUNKS))
     for schedule, chunks in variants:

@@ -81,10 +81,12 @@ def layouts(order: Order, num_layers: int, max_stages: int) -> list[tuple[tuple[
 
 def tp_options(cluster: Cluster, ranks: tuple[int, ...]) -> list[int]:
     """TP degrees (powers of two) whose groups of consecutive ranks each sit in one node."""
+    nodes = [cluster.node_of(r) for r in ranks]
+    # a group of consecutive ranks sits in one node when no change of node falls inside it
+    changes = [k for k in range(1, len(nodes)) if nodes[k] != nodes[k - 1]]
     out, t = [], 1
     while t <= len(ranks):
-        if len(ranks) % t == 0 and all(len({cluster.node_of(r) for r in ranks[i:i + t]}) == 1
-                                       for i in range(0, len(ranks), t)):
+        if len(ranks) % t == 0 and all(k % t == 0 for k in changes):
             out.append(t)
         t *= 2
     return out
