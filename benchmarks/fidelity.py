@@ -73,21 +73,36 @@ def calibrate_gemm(device: Device, size: int, achieved_flops: float, clock_peak:
                                                   - target))
 
 
+def _amp_kernels(name: str, tp: int) -> float:
+    """GPU seconds of one AMP layer forward at microbatch 1 by the kernel model alone (no host time)."""
+    bare = replace(AMP_GPT2, framework_overhead_s=0.0, tp_overhead_s=0.0, kernel_time_scale=1.0)
+    return costs.forward_time(DEVICES[name], bare, 1, 1, tp)
+
+
+def calibrate_kernel_time_scale() -> float:
+    """How much longer AMP's kernels run than the kernel model, from AMP's T4 TP-1 layer profile: on the
+    T4 the pass is GPU-bound (its time exceeds the V100's host-bound one), so the profile is kernel time."""
+    measured = AMP_LAYER_FORWARD_MS["T4", 1] * 1e-3
+    assert measured > AMP_LAYER_FORWARD_MS["V100-16GB", 1] * 1e-3, "the T4 profile must be the GPU-bound one"
+    return round(measured / _amp_kernels("T4", 1), 3)
+
+
 def calibrate_framework_overhead() -> float:
-    """Seconds of host time per layer pass that make one AMP GPT-2 layer forward on a V100 (TP 1,
-    microbatch 1) take what AMP's profile measured."""
-    device = DEVICES["V100-16GB"]
-    kernels = costs.forward_time(device, replace(AMP_GPT2, framework_overhead_s=0.0), 1, 1)
-    return round(AMP_LAYER_FORWARD_MS[device.name, 1] * 1e-3 - kernels, 6)
+    """Host seconds per layer pass, from AMP's V100 TP-1 layer profile: there the pass is host-bound (the
+    scaled kernels are shorter), so the profile is the host time."""
+    measured = AMP_LAYER_FORWARD_MS["V100-16GB", 1] * 1e-3
+    assert _amp_kernels("V100-16GB", 1) * calibrate_kernel_time_scale() < measured, "the V100 pass must be host-bound"
+    return round(measured, 6)
 
 
 def calibrate_tp_overhead() -> float:
-    """Seconds a TP layer pass adds, from AMP's V100 TP-2 layer profile (the framework overhead as set)."""
+    """Host seconds a TP layer pass adds, from AMP's V100 TP-2 profile (host-bound; its two all-reduces
+    of the activations on NVLink come after the pass)."""
     device, tp = DEVICES["V100-16GB"], 2
-    workload = replace(AMP_GPT2, tp_overhead_s=0.0)
     topo = Cluster.from_dict(AMP_CLUSTER).topology(range(tp))
-    modelled = costs.forward_time(device, workload, 1, 1, tp) + costs.tp_layer_comm_time(workload, 1, topo)
-    return round(AMP_LAYER_FORWARD_MS[device.name, tp] * 1e-3 - modelled, 6)
+    host = AMP_LAYER_FORWARD_MS[device.name, tp] * 1e-3 - costs.tp_layer_comm_time(AMP_GPT2, 1, topo)
+    assert _amp_kernels(device.name, tp) * calibrate_kernel_time_scale() < host, "the V100 TP pass must be host-bound"
+    return round(host - calibrate_framework_overhead(), 6)
 
 
 def calibrate() -> dict[str, float]:
@@ -95,6 +110,7 @@ def calibrate() -> dict[str, float]:
     return {"A100-80GB max_efficiency": calibrate_a100(),
             "V100 max_efficiency": calibrate_gemm(DEVICES["V100-16GB"], 8192, 101e12, clock_peak=112e12),
             "T4 max_efficiency": calibrate_gemm(DEVICES["T4"], 4096, 24e12),
+            "AMP kernel time scale": calibrate_kernel_time_scale(),
             "AMP framework overhead per layer pass (s)": calibrate_framework_overhead(),
             "AMP extra overhead per TP layer pass (s)": calibrate_tp_overhead()}
 
