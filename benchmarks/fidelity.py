@@ -132,9 +132,9 @@ def predict_megatron(run: MegatronRun) -> Result:
 
 
 def amp_plan(plan: AmpPlan) -> dict:
-    """hybrid's options for an AMP plan: DeepSpeed's pipeline engine runs 1F1B and all-reduces gradients
-    after the flush."""
-    return dict(dp=plan.dp, pp=plan.pp, tp=plan.tp, microbatch_size=plan.microbatch, schedule="1f1b",
+    """hybrid's options for an AMP plan: DeepSpeed's pipeline engine runs its lock-step 1F1B with blocking
+    messages (strategies/deepspeed_1f1b.py) and all-reduces gradients after the flush."""
+    return dict(dp=plan.dp, pp=plan.pp, tp=plan.tp, microbatch_size=plan.microbatch, schedule="deepspeed",
                 partition=plan.partition if plan.pp > 1 else None, overlap_grad_reduce=False)
 
 

@@ -5,7 +5,8 @@ Language Model Training on GPU Clusters Using Megatron-LM", the PTD-P layout). R
 (pp, dp, tp) grid with TP fastest, so each TP group of `tp` consecutive ranks sits inside a node:
 every layer's forward and backward ends in two all-reduces of b*s*h activations in the TP group. Each
 of the `dp` replicas runs a pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b or
-interleaved with `chunks` per rank) over its share of the batch, and layer gradients are all-reduced
+interleaved with `chunks` per rank, or `deepspeed`: DeepSpeed's lock-step 1F1B with blocking messages)
+over its share of the batch, and layer gradients are all-reduced
 across replicas as soon as a stage's last microbatch has passed. Bubble: the schedule's,
 (p - 1) / (m + p - 1) for gpipe and 1f1b, divided by `chunks` for interleaved. Memory per rank: model
 state 16 bytes x parameters / (pp x tp) plus the schedule's in-flight activations (the TP stash
@@ -23,11 +24,12 @@ from __future__ import annotations
 
 from dist_lib import Model
 
-from . import gpipe, interleaved, one_f_one_b
+from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._pipeline import run_stage
 from ._plan import build_plan
 
-SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule}
+SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
+             "deepspeed": deepspeed_1f1b.schedule}
 
 
 async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1, microbatch_size: int = 1,
