@@ -9,10 +9,12 @@ the measurements.
 
 Every prediction is one `simulate("strategies/hybrid.py", cluster, workload, batch, **plan)` call, rank for
 rank, with the plan the paper ran: TP, PP, DP, microbatch, interleaved chunks, full recompute or sequence
-parallelism with selective recompute, gradient all-reduce after the flush or overlapped (see
-`published.py` for the sources). Nothing is fitted to any row: the A100 GEMM efficiency comes from one
-layer of Korthikanti et al. 2022 Table 4 (`--calibrate`), every other figure from data sheets, NCCL and
-the frameworks' code, each cited where it is defined (dist_lib/devices.py, dist_lib/costs.py).
+parallelism with selective recompute, gradient all-reduce after the flush or overlapped, and for AMP's
+plans DeepSpeed's lock-step schedule (see `published.py` for the sources). Nothing is fitted to any row:
+the A100 GEMM efficiency comes from one layer of Korthikanti et al. 2022 Table 4, the V100 and T4 ones
+from one published GEMM each, AMP's kernel scale and host times from one of AMP's layer profiles each
+(`--calibrate`); every other figure comes from data sheets, NCCL and the frameworks' code, each cited
+where it is defined (dist_lib/devices.py, dist_lib/costs.py).
 For Korthikanti et al. 2022 Table 5 a bespoke composition of the same cost formulas outside the
 simulator (`megatron_pipeline.compose`) is printed as a cross-check.
 """
