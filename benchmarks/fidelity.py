@@ -135,9 +135,10 @@ def predict_megatron(run: MegatronRun) -> Result:
 
 def amp_plan(plan: AmpPlan) -> dict:
     """hybrid's options for an AMP plan: DeepSpeed's pipeline engine runs its lock-step 1F1B with blocking
-    messages (strategies/deepspeed_1f1b.py) and all-reduces gradients after the flush."""
+    messages (strategies/deepspeed_1f1b.py), then all-reduces the tied embedding's gradient between the
+    first and last stage (GPT2ModelPipe's TiedLayerSpec) and the gradients across replicas."""
     return dict(dp=plan.dp, pp=plan.pp, tp=plan.tp, microbatch_size=plan.microbatch, schedule="deepspeed",
-                partition=plan.partition if plan.pp > 1 else None, overlap_grad_reduce=False)
+                partition=plan.partition if plan.pp > 1 else None, overlap_grad_reduce=False, tied_embeddings=True)
 
 
 def predict_amp(plan: AmpPlan) -> Result:

@@ -91,7 +91,7 @@ def setups(strategy: str, clusters: tuple[str, ...] = CLUSTERS, max_layers: int 
                 schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved", "deepspeed"]))
                 chunks = 2 if schedule == "interleaved" else 1
                 options.update(dp=dp, pp=pp, tp=tp, schedule=schedule,
-                               recompute=draw(st.booleans()))
+                               recompute=draw(st.booleans()), tied_embeddings=draw(st.booleans()))
             elif strategy == "hetero":
                 options.update(dp=dp, pp=pp)
             else:

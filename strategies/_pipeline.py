@@ -64,6 +64,9 @@ class StagePlan:
     # all-reduce each layer's gradient as soon as it is complete (PyTorch DDP's buckets), or only after the
     # pipeline flush, as Megatron-LM's local DDP and DeepSpeed's pipeline engine do
     overlap_grad_reduce: bool = True
+    # the LM head shares the input embedding: after the schedule the first and last stage all-reduce its
+    # gradient (Megatron-LM's embedding group, DeepSpeed's tied-weight reduction) before the data-parallel one
+    tied_embeddings: bool = False
 
 
 def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
@@ -138,6 +141,11 @@ class _Stage:
     async def update_all(self) -> None:
         """After the schedule: each layer's optimizer step on its reduced gradient, then the hand-in."""
         model = self.model
+        ranks = self.plan.stage_ranks
+        if self.plan.tied_embeddings and len(ranks) > 1 and model.rank in (ranks[0], ranks[-1]):
+            tied = model.tied_embedding_grad(tp_rank=self.plan.tp_rank, tp_size=len(self.plan.tp_group))
+            await model.all_reduce(tied, (ranks[0], ranks[-1]))
+            del tied
         if not self.plan.overlap_grad_reduce:  # after the flush, last layer first
             for layer in sorted(self.grads, reverse=True):
                 self._reduce(layer)

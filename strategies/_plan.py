@@ -16,7 +16,8 @@ Schedule = Callable[[int, int, int, int], Sequence[Action]]  # (stage, stages, m
 def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: int, tp: int = 1,
                dp: int | None = None, chunks: int = 1, partition: Sequence | None = None,
                recompute: bool = False, selective_recompute: bool = False,
-               sequence_parallel: bool = False, overlap_grad_reduce: bool = True) -> StagePlan:
+               sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
+               tied_embeddings: bool = False) -> StagePlan:
     """This rank's part of a dp x pp x tp run with an even (or the given) layer partition."""
     layout = Layout.build(model.world_size, dp, pp, tp)
     if tp > 1:
@@ -41,7 +42,8 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                      chunks=[blocks[c * pp + stage] for c in range(chunks)], microbatches=mbs,
                      actions=actions, dp_group=lambda layer: dp_ranks, tp_group=layout.tp_group(model.rank),
                      tp_rank=tp_rank, recompute=recompute, selective_recompute=selective_recompute,
-                     sequence_parallel=sequence_parallel, overlap_grad_reduce=overlap_grad_reduce)
+                     sequence_parallel=sequence_parallel, overlap_grad_reduce=overlap_grad_reduce,
+                     tied_embeddings=tied_embeddings)
 
 
 def stage_times(model: Model, rank: int, chunks: Sequence[range], microbatch_size: int, tp: int,

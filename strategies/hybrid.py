@@ -18,6 +18,8 @@ As in Megatron-LM, the LM head is vocabulary-parallel over the TP group, each ba
 input gradient while the weight-gradient GEMMs run, and a recomputed forward repeats its TP all-reduces.
 `overlap_grad_reduce=False` all-reduces the gradients only after the pipeline flush (Megatron-LM's local
 DDP of 2021, DeepSpeed's pipeline engine) instead of as each layer's last microbatch passes.
+`tied_embeddings=True`: the LM head shares the input embedding, so after the schedule the first and last
+stage all-reduce its V/t x h gradient before the data-parallel reduction (`Model.tied_embedding_grad`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved
 async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1, microbatch_size: int = 1,
                 schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
                 selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
-                partition=None) -> None:
+                partition=None, tied_embeddings: bool = False) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if chunks is None:
@@ -43,5 +45,5 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
                       chunks=chunks, partition=partition, recompute=recompute,
                       selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
-                      overlap_grad_reduce=overlap_grad_reduce)
+                      overlap_grad_reduce=overlap_grad_reduce, tied_embeddings=tied_embeddings)
     await run_stage(model, plan)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import Cluster, StrategyError, costs, simulate, testing
+from dist_lib import Cluster, StrategyError, TensorError, costs, simulate, testing
 
 F, B, I, W = 1e-3, 2e-3, 1e-3, 1e-3
 
@@ -165,3 +165,34 @@ def test_explicit_partition_and_shares_are_followed():
 def test_invalid_configurations_name_the_option(name, options, option):
     with pytest.raises(StrategyError, match=option):
         run(name, "1x4xA100-80GB", 6, 8, **options)
+
+
+def test_tied_embeddings_all_reduce_the_head_gradient_between_first_and_last_stage():
+    # two stages on two nodes behind a 1 GB/s NIC: one all-reduce of V x h 16-bit values between them,
+    # a ring of two: 2(p-1)/p * n / B + 2(p-1) alpha = n / B + 2 * 14 us (NCCL's network step latency)
+    cluster = Cluster.from_dict({"name": "two", "nodes": [{"device": "A100-80GB", "count": 2, "gpus": 1, "nics": 1,
+                                                           "nic_bandwidth_GBps": 1.0}]})
+    result = simulate("strategies.hybrid", cluster, "gpt-350m:layers=2", 2, dp=1, pp=2, tied_embeddings=True,
+                      overlap_grad_reduce=False)
+    tied = [e for e in result.raw_events if e[1] == "all_reduce"]
+    nbytes = 50257 * 1024 * 2
+    assert [(e[0], e[7], e[9]) for e in tied] == [(0, nbytes, (0, 1)), (1, nbytes, (0, 1))]
+    assert tied[0][4] - tied[0][3] == pytest.approx(nbytes / 1e9 + 2 * 14e-6)
+    untied = simulate("strategies.hybrid", cluster, "gpt-350m:layers=2", 2, dp=1, pp=2, overlap_grad_reduce=False)
+    assert result.time_s == pytest.approx(untied.time_s + nbytes / 1e9 + 2 * 14e-6)
+    # one stage holds both ends: nothing to all-reduce
+    single = simulate("strategies.hybrid", "1x1xA100-80GB", "gpt-350m:layers=2", 2, dp=1, pp=1, tied_embeddings=True)
+    assert not [e for e in single.raw_events if e[1] == "all_reduce"]
+
+
+def test_tied_embedding_grad_is_a_tp_slice_that_cannot_update_a_layer():
+    async def train(model):
+        grad = model.tied_embedding_grad(tp_rank=1, tp_size=2)
+        assert grad.nbytes == 50257 * 1024 * 2 // 2 and grad.layer == 0 and grad.samples == 0
+        weight, opt_state = model.load_weights(0, tp_rank=1, tp_size=2)
+        with pytest.raises(TensorError, match="update"):
+            model.update(0, grad, weight, opt_state)
+        with pytest.raises(TensorError, match="tp_rank=2, tp_size=2 is not a TP slice"):
+            model.tied_embedding_grad(tp_rank=2, tp_size=2)
+
+    simulate(train, "1x1xA100-80GB", "gpt-350m:layers=1", 1, check=False)
