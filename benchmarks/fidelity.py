@@ -10,10 +10,12 @@ the measurements.
 Every prediction is one `simulate("strategies/hybrid.py", cluster, workload, batch, **plan)` call, rank for
 rank, with the plan the paper ran: TP, PP, DP, microbatch, interleaved chunks, full recompute or sequence
 parallelism with selective recompute, gradient all-reduce after the flush or overlapped, the backward's TP
-all-reduce beside the weight-gradient GEMMs or after them as the Megatron-LM version measured did (see
-`published.py` for the sources). Nothing is fitted to any row: the A100 GEMM efficiency comes from one
-layer of Korthikanti et al. 2022 Table 4 (`--calibrate`), every other figure from data sheets, NCCL and
-the frameworks' code, each cited where it is defined (dist_lib/devices.py, dist_lib/costs.py).
+all-reduce beside the weight-gradient GEMMs or after them as the Megatron-LM version measured did, and for
+AMP's plans DeepSpeed's lock-step schedule (see `published.py` for the sources). Nothing is fitted to any row:
+the A100 GEMM efficiency comes from one layer of Korthikanti et al. 2022 Table 4, the V100 and T4 ones
+from one published GEMM each, AMP's kernel scale and host times from one of AMP's layer profiles each
+(`--calibrate`); every other figure comes from data sheets, NCCL and the frameworks' code, each cited
+where it is defined (dist_lib/devices.py, dist_lib/costs.py).
 For Korthikanti et al. 2022 Table 5 a bespoke composition of the same cost formulas outside the
 simulator (`megatron_pipeline.compose`) is printed as a cross-check.
 """
@@ -74,21 +76,36 @@ def calibrate_gemm(device: Device, size: int, achieved_flops: float, clock_peak:
                                                   - target))
 
 
+def _amp_kernels(name: str, tp: int) -> float:
+    """GPU seconds of one AMP layer forward at microbatch 1 by the kernel model alone (no host time)."""
+    bare = replace(AMP_GPT2, framework_overhead_s=0.0, tp_overhead_s=0.0, kernel_time_scale=1.0)
+    return costs.forward_time(DEVICES[name], bare, 1, 1, tp)
+
+
+def calibrate_kernel_time_scale() -> float:
+    """How much longer AMP's kernels run than the kernel model, from AMP's T4 TP-1 layer profile: on the
+    T4 the pass is GPU-bound (its time exceeds the V100's host-bound one), so the profile is kernel time."""
+    measured = AMP_LAYER_FORWARD_MS["T4", 1] * 1e-3
+    assert measured > AMP_LAYER_FORWARD_MS["V100-16GB", 1] * 1e-3, "the T4 profile must be the GPU-bound one"
+    return round(measured / _amp_kernels("T4", 1), 3)
+
+
 def calibrate_framework_overhead() -> float:
-    """Seconds of host time per layer pass that make one AMP GPT-2 layer forward on a V100 (TP 1,
-    microbatch 1) take what AMP's profile measured."""
-    device = DEVICES["V100-16GB"]
-    kernels = costs.forward_time(device, replace(AMP_GPT2, framework_overhead_s=0.0), 1, 1)
-    return round(AMP_LAYER_FORWARD_MS[device.name, 1] * 1e-3 - kernels, 6)
+    """Host seconds per layer pass, from AMP's V100 TP-1 layer profile: there the pass is host-bound (the
+    scaled kernels are shorter), so the profile is the host time."""
+    measured = AMP_LAYER_FORWARD_MS["V100-16GB", 1] * 1e-3
+    assert _amp_kernels("V100-16GB", 1) * calibrate_kernel_time_scale() < measured, "the V100 pass must be host-bound"
+    return round(measured, 6)
 
 
 def calibrate_tp_overhead() -> float:
-    """Seconds a TP layer pass adds, from AMP's V100 TP-2 layer profile (the framework overhead as set)."""
+    """Host seconds a TP layer pass adds, from AMP's V100 TP-2 profile (host-bound; its two all-reduces
+    of the activations on NVLink come after the pass)."""
     device, tp = DEVICES["V100-16GB"], 2
-    workload = replace(AMP_GPT2, tp_overhead_s=0.0)
     topo = Cluster.from_dict(AMP_CLUSTER).topology(range(tp))
-    modelled = costs.forward_time(device, workload, 1, 1, tp) + costs.tp_layer_comm_time(workload, 1, topo)
-    return round(AMP_LAYER_FORWARD_MS[device.name, tp] * 1e-3 - modelled, 6)
+    host = AMP_LAYER_FORWARD_MS[device.name, tp] * 1e-3 - costs.tp_layer_comm_time(AMP_GPT2, 1, topo)
+    assert _amp_kernels(device.name, tp) * calibrate_kernel_time_scale() < host, "the V100 TP pass must be host-bound"
+    return round(host - calibrate_framework_overhead(), 6)
 
 
 def calibrate() -> dict[str, float]:
@@ -96,6 +113,7 @@ def calibrate() -> dict[str, float]:
     return {"A100-80GB max_efficiency": calibrate_a100(),
             "V100 max_efficiency": calibrate_gemm(DEVICES["V100-16GB"], 8192, 101e12, clock_peak=112e12),
             "T4 max_efficiency": calibrate_gemm(DEVICES["T4"], 4096, 24e12),
+            "AMP kernel time scale": calibrate_kernel_time_scale(),
             "AMP framework overhead per layer pass (s)": calibrate_framework_overhead(),
             "AMP extra overhead per TP layer pass (s)": calibrate_tp_overhead()}
 
@@ -118,10 +136,11 @@ def predict_megatron(run: MegatronRun) -> Result:
 
 
 def amp_plan(plan: AmpPlan) -> dict:
-    """hybrid's options for an AMP plan: DeepSpeed's pipeline engine runs 1F1B and all-reduces gradients
-    after the flush."""
-    return dict(dp=plan.dp, pp=plan.pp, tp=plan.tp, microbatch_size=plan.microbatch, schedule="1f1b",
-                partition=plan.partition if plan.pp > 1 else None, overlap_grad_reduce=False)
+    """hybrid's options for an AMP plan: DeepSpeed's pipeline engine runs its lock-step 1F1B with blocking
+    messages (strategies/deepspeed_1f1b.py), then all-reduces the tied embedding's gradient between the
+    first and last stage (GPT2ModelPipe's TiedLayerSpec) and the gradients across replicas."""
+    return dict(dp=plan.dp, pp=plan.pp, tp=plan.tp, microbatch_size=plan.microbatch, schedule="deepspeed",
+                partition=plan.partition if plan.pp > 1 else None, overlap_grad_reduce=False, tied_embeddings=True)
 
 
 def predict_amp(plan: AmpPlan) -> Result:
@@ -210,7 +229,7 @@ def amp_layer_forwards() -> list[tuple[str, int, float, float]]:
 
 
 def print_amp() -> tuple[list[float], float, bool]:
-    print("AMP's profiles: one GPT-2 layer forward at microbatch 1, ms (V100 TP 1 and TP 2 are the calibration "
+    print("AMP's profiles: one GPT-2 layer forward at microbatch 1, ms (V100 TP 1 and 2 and T4 TP 1 are the calibration "
           "points)")
     print(f"{'device':<10} {'TP':>3} {'measured':>9} {'predicted':>9} {'error':>7}")
     for name, tp, measured, predicted in amp_layer_forwards():

@@ -113,17 +113,22 @@ def _stream_time(device: Device, nbytes: float) -> float:
 # or memory-bound (everything elementwise); its time is the sum of each kernel's roofline time
 # (Williams et al. 2009 per kernel). `Workload.elementwise_bytes` counts the memory-bound traffic.
 
-# An eager framework adds host time to every layer pass (`Workload.framework_overhead_s`, the same for a
-# forward and for each half of a backward). It is added to the kernels' time rather than hidden behind
-# it: AMP's profiles of one GPT-2 layer forward at microbatch 1 (Li et al. 2022, DachengLi1/AMP
-# src/known_cost) take 3.9 ms on a V100 and 5.5 ms on a T4, where the kernels alone take about 0.8 and
-# 2.5 ms, so the GPU is not the bottleneck and the difference between the devices is the kernels'.
-# A tensor-parallel layer pass adds `Workload.tp_overhead_s` on top. A measured profile includes both.
+# An eager framework spends host time on every layer pass (`Workload.framework_overhead_s`, the same for a
+# forward and for each half of a backward, plus `Workload.tp_overhead_s` for a tensor-parallel pass):
+# Python, autograd and the framework's hooks issuing the layer's unfused kernels one by one. CUDA kernel
+# launches are asynchronous (PyTorch, "CUDA semantics: asynchronous execution"): the host queues kernels
+# while the GPU runs earlier ones, so a pass takes the longer of the host's time and the GPU's, not their
+# sum. A small GPU at a small microbatch waits on the host; a larger microbatch or a slower GPU hides the
+# host time. AMP's profiles of one GPT-2 layer forward at microbatch 1 (Li et al. 2022, DachengLi1/AMP
+# src/known_cost) show both regimes: 3.9 ms on a V100, host-bound (its kernels take under 2 ms), and
+# 5.5 ms on a T4, GPU-bound. The GPU side is the kernel model times `Workload.kernel_time_scale` (1 for
+# Megatron-LM's fused kernels). A measured profile includes all of this.
 
 
-def _overhead(workload: Workload, tp: int) -> float:
-    """Host time the framework adds to one layer pass (see above)."""
-    return workload.framework_overhead_s + (workload.tp_overhead_s if tp > 1 else 0.0)
+def _layer_pass(workload: Workload, tp: int, kernels: float) -> float:
+    """One layer pass: the framework's host time or the GPU's kernel time, whichever is longer."""
+    host = workload.framework_overhead_s + (workload.tp_overhead_s if tp > 1 else 0.0)
+    return max(host, kernels * workload.kernel_time_scale)
 
 
 def forward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
@@ -131,9 +136,9 @@ def forward_time(device: Device, workload: Workload, layer: int, samples: int, t
     measured = _profiled(device, workload, layer, samples, tp, FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured
-    return (_overhead(workload, tp) + _weight_gemms_time(device, workload, samples, tp, "forward")
-            + _attention_time(device, workload, samples, tp)
-            + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "forward")
+                       + _attention_time(device, workload, samples, tp)
+                       + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
 
 
 def recompute_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
@@ -150,8 +155,8 @@ def recompute_time(device: Device, workload: Workload, layer: int, samples: int,
     measured = _profiled(device, workload, layer, samples, tp, 0.0)
     if measured is not None:  # a profile holds no split of the attention core; charge nothing extra
         return 0.0
-    return (_attention_time(device, workload, samples, tp)
-            + _stream_time(device, samples * workload.elementwise_bytes(tp, attention_only=True)))
+    return workload.kernel_time_scale * (_attention_time(device, workload, samples, tp)
+                                         + _stream_time(device, samples * workload.elementwise_bytes(tp, attention_only=True)))
 
 
 def backward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
@@ -174,9 +179,10 @@ def backward_input_time(device: Device, workload: Workload, layer: int, samples:
     if measured is not None:
         return measured
     # weight GEMMs' input gradients, plus the attention core's backward (four batched GEMMs, 2x its forward)
-    return (_overhead(workload, tp) + _weight_gemms_time(device, workload, samples, tp, "input")
-            + _attention_time(device, workload, samples, tp, backward=True)
-            + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel, backward=True)))
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "input")
+                       + _attention_time(device, workload, samples, tp, backward=True)
+                       + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel,
+                                                                                   backward=True)))
 
 
 def backward_weight_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1) -> float:
@@ -184,7 +190,7 @@ def backward_weight_time(device: Device, workload: Workload, layer: int, samples
     measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
     if measured is not None:
         return measured
-    return _overhead(workload, tp) + _weight_gemms_time(device, workload, samples, tp, "weight")
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "weight"))
 
 
 # A measured profile gives forward+backward per layer; forward is a third of it, as in FLOPs.

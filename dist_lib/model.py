@@ -206,6 +206,22 @@ class Model(OpChecks):
         return ActivationGrad(self._mem, act.samples.bit_count() * self._act_bytes, self.rank, self.num_layers,
                               act.samples, 1 << tp_rank, tp_size)
 
+    def tied_embedding_grad(self, *, tp_rank: int = 0, tp_size: int = 1) -> WeightGrad:
+        """The word-embedding gradient a pipeline's first and last stage all-reduce when the LM head shares
+        the input embedding (Megatron-LM's embedding group, DeepSpeed's `TiedLayerSpec`; Shoeybi et al.
+        2019, sec. 3): V/t x h elements in the model's 16-bit type (DeepSpeed all-reduces the module's
+        `weight.grad`). It stands for that transfer only: it covers no samples, so it cannot update a
+        layer, and the last stage's copy of the embedding is not otherwise held (its memory, optimizer
+        step and data-parallel reduction are not modelled)."""
+        if tp_size.__class__ is not int or tp_rank.__class__ is not int or tp_size < 1 \
+                or not 0 <= tp_rank < tp_size:
+            raise TensorError(f"rank {self.rank} tied_embedding_grad: tp_rank={tp_rank!r}, tp_size={tp_size!r} is "
+                              f"not a TP slice; need whole numbers with 0 <= tp_rank < tp_size")
+        workload = self.workload
+        nbytes = workload.vocab * workload.hidden * workload.bytes_per_element // tp_size
+        self._mem.context = ("tied_embedding_grad", 0)
+        return WeightGrad(self._mem, nbytes, self.rank, 0, 0, 1, 1, tp_rank, tp_size)
+
     def split_samples(self, x: Activation | ActivationGrad, samples: Iterable[int] | range):
         """The rows of `x` for some of its samples, as a tensor of their own: what a pipeline stage sends
         a next stage of another data-parallel width (Metis, Um et al. ATC'24, sec. 4). Copying the rows

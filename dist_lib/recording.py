@@ -42,10 +42,11 @@ from .comm import Work
 from .errors import TensorError
 
 (LOAD, INPUT, FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS, UPDATE, FINAL, ALL_REDUCE, ALL_GATHER,
- REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP) = range(20)
+ REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP, TIED) = range(21)
 OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backward_input", "backward_weight",
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
-           "add", "await", "drop", "split_samples", "join_samples", "split_tp")
+           "add", "await", "drop", "split_samples", "join_samples", "split_tp",
+           "tied_embedding_grad")
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
 UNRECORDED_OPS = ("group",)  # Model methods that decide nothing (a group is named by its ranks where used)
 
@@ -205,6 +206,11 @@ class RecordingModel:
     def loss(self, act: Any, *, tp_rank: int = 0, tp_size: int = 1) -> Any:
         out = self._model.loss(self._t(act, "loss"), tp_rank=tp_rank, tp_size=tp_size)
         self._emit(LOSS, act._number, tp_rank, tp_size)
+        return self._wrap(out)
+
+    def tied_embedding_grad(self, *, tp_rank: int = 0, tp_size: int = 1) -> Any:
+        out = self._model.tied_embedding_grad(tp_rank=tp_rank, tp_size=tp_size)
+        self._emit(TIED, tp_rank, tp_size)
         return self._wrap(out)
 
     def update(self, layer: int, grad: Any, weight: Any, opt_state: Any) -> tuple[Any, Any]:

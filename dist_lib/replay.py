@@ -28,7 +28,7 @@ from .errors import SimulationError
 from .hardware import Cluster
 from .recording import (ADD, ALL_GATHER, ALL_REDUCE, AWAIT, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP,
                         FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP,
-                        UPDATE)
+                        TIED, UPDATE)
 from .result import Result
 from .simulator import simulate
 from .workload import Workload
@@ -38,7 +38,7 @@ CHECK_EVERY = 4096  # entries between deadline checks
 _DROPPED = object()
 # operands after the opcode, for the fixed-size entries
 _ARITY = {LOAD: 5, FORWARD: 4, BACKWARD: 4, BACKWARD_INPUT: 4, BACKWARD_WEIGHT: 4, LOSS: 3, UPDATE: 4, FINAL: 2,
-          SEND: 2, RECV: 1, ADD: 2, AWAIT: 1, DROP: 1, SPLIT_TP: 3}
+          SEND: 2, RECV: 1, ADD: 2, AWAIT: 1, DROP: 1, SPLIT_TP: 3, TIED: 2}
 
 
 class ProgramError(SimulationError):
@@ -145,6 +145,8 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             append(model.loss(get(1), tp_rank=small(2), tp_size=small(3)))
         elif op == UPDATE:
             extend(model.update(small(1), get(2), get(3), get(4)))
+        elif op == TIED:
+            append(model.tied_embedding_grad(tp_rank=small(1), tp_size=small(2)))
         elif op == FINAL:
             model.set_final_weight(small(1), get(2))
         elif op == SEND:

@@ -88,10 +88,10 @@ def setups(strategy: str, clusters: tuple[str, ...] = CLUSTERS, max_layers: int 
             dp = world // (pp * tp)
             chunks = 2 if strategy == "interleaved" else 1
             if strategy == "hybrid":
-                schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved"]))
+                schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved", "deepspeed"]))
                 chunks = 2 if schedule == "interleaved" else 1
                 options.update(dp=dp, pp=pp, tp=tp, schedule=schedule,
-                               recompute=draw(st.booleans()))
+                               recompute=draw(st.booleans()), tied_embeddings=draw(st.booleans()))
             elif strategy == "hetero":
                 options.update(dp=dp, pp=pp)
             else:

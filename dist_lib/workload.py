@@ -41,6 +41,11 @@ class Workload:
     # TP layer and the launch of its all-reduces, beyond their modelled transfer time). TOML / spec key
     # tp_overhead_us.
     tp_overhead_s: float = 0.0
+    # How much longer the framework's kernels take on the GPU than the cost model's kernels (GEMMs by shape,
+    # memory-bound kernels at HBM bandwidth): 1.0 for Megatron-LM's fused kernels at the sizes the catalog
+    # efficiencies were set on; set from one measured layer time where a framework's unfused kernels at a
+    # small hidden size run slower (see costs.forward_time). TOML / spec key kernel_time_scale.
+    kernel_time_scale: float = 1.0
     # Bytes of each weight-gradient element as it is accumulated and all-reduced: 2 for 16-bit gradients; 4
     # for Megatron-LM's fp32 main gradients or DeepSpeed's fp32_allreduce (which casts the 16-bit gradients
     # to fp32 for the all-reduce; here they are fp32 throughout, 2 bytes a parameter more memory).
@@ -53,6 +58,8 @@ class Workload:
             whole(getattr(self, f), f"workload {shown(self.name)}: {f}", low, high, exact=True)
         for f in _MICROSECOND_FIELDS.values():
             number(getattr(self, f), f"workload {shown(self.name)}: {f}", 0.0, 1.0, unit=" s")
+        number(self.kernel_time_scale, f"workload {shown(self.name)}: kernel_time_scale", 0.0, MAX_KERNEL_TIME_SCALE,
+               above=True)
         if self.hidden % self.heads:
             raise SpecError(f"workload {shown(self.name)}: hidden {self.hidden} is not divisible by heads {self.heads}")
         # One sample's largest tensor must fit a simulated buffer, or every strategy would fail on it.
@@ -183,7 +190,7 @@ class Workload:
     def from_toml(cls, path: str | Path) -> Workload:
         """Read a workload file: `preset = "gpt-1.3b"` and/or any of the fields (`layers`, `hidden`,
         `heads`, `seq`, `vocab`, `bytes_per_element`, `grad_bytes_per_element`, `framework_overhead_us`,
-        `tp_overhead_us`, `name`)."""
+        `tp_overhead_us`, `kernel_time_scale`, `name`)."""
         path = Path(path)
         data = read_toml(path, "workload")
         preset = data.pop("preset", None)
@@ -223,6 +230,7 @@ _FIELD_NAMES = {"layers": "num_layers", "hidden": "hidden", "heads": "heads", "s
                 "vocab": "vocab", "bytes_per_element": "bytes_per_element",
                 "grad_bytes_per_element": "grad_bytes_per_element"}
 _MICROSECOND_FIELDS = {"framework_overhead_us": "framework_overhead_s", "tp_overhead_us": "tp_overhead_s"}
+MAX_KERNEL_TIME_SCALE = 100.0  # a framework 100x slower than the kernel model is a typo, not a measurement
 
 
 def _override(base: Workload, values: dict, where: str, name: str) -> Workload:
@@ -231,9 +239,12 @@ def _override(base: Workload, values: dict, where: str, name: str) -> Workload:
         if key in _MICROSECOND_FIELDS:
             changes[_MICROSECOND_FIELDS[key]] = number(value, f"{where}: {key}", 0.0, 1e6, unit=" us") / 1e6
             continue
+        if key == "kernel_time_scale":
+            changes[key] = number(value, f"{where}: {key}", 0.0, MAX_KERNEL_TIME_SCALE, above=True)
+            continue
         if key not in _FIELD_NAMES:
             raise SpecError(f"{where}: unknown field {shown(key)} (known: "
-                            f"{', '.join([*_FIELD_NAMES, *_MICROSECOND_FIELDS])})")
+                            f"{', '.join([*_FIELD_NAMES, *_MICROSECOND_FIELDS, 'kernel_time_scale'])})")
         changes[_FIELD_NAMES[key]] = whole(value, f"{where}: {key}", *FIELD_RANGES[_FIELD_NAMES[key]])
     return replace(base, **changes)
 

@@ -38,12 +38,19 @@ from dist_lib import Model, Work
 
 
 class Action(NamedTuple):
-    kind: str  # "F", "B", "I" or "W"
+    kind: str  # "F", "B", "I" or "W"; or a blocking message (`MESSAGES`)
     chunk: int
     mb: int
 
     def __repr__(self) -> str:
         return f"{self.kind}{self.mb}" + (f"c{self.chunk}" if self.chunk else "")
+
+
+# Blocking messages a schedule may place itself (DeepSpeed's engine: deepspeed_1f1b.py): receive or send an
+# activation (to the next stage) or a gradient (to the previous one). A schedule that uses them owns every
+# message of the stage; otherwise forwards receive their input and send their output themselves, without
+# blocking.
+MESSAGES = {"RA": "activation", "SA": "activation", "RG": "activation gradient", "SG": "activation gradient"}
 
 
 @dataclass
@@ -72,12 +79,17 @@ class StagePlan:
     # async_tensor_model_parallel_allreduce, on by default since commit 3f65246 of 2 September 2021), or
     # after the whole backward, as Megatron-LM did before (the version Narayanan et al. 2021 measured)
     async_tp_allreduce: bool = True
+    # the LM head shares the input embedding: after the schedule the first and last stage all-reduce its
+    # gradient (Megatron-LM's embedding group, DeepSpeed's tied-weight reduction) before the data-parallel one
+    tied_embeddings: bool = False
 
 
 def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
     """Each (chunk, microbatch) forwarded once, then backward once (B, or I then W)."""
     seen: dict[tuple[int, int], str] = {}
     for a in actions:
+        if a.kind in MESSAGES:
+            continue
         key, done = (a.chunk, a.mb), seen.get((a.chunk, a.mb), "")
         need = {"F": "", "B": "F", "I": "F", "W": "FI"}[a.kind]
         if done != need:
@@ -111,6 +123,11 @@ class _Stage:
         # completes, so a completed one is dropped from the front of the queue after each action)
         self.sends: deque[Work] = deque()
         self.local: dict[str, list] = {"activation": [], "activation gradient": []}  # pp == 1 with chunks
+        # schedules that place their own blocking messages: what arrived before its compute, and what a
+        # compute produced for a later message, by (what, chunk, microbatch)
+        self.explicit = any(action.kind in MESSAGES for action in plan.actions)
+        self.arrived: dict = {}
+        self.outbox: dict = {}
         # forward options: the option is left out when off, so the plain call stays on the fast path
         self.modes = {"selective_recompute": plan.selective_recompute}
         if plan.sequence_parallel:
@@ -126,6 +143,8 @@ class _Stage:
                 await self.forward(action.chunk, action.mb)
             elif action.kind == "W":
                 self.weight_grads(action.chunk, action.mb)
+            elif action.kind in MESSAGES:
+                await self.message(action)
             else:
                 await self.backward(action.chunk, action.mb, split=action.kind == "I")
             sends = self.sends
@@ -138,6 +157,11 @@ class _Stage:
     async def update_all(self) -> None:
         """After the schedule: each layer's optimizer step on its reduced gradient, then the hand-in."""
         model = self.model
+        ranks = self.plan.stage_ranks
+        if self.plan.tied_embeddings and len(ranks) > 1 and model.rank in (ranks[0], ranks[-1]):
+            tied = model.tied_embedding_grad(tp_rank=self.plan.tp_rank, tp_size=len(self.plan.tp_group))
+            await model.all_reduce(tied, (ranks[0], ranks[-1]))
+            del tied
         if not self.plan.overlap_grad_reduce:  # after the flush, last layer first
             for layer in sorted(self.grads, reverse=True):
                 self._reduce(layer)
@@ -149,6 +173,25 @@ class _Stage:
             new_weight, _ = model.update(layer, grad, weight, opt_state)
             del grad, weight, opt_state
             model.set_final_weight(layer, new_weight)
+
+    async def message(self, action: Action) -> None:
+        """One blocking message of a schedule that places its own (DeepSpeed's broadcast in a two-rank
+        group): the stage waits until the transfer has completed."""
+        what, k = MESSAGES[action.kind], self._virtual(action.chunk)
+        layers, samples = self.plan.chunks[action.chunk], self.plan.microbatches[action.mb]
+        key = (what, action.chunk, action.mb)
+        if action.kind == "RA":
+            self.arrived[key] = await self._receive_from(k - 1, layers.start, samples, what)
+        elif action.kind == "RG":
+            self.arrived[key] = await self._receive_from(k + 1, layers.stop, samples, what)
+        else:
+            x = self.outbox.pop(key)
+            dst = self._peer(k + 1 if action.kind == "SA" else k - 1)
+            if dst == self.model.rank:
+                self.local[what].append(x)
+            else:
+                await self.model.send(self._piece(x, dst), dst)
+            del x
 
     def _virtual(self, chunk: int) -> int:
         return chunk * self.pp + self.plan.stage
@@ -166,9 +209,14 @@ class _Stage:
         """Hand `x` to virtual stage `virtual` (a subclass may route it to several ranks): with scatter-gather,
         this TP rank's piece of it."""
         dst = self._peer(virtual)
+        self._send(self._piece(x, dst), dst, what)
+
+    def _piece(self, x, dst: int):
+        """What this rank sends of `x` to `dst`: with scatter-gather, its TP piece (DeepSpeed's pipeline engine
+        partitions its messages over the model-parallel group the same way: `is_pipe_partitioned`)."""
         if self.scatter_gather and dst != self.model.rank:
-            x = self.model.split_tp(x, self.plan.tp_rank, len(self.plan.tp_group))
-        self._send(x, dst, what)
+            return self.model.split_tp(x, self.plan.tp_rank, len(self.plan.tp_group))
+        return x
 
     async def _receive_from(self, virtual: int, layer: int, samples: range, what: str):
         """The `what` of `layer` for `samples` from virtual stage `virtual` (its pieces gathered in the TP
@@ -192,6 +240,8 @@ class _Stage:
         layers, samples, k = plan.chunks[chunk], plan.microbatches[mb], self._virtual(chunk)
         if k == 0:
             x = model.get_input_activation(samples)
+        elif self.explicit:
+            x = self.arrived.pop(("activation", chunk, mb))
         else:
             x = await self._receive_from(k - 1, layers.start, samples, "activation")
         kept = []
@@ -206,6 +256,8 @@ class _Stage:
         if k == self.virtual - 1:
             # vocabulary-parallel LM head: each TP rank its V/t logits (Megatron-LM)
             self.loss_grads[(chunk, mb)] = model.loss(x, tp_rank=plan.tp_rank, tp_size=len(plan.tp_group))
+        elif self.explicit:
+            self.outbox[("activation", chunk, mb)] = x
         else:
             self._send_to(x, k + 1, "activation")
 
@@ -216,6 +268,8 @@ class _Stage:
             grad = self.loss_grads.pop((chunk, mb))
             if self.tp_group is not None:  # sum the head's vocabulary slices' input gradients
                 grad = await model.all_reduce(grad, self.tp_group)
+        elif self.explicit:
+            grad = self.arrived.pop(("activation gradient", chunk, mb))
         else:
             grad = await self._receive_from(k + 1, layers.stop, samples, "activation gradient")
         kept = self.inputs.pop((chunk, mb))
@@ -251,7 +305,9 @@ class _Stage:
                 # input gradient once the column-parallel layer's backward has run)
                 grad_in = await model.all_reduce(grad_in, tp_group)
             grad = grad_in
-        if k > 0:
+        if k > 0 and self.explicit:
+            self.outbox[("activation gradient", chunk, mb)] = grad
+        elif k > 0:
             self._send_to(grad, k - 1, "activation gradient")
 
     async def _gather_sequence_parallel_grad(self, grad):

@@ -17,7 +17,8 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                dp: int | None = None, chunks: int = 1, partition: Sequence | None = None,
                recompute: bool = False, selective_recompute: bool = False,
                sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
-               scatter_gather: bool = True, async_tp_allreduce: bool = True) -> StagePlan:
+               scatter_gather: bool = True, async_tp_allreduce: bool = True,
+               tied_embeddings: bool = False) -> StagePlan:
     """This rank's part of a dp x pp x tp run with an even (or the given) layer partition."""
     layout = Layout.build(model.world_size, dp, pp, tp)
     if tp > 1:
@@ -43,7 +44,8 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                      actions=actions, dp_group=lambda layer: dp_ranks, tp_group=layout.tp_group(model.rank),
                      tp_rank=tp_rank, recompute=recompute, selective_recompute=selective_recompute,
                      sequence_parallel=sequence_parallel, overlap_grad_reduce=overlap_grad_reduce,
-                     scatter_gather=scatter_gather, async_tp_allreduce=async_tp_allreduce)
+                     scatter_gather=scatter_gather, async_tp_allreduce=async_tp_allreduce,
+                     tied_embeddings=tied_embeddings)
 
 
 def stage_times(model: Model, rank: int, chunks: Sequence[range], microbatch_size: int, tp: int,

@@ -5,7 +5,8 @@ Language Model Training on GPU Clusters Using Megatron-LM", the PTD-P layout). R
 (pp, dp, tp) grid with TP fastest, so each TP group of `tp` consecutive ranks sits inside a node:
 every layer's forward and backward ends in two all-reduces of b*s*h activations in the TP group. Each
 of the `dp` replicas runs a pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b or
-interleaved with `chunks` per rank) over its share of the batch, and layer gradients are all-reduced
+interleaved with `chunks` per rank, or `deepspeed`: DeepSpeed's lock-step 1F1B with blocking messages)
+over its share of the batch, and layer gradients are all-reduced
 across replicas as soon as a stage's last microbatch has passed. Bubble: the schedule's,
 (p - 1) / (m + p - 1) for gpipe and 1f1b, divided by `chunks` for interleaved. Memory per rank: model
 state 16 bytes x parameters / (pp x tp) plus the schedule's in-flight activations (the TP stash
@@ -23,23 +24,27 @@ the backward, as earlier versions did. With sequence parallelism each layer's ba
 output gradient twice before the row-parallel GEMMs, exposed (Korthikanti et al. 2022, sec. 4.2.2).
 `overlap_grad_reduce=False` all-reduces the gradients only after the pipeline flush (Megatron-LM's local
 DDP of 2021, DeepSpeed's pipeline engine) instead of as each layer's last microbatch passes.
+`tied_embeddings=True`: the LM head shares the input embedding, so after the schedule the first and last
+stage all-reduce its V/t x h gradient before the data-parallel reduction (`Model.tied_embedding_grad`).
 """
 
 from __future__ import annotations
 
 from dist_lib import Model
 
-from . import gpipe, interleaved, one_f_one_b
+from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._pipeline import run_stage
 from ._plan import build_plan
 
-SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule}
+SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
+             "deepspeed": deepspeed_1f1b.schedule}
 
 
 async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1, microbatch_size: int = 1,
                 schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
                 selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
-                scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None) -> None:
+                scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
+                tied_embeddings: bool = False) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if chunks is None:
@@ -48,5 +53,5 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       chunks=chunks, partition=partition, recompute=recompute,
                       selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
-                      async_tp_allreduce=async_tp_allreduce)
+                      async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings)
     await run_stage(model, plan)

@@ -138,29 +138,59 @@ def test_lm_head_cost_divides_by_the_tensor_parallel_degree():
         assert costs.loss_time(ideal, w, 2, t) == pytest.approx(6 * 1024 * 8192 / t * 256 / 5e11)
 
 
-def test_framework_overhead_is_added_once_per_forward_and_twice_per_backward():
+def test_a_layer_pass_takes_the_host_time_when_the_gpu_waits_on_the_host():
+    # asynchronous launches: a pass takes max(host, kernels); 50 ms of host time dwarfs a 350M layer's kernels
     bare = Workload.parse("gpt-350m")
-    eager = Workload.parse("gpt-350m:framework_overhead_us=3000")
-    assert eager.framework_overhead_s == pytest.approx(0.003)
+    eager = Workload.parse("gpt-350m:framework_overhead_us=50000")
+    assert eager.framework_overhead_s == pytest.approx(0.05)
+    assert costs.forward_time(A100, bare, 1, 2) < 0.05
     for tp in (1, 2):
-        assert costs.forward_time(A100, eager, 1, 2, tp) - costs.forward_time(A100, bare, 1, 2, tp) == \
-            pytest.approx(0.003)
-        assert costs.backward_time(A100, eager, 1, 2, tp) - costs.backward_time(A100, bare, 1, 2, tp) == \
-            pytest.approx(0.006)
-        assert costs.backward_weight_time(A100, eager, 1, 2, tp) - costs.backward_weight_time(A100, bare, 1, 2, tp) \
-            == pytest.approx(0.003)
-    # full recompute re-runs the forward, overhead included; selective re-runs only the attention core
-    assert costs.recompute_time(A100, eager, 1, 2, recompute="full") == pytest.approx(costs.forward_time(A100, eager, 1, 2))
+        assert costs.forward_time(A100, eager, 1, 2, tp) == pytest.approx(0.05)
+        # a backward is two passes (input and weight gradients), each host-bound
+        assert costs.backward_time(A100, eager, 1, 2, tp) == pytest.approx(0.1)
+        assert costs.backward_weight_time(A100, eager, 1, 2, tp) == pytest.approx(0.05)
+    # full recompute re-runs the forward, host time included; selective re-runs only the attention core
+    assert costs.recompute_time(A100, eager, 1, 2, recompute="full") == pytest.approx(0.05)
     assert costs.recompute_time(A100, eager, 1, 2) == pytest.approx(costs.recompute_time(A100, bare, 1, 2))
 
 
-def test_tp_overhead_is_added_to_tensor_parallel_passes_only():
+def test_a_layer_pass_hides_the_host_time_behind_longer_kernels():
     bare = Workload.parse("gpt-350m")
-    eager = Workload.parse("gpt-350m:framework_overhead_us=3000,tp_overhead_us=1500")
-    assert costs.forward_time(A100, eager, 1, 2, 1) - costs.forward_time(A100, bare, 1, 2, 1) == pytest.approx(0.003)
-    assert costs.forward_time(A100, eager, 1, 2, 4) - costs.forward_time(A100, bare, 1, 2, 4) == pytest.approx(0.0045)
-    assert costs.backward_time(A100, eager, 1, 2, 4) - costs.backward_time(A100, bare, 1, 2, 4) == \
-        pytest.approx(0.009)
+    kernels = costs.forward_time(A100, bare, 1, 8)
+    # half the shortest pass's kernels (the weight-gradient GEMMs): the GPU is the bottleneck in every pass
+    host_us = 0.5 * costs.backward_weight_time(A100, bare, 1, 8) * 1e6
+    eager = Workload.parse(f"gpt-350m:framework_overhead_us={host_us}")
+    assert costs.forward_time(A100, eager, 1, 8) == pytest.approx(kernels)
+    assert costs.backward_time(A100, eager, 1, 8) == pytest.approx(costs.backward_time(A100, bare, 1, 8))
+
+
+def test_kernel_time_scale_stretches_the_gpu_side_only():
+    bare = Workload.parse("gpt-350m")
+    kernels = costs.forward_time(A100, bare, 1, 2)
+    slow = Workload.parse("gpt-350m:kernel_time_scale=3")
+    assert slow.kernel_time_scale == 3.0
+    assert costs.forward_time(A100, slow, 1, 2) == pytest.approx(3 * kernels)
+    assert costs.backward_weight_time(A100, slow, 1, 2) == pytest.approx(3 * costs.backward_weight_time(A100, bare, 1, 2))
+    assert costs.recompute_time(A100, slow, 1, 2) == pytest.approx(3 * costs.recompute_time(A100, bare, 1, 2))
+    # host time between the bare and the scaled kernels: the scaled kernels set the pass
+    between = Workload.parse(f"gpt-350m:kernel_time_scale=3,framework_overhead_us={2 * kernels * 1e6}")
+    assert costs.forward_time(A100, between, 1, 2) == pytest.approx(3 * kernels)
+    # host time above them: the host sets it
+    above = Workload.parse(f"gpt-350m:kernel_time_scale=3,framework_overhead_us={4 * kernels * 1e6}")
+    assert costs.forward_time(A100, above, 1, 2) == pytest.approx(4 * kernels)
+    # the LM head is not a layer pass
+    assert costs.loss_time(A100, slow, 2) == pytest.approx(costs.loss_time(A100, bare, 2))
+    with pytest.raises(SpecError, match="kernel_time_scale: must be more than 0 and at most 100"):
+        Workload.parse("gpt-350m:kernel_time_scale=0")
+    with pytest.raises(SpecError, match="kernel_time_scale: must be more than 0 and at most 100"):
+        Workload("w", 1, 64, 1, 64, 0, kernel_time_scale=-1.0)
+
+
+def test_tp_overhead_is_added_to_the_host_time_of_tensor_parallel_passes_only():
+    eager = Workload.parse("gpt-350m:framework_overhead_us=50000,tp_overhead_us=20000")
+    assert costs.forward_time(A100, eager, 1, 2, 1) == pytest.approx(0.05)
+    assert costs.forward_time(A100, eager, 1, 2, 4) == pytest.approx(0.07)
+    assert costs.backward_time(A100, eager, 1, 2, 4) == pytest.approx(0.14)
 
 
 def test_framework_overhead_must_be_a_non_negative_number():

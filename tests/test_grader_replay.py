@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER, WORKLOAD, BATCH = "2x2xA100-80GB", "toy:layers=4", 8
 BUILTIN = sorted(p for p in (ROOT / "strategies").glob("*.py") if not p.name.startswith("_"))
 OPTIONS = {"ddp": {"microbatch_size": 1}, "zero": {"microbatch_size": 1}, "interleaved": {"pp": 2},
-           "hybrid": {"pp": 2, "tp": 2, "selective_recompute": True}}
+           "hybrid": {"pp": 2, "tp": 2, "selective_recompute": True, "tied_embeddings": True}}
 HONEST = str(ROOT / "tests" / "submissions" / "honest.py")
 
 

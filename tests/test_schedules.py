@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 
 from dist_lib import testing
 
-STRATEGIES = ["ddp", "zero", "gpipe", "one_f_one_b", "interleaved", "zero_bubble", "hybrid", "hetero"]
+STRATEGIES = ["ddp", "zero", "gpipe", "one_f_one_b", "deepspeed_1f1b", "interleaved", "zero_bubble", "hybrid",
+              "hetero"]
 
 
 @pytest.mark.parametrize("name", STRATEGIES)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import StrategyError, costs, simulate, testing
+from dist_lib import Cluster, StrategyError, TensorError, costs, simulate, testing
 
 F, B, I, W = 1e-3, 2e-3, 1e-3, 1e-3
 
@@ -40,6 +40,34 @@ def test_gpipe_and_1f1b_step_is_m_plus_p_minus_1_slots(pinned, name):
     ideal = (M + P - 1) * (F + B)  # one layer per stage
     assert ideal <= result.time_s <= ideal * 1.02  # + 2(p-1) activation hops on NVLink
     assert idle(result, 0) == pytest.approx((P - 1) * (F + B), rel=0.05)
+
+
+def test_deepspeed_schedule_is_lock_step_with_paired_messages():
+    from strategies.deepspeed_1f1b import schedule
+    # 2(m + p - 1) = 6 steps; stage 0 runs forwards on even steps, stage 1 on odd ones; each step opens
+    # with the previous step's output going out and this step's input coming in
+    assert [repr(a) for a in schedule(0, 2, 2)] == ["F0", "SA0", "F1", "SA1", "RG0", "B0", "RG1", "B1"]
+    assert [repr(a) for a in schedule(1, 2, 2)] == ["RA0", "F0", "B0", "RA1", "SG0", "F1", "B1", "SG1"]
+
+
+def test_deepspeed_schedule_blocks_on_every_message(pinned):
+    # two stages on two nodes behind a slow NIC: each 2 MB message takes d; DeepSpeed's blocking sends
+    # keep the sender from computing meanwhile, so every message is on the critical path:
+    # s0 F0 | SA0 d | s1 F0 B0 | SA1 d | SG0 d | s0 B0 while s1 F1 B1 | SG1 d | s0 B1 = 3F + 3B + 4d
+    cluster = {"name": "two", "nodes": [{"device": "A100-80GB", "count": 2, "gpus": 1, "nics": 1,
+                                         "nic_bandwidth_GBps": 0.2}]}
+    cluster = Cluster.from_dict(cluster)
+    result = simulate("strategies.hybrid", cluster, "toy:layers=2", 2, dp=1, pp=2, schedule="deepspeed",
+                      overlap_grad_reduce=False)
+    first_send = next(e for e in result.raw_events if e[0] == 0 and e[1] == "send")
+    d = first_send[4] - first_send[3]  # the receiver had posted its receive: the transfer alone
+    assert d == pytest.approx(2 * 2**20 / 0.2e9, rel=0.01)
+    assert result.time_s == pytest.approx(3 * F + 3 * B + 4 * d)
+    # stage 0's second forward waits for its first send to complete
+    forwards = [e for e in result.raw_events if e[0] == 0 and e[1] == "forward"]
+    assert forwards[1][3] == pytest.approx(first_send[4])
+    assert result.time_s > simulate("strategies.hybrid", cluster, "toy:layers=2", 2, dp=1, pp=2, schedule="1f1b",
+                                    overlap_grad_reduce=False).time_s
 
 
 def test_in_flight_activations_1f1b_p_versus_gpipe_m(pinned):
@@ -151,3 +179,34 @@ def test_explicit_partition_and_shares_are_followed():
 def test_invalid_configurations_name_the_option(name, options, option):
     with pytest.raises(StrategyError, match=option):
         run(name, "1x4xA100-80GB", 6, 8, **options)
+
+
+def test_tied_embeddings_all_reduce_the_head_gradient_between_first_and_last_stage():
+    # two stages on two nodes behind a 1 GB/s NIC: one all-reduce of V x h 16-bit values between them,
+    # a ring of two: 2(p-1)/p * n / B + 2(p-1) alpha = n / B + 2 * 14 us (NCCL's network step latency)
+    cluster = Cluster.from_dict({"name": "two", "nodes": [{"device": "A100-80GB", "count": 2, "gpus": 1, "nics": 1,
+                                                           "nic_bandwidth_GBps": 1.0}]})
+    result = simulate("strategies.hybrid", cluster, "gpt-350m:layers=2", 2, dp=1, pp=2, tied_embeddings=True,
+                      overlap_grad_reduce=False)
+    tied = [e for e in result.raw_events if e[1] == "all_reduce"]
+    nbytes = 50257 * 1024 * 2
+    assert [(e[0], e[7], e[9]) for e in tied] == [(0, nbytes, (0, 1)), (1, nbytes, (0, 1))]
+    assert tied[0][4] - tied[0][3] == pytest.approx(nbytes / 1e9 + 2 * 14e-6)
+    untied = simulate("strategies.hybrid", cluster, "gpt-350m:layers=2", 2, dp=1, pp=2, overlap_grad_reduce=False)
+    assert result.time_s == pytest.approx(untied.time_s + nbytes / 1e9 + 2 * 14e-6)
+    # one stage holds both ends: nothing to all-reduce
+    single = simulate("strategies.hybrid", "1x1xA100-80GB", "gpt-350m:layers=2", 2, dp=1, pp=1, tied_embeddings=True)
+    assert not [e for e in single.raw_events if e[1] == "all_reduce"]
+
+
+def test_tied_embedding_grad_is_a_tp_slice_that_cannot_update_a_layer():
+    async def train(model):
+        grad = model.tied_embedding_grad(tp_rank=1, tp_size=2)
+        assert grad.nbytes == 50257 * 1024 * 2 // 2 and grad.layer == 0 and grad.samples == 0
+        weight, opt_state = model.load_weights(0, tp_rank=1, tp_size=2)
+        with pytest.raises(TensorError, match="update"):
+            model.update(0, grad, weight, opt_state)
+        with pytest.raises(TensorError, match="tp_rank=2, tp_size=2 is not a TP slice"):
+            model.tied_embedding_grad(tp_rank=2, tp_size=2)
+
+    simulate(train, "1x1xA100-80GB", "gpt-350m:layers=1", 1, check=False)
