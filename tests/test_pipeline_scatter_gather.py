@@ -62,6 +62,16 @@ def test_each_tp_rank_sends_a_tth_of_each_pipeline_message_and_the_receivers_gat
     assert first_gather.end <= first_forward
 
 
+def test_deepspeeds_blocking_messages_are_tp_pieces_too():
+    # DeepSpeed's pipeline engine partitions its messages over the model-parallel group
+    # (`is_pipe_partitioned`, `is_grad_partitioned`) and gathers them on arrival, as Megatron-LM does
+    result = _p2p({"schedule": "deepspeed"})
+    sends = [e for e in result.events if e.op == "send"]
+    assert len(sends) == 4 * 2 * 2 and {e.nbytes for e in sends} == {SAMPLE // 2}
+    gathers = [e for e in result.events if e.op == "all_gather"]
+    assert {r: sum(1 for e in gathers if e.rank == r) for r in range(4)} == {0: 4, 1: 4, 2: 4, 3: 4}
+
+
 def test_without_scatter_gather_every_tp_rank_sends_the_whole_message():
     result = _p2p({"scatter_gather": False})
     sends = [e for e in result.events if e.op == "send"]
