@@ -197,10 +197,7 @@ class Model(OpChecks):
             raise TensorError(f"{where}: {act!r} has only passed {act.layer} of {self.num_layers} layers")
         if act.is_partial:
             raise TensorError(f"{where}: {act!r} is a tensor-parallel partial sum; all_reduce it first")
-        if tp_size.__class__ is not int or tp_rank.__class__ is not int or tp_size < 1 \
-                or not 0 <= tp_rank < tp_size:
-            raise TensorError(f"{where}: tp_rank={tp_rank!r}, tp_size={tp_size!r} is not a TP slice; need whole "
-                              f"numbers with 0 <= tp_rank < tp_size")
+        _check_tp_slice(where, tp_rank, tp_size)
         self._compute("loss", self.num_layers, act.samples, tp_size)
         self._mem.context = ("loss", None)
         return ActivationGrad(self._mem, act.samples.bit_count() * self._act_bytes, self.rank, self.num_layers,
@@ -213,10 +210,7 @@ class Model(OpChecks):
         `weight.grad`). It stands for that transfer only: it covers no samples, so it cannot update a
         layer, and the last stage's copy of the embedding is not otherwise held (its memory, optimizer
         step and data-parallel reduction are not modelled)."""
-        if tp_size.__class__ is not int or tp_rank.__class__ is not int or tp_size < 1 \
-                or not 0 <= tp_rank < tp_size:
-            raise TensorError(f"rank {self.rank} tied_embedding_grad: tp_rank={tp_rank!r}, tp_size={tp_size!r} is "
-                              f"not a TP slice; need whole numbers with 0 <= tp_rank < tp_size")
+        _check_tp_slice(f"rank {self.rank} tied_embedding_grad", tp_rank, tp_size)
         workload = self.workload
         nbytes = workload.vocab * workload.hidden * workload.bytes_per_element // tp_size
         self._mem.context = ("tied_embedding_grad", 0)
@@ -267,10 +261,7 @@ class Model(OpChecks):
         self._check_own(x, where)
         if x.is_partial:
             raise TensorError(f"{where}: {x!r} is a tensor-parallel partial sum; all_reduce it first")
-        if tp_size.__class__ is not int or tp_rank.__class__ is not int or tp_size < 1 \
-                or not 0 <= tp_rank < tp_size:
-            raise TensorError(f"{where}: tp_rank={tp_rank!r}, tp_size={tp_size!r} is not a TP slice; need whole "
-                              f"numbers with 0 <= tp_rank < tp_size")
+        _check_tp_slice(where, tp_rank, tp_size)
         self._mem.context = ("split_tp", x.layer)
         return cls(self._mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size)
 
@@ -506,3 +497,10 @@ if ACCELERATED:  # the hottest ops in C; the Python above stays their spec and f
                        {m.__name__: _c_doc(m) for m in (Model.load_weights, Model.update, Model.set_final_weight)})
     install_comm_ops(Model, RankState, MemoryTracker, comm, Weight, OptState, WeightGrad,
                      {m.__name__: _c_doc(m) for m in (Model.all_reduce, Model.all_gather, Model.reduce_scatter)})
+
+
+def _check_tp_slice(where: str, tp_rank: Any, tp_size: Any) -> None:
+    """One TP slice's coordinates, as the ops that take `tp_rank` / `tp_size` keywords need them."""
+    if tp_size.__class__ is not int or tp_rank.__class__ is not int or tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise TensorError(f"{where}: tp_rank={tp_rank!r}, tp_size={tp_size!r} is not a TP slice; need whole "
+                          f"numbers with 0 <= tp_rank < tp_size")
