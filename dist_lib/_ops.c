@@ -2,7 +2,7 @@
  *
  * Each handles the common, valid case exactly as the Python method in `model.py` / `tensors.py` does
  * (same checks, same costs, same event, same allocations in the same order) and hands every other call
- * (a keyword it does not know, a TP slice other than 0, a first use of a shape, any error) to that
+ * (a keyword it does not know, a backward of a TP slice other than 0, a first use of a shape, any error) to that
  * Python method, which stays the specification. `install` puts them on the classes; the tests run the
  * whole suite both ways and compare a step's books entry by entry.
  */
@@ -14,7 +14,7 @@ static struct {
     PyObject *py_forward, *py_backward, *py_add; /* the Python twins */
     PyObject *docs;                              /* method name -> text signature and docstring */
     /* Model */
-    Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_act_bytes, m_shard_sizes;
+    Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_act_bytes, m_shard_sizes, m_batch;
     /* RankState and MemoryTracker */
     Py_ssize_t s_clock, s_flops, s_forwarded, mem_context;
     /* Activation / ActivationGrad (_Hidden) */
@@ -170,7 +170,9 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyObject *layer = args[0], *act = args[1], *weight = args[2], *rank = SLOT(self, K.m_rank);
     if (Py_TYPE(act) != K.Activation || Py_TYPE(weight) != K.Weight || !PyLong_CheckExact(layer)) goto slow;
     long layer_v = small_int(layer, -1);
-    if (layer_v < 0 || small_int(SLOT(act, K.h_tp_size), 0) != 1 || small_int(SLOT(weight, K.w_tp_rank), -1) != 0 ||
+    PyObject *tp_rank = SLOT(weight, K.w_tp_rank);
+    long tp_rank_v = small_int(tp_rank, -1), batch = small_int(SLOT(self, K.m_batch), -1);
+    if (layer_v < 0 || small_int(SLOT(act, K.h_tp_size), 0) != 1 || tp_rank_v < 0 || tp_rank_v > 62 || batch < 0 ||
         !is_full_mask(SLOT(weight, K.w_shards), small_int(SLOT(weight, K.w_num_shards), -1)) ||
         int_eq(SLOT(act, K.h_rank), rank) != 1 || int_eq(SLOT(weight, K.w_rank), rank) != 1 ||
         int_eq(SLOT(act, K.h_layer), layer) != 1 || int_eq(SLOT(weight, K.w_layer), layer) != 1)
@@ -183,20 +185,27 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     long long out_bytes = activation_bytes(self, n);
     if (out_bytes < 0) goto slow;
 
-    /* a forward of samples this layer has already seen on this rank is a recompute */
+    /* a forward of samples this layer (and TP slice) has already seen on this rank is a recompute; TP
+     * slice r's samples sit r * global batch bits up in the layer's mask */
+    PyObject *seen = Py_NewRef(samples);
+    if (tp_rank_v) {
+        PyObject *shift = PyLong_FromLongLong((long long)tp_rank_v * batch);
+        Py_SETREF(seen, shift ? PyNumber_Lshift(samples, shift) : NULL);
+        Py_XDECREF(shift);
+        if (!seen) return NULL;
+    }
     PyObject *before = PyList_GET_ITEM(forwarded, layer_v);
-    PyObject *seen = PyNumber_And(before, samples);
-    if (!seen) return NULL;
-    int recompute = PyObject_RichCompareBool(seen, samples, Py_EQ);
-    Py_DECREF(seen);
-    if (recompute < 0) return NULL;
+    PyObject *both = PyNumber_And(before, seen);
+    int recompute = both ? PyObject_RichCompareBool(both, seen, Py_EQ) : -1;
+    Py_XDECREF(both);
+    if (recompute < 0) { Py_DECREF(seen); return NULL; }
     if (!recompute) {
         int any = PyObject_IsTrue(before);
-        if (any < 0) return NULL;
-        PyObject *now = any ? PyNumber_Or(before, samples) : Py_NewRef(samples);
-        if (!now) return NULL;
+        PyObject *now = any < 0 ? NULL : any ? PyNumber_Or(before, seen) : Py_NewRef(seen);
+        if (!now) { Py_DECREF(seen); return NULL; }
         PyList_SetItem(forwarded, layer_v, now); /* steals `now` */
     }
+    Py_DECREF(seen);
     PyObject *cost = op_cost(self, K.s_forward, layer, n, tp, K.s_none);
     if (!cost) return NULL;
     if (run_compute(self, K.s_forward, layer, samples, cost, recompute ? K.s_recompute : K.s_empty) < 0 ||
@@ -208,17 +217,18 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (keep_stash) {
         long long stash_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(cost, 2));
         if (stash_bytes == -1 && PyErr_Occurred()) { Py_DECREF(cost); return NULL; }
-        PyObject *fields[3] = {K.zero, tp, K.s_none};
+        PyObject *fields[3] = {tp_rank, tp, K.s_none};
         PyObject *stash = buffer_alloc(K.Stash, mem, stash_bytes, fields, 3);
         if (!stash) { Py_DECREF(cost); return NULL; }
         Py_XSETREF(SLOT(act, K.a_stash), stash);
     }
     Py_DECREF(cost);
-    PyObject *next = PyLong_FromLong(layer_v + 1);
-    if (!next) return NULL;
-    PyObject *fields[5] = {rank, next, samples, K.one, tp}; /* TP slice 0 of `tp`: part 1 << 0 */
+    PyObject *next = PyLong_FromLong(layer_v + 1), *part = next ? PyLong_FromLong(1L << tp_rank_v) : NULL;
+    if (!part) { Py_XDECREF(next); return NULL; }
+    PyObject *fields[5] = {rank, next, samples, part, tp}; /* TP slice r of `tp`: its part, 1 << r, of the sum */
     PyObject *out = buffer_alloc(K.Activation, mem, out_bytes, fields, 5);
     Py_DECREF(next);
+    Py_DECREF(part);
     return out;
 slow:
     return fallback(K.py_forward, self, args, nargs, kwnames);
@@ -379,7 +389,7 @@ static PyObject *install(PyObject *module, PyObject *args) {
         {Model, "_engine", &K.m_engine}, {Model, "_state", &K.m_state}, {Model, "_mem", &K.m_mem},
         {Model, "_events", &K.m_events}, {Model, "_cache", &K.m_cache}, {Model, "rank", &K.m_rank},
         {Model, "_act_bytes", &K.m_act_bytes},
-        {Model, "_shard_sizes", &K.m_shard_sizes},
+        {Model, "_shard_sizes", &K.m_shard_sizes}, {Model, "global_batch_size", &K.m_batch},
         {RankState, "clock", &K.s_clock}, {RankState, "flops", &K.s_flops}, {RankState, "forwarded", &K.s_forwarded},
         {MemoryTracker, "context", &K.mem_context},
         {Activation, "rank", &K.h_rank}, {Activation, "layer", &K.h_layer}, {Activation, "samples", &K.h_samples},
