@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
 from .errors import DeadlockError, ResourceError, SimulationError, StrategyError
-from .eventlog import EventLog
+from .eventlog import PACK_AT, EventLog
 from .hardware import Cluster
 from .memory import MemoryTracker
 from .transfers import Scheduler, Transfer
@@ -93,7 +93,8 @@ class Engine:
         if not state.waiting:
             self.blocked += 1
         state.waiting.append(work)
-        self.events.maybe_pack()
+        if len(self.events.recent) >= PACK_AT:
+            self.events.pack()
         if self.blocked + self.finished == self.world_size:
             self.advance()
         return future
