@@ -113,15 +113,24 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
     send.end = recv.end = end
     send.result = None
     op_id = engine.new_op_id()
+    ranks, append = engine.ranks, engine.events.append
+    layer, samples, nbytes, kind, peers = tensor.layer, tensor.samples, tensor.nbytes, tensor.kind, channel.peers
+    del tensor
     for work in (send, recv):
-        state = engine.ranks[work.rank]
+        state = ranks[work.rank]
         if end > state.p2p_end:
             state.p2p_end = end
-        engine.events.append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples,
-                              tensor.nbytes, 0.0, channel.peers, op_id, tensor.kind))
-    del tensor
-    engine.wake(send)
-    engine.wake(recv)
+        append((work.rank, work.op, "p2p", start, end, layer, samples, nbytes, 0.0, peers, op_id, kind))
+    for work in (send, recv):
+        future = work.future
+        if future is not None:  # its rank waits on it: `Engine.wake`, inlined
+            state = ranks[work.rank]
+            waiting = state.waiting
+            waiting.remove(work)
+            if not waiting:
+                engine.blocked -= 1
+            if not future.done():
+                future.set_result(None)
     # the sender's stream lets go of the tensor (a recv holds none): `comm.release` for one send
     state = engine.ranks[send.rank]
     clock = state.clock
