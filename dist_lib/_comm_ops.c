@@ -1,11 +1,11 @@
 /* C twins of `Model.all_reduce`, `Model.all_gather` and `Model.reduce_scatter`: `comm.issue_collective`
- * for a member that joins a collective another member opened.
+ * for a member that joins a collective another member opened (weights, optimizer state and gradients,
+ * and the all-reduce of a TP partial sum of an activation or its gradient).
  *
  * As in `_ops.c`, the common valid call is handled exactly as `comm.issue_collective` does it (same
  * checks, same output allocation, same Work bookkeeping, and `comm._resolve_ready` called at the same
  * moment: when the last member issues it), and every other call goes to the Python method, which stays the specification: a
- * keyword it does not know, a group given as ranks, a tensor that is not a weight, optimizer state or
- * gradient, the first member of a collective (Python opens it), any mismatch and any error. Nothing is
+ * keyword it does not know, a group given as ranks, a tensor of another kind, the first member of a collective (Python opens it), any mismatch and any error. Nothing is
  * changed before the fast path is sure to finish, so the Python method starts from the same state.
  */
 #include "_ops.h"
@@ -13,7 +13,8 @@
 enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, NUM_OPS };
 
 static struct {
-    PyTypeObject *Weight, *OptState, *WeightGrad, *Group, *Collective, *Work, *RankState;
+    PyTypeObject *Weight, *OptState, *WeightGrad, *Group, *Collective, *Work, *RankState, *Activation,
+        *ActivationGrad;
     PyObject *py_ops[NUM_OPS]; /* the Python twins */
     PyObject *names[NUM_OPS];  /* "all_reduce", ...: a Collective's `op` is one of these interned strings */
     PyObject *resolve_ready;   /* comm._resolve_ready */
@@ -32,6 +33,8 @@ static struct {
     Py_ssize_t w_engine, w_rank, w_op, w_issue, w_end, w_result, w_input, w_future, w_peer;
     /* Weight, OptState and WeightGrad share these offsets (checked by `install_comm_ops`) */
     Py_ssize_t t_rank, t_layer, t_samples, t_shards, t_num_shards, t_tp_rank, t_tp_size;
+    /* Activation and ActivationGrad (TP partial sums): rank, layer and samples as above, and these */
+    Py_ssize_t h_tp_parts, h_tp_size;
     PyObject *s_group;
 } C;
 
@@ -54,13 +57,20 @@ static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t
 
     /* 1. the tensor: on this rank, and one this op takes (`comm._unfit`) */
     PyTypeObject *type = Py_TYPE(x);
-    if (type != C.Weight && type != C.OptState && type != C.WeightGrad) goto slow;
     PyObject *state = SLOT(self, C.m_state), *rank = SLOT(state, C.s_rank);
-    long num_shards = small_int(SLOT(x, C.t_num_shards), -1);
-    if (num_shards < 1 || int_eq(SLOT(x, C.t_rank), rank) != 1) goto slow;
-    int complete = is_full_mask(SLOT(x, C.t_shards), num_shards);
-    if (op == ALL_REDUCE ? type != C.WeightGrad : op == ALL_GATHER ? complete : type != C.WeightGrad || !complete)
-        goto slow;
+    if (type == C.Activation || type == C.ActivationGrad) { /* all_reduce of a TP partial sum */
+        long tp_size = small_int(SLOT(x, C.h_tp_size), -1);
+        if (op != ALL_REDUCE || tp_size < 1 || is_full_mask(SLOT(x, C.h_tp_parts), tp_size) ||
+            int_eq(SLOT(x, C.t_rank), rank) != 1)
+            goto slow;
+    } else {
+        if (type != C.Weight && type != C.OptState && type != C.WeightGrad) goto slow;
+        long num_shards = small_int(SLOT(x, C.t_num_shards), -1);
+        if (num_shards < 1 || int_eq(SLOT(x, C.t_rank), rank) != 1) goto slow;
+        int complete = is_full_mask(SLOT(x, C.t_shards), num_shards);
+        if (op == ALL_REDUCE ? type != C.WeightGrad : op == ALL_GATHER ? complete : type != C.WeightGrad || !complete)
+            goto slow;
+    }
 
     /* 2. the collective: this member's next one on the group, opened by another member */
     long size = small_int(SLOT(group, C.g_size), -1);
@@ -177,8 +187,11 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
     if (comm_attr(comm, "Group", 1, (PyObject **)&C.Group) < 0 ||
         comm_attr(comm, "Collective", 1, (PyObject **)&C.Collective) < 0 ||
         comm_attr(comm, "Work", 1, (PyObject **)&C.Work) < 0 ||
-        comm_attr(comm, "_resolve_ready", 0, &C.resolve_ready) < 0)
+        comm_attr(comm, "_resolve_ready", 0, &C.resolve_ready) < 0 ||
+        comm_attr(comm, "Activation", 1, (PyObject **)&C.Activation) < 0 ||
+        comm_attr(comm, "ActivationGrad", 1, (PyObject **)&C.ActivationGrad) < 0)
         return NULL;
+    PyObject *Activation = (PyObject *)C.Activation, *ActivationGrad = (PyObject *)C.ActivationGrad;
     PyObject *Group = (PyObject *)C.Group, *Collective = (PyObject *)C.Collective, *Work = (PyObject *)C.Work;
     struct { PyObject *cls; const char *name; Py_ssize_t *out; } slots[] = {
         {Model, "_engine", &C.m_engine}, {Model, "_state", &C.m_state}, {Model, "_mem", &C.m_mem},
@@ -192,7 +205,8 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
         {Work, "future", &C.w_future}, {Work, "peer", &C.w_peer},
         {Weight, "rank", &C.t_rank}, {Weight, "layer", &C.t_layer}, {Weight, "samples", &C.t_samples},
         {Weight, "shards", &C.t_shards}, {Weight, "num_shards", &C.t_num_shards}, {Weight, "tp_rank", &C.t_tp_rank},
-        {Weight, "tp_size", &C.t_tp_size},
+        {Weight, "tp_size", &C.t_tp_size}, {Activation, "tp_parts", &C.h_tp_parts},
+        {Activation, "tp_size", &C.h_tp_size},
     };
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
         if (slot_offset(slots[i].cls, slots[i].name, slots[i].out) < 0) return NULL;
@@ -200,6 +214,10 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
     Py_ssize_t want[] = {C.t_rank, C.t_layer, C.t_samples, C.t_shards, C.t_num_shards, C.t_tp_rank, C.t_tp_size};
     PyObject *siblings[] = {OptState, WeightGrad};
     if (same_layout(siblings, 2, shared, want, 7) < 0) return NULL;
+    const char *hidden[] = {"rank", "layer", "samples", "tp_parts", "tp_size"};
+    Py_ssize_t hidden_want[] = {C.t_rank, C.t_layer, C.t_samples, C.h_tp_parts, C.h_tp_size};
+    PyObject *hidden_kinds[] = {Activation, ActivationGrad};
+    if (same_layout(hidden_kinds, 2, hidden, hidden_want, 5) < 0) return NULL;
     PyObject *given[] = {Weight, OptState, WeightGrad, RankState};
     PyTypeObject **types[] = {&C.Weight, &C.OptState, &C.WeightGrad, &C.RankState};
     for (int i = 0; i < 4; i++) Py_XSETREF(*types[i], (PyTypeObject *)Py_NewRef(given[i]));

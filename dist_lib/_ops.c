@@ -2,7 +2,7 @@
  *
  * Each handles the common, valid case exactly as the Python method in `model.py` / `tensors.py` does
  * (same checks, same costs, same event, same allocations in the same order) and hands every other call
- * (a keyword it does not know, a TP slice other than 0, a first use of a shape, any error) to that
+ * (a keyword it does not know, a backward of a TP slice other than 0, a first use of a shape, any error) to that
  * Python method, which stays the specification. `install` puts them on the classes; the tests run the
  * whole suite both ways and compare a step's books entry by entry.
  */

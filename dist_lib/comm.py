@@ -20,6 +20,7 @@ holds its input until it is awaited; a send's tensor is let go of when the messa
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from . import costs
@@ -117,8 +118,7 @@ class Work:
 
     def __await__(self):
         if self.end is None:
-            state = self.engine.ranks[self.rank]
-            yield from self.engine.block(state, self).__await__()
+            yield from self.engine.block(self.engine.ranks[self.rank], self).__await__()
         return self._complete()
 
     def _complete(self) -> Any:
@@ -126,9 +126,10 @@ class Work:
         if state.clock < self.end:
             state.clock = self.end
         result = self.result
-        if isinstance(result, _Reduced):  # an all-reduce's result is made on each member as it awaits it
+        cls = result.__class__
+        if cls is _Reduced:  # an all-reduce's result is made on each member as it awaits it
             result = self.result = result.materialize(self.input)
-        elif isinstance(result, _Pending):  # a received tensor materializes on the receiver now
+        elif cls is _Pending:  # a received tensor materializes on the receiver now
             result = self.result = result.materialize(state)
         self.input = None
         return result
@@ -171,25 +172,41 @@ class _Pending:
     """A tensor to create on its receiver when the receiver awaits it: class, fields and size, no buffer
     (the sender's tensor may be freed meanwhile)."""
 
-    __slots__ = ("cls", "fields", "nbytes")
+    __slots__ = ("cls", "values", "nbytes", "layer")
 
     def __init__(self, tensor: Tensor):
         self.cls = tensor.__class__
-        self.fields = _fields(tensor)
+        self.values = _values(tensor)  # the constructor fields after `rank`, without a stash
         self.nbytes = tensor.nbytes
+        self.layer = tensor.layer
 
     def materialize(self, state: RankState) -> Tensor:
-        self.fields["rank"] = state.rank
-        state.memory.context = ("recv", self.fields["layer"])  # what an out-of-memory error names
-        return self.cls(state.memory, self.nbytes, *self.fields.values())
+        state.memory.context = ("recv", self.layer)  # what an out-of-memory error names
+        return self.cls(state.memory, self.nbytes, state.rank, *self.values)
+
+
+# class -> (getter of the constructor fields after `rank`, whether the last of them is a stash): every
+# tensor class's `_args` starts with `rank`, and a stash, where a class has one, comes last
+_FIELD_GETTERS: dict[type, tuple[Any, bool]] = {}
+
+
+def _values(t: Tensor) -> tuple:
+    """t's constructor fields after `rank`, in order, without a stash."""
+    cls = t.__class__
+    getter = _FIELD_GETTERS.get(cls)
+    if getter is None:
+        names = cls._args
+        if names[0] != "rank" or "_stash" in names[1:-1]:  # a new tensor class breaking the layout above
+            raise TypeError(f"{cls.__name__}._args must start with 'rank' and end with any '_stash'")
+        getter = _FIELD_GETTERS[cls] = (attrgetter(*names[1:]), names[-1] == "_stash")
+    get, stashed = getter
+    values = get(t)
+    return values[:-1] + (None,) if stashed else values
 
 
 def _fields(t: Tensor) -> dict[str, Any]:
     """t's constructor fields in order, without a stash."""
-    fields = {name: getattr(t, name) for name in t._args}
-    if "_stash" in fields:
-        fields["_stash"] = None
-    return fields
+    return dict(zip(t._args, (t.rank, *_values(t))))
 
 
 def clone(t: Tensor, rank: int, buffer: AllocLog | Tensor, nbytes: int = 0, **changes: Any) -> Tensor:
@@ -361,8 +378,14 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
         work.result = result
         events.append((work.rank, op, "collective", start, end, layer, result.samples, nbytes, 0.0, peers, op_id,
                        label))
-        if work.future is not None:  # its rank waits on it
-            engine.wake(work)
+        future = work.future
+        if future is not None:  # its rank waits on it: `Engine.wake`, inlined for the widest groups
+            waiting = state.waiting
+            waiting.remove(work)
+            if not waiting:
+                engine.blocked -= 1
+            if not future.done():
+                future.set_result(None)
     events.maybe_pack()
     # resolved: no Work <-> Collective cycle may outlive the step
     coll.works, coll.first, coll.results = [], None, []

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from asyncio import Future
 import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
 from .errors import DeadlockError, ResourceError, SimulationError, StrategyError
-from .eventlog import EventLog
+from .eventlog import PACK_AT, EventLog
 from .hardware import Cluster
 from .memory import MemoryTracker
 from .transfers import Scheduler, Transfer
@@ -72,6 +73,7 @@ class Engine:
         self.groups: dict[tuple[int, ...], Any] = {}
         self.world_group: Any = None  # the group of all ranks, once a rank asks for it
         self.channels: dict[tuple[int, int], Any] = {}
+        self.channels_from: list[dict[int, Any]] = [{} for _ in range(self.world_size)]  # src -> dst -> channel
         self.blocked = 0  # ranks with at least one wait in progress
         self.finished = 0
         self.next_op_id = 0
@@ -86,12 +88,13 @@ class Engine:
 
     def block(self, state: RankState, work: Any) -> asyncio.Future:
         """Register that `state` waits on an unresolved `work`; raise at once if that is a deadlock."""
-        future = self.loop.create_future()  # type: ignore[union-attr]
+        future = Future(loop=self.loop)
         work.future = future
         if not state.waiting:
             self.blocked += 1
         state.waiting.append(work)
-        self.events.maybe_pack()
+        if len(self.events.recent) >= PACK_AT:
+            self.events.pack()
         if self.blocked + self.finished == self.world_size:
             self.advance()
         return future

@@ -11,7 +11,7 @@ from collections import deque
 from typing import Any
 
 from . import costs
-from .comm import Work, _Pending, release
+from .comm import Work, _Pending
 from .engine import Engine, RankState
 from .errors import TensorError
 from .hardware import Link
@@ -37,11 +37,12 @@ class Channel:
 
 
 def _channel(engine: Engine, src: int, dst: int) -> Channel:
-    channel = engine.channels.get((src, dst))
+    by_dst = engine.channels_from[src]
+    channel = by_dst.get(dst)
     if channel is None:
         cluster = engine.cluster
-        channel = engine.channels[(src, dst)] = Channel(src, dst, cluster.p2p_link(src, dst),
-                                                        cluster.p2p_usage(src, dst))
+        channel = by_dst[dst] = engine.channels[(src, dst)] = Channel(src, dst, cluster.p2p_link(src, dst),
+                                                                       cluster.p2p_usage(src, dst))
     return channel
 
 
@@ -54,30 +55,34 @@ def _check_peer(engine: Engine, rank: int, peer: Any, op: str, name: str) -> Non
 
 def issue_send(engine: Engine, state: RankState, tensor: Tensor, dst: int) -> Work:
     rank = state.rank
-    _check_peer(engine, rank, dst, "send", "dst")
+    if dst.__class__ is not int or not 0 <= dst < engine.world_size or dst == rank:
+        _check_peer(engine, rank, dst, "send", "dst")
     if not isinstance(tensor, Tensor):
         raise TensorError(f"rank {rank} send to {dst}: expected a tensor, got {type(tensor).__name__}")
     if tensor.rank != rank:
         raise TensorError(f"rank {rank} send to {dst}: {tensor!r} lives on rank {tensor.rank}, not here")
-    return _post(engine, state, Work(engine, rank, "send", state.clock, tensor, (rank, dst)))
+    work = Work(engine, rank, "send", state.clock, tensor, (rank, dst))
+    channel = _channel(engine, rank, dst)
+    channel.sends.append(work)
+    if channel.recvs:
+        _match(engine, channel)
+    return work
 
 
 def issue_recv(engine: Engine, state: RankState, src: int) -> Work:
     rank = state.rank
-    _check_peer(engine, rank, src, "recv", "src")
-    return _post(engine, state, Work(engine, rank, "recv", state.clock, None, (src, rank)))
-
-
-def _post(engine: Engine, state: RankState, work: Work) -> Work:
-    """Queue a send or recv on its (src, dst) channel and match what can be matched."""
-    src, dst = work.peer
-    channel = _channel(engine, src, dst)
-    (channel.sends if work.op == "send" else channel.recvs).append(work)
-    _match(engine, channel)
+    if src.__class__ is not int or not 0 <= src < engine.world_size or src == rank:
+        _check_peer(engine, rank, src, "recv", "src")
+    work = Work(engine, rank, "recv", state.clock, None, (src, rank))
+    channel = _channel(engine, src, rank)
+    channel.recvs.append(work)
+    if channel.sends:
+        _match(engine, channel)
     return work
 
 
 def _match(engine: Engine, channel: Channel) -> None:
+    """Pair the channel's queued sends and recvs in order and start (or queue) each pair."""
     while channel.sends and channel.recvs:
         send, recv = channel.sends.popleft(), channel.recvs.popleft()
         recv.result = _Pending(send.input)  # type: ignore[arg-type]
@@ -108,15 +113,31 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
     send.end = recv.end = end
     send.result = None
     op_id = engine.new_op_id()
+    ranks, append = engine.ranks, engine.events.append
+    layer, samples, nbytes, kind, peers = tensor.layer, tensor.samples, tensor.nbytes, tensor.kind, channel.peers
+    del tensor
     for work in (send, recv):
-        state = engine.ranks[work.rank]
+        state = ranks[work.rank]
         if end > state.p2p_end:
             state.p2p_end = end
-        engine.events.append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples,
-                              tensor.nbytes, 0.0, channel.peers, op_id, tensor.kind))
-    del tensor
-    engine.wake(send)
-    engine.wake(recv)
-    release(engine, [send], end)  # the sender's stream lets go of the tensor (a recv holds none)
+        append((work.rank, work.op, "p2p", start, end, layer, samples, nbytes, 0.0, peers, op_id, kind))
+    for work in (send, recv):
+        future = work.future
+        if future is not None:  # its rank waits on it: `Engine.wake`, inlined
+            state = ranks[work.rank]
+            waiting = state.waiting
+            waiting.remove(work)
+            if not waiting:
+                engine.blocked -= 1
+            if not future.done():
+                future.set_result(None)
+    # the sender's stream lets go of the tensor (a recv holds none): `comm.release` for one send
+    state = engine.ranks[send.rank]
+    clock = state.clock
+    if end > clock:  # every rank is blocked or done here, and wakes at or after `end`
+        state.clock = end
+    send.input = None
+    del send
+    state.clock = clock
     if channel.ready:
         _start(engine, channel, *channel.ready.popleft())

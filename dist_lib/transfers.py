@@ -108,8 +108,12 @@ class Scheduler:
             if peers:
                 touched += peers
             peers.append(transfer)
-        transfer.since = self.now
-        self._reproject(transfer)
+        # its first projection (`_reproject` for a transfer that has done nothing yet)
+        now = transfer.since = self.now
+        speed = transfer.speed = costs.shared_speed(transfer.usage, self.capacity, load)
+        transfer.version = 1
+        transfer.end = now + transfer.left / speed
+        heapq.heappush(self.ends, (transfer.end, transfer.seq, 1, transfer))
         if touched:
             self._reproject_all(touched)
 

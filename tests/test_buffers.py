@@ -163,6 +163,7 @@ cases = {  # name: (strategy, options, cluster, layers, global batch)
     "ddp": ("ddp", {"microbatch_size": 1}),  # gradient accumulation (WeightGrad + WeightGrad)
     "gpipe_recompute": ("gpipe", {"recompute": True}),  # forward again: a recompute
     "hybrid_tp": ("hybrid", {"dp": 1, "pp": 2, "tp": 2, "selective_recompute": True}),  # TP slices, selective
+    "hybrid_tp4": ("hybrid", {"dp": 1, "pp": 1, "tp": 4}, "1x4xA100-80GB", 4, 16),  # forwards of TP slices 1-3, partial-sum all-reduces
     "hybrid_tp_recompute": ("hybrid", {"dp": 1, "pp": 2, "tp": 2, "recompute": True}),  # a TP slice's re-run
     "zero_bubble": ("zero_bubble", {}),  # split backward
 }
@@ -195,8 +196,7 @@ def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
     c, python = _run(pure=False), _run(pure=True)
     assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
     for name in ("zero", "zero1", "zero_wide", "ddp_wide", "one_f_one_b", "ddp", "gpipe_recompute", "hybrid_tp",
-                 "hybrid_tp_recompute",
-                 "zero_bubble"):
+                 "hybrid_tp4", "hybrid_tp_recompute", "zero_bubble"):
         assert c[name] == python[name], name
         assert len(c[name]["logs"][0][0]) > 20
     details = {e[11] for case in c.values() if isinstance(case, dict) for e in case["events"]}
