@@ -229,8 +229,8 @@ def amp_layer_forwards() -> list[tuple[str, int, float, float]]:
 
 
 def print_amp() -> tuple[list[float], float, bool]:
-    print("AMP's profiles: one GPT-2 layer forward at microbatch 1, ms (V100 TP 1 and 2 and T4 TP 1 are the calibration "
-          "points)")
+    print("AMP's profiles: one GPT-2 layer forward at microbatch 1, ms (V100 TP 1 and 2 and T4 TP 1 are the "
+          "calibration points)")
     print(f"{'device':<10} {'TP':>3} {'measured':>9} {'predicted':>9} {'error':>7}")
     for name, tp, measured, predicted in amp_layer_forwards():
         print(f"{name:<10} {tp:>3} {measured:>9.2f} {predicted:>9.2f} {100 * (predicted / measured - 1):>+6.1f}%")

@@ -155,8 +155,9 @@ def recompute_time(device: Device, workload: Workload, layer: int, samples: int,
     measured = _profiled(device, workload, layer, samples, tp, 0.0)
     if measured is not None:  # a profile holds no split of the attention core; charge nothing extra
         return 0.0
-    return workload.kernel_time_scale * (_attention_time(device, workload, samples, tp)
-                                         + _stream_time(device, samples * workload.elementwise_bytes(tp, attention_only=True)))
+    kernels = (_attention_time(device, workload, samples, tp)
+               + _stream_time(device, samples * workload.elementwise_bytes(tp, attention_only=True)))
+    return workload.kernel_time_scale * kernels
 
 
 def backward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
