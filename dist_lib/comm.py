@@ -24,7 +24,7 @@ from operator import attrgetter
 from typing import Any
 
 from . import costs
-from .engine import Engine, RankState
+from .engine import WAKE_ME, Engine, RankState
 from .errors import CollectiveMismatchError, TensorError
 from .hardware import Link
 from .memory import AllocLog
@@ -118,7 +118,13 @@ class Work:
 
     def __await__(self):
         if self.end is None:
-            yield from self.engine.block(self.engine.ranks[self.rank], self).__await__()
+            engine = self.engine
+            if engine.driving == self.rank:  # the rank's own coroutine: the engine resumes it (`Engine._drive`)
+                engine.block_direct(engine.ranks[self.rank], self)
+                if self.end is None:  # (else the quiescence it reached completed this work)
+                    yield WAKE_ME
+            else:  # inside an asyncio task of the rank's (a `gather`)
+                yield from engine.block(engine.ranks[self.rank], self).__await__()
         return self._complete()
 
     def _complete(self) -> Any:
@@ -367,6 +373,7 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
     peers = group.ranks
     events = engine.events
     ranks = engine.ranks
+    ready = engine.ready.append
     op, layer, op_id, nbytes, label = coll.op, first.layer, engine.new_op_id(), coll.nbytes, coll.label
     group.free = end
     group.busy = False
@@ -384,7 +391,10 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
             waiting.remove(work)
             if not waiting:
                 engine.blocked -= 1
-            if not future.done():
+            if future is WAKE_ME:
+                if work.rank != engine.driving:
+                    ready(work.rank)
+            elif not future.done():
                 future.set_result(None)
     events.maybe_pack()
     # resolved: no Work <-> Collective cycle may outlive the step

@@ -10,6 +10,12 @@ complete (events, wake-ups, buffers their streams release), and the ranks they w
 Quiescence with nothing in flight is a deadlock: a `DeadlockError` lists each blocked rank and the op
 it waits on. Results never depend on the order asyncio runs ranks in: between two quiescences every
 rank runs to its next wait whatever the order, and ends are decided in virtual-time order.
+
+The engine drives the ranks' coroutines itself (`Engine._drive`): a rank that awaits one of its own
+`Work`s yields `WAKE_ME` straight to the engine, which resumes it when the work completes, without a
+future or an event-loop round trip per wait. Anything else a strategy awaits (an `asyncio.gather` of
+works, `asyncio.sleep`) is an asyncio future, which resumes the rank through the event loop as a task
+would; works awaited inside such tasks block on a future.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import asyncio
 import os
 from asyncio import Future
 import traceback
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
@@ -27,6 +34,11 @@ from .hardware import Cluster
 from .memory import MemoryTracker
 from .transfers import Scheduler, Transfer
 from .workload import Workload
+
+
+WAKE_ME = object()
+"""What a rank's own coroutine yields to the engine when it waits on one of its works (`Work.__await__`);
+also the marker in `Work.future` of such a wait."""
 
 
 class FinalClock(NamedTuple):
@@ -83,13 +95,33 @@ class Engine:
         self.full_batch = (1 << global_batch_size) - 1  # the samples mask of a whole step's gradient
         self.loop: asyncio.AbstractEventLoop | None = None
         self.transfers = Scheduler(cluster.link_capacities())
+        # the driver (`run`): each rank's coroutine, the ranks to resume in order, the rank being run now
+        self.coroutines: list[Any] = []
+        self.ready: deque[int] = deque()
+        self.driving = -1
+        self.throw_into: dict[int, BaseException] = {}  # a rank to resume with an error (a deadlock)
+        self.awaiting: dict[int, Any] = {}  # rank -> the asyncio future its coroutine waits on
+        self.running = 0  # coroutines not finished
+        self.stepping = False
+        self.first_error: BaseException | None = None
 
     # ---- blocking and waking ------------------------------------------------------------------
 
     def block(self, state: RankState, work: Any) -> asyncio.Future:
-        """Register that `state` waits on an unresolved `work`; raise at once if that is a deadlock."""
+        """Register that `state` waits on an unresolved `work`, awaited inside an asyncio task; raise at
+        once if that is a deadlock."""
         future = Future(loop=self.loop)
         work.future = future
+        self._register(state, work)
+        return future
+
+    def block_direct(self, state: RankState, work: Any) -> None:
+        """Register that the rank's own coroutine waits on an unresolved `work` (it then yields `WAKE_ME`);
+        raise at once if that is a deadlock. The quiescence this may reach can complete `work` at once."""
+        work.future = WAKE_ME
+        self._register(state, work)
+
+    def _register(self, state: RankState, work: Any) -> None:
         if not state.waiting:
             self.blocked += 1
         state.waiting.append(work)
@@ -97,7 +129,6 @@ class Engine:
             self.events.pack()
         if self.blocked + self.finished == self.world_size:
             self.advance()
-        return future
 
     def advance(self) -> None:
         """Quiescence: complete the earliest transfers until one wakes a rank; none left is a deadlock."""
@@ -134,7 +165,10 @@ class Engine:
         state.waiting.remove(work)
         if not state.waiting:
             self.blocked -= 1
-        if not future.done():
+        if future is WAKE_ME:
+            if work.rank != self.driving:  # (the rank that reached this quiescence runs on by itself)
+                self.ready.append(work.rank)
+        elif not future.done():
             future.set_result(None)
 
     def rank_finished(self, state: RankState) -> None:
@@ -149,7 +183,10 @@ class Engine:
                 error = raised
             for other in self.ranks:
                 for work in other.waiting:
-                    if not work.future.done():
+                    if work.future is WAKE_ME:
+                        self.throw_into[work.rank] = error
+                        self.ready.append(work.rank)
+                    elif not work.future.done():
                         work.future.set_exception(error)
 
     def describe_deadlock(self) -> str:
@@ -177,46 +214,124 @@ class Engine:
     # ---- running ------------------------------------------------------------------------------
 
     async def run(self, make_coroutine: Callable[[int], Coroutine], order: list[int]) -> None:
-        """Run one coroutine per rank; the first failure cancels the rest and is re-raised."""
+        """Run one coroutine per rank, starting them in `order`; the first failure closes the rest and
+        is re-raised."""
         self.loop = asyncio.get_running_loop()
-        self.first_error: BaseException | None = None
-        tasks = [asyncio.ensure_future(self._run_rank(make_coroutine, rank)) for rank in order]
+        self.first_error = None
+        self.coroutines = [None] * self.world_size
+        for rank in order:
+            self.coroutines[rank] = make_coroutine(rank)
+        self.running = len(order)
+        self.stopped = self.loop.create_future()
+        self.ready.extend(order)
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            if self.first_error is None:
-                self.drain()
+            self._drive()
+            await self.stopped
         finally:
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            self._close_all()
         if self.first_error is not None:
             raise self.first_error
+        self.drain()
 
-    async def _run_rank(self, make_coroutine: Callable[[int], Coroutine], rank: int) -> None:
-        state = self.ranks[rank]
+    def _drive(self) -> None:
+        """Resume ready ranks, in the order they became ready, until none is."""
+        if self.stepping:  # resumed from inside a step (an asyncio callback run by hand): the loop below goes on
+            return
+        self.stepping = True
+        ready, step = self.ready, self._step
         try:
-            await make_coroutine(rank)
-        except SimulationError as error:
-            self._fail(error)
-            raise
-        except BaseException as error:
-            task = asyncio.current_task()
-            if isinstance(error, asyncio.CancelledError) and task is not None and task.cancelling():
-                raise  # the engine stops this rank because another one failed
-            if isinstance(error, MemoryError):  # the host ran out, not the simulated GPU: not the strategy's bug
-                wrapped: SimulationError = ResourceError(
-                    f"rank {rank}: MemoryError: the simulation ran out of real memory{user_frame(error)}; this "
-                    f"step is too large to simulate within this process's memory limit")
-            else:  # the strategy's own bug (CancelledError, SystemExit... included): which rank, which line
-                said = f": {error}" if str(error) else ""
-                wrapped = StrategyError(f"rank {rank}: {type(error).__name__}{said}{user_frame(error)}")
-            wrapped.__cause__ = error
-            self._fail(wrapped)
-            raise wrapped from error
+            while ready:
+                step(ready.popleft())
         finally:
-            if not state.finished:
+            self.stepping = False
+
+    def _step(self, rank: int) -> None:
+        """Run rank `rank`'s coroutine to its next wait (or its end)."""
+        coroutine = self.coroutines[rank]
+        if coroutine is None:  # closed after a failure
+            return
+        self.driving = rank
+        try:
+            if self.throw_into and rank in self.throw_into:
+                yielded = coroutine.throw(self.throw_into.pop(rank))
+            else:
+                yielded = coroutine.send(None)
+        except StopIteration:
+            self._rank_returned(rank)
+            return
+        except BaseException as error:
+            self._rank_failed(rank, error)
+            return
+        finally:
+            self.driving = -1
+        if yielded is not WAKE_ME:
+            self._await_foreign(rank, yielded)
+
+    def _await_foreign(self, rank: int, yielded: Any) -> None:
+        """The rank awaits something of asyncio's: resume it through the event loop, as a task would."""
+        if yielded is None:  # a bare yield (`asyncio.sleep(0)`): run again on the loop's next turn
+            self.loop.call_soon(self._resume, rank)
+        elif getattr(yielded, "_asyncio_future_blocking", None):
+            yielded._asyncio_future_blocking = False
+            self.awaiting[rank] = yielded
+            yielded.add_done_callback(lambda _, rank=rank: self._resume(rank))
+        else:
+            self.throw_into[rank] = RuntimeError(f"rank {rank}: the strategy yielded {yielded!r}, which is not "
+                                                 f"awaitable by the simulator (await works and asyncio futures)")
+            self.loop.call_soon(self._resume, rank)
+
+    def _resume(self, rank: int) -> None:
+        self.awaiting.pop(rank, None)
+        self.ready.append(rank)
+        self._drive()
+
+    def _rank_returned(self, rank: int) -> None:
+        self.coroutines[rank] = None
+        state = self.ranks[rank]
+        if not state.finished:
+            try:
                 self.rank_finished(state)
+            except BaseException as error:  # pragma: no cover - the engine's own failure
+                self._fail(error)
+        self._stop_one()
+
+    def _rank_failed(self, rank: int, error: BaseException) -> None:
+        """A rank raised: name the rank and the strategy's line, and stop the step."""
+        self.coroutines[rank] = None
+        if isinstance(error, SimulationError):
+            wrapped: BaseException = error
+        elif isinstance(error, MemoryError):  # the host ran out, not the simulated GPU: not the strategy's bug
+            wrapped = ResourceError(
+                f"rank {rank}: MemoryError: the simulation ran out of real memory{user_frame(error)}; this "
+                f"step is too large to simulate within this process's memory limit")
+            wrapped.__cause__ = error
+        else:  # the strategy's own bug (CancelledError, SystemExit... included): which rank, which line
+            said = f": {error}" if str(error) else ""
+            wrapped = StrategyError(f"rank {rank}: {type(error).__name__}{said}{user_frame(error)}")
+            wrapped.__cause__ = error
+        self._fail(wrapped)
+        self.ready.clear()
+        if not self.stopped.done():
+            self.stopped.set_result(None)
+
+    def _stop_one(self) -> None:
+        self.running -= 1
+        if self.running == 0 and not self.stopped.done():
+            self.stopped.set_result(None)
+
+    def _close_all(self) -> None:
+        """After a failure (or a cancelled run): close every coroutine still suspended, and cancel what
+        they awaited of asyncio's (the tasks of a `gather`)."""
+        for future in self.awaiting.values():
+            future.cancel()
+        self.awaiting.clear()
+        for rank, coroutine in enumerate(self.coroutines):
+            if coroutine is not None:
+                self.coroutines[rank] = None
+                try:
+                    coroutine.close()
+                except BaseException:  # a strategy that awaits again while closed: it stops anyway
+                    pass
 
     def _fail(self, error: BaseException) -> None:
         if self.first_error is None:

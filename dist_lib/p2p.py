@@ -12,7 +12,7 @@ from typing import Any
 
 from . import costs
 from .comm import Work, _Pending
-from .engine import Engine, RankState
+from .engine import WAKE_ME, Engine, RankState
 from .errors import TensorError
 from .hardware import Link
 from .tensors import Tensor
@@ -129,7 +129,10 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
             waiting.remove(work)
             if not waiting:
                 engine.blocked -= 1
-            if not future.done():
+            if future is WAKE_ME:
+                if work.rank != engine.driving:
+                    engine.ready.append(work.rank)
+            elif not future.done():
                 future.set_result(None)
     # the sender's stream lets go of the tensor (a recv holds none): `comm.release` for one send
     state = engine.ranks[send.rank]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import types
 
 import pytest
 
@@ -289,3 +290,38 @@ def test_a_memory_error_after_the_ranks_finished_is_a_resource_error(monkeypatch
     monkeypatch.setattr(simulator, "_finish", exhausted)
     with pytest.raises(ResourceError, match="MemoryError: the simulation of 2 ranks ran out of real memory"):
         run(train)
+
+
+def test_a_strategy_yielding_what_is_not_awaitable_names_the_rank_and_the_value():
+    @types.coroutine
+    def odd():
+        yield 42
+
+    async def train(model):
+        if model.rank == 1:
+            await odd()
+
+    with pytest.raises(StrategyError, match=r"rank 1: RuntimeError: rank 1: the strategy yielded 42, which is not "
+                                            r"awaitable by the simulator"):
+        run(train)
+
+
+def test_works_awaited_through_asyncio_gather_and_sleep_give_the_plain_awaits_times():
+    """The engine resumes a rank's own awaits itself and anything of asyncio's through the loop: a step
+    mixing both takes exactly the time of the same step awaiting each work in turn."""
+    async def plain(model):
+        if model.rank == 0:
+            await model.send(model.get_input_activation([0, 1]), 1)
+        else:
+            await model.recv(0)
+
+    async def mixed(model):
+        await asyncio.sleep(0)
+        if model.rank == 0:
+            await asyncio.gather(model.send(model.get_input_activation([0, 1]), 1))
+        else:
+            await asyncio.sleep(0)
+            (x,) = await asyncio.gather(model.recv(0))
+            assert x.rank == 1
+
+    assert run(mixed).time_s == run(plain).time_s > 0
