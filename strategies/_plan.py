@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 
@@ -36,8 +37,11 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
     if "times" in inspect.signature(schedule).parameters:  # cost-aware schedules (zero-bubble)
         extra["times"] = [stage_times(model, stage_ranks[s], [blocks[c * pp + s] for c in range(chunks)],
                                       microbatch_size, tp, last=s == pp - 1) for s in range(pp)]
-    actions = list(schedule(stage, pp, len(mbs), chunks, **extra))
-    check_schedule(actions, chunks, len(mbs))
+    if extra:
+        actions: Sequence[Action] = list(schedule(stage, pp, len(mbs), chunks, **extra))
+        check_schedule(actions, chunks, len(mbs))
+    else:
+        actions = checked_schedule(schedule, stage, pp, len(mbs), chunks)
     dp_ranks = layout.dp_group(model.rank)
     return StagePlan(stage=stage, stage_ranks=stage_ranks,
                      chunks=[blocks[c * pp + stage] for c in range(chunks)], microbatches=mbs,
@@ -46,6 +50,15 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                      sequence_parallel=sequence_parallel, overlap_grad_reduce=overlap_grad_reduce,
                      scatter_gather=scatter_gather, async_tp_allreduce=async_tp_allreduce,
                      tied_embeddings=tied_embeddings)
+
+
+@functools.lru_cache(maxsize=256)
+def checked_schedule(schedule: Schedule, stage: int, stages: int, microbatches: int, chunks: int) -> tuple[Action, ...]:
+    """A stage's actions, checked: built once for the ranks that share a stage (its TP ranks and its
+    replicas), which matters at thousands of ranks of long schedules."""
+    actions = tuple(schedule(stage, stages, microbatches, chunks))
+    check_schedule(actions, chunks, microbatches)
+    return actions
 
 
 def stage_times(model: Model, rank: int, chunks: Sequence[range], microbatch_size: int, tp: int,
