@@ -373,7 +373,7 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
     peers = group.ranks
     events = engine.events
     ranks = engine.ranks
-    ready = engine.ready.append
+    wake = engine.wake
     op, layer, op_id, nbytes, label = coll.op, first.layer, engine.new_op_id(), coll.nbytes, coll.label
     group.free = end
     group.busy = False
@@ -385,17 +385,8 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
         work.result = result
         events.append((work.rank, op, "collective", start, end, layer, result.samples, nbytes, 0.0, peers, op_id,
                        label))
-        future = work.future
-        if future is not None:  # its rank waits on it: `Engine.wake`, inlined for the widest groups
-            waiting = state.waiting
-            waiting.remove(work)
-            if not waiting:
-                engine.blocked -= 1
-            if future is WAKE_ME:
-                if work.rank != engine.driving:
-                    ready(work.rank)
-            elif not future.done():
-                future.set_result(None)
+        if work.future is not None:  # its rank waits on it
+            wake(work)
     events.maybe_pack()
     # resolved: no Work <-> Collective cycle may outlive the step
     coll.works, coll.first, coll.results = [], None, []

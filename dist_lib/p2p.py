@@ -12,7 +12,7 @@ from typing import Any
 
 from . import costs
 from .comm import Work, _Pending
-from .engine import WAKE_ME, Engine, RankState
+from .engine import Engine, RankState
 from .errors import TensorError
 from .hardware import Link
 from .tensors import Tensor
@@ -121,19 +121,10 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
         if end > state.p2p_end:
             state.p2p_end = end
         append((work.rank, work.op, "p2p", start, end, layer, samples, nbytes, 0.0, peers, op_id, kind))
-    for work in (send, recv):
-        future = work.future
-        if future is not None:  # its rank waits on it: `Engine.wake`, inlined
-            state = ranks[work.rank]
-            waiting = state.waiting
-            waiting.remove(work)
-            if not waiting:
-                engine.blocked -= 1
-            if future is WAKE_ME:
-                if work.rank != engine.driving:
-                    engine.ready.append(work.rank)
-            elif not future.done():
-                future.set_result(None)
+    if send.future is not None:  # its rank waits on it
+        engine.wake(send)
+    if recv.future is not None:
+        engine.wake(recv)
     # the sender's stream lets go of the tensor (a recv holds none): `comm.release` for one send
     state = engine.ranks[send.rank]
     clock = state.clock
