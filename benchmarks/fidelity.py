@@ -140,7 +140,8 @@ def amp_plan(plan: AmpPlan) -> dict:
     messages (strategies/deepspeed_1f1b.py), then all-reduces the tied embedding's gradient between the
     first and last stage (GPT2ModelPipe's TiedLayerSpec) and the gradients across replicas."""
     return dict(dp=plan.dp, pp=plan.pp, tp=plan.tp, microbatch_size=plan.microbatch, schedule="deepspeed",
-                partition=plan.partition if plan.pp > 1 else None, overlap_grad_reduce=False, tied_embeddings=True)
+                partition=plan.partition if plan.pp > 1 else None, overlap_grad_reduce=False, tied_embeddings=True,
+                attention_mask_messages=True)
 
 
 def predict_amp(plan: AmpPlan) -> Result:
