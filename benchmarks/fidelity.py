@@ -140,7 +140,8 @@ def amp_plan(plan: AmpPlan) -> dict:
     messages (strategies/deepspeed_1f1b.py), then all-reduces the tied embedding's gradient between the
     first and last stage (GPT2ModelPipe's TiedLayerSpec) and the gradients across replicas."""
     return dict(dp=plan.dp, pp=plan.pp, tp=plan.tp, microbatch_size=plan.microbatch, schedule="deepspeed",
-                partition=plan.partition if plan.pp > 1 else None, overlap_grad_reduce=False, tied_embeddings=True)
+                partition=plan.partition if plan.pp > 1 else None, overlap_grad_reduce=False, tied_embeddings=True,
+                attention_mask_messages=True)
 
 
 def predict_amp(plan: AmpPlan) -> Result:
@@ -252,6 +253,8 @@ def print_amp() -> tuple[list[float], float, bool]:
     best_predicted = min(range(len(predicted)), key=predicted.__getitem__)
     same = best_measured == best_predicted
     print(_summary(errors))
+    for label, keep in (("TP-1 plans", lambda plan: plan.tp == 1), ("TP plans", lambda plan: plan.tp > 1)):
+        print(f"{label}: {_summary([e for plan, e in zip(AMP_HET_CLUSTER, errors) if keep(plan)])}")
     print(f"Spearman correlation of simulated and measured times: {rho:.2f}; measured best plan "
           f"{AMP_HET_CLUSTER[best_measured].name} is {'' if same else 'not '}the simulated best"
           + ("" if same else f" ({AMP_HET_CLUSTER[best_predicted].name}, measured "

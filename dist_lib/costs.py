@@ -450,6 +450,32 @@ def pipeline_message_bytes(workload: Workload, samples: int, tp: int = 1) -> flo
     return samples * workload.activation_bytes() / max(tp, 1)
 
 
+# What else DeepSpeed's pipeline engine (0.3.x, the engine AMP ran: DachengLi1/AMP DeepSpeed/version.txt 0.3.13)
+# sends between stages, beside the hidden states (deepspeed/runtime/pipe/engine.py, `_exec_send_activations`,
+# and runtime/utils.py, `PartitionedTensor`):
+# * Megatron-LM v1.1.5's GPT2ModelPipe passes the causal attention mask from stage to stage with the hidden
+#   states: one 1 x 1 x s x s mask per microbatch whatever its size (`get_ltor_masks_and_position_ids`
+#   without `reset_attention_mask`), which the engine casts to 16 bits (`.half()`) because NCCL sends no bools;
+# * with model parallelism the engine sends each TP rank's 1/t piece of the hidden states
+#   (`is_pipe_partitioned`) preceded by the piece's metadata, an int64 tensor of the number of dimensions,
+#   the shape, the number of parts, the rank and the t + 1 partition offsets (`PartitionedTensor.to_meta`).
+MASK_BYTES_PER_ELEMENT = 2  # the engine's .half() copy of the boolean mask
+META_BYTES_PER_ENTRY = 8  # torch.LongTensor
+HIDDEN_DIMS = 3  # b x s x h
+
+
+def attention_mask_bytes(workload: Workload) -> int:
+    """Bytes of the 16-bit 1 x 1 x s x s attention mask a GPT stage sends with each activation under
+    DeepSpeed's pipeline engine (see above): s^2 x 2, independent of the microbatch."""
+    return workload.seq_len * workload.seq_len * MASK_BYTES_PER_ELEMENT
+
+
+def partition_meta_bytes(tp: int) -> int:
+    """Bytes of the metadata DeepSpeed sends before a message partitioned over `tp` ranks (see above):
+    1 + 3 (dims, shape) + 2 (parts, rank) + tp + 1 (offsets) int64 entries."""
+    return META_BYTES_PER_ENTRY * (1 + HIDDEN_DIMS + 2 + tp + 1)
+
+
 def pipeline_exchange_time(workload: Workload, samples: int, link: Link, tp_topo: Topology, *, sends: int,
                            receives: int, sequence_parallel: bool = False) -> float:
     """One Megatron-LM pipeline exchange (a batch of sends and receives with the neighbour stages) once

@@ -21,8 +21,8 @@ from .hardware import Cluster
 from .memory import ACCELERATED, OPTIMIZER_BYTES, WEIGHT_BYTES
 from .op_checks import OpChecks, _covers, _first_time, _shard_key
 from .p2p import issue_recv, issue_send
-from .tensors import (SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Stash,
-                      Weight, WeightGrad, describe_mask, samples_mask)
+from .tensors import (SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState,
+                      PipeExtra, Stash, Weight, WeightGrad, describe_mask, samples_mask)
 from .workload import Workload
 
 
@@ -215,6 +215,21 @@ class Model(OpChecks):
         nbytes = workload.vocab * workload.hidden * workload.bytes_per_element // tp_size
         self._mem.context = ("tied_embedding_grad", 0)
         return WeightGrad(self._mem, nbytes, self.rank, 0, 0, 1, 1, tp_rank, tp_size)
+
+    def pipe_extra(self, what: str, *, tp_size: int = 1) -> PipeExtra:
+        """A buffer DeepSpeed's pipeline engine sends beside the hidden states (`costs.attention_mask_bytes`,
+        `costs.partition_meta_bytes`): `what` is "attention_mask", the 16-bit 1 x 1 x s x s mask a GPT stage
+        passes on with every activation, or "partition_meta", the int64 metadata before a message
+        partitioned over `tp_size` TP ranks. It holds no layer data and feeds no compute op."""
+        if what not in PIPE_EXTRAS:
+            raise TensorError(f"rank {self.rank} pipe_extra: what={what!r}; expected one of "
+                              f"{', '.join(map(repr, PIPE_EXTRAS))}")
+        if tp_size.__class__ is not int or tp_size < 1:
+            raise TensorError(f"rank {self.rank} pipe_extra: tp_size={tp_size!r}; need a whole number >= 1")
+        nbytes = costs.attention_mask_bytes(self.workload) if what == "attention_mask" \
+            else costs.partition_meta_bytes(tp_size)
+        self._mem.context = ("pipe_extra", None)
+        return PipeExtra(self._mem, nbytes, self.rank, -1, 0, what)
 
     def split_samples(self, x: Activation | ActivationGrad, samples: Iterable[int] | range):
         """The rows of `x` for some of its samples, as a tensor of their own: what a pipeline stage sends
@@ -425,6 +440,9 @@ class Model(OpChecks):
 # compute event's detail, a cost-cache key): whether backward re-runs the attention core (selective
 # recompute) and whether the layer runs sequence-parallel.
 SELECTIVE, SEQUENCE_PARALLEL = "selective", "sequence-parallel"
+# the buffers `Model.pipe_extra` makes, in the recorder's numbering
+PIPE_EXTRAS = ("attention_mask", "partition_meta")
+
 COMPUTE_MODES = {(False, False): "none", (True, False): SELECTIVE, (False, True): SEQUENCE_PARALLEL,
                  (True, True): f"{SELECTIVE}, {SEQUENCE_PARALLEL}"}
 _MODE_FLAGS = {mode: flags for flags, mode in COMPUTE_MODES.items()}

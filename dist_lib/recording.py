@@ -40,13 +40,14 @@ from typing import Any
 
 from .comm import Work
 from .errors import TensorError
+from .model import PIPE_EXTRAS
 
 (LOAD, INPUT, FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS, UPDATE, FINAL, ALL_REDUCE, ALL_GATHER,
- REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP, TIED) = range(21)
+ REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP, TIED, EXTRA) = range(22)
 OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backward_input", "backward_weight",
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
            "add", "await", "drop", "split_samples", "join_samples", "split_tp",
-           "tied_embedding_grad")
+           "tied_embedding_grad", "pipe_extra")
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
 UNRECORDED_OPS = ("group",)  # Model methods that decide nothing (a group is named by its ranks where used)
 
@@ -265,6 +266,11 @@ class RecordingModel:
     def split_tp(self, x: Any, tp_rank: int, tp_size: int) -> Any:
         out = self._model.split_tp(self._t(x, "split_tp"), tp_rank, tp_size)
         self._emit(SPLIT_TP, x._number, tp_rank, tp_size)
+        return self._wrap(out)
+
+    def pipe_extra(self, what: str, *, tp_size: int = 1) -> Any:
+        out = self._model.pipe_extra(what, tp_size=tp_size)
+        self._emit(EXTRA, PIPE_EXTRAS.index(what), tp_size)
         return self._wrap(out)
 
 

@@ -26,9 +26,10 @@ from typing import Any
 from .comm import Work
 from .errors import SimulationError
 from .hardware import Cluster
+from .model import PIPE_EXTRAS
 from .recording import (ADD, ALL_GATHER, ALL_REDUCE, AWAIT, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP,
                         FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP,
-                        TIED, UPDATE)
+                        TIED, EXTRA, UPDATE)
 from .result import Result
 from .simulator import simulate
 from .workload import Workload
@@ -38,7 +39,7 @@ CHECK_EVERY = 4096  # entries between deadline checks
 _DROPPED = object()
 # operands after the opcode, for the fixed-size entries
 _ARITY = {LOAD: 5, FORWARD: 4, BACKWARD: 4, BACKWARD_INPUT: 4, BACKWARD_WEIGHT: 4, LOSS: 3, UPDATE: 4, FINAL: 2,
-          SEND: 2, RECV: 1, ADD: 2, AWAIT: 1, DROP: 1, SPLIT_TP: 3, TIED: 2}
+          SEND: 2, RECV: 1, ADD: 2, AWAIT: 1, DROP: 1, SPLIT_TP: 3, TIED: 2, EXTRA: 2}
 
 
 class ProgramError(SimulationError):
@@ -153,6 +154,10 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             append(model.send(get(1), small(2)))
         elif op == RECV:
             append(model.recv(small(1)))
+        elif op == EXTRA:
+            if not 0 <= small(1) < len(PIPE_EXTRAS):
+                raise fail(f"pipe_extra kind {small(1)} is not one of 0..{len(PIPE_EXTRAS) - 1}")
+            append(model.pipe_extra(PIPE_EXTRAS[small(1)], tp_size=small(2)))
         elif op == SPLIT_TP:
             append(model.split_tp(get(1), small(2), small(3)))
         elif op == LOAD:

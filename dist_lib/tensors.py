@@ -231,6 +231,21 @@ class ActivationGradSlice(_Slice):
 SLICES = {Activation: ActivationSlice, ActivationGrad: ActivationGradSlice}
 
 
+class PipeExtra(Tensor):
+    """A buffer a pipeline engine sends beside the hidden states that holds no layer data, named by `what`
+    (see `Model.pipe_extra`): DeepSpeed's 16-bit copy of the attention mask, or the metadata of a
+    partitioned message. It feeds no compute op; only its bytes and its transfer matter."""
+
+    __slots__ = ("what",)
+    kind = "pipe extra"
+    code = ACTIVATION  # memory.KINDS index: it is live where activations are
+
+    _args = ("rank", "layer", "samples", "what")
+
+    def _describe(self) -> str:
+        return f", {self.what}"
+
+
 class Stash(Buffer):
     """What a layer's backward needs from its forward; `input_done` once backward_input consumed half;
     `recompute` is the forward's compute mode (`model.COMPUTE_MODES`): what backward re-runs first ("none",

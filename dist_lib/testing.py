@@ -92,6 +92,8 @@ def setups(strategy: str, clusters: tuple[str, ...] = CLUSTERS, max_layers: int 
                 chunks = 2 if schedule == "interleaved" else 1
                 options.update(dp=dp, pp=pp, tp=tp, schedule=schedule,
                                recompute=draw(st.booleans()), tied_embeddings=draw(st.booleans()))
+                if schedule == "deepspeed":
+                    options["attention_mask_messages"] = draw(st.booleans())
             elif strategy == "hetero":
                 options.update(dp=dp, pp=pp)
             else:

@@ -19,7 +19,7 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                recompute: bool = False, selective_recompute: bool = False,
                sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
                scatter_gather: bool = True, async_tp_allreduce: bool = True,
-               tied_embeddings: bool = False) -> StagePlan:
+               tied_embeddings: bool = False, attention_mask_messages: bool = False) -> StagePlan:
     """This rank's part of a dp x pp x tp run with an even (or the given) layer partition."""
     layout = Layout.build(model.world_size, dp, pp, tp)
     if tp > 1:
@@ -49,7 +49,7 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                      tp_rank=tp_rank, recompute=recompute, selective_recompute=selective_recompute,
                      sequence_parallel=sequence_parallel, overlap_grad_reduce=overlap_grad_reduce,
                      scatter_gather=scatter_gather, async_tp_allreduce=async_tp_allreduce,
-                     tied_embeddings=tied_embeddings)
+                     tied_embeddings=tied_embeddings, attention_mask_messages=attention_mask_messages)
 
 
 @functools.lru_cache(maxsize=256)

@@ -18,10 +18,14 @@ As in Megatron-LM, the LM head is vocabulary-parallel over the TP group, each ba
 input gradient while the weight-gradient GEMMs run, and a recomputed forward repeats its TP all-reduces.
 Pipeline messages go as Megatron-LM sends them: each TP rank sends 1/t of the activation (or gradient) and
 the next stage's TP group all-gathers the pieces (Narayanan et al. 2021, sec. 4.1); `scatter_gather=False`
-sends the whole message from every TP rank. Each backward all-reduces its input gradient while the
-weight-gradient GEMMs run (Megatron-LM since September 2021); `async_tp_allreduce=False` all-reduces it after
-the backward, as earlier versions did. With sequence parallelism each layer's backward all-gathers its
-output gradient twice before the row-parallel GEMMs, exposed (Korthikanti et al. 2022, sec. 4.2.2).
+sends the whole message from every TP rank. With `schedule="deepspeed"` they go as DeepSpeed 0.3's engine sends
+them (`_Stage.message`): an activation as partition metadata plus the 1/t piece, gathered on arrival, a gradient
+whole from every TP rank, and the sender re-gathers its own output before each gradient comes in;
+`attention_mask_messages=True` adds the 16-bit s x s attention mask to every activation message, as
+Megatron-LM v1.1.5's GPT2ModelPipe passes it between DeepSpeed stages. Each backward all-reduces its input
+gradient while the weight-gradient GEMMs run (Megatron-LM since September 2021); `async_tp_allreduce=False`
+all-reduces it after the backward, as earlier versions did. With sequence parallelism each layer's backward
+all-gathers its output gradient twice before the row-parallel GEMMs, exposed (Korthikanti et al. 2022, sec. 4.2.2).
 `overlap_grad_reduce=False` all-reduces the gradients only after the pipeline flush (Megatron-LM's local
 DDP of 2021, DeepSpeed's pipeline engine) instead of as each layer's last microbatch passes.
 `tied_embeddings=True`: the LM head shares the input embedding, so after the schedule the first and last
@@ -44,14 +48,19 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
                 selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
                 scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
-                tied_embeddings: bool = False) -> None:
+                tied_embeddings: bool = False, attention_mask_messages: bool = False) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if attention_mask_messages and schedule != "deepspeed":
+        raise ValueError(f"attention_mask_messages=True needs schedule='deepspeed' (DeepSpeed's engine sends the "
+                         f"mask between stages; Megatron-LM's schedules rebuild it on each stage), got "
+                         f"schedule={schedule!r}")
     if chunks is None:
         chunks = 2 if schedule == "interleaved" else 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
                       chunks=chunks, partition=partition, recompute=recompute,
                       selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
-                      async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings)
+                      async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
+                      attention_mask_messages=attention_mask_messages)
     await run_stage(model, plan)

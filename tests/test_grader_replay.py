@@ -42,6 +42,15 @@ def test_replay_of_every_builtin_strategy_is_the_run_itself(path):
     _same(replay(programs, CLUSTER, WORKLOAD, BATCH), direct)
 
 
+def test_deepspeeds_partitioned_messages_and_attention_masks_replay():
+    options = {"pp": 2, "tp": 2, "schedule": "deepspeed", "attention_mask_messages": True}
+    direct = simulate("strategies/hybrid.py", CLUSTER, WORKLOAD, BATCH, **options)
+    assert any(e.layer == -1 and e.op == "send" for e in direct.events)  # the masks and metadata went out
+    recorded, programs = record("strategies/hybrid.py", CLUSTER, WORKLOAD, BATCH, **options)
+    _same(recorded, direct)
+    _same(replay(programs, CLUSTER, WORKLOAD, BATCH), direct)
+
+
 def test_profile_workload_replays_on_every_tp_degree_it_uses():
     workload = "profiles:" + str(ROOT / "examples" / "profiles")
     direct = simulate(str(ROOT / "strategies" / "hybrid.py"), "1x4xA100-80GB", workload, 16, tp=2, pp=2)

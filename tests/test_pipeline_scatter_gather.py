@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import Activation, ActivationGrad, Cluster, CollectiveMismatchError, TensorError, Workload, simulate
+from dist_lib import (Activation, ActivationGrad, Cluster, CollectiveMismatchError, StrategyError, TensorError, Workload,
+                      simulate)
 from dist_lib.tensors import ActivationSlice
 
 TOY = Workload.parse("toy:layers=4")  # h 1024, s 1024: one sample's hidden states are 2 MiB
@@ -62,14 +63,62 @@ def test_each_tp_rank_sends_a_tth_of_each_pipeline_message_and_the_receivers_gat
     assert first_gather.end <= first_forward
 
 
-def test_deepspeeds_blocking_messages_are_tp_pieces_too():
-    # DeepSpeed's pipeline engine partitions its messages over the model-parallel group
-    # (`is_pipe_partitioned`, `is_grad_partitioned`) and gathers them on arrival, as Megatron-LM does
-    result = _p2p({"schedule": "deepspeed"})
-    sends = [e for e in result.events if e.op == "send"]
-    assert len(sends) == 4 * 2 * 2 and {e.nbytes for e in sends} == {SAMPLE // 2}
+def test_deepspeeds_messages_with_tp_are_meta_and_piece_forward_and_whole_gradients_back():
+    # DeepSpeed 0.3's engine (the version AMP ran) partitions activations over the model-parallel group
+    # (`is_pipe_partitioned`): the int64 partition metadata, then this rank's 1/t piece, then (GPT2ModelPipe)
+    # the 16-bit s x s attention mask; gradients go whole from every TP rank (`is_grad_partitioned` is off)
+    result = _p2p({"schedule": "deepspeed", "attention_mask_messages": True})
+    sends = sorted(((e.rank, e.start, e.nbytes, e.detail) for e in result.events if e.op == "send"))
+    meta = 8 * (1 + 3 + 2 + 2 + 1)  # ndims, b s h, parts, rank, t + 1 offsets: int64 each
+    mask = 1024 * 1024 * 2  # s x s in 16 bits, whatever the microbatch
+    for rank in (0, 1):  # stage 0: per microbatch meta, piece, mask, in that order
+        assert [(n, d) for r, _, n, d in sends if r == rank] == \
+            [(meta, "pipe extra"), (SAMPLE // 2, "activation slice"), (mask, "pipe extra")] * 4
+    for rank in (2, 3):  # stage 1: the whole gradient of each microbatch
+        assert [(n, d) for r, _, n, d in sends if r == rank] == [(SAMPLE, "activation_grad")] * 4
     gathers = [e for e in result.events if e.op == "all_gather"]
+    # stage 1 gathers each arriving activation; stage 0 re-gathers its own sent output before each
+    # gradient comes in (`_exec_recv_grads`: PartitionedTensor.full); no gradient is gathered
     assert {r: sum(1 for e in gathers if e.rank == r) for r in range(4)} == {0: 4, 1: 4, 2: 4, 3: 4}
+    assert {e.detail for e in gathers} == {"activation slices (TP gather)"} and {e.nbytes for e in gathers} == {SAMPLE}
+    recvs = sorted((e.start, e.op) for e in result.events if e.rank == 0 and e.op in ("all_gather", "recv"))
+    assert [op for _, op in recvs] == ["all_gather", "recv"] * 4
+
+
+def test_deepspeeds_attention_mask_costs_its_transfer_and_no_mask_no_bytes():
+    link = Cluster.parse("2x2xA100-80GB").p2p_link(0, 2)
+    with_mask = _p2p({"schedule": "deepspeed", "attention_mask_messages": True})
+    masks = [e for e in with_mask.events if e.op == "send" and e.nbytes == 1024 * 1024 * 2 and e.layer == -1]
+    assert len(masks) == 2 * 4
+    # alpha + n/B on each TP rank's own NIC (one NIC per GPU here: nothing shares it)
+    assert {round(e.duration, 12) for e in masks} == {round(link.latency + 2 * 2**20 / link.achieved_bandwidth, 12)}
+    without = _p2p({"schedule": "deepspeed"})
+    assert not [e for e in without.events if e.nbytes == 1024 * 1024 * 2 and e.layer == -1]
+    assert without.time_s < with_mask.time_s
+
+
+def test_the_attention_mask_option_is_deepspeeds_only():
+    with pytest.raises(StrategyError, match="attention_mask_messages=True needs schedule=.deepspeed."):
+        _p2p({"attention_mask_messages": True})
+
+
+def test_pipe_extra_sizes_and_errors():
+    seen = {}
+
+    async def train(model):
+        seen["mask"] = model.pipe_extra("attention_mask").nbytes
+        seen["meta"] = model.pipe_extra("partition_meta", tp_size=4).nbytes
+        model.pipe_extra("stash")
+
+    with pytest.raises(TensorError, match="pipe_extra: what='stash'; expected one of 'attention_mask'"):
+        simulate(train, "1xA100-80GB", Workload.parse("toy:layers=1,seq=512"), 1, check=False)
+    assert seen == {"mask": 512 * 512 * 2, "meta": 8 * (7 + 4)}
+
+    async def bad_tp(model):
+        model.pipe_extra("partition_meta", tp_size=0)
+
+    with pytest.raises(TensorError, match="pipe_extra: tp_size=0; need a whole number >= 1"):
+        simulate(bad_tp, "1xA100-80GB", TOY, 1, check=False)
 
 
 def test_without_scatter_gather_every_tp_rank_sends_the_whole_message():
