@@ -183,3 +183,29 @@ def test_the_pruning_bounds_keep_the_best_plan_on_small_clusters(cluster, worklo
     distinct = list({c.plan: c for c in every}.values())
     ran = [c.simulated for c in simulate_all(cluster, workload, batch, distinct) if c.simulated is not None]
     assert plan(cluster, workload, batch).best.simulated <= min(ran) * (1 + 1e-9)
+
+
+def test_the_estimate_prices_tp_pieces_and_their_gather_as_planned_sends_them():
+    """Between stages of one TP degree t, a rank sends 1/t of each message and the receiving group
+    all-gathers it (strategies/planned.py); between other degrees the message goes whole."""
+    from dist_lib.planner.evaluate import simulate_candidate
+    from dist_lib.planner.partition import message_bytes, step_estimate
+    from dist_lib.planner.search import Candidate, _Space, to_plan
+
+    cluster, workload = Cluster.load("2x2xA100-80GB"), Workload.load("toy:layers=4")
+    sample = workload.activation_bytes()  # one sample's b*s*h hidden states
+    options = _Space(cluster, workload)
+    first, second = ({o.tp: o for o in options.options(ranks, 2, "none", 0)} for ranks in ((0, 1), (2, 3)))
+    assert message_bytes(workload, first[2], second[2]) == 2 * sample / 2  # microbatch of 2, half each
+    assert message_bytes(workload, first[2], second[1]) == 2 * sample  # tp 2 -> tp 1: whole
+    # a ring all-gather of the 2-sample message over the 2 ranks' NVLink: (p-1)/p * n/B + (p-1) * alpha
+    nvlink = cluster.ring_link((0, 1))
+    assert first[2].gather == pytest.approx(sample / nvlink.achieved_bandwidth + nvlink.latency)
+    assert first[1].gather == 0.0
+    # the estimate of that pipeline stays close to the simulation, and its memory above the peak
+    placed = [(2, first[2]), (2, second[2])]
+    seconds, memory = step_estimate(cluster, workload, placed, 2, "1f1b", 1)
+    candidate = simulate_candidate(cluster, workload, 4, Candidate(to_plan(placed, 2, 2, "1f1b", "none", 0),
+                                                                   seconds, memory, 0.0))
+    assert candidate.simulated == pytest.approx(seconds, rel=0.05)
+    assert candidate.peak_fraction <= memory

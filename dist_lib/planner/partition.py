@@ -36,6 +36,7 @@ class StageOption:
     unit: float  # bytes of one replica's share of a microbatch's activation (its largest share)
     reduce: Callable[[float], float]  # seconds of the data-parallel gradient reduction of n bytes
     rerun: float = 0.0  # full recompute: bytes of the largest layer stash a backward rebuilds, one at a time
+    gather: float = 0.0  # seconds to all-gather one message's TP pieces in its slowest replica's TP group
 
 
 
@@ -161,6 +162,20 @@ def block_memory(o: StageOption, start: int, stop: int, stage: int, stages: int,
         + buffers(stage, stages, microbatches, schedule, chunks) * o.unit + o.rerun
 
 
+def scatters(a: StageOption, b: StageOption) -> bool:
+    """Whether messages between neighbouring stages go as TP pieces, as `strategies/planned.py` sends
+    them: each TP rank its 1/t piece, when both stages have the same degree t > 1."""
+    return a.tp == b.tp > 1
+
+
+def message_bytes(workload: Workload, a: StageOption, b: StageOption) -> float:
+    """Bytes one rank sends across the boundary between stages `a` and `b` per message: the larger
+    replica share of a microbatch's activation, or its 1/t piece (Megatron-LM's scatter-gather,
+    Narayanan et al. 2021, sec. 4.1)."""
+    nbytes = max(max(a.shares), max(b.shares)) * workload.activation_bytes()
+    return nbytes / a.tp if scatters(a, b) else nbytes
+
+
 def _block_time(o: StageOption, start: int, n: int) -> float:
     return o.costs.total[start + n] - o.costs.total[start]
 
@@ -176,6 +191,11 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         forward, backward = c.forward[stop] - c.forward[start], c.backward[stop] - c.backward[start]
         if s == pp - 1:
             forward += o.loss
+        # the all-gather of a message that arrives as TP pieces comes before the compute it feeds
+        if s > 0 and scatters(placed[s - 1][1], o):
+            forward += o.gather
+        if s < pp - 1 and scatters(o, placed[s + 1][1]):
+            backward += o.gather
         times.append(forward + backward)
         backs.append(backward)
         weights.append(c.weight[stop] - c.weight[start])
@@ -192,8 +212,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         fill /= chunks
     for s in range(pp - 1):  # an activation and a gradient cross each boundary while the pipeline fills
         a, b = placed[s][1], placed[s + 1][1]
-        nbytes = max(max(a.shares), max(b.shares)) * workload.activation_bytes()
-        fill += 2 * costs.p2p_time(nbytes, cluster.p2p_link(a.ranks[0], b.ranks[0]))
+        fill += 2 * costs.p2p_time(message_bytes(workload, a, b), cluster.p2p_link(a.ranks[0], b.ranks[0]))
     pipeline = m * slowest + fill
     step, before = 0.0, 0.0
     for s in range(pp):

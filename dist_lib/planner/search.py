@@ -145,7 +145,10 @@ class _Space:
             reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, workload.num_layers)
         rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
                     for (_, n), group in replicas.items()) if recompute == "full" else 0.0
-        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun)
+        # a message that arrives as TP pieces is all-gathered in the receiving replica's TP group
+        gather = max(costs.collective_time("all_gather", n * workload.activation_bytes(), self.topology(group))
+                     for (_, n), group in replicas.items()) if tp > 1 else 0.0
+        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun, gather)
 
 
 def _no_reduce(nbytes: float) -> float:
