@@ -189,18 +189,26 @@ def test_the_estimate_prices_tp_pieces_and_their_gather_as_planned_sends_them():
     """Between stages of one TP degree t, a rank sends 1/t of each message and the receiving group
     all-gathers it (strategies/planned.py); between other degrees the message goes whole."""
     from dist_lib.planner.evaluate import simulate_candidate
-    from dist_lib.planner.partition import message_bytes, step_estimate
+    from dist_lib.planner.messages import crossing_seconds, transfers
+    from dist_lib.planner.partition import step_estimate
     from dist_lib.planner.search import Candidate, _Space, to_plan
 
     cluster, workload = Cluster.load("2x2xA100-80GB"), Workload.load("toy:layers=4")
-    sample = workload.activation_bytes()  # one sample's b*s*h hidden states
+    n = workload.activation_bytes()  # one sample's b*s*h hidden states
+    # a microbatch of 2: tp 2 -> tp 2 sends rank j's half to rank j; tp 2 -> two tp-1 replicas sends
+    # each its sample whole from tensor rank 0; back from them, each to both tensor ranks
+    assert list(transfers(((0, 1), 2, (2,)), ((2, 3), 2, (2,)), n)) == [(0, 2, n), (1, 3, n)]
+    assert list(transfers(((0, 1), 2, (2,)), ((2, 3), 1, (1, 1)), n)) == [(0, 2, n), (0, 3, n)]
+    assert list(transfers(((2, 3), 1, (1, 1)), ((0, 1), 2, (2,)), n)) == [(2, 0, n), (2, 1, n), (3, 0, n), (3, 1, n)]
     options = _Space(cluster, workload)
     first, second = ({o.tp: o for o in options.options(ranks, 2, "none", 0)} for ranks in ((0, 1), (2, 3)))
-    assert message_bytes(workload, first[2], second[2]) == 2 * sample / 2  # microbatch of 2, half each
-    assert message_bytes(workload, first[2], second[1]) == 2 * sample  # tp 2 -> tp 1: whole
-    # a ring all-gather of the 2-sample message over the 2 ranks' NVLink: (p-1)/p * n/B + (p-1) * alpha
+    # each GPU has its own NIC: the two halves (one sample's bytes each) cross at once in alpha + n/B
+    nic = cluster.p2p_link(0, 2)
+    assert crossing_seconds(cluster, workload, first[2], second[2]) == \
+        pytest.approx(nic.latency + n / nic.achieved_bandwidth)
+    # a ring all-gather of the 2-sample message over the 2 ranks' NVLink: (p-1)/p * 2n/B + (p-1) * alpha
     nvlink = cluster.ring_link((0, 1))
-    assert first[2].gather == pytest.approx(sample / nvlink.achieved_bandwidth + nvlink.latency)
+    assert first[2].gather == pytest.approx(n / nvlink.achieved_bandwidth + nvlink.latency)
     assert first[1].gather == 0.0
     # the estimate of that pipeline stays close to the simulation, and its memory above the peak
     placed = [(2, first[2]), (2, second[2])]
@@ -209,3 +217,27 @@ def test_the_estimate_prices_tp_pieces_and_their_gather_as_planned_sends_them():
                                                                    seconds, memory, 0.0))
     assert candidate.simulated == pytest.approx(seconds, rel=0.05)
     assert candidate.peak_fraction <= memory
+
+
+def test_messages_through_a_shared_nic_take_turns_in_the_estimate():
+    """Two GPUs a node behind one NIC: the two TP halves of a message share it and take as long as the
+    whole message alone; two whole messages (tp 2 -> tp 1 replicas) take twice as long."""
+    from dist_lib.planner.messages import crossing_seconds
+    from dist_lib.planner.search import _Space
+
+    cluster, workload = Cluster.load("2x2xA100-80GB:nics=1x25"), Workload.load("toy:layers=4")
+    n = workload.activation_bytes()
+    options = _Space(cluster, workload)
+    first, second = ({o.tp: o for o in options.options(ranks, 2, "none", 0)} for ranks in ((0, 1), (2, 3)))
+    nic = cluster.p2p_link(0, 2)  # one 25 GB/s NIC
+    alone = nic.latency + n / nic.achieved_bandwidth  # one sample's bytes alone
+    # each half wants the whole NIC: at half speed, alpha + n/B takes twice as long, as in the simulator
+    assert crossing_seconds(cluster, workload, first[2], second[2]) == pytest.approx(2 * alone)
+    plan = Plan((Stage((0, 1), 2, ((0, 2),), (2,)), Stage((2, 3), 2, ((2, 4),), (2,))), 2, 2)
+    sends = [e for e in run_plan(cluster, workload, 4, plan).events if e.op == "send"]
+    assert len(sends) == 8 and {e.nbytes for e in sends} == {n}
+    assert [e.duration for e in sends] == [pytest.approx(2 * alone)] * 8
+    # rank 0 sends each tp-1 replica its sample whole: 2 messages of n at half speed
+    assert crossing_seconds(cluster, workload, first[2], second[1]) == pytest.approx(2 * alone)
+    # back: ranks 2 and 3 each send both tensor ranks their sample: 4 messages of n at a quarter
+    assert crossing_seconds(cluster, workload, second[1], first[2]) == pytest.approx(4 * alone)

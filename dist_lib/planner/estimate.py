@@ -3,11 +3,12 @@ simulator charges (costs.py through `model._compute_cost`, `model.forward_stash_
 search can rank thousands of candidates before the simulator runs the best few.
 
 Time: each stage's time per microbatch is its slowest replica's forward + backward (with TP all-reduces,
-recompute, the loss on the last stage and the activation exchange with its neighbours). A pipeline of p
-stages and m microbatches takes the sum of the stage times plus (m - 1) x the slowest (heterogeneous 1F1B,
-Narayanan et al. 2021; Metis, Um et al. ATC'24, eq. 2); interleaving divides the fill by the chunk count,
-ZB-H1 moves the weight-gradient half out of it (Qi et al. 2023). The data-parallel reduction and the
-optimizer step follow each stage's last backward.
+recompute, the loss on the last stage and the all-gather of each message that arrives as TP pieces). A
+pipeline of p stages and m microbatches takes the sum of the stage times plus (m - 1) x the slowest
+(heterogeneous 1F1B, Narayanan et al. 2021; Metis, Um et al. ATC'24, eq. 2); interleaving divides the fill
+by the chunk count, ZB-H1 moves the weight-gradient half out of it (Qi et al. 2023); an activation and a
+gradient cross each boundary during the fill, their messages sharing links (`messages.py`). The
+data-parallel reduction and the optimizer step follow each stage's last backward.
 Memory: model state (16 bytes a parameter, the 12 optimizer bytes sharded by ZeRO-1) plus the stashes and
 inputs of the microbatches the schedule keeps in flight on that stage.
 """

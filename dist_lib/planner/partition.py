@@ -14,10 +14,10 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import costs
 from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
+from .messages import crossing_seconds, scatters
 
 MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
 BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
@@ -162,20 +162,6 @@ def block_memory(o: StageOption, start: int, stop: int, stage: int, stages: int,
         + buffers(stage, stages, microbatches, schedule, chunks) * o.unit + o.rerun
 
 
-def scatters(a: StageOption, b: StageOption) -> bool:
-    """Whether messages between neighbouring stages go as TP pieces, as `strategies/planned.py` sends
-    them: each TP rank its 1/t piece, when both stages have the same degree t > 1."""
-    return a.tp == b.tp > 1
-
-
-def message_bytes(workload: Workload, a: StageOption, b: StageOption) -> float:
-    """Bytes one rank sends across the boundary between stages `a` and `b` per message: the larger
-    replica share of a microbatch's activation, or its 1/t piece (Megatron-LM's scatter-gather,
-    Narayanan et al. 2021, sec. 4.1)."""
-    nbytes = max(max(a.shares), max(b.shares)) * workload.activation_bytes()
-    return nbytes / a.tp if scatters(a, b) else nbytes
-
-
 def _block_time(o: StageOption, start: int, n: int) -> float:
     return o.costs.total[start + n] - o.costs.total[start]
 
@@ -212,7 +198,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         fill /= chunks
     for s in range(pp - 1):  # an activation and a gradient cross each boundary while the pipeline fills
         a, b = placed[s][1], placed[s + 1][1]
-        fill += 2 * costs.p2p_time(message_bytes(workload, a, b), cluster.p2p_link(a.ranks[0], b.ranks[0]))
+        fill += crossing_seconds(cluster, workload, a, b) + crossing_seconds(cluster, workload, b, a)
     pipeline = m * slowest + fill
     step, before = 0.0, 0.0
     for s in range(pp):
