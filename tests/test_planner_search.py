@@ -241,3 +241,34 @@ def test_messages_through_a_shared_nic_take_turns_in_the_estimate():
     assert crossing_seconds(cluster, workload, first[2], second[1]) == pytest.approx(2 * alone)
     # back: ranks 2 and 3 each send both tensor ranks their sample: 4 messages of n at a quarter
     assert crossing_seconds(cluster, workload, second[1], first[2]) == pytest.approx(4 * alone)
+
+
+def test_the_estimate_charges_tp_as_the_simulator_runs_it():
+    """A TP layer's partial sums are two all-reduces each way; the backward's run beside its
+    weight-gradient GEMMs (ZB-H1's split backward leaves them exposed); the LM head is vocabulary-parallel
+    and its input gradient all-reduced once. Then the estimate of a TP-2 pipeline lands on the simulation."""
+    from dist_lib import costs
+    from dist_lib.model import _compute_cost
+    from dist_lib.planner.evaluate import simulate_candidate
+    from dist_lib.planner.partition import step_estimate
+    from dist_lib.planner.search import Candidate, _Space, to_plan
+
+    cluster, workload = Cluster.load("2x2xA100-80GB"), Workload.load("gpt-350m:layers=4")
+    device, topo = cluster.device_of(0), cluster.topology((0, 1))
+    option = {o.tp: o for o in _Space(cluster, workload).options((0, 1), 2, "none", 0)}[2]
+    reduce = costs.collective_time("all_reduce", 2 * workload.activation_bytes(), topo)
+    f, b_in, b_w = (_compute_cost(device, workload, op, 1, 2, 2)[0] for op in ("forward", "backward_input",
+                                                                            "backward_weight"))
+    c = option.costs
+    assert c.forward[2] - c.forward[1] == pytest.approx(f + 2 * reduce)
+    assert c.backward[2] - c.backward[1] == pytest.approx(b_in + max(b_w, 2 * reduce))
+    assert c.hidden[2] - c.hidden[1] == pytest.approx(min(b_w, 2 * reduce))
+    assert option.loss == pytest.approx(costs.loss_time(device, workload, 2, 2) + reduce)
+    second = {o.tp: o for o in _Space(cluster, workload).options((2, 3), 2, "none", 0)}[2]
+    for schedule in ("1f1b", "zero-bubble"):
+        placed = [(2, option), (2, second)]
+        seconds, memory = step_estimate(cluster, workload, placed, 4, schedule, 1)
+        candidate = simulate_candidate(cluster, workload, 8, Candidate(to_plan(placed, 2, 4, schedule, "none", 0),
+                                                                       seconds, memory, 0.0))
+        assert candidate.simulated == pytest.approx(seconds, rel=0.02), schedule
+        assert candidate.peak_fraction <= memory

@@ -175,6 +175,8 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
     for s, (n, o) in enumerate(placed):
         c, stop = o.costs, start + n
         forward, backward = c.forward[stop] - c.forward[start], c.backward[stop] - c.backward[start]
+        if schedule == "zero-bubble":  # the input-gradient pass all-reduces with no GEMM beside it
+            backward += c.hidden[stop] - c.hidden[start]
         if s == pp - 1:
             forward += o.loss
         # the all-gather of a message that arrives as TP pieces comes before the compute it feeds

@@ -136,7 +136,10 @@ class _Space:
         combined = per[0] if len(per) == 1 else _slowest(per)
         # every rank is in some replica, and a replica's ranks share a node
         capacity = MEMORY_HEADROOM * min(cluster.nodes[kind].device.memory_bytes for kind, _ in replicas)
-        loss = max(costs.loss_time(cluster.device_of(group[0]), workload, n) for (_, n), group in replicas.items())
+        # the LM head is vocabulary-parallel over the TP group, and its input gradient all-reduced there
+        loss = max(costs.loss_time(cluster.device_of(group[0]), workload, n, tp)
+                   + (costs.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
+                      if tp > 1 else 0.0) for (_, n), group in replicas.items())
         unit = max(shares) * workload.activation_bytes()
         dp_topo = self.topology(ranks[::tp]) if dp > 1 else None
         if dp_topo is None:
