@@ -7,8 +7,11 @@ recompute, the loss on the last stage and the all-gather of each message that ar
 pipeline of p stages and m microbatches takes the sum of the stage times plus (m - 1) x the slowest
 (heterogeneous 1F1B, Narayanan et al. 2021; Metis, Um et al. ATC'24, eq. 2); interleaving divides the fill
 by the chunk count, ZB-H1 moves the weight-gradient half out of it (Qi et al. 2023); an activation and a
-gradient cross each boundary during the fill, their messages sharing links (`messages.py`). The
-data-parallel reduction and the optimizer step follow each stage's last backward.
+gradient cross each boundary during the fill (interleaved: once per chunk, and from the last stage back
+to the first between chunks), their messages sharing links (`messages.py`). Under 1F1B and ZB-H1 the
+round trip of the p - s microbatches stage s keeps in flight (their passes and crossings) bounds the
+time per microbatch from below, which slow links make the pace. The data-parallel reduction and the
+optimizer step follow each stage's last backward.
 Memory: model state (16 bytes a parameter, the 12 optimizer bytes sharded by ZeRO-1) plus the stashes and
 inputs of the microbatches the schedule keeps in flight on that stage.
 """

@@ -198,9 +198,29 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         fill = max(0.0, sum(t - 2 * w for t, w in zip(times, weights)) - (slowest - 2 * weights[times.index(slowest)]))
     elif schedule == "interleaved":
         fill /= chunks
-    for s in range(pp - 1):  # an activation and a gradient cross each boundary while the pipeline fills
-        a, b = placed[s][1], placed[s + 1][1]
-        fill += crossing_seconds(cluster, workload, a, b) + crossing_seconds(cluster, workload, b, a)
+    # An activation and a gradient cross each boundary while the pipeline fills; interleaved, a
+    # microbatch crosses each boundary once per chunk, and from the last stage back to the first between
+    # chunks. In the steady state a boundary's links carry that many crossings each way per microbatch,
+    # so no stage can go faster than they do.
+    passes = chunks if schedule == "interleaved" else 1
+    boundaries = [(placed[s][1], placed[s + 1][1], passes) for s in range(pp - 1)]
+    if passes > 1 and pp > 1:
+        boundaries.append((placed[-1][1], placed[0][1], passes - 1))
+    round_trips = []
+    for a, b, count in boundaries:
+        onward, back = crossing_seconds(cluster, workload, a, b), crossing_seconds(cluster, workload, b, a)
+        fill += count * (onward + back)
+        slowest = max(slowest, passes * max(onward, back))
+        round_trips.append(onward + back)
+    if schedule in ("1f1b", "zero-bubble"):
+        # From stage s on, 1F1B keeps p - s microbatches in flight, and each goes to the last stage and
+        # back (its forwards, input-gradient passes and crossings) before the stage takes another: with
+        # slow links that loop, not the slowest stage, paces the steady state
+        loop = 0.0
+        for s in range(pp - 1, -1, -1):
+            loop += times[s] - (weights[s] if schedule == "zero-bubble" else 0.0)
+            loop += round_trips[s] if s < pp - 1 else 0.0
+            slowest = max(slowest, loop / (pp - s))
     pipeline = m * slowest + fill
     step, before = 0.0, 0.0
     for s in range(pp):
