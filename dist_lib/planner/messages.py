@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import accumulate
+from math import gcd
 from typing import TYPE_CHECKING
 
 from .. import costs
@@ -54,22 +55,36 @@ def transfers(sender: tuple[tuple[int, ...], int, tuple[int, ...]], receiver: tu
 
 def crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> float:
     """Seconds until every message of one microbatch's crossing from `sender` to `receiver` has arrived,
-    all started at once and sharing their links (computed once per cluster and pair of stages)."""
-    _, capacity, known = _for_cluster(cluster)
-    key = (workload.activation_bytes(), sender.ranks, sender.tp, sender.shares, receiver.ranks, receiver.tp,
-           receiver.shares)
-    seconds = known.get(key)
-    if seconds is None:
+    all started at once and sharing their links (the links' shares worked out once per cluster, pair of
+    stages and proportions of their shares: a larger microbatch scales every message alike)."""
+    _, capacity, patterns, pairs, seen = _for_cluster(cluster)
+    # the search asks again and again about the same stage options: by identity first (the entry holds
+    # both options, so their ids stay theirs)
+    found = seen.get((id(sender), id(receiver)))
+    if found is not None and found[0] is sender and found[1] is receiver and found[2] is workload:
+        return found[3]
+    scale = gcd(*sender.shares, *receiver.shares)
+    key = (sender.ranks, sender.tp, tuple(n // scale for n in sender.shares), receiver.ranks, receiver.tp,
+           tuple(n // scale for n in receiver.shares))
+    pattern = patterns.get(key)
+    if pattern is None:
         load = _Loads()
         messages = []
-        for src, dst, nbytes in transfers((sender.ranks, sender.tp, sender.shares),
-                                          (receiver.ranks, receiver.tp, receiver.shares), key[0]):
-            usage = cluster.p2p_usage(src, dst)
-            for link, rate in usage:
-                load[link] += rate
-            messages.append((usage, costs.p2p_time(nbytes, cluster.p2p_link(src, dst))))
-        # a message alone takes p2p_time; at a share s of its speed it takes 1/s as long (transfers.py)
-        seconds = known[key] = max(t / costs.shared_speed(usage, capacity, load) for usage, t in messages)
+        for src, dst, samples in transfers(key[:3], key[3:], 1.0):
+            pair = pairs.get((src, dst))
+            if pair is None:
+                pair = pairs[src, dst] = (cluster.p2p_usage(src, dst), cluster.p2p_link(src, dst))
+            usage, link = pair
+            for link_id, rate in usage:
+                load[link_id] += rate
+            messages.append((usage, link, samples))
+        # the distinct (link, samples, share of its speed) of the crossing's messages
+        pattern = patterns[key] = tuple({(link, samples, costs.shared_speed(usage, capacity, load))
+                                         for usage, link, samples in messages})
+    sample_bytes = scale * workload.activation_bytes()
+    # alone a message takes costs.p2p_time; at a share s of its speed, 1/s as long (transfers.py)
+    seconds = max(costs.p2p_time(samples * sample_bytes, link) / speed for link, samples, speed in pattern)
+    seen[id(sender), id(receiver)] = (sender, receiver, workload, seconds)
     return seconds
 
 
@@ -81,17 +96,18 @@ class _Loads(dict):
         return 0
 
 
-# Per cluster: (the cluster, its link capacities, crossing seconds by stage pair). Keyed by identity, as
-# hashing a cluster of many nodes costs more than a crossing; the entry holds the cluster, so its id is
-# not reused while the entry lives.
-_CLUSTERS: dict[int, tuple[Cluster, list[int], dict]] = {}
+# Per cluster: (the cluster, its link capacities, each crossing's pattern by stage pair and proportions,
+# (links used, link) by rank pair, seconds by the identity of a pair of stage options). Keyed by
+# identity, as hashing a cluster of many nodes costs more than a crossing; the entry holds the cluster, so
+# its id is not reused while the entry lives.
+_CLUSTERS: dict[int, tuple[Cluster, list[int], dict, dict, dict]] = {}
 _CLUSTERS_KEPT = 8
 
 
-def _for_cluster(cluster: Cluster) -> tuple[Cluster, list[int], dict]:
+def _for_cluster(cluster: Cluster) -> tuple[Cluster, list[int], dict, dict, dict]:
     found = _CLUSTERS.get(id(cluster))
     if found is None:
         if len(_CLUSTERS) >= _CLUSTERS_KEPT:
             _CLUSTERS.clear()
-        found = _CLUSTERS[id(cluster)] = (cluster, cluster.link_capacities(), {})
+        found = _CLUSTERS[id(cluster)] = (cluster, cluster.link_capacities(), {}, {}, {})
     return found
