@@ -149,7 +149,8 @@ def test_stages_of_one_tp_degree_send_tp_pieces_and_gather_them_as_hybrid_does()
     assert {r: sum(e.rank == r for e in gathers) for r in range(4)} == {0: 4, 1: 4, 2: 4, 3: 4}
     nvlink = cluster.ring_link((0, 1))
     assert {e.nbytes for e in gathers} == {SAMPLE}
-    assert [e.duration for e in gathers] == [pytest.approx(SAMPLE / 2 / nvlink.achieved_bandwidth + nvlink.latency)] * 16
+    gather = SAMPLE / 2 / nvlink.achieved_bandwidth + nvlink.latency
+    assert [e.duration for e in gathers] == [pytest.approx(gather)] * 16
     # the same layout as `hybrid` runs it, message for message: the same step
     hybrid = simulate("strategies/hybrid.py", TP_CLUSTER, WORKLOAD, 4, pp=2, tp=2, microbatch_size=1)
     whole = simulate("strategies/hybrid.py", TP_CLUSTER, WORKLOAD, 4, pp=2, tp=2, microbatch_size=1,

@@ -34,11 +34,13 @@ def scatters(a: StageOption, b: StageOption) -> bool:
     return a.tp == b.tp > 1
 
 
-def transfers(sender: tuple[tuple[int, ...], int, tuple[int, ...]], receiver: tuple[tuple[int, ...], int, tuple[int, ...]],
-              sample_bytes: float) -> Iterator[tuple[int, int, float]]:
+StageShape = tuple[tuple[int, ...], int, tuple[int, ...]]  # a stage's (ranks, TP degree, replica shares)
+
+
+def transfers(sender: StageShape, receiver: StageShape, sample_bytes: float) -> Iterator[tuple[int, int, float]]:
     """(source rank, destination rank, bytes) of every message one microbatch's activation (or, from the
-    later stage back, its gradient) makes from the `sender` stage to the `receiver` stage, each given as
-    (ranks, TP degree, replica shares); `sample_bytes` is one sample's activation."""
+    later stage back, its gradient) makes from the `sender` stage to the `receiver` stage;
+    `sample_bytes` is one sample's activation."""
     (ranks_s, ts, shares_s), (ranks_r, tr, shares_r) = sender, receiver
     piece = ts if ts == tr > 1 else 1
     starts = list(accumulate(shares_r, initial=0))
