@@ -269,7 +269,11 @@ class _Stage:
         """The `what` of `layer` for `samples` from virtual stage `virtual` (its pieces gathered in the TP
         group, with scatter-gather)."""
         src = self._peer(virtual)
-        x = await self._receive(src, layer, samples, what)
+        return await self._gathered(await self._receive(src, layer, samples, what), src)
+
+    async def _gathered(self, x, src: int):
+        """`x` as it arrived from `src`, made whole: with scatter-gather, the TP group all-gathers its
+        ranks' pieces (the counterpart of `_piece`)."""
         if self.scatter_gather and src != self.model.rank:
             x = await self.model.all_gather(x, self.tp_group)
         return x

@@ -7,7 +7,11 @@ ATC'24, sec. 4: per-stage (dp, tp) and uneven data shares). Between two stages t
 differently, a sender splits its output by samples into one piece per overlapping receiver replica
 (`Model.split_samples`) and a receiver joins the pieces it gets (`Model.join_samples`); backward does
 the same with the gradients. Tensor rank j of a receiving replica gets its input from tensor rank
-j mod t of the sending one (every TP rank holds the whole activation after its all-reduce). The schedule
+j mod t of the sending one (every TP rank holds the whole activation after its all-reduce). Between two
+stages of the same TP degree t > 1 that pairing is rank j to rank j, and each TP rank sends only its 1/t
+piece of every message, which the receiving TP group all-gathers, as `hybrid` does (Megatron-LM's
+scatter-gather, Narayanan et al. 2021, sec. 4.1); between stages of different degrees messages go
+whole. The schedule
 (GPipe, 1F1B, interleaved, ZB-H1), recompute and ZeRO-1 are the plan's; layer gradients are reduced
 among a stage's replicas as soon as the last microbatch has passed, as in the other pipeline strategies.
 """
@@ -142,25 +146,38 @@ class _PlannedStage(_Stage):
                 for e, a, z in overlaps(self.mine, self.replica, stage)]
         return found
 
+    def _scatters(self, other: int) -> bool:
+        """Whether messages to and from stage `other` go as TP pieces (`_piece`, `_gathered`): only when
+        both stages have this TP degree, so that `_routes` pairs tensor rank j with tensor rank j of each
+        overlapping replica and the receiving group holds every piece. Between degrees t and t' the
+        pairing is j mod t: with t' > t several receivers share one sender and would each need all t
+        pieces, with t' < t some senders have no receiver, so those messages stay whole."""
+        return self.scatter_gather and self.full.stages[other].tp == self.mine.tp
+
     def _send_to(self, x, virtual: int, what: str) -> None:
-        routes = self._routes(virtual % self.pp)
+        other = virtual % self.pp
+        routes, scatter = self._routes(other), self._scatters(other)
         if len(routes) == 1 and routes[0][1] - routes[0][0] == self.share:  # the receiver takes it whole
             for dst in routes[0][2]:
-                self._send(x, dst, what)
+                self._send(self._piece(x, dst) if scatter else x, dst, what)
             return
         start = x.samples.bit_length() - self.share  # first sample of the slice
         for a, z, targets, _ in routes:
             if targets:
                 piece = self.model.split_samples(x, range(start + a, start + z))
                 for dst in targets:
-                    self._send(piece, dst, what)
+                    self._send(self._piece(piece, dst) if scatter else piece, dst, what)
 
     async def _receive_from(self, virtual: int, layer: int, samples: range, what: str):
-        routes = self._routes(virtual % self.pp)
+        other = virtual % self.pp
+        routes, scatter = self._routes(other), self._scatters(other)
         start = samples.start
         if len(routes) == 1 and routes[0][1] - routes[0][0] == self.share:  # the sender sent it whole
-            return await self._receive(routes[0][3], layer, samples, what)
+            x = await self._receive(routes[0][3], layer, samples, what)
+            return await self._gathered(x, routes[0][3]) if scatter else x
         pieces = []
         for a, z, _, src in routes:
-            pieces.append(await self._receive(src, layer, range(start + a, start + z), what))
+            # each sample piece is gathered whole before the join (TP pieces have no rows to join)
+            piece = await self._receive(src, layer, range(start + a, start + z), what)
+            pieces.append(await self._gathered(piece, src) if scatter else piece)
         return self.model.join_samples(pieces)

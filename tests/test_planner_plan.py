@@ -125,3 +125,56 @@ def test_a_completed_send_frees_its_tensor_so_memory_does_not_grow_with_microbat
     # 1F1B keeps two microbatches' layer inputs on stage 0 (4 layers each) and one on stage 1
     assert peaks[0] == peaks[1]
     assert peaks[0][0] >= 8 * act and peaks[0][1] >= 4 * act
+
+
+# two nodes of two A100s: stage 0 is one TP-2 replica on node 0, stage 1 one TP-2 replica on node 1
+TP_CLUSTER = "2x2xA100-80GB"
+TP_PIPELINE = Plan((Stage((0, 1), 2, ((0, 2),), (1,)), Stage((2, 3), 2, ((2, 4),), (1,))), 1, 4)
+SAMPLE = 2 * 1024 * 1024  # one sample's hidden states of the toy workload (s 1024, h 1024, 2 bytes)
+
+
+def test_stages_of_one_tp_degree_send_tp_pieces_and_gather_them_as_hybrid_does():
+    result = run(TP_PIPELINE, TP_CLUSTER, batch=4)
+    assert result.correct, result.problems
+    cluster = Cluster.load(TP_CLUSTER)
+    # 4 microbatches x 2 TP ranks x (an activation forward + a gradient backward), each n/2 bytes
+    sends = events(result, "send")
+    assert len(sends) == 16 and {e.nbytes for e in sends} == {SAMPLE // 2}
+    nic = cluster.p2p_link(0, 2)  # the two TP ranks send through their own NICs at once
+    first = min((e for e in sends if e.rank == 0), key=lambda e: e.start)
+    assert first.duration == pytest.approx(nic.latency + SAMPLE / 2 / nic.achieved_bandwidth)
+    # one all-gather per message on every receiving rank: stage 1 the activations, stage 0 the gradients;
+    # a ring over 2 ranks on NVLink: (p-1)/p * n/B + (p-1) * alpha
+    gathers = events(result, "all_gather")
+    assert {r: sum(e.rank == r for e in gathers) for r in range(4)} == {0: 4, 1: 4, 2: 4, 3: 4}
+    nvlink = cluster.ring_link((0, 1))
+    assert {e.nbytes for e in gathers} == {SAMPLE}
+    gather = SAMPLE / 2 / nvlink.achieved_bandwidth + nvlink.latency
+    assert [e.duration for e in gathers] == [pytest.approx(gather)] * 16
+    # the same layout as `hybrid` runs it, message for message: the same step
+    hybrid = simulate("strategies/hybrid.py", TP_CLUSTER, WORKLOAD, 4, pp=2, tp=2, microbatch_size=1)
+    whole = simulate("strategies/hybrid.py", TP_CLUSTER, WORKLOAD, 4, pp=2, tp=2, microbatch_size=1,
+                     scatter_gather=False)
+    assert result.time_s == pytest.approx(hybrid.time_s, rel=1e-12) and result.time_s < whole.time_s
+
+
+def test_tp_pieces_between_replicas_of_other_widths_are_gathered_before_the_join():
+    # stage 0: two TP-2 replicas of one sample each; stage 1: one TP-2 replica of both samples
+    plan = Plan((Stage((0, 1, 2, 3), 2, ((0, 2),), (1, 1)), Stage((4, 5), 2, ((2, 4),), (2,))), 2, 2)
+    result = run(plan, "2x4xA100-80GB", batch=4)
+    assert result.correct, result.problems
+    # every message is a sample's TP piece: rank j of each stage-0 replica to rank j of stage 1 (4 + 4
+    # ranks x 2 microbatches), and back after stage 1's rank j cut its gradient by samples
+    sends = events(result, "send")
+    assert len(sends) == 16 and {e.nbytes for e in sends} == {SAMPLE // 2}
+    gathers = events(result, "all_gather")
+    assert {r: sum(e.rank == r for e in gathers) for r in range(6)} == {0: 2, 1: 2, 2: 2, 3: 2, 4: 4, 5: 4}
+    assert {e.nbytes for e in gathers} == {SAMPLE}
+    assert sorted(e.rank for e in events(result, "join_samples")) == [4, 4, 5, 5]
+
+
+def test_stages_of_other_tp_degrees_send_whole_messages():
+    result = run(RESPLIT)  # tp 2 -> tp 1: tensor rank 0 sends each receiving replica its 2 samples
+    assert result.correct
+    assert {e.nbytes for e in events(result, "send")} == {2 * SAMPLE}
+    assert not events(result, "all_gather")

@@ -210,7 +210,8 @@ def test_a_plan_search_through_jobs_simulates_what_it_does_here(request, backend
     _ready(request, backend)
     here, search_here = _search()
     there, search_there = _search(runner=_runner(backend), width=2)  # two at a time, kept as one at a time
-    assert there == here and len(here) == 6 and all(simulated for _, simulated, *_ in here)
+    # the search stops early once no later estimate can win, so it simulates up to 6 plans: several batches
+    assert there == here and 2 < len(here) <= 6 and all(simulated for _, simulated, *_ in here)
     assert search_there.best.plan == search_here.best.plan
     # the command line writes the same best plan
     for name, flags in (("here.json", []), ("there.json", ["--ray"] if backend.ray else ["--jobs", "2"])):

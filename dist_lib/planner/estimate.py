@@ -3,10 +3,14 @@ simulator charges (costs.py through `model._compute_cost`, `model.forward_stash_
 search can rank thousands of candidates before the simulator runs the best few.
 
 Time: each stage's time per microbatch is its slowest replica's forward + backward (with TP all-reduces,
-recompute, the loss on the last stage and the activation exchange with its neighbours). A pipeline of p
-stages and m microbatches takes the sum of the stage times plus (m - 1) x the slowest (heterogeneous 1F1B,
-Narayanan et al. 2021; Metis, Um et al. ATC'24, eq. 2); interleaving divides the fill by the chunk count,
-ZB-H1 moves the weight-gradient half out of it (Qi et al. 2023). The data-parallel reduction and the
+recompute, the loss on the last stage and the all-gather of each message that arrives as TP pieces). A
+pipeline of p stages and m microbatches takes the sum of the stage times plus (m - 1) x the slowest
+(heterogeneous 1F1B, Narayanan et al. 2021; Metis, Um et al. ATC'24, eq. 2); interleaving divides the fill
+by the chunk count, ZB-H1 moves the weight-gradient half out of it (Qi et al. 2023); an activation and a
+gradient cross each boundary during the fill (interleaved: once per chunk, and from the last stage back
+to the first between chunks), their messages sharing links (`messages.py`). Under 1F1B and ZB-H1 the
+round trip of the p - s microbatches stage s keeps in flight (their passes and crossings) bounds the
+time per microbatch from below, which slow links make the pace. The data-parallel reduction and the
 optimizer step follow each stage's last backward.
 Memory: model state (16 bytes a parameter, the 12 optimizer bytes sharded by ZeRO-1) plus the stashes and
 inputs of the microbatches the schedule keeps in flight on that stage.
@@ -34,14 +38,15 @@ class LayerCosts:
     """Prefix sums over layers of one replica's per-microbatch seconds and bytes: entry i covers
     layers 0..i-1, so a block i..j-1 costs `x[j] - x[i]`."""
 
-    forward: tuple[float, ...]  # forward compute + TP all-reduce
-    backward: tuple[float, ...]  # backward compute (+ recompute) + TP all-reduce
+    forward: tuple[float, ...]  # forward compute + TP all-reduces
+    backward: tuple[float, ...]  # backward compute (+ recompute) + the TP all-reduces left exposed
     weight: tuple[float, ...]  # the weight-gradient half of backward (ZB-H1 defers it)
     state: tuple[float, ...]  # model state bytes
     activation: tuple[float, ...]  # stash + input bytes of one microbatch
     grad_bytes: tuple[float, ...]  # 16-bit gradient bytes (what the data-parallel reduction moves)
     update: tuple[float, ...]  # optimizer step seconds
     shard: tuple[float, ...]  # ZeRO-1: reduced gradient shard bytes, held from a layer's last backward on
+    hidden: tuple[float, ...]  # TP all-reduce seconds a backward hides behind its weight-gradient GEMMs
     total: list[float]  # forward + backward, for bisection
 
     @property
@@ -57,21 +62,32 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
     """Per-layer costs of a replica of `tp` ranks on `device` running `samples` samples a microbatch.
     `tp_topo` is its TP group's topology (None for tp 1); `zero_dp` shards the optimizer state."""
     act = samples * workload.activation_bytes()
-    tp_comm = costs.collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
+    # a layer's TP partial sums are two all-reduces of b*s*h (attention and MLP; Shoeybi et al. 2019), as
+    # the simulator charges them
+    tp_comm = 2 * costs.collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
     mode = "selective" if recompute == "selective" else "none"
-    fwd, bwd, wgt, state, acts, grads, upd, shards = [], [], [], [], [], [], [], []
+    fwd, bwd, wgt, state, acts, grads, upd, shards, hidden = [], [], [], [], [], [], [], [], []
     for layer in range(workload.num_layers):
         if layer > 1 and workload.profile is None:  # the cost model's layers after the first are alike
-            for column in (fwd, bwd, wgt, state, acts, grads, upd, shards):
+            for column in (fwd, bwd, wgt, state, acts, grads, upd, shards, hidden):
                 column.append(column[-1])
             continue
         f = _cost(device, workload, "forward", layer, samples, tp, "none")
-        b = _cost(device, workload, "backward", layer, samples, tp, mode)
+        w = _cost(device, workload, "backward_weight", layer, samples, tp, "none")
+        if tp > 1:
+            # the input gradient's all-reduces run beside the weight-gradient GEMMs (Megatron-LM's
+            # asynchronous TP all-reduce, as strategies/_pipeline.py runs it); ZB-H1's split backward
+            # cannot hide them, and adds `hidden` back
+            b = _cost(device, workload, "backward_input", layer, samples, tp, mode) + max(w, tp_comm)
+            hidden.append(min(w, tp_comm))
+        else:
+            b = _cost(device, workload, "backward", layer, samples, tp, mode)
+            hidden.append(0.0)
         if recompute == "full":
-            b += f
+            b += f + tp_comm  # the forward runs again, its all-reduces included
         fwd.append(f + tp_comm)
-        bwd.append(b + tp_comm)
-        wgt.append(_cost(device, workload, "backward_weight", layer, samples, tp, "none"))
+        bwd.append(b)
+        wgt.append(w)
         params = workload.layer_params(layer) / tp
         state.append(params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES / zero_dp))
         # ZeRO-1 also holds each layer's reduced gradient shard (2/dp bytes a parameter) until the update
@@ -80,7 +96,8 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
         acts.append(stash + act)
         grads.append(params * WEIGHT_BYTES)
         upd.append(costs.update_time(device, params / zero_dp))
-    return with_total(*(tuple(accumulate(x, initial=0.0)) for x in (fwd, bwd, wgt, state, acts, grads, upd, shards)))
+    return with_total(*(tuple(accumulate(x, initial=0.0))
+                        for x in (fwd, bwd, wgt, state, acts, grads, upd, shards, hidden)))
 
 
 @lru_cache(maxsize=None)

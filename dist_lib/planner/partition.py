@@ -14,10 +14,10 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import costs
 from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
+from .messages import crossing_seconds, scatters
 
 MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
 BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
@@ -36,6 +36,7 @@ class StageOption:
     unit: float  # bytes of one replica's share of a microbatch's activation (its largest share)
     reduce: Callable[[float], float]  # seconds of the data-parallel gradient reduction of n bytes
     rerun: float = 0.0  # full recompute: bytes of the largest layer stash a backward rebuilds, one at a time
+    gather: float = 0.0  # seconds to all-gather one message's TP pieces in its slowest replica's TP group
 
 
 
@@ -174,8 +175,15 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
     for s, (n, o) in enumerate(placed):
         c, stop = o.costs, start + n
         forward, backward = c.forward[stop] - c.forward[start], c.backward[stop] - c.backward[start]
+        if schedule == "zero-bubble":  # the input-gradient pass all-reduces with no GEMM beside it
+            backward += c.hidden[stop] - c.hidden[start]
         if s == pp - 1:
             forward += o.loss
+        # the all-gather of a message that arrives as TP pieces comes before the compute it feeds
+        if s > 0 and scatters(placed[s - 1][1], o):
+            forward += o.gather
+        if s < pp - 1 and scatters(o, placed[s + 1][1]):
+            backward += o.gather
         times.append(forward + backward)
         backs.append(backward)
         weights.append(c.weight[stop] - c.weight[start])
@@ -190,10 +198,29 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         fill = max(0.0, sum(t - 2 * w for t, w in zip(times, weights)) - (slowest - 2 * weights[times.index(slowest)]))
     elif schedule == "interleaved":
         fill /= chunks
-    for s in range(pp - 1):  # an activation and a gradient cross each boundary while the pipeline fills
-        a, b = placed[s][1], placed[s + 1][1]
-        nbytes = max(max(a.shares), max(b.shares)) * workload.activation_bytes()
-        fill += 2 * costs.p2p_time(nbytes, cluster.p2p_link(a.ranks[0], b.ranks[0]))
+    # An activation and a gradient cross each boundary while the pipeline fills; interleaved, a
+    # microbatch crosses each boundary once per chunk, and from the last stage back to the first between
+    # chunks. In the steady state a boundary's links carry that many crossings each way per microbatch,
+    # so no stage can go faster than they do.
+    passes = chunks if schedule == "interleaved" else 1
+    boundaries = [(placed[s][1], placed[s + 1][1], passes) for s in range(pp - 1)]
+    if passes > 1 and pp > 1:
+        boundaries.append((placed[-1][1], placed[0][1], passes - 1))
+    round_trips = []
+    for a, b, count in boundaries:
+        onward, back = crossing_seconds(cluster, workload, a, b), crossing_seconds(cluster, workload, b, a)
+        fill += count * (onward + back)
+        slowest = max(slowest, passes * max(onward, back))
+        round_trips.append(onward + back)
+    if schedule in ("1f1b", "zero-bubble"):
+        # From stage s on, 1F1B keeps p - s microbatches in flight, and each goes to the last stage and
+        # back (its forwards, input-gradient passes and crossings) before the stage takes another: with
+        # slow links that loop, not the slowest stage, paces the steady state
+        loop = 0.0
+        for s in range(pp - 1, -1, -1):
+            loop += times[s] - (weights[s] if schedule == "zero-bubble" else 0.0)
+            loop += round_trips[s] if s < pp - 1 else 0.0
+            slowest = max(slowest, loop / (pp - s))
     pipeline = m * slowest + fill
     step, before = 0.0, 0.0
     for s in range(pp):

@@ -136,7 +136,10 @@ class _Space:
         combined = per[0] if len(per) == 1 else _slowest(per)
         # every rank is in some replica, and a replica's ranks share a node
         capacity = MEMORY_HEADROOM * min(cluster.nodes[kind].device.memory_bytes for kind, _ in replicas)
-        loss = max(costs.loss_time(cluster.device_of(group[0]), workload, n) for (_, n), group in replicas.items())
+        # the LM head is vocabulary-parallel over the TP group, and its input gradient all-reduced there
+        loss = max(costs.loss_time(cluster.device_of(group[0]), workload, n, tp)
+                   + (costs.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
+                      if tp > 1 else 0.0) for (_, n), group in replicas.items())
         unit = max(shares) * workload.activation_bytes()
         dp_topo = self.topology(ranks[::tp]) if dp > 1 else None
         if dp_topo is None:
@@ -145,7 +148,10 @@ class _Space:
             reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, workload.num_layers)
         rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
                     for (_, n), group in replicas.items()) if recompute == "full" else 0.0
-        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun)
+        # a message that arrives as TP pieces is all-gathered in the receiving replica's TP group
+        gather = max(costs.collective_time("all_gather", n * workload.activation_bytes(), self.topology(group))
+                     for (_, n), group in replicas.items()) if tp > 1 else 0.0
+        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun, gather)
 
 
 def _no_reduce(nbytes: float) -> float:
