@@ -1,17 +1,18 @@
-/* The hottest ops in C: `Model.forward`, `Model.backward` and `WeightGrad.__add__`.
+/* The hottest ops in C: `Model.forward`, `Model.backward`, its two halves `Model.backward_input` and
+ * `Model.backward_weight`, and `WeightGrad.__add__`.
  *
  * Each handles the common, valid case exactly as the Python method in `model.py` / `tensors.py` does
  * (same checks, same costs, same event, same allocations in the same order) and hands every other call
- * (a keyword it does not know, a backward of a TP slice other than 0, a first use of a shape, any error) to that
- * Python method, which stays the specification. `install` puts them on the classes; the tests run the
- * whole suite both ways and compare a step's books entry by entry.
+ * (a keyword it does not know, a first use of a shape, any error) to that Python method, which stays the
+ * specification. `install` puts them on the classes; the tests run the whole suite both ways and
+ * compare a step's books entry by entry, and the backward ops' errors message by message.
  */
 #include "_ops.h"
 
 /* Slot offsets, classes and constants, resolved once by `install`. */
 static struct {
     PyTypeObject *Activation, *ActivationGrad, *Weight, *WeightGrad, *Stash;
-    PyObject *py_forward, *py_backward, *py_add; /* the Python twins */
+    PyObject *py_forward, *py_backward, *py_backward_input, *py_backward_weight, *py_add; /* the Python twins */
     PyObject *docs;                              /* method name -> text signature and docstring */
     /* Model */
     Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_act_bytes, m_shard_sizes, m_batch;
@@ -24,8 +25,9 @@ static struct {
     /* Stash */
     Py_ssize_t st_tp_rank, st_tp_size, st_recompute, st_input_done;
     Py_ssize_t pack_at;
-    PyObject *s_forward, *s_backward, *s_compute, *s_recompute, *s_empty, *s_none, *s_stash, *s_selective,
-        *s_cost, *s_events, *s_pack, *s_bit_count, *s_bit_length, *s_selective_mode, *zero, *one;
+    PyObject *s_forward, *s_backward, *s_backward_input, *s_backward_weight, *s_compute, *s_recompute, *s_empty,
+        *s_none, *s_stash, *s_selective, *s_cost, *s_events, *s_pack, *s_bit_count, *s_bit_length,
+        *s_selective_mode, *zero, *one;
 } K;
 
 /* ---- small helpers -------------------------------------------------------------------------------- */
@@ -246,68 +248,130 @@ slow:
     return fallback(K.py_forward, self, args, nargs, kwnames);
 }
 
-/* ---- backward ------------------------------------------------------------------------------------ */
+/* ---- backward, backward_input, backward_weight ----------------------------------------------------- */
 
-static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (nargs != 4 || kwnames) goto slow;
+/* A backward op's arguments once they pass `OpChecks._check_backward` (borrowed references). */
+typedef struct {
+    PyObject *layer, *act, *stash, *samples, *tp, *tp_rank, *recompute;
+    long n;                       /* samples */
+    long part;                    /* the input gradient's TP part: 1 << tp_rank */
+    long long act_grad_bytes;     /* the input gradient's bytes */
+    long long weight_grad_bytes;  /* the weight gradient's bytes (if asked for) */
+} BackwardCall;
+
+/* Does this call of a backward op pass `_check_backward`'s test, with its stash's `input_done` as
+ * `input_done` wants, on the fast path? 1 and *b filled, or 0: the Python twin takes the call (and
+ * raises, if it is wrong). `weight_grad`: the op returns a weight gradient, whose size comes from the
+ * per-step shard sizes (`Model._shard_bytes`); the first time for a (layer, TP degree), or where
+ * gradients are wider than weights, Python computes it. May leave an exception set for `fallback`. */
+static int backward_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                         PyObject *input_done, int weight_grad, BackwardCall *b) {
+    if (nargs != 4 || kwnames) return 0;
     PyObject *layer = args[0], *act = args[1], *grad = args[2], *weight = args[3], *rank = SLOT(self, K.m_rank);
     if (Py_TYPE(act) != K.Activation || Py_TYPE(grad) != K.ActivationGrad || Py_TYPE(weight) != K.Weight ||
         !PyLong_CheckExact(layer))
-        goto slow;
+        return 0;
     PyObject *stash = SLOT(act, K.a_stash);
     long layer_v = small_int(layer, -1);
-    if (!stash || Py_TYPE(stash) != K.Stash || layer_v < 0 ||
+    /* a TP slice's rank, at most 62: its input gradient is part 1 << tp_rank of the sum */
+    long tp_rank = small_int(SLOT(weight, K.w_tp_rank), -1);
+    if (!stash || Py_TYPE(stash) != K.Stash || layer_v < 0 || tp_rank < 0 || tp_rank > 62 ||
         small_int(SLOT(act, K.h_tp_size), 0) != 1 || small_int(SLOT(grad, K.h_tp_size), 0) != 1 ||
         small_int(SLOT(grad, K.h_layer), -1) != layer_v + 1 ||
-        small_int(SLOT(weight, K.w_tp_rank), -1) != 0 ||
         !is_full_mask(SLOT(weight, K.w_shards), small_int(SLOT(weight, K.w_num_shards), -1)) ||
-        SLOT(stash, K.st_input_done) != Py_False ||
+        SLOT(stash, K.st_input_done) != input_done ||
         int_eq(SLOT(act, K.h_rank), rank) != 1 || int_eq(SLOT(weight, K.w_rank), rank) != 1 ||
         int_eq(SLOT(grad, K.h_rank), rank) != 1 || int_eq(SLOT(act, K.h_layer), layer) != 1 ||
         int_eq(SLOT(weight, K.w_layer), layer) != 1 ||
         int_eq(SLOT(grad, K.h_samples), SLOT(act, K.h_samples)) != 1 ||
         int_eq(SLOT(stash, K.st_tp_rank), SLOT(weight, K.w_tp_rank)) != 1 ||
         int_eq(SLOT(stash, K.st_tp_size), SLOT(weight, K.w_tp_size)) != 1)
-        goto slow;
+        return 0;
     PyObject *samples = SLOT(act, K.h_samples), *tp = SLOT(weight, K.w_tp_size);
     PyObject *recompute = SLOT(stash, K.st_recompute);
     long n = mask_bit_count(samples);
-    long long grad_bytes = n < 0 ? -1 : activation_bytes(self, n);
-    if (grad_bytes < 0 || !tp || !recompute || !PyUnicode_CheckExact(recompute)) goto slow;
-    PyObject *key = PyTuple_Pack(2, layer, tp);
-    if (!key) return NULL;
-    PyObject *sizes = PyDict_GetItemWithError(SLOT(self, K.m_shard_sizes), key);
-    Py_DECREF(key);
-    if (!sizes || !PyTuple_CheckExact(sizes) || PyTuple_GET_SIZE(sizes) != 2) {
-        if (PyErr_Occurred()) return NULL;
-        goto slow; /* the first time for this (layer, TP degree): Python computes and caches it */
+    long long act_grad_bytes = n < 0 ? -1 : activation_bytes(self, n);
+    if (act_grad_bytes < 0 || !tp || !recompute || !PyUnicode_CheckExact(recompute)) return 0;
+    long long weight_grad_bytes = 0;
+    if (weight_grad) {
+        PyObject *key = PyTuple_Pack(2, layer, tp);
+        if (!key) return 0;
+        PyObject *sizes = PyDict_GetItemWithError(SLOT(self, K.m_shard_sizes), key);
+        Py_DECREF(key);
+        if (!sizes || !PyTuple_CheckExact(sizes) || PyTuple_GET_SIZE(sizes) != 2) return 0;
+        weight_grad_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 0));
+        if (weight_grad_bytes < 0) return 0;
     }
-    long long weight_grad_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 0));
-    if (weight_grad_bytes == -1 && PyErr_Occurred()) return NULL;
+    *b = (BackwardCall){layer, act, stash, samples, tp, SLOT(weight, K.w_tp_rank), recompute, n,
+                        1L << tp_rank, act_grad_bytes, weight_grad_bytes};
+    return 1;
+}
 
-    int plain = recompute == K.s_none || PyUnicode_Compare(recompute, K.s_none) == 0;
-    PyObject *cost = op_cost(self, K.s_backward, layer, n, tp, recompute);
-    if (!cost) return NULL;
-    int failed = run_compute(self, K.s_backward, layer, samples, cost, plain ? K.s_empty : recompute);
+/* `Model._compute(op, layer, samples, tp, mode)`: the compute stream advances by the op's cost in
+ * compute mode `mode`, and the event's detail names the mode unless it is "none". */
+static int backward_compute(PyObject *self, PyObject *op, const BackwardCall *b, PyObject *mode) {
+    int plain = mode == K.s_none || PyUnicode_Compare(mode, K.s_none) == 0;
+    if (!plain && PyErr_Occurred()) return -1;
+    PyObject *cost = op_cost(self, op, b->layer, b->n, b->tp, mode);
+    if (!cost) return -1;
+    int failed = run_compute(self, op, b->layer, b->samples, cost, plain ? K.s_empty : mode);
     Py_DECREF(cost);
-    if (failed) return NULL;
-    Py_SETREF(SLOT(act, K.a_stash), Py_NewRef(Py_None)); /* freed before the gradients are allocated */
-    PyObject *result = NULL, *weight_grad = NULL, *act_grad = NULL;
-    AllocLog *mem = (AllocLog *)SLOT(self, K.m_mem);
-    if (set_context((PyObject *)mem, K.s_backward, layer) < 0) goto done;
-    PyObject *wfields[7] = {rank, layer, samples, K.one, K.one, K.zero, tp};
-    weight_grad = buffer_alloc(K.WeightGrad, mem, weight_grad_bytes, wfields, 7);
-    if (!weight_grad) goto done;
-    PyObject *gfields[5] = {rank, SLOT(act, K.h_layer), samples, K.one, tp}; /* TP slice 0: part 1 << 0 */
-    act_grad = buffer_alloc(K.ActivationGrad, mem, grad_bytes, gfields, 5);
-    if (!act_grad) goto done;
-    result = PyTuple_Pack(2, weight_grad, act_grad);
-done:
-    Py_XDECREF(weight_grad);
+    return failed;
+}
+
+/* `Model._weight_grad`: the layer's weight gradient (this TP slice's) for the call's samples. */
+static PyObject *new_weight_grad(PyObject *self, const BackwardCall *b) {
+    PyObject *fields[7] = {SLOT(self, K.m_rank), b->layer, b->samples, K.one, K.one, b->tp_rank, b->tp};
+    return buffer_alloc(K.WeightGrad, (AllocLog *)SLOT(self, K.m_mem), b->weight_grad_bytes, fields, 7);
+}
+
+/* `Model._activation_grad`: the gradient entering the layer, a TP slice's part of the sum. */
+static PyObject *new_activation_grad(PyObject *self, const BackwardCall *b) {
+    PyObject *part = PyLong_FromLong(b->part);
+    if (!part) return NULL;
+    PyObject *fields[5] = {SLOT(self, K.m_rank), SLOT(b->act, K.h_layer), b->samples, part, b->tp};
+    PyObject *out = buffer_alloc(K.ActivationGrad, (AllocLog *)SLOT(self, K.m_mem), b->act_grad_bytes, fields, 5);
+    Py_DECREF(part);
+    return out;
+}
+
+static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    BackwardCall b;
+    if (!backward_call(self, args, nargs, kwnames, Py_False, 1, &b))
+        return fallback(K.py_backward, self, args, nargs, kwnames);
+    if (backward_compute(self, K.s_backward, &b, b.recompute) < 0) return NULL;
+    Py_SETREF(SLOT(b.act, K.a_stash), Py_NewRef(Py_None)); /* freed before the gradients are allocated */
+    if (set_context(SLOT(self, K.m_mem), K.s_backward, b.layer) < 0) return NULL;
+    PyObject *weight_grad = new_weight_grad(self, &b);
+    if (!weight_grad) return NULL;
+    PyObject *act_grad = new_activation_grad(self, &b);
+    PyObject *result = act_grad ? PyTuple_Pack(2, weight_grad, act_grad) : NULL;
+    Py_DECREF(weight_grad);
     Py_XDECREF(act_grad);
     return result;
-slow:
-    return fallback(K.py_backward, self, args, nargs, kwnames);
+}
+
+static PyObject *fast_backward_input(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    BackwardCall b;
+    if (!backward_call(self, args, nargs, kwnames, Py_False, 0, &b))
+        return fallback(K.py_backward_input, self, args, nargs, kwnames);
+    PyObject *stash = Py_NewRef(b.stash); /* kept for backward_weight */
+    int failed = backward_compute(self, K.s_backward_input, &b, b.recompute);
+    if (!failed) Py_SETREF(SLOT(stash, K.st_input_done), Py_NewRef(Py_True));
+    Py_DECREF(stash);
+    if (failed || set_context(SLOT(self, K.m_mem), K.s_backward_input, b.layer) < 0) return NULL;
+    return new_activation_grad(self, &b);
+}
+
+static PyObject *fast_backward_weight(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    BackwardCall b;
+    if (!backward_call(self, args, nargs, kwnames, Py_True, 1, &b))
+        return fallback(K.py_backward_weight, self, args, nargs, kwnames);
+    /* the weight-gradient GEMMs re-run nothing: compute mode "none" whatever the forward's */
+    if (backward_compute(self, K.s_backward_weight, &b, K.s_none) < 0) return NULL;
+    Py_SETREF(SLOT(b.act, K.a_stash), Py_NewRef(Py_None)); /* consumes the stash */
+    if (set_context(SLOT(self, K.m_mem), K.s_backward_weight, b.layer) < 0) return NULL;
+    return new_weight_grad(self, &b);
 }
 
 /* ---- WeightGrad + WeightGrad ---------------------------------------------------------------------- */
@@ -366,6 +430,10 @@ static PyMethodDef forward_def = {"forward", (PyCFunction)(void (*)(void))fast_f
                                   NULL};
 static PyMethodDef backward_def = {"backward", (PyCFunction)(void (*)(void))fast_backward,
                                    METH_FASTCALL | METH_KEYWORDS, NULL};
+static PyMethodDef backward_input_def = {"backward_input", (PyCFunction)(void (*)(void))fast_backward_input,
+                                         METH_FASTCALL | METH_KEYWORDS, NULL};
+static PyMethodDef backward_weight_def = {"backward_weight", (PyCFunction)(void (*)(void))fast_backward_weight,
+                                          METH_FASTCALL | METH_KEYWORDS, NULL};
 static PyMethodDef add_def = {"__add__", (PyCFunction)(void (*)(void))fast_add, METH_FASTCALL | METH_KEYWORDS, NULL};
 
 /* Put `def` on `cls`, keeping the Python method there as the twin; `docs[name]` (its signature and
@@ -442,6 +510,8 @@ static PyObject *install(PyObject *module, PyObject *args) {
     Py_XSETREF(K.docs, docs);
     if (replace_method(Model, &forward_def, &K.py_forward, K.docs) < 0 ||
         replace_method(Model, &backward_def, &K.py_backward, K.docs) < 0 ||
+        replace_method(Model, &backward_input_def, &K.py_backward_input, K.docs) < 0 ||
+        replace_method(Model, &backward_weight_def, &K.py_backward_weight, K.docs) < 0 ||
         replace_method(WeightGrad, &add_def, &K.py_add, K.docs) < 0)
         return NULL;
     set_clock_slot((PyTypeObject *)RankState, K.s_clock);
@@ -451,13 +521,14 @@ static PyObject *install(PyObject *module, PyObject *args) {
 static PyMethodDef ops_methods[] = {
     {"install", install, METH_VARARGS,
      "install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, pack_at, docs): "
-     "put the C forward, backward and WeightGrad.__add__ on the classes; the Python methods stay as their "
-     "fallback for every case off the fast path."},
+     "put the C forward, backward, backward_input, backward_weight and WeightGrad.__add__ on the classes; the "
+     "Python methods stay as their fallback for every case off the fast path."},
     {NULL}};
 
 int ops_init(PyObject *module) {
     struct { PyObject **out; const char *text; } strings[] = {
-        {&K.s_forward, "forward"}, {&K.s_backward, "backward"}, {&K.s_compute, "compute"},
+        {&K.s_forward, "forward"}, {&K.s_backward, "backward"}, {&K.s_backward_input, "backward_input"},
+        {&K.s_backward_weight, "backward_weight"}, {&K.s_compute, "compute"},
         {&K.s_recompute, "recompute"}, {&K.s_empty, ""}, {&K.s_none, "none"}, {&K.s_stash, "stash"},
         {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"},
         {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_bit_count, "bit_count"},

@@ -1,4 +1,4 @@
-/* What the C twins of `Model`'s ops share: `_ops.c` (forward, backward, gradient sum) and
+/* What the C twins of `Model`'s ops share: `_ops.c` (forward, the backward ops, gradient sum) and
  * `_weight_ops.c` (load_weights, update, set_final_weight). */
 #ifndef DIST_LIB_OPS_H
 #define DIST_LIB_OPS_H

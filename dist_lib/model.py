@@ -510,7 +510,8 @@ if ACCELERATED:  # the hottest ops in C; the Python above stays their spec and f
     from .memory import MemoryTracker
 
     install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT,
-            {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, WeightGrad.__add__)})
+            {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, Model.backward_input, Model.backward_weight,
+                                             WeightGrad.__add__)})
     install_weight_ops(Model, RankState, MemoryTracker, Weight, OptState, WeightGrad,
                        {m.__name__: _c_doc(m) for m in (Model.load_weights, Model.update, Model.set_final_weight)})
     install_comm_ops(Model, RankState, MemoryTracker, comm, Weight, OptState, WeightGrad,

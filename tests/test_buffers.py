@@ -164,8 +164,13 @@ cases = {  # name: (strategy, options, cluster, layers, global batch)
     "gpipe_recompute": ("gpipe", {"recompute": True}),  # forward again: a recompute
     "hybrid_tp": ("hybrid", {"dp": 1, "pp": 2, "tp": 2, "selective_recompute": True}),  # TP slices, selective
     "hybrid_tp4": ("hybrid", {"dp": 1, "pp": 1, "tp": 4}, "1x4xA100-80GB", 4, 16),  # forwards of TP slices 1-3, partial-sum all-reduces
+    # the backward of TP slices 1-3 whole, then split and sequence-parallel (its compute mode in the event)
+    "hybrid_tp4_sync": ("hybrid", {"dp": 1, "pp": 1, "tp": 4, "async_tp_allreduce": False}, "1x4xA100-80GB", 4,
+                        16),
+    "hybrid_tp_sp": ("hybrid", {"dp": 1, "pp": 2, "tp": 2, "sequence_parallel": True, "selective_recompute": True}),
     "hybrid_tp_recompute": ("hybrid", {"dp": 1, "pp": 2, "tp": 2, "recompute": True}),  # a TP slice's re-run
     "zero_bubble": ("zero_bubble", {}),  # split backward
+    "zero_bubble_recompute": ("zero_bubble", {"recompute": True, "max_in_flight": 3}),  # deferred W after a re-run
 }
 for name, (strategy, options, *shape) in cases.items():
     cluster, layers, batch = shape or ("2x2xA100-80GB", 4, 16)
@@ -178,30 +183,149 @@ print(json.dumps(out))
 """
 
 
-def _run(pure: bool) -> dict:
+def _run(pure: bool, program: str = RUN) -> dict:
     env = dict(os.environ)
     env.pop("DIST_SANDBOX_PURE_PYTHON", None)
     if pure:
         env["DIST_SANDBOX_PURE_PYTHON"] = "1"
-    out = subprocess.run([sys.executable, "-c", RUN], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True)
     return json.loads(out.stdout)
 
 
 @pytest.mark.skipif(_c_buffers() is None, reason="the C accelerator was not built")
 def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
-    """The C buffers, the C ops (forward, backward, gradient sum, load_weights, update, set_final_weight,
-    all_reduce, all_gather, reduce_scatter) and the C event packing against their Python twins, over steps
-    that take every path: the fast one (TP slices and selective recompute included in forward), and each
-    that falls back to Python (split backward, an update that allocates)."""
+    """The C buffers, the C ops (forward, backward, backward_input, backward_weight, gradient sum,
+    load_weights, update, set_final_weight, all_reduce, all_gather, reduce_scatter) and the C event packing
+    against their Python twins, over steps that take every path: the fast one (TP slices, selective
+    recompute and sequence parallelism included; split backward as hybrid's TP and zero-bubble schedules
+    run it), and each that falls back to Python (an update that allocates)."""
     c, python = _run(pure=False), _run(pure=True)
     assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
     for name in ("zero", "zero1", "zero_wide", "ddp_wide", "one_f_one_b", "ddp", "gpipe_recompute", "hybrid_tp",
-                 "hybrid_tp4", "hybrid_tp_recompute", "zero_bubble"):
+                 "hybrid_tp4", "hybrid_tp4_sync", "hybrid_tp_sp", "hybrid_tp_recompute", "zero_bubble",
+                 "zero_bubble_recompute"):
         assert c[name] == python[name], name
         assert len(c[name]["logs"][0][0]) > 20
     details = {e[11] for case in c.values() if isinstance(case, dict) for e in case["events"]}
-    assert {"recompute", "selective"} <= details  # the recomputing paths were taken
+    assert {"recompute", "selective", "selective, sequence-parallel"} <= details  # the recomputing paths ran
+    ops = {name: {e[1] for e in c[name]["events"]}
+           for name in ("hybrid_tp4", "hybrid_tp4_sync", "zero_bubble_recompute")}
+    assert {"backward_input", "backward_weight"} <= ops["hybrid_tp4"] & ops["zero_bubble_recompute"]
+    assert "backward" in ops["hybrid_tp4_sync"] and "backward_input" not in ops["hybrid_tp4_sync"]
 
+
+# Calls of the backward ops, right and wrong, made by rank 0 of two (rank 1 lends it a tensor it does not
+# own). Each scenario starts from fresh forwards of layers 0 and 1 (h: layer 1's input, with its stash;
+# g: the gradient from the loss) and records what each call returned or raised, and the rank's clock,
+# live bytes and the stash's state afterwards.
+RUN_MISUSE = """
+import asyncio, json
+from dist_lib import TensorError, simulate
+import dist_lib.memory as memory
+
+out = {"impl": memory.Buffer.__module__, "calls": {}}
+shared = {}
+
+SCENARIOS = {  # name: the calls, given the model, the weights, h, g and rank 1's tensor
+    "weight before input": lambda m, w, h, g, theirs: [m.backward_weight(1, h, g, w[1])],
+    "input twice": lambda m, w, h, g, theirs: [m.backward_input(1, h, g, w[1]), m.backward_input(1, h, g, w[1])],
+    "backward after input": lambda m, w, h, g, theirs: [m.backward_input(1, h, g, w[1]), m.backward(1, h, g, w[1])],
+    "weight twice": lambda m, w, h, g, theirs: [m.backward_input(1, h, g, w[1]), m.backward_weight(1, h, g, w[1]),
+                                                m.backward_weight(1, h, g, w[1])],
+    "input of the wrong layer": lambda m, w, h, g, theirs: [m.backward_input(0, h, g, w[0])],
+    "weight of the wrong layer": lambda m, w, h, g, theirs: [m.backward_input(1, h, g, w[1]),
+                                                             m.backward_weight(1, h, g, w[0])],
+    "gradient of other samples": lambda m, w, h, g, theirs: [
+        m.backward_input(1, h, m.loss(m.forward(1, m.forward(0, m.get_input_activation([1]), w[0], stash=False), w[1],
+                                                stash=False)), w[1])],
+    "gradient for layer 1": lambda m, w, h, g, theirs: [m.backward_input(1, h, m.backward(1, h, g, w[1])[1], w[1])],
+    "gradient slice": lambda m, w, h, g, theirs: [m.backward_input(1, h, m.split_tp(g, 0, 2), w[1])],
+    "weight shard": lambda m, w, h, g, theirs: [m.backward_input(1, h, g, m.load_weights(1, 0, 2)[0])],
+    "another TP slice": lambda m, w, h, g, theirs: [
+        m.backward_input(1, h, g, m.load_weights(1, tp_rank=1, tp_size=2)[0])],
+    "foreign activation": lambda m, w, h, g, theirs: [m.backward_weight(1, theirs, g, w[1])],
+    "not tensors": lambda m, w, h, g, theirs: [m.backward_input(1, g, h, w[1])],
+    "missing arguments": lambda m, w, h, g, theirs: [m.backward_input(1, h)],
+    "unknown keyword": lambda m, w, h, g, theirs: [m.backward_weight(1, h, g, w[1], stash=True)],
+    # valid calls off the fast path: keywords, a bool for a layer
+    "keywords": lambda m, w, h, g, theirs: [m.backward_input(layer=1, act=h, grad=g, weight=w[1]),
+                                            m.backward_weight(1, h, g, weight=w[1])],
+    "bool layer": lambda m, w, h, g, theirs: [m.backward_input(True, h, g, w[1]), m.backward_weight(True, h, g, w[1])],
+}
+
+
+def describe(x):
+    if isinstance(x, tuple):
+        return [describe(t) for t in x]
+    return [repr(x), x.nbytes, getattr(x, "tp_parts", None)]
+
+
+async def train(model):
+    if model.rank == 1:
+        shared["theirs"] = model.forward(0, model.get_input_activation([1]), model.load_weights(0)[0], stash=False)
+        return
+    await asyncio.sleep(0)
+    w = [model.load_weights(0)[0], model.load_weights(1)[0]]
+    for name, calls in SCENARIOS.items():
+        h = model.forward(0, model.get_input_activation([0]), w[0], stash=False)
+        g = model.loss(model.forward(1, h, w[1]))
+        stash = h._stash
+        done = []
+        try:
+            for result in calls(model, w, h, g, shared["theirs"]):
+                done.append(describe(result))
+            error = None
+        except (TensorError, TypeError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        out["calls"][name] = {"returned": done, "error": error, "clock": model.time, "live": model.memory_bytes,
+                              "stash": [h._stash is stash, stash.input_done]}
+        # a stash left on its activation is dropped first: an activation freed with its stash attached
+        # logs the two frees in opposite orders in C and in Python (at the same instant)
+        h._stash = None
+        del h, g, stash, done
+
+r = simulate(train, "2xA100-80GB", "toy:layers=2", 2, check=False)
+out["events"] = [[str(x) for x in e] for e in r.raw_events]
+out["logs"] = [[list(d), list(k)] for d, _, k in r.memory_log]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(_c_buffers() is None, reason="the C accelerator was not built")
+def test_the_backward_ops_fail_and_fall_back_alike_in_c_and_in_python():
+    """Every wrong call of backward_input, backward_weight and backward raises the same exception with the
+    same message in C and in Python, after the same changes to the clock, the memory and the stash (none);
+    calls off the fast path (keywords, a bool layer) give the same results."""
+    c, python = (_run(pure, RUN_MISUSE) for pure in (False, True))
+    assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
+    assert c == {**python, "impl": c["impl"]}
+    calls = c["calls"]
+    expected = {  # the check each wrong call trips, by its own words
+        "weight before input": "backward_weight before backward_input for samples 0",
+        "input twice": "backward_input already ran for these samples; call backward_weight",
+        "backward after input": "rank 0 backward(layer 1): backward_input already ran",
+        "weight twice": "carries no stash for layer 1",
+        "input of the wrong layer": "is the input of layer 1, not 0",
+        "weight of the wrong layer": "belongs to layer 0",
+        "gradient of other samples": "gradient of samples 1 but activation of samples 0",
+        "gradient for layer 1": "is the gradient entering layer 1; backward of layer 1 needs the one from layer 2",
+        "gradient slice": "all_gather the pieces in the TP group first",
+        "weight shard": "holds only ZeRO shards 0 of 2",
+        "another TP slice": "the stash came from TP slice 0/1, the weight is slice 1/2",
+        "foreign activation": "lives on rank 1; send it here first",
+        "not tensors": "expected an Activation, got ActivationGrad",
+        "missing arguments": "TypeError: Model.backward_input() missing 2 required positional arguments",
+        "unknown keyword": "TypeError: Model.backward_weight() got an unexpected keyword argument 'stash'",
+    }
+    for name, message in expected.items():
+        assert message in calls[name]["error"], name
+    for name in ("keywords", "bool layer"):
+        assert calls[name]["error"] is None and calls[name]["stash"] == [False, True], name
+    # a refused call leaves the stash where it was: still there after a wrong first call ...
+    assert calls["weight before input"]["stash"] == [True, False]
+    # ... and still marked after a wrong second one
+    assert calls["input twice"]["stash"] == calls["backward after input"]["stash"] == [True, True]
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_args_fill_the_named_slots_in_order_with_trailing_defaults(impl):
@@ -257,7 +381,8 @@ def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():
 
     assert list(inspect.signature(Model.forward).parameters) == ["self", "layer", "act", "weight", "stash",
                                                                  "selective_recompute", "sequence_parallel"]
-    assert list(inspect.signature(Model.backward).parameters) == ["self", "layer", "act", "grad", "weight"]
+    for op in (Model.backward, Model.backward_input, Model.backward_weight):
+        assert list(inspect.signature(op).parameters) == ["self", "layer", "act", "grad", "weight"]
     assert list(inspect.signature(WeightGrad.__add__).parameters) == ["self", "other"]
     assert list(inspect.signature(Model.load_weights).parameters) == ["self", "layer", "shard", "num_shards",
                                                                       "tp_rank", "tp_size"]
@@ -266,4 +391,5 @@ def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():
     for op in (Model.all_reduce, Model.all_gather, Model.reduce_scatter):
         assert list(inspect.signature(op).parameters) == ["self", "x", "group"]
     assert "Adam step" in Model.update.__doc__
-    assert "consumes the stash" in Model.backward.__doc__
+    assert "consumes the stash" in Model.backward.__doc__ and "consumes the stash" in Model.backward_weight.__doc__
+    assert "keeps the stash" in Model.backward_input.__doc__
