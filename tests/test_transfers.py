@@ -100,7 +100,7 @@ def transfer_sets(draw):
 
 
 @needs_c
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(transfer_sets())
 def test_the_c_scheduler_ends_every_transfer_as_the_python_one_to_the_bit(case):
     capacity, batches = case
