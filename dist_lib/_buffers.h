@@ -1,5 +1,5 @@
-/* What `_buffers.c` (buffers and their log), `_ops.c` (the hottest ops) and `_events.c` (packing the
- * event log) share. */
+/* What `_buffers.c` (buffers and their log), `_ops.c` (the hottest ops), `_events.c` (packing the
+ * event log) and `_transfers.c` (the transfer scheduler) share. */
 #ifndef DIST_LIB_BUFFERS_H
 #define DIST_LIB_BUFFERS_H
 
@@ -75,5 +75,7 @@ int weight_ops_init(PyObject *module);
 int comm_ops_init(PyObject *module);
 /* Adds `KindIndex` and `pack_events` to the module (`_events.c`). */
 int events_init(PyObject *module);
+/* Adds `Transfer` and `Scheduler`, the twins of transfers.py's, to the module (`_transfers.c`). */
+int transfers_init(PyObject *module);
 
 #endif

@@ -19,11 +19,15 @@ a completion it waits for. `Scheduler.next_completions` runs the fluid model up 
 returns the transfers that end then; their waiters wake with clocks at or after it. Loads are whole
 bytes/s, so their sums are exact and the shares, and hence every time, are the same whatever order
 asyncio ran the ranks in.
+
+`Transfer` and `Scheduler` are the C twins (`_transfers.c`) when the extension was built, with the same
+ends to the bit; the classes below stay the specification, and `DIST_SANDBOX_PURE_PYTHON=1` uses them.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -151,3 +155,11 @@ class Scheduler:
         transfer.version += 1
         transfer.end = now + transfer.left / speed
         heapq.heappush(self.ends, (transfer.end, transfer.seq, transfer.version, transfer))
+
+
+PythonTransfer, PythonScheduler = Transfer, Scheduler  # the specification, whichever twin runs
+if not os.environ.get("DIST_SANDBOX_PURE_PYTHON"):
+    try:
+        from ._buffers import Scheduler, Transfer  # type: ignore[assignment]  # noqa: F811
+    except ImportError:  # not built (no C compiler at install time): the classes above
+        pass

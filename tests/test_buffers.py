@@ -153,7 +153,8 @@ RUN = """
 import json
 from dist_lib import simulate
 import dist_lib.memory as memory
-out = {"impl": memory.Buffer.__module__}
+import dist_lib.transfers as transfers
+out = {"impl": memory.Buffer.__module__, "scheduler": transfers.Scheduler.__module__}
 cases = {  # name: (strategy, options, cluster, layers, global batch)
     "zero": ("zero", {"stage": 3}),  # collectives and ZeRO shards
     "zero1": ("zero", {"stage": 1}),  # an update of a weight holding more than its optimizer shard allocates
@@ -196,12 +197,13 @@ def _run(pure: bool, program: str = RUN) -> dict:
 @pytest.mark.skipif(_c_buffers() is None, reason="the C accelerator was not built")
 def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
     """The C buffers, the C ops (forward, backward, backward_input, backward_weight, gradient sum,
-    load_weights, update, set_final_weight, all_reduce, all_gather, reduce_scatter) and the C event packing
-    against their Python twins, over steps that take every path: the fast one (TP slices, selective
-    recompute and sequence parallelism included; split backward as hybrid's TP and zero-bubble schedules
-    run it), and each that falls back to Python (an update that allocates)."""
+    load_weights, update, set_final_weight, all_reduce, all_gather, reduce_scatter), the C event packing and
+    the C transfer scheduler against their Python twins, over steps that take every path: the fast one (TP
+    slices, selective recompute and sequence parallelism included; split backward as hybrid's TP and
+    zero-bubble schedules run it), and each that falls back to Python (an update that allocates)."""
     c, python = _run(pure=False), _run(pure=True)
     assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
+    assert (c["scheduler"], python["scheduler"]) == ("dist_lib._buffers", "dist_lib.transfers")
     for name in ("zero", "zero1", "zero_wide", "ddp_wide", "one_f_one_b", "ddp", "gpipe_recompute", "hybrid_tp",
                  "hybrid_tp4", "hybrid_tp4_sync", "hybrid_tp_sp", "hybrid_tp_recompute", "zero_bubble",
                  "zero_bubble_recompute"):

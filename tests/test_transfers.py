@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import gc
+import weakref
 
-from dist_lib.transfers import Scheduler, Transfer
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dist_lib.transfers import PythonScheduler, PythonTransfer, Scheduler, Transfer
 
 
 def run(capacity, transfers):
@@ -40,3 +45,117 @@ def test_a_transfer_moves_at_the_share_of_its_most_loaded_link():
     ends = run([1, 1], [(0.0, 1.0, ((0, 1), (1, 1))), (0.0, 1.0, ((0, 1),)), (0.0, 1.0, ((1, 1),)),
                         (0.0, 1.0, ((1, 1),))])
     assert ends == [pytest.approx(3.0), pytest.approx(2.0), pytest.approx(3.0), pytest.approx(3.0)]
+
+
+# ---- the C twins (dist_lib/_transfers.c) against the Python specification ----------------------------
+
+def _c_twins():
+    try:
+        from dist_lib._buffers import Scheduler as CScheduler, Transfer as CTransfer
+    except ImportError:
+        return None
+    return CTransfer, CScheduler
+
+
+needs_c = pytest.mark.skipif(_c_twins() is None, reason="the C accelerator was not built")
+TWINS = [pytest.param((PythonTransfer, PythonScheduler), id="python"),
+         pytest.param(_c_twins(), id="c", marks=needs_c)]
+
+
+def drive(twins, capacity, batches):
+    """Add each batch of (start after `now`, duration, usage) transfers, then take one round of
+    completions; then run the rest to the end. Returns everything either twin can be seen to do: each
+    round's instant and the keys of the transfers that ended then, in the order returned, and every
+    field of every transfer, as exact reprs."""
+    transfer_type, scheduler_type = twins
+    scheduler = scheduler_type(list(capacity))
+    made, rounds = [], []
+    for batch in batches:
+        for offset, duration, usage in batch:
+            transfer = transfer_type(scheduler.now + offset, duration, usage, None, None, (len(made),))
+            made.append(transfer)
+            scheduler.add(transfer)
+        rounds.append((scheduler.now, [t.key for t in scheduler.next_completions()]))
+    while done := scheduler.next_completions():
+        rounds.append((scheduler.now, [t.key for t in done]))
+    fields = [(t.start, t.end, t.left, t.speed, t.since, t.version, t.seq) for t in made]
+    return repr((rounds, fields, list(scheduler.load), scheduler.count))
+
+
+@st.composite
+def transfer_sets(draw):
+    """Links of mixed capacities (equal and tiny ones to make ties and heavy sharing, some above 2**53
+    where a share needs the exact division), and batches of transfers whose starts and durations often
+    coincide (simultaneous starts and ends), some starting before `now` (moved to `now`)."""
+    links = draw(st.integers(1, 5))
+    capacity = draw(st.lists(st.sampled_from([1, 3, 10**9, 25 * 10**9, 2**53 + 1]) | st.integers(1, 2**54),
+                             min_size=links, max_size=links))
+    usage = st.lists(st.tuples(st.integers(0, links - 1),
+                               st.sampled_from([0, 1, 2, 10**9, 25 * 10**9]) | st.integers(0, 2**54)),
+                     max_size=4).map(tuple)
+    offset = st.sampled_from([-0.5, 0.0, 0.25, 0.5, 1.0]) | st.floats(0.0, 4.0)
+    duration = st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0]) | st.floats(1e-9, 4.0)
+    batches = draw(st.lists(st.lists(st.tuples(offset, duration, usage), max_size=6), min_size=1, max_size=8))
+    return capacity, batches
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(transfer_sets())
+def test_the_c_scheduler_ends_every_transfer_as_the_python_one_to_the_bit(case):
+    capacity, batches = case
+    assert drive(_c_twins(), capacity, batches) == drive((PythonTransfer, PythonScheduler), capacity, batches)
+
+
+@pytest.mark.parametrize("twins", TWINS)
+def test_a_share_of_a_link_wanted_beyond_2_to_the_53_is_the_exactly_rounded_quotient(twins):
+    # Two transfers want w = 9007271254604741 bytes/s in all (> 2**53, not a double) of a link carrying
+    # c = 1062116443042877: each moves at c / w rounded once, 0.1179176704043299, where dividing the two
+    # as doubles would give 0.11791767040432992.
+    c, w = 1062116443042877, 9007271254604741
+    assert c / w != float(c) / float(w)
+    transfer_type, scheduler_type = twins
+    scheduler = scheduler_type([c])
+    made = [transfer_type(0.0, 1.0, ((0, rate),), None, None, (i,)) for i, rate in enumerate((2**52, w - 2**52))]
+    for t in made:
+        scheduler.add(t)
+    assert scheduler.next_completions() == made  # both end at once, in the order they were added
+    assert [t.speed for t in made] == [c / w] * 2 and [t.end for t in made] == [1.0 / (c / w)] * 2
+
+
+@pytest.mark.parametrize("twins", TWINS)
+def test_the_fields_the_engine_reads_and_writes(twins):
+    transfer_type, scheduler_type = twins
+    finish, owner = print, object()
+    t = transfer_type(0.5, 2.0, ((0, 1),), finish, owner, (1, (0, 1), 3))
+    assert (t.start, t.end, t.finish, t.owner, t.key, t.version) == (0.5, 2.5, finish, owner, (1, (0, 1), 3), 0)
+    t.owner = None  # a message lets go of its channel and Works once finished
+    assert t.owner is None
+
+
+@needs_c
+def test_the_c_twins_name_what_is_wrong_with_their_arguments():
+    transfer_type, scheduler_type = _c_twins()
+    with pytest.raises(TypeError, match=r"usage\[1\] must be \(link id, bytes/s\)"):
+        transfer_type(0.0, 1.0, ((0, 1), (1, 2.5)), None, None, (0,))
+    with pytest.raises(TypeError, match=r"capacity\[2\] must be a whole number"):
+        scheduler_type([1, 2, -3])
+    with pytest.raises(IndexError, match="link 4 of its usage is not one of the scheduler's 2 links"):
+        scheduler_type([1, 2]).add(transfer_type(0.0, 1.0, ((4, 1),), None, None, (0,)))
+
+
+@pytest.mark.parametrize("twins", TWINS)
+def test_a_cycle_through_a_transfer_in_flight_is_collected(twins):
+    """The engine holds the scheduler, which holds transfers, whose owners lead back to the engine."""
+    transfer_type, scheduler_type = twins
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    owner.scheduler = scheduler_type([1])
+    owner.scheduler.add(transfer_type(0.0, 1.0, ((0, 1),), None, owner, (0,)))
+    gone = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert gone() is None
