@@ -190,9 +190,10 @@ def _run(pure: bool) -> dict:
 @pytest.mark.skipif(_c_buffers() is None, reason="the C accelerator was not built")
 def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
     """The C buffers, the C ops (forward, backward, gradient sum, load_weights, update, set_final_weight,
-    all_reduce, all_gather, reduce_scatter) and the C event packing against their Python twins, over steps
-    that take every path: the fast one (TP slices and selective recompute included in forward), and each
-    that falls back to Python (split backward, an update that allocates)."""
+    all_reduce, all_gather, reduce_scatter, send, recv and a message's end) and the C event
+    packing against their Python twins, over steps that take every path: the fast one (TP slices and
+    selective recompute included in forward), and each that falls back to Python (split backward, an
+    update that allocates). `test_p2p_twins.py` compares the message path on random patterns."""
     c, python = _run(pure=False), _run(pure=True)
     assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
     for name in ("zero", "zero1", "zero_wide", "ddp_wide", "one_f_one_b", "ddp", "gpipe_recompute", "hybrid_tp",
@@ -265,5 +266,7 @@ def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():
     assert list(inspect.signature(Model.set_final_weight).parameters) == ["self", "layer", "weight"]
     for op in (Model.all_reduce, Model.all_gather, Model.reduce_scatter):
         assert list(inspect.signature(op).parameters) == ["self", "x", "group"]
+    assert list(inspect.signature(Model.send).parameters) == ["self", "x", "dst"]
+    assert list(inspect.signature(Model.recv).parameters) == ["self", "src"]
     assert "Adam step" in Model.update.__doc__
     assert "consumes the stash" in Model.backward.__doc__
