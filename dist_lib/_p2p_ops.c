@@ -167,9 +167,9 @@ static int match(PyObject *engine, PyObject *channel) {
         PyObject *recv = send ? deque_call(P.deque_popleft, recvs, NULL) : NULL;
         int failed = !recv;
         if (!failed) {
-            PyObject *input = SLOT(send, P.w_input);
-            PyObject *pending = input && Py_TYPE(send) == P.Work && Py_TYPE(recv) == P.Work
-                                    ? new_pending(input) : PyObject_CallOneArg((PyObject *)P.Pending, input ? input : Py_None);
+            PyObject *input = Py_TYPE(send) == P.Work && Py_TYPE(recv) == P.Work ? SLOT(send, P.w_input) : NULL;
+            PyObject *pending = input ? new_pending(input) : NULL;
+            if (!input) PyErr_SetString(PyExc_TypeError, "a channel's queues hold the Works of its sends and recvs");
             failed = !pending;
             if (pending) Py_XSETREF(SLOT(recv, P.w_result), pending);
         }
@@ -277,8 +277,8 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     PyObject *tensor = send && Py_TYPE(send) == P.Work ? SLOT(send, P.w_input) : NULL;
     if (!channel || Py_TYPE(channel) != P.Channel || Py_TYPE(recv) != P.Work || !tensor ||
-        !PyObject_TypeCheck(tensor, P.Tensor) || !SLOT(channel, P.c_ready) || Py_TYPE(SLOT(channel, P.c_ready)) != P.Deque ||
-        !SLOT(channel, P.c_peers)) {
+        !PyObject_TypeCheck(tensor, P.Tensor) || !SLOT(channel, P.c_ready) ||
+        Py_TYPE(SLOT(channel, P.c_ready)) != P.Deque || !SLOT(channel, P.c_peers)) {
         Py_DECREF(owner);
         return PyObject_Vectorcall(P.py_finish, args, nargs, NULL);
     }
@@ -293,7 +293,8 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     /* what the events name of the tensor, held without it: the stream lets go of it below */
     layer = Py_NewRef(SLOT(tensor, P.t_layer));
     samples = Py_NewRef(SLOT(tensor, P.t_samples));
-    if (!(nbytes = PyLong_FromLongLong(BUFFER_NBYTES((Buffer *)tensor))) || !(kind = PyObject_GetAttr(tensor, P.s_kind)))
+    if (!(nbytes = PyLong_FromLongLong(BUFFER_NBYTES((Buffer *)tensor))) ||
+        !(kind = PyObject_GetAttr(tensor, P.s_kind)))
         goto done;
     tensor = NULL;
     Py_SETREF(SLOT(channel, P.c_free), Py_NewRef(end));

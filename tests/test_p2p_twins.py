@@ -167,7 +167,8 @@ def run(programs: list[list[tuple]]):
         result = simulate(train, CLUSTER, "toy:layers=1", BATCH, check=False)
     except SimulationError as error:
         return type(error).__name__, str(error)
-    return (result.rank_times, [tuple(e) for e in result.raw_events], [(list(t), list(live)) for t, live in result.timelines],
+    return (result.rank_times, [tuple(e) for e in result.raw_events],
+            [(list(t), list(live)) for t, live in result.timelines],
             [(list(signed), list(kinds)) for signed, _, kinds in result.memory_log], received, result.problems)
 
 
