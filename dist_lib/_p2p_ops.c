@@ -78,10 +78,9 @@ static PyObject *new_pending(PyObject *tensor) {
     }
     PyObject *values = PyObject_CallOneArg(PyTuple_GET_ITEM(getter, 0), tensor);
     if (!values) return NULL;
-    if (!PyTuple_CheckExact(values) || PyTuple_GET_SIZE(values) < 1) {
+    if (!PyTuple_CheckExact(values) || PyTuple_GET_SIZE(values) < 2) { /* one field: the getter gives it bare */
         Py_DECREF(values);
-        PyErr_SetString(PyExc_TypeError, "a tensor class's fields after `rank` must be two or more");
-        return NULL;
+        return PyObject_CallOneArg((PyObject *)P.Pending, tensor);
     }
     int stashed = PyObject_IsTrue(PyTuple_GET_ITEM(getter, 1));
     if (stashed < 0) { Py_DECREF(values); return NULL; }
@@ -192,12 +191,11 @@ static int match(PyObject *engine, PyObject *channel) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* `issue_send` / `issue_recv` once the checks passed: a Work on the channel's queue, matched at once when
- * the other end is waiting. */
+/* `issue_send` / `issue_recv` once the checks passed (the rank state's rank and clock are set): a Work on
+ * the channel's queue, matched at once when the other end is waiting. */
 static PyObject *post(int op, PyObject *self, PyObject *channel, PyObject *input) {
     PyObject *engine = SLOT(self, P.m_engine), *state = SLOT(self, P.m_state);
     PyObject *rank = SLOT(state, P.s_rank), *clock = SLOT(state, P.s_clock);
-    if (!rank || !clock) return NULL;
     PyObject *work = P.Work->tp_alloc(P.Work, 0);
     if (!work) return NULL;
     struct { Py_ssize_t offset; PyObject *value; } fields[] = {
@@ -217,9 +215,11 @@ static PyObject *post(int op, PyObject *self, PyObject *channel, PyObject *input
     return work;
 }
 
-/* A peer rank this rank may message: an exact int in 0..world-1 other than itself (else -1). */
+/* A peer rank this rank may message: an exact int in 0..world-1 other than itself (else -1, also when the
+ * rank state has no rank or clock). */
 static long peer_of(PyObject *self, PyObject *peer, long *rank_out) {
-    long rank = small_int(SLOT(SLOT(self, P.m_state), P.s_rank), -1);
+    PyObject *state = SLOT(self, P.m_state);
+    long rank = SLOT(state, P.s_clock) ? small_int(SLOT(state, P.s_rank), -1) : -1;
     long world = small_int(SLOT(self, P.m_world), -1);
     long p = PyLong_CheckExact(peer) ? small_int(peer, -1) : -1;
     *rank_out = rank;
