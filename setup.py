@@ -1,6 +1,7 @@
 """Builds the optional C accelerator: the memory bookkeeping (`dist_lib/_buffers.c`), the hottest ops
-(`dist_lib/_ops.c`, `dist_lib/_weight_ops.c`, `dist_lib/_comm_ops.c`), the event log's packing
-(`dist_lib/_events.c`) and the transfer scheduler (`dist_lib/_transfers.c`), one extension module.
+(`dist_lib/_ops.c`, `dist_lib/_weight_ops.c`, `dist_lib/_comm_ops.c`), the point-to-point message path
+(`dist_lib/_p2p_ops.c`), the event log's packing (`dist_lib/_events.c`) and the transfer scheduler
+(`dist_lib/_transfers.c`), one extension module.
 
 Everything else is in pyproject.toml. Without a C compiler the build goes on and `dist_lib/buffers.py`
 does the same work in Python, more slowly.
@@ -16,7 +17,7 @@ from setuptools import Extension, setup
 NO_CONTRACTION = [] if os.name == "nt" else ["-ffp-contract=off"]
 
 setup(ext_modules=[Extension("dist_lib._buffers", ["dist_lib/_buffers.c", "dist_lib/_ops.c", "dist_lib/_weight_ops.c",
-                                                        "dist_lib/_comm_ops.c", "dist_lib/_events.c",
-                                                        "dist_lib/_transfers.c"],
+                                                        "dist_lib/_comm_ops.c", "dist_lib/_p2p_ops.c",
+                                                        "dist_lib/_events.c", "dist_lib/_transfers.c"],
                                  depends=["dist_lib/_buffers.h", "dist_lib/_ops.h"],
                                  extra_compile_args=NO_CONTRACTION, optional=True)])

@@ -535,8 +535,8 @@ PyMODINIT_FUNC PyInit__buffers(void) {
     if (!array_type || PyType_Ready(&AllocLogType) < 0 || PyType_Ready(&BufferType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    if (ops_init(m) < 0 || weight_ops_init(m) < 0 || comm_ops_init(m) < 0 || events_init(m) < 0 ||
-        transfers_init(m) < 0) { Py_DECREF(m); return NULL; }
+    if (ops_init(m) < 0 || weight_ops_init(m) < 0 || comm_ops_init(m) < 0 || p2p_ops_init(m) < 0 ||
+        events_init(m) < 0 || transfers_init(m) < 0) { Py_DECREF(m); return NULL; }
     Py_INCREF(&AllocLogType);
     Py_INCREF(&BufferType);
     if (PyModule_AddObject(m, "AllocLog", (PyObject *)&AllocLogType) < 0 ||

@@ -73,6 +73,8 @@ int ops_init(PyObject *module);
 int weight_ops_init(PyObject *module);
 /* Adds `install_comm_ops` to the module (`_comm_ops.c`). */
 int comm_ops_init(PyObject *module);
+/* Adds `install_p2p_ops` to the module (`_p2p_ops.c`). */
+int p2p_ops_init(PyObject *module);
 /* Adds `KindIndex` and `pack_events` to the module (`_events.c`). */
 int events_init(PyObject *module);
 /* Adds `Transfer` and `Scheduler`, the twins of transfers.py's, to the module (`_transfers.c`). */

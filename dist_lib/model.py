@@ -392,9 +392,11 @@ class Model(OpChecks):
         return issue_collective(self._engine, self._state, "reduce_scatter", x, self._resolve_group(group))
 
     def send(self, x: Any, dst: int) -> Work:
+        """Send tensor `x` to rank `dst`; matched in order with `dst`'s recvs from this rank (`p2p.py`)."""
         return issue_send(self._engine, self._state, x, dst)
 
     def recv(self, src: int) -> Work:
+        """Receive the next message rank `src` sends here; awaiting it returns the tensor (`p2p.py`)."""
         return issue_recv(self._engine, self._state, src)
 
     # ---- internals ----------------------------------------------------------------------------
@@ -505,8 +507,8 @@ def _c_doc(method: Any) -> str:
 
 
 if ACCELERATED:  # the hottest ops in C; the Python above stays their spec and fallback
-    from ._buffers import install, install_comm_ops, install_weight_ops
-    from . import comm
+    from ._buffers import install, install_comm_ops, install_p2p_ops, install_weight_ops
+    from . import comm, p2p, tensors
     from .memory import MemoryTracker
 
     install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT,
@@ -516,6 +518,10 @@ if ACCELERATED:  # the hottest ops in C; the Python above stays their spec and f
                        {m.__name__: _c_doc(m) for m in (Model.load_weights, Model.update, Model.set_final_weight)})
     install_comm_ops(Model, RankState, MemoryTracker, comm, Weight, OptState, WeightGrad,
                      {m.__name__: _c_doc(m) for m in (Model.all_reduce, Model.all_gather, Model.reduce_scatter)})
+    # the message path: p2p._finish becomes the C finish too (Python-started messages use it as well)
+    PYTHON_P2P = {"send": Model.send, "recv": Model.recv, "_finish": p2p._finish}
+    install_p2p_ops(Model, RankState, MemoryTracker, p2p, comm, tensors,
+                    {m.__name__: _c_doc(m) for m in (Model.send, Model.recv)})
 
 
 def _check_tp_slice(where: str, tp_rank: Any, tp_size: Any) -> None:

@@ -22,7 +22,8 @@ from .transfers import Transfer
 class Channel:
     """Messages from one rank to another, matched in order."""
 
-    __slots__ = ("src", "dst", "peers", "sends", "recvs", "free", "link", "usage", "busy", "ready", "started")
+    __slots__ = ("src", "dst", "peers", "sends", "recvs", "free", "link", "usage", "busy", "ready", "started",
+                 "durations")
 
     def __init__(self, src: int, dst: int, link: Link, usage: tuple[tuple[int, int], ...] = ()):
         self.src, self.dst, self.link = src, dst, link
@@ -34,6 +35,7 @@ class Channel:
         self.ready: deque[tuple[Work, Work]] = deque()
         self.usage = usage  # the links a message crosses (`Cluster.p2p_usage`)
         self.started = 0  # messages started so far
+        self.durations: dict[int, float] = {}  # a message's time alone by its bytes (`costs.p2p_time`)
 
 
 def _channel(engine: Engine, src: int, dst: int) -> Channel:
@@ -61,8 +63,8 @@ def issue_send(engine: Engine, state: RankState, tensor: Tensor, dst: int) -> Wo
         raise TensorError(f"rank {rank} send to {dst}: expected a tensor, got {type(tensor).__name__}")
     if tensor.rank != rank:
         raise TensorError(f"rank {rank} send to {dst}: {tensor!r} lives on rank {tensor.rank}, not here")
-    work = Work(engine, rank, "send", state.clock, tensor, (rank, dst))
     channel = _channel(engine, rank, dst)
+    work = Work(engine, rank, "send", state.clock, tensor, channel.peers)
     channel.sends.append(work)
     if channel.recvs:
         _match(engine, channel)
@@ -73,8 +75,8 @@ def issue_recv(engine: Engine, state: RankState, src: int) -> Work:
     rank = state.rank
     if src.__class__ is not int or not 0 <= src < engine.world_size or src == rank:
         _check_peer(engine, rank, src, "recv", "src")
-    work = Work(engine, rank, "recv", state.clock, None, (src, rank))
     channel = _channel(engine, src, rank)
+    work = Work(engine, rank, "recv", state.clock, None, channel.peers)
     channel.recvs.append(work)
     if channel.sends:
         _match(engine, channel)
@@ -96,7 +98,10 @@ def _start(engine: Engine, channel: Channel, send: Work, recv: Work) -> None:
     channel.busy = True
     channel.started += 1
     start = max(send.issue, recv.issue, channel.free)
-    duration = costs.p2p_time(send.input.nbytes, channel.link)  # type: ignore[union-attr]
+    nbytes = send.input.nbytes  # type: ignore[union-attr]
+    duration = channel.durations.get(nbytes)
+    if duration is None:
+        duration = channel.durations[nbytes] = costs.p2p_time(nbytes, channel.link)
     engine.schedule(Transfer(start, duration, channel.usage, _finish, (channel, send, recv),
                              (1, channel.peers, channel.started)))
 

@@ -197,10 +197,11 @@ def _run(pure: bool, program: str = RUN) -> dict:
 @pytest.mark.skipif(_c_buffers() is None, reason="the C accelerator was not built")
 def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
     """The C buffers, the C ops (forward, backward, backward_input, backward_weight, gradient sum,
-    load_weights, update, set_final_weight, all_reduce, all_gather, reduce_scatter), the C event packing and
-    the C transfer scheduler against their Python twins, over steps that take every path: the fast one (TP
-    slices, selective recompute and sequence parallelism included; split backward as hybrid's TP and
-    zero-bubble schedules run it), and each that falls back to Python (an update that allocates)."""
+    load_weights, update, set_final_weight, all_reduce, all_gather, reduce_scatter, send, recv and a message's
+    end), the C event packing and the C transfer scheduler against their Python twins, over steps that take
+    every path: the fast one (TP slices, selective recompute and sequence parallelism included; split backward
+    as hybrid's TP and zero-bubble schedules run it), and each that falls back to Python (an update that
+    allocates). `test_p2p_twins.py` compares the message path on random patterns."""
     c, python = _run(pure=False), _run(pure=True)
     assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
     assert (c["scheduler"], python["scheduler"]) == ("dist_lib._buffers", "dist_lib.transfers")
@@ -392,6 +393,8 @@ def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():
     assert list(inspect.signature(Model.set_final_weight).parameters) == ["self", "layer", "weight"]
     for op in (Model.all_reduce, Model.all_gather, Model.reduce_scatter):
         assert list(inspect.signature(op).parameters) == ["self", "x", "group"]
+    assert list(inspect.signature(Model.send).parameters) == ["self", "x", "dst"]
+    assert list(inspect.signature(Model.recv).parameters) == ["self", "src"]
     assert "Adam step" in Model.update.__doc__
     assert "consumes the stash" in Model.backward.__doc__ and "consumes the stash" in Model.backward_weight.__doc__
     assert "keeps the stash" in Model.backward_input.__doc__
