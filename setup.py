@@ -8,8 +8,12 @@ does the same work in Python, more slowly.
 """
 
 import os
+import runpy
 
 from setuptools import Extension, setup
+
+# the sources' fingerprint, compiled in: `dist_lib/memory.py` uses no extension built from other sources
+SOURCE_HASH = runpy.run_path(os.path.join("dist_lib", "_source_hash.py"))["source_hash"]()
 
 # The C twins must round as Python does: no fused multiply-add (a * b + c rounded once), which GCC and
 # Clang emit by default on targets that have it (AArch64, x86-64 built for FMA). MSVC does not contract
@@ -20,4 +24,5 @@ setup(ext_modules=[Extension("dist_lib._buffers", ["dist_lib/_buffers.c", "dist_
                                                         "dist_lib/_comm_ops.c", "dist_lib/_p2p_ops.c",
                                                         "dist_lib/_events.c", "dist_lib/_transfers.c"],
                                  depends=["dist_lib/_buffers.h", "dist_lib/_ops.h"],
+                                 define_macros=[("SOURCE_HASH", f'"{SOURCE_HASH}"')],
                                  extra_compile_args=NO_CONTRACTION, optional=True)])

@@ -539,8 +539,12 @@ PyMODINIT_FUNC PyInit__buffers(void) {
         events_init(m) < 0 || transfers_init(m) < 0) { Py_DECREF(m); return NULL; }
     Py_INCREF(&AllocLogType);
     Py_INCREF(&BufferType);
+#ifndef SOURCE_HASH
+#define SOURCE_HASH "" /* built without setup.py: memory.py treats it as stale */
+#endif
     if (PyModule_AddObject(m, "AllocLog", (PyObject *)&AllocLogType) < 0 ||
-        PyModule_AddObject(m, "Buffer", (PyObject *)&BufferType) < 0) {
+        PyModule_AddObject(m, "Buffer", (PyObject *)&BufferType) < 0 ||
+        PyModule_AddStringConstant(m, "SOURCE_HASH", SOURCE_HASH) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -19,10 +19,10 @@ from array import array
 from collections.abc import Iterator, Sequence
 from itertools import chain
 
-from .memory import ACCELERATED
+from .memory import EXTENSION
 
-if ACCELERATED:  # `pack` in C for the common case; the Python below is its specification and fallback
-    from ._buffers import KindIndex, pack_events
+if EXTENSION is not None:  # `pack` in C for the common case; the Python below is its specification and fallback
+    KindIndex, pack_events = EXTENSION.KindIndex, EXTENSION.pack_events
 else:
     KindIndex = pack_events = None
 

@@ -9,22 +9,45 @@ Python one.
 
 from __future__ import annotations
 
+import importlib
 import os
+import warnings
 from array import array
 from itertools import accumulate
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from ._source_hash import source_hash
 from .buffers import KIND_MASK, decode, expand_runs
 from .errors import OutOfMemoryError
 
-if os.environ.get("DIST_SANDBOX_PURE_PYTHON"):
+
+
+def load_extension(module_name: str = "dist_lib._buffers", sources: str | None = None) -> Any:
+    """The C accelerator, or None to run everything in Python: when `DIST_SANDBOX_PURE_PYTHON` is set, when
+    it was not built (no C compiler at install time), or when it was built from other sources than the ones
+    beside it (a checkout updated without reinstalling), which would mix old C with new Python; that case
+    is said once, with the fix."""
+    if os.environ.get("DIST_SANDBOX_PURE_PYTHON"):
+        return None
+    try:
+        extension = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    sources = source_hash() if sources is None else sources
+    if sources is not None and getattr(extension, "SOURCE_HASH", None) != sources:
+        warnings.warn(f"{extension.__file__} was built from other sources than those beside it; running in "
+                      f"Python, more slowly. Rebuild it with `python3 dev.py test` (or `pip install -e .`).",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    return extension
+
+
+EXTENSION = load_extension()
+if EXTENSION is None:  # the same semantics in Python
     from .buffers import AllocLog, Buffer, slot_records
 else:
-    try:
-        from ._buffers import AllocLog, Buffer, slot_records
-    except ImportError:  # not built (no C compiler at install time): the same semantics in Python
-        from .buffers import AllocLog, Buffer, slot_records
-ACCELERATED = Buffer.__module__ == "dist_lib._buffers"  # the C buffers, and the C twins of the hottest ops
+    AllocLog, Buffer, slot_records = EXTENSION.AllocLog, EXTENSION.Buffer, EXTENSION.slot_records
+ACCELERATED = EXTENSION is not None  # the C buffers, and the C twins of the hottest ops
 
 KINDS = ("weight", "optimizer", "weight_grad", "activation", "activation_grad", "stash")
 WEIGHT, OPTIMIZER, WEIGHT_GRAD, ACTIVATION, ACTIVATION_GRAD, STASH = range(len(KINDS))

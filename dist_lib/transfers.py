@@ -27,11 +27,11 @@ ends to the bit; the classes below stay the specification, and `DIST_SANDBOX_PUR
 from __future__ import annotations
 
 import heapq
-import os
 from collections.abc import Callable
 from typing import Any
 
 from . import costs
+from .memory import EXTENSION
 
 
 class Transfer:
@@ -158,8 +158,5 @@ class Scheduler:
 
 
 PythonTransfer, PythonScheduler = Transfer, Scheduler  # the specification, whichever twin runs
-if not os.environ.get("DIST_SANDBOX_PURE_PYTHON"):
-    try:
-        from ._buffers import Scheduler, Transfer  # type: ignore[assignment]  # noqa: F811
-    except ImportError:  # not built (no C compiler at install time): the classes above
-        pass
+if EXTENSION is not None:  # else (not built, stale, or DIST_SANDBOX_PURE_PYTHON): the classes above
+    Scheduler, Transfer = EXTENSION.Scheduler, EXTENSION.Transfer  # type: ignore[misc]  # noqa: F811
