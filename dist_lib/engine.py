@@ -8,7 +8,7 @@ yet; an end is therefore final only at *quiescence*, when every unfinished rank 
 transfer scheduler (`transfers.py`) runs the links up to the earliest end, the transfers that end then
 complete (events, wake-ups, buffers their streams release), and the ranks they wake run on from there.
 Quiescence with nothing in flight is a deadlock: a `DeadlockError` lists each blocked rank and the op
-it waits on. Results never depend on the order asyncio runs ranks in: between two quiescences every
+it waits on. Results never depend on the order the ranks run in: between two quiescences every
 rank runs to its next wait whatever the order, and ends are decided in virtual-time order.
 
 The engine drives the ranks' coroutines itself (`Engine._drive`): a rank that awaits one of its own
@@ -103,6 +103,7 @@ class Engine:
         self.awaiting: dict[int, Any] = {}  # rank -> the asyncio future its coroutine waits on
         self.running = 0  # coroutines not finished
         self.stepping = False
+        self.stopped: asyncio.Future | None = None  # set when every rank returned or one failed
         self.first_error: BaseException | None = None
 
     # ---- blocking and waking ------------------------------------------------------------------
@@ -235,7 +236,7 @@ class Engine:
 
     def _drive(self) -> None:
         """Resume ready ranks, in the order they became ready, until none is."""
-        if self.stepping:  # resumed from inside a step (an asyncio callback run by hand): the loop below goes on
+        if self.stepping:  # already resuming ranks further up the stack: that loop takes this one too
             return
         self.stepping = True
         ready, step = self.ready, self._step

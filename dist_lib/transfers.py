@@ -18,7 +18,7 @@ then no rank can issue anything before the earliest completion, as every rank's 
 a completion it waits for. `Scheduler.next_completions` runs the fluid model up to the earliest end and
 returns the transfers that end then; their waiters wake with clocks at or after it. Loads are whole
 bytes/s, so their sums are exact and the shares, and hence every time, are the same whatever order
-asyncio ran the ranks in.
+the ranks ran in.
 
 `Transfer` and `Scheduler` are the C twins (`_transfers.c`) when the extension was built, with the same
 ends to the bit; the classes below stay the specification, and `DIST_SANDBOX_PURE_PYTHON=1` uses them.
@@ -45,8 +45,8 @@ class Transfer:
         self.usage = usage  # ((link id, bytes/s wanted), ...)
         self.finish = finish  # finish(engine, transfer), once its end is final
         self.owner = owner  # the collective or the message
-        # orders transfers that end at the same instant by what they are, not by when asyncio ran their
-        # ranks: (0, group, seq) or (1, (src, dst), message number)
+        # orders transfers that end at the same instant by what they are, not by when their ranks
+        # ran: (0, group, seq) or (1, (src, dst), message number)
         self.key = key
         self.left = duration  # seconds of transfer still to do at full speed, as of `since`
         self.speed = 1.0
