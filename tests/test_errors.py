@@ -325,3 +325,60 @@ def test_works_awaited_through_asyncio_gather_and_sleep_give_the_plain_awaits_ti
             assert x.rank == 1
 
     assert run(mixed).time_s == run(plain).time_s > 0
+
+
+@pytest.fixture
+def quick_watchdog(monkeypatch):
+    """Look for hangs every millisecond, so that the tests also exercise looks that find the step alive."""
+    import dist_lib.engine
+
+    monkeypatch.setattr(dist_lib.engine, "HANG_CHECK_S", 0.001)
+
+
+def test_awaiting_an_event_no_rank_sets_is_a_deadlock_naming_the_line(quick_watchdog):
+    async def train(model):
+        never = asyncio.Event()
+        await never.wait()
+
+    with pytest.raises(DeadlockError, match="nothing in the step will ever complete") as info:
+        run(train)
+    line = train.__code__.co_firstlineno + 2
+    for rank in (0, 1):
+        assert f"rank {rank} (t=0.000 ms) waits on Future pending (at test_errors.py:{line} in train)" \
+            in str(info.value)
+
+
+def test_a_hang_names_the_ranks_waiting_on_works_too(quick_watchdog):
+    async def train(model):
+        if model.rank == 0:
+            await asyncio.Queue().get()  # a queue nobody fills
+        else:
+            await model.recv(0)
+
+    with pytest.raises(DeadlockError) as info:
+        run(train)
+    message = str(info.value)
+    assert "rank 0 (t=0.000 ms) waits on Future pending" in message
+    assert "rank 1 (t=0.000 ms) waits on recv from rank 0: rank 0 has not sent to rank 1" in message
+
+
+def test_real_timers_events_set_later_and_threads_are_not_hangs(quick_watchdog):
+    import time
+
+    shared = {}
+
+    async def train(model):
+        if model.rank == 0:
+            event = shared["event"] = asyncio.Event()
+            await event.wait()  # set by rank 1 after a real-time sleep and a thread's work
+        else:
+            while "event" not in shared:
+                await asyncio.sleep(0)
+            await asyncio.sleep(0.02)
+            await asyncio.to_thread(time.sleep, 0.02)
+            shared["event"].set()
+        w, _ = model.load_weights(0)
+        model.forward(0, model.get_input_activation([model.rank]), w)
+
+    result = run(train)
+    assert result.time_s > 0
