@@ -129,6 +129,9 @@ class Buffer:
     """Bytes on one rank, live while any tensor refers to them."""
 
     __slots__ = ("_mem", "_base", "nbytes", "_entry")
+    # slots of a subclass holding another buffer (an activation's stash), released before this buffer's
+    # free is logged: CPython's deallocator clears a subclass's slots before the C `Buffer` logs the free
+    _released_first: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A class that names its `_args` gets an `__init__` storing them (as dataclasses write one)."""
@@ -179,5 +182,7 @@ class Buffer:
     def __del__(self) -> None:
         log = self._mem
         if log is not None:
+            for name in self._released_first:
+                setattr(self, name, None)
             log._log(self._entry | FREE)
             log.live -= self.nbytes

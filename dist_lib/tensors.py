@@ -174,6 +174,7 @@ class Activation(_Hidden):
     """
 
     __slots__ = ("_stash",)
+    _released_first = ("_stash",)  # freed with the activation, the stash is logged first
     kind = "activation"
     code = ACTIVATION  # memory.KINDS index
 

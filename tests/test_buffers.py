@@ -77,6 +77,23 @@ def test_allocation_and_free_are_logged_with_time_bytes_and_tag(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_a_buffer_freed_with_another_attached_logs_the_attached_free_first(impl):
+    """An activation freed with its stash still attached: the stash's free comes first in both
+    implementations (CPython clears a subclass's slots before the C deallocator logs the buffer's free;
+    the Python twin releases `_released_first` slots to match)."""
+    log, Thing = make(impl)
+
+    class Holder(Thing):
+        __slots__ = ("held",)
+        _released_first = ("held",)
+
+    holder = Holder(log, 100, "activation")
+    holder.held = Thing(log, 7, "stash")
+    del holder
+    assert list(log.arrays()[1]) == [100, 7, -7, -100]
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_a_view_shares_the_owner_bytes_and_logs_nothing(impl):
     log, Thing = make(impl)
     owner = Thing(log, 200, "owner")
