@@ -200,13 +200,25 @@ class Engine:
                         work.future.set_exception(error)
 
     def describe_deadlock(self) -> str:
-        lines = ["deadlock: every unfinished rank waits on communication no rank will complete"]
+        return self._describe_waits("deadlock: every unfinished rank waits on communication no rank will complete")
+
+    def describe_hang(self) -> str:
+        return self._describe_waits("deadlock: the strategy awaits something of asyncio's that nothing in the step "
+                                    "will ever complete (an asyncio.Event no rank sets, a queue no rank fills...)")
+
+    def _describe_waits(self, headline: str) -> str:
+        """`headline`, then what each rank waits on: its works, or else the asyncio future it awaits and where."""
+        lines = [headline]
         for state in self.ranks:
-            if state.waiting:
+            rank = state.rank
+            if state.waiting:  # (works awaited in a `gather` too)
                 for work in state.waiting:
-                    lines.append(f"  rank {state.rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}")
+                    lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}")
+            elif rank in self.awaiting:
+                lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on "
+                             f"{_describe_future(self.awaiting[rank])}{waiting_line(self.coroutines[rank])}")
             elif state.finished:
-                lines.append(f"  rank {state.rank} finished")
+                lines.append(f"  rank {rank} finished")
         return "\n".join(lines)
 
     def release(self) -> None:
@@ -359,22 +371,6 @@ class Engine:
         self._fail(DeadlockError(self.describe_hang()))
         self.ready.clear()
         self.stopped.set_result(None)
-
-    def describe_hang(self) -> str:
-        lines = ["deadlock: the strategy awaits something of asyncio's that nothing in the step will ever "
-                 "complete (an asyncio.Event no rank sets, a queue no rank fills...)"]
-        for state in self.ranks:
-            rank = state.rank
-            if rank in self.awaiting:
-                what = self.awaiting[rank]
-                lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on {_describe_future(what)}"
-                             f"{waiting_line(self.coroutines[rank])}")
-            elif state.waiting:
-                for work in state.waiting:
-                    lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}")
-            elif state.finished:
-                lines.append(f"  rank {rank} finished")
-        return "\n".join(lines)
 
     def _fail(self, error: BaseException) -> None:
         if self.first_error is None:
