@@ -21,7 +21,8 @@ SOURCE_HASH = runpy.run_path(os.path.join("dist_lib", "_source_hash.py"))["sourc
 NO_CONTRACTION = [] if os.name == "nt" else ["-ffp-contract=off"]
 
 setup(ext_modules=[Extension("dist_lib._buffers", ["dist_lib/_buffers.c", "dist_lib/_ops.c", "dist_lib/_weight_ops.c",
-                                                        "dist_lib/_comm_ops.c", "dist_lib/_p2p_ops.c",
+                                                        "dist_lib/_comm_ops.c", "dist_lib/_comm_end.c",
+                                                        "dist_lib/_p2p_ops.c",
                                                         "dist_lib/_events.c", "dist_lib/_transfers.c"],
                                  depends=["dist_lib/_buffers.h", "dist_lib/_ops.h"],
                                  define_macros=[("SOURCE_HASH", f'"{SOURCE_HASH}"')],

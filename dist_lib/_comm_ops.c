@@ -224,6 +224,13 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
     Py_XSETREF(C.docs, Py_NewRef(docs));
     for (int op = 0; op < NUM_OPS; op++)
         if (replace_method(Model, &op_defs[op], &C.py_ops[op], C.docs) < 0) return NULL;
+    /* the Python methods join the module's other Python twins (for tests that run both) */
+    PyObject *twins = PyObject_GetAttrString(comm, "PYTHON_TWINS");
+    if (!twins) return NULL;
+    for (int op = 0; op < NUM_OPS && PyDict_Check(twins); op++)
+        if (PyDict_SetItem(twins, C.names[op], C.py_ops[op]) < 0) { Py_DECREF(twins); return NULL; }
+    Py_DECREF(twins);
+    if (install_comm_end(comm, RankState) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
