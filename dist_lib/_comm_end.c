@@ -10,7 +10,7 @@
  * specification; nothing is changed before the fast path is sure to finish. Transfers are made and scheduled
  * through their Python-visible names (`comm.Transfer`, `Engine.schedule`), whichever implementation those have.
  */
-#include "_ops.h"
+#include "_comm.h"
 
 static struct {
     PyTypeObject *Group, *Collective, *Work, *RankState, *Tensor;
@@ -80,6 +80,11 @@ static PyObject *start_collective(PyObject *module, PyObject *const *args, Py_ss
     return done;
 slow:
     return PyObject_Vectorcall(E.py_start, args, nargs, NULL);
+}
+
+PyObject *comm_start(PyObject *engine, PyObject *coll) {
+    PyObject *args[2] = {engine, coll};
+    return start_collective(NULL, args, 2);
 }
 
 /* ---- the end ------------------------------------------------------------------------------------- */
@@ -222,8 +227,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
             Py_DECREF(next);
             goto done;
         }
-        PyObject *call[2] = {engine, next};
-        PyObject *r = start_collective(NULL, call, 2);
+        PyObject *r = comm_start(engine, next);
         Py_DECREF(next);
         if (!r) goto done;
         Py_DECREF(r);

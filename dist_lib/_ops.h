@@ -39,8 +39,5 @@ int same_layout(PyObject *const *siblings, int nsiblings, const char *const *nam
 /* Put `def` on `cls`, keeping the Python method in *twin; docs[name] (kept alive by the caller) becomes
  * the C method's signature and docstring. */
 int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin, PyObject *docs);
-/* `_comm_end.c`: put the C start and end of a collective in comm._start and comm._finish (their Python
- * twins stay in comm.PYTHON_TWINS). 0, or -1 with an exception. */
-int install_comm_end(PyObject *comm, PyObject *RankState);
 
 #endif

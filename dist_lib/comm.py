@@ -513,4 +513,4 @@ def unfinished(engine: Engine) -> list[str]:
 
 # The Python twins of what the C accelerator replaces in this module (`_comm_end.c`), kept as the
 # specification and the fallback for anything off the common case.
-PYTHON_TWINS = {"_start": _start, "_finish": _finish}
+PYTHON_TWINS = {"_resolve_ready": _resolve_ready, "_start": _start, "_finish": _finish}

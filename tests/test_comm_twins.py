@@ -29,6 +29,7 @@ LAYERS = 2
 GROUPS = ((0, 1, 2, 3), (0, 1), (2, 3), (0, 2), (1, 3), (1, 2, 3))
 KINDS = ("tp activation", "tp head grad", "tp layer grad", "activation pieces", "grad pieces", "weight grads",
          "tied grads", "weight shards", "optimizer shards", "grad scatter")
+SAMPLES = ([0], [1], [3], [0, 1], [1, 2], [2, 3])
 # a member that issues something else than the others at the same position
 FAULTS = ("other op", "other layer", "other samples", "same part twice", "other TP slice", "not a member",
           "not a tensor")
@@ -109,9 +110,10 @@ async def make_input(model: Model, kind: str, pos: int, size: int, samples: list
 def patterns(draw):
     """Collectives in one global order (each member issues them in that order), each awaited by each
     member at once, later, never (dropped) or kept unawaited; compute between; at most one fault."""
-    colls = draw(st.lists(st.tuples(st.sampled_from(GROUPS), st.sampled_from(KINDS),
-                                    st.lists(st.integers(0, BATCH - 1), min_size=1, max_size=BATCH, unique=True)),
-                          min_size=1, max_size=10))
+    # a few collectives, repeated: a repeat has a cost its group knows (the C resolution's case)
+    palette = draw(st.lists(st.tuples(st.sampled_from(GROUPS), st.sampled_from(KINDS), st.sampled_from(SAMPLES)),
+                            min_size=1, max_size=4))
+    colls = draw(st.lists(st.sampled_from(palette), min_size=1, max_size=14))
     programs: list[list[tuple]] = [[] for _ in range(WORLD)]
     faulty = draw(st.integers(0, len(colls) - 1)) if draw(st.booleans()) else -1
     fault = draw(st.sampled_from(FAULTS))
@@ -120,7 +122,8 @@ def patterns(draw):
         for pos, rank in enumerate(group):
             when = draw(st.sampled_from(["now", "later", "drop", "keep"]))
             wrong = fault if i == faulty and pos == culprit % len(group) else None
-            programs[rank].append(("coll", group, kind, samples, pos, when, wrong))
+            # the group as a Group object (the C issue) or as ranks (the Python one)
+            programs[rank].append(("coll", group, kind, samples, pos, when, wrong, draw(st.booleans())))
     for program in programs:
         for _ in range(draw(st.integers(0, 3))):
             program.insert(draw(st.integers(0, len(program))), ("compute", draw(st.integers(1, 3))))
@@ -143,13 +146,13 @@ def run(programs: list[list[tuple]]):
                 for _ in range(op[1]):
                     model.forward(0, model.get_input_activation([model.rank % BATCH]), weight, stash=False)
                 continue
-            _, group, kind, samples, pos, when, fault = op
-            name, x = await make_input(model, kind, pos, len(group), samples, fault, group, keep)
+            _, group, kind, samples, pos, when, fault, as_group = op
+            name, x = await make_input(model, kind, pos, len(group), samples, fault, model.group(group), keep)
             if fault == "not a member":
                 group = tuple(r for r in range(WORLD) if r not in group) or group
             if fault == "not a tensor":
                 x = 3
-            work = getattr(model, name)(x, group)
+            work = getattr(model, name)(x, model.group(group) if as_group else group)
             del x
             if when == "now":
                 got = await work
@@ -180,25 +183,32 @@ def test_the_c_collective_path_keeps_the_books_of_the_python_twin(programs):
 
 
 def test_the_twins_are_installed_and_a_pattern_takes_the_fast_path():
-    """The comparison above compares two implementations: the C ops are on Model, comm's start and finish
-    are C functions, and collectives of a valid pattern end in C (the Python finish is not called)."""
+    """The comparison above compares two implementations: the C ops are on Model, comm's resolution, start
+    and finish are C functions, and a valid pattern issues, starts and ends every collective in C and
+    resolves in C all but ZeRO gathers and reduce-scatters (and a collective whose cost its group has not
+    computed yet, the first of its kind)."""
     assert type(Model.__dict__["all_reduce"]).__name__ == "method_descriptor"
     assert comm.PYTHON_TWINS["all_reduce"] is not Model.all_reduce
-    python = {comm.PYTHON_TWINS[name].__code__: name for name in ("_start", "_finish")}
+    python = {comm.PYTHON_TWINS[name].__code__: name for name in ("_resolve_ready", "_start", "_finish")}
     python[comm.release.__code__] = "release"
+    python[comm.issue_collective.__code__] = "issue_collective"
     calls = []
 
     def profile(frame, event, arg):
         if event == "call" and frame.f_code in python:
-            calls.append(python[frame.f_code])
+            name = python[frame.f_code]
+            calls.append((name, frame.f_locals["coll"].seq) if name == "_resolve_ready" else (name, None))
 
     group = (0, 1, 2, 3)
+    kinds = KINDS * 2  # the second time round, every cost is known
     sys.setprofile(profile)
     try:
-        books = run([[("coll", group, kind, [0, 1], pos, "now", None) for kind in KINDS] for pos in range(WORLD)])
+        books = run([[("coll", group, kind, [0, 1], pos, "now", None, True) for kind in kinds] for pos in range(WORLD)])
     finally:
         sys.setprofile(None)
-    assert not calls
-    assert len(books[4]) == WORLD * len(KINDS)
-    collectives = [e for e in books[1] if e[2] == "collective"]
-    assert len(collectives) == WORLD * (len(KINDS) + 1)  # (the layer-grad kind awaits one more all-reduce)
+    assert len(books[4]) == WORLD * len(kinds)
+    per_round = len(KINDS) + 1  # (the layer-grad kind awaits one more all-reduce first)
+    assert len([e for e in books[1] if e[2] == "collective"]) == WORLD * 2 * per_round
+    assert {name for name, _ in calls} == {"_resolve_ready"}
+    second = sorted(seq - per_round for _, seq in calls if seq >= per_round)
+    assert second == [per_round - 3, per_round - 2, per_round - 1]  # weight shards, optimizer shards, scatter
