@@ -294,7 +294,9 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
     for (int op = 0; op < NUM_OPS && PyDict_Check(twins); op++)
         if (PyDict_SetItem(twins, C.names[op], C.py_ops[op]) < 0) { Py_DECREF(twins); return NULL; }
     Py_DECREF(twins);
-    if (install_comm_end(comm, RankState) < 0 || install_comm_resolve(comm) < 0) return NULL;
+    if (install_comm_end(comm, RankState) < 0 || install_comm_resolve(comm) < 0 ||
+        install_work(comm, RankState, MemoryTracker) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 

@@ -1,5 +1,5 @@
-"""The C collective path (`_comm_ops.c`: a member's issue; `_comm_end.c`: the start and the end of a
-collective on its group's stream) against its Python twins in `comm.py` and `model.py`, on randomized
+"""The C collective path (`_comm_ops.c`: a member's issue; `_comm_resolve.c`: its resolution; `_comm_end.c`:
+its start and end on its group's stream; `_work.c`: awaiting it) against its Python twins in `comm.py` and `model.py`, on randomized
 collective patterns over several groups: TP partial sums of activations and gradients, TP-piece gathers,
 gradient all-reduces, ZeRO gathers and reduce-scatters, awaited at once, later or never, with mismatches
 (different ops, layers, samples, TP slices, overlapping parts): the same events, memory books, results and
@@ -37,22 +37,20 @@ FAULTS = ("other op", "other layer", "other samples", "same part twice", "other 
 
 @contextmanager
 def python_collective_path():
-    """The Model methods of the collective path and comm's start and finish as their Python twins."""
+    """The Model methods of the collective path, comm's resolution, start and finish, and Work._complete as
+    their Python twins."""
     twins = comm.PYTHON_TWINS
-    methods = [name for name in twins if not name.startswith("_")]
-    functions = [name for name in twins if name.startswith("_")]
-    saved = {name: Model.__dict__[name] for name in methods}, {name: getattr(comm, name) for name in functions}
-    for name in methods:
-        setattr(Model, name, twins[name])
-    for name in functions:
-        setattr(comm, name, twins[name])
+    places = {name: (Model, name) for name in twins if not name.startswith(("_", "Work."))}
+    places.update({name: (comm, name) for name in twins if name.startswith("_")})
+    places["Work._complete"] = (comm.Work, "_complete")
+    saved = {name: getattr(owner, attr) for name, (owner, attr) in places.items()}
+    for name, (owner, attr) in places.items():
+        setattr(owner, attr, twins[name])
     try:
         yield
     finally:
-        for name, method in saved[0].items():
-            setattr(Model, name, method)
-        for name, function in saved[1].items():
-            setattr(comm, name, function)
+        for name, (owner, attr) in places.items():
+            setattr(owner, attr, saved[name])
 
 
 def complete_output(model: Model, samples: list[int], layers: int = 1):
@@ -189,9 +187,11 @@ def test_the_twins_are_installed_and_a_pattern_takes_the_fast_path():
     computed yet, the first of its kind)."""
     assert type(Model.__dict__["all_reduce"]).__name__ == "method_descriptor"
     assert comm.PYTHON_TWINS["all_reduce"] is not Model.all_reduce
+    assert type(comm.Work.__dict__["_complete"]).__name__ == "method_descriptor"
     python = {comm.PYTHON_TWINS[name].__code__: name for name in ("_resolve_ready", "_start", "_finish")}
     python[comm.release.__code__] = "release"
     python[comm.issue_collective.__code__] = "issue_collective"
+    python[comm.PYTHON_TWINS["Work._complete"].__code__] = "Work._complete"
     calls = []
 
     def profile(frame, event, arg):
