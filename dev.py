@@ -23,6 +23,8 @@ PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".installed"
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "dist_lib/_buffers.c", "dist_lib/_buffers.h", "dist_lib/_ops.c",
                 "dist_lib/_ops.h", "dist_lib/_weight_ops.c", "dist_lib/_comm_ops.c",
+                "dist_lib/_comm_resolve.c", "dist_lib/_comm_end.c", "dist_lib/_comm.h",
+                "dist_lib/_work.c",
                 "dist_lib/_p2p_ops.c", "dist_lib/_events.c", "dist_lib/_transfers.c",
                 "dist_lib/_source_hash.py")
 

@@ -1,5 +1,7 @@
 """Builds the optional C accelerator: the memory bookkeeping (`dist_lib/_buffers.c`), the hottest ops
-(`dist_lib/_ops.c`, `dist_lib/_weight_ops.c`, `dist_lib/_comm_ops.c`), the point-to-point message path
+(`dist_lib/_ops.c`, `dist_lib/_weight_ops.c`, `dist_lib/_comm_ops.c`), the resolution, start and end of
+collectives and what awaiting one does (`dist_lib/_comm_resolve.c`, `dist_lib/_comm_end.c`,
+`dist_lib/_work.c`), the point-to-point message path
 (`dist_lib/_p2p_ops.c`), the event log's packing (`dist_lib/_events.c`) and the transfer scheduler
 (`dist_lib/_transfers.c`), one extension module.
 
@@ -21,8 +23,10 @@ SOURCE_HASH = runpy.run_path(os.path.join("dist_lib", "_source_hash.py"))["sourc
 NO_CONTRACTION = [] if os.name == "nt" else ["-ffp-contract=off"]
 
 setup(ext_modules=[Extension("dist_lib._buffers", ["dist_lib/_buffers.c", "dist_lib/_ops.c", "dist_lib/_weight_ops.c",
-                                                        "dist_lib/_comm_ops.c", "dist_lib/_p2p_ops.c",
+                                                        "dist_lib/_comm_ops.c", "dist_lib/_comm_resolve.c",
+                                                        "dist_lib/_comm_end.c", "dist_lib/_work.c",
+                                                        "dist_lib/_p2p_ops.c",
                                                         "dist_lib/_events.c", "dist_lib/_transfers.c"],
-                                 depends=["dist_lib/_buffers.h", "dist_lib/_ops.h"],
+                                 depends=["dist_lib/_buffers.h", "dist_lib/_ops.h", "dist_lib/_comm.h"],
                                  define_macros=[("SOURCE_HASH", f'"{SOURCE_HASH}"')],
                                  extra_compile_args=NO_CONTRACTION, optional=True)])

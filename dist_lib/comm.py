@@ -509,3 +509,8 @@ def unfinished(engine: Engine) -> list[str]:
         for work in list(channel.sends) + list(channel.recvs):
             problems.append(f"rank {work.rank} {work.describe()}")
     return problems
+
+
+# The Python twins of what the C accelerator replaces in this module (`_comm_end.c`), kept as the
+# specification and the fallback for anything off the common case.
+PYTHON_TWINS = {"_resolve_ready": _resolve_ready, "_start": _start, "_finish": _finish}

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dist_lib import model as model_module
-from dist_lib import p2p, simulate
+from dist_lib import comm, p2p, simulate
 from dist_lib.errors import SimulationError
 from dist_lib.model import Model
 
@@ -29,19 +29,22 @@ FAULTS = ("send to itself", "send out of range", "send to a bool", "send to a fl
 
 @contextmanager
 def python_message_path():
-    """The Model methods of the message path (send, recv...) and p2p._finish as their Python twins."""
+    """The Model methods of the message path (send, recv...), p2p._finish and Work._complete (which makes a
+    received tensor) as their Python twins."""
     twins = model_module.PYTHON_P2P
     methods = [name for name in twins if name != "_finish"]
-    saved = {name: Model.__dict__[name] for name in methods}, p2p._finish
+    saved = {name: Model.__dict__[name] for name in methods}, p2p._finish, comm.Work._complete
     for name in methods:
         setattr(Model, name, twins[name])
     p2p._finish = twins["_finish"]
+    comm.Work._complete = comm.PYTHON_TWINS.get("Work._complete", comm.Work._complete)
     try:
         yield
     finally:
         for name, method in saved[0].items():
             setattr(Model, name, method)
         p2p._finish = saved[1]
+        comm.Work._complete = saved[2]
 
 
 def make_tensor(model: Model, kind: str, samples: list[int], keep: list):
