@@ -132,11 +132,14 @@ class Model(OpChecks):
         samples = act.samples
         tp_rank, tp = weight.tp_rank, weight.tp_size
         # a forward of samples this layer (and TP slice) has already seen on this rank is a recompute
-        seen = samples << (tp_rank * self.global_batch_size) if tp_rank else samples
-        before = state.forwarded[layer]
-        recompute = before & seen == seen
+        forwarded = state.forwarded
+        masks = forwarded[tp_rank] if tp_rank < len(forwarded) else None
+        if masks is None:
+            masks = state.forward_slice(tp_rank)
+        before = masks[layer]
+        recompute = before & samples == samples
         if not recompute:
-            state.forwarded[layer] = before | seen if before else seen  # shares the mask when it can
+            masks[layer] = before | samples if before else samples  # shares the mask when it can
         n = samples.bit_count()
         mode = compute_mode(selective_recompute, sequence_parallel)
         duration, flops, stash_bytes = self._cache.get(("forward", layer, n, tp, mode)) \
