@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from dist_lib import Model, Work
+from dist_lib.tensors import range_mask
 
 
 class Action(NamedTuple):
@@ -280,7 +281,7 @@ class _Stage:
 
     async def _receive(self, src: int, layer: int, samples: range, what: str):
         x = self.local[what].pop(0) if src == self.model.rank else await self.model.recv(src)
-        if x.layer != layer or x.samples != ((1 << samples.stop) - (1 << samples.start)):
+        if x.layer != layer or x.samples != range_mask(samples.start, samples.stop):
             raise ValueError(f"rank {self.model.rank}: expected the {what} of layer {layer} for samples "
                              f"{samples.start}..{samples.stop - 1} from rank {src}, got {x!r}; the schedules of "
                              f"neighbouring stages disagree")
