@@ -62,12 +62,18 @@ class Layout:
         return [self.rank(replica, s, tp_rank) for s in range(self.pp)]
 
     def check_tp_in_node(self, cluster) -> None:
-        """TP all-reduces run twice per layer: keep each TP group on one node's fast link."""
-        for first in range(0, cluster.world_size, self.tp):
-            nodes = {cluster.node_of(r) for r in range(first, first + self.tp)}
-            if len(nodes) > 1:
-                raise ValueError(f"tp={self.tp}: TP group of ranks {first}..{first + self.tp - 1} spans nodes "
+        """TP all-reduces run twice per layer: keep each TP group on one node's fast link. A group of `tp`
+        consecutive ranks spans nodes exactly when a node starts inside it, so the node boundaries are
+        what is checked (every rank runs this check: one pass over the world's ranks each would make the
+        setup of a large world quadratic); the first group that spans nodes is named."""
+        tp, start = self.tp, 0
+        for node in cluster.nodes:
+            if start % tp:
+                first = start - start % tp
+                nodes = {cluster.node_of(r) for r in range(first, first + tp)}
+                raise ValueError(f"tp={tp}: TP group of ranks {first}..{first + tp - 1} spans nodes "
                                  f"{sorted(nodes)}; choose a tp that divides the GPUs per node")
+            start += node.gpus
 
 
 def _positive_int(name: str, value: object) -> None:
