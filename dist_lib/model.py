@@ -272,16 +272,22 @@ class Model(OpChecks):
         message over the inter-node links instead of t copies; `all_gather(piece, tp_group)` on the
         receiving side makes the whole tensor again. Takes no time (Megatron cuts a view of the flattened
         tensor); the piece is a buffer of its own of 1/t of the bytes."""
+        cls = SLICES.get(x.__class__)
+        if cls is None or x.rank != self.rank or x.tp_parts != (1 << x.tp_size) - 1 \
+                or tp_size.__class__ is not int or tp_rank.__class__ is not int or not 0 <= tp_rank < tp_size:
+            self._explain_split_tp(x, tp_rank, tp_size)  # (one test on the path every message takes)
+        mem = self._mem
+        mem.context = ("split_tp", x.layer)
+        return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size)
+
+    def _explain_split_tp(self, x: Any, tp_rank: Any, tp_size: Any) -> None:
         where = f"rank {self.rank} split_tp"
-        cls = SLICES.get(type(x))
-        if cls is None:
+        if type(x) not in SLICES:
             raise TensorError(f"{where}: expected a complete Activation or ActivationGrad, got {x!r}")
         self._check_own(x, where)
         if x.is_partial:
             raise TensorError(f"{where}: {x!r} is a tensor-parallel partial sum; all_reduce it first")
         _check_tp_slice(where, tp_rank, tp_size)
-        self._mem.context = ("split_tp", x.layer)
-        return cls(self._mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size)
 
     def _resample_mask(self, x: Any, samples: Iterable[int] | range, op: str) -> int:
         where = f"rank {self.rank} {op}"

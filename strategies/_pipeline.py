@@ -151,16 +151,19 @@ class _Stage:
         return self.model.load_weights(layer, tp_rank=self.plan.tp_rank, tp_size=len(self.plan.tp_group))
 
     async def run(self) -> None:
+        forward, backward, sends = self.forward, self.backward, self.sends
         for action in self.plan.actions:
-            if action.kind == "F":
-                await self.forward(action.chunk, action.mb)
-            elif action.kind == "W":
-                self.weight_grads(action.chunk, action.mb)
-            elif action.kind in MESSAGES:
+            kind, chunk, mb = action
+            if kind == "F":
+                await forward(chunk, mb)
+            elif kind == "B":
+                await backward(chunk, mb, False)
+            elif kind == "W":
+                self.weight_grads(chunk, mb)
+            elif kind in MESSAGES:
                 await self.message(action)
-            else:
-                await self.backward(action.chunk, action.mb, split=action.kind == "I")
-            sends = self.sends
+            else:  # "I": the input-gradient half of a split backward
+                await backward(chunk, mb, True)
             while sends and sends[0].done:
                 sends.popleft()
         await self.update_all()
@@ -350,6 +353,8 @@ class _Stage:
             grad = await self._receive_from(k + 1, layers.stop, plan.microbatches[mb], "activation gradient")
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
         tp_group, weights, recompute, kept = self.tp_group, self.weights, plan.recompute, self.kept
+        gather_grad = plan.sequence_parallel and tp_group is not None
+        async_reduce = tp_group is not None and plan.async_tp_allreduce
         for layer in reversed(layers):
             x, weight = kept[layer].pop(mb), weights[layer][0]
             if recompute:
@@ -359,12 +364,12 @@ class _Stage:
                 if tp_group is not None:
                     await model.all_reduce(out, tp_group)
                 del out
-            if plan.sequence_parallel and tp_group is not None:
+            if gather_grad:
                 grad = await self._gather_sequence_parallel_grad(grad)
             if split:
                 grad_in = model.backward_input(layer, x, grad, weight)
                 deferred.append((layer, x, grad))
-            elif tp_group is not None and plan.async_tp_allreduce:
+            elif async_reduce:
                 # Megatron-LM all-reduces the input gradient while the weight-gradient GEMMs run
                 # (async_tensor_model_parallel_allreduce; Korthikanti et al. 2022, sec. 4.2.2)
                 reducing = model.all_reduce(model.backward_input(layer, x, grad, weight), tp_group)
@@ -375,7 +380,7 @@ class _Stage:
                 self._accumulate(layer, weight_grad)
                 del weight_grad
             del x
-            if tp_group is not None and (split or not plan.async_tp_allreduce):
+            if tp_group is not None and (split or not async_reduce):
                 # after the backward GEMMs (Megatron-LM before September 2021: autograd all-reduces the
                 # input gradient once the column-parallel layer's backward has run)
                 grad_in = await model.all_reduce(grad_in, tp_group)
