@@ -11,6 +11,7 @@ Every check raises `ValueError` with a message that names the option to change.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -81,13 +82,19 @@ def _positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
 
 
-def microbatches(first: int, count: int, microbatch_size: int) -> list[range]:
-    """`count` samples from `first`, cut into microbatches of `microbatch_size` (all the same size)."""
+def microbatches(first: int, count: int, microbatch_size: int) -> tuple[range, ...]:
+    """`count` samples from `first`, cut into microbatches of `microbatch_size` (all the same size).
+    The ranks of one replica share one tuple (thousands of ranks of hundreds of microbatches each)."""
     _positive_int("microbatch_size", microbatch_size)
     if count % microbatch_size:
         raise ValueError(f"microbatch_size={microbatch_size} does not divide the {count} samples a replica "
                          f"trains on; choose a microbatch_size that divides {count}")
-    return [range(s, s + microbatch_size) for s in range(first, first + count, microbatch_size)]
+    return _cut(first, count, microbatch_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _cut(first: int, count: int, microbatch_size: int) -> tuple[range, ...]:
+    return tuple(range(s, s + microbatch_size) for s in range(first, first + count, microbatch_size))
 
 
 def replica_samples(global_batch: int, dp: int, replica: int) -> tuple[int, int]:
