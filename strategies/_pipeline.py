@@ -113,6 +113,14 @@ def run_stage(model: Model, plan: StagePlan) -> Coroutine[Any, Any, None]:
 
 
 class _Stage:
+    """One rank's pipeline stage as it runs its schedule. Its fields are slots: they sit in the object
+    itself rather than in a separate values array, and every wait of the step resumes through them, on
+    each of thousands of ranks."""
+
+    __slots__ = ("model", "plan", "pp", "virtual", "virtuals", "tp", "tp_group", "scatter_gather", "weights", "left",
+                 "grads", "reduced", "kept", "loss_grads", "deferred", "sends", "local", "explicit", "arrived",
+                 "outbox", "partitioned_outputs", "modes")
+
     def __init__(self, model: Model, plan: StagePlan):
         self.model, self.plan = model, plan
         self.pp = len(plan.stage_ranks)
