@@ -30,10 +30,12 @@ TIMED_CHILD = CHILD.replace("start = time.perf_counter()", "start = time.perf_co
 
 # (label, call): the two long 1F1B rows of `scale.py --table pipeline`, and its 3072-rank row cut to one
 # replica of 64 microbatches (Megatron-LM's 1T model, TP 8 x PP 64, interleaved, full recompute: 512 ranks)
+# and to two replicas (1024 ranks: the data-parallel all-reduces, and twice the state the ranks keep)
 ROWS = [
     ("1F1B, 8 stages", pipeline_call(1, 8, 1, 512, "1f1b", "toy:layers=32", False)),
     ("1F1B, TP 4 x PP 8", pipeline_call(4, 8, 1, 256, "1f1b", "toy:layers=32", False)),
     ("1T, TP 8 x PP 64 x DP 1, 64 microbatches", pipeline_call(8, 64, 1, 64, "interleaved", "gpt-1t", True)),
+    ("1T, TP 8 x PP 64 x DP 2, 64 microbatches", pipeline_call(8, 64, 2, 64, "interleaved", "gpt-1t", True)),
 ]
 
 

@@ -15,7 +15,7 @@ static struct {
     PyObject *py_forward, *py_backward, *py_backward_input, *py_backward_weight, *py_add; /* the Python twins */
     PyObject *docs;                              /* method name -> text signature and docstring */
     /* Model */
-    Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_act_bytes, m_shard_sizes, m_batch;
+    Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_act_bytes, m_shard_sizes;
     /* RankState and MemoryTracker */
     Py_ssize_t s_clock, s_flops, s_forwarded, mem_context;
     /* Activation / ActivationGrad (_Hidden) */
@@ -26,36 +26,76 @@ static struct {
     Py_ssize_t st_tp_rank, st_tp_size, st_recompute, st_input_done;
     Py_ssize_t pack_at;
     PyObject *s_forward, *s_backward, *s_backward_input, *s_backward_weight, *s_compute, *s_recompute, *s_empty,
-        *s_none, *s_stash, *s_selective, *s_cost, *s_events, *s_pack, *s_bit_count, *s_bit_length,
-        *s_selective_mode, *zero, *one;
+        *s_none, *s_stash, *s_selective, *s_cost, *s_events, *s_pack, *s_selective_mode, *zero, *one;
 } K;
 
 /* ---- small helpers -------------------------------------------------------------------------------- */
 
+/* The C functions behind `int.bit_count` and `int.bit_length` (METH_NOARGS), found once by `ops_init`:
+ * calling them directly skips the method lookup and the call machinery, which a mask wider than 64 bits
+ * (a step of more than 64 samples) would otherwise pay on every compute op. */
+static PyCFunction int_bit_count, int_bit_length;
+
 /* An int method's result as a long, or -1 (never raises). */
-static long int_method(PyObject *x, PyObject *name) {
-    PyObject *args[1] = {x};
-    PyObject *r = PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+static long int_method(PyObject *x, PyCFunction method) {
+    PyObject *r = method(x, NULL);
     long v = r ? PyLong_AsLong(r) : -1;
     Py_XDECREF(r);
     if (v == -1) PyErr_Clear();
     return v;
 }
 
+/* An int's digits, where this build knows CPython's layout of them (30-bit digits since 3.11's
+ * `cpython/longintrepr.h`; the sign and count moved into `lv_tag` in 3.12): the digits' popcount is a
+ * mask's bit count without building an int. Other versions ask `int.bit_count`. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+#define MASK_DIGITS(x) (((PyLongObject *)(x))->ob_digit)
+#define MASK_NDIGITS(x) Py_SIZE(x) /* negative for a negative int */
+#elif PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000 && PYLONG_BITS_IN_DIGIT == 30
+#define MASK_DIGITS(x) (((PyLongObject *)(x))->long_value.ob_digit)
+#define MASK_NDIGITS(x) \
+    ((((PyLongObject *)(x))->long_value.lv_tag & 3) == 2 ? -1 : (Py_ssize_t)(((PyLongObject *)(x))->long_value.lv_tag >> 3))
+#endif
+
 /* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). */
 long mask_bit_count(PyObject *mask) {
     if (!mask || !PyLong_CheckExact(mask)) return -1;
     unsigned long long v = PyLong_AsUnsignedLongLong(mask);
     if (v != (unsigned long long)-1 || !PyErr_Occurred()) return __builtin_popcountll(v);
-    PyErr_Clear(); /* negative, or wider than 64 bits: ask the int (a step of more than 64 samples) */
-    return int_method(mask, K.s_bit_count);
+    PyErr_Clear(); /* negative, or wider than 64 bits (a step of more than 64 samples) */
+#ifdef MASK_DIGITS
+    Py_ssize_t ndigits = MASK_NDIGITS(mask);
+    if (ndigits > 0) {
+        const digit *d = MASK_DIGITS(mask);
+        long count = 0;
+        Py_ssize_t i = 0;
+        for (; i + 1 < ndigits; i += 2) /* two 30-bit digits per 64-bit popcount */
+            count += __builtin_popcountll((unsigned long long)d[i] | (unsigned long long)d[i + 1] << 30);
+        if (i < ndigits) count += __builtin_popcountll(d[i]);
+        return count;
+    }
+#endif
+    return int_method(mask, int_bit_count);
 }
 
 /* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
 int is_full_mask(PyObject *mask, long n) {
     if (n < 1 || !mask || !PyLong_CheckExact(mask)) return 0;
     if (n <= 62) return small_int(mask, -1) == (1L << n) - 1;
-    return int_method(mask, K.s_bit_length) == n && mask_bit_count(mask) == n;
+    return int_method(mask, int_bit_length) == n && mask_bit_count(mask) == n;
+}
+
+/* The C function of the METH_NOARGS method `name` of int; -1 with TypeError if it has none. */
+static int int_c_method(const char *name, PyCFunction *out) {
+    PyObject *descr = PyObject_GetAttrString((PyObject *)&PyLong_Type, name);
+    if (!descr) return -1;
+    int ok = Py_IS_TYPE(descr, &PyMethodDescr_Type) &&
+             (((PyMethodDescrObject *)descr)->d_method->ml_flags & (METH_NOARGS | METH_VARARGS | METH_FASTCALL |
+                                                                    METH_KEYWORDS | METH_O)) == METH_NOARGS;
+    if (ok) *out = ((PyMethodDescrObject *)descr)->d_method->ml_meth;
+    Py_DECREF(descr);
+    if (!ok) PyErr_Format(PyExc_TypeError, "int.%s is not a C method without arguments", name);
+    return ok ? 0 : -1;
 }
 
 /* Call the Python twin with self first. It re-checks everything, so a failed comparison on the way here
@@ -185,39 +225,30 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     PyObject *samples = SLOT(act, K.h_samples), *tp = SLOT(weight, K.w_tp_size);
     long n = mask_bit_count(samples);
     PyObject *state = SLOT(self, K.m_state);
+    /* this TP slice's per-layer masks of forwarded samples (`RankState.forwarded`); Python makes the list
+       on a slice's first forward */
     PyObject *forwarded = SLOT(state, K.s_forwarded);
-    if (n < 0 || !tp || !PyList_CheckExact(forwarded) || layer_v >= PyList_GET_SIZE(forwarded)) goto slow;
+    if (n < 0 || !tp || !forwarded || !PyList_CheckExact(forwarded) || tp_rank >= PyList_GET_SIZE(forwarded))
+        goto slow;
+    PyObject *masks = PyList_GET_ITEM(forwarded, tp_rank);
+    if (!PyList_CheckExact(masks) || layer_v >= PyList_GET_SIZE(masks)) goto slow;
     long long out_bytes = activation_bytes(self, n);
     if (out_bytes < 0) goto slow;
 
-    /* a forward of samples this layer (and TP slice: its samples shifted by tp_rank global batches) has
-       already seen on this rank is a recompute */
-    PyObject *mine = samples;
-    if (tp_rank) {
-        long batch = small_int(SLOT(self, K.m_batch), -1);
-        if (batch < 0) goto slow;
-        PyObject *shift = PyLong_FromLong(tp_rank * batch);
-        if (!shift) return NULL;
-        mine = PyNumber_Lshift(samples, shift);
-        Py_DECREF(shift);
-        if (!mine) return NULL;
-    } else {
-        Py_INCREF(mine);
-    }
-    PyObject *before = PyList_GET_ITEM(forwarded, layer_v);
-    PyObject *seen = PyNumber_And(before, mine);
-    if (!seen) { Py_DECREF(mine); return NULL; }
-    int recompute = PyObject_RichCompareBool(seen, mine, Py_EQ);
+    /* a forward of samples this layer (and TP slice) has already seen on this rank is a recompute */
+    PyObject *before = PyList_GET_ITEM(masks, layer_v);
+    PyObject *seen = PyNumber_And(before, samples);
+    if (!seen) return NULL;
+    int recompute = PyObject_RichCompareBool(seen, samples, Py_EQ);
     Py_DECREF(seen);
-    if (recompute < 0) { Py_DECREF(mine); return NULL; }
+    if (recompute < 0) return NULL;
     if (!recompute) {
         int any = PyObject_IsTrue(before);
-        if (any < 0) { Py_DECREF(mine); return NULL; }
-        PyObject *now = any ? PyNumber_Or(before, mine) : Py_NewRef(mine);
-        if (!now) { Py_DECREF(mine); return NULL; }
-        PyList_SetItem(forwarded, layer_v, now); /* steals `now` */
+        if (any < 0) return NULL;
+        PyObject *now = any ? PyNumber_Or(before, samples) : Py_NewRef(samples);
+        if (!now) return NULL;
+        PyList_SetItem(masks, layer_v, now); /* steals `now` */
     }
-    Py_DECREF(mine);
     PyObject *cost = op_cost(self, K.s_forward, layer, n, tp, mode);
     if (!cost) return NULL;
     if (run_compute(self, K.s_forward, layer, samples, cost, recompute ? K.s_recompute : K.s_empty) < 0 ||
@@ -469,7 +500,7 @@ static PyObject *install(PyObject *module, PyObject *args) {
         {Model, "_engine", &K.m_engine}, {Model, "_state", &K.m_state}, {Model, "_mem", &K.m_mem},
         {Model, "_events", &K.m_events}, {Model, "_cache", &K.m_cache}, {Model, "rank", &K.m_rank},
         {Model, "_act_bytes", &K.m_act_bytes},
-        {Model, "_shard_sizes", &K.m_shard_sizes}, {Model, "global_batch_size", &K.m_batch},
+        {Model, "_shard_sizes", &K.m_shard_sizes},
         {RankState, "clock", &K.s_clock}, {RankState, "flops", &K.s_flops}, {RankState, "forwarded", &K.s_forwarded},
         {MemoryTracker, "context", &K.mem_context},
         {Activation, "rank", &K.h_rank}, {Activation, "layer", &K.h_layer}, {Activation, "samples", &K.h_samples},
@@ -531,11 +562,11 @@ int ops_init(PyObject *module) {
         {&K.s_backward_weight, "backward_weight"}, {&K.s_compute, "compute"},
         {&K.s_recompute, "recompute"}, {&K.s_empty, ""}, {&K.s_none, "none"}, {&K.s_stash, "stash"},
         {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"},
-        {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_bit_count, "bit_count"},
-        {&K.s_bit_length, "bit_length"}, {&K.s_selective_mode, "selective"},
+        {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_selective_mode, "selective"},
     };
     for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
         if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
+    if (int_c_method("bit_count", &int_bit_count) < 0 || int_c_method("bit_length", &int_bit_length) < 0) return -1;
     K.zero = PyLong_FromLong(0);
     K.one = PyLong_FromLong(1);
     if (!K.zero || !K.one) return -1;

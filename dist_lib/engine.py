@@ -75,8 +75,21 @@ class RankState:
         # per layer, the shards handed in and the shards updated (see `op_checks._first_time`)
         self.handed: list[Any] = [None] * num_layers
         self.updated: list[Any] = [None] * num_layers
-        # per layer, a mask of (TP slice, sample) pairs forwarded so far: a repeat is a recompute
-        self.forwarded: list[int] = [0] * num_layers
+        # per TP slice (a weight's `tp_rank`), per layer, the mask of the samples forwarded so far: a repeat
+        # is a recompute. Keyed by slice rather than one mask shifted by tp_rank global batches, so that
+        # each test and update is an operation on masks of the batch's width; a slice's list is made on its
+        # first forward (`forward_slice`), and a rank usually runs one slice
+        self.forwarded: list[list[int] | None] = [[0] * num_layers]
+
+
+    def forward_slice(self, tp_rank: int) -> list[int]:
+        """The per-layer masks of TP slice `tp_rank`'s forwards (see `forwarded`), made on first use."""
+        forwarded = self.forwarded
+        if tp_rank >= len(forwarded):
+            forwarded.extend([None] * (tp_rank + 1 - len(forwarded)))
+        if forwarded[tp_rank] is None:
+            forwarded[tp_rank] = [0] * len(self.handed)
+        return forwarded[tp_rank]
 
 
 class Engine:

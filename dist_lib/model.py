@@ -132,11 +132,14 @@ class Model(OpChecks):
         samples = act.samples
         tp_rank, tp = weight.tp_rank, weight.tp_size
         # a forward of samples this layer (and TP slice) has already seen on this rank is a recompute
-        seen = samples << (tp_rank * self.global_batch_size) if tp_rank else samples
-        before = state.forwarded[layer]
-        recompute = before & seen == seen
+        forwarded = state.forwarded
+        masks = forwarded[tp_rank] if tp_rank < len(forwarded) else None
+        if masks is None:
+            masks = state.forward_slice(tp_rank)
+        before = masks[layer]
+        recompute = before & samples == samples
         if not recompute:
-            state.forwarded[layer] = before | seen if before else seen  # shares the mask when it can
+            masks[layer] = before | samples if before else samples  # shares the mask when it can
         n = samples.bit_count()
         mode = compute_mode(selective_recompute, sequence_parallel)
         duration, flops, stash_bytes = self._cache.get(("forward", layer, n, tp, mode)) \
@@ -269,16 +272,22 @@ class Model(OpChecks):
         message over the inter-node links instead of t copies; `all_gather(piece, tp_group)` on the
         receiving side makes the whole tensor again. Takes no time (Megatron cuts a view of the flattened
         tensor); the piece is a buffer of its own of 1/t of the bytes."""
+        cls = SLICES.get(x.__class__)
+        if cls is None or x.rank != self.rank or x.tp_parts != (1 << x.tp_size) - 1 \
+                or tp_size.__class__ is not int or tp_rank.__class__ is not int or not 0 <= tp_rank < tp_size:
+            self._explain_split_tp(x, tp_rank, tp_size)  # (one test on the path every message takes)
+        mem = self._mem
+        mem.context = ("split_tp", x.layer)
+        return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size)
+
+    def _explain_split_tp(self, x: Any, tp_rank: Any, tp_size: Any) -> None:
         where = f"rank {self.rank} split_tp"
-        cls = SLICES.get(type(x))
-        if cls is None:
+        if type(x) not in SLICES:
             raise TensorError(f"{where}: expected a complete Activation or ActivationGrad, got {x!r}")
         self._check_own(x, where)
         if x.is_partial:
             raise TensorError(f"{where}: {x!r} is a tensor-parallel partial sum; all_reduce it first")
         _check_tp_slice(where, tp_rank, tp_size)
-        self._mem.context = ("split_tp", x.layer)
-        return cls(self._mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size)
 
     def _resample_mask(self, x: Any, samples: Iterable[int] | range, op: str) -> int:
         where = f"rank {self.rank} {op}"

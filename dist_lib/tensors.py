@@ -16,6 +16,7 @@ Tensors are values: treat their fields as read-only (the grader re-executes the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from .memory import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, Buffer
@@ -29,7 +30,7 @@ def samples_mask(samples: Iterable[int] | range, global_batch_size: int) -> int:
             raise ValueError("no samples")
         if start < 0 or stop > global_batch_size:
             raise ValueError(f"samples {start}..{stop - 1} are outside the global batch 0..{global_batch_size - 1}")
-        return ((1 << stop) - 1) ^ ((1 << start) - 1)
+        return range_mask(start, stop)
     mask = 0
     for i in samples:
         if isinstance(i, bool) or not isinstance(i, int):
@@ -42,6 +43,15 @@ def samples_mask(samples: Iterable[int] | range, global_batch_size: int) -> int:
     if not mask:
         raise ValueError("no samples")
     return mask
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def range_mask(start: int, stop: int) -> int:
+    """The mask of samples `start`..`stop - 1`, one int object per range however often it is asked for:
+    a microbatch's tensors on every rank then share its mask (a step of thousands of samples has masks of
+    thousands of bits), and a pipeline stage checks an arriving message against the mask it expects by
+    identity rather than by building and comparing a new one."""
+    return (1 << stop) - (1 << start)
 
 
 def describe_mask(mask: int) -> str:

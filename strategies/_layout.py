@@ -11,6 +11,7 @@ Every check raises `ValueError` with a message that names the option to change.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -62,12 +63,18 @@ class Layout:
         return [self.rank(replica, s, tp_rank) for s in range(self.pp)]
 
     def check_tp_in_node(self, cluster) -> None:
-        """TP all-reduces run twice per layer: keep each TP group on one node's fast link."""
-        for first in range(0, cluster.world_size, self.tp):
-            nodes = {cluster.node_of(r) for r in range(first, first + self.tp)}
-            if len(nodes) > 1:
-                raise ValueError(f"tp={self.tp}: TP group of ranks {first}..{first + self.tp - 1} spans nodes "
+        """TP all-reduces run twice per layer: keep each TP group on one node's fast link. A group of `tp`
+        consecutive ranks spans nodes exactly when a node starts inside it, so the node boundaries are
+        what is checked (every rank runs this check: one pass over the world's ranks each would make the
+        setup of a large world quadratic); the first group that spans nodes is named."""
+        tp, start = self.tp, 0
+        for node in cluster.nodes:
+            if start % tp:
+                first = start - start % tp
+                nodes = {cluster.node_of(r) for r in range(first, first + tp)}
+                raise ValueError(f"tp={tp}: TP group of ranks {first}..{first + tp - 1} spans nodes "
                                  f"{sorted(nodes)}; choose a tp that divides the GPUs per node")
+            start += node.gpus
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -75,13 +82,19 @@ def _positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
 
 
-def microbatches(first: int, count: int, microbatch_size: int) -> list[range]:
-    """`count` samples from `first`, cut into microbatches of `microbatch_size` (all the same size)."""
+def microbatches(first: int, count: int, microbatch_size: int) -> tuple[range, ...]:
+    """`count` samples from `first`, cut into microbatches of `microbatch_size` (all the same size).
+    The ranks of one replica share one tuple (thousands of ranks of hundreds of microbatches each)."""
     _positive_int("microbatch_size", microbatch_size)
     if count % microbatch_size:
         raise ValueError(f"microbatch_size={microbatch_size} does not divide the {count} samples a replica "
                          f"trains on; choose a microbatch_size that divides {count}")
-    return [range(s, s + microbatch_size) for s in range(first, first + count, microbatch_size)]
+    return _cut(first, count, microbatch_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _cut(first: int, count: int, microbatch_size: int) -> tuple[range, ...]:
+    return tuple(range(s, s + microbatch_size) for s in range(first, first + count, microbatch_size))
 
 
 def replica_samples(global_batch: int, dp: int, replica: int) -> tuple[int, int]:

@@ -30,11 +30,12 @@ those lists; `run_stage` carries them out:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from dist_lib import Model, Work
+from dist_lib.tensors import range_mask
 
 
 class Action(NamedTuple):
@@ -104,24 +105,39 @@ def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) ->
         raise ValueError("schedule: not every chunk and microbatch ran forward and backward exactly once")
 
 
-async def run_stage(model: Model, plan: StagePlan) -> None:
-    await _Stage(model, plan).run()
+def run_stage(model: Model, plan: StagePlan) -> Coroutine[Any, Any, None]:
+    """This rank's part of the pipeline, to await. The stage's own `run` coroutine is returned rather than
+    awaited inside another: every wait of the step passes through each coroutine frame between the
+    strategy and the op, so one level fewer is that much less work per wait."""
+    return _Stage(model, plan).run()
 
 
 class _Stage:
+    """One rank's pipeline stage as it runs its schedule. Its fields are slots: they sit in the object
+    itself rather than in a separate values array, and every wait of the step resumes through them, on
+    each of thousands of ranks."""
+
+    __slots__ = ("model", "plan", "pp", "virtual", "virtuals", "tp", "tp_group", "scatter_gather", "weights", "left",
+                 "grads", "reduced", "kept", "loss_grads", "deferred", "sends", "local", "explicit", "arrived",
+                 "outbox", "partitioned_outputs", "modes")
+
     def __init__(self, model: Model, plan: StagePlan):
         self.model, self.plan = model, plan
         self.pp = len(plan.stage_ranks)
         self.virtual = self.pp * len(plan.chunks)
-        tp = len(plan.tp_group)
+        self.virtuals = [self._virtual(chunk) for chunk in range(len(plan.chunks))]  # chunk -> virtual stage
+        self.tp = tp = len(plan.tp_group)
         self.tp_group = model.group(plan.tp_group) if tp > 1 else None
         self.scatter_gather = plan.scatter_gather and tp > 1
         self.weights = {layer: self.load(layer) for chunk in plan.chunks for layer in chunk}
         self.left = {layer: len(plan.microbatches) for layer in self.weights}
         self.grads: dict = {}
         self.reduced: dict = {}
-        self.inputs: dict = {}  # (chunk, mb) -> each layer's input, in order
-        self.loss_grads: dict = {}  # (chunk, mb) -> gradient of the loss (last virtual stage)
+        # layer -> microbatch -> the layer's input, kept for its backward (the microbatch numbers are the
+        # schedule's own ints, shared by the ranks of a stage: an entry per microbatch in flight and no key
+        # object of its own, which matters at hundreds of microbatches in flight on thousands of ranks)
+        self.kept: dict[int, dict[int, object]] = {layer: {} for layer in self.weights}
+        self.loss_grads: dict = {}  # microbatch -> gradient of the loss (on the last virtual stage)
         self.deferred: dict = {}  # (chunk, mb) -> [(layer, input, output grad)] awaiting W
         # sends in flight, to await before the step ends (a send's stream lets go of its tensor when it
         # completes, so a completed one is dropped from the front of the queue after each action)
@@ -143,16 +159,19 @@ class _Stage:
         return self.model.load_weights(layer, tp_rank=self.plan.tp_rank, tp_size=len(self.plan.tp_group))
 
     async def run(self) -> None:
+        forward, backward, sends = self.forward, self.backward, self.sends
         for action in self.plan.actions:
-            if action.kind == "F":
-                await self.forward(action.chunk, action.mb)
-            elif action.kind == "W":
-                self.weight_grads(action.chunk, action.mb)
-            elif action.kind in MESSAGES:
+            kind, chunk, mb = action
+            if kind == "F":
+                await forward(chunk, mb)
+            elif kind == "B":
+                await backward(chunk, mb, False)
+            elif kind == "W":
+                self.weight_grads(chunk, mb)
+            elif kind in MESSAGES:
                 await self.message(action)
-            else:
-                await self.backward(action.chunk, action.mb, split=action.kind == "I")
-            sends = self.sends
+            else:  # "I": the input-gradient half of a split backward
+                await backward(chunk, mb, True)
             while sends and sends[0].done:
                 sends.popleft()
         await self.update_all()
@@ -254,9 +273,15 @@ class _Stage:
 
     def _send_to(self, x, virtual: int, what: str) -> None:
         """Hand `x` to virtual stage `virtual` (a subclass may route it to several ranks): with scatter-gather,
-        this TP rank's piece of it."""
+        this TP rank's piece of it. (`_send` of `_piece`, written out: this runs for every message.)"""
         dst = self._peer(virtual)
-        self._send(self._piece(x, dst), dst, what)
+        model = self.model
+        if dst == model.rank:
+            self.local[what].append(x)
+            return
+        if self.scatter_gather:
+            x = model.split_tp(x, self.plan.tp_rank, self.tp)
+        self.sends.append(model.send(x, dst))
 
     def _piece(self, x, dst: int):
         """What this rank sends of `x` to `dst`: with scatter-gather, its TP piece (DeepSpeed's pipeline engine
@@ -267,9 +292,19 @@ class _Stage:
 
     async def _receive_from(self, virtual: int, layer: int, samples: range, what: str):
         """The `what` of `layer` for `samples` from virtual stage `virtual` (its pieces gathered in the TP
-        group, with scatter-gather)."""
+        group, with scatter-gather). (`_gathered` of `_receive`, written out: this runs for every message,
+        and each coroutine it awaits would be a frame every wait of the message passes through.)"""
         src = self._peer(virtual)
-        return await self._gathered(await self._receive(src, layer, samples, what), src)
+        model = self.model
+        if src == model.rank:
+            x = self.local[what].pop(0)
+        else:
+            x = await model.recv(src)
+        if x.layer != layer or x.samples != range_mask(samples.start, samples.stop):
+            self._unexpected(x, src, layer, samples, what)
+        if self.scatter_gather and src != model.rank:
+            x = await model.all_gather(x, self.tp_group)
+        return x
 
     async def _gathered(self, x, src: int):
         """`x` as it arrived from `src`, made whole: with scatter-gather, the TP group all-gathers its
@@ -280,33 +315,34 @@ class _Stage:
 
     async def _receive(self, src: int, layer: int, samples: range, what: str):
         x = self.local[what].pop(0) if src == self.model.rank else await self.model.recv(src)
-        if x.layer != layer or x.samples != ((1 << samples.stop) - (1 << samples.start)):
-            raise ValueError(f"rank {self.model.rank}: expected the {what} of layer {layer} for samples "
-                             f"{samples.start}..{samples.stop - 1} from rank {src}, got {x!r}; the schedules of "
-                             f"neighbouring stages disagree")
+        if x.layer != layer or x.samples != range_mask(samples.start, samples.stop):
+            self._unexpected(x, src, layer, samples, what)
         return x
+
+    def _unexpected(self, x, src: int, layer: int, samples: range, what: str) -> None:
+        raise ValueError(f"rank {self.model.rank}: expected the {what} of layer {layer} for samples "
+                         f"{samples.start}..{samples.stop - 1} from rank {src}, got {x!r}; the schedules of "
+                         f"neighbouring stages disagree")
 
     async def forward(self, chunk: int, mb: int) -> None:
         model, plan = self.model, self.plan
-        layers, samples, k = plan.chunks[chunk], plan.microbatches[mb], self._virtual(chunk)
+        layers, k = plan.chunks[chunk], self.virtuals[chunk]
         if k == 0:
-            x = model.get_input_activation(samples)
+            x = model.get_input_activation(plan.microbatches[mb])
         elif self.explicit:
             x = self.arrived.pop(("activation", chunk, mb))
         else:
-            x = await self._receive_from(k - 1, layers.start, samples, "activation")
-        kept = []
-        weights, stash, modes, tp_group = self.weights, not plan.recompute, self.modes, self.tp_group
-        forward, keep = model.forward, kept.append
+            x = await self._receive_from(k - 1, layers.start, plan.microbatches[mb], "activation")
+        weights, stash, modes, tp_group, kept = self.weights, not plan.recompute, self.modes, self.tp_group, self.kept
+        forward = model.forward
         for layer in layers:
-            keep(x)
+            kept[layer][mb] = x
             x = forward(layer, x, weights[layer][0], stash=stash, **modes)
             if tp_group is not None:
                 x = await model.all_reduce(x, tp_group)
-        self.inputs[(chunk, mb)] = kept
         if k == self.virtual - 1:
             # vocabulary-parallel LM head: each TP rank its V/t logits (Megatron-LM)
-            self.loss_grads[(chunk, mb)] = model.loss(x, tp_rank=plan.tp_rank, tp_size=len(plan.tp_group))
+            self.loss_grads[mb] = model.loss(x, tp_rank=plan.tp_rank, tp_size=self.tp)
         elif self.explicit:
             self.outbox[("activation", chunk, mb)] = x
         else:
@@ -314,20 +350,21 @@ class _Stage:
 
     async def backward(self, chunk: int, mb: int, split: bool) -> None:
         model, plan = self.model, self.plan
-        layers, samples, k = plan.chunks[chunk], plan.microbatches[mb], self._virtual(chunk)
+        layers, k = plan.chunks[chunk], self.virtuals[chunk]
         if k == self.virtual - 1:
-            grad = self.loss_grads.pop((chunk, mb))
+            grad = self.loss_grads.pop(mb)
             if self.tp_group is not None:  # sum the head's vocabulary slices' input gradients
                 grad = await model.all_reduce(grad, self.tp_group)
         elif self.explicit:
             grad = self.arrived.pop(("activation gradient", chunk, mb))
         else:
-            grad = await self._receive_from(k + 1, layers.stop, samples, "activation gradient")
-        kept = self.inputs.pop((chunk, mb))
+            grad = await self._receive_from(k + 1, layers.stop, plan.microbatches[mb], "activation gradient")
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
-        tp_group, weights, recompute = self.tp_group, self.weights, plan.recompute
+        tp_group, weights, recompute, kept = self.tp_group, self.weights, plan.recompute, self.kept
+        gather_grad = plan.sequence_parallel and tp_group is not None
+        async_reduce = tp_group is not None and plan.async_tp_allreduce
         for layer in reversed(layers):
-            x, weight = kept.pop(), weights[layer][0]
+            x, weight = kept[layer].pop(mb), weights[layer][0]
             if recompute:
                 # rebuild the stash; the output is not needed again, but the re-run forward repeats its
                 # TP all-reduces (Megatron-LM checkpoints whole layers, communication included)
@@ -335,12 +372,12 @@ class _Stage:
                 if tp_group is not None:
                     await model.all_reduce(out, tp_group)
                 del out
-            if plan.sequence_parallel and tp_group is not None:
+            if gather_grad:
                 grad = await self._gather_sequence_parallel_grad(grad)
             if split:
                 grad_in = model.backward_input(layer, x, grad, weight)
                 deferred.append((layer, x, grad))
-            elif tp_group is not None and plan.async_tp_allreduce:
+            elif async_reduce:
                 # Megatron-LM all-reduces the input gradient while the weight-gradient GEMMs run
                 # (async_tensor_model_parallel_allreduce; Korthikanti et al. 2022, sec. 4.2.2)
                 reducing = model.all_reduce(model.backward_input(layer, x, grad, weight), tp_group)
@@ -351,7 +388,7 @@ class _Stage:
                 self._accumulate(layer, weight_grad)
                 del weight_grad
             del x
-            if tp_group is not None and (split or not plan.async_tp_allreduce):
+            if tp_group is not None and (split or not async_reduce):
                 # after the backward GEMMs (Megatron-LM before September 2021: autograd all-reduces the
                 # input gradient once the column-parallel layer's backward has run)
                 grad_in = await model.all_reduce(grad_in, tp_group)

@@ -187,6 +187,9 @@ cases = {  # name: (strategy, options, cluster, layers, global batch)
                         16),
     "hybrid_tp_sp": ("hybrid", {"dp": 1, "pp": 2, "tp": 2, "sequence_parallel": True, "selective_recompute": True}),
     "hybrid_tp_recompute": ("hybrid", {"dp": 1, "pp": 2, "tp": 2, "recompute": True}),  # a TP slice's re-run
+    # re-runs of TP slices 1-3 on samples beyond 64 bits (recompute detection, bit counts of wide masks)
+    "hybrid_tp4_recompute_wide": ("hybrid", {"dp": 1, "pp": 1, "tp": 4, "recompute": True, "microbatch_size": 24},
+                                  "1x4xA100-80GB", 2, 96),
     "zero_bubble": ("zero_bubble", {}),  # split backward
     "zero_bubble_recompute": ("zero_bubble", {"recompute": True, "max_in_flight": 3}),  # deferred W after a re-run
 }
@@ -223,8 +226,8 @@ def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
     assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
     assert (c["scheduler"], python["scheduler"]) == ("dist_lib._buffers", "dist_lib.transfers")
     for name in ("zero", "zero1", "zero_wide", "ddp_wide", "one_f_one_b", "ddp", "gpipe_recompute", "hybrid_tp",
-                 "hybrid_tp4", "hybrid_tp4_sync", "hybrid_tp_sp", "hybrid_tp_recompute", "zero_bubble",
-                 "zero_bubble_recompute"):
+                 "hybrid_tp4", "hybrid_tp4_sync", "hybrid_tp_sp", "hybrid_tp_recompute", "hybrid_tp4_recompute_wide",
+                 "zero_bubble", "zero_bubble_recompute"):
         assert c[name] == python[name], name
         assert len(c[name]["logs"][0][0]) > 20
     details = {e[11] for case in c.values() if isinstance(case, dict) for e in case["events"]}
@@ -233,6 +236,12 @@ def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
            for name in ("hybrid_tp4", "hybrid_tp4_sync", "zero_bubble_recompute")}
     assert {"backward_input", "backward_weight"} <= ops["hybrid_tp4"] & ops["zero_bubble_recompute"]
     assert "backward" in ops["hybrid_tp4_sync"] and "backward_input" not in ops["hybrid_tp4_sync"]
+    # every TP slice re-ran each of its 4 microbatches of 24 samples once, on both layers, and only those
+    wide = c["hybrid_tp4_recompute_wide"]["events"]
+    reruns = [e for e in wide if e[1] == "forward" and e[11] == "recompute"]
+    assert len(reruns) == 4 * 4 * 2 == len([e for e in wide if e[1] == "forward"]) // 2
+    assert {e[0] for e in reruns} == {"0", "1", "2", "3"}
+    assert max(int(e[6]) for e in reruns).bit_length() == 96
 
 
 # Calls of the backward ops, right and wrong, made by rank 0 of two (rank 1 lends it a tensor it does not

@@ -181,6 +181,16 @@ def test_invalid_configurations_name_the_option(name, options, option):
         run(name, "1x4xA100-80GB", 6, 8, **options)
 
 
+@pytest.mark.parametrize("cluster, group, nodes", [
+    ("2x6xA100-80GB", "4..7", "[0, 1]"),  # node 1 starts at rank 6, inside the second group of 4
+    ("1x4xA100-80GB+2x2xA100-80GB+1x4xA100-80GB", "4..7", "[1, 2]"),  # nodes of 2 pair up, but not in one group
+    ("1x8xA100-80GB+1x2xA100-80GB+1x6xA100-80GB", "8..11", "[1, 2]"),
+])
+def test_a_tp_group_across_nodes_is_refused_naming_the_first_such_group(cluster, group, nodes):
+    with pytest.raises(StrategyError, match=rf"tp=4: TP group of ranks {group} spans nodes \{nodes}"):
+        simulate("strategies.hybrid", cluster, "toy:layers=2", 4, dp=None, pp=1, tp=4, start_order_seed=3)
+
+
 def test_tied_embeddings_all_reduce_the_head_gradient_between_first_and_last_stage():
     # two stages on two nodes behind a 1 GB/s NIC: one all-reduce of V x h 16-bit values between them,
     # a ring of two: 2(p-1)/p * n / B + 2(p-1) alpha = n / B + 2 * 14 us (NCCL's network step latency)
