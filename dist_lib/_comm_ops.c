@@ -255,7 +255,8 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
     PyObject *Group = (PyObject *)C.Group, *Collective = (PyObject *)C.Collective, *Work = (PyObject *)C.Work;
     struct { PyObject *cls; const char *name; Py_ssize_t *out; } slots[] = {
         {Model, "_engine", &C.m_engine}, {Model, "_state", &C.m_state}, {Model, "_mem", &C.m_mem},
-        {Model, "_world", &C.m_world}, {Model, "_act_bytes", &C.m_act_bytes}, {MemoryTracker, "context", &C.mem_context},
+        {Model, "_world", &C.m_world}, {Model, "_act_bytes", &C.m_act_bytes},
+        {MemoryTracker, "context", &C.mem_context},
         {RankState, "rank", &C.s_rank}, {RankState, "clock", &C.s_clock},
         {Group, "index", &C.g_index}, {Group, "size", &C.g_size}, {Group, "next_seq", &C.g_next_seq},
         {Group, "pending", &C.g_pending}, {Collective, "group", &C.c_group}, {Collective, "seq", &C.c_seq},

@@ -1,9 +1,10 @@
-"""The C collective path (`_comm_ops.c`: a member's issue; `_comm_resolve.c`: its resolution; `_comm_end.c`:
-its start and end on its group's stream; `_work.c`: awaiting it) against its Python twins in `comm.py` and `model.py`, on randomized
-collective patterns over several groups: TP partial sums of activations and gradients, TP-piece gathers,
-gradient all-reduces, ZeRO gathers and reduce-scatters, awaited at once, later or never, with mismatches
-(different ops, layers, samples, TP slices, overlapping parts): the same events, memory books, results and
-rank times, and for a faulty pattern the same exception and message."""
+"""The C collective path (`_comm_ops.c`: a member's issue; `_comm_resolve.c`: its resolution;
+`_comm_end.c`: its start and end on its group's stream; `_work.c`: awaiting it) against its Python twins
+in `comm.py` and `model.py`, on randomized collective patterns over several groups: TP partial sums of
+activations and gradients, TP-piece gathers, gradient all-reduces, ZeRO gathers and reduce-scatters,
+awaited at once, later or never, with mismatches (different ops, layers, samples, TP slices, overlapping
+parts) and misuse: the same events, memory books, results and rank times, and for a faulty pattern the
+same exception and message."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def complete_output(model: Model, samples: list[int], layers: int = 1):
 
 
 async def make_input(model: Model, kind: str, pos: int, size: int, samples: list[int], fault: str | None,
-                     group: tuple[int, ...], keep: list):
+                     group: comm.Group, keep: list):
     """This member's tensor for a collective of `kind` (or the faulty one) and the op to issue."""
     tp_rank = 0 if fault == "same part twice" else pos
     if fault == "other samples":
