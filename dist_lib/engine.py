@@ -81,14 +81,13 @@ class RankState:
         # first forward (`forward_slice`), and a rank usually runs one slice
         self.forwarded: list[list[int] | None] = [[0] * num_layers]
 
-
     def forward_slice(self, tp_rank: int) -> list[int]:
         """The per-layer masks of TP slice `tp_rank`'s forwards (see `forwarded`), made on first use."""
         forwarded = self.forwarded
         if tp_rank >= len(forwarded):
             forwarded.extend([None] * (tp_rank + 1 - len(forwarded)))
         if forwarded[tp_rank] is None:
-            forwarded[tp_rank] = [0] * len(self.handed)
+            forwarded[tp_rank] = [0] * len(forwarded[0])  # one mask per layer, as slice 0's list from the start
         return forwarded[tp_rank]
 
 

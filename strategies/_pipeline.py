@@ -274,7 +274,7 @@ class _Stage:
     def _send_to(self, x, virtual: int, what: str) -> None:
         """Hand `x` to virtual stage `virtual` (a subclass may route it to several ranks): with scatter-gather,
         this TP rank's piece of it. (`_send` of `_piece`, written out: this runs for every message.)"""
-        dst = self._peer(virtual)
+        dst = self.plan.stage_ranks[virtual % self.pp]  # self._peer(virtual)
         model = self.model
         if dst == model.rank:
             self.local[what].append(x)
@@ -294,7 +294,7 @@ class _Stage:
         """The `what` of `layer` for `samples` from virtual stage `virtual` (its pieces gathered in the TP
         group, with scatter-gather). (`_gathered` of `_receive`, written out: this runs for every message,
         and each coroutine it awaits would be a frame every wait of the message passes through.)"""
-        src = self._peer(virtual)
+        src = self.plan.stage_ranks[virtual % self.pp]  # self._peer(virtual)
         model = self.model
         if src == model.rank:
             x = self.local[what].pop(0)
