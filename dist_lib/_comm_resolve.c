@@ -254,21 +254,12 @@ int install_comm_resolve(PyObject *comm) {
             if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
         if (!(R.one = PyLong_FromLong(1))) return -1;
     }
-    struct { const char *name; PyTypeObject **out; } classes[] = {
+    const ClassRef classes[] = {
         {"Group", &R.Group}, {"Collective", &R.Collective}, {"Work", &R.Work}, {"_Reduced", &R.Reduced},
         {"WeightGrad", &R.WeightGrad}, {"Activation", &R.Activation}, {"ActivationGrad", &R.ActivationGrad},
         {"ActivationSlice", &R.ActivationSlice}, {"ActivationGradSlice", &R.ActivationGradSlice},
     };
-    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++) {
-        PyObject *cls = PyObject_GetAttrString(comm, classes[i].name);
-        if (!cls) return -1;
-        if (!PyType_Check(cls)) {
-            PyErr_Format(PyExc_TypeError, "comm.%s is not a class", classes[i].name);
-            Py_DECREF(cls);
-            return -1;
-        }
-        Py_XSETREF(*classes[i].out, (PyTypeObject *)cls);
-    }
+    if (load_classes(comm, "comm", classes, sizeof classes / sizeof classes[0]) < 0) return -1;
     PyObject *twins = PyObject_GetAttrString(comm, "PYTHON_TWINS");
     if (!twins) return -1;
     PyObject *py = PyDict_Check(twins) ? PyDict_GetItemString(twins, "_resolve_ready") : NULL;

@@ -469,6 +469,20 @@ static PyMethodDef add_def = {"__add__", (PyCFunction)(void (*)(void))fast_add, 
 
 /* Put `def` on `cls`, keeping the Python method there as the twin; `docs[name]` (its signature and
  * docstring, kept alive by the caller) becomes the C method's. */
+int load_classes(PyObject *module, const char *where, const ClassRef *refs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        PyObject *cls = PyObject_GetAttrString(module, refs[i].name);
+        if (!cls) return -1;
+        if (!PyType_Check(cls)) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a class", where, refs[i].name);
+            Py_DECREF(cls);
+            return -1;
+        }
+        Py_XSETREF(*refs[i].out, (PyTypeObject *)cls);
+    }
+    return 0;
+}
+
 int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin, PyObject *docs) {
     PyObject *python = PyObject_GetAttrString(cls, def->ml_name);
     if (!python) return -1;

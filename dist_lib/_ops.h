@@ -39,5 +39,10 @@ int same_layout(PyObject *const *siblings, int nsiblings, const char *const *nam
 /* Put `def` on `cls`, keeping the Python method in *twin; docs[name] (kept alive by the caller) becomes
  * the C method's signature and docstring. */
 int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin, PyObject *docs);
+/* A class `module` defines, to store in *out (replacing a reference held there). */
+typedef struct { const char *name; PyTypeObject **out; } ClassRef;
+/* Look up each of `refs` on `module` (named `where` in errors). 0, or -1 with an exception (TypeError
+ * if one is not a class). */
+int load_classes(PyObject *module, const char *where, const ClassRef *refs, size_t n);
 
 #endif

@@ -123,20 +123,11 @@ int install_work(PyObject *comm, PyObject *RankState, PyObject *MemoryTracker) {
     if (!W.s_ranks && (!(W.s_ranks = PyUnicode_InternFromString("ranks")) ||
                        !(W.s_recv = PyUnicode_InternFromString("recv"))))
         return -1;
-    struct { const char *name; PyTypeObject **out; } classes[] = {
+    const ClassRef classes[] = {
         {"Work", &W.Work}, {"_Reduced", &W.Reduced}, {"_Pending", &W.Pending}, {"WeightGrad", &W.WeightGrad},
         {"Activation", &W.Activation}, {"ActivationGrad", &W.ActivationGrad},
     };
-    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++) {
-        PyObject *cls = PyObject_GetAttrString(comm, classes[i].name);
-        if (!cls) return -1;
-        if (!PyType_Check(cls)) {
-            PyErr_Format(PyExc_TypeError, "comm.%s is not a class", classes[i].name);
-            Py_DECREF(cls);
-            return -1;
-        }
-        Py_XSETREF(*classes[i].out, (PyTypeObject *)cls);
-    }
+    if (load_classes(comm, "comm", classes, sizeof classes / sizeof classes[0]) < 0) return -1;
     Py_XSETREF(W.RankState, (PyTypeObject *)Py_NewRef(RankState));
     PyObject *Work = (PyObject *)W.Work, *Reduced = (PyObject *)W.Reduced, *Pending = (PyObject *)W.Pending;
     PyObject *WeightGrad = (PyObject *)W.WeightGrad;
