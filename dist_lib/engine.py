@@ -16,18 +16,15 @@ The engine drives the ranks' coroutines itself (`Engine._drive`): a rank that aw
 future or an event-loop round trip per wait. Anything else a strategy awaits (an `asyncio.gather` of
 works, `asyncio.sleep`) is an asyncio future, which resumes the rank through the event loop as a task
 would; works awaited inside such tasks block on a future. Such a future may be one nothing will ever
-complete (an `asyncio.Event` no rank sets): a watchdog looks, once a wall-clock second, whether the event
-loop still has anything that could (a callback, a timer, a thread, a file) and fails the step as a
-deadlock, naming each rank's wait, when it has not.
+complete (an `asyncio.Event` no rank sets): a watchdog (`waits.HangWatch`) looks, once a wall-clock second,
+whether the event loop still has anything that could (a callback, a timer, a thread, a file) and fails
+the step as a deadlock, naming each rank's wait, when it has not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 from asyncio import Future
-import traceback
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
@@ -37,11 +34,9 @@ from .eventlog import PACK_AT, EventLog
 from .hardware import Cluster
 from .memory import MemoryTracker
 from .transfers import Scheduler, Transfer
+from .waits import HangWatch, describe_future, user_frame, waiting_line
 from .workload import Workload
 
-
-HANG_CHECK_S = 1.0
-"""Wall-clock seconds between the watchdog's looks at whether a step waiting on asyncio can go on."""
 
 WAKE_ME = object()
 """What a rank's own coroutine yields to the engine when it waits on one of its works (`Work.__await__`);
@@ -124,8 +119,7 @@ class Engine:
         self.stepping = False
         self.stopped: asyncio.Future | None = None  # set when every rank returned or one failed
         self.first_error: BaseException | None = None
-        self.threads_at_start = 0  # threads alive when the step started: more may complete a future
-        self.watchdog: asyncio.TimerHandle | None = None  # the next look for a hang (`_watch`)
+        self.watchdog: HangWatch | None = None  # looks for a wait nothing will end (`_hung`)
 
     # ---- blocking and waking ------------------------------------------------------------------
 
@@ -228,7 +222,7 @@ class Engine:
                     lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}")
             elif rank in self.awaiting:
                 lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on "
-                             f"{_describe_future(self.awaiting[rank])}{waiting_line(self.coroutines[rank])}")
+                             f"{describe_future(self.awaiting[rank])}{waiting_line(self.coroutines[rank])}")
             elif state.finished:
                 lines.append(f"  rank {rank} finished")
         return "\n".join(lines)
@@ -258,8 +252,7 @@ class Engine:
         self.running = len(order)
         self.stopped = self.loop.create_future()
         self.ready.extend(order)
-        self.threads_at_start = threading.active_count()
-        self.watchdog = self.loop.call_later(HANG_CHECK_S, self._watch)
+        self.watchdog = HangWatch(self._hung)
         try:
             self._drive()
             await self.stopped
@@ -370,15 +363,11 @@ class Engine:
                 except BaseException:  # a strategy that awaits again while closed: it stops anyway
                     pass
 
-    def _watch(self) -> None:
-        """The watchdog: fail the step as a deadlock once nothing could ever resume a waiting rank (a rank
-        awaits something of asyncio's that no one completes, e.g. an `asyncio.Event` no rank sets); else
-        look again in `HANG_CHECK_S`. (The engine's own waits never need this: a quiescence with nothing in
-        flight is reported at once.) The wall-clock period only bounds how soon a hang is reported."""
+    def _hung(self) -> None:
+        """The watchdog found nothing that could ever resume a waiting rank (a rank awaits something of
+        asyncio's no one completes, e.g. an `asyncio.Event` no rank sets): fail the step as a deadlock.
+        (The engine's own waits never need this: a quiescence with nothing in flight is reported at once.)"""
         if self.stopped is None or self.stopped.done():
-            return
-        if self.threads_at_start < threading.active_count() or _loop_can_progress(self.loop):
-            self.watchdog = self.loop.call_later(HANG_CHECK_S, self._watch)
             return
         self._fail(DeadlockError(self.describe_hang()))
         self.ready.clear()
@@ -391,49 +380,3 @@ class Engine:
 
 def _transfer_key(transfer: Transfer) -> tuple:
     return transfer.key
-
-
-def _loop_can_progress(loop: asyncio.AbstractEventLoop) -> bool:
-    """Could the event loop still run anything without the engine: a callback ready, a live timer (an
-    `asyncio.sleep`), a file or socket it watches besides its own wake-up pipe? True when this loop's kind
-    does not let us tell (the attributes read are those of CPython's selector and proactor loops)."""
-    ready, scheduled = getattr(loop, "_ready", None), getattr(loop, "_scheduled", None)
-    if ready is None or scheduled is None:
-        return True
-    if ready or any(not handle.cancelled() for handle in scheduled):
-        return True
-    selector = getattr(loop, "_selector", None)
-    get_map = getattr(selector, "get_map", None)
-    return get_map is not None and len(get_map()) > 1
-
-
-def _describe_future(future: Any) -> str:
-    """An awaited asyncio object, briefly (an Event's future says only 'Future pending')."""
-    return f"{type(future).__name__} {'cancelled' if future.cancelled() else 'pending'}"
-
-
-def _is_users(filename: str) -> bool:
-    """Is this source file the strategy's (not the simulator's, asyncio's or the import machinery's)?"""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return not os.path.abspath(filename).startswith(here) and "asyncio" not in filename \
-        and not filename.startswith("<frozen")
-
-
-def user_frame(error: BaseException) -> str:
-    """' (at strategy.py:42 in train)': the innermost traceback frame outside the simulator."""
-    found = ""
-    for frame, lineno in traceback.walk_tb(error.__traceback__):
-        if _is_users(frame.f_code.co_filename):
-            found = f" (at {os.path.basename(frame.f_code.co_filename)}:{lineno} in {frame.f_code.co_name})"
-    return found
-
-
-def waiting_line(coroutine: Any) -> str:
-    """' (at strategy.py:42 in train)': the innermost line of the strategy a suspended coroutine waits at."""
-    found = ""
-    while coroutine is not None:
-        frame = getattr(coroutine, "cr_frame", None) or getattr(coroutine, "gi_frame", None)
-        if frame is not None and _is_users(frame.f_code.co_filename):
-            found = f" (at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name})"
-        coroutine = getattr(coroutine, "cr_await", None) or getattr(coroutine, "gi_yieldfrom", None)
-    return found

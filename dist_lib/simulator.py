@@ -181,7 +181,7 @@ def _load_file(path: Path) -> Any:
     except SpecError:
         raise
     except (Exception, SystemExit) as exc:  # a file that calls exit() on import must not end the caller
-        from .engine import user_frame
+        from .waits import user_frame
         raise StrategyError(f"strategy file {path}: importing it raised {type(exc).__name__}: {exc}"
                             f"{user_frame(exc)}") from exc
 

@@ -106,7 +106,7 @@ def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     _limit(job)
     from dist_lib import SimulationError, SpecError
-    from dist_lib.engine import user_frame
+    from dist_lib.waits import user_frame
     try:
         header = execute(job)
     except (SpecError, _BadInput) as exc:

@@ -103,6 +103,33 @@ def test_collective_mismatch_and_deadlock_raise_instead_of_hanging():
         asyncio.run(main(lonely))
 
 
+@pytest.mark.parametrize("runs", ["function", "main"])
+def test_a_file_awaiting_an_event_nobody_sets_is_a_deadlock_naming_each_rank(tmp_path, monkeypatch, runs):
+    import dist_lib.waits
+
+    monkeypatch.setattr(dist_lib.waits, "HANG_CHECK_S", 0.001)
+    path = tmp_path / "stuck.py"
+    path.write_text(
+        "import asyncio\n"
+        "from lib import Dist, Model\n"
+        "async def ddp(model):\n"
+        "    model.load_weights(0)\n"
+        "    if model.rank == 0:\n"
+        "        await model.receive()\n"
+        "    else:\n"
+        "        await asyncio.Event().wait()\n"
+        + ("async def main():\n"
+           "    dist = Dist(2)\n"
+           "    await asyncio.gather(*[ddp(Model(rank=r, dist=dist, layers=1, batches=2)) for r in range(2)])\n"
+           if runs == "main" else ""))
+    with pytest.raises(DeadlockError, match="the original API would hang here") as info:
+        run_file(path, api="puzzles", function="ddp" if runs == "function" else None, ranks=2 if runs == "function"
+                 else None)
+    message = str(info.value)
+    assert "rank 0 waits in receive" in message
+    assert "rank 1 waits on an asyncio future (at stuck.py:8 in ddp)" in message
+
+
 def test_wrong_step_is_reported():
     async def no_update(model):
         w, _ = model.load_weights(0)

@@ -330,9 +330,9 @@ def test_works_awaited_through_asyncio_gather_and_sleep_give_the_plain_awaits_ti
 @pytest.fixture
 def quick_watchdog(monkeypatch):
     """Look for hangs every millisecond, so that the tests also exercise looks that find the step alive."""
-    import dist_lib.engine
+    import dist_lib.waits
 
-    monkeypatch.setattr(dist_lib.engine, "HANG_CHECK_S", 0.001)
+    monkeypatch.setattr(dist_lib.waits, "HANG_CHECK_S", 0.001)
 
 
 def test_awaiting_an_event_no_rank_sets_is_a_deadlock_naming_the_line(quick_watchdog):

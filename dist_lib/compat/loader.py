@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..engine import user_frame
+from ..waits import HangWatch, user_frame, waiting_line
 from ..errors import IncorrectStepError, SimulationError, SpecError, StrategyError
 from ..result import Result
 from . import _runtime
@@ -165,7 +165,7 @@ def _run_main(module: types.ModuleType, path: Path, before: int) -> Any:
         raise SpecError(f"{path}: name the training function to run (no known one and no main())")
     out = main()
     if inspect.isawaitable(out):
-        asyncio.run(_awaited(out))
+        asyncio.run(_unless_hung(out, lambda: next((w for w in reversed(_runtime.WORLDS) if w.serial > before), None)))
     worlds = [w for w in _runtime.WORLDS if w.serial > before and w.models]
     if not worlds:
         raise SpecError(f"{path}: main() created no models")
@@ -178,8 +178,40 @@ def _located(error: SimulationError, path: Path) -> SimulationError:
     return type(error)(f"{path.name}: {first}{user_frame(error)}" + (f"\n{rest}" if rest else ""))
 
 
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
+async def _unless_hung(awaitable: Any, world: Any) -> Any:
+    """Await the ranks' work; if they wait on something of asyncio's that nothing will ever complete (an
+    `asyncio.Event` no rank sets), stop it and raise `CompatDeadlockError` naming each rank's wait, where
+    the original API would hang. `world()` is the ranks' `World`, or None if none was made."""
+    task = asyncio.ensure_future(awaitable)
+    report: list[str] = []
+
+    def hung() -> None:
+        report.append(_describe_hang(world()))
+        task.cancel()
+
+    watch = HangWatch(hung)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if report:
+            raise _runtime.CompatDeadlockError(report[0]) from None
+        raise
+    finally:
+        watch.cancel()
+
+
+def _describe_hang(world: Any) -> str:
+    lines = ["deadlock: the ranks wait on something of asyncio's that nothing will ever complete (an "
+             "asyncio.Event no rank sets, a queue no rank fills...); the original API would hang here"]
+    for r in range(world.n if world is not None else 0):
+        task = world.tasks.get(r)
+        if r in world.blocked:
+            lines.append(f"  rank {r} waits in {world.blocked[r][1]()}")
+        elif r in world.finished:
+            lines.append(f"  rank {r} finished")
+        elif task is not None:
+            lines.append(f"  rank {r} waits on an asyncio future{waiting_line(task.get_coro())}")
+    return "\n".join(lines)
 
 
 def _load(path: Path) -> types.ModuleType:
@@ -220,7 +252,7 @@ def _run_function(lib: types.ModuleType, api: str, fn: Any, name: str, ranks: in
     if inspect.iscoroutinefunction(fn):
         async def all_ranks() -> None:
             await asyncio.gather(*[fn(m, **options) for m in models])
-        asyncio.run(all_ranks())
+        asyncio.run(_unless_hung(all_ranks(), lambda: dist._world))
     else:
         if n != 1:
             raise SpecError(f"{name} is a plain function: it can only run on one rank, not {n}")

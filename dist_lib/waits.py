@@ -1,0 +1,89 @@
+"""Where a strategy waits, and whether anything could still wake it.
+
+A strategy may await things of asyncio's besides the simulator's works (an `asyncio.Event`, a queue, a
+sleep). Such a wait can be one nothing will ever end: the simulator cannot see who would set the event,
+but it can see when the event loop has nothing left that could (no ready callback, no live timer, no
+thread started meanwhile, no file or socket watched). `HangWatch` looks for that once a wall-clock second
+and reports it, so that such a step fails with the waits named instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+HANG_CHECK_S = 1.0
+"""Wall-clock seconds between two looks of a `HangWatch`: it bounds how soon a hang is reported."""
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class HangWatch:
+    """Calls `on_hang()` once the running event loop has nothing left that could resume a waiting
+    coroutine; looks every `HANG_CHECK_S` until then, or until `cancel()`."""
+
+    def __init__(self, on_hang: Callable[[], None]):
+        self.loop = asyncio.get_running_loop()
+        self.on_hang: Callable[[], None] | None = on_hang
+        self.threads = threading.active_count()  # threads alive at the start: more may complete a future
+        self.handle = self.loop.call_later(HANG_CHECK_S, self._look)
+
+    def _look(self) -> None:
+        # (a timer handle is off the loop's schedule while it runs: this look does not count as progress)
+        if self.threads < threading.active_count() or loop_can_progress(self.loop):
+            self.handle = self.loop.call_later(HANG_CHECK_S, self._look)
+        elif self.on_hang is not None:
+            self.on_hang()
+
+    def cancel(self) -> None:
+        self.handle.cancel()
+        self.on_hang = None  # (a bound method of its owner: no cycle outlives the watch)
+
+
+def loop_can_progress(loop: asyncio.AbstractEventLoop) -> bool:
+    """Could the event loop still run anything: a callback ready, a live timer (an `asyncio.sleep`), a file
+    or socket it watches besides its own wake-up pipe? True when this loop's kind does not let us tell
+    (the attributes read are those of CPython's selector and proactor loops)."""
+    ready, scheduled = getattr(loop, "_ready", None), getattr(loop, "_scheduled", None)
+    if ready is None or scheduled is None:
+        return True
+    if ready or any(not handle.cancelled() for handle in scheduled):
+        return True
+    selector = getattr(loop, "_selector", None)
+    get_map = getattr(selector, "get_map", None)
+    return get_map is not None and len(get_map()) > 1
+
+
+def describe_future(future: Any) -> str:
+    """An awaited asyncio object, briefly (an Event's future says only 'Future pending')."""
+    return f"{type(future).__name__} {'cancelled' if future.cancelled() else 'pending'}"
+
+
+def is_users(filename: str) -> bool:
+    """Is this source file the strategy's (not the simulator's, asyncio's or the import machinery's)?"""
+    return not os.path.abspath(filename).startswith(_HERE) and "asyncio" not in filename \
+        and not filename.startswith("<frozen")
+
+
+def user_frame(error: BaseException) -> str:
+    """' (at strategy.py:42 in train)': the innermost traceback frame outside the simulator."""
+    found = ""
+    for frame, lineno in traceback.walk_tb(error.__traceback__):
+        if is_users(frame.f_code.co_filename):
+            found = f" (at {os.path.basename(frame.f_code.co_filename)}:{lineno} in {frame.f_code.co_name})"
+    return found
+
+
+def waiting_line(coroutine: Any) -> str:
+    """' (at strategy.py:42 in train)': the innermost line of the strategy a suspended coroutine waits at."""
+    found = ""
+    while coroutine is not None:
+        frame = getattr(coroutine, "cr_frame", None) or getattr(coroutine, "gi_frame", None)
+        if frame is not None and is_users(frame.f_code.co_filename):
+            found = f" (at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name})"
+        coroutine = getattr(coroutine, "cr_await", None) or getattr(coroutine, "gi_yieldfrom", None)
+    return found
