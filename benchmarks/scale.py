@@ -5,6 +5,7 @@ Each configuration runs in a fresh subprocess so its peak RSS is its own. Usage:
     python benchmarks/scale.py                      # the tables in the README
     python benchmarks/scale.py --quick              # a smaller sweep
     python benchmarks/scale.py --table pipeline     # only the pipeline rows (the 3072-rank one with them)
+    python benchmarks/scale.py --table replicas     # the 1T step with 1, 3 and 6 data-parallel replicas
 
 Wall time is the best of `--repeat` runs (3 by default), as `timeit` reports: on a shared machine the
 slower runs measure the neighbours. The runs go in rounds over all rows, so that a slow spell of the
@@ -70,6 +71,11 @@ PIPELINES = [
     ("interleaved 1T", 8, 64, 6, 512, "interleaved", "gpt-1t", True),
 ]
 
+# The 1T step with fewer data-parallel replicas (512 ranks each): the replicas do the same work, so a
+# simulator whose cost per op did not grow with the simulated state would take time in proportion
+REPLICAS = [(f"1T, {dp} replica{'s' if dp > 1 else ''}", 8, 64, dp, 512, "interleaved", "gpt-1t", True)
+            for dp in (1, 3, 6)]
+
 
 def pipeline_call(tp: int, pp: int, dp: int, microbatches: int, schedule: str, workload: str, recompute: bool) -> dict:
     nodes = max(1, tp * pp * dp // 8)
@@ -88,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller sweep")
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; the fastest counts")
-    parser.add_argument("--table", choices=("ddp", "pipeline", "all"), default="all", help="which rows to run")
+    parser.add_argument("--table", choices=("ddp", "pipeline", "replicas", "all"), default="all", help="which rows to run")
     args = parser.parse_args()
     configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1), (1024, 24, 1), (1024, 24, 4), (1024, 96, 1)]
     pipelines = PIPELINES
@@ -101,6 +107,8 @@ def main() -> None:
         ddp_table(configs, args.repeat, accelerated)
     if args.table in ("pipeline", "all"):
         pipeline_table(pipelines, args.repeat, accelerated)
+    if args.table == "replicas":  # (not in "all": five minutes)
+        pipeline_table(REPLICAS, 1, accelerated)
 
 
 def ddp_table(configs: list[tuple[int, int, int]], repeat: int, accelerated: bool) -> None:
@@ -126,7 +134,8 @@ def ddp_table(configs: list[tuple[int, int, int]], repeat: int, accelerated: boo
 
 def pipeline_table(rows: list[tuple], repeat: int, accelerated: bool) -> None:
     print()
-    print("Pipeline steps with strategies/hybrid.py on A100 nodes of 8, microbatch 1; the 3072-rank row runs once; "
+    once = "each row runs once" if repeat == 1 else "rows of more than 1024 ranks run once"
+    print(f"Pipeline steps with strategies/hybrid.py on A100 nodes of 8, microbatch 1; {once}; "
           f"buffers in {'C' if accelerated else 'Python'}")
     print(f"{'pipeline':<20} {'ranks':>6} {'microbatches':>12} {'ops':>11} {'wall s':>8} {'ops/s':>9} "
           f"{'peak RSS MiB':>13} {'step s':>8}")
