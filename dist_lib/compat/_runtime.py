@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import DeadlockError, TensorError
+from ..waits import waiting_line
 
 
 class CompatAssertionError(AssertionError, TensorError):
@@ -266,11 +267,23 @@ class World:
         self._confirming = False
         self._fail_blocked()
 
-    def _fail_blocked(self) -> None:
-        lines = ["deadlock: every rank is blocked or finished; the original API would hang here"]
+    def describe_waits(self, headline: str) -> str:
+        """`headline`, then each rank's state: blocked in an op of the API, finished, or awaiting something
+        else of asyncio's (at the strategy's line)."""
+        lines = [headline]
         for r in range(self.n):
-            lines.append(f"  rank {r} " + (f"waits in {self.blocked[r][1]()}" if r in self.blocked else "finished"))
-        error = CompatDeadlockError("\n".join(lines))
+            task = self.tasks.get(r)
+            if r in self.blocked:
+                lines.append(f"  rank {r} waits in {self.blocked[r][1]()}")
+            elif r in self.finished or task is None:
+                lines.append(f"  rank {r} finished")
+            else:
+                lines.append(f"  rank {r} waits on an asyncio future{waiting_line(task.get_coro())}")
+        return "\n".join(lines)
+
+    def _fail_blocked(self) -> None:
+        error = CompatDeadlockError(self.describe_waits(
+            "deadlock: every rank is blocked or finished; the original API would hang here"))
         blocked = list(self.blocked.values())
         self.blocked.clear()
         self.slots.clear()

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..waits import HangWatch, user_frame, waiting_line
+from ..waits import HangWatch, user_frame
 from ..errors import IncorrectStepError, SimulationError, SpecError, StrategyError
 from ..result import Result
 from . import _runtime
@@ -201,17 +201,9 @@ async def _unless_hung(awaitable: Any, world: Any) -> Any:
 
 
 def _describe_hang(world: Any) -> str:
-    lines = ["deadlock: the ranks wait on something of asyncio's that nothing will ever complete (an "
-             "asyncio.Event no rank sets, a queue no rank fills...); the original API would hang here"]
-    for r in range(world.n if world is not None else 0):
-        task = world.tasks.get(r)
-        if r in world.blocked:
-            lines.append(f"  rank {r} waits in {world.blocked[r][1]()}")
-        elif r in world.finished:
-            lines.append(f"  rank {r} finished")
-        elif task is not None:
-            lines.append(f"  rank {r} waits on an asyncio future{waiting_line(task.get_coro())}")
-    return "\n".join(lines)
+    headline = ("deadlock: the ranks wait on something of asyncio's that nothing will ever complete (an "
+                "asyncio.Event no rank sets, a queue no rank fills...); the original API would hang here")
+    return world.describe_waits(headline) if world is not None else headline
 
 
 def _load(path: Path) -> types.ModuleType:
