@@ -1,0 +1,79 @@
+"""How the simulator's speed changes along one long step: ops per second and resident memory in equal
+slices of the step's events.
+
+    python benchmarks/step_rate.py                       # the 1T step cut to one replica (512 ranks)
+    python benchmarks/step_rate.py --dp 6                # the full 3072-rank 1T step
+    python benchmarks/step_rate.py --tp 1 --pp 8 --dp 1 --microbatches 512 --workload toy:layers=32 --schedule 1f1b
+
+The step is `scale.py`'s pipeline row (`strategies/hybrid.py`, microbatch 1). Time is sampled whenever
+the event log packs its newest events (every few thousand events), so the slices are of events, and
+the first slice includes the ranks' start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def resident_mib() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096 >> 20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tp", type=int, default=8)
+    parser.add_argument("--pp", type=int, default=64)
+    parser.add_argument("--dp", type=int, default=1)
+    parser.add_argument("--microbatches", type=int, default=512, help="per replica")
+    parser.add_argument("--schedule", default="interleaved")
+    parser.add_argument("--workload", default="gpt-1t")
+    parser.add_argument("--no-recompute", action="store_true")
+    parser.add_argument("--slices", type=int, default=10)
+    args = parser.parse_args()
+
+    from benchmarks.scale import pipeline_call
+    from dist_lib import eventlog, simulate
+    from dist_lib.errors import SimulationError
+
+    samples: list[tuple[float, int, int]] = []  # (wall, events packed so far, resident MiB)
+    pack = eventlog.EventLog.pack
+
+    def timed_pack(log: eventlog.EventLog) -> None:
+        samples.append((time.perf_counter(), len(log), resident_mib()))
+        pack(log)
+
+    eventlog.EventLog.pack = timed_pack  # type: ignore[method-assign]
+    call = pipeline_call(args.tp, args.pp, args.dp, args.microbatches, args.schedule, args.workload,
+                         not args.no_recompute)
+    start = time.perf_counter()
+    try:
+        result = simulate(call["strategy"], call["cluster"], call["workload"], call["batch"], **call["options"])
+    except SimulationError as error:
+        sys.exit(f"the step failed: {error}")
+    wall = time.perf_counter() - start
+    eventlog.EventLog.pack = pack  # type: ignore[method-assign]
+    events = len(result.raw_events)
+    samples = [(start, 0, samples[0][2] if samples else resident_mib())] + samples
+    print(f"{call['cluster']} {call['workload']} tp {args.tp} pp {args.pp} dp {args.dp}, "
+          f"{args.microbatches} microbatches: {events:,} events in {wall:.1f} s ({events / wall:,.0f} ops/s)")
+    print(f"{'slice':>5} {'events':>12} {'wall s':>8} {'ops/s':>10} {'RSS MiB':>8}")
+    bounds = [events * i // args.slices for i in range(args.slices + 1)]
+    at = 0
+    for i in range(args.slices):
+        first = at
+        while at + 1 < len(samples) and samples[at + 1][1] <= bounds[i + 1]:
+            at += 1
+        (t0, n0, _), (t1, n1, rss) = samples[first], samples[at]
+        if n1 > n0 and t1 > t0:
+            print(f"{i + 1:>5} {n1 - n0:>12,} {t1 - t0:>8.2f} {(n1 - n0) / (t1 - t0):>10,.0f} {rss:>8,}")
+
+
+if __name__ == "__main__":
+    main()
