@@ -6,7 +6,9 @@
 
 Each step runs in a fresh process (`scale.py`'s child), before and after in turn, `--repeat` times; the
 table shows the fastest run of each, in wall seconds and in the process's CPU seconds. On a machine
-shared with other work the wall time measures the neighbours too; the CPU time less so. The two trees
+shared with other work the wall time measures the neighbours too; the CPU time less so. A machine whose
+speed drifts from one minute to the next (by 15 % between two runs in a row, seen here) is better
+compared with `--together`, which runs before and after at the same time, one core each. The two trees
 must agree on every step's event count and simulated time (else the comparison stops), so a change that
 alters results does not pass for a faster one.
 """
@@ -39,12 +41,25 @@ ROWS = [
 ]
 
 
-def run(tree: Path, call: dict) -> dict:
+def start(tree: Path, call: dict) -> subprocess.Popen:
     code = TIMED_CHILD.format(root=str(tree), call=json.dumps(call))
-    out = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True)
-    if out.returncode:
-        sys.exit(f"{tree}: the step failed:\n{out.stderr.strip()}")
-    return json.loads(out.stdout)
+    return subprocess.Popen([sys.executable, "-c", code], cwd=tree, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def result(tree: Path, child: subprocess.Popen) -> dict:
+    out, err = child.communicate()
+    if child.returncode:
+        sys.exit(f"{tree}: the step failed:\n{err.strip()}")
+    return json.loads(out)
+
+
+def run_steps(trees: dict[str, Path], call: dict, together: bool) -> dict[str, dict]:
+    """Each tree's run of the step: one after the other, or all at once (one core each)."""
+    if together:
+        children = {name: start(tree, call) for name, tree in trees.items()}
+        return {name: result(trees[name], child) for name, child in children.items()}
+    return {name: result(tree, start(tree, call)) for name, tree in trees.items()}
 
 
 def ensure_built(tree: Path) -> None:
@@ -60,6 +75,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="runs of each step in each tree; the fastest counts")
     parser.add_argument("--rows", default=",".join(str(i) for i in range(len(ROWS))),
                         help=f"which rows, by number (0-{len(ROWS) - 1}), comma-separated")
+    parser.add_argument("--together", action="store_true",
+                        help="run before and after at the same time, one core each, so that the machine's "
+                             "slow and fast spells hit both alike (they share the memory bus and last-level cache)")
     args = parser.parse_args()
     before = args.before.resolve()
     if not (before / "dist_lib" / "__init__.py").is_file():
@@ -73,14 +91,13 @@ def main() -> None:
     best: dict[tuple[str, str], dict] = {}
     for _ in range(max(1, args.repeat)):  # in rounds, before and after in turn: a slow spell hits both
         for label, call in rows:
-            for name, tree in trees.items():
-                m = run(tree, call)
+            for name, m in run_steps(trees, call, args.together).items():
                 key = (label, name)
                 if key in best and (m["events"], m["time_s"]) != (best[key]["events"], best[key]["time_s"]):
                     sys.exit(f"{label}: {name} gave different results from one run to the next")
                 best[key] = {**m, "wall": min(m["wall"], best.get(key, m)["wall"]),
                              "cpu": min(m["cpu"], best.get(key, m)["cpu"])}
-    print(f"best of {max(1, args.repeat)}, before = {before}")
+    print(f"best of {max(1, args.repeat)}{', run together' if args.together else ''}, before = {before}")
     print(f"{'step':<42} {'ops':>9} {'wall s before':>14} {'after':>6} {'ops/s before':>13} {'after':>8} "
           f"{'gain':>6} {'CPU s before':>13} {'after':>6} {'gain':>6}")
     for label, _ in rows:
