@@ -27,7 +27,7 @@ static struct {
     /* Tensor */
     Py_ssize_t t_layer;
     PyObject *s_collective, *s_send, *s_schedule, *s_wake, *s_owner, *s_start, *s_end, *s_next_op_id, *s_ranks,
-        *s_events, *s_recent, *s_maybe_pack, *s_samples, *zero, *zero_float, *one;
+        *s_events, *s_recent, *s_maybe_pack, *s_samples, *zero, *zero_float;
 } E;
 
 /* ---- the start ----------------------------------------------------------------------------------- */
@@ -130,7 +130,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     Py_INCREF(first); /* the Python frame's `first`, `work` and `result` live until it returns */
     Py_ssize_t n = PyList_GET_SIZE(works);
     PyObject *last_work = Py_NewRef(PyList_GET_ITEM(works, n - 1)), *last_result = NULL;
-    PyObject *start = NULL, *end = NULL, *op_id = NULL, *next_id = NULL, *ranks = NULL, *log = NULL, *recent = NULL,
+    PyObject *start = NULL, *end = NULL, *next_id = NULL, *ranks = NULL, *log = NULL, *recent = NULL,
              *samples = NULL, *samples_of = NULL, *ret = NULL;
     if (!(start = PyObject_GetAttr(transfer, E.s_start)) || !(end = PyObject_GetAttr(transfer, E.s_end))) goto done;
     if (!(ranks = PyObject_GetAttr(engine, E.s_ranks)) || !(log = PyObject_GetAttr(engine, E.s_events)) ||
@@ -140,10 +140,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "engine.ranks and engine.events.recent must be lists");
         goto done;
     }
-    /* engine.new_op_id() */
-    if (!(op_id = PyObject_GetAttr(engine, E.s_next_op_id)) || !(next_id = PyNumber_Add(op_id, E.one)) ||
-        PyObject_SetAttr(engine, E.s_next_op_id, next_id) < 0)
-        goto done;
+    if (!(next_id = take_op_id(engine, E.s_next_op_id))) goto done;
     Py_SETREF(SLOT(group, E.g_free), Py_NewRef(end));
     Py_SETREF(SLOT(group, E.g_busy), Py_NewRef(Py_False));
     PyObject *op = SLOT(coll, E.c_op), *layer = SLOT(first, E.t_layer), *nbytes = SLOT(coll, E.c_nbytes);
@@ -162,14 +159,9 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
             if (!samples) goto done;
             samples_of = result;
         }
-        PyObject *event = PyTuple_New(12);
-        if (!event) goto done;
         PyObject *items[12] = {rank, op, E.s_collective, start, end, layer, samples, nbytes, E.zero_float, peers,
                                next_id, label};
-        for (int k = 0; k < 12; k++) PyTuple_SET_ITEM(event, k, Py_NewRef(items[k]));
-        int failed = PyList_Append(recent, event);
-        Py_DECREF(event);
-        if (failed) goto done;
+        if (append_event(recent, items) < 0) goto done;
         if (SLOT(work, E.w_future) != Py_None) { /* its rank waits on it */
             PyObject *call[2] = {engine, work};
             PyObject *r = PyObject_VectorcallMethod(E.s_wake, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -240,7 +232,6 @@ done:
     Py_XDECREF(results);
     Py_XDECREF(start);
     Py_XDECREF(end);
-    Py_XDECREF(op_id);
     Py_XDECREF(next_id);
     Py_XDECREF(ranks);
     Py_XDECREF(log);
@@ -286,9 +277,7 @@ int install_comm_end(PyObject *comm, PyObject *RankState) {
         };
         for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
             if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
-        if (!(E.zero = PyLong_FromLong(0)) || !(E.zero_float = PyFloat_FromDouble(0.0)) ||
-            !(E.one = PyLong_FromLong(1)))
-            return -1;
+        if (!(E.zero = PyLong_FromLong(0)) || !(E.zero_float = PyFloat_FromDouble(0.0))) return -1;
     }
     PyObject *twins = PyObject_GetAttrString(comm, "PYTHON_TWINS");
     if (!twins) return -1;

@@ -100,6 +100,24 @@ static int int_c_method(const char *name, PyCFunction *out) {
 
 /* Call the Python twin with self first. It re-checks everything, so a failed comparison on the way here
  * (an exception set) is dropped: the twin meets and reports the same problem. */
+int append_event(PyObject *events, PyObject *const *fields) {
+    PyObject *event = PyTuple_New(12);
+    if (!event) return -1;
+    for (int i = 0; i < 12; i++) PyTuple_SET_ITEM(event, i, Py_NewRef(fields[i]));
+    int failed = PyList_Append(events, event);
+    Py_DECREF(event);
+    return failed;
+}
+
+PyObject *take_op_id(PyObject *engine, PyObject *next_op_id) {
+    PyObject *last = PyObject_GetAttr(engine, next_op_id), *one = last ? PyLong_FromLong(1) : NULL;
+    PyObject *id = one ? PyNumber_Add(last, one) : NULL;
+    Py_XDECREF(last);
+    Py_XDECREF(one);
+    if (id && PyObject_SetAttr(engine, next_op_id, id) < 0) Py_CLEAR(id);
+    return id;
+}
+
 PyObject *fallback(PyObject *twin, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     PyErr_Clear();
     Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) + 1;
@@ -152,20 +170,12 @@ static int run_compute(PyObject *self, PyObject *op, PyObject *layer, PyObject *
     PyObject *end = PyFloat_FromDouble(start_s + duration);
     PyObject *total = end ? PyFloat_FromDouble(flops_so_far + flops) : NULL;
     if (!total) { Py_XDECREF(end); return -1; }
-    PyObject *event = PyTuple_New(12);
-    if (!event) { Py_DECREF(end); Py_DECREF(total); return -1; }
     PyObject *items[12] = {SLOT(self, K.m_rank), op, K.s_compute, start, end, layer, samples, K.zero,
                            PyTuple_GET_ITEM(cost, 1), Py_None, K.zero, detail};
-    for (int i = 0; i < 12; i++) {
-        Py_INCREF(items[i]);
-        PyTuple_SET_ITEM(event, i, items[i]);
-    }
+    PyObject *events = SLOT(self, K.m_events);
+    if (append_event(events, items) < 0) { Py_DECREF(end); Py_DECREF(total); return -1; }
     Py_XSETREF(SLOT(state, K.s_clock), end); /* `end` is now owned by the slot; the event holds its own */
     Py_XSETREF(SLOT(state, K.s_flops), total);
-    PyObject *events = SLOT(self, K.m_events);
-    int failed = PyList_Append(events, event);
-    Py_DECREF(event);
-    if (failed) return -1;
     if (PyList_GET_SIZE(events) >= K.pack_at) {
         PyObject *log = PyObject_GetAttr(SLOT(self, K.m_engine), K.s_events);
         PyObject *r = log ? PyObject_CallMethodNoArgs(log, K.s_pack) : NULL;

@@ -23,6 +23,12 @@ static inline long small_int(PyObject *x, long fallback) {
     return v;
 }
 
+/* Append the event tuple (rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail)
+ * of these 12 fields (borrowed) to the list `events`. 0, or -1 with an exception. */
+int append_event(PyObject *events, PyObject *const *fields);
+/* `engine.new_op_id()`: add one to the engine's attribute `next_op_id` (the interned name) and return the
+ * new id (a new reference), or NULL with an exception. */
+PyObject *take_op_id(PyObject *engine, PyObject *next_op_id);
 /* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). */
 long mask_bit_count(PyObject *mask);
 /* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */

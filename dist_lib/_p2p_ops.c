@@ -286,7 +286,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     Py_INCREF(send);
     Py_INCREF(recv);
     Py_DECREF(owner);
-    PyObject *start = NULL, *end = NULL, *op_id = NULL, *next_id = NULL, *ranks = NULL, *log = NULL,
+    PyObject *start = NULL, *end = NULL, *next_id = NULL, *ranks = NULL, *log = NULL,
              *recent = NULL, *nbytes = NULL, *kind = NULL, *result = NULL, *layer = NULL, *samples = NULL;
     if (PyObject_SetAttr(transfer, P.s_owner, Py_None) < 0) goto done;
     if (!(start = PyObject_GetAttr(transfer, P.s_start)) || !(end = PyObject_GetAttr(transfer, P.s_end))) goto done;
@@ -302,10 +302,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     Py_XSETREF(SLOT(send, P.w_end), Py_NewRef(end));
     Py_XSETREF(SLOT(recv, P.w_end), Py_NewRef(end));
     Py_XSETREF(SLOT(send, P.w_result), Py_NewRef(Py_None));
-    /* engine.new_op_id() */
-    if (!(op_id = PyObject_GetAttr(engine, P.s_next_op_id)) || !(next_id = PyNumber_Add(op_id, P.one)) ||
-        PyObject_SetAttr(engine, P.s_next_op_id, next_id) < 0)
-        goto done;
+    if (!(next_id = take_op_id(engine, P.s_next_op_id))) goto done;
     if (!(ranks = PyObject_GetAttr(engine, P.s_ranks)) || !(log = PyObject_GetAttr(engine, P.s_events)) ||
         !(recent = PyObject_GetAttr(log, P.s_recent)))
         goto done;
@@ -322,14 +319,9 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
             goto done;
         }
         if (set_float_if_later(PyList_GET_ITEM(ranks, r), P.s_p2p_end, end) < 0) goto done;
-        PyObject *event = PyTuple_New(12);
-        if (!event) goto done;
         PyObject *items[12] = {rank, SLOT(work, P.w_op), P.s_p2p, start, end, layer, samples, nbytes, P.zero_float,
                                SLOT(channel, P.c_peers), next_id, kind};
-        for (int k = 0; k < 12; k++) PyTuple_SET_ITEM(event, k, Py_NewRef(items[k]));
-        int failed = PyList_Append(recent, event);
-        Py_DECREF(event);
-        if (failed) goto done;
+        if (append_event(recent, items) < 0) goto done;
     }
     for (int i = 0; i < 2; i++) {
         if (SLOT(works[i], P.w_future) == Py_None) continue; /* no rank waits on it */
@@ -375,7 +367,6 @@ done:
     Py_XDECREF(recv);
     Py_XDECREF(start);
     Py_XDECREF(end);
-    Py_XDECREF(op_id);
     Py_XDECREF(next_id);
     Py_XDECREF(ranks);
     Py_XDECREF(log);

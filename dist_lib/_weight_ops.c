@@ -141,20 +141,15 @@ static PyObject *fast_update(PyObject *self, PyObject *const *args, Py_ssize_t n
     double duration = PyFloat_AsDouble(PyTuple_GET_ITEM(cost, 0));
     double start_s = start ? PyFloat_AsDouble(start) : -1.0;
     PyObject *end = PyErr_Occurred() || !start ? NULL : PyFloat_FromDouble(start_s + duration);
-    PyObject *event = end ? PyTuple_New(12) : NULL;
-    if (!event) {
+    PyObject *items[12] = {rank, W.s_update, W.s_compute, start, end, layer, full, PyTuple_GET_ITEM(cost, 1),
+                           W.zero_float, Py_None, W.zero, W.s_empty};
+    if (!end || append_event(SLOT(self, W.m_events), items) < 0) {
         Py_XDECREF(end);
         Py_DECREF(key_shard);
         return NULL;
     }
-    PyObject *items[12] = {rank, W.s_update, W.s_compute, start, end, layer, full, PyTuple_GET_ITEM(cost, 1),
-                           W.zero_float, Py_None, W.zero, W.s_empty};
-    for (int i = 0; i < 12; i++) PyTuple_SET_ITEM(event, i, Py_NewRef(items[i]));
     PyList_SetItem(updated, layer_v, key_shard); /* steals `key_shard` */
     Py_SETREF(SLOT(state, W.s_clock), end);      /* the event holds its own reference */
-    int failed = PyList_Append(SLOT(self, W.m_events), event);
-    Py_DECREF(event);
-    if (failed) return NULL;
     PyObject *fields[8] = {rank, layer, W.one, shards, num_shards, tp_rank, tp, full};
     PyObject *new_weight = buffer_view(W.Weight, weight, fields, 8), *result = NULL;
     PyObject *new_opt = new_weight ? buffer_view(W.OptState, opt, fields, 8) : NULL;
