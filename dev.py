@@ -21,12 +21,9 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".installed"
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "dist_lib/_buffers.c", "dist_lib/_buffers.h", "dist_lib/_ops.c",
-                "dist_lib/_ops.h", "dist_lib/_weight_ops.c", "dist_lib/_comm_ops.c",
-                "dist_lib/_comm_resolve.c", "dist_lib/_comm_end.c", "dist_lib/_comm.h",
-                "dist_lib/_work.c",
-                "dist_lib/_p2p_ops.c", "dist_lib/_events.c", "dist_lib/_transfers.c",
-                "dist_lib/_source_hash.py")
+# every C file of dist_lib/ is one (`_*.c`, `_*.h`: those `dist_lib/_source_hash.py` fingerprints)
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "dist_lib/_source_hash.py",
+                *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "dist_lib").glob("_*.[ch]")))
 
 
 def ensure_env() -> None:

@@ -11,6 +11,7 @@ does the same work in Python, more slowly.
 
 import os
 import runpy
+from glob import glob
 
 from setuptools import Extension, setup
 
@@ -22,11 +23,8 @@ SOURCE_HASH = runpy.run_path(os.path.join("dist_lib", "_source_hash.py"))["sourc
 # unless asked to.
 NO_CONTRACTION = [] if os.name == "nt" else ["-ffp-contract=off"]
 
-setup(ext_modules=[Extension("dist_lib._buffers", ["dist_lib/_buffers.c", "dist_lib/_ops.c", "dist_lib/_weight_ops.c",
-                                                        "dist_lib/_comm_ops.c", "dist_lib/_comm_resolve.c",
-                                                        "dist_lib/_comm_end.c", "dist_lib/_work.c",
-                                                        "dist_lib/_p2p_ops.c",
-                                                        "dist_lib/_events.c", "dist_lib/_transfers.c"],
-                                 depends=["dist_lib/_buffers.h", "dist_lib/_ops.h", "dist_lib/_comm.h"],
+# every C file of dist_lib/ (`_*.c`, headers `_*.h`): the ones the fingerprint covers
+setup(ext_modules=[Extension("dist_lib._buffers", sorted(glob(os.path.join("dist_lib", "_*.c"))),
+                                 depends=sorted(glob(os.path.join("dist_lib", "_*.h"))),
                                  define_macros=[("SOURCE_HASH", f'"{SOURCE_HASH}"')],
                                  extra_compile_args=NO_CONTRACTION, optional=True)])

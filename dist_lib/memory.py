@@ -21,7 +21,6 @@ from .buffers import KIND_MASK, decode, expand_runs
 from .errors import OutOfMemoryError
 
 
-
 def load_extension(module_name: str = "dist_lib._buffers", sources: str | None = None) -> Any:
     """The C accelerator, or None to run everything in Python: when `DIST_SANDBOX_PURE_PYTHON` is set, when
     it was not built (no C compiler at install time), or when it was built from other sources than the ones
