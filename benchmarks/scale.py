@@ -78,9 +78,10 @@ REPLICAS = [(f"1T, {dp} replica{'s' if dp > 1 else ''}", 8, 64, dp, 512, "interl
 
 
 def pipeline_call(tp: int, pp: int, dp: int, microbatches: int, schedule: str, workload: str, recompute: bool) -> dict:
-    nodes = max(1, tp * pp * dp // 8)
+    ranks = tp * pp * dp
+    cluster = f"{ranks // 8}x8xA100-80GB" if ranks >= 8 else f"1x{ranks}xA100-80GB"  # (as `ddp_call`)
     options = {"microbatch_size": 1, "tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute}
-    return {"strategy": "strategies/hybrid.py", "cluster": f"{nodes}x8xA100-80GB", "workload": workload,
+    return {"strategy": "strategies/hybrid.py", "cluster": cluster, "workload": workload,
             "batch": dp * microbatches, "options": options}
 
 

@@ -6,8 +6,8 @@ slices of the step's events.
     python benchmarks/step_rate.py --tp 1 --pp 8 --dp 1 --microbatches 512 --workload toy:layers=32 --schedule 1f1b
 
 The step is `scale.py`'s pipeline row (`strategies/hybrid.py`, microbatch 1). Time is sampled whenever
-the event log packs its newest events (every few thousand events), so the slices are of events, and
-the first slice includes the ranks' start.
+the event log packs its newest events (every few thousand events), so the slices are of events, the
+first includes the ranks' start, and a slice no pack ended in (a short step) is left out.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--no-recompute", action="store_true")
     parser.add_argument("--slices", type=int, default=10)
     args = parser.parse_args()
+    if args.slices < 1:
+        parser.error(f"--slices {args.slices}: give at least 1")
 
     from benchmarks.scale import pipeline_call
     from dist_lib import eventlog, simulate
