@@ -7,8 +7,8 @@
  * same moment: when the last member issues it), and every other call goes to the Python method, which stays
  * the specification: a keyword it does not know, a group given as ranks, a tensor of another kind, any
  * mismatch and any error. Nothing is changed before the fast path is sure to finish, so the Python method
- * starts from the same state. (One difference in a failed step only: an output the rank has no memory for
- * raises before the C path has opened the collective or counted the issue.)
+ * starts from the same state. An output the rank has no memory for raises before the collective is opened
+ * or the issue counted, in both paths: the group is left as it was.
  */
 #include "_comm.h"
 

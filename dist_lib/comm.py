@@ -255,22 +255,25 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     if not isinstance(tensor, Tensor) or tensor.rank != rank or pos is None or _unfit(op, tensor):
         _explain_input(op, tensor, group, rank)
     seq = group.next_seq[pos]
-    group.next_seq[pos] = seq + 1
     coll = group.pending.get(seq)
-    if coll is None:
-        coll = group.pending[seq] = Collective(group, seq, op)
-    else:
+    if coll is not None:
         _check_match(coll, op, tensor, rank)
-    work = Work(engine, rank, op, state.clock, tensor, coll)
+    result = None
     if op != "all_reduce":  # the output is allocated now (`_combine` fills in its fields)
         state.memory.context = (op, tensor.layer)  # what an out-of-memory error names
         if tensor.__class__ is ActivationSlice or tensor.__class__ is ActivationGradSlice:
             # TP pieces gather into the whole activation (or gradient) of their samples
             nbytes = tensor.samples.bit_count() * engine.workload.activation_bytes()
-            work.result = tensor.whole(state.memory, nbytes, rank, tensor.layer, tensor.samples)
+            result = tensor.whole(state.memory, nbytes, rank, tensor.layer, tensor.samples)
         else:
             nbytes = tensor.nbytes * group.size if op == "all_gather" else tensor.nbytes // group.size
-            work.result = clone(tensor, rank, state.memory, nbytes)
+            result = clone(tensor, rank, state.memory, nbytes)
+    # the books change only now: a rejected or out-of-memory issue leaves the group as it was
+    group.next_seq[pos] = seq + 1
+    if coll is None:
+        coll = group.pending[seq] = Collective(group, seq, op)
+    work = Work(engine, rank, op, state.clock, tensor, coll)
+    work.result = result
     coll.works[pos] = work
     coll.issued += 1
     if coll.first is None:

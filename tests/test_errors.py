@@ -207,6 +207,27 @@ def test_out_of_memory_allocating_a_gather_output_names_the_collective():
     assert "rank 1 (T4, 16.00 GiB): out of memory at t=0.000 ms in all_gather(layer 0) allocating" in str(info.value)
 
 
+def test_an_out_of_memory_collective_issue_leaves_the_group_as_it_was():
+    """The failed issue takes no place in the group's sequence: after freeing memory, the retry joins the
+    same gather as the peer's one issue (the C fast path and the Python method alike)."""
+    gathered = {}
+
+    async def train(model):
+        keep = [model.load_weights(layer, shard=model.rank, num_shards=2) for layer in range(6)]
+        shard, filler = keep[0][0], []
+        while model.rank == 1 and model.memory_bytes < 15.2 * 2**30:
+            filler.append(model.get_input_activation([len(filler)]))
+        try:
+            work = model.all_gather(shard)
+        except OutOfMemoryError:
+            filler.clear()
+            work = model.all_gather(shard)
+        gathered[model.rank] = (await work).is_complete
+
+    simulate(train, "2xT4", "gpt-13b", 128, check=False)
+    assert gathered == {0: True, 1: True}
+
+
 def test_memory_limit_can_be_lifted_to_measure_the_need():
     async def train(model):
         keep = [model.load_weights(layer) for layer in range(model.num_layers)]

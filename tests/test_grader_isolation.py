@@ -40,6 +40,7 @@ scale = 100
 """
 CHEATS = sorted(p for p in (ROOT / "tests" / "cheats").glob("*.py") if not p.name.startswith("_"))
 HONEST = ("honest", "honest_pipeline")
+BOARD_PREFIX = "cheat-board-"  # the folder of one board's copies of the submissions
 
 
 def twin(path: Path) -> str:
@@ -55,13 +56,19 @@ def grader(*args, cwd=ROOT):
                           timeout=300)
 
 
-def _processes(needle: bytes) -> list[int]:
-    found = []
+def _processes(needle: bytes, copies: Path) -> list[int]:
+    """Processes whose command line holds `needle` and that this board started: in one of its sandboxes
+    (their mounts include the board's folder), its bubblewrap (the folder is on its command line), or
+    anything outside a sandbox, unless it is the bubblewrap of a board running beside this one."""
+    found, here, ours = [], os.readlink("/proc/self/ns/mnt"), f"{copies}/".encode()
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
-            if needle in Path(f"/proc/{pid}/cmdline").read_bytes():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if needle in cmdline and (
+                    ours in cmdline or b" " + ours in Path(f"/proc/{pid}/mountinfo").read_bytes()
+                    or (os.readlink(f"/proc/{pid}/ns/mnt") == here and b"/" + BOARD_PREFIX.encode() not in cmdline)):
                 found.append(int(pid))
-        except OSError:
+        except OSError:  # it ended meanwhile
             pass
     return found
 
@@ -72,7 +79,7 @@ def board(tmp_path_factory):
     if problem:
         pytest.skip(f"the OS sandbox is not usable here: {problem}")
     # copies in a folder the sandbox's user may read (as the submissions folder of a course would be)
-    copies = Path(tempfile.mkdtemp(prefix="cheat-board-"))
+    copies = Path(tempfile.mkdtemp(prefix=BOARD_PREFIX))
     copies.chmod(0o755)
     for name in ("cheats", "submissions"):
         shutil.copytree(ROOT / "tests" / name, copies / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -164,10 +171,10 @@ def test_nothing_escaped_the_sandbox(board):
     # namespace's processes asynchronously)
     for needle in (b"dist-sandbox-escaped-child", b"grader._worker\0/tmp/job.json\0"):
         end = time.monotonic() + 20
-        while _processes(needle) and time.monotonic() < end:
+        while _processes(needle, copies) and time.monotonic() < end:
             time.sleep(0.2)
-        assert _processes(needle) == [], (needle, [Path(f"/proc/{p}/status").read_text()[:200]
-                                                   for p in _processes(needle)])
+        assert _processes(needle, copies) == [], (needle, [Path(f"/proc/{p}/status").read_text()[:200]
+                                                           for p in _processes(needle, copies)])
     assert [f for f in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*")
             if not _alive(int(f.name[len(FOLDER_PREFIX):].split("-")[0]))] == []
 
