@@ -19,6 +19,7 @@ from .errors import TensorError
 from .eventlog import PACK_AT
 from .hardware import Cluster
 from .memory import ACCELERATED, OPTIMIZER_BYTES, WEIGHT_BYTES
+from .op_costs import compute_cost, compute_mode, forward_stash_bytes
 from .op_checks import OpChecks, _covers, _first_time, _shard_key
 from .p2p import issue_recv, issue_send
 from .tensors import (SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState,
@@ -417,7 +418,7 @@ class Model(OpChecks):
         key = (op, layer, n, tp, mode)
         cost = self._cache.get(key)
         if cost is None:
-            duration, flops = _compute_cost(self.device, self.workload, op, layer, n, tp, mode)
+            duration, flops = compute_cost(self.device, self.workload, op, layer, n, tp, mode)
             stash = 0
             if op == "forward":
                 stash = forward_stash_bytes(self.device, self.workload, layer, n, tp, mode)
@@ -447,64 +448,8 @@ class Model(OpChecks):
                               act.samples, 1 << weight.tp_rank, weight.tp_size)  # a TP slice: partial sum
 
 
-# What a forward's stash tells its backward about how to time it (the `recompute` field of a Stash, a
-# compute event's detail, a cost-cache key): whether backward re-runs the attention core (selective
-# recompute) and whether the layer runs sequence-parallel.
-SELECTIVE, SEQUENCE_PARALLEL = "selective", "sequence-parallel"
 # the buffers `Model.pipe_extra` makes, in the recorder's numbering
 PIPE_EXTRAS = ("attention_mask", "partition_meta")
-
-COMPUTE_MODES = {(False, False): "none", (True, False): SELECTIVE, (False, True): SEQUENCE_PARALLEL,
-                 (True, True): f"{SELECTIVE}, {SEQUENCE_PARALLEL}"}
-_MODE_FLAGS = {mode: flags for flags, mode in COMPUTE_MODES.items()}
-
-
-def compute_mode(selective_recompute: bool, sequence_parallel: bool) -> str:
-    return COMPUTE_MODES[selective_recompute, sequence_parallel]
-
-
-def parse_mode(mode: str) -> tuple[bool, bool]:
-    """(selective recompute, sequence parallel) of a compute mode; ValueError for anything else."""
-    try:
-        return _MODE_FLAGS[mode]
-    except KeyError:
-        raise ValueError(f"unknown compute mode {mode!r} (known: {', '.join(_MODE_FLAGS)})") from None
-
-
-def forward_stash_bytes(device: Device, workload: Workload, layer: int, n: int, tp: int, mode: str = "none") -> int:
-    """Bytes a forward of `n` samples in compute mode `mode` (`COMPUTE_MODES`) keeps for backward besides
-    its input."""
-    profile = workload.profile
-    if profile is None:
-        selective, sequence_parallel = parse_mode(mode)
-        return n * workload.stash_bytes(layer, tp, recompute="selective" if selective else "none",
-                                        sequence_parallel=sequence_parallel)
-    # measured memory; a profile does not split out what selective recompute drops
-    state = workload.layer_params(layer) / tp * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES)
-    return profile.stash_bytes(device, layer, n, tp, state, n * workload.activation_bytes())
-
-
-def _compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int, tp: int,
-                  mode: str = "none") -> tuple[float, float]:
-    """(seconds, FLOPs) of a compute op on `n` samples at TP degree `tp`, in a compute `mode`:
-    a backward (or its input half) after a selective-recompute forward first re-runs the attention core
-    (Korthikanti et al. 2022, sec. 5); a sequence-parallel layer splits its replicated elementwise work."""
-    selective, sp = parse_mode(mode)
-    recompute = "selective" if selective else "none"
-    if op == "forward":
-        duration = costs.forward_time(device, workload, layer, n, tp, sequence_parallel=sp)
-    elif op == "backward":
-        duration = costs.backward_time(device, workload, layer, n, tp, recompute=recompute, sequence_parallel=sp)
-    elif op == "backward_input":
-        duration = costs.backward_input_time(device, workload, layer, n, tp, sequence_parallel=sp) \
-            + costs.recompute_time(device, workload, layer, n, tp, recompute=recompute, sequence_parallel=sp)
-    elif op == "backward_weight":
-        duration = costs.backward_weight_time(device, workload, layer, n, tp)
-    else:
-        duration = costs.loss_time(device, workload, n, tp)
-    flops_op = "forward" if op == "forward" else op  # a forward's mode names what its backward re-runs
-    return duration, costs.compute_flops(workload, flops_op, layer, n, tp,
-                                         recompute="none" if op == "forward" else recompute)
 
 
 def _c_doc(method: Any) -> str:

@@ -259,7 +259,7 @@ class PipeExtra(Tensor):
 
 class Stash(Buffer):
     """What a layer's backward needs from its forward; `input_done` once backward_input consumed half;
-    `recompute` is the forward's compute mode (`model.COMPUTE_MODES`): what backward re-runs first ("none",
+    `recompute` is the forward's compute mode (`op_costs.COMPUTE_MODES`): what backward re-runs first ("none",
     or "selective": the attention core) and whether the layer ran sequence-parallel."""
 
     __slots__ = ("tp_rank", "tp_size", "input_done", "recompute")

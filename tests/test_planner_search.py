@@ -248,7 +248,7 @@ def test_the_estimate_charges_tp_as_the_simulator_runs_it():
     weight-gradient GEMMs (ZB-H1's split backward leaves them exposed); the LM head is vocabulary-parallel
     and its input gradient all-reduced once. Then the estimate of a TP-2 pipeline lands on the simulation."""
     from dist_lib import costs
-    from dist_lib.model import _compute_cost
+    from dist_lib.op_costs import compute_cost
     from dist_lib.planner.evaluate import simulate_candidate
     from dist_lib.planner.partition import step_estimate
     from dist_lib.planner.search import Candidate, _Space, to_plan
@@ -257,7 +257,7 @@ def test_the_estimate_charges_tp_as_the_simulator_runs_it():
     device, topo = cluster.device_of(0), cluster.topology((0, 1))
     option = {o.tp: o for o in _Space(cluster, workload).options((0, 1), 2, "none", 0)}[2]
     reduce = costs.collective_time("all_reduce", 2 * workload.activation_bytes(), topo)
-    f, b_in, b_w = (_compute_cost(device, workload, op, 1, 2, 2)[0] for op in ("forward", "backward_input",
+    f, b_in, b_w = (compute_cost(device, workload, op, 1, 2, 2)[0] for op in ("forward", "backward_input",
                                                                             "backward_weight"))
     c = option.costs
     assert c.forward[2] - c.forward[1] == pytest.approx(f + 2 * reduce)

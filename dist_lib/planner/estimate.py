@@ -1,5 +1,5 @@
 """A closed-form estimate of a plan's step time and per-rank memory, from the same cost functions the
-simulator charges (costs.py through `model._compute_cost`, `model.forward_stash_bytes`), so that the
+simulator charges (costs.py through `op_costs.compute_cost`, `op_costs.forward_stash_bytes`), so that the
 search can rank thousands of candidates before the simulator runs the best few.
 
 Time: each stage's time per microbatch is its slowest replica's forward + backward (with TP all-reduces,
@@ -25,7 +25,7 @@ from itertools import accumulate
 from .. import costs
 from ..devices import Device
 from ..memory import OPTIMIZER_BYTES, WEIGHT_BYTES
-from ..model import _compute_cost, forward_stash_bytes
+from ..op_costs import compute_cost, forward_stash_bytes
 from ..workload import Workload
 
 # Buffers an in-flight microbatch needs beside the stashes: the received input, the output being sent
@@ -114,7 +114,7 @@ def with_total(*prefixes: tuple[float, ...]) -> LayerCosts:
 
 @lru_cache(maxsize=None)
 def _cost(device: Device, workload: Workload, op: str, layer: int, samples: int, tp: int, mode: str) -> float:
-    return _compute_cost(device, workload, op, layer, samples, tp, mode)[0]
+    return compute_cost(device, workload, op, layer, samples, tp, mode)[0]
 
 
 def in_flight(schedule: str, stage: int, stages: int, microbatches: int, chunks: int) -> float:

@@ -16,7 +16,7 @@ from itertools import permutations
 
 from ..devices import Device
 from ..hardware import Cluster
-from ..model import _compute_cost
+from ..op_costs import compute_cost
 from ..workload import Workload
 
 
@@ -113,6 +113,6 @@ def shares(cluster: Cluster, workload: Workload, ranks: tuple[int, ...], tp: int
 
 @lru_cache(maxsize=None)
 def layer_seconds(device: Device, workload: Workload, layer: int, samples: int, tp: int) -> float:
-    """Forward + backward seconds of one layer (the cost model's, through `model._compute_cost`)."""
-    return (_compute_cost(device, workload, "forward", layer, samples, tp)[0]
-            + _compute_cost(device, workload, "backward", layer, samples, tp)[0])
+    """Forward + backward seconds of one layer (the cost model's, through `op_costs.compute_cost`)."""
+    return (compute_cost(device, workload, "forward", layer, samples, tp)[0]
+            + compute_cost(device, workload, "backward", layer, samples, tp)[0])
