@@ -70,3 +70,14 @@ def test_deadlock_names_every_ranks_wait(tmp_path, capsys):
 def test_compat_flags_need_api(capsys):
     assert main(["run", str(SOLUTIONS / "puzzles_solutions.py"), "--timing", "real"]) == 2
     assert "--timing only applies with --api" in capsys.readouterr().err
+
+
+def test_lab_run_with_plots_draws_the_load_weights_events_too(tmp_path, capsys):
+    """A lab file logs `load_weights` as a compute op; the schedule plot draws it instead of failing the run."""
+    pytest.importorskip("matplotlib")
+    trace = tmp_path / "t.json"
+    code = main(["run", str(SOLUTIONS / "lab_course_styles.py"), "--api", "lab", "--function", "part3_training_loop",
+                 "--set", "ranks=2", "--set", "layers=4", "--set", "batches=8", "--set", "batch_size=2",
+                 "--trace", str(trace)])
+    assert code == 0 and "— ok" in capsys.readouterr().out
+    assert (tmp_path / "t.schedule.png").stat().st_size > 0 and (tmp_path / "t.memory.png").stat().st_size > 0
