@@ -81,3 +81,15 @@ def test_lab_run_with_plots_draws_the_load_weights_events_too(tmp_path, capsys):
                  "--trace", str(trace)])
     assert code == 0 and "— ok" in capsys.readouterr().out
     assert (tmp_path / "t.schedule.png").stat().st_size > 0 and (tmp_path / "t.memory.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("setting", ["ranks=0", "layers=0", "batches=0", "layers=2.5"])
+def test_a_zero_or_fractional_set_up_is_refused_not_replaced_by_the_default(setting, capsys):
+    code = main(["run", str(SOLUTIONS / "lab_course_styles.py"), "--api", "lab", "--function", "part3_training_loop",
+                 "--set", setting, "--no-plots"])
+    name, _, value = setting.partition("=")
+    assert code == 2
+    assert capsys.readouterr().err.strip().endswith(f"lab_course_styles.py: {name}: must be a whole number from 1 "
+                                                    f"to {dict(ranks=131072, layers=10000, batches=1048576)[name]}, "
+                                                    f"got {value}")
+
