@@ -93,3 +93,9 @@ def test_a_zero_or_fractional_set_up_is_refused_not_replaced_by_the_default(sett
                                                     f"to {dict(ranks=131072, layers=10000, batches=1048576)[name]}, "
                                                     f"got {value}")
 
+
+def test_main_and_function_together_are_refused(capsys):
+    code = main(["run", str(SOLUTIONS / "lab_course_styles.py"), "--api", "lab", "--main", "--function",
+                 "part3_training_loop", "--no-plots"])
+    assert code == 2
+    assert "main=True runs the file's main(), which ignores function='part3_training_loop'" in capsys.readouterr().err

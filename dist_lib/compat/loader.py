@@ -127,6 +127,8 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     if api not in ("puzzles", "lab"):
         raise SpecError(f"{path}: cannot tell which API it uses; pass api='puzzles' or api='lab'")
     options = {**(options or {}), **more_options}
+    if main and function is not None:
+        raise SpecError(f"{path}: main=True runs the file's main(), which ignores function={function!r}; give one")
     if api == "lab" and batches is None:
         batches = global_batch_size
     for name, value, most in (("ranks", ranks, MAX_WORLD_SIZE), ("layers", layers, FIELD_RANGES["num_layers"][1]),
