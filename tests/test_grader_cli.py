@@ -69,7 +69,7 @@ def _suite(limits: str, weight: str = "1") -> str:
     (["run", DDP, "--timeout", "-1"], "argument --timeout: must be more than 0"),
     (["run", DDP, "--trace", str(ROOT)], "is a folder; give a file path"),
     (["run", DDP, "--trace", "/dev/full"], "--trace /dev/full: not a regular file"),
-    (["run", DDP, "--trace", f"{DDP}/t.json"], "cannot create folder"),
+    (["run", DDP, "--trace", f"{DDP}/t.json"], "is a file, not a folder"),
     (["run", DDP, "--cluster", ""], "cluster spec '': expected terms"),
     (["run", DDP, "--workload", ""], "unknown workload ''"),
     (["run", DDP, "--cluster", "1x1000000000xA100-80GB"], "gpus: must be a whole number from 1 to 131072"),
