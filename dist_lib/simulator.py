@@ -20,6 +20,7 @@ from .hardware import Cluster
 from .memory import RankLog, slot_records
 from .model import Model
 from .result import PerRank, Result
+from .specs import shown
 from .tensors import Weight
 from .workload import Workload, check_global_batch
 
@@ -59,6 +60,9 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     cluster = Cluster.load(cluster)
     workload = Workload.load(workload)
     check_global_batch(global_batch_size)
+    for flag, value in (("check", check), ("enforce_memory", enforce_memory)):
+        if not isinstance(value, bool):
+            raise SpecError(f"{flag} must be True or False, got {shown(value)}")
     if start_order_seed is not None and (isinstance(start_order_seed, bool) or not isinstance(start_order_seed, int)):
         raise SpecError(f"start_order_seed must be a whole number or None, got {start_order_seed!r}")
     engine = Engine(cluster, workload, global_batch_size, enforce_memory)

@@ -281,6 +281,8 @@ def test_option_values_of_the_wrong_type_name_the_option():
     ({"start_order_seed": [1]}, "start_order_seed must be a whole number or None"),
     ({"cluster": None}, "cluster must be a spec string, a .toml path or a Cluster, got NoneType"),
     ({"workload": "toy:layers=2,layers=3"}, "layers is given twice"),
+    ({"enforce_memory": "no"}, "enforce_memory must be True or False, got 'no'"),
+    ({"check": 1}, "check must be True or False, got 1"),
 ])
 def test_simulate_arguments_out_of_range_name_the_argument(kwargs, message):
     async def train(model):
