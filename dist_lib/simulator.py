@@ -136,6 +136,9 @@ def load_strategy(strategy: Strategy | str | Path) -> tuple[Strategy, str]:
         train, name = strategy, getattr(strategy, "__module__", "") or getattr(strategy, "__name__", "train")
         name = name.rsplit(".", 1)[-1] if name != "__main__" else getattr(strategy, "__name__", "train")
     else:
+        if not isinstance(strategy, (str, Path)):
+            raise SpecError(f"strategy must be an async train function, a file path or a module name, "
+                            f"got {type(strategy).__name__} {shown(strategy)}")
         text = str(strategy)
         path = Path(text)
         if path.suffix == ".py" or path.exists():
@@ -160,7 +163,7 @@ def _load_file(path: Path) -> Any:
     """Import a strategy file; a file inside a package (e.g. strategies/ddp.py) is imported as part of
     it, so that its relative imports work."""
     if not path.is_file():
-        raise SpecError(f"strategy file {path}: not found")
+        raise SpecError(f"strategy file {path}: " + ("not a file" if path.exists() else "not found"))
     path = path.resolve()
     parts = [path.stem]
     root = path.parent

@@ -254,10 +254,18 @@ def test_incorrect_step_lists_what_is_missing():
 @pytest.mark.parametrize("strategy, message", [
     ("no/such/file.py", "not found"),
     ("tests/test_errors.py", "train` must be `async def"),
+    ("tests", "strategy file tests: not a file"),
 ])
 def test_bad_strategy_files(strategy, message):
     with pytest.raises(SpecError, match=message):
         simulate(strategy)
+
+
+@pytest.mark.parametrize("strategy, shown", [(42, "int 42"), (None, "NoneType None")])
+def test_a_strategy_of_the_wrong_type_is_named_as_such(strategy, shown):
+    with pytest.raises(SpecError) as caught:
+        simulate(strategy)
+    assert str(caught.value) == f"strategy must be an async train function, a file path or a module name, got {shown}"
 
 
 def train(model):  # a plain function: simulate must refuse it
