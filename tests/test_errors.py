@@ -413,3 +413,19 @@ def test_real_timers_events_set_later_and_threads_are_not_hangs(quick_watchdog):
 
     result = run(train)
     assert result.time_s > 0
+
+
+@pytest.mark.parametrize("group, message", [
+    (2, "rank 0 all_gather: a group is a Group or a list of ranks in 0..1, got 2"),
+    ("all", "rank 0 all_gather: a group is a Group or a list of ranks in 0..1, got 'all'"),
+    ([[0, 1]], "rank 0 all_gather: a group is a Group or a list of ranks in 0..1, got [[0, 1]]"),
+    ((r for r in (0, 7)), "rank 0 all_gather: group [0, 7]: rank 7 is not in 0..1"),
+    ([], "rank 0 all_gather: a group needs at least one rank"),
+])
+def test_a_group_that_is_not_a_list_of_ranks_names_the_rank_and_op(group, message):
+    async def train(model):
+        await model.all_gather(model.load_weights(0, shard=model.rank, num_shards=2)[0], group)
+
+    with pytest.raises(TensorError) as caught:
+        run(train)
+    assert str(caught.value) == message
