@@ -12,6 +12,7 @@ from rich.console import Console
 
 from dist_lib import simulate
 from grader.cli import main
+from grader.errors import InputError
 from grader.report_terminal import schedule_view
 from grader.scenario import Scenario
 from grader.scoring import parse_rubric
@@ -218,3 +219,19 @@ def test_a_plan_file_is_read_by_the_grader_so_a_sandboxed_run_needs_no_access_to
     assert out["time_s"] == simulate(planned, cluster, workload, 8, plan=best).time_s
     assert main(["run", planned, "--set", f"plan={tmp_path / 'none.json'}", "--no-plots"]) == 2
     assert "plan file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("names, message", [
+    (["a", "a"], "two scenarios are named 'a'"),
+    (["a b", "a-b"], "scenarios 'a b' and 'a-b' would share the trace file a-b.json; rename one"),
+    ([" ", "b"], "scenarios[0].name: must not be empty"),
+])
+def test_scenario_names_that_would_share_a_trace_file_are_refused(names, message, tmp_path):
+    scenarios = "".join(f'[[scenarios]]\nname = "{name}"\ncluster = "2xA100-80GB"\nworkload = "toy"\nglobal_batch = 2\n'
+                        for name in names)
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "x"\n{scenarios}[[scoring.components]]\nmetric = "mfu"\nweight = 1\nscale = 1\n')
+    with pytest.raises(InputError) as caught:
+        load_suite(str(path))
+    assert str(caught.value) == f"suite {path}: {message}"
+
