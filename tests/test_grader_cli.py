@@ -13,6 +13,7 @@ from rich.console import Console
 from dist_lib import simulate
 from grader.cli import main
 from grader.errors import InputError
+from grader.leaderboard import labels_for
 from grader.report_terminal import schedule_view
 from grader.scenario import Scenario
 from grader.scoring import parse_rubric
@@ -235,3 +236,9 @@ def test_scenario_names_that_would_share_a_trace_file_are_refused(names, message
         load_suite(str(path))
     assert str(caught.value) == f"suite {path}: {message}"
 
+
+def test_submissions_of_one_name_in_folders_of_one_name_get_labels_and_trace_folders_of_their_own():
+    first, second, alone = Path("/x/d1/team/sub.py"), Path("/x/d2/team/sub.py"), Path("/x/d1/team/other.py")
+    assert labels_for([first, second, alone]) == {first: "d1/team/sub", second: "d2/team/sub", alone: "other"}
+    assert labels_for([Path("/x/a/sub.py"), Path("/x/b/sub.py")]) == {Path("/x/a/sub.py"): "a/sub",
+                                                                       Path("/x/b/sub.py"): "b/sub"}
