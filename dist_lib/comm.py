@@ -28,6 +28,7 @@ from .engine import WAKE_ME, Engine, RankState
 from .errors import CollectiveMismatchError, TensorError
 from .hardware import Link
 from .memory import AllocLog
+from .specs import shown
 from .tensors import (Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Tensor, Weight,
                       WeightGrad, describe_mask, full_mask)
 from .transfers import Transfer
@@ -73,15 +74,23 @@ class Group:
         return rank in self.index
 
 
-def get_group(engine: Engine, ranks: Any) -> Group:
-    key = tuple(sorted(set(ranks)))
+def get_group(engine: Engine, ranks: Any, where: str = "group") -> Group:
+    """The communicator of `ranks` (the same object for the same set); an error's message starts with
+    `where`, the rank and op that asked."""
+    try:
+        key = None if isinstance(ranks, (str, bytes)) else tuple(sorted(set(ranks)))
+    except TypeError:  # not iterable, or members that neither hash nor order (a list, a str beside ints)
+        key = None
     group = engine.groups.get(key)
     if group is None:
+        last = engine.world_size - 1
+        if key is None:
+            raise TensorError(f"{where}: a group is a Group or a list of ranks in 0..{last}, got {shown(ranks)}")
         for r in key:
             if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < engine.world_size:
-                raise TensorError(f"group {list(ranks)}: rank {r!r} is not in 0..{engine.world_size - 1}")
+                raise TensorError(f"{where}: group {list(key)}: rank {r!r} is not in 0..{last}")
         if not key:
-            raise TensorError("a group needs at least one rank")
+            raise TensorError(f"{where}: a group needs at least one rank")
         cluster = engine.cluster
         group = engine.groups[key] = Group(key, cluster.ring_link(key), cluster.topology(key),
                                            cluster.collective_usage(key))

@@ -220,8 +220,10 @@ class Cluster:
         if not isinstance(data, dict):
             raise SpecError(f"{source}: expected a table with [[nodes]]")
         table(data, source, {"name", "devices", "nodes"})
-        custom = {name: _custom_device(name, spec, f"{source}: devices.{name}")
-                  for name, spec in table(data.get("devices", {}), f"{source}: devices").items()}
+        custom: dict[str, Device] = {}
+        for name, spec in table(data.get("devices", {}), f"{source}: devices").items():
+            _check_new_device_name(name, custom, f"{source}: devices.{name}")
+            custom[name] = _custom_device(name, spec, f"{source}: devices.{name}")
         entries = data.get("nodes")
         if not isinstance(entries, list) or not entries:
             raise SpecError(f"{source}: needs at least one [[nodes]] entry")
@@ -341,6 +343,18 @@ def _with_links(node: Node, entry: dict, where: str) -> Node:
         if "nic_bandwidth_GBps" in entry:
             inter = replace(inter, bandwidth=_figure(entry["nic_bandwidth_GBps"], f"{where}.nic_bandwidth_GBps") * GB)
     return replace(node, intra_link=intra, inter_link=inter, nics=nics)
+
+
+def _check_new_device_name(name: str, custom: dict[str, Device], where: str) -> None:
+    """A custom device may not take a catalog device's name (or alias) or another custom device's in
+    another case: nodes naming it would silently get one of the two."""
+    try:
+        taken = get_device(name, custom).name
+    except SpecError:
+        return
+    raise SpecError(f"{where}: {name!r} already names the device {taken} (names are case-insensitive); give "
+                    f"yours another name" + (f", with like = \"{taken}\" to start from its figures" if taken not in custom
+                                             else ""))
 
 
 def _custom_device(name: str, spec: dict, where: str) -> Device:

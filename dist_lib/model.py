@@ -375,9 +375,9 @@ class Model(OpChecks):
 
     def group(self, ranks: Iterable[int]) -> Group:
         """The group of these ranks (the same object for the same set, whoever asks)."""
-        return get_group(self._engine, ranks)
+        return get_group(self._engine, ranks, f"rank {self.rank} group")
 
-    def _resolve_group(self, group: Group | Iterable[int] | None) -> Group:
+    def _resolve_group(self, group: Group | Iterable[int] | None, op: str) -> Group:
         if group is None:
             if self._world is None:  # built once per engine, not once per rank (its key is O(ranks))
                 engine = self._engine
@@ -387,19 +387,20 @@ class Model(OpChecks):
             return self._world
         if isinstance(group, Group):
             return group
-        return get_group(self._engine, group)
+        return get_group(self._engine, group, f"rank {self.rank} {op}")
 
     def all_reduce(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
         """Sum gradients of disjoint samples, or TP partial sums, over `group` (default: all ranks)."""
-        return issue_collective(self._engine, self._state, "all_reduce", x, self._resolve_group(group))
+        return issue_collective(self._engine, self._state, "all_reduce", x, self._resolve_group(group, "all_reduce"))
 
     def all_gather(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
         """Gather the ZeRO shards the members hold into the complete tensor on every member."""
-        return issue_collective(self._engine, self._state, "all_gather", x, self._resolve_group(group))
+        return issue_collective(self._engine, self._state, "all_gather", x, self._resolve_group(group, "all_gather"))
 
     def reduce_scatter(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
         """Sum complete gradients over `group`; member i keeps shard i of len(group)."""
-        return issue_collective(self._engine, self._state, "reduce_scatter", x, self._resolve_group(group))
+        return issue_collective(self._engine, self._state, "reduce_scatter", x,
+                                self._resolve_group(group, "reduce_scatter"))
 
     def send(self, x: Any, dst: int) -> Work:
         """Send tensor `x` to rank `dst`; matched in order with `dst`'s recvs from this rank (`p2p.py`)."""

@@ -225,7 +225,7 @@ class RecordingModel:
         self._emit(FINAL, layer, weight._number)
 
     def _collective(self, name: str, x: Any, group: Any) -> Any:
-        resolved = self._model._resolve_group(group)
+        resolved = self._model._resolve_group(group, name)
         work = getattr(self._model, name)(self._t(x, name), resolved)
         ranks = () if group is None else resolved.ranks
         self._emit(COLLECTIVE_CODES[name], x._number, len(ranks), *ranks)

@@ -20,6 +20,7 @@ from .hardware import Cluster
 from .memory import RankLog, slot_records
 from .model import Model
 from .result import PerRank, Result
+from .specs import shown
 from .tensors import Weight
 from .workload import Workload, check_global_batch
 
@@ -59,6 +60,9 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     cluster = Cluster.load(cluster)
     workload = Workload.load(workload)
     check_global_batch(global_batch_size)
+    for flag, value in (("check", check), ("enforce_memory", enforce_memory)):
+        if not isinstance(value, bool):
+            raise SpecError(f"{flag} must be True or False, got {shown(value)}")
     if start_order_seed is not None and (isinstance(start_order_seed, bool) or not isinstance(start_order_seed, int)):
         raise SpecError(f"start_order_seed must be a whole number or None, got {start_order_seed!r}")
     engine = Engine(cluster, workload, global_batch_size, enforce_memory)
@@ -132,6 +136,9 @@ def load_strategy(strategy: Strategy | str | Path) -> tuple[Strategy, str]:
         train, name = strategy, getattr(strategy, "__module__", "") or getattr(strategy, "__name__", "train")
         name = name.rsplit(".", 1)[-1] if name != "__main__" else getattr(strategy, "__name__", "train")
     else:
+        if not isinstance(strategy, (str, Path)):
+            raise SpecError(f"strategy must be an async train function, a file path or a module name, "
+                            f"got {type(strategy).__name__} {shown(strategy)}")
         text = str(strategy)
         path = Path(text)
         if path.suffix == ".py" or path.exists():
@@ -156,7 +163,7 @@ def _load_file(path: Path) -> Any:
     """Import a strategy file; a file inside a package (e.g. strategies/ddp.py) is imported as part of
     it, so that its relative imports work."""
     if not path.is_file():
-        raise SpecError(f"strategy file {path}: not found")
+        raise SpecError(f"strategy file {path}: " + ("not a file" if path.exists() else "not found"))
     path = path.resolve()
     parts = [path.stem]
     root = path.parent

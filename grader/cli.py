@@ -137,19 +137,21 @@ def _strategy_file(text: str) -> Path:
     return path
 
 
-def _writable(text: str, flag: str, *, folder: bool) -> Path:
+def _writable(text: str, flag: str, *, folder: bool, example: str = "trace.json") -> Path:
     """An output path the grader can write: a file (`--trace`) or a folder (`--out`), checked (and its
     folder made) before the run rather than found out after it."""
     path = Path(text)
     if folder and path.exists() and not path.is_dir():
         raise InputError(f"{flag} {text}: is a file; give a folder")
     if not folder and path.is_dir():
-        raise InputError(f"{flag} {text}: is a folder; give a file path such as {path / 'trace.json'}")
+        raise InputError(f"{flag} {text}: is a folder; give a file path such as {path / example}")
     if not folder and path.exists() and not path.is_file():
         raise InputError(f"{flag} {text}: not a regular file")
     where = path if folder else path.parent
     try:
         where.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InputError(f"{flag} {text}: {where} is a file, not a folder") from None
     except OSError as exc:
         raise InputError(f"{flag} {text}: cannot create folder {where} ({exc.strerror})") from None
     if not os.access(where, os.W_OK | os.X_OK):

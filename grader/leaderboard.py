@@ -67,8 +67,19 @@ def collect_submissions(paths: list[str]) -> list[Path]:
 
 
 def labels_for(submissions: list[Path]) -> dict[Path, str]:
-    stems = [p.stem for p in submissions]
-    return {p: p.stem if stems.count(p.stem) == 1 else f"{p.parent.name}/{p.stem}" for p in submissions}
+    """Each submission's name on the board: its stem, led by as many of its folders as make it unique
+    (traces go to a folder of that name, so two submissions must not share one)."""
+    def label(path: Path, depth: int) -> str:
+        return "/".join([*path.parent.parts[len(path.parent.parts) - depth:], path.stem]) if depth else path.stem
+
+    labels = {}
+    for path in submissions:
+        depth = 0
+        while depth < len(path.parent.parts) and \
+                sum(slug(label(other, depth)) == slug(label(path, depth)) for other in submissions) > 1:
+            depth += 1
+        labels[path] = label(path, depth)
+    return labels
 
 
 def code_hash() -> str:

@@ -32,6 +32,10 @@ def _runner(backend: Backend) -> Runner:
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from .cli import _writable
+    _writable(args.out, "--out", folder=False, example="plan.json")  # before the search, not after it
+    if args.plot:
+        _writable(args.plot, "--plot", folder=False, example="pareto.png")
     backend = backend_from_args(args)
     try:
         cluster = Cluster.load(args.cluster or DEFAULT_CLUSTER)
@@ -63,7 +67,6 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     console.print("Pareto front (time per step, $ per step, $ per million tokens): " + ", ".join(
         f"{c.seconds * 1e3:.2f} ms ${c.dollars_per_step:.5f} ${c.dollars_per_step / tokens * 1e6:.3f}" for c in front))
     if args.plot:
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         note = plot_pareto(search, args.plot)
         console.print(note or f"Pareto plot: {args.plot}")
     search.best.plan.save(args.out)

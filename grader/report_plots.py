@@ -43,7 +43,7 @@ def _schedule(plt: Any, result: Any, path: Path) -> None:
     for (rank, key), spans in bars.items():
         comm = key in ("collective", "p2p")
         y = rank + (0.05 if comm else -0.4)
-        label = LABELS[key] if key not in seen else None
+        label = LABELS.get(key, key.replace("_", " ")) if key not in seen else None  # compat logs load_weights too
         seen.add(key)
         ax.broken_barh(spans, (y, 0.35), facecolors=COLOURS.get(key, "grey"), label=label)
     ax.set_ylim(world, -1)

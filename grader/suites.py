@@ -29,6 +29,7 @@ from dist_lib.specs import number, read_toml, shown, table, text
 from dist_lib.workload import check_global_batch
 
 from .errors import InputError
+from .grade import slug
 from .runner import Limits
 from .scenario import Scenario
 from .scoring import Rubric, parse_rubric
@@ -87,7 +88,8 @@ def _suite(data: dict[str, Any], path: Path) -> Suite:
         raise InputError(f"{where}: needs at least one [[scenarios]] table")
     shared_per = _tables(defaults.get("strategy_options", {}), f"{where}: defaults.strategy_options")
     shared_options = table(defaults.get("options", {}), f"{where}: defaults.options")
-    scenarios, names = [], set()
+    scenarios: list[Scenario] = []
+    names: dict[str, str] = {}
     for i, entry in enumerate(entries):
         at = f"{where}: scenarios[{i}]"
         entry = table(entry, at, SCENARIO_FIELDS)
@@ -96,9 +98,15 @@ def _suite(data: dict[str, Any], path: Path) -> Suite:
             per[stem] = {**per.get(stem, {}), **values}
         options = {**shared_options, **table(entry.get("options", {}), f"{at}.options")}
         scenario = _scenario({**defaults, **entry, "options": options, "strategy_options": per}, at)
-        if scenario.name in names:
+        if not scenario.name.strip():
+            raise InputError(f"{at}.name: must not be empty")
+        first = names.get(slug(scenario.name))  # a scenario's trace file is named by its slug
+        if first == scenario.name:
             raise InputError(f"{where}: two scenarios are named {scenario.name!r}")
-        names.add(scenario.name)
+        if first is not None:
+            raise InputError(f"{where}: scenarios {first!r} and {scenario.name!r} would share the trace file "
+                             f"{slug(first)}.json; rename one")
+        names[slug(scenario.name)] = scenario.name
         try:
             scenario.load()  # unknown cluster or workload: say so now, not once per submission
         except InputError as exc:

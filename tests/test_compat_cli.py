@@ -70,3 +70,32 @@ def test_deadlock_names_every_ranks_wait(tmp_path, capsys):
 def test_compat_flags_need_api(capsys):
     assert main(["run", str(SOLUTIONS / "puzzles_solutions.py"), "--timing", "real"]) == 2
     assert "--timing only applies with --api" in capsys.readouterr().err
+
+
+def test_lab_run_with_plots_draws_the_load_weights_events_too(tmp_path, capsys):
+    """A lab file logs `load_weights` as a compute op; the schedule plot draws it instead of failing the run."""
+    pytest.importorskip("matplotlib")
+    trace = tmp_path / "t.json"
+    code = main(["run", str(SOLUTIONS / "lab_course_styles.py"), "--api", "lab", "--function", "part3_training_loop",
+                 "--set", "ranks=2", "--set", "layers=4", "--set", "batches=8", "--set", "batch_size=2",
+                 "--trace", str(trace)])
+    assert code == 0 and "— ok" in capsys.readouterr().out
+    assert (tmp_path / "t.schedule.png").stat().st_size > 0 and (tmp_path / "t.memory.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("setting", ["ranks=0", "layers=0", "batches=0", "layers=2.5"])
+def test_a_zero_or_fractional_set_up_is_refused_not_replaced_by_the_default(setting, capsys):
+    code = main(["run", str(SOLUTIONS / "lab_course_styles.py"), "--api", "lab", "--function", "part3_training_loop",
+                 "--set", setting, "--no-plots"])
+    name, _, value = setting.partition("=")
+    assert code == 2
+    assert capsys.readouterr().err.strip().endswith(f"lab_course_styles.py: {name}: must be a whole number from 1 "
+                                                    f"to {dict(ranks=131072, layers=10000, batches=1048576)[name]}, "
+                                                    f"got {value}")
+
+
+def test_main_and_function_together_are_refused(capsys):
+    code = main(["run", str(SOLUTIONS / "lab_course_styles.py"), "--api", "lab", "--main", "--function",
+                 "part3_training_loop", "--no-plots"])
+    assert code == 2
+    assert "main=True runs the file's main(), which ignores function='part3_training_loop'" in capsys.readouterr().err

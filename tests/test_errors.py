@@ -254,10 +254,18 @@ def test_incorrect_step_lists_what_is_missing():
 @pytest.mark.parametrize("strategy, message", [
     ("no/such/file.py", "not found"),
     ("tests/test_errors.py", "train` must be `async def"),
+    ("tests", "strategy file tests: not a file"),
 ])
 def test_bad_strategy_files(strategy, message):
     with pytest.raises(SpecError, match=message):
         simulate(strategy)
+
+
+@pytest.mark.parametrize("strategy, shown", [(42, "int 42"), (None, "NoneType None")])
+def test_a_strategy_of_the_wrong_type_is_named_as_such(strategy, shown):
+    with pytest.raises(SpecError) as caught:
+        simulate(strategy)
+    assert str(caught.value) == f"strategy must be an async train function, a file path or a module name, got {shown}"
 
 
 def train(model):  # a plain function: simulate must refuse it
@@ -281,6 +289,8 @@ def test_option_values_of_the_wrong_type_name_the_option():
     ({"start_order_seed": [1]}, "start_order_seed must be a whole number or None"),
     ({"cluster": None}, "cluster must be a spec string, a .toml path or a Cluster, got NoneType"),
     ({"workload": "toy:layers=2,layers=3"}, "layers is given twice"),
+    ({"enforce_memory": "no"}, "enforce_memory must be True or False, got 'no'"),
+    ({"check": 1}, "check must be True or False, got 1"),
 ])
 def test_simulate_arguments_out_of_range_name_the_argument(kwargs, message):
     async def train(model):
@@ -403,3 +413,19 @@ def test_real_timers_events_set_later_and_threads_are_not_hangs(quick_watchdog):
 
     result = run(train)
     assert result.time_s > 0
+
+
+@pytest.mark.parametrize("group, message", [
+    (2, "rank 0 all_gather: a group is a Group or a list of ranks in 0..1, got 2"),
+    ("all", "rank 0 all_gather: a group is a Group or a list of ranks in 0..1, got 'all'"),
+    ([[0, 1]], "rank 0 all_gather: a group is a Group or a list of ranks in 0..1, got [[0, 1]]"),
+    ((r for r in (0, 7)), "rank 0 all_gather: group [0, 7]: rank 7 is not in 0..1"),
+    ([], "rank 0 all_gather: a group needs at least one rank"),
+])
+def test_a_group_that_is_not_a_list_of_ranks_names_the_rank_and_op(group, message):
+    async def train(model):
+        await model.all_gather(model.load_weights(0, shard=model.rank, num_shards=2)[0], group)
+
+    with pytest.raises(TensorError) as caught:
+        run(train)
+    assert str(caught.value) == message

@@ -12,6 +12,8 @@ from rich.console import Console
 
 from dist_lib import simulate
 from grader.cli import main
+from grader.errors import InputError
+from grader.leaderboard import labels_for
 from grader.report_terminal import schedule_view
 from grader.scenario import Scenario
 from grader.scoring import parse_rubric
@@ -69,7 +71,7 @@ def _suite(limits: str, weight: str = "1") -> str:
     (["run", DDP, "--timeout", "-1"], "argument --timeout: must be more than 0"),
     (["run", DDP, "--trace", str(ROOT)], "is a folder; give a file path"),
     (["run", DDP, "--trace", "/dev/full"], "--trace /dev/full: not a regular file"),
-    (["run", DDP, "--trace", f"{DDP}/t.json"], "cannot create folder"),
+    (["run", DDP, "--trace", f"{DDP}/t.json"], "is a file, not a folder"),
     (["run", DDP, "--cluster", ""], "cluster spec '': expected terms"),
     (["run", DDP, "--workload", ""], "unknown workload ''"),
     (["run", DDP, "--cluster", "1x1000000000xA100-80GB"], "gpus: must be a whole number from 1 to 131072"),
@@ -218,3 +220,25 @@ def test_a_plan_file_is_read_by_the_grader_so_a_sandboxed_run_needs_no_access_to
     assert out["time_s"] == simulate(planned, cluster, workload, 8, plan=best).time_s
     assert main(["run", planned, "--set", f"plan={tmp_path / 'none.json'}", "--no-plots"]) == 2
     assert "plan file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("names, message", [
+    (["a", "a"], "two scenarios are named 'a'"),
+    (["a b", "a-b"], "scenarios 'a b' and 'a-b' would share the trace file a-b.json; rename one"),
+    ([" ", "b"], "scenarios[0].name: must not be empty"),
+])
+def test_scenario_names_that_would_share_a_trace_file_are_refused(names, message, tmp_path):
+    scenarios = "".join(f'[[scenarios]]\nname = "{name}"\ncluster = "2xA100-80GB"\nworkload = "toy"\nglobal_batch = 2\n'
+                        for name in names)
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "x"\n{scenarios}[[scoring.components]]\nmetric = "mfu"\nweight = 1\nscale = 1\n')
+    with pytest.raises(InputError) as caught:
+        load_suite(str(path))
+    assert str(caught.value) == f"suite {path}: {message}"
+
+
+def test_submissions_of_one_name_in_folders_of_one_name_get_labels_and_trace_folders_of_their_own():
+    first, second, alone = Path("/x/d1/team/sub.py"), Path("/x/d2/team/sub.py"), Path("/x/d1/team/other.py")
+    assert labels_for([first, second, alone]) == {first: "d1/team/sub", second: "d2/team/sub", alone: "other"}
+    assert labels_for([Path("/x/a/sub.py"), Path("/x/b/sub.py")]) == {Path("/x/a/sub.py"): "a/sub",
+                                                                       Path("/x/b/sub.py"): "b/sub"}

@@ -118,6 +118,14 @@ gpus = 2
     ("[[nodes]]\ndevice = 'T4'\ncolour = 'red'", "unknown field"),
     ("[[nodes]\n", "not valid TOML"),
     ("[devices.X]\npeak_tflops = 1\n[[nodes]]\ndevice='X'", r"devices.X.memory_GiB: missing"),
+    ("[devices.A100-80GB]\npeak_tflops = 1\nmemory_GiB = 8\nhbm_GBps = 100\n[[nodes]]\ndevice='A100-80GB'",
+     r"devices.A100-80GB: 'A100-80GB' already names the device A100-80GB \(names are case-insensitive\); give yours "
+     r"another name, with like = \"A100-80GB\" to start from its figures"),
+    ("[devices.t4]\npeak_tflops = 1\nmemory_GiB = 8\nhbm_GBps = 100\n[[nodes]]\ndevice='T4'",
+     r"devices.t4: 't4' already names the device T4"),
+    ("[devices.My]\npeak_tflops = 1\nmemory_GiB = 8\nhbm_GBps = 100\n[devices.MY]\npeak_tflops = 2\nmemory_GiB = 8\n"
+     "hbm_GBps = 100\n[[nodes]]\ndevice='My'", r"devices.MY: 'MY' already names the device My \(names are "
+     r"case-insensitive\); give yours another name$"),
 ])
 def test_bad_cluster_files_name_file_and_field(tmp_path, text, message):
     path = tmp_path / "bad.toml"

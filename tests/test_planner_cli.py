@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dist_lib import simulate
 from dist_lib.planner import Plan, plan
 from grader.cli import main
@@ -35,3 +37,17 @@ def test_plan_refuses_what_no_plan_fits_in_one_line(tmp_path, capsys):
 def test_a_budget_below_every_gpu_is_refused(capsys):
     assert main(["plan", *ARGS, "--budget", "0.1", "--plot", ""]) == 2
     assert "budget" in capsys.readouterr().err
+
+
+def test_an_unwritable_out_or_plot_is_refused_before_the_search(tmp_path, capsys, monkeypatch):
+    import grader.plan
+    monkeypatch.setattr(grader.plan, "plan", lambda *a, **k: pytest.fail("searched before checking --out"))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["plan", *ARGS, "--out", str(blocker / "p.json"), "--plot", ""]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --out {blocker / 'p.json'}: {blocker} is a file, not a folder"
+    assert main(["plan", *ARGS, "--out", str(tmp_path), "--plot", ""]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --out {tmp_path}: is a folder; give a file path such as "
+                                               f"{tmp_path / 'plan.json'}")
+    assert main(["plan", *ARGS, "--out", str(tmp_path / "p.json"), "--plot", str(blocker / "x.png")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --plot {blocker / 'x.png'}: {blocker} is a file, not a folder"

@@ -21,6 +21,9 @@ from typing import Any
 from ..waits import HangWatch, user_frame
 from ..errors import IncorrectStepError, SimulationError, SpecError, StrategyError
 from ..result import Result
+from ..hardware import MAX_WORLD_SIZE
+from ..specs import whole
+from ..workload import FIELD_RANGES, MAX_GLOBAL_BATCH
 from . import _runtime
 from ._base import build_result
 from ._base import problems
@@ -124,8 +127,14 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     if api not in ("puzzles", "lab"):
         raise SpecError(f"{path}: cannot tell which API it uses; pass api='puzzles' or api='lab'")
     options = {**(options or {}), **more_options}
+    if main and function is not None:
+        raise SpecError(f"{path}: main=True runs the file's main(), which ignores function={function!r}; give one")
     if api == "lab" and batches is None:
         batches = global_batch_size
+    for name, value, most in (("ranks", ranks, MAX_WORLD_SIZE), ("layers", layers, FIELD_RANGES["num_layers"][1]),
+                              ("batches", batches, MAX_GLOBAL_BATCH)):
+        if value is not None:  # not a default in disguise: 0 is an error, not "the puzzle's own set-up"
+            whole(value, f"{path}: {name}", 1, most, exact=True)
     if timing is None and (cluster is not None or workload is not None):
         timing = "real"
     with api_modules(api) as lib, _runtime.configure(api, timing=timing, cluster=cluster, workload=workload,
@@ -231,7 +240,7 @@ def _pick_function(module: types.ModuleType, api: str) -> str | None:
 def _run_function(lib: types.ModuleType, api: str, fn: Any, name: str, ranks: int | None, layers: int | None,
                   batches: int | None, options: dict[str, Any]) -> Any:
     default = PUZZLE_SETUPS.get(name, (4, 4, 4)) if api == "puzzles" else LAB_DEFAULT
-    n, num_layers, batch = ranks or default[0], layers or default[1], batches or default[2]
+    n, num_layers, batch = (default[i] if given is None else given for i, given in enumerate((ranks, layers, batches)))
     params = inspect.signature(fn).parameters
     if api == "lab" and "batch_size" in params and "batch_size" not in options \
             and params["batch_size"].default is inspect.Parameter.empty:
