@@ -352,9 +352,9 @@ def _check_new_device_name(name: str, custom: dict[str, Device], where: str) -> 
         taken = get_device(name, custom).name
     except SpecError:
         return
+    hint = "" if taken in custom else f", with like = \"{taken}\" to start from its figures"
     raise SpecError(f"{where}: {name!r} already names the device {taken} (names are case-insensitive); give "
-                    f"yours another name" + (f", with like = \"{taken}\" to start from its figures" if taken not in custom
-                                             else ""))
+                    f"yours another name{hint}")
 
 
 def _custom_device(name: str, spec: dict, where: str) -> Device:
