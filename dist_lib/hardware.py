@@ -211,7 +211,7 @@ class Cluster:
                                          # intra_latency_us, inter_latency_us
             # or NICs that belong to the node, shared by its GPUs (instead of one per GPU):
             # nics = 1
-            # nic_bandwidth_GBps = 1.25  # each NIC's, each way (10 Gb/s)
+            # nic_bandwidth_GBps = 1.25  # each NIC's, each way (10 Gb/s); default: the inter-node link's
         """
         return cls.from_dict(read_toml(path, "cluster"), source=str(path))
 
@@ -336,9 +336,11 @@ def _with_links(node: Node, entry: dict, where: str) -> Node:
         inter = replace(inter, latency=_figure(entry["inter_latency_us"], f"{where}.inter_latency_us") * 1e-6)
     nics = node.nics
     if "nics" in entry or "nic_bandwidth_GBps" in entry:
-        if "nics" not in entry or "inter_bandwidth_GBps" in entry:
-            raise SpecError(f"{where}: node NICs need nics and nic_bandwidth_GBps (and no inter_bandwidth_GBps, "
-                            f"which is a per-GPU NIC)")
+        if "nics" not in entry:
+            raise SpecError(f"{where}: nic_bandwidth_GBps needs nics, the count of NICs the node's GPUs share")
+        if "inter_bandwidth_GBps" in entry:
+            raise SpecError(f"{where}: nics and inter_bandwidth_GBps exclude each other (inter_bandwidth_GBps is a "
+                            f"NIC per GPU); give each node NIC's figure as nic_bandwidth_GBps")
         nics = whole(entry["nics"], f"{where}.nics", 1, MAX_WORLD_SIZE)
         if "nic_bandwidth_GBps" in entry:
             inter = replace(inter, bandwidth=_figure(entry["nic_bandwidth_GBps"], f"{where}.nic_bandwidth_GBps") * GB)

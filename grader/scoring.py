@@ -4,10 +4,11 @@
     metric = "mfu"                 # any number in a graded row: mfu, hfu, time_s, peak_memory_bytes,
     weight = 0.75                  #   memory_fraction, bubble_fraction, samples_per_s
     higher_is_better = true
-    steps = [[0.80, 5], [0.70, 4], [0.60, 3], [0.50, 2], [0.40, 1]]   # first threshold met wins
+    steps = [[0.80, 5], [0.70, 4], [0.60, 3], [0.50, 2], [0.40, 1]]   # first threshold met wins (best first)
     otherwise = 0
 
-or a linear component: `scale = 100` (points = metric x scale, clipped to [min, max] if given).
+or, instead of steps, a linear component: `scale = 100` (points = metric x scale, clipped to [min, max] if
+given).
 A run that did not finish correctly scores 0; a submission's score is the mean over scenarios.
 """
 
@@ -84,16 +85,28 @@ def parse_rubric(data: Any, where: str) -> Rubric:
             raise InputError(f"{at}.steps: expected a list of [threshold, points] pairs")
         if not isinstance(c.get("higher_is_better", True), bool):
             raise InputError(f"{at}.higher_is_better: expected true or false, got {c['higher_is_better']!r}")
-        if not steps and "scale" not in c:
+        if bool(steps) == ("scale" in c):
             raise InputError(f"{at}: give either steps = [[threshold, points], ...] or scale = number")
+        higher = c.get("higher_is_better", True)
+        pairs = tuple((_number(t, f"{at}.steps"), _number(p, f"{at}.steps")) for t, p in steps)
+        _check_reachable(pairs, higher, f"{at}.steps")
         components.append(Component(
-            metric=c["metric"], weight=weight, higher_is_better=c.get("higher_is_better", True),
-            steps=tuple((_number(t, f"{at}.steps"), _number(p, f"{at}.steps")) for t, p in steps),
+            metric=c["metric"], weight=weight, higher_is_better=higher, steps=pairs,
             otherwise=_number(c.get("otherwise", 0), f"{at}.otherwise"),
             scale=_number(c["scale"], f"{at}.scale") if "scale" in c else None,
             min=_number(c["min"], f"{at}.min") if "min" in c else None,
             max=_number(c["max"], f"{at}.max") if "max" in c else None))
     return Rubric(tuple(components))
+
+
+def _check_reachable(steps: tuple[tuple[float, float], ...], higher_is_better: bool, where: str) -> None:
+    """The first threshold met wins, so the thresholds must run from the best value down (up, when lower is
+    better): a step after one whose threshold it does not beat could never apply."""
+    for (before, _), (threshold, _) in zip(steps, steps[1:]):
+        if (threshold >= before) if higher_is_better else (threshold <= before):
+            order = "decreasing" if higher_is_better else "increasing"
+            raise InputError(f"{where}: threshold {threshold:g} comes after {before:g}, so it can never apply (the "
+                             f"first threshold met wins); list the thresholds in {order} order")
 
 
 def _number(value: Any, where: str) -> float:

@@ -125,6 +125,17 @@ def test_classic_rubric_is_data_and_scores_as_the_course_does():
     assert linear.score(row) == 50
 
 
+@pytest.mark.parametrize("component, message", [
+    ({"metric": "mfu", "steps": [[0.5, 1], [0.8, 5]]}, r"steps: threshold 0.8 comes after 0.5, so it can never apply"),
+    ({"metric": "memory_fraction", "higher_is_better": False, "steps": [[0.9, 1], [0.5, 5]]},
+     r"threshold 0.5 comes after 0.9, .* increasing order"),
+    ({"metric": "mfu", "steps": [[0.5, 1]], "scale": 100}, r"give either steps .* or scale"),
+])
+def test_a_rubric_step_that_could_never_apply_is_refused(component, message):
+    with pytest.raises(InputError, match=message):
+        parse_rubric({"components": [component]}, "suite.toml")
+
+
 def test_default_suite_names_known_scenarios():
     suite = load_suite(None)
     assert len(suite.scenarios) >= 2 and all(s.load() for s in suite.scenarios)

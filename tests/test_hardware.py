@@ -58,8 +58,18 @@ def test_every_cluster_spec_in_the_readme_table_parses():
 def test_node_nics_in_toml_need_a_count(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[[nodes]]\ndevice = "T4"\ngpus = 4\nnic_bandwidth_GBps = 6.25\n')
-    with pytest.raises(SpecError, match=r"bad.toml: nodes\[0\]: node NICs need nics"):
+    with pytest.raises(SpecError, match=r"bad.toml: nodes\[0\]: nic_bandwidth_GBps needs nics, the count"):
         Cluster.from_toml(path)
+
+
+def test_node_nics_in_toml_exclude_a_per_gpu_nic_and_default_to_the_inter_node_figure(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[[nodes]]\ndevice = "T4"\ngpus = 4\nnics = 1\ninter_bandwidth_GBps = 6.25\n')
+    with pytest.raises(SpecError, match=r"nics and inter_bandwidth_GBps exclude each other"):
+        Cluster.from_toml(path)
+    path.write_text('[[nodes]]\ndevice = "T4"\ngpus = 4\nnics = 1\n')
+    node = Cluster.from_toml(path).nodes[0]
+    assert node.nics == 1 and node.inter_link == Cluster.parse("1x4xT4").nodes[0].inter_link
 
 
 @pytest.mark.parametrize("spec, message", [
