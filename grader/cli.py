@@ -137,7 +137,7 @@ def _strategy_file(text: str) -> Path:
     return path
 
 
-def _writable(text: str, flag: str, *, folder: bool, example: str = "trace.json") -> Path:
+def output_path(text: str, flag: str, *, folder: bool, example: str = "trace.json") -> Path:
     """An output path the grader can write: a file (`--trace`) or a folder (`--out`), checked (and its
     folder made) before the run rather than found out after it."""
     path = Path(text)
@@ -184,7 +184,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         options=options, enforce_memory=not args.no_enforce_memory, given=tuple(given))
     scenario.load()
     from .grade import grade_run
-    trace = str(_writable(args.trace, "--trace", folder=False)) if args.trace is not None \
+    trace = str(output_path(args.trace, "--trace", folder=False)) if args.trace is not None \
         else str(Path("traces") / f"{path.stem}.json")
     from .runner import sandbox_problem
     row, result = grade_run(str(path), scenario.to_dict(), {"timeout_s": args.timeout,
@@ -235,7 +235,7 @@ def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
     from .leaderboard import collect_submissions, run_leaderboard
     from .suites import load_suite
     backend = backend_from_args(args)  # a missing Ray or an address where nothing answers: before any folder
-    _writable(args.out, "--out", folder=True)
+    output_path(args.out, "--out", folder=True)
     from .runner import sandbox_problem
     suite = load_suite(args.suite)
     submissions = collect_submissions(args.paths)

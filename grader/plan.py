@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -17,6 +16,7 @@ from dist_lib.planner.evaluate import Runner
 from dist_lib.planner.report import pareto, plot_pareto, table
 from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 
+from .cli import output_path
 from .errors import InputError
 from .jobs import Backend, JobFailed, backend_from_args, parallelism, run_jobs, session
 
@@ -32,10 +32,9 @@ def _runner(backend: Backend) -> Runner:
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    from .cli import _writable
-    _writable(args.out, "--out", folder=False, example="plan.json")  # before the search, not after it
+    output_path(args.out, "--out", folder=False, example="plan.json")  # before the search, not after it
     if args.plot:
-        _writable(args.plot, "--plot", folder=False, example="pareto.png")
+        output_path(args.plot, "--plot", folder=False, example="pareto.png")
     backend = backend_from_args(args)
     try:
         cluster = Cluster.load(args.cluster or DEFAULT_CLUSTER)
