@@ -228,6 +228,17 @@ def rank(suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> 
     return valid + invalid
 
 
+def summary_status(entry: dict[str, Any], scenarios: int) -> str:
+    """The status of a submission's ALL row: "invalid" when a run was, "partial" while runs are missing,
+    "ok" when every scenario's run is, else how many of the runs are ("1 of 3 ok")."""
+    if entry["invalid"]:
+        return "invalid"
+    if not entry["complete"]:
+        return "partial"
+    good = sum(run["status"] == "ok" for run in entry["runs"].values())
+    return "ok" if good == scenarios else f"{good} of {scenarios} ok"
+
+
 def write_outputs(out: Path, suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ranked = rank(suite, job_list, done)
     summary = {"suite": suite.name, "suite_path": suite.path, "scenarios": [s.name for s in suite.scenarios],
@@ -244,8 +255,8 @@ def write_outputs(out: Path, suite: Suite, job_list: list[Job], done: dict[str, 
                 writer.writerow({**row, "rank": entry["rank"] or "", "submission": entry["submission"],
                                  "scenario": name})
             writer.writerow({"rank": entry["rank"] or "", "submission": entry["submission"], "scenario": "ALL",
-                             "status": "invalid" if entry["invalid"] else ("ok" if entry["complete"] else "partial"),
-                             "score": entry["score"], "error": "; ".join(entry["invalid"])})
+                             "status": summary_status(entry, len(suite.scenarios)), "score": entry["score"],
+                             "error": "; ".join(entry["invalid"])})
     (out / "leaderboard.csv.tmp").replace(out / "leaderboard.csv")
     summary["ranked"] = ranked
     return summary

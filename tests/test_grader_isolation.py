@@ -194,6 +194,9 @@ def test_csv_has_a_row_per_run_and_per_submission(board):
     submissions = {line["submission"] for line in lines}
     assert len([line for line in lines if line["scenario"] == "ALL"]) == len(submissions)
     assert len([line for line in lines if line["scenario"] == "toy2"]) == len(submissions)
+    summary = {line["submission"]: line["status"] for line in lines if line["scenario"] == "ALL"}
+    # one scenario: a submission's ALL row is "ok" only when its run is
+    assert summary["honest"] == "ok" and summary["crash"] == summary["buggy"] == "0 of 1 ok"
 
 
 def test_second_run_resumes_and_ignores_rows_it_did_not_write(board):
