@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m grader", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="one strategy file on one scenario")
-    run.add_argument("file")
+    run.add_argument("file", help="the strategy file (async def train(model, **options))")
     run.add_argument("--cluster", help=f"cluster spec or file (default {DEFAULT_CLUSTER})")
     run.add_argument("--workload", help=f"workload spec or file (default {DEFAULT_WORKLOAD})")
     run.add_argument("--batch", type=_ranged(1, MAX_GLOBAL_BATCH, integer=True),
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("--timeout", type=_ranged(0, MAX_TIMEOUT_S, unit=" s"), default=300.0,
                      help="wall-clock seconds (default 300)")
-    run.add_argument("--no-plots", action="store_true")
+    run.add_argument("--no-plots", action="store_true", help="write no .schedule.png and .memory.png")
     run.add_argument("--no-enforce-memory", action="store_true", help="report memory instead of failing on OOM")
     run.add_argument("--api", choices=("puzzles", "lab"), help="run a file written for another API")
     run.add_argument("--function", help="the function to run with --api")
@@ -82,18 +82,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --api: run the file's own main() (its ranks, layers and batch); by default it runs "
                           "when no --function or --set ranks/layers/batches is given")
     board = sub.add_parser("leaderboard", help="many submissions on a suite")
-    board.add_argument("paths", nargs="+")
+    board.add_argument("paths", nargs="+", help="strategy files, or folders of them")
     board.add_argument("--suite", default=None, help="suite TOML file or shipped name (default: default)")
     add_backend_options(board, jobs_type=_ranged(1, MAX_JOBS, integer=True))
-    board.add_argument("--out", default="traces/leaderboard")
-    board.add_argument("--no-plots", action="store_true")
+    board.add_argument("--out", default="traces/leaderboard",
+                       help="folder for leaderboard.json, leaderboard.csv, results.jsonl and traces "
+                            "(default traces/leaderboard)")
+    board.add_argument("--no-plots", action="store_true", help="write no schedule and memory plots")
     board.add_argument("--fresh", action="store_true", help="ignore results saved by an earlier run")
     board.add_argument("--trusted", action="store_true",
                        help="run the submissions without the OS sandbox (only for code you trust)")
     check = sub.add_parser("check", help="property-based search for a configuration that breaks a strategy")
-    check.add_argument("file")
-    check.add_argument("--examples", type=_ranged(1, MAX_EXAMPLES, integer=True), default=40)
-    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("file", help="the strategy file to check")
+    check.add_argument("--examples", type=_ranged(1, MAX_EXAMPLES, integer=True), default=40,
+                       help="configurations to try (default 40)")
+    check.add_argument("--seed", type=int, default=0,
+                       help="the search's seed (default 0): one seed tries the same configurations every time")
     planning = sub.add_parser("plan", help="search the fastest (or cheapest) plan for a model on a cluster")
     planning.add_argument("--cluster", help=f"cluster spec or file (default {DEFAULT_CLUSTER})")
     planning.add_argument("--workload", help=f"workload spec or file (default {DEFAULT_WORKLOAD})")
