@@ -30,3 +30,9 @@ def test_quickstart_is_two_commands():
     block = re.search(r"## Quickstart.*?```(?:sh|bash)\n(.*?)```", README, flags=re.S).group(1)
     commands = [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
     assert commands == ["python3 dev.py run", "python3 dev.py test"]
+
+
+def test_the_device_list_is_the_catalog():
+    from dist_lib.devices import DEVICES
+    listed = re.search(r"^Devices: (.*?) \(figures in", README, flags=re.M).group(1).split(", ")
+    assert sorted(listed) == sorted(DEVICES)
