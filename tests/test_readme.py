@@ -36,3 +36,20 @@ def test_the_device_list_is_the_catalog():
     from dist_lib.devices import DEVICES
     listed = re.search(r"^Devices: (.*?) \(figures in", README, flags=re.M).group(1).split(", ")
     assert sorted(listed) == sorted(DEVICES)
+
+
+def test_the_strategy_table_names_options_each_strategy_takes():
+    import importlib
+    import inspect
+    rows = re.findall(r"^\| `(\w+)\.py` \| .*? \| (.*?) \|$", README, flags=re.M)
+    assert len(rows) >= 10
+    previous: set[str] = set()
+    for name, cell in rows:
+        taken = set(list(inspect.signature(importlib.import_module(f"strategies.{name}").train).parameters)[1:])
+        listed = set(re.findall(r"`(\w+)`", cell)) - {"hybrid"}
+        if cell.startswith("same"):
+            listed = previous
+        elif cell.startswith("+"):  # "+ x": the options of the row it follows, and x
+            listed |= previous
+        assert listed <= taken, (name, sorted(listed - taken))
+        previous = listed
