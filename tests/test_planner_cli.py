@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -51,3 +52,20 @@ def test_an_unwritable_out_or_plot_is_refused_before_the_search(tmp_path, capsys
                                                f"{tmp_path / 'plan.json'}")
     assert main(["plan", *ARGS, "--out", str(tmp_path / "p.json"), "--plot", str(blocker / "x.png")]) == 2
     assert capsys.readouterr().err.strip() == f"error: --plot {blocker / 'x.png'}: {blocker} is a file, not a folder"
+
+
+def test_the_run_it_line_names_the_cluster_and_workload_as_given(tmp_path, capsys):
+    # a cluster file with a name of its own and node NICs: its name alone is no cluster spec, and the
+    # spec its nodes describe has no NICs
+    cluster = tmp_path / "lab cluster.toml"
+    cluster.write_text('name = "lab"\n[[nodes]]\ndevice = "A100-80GB"\ngpus = 2\n'
+                       '[[nodes]]\ndevice = "T4"\ngpus = 2\nnics = 1\nnic_bandwidth_GBps = 1.25\n')
+    out = tmp_path / "p.json"
+    assert main(["plan", "--cluster", str(cluster), "--workload", "toy:layers=4", "--batch", "8", "--top", "3",
+                 "--out", str(out), "--plot", ""]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("best plan:"))
+    command = shlex.split(line.split("(run it: ", 1)[1].removesuffix(")"))
+    assert command == ["python", "-m", "grader", "run", "strategies/planned.py", "--set", f"plan={out}",
+                       "--cluster", str(cluster), "--workload", "toy:layers=4", "--batch", "8"]
+    best = plan(str(cluster), "toy:layers=4", 8, top=3).best
+    assert simulate("strategies/planned.py", command[8], command[10], 8, plan=str(out)).time_s == best.simulated
