@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from dist_lib import simulate
+from dist_lib import SpecError, simulate
 from dist_lib.planner import Plan, plan
 from grader.cli import main
 
@@ -69,3 +69,23 @@ def test_the_run_it_line_names_the_cluster_and_workload_as_given(tmp_path, capsy
                        "--cluster", str(cluster), "--workload", "toy:layers=4", "--batch", "8"]
     best = plan(str(cluster), "toy:layers=4", 8, top=3).best
     assert simulate("strategies/planned.py", command[8], command[10], 8, plan=str(out)).time_s == best.simulated
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--batch", "0", "argument --batch: must be a whole number from 1 to 1048576, got 0"),
+    ("--batch", "2000000", "argument --batch: must be a whole number from 1 to 1048576, got 2000000"),
+    ("--top", "-1", "argument --top: must be a whole number from 0 to 100000, got -1"),
+    ("--budget", "0", "argument --budget: must be more than 0 and at most 1e+09 USD/h, got '0'"),
+])
+def test_an_out_of_range_option_is_refused_naming_the_option(flag, value, expected, capsys, monkeypatch):
+    import grader.plan
+    monkeypatch.setattr(grader.plan, "plan", lambda *a, **k: pytest.fail("searched with an option out of range"))
+    assert main(["plan", *ARGS, flag, value, "--plot", ""]) == 2
+    assert capsys.readouterr().err.strip() == f"error: python -m grader plan: {expected}"
+
+
+def test_a_batch_larger_than_any_run_is_refused_before_the_search(monkeypatch):
+    import dist_lib.planner.api
+    monkeypatch.setattr(dist_lib.planner.api, "generate", lambda *a, **k: pytest.fail("searched"))
+    with pytest.raises(SpecError, match=r"^global_batch_size: must be a whole number from 1 to 1048576, got 2097152$"):
+        plan("1x2xA100-80GB", "toy", 2**21)

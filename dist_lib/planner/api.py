@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import SpecError
 from ..hardware import Cluster
-from ..workload import Workload
+from ..workload import Workload, check_global_batch
 from .evaluate import Runner, refine, run_here, simulate_all
 from .search import PRUNE_SLACK, Candidate, Search, generate
 
@@ -33,8 +33,7 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     if budget is not None and not budget > 0:
         raise SpecError(f"budget must be a positive number of USD per hour, got {budget!r}")
     cluster, workload = Cluster.load(cluster), Workload.load(workload)
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-        raise SpecError(f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}")
+    check_global_batch(global_batch_size)  # as simulate checks it, before a search whose plans it would refuse
     started = time.perf_counter()
     report = (lambda i, n: progress("estimate", i, n)) if progress else None
     candidates, reasons = generate(cluster, workload, global_batch_size, budget=budget, objective=objective,
