@@ -89,3 +89,30 @@ def test_a_batch_larger_than_any_run_is_refused_before_the_search(monkeypatch):
     monkeypatch.setattr(dist_lib.planner.api, "generate", lambda *a, **k: pytest.fail("searched"))
     with pytest.raises(SpecError, match=r"^global_batch_size: must be a whole number from 1 to 1048576, got 2097152$"):
         plan("1x2xA100-80GB", "toy", 2**21)
+
+
+CUSTOM = '[devices.RTX4090]\npeak_tflops = 165\nmemory_GiB = 24\nhbm_GBps = 1008\n{price}\n' \
+         '[[nodes]]\ndevice = "RTX4090"\ngpus = 2\n[[nodes]]\ndevice = "A100-80GB"\ngpus = 2\n'
+
+
+@pytest.mark.parametrize("option", [["--objective", "cost"], ["--budget", "100"]])
+def test_a_cost_search_refuses_a_custom_device_without_a_price(option, tmp_path, capsys):
+    # without a price the custom GPUs would count as free: the cheapest plan would be any plan on them
+    cluster = tmp_path / "c.toml"
+    cluster.write_text(CUSTOM.format(price=""))
+    assert main(["plan", "--cluster", str(cluster), "--workload", "toy:layers=4", "--batch", "8", *option,
+                 "--out", str(tmp_path / "p.json"), "--plot", ""]) == 2
+    needs = "objective 'cost'" if option[0] == "--objective" else "a budget"
+    assert capsys.readouterr().err.strip() == (
+        f"error: {needs} needs every device's price per GPU-hour, and RTX4090 has none: give price_per_hour (USD) "
+        f"in its [devices.RTX4090] table of the cluster file")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_custom_devices_price_is_what_a_cost_search_charges(tmp_path):
+    cluster = tmp_path / "c.toml"
+    cluster.write_text(CUSTOM.format(price="price_per_hour = 0.5"))
+    best = plan(str(cluster), "toy:layers=4", 8, top=3, objective="cost").best
+    rates = {0: 0.5, 1: 0.5, 2: 40.9657 / 8, 3: 40.9657 / 8}  # the A100-80GB's catalog price per GPU-hour
+    assert best.price_per_hour == pytest.approx(sum(rates[r] for r in best.plan.ranks))
+    assert best.dollars_per_step == pytest.approx(best.simulated * best.price_per_hour / 3600)
