@@ -114,8 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False)
+    command = None
     try:
         args = build_parser().parse_args(argv)
+        command = args.command
         if args.command == "run":
             return cmd_run(args, console)
         if args.command == "leaderboard":
@@ -131,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; finished runs are saved, run the same command again to resume", file=sys.stderr)
+        # only a leaderboard (the default job is one) keeps its finished runs and resumes from them
+        resumes = command in ("leaderboard", None)
+        print("interrupted" + ("; finished runs are saved, run the same command again to resume" if resumes else ""),
+              file=sys.stderr)
         return 130
 
 

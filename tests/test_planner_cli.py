@@ -116,3 +116,14 @@ def test_a_custom_devices_price_is_what_a_cost_search_charges(tmp_path):
     rates = {0: 0.5, 1: 0.5, 2: 40.9657 / 8, 3: 40.9657 / 8}  # the A100-80GB's catalog price per GPU-hour
     assert best.price_per_hour == pytest.approx(sum(rates[r] for r in best.plan.ranks))
     assert best.dollars_per_step == pytest.approx(best.simulated * best.price_per_hour / 3600)
+
+
+def test_an_interrupted_search_does_not_promise_a_resume(tmp_path, capsys, monkeypatch):
+    import grader.plan
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(grader.plan, "plan", interrupted)
+    assert main(["plan", *ARGS, "--out", str(tmp_path / "p.json"), "--plot", ""]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"  # a search keeps nothing to resume from
+    assert not (tmp_path / "p.json").exists()
