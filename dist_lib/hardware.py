@@ -29,7 +29,8 @@ from .specs import load_spec, number, read_toml, shown, table, text, whole
 # beyond them a value is a typo or a unit mistake (NVLink 5 is 900 GB/s per GPU each way, the largest
 # GPU memory 192 GB, the fastest dense 16-bit peak about 2.5 PFLOP/s).
 FIGURE_RANGES = {"bandwidth_GBps": (1e-3, 2000.0), "latency_us": (0.0, 1e6), "peak_tflops": (1e-3, 1e5),
-                 "memory_GiB": (1e-3, 1024.0), "hbm_GBps": (1e-3, 1e5), "max_efficiency": (1e-3, 1.0)}
+                 "memory_GiB": (1e-3, 1024.0), "hbm_GBps": (1e-3, 1e5), "max_efficiency": (1e-3, 1.0),
+                 "price_per_hour": (1e-6, 1e4)}
 MAX_WORLD_SIZE = 2**17  # GPUs in one cluster, above the largest built (about 100,000)
 
 
@@ -202,6 +203,7 @@ class Cluster:
             intra_bandwidth_GBps = 25    # defaults for nodes of this device
             inter_bandwidth_GBps = 12.5
             max_efficiency = 0.6
+            price_per_hour = 1.5         # USD per GPU-hour, for the planner's cost objective and budget
 
             [[nodes]]
             device = "A100-80GB"
@@ -361,7 +363,7 @@ def _check_new_device_name(name: str, custom: dict[str, Device], where: str) -> 
 
 def _custom_device(name: str, spec: dict, where: str) -> Device:
     spec = table(spec, where, {"like", "peak_tflops", "memory_GiB", "hbm_GBps", "intra_bandwidth_GBps",
-                               "inter_bandwidth_GBps", "max_efficiency"})
+                               "inter_bandwidth_GBps", "max_efficiency", "price_per_hour"})
     required = ("peak_tflops", "memory_GiB", "hbm_GBps")
     for key in required:
         if key not in spec:
@@ -375,9 +377,12 @@ def _custom_device(name: str, spec: dict, where: str) -> Device:
         inter = Link(f"{name}-inter", _figure(spec["inter_bandwidth_GBps"], f"{where}.inter_bandwidth_GBps") * GB,
                      inter.latency)
     efficiency = _figure(spec.get("max_efficiency", base.max_efficiency), f"{where}.max_efficiency")
+    # no price is 0: unknown, which the planner's cost objective and budget refuse (`Device.price_per_hour`)
+    price = _figure(spec["price_per_hour"], f"{where}.price_per_hour") if "price_per_hour" in spec else 0.0
     return Device(name, _figure(spec["peak_tflops"], f"{where}.peak_tflops") * 1e12,
                   int(_figure(spec["memory_GiB"], f"{where}.memory_GiB") * GiB),
-                  _figure(spec["hbm_GBps"], f"{where}.hbm_GBps") * GB, intra, inter, efficiency)
+                  _figure(spec["hbm_GBps"], f"{where}.hbm_GBps") * GB, intra, inter, efficiency,
+                  price_per_hour=price)
 
 
 def _bottleneck(links: tuple[Link, ...]) -> Link:

@@ -55,6 +55,8 @@ def _ranged(low: float, high: float, *, integer: bool = False, unit: str = "") -
 MAX_TIMEOUT_S = 86_400.0  # a day
 MAX_JOBS = 256
 MAX_EXAMPLES = 100_000
+MAX_TOP = 100_000  # plans a search simulates
+MAX_BUDGET = 1e9  # USD per hour
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,10 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     planning = sub.add_parser("plan", help="search the fastest (or cheapest) plan for a model on a cluster")
     planning.add_argument("--cluster", help=f"cluster spec or file (default {DEFAULT_CLUSTER})")
     planning.add_argument("--workload", help=f"workload spec or file (default {DEFAULT_WORKLOAD})")
-    planning.add_argument("--batch", type=int, help=f"global batch size (default {DEFAULT_GLOBAL_BATCH})")
-    planning.add_argument("--top", type=int, default=10, help="plans to simulate (default 10; 0: estimate only)")
+    planning.add_argument("--batch", type=_ranged(1, MAX_GLOBAL_BATCH, integer=True),
+                          help=f"global batch size (default {DEFAULT_GLOBAL_BATCH})")
+    planning.add_argument("--top", type=_ranged(0, MAX_TOP, integer=True), default=10,
+                          help="plans to simulate (default 10; 0: estimate only)")
     planning.add_argument("--objective", choices=("time", "cost"), default="time")
-    planning.add_argument("--budget", type=float, help="USD per hour the GPUs may cost at most")
+    planning.add_argument("--budget", type=_ranged(0, MAX_BUDGET, unit=" USD/h"),
+                          help="USD per hour the GPUs may cost at most")
     planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
     planning.add_argument("--plot", default="traces/pareto.png", help="Pareto plot PNG (default traces/pareto.png)")
     add_backend_options(planning, jobs_type=_ranged(1, MAX_JOBS, integer=True))
@@ -113,8 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False)
+    command = None
     try:
         args = build_parser().parse_args(argv)
+        command = args.command
         if args.command == "run":
             return cmd_run(args, console)
         if args.command == "leaderboard":
@@ -130,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; finished runs are saved, run the same command again to resume", file=sys.stderr)
+        # only a leaderboard (the default job is one) keeps its finished runs and resumes from them
+        resumes = command in ("leaderboard", None)
+        print("interrupted" + ("; finished runs are saved, run the same command again to resume" if resumes else ""),
+              file=sys.stderr)
         return 130
 
 

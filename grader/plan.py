@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -36,9 +37,10 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.plot:
         output_path(args.plot, "--plot", folder=False, example="pareto.png")
     backend = backend_from_args(args)
+    cluster_text, workload_text = args.cluster or DEFAULT_CLUSTER, args.workload or DEFAULT_WORKLOAD
     try:
-        cluster = Cluster.load(args.cluster or DEFAULT_CLUSTER)
-        workload = Workload.load(args.workload or DEFAULT_WORKLOAD)
+        cluster = Cluster.load(cluster_text)
+        workload = Workload.load(workload_text)
         batch = DEFAULT_GLOBAL_BATCH if args.batch is None else args.batch
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as bar:
@@ -69,7 +71,9 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         note = plot_pareto(search, args.plot)
         console.print(note or f"Pareto plot: {args.plot}")
     search.best.plan.save(args.out)
-    console.print(f"best plan: {search.best.plan.describe()} -> {args.out}  "
-                  f"(run it: python -m grader run strategies/planned.py --set plan={args.out} "
-                  f"--cluster '{cluster}' --workload '{workload.name}' --batch {batch})")
+    # the cluster and workload as given: a file's path, or a spec with its link options, runs the same
+    # cluster again, where the cluster's name or the workload's would not
+    run = shlex.join(["python", "-m", "grader", "run", "strategies/planned.py", "--set", f"plan={args.out}",
+                      "--cluster", cluster_text, "--workload", workload_text, "--batch", str(batch)])
+    console.print(f"best plan: {search.best.plan.describe()} -> {args.out}  (run it: {run})", soft_wrap=True)
     return 0

@@ -18,6 +18,8 @@ among a stage's replicas as soon as the last microbatch has passed, as in the ot
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dist_lib import Model, planner
 from dist_lib.planner.plan import Plan, Stage
 
@@ -31,8 +33,9 @@ SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved
 
 async def train(model: Model, *, plan=None) -> None:
     """Run `plan` (a `Plan`, its dict, or a plan file); without one, the planner's best estimate."""
+    source = f"plan file {plan}" if isinstance(plan, (str, Path)) else "plan"
     plan = estimated_plan(model) if plan is None else Plan.load(plan)
-    plan.check(model.world_size, model.num_layers, model.global_batch_size, model.cluster)
+    plan.check(model.world_size, model.num_layers, model.global_batch_size, model.cluster, source)
     where = locate(plan, model.rank)
     if where is None:
         return  # a rank the plan leaves idle

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
-from dist_lib import simulate
+from dist_lib import SpecError, simulate
 from dist_lib.planner import Plan, plan
 from grader.cli import main
 
@@ -51,3 +52,78 @@ def test_an_unwritable_out_or_plot_is_refused_before_the_search(tmp_path, capsys
                                                f"{tmp_path / 'plan.json'}")
     assert main(["plan", *ARGS, "--out", str(tmp_path / "p.json"), "--plot", str(blocker / "x.png")]) == 2
     assert capsys.readouterr().err.strip() == f"error: --plot {blocker / 'x.png'}: {blocker} is a file, not a folder"
+
+
+def test_the_run_it_line_names_the_cluster_and_workload_as_given(tmp_path, capsys):
+    # a cluster file with a name of its own and node NICs: its name alone is no cluster spec, and the
+    # spec its nodes describe has no NICs
+    cluster = tmp_path / "lab cluster.toml"
+    cluster.write_text('name = "lab"\n[[nodes]]\ndevice = "A100-80GB"\ngpus = 2\n'
+                       '[[nodes]]\ndevice = "T4"\ngpus = 2\nnics = 1\nnic_bandwidth_GBps = 1.25\n')
+    out = tmp_path / "p.json"
+    assert main(["plan", "--cluster", str(cluster), "--workload", "toy:layers=4", "--batch", "8", "--top", "3",
+                 "--out", str(out), "--plot", ""]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("best plan:"))
+    command = shlex.split(line.split("(run it: ", 1)[1].removesuffix(")"))
+    assert command == ["python", "-m", "grader", "run", "strategies/planned.py", "--set", f"plan={out}",
+                       "--cluster", str(cluster), "--workload", "toy:layers=4", "--batch", "8"]
+    best = plan(str(cluster), "toy:layers=4", 8, top=3).best
+    assert simulate("strategies/planned.py", command[8], command[10], 8, plan=str(out)).time_s == best.simulated
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--batch", "0", "argument --batch: must be a whole number from 1 to 1048576, got 0"),
+    ("--batch", "2000000", "argument --batch: must be a whole number from 1 to 1048576, got 2000000"),
+    ("--top", "-1", "argument --top: must be a whole number from 0 to 100000, got -1"),
+    ("--budget", "0", "argument --budget: must be more than 0 and at most 1e+09 USD/h, got '0'"),
+])
+def test_an_out_of_range_option_is_refused_naming_the_option(flag, value, expected, capsys, monkeypatch):
+    import grader.plan
+    monkeypatch.setattr(grader.plan, "plan", lambda *a, **k: pytest.fail("searched with an option out of range"))
+    assert main(["plan", *ARGS, flag, value, "--plot", ""]) == 2
+    assert capsys.readouterr().err.strip() == f"error: python -m grader plan: {expected}"
+
+
+def test_a_batch_larger_than_any_run_is_refused_before_the_search(monkeypatch):
+    import dist_lib.planner.api
+    monkeypatch.setattr(dist_lib.planner.api, "generate", lambda *a, **k: pytest.fail("searched"))
+    with pytest.raises(SpecError, match=r"^global_batch_size: must be a whole number from 1 to 1048576, got 2097152$"):
+        plan("1x2xA100-80GB", "toy", 2**21)
+
+
+CUSTOM = '[devices.RTX4090]\npeak_tflops = 165\nmemory_GiB = 24\nhbm_GBps = 1008\n{price}\n' \
+         '[[nodes]]\ndevice = "RTX4090"\ngpus = 2\n[[nodes]]\ndevice = "A100-80GB"\ngpus = 2\n'
+
+
+@pytest.mark.parametrize("option", [["--objective", "cost"], ["--budget", "100"]])
+def test_a_cost_search_refuses_a_custom_device_without_a_price(option, tmp_path, capsys):
+    # without a price the custom GPUs would count as free: the cheapest plan would be any plan on them
+    cluster = tmp_path / "c.toml"
+    cluster.write_text(CUSTOM.format(price=""))
+    assert main(["plan", "--cluster", str(cluster), "--workload", "toy:layers=4", "--batch", "8", *option,
+                 "--out", str(tmp_path / "p.json"), "--plot", ""]) == 2
+    needs = "objective 'cost'" if option[0] == "--objective" else "a budget"
+    assert capsys.readouterr().err.strip() == (
+        f"error: {needs} needs every device's price per GPU-hour, and RTX4090 has none: give price_per_hour (USD) "
+        f"in its [devices.RTX4090] table of the cluster file")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_custom_devices_price_is_what_a_cost_search_charges(tmp_path):
+    cluster = tmp_path / "c.toml"
+    cluster.write_text(CUSTOM.format(price="price_per_hour = 0.5"))
+    best = plan(str(cluster), "toy:layers=4", 8, top=3, objective="cost").best
+    rates = {0: 0.5, 1: 0.5, 2: 40.9657 / 8, 3: 40.9657 / 8}  # the A100-80GB's catalog price per GPU-hour
+    assert best.price_per_hour == pytest.approx(sum(rates[r] for r in best.plan.ranks))
+    assert best.dollars_per_step == pytest.approx(best.simulated * best.price_per_hour / 3600)
+
+
+def test_an_interrupted_search_does_not_promise_a_resume(tmp_path, capsys, monkeypatch):
+    import grader.plan
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(grader.plan, "plan", interrupted)
+    assert main(["plan", *ARGS, "--out", str(tmp_path / "p.json"), "--plot", ""]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"  # a search keeps nothing to resume from
+    assert not (tmp_path / "p.json").exists()

@@ -97,6 +97,24 @@ def test_a_wrong_plan_is_named_in_one_line(change, field):
     assert field in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_plan_file_that_does_not_fit_the_run_is_named(tmp_path):
+    path = tmp_path / "plan.json"
+    RESPLIT.save(path)
+    with pytest.raises(SpecError) as info:
+        run(str(path), batch=12)
+    assert str(info.value) == (f"plan file {path}: microbatch_size 4 x microbatches 2 = 8, but the global batch "
+                               f"is 12")
+
+
+@pytest.mark.parametrize("zero", [True, 1.0])
+def test_a_zero_stage_that_is_not_a_whole_number_is_refused(zero):
+    data = {**RESPLIT.to_dict(), "zero": zero}
+    with pytest.raises(SpecError, match=rf"^<plan>: zero must be a whole number >= 0, got {zero!r}$"):
+        run(data)
+    with pytest.raises(SpecError, match=rf"^plan: zero must be 0 or 1, got {zero!r}$"):
+        run(Plan(RESPLIT.stages, 4, 2, zero=zero))
+
+
 def test_a_tp_group_across_nodes_is_refused():
     plan = Plan((Stage((0, 1, 2, 3), 4, ((0, 4),), (8,)),), 8, 1)
     with pytest.raises(SpecError, match="spans nodes"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import SpecError
 from ..hardware import Cluster
-from ..workload import Workload
+from ..workload import Workload, check_global_batch
 from .evaluate import Runner, refine, run_here, simulate_all
 from .search import PRUNE_SLACK, Candidate, Search, generate
 
@@ -33,8 +33,9 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     if budget is not None and not budget > 0:
         raise SpecError(f"budget must be a positive number of USD per hour, got {budget!r}")
     cluster, workload = Cluster.load(cluster), Workload.load(workload)
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-        raise SpecError(f"global_batch_size must be a whole number >= 1, got {global_batch_size!r}")
+    if objective == "cost" or budget is not None:
+        _check_prices(cluster, "objective 'cost'" if objective == "cost" else "a budget")
+    check_global_batch(global_batch_size)  # as simulate checks it, before a search whose plans it would refuse
     started = time.perf_counter()
     report = (lambda i, n: progress("estimate", i, n)) if progress else None
     candidates, reasons = generate(cluster, workload, global_batch_size, budget=budget, objective=objective,
@@ -62,6 +63,16 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     search.order_pairs, search.order_disagreements = _disagreements(ran)
     search.seconds = time.perf_counter() - started
     return search
+
+
+def _check_prices(cluster: Cluster, needs: str) -> None:
+    """Refuse to rank by dollars when a device has no price: it would count as free, so the cheapest plan
+    and the budget's device mixes would be the ones that use it most."""
+    unpriced = sorted({node.device.name for node in cluster.nodes if not node.device.price_per_hour > 0})
+    if unpriced:
+        raise SpecError(f"{needs} needs every device's price per GPU-hour, and {', '.join(unpriced)} "
+                        f"{'has' if len(unpriced) == 1 else 'have'} none: "
+                        f"give price_per_hour (USD) in its [devices.{unpriced[0]}] table of the cluster file")
 
 
 def _simulate_in_order(cluster: Cluster, workload: Workload, global_batch: int, chosen: list[Candidate],

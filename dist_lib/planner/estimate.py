@@ -11,7 +11,8 @@ gradient cross each boundary during the fill (interleaved: once per chunk, and f
 to the first between chunks), their messages sharing links (`messages.py`). Under 1F1B and ZB-H1 the
 round trip of the p - s microbatches stage s keeps in flight (their passes and crossings) bounds the
 time per microbatch from below, which slow links make the pace. The data-parallel reduction and the
-optimizer step follow each stage's last backward.
+optimizer step follow each stage's last backward, and under ZeRO-1 the all-gather of the updated weights
+follows the optimizer step.
 Memory: model state (16 bytes a parameter, the 12 optimizer bytes sharded by ZeRO-1) plus the stashes and
 inputs of the microbatches the schedule keeps in flight on that stage.
 """

@@ -23,6 +23,11 @@ MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not coun
 BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
 
 
+def _nothing_to_gather(nbytes: float) -> float:
+    """Without ZeRO-1 every replica updates whole weights: nothing is gathered after the update."""
+    return 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class StageOption:
     """One stage at one TP degree for one microbatch size: per-layer costs of its slowest replica."""
@@ -37,6 +42,10 @@ class StageOption:
     reduce: Callable[[float], float]  # seconds of the data-parallel gradient reduction of n bytes
     rerun: float = 0.0  # full recompute: bytes of the largest layer stash a backward rebuilds, one at a time
     gather: float = 0.0  # seconds to all-gather one message's TP pieces in its slowest replica's TP group
+    # ZeRO-1: seconds to all-gather n bytes of updated weight shards over the replicas; each layer's is
+    # issued after its update, behind every gradient reduce-scatter on the same group, so none of it
+    # overlaps the backward
+    regather: Callable[[float], float] = _nothing_to_gather
 
 
 
@@ -189,7 +198,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         weights.append(c.weight[stop] - c.weight[start])
         grads = c.grad_bytes[stop] - c.grad_bytes[start]
         reduce = o.reduce(grads)
-        tails.append(max(reduce - backward, 0.0) + reduce / n + c.update[stop] - c.update[start])
+        tails.append(max(reduce - backward, 0.0) + reduce / n + c.update[stop] - c.update[start] + o.regather(grads))
         mem = max(mem, block_memory(o, start, stop, s, pp, m, schedule, chunks) / o.capacity * MEMORY_HEADROOM)
         start = stop
     slowest = max(times)

@@ -123,7 +123,7 @@ class Plan:
                                tuple(_ints(stage["shares"], f"{where}.shares", 1))))
         return cls(tuple(built), _int(data.get("microbatch_size"), f"{source}: microbatch_size", 1),
                    _int(data.get("microbatches"), f"{source}: microbatches", 1), data.get("schedule", "1f1b"),
-                   data.get("recompute", "none"), data.get("zero", 0))
+                   data.get("recompute", "none"), _int(data.get("zero", 0), f"{source}: zero", 0))
 
     @classmethod
     def load(cls, plan: Plan | dict | str | Path) -> Plan:
@@ -143,20 +143,22 @@ class Plan:
 
     # ---- validation ---------------------------------------------------------------------------
 
-    def check(self, world_size: int, num_layers: int, global_batch_size: int, cluster: Any = None) -> None:
-        """Raise `SpecError` naming the field when this plan cannot run on the world, model and batch."""
+    def check(self, world_size: int, num_layers: int, global_batch_size: int, cluster: Any = None,
+              source: str = "plan") -> None:
+        """Raise `SpecError` naming the field (after `source`, e.g. the plan's file) when this plan cannot
+        run on the world, model and batch."""
         if self.schedule not in SCHEDULES:
-            raise SpecError(f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+            raise SpecError(f"{source}: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.recompute not in RECOMPUTE:
-            raise SpecError(f"plan: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
-        if self.zero not in ZERO_STAGES:
-            raise SpecError(f"plan: zero must be 0 or 1, got {self.zero!r}")
+            raise SpecError(f"{source}: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in ZERO_STAGES:
+            raise SpecError(f"{source}: zero must be 0 or 1, got {self.zero!r}")
         if self.global_batch_size != global_batch_size:
-            raise SpecError(f"plan: microbatch_size {self.microbatch_size} x microbatches {self.microbatches} = "
+            raise SpecError(f"{source}: microbatch_size {self.microbatch_size} x microbatches {self.microbatches} = "
                             f"{self.global_batch_size}, but the global batch is {global_batch_size}")
         seen: set[int] = set()
         for i, stage in enumerate(self.stages):
-            where = f"plan: stages[{i}]"
+            where = f"{source}: stages[{i}]"
             if stage.tp < 1 or len(stage.ranks) % stage.tp:
                 raise SpecError(f"{where}: tp={stage.tp} does not divide its {len(stage.ranks)} ranks")
             for r in stage.ranks:
@@ -180,16 +182,16 @@ class Plan:
         start = 0
         for block in order:
             if block[0] != start or block[1] <= block[0]:
-                raise SpecError(f"plan: blocks {[list(b) for b in order]} (chunk-major) must tile layers "
+                raise SpecError(f"{source}: blocks {[list(b) for b in order]} (chunk-major) must tile layers "
                                 f"0..{num_layers - 1} in order, each non-empty")
             start = block[1]
         if start != num_layers:
-            raise SpecError(f"plan: blocks cover {start} layers but the model has {num_layers}")
+            raise SpecError(f"{source}: blocks cover {start} layers but the model has {num_layers}")
         if self.schedule == "interleaved" and (self.chunks < 2 or self.microbatches % len(self.stages)):
-            raise SpecError(f"plan: interleaved needs >= 2 blocks per stage and microbatches a multiple of "
+            raise SpecError(f"{source}: interleaved needs >= 2 blocks per stage and microbatches a multiple of "
                             f"the {len(self.stages)} stages")
         if self.schedule != "interleaved" and self.chunks != 1:
-            raise SpecError(f"plan: schedule {self.schedule} runs one block per stage; use interleaved")
+            raise SpecError(f"{source}: schedule {self.schedule} runs one block per stage; use interleaved")
 
 
 def _int(value: Any, where: str, low: int) -> int:

@@ -143,15 +143,16 @@ class _Space:
         unit = max(shares) * workload.activation_bytes()
         dp_topo = self.topology(ranks[::tp]) if dp > 1 else None
         if dp_topo is None:
-            reduce = _no_reduce
+            reduce = regather = _no_reduce
         else:
-            reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, workload.num_layers)
+            reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo)
+            regather = _Reduction("all_gather", dp_topo) if zero else _no_reduce
         rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
                     for (_, n), group in replicas.items()) if recompute == "full" else 0.0
         # a message that arrives as TP pieces is all-gathered in the receiving replica's TP group
         gather = max(costs.collective_time("all_gather", n * workload.activation_bytes(), self.topology(group))
                      for (_, n), group in replicas.items()) if tp > 1 else 0.0
-        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun, gather)
+        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun, gather, regather)
 
 
 def _no_reduce(nbytes: float) -> float:
@@ -159,17 +160,16 @@ def _no_reduce(nbytes: float) -> float:
 
 
 class _Reduction:
-    """Seconds to reduce a stage's gradients layer by layer over its replicas (ZeRO-1: reduce-scatter,
-    then the all-gather of the updated weights, which moves as much again)."""
+    """Seconds of one collective over a stage's replicas on n bytes: the gradients' all-reduce (ZeRO-1:
+    reduce-scatter) beside the backward, or ZeRO-1's all-gather of the updated weights after the update."""
 
-    __slots__ = ("op", "topo", "layers")
+    __slots__ = ("op", "topo")
 
-    def __init__(self, op: str, topo: costs.Topology, layers: int):
-        self.op, self.topo, self.layers = op, topo, layers
+    def __init__(self, op: str, topo: costs.Topology):
+        self.op, self.topo = op, topo
 
     def __call__(self, nbytes: float) -> float:
-        factor = 2.0 if self.op == "reduce_scatter" else 1.0
-        return factor * costs.collective_time(self.op, nbytes, self.topo)
+        return costs.collective_time(self.op, nbytes, self.topo)
 
 
 def _slowest(per: list[LayerCosts]) -> LayerCosts:
