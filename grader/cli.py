@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"global batch size (default {DEFAULT_GLOBAL_BATCH})")
     planning.add_argument("--top", type=_ranged(0, MAX_TOP, integer=True), default=10,
                           help="plans to simulate (default 10; 0: estimate only)")
-    planning.add_argument("--objective", choices=("time", "cost"), default="time")
+    planning.add_argument("--objective", choices=("time", "cost"), default="time",
+                          help="minimise the step time (default) or the USD per step")
     planning.add_argument("--budget", type=_ranged(0, MAX_BUDGET, unit=" USD/h"),
                           help="USD per hour the GPUs may cost at most")
     planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
