@@ -43,7 +43,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         workload = Workload.load(workload_text)
         batch = DEFAULT_GLOBAL_BATCH if args.batch is None else args.batch
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
+                      console=console, transient=True, disable=not console.is_terminal) as bar:
             tasks: dict[str, int] = {}
 
             def progress(phase: str, done: int, total: int) -> None:

@@ -30,8 +30,10 @@ def test_plan_writes_the_best_plan_as_a_file_that_runs(tmp_path, capsys):
 def test_plan_refuses_what_no_plan_fits_in_one_line(tmp_path, capsys):
     assert main(["plan", "--cluster", "1x2xT4", "--workload", "gpt-175b", "--batch", "8",
                  "--out", str(tmp_path / "p.json"), "--plot", ""]) == 2
-    err = capsys.readouterr().err.strip()
+    printed = capsys.readouterr()
+    err = printed.err.strip()
     assert err.startswith("error: no plan fits in memory") and "\n" not in err
+    assert printed.out == ""  # (no progress bar's leftover line when the output is not a terminal)
     assert not (tmp_path / "p.json").exists()
 
 
