@@ -44,14 +44,19 @@ class Scenario:
             if isinstance(getattr(self, key), str):
                 object.__setattr__(self, key, absolute_spec(getattr(self, key)))
         # A plan file (`--set plan=plan.json`) is read here, in the grader, and goes to the worker as data:
-        # the sandbox's user may not reach the file (a private /tmp, a 0700 home folder).
+        # the sandbox's user may not reach the file (a private /tmp, a 0700 home folder). It is checked
+        # against the run here too, where a mistake can still name the file.
         if isinstance(self.options.get("plan"), str):
             from dist_lib.planner.plan import Plan
+            path = os.path.expanduser(self.options["plan"])
+            cluster, workload = self.load()
             try:
-                plan = Plan.load(os.path.expanduser(self.options["plan"])).to_dict()
+                plan = Plan.load(path)
+                plan.check(cluster.world_size, workload.num_layers, self.global_batch, cluster,
+                           source=f"plan file {path}")
             except SpecError as exc:
                 raise InputError(str(exc)) from None
-            object.__setattr__(self, "options", {**self.options, "plan": plan})
+            object.__setattr__(self, "options", {**self.options, "plan": plan.to_dict()})
 
     def options_for(self, strategy_stem: str) -> dict[str, Any]:
         return {**self.options, **self.strategy_options.get(strategy_stem, {})}

@@ -129,3 +129,15 @@ def test_an_interrupted_search_does_not_promise_a_resume(tmp_path, capsys, monke
     assert main(["plan", *ARGS, "--out", str(tmp_path / "p.json"), "--plot", ""]) == 130
     assert capsys.readouterr().err.strip() == "interrupted"  # a search keeps nothing to resume from
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_plan_file_that_does_not_fit_the_run_is_named_by_grader_run(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["plan", "--cluster", "1x2xA100-80GB", "--workload", "toy:layers=4", "--batch", "4", "--top", "1",
+                 "--out", str(out), "--plot", ""]) == 0
+    capsys.readouterr()
+    assert main(["run", "strategies/planned.py", "--set", f"plan={out}", "--cluster", "1x2xA100-80GB",
+                 "--workload", "toy:layers=4", "--batch", "8", "--no-plots"]) == 2
+    saved = Plan.load(out)
+    assert capsys.readouterr().err.strip() == (f"error: plan file {out}: microbatch_size {saved.microbatch_size} x "
+                                               f"microbatches {saved.microbatches} = 4, but the global batch is 8")
