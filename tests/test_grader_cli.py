@@ -253,3 +253,22 @@ def test_submissions_of_one_name_in_folders_of_one_name_get_labels_and_trace_fol
     assert labels_for([first, second, alone]) == {first: "d1/team/sub", second: "d2/team/sub", alone: "other"}
     assert labels_for([Path("/x/a/sub.py"), Path("/x/b/sub.py")]) == {Path("/x/a/sub.py"): "a/sub",
                                                                        Path("/x/b/sub.py"): "b/sub"}
+
+
+@pytest.mark.parametrize("flags", [["--json"], []])
+def test_output_into_a_closed_pipe_stops_quietly(flags):
+    """`python -m grader run ... | head -1`: once the reader has gone, the grader stops with code 1 and
+    no traceback, whether the JSON line or the terminal report meets the closed pipe."""
+    import os
+    import subprocess
+    import sys
+    read, write = os.pipe()
+    os.close(read)  # every write to `write` fails with EPIPE
+    try:
+        done = subprocess.run([sys.executable, "-m", "grader", "run", "strategies/ddp.py", "--cluster", "2xA100-80GB",
+                               "--workload", "toy:layers=2", "--batch", "4", "--no-plots", *flags],
+                              cwd=Path(__file__).resolve().parent.parent, stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (1, "")
