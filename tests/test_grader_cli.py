@@ -58,6 +58,8 @@ def _suite(limits: str, weight: str = "1") -> str:
     (["run", "NOTASYNC"], "must be `async def train"),
     (["run", DDP, "--set", "nonsense=1", *TOY], "unknown option(s) nonsense"),
     (["run", DDP, "--set", "microbatch_size=abc", *TOY], "expects int"),
+    (["run", "NOOPTIONS", "--set", "nonsense=1", *TOY],
+     "strategy nooptions: unknown option(s) nonsense; it accepts no options"),
     (["run", DDP, "--cluster", "3xZ100"], "unknown device"),
     (["run", DDP, "--workload", "gpt-9"], "unknown workload"),
     (["run", DDP, "--batch", "zero"], "argument --batch: expected a whole number from 1 to 1048576, got 'zero'"),
@@ -90,7 +92,8 @@ def _suite(limits: str, weight: str = "1") -> str:
     (["check", "SYNTAX"], "importing it raised SyntaxError: expected ':' (syntax.py, line 1)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
-    files = {"NOTRAIN": "x = 1\n", "NOTASYNC": "def train(model):\n    pass\n", "BADTOML": "name = [\n",
+    files = {"NOTRAIN": "x = 1\n", "NOTASYNC": "def train(model):\n    pass\n",
+             "NOOPTIONS": "async def train(model):\n    pass\n", "BADTOML": "name = [\n",
              "BADSUITE": 'name = "x"\n[[scenarios]]\nname = "a"\ncluster = "2xA100-80GB"\nworkload = "toy"\n'
                          'global_batch = 2\ncolour = "red"\n', "SYNTAX": "async def train(model)\n    pass\n",
              "TIMEOUT_SUITE": _suite("timeout_s = -1"), "BOOL_SUITE": _suite("timeout_s = true"),
