@@ -256,3 +256,14 @@ def test_submissions_of_one_name_in_folders_of_one_name_get_labels_and_trace_fol
     assert labels_for([first, second, alone]) == {first: "d1/team/sub", second: "d2/team/sub", alone: "other"}
     assert labels_for([Path("/x/a/sub.py"), Path("/x/b/sub.py")]) == {Path("/x/a/sub.py"): "a/sub",
                                                                        Path("/x/b/sub.py"): "b/sub"}
+
+
+def test_check_of_ones_own_file_named_like_a_bundled_strategy_tries_only_options_it_takes(tmp_path, capsys):
+    # a hand-written data parallel saved as ddp.py takes microbatch_size only, not the bundled ddp's bucket_mb
+    mine = tmp_path / "ddp.py"
+    mine.write_text((ROOT / "examples" / "my_ddp.py").read_text())
+    assert main(["check", str(mine), "--examples", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "from generic configurations" in out and "passed: 3 configurations" in out
+    assert main(["check", DDP, "--examples", "1"]) == 0
+    assert "dist_lib.testing.setups('ddp')" in capsys.readouterr().out
