@@ -149,6 +149,27 @@ def test_tensor_misuse_names_rank_op_and_layer(mistake, message):
         run(train, cluster="2xA100-80GB", batch=2)
 
 
+def test_a_refused_update_leaves_the_layer_to_update():
+    # an update with one rank's gradient is refused; the same layer updated with the all-reduced gradient
+    # afterwards is its first update, not a second one
+    refused = []
+
+    async def train(model):
+        w, o = model.load_weights(0)
+        x = model.get_input_activation([model.rank])
+        wg, _ = model.backward(0, x, model.loss(model.forward(0, x, w)), w)
+        try:
+            model.update(0, wg, w, o)
+        except TensorError as exc:
+            refused.append(str(exc))
+        model.set_final_weight(0, model.update(0, await model.all_reduce(wg), w, o)[0])
+
+    result = simulate(train, "2xA100-80GB", "toy:layers=1", 2)
+    assert result.correct
+    assert refused == [f"rank {r} update(layer 0): the gradient covers samples {r} but not {1 - r}; accumulate "
+                       f"microbatches and all_reduce/reduce_scatter across data-parallel ranks first" for r in (0, 1)]
+
+
 def test_an_exception_in_the_strategy_names_rank_and_line():
     async def train(model):
         if model.rank == 1:
