@@ -126,8 +126,11 @@ class Work:
         return self.end is not None
 
     def __await__(self):
+        engine = self.engine
+        if engine.driving != self.rank and engine.driving >= 0:  # (in an asyncio task the rank is not known)
+            raise TensorError(f"rank {engine.driving} awaits {self!r}, which rank {self.rank} issued; a rank awaits "
+                              f"only its own works (tensors reach another rank by send/recv or a collective)")
         if self.end is None:
-            engine = self.engine
             if engine.driving == self.rank:  # the rank's own coroutine: the engine resumes it (`Engine._drive`)
                 engine.block_direct(engine.ranks[self.rank], self)
                 if self.end is None:  # (else the quiescence it reached completed this work)

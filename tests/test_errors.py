@@ -170,6 +170,28 @@ def test_a_refused_update_leaves_the_layer_to_update():
                        f"microbatches and all_reduce/reduce_scatter across data-parallel ranks first" for r in (0, 1)]
 
 
+@pytest.mark.parametrize("when", ["pending", "done"])
+def test_awaiting_a_work_another_rank_issued_names_both_ranks(when):
+    # rank 1 waits for rank 0's send itself instead of its own recv: refused, whether or not the send ended
+    # (a pending one was a deadlock saying rank 1 had posted no recv, a done one went through unnoticed)
+    shared = {}
+
+    async def train(model):
+        if model.rank == 0:
+            shared["send"] = model.send(model.get_input_activation([0]), 1)
+            await shared["send"]
+        else:
+            await asyncio.sleep(0)  # rank 0 has issued its send
+            received = model.recv(0)
+            if when == "done":
+                await received
+            await shared["send"]
+
+    with pytest.raises(TensorError, match=r"^rank 1 awaits Work\(send on rank 0, (pending|done)\), which rank 0 "
+                                          r"issued; a rank awaits only its own works"):
+        run(train)
+
+
 def test_an_exception_in_the_strategy_names_rank_and_line():
     async def train(model):
         if model.rank == 1:
