@@ -436,6 +436,28 @@ def test_a_hang_names_the_ranks_waiting_on_works_too(quick_watchdog):
     assert "rank 1 (t=0.000 ms) waits on recv from rank 0: rank 0 has not sent to rank 1" in message
 
 
+def test_a_hang_says_which_messages_and_collectives_were_matched_and_are_in_flight(quick_watchdog):
+    # rank 1 posts its recv and issues its all-gather, then waits on a queue nobody fills: rank 0's send and
+    # all-gather were matched by every side, so they are in flight, not waiting for a recv or a member
+    async def train(model):
+        gathered = model.all_gather(model.load_weights(0, model.rank, 2)[0])
+        if model.rank == 0:
+            await asyncio.gather(gathered, model.send(model.get_input_activation([0]), 1))
+        else:
+            received = model.recv(0)
+            await asyncio.Queue().get()
+            await received
+
+    with pytest.raises(DeadlockError) as info:
+        run(train)
+    assert str(info.value).splitlines()[1:] == [
+        "  rank 0 (t=0.000 ms) waits on all_gather #0 on group [0, 1] (weight layer 0): every member issued it; "
+        "in flight",
+        "  rank 0 (t=0.000 ms) waits on send to rank 1 (activation layer 0): matched by rank 1's recv(0); in flight",
+        f"  rank 1 (t=0.000 ms) waits on Future pending (at test_errors.py:{train.__code__.co_firstlineno + 6} "
+        f"in train)"]
+
+
 def test_real_timers_events_set_later_and_threads_are_not_hangs(quick_watchdog):
     import time
 
