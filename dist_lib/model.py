@@ -332,7 +332,8 @@ class Model(OpChecks):
             raise TensorError(f"rank {rank} update(layer {layer}): the gradient covers samples "
                               f"{describe_mask(grad.samples)} but not {describe_mask(full & ~grad.samples)}; "
                               f"accumulate microbatches and all_reduce/reduce_scatter across data-parallel "
-                              f"ranks first")
+                              f"ranks first, and update with what awaiting that op returns (the tensor given to "
+                              f"it keeps this rank's samples)")
         state = self._state
         if not _first_time(state.updated, layer, _shard_key(shards, num_shards, tp_rank)):
             raise TensorError(f"rank {rank} update(layer {layer}): this shard of layer {layer} was already "

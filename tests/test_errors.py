@@ -167,7 +167,25 @@ def test_a_refused_update_leaves_the_layer_to_update():
     result = simulate(train, "2xA100-80GB", "toy:layers=1", 2)
     assert result.correct
     assert refused == [f"rank {r} update(layer 0): the gradient covers samples {r} but not {1 - r}; accumulate "
-                       f"microbatches and all_reduce/reduce_scatter across data-parallel ranks first" for r in (0, 1)]
+                       f"microbatches and all_reduce/reduce_scatter across data-parallel ranks first, and update "
+                       f"with what awaiting that op returns (the tensor given to it keeps this rank's samples)"
+                       for r in (0, 1)]
+
+
+def test_updating_with_the_tensor_given_to_an_all_reduce_says_to_use_what_awaiting_it_returns():
+    # PyTorch reduces in place (`dist.all_reduce(g)`, then g); here the reduced gradient is what `await` returns
+    async def train(model):
+        w, o = model.load_weights(0)
+        x = model.get_input_activation([model.rank])
+        wg, _ = model.backward(0, x, model.loss(model.forward(0, x, w)), w)
+        await model.all_reduce(wg)
+        if model.rank == 1:
+            model.update(0, wg, w, o)
+
+    with pytest.raises(TensorError, match=r"^rank 1 update\(layer 0\): the gradient covers samples 1 but not 0; .* "
+                                          r"update with what awaiting that op returns \(the tensor given to it keeps "
+                                          r"this rank's samples\)$"):
+        run(train, workload="toy:layers=1")
 
 
 @pytest.mark.parametrize("when", ["pending", "done"])
