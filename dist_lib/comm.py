@@ -126,8 +126,11 @@ class Work:
         return self.end is not None
 
     def __await__(self):
+        engine = self.engine
+        if engine.driving != self.rank and engine.driving >= 0:  # (in an asyncio task the rank is not known)
+            raise TensorError(f"rank {engine.driving} awaits {self!r}, which rank {self.rank} issued; a rank awaits "
+                              f"only its own works (tensors reach another rank by send/recv or a collective)")
         if self.end is None:
-            engine = self.engine
             if engine.driving == self.rank:  # the rank's own coroutine: the engine resumes it (`Engine._drive`)
                 engine.block_direct(engine.ranks[self.rank], self)
                 if self.end is None:  # (else the quiescence it reached completed this work)
@@ -153,11 +156,19 @@ class Work:
         if self.op in COLLECTIVES:
             coll: Collective = self.peer
             missing = [r for r, w in zip(coll.group.ranks, coll.works) if w is None]
-            why = f"ranks {missing} have not issued it" if missing else "earlier ops on the group's stream"
+            why = f"ranks {missing} have not issued it" if missing else "earlier ops on the group's stream" \
+                if coll in coll.group.ready else "every member issued it; in flight"
             return f"{self.op} #{coll.seq} on group {list(coll.group.ranks)} ({self.detail}): {why}"
         src, dst = self.peer
+        channel = self.engine.channels[self.peer]
+        # a matched message waits only when some rank waits on asyncio instead (a hang)
+        where = "queued behind earlier messages" if any(self in pair for pair in channel.ready) else "in flight"
         if self.op == "send":
+            if self not in channel.sends:
+                return f"send to rank {dst} ({self.detail}): matched by rank {dst}'s recv({src}); {where}"
             return f"send to rank {dst} ({self.detail}): rank {dst} has not posted a matching recv({src})"
+        if self not in channel.recvs:
+            return f"recv from rank {src}: matched by rank {src}'s send; {where}"
         return f"recv from rank {src}: rank {src} has not sent to rank {dst}"
 
     def __repr__(self) -> str:

@@ -327,16 +327,17 @@ class Model(OpChecks):
                 or grad.tp_size != tp or weight.tp_size != tp or not _covers(grad, opt_state) \
                 or not _covers(weight, opt_state) or weight.step or opt_state.step:
             self._explain_update(layer, grad, weight, opt_state)
+        full = self._full_batch
+        if grad.samples != full:  # (before the shard counts as updated: a refused update changes nothing)
+            raise TensorError(f"rank {rank} update(layer {layer}): the gradient covers samples "
+                              f"{describe_mask(grad.samples)} but not {describe_mask(full & ~grad.samples)}; "
+                              f"accumulate microbatches and all_reduce/reduce_scatter across data-parallel "
+                              f"ranks first, and update with what awaiting that op returns (the tensor given to "
+                              f"it keeps this rank's samples)")
         state = self._state
         if not _first_time(state.updated, layer, _shard_key(shards, num_shards, tp_rank)):
             raise TensorError(f"rank {rank} update(layer {layer}): this shard of layer {layer} was already "
                               f"updated on rank {rank}")
-        full = self._full_batch
-        if grad.samples != full:
-            raise TensorError(f"rank {rank} update(layer {layer}): the gradient covers samples "
-                              f"{describe_mask(grad.samples)} but not {describe_mask(full & ~grad.samples)}; "
-                              f"accumulate microbatches and all_reduce/reduce_scatter across data-parallel "
-                              f"ranks first")
         held = shards.bit_count()
         key = ("update", layer, held, num_shards, tp)
         cost = self._cache.get(key)

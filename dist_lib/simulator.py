@@ -29,6 +29,7 @@ DEFAULT_WORKLOAD = "gpt-1.3b"
 DEFAULT_GLOBAL_BATCH = 32
 
 Strategy = Callable[..., Any]
+_FILE_MODULE = "_strategy_"  # the prefix of the module name a strategy file outside a package is imported as
 
 
 def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DEFAULT_CLUSTER,
@@ -135,6 +136,8 @@ def load_strategy(strategy: Strategy | str | Path) -> tuple[Strategy, str]:
     if callable(strategy):
         train, name = strategy, getattr(strategy, "__module__", "") or getattr(strategy, "__name__", "train")
         name = name.rsplit(".", 1)[-1] if name != "__main__" else getattr(strategy, "__name__", "train")
+        if name.startswith(_FILE_MODULE):  # a `train` of a file `_load_file` imported: named after its file
+            name = Path(getattr(sys.modules.get(strategy.__module__), "__file__", None) or name).stem
     else:
         if not isinstance(strategy, (str, Path)):
             raise SpecError(f"strategy must be an async train function, a file path or a module name, "
@@ -177,7 +180,7 @@ def _load_file(path: Path) -> Any:
             module = importlib.import_module(".".join(parts))
             if Path(module.__file__ or "").resolve() == path:
                 return module
-        module_name = f"_strategy_{abs(hash(str(path)))}"
+        module_name = f"{_FILE_MODULE}{abs(hash(str(path)))}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
             raise SpecError(f"strategy file {path}: cannot be imported as Python")

@@ -1,11 +1,11 @@
 """`python -m grader check FILE`: property-based search for a configuration that breaks a strategy.
 
-Configurations come from `dist_lib.testing.setups` when FILE is (a copy of) a bundled strategy, else
-from a generic generator here (cluster from `testing.CLUSTERS`, toy workloads, batches that split evenly
-over ranks and microbatches). Each configuration must give a correct step whose event log passes
-`testing.schedule_problems`, whose recorded program replays to the same result (what the grader relies
-on), with a valid trace and the same result whatever order the ranks start in. Hypothesis shrinks a
-failure to the smallest one. The search runs in this process: it is for checking your own file, not for
+Configurations come from `dist_lib.testing.setups` when FILE is (a copy of) a bundled strategy, named as
+it is and taking every option it takes, else from a generic generator here (cluster from
+`testing.CLUSTERS`, toy workloads, batches that split evenly over ranks and microbatches). Each
+configuration must give a correct step whose event log passes `testing.schedule_problems`, whose recorded
+program replays to the same result (what the grader relies on), with a valid trace and the same result
+whatever order the ranks start in. Hypothesis shrinks a failure to the smallest one. The search runs in this process: it is for checking your own file, not for
 grading others'.
 """
 
@@ -19,13 +19,13 @@ from typing import Any
 from rich.console import Console
 
 from dist_lib import Cluster, SimulationError, SpecError, StrategyError, simulate, testing
-from dist_lib.simulator import load_strategy
+from dist_lib.simulator import accepted_options, load_strategy
 from dist_lib.trace import validate_trace
 
 from .errors import InputError
 
-BUNDLED = {p.stem for p in (Path(__file__).resolve().parents[1] / "strategies").glob("*.py")
-           if not p.name.startswith("_")}
+STRATEGIES = Path(__file__).resolve().parents[1] / "strategies"
+BUNDLED = {p.stem for p in STRATEGIES.glob("*.py") if not p.name.startswith("_")}
 
 
 class Rejected(Exception):
@@ -46,6 +46,15 @@ def generic_setups(path: str, accepted: set[str]) -> Any:
         return testing.Setup(path, cluster, f"toy:layers={layers}", batch, options)
 
     return build()
+
+
+def _takes_bundled_options(stem: str, train: Any) -> bool:
+    """Is a file of this name a copy of the bundled strategy, which the bundled configurations fit? A file of
+    one's own named like one (`ddp.py`) need not take the bundled options (`bucket_mb`)."""
+    if stem not in BUNDLED:
+        return False
+    takes = accepted_options(train)
+    return takes is None or set(accepted_options(load_strategy(STRATEGIES / f"{stem}.py")[0]) or ()) <= set(takes)
 
 
 def invariants(setup: testing.Setup) -> list[str]:
@@ -84,7 +93,7 @@ def cmd_check(file: str, examples: int, seed: int, console: Console) -> int:
     except (SpecError, StrategyError) as exc:  # StrategyError: importing the file raised (a syntax error...)
         raise InputError(str(exc).splitlines()[0]) from None
     accepted = set(list(inspect.signature(train).parameters)[1:])
-    if path.stem in BUNDLED:
+    if _takes_bundled_options(path.stem, train):
         source = testing.setups(path.stem).map(
             lambda s: testing.Setup(str(path.resolve()), s.cluster, s.workload, s.batch, s.options))
         origin = f"dist_lib.testing.setups({path.stem!r})"

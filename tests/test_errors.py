@@ -149,6 +149,67 @@ def test_tensor_misuse_names_rank_op_and_layer(mistake, message):
         run(train, cluster="2xA100-80GB", batch=2)
 
 
+def test_a_refused_update_leaves_the_layer_to_update():
+    # an update with one rank's gradient is refused; the same layer updated with the all-reduced gradient
+    # afterwards is its first update, not a second one
+    refused = []
+
+    async def train(model):
+        w, o = model.load_weights(0)
+        x = model.get_input_activation([model.rank])
+        wg, _ = model.backward(0, x, model.loss(model.forward(0, x, w)), w)
+        try:
+            model.update(0, wg, w, o)
+        except TensorError as exc:
+            refused.append(str(exc))
+        model.set_final_weight(0, model.update(0, await model.all_reduce(wg), w, o)[0])
+
+    result = simulate(train, "2xA100-80GB", "toy:layers=1", 2)
+    assert result.correct
+    assert refused == [f"rank {r} update(layer 0): the gradient covers samples {r} but not {1 - r}; accumulate "
+                       f"microbatches and all_reduce/reduce_scatter across data-parallel ranks first, and update "
+                       f"with what awaiting that op returns (the tensor given to it keeps this rank's samples)"
+                       for r in (0, 1)]
+
+
+def test_updating_with_the_tensor_given_to_an_all_reduce_says_to_use_what_awaiting_it_returns():
+    # PyTorch reduces in place (`dist.all_reduce(g)`, then g); here the reduced gradient is what `await` returns
+    async def train(model):
+        w, o = model.load_weights(0)
+        x = model.get_input_activation([model.rank])
+        wg, _ = model.backward(0, x, model.loss(model.forward(0, x, w)), w)
+        await model.all_reduce(wg)
+        if model.rank == 1:
+            model.update(0, wg, w, o)
+
+    with pytest.raises(TensorError, match=r"^rank 1 update\(layer 0\): the gradient covers samples 1 but not 0; .* "
+                                          r"update with what awaiting that op returns \(the tensor given to it keeps "
+                                          r"this rank's samples\)$"):
+        run(train, workload="toy:layers=1")
+
+
+@pytest.mark.parametrize("when", ["pending", "done"])
+def test_awaiting_a_work_another_rank_issued_names_both_ranks(when):
+    # rank 1 waits for rank 0's send itself instead of its own recv: refused, whether or not the send ended
+    # (a pending one was a deadlock saying rank 1 had posted no recv, a done one went through unnoticed)
+    shared = {}
+
+    async def train(model):
+        if model.rank == 0:
+            shared["send"] = model.send(model.get_input_activation([0]), 1)
+            await shared["send"]
+        else:
+            await asyncio.sleep(0)  # rank 0 has issued its send
+            received = model.recv(0)
+            if when == "done":
+                await received
+            await shared["send"]
+
+    with pytest.raises(TensorError, match=r"^rank 1 awaits Work\(send on rank 0, (pending|done)\), which rank 0 "
+                                          r"issued; a rank awaits only its own works"):
+        run(train)
+
+
 def test_an_exception_in_the_strategy_names_rank_and_line():
     async def train(model):
         if model.rank == 1:
@@ -391,6 +452,28 @@ def test_a_hang_names_the_ranks_waiting_on_works_too(quick_watchdog):
     message = str(info.value)
     assert "rank 0 (t=0.000 ms) waits on Future pending" in message
     assert "rank 1 (t=0.000 ms) waits on recv from rank 0: rank 0 has not sent to rank 1" in message
+
+
+def test_a_hang_says_which_messages_and_collectives_were_matched_and_are_in_flight(quick_watchdog):
+    # rank 1 posts its recv and issues its all-gather, then waits on a queue nobody fills: rank 0's send and
+    # all-gather were matched by every side, so they are in flight, not waiting for a recv or a member
+    async def train(model):
+        gathered = model.all_gather(model.load_weights(0, model.rank, 2)[0])
+        if model.rank == 0:
+            await asyncio.gather(gathered, model.send(model.get_input_activation([0]), 1))
+        else:
+            received = model.recv(0)
+            await asyncio.Queue().get()
+            await received
+
+    with pytest.raises(DeadlockError) as info:
+        run(train)
+    assert str(info.value).splitlines()[1:] == [
+        "  rank 0 (t=0.000 ms) waits on all_gather #0 on group [0, 1] (weight layer 0): every member issued it; "
+        "in flight",
+        "  rank 0 (t=0.000 ms) waits on send to rank 1 (activation layer 0): matched by rank 1's recv(0); in flight",
+        f"  rank 1 (t=0.000 ms) waits on Future pending (at test_errors.py:{train.__code__.co_firstlineno + 6} "
+        f"in train)"]
 
 
 def test_real_timers_events_set_later_and_threads_are_not_hangs(quick_watchdog):

@@ -58,6 +58,8 @@ def _suite(limits: str, weight: str = "1") -> str:
     (["run", "NOTASYNC"], "must be `async def train"),
     (["run", DDP, "--set", "nonsense=1", *TOY], "unknown option(s) nonsense"),
     (["run", DDP, "--set", "microbatch_size=abc", *TOY], "expects int"),
+    (["run", "NOOPTIONS", "--set", "nonsense=1", *TOY],
+     "strategy nooptions: unknown option(s) nonsense; it accepts no options"),
     (["run", DDP, "--cluster", "3xZ100"], "unknown device"),
     (["run", DDP, "--workload", "gpt-9"], "unknown workload"),
     (["run", DDP, "--batch", "zero"], "argument --batch: expected a whole number from 1 to 1048576, got 'zero'"),
@@ -90,7 +92,8 @@ def _suite(limits: str, weight: str = "1") -> str:
     (["check", "SYNTAX"], "importing it raised SyntaxError: expected ':' (syntax.py, line 1)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
-    files = {"NOTRAIN": "x = 1\n", "NOTASYNC": "def train(model):\n    pass\n", "BADTOML": "name = [\n",
+    files = {"NOTRAIN": "x = 1\n", "NOTASYNC": "def train(model):\n    pass\n",
+             "NOOPTIONS": "async def train(model):\n    pass\n", "BADTOML": "name = [\n",
              "BADSUITE": 'name = "x"\n[[scenarios]]\nname = "a"\ncluster = "2xA100-80GB"\nworkload = "toy"\n'
                          'global_batch = 2\ncolour = "red"\n', "SYNTAX": "async def train(model)\n    pass\n",
              "TIMEOUT_SUITE": _suite("timeout_s = -1"), "BOOL_SUITE": _suite("timeout_s = true"),
@@ -272,3 +275,14 @@ def test_output_into_a_closed_pipe_stops_quietly(flags):
     finally:
         os.close(write)
     assert (done.returncode, done.stderr) == (1, "")
+
+
+def test_check_of_ones_own_file_named_like_a_bundled_strategy_tries_only_options_it_takes(tmp_path, capsys):
+    # a hand-written data parallel saved as ddp.py takes microbatch_size only, not the bundled ddp's bucket_mb
+    mine = tmp_path / "ddp.py"
+    mine.write_text((ROOT / "examples" / "my_ddp.py").read_text())
+    assert main(["check", str(mine), "--examples", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "from generic configurations" in out and "passed: 3 configurations" in out
+    assert main(["check", DDP, "--examples", "1"]) == 0
+    assert "dist_lib.testing.setups('ddp')" in capsys.readouterr().out
