@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,18 +91,36 @@ def chrome_trace(result: Result) -> dict[str, Any]:
                 name = f"send → {tid - SEND_TID_BASE}"
             out.append({"ph": "M", "pid": rank, "tid": tid, "name": "thread_name", "args": {"name": name}})
     for rank, (times, values) in enumerate(result.timelines):
-        last_ts = None
-        for t, v in zip(times, values):
-            ts = t * 1e6
-            if last_ts == ts:
-                out[-1]["args"]["GiB"] = v / 2**30  # keep the last value at one timestamp
-                continue
-            last_ts = ts
+        for ts, v in memory_counter(times, values):
             out.append({"ph": "C", "pid": rank, "tid": 0, "name": "memory", "ts": ts, "args": {"GiB": v / 2**30}})
     return {"traceEvents": out, "displayTimeUnit": "ms",
             "otherData": {"cluster": cluster.name, "workload": result.workload.name,
                           "global_batch_size": result.global_batch_size, "strategy": result.strategy,
                           "time_s": result.time_s}}
+
+
+SETTLE_US = 1e-3
+"""How long after an instant the memory counter shows what that instant settled at, when a peak within it
+was higher: a counter holds one value per timestamp, so an all-gather's output allocated and its input
+freed at one instant would otherwise never show the peak the result reports."""
+
+
+def memory_counter(times: Sequence[float], values: Sequence[int]) -> list[tuple[float, int]]:
+    """A rank's memory counter, (microseconds, bytes): at each instant the highest value reached in it,
+    then, `SETTLE_US` later (unless the next instant comes first), the value it settled at."""
+    points: list[tuple[float, int]] = []
+    i, n = 0, len(times)
+    while i < n:
+        t, peak = times[i], values[i]
+        while i + 1 < n and times[i + 1] == t:
+            i += 1
+            peak = max(peak, values[i])
+        ts = t * 1e6
+        points.append((ts, peak))
+        if values[i] != peak and (i + 1 == n or times[i + 1] * 1e6 > ts + SETTLE_US):
+            points.append((ts + SETTLE_US, values[i]))
+        i += 1
+    return points
 
 
 def write_chrome_trace(result: Result, path: str | Path) -> Path:

@@ -81,3 +81,24 @@ def test_validator_finds_broken_traces():
     assert validate_trace(unpaired) == ["flow 7: 1 starts and 0 ends"]
     assert "missing 'pid'" in validate_trace({"traceEvents": [{"ph": "X", "name": "x", "ts": 0, "dur": 1}]})[0]
     assert validate_trace({"nope": []}) == ["no traceEvents list"]
+
+
+def test_the_memory_counter_reaches_each_ranks_reported_peak():
+    # several allocations and frees share one timestamp, and each rank's peak lies inside such an instant
+    # (a counter that kept an instant's last value stayed 6 and 2 MiB below the peaks)
+    result = simulate("strategies/gpipe.py", "1x2xA100-80GB", "toy:layers=2", 4, microbatch_size=1)
+    highest = [0.0] * 2
+    final = [None] * 2
+    for event in chrome_trace(result)["traceEvents"]:
+        if event["ph"] == "C":
+            highest[event["pid"]] = max(highest[event["pid"]], event["args"]["GiB"] * 2**30)
+            final[event["pid"]] = event["args"]["GiB"] * 2**30
+    assert highest == result.memory_bytes
+    assert final == [values[-1] for _, values in result.timelines]  # and it ends where the rank ended
+
+
+def test_a_peak_within_an_instant_shows_then_settles():
+    from dist_lib.trace import SETTLE_US, memory_counter
+    # at 1 us: +8, then -8 freed, then +2; at 3 us: +4
+    times, values = [1e-6, 1e-6, 1e-6, 3e-6], [8, 0, 2, 6]
+    assert memory_counter(times, values) == [(1.0, 8), (1.0 + SETTLE_US, 2), (3.0, 6)]
