@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dist_lib import comm, simulate
-from dist_lib import model as model_module
 from dist_lib.errors import SimulationError
 from dist_lib.model import Model
 

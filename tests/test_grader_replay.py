@@ -11,7 +11,7 @@ import pytest
 
 from dist_lib import Activation, TensorError, Work, simulate
 from dist_lib.errors import SimulationError, StrategyError
-from dist_lib.recording import (ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, JOIN, LOAD, LOSS, SPLIT, Handle,
+from dist_lib.recording import (ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, JOIN, LOAD, SPLIT, Handle,
                                 record)
 from dist_lib.replay import ProgramError, ReplayTimeout, replay
 from dist_lib.workload import Workload
