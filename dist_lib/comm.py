@@ -127,16 +127,16 @@ class Work:
 
     def __await__(self):
         engine = self.engine
-        if engine.driving != self.rank and engine.driving >= 0:  # (in an asyncio task the rank is not known)
-            raise TensorError(f"rank {engine.driving} awaits {self!r}, which rank {self.rank} issued; a rank awaits "
-                              f"only its own works (tensors reach another rank by send/recv or a collective)")
-        if self.end is None:
-            if engine.driving == self.rank:  # the rank's own coroutine: the engine resumes it (`Engine._drive`)
+        if engine.driving == self.rank:  # the rank's own coroutine: the engine resumes it (`Engine._drive`)
+            if self.end is None:
                 engine.block_direct(engine.ranks[self.rank], self)
                 if self.end is None:  # (else the quiescence it reached completed this work)
                     yield WAKE_ME
-            else:  # inside an asyncio task of the rank's (a `gather`)
-                yield from engine.block(engine.ranks[self.rank], self).__await__()
+        elif engine.driving >= 0:  # another rank's coroutine (inside an asyncio task the rank is not known)
+            raise TensorError(f"rank {engine.driving} awaits {self!r}, which rank {self.rank} issued; a rank awaits "
+                              f"only its own works (tensors reach another rank by send/recv or a collective)")
+        elif self.end is None:  # inside an asyncio task of the rank's (a `gather`)
+            yield from engine.block(engine.ranks[self.rank], self).__await__()
         return self._complete()
 
     def _complete(self) -> Any:
