@@ -161,7 +161,9 @@ class _Space:
         else:
             # the stage's t data-parallel groups (one per tensor rank) reduce the same layers at once,
             # sharing the links they both cross (a node's NICs) as the simulator shares them
-            slowdown = 1 / self.concurrent_speed([ranks[j::tp] for j in range(tp)]) if tp > 1 else 1.0
+            # (only a node's shared NICs can be shared: otherwise each rank's ring uses its own port or NIC)
+            shared = dp_topo.nodes > 1 and any(cluster.nodes[cluster.node_of(r)].nics for r in ranks)
+            slowdown = 1 / self.concurrent_speed([ranks[j::tp] for j in range(tp)]) if tp > 1 and shared else 1.0
             reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, slowdown)
             regather = _Reduction("all_gather", dp_topo, slowdown) if zero else _no_reduce
         rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
