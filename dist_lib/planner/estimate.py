@@ -6,13 +6,15 @@ Time: each stage's time per microbatch is its slowest replica's forward + backwa
 recompute, the loss on the last stage and the all-gather of each message that arrives as TP pieces). A
 pipeline of p stages and m microbatches takes the sum of the stage times plus (m - 1) x the slowest
 (heterogeneous 1F1B, Narayanan et al. 2021; Metis, Um et al. ATC'24, eq. 2); interleaving divides the fill
-by the chunk count, ZB-H1 moves the weight-gradient half out of it (Qi et al. 2023); an activation and a
-gradient cross each boundary during the fill (interleaved: once per chunk, and from the last stage back
-to the first between chunks), their messages sharing links (`messages.py`). Under 1F1B and ZB-H1 the
-round trip of the p - s microbatches stage s keeps in flight (their passes and crossings) bounds the
-time per microbatch from below, which slow links make the pace. The data-parallel reduction and the
-optimizer step follow each stage's last backward, and under ZeRO-1 the all-gather of the updated weights
-follows the optimizer step.
+by the chunk count, ZB-H1 moves the weight-gradient half out of it (Qi et al. 2023). An activation and a
+gradient cross each boundary per microbatch (interleaved: once per chunk, and from the last stage back
+to the first between chunks), their messages sharing links (`messages.py`); a message moves only once
+its receiver posts the receive, when its pass needs the input, so each stage's time per microbatch
+counts the crossings into it. Under 1F1B and ZB-H1 the round trip of the p - s microbatches stage s
+keeps in flight (their passes and crossings) bounds the time per microbatch from below. The
+data-parallel reduction and the optimizer step follow each stage's last backward (the t reductions of a
+stage with TP degree t at once, sharing the links they cross), and under ZeRO-1 the all-gather of the
+updated weights follows the optimizer step.
 Memory: model state (16 bytes a parameter, the 12 optimizer bytes sharded by ZeRO-1) plus the stashes and
 inputs of the microbatches the schedule keeps in flight on that stage.
 """

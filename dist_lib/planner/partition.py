@@ -201,26 +201,28 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         tails.append(max(reduce - backward, 0.0) + reduce / n + c.update[stop] - c.update[start] + o.regather(grads))
         mem = max(mem, block_memory(o, start, stop, s, pp, m, schedule, chunks) / o.capacity * MEMORY_HEADROOM)
         start = stop
-    slowest = max(times)
-    fill = sum(times) - slowest
+    # An activation and a gradient cross each boundary per microbatch; interleaved, once per chunk, and
+    # from the last stage back to the first between chunks. A message moves only once its receiver asks
+    # for it (a rendezvous; a stage's receive is posted when its pass needs the input), so a stage waits
+    # for every crossing into it: its time per microbatch is its passes and those crossings, and the
+    # pipeline's fill and pace below are made of those times.
+    passes = chunks if schedule == "interleaved" else 1
+    boundaries = [(s, s + 1, passes) for s in range(pp - 1)]
+    if passes > 1 and pp > 1:
+        boundaries.append((pp - 1, 0, passes - 1))
+    cycles, round_trips = times[:], []
+    for s, r, count in boundaries:
+        a, b = placed[s][1], placed[r][1]
+        onward, back = crossing_seconds(cluster, workload, a, b), crossing_seconds(cluster, workload, b, a)
+        cycles[r] += count * onward
+        cycles[s] += count * back
+        round_trips.append(onward + back)
+    slowest = paced = max(cycles)
+    fill = sum(cycles) - slowest
     if schedule == "zero-bubble":
-        fill = max(0.0, sum(t - 2 * w for t, w in zip(times, weights)) - (slowest - 2 * weights[times.index(slowest)]))
+        fill = max(0.0, sum(t - 2 * w for t, w in zip(cycles, weights)) - (slowest - 2 * weights[cycles.index(slowest)]))
     elif schedule == "interleaved":
         fill /= chunks
-    # An activation and a gradient cross each boundary while the pipeline fills; interleaved, a
-    # microbatch crosses each boundary once per chunk, and from the last stage back to the first between
-    # chunks. In the steady state a boundary's links carry that many crossings each way per microbatch,
-    # so no stage can go faster than they do.
-    passes = chunks if schedule == "interleaved" else 1
-    boundaries = [(placed[s][1], placed[s + 1][1], passes) for s in range(pp - 1)]
-    if passes > 1 and pp > 1:
-        boundaries.append((placed[-1][1], placed[0][1], passes - 1))
-    round_trips = []
-    for a, b, count in boundaries:
-        onward, back = crossing_seconds(cluster, workload, a, b), crossing_seconds(cluster, workload, b, a)
-        fill += count * (onward + back)
-        slowest = max(slowest, passes * max(onward, back))
-        round_trips.append(onward + back)
     if schedule in ("1f1b", "zero-bubble"):
         # From stage s on, 1F1B keeps p - s microbatches in flight, and each goes to the last stage and
         # back (its forwards, input-gradient passes and crossings) before the stage takes another: with
@@ -230,7 +232,8 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
             loop += times[s] - (weights[s] if schedule == "zero-bubble" else 0.0)
             loop += round_trips[s] if s < pp - 1 else 0.0
             slowest = max(slowest, loop / (pp - s))
-    pipeline = m * slowest + fill
+    # the first microbatch takes the fill's path and the slowest stage's time; each further one the pace
+    pipeline = (m - 1) * slowest + paced + fill
     step, before = 0.0, 0.0
     for s in range(pp):
         step = max(step, pipeline - before + tails[s])

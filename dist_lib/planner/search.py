@@ -79,6 +79,7 @@ class _Space:
         self._templates: dict = {}
         self._shapes: dict = {}
         self._topos: dict = {}
+        self._capacity: list[int] | None = None  # bytes/s of each link, by link id
         kinds: dict = {}
         self._node_kind = [kinds.setdefault(node, i) for i, node in enumerate(cluster.nodes)]
 
@@ -87,6 +88,19 @@ class _Space:
         if topo is None:
             topo = self._topos[ranks] = self.cluster.topology(ranks)
         return topo
+
+    def concurrent_speed(self, groups: list[tuple[int, ...]]) -> float:
+        """Share of its own speed the slowest of some collectives gets when all run at once: each wants
+        its ring's bandwidth on the links it crosses (`Cluster.collective_usage`), and a link asked for
+        more than it carries gives each its proportional share (`costs.shared_speed`, as `transfers.py`)."""
+        if self._capacity is None:
+            self._capacity = self.cluster.link_capacities()
+        usages = [self.cluster.collective_usage(group) for group in groups]
+        load: dict[int, int] = {}
+        for usage in usages:
+            for link, rate in usage:
+                load[link] = load.get(link, 0) + rate
+        return min(costs.shared_speed(usage, self._capacity, load) for usage in usages)
 
     def shape(self, ranks: tuple[int, ...]) -> tuple:
         """The stage's runs of (node kind, GPU count) in rank order; the ranks themselves when a node
@@ -145,8 +159,13 @@ class _Space:
         if dp_topo is None:
             reduce = regather = _no_reduce
         else:
-            reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo)
-            regather = _Reduction("all_gather", dp_topo) if zero else _no_reduce
+            # the stage's t data-parallel groups (one per tensor rank) reduce the same layers at once,
+            # sharing the links they both cross (a node's NICs) as the simulator shares them
+            # (only a node's shared NICs can be shared: otherwise each rank's ring uses its own port or NIC)
+            shared = dp_topo.nodes > 1 and any(cluster.nodes[cluster.node_of(r)].nics for r in ranks)
+            slowdown = 1 / self.concurrent_speed([ranks[j::tp] for j in range(tp)]) if tp > 1 and shared else 1.0
+            reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, slowdown)
+            regather = _Reduction("all_gather", dp_topo, slowdown) if zero else _no_reduce
         rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
                     for (_, n), group in replicas.items()) if recompute == "full" else 0.0
         # a message that arrives as TP pieces is all-gathered in the receiving replica's TP group
@@ -161,15 +180,16 @@ def _no_reduce(nbytes: float) -> float:
 
 class _Reduction:
     """Seconds of one collective over a stage's replicas on n bytes: the gradients' all-reduce (ZeRO-1:
-    reduce-scatter) beside the backward, or ZeRO-1's all-gather of the updated weights after the update."""
+    reduce-scatter) beside the backward, or ZeRO-1's all-gather of the updated weights after the update;
+    `slowdown` times its time alone when the stage's other data-parallel groups share its links."""
 
-    __slots__ = ("op", "topo")
+    __slots__ = ("op", "topo", "slowdown")
 
-    def __init__(self, op: str, topo: costs.Topology):
-        self.op, self.topo = op, topo
+    def __init__(self, op: str, topo: costs.Topology, slowdown: float = 1.0):
+        self.op, self.topo, self.slowdown = op, topo, slowdown
 
     def __call__(self, nbytes: float) -> float:
-        return costs.collective_time(self.op, nbytes, self.topo)
+        return costs.collective_time(self.op, nbytes, self.topo) * self.slowdown
 
 
 def _slowest(per: list[LayerCosts]) -> LayerCosts:
