@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dist_lib import Cluster, SpecError, Workload
 from dist_lib.planner import plan
 from dist_lib.planner.evaluate import Runner
-from dist_lib.planner.report import pareto, plot_pareto, table
+from dist_lib.planner.report import front, plot_pareto, table
 from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 
 from .cli import output_path
@@ -63,10 +63,10 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if search.refined_from is not None:
         console.print(f"moving layers between stages on the simulator: {search.refined_from.seconds * 1e3:.2f} -> "
                       f"{search.best.seconds * 1e3:.2f} ms")
-    front = pareto([c for c in search.simulated if c.simulated is not None] or search.candidates)
     tokens = batch * workload.seq_len
     console.print("Pareto front (time per step, $ per step, $ per million tokens): " + ", ".join(
-        f"{c.seconds * 1e3:.2f} ms ${c.dollars_per_step:.5f} ${c.dollars_per_step / tokens * 1e6:.3f}" for c in front))
+        f"{c.seconds * 1e3:.2f} ms ${c.dollars_per_step:.5f} ${c.dollars_per_step / tokens * 1e6:.3f}"
+        for c in front(search)))
     if args.plot:
         note = plot_pareto(search, args.plot)
         console.print(note or f"Pareto plot: {args.plot}")

@@ -23,6 +23,17 @@ def pareto(candidates: list[Candidate]) -> list[Candidate]:
     return front
 
 
+def simulated_plans(search: Search) -> list[Candidate]:
+    """The plans the simulator ran: the best K, and the winner moving layers made of one of them."""
+    ran = {id(c): c for c in [*search.simulated, search.best] if c.simulated is not None}
+    return list(ran.values())
+
+
+def front(search: Search) -> list[Candidate]:
+    """The Pareto front of the simulated plans (of the estimates, when nothing was simulated)."""
+    return pareto(simulated_plans(search) or search.candidates)
+
+
 def layout(candidate: Candidate, cluster: Cluster) -> str:
     """Each stage as `<dp>x<tp> <device>` (several devices: joined by '+'; names up to their first '-')."""
     parts = []
@@ -67,11 +78,11 @@ def plot_pareto(search: Search, path: str | Path) -> str:
     ax.scatter([c.estimate * 1e3 for c in search.candidates], [c.estimate * c.price_per_hour / 3.6
                                                                for c in search.candidates],
                s=6, c="#bbbbbb", label="estimated")
-    ran = [c for c in search.simulated if c.simulated is not None]
+    ran = simulated_plans(search)
     ax.scatter([c.seconds * 1e3 for c in ran], [c.dollars_per_step * 1e3 for c in ran], s=16, c="#2196f3",
                label="simulated")
-    front = pareto(ran or search.candidates)
-    ax.plot([c.seconds * 1e3 for c in front], [c.dollars_per_step * 1e3 for c in front], "-o", c="#e91e63",
+    best = front(search)
+    ax.plot([c.seconds * 1e3 for c in best], [c.dollars_per_step * 1e3 for c in best], "-o", c="#e91e63",
             ms=4, label="Pareto front")
     ax.set_xlabel("time per step (ms)")
     ax.set_ylabel("cost per step (USD x 1000)")
