@@ -156,8 +156,12 @@ class Work:
         if self.op in COLLECTIVES:
             coll: Collective = self.peer
             missing = [r for r, w in zip(coll.group.ranks, coll.works) if w is None]
-            why = f"ranks {missing} have not issued it" if missing else "earlier ops on the group's stream" \
-                if coll in coll.group.ready else "every member issued it; in flight"
+            if missing:
+                why = f"ranks {missing} have not issued it"
+            elif coll in coll.group.ready:
+                why = "earlier ops on the group's stream"
+            else:
+                why = "every member issued it; in flight"
             return f"{self.op} #{coll.seq} on group {list(coll.group.ranks)} ({self.detail}): {why}"
         src, dst = self.peer
         channel = self.engine.channels[self.peer]

@@ -5,13 +5,12 @@ it is and taking every option it takes, else from a generic generator here (clus
 `testing.CLUSTERS`, toy workloads, batches that split evenly over ranks and microbatches). Each
 configuration must give a correct step whose event log passes `testing.schedule_problems`, whose recorded
 program replays to the same result (what the grader relies on), with a valid trace and the same result
-whatever order the ranks start in. Hypothesis shrinks a failure to the smallest one. The search runs in this process: it is for checking your own file, not for
-grading others'.
+whatever order the ranks start in. Hypothesis shrinks a failure to the smallest one. The search runs in
+this process: it is for checking your own file, not for grading others'.
 """
 
 from __future__ import annotations
 
-import inspect
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -92,7 +91,7 @@ def cmd_check(file: str, examples: int, seed: int, console: Console) -> int:
         train, name = load_strategy(str(path))
     except (SpecError, StrategyError) as exc:  # StrategyError: importing the file raised (a syntax error...)
         raise InputError(str(exc).splitlines()[0]) from None
-    accepted = set(list(inspect.signature(train).parameters)[1:])
+    accepted = set(accepted_options(train) or ())
     if _takes_bundled_options(path.stem, train):
         source = testing.setups(path.stem).map(
             lambda s: testing.Setup(str(path.resolve()), s.cluster, s.workload, s.batch, s.options))

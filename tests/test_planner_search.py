@@ -300,7 +300,6 @@ def test_the_estimate_counts_the_crossings_that_pace_the_pipeline(cluster, workl
     assert candidate.simulated == pytest.approx(seconds, rel=abs(before) / 3)
 
 
-
 def test_the_estimate_charges_zero_ones_weight_all_gather_after_the_backward():
     """ZeRO-1 all-gathers each layer's updated weight shards after its update, behind every gradient
     reduce-scatter on the same group: nothing overlaps it. Four T4s on two nodes behind one 10 Gb/s NIC

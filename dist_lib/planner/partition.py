@@ -23,8 +23,9 @@ MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not coun
 BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
 
 
-def _nothing_to_gather(nbytes: float) -> float:
-    """Without ZeRO-1 every replica updates whole weights: nothing is gathered after the update."""
+def no_collective(nbytes: float) -> float:
+    """A collective a stage does not run, at no time: one replica has nothing to reduce, and without
+    ZeRO-1 every replica updates whole weights, so nothing is gathered after the update."""
     return 0.0
 
 
@@ -45,7 +46,7 @@ class StageOption:
     # ZeRO-1: seconds to all-gather n bytes of updated weight shards over the replicas; each layer's is
     # issued after its update, behind every gradient reduce-scatter on the same group, so none of it
     # overlaps the backward
-    regather: Callable[[float], float] = _nothing_to_gather
+    regather: Callable[[float], float] = no_collective
 
 
 
@@ -131,7 +132,7 @@ def fits(placed: list[tuple[int, StageOption]], microbatches: int, schedule: str
     """Whether every stage of a placed partition fits its memory, as `partition` counts it."""
     pp, start = len(placed), 0
     for s, (n, o) in enumerate(placed):
-        c, stop = o.costs, start + n
+        stop = start + n
         if block_memory(o, start, stop, s, pp, microbatches, schedule, 1) > o.capacity:
             return False
         start = stop

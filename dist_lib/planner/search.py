@@ -19,7 +19,7 @@ from ..hardware import Cluster
 from ..workload import Workload
 from . import space
 from .estimate import LayerCosts, layer_costs, rerun_stash, with_total
-from .partition import MEMORY_HEADROOM, StageOption, fits, partition, step_estimate
+from .partition import MEMORY_HEADROOM, StageOption, fits, no_collective, partition, step_estimate
 from .plan import Plan, Stage
 
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
@@ -157,25 +157,21 @@ class _Space:
         unit = max(shares) * workload.activation_bytes()
         dp_topo = self.topology(ranks[::tp]) if dp > 1 else None
         if dp_topo is None:
-            reduce = regather = _no_reduce
+            reduce = regather = no_collective
         else:
-            # the stage's t data-parallel groups (one per tensor rank) reduce the same layers at once,
-            # sharing the links they both cross (a node's NICs) as the simulator shares them
-            # (only a node's shared NICs can be shared: otherwise each rank's ring uses its own port or NIC)
+            # the stage's t data-parallel groups (one per tensor rank) reduce the same layers at once; they
+            # can only meet on a node's shared NICs (else each rank's ring has its own port and NIC), and
+            # there they share them as the simulator does
             shared = dp_topo.nodes > 1 and any(cluster.nodes[cluster.node_of(r)].nics for r in ranks)
             slowdown = 1 / self.concurrent_speed([ranks[j::tp] for j in range(tp)]) if tp > 1 and shared else 1.0
             reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, slowdown)
-            regather = _Reduction("all_gather", dp_topo, slowdown) if zero else _no_reduce
+            regather = _Reduction("all_gather", dp_topo, slowdown) if zero else no_collective
         rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
                     for (_, n), group in replicas.items()) if recompute == "full" else 0.0
         # a message that arrives as TP pieces is all-gathered in the receiving replica's TP group
         gather = max(costs.collective_time("all_gather", n * workload.activation_bytes(), self.topology(group))
                      for (_, n), group in replicas.items()) if tp > 1 else 0.0
         return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun, gather, regather)
-
-
-def _no_reduce(nbytes: float) -> float:
-    return 0.0
 
 
 class _Reduction:
