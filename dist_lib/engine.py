@@ -330,6 +330,10 @@ class Engine:
         self.coroutines[rank] = None
         if isinstance(error, SimulationError):
             wrapped: BaseException = error
+        elif isinstance(error, KeyboardInterrupt):  # Ctrl-C: the user's, not the strategy's; say where it was
+            error.add_note(f"simulate() was interrupted while rank {rank} ran, at t="
+                           f"{self.ranks[rank].clock * 1e3:.3f} ms of its step{user_frame(error)}")
+            wrapped = error
         elif isinstance(error, MemoryError):  # the host ran out, not the simulated GPU: not the strategy's bug
             wrapped = ResourceError(
                 f"rank {rank}: MemoryError: the simulation ran out of real memory{user_frame(error)}; this "

@@ -7,8 +7,11 @@ import gc
 import importlib.util
 import inspect
 import random
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +49,32 @@ def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DE
         pass
     else:
         raise RuntimeError("simulate() was called inside a running event loop; use `await simulate_async(...)`")
-    return asyncio.run(simulate_async(strategy, cluster, workload, global_batch_size, check=check,
-                                      enforce_memory=enforce_memory, start_order_seed=start_order_seed, **options))
+    with _interrupt_at_once():
+        return asyncio.run(simulate_async(strategy, cluster, workload, global_batch_size, check=check,
+                                          enforce_memory=enforce_memory, start_order_seed=start_order_seed,
+                                          **options))
+
+
+@contextmanager
+def _interrupt_at_once() -> Iterator[None]:
+    """Ctrl-C stops a step where it is. `asyncio.run`'s own handler only cancels the main task, which
+    acts when the event loop next gets control: the engine resumes ranks itself, so that is the step's
+    end, and never for a rank that loops without awaiting. Python's plain handler, under another name
+    so that `asyncio.run` leaves it in place, raises `KeyboardInterrupt` at once; the engine adds the
+    rank and line it stopped (`Engine._rank_failed`)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield  # another thread, or the program chose its own handling: leave it alone
+        return
+    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DEFAULT_CLUSTER,
