@@ -7,11 +7,8 @@ import gc
 import importlib.util
 import inspect
 import random
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ from .model import Model
 from .result import PerRank, Result
 from .specs import shown
 from .tensors import Weight
+from .waits import interrupt_at_once
 from .workload import Workload, check_global_batch
 
 DEFAULT_CLUSTER = "1x8xA100-80GB"
@@ -49,32 +47,10 @@ def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DE
         pass
     else:
         raise RuntimeError("simulate() was called inside a running event loop; use `await simulate_async(...)`")
-    with _interrupt_at_once():
+    with interrupt_at_once():
         return asyncio.run(simulate_async(strategy, cluster, workload, global_batch_size, check=check,
                                           enforce_memory=enforce_memory, start_order_seed=start_order_seed,
                                           **options))
-
-
-@contextmanager
-def _interrupt_at_once() -> Iterator[None]:
-    """Ctrl-C stops a step where it is. `asyncio.run`'s own handler only cancels the main task, which
-    acts when the event loop next gets control: the engine resumes ranks itself, so that is the step's
-    end, and never for a rank that loops without awaiting. Python's plain handler, under another name
-    so that `asyncio.run` leaves it in place, raises `KeyboardInterrupt` at once; the engine adds the
-    rank and line it stopped (`Engine._rank_failed`)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield  # another thread, or the program chose its own handling: leave it alone
-        return
-    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DEFAULT_CLUSTER,

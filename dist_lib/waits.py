@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 HANG_CHECK_S = 1.0
@@ -87,3 +89,25 @@ def waiting_line(coroutine: Any) -> str:
             found = f" (at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name})"
         coroutine = getattr(coroutine, "cr_await", None) or getattr(coroutine, "gi_yieldfrom", None)
     return found
+
+
+@contextmanager
+def interrupt_at_once() -> Iterator[None]:
+    """Around `asyncio.run`: Ctrl-C stops the ranks where they are. asyncio's own handler only cancels
+    the main task, which acts when the event loop next gets control: the simulator's engine resumes
+    ranks itself, so that is the step's end, and never for a rank that loops without awaiting. Python's
+    plain handler, under another name so that `asyncio.run` leaves it in place, raises
+    `KeyboardInterrupt` at once (the engine adds the rank and line it stopped, `Engine._rank_failed`)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield  # another thread, or the program chose its own handling: leave it alone
+        return
+    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..waits import HangWatch, user_frame
+from ..waits import HangWatch, interrupt_at_once, user_frame
 from ..errors import IncorrectStepError, SimulationError, SpecError, StrategyError
 from ..result import Result
 from ..hardware import MAX_WORLD_SIZE
@@ -174,7 +174,8 @@ def _run_main(module: types.ModuleType, path: Path, before: int) -> Any:
         raise SpecError(f"{path}: name the training function to run (no known one and no main())")
     out = main()
     if inspect.isawaitable(out):
-        asyncio.run(_unless_hung(out, lambda: next((w for w in reversed(_runtime.WORLDS) if w.serial > before), None)))
+        with interrupt_at_once():
+            asyncio.run(_unless_hung(out, lambda: next((w for w in reversed(_runtime.WORLDS) if w.serial > before), None)))
     worlds = [w for w in _runtime.WORLDS if w.serial > before and w.models]
     if not worlds:
         raise SpecError(f"{path}: main() created no models")
@@ -252,8 +253,15 @@ def _run_function(lib: types.ModuleType, api: str, fn: Any, name: str, ranks: in
         models = [lib.Model(r, dist, num_layers, batch) for r in range(n)]
     if inspect.iscoroutinefunction(fn):
         async def all_ranks() -> None:
-            await asyncio.gather(*[fn(m, **options) for m in models])
-        asyncio.run(_unless_hung(all_ranks(), lambda: dist._world))
+            try:
+                await asyncio.gather(*[fn(m, **options) for m in models])
+            except KeyboardInterrupt:
+                # Ctrl-C in a rank's task: asyncio raised it out of the loop from that task already; this
+                # is asyncio.run's shutdown running the gather once more, and raising it again would stop
+                # that shutdown and leave tasks pending ("Task was destroyed but it is pending!")
+                return
+        with interrupt_at_once():
+            asyncio.run(_unless_hung(all_ranks(), lambda: dist._world))
     else:
         if n != 1:
             raise SpecError(f"{name} is a plain function: it can only run on one rank, not {n}")
