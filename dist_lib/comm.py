@@ -20,6 +20,8 @@ holds its input until it is awaited; a send's tensor is let go of when the messa
 
 from __future__ import annotations
 
+import asyncio
+
 from operator import attrgetter
 from typing import Any
 
@@ -132,12 +134,19 @@ class Work:
                 engine.block_direct(engine.ranks[self.rank], self)
                 if self.end is None:  # (else the quiescence it reached completed this work)
                     yield WAKE_ME
-        elif engine.driving >= 0:  # another rank's coroutine (inside an asyncio task the rank is not known)
-            raise TensorError(f"rank {engine.driving} awaits {self!r}, which rank {self.rank} issued; a rank awaits "
-                              f"only its own works (tensors reach another rank by send/recv or a collective)")
-        elif self.end is None:  # inside an asyncio task of the rank's (a `gather`)
-            yield from engine.block(engine.ranks[self.rank], self).__await__()
+        elif engine.driving >= 0:  # another rank's coroutine
+            raise self._not_yours(engine.driving)
+        else:  # inside an asyncio task (a `gather`'s): the rank whose coroutine made it
+            owner = engine.task_ranks.get(asyncio.current_task())
+            if owner is not None and owner != self.rank:
+                raise self._not_yours(owner)
+            if self.end is None:
+                yield from engine.block(engine.ranks[self.rank], self).__await__()
         return self._complete()
+
+    def _not_yours(self, rank: int) -> TensorError:
+        return TensorError(f"rank {rank} awaits {self!r}, which rank {self.rank} issued; a rank awaits only its "
+                           f"own works (tensors reach another rank by send/recv or a collective)")
 
     def _complete(self) -> Any:
         state = self.engine.ranks[self.rank]

@@ -15,7 +15,8 @@ The engine drives the ranks' coroutines itself (`Engine._drive`): a rank that aw
 `Work`s yields `WAKE_ME` straight to the engine, which resumes it when the work completes, without a
 future or an event-loop round trip per wait. Anything else a strategy awaits (an `asyncio.gather` of
 works, `asyncio.sleep`) is an asyncio future, which resumes the rank through the event loop as a task
-would; works awaited inside such tasks block on a future. Such a future may be one nothing will ever
+would; works awaited inside such tasks block on a future (each task is noted with the rank that made it,
+so that a rank awaiting another rank's work is refused there too). Such a future may be one nothing will ever
 complete (an `asyncio.Event` no rank sets): a watchdog (`waits.HangWatch`) looks, once a wall-clock second,
 whether the event loop still has anything that could (a callback, a timer, a thread, a file) and fails
 the step as a deadlock, naming each rank's wait, when it has not.
@@ -24,6 +25,7 @@ the step as a deadlock, naming each rank's wait, when it has not.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from asyncio import Future
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -115,6 +117,8 @@ class Engine:
         self.driving = -1
         self.throw_into: dict[int, BaseException] = {}  # a rank to resume with an error (a deadlock)
         self.awaiting: dict[int, Any] = {}  # rank -> the asyncio future its coroutine waits on
+        # asyncio task (a `gather`'s) -> the rank whose coroutine made it, directly or through its tasks
+        self.task_ranks: weakref.WeakKeyDictionary[asyncio.Task, int] = weakref.WeakKeyDictionary()
         self.running = 0  # coroutines not finished
         self.stepping = False
         self.stopped: asyncio.Future | None = None  # set when every rank returned or one failed
@@ -253,12 +257,15 @@ class Engine:
         self.stopped = self.loop.create_future()
         self.ready.extend(order)
         self.watchdog = HangWatch(self._hung)
+        factory = self.loop.get_task_factory()
+        self.loop.set_task_factory(self._task_factory(factory))
         try:
             self._drive()
             await self.stopped
         finally:
             self._close_all()
             self.watchdog.cancel()
+            self.loop.set_task_factory(factory)
         if self.first_error is not None:
             raise self.first_error
         self.drain()
@@ -296,6 +303,17 @@ class Engine:
             self.driving = -1
         if yielded is not WAKE_ME:
             self._await_foreign(rank, yielded)
+
+    def _task_factory(self, factory: Callable | None) -> Callable:
+        """The loop's task factory for the step: `factory`'s tasks (asyncio's by default), each noted with
+        the rank that made it, so that a work awaited inside one is checked to be that rank's own."""
+        def make_task(loop: asyncio.AbstractEventLoop, coroutine: Any, **kwargs: Any) -> asyncio.Task:
+            task = factory(loop, coroutine, **kwargs) if factory else asyncio.Task(coroutine, loop=loop, **kwargs)
+            rank = self.driving if self.driving >= 0 else self.task_ranks.get(asyncio.current_task(loop))
+            if rank is not None:
+                self.task_ranks[task] = rank
+            return task
+        return make_task
 
     def _await_foreign(self, rank: int, yielded: Any) -> None:
         """The rank awaits something of asyncio's: resume it through the event loop, as a task would."""

@@ -196,10 +196,17 @@ def test_updating_with_the_tensor_given_to_an_all_reduce_says_to_use_what_awaiti
 
 
 @pytest.mark.parametrize("when", ["pending", "done"])
-def test_awaiting_a_work_another_rank_issued_names_both_ranks(when):
+@pytest.mark.parametrize("inside", ["coroutine", "gather", "task of a task"])
+def test_awaiting_a_work_another_rank_issued_names_both_ranks(when, inside):
     # rank 1 waits for rank 0's send itself instead of its own recv: refused, whether or not the send ended
     # (a pending one was a deadlock saying rank 1 had posted no recv, a done one went through unnoticed)
     shared = {}
+
+    async def wrong_wait():
+        await shared["send"]
+
+    async def in_a_task():
+        await asyncio.create_task(wrong_wait())
 
     async def train(model):
         if model.rank == 0:
@@ -210,7 +217,10 @@ def test_awaiting_a_work_another_rank_issued_names_both_ranks(when):
             received = model.recv(0)
             if when == "done":
                 await received
-            await shared["send"]
+            if inside == "coroutine":
+                await shared["send"]
+            else:
+                await asyncio.gather(wrong_wait() if inside == "gather" else in_a_task(), received)
 
     with pytest.raises(TensorError, match=r"^rank 1 awaits Work\(send on rank 0, (pending|done)\), which rank 0 "
                                           r"issued; a rank awaits only its own works"):
