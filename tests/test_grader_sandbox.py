@@ -232,6 +232,25 @@ def test_a_submission_the_sandbox_user_cannot_read_runs_with_its_helpers(tmp_pat
     assert len(outcome.programs) == 2
 
 
+def test_errors_name_the_users_files_not_the_copies_the_sandbox_reads(tmp_path):
+    """A submission and a cluster file the sandbox's user cannot read run from copies in the run's private
+    folder; what the run says of them names the user's files."""
+    if sandbox_problem():
+        pytest.skip(f"the OS sandbox is not usable here: {sandbox_problem()}")
+    from grader.runner import run_isolated
+    from grader.scenario import Scenario
+    (tmp_path / "typo.py").write_text("async def train(model)\n    pass\n")
+    outcome = run_isolated(tmp_path / "typo.py", Scenario(cluster="2xA100-80GB", workload="toy:layers=2",
+                                                          global_batch=4))
+    assert outcome.status == "failed"
+    assert outcome.message.startswith(f"strategy file {tmp_path / 'typo.py'}: importing it raised SyntaxError")
+    (tmp_path / "odd.toml").write_text('[[nodes]]\ndevice = "A100-80GB"\ngpus = "two"\n')
+    outcome = run_isolated(ROOT / "tests" / "submissions" / "honest.py",
+                           Scenario(cluster=str(tmp_path / "odd.toml"), workload="toy:layers=2", global_batch=4))
+    assert outcome.status == "bad_input"
+    assert str(tmp_path / "odd.toml") in outcome.message and FOLDER_PREFIX not in outcome.message
+
+
 def test_a_program_over_the_size_limit_fails_with_one_clear_line(tmp_path):
     """Also a file straight in the temporary folder, whose folder is not bound into the sandbox (it holds
     the grader's own folders): it is copied in."""

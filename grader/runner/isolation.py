@@ -75,6 +75,7 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
         del env["DIST_SANDBOX_PURE_PYTHON"]
     started = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+    copies: dict[str, str] = {}  # a copy the sandbox reads -> the user's file or folder it was made of
     files = {name: os.fdopen(os.open(folder / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "w+b")
              for name in ("stdout", "stderr", "header", "program")}
     try:
@@ -91,7 +92,8 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
                 for source in [path, *sorted(path.parent.glob("_*.py"))]:
                     os.chmod(shutil.copy(source, root / source.name), 0o644)
                 job["strategy"] = str(root / path.name)
-            job["scenario"] = _readable_inputs(scenario.to_dict(), folder)
+                copies[str(root)] = str(path.parent)
+            job["scenario"] = _readable_inputs(scenario.to_dict(), folder, copies)
             here = Path.cwd()  # relative paths in the scenario (profiles, cluster files) resolve from here
             bind_here = here not in folder.parents and sandbox.readable_by_sandbox(here)
             readable = [PROJECT_ROOT, root] + ([here] if bind_here else [])
@@ -110,17 +112,20 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
             return Outcome("timeout", f"timed out after {limits.timeout_s:g} s of wall-clock time "
                                       f"(an infinite loop or a real blocking call in the strategy?)",
                            kind="Timeout", wall_s=wall)
-        return _read(files, code, limits, wall)
+        outcome = _read(files, code, limits, wall)
+        for copy, original in copies.items():  # messages name the user's files, not the run's copies
+            outcome.message = outcome.message.replace(copy, original)
+        return outcome
     finally:
         for fh in files.values():
             fh.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _readable_inputs(scenario: dict[str, Any], folder: Path) -> dict[str, Any]:
+def _readable_inputs(scenario: dict[str, Any], folder: Path, copies: dict[str, str]) -> dict[str, Any]:
     """The scenario with every cluster, workload or profile file the sandbox's user cannot read (a folder
     of mode 0700 on the way, as a home folder or pytest's tmp_path when the grader runs as root) copied
-    into the run's private folder, world-readable, and the spec pointing at the copy."""
+    into the run's private folder, world-readable, and the spec pointing at the copy (noted in `copies`)."""
     inputs = folder / "inputs"
 
     def readable(name: str) -> str:
@@ -135,6 +140,7 @@ def _readable_inputs(scenario: dict[str, Any], folder: Path) -> dict[str, Any]:
                 path.chmod(0o755 if path.is_dir() else 0o644)
         else:
             os.chmod(shutil.copy(source, target), 0o644)
+        copies[str(target)] = name
         return str(target)
 
     return {**scenario, **{key: map_spec_paths(scenario[key], readable) for key in ("cluster", "workload")}}
