@@ -37,6 +37,14 @@ def test_plan_refuses_what_no_plan_fits_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "p.json").exists()
 
 
+def test_no_plan_on_all_gpus_of_a_type_says_how_to_leave_some_idle(capsys):
+    # three T4s, two layers, one sample: no pipeline of 3 stages, no 3 replicas, no TP across nodes
+    assert main(["plan", "--cluster", "3x1xT4", "--workload", "toy:layers=2", "--batch", "1", "--plot", ""]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no plan: a global batch of 1 cannot give every data-parallel replica a sample, "
+                          "or 2 layers cannot fill the stages") and "plan on a cluster without them" in err
+
+
 def test_a_budget_below_every_gpu_is_refused(capsys):
     assert main(["plan", *ARGS, "--budget", "0.1", "--plot", ""]) == 2
     assert "budget" in capsys.readouterr().err

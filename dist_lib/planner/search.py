@@ -315,7 +315,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                            f"beside the activations; the largest device has {largest:.0f} GiB")
         else:
             reasons.append(f"no plan: a global batch of {global_batch} cannot give every data-parallel replica a "
-                           f"sample, or {L} layers cannot fill the stages")
+                           f"sample, or {L} layers cannot fill the stages (a plan uses every GPU of each device "
+                           f"type it uses; to leave some idle, plan on a cluster without them)")
     return out, reasons
 
 
