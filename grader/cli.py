@@ -7,7 +7,8 @@
     python -m grader plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
                           [--budget USD_PER_HOUR] [--out plan.json] [--jobs N] [--ray [ADDRESS]]
 
-Exit codes: 0 success, 1 a strategy failed (or was flagged invalid), 2 bad input, 130 interrupted.
+Exit codes: 0 success, 1 a strategy failed (its own exception, a syntax error included) or was flagged
+invalid, 2 bad input (an option, a spec, a file without an `async def train`), 130 interrupted.
 """
 
 from __future__ import annotations
