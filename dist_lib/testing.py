@@ -12,7 +12,7 @@ invariants checked from a `Result`'s event log.
 
 `schedule_problems` returns one line per broken invariant:
 * a (layer, samples) forward precedes its backward on the rank;
-* the backward of layer l for some samples follows the backward of layer l + 1 for them;
+* the backward of layer l for some samples follows the backwards of layer l + 1 for all of them;
 * a weight-gradient half (backward_weight) follows its input-gradient half;
 * every send is matched by exactly one recv, in order per (src, dst) pair;
 * each update of a layer follows all of that rank's gradient work and gradient collectives for it;
@@ -22,6 +22,7 @@ invariants checked from a `Result`'s event log.
 from __future__ import annotations
 
 import tempfile
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,9 @@ def setups(strategy: str, clusters: tuple[str, ...] = CLUSTERS, max_layers: int 
     """A hypothesis strategy of valid `Setup`s for one of the bundled strategies."""
     from hypothesis import strategies as st
 
+    if strategy == "planned":
+        return _plans(clusters, max_layers)
+
     @st.composite
     def build(draw) -> Setup:
         cluster = draw(st.sampled_from(clusters))
@@ -109,6 +113,53 @@ def setups(strategy: str, clusters: tuple[str, ...] = CLUSTERS, max_layers: int 
     return build()
 
 
+def _plans(clusters: tuple[str, ...], max_layers: int):
+    """Valid `Setup`s of `planned`: random plans (the nodes in any order, some GPUs idle, stages of their
+    own widths, TP degrees and uneven shares, any schedule, recompute mode and ZeRO stage)."""
+    from hypothesis import strategies as st
+
+    from .planner.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, Plan, Stage
+    from .planner.space import tp_options
+
+    def cuts(draw, total: int, parts: int, low: int = 1) -> list[int]:
+        """`parts` sizes of at least `low` adding up to `total`."""
+        points = sorted(draw(st.lists(st.integers(0, total - parts * low), min_size=parts - 1,
+                                      max_size=parts - 1)))
+        edges = [0, *points, total - parts * low]
+        return [low + b - a for a, b in zip(edges, edges[1:])]
+
+    @st.composite
+    def build(draw) -> Setup:
+        spec = draw(st.sampled_from(clusters))
+        cluster = Cluster.parse(spec)
+        nodes = draw(st.permutations(range(len(cluster.nodes))))
+        order = [r for n in nodes for r in cluster.ranks_of_node(n)]
+        used = draw(st.integers(1, len(order)))  # the rest idle
+        pp = draw(st.integers(1, min(used, 4)))
+        schedule = draw(st.sampled_from(SCHEDULES if pp > 1 else ("gpipe", "1f1b")))
+        chunks = 2 if schedule == "interleaved" else 1
+        widths = cuts(draw, used, pp)
+        groups, start = [], 0
+        for width in widths:
+            groups.append(tuple(order[start:start + width]))
+            start += width
+        tps = [draw(st.sampled_from(tp_options(cluster, ranks))) for ranks in groups]
+        dps = [len(ranks) // tp for ranks, tp in zip(groups, tps)]
+        microbatch = max(dps) + draw(st.integers(0, 2))
+        microbatches = draw(st.integers(1, 3)) * (pp if chunks > 1 else 1)
+        layers = draw(st.integers(pp * chunks, max(pp * chunks, max_layers)))
+        sizes = cuts(draw, layers, pp * chunks)  # chunk-major: chunk c of stage s is block c * pp + s
+        bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        stages = tuple(Stage(ranks, tp, tuple((bounds[c * pp + i], bounds[c * pp + i + 1]) for c in range(chunks)),
+                             tuple(cuts(draw, microbatch, dp)))
+                       for i, (ranks, tp, dp) in enumerate(zip(groups, tps, dps)))
+        plan = Plan(stages, microbatch, microbatches, schedule, draw(st.sampled_from(RECOMPUTE)),
+                    draw(st.sampled_from(ZERO_STAGES)))
+        return Setup("planned", spec, f"toy:layers={layers}", microbatch * microbatches, {"plan": plan.to_dict()})
+
+    return build()
+
+
 def schedule_problems(result: Result) -> list[str]:
     """Every broken schedule invariant in the event log (empty when the schedule is sound)."""
     events = result.events
@@ -116,10 +167,14 @@ def schedule_problems(result: Result) -> list[str]:
     by_rank: dict[int, list] = defaultdict(list)
     for e in events:
         by_rank[e.rank].append(e)
-    input_grads: dict[tuple[int, int], list] = defaultdict(list)  # (layer, samples) -> backward events
-    for e in events:
-        if e.stream == "compute" and e.op in INPUT_GRADIENT_OPS:
-            input_grads[(e.layer, e.samples)].append(e)
+    # per layer, the ends of its input-gradient passes (on any rank) in order, and the samples they covered
+    # by each end: a stage of other width splits or joins microbatches, so a layer's backward for some
+    # samples may follow several backwards of the next layer, each for part of them
+    ends: dict[int, list[float]] = defaultdict(list)
+    covered: dict[int, list[int]] = defaultdict(lambda: [0])
+    for e in sorted((e for e in events if e.stream == "compute" and e.op in INPUT_GRADIENT_OPS), key=lambda e: e.end):
+        ends[e.layer].append(e.end)
+        covered[e.layer].append(covered[e.layer][-1] | e.samples)
     num_layers = result.workload.num_layers
     for rank, evs in by_rank.items():
         compute = sorted((e for e in evs if e.stream == "compute"), key=lambda e: (e.start, e.end))
@@ -141,10 +196,10 @@ def schedule_problems(result: Result) -> list[str]:
                 if e.op == "backward_weight" and (key not in split_done or split_done[key] > e.start + EPS):
                     problems.append(f"rank {rank}: backward_weight(layer {e.layer}) before its backward_input")
                 if e.op in INPUT_GRADIENT_OPS and e.layer + 1 < num_layers:
-                    later = [x for x in input_grads.get((e.layer + 1, e.samples), []) if x.end <= e.start + EPS]
-                    if not later:
-                        problems.append(f"rank {rank}: {e.op}(layer {e.layer}) before any backward of layer "
-                                        f"{e.layer + 1} for the same samples")
+                    done = covered[e.layer + 1][bisect_right(ends[e.layer + 1], e.start + EPS)]
+                    if done & e.samples != e.samples:
+                        problems.append(f"rank {rank}: {e.op}(layer {e.layer}) before the backward of layer "
+                                        f"{e.layer + 1} for all its samples")
                 if e.op in GRADIENT_OPS:
                     grad_done[e.layer] = max(grad_done[e.layer], e.end)
         for e in evs:

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from dist_lib import testing
 
 STRATEGIES = ["ddp", "zero", "gpipe", "one_f_one_b", "deepspeed_1f1b", "interleaved", "zero_bubble", "hybrid",
-              "hetero"]
+              "hetero", "planned"]
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
@@ -34,6 +34,26 @@ def test_invariant_checker_catches_a_backward_before_its_forward_order():
     result.raw_events, result._events = events, None
     problems = testing.schedule_problems(result)
     assert any("before its forward" in p for p in problems)
+
+
+def test_a_backward_joining_samples_follows_every_backward_of_the_next_layer_for_them():
+    """Rank 0 runs layer 0 on both samples of a microbatch; ranks 1 and 2 run layer 1 on one each. Layer 0's
+    backward follows both of layer 1's (sound), and the checker says so once either ends later."""
+    stages = [{"ranks": [0], "tp": 1, "blocks": [[0, 1]], "shares": [2]},
+              {"ranks": [1, 2], "tp": 1, "blocks": [[1, 2]], "shares": [1, 1]}]
+    plan = {"stages": stages, "microbatch_size": 2, "microbatches": 1, "schedule": "gpipe"}
+    result = testing.run(testing.Setup("planned", "2x2xA100-80GB", "toy:layers=2", 2, {"plan": plan}))
+    assert testing.schedule_problems(result) == []
+    events = list(result.raw_events)
+    joined = next(e for e in events if e[1] == "backward" and e[0] == 0)
+    assert joined[6] == 0b11
+    k = next(k for k, e in enumerate(events) if e[1] == "backward" and e[0] == 2)
+    assert events[k][6] == 0b10
+    late = events[k]
+    events[k] = late[:3] + (joined[3] + 1e-3, joined[3] + 2e-3) + late[5:]  # rank 2's now ends after rank 0's starts
+    result.raw_events, result._events = events, None
+    assert "rank 0: backward(layer 0) before the backward of layer 1 for all its samples" in \
+        testing.schedule_problems(result)
 
 
 def test_invariant_checker_catches_overlapping_compute():
