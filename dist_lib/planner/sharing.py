@@ -1,0 +1,92 @@
+"""Transfers that share links, played out as the simulator plays them, for the estimate.
+
+The simulator moves every message and collective as a flow (`transfers.py`): a transfer wants some
+bytes/s on each link it crosses (`Cluster.p2p_usage`, `Cluster.collective_usage`), a link asked for
+more than it carries gives each transfer on it the share capacity / load of what it wants, and a
+transfer moves at its share of its most loaded link (`costs.shared_speed`), recomputed whenever a
+transfer starts or ends (a flow-level model with proportional shares; Velho et al. 2013). The
+estimate needs that model where a few transfers overlap: the messages of one pipeline crossing, and
+after the last backward the gradient reductions of stages that meet on a node's NICs, beside the last
+gradients crossing between stages. `play` runs it for a handful of jobs, each started at a time of its
+own or some seconds after another job ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .. import costs
+
+Usage = tuple[tuple[int, int], ...]  # (link id, bytes/s wanted), as `Cluster.p2p_usage` gives them
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A transfer of `seconds` at full speed wanting `usage` on its links; it starts at `start`, or, when
+    `after` names an earlier job of the list, `start` seconds after that job ends."""
+
+    seconds: float
+    usage: Usage
+    start: float = 0.0
+    after: int | None = None
+
+
+class _Loads(dict):
+    """Bytes/s the jobs in flight want on each link, 0 on the others (indexed by link id)."""
+
+    def __missing__(self, link: int) -> int:
+        return 0
+
+
+def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
+    """The time each job ends, jobs in flight sharing their links in proportion to what they want."""
+    ends = [0.0] * len(jobs)
+    followers: dict[int, list[int]] = {}
+    ready: list[tuple[float, int]] = []  # (start, job) of jobs whose start is known
+    for k, job in enumerate(jobs):
+        if job.after is None:
+            ready.append((job.start, k))
+        else:
+            followers.setdefault(job.after, []).append(k)
+    heapq.heapify(ready)
+    flying: dict[int, float] = {}  # job -> seconds left at full speed
+    now = 0.0
+    while ready or flying:
+        while ready and ready[0][0] <= now:
+            k = heapq.heappop(ready)[1]
+            if jobs[k].seconds > 0.0:
+                flying[k] = jobs[k].seconds
+            else:
+                ends[k] = now
+                _release(jobs, followers.get(k, ()), now, ready)
+        if not flying:
+            if ready:
+                now = ready[0][0]
+            continue
+        load = _Loads()
+        for k in flying:
+            for link, rate in jobs[k].usage:
+                load[link] += rate
+        speeds = {k: costs.shared_speed(jobs[k].usage, capacity, load) for k in flying}
+        step = min(left / speeds[k] for k, left in flying.items())
+        if ready and ready[0][0] < now + step:
+            step = ready[0][0] - now  # a start changes the shares before any job ends
+        now += step
+        done = []
+        for k, left in flying.items():
+            if left / speeds[k] <= step * (1 + 1e-12):
+                done.append(k)
+            else:
+                flying[k] = left - step * speeds[k]
+        for k in done:
+            del flying[k]
+            ends[k] = now
+            _release(jobs, followers.get(k, ()), now, ready)
+    return ends
+
+
+def _release(jobs: Sequence[Job], followers: Sequence[int], now: float, ready: list[tuple[float, int]]) -> None:
+    for k in followers:
+        heapq.heappush(ready, (now + jobs[k].start, k))
