@@ -47,7 +47,10 @@ class StageOption:
     # issued after its update, behind every gradient reduce-scatter on the same group, so none of it
     # overlaps the backward
     regather: Callable[[float], float] = no_collective
-
+    # prefix sums over layers of `reduce` of each layer's gradient alone: the simulator reduces a layer
+    # as soon as its last microbatch has passed backward, one collective a layer, in turn
+    reduced: tuple[float, ...] = ()
+    alike: bool = True  # the layers after the first cost alike (no measured profile)
 
 
 def partition(stages: list[list[StageOption]], layers: int, microbatches: int, schedule: str = "1f1b",
@@ -176,6 +179,33 @@ def _block_time(o: StageOption, start: int, n: int) -> float:
     return o.costs.total[start + n] - o.costs.total[start]
 
 
+def after_backward(o: StageOption, start: int, stop: int) -> float:
+    """Seconds from the end of a stage's last backward (layers start..stop-1) to the end of its
+    optimizer step. As the simulator runs it (`strategies/_pipeline.py`), each layer's gradient
+    reduction is issued when that backward passes the layer, last layer first, and the reductions run
+    one after another on the group's stream; the updates follow the schedule in the same order, each
+    once its layer is reduced. So the reductions end at the latest, over the layers l, of l's backward
+    end plus the reductions of l and of every layer the backward reaches after it; the updates end
+    after that plus the last layer's update, or after every update when the reductions keep ahead.
+    Under ZeRO-1 the all-gathers of the updated shards queue behind every reduce-scatter on the same
+    group and each behind its update."""
+    c, reduced = o.costs, o.reduced
+    updates = c.update[stop] - c.update[start]
+    last_update = c.update[start + 1] - c.update[start]
+    if not reduced or reduced[stop] == reduced[start]:
+        return updates  # one replica: nothing to reduce
+    # the reductions' end less the backward's: layer l's backward ends when layers start..l-1 are left
+    b0, r0 = c.backward[start], reduced[start]
+    # alike layers make the lag linear in l past the first layer: its largest is at an end
+    layers = (start, start + 1, stop - 1) if o.alike and stop - start > 2 else range(start, stop)
+    lag = max(reduced[l + 1] - r0 - (c.backward[l] - b0) for l in layers)
+    done = max(lag + last_update, updates)
+    if o.regather is no_collective:
+        return done
+    grads = c.grad_bytes[stop] - c.grad_bytes[start]
+    return max(lag + o.regather(grads), done + o.regather(c.grad_bytes[start + 1] - c.grad_bytes[start]))
+
+
 def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
                   microbatches: int, schedule: str, chunks: int) -> tuple[float, float]:
     """(seconds per step, highest memory share) of a placed partition under a schedule."""
@@ -197,9 +227,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         times.append(forward + backward)
         backs.append(backward)
         weights.append(c.weight[stop] - c.weight[start])
-        grads = c.grad_bytes[stop] - c.grad_bytes[start]
-        reduce = o.reduce(grads)
-        tails.append(max(reduce - backward, 0.0) + reduce / n + c.update[stop] - c.update[start] + o.regather(grads))
+        tails.append(after_backward(o, start, stop))
         mem = max(mem, block_memory(o, start, stop, s, pp, m, schedule, chunks) / o.capacity * MEMORY_HEADROOM)
         start = stop
     # An activation and a gradient cross each boundary per microbatch; interleaved, once per chunk, and
@@ -211,13 +239,14 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
     boundaries = [(s, s + 1, passes) for s in range(pp - 1)]
     if passes > 1 and pp > 1:
         boundaries.append((pp - 1, 0, passes - 1))
-    cycles, round_trips = times[:], []
+    cycles, round_trips, returns = times[:], [], []
     for s, r, count in boundaries:
         a, b = placed[s][1], placed[r][1]
         onward, back = crossing_seconds(cluster, workload, a, b), crossing_seconds(cluster, workload, b, a)
         cycles[r] += count * onward
         cycles[s] += count * back
         round_trips.append(onward + back)
+        returns.append(back)
     slowest = paced = max(cycles)
     fill = sum(cycles) - slowest
     if schedule == "zero-bubble":
@@ -235,8 +264,10 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
             slowest = max(slowest, loop / (pp - s))
     # the first microbatch takes the fill's path and the slowest stage's time; each further one the pace
     pipeline = (m - 1) * slowest + paced + fill
+    # the pipeline ends with stage 0's last backward; stage s + 1's ended that backward and the last
+    # gradient's crossing into it earlier
     step, before = 0.0, 0.0
     for s in range(pp):
         step = max(step, pipeline - before + tails[s])
-        before += backs[s]
+        before += backs[s] + (returns[s] if s < pp - 1 else 0.0)
     return step, mem
