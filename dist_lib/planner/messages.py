@@ -72,7 +72,7 @@ def drain(chains: Sequence[Chain], capacity: Sequence[int], sample_bytes: float)
     jobs = []
     for chain in chains:
         for k, (usage, link, samples) in enumerate(chain):
-            jobs.append(Job(costs.p2p_time(samples * sample_bytes, link), usage, 0.0, len(jobs) - 1 if k else None))
+            jobs.append(Job(costs.p2p_time(samples * sample_bytes, link), usage, 0.0, (len(jobs) - 1,) if k else ()))
     return max(play(jobs, capacity), default=0.0)
 
 
@@ -80,12 +80,33 @@ def crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, 
     """Seconds until every message of one microbatch's crossing from `sender` to `receiver` has arrived
     (`drain`; the messages worked out once per cluster, pair of stages and proportions of their shares,
     and the crossing once per such pattern and bytes a share unit)."""
-    _, capacity, patterns, pairs, seen = _for_cluster(cluster)
+    _, capacity, _, _, seen = _for_cluster(cluster)
     # the search asks again and again about the same stage options: by identity first (the entry holds
     # both options, so their ids stay theirs)
     found = seen.get((id(sender), id(receiver)))
     if found is not None and found[0] is sender and found[1] is receiver and found[2] is workload:
         return found[3]
+    pattern, sample_bytes = _pattern(cluster, workload, sender, receiver)
+    seconds = pattern[1].get(sample_bytes)
+    if seconds is None:
+        seconds = pattern[1][sample_bytes] = drain(pattern[0], capacity, sample_bytes)
+    seen[id(sender), id(receiver)] = (sender, receiver, workload, seconds)
+    return seconds
+
+
+def crossing_messages(cluster: Cluster, workload: Workload, sender: StageOption,
+                      receiver: StageOption) -> tuple[tuple[Chain, ...], float, frozenset[int]]:
+    """The messages of one microbatch's crossing, as each receiving rank takes them in turn (chains of
+    (usage, link, share units)), the bytes of a share unit, and the links they cross."""
+    pattern, sample_bytes = _pattern(cluster, workload, sender, receiver)
+    return pattern[0], sample_bytes, pattern[2]
+
+
+def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[list, float]:
+    """([chains, seconds by bytes a share unit, links], bytes a share unit) of a crossing: the chains
+    in units of the shares' greatest common divisor, so that every microbatch size of the same
+    proportions has the same ones."""
+    _, _, patterns, pairs, _ = _for_cluster(cluster)
     scale = gcd(*sender.shares, *receiver.shares)
     key = (sender.ranks, sender.tp, tuple(n // scale for n in sender.shares), receiver.ranks, receiver.tp,
            tuple(n // scale for n in receiver.shares))
@@ -97,17 +118,13 @@ def crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, 
             if pair is None:
                 pair = pairs[src, dst] = (cluster.p2p_usage(src, dst), cluster.p2p_link(src, dst))
             chains.setdefault(dst, []).append((*pair, samples))
-        pattern = patterns[key] = [tuple(map(tuple, chains.values())), {}]
-    sample_bytes = scale * workload.activation_bytes()
-    seconds = pattern[1].get(sample_bytes)
-    if seconds is None:
-        seconds = pattern[1][sample_bytes] = drain(pattern[0], capacity, sample_bytes)
-    seen[id(sender), id(receiver)] = (sender, receiver, workload, seconds)
-    return seconds
+        links = frozenset(link for chain in chains.values() for usage, _, _ in chain for link, _ in usage)
+        pattern = patterns[key] = [tuple(map(tuple, chains.values())), {}, links]
+    return pattern, scale * workload.activation_bytes()
 
 
-# Per cluster: (the cluster, its link capacities, each crossing's chains and its seconds by bytes a share
-# unit, by stage pair and proportions, (links used, link) by rank pair, seconds by the identity of a pair
+# Per cluster: (the cluster, its link capacities, each crossing's chains, its seconds by bytes a share
+# unit and its links, by stage pair and proportions, (links used, link) by rank pair, seconds by the identity of a pair
 # of stage options). Keyed by identity, as hashing a cluster of many nodes costs more than a crossing;
 # the entry holds the cluster, so its id is not reused while the entry lives.
 _CLUSTERS: dict[int, tuple[Cluster, list[int], dict, dict, dict]] = {}

@@ -18,15 +18,10 @@ from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
 from .messages import crossing_seconds, scatters
+from .tail import no_collective, step_end
 
 MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
 BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
-
-
-def no_collective(nbytes: float) -> float:
-    """A collective a stage does not run, at no time: one replica has nothing to reduce, and without
-    ZeRO-1 every replica updates whole weights, so nothing is gathered after the update."""
-    return 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,38 +174,11 @@ def _block_time(o: StageOption, start: int, n: int) -> float:
     return o.costs.total[start + n] - o.costs.total[start]
 
 
-def after_backward(o: StageOption, start: int, stop: int) -> float:
-    """Seconds from the end of a stage's last backward (layers start..stop-1) to the end of its
-    optimizer step. As the simulator runs it (`strategies/_pipeline.py`), each layer's gradient
-    reduction is issued when that backward passes the layer, last layer first, and the reductions run
-    one after another on the group's stream; the updates follow the schedule in the same order, each
-    once its layer is reduced. So the reductions end at the latest, over the layers l, of l's backward
-    end plus the reductions of l and of every layer the backward reaches after it; the updates end
-    after that plus the last layer's update, or after every update when the reductions keep ahead.
-    Under ZeRO-1 the all-gathers of the updated shards queue behind every reduce-scatter on the same
-    group and each behind its update."""
-    c, reduced = o.costs, o.reduced
-    updates = c.update[stop] - c.update[start]
-    last_update = c.update[start + 1] - c.update[start]
-    if not reduced or reduced[stop] == reduced[start]:
-        return updates  # one replica: nothing to reduce
-    # the reductions' end less the backward's: layer l's backward ends when layers start..l-1 are left
-    b0, r0 = c.backward[start], reduced[start]
-    # alike layers make the lag linear in l past the first layer: its largest is at an end
-    layers = (start, start + 1, stop - 1) if o.alike and stop - start > 2 else range(start, stop)
-    lag = max(reduced[l + 1] - r0 - (c.backward[l] - b0) for l in layers)
-    done = max(lag + last_update, updates)
-    if o.regather is no_collective:
-        return done
-    grads = c.grad_bytes[stop] - c.grad_bytes[start]
-    return max(lag + o.regather(grads), done + o.regather(c.grad_bytes[start + 1] - c.grad_bytes[start]))
-
-
 def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
                   microbatches: int, schedule: str, chunks: int) -> tuple[float, float]:
     """(seconds per step, highest memory share) of a placed partition under a schedule."""
     pp, m = len(placed), microbatches
-    times, backs, weights, tails, mem = [], [], [], [], 0.0
+    times, backs, weights, mem = [], [], [], 0.0
     start = 0
     for s, (n, o) in enumerate(placed):
         c, stop = o.costs, start + n
@@ -227,7 +195,6 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         times.append(forward + backward)
         backs.append(backward)
         weights.append(c.weight[stop] - c.weight[start])
-        tails.append(after_backward(o, start, stop))
         mem = max(mem, block_memory(o, start, stop, s, pp, m, schedule, chunks) / o.capacity * MEMORY_HEADROOM)
         start = stop
     # An activation and a gradient cross each boundary per microbatch; interleaved, once per chunk, and
@@ -239,14 +206,13 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
     boundaries = [(s, s + 1, passes) for s in range(pp - 1)]
     if passes > 1 and pp > 1:
         boundaries.append((pp - 1, 0, passes - 1))
-    cycles, round_trips, returns = times[:], [], []
+    cycles, round_trips = times[:], []
     for s, r, count in boundaries:
         a, b = placed[s][1], placed[r][1]
         onward, back = crossing_seconds(cluster, workload, a, b), crossing_seconds(cluster, workload, b, a)
         cycles[r] += count * onward
         cycles[s] += count * back
         round_trips.append(onward + back)
-        returns.append(back)
     slowest = paced = max(cycles)
     fill = sum(cycles) - slowest
     if schedule == "zero-bubble":
@@ -264,10 +230,5 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
             slowest = max(slowest, loop / (pp - s))
     # the first microbatch takes the fill's path and the slowest stage's time; each further one the pace
     pipeline = (m - 1) * slowest + paced + fill
-    # the pipeline ends with stage 0's last backward; stage s + 1's ended that backward and the last
-    # gradient's crossing into it earlier
-    step, before = 0.0, 0.0
-    for s in range(pp):
-        step = max(step, pipeline - before + tails[s])
-        before += backs[s] + (returns[s] if s < pp - 1 else 0.0)
-    return step, mem
+    # the pipeline ends with stage 0's last backward; then each stage's reductions and update (`tail.py`)
+    return step_end(cluster, workload, placed, backs, weights, pipeline, schedule == "zero-bubble"), mem

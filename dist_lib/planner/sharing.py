@@ -24,13 +24,14 @@ Usage = tuple[tuple[int, int], ...]  # (link id, bytes/s wanted), as `Cluster.p2
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A transfer of `seconds` at full speed wanting `usage` on its links; it starts at `start`, or, when
-    `after` names an earlier job of the list, `start` seconds after that job ends."""
+    """A transfer of `seconds` at full speed wanting `usage` on its links (none: a wait that shares
+    nothing); it starts at `start`, or, when `after` names earlier jobs of the list, `start` seconds
+    after the last of them ends."""
 
     seconds: float
-    usage: Usage
+    usage: Usage = ()
     start: float = 0.0
-    after: int | None = None
+    after: tuple[int, ...] = ()
 
 
 class _Loads(dict):
@@ -44,32 +45,32 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
     """The time each job ends, jobs in flight sharing their links in proportion to what they want."""
     ends = [0.0] * len(jobs)
     followers: dict[int, list[int]] = {}
+    waiting = [len(job.after) for job in jobs]  # jobs each still waits for
     ready: list[tuple[float, int]] = []  # (start, job) of jobs whose start is known
     for k, job in enumerate(jobs):
-        if job.after is None:
+        if not job.after:
             ready.append((job.start, k))
-        else:
-            followers.setdefault(job.after, []).append(k)
+        for before in job.after:
+            followers.setdefault(before, []).append(k)
     heapq.heapify(ready)
     flying: dict[int, float] = {}  # job -> seconds left at full speed
-    now = 0.0
+    load = _Loads()  # bytes/s the jobs in flight want on each link
+    now = ready[0][0] if ready else 0.0
     while ready or flying:
         while ready and ready[0][0] <= now:
             k = heapq.heappop(ready)[1]
             if jobs[k].seconds > 0.0:
                 flying[k] = jobs[k].seconds
+                for link, rate in jobs[k].usage:
+                    load[link] += rate
             else:
                 ends[k] = now
-                _release(jobs, followers.get(k, ()), now, ready)
+                _release(jobs, followers.get(k, ()), waiting, now, ready)
         if not flying:
             if ready:
                 now = ready[0][0]
             continue
-        load = _Loads()
-        for k in flying:
-            for link, rate in jobs[k].usage:
-                load[link] += rate
-        speeds = {k: costs.shared_speed(jobs[k].usage, capacity, load) for k in flying}
+        speeds = {k: costs.shared_speed(jobs[k].usage, capacity, load) if jobs[k].usage else 1.0 for k in flying}
         step = min(left / speeds[k] for k, left in flying.items())
         if ready and ready[0][0] < now + step:
             step = ready[0][0] - now  # a start changes the shares before any job ends
@@ -82,11 +83,17 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
                 flying[k] = left - step * speeds[k]
         for k in done:
             del flying[k]
+            for link, rate in jobs[k].usage:
+                load[link] -= rate
             ends[k] = now
-            _release(jobs, followers.get(k, ()), now, ready)
+            _release(jobs, followers.get(k, ()), waiting, now, ready)
     return ends
 
 
-def _release(jobs: Sequence[Job], followers: Sequence[int], now: float, ready: list[tuple[float, int]]) -> None:
+def _release(jobs: Sequence[Job], followers: Sequence[int], waiting: list[int], now: float,
+             ready: list[tuple[float, int]]) -> None:
+    """A job ended at `now`: its followers that waited for it last start `start` seconds later."""
     for k in followers:
-        heapq.heappush(ready, (now + jobs[k].start, k))
+        waiting[k] -= 1
+        if not waiting[k]:
+            heapq.heappush(ready, (now + jobs[k].start, k))
