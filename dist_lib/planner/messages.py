@@ -94,16 +94,29 @@ def crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, 
     return seconds
 
 
-def crossing_messages(cluster: Cluster, workload: Workload, sender: StageOption,
-                      receiver: StageOption) -> tuple[tuple[Chain, ...], float, frozenset[int]]:
-    """The messages of one microbatch's crossing, as each receiving rank takes them in turn (chains of
-    (usage, link, share units)), the bytes of a share unit, and the links they cross."""
-    pattern, sample_bytes = _pattern(cluster, workload, sender, receiver)
-    return pattern[0], sample_bytes, pattern[2]
+def crossing_usage(cluster: Cluster, workload: Workload, sender: StageOption,
+                   receiver: StageOption) -> tuple[Usage, frozenset[int]]:
+    """What one microbatch's crossing wants of its links while every receiving rank takes its first
+    piece (the sum of those messages' `Cluster.p2p_usage`, each receiving rank taking one at a time),
+    and every link any of its messages crosses."""
+    seen = _for_cluster(cluster)[4]
+    found = seen.get((id(sender), id(receiver), "usage"))
+    if found is not None and found[0] is sender and found[1] is receiver:
+        return found[2]
+    pattern, _ = _pattern(cluster, workload, sender, receiver)
+    if pattern[3] is None:
+        heads: dict[int, int] = {}
+        for chain in pattern[0]:
+            for link, rate in chain[0][0]:
+                heads[link] = heads.get(link, 0) + rate
+        pattern[3] = tuple(heads.items())
+    seen[id(sender), id(receiver), "usage"] = (sender, receiver, (pattern[3], pattern[2]))
+    return pattern[3], pattern[2]
 
 
 def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[list, float]:
-    """([chains, seconds by bytes a share unit, links], bytes a share unit) of a crossing: the chains
+    """([chains, seconds by bytes a share unit, links, usage or None], bytes a share unit) of a crossing:
+    the chains
     in units of the shares' greatest common divisor, so that every microbatch size of the same
     proportions has the same ones."""
     _, _, patterns, pairs, _ = _for_cluster(cluster)
@@ -119,12 +132,12 @@ def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver
                 pair = pairs[src, dst] = (cluster.p2p_usage(src, dst), cluster.p2p_link(src, dst))
             chains.setdefault(dst, []).append((*pair, samples))
         links = frozenset(link for chain in chains.values() for usage, _, _ in chain for link, _ in usage)
-        pattern = patterns[key] = [tuple(map(tuple, chains.values())), {}, links]
+        pattern = patterns[key] = [tuple(map(tuple, chains.values())), {}, links, None]
     return pattern, scale * workload.activation_bytes()
 
 
 # Per cluster: (the cluster, its link capacities, each crossing's chains, its seconds by bytes a share
-# unit and its links, by stage pair and proportions, (links used, link) by rank pair, seconds by the identity of a pair
+# unit, its links and its usage, by stage pair and proportions, (links used, link) by rank pair, seconds by the identity of a pair
 # of stage options). Keyed by identity, as hashing a cluster of many nodes costs more than a crossing;
 # the entry holds the cluster, so its id is not reused while the entry lives.
 _CLUSTERS: dict[int, tuple[Cluster, list[int], dict, dict, dict]] = {}

@@ -26,12 +26,13 @@ Usage = tuple[tuple[int, int], ...]  # (link id, bytes/s wanted), as `Cluster.p2
 class Job:
     """A transfer of `seconds` at full speed wanting `usage` on its links (none: a wait that shares
     nothing); it starts at `start`, or, when `after` names earlier jobs of the list, `start` seconds
-    after the last of them ends."""
+    after the last of them ends. Links only it crosses may be left out of `usage` and given as `top`."""
 
     seconds: float
     usage: Usage = ()
     start: float = 0.0
     after: tuple[int, ...] = ()
+    top: float = 1.0  # the share of its speed its other links (ones no other job crosses) allow
 
 
 class _Loads(dict):
@@ -70,7 +71,8 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
             if ready:
                 now = ready[0][0]
             continue
-        speeds = {k: costs.shared_speed(jobs[k].usage, capacity, load) if jobs[k].usage else 1.0 for k in flying}
+        speeds = {k: min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load)) if jobs[k].usage
+                  else jobs[k].top for k in flying}
         step = min(left / speeds[k] for k, left in flying.items())
         if ready and ready[0][0] < now + step:
             step = ready[0][0] - now  # a start changes the shares before any job ends

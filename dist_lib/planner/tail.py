@@ -12,10 +12,10 @@ Alone, a stage's reductions end at the latest, over its layers l, of l's backwar
 reductions of l and of every layer the backward reaches after it (`lag`). Where they cross links that
 other transfers of the tail cross (another stage's reductions on a node's shared NICs, when two stages
 sit on one node; the last gradients crossing out of the stage on its own NICs or ports), the tail is
-played out as the simulator would (`sharing.play`): from the last stage's last backward, each last
-gradient crossing into the stage before it, that stage's last backward, and every stage's reductions
-as one job released where its reductions start and wanting its groups' bandwidth
-(`Cluster.collective_usage`).
+played out as the simulator would (`sharing.play`): from the last stage's last send, each last gradient
+crossing into the stage before it (one job wanting what its receiving ranks' first pieces want, at
+its time alone), that stage's last backward, and every stage's reductions as one job released where
+its reductions start and wanting its groups' bandwidth (`Cluster.collective_usage`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from .. import costs
 from ..hardware import Cluster
 from ..workload import Workload
-from .messages import crossing_messages, crossing_seconds
+from .messages import crossing_seconds, crossing_usage
 from .sharing import Job, play
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def _shared(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageO
         return set()
     reducing = len(windows)
     for s in range(1, len(placed)):
-        links = crossing_messages(cluster, workload, placed[s][1], placed[s - 1][1])[2]
+        links = crossing_usage(cluster, workload, placed[s][1], placed[s - 1][1])[1]
         windows.append((sends[s], sends[s] + returns[s - 1], links))
     shared: set[int] = set()
     for i in range(reducing):
@@ -149,38 +149,43 @@ def _played(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageO
         jobs += [Job(0.0, (), before[s], (begins[s],)), Job(0.0, (), before[s] + after[s], (begins[s],))]
         if lags[s]:
             total = o.reduced[starts[s + 1]] - o.reduced[starts[s]]
-            usage = _usage(cluster, o)
-            # its reductions' seconds at full speed: their time alone counts its own groups' sharing
-            own = costs.shared_speed(usage, capacity, _loads(usage))
+            usage, own, top = _split(_usage(cluster, o), capacity, shared)
             reductions[s] = len(jobs)
-            # they start `total` before they end alone, `lag` after the last pass ends
-            jobs.append(Job(total * own, usage, before[s] + after[s] + lags[s] - total, (begins[s],)))
+            # they start `total` before they end alone, `lag` after the last pass ends; at full speed they
+            # take less than alone, where their own groups share links
+            jobs.append(Job(total * own, usage, before[s] + after[s] + lags[s] - total, (begins[s],), top))
         if s == 0:
             break
-        chains, sample_bytes, links = crossing_messages(cluster, workload, o, placed[s - 1][1])
+        crossing = crossing_seconds(cluster, workload, o, placed[s - 1][1])
+        usage, links = crossing_usage(cluster, workload, o, placed[s - 1][1])
         if links & shared:
-            last = []
-            for chain in chains:
-                for k, (usage, link, units) in enumerate(chain):
-                    jobs.append(Job(costs.p2p_time(units * sample_bytes, link), usage, 0.0,
-                                    (len(jobs) - 1,) if k else (sends[s],)))
-                last.append(len(jobs) - 1)
-            arrived = tuple(last)
+            # one job wanting what its receiving ranks' first pieces want: its time alone counts its own
+            # messages' sharing
+            usage, own, top = _split(usage, capacity, shared)
+            jobs.append(Job(crossing * own, usage, 0.0, (sends[s],), top))
         else:
-            jobs.append(Job(crossing_seconds(cluster, workload, o, placed[s - 1][1]), (), 0.0, (sends[s],)))
-            arrived = (len(jobs) - 1,)
+            jobs.append(Job(crossing, (), 0.0, (sends[s],)))
         begins[s - 1] = len(jobs)
-        jobs.append(Job(0.0, (), 0.0, arrived))  # the last gradient is in: stage s - 1's last backward
+        jobs.append(Job(0.0, (), 0.0, (len(jobs) - 1,)))  # the last gradient is in: stage s - 1's last backward
     times = play(jobs, capacity)
     return [times[ends[s]] for s in range(pp)], [times[reductions[s]] - times[ends[s]] if reductions[s] >= 0
                                                  else 0.0 for s in range(pp)]
 
 
-def _loads(usage) -> dict[int, int]:
-    out: dict[int, int] = {}
+def _split(usage: tuple[tuple[int, int], ...], capacity: list[int],
+           shared: set[int]) -> tuple[tuple[tuple[int, int], ...], float, float]:
+    """(its usage of the shared links, its speed alone, the speed its other links allow) of a job:
+    the links no other job of the tail crosses only cap its speed, so `play` need not add them up."""
+    own = top = 1.0
+    kept = []
     for link, rate in usage:
-        out[link] = out.get(link, 0) + rate
-    return out
+        if rate > capacity[link]:
+            own = min(own, capacity[link] / rate)
+            if link not in shared:
+                top = min(top, capacity[link] / rate)
+        if link in shared:
+            kept.append((link, rate))
+    return tuple(kept), own, top
 
 
 # Per cluster (by identity, holding it): its link capacities, each stage's reduction usage by (ranks,
