@@ -1,13 +1,22 @@
-"""The planner's closed-form estimate beside the simulator, plan by plan: two-stage pipelines at TP 1, 2
-and 4 on per-GPU NICs (A100 nodes) and behind one 10 Gb/s NIC a node (V100 nodes), under 1F1B, ZB-H1,
-full recompute and interleaving with selective recompute, each stage one node.
+"""The planner's closed-form estimate beside the simulator, plan by plan, under 1F1B, ZB-H1, full recompute
+and interleaving with selective recompute.
 
     python -m benchmarks.planner_estimate
 
+Two sets of pipelines:
+
+* equal widths: two stages of one node each at TP 1, 2 and 4, on per-GPU NICs (A100 nodes) and behind
+  one 10 Gb/s NIC a node (V100 nodes);
+* different widths, the shape of heterogeneous plans: neighbouring stages that differ in DP degree
+  (12 then 4, 8 then 4, 4 then 2 replicas), in TP degree (2 then 1), in device type (A100 beside V100,
+  T4 or A10 nodes) and in node layout (per-GPU NICs, one shared NIC a node, two stages on one node,
+  a stage over two nodes), with uneven replica shares where a stage mixes device types.
+
 Prints one row per plan (estimated and simulated step, their ratio, estimated memory share against the
-simulated peak share) and the mean and largest |estimate / simulated - 1|. The estimate must never count
-less memory than the simulator holds; its time is what ranks the search's candidates before the
-simulator runs the best few (`dist_lib/planner/estimate.py`, `partition.py`, `messages.py`).
+simulated peak share) and, per set and over both, the mean and largest |estimate / simulated - 1|. The
+estimate must never count less memory than the simulator holds; its time is what ranks the search's
+candidates before the simulator runs the best few (`dist_lib/planner/estimate.py`, `partition.py`,
+`messages.py`).
 """
 
 from __future__ import annotations
@@ -21,39 +30,86 @@ SETTINGS = [("toy:layers=4", "2x2xA100-80GB", 8), ("gpt-1.3b:layers=8", "2x2xA10
             ("gpt-350m", "2x4xA100-80GB", 16), ("gpt-1.3b:layers=8", "2x4xV100-32GB:nics=1x1.25", 16)]
 VARIANTS = [("1f1b", "none"), ("zero-bubble", "none"), ("1f1b", "full"), ("interleaved", "selective")]
 
+FASOP = "1x4xA100-40GB:intra=230:nics=1x5+3x4xA10:intra=16:nics=1x5"  # one 40 Gb/s NIC a node
+BERT = "gpt-350m:seq=512,vocab=30522"
+SHARED = "1x4xA100-80GB:nics=1x1.25+2x4xV100-32GB:nics=1x1.25"  # one 10 Gb/s NIC a node
+A, V, T = range(0, 4), range(4, 8), range(8, 12)
+
+# (workload, cluster, batch, microbatch, [(stage ranks, tp, layers)]) of pipelines whose neighbouring
+# stages differ in width
+WIDTHS = [
+    # FASOP's cloud: twelve A10 replicas over three nodes beside the four A100s of one node, both ways
+    (BERT, FASOP, 256, 32, [(tuple(range(4, 16)), 1, 13), (tuple(A), 1, 11)]),
+    (BERT, FASOP, 256, 64, [(tuple(A), 1, 14), (tuple(range(4, 16)), 1, 10)]),
+    (BERT, FASOP, 256, 32, [(tuple(A), 1, 14), (tuple(range(4, 10)), 1, 6), (tuple(range(10, 16)), 1, 4)]),
+    # per-GPU NICs: TP 1 beside TP 2, V100 beside A100
+    ("gpt-1.3b", "1x4xA100-80GB+1x4xV100-32GB", 32, 8, [(tuple(V), 1, 10), ((0, 1, 2, 3), 2, 14)]),
+    ("gpt-1.3b", "1x4xA100-80GB+1x4xV100-32GB", 32, 8, [(tuple(V), 2, 9), ((0, 1), 1, 15)]),
+    # one shared NIC a node: 8 V100 replicas over two nodes, then 4 A100s, and back; 4 then 2
+    ("gpt-1.3b:layers=8", SHARED, 32, 8, [(tuple(range(4, 12)), 1, 4), (tuple(A), 1, 4)]),
+    ("gpt-1.3b:layers=8", SHARED, 32, 8, [(tuple(A), 2, 4), (tuple(range(4, 12)), 1, 4)]),
+    ("gpt-1.3b:layers=8", SHARED, 16, 4, [(tuple(V), 1, 4), ((0, 1), 1, 4)]),
+    # T4 nodes of one 50 Gb/s NIC beside an A100 node at TP 2
+    ("gpt-350m", "1x4xA100-80GB+2x4xT4:nics=1x6.25", 32, 8, [(tuple(range(4, 12)), 1, 10), (tuple(A), 2, 14)]),
+    # a stage of an A100 and a V100 node (uneven shares) beside a T4 node
+    ("gpt-350m", "1x4xA100-80GB+1x4xV100-32GB+1x4xT4:nics=1x6.25", 32, 16,
+     [(tuple(T), 1, 6), (tuple(range(8)), 1, 18)]),
+    # two stages on one node behind its one NIC, between whole-node stages
+    ("gpt-1.3b:layers=8", "3x4xV100-32GB:nics=1x1.25", 32, 8,
+     [(tuple(range(4)), 1, 2), ((4, 5), 1, 2), ((6, 7), 1, 2), (tuple(range(8, 12)), 1, 2)]),
+    # two stages of six GPUs that meet on the middle node's NIC (their gradient reductions too)
+    ("gpt-1.3b:layers=8", "3x4xV100-32GB:nics=1x1.25", 24, 6, [(tuple(range(6)), 1, 4), (tuple(range(6, 12)), 1, 4)]),
+]
+
+
+def _plans():
+    """(set, workload, cluster, stage ranks and TP degrees, layers, microbatch, batch) of every pipeline."""
+    for name, spec, batch in SETTINGS:
+        gpus = Cluster.load(spec).nodes[0].gpus
+        for tp in sorted({1, 2, gpus}):
+            stages = [(tuple(range(gpus)), tp, None), (tuple(range(gpus, 2 * gpus)), tp, None)]
+            yield "equal", name, spec, batch, 2 * gpus // tp, stages  # two samples a replica
+    for name, spec, batch, microbatch, stages in WIDTHS:
+        yield "widths", name, spec, batch, microbatch, stages
+
 
 def rows():
-    """(workload, cluster, tp, schedule, recompute, estimate s, simulated s, estimated memory share,
+    """(set, workload, cluster, plan, schedule, recompute, estimate s, simulated s, estimated memory share,
     simulated peak share) of every plan."""
-    for name, spec, batch in SETTINGS:
+    for kind, name, spec, batch, microbatch, stages in _plans():
         workload, cluster = Workload.load(name), Cluster.load(spec)
-        gpus = cluster.nodes[0].gpus
-        stages = (tuple(range(gpus)), tuple(range(gpus, 2 * gpus)))
-        for tp in sorted({1, 2, gpus}):
-            microbatch = 2 * gpus // tp  # two samples a replica
-            for schedule, recompute in VARIANTS:
-                options = _Space(cluster, workload)
-                placed = [(workload.num_layers // 2,
-                           {o.tp: o for o in options.options(ranks, microbatch, recompute, 0)}[tp])
-                          for ranks in stages]
-                m, chunks = batch // microbatch, 2 if schedule == "interleaved" else 1
-                seconds, memory = step_estimate(cluster, workload, placed, m, schedule, chunks)
-                plan = to_plan(placed, microbatch, m, schedule, recompute, 0, chunks)
-                ran = simulate_candidate(cluster, workload, batch, Candidate(plan, seconds, memory, 0.0))
-                yield name, spec, tp, schedule, recompute, seconds, ran.simulated, memory, ran.peak_fraction
+        m = batch // microbatch
+        for schedule, recompute in VARIANTS:
+            options = _Space(cluster, workload)
+            placed = [(layers or workload.num_layers // len(stages),
+                       {o.tp: o for o in options.options(ranks, microbatch, recompute, 0)}[tp])
+                      for ranks, tp, layers in stages]
+            chunks = 2 if schedule == "interleaved" else 1
+            if chunks > 1 and (m % len(placed) or any(n < chunks for n, _ in placed)):
+                continue
+            seconds, memory = step_estimate(cluster, workload, placed, m, schedule, chunks)
+            plan = to_plan(placed, microbatch, m, schedule, recompute, 0, chunks)
+            ran = simulate_candidate(cluster, workload, batch, Candidate(plan, seconds, memory, 0.0))
+            if ran.simulated is None:
+                continue  # out of memory in the simulator: nothing to compare
+            shape = "+".join(f"{len(r) // tp}x{tp}:{n}L" for n, (r, tp, _) in
+                             zip((n for n, _ in placed), stages)) + f" {m}x{microbatch}"
+            yield kind, name, spec, shape, schedule, recompute, seconds, ran.simulated, memory, ran.peak_fraction
 
 
 def main() -> None:
-    print("| workload | cluster | tp | schedule | recompute | estimate | simulated | estimate / simulated "
+    print("| set | workload | cluster | plan | schedule | recompute | estimate | simulated | estimate / simulated "
           "| memory: estimate / simulated peak |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    errors = []
-    for name, spec, tp, schedule, recompute, seconds, simulated, memory, peak in rows():
-        errors.append(abs(seconds / simulated - 1))
-        print(f"| {name} | {spec} | {tp} | {schedule} | {recompute} | {seconds * 1e3:.1f} ms | "
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    errors: dict[str, list[float]] = {"equal": [], "widths": []}
+    for kind, name, spec, shape, schedule, recompute, seconds, simulated, memory, peak in rows():
+        errors[kind].append(abs(seconds / simulated - 1))
+        print(f"| {kind} | {name} | {spec} | {shape} | {schedule} | {recompute} | {seconds * 1e3:.1f} ms | "
               f"{simulated * 1e3:.1f} ms | {seconds / simulated:.3f} | {memory:.3f} / {peak:.3f} |")
-    print(f"\nmean |estimate / simulated - 1| {sum(errors) / len(errors) * 100:.1f} %, "
-          f"largest {max(errors) * 100:.1f} % over {len(errors)} plans")
+    print()
+    for label, values in (*errors.items(), ("all", errors["equal"] + errors["widths"])):
+        print(f"{label}: mean |estimate / simulated - 1| {sum(values) / len(values) * 100:.1f} %, "
+              f"largest {max(values) * 100:.1f} % over {len(values)} plans")
 
 
 if __name__ == "__main__":

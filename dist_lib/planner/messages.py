@@ -7,23 +7,29 @@ tensor rank j mod t of the sender. Between stages of the same TP degree t > 1 ea
 1/t piece and the receiving TP group all-gathers it (Megatron-LM's scatter-gather, Narayanan et al.
 2021, sec. 4.1); between other degrees messages go whole.
 
-Time: the messages of one crossing start together and share the links they cross as the simulator
-shares them (a GPU's port or NIC, or a node's NICs that its GPUs share; `Cluster.p2p_usage`,
-`costs.shared_speed`), so a crossing takes as long as its slowest message at its share of its most
-loaded link. On a node whose GPUs share one NIC, t pieces of n/t take as long as one whole message, and
-t whole messages t times as long.
+Time: a crossing is played out as the simulator plays it (`transfers.py`), every sender ready at once:
+a receiving rank takes its pieces one at a time, in the order of the sending replicas (`planned.py`
+awaits each before it asks for the next, and a message moves only once it is asked for), and the
+messages in flight share the links they cross in proportion to what each wants (a GPU's port or NIC,
+or a node's NICs that its GPUs share; `Cluster.p2p_usage`, `costs.shared_speed`), each speeding up as
+others end. The crossing takes until its last message has arrived. On a node whose GPUs share one
+NIC, t pieces of n/t take as long as one whole message, and t whole messages t times as long; twelve
+replicas sending into four take the bytes of all twelve through the receiving node's NIC, not twelve
+times the largest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import accumulate
 from math import gcd
 from typing import TYPE_CHECKING
 
 from .. import costs
+from ..devices import Link
 from ..hardware import Cluster
 from ..workload import Workload
+from .sharing import Job, Usage, play
 
 if TYPE_CHECKING:
     from .partition import StageOption
@@ -39,8 +45,9 @@ StageShape = tuple[tuple[int, ...], int, tuple[int, ...]]  # a stage's (ranks, T
 
 def transfers(sender: StageShape, receiver: StageShape, sample_bytes: float) -> Iterator[tuple[int, int, float]]:
     """(source rank, destination rank, bytes) of every message one microbatch's activation (or, from the
-    later stage back, its gradient) makes from the `sender` stage to the `receiver` stage;
-    `sample_bytes` is one sample's activation."""
+    later stage back, its gradient) makes from the `sender` stage to the `receiver` stage, in the order
+    of the sending replicas (the order each receiving rank takes its pieces in); `sample_bytes` is one
+    sample's activation."""
     (ranks_s, ts, shares_s), (ranks_r, tr, shares_r) = sender, receiver
     piece = ts if ts == tr > 1 else 1
     starts = list(accumulate(shares_r, initial=0))
@@ -55,53 +62,84 @@ def transfers(sender: StageShape, receiver: StageShape, sample_bytes: float) -> 
         lo = hi
 
 
+Chain = tuple[tuple[Usage, Link, float], ...]  # one receiving rank's messages in turn: (usage, link, samples)
+
+
+def drain(chains: Sequence[Chain], capacity: Sequence[int], sample_bytes: float) -> float:
+    """Seconds until every message has arrived when each chain's first message starts at 0 and each
+    further one as the one before it arrives; a message alone takes `costs.p2p_time`, and those in
+    flight share their links as in the simulator (`sharing.play`)."""
+    jobs = []
+    for chain in chains:
+        for k, (usage, link, samples) in enumerate(chain):
+            jobs.append(Job(costs.p2p_time(samples * sample_bytes, link), usage, 0.0, (len(jobs) - 1,) if k else ()))
+    return max(play(jobs, capacity), default=0.0)
+
+
 def crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> float:
-    """Seconds until every message of one microbatch's crossing from `sender` to `receiver` has arrived,
-    all started at once and sharing their links (the links' shares worked out once per cluster, pair of
-    stages and proportions of their shares: a larger microbatch scales every message alike)."""
-    _, capacity, patterns, pairs, seen = _for_cluster(cluster)
+    """Seconds until every message of one microbatch's crossing from `sender` to `receiver` has arrived
+    (`drain`; the messages worked out once per cluster, pair of stages and proportions of their shares,
+    and the crossing once per such pattern and bytes a share unit)."""
+    _, capacity, _, _, seen = _for_cluster(cluster)
     # the search asks again and again about the same stage options: by identity first (the entry holds
     # both options, so their ids stay theirs)
     found = seen.get((id(sender), id(receiver)))
     if found is not None and found[0] is sender and found[1] is receiver and found[2] is workload:
         return found[3]
+    pattern, sample_bytes = _pattern(cluster, workload, sender, receiver)
+    seconds = pattern[1].get(sample_bytes)
+    if seconds is None:
+        seconds = pattern[1][sample_bytes] = drain(pattern[0], capacity, sample_bytes)
+    seen[id(sender), id(receiver)] = (sender, receiver, workload, seconds)
+    return seconds
+
+
+def crossing_usage(cluster: Cluster, workload: Workload, sender: StageOption,
+                   receiver: StageOption) -> tuple[Usage, frozenset[int]]:
+    """What one microbatch's crossing wants of its links while every receiving rank takes its first
+    piece (the sum of those messages' `Cluster.p2p_usage`, each receiving rank taking one at a time),
+    and every link any of its messages crosses."""
+    seen = _for_cluster(cluster)[4]
+    found = seen.get((id(sender), id(receiver), "usage"))
+    if found is not None and found[0] is sender and found[1] is receiver:
+        return found[2]
+    pattern, _ = _pattern(cluster, workload, sender, receiver)
+    if pattern[3] is None:
+        heads: dict[int, int] = {}
+        for chain in pattern[0]:
+            for link, rate in chain[0][0]:
+                heads[link] = heads.get(link, 0) + rate
+        pattern[3] = tuple(heads.items())
+    seen[id(sender), id(receiver), "usage"] = (sender, receiver, (pattern[3], pattern[2]))
+    return pattern[3], pattern[2]
+
+
+def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[list, float]:
+    """([chains, seconds by bytes a share unit, links, usage or None], bytes a share unit) of a crossing:
+    the chains
+    in units of the shares' greatest common divisor, so that every microbatch size of the same
+    proportions has the same ones."""
+    _, _, patterns, pairs, _ = _for_cluster(cluster)
     scale = gcd(*sender.shares, *receiver.shares)
     key = (sender.ranks, sender.tp, tuple(n // scale for n in sender.shares), receiver.ranks, receiver.tp,
            tuple(n // scale for n in receiver.shares))
     pattern = patterns.get(key)
     if pattern is None:
-        load = _Loads()
-        messages = []
+        chains: dict[int, list] = {}
         for src, dst, samples in transfers(key[:3], key[3:], 1.0):
             pair = pairs.get((src, dst))
             if pair is None:
                 pair = pairs[src, dst] = (cluster.p2p_usage(src, dst), cluster.p2p_link(src, dst))
-            usage, link = pair
-            for link_id, rate in usage:
-                load[link_id] += rate
-            messages.append((usage, link, samples))
-        # the distinct (link, samples, share of its speed) of the crossing's messages
-        pattern = patterns[key] = tuple({(link, samples, costs.shared_speed(usage, capacity, load))
-                                         for usage, link, samples in messages})
-    sample_bytes = scale * workload.activation_bytes()
-    # alone a message takes costs.p2p_time; at a share s of its speed, 1/s as long (transfers.py)
-    seconds = max(costs.p2p_time(samples * sample_bytes, link) / speed for link, samples, speed in pattern)
-    seen[id(sender), id(receiver)] = (sender, receiver, workload, seconds)
-    return seconds
+            chains.setdefault(dst, []).append((*pair, samples))
+        links = frozenset(link for chain in chains.values() for usage, _, _ in chain for link, _ in usage)
+        pattern = patterns[key] = [tuple(map(tuple, chains.values())), {}, links, None]
+    return pattern, scale * workload.activation_bytes()
 
 
-class _Loads(dict):
-    """Bytes/s the crossing's messages want on each link they use, 0 on the others (indexed by link id,
-    as the simulator's load list)."""
-
-    def __missing__(self, link: int) -> int:
-        return 0
-
-
-# Per cluster: (the cluster, its link capacities, each crossing's pattern by stage pair and proportions,
-# (links used, link) by rank pair, seconds by the identity of a pair of stage options). Keyed by
-# identity, as hashing a cluster of many nodes costs more than a crossing; the entry holds the cluster, so
-# its id is not reused while the entry lives.
+# Per cluster: (the cluster, its link capacities, each crossing's chains, its seconds by bytes a share
+# unit, its links and its usage, by stage pair and proportions, (links used, link) by rank pair, seconds by the identity of a pair
+# of stage options). Keyed by identity, as hashing a cluster of many nodes costs more than a crossing;
+# the entry holds the cluster, so its id is not reused while the entry lives.
 _CLUSTERS: dict[int, tuple[Cluster, list[int], dict, dict, dict]] = {}
 _CLUSTERS_KEPT = 8
 

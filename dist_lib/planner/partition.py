@@ -18,15 +18,10 @@ from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
 from .messages import crossing_seconds, scatters
+from .tail import no_collective, step_end
 
 MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
 BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
-
-
-def no_collective(nbytes: float) -> float:
-    """A collective a stage does not run, at no time: one replica has nothing to reduce, and without
-    ZeRO-1 every replica updates whole weights, so nothing is gathered after the update."""
-    return 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +42,10 @@ class StageOption:
     # issued after its update, behind every gradient reduce-scatter on the same group, so none of it
     # overlaps the backward
     regather: Callable[[float], float] = no_collective
-
+    # prefix sums over layers of `reduce` of each layer's gradient alone: the simulator reduces a layer
+    # as soon as its last microbatch has passed backward, one collective a layer, in turn
+    reduced: tuple[float, ...] = ()
+    alike: bool = True  # the layers after the first cost alike (no measured profile)
 
 
 def partition(stages: list[list[StageOption]], layers: int, microbatches: int, schedule: str = "1f1b",
@@ -180,7 +178,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
                   microbatches: int, schedule: str, chunks: int) -> tuple[float, float]:
     """(seconds per step, highest memory share) of a placed partition under a schedule."""
     pp, m = len(placed), microbatches
-    times, backs, weights, tails, mem = [], [], [], [], 0.0
+    times, backs, weights, mem = [], [], [], 0.0
     start = 0
     for s, (n, o) in enumerate(placed):
         c, stop = o.costs, start + n
@@ -197,9 +195,6 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         times.append(forward + backward)
         backs.append(backward)
         weights.append(c.weight[stop] - c.weight[start])
-        grads = c.grad_bytes[stop] - c.grad_bytes[start]
-        reduce = o.reduce(grads)
-        tails.append(max(reduce - backward, 0.0) + reduce / n + c.update[stop] - c.update[start] + o.regather(grads))
         mem = max(mem, block_memory(o, start, stop, s, pp, m, schedule, chunks) / o.capacity * MEMORY_HEADROOM)
         start = stop
     # An activation and a gradient cross each boundary per microbatch; interleaved, once per chunk, and
@@ -235,8 +230,5 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
             slowest = max(slowest, loop / (pp - s))
     # the first microbatch takes the fill's path and the slowest stage's time; each further one the pace
     pipeline = (m - 1) * slowest + paced + fill
-    step, before = 0.0, 0.0
-    for s in range(pp):
-        step = max(step, pipeline - before + tails[s])
-        before += backs[s]
-    return step, mem
+    # the pipeline ends with stage 0's last backward; then each stage's reductions and update (`tail.py`)
+    return step_end(cluster, workload, placed, backs, weights, pipeline, schedule == "zero-bubble"), mem

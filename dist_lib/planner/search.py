@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from itertools import accumulate
 
 import numpy as np
 
@@ -171,7 +172,12 @@ class _Space:
         # a message that arrives as TP pieces is all-gathered in the receiving replica's TP group
         gather = max(costs.collective_time("all_gather", n * workload.activation_bytes(), self.topology(group))
                      for (_, n), group in replicas.items()) if tp > 1 else 0.0
-        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun, gather, regather)
+        per_layer: dict[float, float] = {}  # alike layers have one gradient size
+        reduced = tuple(accumulate((per_layer[g] if g in per_layer else per_layer.setdefault(g, reduce(g))
+                                    for g in (b - a for a, b in zip(combined.grad_bytes, combined.grad_bytes[1:]))),
+                                   initial=0.0))
+        return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun, gather, regather,
+                           reduced, workload.profile is None)
 
 
 class _Reduction:

@@ -1,0 +1,101 @@
+"""Transfers that share links, played out as the simulator plays them, for the estimate.
+
+The simulator moves every message and collective as a flow (`transfers.py`): a transfer wants some
+bytes/s on each link it crosses (`Cluster.p2p_usage`, `Cluster.collective_usage`), a link asked for
+more than it carries gives each transfer on it the share capacity / load of what it wants, and a
+transfer moves at its share of its most loaded link (`costs.shared_speed`), recomputed whenever a
+transfer starts or ends (a flow-level model with proportional shares; Velho et al. 2013). The
+estimate needs that model where a few transfers overlap: the messages of one pipeline crossing, and
+after the last backward the gradient reductions of stages that meet on a node's NICs, beside the last
+gradients crossing between stages. `play` runs it for a handful of jobs, each started at a time of its
+own or some seconds after another job ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .. import costs
+
+Usage = tuple[tuple[int, int], ...]  # (link id, bytes/s wanted), as `Cluster.p2p_usage` gives them
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A transfer of `seconds` at full speed wanting `usage` on its links (none: a wait that shares
+    nothing); it starts at `start`, or, when `after` names earlier jobs of the list, `start` seconds
+    after the last of them ends. Links only it crosses may be left out of `usage` and given as `top`."""
+
+    seconds: float
+    usage: Usage = ()
+    start: float = 0.0
+    after: tuple[int, ...] = ()
+    top: float = 1.0  # the share of its speed its other links (ones no other job crosses) allow
+
+
+class _Loads(dict):
+    """Bytes/s the jobs in flight want on each link, 0 on the others (indexed by link id)."""
+
+    def __missing__(self, link: int) -> int:
+        return 0
+
+
+def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
+    """The time each job ends, jobs in flight sharing their links in proportion to what they want."""
+    ends = [0.0] * len(jobs)
+    followers: dict[int, list[int]] = {}
+    waiting = [len(job.after) for job in jobs]  # jobs each still waits for
+    ready: list[tuple[float, int]] = []  # (start, job) of jobs whose start is known
+    for k, job in enumerate(jobs):
+        if not job.after:
+            ready.append((job.start, k))
+        for before in job.after:
+            followers.setdefault(before, []).append(k)
+    heapq.heapify(ready)
+    flying: dict[int, float] = {}  # job -> seconds left at full speed
+    load = _Loads()  # bytes/s the jobs in flight want on each link
+    now = ready[0][0] if ready else 0.0
+    while ready or flying:
+        while ready and ready[0][0] <= now:
+            k = heapq.heappop(ready)[1]
+            if jobs[k].seconds > 0.0:
+                flying[k] = jobs[k].seconds
+                for link, rate in jobs[k].usage:
+                    load[link] += rate
+            else:
+                ends[k] = now
+                _release(jobs, followers.get(k, ()), waiting, now, ready)
+        if not flying:
+            if ready:
+                now = ready[0][0]
+            continue
+        speeds = {k: min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load)) if jobs[k].usage
+                  else jobs[k].top for k in flying}
+        step = min(left / speeds[k] for k, left in flying.items())
+        if ready and ready[0][0] < now + step:
+            step = ready[0][0] - now  # a start changes the shares before any job ends
+        now += step
+        done = []
+        for k, left in flying.items():
+            if left / speeds[k] <= step * (1 + 1e-12):
+                done.append(k)
+            else:
+                flying[k] = left - step * speeds[k]
+        for k in done:
+            del flying[k]
+            for link, rate in jobs[k].usage:
+                load[link] -= rate
+            ends[k] = now
+            _release(jobs, followers.get(k, ()), waiting, now, ready)
+    return ends
+
+
+def _release(jobs: Sequence[Job], followers: Sequence[int], waiting: list[int], now: float,
+             ready: list[tuple[float, int]]) -> None:
+    """A job ended at `now`: its followers that waited for it last start `start` seconds later."""
+    for k in followers:
+        waiting[k] -= 1
+        if not waiting[k]:
+            heapq.heappush(ready, (now + jobs[k].start, k))
