@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import costs
 from ..hardware import Cluster
 from ..workload import Workload
 from .messages import crossing_seconds, crossing_usage
