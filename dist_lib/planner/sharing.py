@@ -48,15 +48,20 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
             followers.setdefault(before, []).append(k)
     heapq.heapify(ready)
     flying: dict[int, float] = {}  # job -> seconds left at full speed
+    speeds: dict[int, float] = {}  # job in flight -> the share of its full speed it gets
     load = [0] * len(capacity)  # bytes/s the jobs in flight want on each link (a list: it is read most)
+    moved = False  # whether the loads changed since the speeds were worked out (waits change none)
     now = ready[0][0] if ready else 0.0
     while ready or flying:
         while ready and ready[0][0] <= now:
             k = heapq.heappop(ready)[1]
-            if jobs[k].seconds > 0.0:
-                flying[k] = jobs[k].seconds
-                for link, rate in jobs[k].usage:
+            job = jobs[k]
+            if job.seconds > 0.0:
+                flying[k] = job.seconds
+                speeds[k] = job.top
+                for link, rate in job.usage:
                     load[link] += rate
+                moved = moved or bool(job.usage)
             else:
                 ends[k] = now
                 _release(jobs, followers.get(k, ()), waiting, now, ready)
@@ -64,8 +69,11 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
             if ready:
                 now = ready[0][0]
             continue
-        speeds = {k: min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load)) if jobs[k].usage
-                  else jobs[k].top for k in flying}
+        if moved:
+            for k in flying:
+                if jobs[k].usage:
+                    speeds[k] = min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load))
+            moved = False
         step = min(left / speeds[k] for k, left in flying.items())
         if ready and ready[0][0] < now + step:
             step = ready[0][0] - now  # a start changes the shares before any job ends
@@ -77,9 +85,10 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
             else:
                 flying[k] = left - step * speeds[k]
         for k in done:
-            del flying[k]
+            del flying[k], speeds[k]
             for link, rate in jobs[k].usage:
                 load[link] -= rate
+            moved = moved or bool(jobs[k].usage)
             ends[k] = now
             _release(jobs, followers.get(k, ()), waiting, now, ready)
     return ends
