@@ -54,39 +54,32 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
     microbatch is least (within `BOUND_TOLERANCE`) with every layer placed, or None when no bound
     places them all (memory)."""
     pp = len(stages)
-    infinite = float("inf")
-    # per stage: its in-flight microbatches, and per option what a probe reads (hoisted out of the loop)
-    prepared = [(in_flight(schedule, s, pp, microbatches, 1),
-                 [(o, o.costs.total, o.costs.state, o.costs.activation, o.costs.shard, o.loss if s == pp - 1 else 0.0,
-                   (o.capacity if memory else infinite) - buffers(s, pp, microbatches, schedule) * o.unit - o.rerun)
-                  for o in options])
-                for s, options in enumerate(stages)]
+    # per stage: the last index its block may reach (a layer left for each later stage), and per option
+    # what a probe reads (hoisted out of the loop), with the longest block its memory is known to take
+    prepared = []
+    for s, options in enumerate(stages):
+        flight, held = in_flight(schedule, s, pp, microbatches, 1), buffers(s, pp, microbatches, schedule)
+        prepared.append((layers - (pp - s - 1), []))
+        for o in options:
+            reach = _MemoryReach(o.costs, flight, o.capacity - held * o.unit - o.rerun, layers) if memory else None
+            prepared[-1][1].append((o, o.costs.total, o.loss if s == pp - 1 else 0.0, reach,
+                                    reach.fitting if memory else None))
 
     def place(bound: float):
         """Each stage in turn takes the most layers that fit in `bound` seconds and in its memory
         (over its TP options; the faster block on a tie), leaving one for each later stage; with the
         slowest stage's time, which is at most `bound`."""
         start, out, slowest = 0, [], 0.0
-        for s, (flight, options) in enumerate(prepared):
-            room = layers - start - (pp - s - 1)
+        for limit, options in prepared:
             best, pick, best_time, best_fixed = 0, None, 0.0, 0.0
-            for o, total, state, act, shard, fixed, budget_m in options:
+            for o, total, fixed, reach, fitting in options:
                 t0 = total[start]
-                j = min(bisect_right(total, t0 + bound - fixed) - 1, start + room)
+                # the largest j <= limit with total[j] - t0 within the bound (total never decreases)
+                j = bisect_right(total, t0 + bound - fixed, start, limit + 1) - 1
                 if j <= start:
                     continue
-                s0, a0, h0 = state[start], act[start], shard[start]
-                # in flight, or (ZeRO-1) the gradient shards beside the last microbatch (`block_memory`)
-                if state[j] - s0 + act[j] - a0 + max((flight - 1) * (act[j] - a0), shard[j] - h0) > budget_m:
-                    lo, hi = start, j  # the largest block within memory (bytes grow with every layer)
-                    while lo < hi:
-                        mid = (lo + hi + 1) // 2
-                        if state[mid] - s0 + act[mid] - a0 + max((flight - 1) * (act[mid] - a0),
-                                                                 shard[mid] - h0) <= budget_m:
-                            lo = mid
-                        else:
-                            hi = mid - 1
-                    j = lo
+                if fitting is not None and j > fitting[start]:
+                    j = reach(start, j)  # the largest block within memory
                 n = j - start
                 if n > best or (n == best and n and total[j] - t0 < best_time):
                     best, pick, best_time, best_fixed = n, o, total[j] - t0, fixed
@@ -124,6 +117,47 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
         else:
             placed, hi = trial, trial[0]
     return placed
+
+
+class _MemoryReach:
+    """For one stage option in one partition: the last index a block from a given first layer may reach
+    within `budget` bytes (`block_memory` under 1F1B with `flight` microbatches in flight, or ZeRO-1's
+    gradient shards beside the last one). A block's bytes never shrink as it grows (every layer adds
+    bytes), so whether a block fits is true up to some end and false after it. The probes of
+    `partition` ask again and again from the same first layers, so what each answer learnt is kept:
+    by first layer, the longest block seen to fit (`fitting`: a probe that asks for no more reads it
+    and need not call), and the end itself once a block was seen not to fit."""
+
+    __slots__ = ("costs", "flight", "budget", "fitting", "ends")
+
+    def __init__(self, costs: LayerCosts, flight: float, budget: float, layers: int):
+        self.costs, self.flight, self.budget = costs, flight, budget
+        self.fitting = list(range(layers + 1))  # an empty block: the least any first layer may reach
+        self.ends: list[int | None] = [None] * (layers + 1)
+
+    def __call__(self, start: int, stop: int) -> int:
+        """The largest j in start..stop whose block start..j-1 fits (start when none does)."""
+        end = self.ends[start]
+        if end is not None:
+            return min(stop, end)
+        state, act, shard = self.costs.state, self.costs.activation, self.costs.shard
+        s0, a0, h0, flight, budget = state[start], act[start], shard[start], self.flight, self.budget
+
+        def within(j: int) -> bool:  # the block start..j-1 fits (state, and in-flight stashes or shards)
+            return state[j] - s0 + act[j] - a0 + max((flight - 1) * (act[j] - a0), shard[j] - h0) <= budget
+
+        if within(stop):
+            self.fitting[start] = stop
+            return stop
+        lo, hi = self.fitting[start], stop - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if within(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        self.fitting[start] = self.ends[start] = lo
+        return lo
 
 
 def fits(placed: list[tuple[int, StageOption]], microbatches: int, schedule: str = "1f1b") -> bool:

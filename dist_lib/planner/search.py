@@ -196,12 +196,12 @@ class _Reduction:
 
 def _slowest(per: list[LayerCosts]) -> LayerCosts:
     """Per layer, the largest of each figure over the replicas, as prefix sums again (summed in layer
-    order, as a loop would)."""
-    fields = []
-    for name in LayerCosts.__slots__[:-1]:
-        steps = np.diff(np.array([getattr(c, name) for c in per]), axis=1).max(axis=0)
-        fields.append(tuple(np.concatenate(([0.0], np.cumsum(steps))).tolist()))
-    return with_total(*fields)
+    order, as a loop would); every figure at once, as (figure, replica, layer) arrays."""
+    names = LayerCosts.__slots__[:-1]
+    prefixes = np.array([[getattr(c, name) for c in per] for name in names])
+    steps = np.diff(prefixes, axis=2).max(axis=1)
+    sums = np.concatenate((np.zeros((len(names), 1)), np.cumsum(steps, axis=1)), axis=1)
+    return with_total(*map(tuple, sums.tolist()))
 
 
 @lru_cache(maxsize=256)

@@ -15,31 +15,24 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .. import costs
 
 Usage = tuple[tuple[int, int], ...]  # (link id, bytes/s wanted), as `Cluster.p2p_usage` gives them
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
+class Job(NamedTuple):
     """A transfer of `seconds` at full speed wanting `usage` on its links (none: a wait that shares
     nothing); it starts at `start`, or, when `after` names earlier jobs of the list, `start` seconds
-    after the last of them ends. Links only it crosses may be left out of `usage` and given as `top`."""
+    after the last of them ends. Links only it crosses may be left out of `usage` and given as `top`.
+    (A named tuple: the estimate makes hundreds of thousands of them.)"""
 
     seconds: float
     usage: Usage = ()
     start: float = 0.0
     after: tuple[int, ...] = ()
     top: float = 1.0  # the share of its speed its other links (ones no other job crosses) allow
-
-
-class _Loads(dict):
-    """Bytes/s the jobs in flight want on each link, 0 on the others (indexed by link id)."""
-
-    def __missing__(self, link: int) -> int:
-        return 0
 
 
 def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
@@ -55,15 +48,20 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
             followers.setdefault(before, []).append(k)
     heapq.heapify(ready)
     flying: dict[int, float] = {}  # job -> seconds left at full speed
-    load = _Loads()  # bytes/s the jobs in flight want on each link
+    speeds: dict[int, float] = {}  # job in flight -> the share of its full speed it gets
+    load = [0] * len(capacity)  # bytes/s the jobs in flight want on each link (a list: it is read most)
+    moved = False  # whether the loads changed since the speeds were worked out (waits change none)
     now = ready[0][0] if ready else 0.0
     while ready or flying:
         while ready and ready[0][0] <= now:
             k = heapq.heappop(ready)[1]
-            if jobs[k].seconds > 0.0:
-                flying[k] = jobs[k].seconds
-                for link, rate in jobs[k].usage:
+            job = jobs[k]
+            if job.seconds > 0.0:
+                flying[k] = job.seconds
+                speeds[k] = job.top
+                for link, rate in job.usage:
                     load[link] += rate
+                moved = moved or bool(job.usage)
             else:
                 ends[k] = now
                 _release(jobs, followers.get(k, ()), waiting, now, ready)
@@ -71,8 +69,11 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
             if ready:
                 now = ready[0][0]
             continue
-        speeds = {k: min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load)) if jobs[k].usage
-                  else jobs[k].top for k in flying}
+        if moved:
+            for k in flying:
+                if jobs[k].usage:
+                    speeds[k] = min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load))
+            moved = False
         step = min(left / speeds[k] for k, left in flying.items())
         if ready and ready[0][0] < now + step:
             step = ready[0][0] - now  # a start changes the shares before any job ends
@@ -84,9 +85,10 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
             else:
                 flying[k] = left - step * speeds[k]
         for k in done:
-            del flying[k]
+            del flying[k], speeds[k]
             for link, rate in jobs[k].usage:
                 load[link] -= rate
+            moved = moved or bool(jobs[k].usage)
             ends[k] = now
             _release(jobs, followers.get(k, ()), waiting, now, ready)
     return ends

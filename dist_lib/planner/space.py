@@ -102,9 +102,13 @@ def shares(cluster: Cluster, workload: Workload, ranks: tuple[int, ...], tp: int
         return tuple(base + (d < extra) for d in range(dp))
     n = max(1, microbatch // dp)
     layer = 1 if workload.num_layers > 1 else 0
-    speed = [1.0 / layer_seconds(d, workload, layer, n, tp) for d in devices]
-    spare = microbatch - dp
-    ideal = [spare * s / sum(speed) for s in speed]
+    speed_of: dict[int, float] = {}  # by device (identity): a stage has a few kinds and many replicas
+    for d in devices:
+        if id(d) not in speed_of:
+            speed_of[id(d)] = 1.0 / layer_seconds(d, workload, layer, n, tp)
+    speed = [speed_of[id(d)] for d in devices]
+    spare, total = microbatch - dp, sum(speed)
+    ideal = [spare * s / total for s in speed]
     out = [1 + int(x) for x in ideal]
     for d in sorted(range(dp), key=lambda d: int(ideal[d]) - ideal[d])[:microbatch - sum(out)]:
         out[d] += 1

@@ -95,7 +95,7 @@ def step_end(cluster: Cluster, workload: Workload, placed: list[tuple[int, Stage
     if shared:
         # played out relative to the last stage's last send: the same stages, blocks and passes (1F1B and
         # interleaved of one partition) give the same tail
-        played = _for_cluster(cluster)[3]
+        played = _for_cluster(cluster).played
         key = (tuple(id(o) for _, o in placed), tuple(starts), tuple(before), tuple(after), id(workload))
         found = played.get(key)
         if found is None or any(a is not b for a, b in zip(found[0], placed)):
@@ -115,7 +115,7 @@ def _shared(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageO
     for s, (_, o) in enumerate(placed):
         if lags[s]:
             total = o.reduced[starts[s + 1]] - o.reduced[starts[s]]
-            windows.append((ends[s] + lags[s] - total, ends[s] + lags[s], frozenset(l for l, _ in _usage(cluster, o))))
+            windows.append((ends[s] + lags[s] - total, ends[s] + lags[s], _usage(cluster, o)[1]))
     if not windows:
         return set()
     reducing = len(windows)
@@ -137,7 +137,8 @@ def _played(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageO
             shared: set[int]) -> tuple[list[float], list[float]]:
     """(each stage's last pass end, its reductions' end after it) with the tail's transfers sharing
     their links, from the last stage's last send at `last_send`."""
-    capacity = _capacity(cluster)
+    tails = _for_cluster(cluster)
+    capacity, shared = tails.capacity, tails.interned(shared)
     pp = len(placed)
     # per stage, the jobs marking the last gradient's arrival, the stage's last send and its end
     begins, sends, ends, reductions = [0] * pp, [0] * pp, [0] * pp, [-1] * pp
@@ -148,7 +149,7 @@ def _played(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageO
         jobs += [Job(0.0, (), before[s], (begins[s],)), Job(0.0, (), before[s] + after[s], (begins[s],))]
         if lags[s]:
             total = o.reduced[starts[s + 1]] - o.reduced[starts[s]]
-            usage, own, top = _split(_usage(cluster, o), capacity, shared)
+            usage, own, top = tails.split(_usage(cluster, o)[0], shared)
             reductions[s] = len(jobs)
             # they start `total` before they end alone, `lag` after the last pass ends; at full speed they
             # take less than alone, where their own groups share links
@@ -157,10 +158,10 @@ def _played(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageO
             break
         crossing = crossing_seconds(cluster, workload, o, placed[s - 1][1])
         usage, links = crossing_usage(cluster, workload, o, placed[s - 1][1])
-        if links & shared:
+        if not links.isdisjoint(shared):
             # one job wanting what its receiving ranks' first pieces want: its time alone counts its own
             # messages' sharing
-            usage, own, top = _split(usage, capacity, shared)
+            usage, own, top = tails.split(usage, shared)
             jobs.append(Job(crossing * own, usage, 0.0, (sends[s],), top))
         else:
             jobs.append(Job(crossing, (), 0.0, (sends[s],)))
@@ -171,43 +172,72 @@ def _played(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageO
                                                  else 0.0 for s in range(pp)]
 
 
-def _split(usage: tuple[tuple[int, int], ...], capacity: list[int],
-           shared: set[int]) -> tuple[tuple[tuple[int, int], ...], float, float]:
-    """(its usage of the shared links, its speed alone, the speed its other links allow) of a job:
-    the links no other job of the tail crosses only cap its speed, so `play` need not add them up."""
+def _split(usage: tuple[tuple[int, int], ...], over: tuple[tuple[int, float], ...],
+           shared: frozenset[int]) -> tuple[tuple[tuple[int, int], ...], float, float]:
+    """(its usage of the shared links, its speed alone, the speed its other links allow) of a job,
+    given the (link, capacity / rate) of the links it asks more of than they carry (`over`): the links
+    no other job of the tail crosses only cap its speed, so `play` need not add them up."""
     own = top = 1.0
-    kept = []
-    for link, rate in usage:
-        if rate > capacity[link]:
-            own = min(own, capacity[link] / rate)
-            if link not in shared:
-                top = min(top, capacity[link] / rate)
-        if link in shared:
-            kept.append((link, rate))
-    return tuple(kept), own, top
+    for link, share in over:
+        own = min(own, share)
+        if link not in shared:
+            top = min(top, share)
+    return tuple(pair for pair in usage if pair[0] in shared), own, top
 
 
-# Per cluster (by identity, holding it): its link capacities, each stage's reduction usage by (ranks,
-# TP degree), and the tails played out (holding their stage options, so that their ids stay theirs)
-_CLUSTERS: dict[int, tuple[Cluster, list[int], dict, dict]] = {}
+class _Tails:
+    """What the tail's estimate works out once per cluster: its link capacities; each stage's reduction
+    usage and links by (ranks, TP degree); the tails played out (holding their stage options, so that
+    their ids stay theirs); the sets of shared links met, one object each, so that a set met again is
+    found by identity; and each job's `_split` by the identity of its usage and of the shared set
+    (holding the usage). Few sets of shared links recur across thousands of candidates."""
+
+    __slots__ = ("cluster", "capacity", "usages", "played", "shared_sets", "splits", "over")
+
+    def __init__(self, cluster: Cluster):
+        self.cluster, self.capacity = cluster, cluster.link_capacities()
+        self.usages: dict = {}
+        self.played: dict = {}
+        self.shared_sets: dict[frozenset[int], frozenset[int]] = {}
+        self.splits: dict = {}
+        self.over: dict = {}  # the links each usage asks more of than they carry, by its identity
+
+    def interned(self, shared: set[int]) -> frozenset[int]:
+        frozen = frozenset(shared)
+        return self.shared_sets.setdefault(frozen, frozen)
+
+    def split(self, usage: tuple[tuple[int, int], ...],
+              shared: frozenset[int]) -> tuple[tuple[tuple[int, int], ...], float, float]:
+        """`_split` of a usage by a set from `interned`, once per pair."""
+        key = (id(usage), id(shared))
+        found = self.splits.get(key)
+        if found is None or found[0] is not usage or found[1] is not shared:
+            over = self.over.get(id(usage))
+            if over is None or over[0] is not usage:
+                capacity = self.capacity
+                over = self.over[id(usage)] = (usage, tuple((link, capacity[link] / rate) for link, rate in usage
+                                                            if rate > capacity[link]))
+            found = self.splits[key] = (usage, shared, _split(usage, over[1], shared))
+        return found[2]
 
 
-def _capacity(cluster: Cluster) -> list[int]:
-    return _for_cluster(cluster)[1]
+# Per cluster, by identity (each entry holds its cluster, so that the id stays its own)
+_CLUSTERS: dict[int, _Tails] = {}
 
 
-def _for_cluster(cluster: Cluster) -> tuple[Cluster, list[int], dict, dict]:
+def _for_cluster(cluster: Cluster) -> _Tails:
     found = _CLUSTERS.get(id(cluster))
     if found is None:
         if len(_CLUSTERS) >= 8:
             _CLUSTERS.clear()
-        found = _CLUSTERS[id(cluster)] = (cluster, cluster.link_capacities(), {}, {})
+        found = _CLUSTERS[id(cluster)] = _Tails(cluster)
     return found
 
 
-def _usage(cluster: Cluster, o: StageOption) -> tuple[tuple[int, int], ...]:
-    """(link, bytes/s) the stage's data-parallel groups (one per tensor rank) want together."""
-    usages = _for_cluster(cluster)[2]
+def _usage(cluster: Cluster, o: StageOption) -> tuple[tuple[tuple[int, int], ...], frozenset[int]]:
+    """(link, bytes/s) the stage's data-parallel groups (one per tensor rank) want together, and those
+    links."""
+    usages = _for_cluster(cluster).usages
     key = (o.ranks, o.tp)
     found = usages.get(key)
     if found is None:
@@ -215,5 +245,5 @@ def _usage(cluster: Cluster, o: StageOption) -> tuple[tuple[int, int], ...]:
         for j in range(o.tp):
             for link, rate in cluster.collective_usage(o.ranks[j::o.tp]):
                 total[link] = total.get(link, 0) + rate
-        found = usages[key] = tuple(total.items())
+        found = usages[key] = (tuple(total.items()), frozenset(total))
     return found
