@@ -74,7 +74,7 @@ def setups(strategy: str, clusters: tuple[str, ...] = CLUSTERS, max_layers: int 
     def build(draw) -> Setup:
         cluster = draw(st.sampled_from(clusters))
         world = Cluster.parse(cluster).world_size
-        gpus_per_node = Cluster.parse(cluster).nodes[0].gpus
+        node_sizes = [node.gpus for node in Cluster.parse(cluster).nodes]  # (nodes may differ)
         divisors = [d for d in range(1, world + 1) if world % d == 0]
         mb = draw(st.integers(1, 2))
         options: dict[str, Any] = {"microbatch_size": mb}
@@ -87,7 +87,7 @@ def setups(strategy: str, clusters: tuple[str, ...] = CLUSTERS, max_layers: int 
         else:
             tp = 1
             if strategy == "hybrid":
-                tp = draw(st.sampled_from([t for t in (1, 2) if gpus_per_node % t == 0 and world % t == 0]))
+                tp = draw(st.sampled_from([t for t in (1, 2) if all(n % t == 0 for n in node_sizes)]))
             pp = draw(st.sampled_from([d for d in divisors if d > 1 and (world // tp) % d == 0] or [1]))
             dp = world // (pp * tp)
             chunks = 2 if strategy == "interleaved" else 1

@@ -23,6 +23,22 @@ def test_random_valid_configurations_are_correct_and_sound(name):
     check()
 
 
+# nodes of different sizes and devices, and nodes whose GPUs share one NIC
+UNEVEN = ("1x2xA100-80GB+2x1xT4", "2x2xT4:nics=1x1.25", "1x4xV100-32GB:nics=1x1.25+1x2xA10")
+
+
+@pytest.mark.parametrize("name", ["hybrid", "hetero", "planned"])
+def test_random_configurations_on_uneven_clusters_are_correct_and_sound(name):
+    @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(testing.setups(name, clusters=UNEVEN))
+    def check(setup):
+        result = testing.run(setup)
+        assert result.correct
+        assert testing.schedule_problems(result) == [], setup
+
+    check()
+
+
 def test_invariant_checker_catches_a_backward_before_its_forward_order():
     """A hand-broken log: swap one rank's forward and backward times; the checker must notice."""
     result = testing.run(testing.Setup("one_f_one_b", "1x2xA100-80GB", "toy:layers=2", 2, {"pp": 2}))
