@@ -21,7 +21,6 @@ holds its input until it is awaited; a send's tensor is let go of when the messa
 from __future__ import annotations
 
 import asyncio
-
 from operator import attrgetter
 from typing import Any
 

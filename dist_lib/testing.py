@@ -24,6 +24,7 @@ from __future__ import annotations
 import tempfile
 from bisect import bisect_right
 from collections import defaultdict
+from itertools import accumulate
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,8 @@ def setups(strategy: str, clusters: tuple[str, ...] = CLUSTERS, max_layers: int 
     @st.composite
     def build(draw) -> Setup:
         cluster = draw(st.sampled_from(clusters))
-        world = Cluster.parse(cluster).world_size
-        node_sizes = [node.gpus for node in Cluster.parse(cluster).nodes]  # (nodes may differ)
+        parsed = Cluster.parse(cluster)
+        world, node_sizes = parsed.world_size, [node.gpus for node in parsed.nodes]  # (nodes may differ)
         divisors = [d for d in range(1, world + 1) if world % d == 0]
         mb = draw(st.integers(1, 2))
         options: dict[str, Any] = {"microbatch_size": mb}
@@ -149,7 +150,7 @@ def _plans(clusters: tuple[str, ...], max_layers: int):
         microbatches = draw(st.integers(1, 3)) * (pp if chunks > 1 else 1)
         layers = draw(st.integers(pp * chunks, max(pp * chunks, max_layers)))
         sizes = cuts(draw, layers, pp * chunks)  # chunk-major: chunk c of stage s is block c * pp + s
-        bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        bounds = list(accumulate(sizes, initial=0))
         stages = tuple(Stage(ranks, tp, tuple((bounds[c * pp + i], bounds[c * pp + i + 1]) for c in range(chunks)),
                              tuple(cuts(draw, microbatch, dp)))
                        for i, (ranks, tp, dp) in enumerate(zip(groups, tps, dps)))

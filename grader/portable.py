@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import InputError
 from .grade import grade_one
+from .runner.isolation import rebase_paths
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,7 @@ def grade_job(job: GradeJob) -> Graded:
         row = grade_one(str(strategy), job.scenario, job.limits, trace, job.plots, confine=job.confine)
         files = {str(Path(here[str(out)]) / p.relative_to(out)): p.read_bytes()
                  for p in sorted(out.rglob("*")) if p.is_file()} if job.trace else {}
-    return Graded(_rebase(row, here), files)
+    return Graded(rebase_paths(row, here), files)
 
 
 def _require_sandbox() -> None:
@@ -87,16 +88,3 @@ def _holds(path: Path, source: bytes) -> bool:
         return path.is_file() and path.read_bytes() == source
     except OSError:
         return False
-
-
-def _rebase(value: Any, moves: dict[str, str]) -> Any:
-    """`value` with every job-private folder in its strings replaced by the driver's folder."""
-    if isinstance(value, str):
-        for old, new in moves.items():
-            value = value.replace(old, new)
-        return value
-    if isinstance(value, dict):
-        return {k: _rebase(v, moves) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_rebase(v, moves) for v in value)
-    return value

@@ -29,7 +29,7 @@ from .. import costs
 from ..devices import Link
 from ..hardware import Cluster
 from ..workload import Workload
-from .sharing import Job, Usage, play
+from .sharing import Job, PerCluster, Usage, play
 
 if TYPE_CHECKING:
     from .partition import StageOption
@@ -80,7 +80,7 @@ def crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, 
     """Seconds until every message of one microbatch's crossing from `sender` to `receiver` has arrived
     (`drain`; the messages worked out once per cluster, pair of stages and proportions of their shares,
     and the crossing once per such pattern and bytes a share unit)."""
-    _, capacity, _, _, seen = _for_cluster(cluster)
+    capacity, _, _, seen = _for_cluster(cluster)
     # the search asks again and again about the same stage options: by identity first (the entry holds
     # both options, so their ids stay theirs)
     found = seen.get((id(sender), id(receiver)))
@@ -99,7 +99,7 @@ def crossing_usage(cluster: Cluster, workload: Workload, sender: StageOption,
     """What one microbatch's crossing wants of its links while every receiving rank takes its first
     piece (the sum of those messages' `Cluster.p2p_usage`, each receiving rank taking one at a time),
     and every link any of its messages crosses."""
-    seen = _for_cluster(cluster)[4]
+    seen = _for_cluster(cluster)[3]
     found = seen.get((id(sender), id(receiver), "usage"))
     if found is not None and found[0] is sender and found[1] is receiver:
         return found[2]
@@ -119,7 +119,7 @@ def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver
     the chains
     in units of the shares' greatest common divisor, so that every microbatch size of the same
     proportions has the same ones."""
-    _, _, patterns, pairs, _ = _for_cluster(cluster)
+    _, patterns, pairs, _ = _for_cluster(cluster)
     scale = gcd(*sender.shares, *receiver.shares)
     key = (sender.ranks, sender.tp, tuple(n // scale for n in sender.shares), receiver.ranks, receiver.tp,
            tuple(n // scale for n in receiver.shares))
@@ -136,18 +136,8 @@ def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver
     return pattern, scale * workload.activation_bytes()
 
 
-# Per cluster: (the cluster, its link capacities, each crossing's chains, its seconds by bytes a share
-# unit, its links and its usage, by stage pair and proportions, (links used, link) by rank pair, seconds by the identity of a pair
-# of stage options). Keyed by identity, as hashing a cluster of many nodes costs more than a crossing;
-# the entry holds the cluster, so its id is not reused while the entry lives.
-_CLUSTERS: dict[int, tuple[Cluster, list[int], dict, dict, dict]] = {}
-_CLUSTERS_KEPT = 8
-
-
-def _for_cluster(cluster: Cluster) -> tuple[Cluster, list[int], dict, dict, dict]:
-    found = _CLUSTERS.get(id(cluster))
-    if found is None:
-        if len(_CLUSTERS) >= _CLUSTERS_KEPT:
-            _CLUSTERS.clear()
-        found = _CLUSTERS[id(cluster)] = (cluster, cluster.link_capacities(), {}, {}, {})
-    return found
+# Per cluster: (its link capacities, each crossing's chains, its seconds by bytes a share unit, its links
+# and its usage, by stage pair and proportions, (links used, link) by rank pair, seconds by the identity
+# of a pair of stage options)
+_for_cluster: PerCluster[tuple[list[int], dict, dict, dict]] = \
+    PerCluster(lambda cluster: (cluster.link_capacities(), {}, {}, {}))

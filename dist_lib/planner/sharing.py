@@ -14,8 +14,8 @@ own or some seconds after another job ends.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from .. import costs
 
@@ -101,3 +101,26 @@ def _release(jobs: Sequence[Job], followers: Sequence[int], waiting: list[int], 
         waiting[k] -= 1
         if not waiting[k]:
             heapq.heappush(ready, (now + jobs[k].start, k))
+
+
+T = TypeVar("T")
+
+
+class PerCluster(Generic[T]):
+    """What the estimate works out once per cluster, made by `make(cluster)` on first use and found again by
+    the cluster's identity (hashing a cluster of many nodes costs more than what is looked up); each entry
+    holds its cluster, so that its id is not reused while the entry lives; the last few clusters are kept."""
+
+    __slots__ = ("make", "kept", "entries")
+
+    def __init__(self, make: Callable[[Any], T], kept: int = 8):
+        self.make, self.kept = make, kept
+        self.entries: dict[int, tuple[Any, T]] = {}
+
+    def __call__(self, cluster: Any) -> T:
+        entry = self.entries.get(id(cluster))
+        if entry is None:
+            if len(self.entries) >= self.kept:
+                self.entries.clear()
+            entry = self.entries[id(cluster)] = (cluster, self.make(cluster))
+        return entry[1]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from ..hardware import Cluster
 from ..workload import Workload
 from .messages import crossing_seconds, crossing_usage
-from .sharing import Job, play
+from .sharing import Job, PerCluster, play
 
 if TYPE_CHECKING:
     from .partition import StageOption
@@ -192,10 +192,10 @@ class _Tails:
     found by identity; and each job's `_split` by the identity of its usage and of the shared set
     (holding the usage). Few sets of shared links recur across thousands of candidates."""
 
-    __slots__ = ("cluster", "capacity", "usages", "played", "shared_sets", "splits", "over")
+    __slots__ = ("capacity", "usages", "played", "shared_sets", "splits", "over")
 
     def __init__(self, cluster: Cluster):
-        self.cluster, self.capacity = cluster, cluster.link_capacities()
+        self.capacity = cluster.link_capacities()
         self.usages: dict = {}
         self.played: dict = {}
         self.shared_sets: dict[frozenset[int], frozenset[int]] = {}
@@ -221,17 +221,7 @@ class _Tails:
         return found[2]
 
 
-# Per cluster, by identity (each entry holds its cluster, so that the id stays its own)
-_CLUSTERS: dict[int, _Tails] = {}
-
-
-def _for_cluster(cluster: Cluster) -> _Tails:
-    found = _CLUSTERS.get(id(cluster))
-    if found is None:
-        if len(_CLUSTERS) >= 8:
-            _CLUSTERS.clear()
-        found = _CLUSTERS[id(cluster)] = _Tails(cluster)
-    return found
+_for_cluster: PerCluster[_Tails] = PerCluster(_Tails)
 
 
 def _usage(cluster: Cluster, o: StageOption) -> tuple[tuple[tuple[int, int], ...], frozenset[int]]:

@@ -113,13 +113,26 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
                                       f"(an infinite loop or a real blocking call in the strategy?)",
                            kind="Timeout", wall_s=wall)
         outcome = _read(files, code, limits, wall)
-        for copy, original in copies.items():  # messages name the user's files, not the run's copies
-            outcome.message = outcome.message.replace(copy, original)
+        outcome.message = rebase_paths(outcome.message, copies)  # the user's files, not the run's copies
         return outcome
     finally:
         for fh in files.values():
             fh.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def rebase_paths(value: Any, moves: dict[str, str]) -> Any:
+    """`value` (a string, or dicts, lists and tuples of them) with each private copy or folder named in
+    `moves` replaced in its strings by the user's (or the driver's) file or folder it stands for."""
+    if isinstance(value, str):
+        for old, new in moves.items():
+            value = value.replace(old, new)
+        return value
+    if isinstance(value, dict):
+        return {k: rebase_paths(v, moves) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(rebase_paths(v, moves) for v in value)
+    return value
 
 
 def _readable_inputs(scenario: dict[str, Any], folder: Path, copies: dict[str, str]) -> dict[str, Any]:
