@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import runpy
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,16 @@ def _write(directory: Path, name: str, layer_ms, *, memory_key="layer_memory_tot
     path = directory / name
     path.write_text(json.dumps(data))
     return path
+
+
+def test_example_profiles_are_what_the_cost_model_gives_now():
+    """examples/ holds what `python examples/make_examples.py` writes from today's costs (a change to a
+    device's figures must regenerate them)."""
+    make = runpy.run_path(str(EXAMPLES.parent / "make_examples.py"))
+    for path in sorted(EXAMPLES.glob("DeviceType.*.json")):
+        name, tp, batch = re.fullmatch(r"DeviceType\.(\w+)_tp(\d+)_bs(\d+)\.json", path.name).groups()
+        expected = json.loads(json.dumps(make["profile"](make["TYPES"][name], int(tp), int(batch))))
+        assert json.loads(path.read_text()) == expected, f"{path.name} is stale: run examples/make_examples.py"
 
 
 @pytest.fixture
