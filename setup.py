@@ -2,8 +2,8 @@
 (`dist_lib/_ops.c`, `dist_lib/_weight_ops.c`, `dist_lib/_comm_ops.c`), the resolution, start and end of
 collectives and what awaiting one does (`dist_lib/_comm_resolve.c`, `dist_lib/_comm_end.c`,
 `dist_lib/_work.c`), the point-to-point message path
-(`dist_lib/_p2p_ops.c`), the event log's packing (`dist_lib/_events.c`) and the transfer scheduler
-(`dist_lib/_transfers.c`), one extension module.
+(`dist_lib/_p2p_ops.c`), the event log's packing (`dist_lib/_events.c`), the transfer scheduler
+(`dist_lib/_transfers.c`) and the engine's block/wake path (`dist_lib/_drive.c`), one extension module.
 
 Everything else is in pyproject.toml. Without a C compiler the build goes on and `dist_lib/buffers.py`
 does the same work in Python, more slowly.

@@ -536,7 +536,8 @@ PyMODINIT_FUNC PyInit__buffers(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     if (ops_init(m) < 0 || weight_ops_init(m) < 0 || comm_ops_init(m) < 0 || p2p_ops_init(m) < 0 ||
-        events_init(m) < 0 || transfers_init(m) < 0) { Py_DECREF(m); return NULL; }
+        events_init(m) < 0 || transfers_init(m) < 0 ||
+        drive_init(m) < 0) { Py_DECREF(m); return NULL; }
     Py_INCREF(&AllocLogType);
     Py_INCREF(&BufferType);
 #ifndef SOURCE_HASH

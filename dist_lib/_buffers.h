@@ -79,5 +79,7 @@ int p2p_ops_init(PyObject *module);
 int events_init(PyObject *module);
 /* Adds `Transfer` and `Scheduler`, the twins of transfers.py's, to the module (`_transfers.c`). */
 int transfers_init(PyObject *module);
+/* Adds `install_drive`, for the engine's block/wake path (`_drive.c`), to the module. */
+int drive_init(PyObject *module);
 
 #endif

@@ -20,6 +20,9 @@ so that a rank awaiting another rank's work is refused there too). Such a future
 complete (an `asyncio.Event` no rank sets): a watchdog (`waits.HangWatch`) looks, once a wall-clock second,
 whether the event loop still has anything that could (a callback, a timer, a thread, a file) and fails
 the step as a deadlock, naming each rank's wait, when it has not.
+
+`Engine._drive`, `Engine.wake` and `comm.Work.__await__` (with `block_direct` and `_register`) have C twins
+(`_drive.c`) when the extension was built; the Python below stays their specification and fallback.
 """
 
 from __future__ import annotations
@@ -90,6 +93,13 @@ class RankState:
 
 class Engine:
     """Owns every rank's state, the groups and channels, and the event log of one simulated step."""
+
+    # (slots, so that the C twin of the block/wake path, `_drive.c`, reads its fields where they lie)
+    __slots__ = ("cluster", "workload", "global_batch_size", "world_size", "ranks", "events", "groups",
+                 "world_group", "channels", "channels_from", "blocked", "finished", "next_op_id", "cost_cache",
+                 "layer_params", "shard_bytes", "full_batch", "loop", "transfers", "coroutines", "ready",
+                 "driving", "throw_into", "awaiting", "task_ranks", "running", "stepping", "stopped",
+                 "first_error", "watchdog")
 
     def __init__(self, cluster: Cluster, workload: Workload, global_batch_size: int, enforce_memory: bool = True):
         self.cluster = cluster
@@ -402,3 +412,9 @@ class Engine:
 
 def _transfer_key(transfer: Transfer) -> tuple:
     return transfer.key
+
+
+# The Python twins of what the C accelerator replaces on the block/wake path (`_drive.c`: `Engine.wake`,
+# `Engine._drive`, and `comm.Work.__await__` with `block_direct` and `_register`), kept as the
+# specification and the fallback; filled when the C is installed, so that tests can run either.
+PYTHON_TWINS: dict[str, Callable] = {}

@@ -463,7 +463,7 @@ def _c_doc(method: Any) -> str:
 
 
 if ACCELERATED:  # the hottest ops in C; the Python above stays their spec and fallback
-    from ._buffers import install, install_comm_ops, install_p2p_ops, install_weight_ops
+    from ._buffers import install, install_comm_ops, install_drive, install_p2p_ops, install_weight_ops
     from . import comm, p2p, tensors
     from .memory import MemoryTracker
 
@@ -478,6 +478,11 @@ if ACCELERATED:  # the hottest ops in C; the Python above stays their spec and f
     PYTHON_P2P = {"send": Model.send, "recv": Model.recv, "_finish": p2p._finish}
     install_p2p_ops(Model, RankState, MemoryTracker, p2p, comm, tensors,
                     {m.__name__: _c_doc(m) for m in (Model.send, Model.recv)})
+    # the engine's block/wake path: Engine.wake, Engine._drive and Work.__await__
+    from . import engine as _engine
+    from .eventlog import EventLog
+    install_drive(Engine, RankState, Work, EventLog, _engine.WAKE_ME, PACK_AT, _engine.PYTHON_TWINS,
+                  {m.__name__: _c_doc(m) for m in (Engine.wake, Engine._drive, Work.__await__)})
 
 
 def _check_tp_slice(where: str, tp_rank: Any, tp_size: Any) -> None:
