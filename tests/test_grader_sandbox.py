@@ -4,8 +4,11 @@ code unless told to trust it; a changed limit or grader code grades again."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
+import platform
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from grader import leaderboard
-from grader.runner import sandbox_problem
+from grader.runner import sandbox, sandbox_problem
 from grader.runner.isolation import FOLDER_PREFIX, _alive, clean_stale
 from grader.suites import load_suite
 
@@ -173,13 +176,39 @@ async def train(model):
             pass
     seen["written"] = written
     seen["host_tmp"] = sorted(os.listdir("/tmp"))
+    try:  # /dev is read-only, and its /dev/shm holds 1 MiB
+        open("/dev/probe_mark", "wb").close()
+        seen["dev"] = "written"
+    except OSError as exc:
+        seen["dev"] = exc.errno
+    held = 0
+    try:
+        with open("/dev/shm/probe_fill", "wb", buffering=0) as fill:
+            for _ in range(64):
+                fill.write(b"x" * 65536)
+                held += 65536
+    except OSError:
+        pass
+    seen["shm_bytes"] = held
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+    seen["shmget"] = [libc.shmget(0, 2**20, 0o1600), ctypes.get_errno()]  # IPC_PRIVATE, IPC_CREAT | 0600
+    seen["msgget"] = [libc.msgget(0, 0o1600), ctypes.get_errno()]
+    try:
+        os.close(os.memfd_create("probe"))
+        seen["memfd"] = "made"
+    except OSError as exc:
+        seen["memfd"] = exc.errno
     raise RuntimeError("PROBE" + json.dumps(seen))
 '''
 
 
 def test_what_the_sandbox_confines(tmp_path):
     """A probe reports what it can do inside: its own user and pid namespace (it sees only its own
-    processes), the process-count limit, no network, writes only to its private /tmp."""
+    processes), the process-count limit, no network, writes only to its private /tmp (and 1 MiB of
+    /dev/shm), and no memory outside the rlimits' reach: System V shared memory and message queues and
+    memfd files are refused (on the machines `sandbox.DENIED_SYSCALLS` knows)."""
     if sandbox_problem():
         pytest.skip(f"the OS sandbox is not usable here: {sandbox_problem()}")
     import json
@@ -202,6 +231,29 @@ def test_what_the_sandbox_confines(tmp_path):
     visible = [name for name in seen["host_tmp"] if name not in project]
     assert "pytest-of-root" not in visible and len(visible) <= 3, seen["host_tmp"]
     assert not (tmp_path / "probe_mark").exists() and not Path("/var/tmp/probe_mark").exists()
+    assert seen["dev"] == errno.EROFS and seen["shm_bytes"] == 2**20
+    if platform.machine() in sandbox.DENIED_SYSCALLS:
+        assert seen["shmget"] == [-1, errno.EPERM] and seen["msgget"] == [-1, errno.EPERM]
+        assert seen["memfd"] == errno.EPERM
+
+
+@pytest.mark.parametrize("machine", sorted(sandbox.DENIED_SYSCALLS))
+def test_the_syscall_filter_program(machine):
+    """The seccomp program, decoded: arch check, the x32 bit, one test per denied call, allow, refuse."""
+    arch, denied = sandbox.DENIED_SYSCALLS[machine]
+    program = sandbox.syscall_filter(machine)
+    words = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    n = len(denied)
+    assert len(words) == 4 + 1 + n + 2
+    assert words[0] == (0x20, 0, 0, 4) and words[1] == (0x15, 1, 0, arch) and words[3] == (0x20, 0, 0, 0)
+    refuse = 0x00050000 | errno.EPERM
+    assert words[2] == (0x06, 0, 0, refuse) and words[-1] == (0x06, 0, 0, refuse)
+    assert words[-2] == (0x06, 0, 0, 0x7FFF0000)
+    for i, (code, jt, jf, k) in enumerate(words[4:4 + 1 + n], start=4):
+        assert i + 1 + jt == len(words) - 1 and jf == 0  # each test jumps to the refusing return
+    assert words[4][0] == 0x45 and words[4][3] == 0x40000000
+    assert sorted(w[3] for w in words[5:5 + n]) == sorted(denied.values())
+    assert sandbox.syscall_filter("sparc") is None
 
 
 def test_a_changed_helper_beside_a_submission_grades_it_again(tmp_path):

@@ -99,9 +99,12 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
             readable = [PROJECT_ROOT, root] + ([here] if bind_here else [])
             if (folder / "inputs").is_dir():
                 readable.append(folder / "inputs")
+            seccomp_fd = sandbox.filter_file(folder)
+            if seccomp_fd is not None:
+                files["seccomp"] = os.fdopen(seccomp_fd, "rb")
             argv = sandbox.command(argv + ["/tmp/job.json"], job=folder / "job.json", readable=readable,
-                                   scratch_bytes=limits.scratch_bytes,
-                                   cwd=here if bind_here else None)
+                                   scratch_bytes=limits.scratch_bytes, cwd=here if bind_here else None,
+                                   seccomp_fd=seccomp_fd)
         else:
             argv.append(str(folder / "job.json"))
         (folder / "job.json").write_text(json.dumps(job))
@@ -169,9 +172,10 @@ def _import_root(path: Path) -> Path:
 
 def _wait(argv: list[str], env: dict[str, str], cwd: Path, files: dict[str, Any],
           timeout_s: float) -> tuple[int | None, bool]:
+    passed = [files[name].fileno() for name in ("header", "program", "seccomp") if name in files]
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=files["stdout"],
-                            stderr=files["stderr"], pass_fds=(files["header"].fileno(), files["program"].fileno()),
-                            start_new_session=True, preexec_fn=_die_with_parent)
+                            stderr=files["stderr"], pass_fds=passed, start_new_session=True,
+                            preexec_fn=_die_with_parent)
     try:
         return proc.wait(timeout=timeout_s), False
     except subprocess.TimeoutExpired:
