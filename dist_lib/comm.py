@@ -21,11 +21,12 @@ holds its input until it is awaited; a send's tensor is let go of when the messa
 from __future__ import annotations
 
 import asyncio
+from itertools import islice
 from operator import attrgetter
 from typing import Any
 
 from . import costs
-from .engine import WAKE_ME, Engine, RankState
+from .engine import SHOWN, WAKE_ME, Engine, RankState, more
 from .errors import CollectiveMismatchError, TensorError
 from .hardware import Link
 from .memory import AllocLog
@@ -534,15 +535,26 @@ def _first_clash(ranks: tuple[int, ...], masks: list[int]) -> tuple[str, str]:
 
 
 def unfinished(engine: Engine) -> list[str]:
-    """Ops still pending after every rank returned: each is a bug in the strategy."""
+    """Ops still pending after every rank returned: each is a bug in the strategy. The first `SHOWN`
+    are described, then one line counts the rest (describing a work scans its channel or group, so
+    describing every one of a step's thousands of pending ops would take time quadratic in them)."""
     problems: list[str] = []
+    extra = 0
     for group in engine.groups.values():
         for coll in group.pending.values():
+            if len(problems) == SHOWN:
+                extra += 1
+                continue
             work = next(w for w in coll.works if w is not None)
             problems.append(work.describe())
     for channel in engine.channels.values():
-        for work in list(channel.sends) + list(channel.recvs):
-            problems.append(f"rank {work.rank} {work.describe()}")
+        for queue in (channel.sends, channel.recvs):
+            room = SHOWN - len(problems)
+            extra += max(0, len(queue) - room)
+            for work in islice(queue, max(0, room)):
+                problems.append(f"rank {work.rank} {work.describe()}")
+    if extra:
+        problems.append(more(extra))
     return problems
 
 

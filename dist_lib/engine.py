@@ -32,6 +32,7 @@ import weakref
 from asyncio import Future
 from collections import deque
 from collections.abc import Callable, Coroutine
+from itertools import islice
 from typing import Any, NamedTuple
 
 from .errors import DeadlockError, ResourceError, SimulationError, StrategyError
@@ -46,6 +47,13 @@ from .workload import Workload
 WAKE_ME = object()
 """What a rank's own coroutine yields to the engine when it waits on one of its works (`Work.__await__`);
 also the marker in `Work.future` of such a wait."""
+
+SHOWN = 20  # pending ops a deadlock or leftovers message describes one by one; the rest are counted
+
+
+def more(count: int) -> str:
+    """The line that ends a list of pending ops cut after `SHOWN` entries."""
+    return f"... and {count} more"
 
 
 class FinalClock(NamedTuple):
@@ -227,18 +235,27 @@ class Engine:
                                     "will ever complete (an asyncio.Event no rank sets, a queue no rank fills...)")
 
     def _describe_waits(self, headline: str) -> str:
-        """`headline`, then what each rank waits on: its works, or else the asyncio future it awaits and where."""
+        """`headline`, then what each rank waits on: its works, or else the asyncio future it awaits and where.
+        The first `SHOWN` waits are described, then one line counts the rest (describing a work scans its
+        channel or group: every one of thousands would take time quadratic in them)."""
         lines = [headline]
+        extra = 0
         for state in self.ranks:
             rank = state.rank
+            room = SHOWN + 1 - len(lines)
             if state.waiting:  # (works awaited in a `gather` too)
-                for work in state.waiting:
+                extra += max(0, len(state.waiting) - room)
+                for work in islice(state.waiting, max(0, room)):
                     lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}")
+            elif room <= 0 and (rank in self.awaiting or state.finished):
+                extra += 1
             elif rank in self.awaiting:
                 lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on "
                              f"{describe_future(self.awaiting[rank])}{waiting_line(self.coroutines[rank])}")
             elif state.finished:
                 lines.append(f"  rank {rank} finished")
+        if extra:
+            lines.append(f"  {more(extra)}")
         return "\n".join(lines)
 
     def release(self) -> None:

@@ -14,7 +14,8 @@ so every time, byte and verdict of the result is the simulator's own. Replay is 
 The program is untrusted data: every entry is checked (opcode, operand count, handle numbers defined,
 not dropped and of the right kind, bounded integers) before the op runs, and a malformed entry raises
 `ProgramError` naming the rank and entry. A program that is well formed but wrong fails with the error
-the simulator gives that program. A deadline bounds the replay's wall-clock time.
+the simulator gives that program. A deadline bounds the replay's wall-clock time: the interpreter checks it
+as it goes, and a replay that ends past it, with a result or with the simulator's error, is a `ReplayTimeout`.
 """
 
 from __future__ import annotations
@@ -66,9 +67,22 @@ def replay(programs: list[array], cluster: Cluster | str, workload: Workload | s
         await _run(model, programs[model.rank], table, deadline)
 
     try:
-        return simulate(interpret, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory)
+        result = simulate(interpret, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory)
+    except (ProgramError, ReplayTimeout):
+        raise
+    except SimulationError:  # found by the end-of-step checks, which may run past the deadline
+        _check_deadline(deadline)
+        raise
     finally:
         tables.clear()
+    _check_deadline(deadline)  # the end-of-step checks and the result are part of the replay's time
+    return result
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise ReplayTimeout("the replay ran past its time limit while checking the step's end and building its "
+                            "result")
 
 
 async def _run(model: Any, program: array, table: list, deadline: float | None) -> None:

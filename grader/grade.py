@@ -7,9 +7,12 @@ leaderboard can hand it to a process pool, or to Ray or Dask workers, unchanged.
 from __future__ import annotations
 
 import re
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from .deadline import RowTimeout, alarm_at, capped, capped_list
 from .runner import Limits, Outcome, run_isolated
 from .scenario import Scenario
 
@@ -50,18 +53,18 @@ def _compat_result(payload: dict[str, Any]) -> Any:
 
 
 def _replayed(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any, limits: Limits,
-              name: str) -> tuple[Any, str, str]:
+              name: str, deadline: float) -> tuple[Any, str, str]:
     """(result, status, error) of re-executing the run's recorded program in this process: the result
     when the program replays (correct or not), else the status and one-line reason."""
     from dist_lib import SimulationError
     from dist_lib.replay import ProgramError, ReplayTimeout, replay
     try:
         result = replay(outcome.programs or [], cluster, workload, scenario.global_batch,
-                        enforce_memory=scenario.enforce_memory, deadline_s=limits.timeout_s)
+                        enforce_memory=scenario.enforce_memory, deadline_s=deadline - time.monotonic())
     except ProgramError as exc:
         return None, "invalid", f"the recorded program is malformed: {exc}"
     except ReplayTimeout as exc:
-        return None, "timeout", f"replaying the recorded program took over {limits.timeout_s:g} s ({exc})"
+        return None, "timeout", f"{_too_long(limits)} ({exc})"
     except SimulationError as exc:
         return None, "failed", f"{type(exc).__name__}: {exc}"
     except (MemoryError, RecursionError) as exc:
@@ -95,20 +98,53 @@ def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[st
         row["status"] = outcome.status
         row["error"] = f"{outcome.kind}: {outcome.message}" if outcome.kind and outcome.status == "failed" \
             else outcome.message
-        return row, None
+        return _capped(row), None
+    # the grader's own work on the run (replay, end-of-step checks, result, trace, plots) has the same limit
+    started = time.monotonic()
+    deadline = started + limits.timeout_s
+    blank = dict(row)
+    try:
+        result = _graded(row, outcome, scenario, cluster, workload, limits, strategy, trace_path, plots, api,
+                         deadline, started)
+    except RowTimeout:
+        result = None
+        _discard(trace_path)
+        row.clear()
+        row.update(blank, status="timeout",
+                   error=f"{_too_long(limits)} (stopped after {time.monotonic() - started:.1f} s)")
+    return _capped(row), result
+
+
+def _graded(row: dict[str, Any], outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any, limits: Limits,
+            strategy: str, trace_path: str | None, plots: bool, api: str | None, deadline: float,
+            started: float) -> Any:
+    """Fill `row` from the run's outcome; the result, or None when there is none (`row` says why). Raises
+    `RowTimeout` past `deadline`."""
     if api:
         try:
             result = _compat_result((outcome.header or {})["compat"])
         except Exception as exc:  # noqa: BLE001 - an untrusted payload of the wrong shape
             row["status"] = "invalid"
             row["error"] = f"the worker wrote a result of the wrong shape ({type(exc).__name__})"
-            return row, None
+            return None
         row.update(cluster=result.cluster.name, workload=result.workload.name, global_batch=result.global_batch_size)
     else:
-        result, status, error = _replayed(outcome, scenario, cluster, workload, limits, strategy)
+        # the replay checks its deadline itself (interrupting the simulator's engine would leave it halfway)
+        result, status, error = _replayed(outcome, scenario, cluster, workload, limits, strategy, deadline)
         if result is None:
             row["status"], row["error"] = status, error
-            return row, None
+            return None
+    if time.monotonic() > deadline:
+        raise RowTimeout
+    with alarm_at(deadline, time.monotonic()):
+        _fill(row, result, scenario, trace_path, plots)
+        if time.monotonic() > deadline:  # (where no alarm can be set)
+            raise RowTimeout
+    return result
+
+
+def _fill(row: dict[str, Any], result: Any, scenario: Scenario, trace_path: str | None, plots: bool) -> None:
+    """The row's measures, verdict, trace and plots from `result`."""
     row.update({"time_s": result.time_s, "peak_memory_bytes": result.peak_memory_bytes,
                 "peak_memory_rank": result.peak_memory_rank, "memory_bytes": result.memory_bytes,
                 "mfu": result.mfu, "hfu": result.hfu, "bubble_fraction": result.bubble_fraction,
@@ -128,6 +164,31 @@ def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[st
         if plots:
             from .report_plots import write_plots
             row["plots"], row["plot_note"] = write_plots(result, path)
-    return row, result
 
 
+def _too_long(limits: Limits) -> str:
+    return (f"grading the recorded program (replaying it, checking the step, writing its trace and plots) took "
+            f"over {limits.timeout_s:g} s, the time limit")
+
+
+PLOT_SUFFIXES = (".schedule.png", ".memory.png")  # what `report_plots.write_plots` writes beside the trace
+
+
+def _discard(trace_path: str | None) -> None:
+    """Remove what a run stopped at its time limit may have written halfway: its trace and plots, and
+    matplotlib's open figures."""
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+    if not trace_path:
+        return
+    base = Path(trace_path).with_suffix("")
+    for path in (Path(trace_path), *(base.with_name(base.name + suffix) for suffix in PLOT_SUFFIXES)):
+        path.unlink(missing_ok=True)
+
+
+def _capped(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` with its error text and problems bounded (`deadline.capped`)."""
+    row["error"] = capped(row["error"])
+    if isinstance(row.get("problems"), list):
+        row["problems"] = capped_list(row["problems"])
+    return row

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -56,6 +57,35 @@ def test_an_unawaited_send_nobody_receives_is_reported_at_the_end():
 
     with pytest.raises(DeadlockError, match="(?s)never completed.*rank 0 send to rank 1"):
         run(train)
+
+
+def test_thousands_of_pending_receives_are_described_twenty_then_counted_quickly():
+    """Describing a pending op scans its channel: every one of 5000 would take time quadratic in them."""
+    async def train(model):
+        if model.rank == 1:
+            for _ in range(5000):
+                model.recv(0)
+
+    start = time.monotonic()
+    with pytest.raises(DeadlockError) as info:
+        run(train)
+    assert time.monotonic() - start < 10
+    lines = str(info.value).splitlines()
+    assert lines[0] == "the step ended with communication that never completed (it would hang on a GPU):"
+    assert lines[1:] == ["  rank 1 recv from rank 0: rank 0 has not sent to rank 1"] * 20 + ["  ... and 4980 more"]
+
+
+def test_a_deadlock_of_many_ranks_lists_twenty_waits_then_counts_the_rest():
+    async def train(model):
+        await model.recv((model.rank + 1) % model.world_size)
+
+    with pytest.raises(DeadlockError) as info:
+        run(train, cluster="4x8xA100-80GB", batch=32)
+    lines = str(info.value).splitlines()
+    assert lines[0] == "deadlock: every unfinished rank waits on communication no rank will complete"
+    # ranks 0..19 are described, the other 12 of 32 counted
+    assert lines[1:] == [f"  rank {r} (t=0.000 ms) waits on recv from rank {r + 1}: rank {r + 1} has not sent to "
+                         f"rank {r}" for r in range(20)] + ["  ... and 12 more"]
 
 
 def test_different_ops_at_the_same_position_name_both_ranks():

@@ -4,6 +4,7 @@ graded as the program it is, and a malformed one is rejected naming the rank and
 from __future__ import annotations
 
 import inspect
+import time
 from array import array
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from dist_lib import Activation, TensorError, Work, simulate
 from dist_lib.errors import SimulationError, StrategyError
-from dist_lib.recording import (ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, JOIN, LOAD, SPLIT, Handle,
+from dist_lib.recording import (ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, JOIN, LOAD, RECV, SPLIT, Handle,
                                 record)
 from dist_lib.replay import ProgramError, ReplayTimeout, replay
 from dist_lib.workload import Workload
@@ -268,3 +269,92 @@ def test_an_op_the_recorder_does_not_know_is_refused(monkeypatch):
 
     with pytest.raises(TensorError, match="broadcast: this op is not recorded"):
         record(train, "1xA100-80GB", WORKLOAD, BATCH)
+
+
+PENDING = '''
+from dist_lib.recording import RECV
+
+
+async def train(model):
+    await honest_train(model)
+    if model.rank == 1:  # {n} receives appended to the recorded program, never run here
+        model._recorder.programs[1].extend([RECV, 0] * {n})
+        model._recorder.counts[1] += {n}
+'''
+TINY = {"name": "toy2", "cluster": "2xA100-80GB", "workload": WORKLOAD, "global_batch": BATCH}
+LIMIT_S = 8
+
+
+def test_a_forged_program_with_many_pending_receives_fails_briefly():
+    from dist_lib import DeadlockError
+    _, programs = record(HONEST, "2xA100-80GB", WORKLOAD, BATCH)
+    n = 200_000
+    programs[1].extend([RECV, 0] * n)
+    start = time.monotonic()
+    with pytest.raises(DeadlockError) as caught:
+        replay(programs, "2xA100-80GB", WORKLOAD, BATCH, deadline_s=LIMIT_S)
+    assert time.monotonic() - start < LIMIT_S
+    assert str(caught.value).endswith(f"\n  ... and {n - 20} more") and len(str(caught.value)) < 2000
+
+
+def _forged(folder: Path, n: int) -> Path:
+    folder.mkdir(exist_ok=True)
+    (folder / "honest.py").write_text(Path(HONEST).read_text())
+    path = folder / "pending.py"  # the honest step, then the forgery
+    path.write_text(Path(HONEST).read_text().replace("def train(", "def honest_train(") + PENDING.format(n=n))
+    return path
+
+
+def test_a_forged_row_is_graded_within_the_time_limit_and_the_board_completes(tmp_path):
+    """The grader's work after the run (replay, end-of-step checks, result) is bounded by the limit;
+    the row's error is short; the other row is graded all the same."""
+    import json
+    import subprocess
+    import sys
+    _forged(tmp_path / "subs", 300_000)
+    (tmp_path / "suite.toml").write_text(
+        f'name = "tiny"\n[limits]\ntimeout_s = {LIMIT_S}\n[[scenarios]]\n'
+        + "".join(f'{k} = {json.dumps(v)}\n' for k, v in TINY.items())
+        + '[[scoring.components]]\nmetric = "mfu"\nscale = 100\n')
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "grader", "leaderboard", str(tmp_path / "subs"), "--suite",
+                           str(tmp_path / "suite.toml"), "--out", str(tmp_path / "out"), "--no-plots", "--trusted"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["strategy"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())}
+    assert rows["honest"]["status"] == "ok", rows["honest"]["error"]
+    forged = rows["pending"]
+    assert forged["status"] in ("failed", "timeout") and len(forged["error"]) < 5000, forged["error"][:300]
+    # each run: its child, then at most the limit in the grader (plus a margin for a loaded machine)
+    assert time.monotonic() - start < forged["wall_s"] + rows["honest"]["wall_s"] + LIMIT_S + 10
+    assert (tmp_path / "out" / "leaderboard.json").stat().st_size < 20_000
+
+
+def test_writing_the_trace_and_plots_stops_at_the_time_limit(tmp_path, monkeypatch):
+    """Past the limit, code that never checks it (here a trace writer that never ends) is stopped: the
+    row is a timeout with one message, and nothing half-written is left."""
+    from dist_lib import Result
+    from grader.grade import grade_run
+
+    def endless(result, path):
+        Path(path).write_text("{")
+        while True:
+            pass
+
+    monkeypatch.setattr(Result, "write_chrome_trace", endless)
+    trace = tmp_path / "t.json"
+    limit = 3
+    row, result = grade_run(HONEST, TINY, {"timeout_s": limit}, str(trace), plots=True, confine=False)
+    assert (row["status"], result, row["time_s"], row["trace"]) == ("timeout", None, None, None), row["error"]
+    assert row["error"].startswith("grading the recorded program") and f"over {limit} s" in row["error"]
+    assert not trace.exists()
+    parent = float(row["error"].rsplit("stopped after ", 1)[1].split(" s")[0])
+    assert limit <= parent < limit + 1
+
+
+def test_a_rows_error_text_and_problems_are_capped():
+    from grader.deadline import MAX_ERROR_CHARS, capped, capped_list
+    text = "x" * (MAX_ERROR_CHARS + 123)
+    assert capped(text) == "x" * MAX_ERROR_CHARS + "\n... (cut here: 123 more characters)"
+    assert capped("short") == "short"
+    assert capped_list([f"p{i}" for i in range(25)]) == [f"p{i}" for i in range(20)] + ["... and 5 more"]
