@@ -31,6 +31,7 @@ from .errors import InputError
 from .grade import slug
 from .jobs import Backend, JobFailed, run_jobs
 from .portable import GradeJob, grade_job, save
+from .report_terminal import grader_console, literal
 from .suites import Suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +152,7 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     address, or `jobs.RAY_LOCAL`) runs Ray tasks instead; `confine=False` runs submissions without the OS
     sandbox (for trusted code only)."""
     from .runner.isolation import clean_stale
-    console = console or Console()
+    console = console or grader_console()
     clean_stale()
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
@@ -161,7 +162,7 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     done = load_done(results, job_list)
     todo = [job for job in job_list if job.key not in done]
     if done:
-        console.print(f"resuming: {len(done)} of {len(job_list)} runs already graded in {results}")
+        console.print(f"resuming: {len(done)} of {len(job_list)} runs already graded in {literal(results)}")
     limits = asdict(suite.limits)
     files = {job.submission: submission_files(Path(job.submission)) for job in todo}
     work = [GradeJob(job.submission, *files[job.submission], job.scenario, limits, job.trace, plots, confine)
@@ -182,13 +183,13 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
         task = progress.add_task("", total=len(todo))
         backend = Backend(workers=jobs, ray=ray)
         if ray is not None and todo:
-            console.print(f"grading {len(todo)} runs on {backend.describe()}")
+            console.print(f"grading {len(todo)} runs on {literal(backend.describe())}")
         for index, graded in run_jobs(grade_job, work, backend):
             job = todo[index]
             # a run the grader itself could not finish (it raised, or killed its worker on every attempt)
             # is a crashed row, recorded like any other: grading it again would fail again
             finished(job, _grader_error(job, graded.reason) if isinstance(graded, JobFailed) else save(graded))
-            progress.update(task, description=f"{job.label} / {job.scenario['name']}")
+            progress.update(task, description=literal(f"{job.label} / {job.scenario['name']}"))
             progress.advance(task)
     return write_outputs(out, suite, job_list, done)
 
