@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--suite", default=None, help="suite TOML file or shipped name (default: default)")
     add_backend_options(board, jobs_type=_ranged(1, MAX_JOBS, integer=True))
     board.add_argument("--out", default="traces/leaderboard",
-                       help="folder for leaderboard.json, leaderboard.csv, results.jsonl and traces "
-                            "(default traces/leaderboard)")
+                       help="folder for leaderboard.json, leaderboard.csv, results.jsonl and, under runs/, "
+                            "each submission's traces and plots (default traces/leaderboard)")
     board.add_argument("--no-plots", action="store_true", help="write no schedule and memory plots")
     board.add_argument("--fresh", action="store_true", help="ignore results saved by an earlier run")
     board.add_argument("--trusted", action="store_true",
@@ -277,8 +277,9 @@ def _print_board(console: Console, summary: dict[str, Any], out: Path) -> None:
             if run["status"] != "ok":
                 console.print(f"[red]{literal(entry['submission'])} / {literal(name)}: {literal(run['status'])}[/] — "
                               f"{literal(run['error'].splitlines()[0]) if run['error'] else ''}", highlight=False)
+    from .leaderboard import RUNS
     console.print(f"results: {literal(out / 'leaderboard.json')}, {literal(out / 'leaderboard.csv')}; traces and plots "
-                  f"under {literal(out)}/")
+                  f"under {literal(out / RUNS)}/")
 
 
 def main_job(console: Console) -> int:

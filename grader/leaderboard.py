@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,9 @@ from .suites import Suite
 ROOT = Path(__file__).resolve().parents[1]
 CODE = ("dist_lib", "grader", "strategies")  # what a grade depends on besides the submission (strategies:
 # helpers a submission may import)
+RUNS = "runs"  # OUT/runs/<folder>/<scenario>.json: every submission's traces and plots, apart from the
+# files the board itself writes in OUT
+PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # a name that is safe as a folder as it is
 CSV_COLUMNS = ("rank", "submission", "scenario", "status", "score", "time_s", "mfu", "hfu", "peak_memory_bytes",
                "peak_memory_rank", "bubble_fraction", "correct", "error", "trace")
 
@@ -69,7 +73,7 @@ def collect_submissions(paths: list[str]) -> list[Path]:
 
 def labels_for(submissions: list[Path]) -> dict[Path, str]:
     """Each submission's name on the board: its stem, led by as many of its folders as make it unique
-    (traces go to a folder of that name, so two submissions must not share one)."""
+    (and unique once made plain: `a b` and `a-b` would read alike). Its traces go to `run_folder(label)`."""
     def label(path: Path, depth: int) -> str:
         return "/".join([*path.parent.parts[len(path.parent.parts) - depth:], path.stem]) if depth else path.stem
 
@@ -81,6 +85,18 @@ def labels_for(submissions: list[Path]) -> dict[Path, str]:
             depth += 1
         labels[path] = label(path, depth)
     return labels
+
+
+def run_folder(label: str) -> str:
+    """The folder, under OUT/runs/, of a submission's traces and plots. A label that is a plain name
+    (letters, digits, `_`, `-` and `.`, not led by a dot, at most 64 characters) is its own folder; any
+    other is made plain and marked with `~` and a digest of the label (`~` is in no plain name). So the
+    folder is never `.`, `..`, empty or a path, never one of the board's own files (those are in OUT, not
+    OUT/runs), and two labels that read alike once made plain (`a b` and `a-b`) never share one."""
+    if PLAIN.fullmatch(label):
+        return label
+    digest = hashlib.sha256(label.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return f"{slug(label).lstrip('.-')[:64] or 'run'}~{digest}"
 
 
 def code_hash() -> str:
@@ -116,7 +132,7 @@ def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) ->
             data = scenario.to_dict()
             fingerprint = hashlib.sha256(b"\0".join((source, json.dumps(data, sort_keys=True).encode(),
                                                      limits.encode(), code.encode()))).hexdigest()
-            trace = str(out / slug(label) / f"{slug(scenario.name)}.json") if traces else None
+            trace = str(out / RUNS / run_folder(label) / f"{slug(scenario.name)}.json") if traces else None
             jobs.append(Job(str(path), label, data, f"{path}::{scenario.name}", fingerprint[:16], trace))
     return jobs
 
@@ -155,6 +171,8 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     console = console or grader_console()
     clean_stale()
     out.mkdir(parents=True, exist_ok=True)
+    if (out / RUNS).exists() and not (out / RUNS).is_dir():
+        raise InputError(f"--out {out}: {out / RUNS} is a file; the board keeps its traces in a folder of that name")
     results = out / "results.jsonl"
     if fresh and results.exists():
         results.unlink()

@@ -314,3 +314,11 @@ def test_text_from_a_submission_prints_as_it_is_and_the_board_completes(tmp_path
     code = main(["run", str(folder / "markup.py"), *TOY, "--trace", str(tmp_path / "t.json")])
     out = capsys.readouterr().out
     assert code == 1 and out.startswith("markup on 1x2xA100-80GB") and MARKUP_TEXT in out
+
+
+def test_an_output_folder_holding_a_file_named_runs_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "runs").write_text("mine")
+    assert main(["leaderboard", DDP, "--out", str(tmp_path), "--trusted"]) == 2
+    assert capsys.readouterr().err == f"error: --out {tmp_path}: {tmp_path / 'runs'} is a file; the board keeps " \
+                                      f"its traces in a folder of that name\n"
+    assert (tmp_path / "runs").read_text() == "mine"
