@@ -266,7 +266,8 @@ def write_outputs(out: Path, suite: Suite, job_list: list[Job], done: dict[str, 
     tmp = out / "leaderboard.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     tmp.replace(out / "leaderboard.json")
-    with (out / "leaderboard.csv.tmp").open("w", newline="") as fh:
+    # a file name that is not UTF-8 (its bytes kept as surrogates) is written with backslash escapes
+    with (out / "leaderboard.csv.tmp").open("w", newline="", encoding="utf-8", errors="backslashreplace") as fh:
         writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for entry in ranked:

@@ -26,8 +26,10 @@ CELLS = {"forward": ("F", "black on green"), "backward": ("B", "black on blue"),
 
 def literal(value: Any) -> str:
     """`value` as markup that prints exactly `str(value)`: for every piece of text the grader did not
-    write itself. (The grader's consoles also leave `:name:` emoji codes as they are.)"""
-    return escape(str(value))
+    write itself. (The grader's consoles also leave `:name:` emoji codes as they are.) The bytes of a
+    file name that is not UTF-8 print as backslash escapes (`\\xff`)."""
+    text = str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return escape(text)
 
 
 def grader_console() -> Console:

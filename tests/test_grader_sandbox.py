@@ -299,19 +299,21 @@ def _board(tmp_path: Path, folder: Path, out: Path) -> subprocess.CompletedProce
 
 def test_submissions_named_like_the_boards_own_files_are_graded_and_the_board_is_written(tmp_path):
     """A submission named leaderboard.json.py (or results.jsonl.py, ...) keeps its traces in a folder of its
-    own, not on the file the board writes; the board is written, and resumes."""
+    own, not on the file the board writes; the board is written, and resumes. A file name that is not UTF-8
+    prints and saves with backslash escapes."""
     import json
     folder = tmp_path / "subs"
     folder.mkdir()
     honest = (ROOT / "tests" / "submissions" / "honest.py").read_text()
-    names = ["honest", "leaderboard.json", "leaderboard.csv", "results.jsonl", "leaderboard.json.tmp", "runs"]
+    names = ["honest", "leaderboard.json", "leaderboard.csv", "results.jsonl", "leaderboard.json.tmp", "runs",
+             os.fsdecode(b"\xff")]  # a name that is not UTF-8
     for name in names:
         (folder / f"{name}.py").write_text(honest)
     out = tmp_path / "out"
     for _ in range(2):  # the second run resumes from results.jsonl
         proc = _board(tmp_path, folder, out)
         assert proc.returncode == 0, proc.stderr
-    assert "resuming: 6 of 6 runs" in proc.stdout
+    assert "resuming: 7 of 7 runs" in proc.stdout and "│ \\xff " in proc.stdout
     rows = {r["submission"]: r for r in json.loads((out / "leaderboard.json").read_text())["rows"]}
     assert sorted(rows) == sorted(names) and all(r["status"] == "ok" for r in rows.values())
     assert (out / "leaderboard.csv").is_file() and (out / "results.jsonl").is_file()
