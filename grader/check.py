@@ -22,6 +22,7 @@ from dist_lib.simulator import accepted_options, load_strategy
 from dist_lib.trace import validate_trace
 
 from .errors import InputError
+from .report_terminal import literal
 
 STRATEGIES = Path(__file__).resolve().parents[1] / "strategies"
 BUNDLED = {p.stem for p in STRATEGIES.glob("*.py") if not p.name.startswith("_")}
@@ -99,7 +100,7 @@ def cmd_check(file: str, examples: int, seed: int, console: Console) -> int:
     else:
         source = generic_setups(str(path.resolve()), accepted)
         origin = "generic configurations (toy workloads on testing.CLUSTERS)"
-    console.print(f"checking {name} on up to {examples} random configurations from {origin}")
+    console.print(f"checking {literal(name)} on up to {examples} random configurations from {literal(origin)}")
     passed, rejected, failures = 0, 0, []
 
     @hseed(seed)
@@ -124,16 +125,17 @@ def cmd_check(file: str, examples: int, seed: int, console: Console) -> int:
     except AssertionError:
         setup, problems = failures[-1]  # hypothesis replays the shrunk example last
         console.print("[red]FAILED[/]: smallest failing configuration found:")
-        console.print(f"  cluster {setup.cluster}, workload {setup.workload}, global batch {setup.batch}, "
-                      f"options {setup.options}")
+        console.print(literal(f"  cluster {setup.cluster}, workload {setup.workload}, global batch {setup.batch}, "
+                              f"options {setup.options}"))
         for problem in problems[:5]:
-            console.print(f"  violated: {problem}", highlight=False)
-        console.print(f"  reproduce: python -m grader run {file} --cluster {setup.cluster} --workload "
-                      f"{setup.workload} --batch {setup.batch}"
-                      + "".join(f" --set {k}={_toml(v)}" for k, v in setup.options.items()))
+            console.print(f"  violated: {literal(problem)}", highlight=False)
+        console.print(literal(f"  reproduce: python -m grader run {file} --cluster {setup.cluster} --workload "
+                              f"{setup.workload} --batch {setup.batch}"
+                              + "".join(f" --set {k}={_toml(v)}" for k, v in setup.options.items())))
         return 1
     except Exception as exc:  # noqa: BLE001 - hypothesis gave up (e.g. every configuration rejected)
-        console.print(f"[red]could not check[/]: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        console.print(f"[red]could not check[/]: {literal(type(exc).__name__)}: "
+                      f"{literal((str(exc).splitlines() or [''])[0])}")
         return 1
     console.print(f"[green]passed[/]: {passed} configurations satisfied every invariant"
                   + (f" ({rejected} rejected by the strategy as invalid)" if rejected else ""))

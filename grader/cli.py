@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--suite", default=None, help="suite TOML file or shipped name (default: default)")
     add_backend_options(board, jobs_type=_ranged(1, MAX_JOBS, integer=True))
     board.add_argument("--out", default="traces/leaderboard",
-                       help="folder for leaderboard.json, leaderboard.csv, results.jsonl and traces "
-                            "(default traces/leaderboard)")
+                       help="folder for leaderboard.json, leaderboard.csv, results.jsonl and, under runs/, "
+                            "each submission's traces and plots (default traces/leaderboard)")
     board.add_argument("--no-plots", action="store_true", help="write no schedule and memory plots")
     board.add_argument("--fresh", action="store_true", help="ignore results saved by an earlier run")
     board.add_argument("--trusted", action="store_true",
@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    console = Console(highlight=False)
+    from .report_terminal import grader_console
+    console = grader_console()
     command = None
     try:
         args = build_parser().parse_args(argv)
@@ -224,7 +225,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 def _report_compat(args: argparse.Namespace, row: dict[str, Any], result: Any, console: Console) -> None:
     """A puzzles or lab run in the original library's figures and units (dist_lib.compat.report)."""
-    from dist_lib.compat.report import notebook, run_lines
+    from dist_lib.compat.report import notebook
+
+    from .report_terminal import compat_lines, literal
     name = result.strategy if result is not None else row["strategy"] + (f".{args.function}" if args.function else "")
     if args.json:
         figures = notebook(row)
@@ -237,14 +240,14 @@ def _report_compat(args: argparse.Namespace, row: dict[str, Any], result: Any, c
                           "notebook_time": figures.get("time"), "time_unit": figures.get("time_unit"),
                           "memory_unit": figures.get("memory_unit"), "mfu": figures.get("mfu", row.get("mfu"))}))
         return
-    for line in run_lines({**row, "strategy": name}, args.api, args.timing):
+    for line in compat_lines({**row, "strategy": name}, args.api, args.timing):
         console.print(line, highlight=False)
     if result is not None and (row.get("options") or {}).get("timing") == "real":  # seconds and bytes
         from .report_terminal import legend, schedule_view, timeline_width
         console.print(schedule_view(result, timeline_width(console)))
         console.print(legend())
     if row.get("trace"):
-        console.print(f"  trace         {row['trace']} (open in https://ui.perfetto.dev)")
+        console.print(f"  trace         {literal(row['trace'])} (open in https://ui.perfetto.dev)")
 
 
 def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
@@ -267,23 +270,26 @@ def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
 
 
 def _print_board(console: Console, summary: dict[str, Any], out: Path) -> None:
-    from .report_terminal import leaderboard_table
+    from .report_terminal import leaderboard_table, literal
     console.print(leaderboard_table(summary["ranked"], summary["scenarios"]))
     for entry in summary["ranked"]:
         for name, run in entry["runs"].items():
             if run["status"] != "ok":
-                console.print(f"[red]{entry['submission']} / {name}: {run['status']}[/] — "
-                              f"{run['error'].splitlines()[0] if run['error'] else ''}", highlight=False)
-    console.print(f"results: {out / 'leaderboard.json'}, {out / 'leaderboard.csv'}; traces and plots under {out}/")
+                console.print(f"[red]{literal(entry['submission'])} / {literal(name)}: {literal(run['status'])}[/] — "
+                              f"{literal(run['error'].splitlines()[0]) if run['error'] else ''}", highlight=False)
+    from .leaderboard import RUNS
+    console.print(f"results: {literal(out / 'leaderboard.json')}, {literal(out / 'leaderboard.csv')}; traces and plots "
+                  f"under {literal(out / RUNS)}/")
 
 
 def main_job(console: Console) -> int:
     """Every built-in strategy on the default suite; the winner's schedule; files under traces/."""
     from .leaderboard import run_leaderboard
+    from .report_terminal import literal
     from .suites import load_suite
     suite = load_suite(None)
     builtins = sorted(p for p in BUILTIN.glob("*.py") if not p.name.startswith("_"))
-    console.print(f"[bold]grading {len(builtins)} built-in strategies on suite '{suite.name}' "
+    console.print(f"[bold]grading {len(builtins)} built-in strategies on suite '{literal(suite.name)}' "
                   f"({len(suite.scenarios)} scenarios)[/]")
     out = Path("traces")
     from .runner import sandbox_problem
@@ -300,13 +306,13 @@ def main_job(console: Console) -> int:
 
 def _show_schedule(console: Console, entry: dict[str, Any], name: str, row: dict[str, Any], suite: Any) -> None:
     from .grade import grade_run
-    from .report_terminal import legend, schedule_view, timeline_width
+    from .report_terminal import legend, literal, schedule_view, timeline_width
     scenario = next(s for s in suite.scenarios if s.name == name)
     from dataclasses import asdict
     from .runner import sandbox_problem
     _, result = grade_run(entry["path"], scenario.to_dict(), asdict(suite.limits), None,
                           confine=sandbox_problem() is None)
     if result is not None:
-        console.print(f"\n[bold]best: {entry['submission']} on {name}[/]")
+        console.print(f"\n[bold]best: {literal(entry['submission'])} on {literal(name)}[/]")
         console.print(schedule_view(result, timeline_width(console)))
         console.print(legend())

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,11 +32,15 @@ from .errors import InputError
 from .grade import slug
 from .jobs import Backend, JobFailed, run_jobs
 from .portable import GradeJob, grade_job, save
+from .report_terminal import grader_console, literal
 from .suites import Suite
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = ("dist_lib", "grader", "strategies")  # what a grade depends on besides the submission (strategies:
 # helpers a submission may import)
+RUNS = "runs"  # OUT/runs/<folder>/<scenario>.json: every submission's traces and plots, apart from the
+# files the board itself writes in OUT
+PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # a name that is safe as a folder as it is
 CSV_COLUMNS = ("rank", "submission", "scenario", "status", "score", "time_s", "mfu", "hfu", "peak_memory_bytes",
                "peak_memory_rank", "bubble_fraction", "correct", "error", "trace")
 
@@ -68,7 +73,7 @@ def collect_submissions(paths: list[str]) -> list[Path]:
 
 def labels_for(submissions: list[Path]) -> dict[Path, str]:
     """Each submission's name on the board: its stem, led by as many of its folders as make it unique
-    (traces go to a folder of that name, so two submissions must not share one)."""
+    (and unique once made plain: `a b` and `a-b` would read alike). Its traces go to `run_folder(label)`."""
     def label(path: Path, depth: int) -> str:
         return "/".join([*path.parent.parts[len(path.parent.parts) - depth:], path.stem]) if depth else path.stem
 
@@ -80,6 +85,18 @@ def labels_for(submissions: list[Path]) -> dict[Path, str]:
             depth += 1
         labels[path] = label(path, depth)
     return labels
+
+
+def run_folder(label: str) -> str:
+    """The folder, under OUT/runs/, of a submission's traces and plots. A label that is a plain name
+    (letters, digits, `_`, `-` and `.`, not led by a dot, at most 64 characters) is its own folder; any
+    other is made plain and marked with `~` and a digest of the label (`~` is in no plain name). So the
+    folder is never `.`, `..`, empty or a path, never one of the board's own files (those are in OUT, not
+    OUT/runs), and two labels that read alike once made plain (`a b` and `a-b`) never share one."""
+    if PLAIN.fullmatch(label):
+        return label
+    digest = hashlib.sha256(label.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return f"{slug(label).lstrip('.-')[:64] or 'run'}~{digest}"
 
 
 def code_hash() -> str:
@@ -115,7 +132,7 @@ def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) ->
             data = scenario.to_dict()
             fingerprint = hashlib.sha256(b"\0".join((source, json.dumps(data, sort_keys=True).encode(),
                                                      limits.encode(), code.encode()))).hexdigest()
-            trace = str(out / slug(label) / f"{slug(scenario.name)}.json") if traces else None
+            trace = str(out / RUNS / run_folder(label) / f"{slug(scenario.name)}.json") if traces else None
             jobs.append(Job(str(path), label, data, f"{path}::{scenario.name}", fingerprint[:16], trace))
     return jobs
 
@@ -151,9 +168,11 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     address, or `jobs.RAY_LOCAL`) runs Ray tasks instead; `confine=False` runs submissions without the OS
     sandbox (for trusted code only)."""
     from .runner.isolation import clean_stale
-    console = console or Console()
+    console = console or grader_console()
     clean_stale()
     out.mkdir(parents=True, exist_ok=True)
+    if (out / RUNS).exists() and not (out / RUNS).is_dir():
+        raise InputError(f"--out {out}: {out / RUNS} is a file; the board keeps its traces in a folder of that name")
     results = out / "results.jsonl"
     if fresh and results.exists():
         results.unlink()
@@ -161,7 +180,7 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
     done = load_done(results, job_list)
     todo = [job for job in job_list if job.key not in done]
     if done:
-        console.print(f"resuming: {len(done)} of {len(job_list)} runs already graded in {results}")
+        console.print(f"resuming: {len(done)} of {len(job_list)} runs already graded in {literal(results)}")
     limits = asdict(suite.limits)
     files = {job.submission: submission_files(Path(job.submission)) for job in todo}
     work = [GradeJob(job.submission, *files[job.submission], job.scenario, limits, job.trace, plots, confine)
@@ -182,13 +201,13 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
         task = progress.add_task("", total=len(todo))
         backend = Backend(workers=jobs, ray=ray)
         if ray is not None and todo:
-            console.print(f"grading {len(todo)} runs on {backend.describe()}")
+            console.print(f"grading {len(todo)} runs on {literal(backend.describe())}")
         for index, graded in run_jobs(grade_job, work, backend):
             job = todo[index]
             # a run the grader itself could not finish (it raised, or killed its worker on every attempt)
             # is a crashed row, recorded like any other: grading it again would fail again
             finished(job, _grader_error(job, graded.reason) if isinstance(graded, JobFailed) else save(graded))
-            progress.update(task, description=f"{job.label} / {job.scenario['name']}")
+            progress.update(task, description=literal(f"{job.label} / {job.scenario['name']}"))
             progress.advance(task)
     return write_outputs(out, suite, job_list, done)
 
@@ -247,7 +266,8 @@ def write_outputs(out: Path, suite: Suite, job_list: list[Job], done: dict[str, 
     tmp = out / "leaderboard.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     tmp.replace(out / "leaderboard.json")
-    with (out / "leaderboard.csv.tmp").open("w", newline="") as fh:
+    # a file name that is not UTF-8 (its bytes kept as surrogates) is written with backslash escapes
+    with (out / "leaderboard.csv.tmp").open("w", newline="", encoding="utf-8", errors="backslashreplace") as fh:
         writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for entry in ranked:

@@ -20,6 +20,7 @@ from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WO
 from .cli import output_path
 from .errors import InputError
 from .jobs import Backend, JobFailed, backend_from_args, parallelism, run_jobs, session
+from .report_terminal import literal
 
 
 def _runner(backend: Backend) -> Runner:
@@ -69,11 +70,11 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         for c in front(search)))
     if args.plot:
         note = plot_pareto(search, args.plot)
-        console.print(note or f"Pareto plot: {args.plot}")
+        console.print(literal(note or f"Pareto plot: {args.plot}"))
     search.best.plan.save(args.out)
     # the cluster and workload as given: a file's path, or a spec with its link options, runs the same
     # cluster again, where the cluster's name or the workload's would not
     run = shlex.join(["python", "-m", "grader", "run", "strategies/planned.py", "--set", f"plan={args.out}",
                       "--cluster", cluster_text, "--workload", workload_text, "--batch", str(batch)])
-    console.print(f"best plan: {search.best.plan.describe()} -> {args.out}  (run it: {run})", soft_wrap=True)
+    console.print(literal(f"best plan: {search.best.plan.describe()} -> {args.out}  (run it: {run})"), soft_wrap=True)
     return 0

@@ -3,6 +3,10 @@
 The schedule view has one row per rank and time in buckets; each cell shows what dominated the
 bucket: F forward, B backward (input), W weight gradient, L loss, U update, C communication with an
 idle compute stream, and a dim dot for idle. Readable up to 64 ranks; peak memory closes each row.
+
+Every string printed here is read as rich markup, so text the grader did not write itself (a submission's
+error message, file or strategy name, an option's value, a path, a scenario or cluster name) goes
+through `literal` and prints as it is: `[/x]` in an error message is text, not a closing tag.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -17,6 +22,19 @@ CELLS = {"forward": ("F", "black on green"), "backward": ("B", "black on blue"),
          "backward_input": ("B", "black on blue"), "backward_weight": ("W", "black on cyan"),
          "loss": ("L", "black on magenta"), "update": ("U", "black on red"), "comm": ("C", "black on yellow"),
          "idle": ("·", "dim")}
+
+
+def literal(value: Any) -> str:
+    """`value` as markup that prints exactly `str(value)`: for every piece of text the grader did not
+    write itself. (The grader's consoles also leave `:name:` emoji codes as they are.) The bytes of a
+    file name that is not UTF-8 print as backslash escapes (`\\xff`)."""
+    text = str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return escape(text)
+
+
+def grader_console() -> Console:
+    """The grader's console: no emoji codes or highlighting read into the text it prints."""
+    return Console(highlight=False, emoji=False)
 
 
 def schedule_view(result: Any, width: int = 72) -> Table:
@@ -72,8 +90,8 @@ def legend() -> Text:
 def print_run(console: Console, row: dict[str, Any], result: Any | None, schedule: bool = True) -> None:
     status = row["status"]
     colour = {"ok": "green", "incorrect": "yellow"}.get(status, "red")
-    console.print(f"[bold]{row['strategy']}[/] on {row['cluster']}, {row['workload']}, batch {row['global_batch']}"
-                  f" — [{colour}]{status}[/]")
+    console.print(f"[bold]{literal(row['strategy'])}[/] on {literal(row['cluster'])}, {literal(row['workload'])}, "
+                  f"batch {row['global_batch']} — [{colour}]{literal(status)}[/]")
     options = row.get("options") or {}
     if row["time_s"] is not None and options.get("timing") == "unit":  # a puzzles file on its own unit costs
         console.print(f"  step time     {row['time_s']:.1f} steps (the puzzles' unit costs)")
@@ -91,16 +109,45 @@ def print_run(console: Console, row: dict[str, Any], result: Any | None, schedul
             console.print("  [dim]verified      no: puzzles/lab runs keep their own clocks and memory rules; they run "
                           "sandboxed but are not re-executed[/]")
     if row["error"]:
-        console.print(f"  [red]error[/]         {row['error']}", markup=True, highlight=False)
+        console.print(f"  [red]error[/]         {literal(row['error'])}", highlight=False)
     if result is not None and schedule:
         console.print(schedule_view(result, timeline_width(console)))
         console.print(legend())
     if row.get("trace"):
-        console.print(f"  trace         {row['trace']} (open in https://ui.perfetto.dev)")
+        console.print(f"  trace         {literal(row['trace'])} (open in https://ui.perfetto.dev)")
     for plot in row.get("plots") or []:
-        console.print(f"  plot          {plot}")
+        console.print(f"  plot          {literal(plot)}")
     if row.get("plot_note"):
-        console.print(f"  [dim]{row['plot_note']}[/]")
+        console.print(f"  [dim]{literal(row['plot_note'])}[/]")
+
+
+def compat_lines(row: dict[str, Any], api: str, timing: str | None) -> list[str]:
+    """The lines of a puzzles or lab run in the original library's figures and units
+    (`dist_lib.compat.report`): a header naming the file, API and timing (not the native scenario,
+    which a puzzles or lab file does not use), then the figures or the error."""
+    from dist_lib.compat.report import memory_text, notebook, time_text
+    status = row["status"]
+    colour = {"ok": "green", "incorrect": "yellow"}.get(status, "red")
+    options = row.get("options") or {}
+    timing = options.get("timing") or timing or "original"
+    where = f" on {literal(row['cluster'])}" if timing == "real" and row.get("time_s") is not None else ""
+    lines = [f"[bold]{literal(row['strategy'])}[/] — {literal(api)} API, {literal(timing)} timing{where} — "
+             f"[{colour}]{literal(status)}[/]"]
+    figures = notebook(row)
+    if row.get("time_s") is not None:
+        time_unit, memory_unit = figures.get("time_unit", "s"), figures.get("memory_unit", "bytes")
+        step, last = time_text(figures.get("time", row["time_s"]), time_unit), time_text(row["time_s"], time_unit)
+        lines.append(f"  step          {literal(step)} as the notebook reports it "
+                     f"(the last op ends at {literal(last)})")
+        lines.append(f"  peak memory   {literal(memory_text(row['peak_memory_bytes'], memory_unit))} on rank "
+                     f"{literal(row['peak_memory_rank'])}")
+        mfu = figures.get("mfu", row.get("mfu") if timing == "real" else None)
+        if mfu is not None:
+            lines.append(f"  MFU           {mfu * 100:.1f} %" + (" (the lab's formula)" if "mfu" in figures else ""))
+        lines.append(f"  correct       {'yes' if row['correct'] else 'NO'}")
+    if row.get("error"):
+        lines.append(f"  [red]error[/]         {literal(row['error'])}")
+    return lines
 
 
 def leaderboard_table(ranked: list[dict[str, Any]], scenarios: list[str]) -> Table:
@@ -120,8 +167,8 @@ def leaderboard_table(ranked: list[dict[str, Any]], scenarios: list[str]) -> Tab
                 cells.append(f"{run['score']:.2f}\n[dim]{run['mfu'] * 100:.0f}% · "
                              f"{run['peak_memory_bytes'] / 1e9:.0f} GB[/]")
             else:
-                cells.append(f"[red]{run['status']}[/]")
+                cells.append(f"[red]{literal(run['status'])}[/]")
         place = str(entry["rank"]) if entry["rank"] else "[red]—[/]"
         score = f"{entry['score']:.2f}" if entry["rank"] else "[red]invalid[/]"
-        table.add_row(place, entry["submission"], score, *cells)
+        table.add_row(place, literal(entry["submission"]), score, *cells)
     return table

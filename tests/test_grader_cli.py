@@ -286,3 +286,39 @@ def test_check_of_ones_own_file_named_like_a_bundled_strategy_tries_only_options
     assert "from generic configurations" in out and "passed: 3 configurations" in out
     assert main(["check", DDP, "--examples", "1"]) == 0
     assert "dist_lib.testing.setups('ddp')" in capsys.readouterr().out
+
+
+MARKUP = 'async def train(model):\n    raise RuntimeError("[/nope] oops [red]not red[/red] :warning:")\n'
+MARKUP_TEXT = "RuntimeError: [/nope] oops [red]not red[/red] :warning:"
+
+
+def test_text_from_a_submission_prints_as_it_is_and_the_board_completes(tmp_path, capsys, monkeypatch):
+    """An error message, a file name or a strategy name that reads like rich markup (a closing tag that
+    matches nothing, a style, an emoji code) is printed literally, by `leaderboard` and by `run`."""
+    from grader.runner import sandbox_problem
+    monkeypatch.setenv("COLUMNS", "400")  # one line per message
+    folder = tmp_path / "subs"
+    folder.mkdir()
+    (folder / "honest.py").write_text((ROOT / "tests" / "submissions" / "honest.py").read_text())
+    (folder / "markup.py").write_text(MARKUP)
+    (folder / "[bold]x[:warning:].py").write_text(MARKUP)
+    suite = tmp_path / "suite.toml"
+    suite.write_text(_suite("timeout_s = 30").replace('workload = "toy"', 'workload = "toy:layers=2"'))
+    args = ["leaderboard", str(folder), "--suite", str(suite), "--out", str(tmp_path / "out"), "--no-plots"]
+    assert main(args + (["--trusted"] if sandbox_problem() else [])) == 0
+    out = capsys.readouterr().out
+    assert f"markup / a: failed — StrategyError: rank 0: {MARKUP_TEXT}" in out
+    assert f"[bold]x[:warning:] / a: failed — StrategyError: rank 0: {MARKUP_TEXT}" in out
+    assert "│ [bold]x[:warning:] │" in out and "results: " in out
+    assert (tmp_path / "out" / "leaderboard.json").is_file()
+    code = main(["run", str(folder / "markup.py"), *TOY, "--trace", str(tmp_path / "t.json")])
+    out = capsys.readouterr().out
+    assert code == 1 and out.startswith("markup on 1x2xA100-80GB") and MARKUP_TEXT in out
+
+
+def test_an_output_folder_holding_a_file_named_runs_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "runs").write_text("mine")
+    assert main(["leaderboard", DDP, "--out", str(tmp_path), "--trusted"]) == 2
+    assert capsys.readouterr().err == f"error: --out {tmp_path}: {tmp_path / 'runs'} is a file; the board keeps " \
+                                      f"its traces in a folder of that name\n"
+    assert (tmp_path / "runs").read_text() == "mine"

@@ -337,3 +337,70 @@ def test_unconfined_a_run_that_kills_its_grading_process_is_one_crashed_row(tmp_
     rows = {r["strategy"]: r for r in json.loads((tmp_path / "out" / "leaderboard.json").read_text())["rows"]}
     assert rows["killer"]["status"] == "crashed" and "BrokenProcessPool" in rows["killer"]["error"]
     assert rows["honest"]["status"] == "ok"
+
+
+def _board(tmp_path: Path, folder: Path, out: Path) -> subprocess.CompletedProcess:
+    """A board of the submissions in `folder`, on the one-scenario suite, sandboxed where it can be."""
+    if not (tmp_path / "suite.toml").exists():
+        (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    return subprocess.run([sys.executable, "-m", "grader", "leaderboard", str(folder), "--suite",
+                           str(tmp_path / "suite.toml"), "--out", str(out), "--no-plots",
+                           *(["--trusted"] if sandbox_problem() else [])],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_submissions_named_like_the_boards_own_files_are_graded_and_the_board_is_written(tmp_path):
+    """A submission named leaderboard.json.py (or results.jsonl.py, ...) keeps its traces in a folder of its
+    own, not on the file the board writes; the board is written, and resumes. A file name that is not UTF-8
+    prints and saves with backslash escapes."""
+    import json
+    folder = tmp_path / "subs"
+    folder.mkdir()
+    honest = (ROOT / "tests" / "submissions" / "honest.py").read_text()
+    names = ["honest", "leaderboard.json", "leaderboard.csv", "results.jsonl", "leaderboard.json.tmp", "runs",
+             os.fsdecode(b"\xff")]  # a name that is not UTF-8
+    for name in names:
+        (folder / f"{name}.py").write_text(honest)
+    out = tmp_path / "out"
+    for _ in range(2):  # the second run resumes from results.jsonl
+        proc = _board(tmp_path, folder, out)
+        assert proc.returncode == 0, proc.stderr
+    assert "resuming: 7 of 7 runs" in proc.stdout and "│ \\xff " in proc.stdout
+    rows = {r["submission"]: r for r in json.loads((out / "leaderboard.json").read_text())["rows"]}
+    assert sorted(rows) == sorted(names) and all(r["status"] == "ok" for r in rows.values())
+    assert (out / "leaderboard.csv").is_file() and (out / "results.jsonl").is_file()
+    for name in names:
+        assert Path(rows[name]["trace"]).parent == out / leaderboard.RUNS / leaderboard.run_folder(name)
+        assert Path(rows[name]["trace"]).is_file()
+
+
+def test_a_submission_named_dot_dot_writes_nothing_outside_the_output_folder(tmp_path):
+    """`...py` is named `..` on the board: its traces go to a folder of its own under OUT/runs/, not to
+    OUT/.. (the folder OUT is in)."""
+    import json
+    folder = tmp_path / "subs"
+    folder.mkdir()
+    (folder / "...py").write_text((ROOT / "tests" / "submissions" / "honest.py").read_text())
+    out = tmp_path / "board" / "out"
+    (tmp_path / "suite.toml").write_text(SUITE.format(timeout=30))
+    before = set(tmp_path.rglob("*"))
+    proc = _board(tmp_path, folder, out)
+    assert proc.returncode == 0, proc.stderr
+    assert {p for p in set(tmp_path.rglob("*")) - before if out not in p.parents} == {out.parent, out}
+    row, = json.loads((out / "leaderboard.json").read_text())["rows"]
+    assert row["submission"] == ".." and row["status"] == "ok"
+    assert Path(row["trace"]).is_file() and Path(row["trace"]).resolve().parent.parent == (out / "runs").resolve()
+
+
+@pytest.mark.parametrize("labels", [
+    [".", "..", "...", "", "-", "~"],
+    ["a b", "a-b", "a/b", "a\\b", "a~b", "a:b"],
+    ["leaderboard.json", "results.jsonl", ".hidden", "x" * 300, "x" * 301, "é", "e\udcff"],
+])
+def test_each_label_gets_a_trace_folder_of_its_own_that_is_a_plain_name(labels):
+    folders = [leaderboard.run_folder(label) for label in labels]
+    assert len(set(folders)) == len(labels)
+    for name in folders:
+        assert name not in ("", ".", "..") and not name.startswith(".") and len(name.encode()) <= 100
+        assert all(c.isascii() and (c.isalnum() or c in "_-.~") for c in name), name
+    assert leaderboard.run_folder("honest") == "honest" and leaderboard.run_folder("v1.2") == "v1.2"

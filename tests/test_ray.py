@@ -100,7 +100,7 @@ def test_board_on_ray_is_the_local_board_byte_for_byte(ray_instance, suite, loca
     traces = _files(out)
     assert traces == _files(local_board)
     # honest and ddp run on both scenarios (a trace and two plots each); buggy fails, with no trace
-    assert sorted(traces) == [f"{s}/{n}{ext}" for s in ("ddp", "honest") for n in ("toy2", "toy4")
+    assert sorted(traces) == [f"runs/{s}/{n}{ext}" for s in ("ddp", "honest") for n in ("toy2", "toy4")
                               for ext in (".json", ".memory.png", ".schedule.png")]
     keys = _result_keys(out)
     assert sorted(keys) == sorted(set(keys)) and len(keys) == 6
