@@ -17,7 +17,7 @@ static struct {
     PyObject *py_wake, *py_drive, *py_await; /* the Python twins */
     /* Engine */
     Py_ssize_t e_ranks, e_events, e_blocked, e_finished, e_world_size, e_coroutines, e_ready, e_driving,
-        e_throw_into, e_stepping;
+        e_throw_into, e_stepping, e_thread;
     /* Work; RankState; EventLog */
     Py_ssize_t w_engine, w_rank, w_end, w_future, s_waiting, l_recent;
     PyObject *s_pack, *s_advance, *s_append, *s_popleft, *s_block_direct, *s_complete, *s_rank_returned,
@@ -63,7 +63,7 @@ static PyObject *wake(PyObject *engine, PyObject *work) {
     if (Py_TYPE(engine) != D.Engine || Py_TYPE(work) != D.Work) goto slow;
     PyObject *future = SLOT(work, D.w_future), *rank = SLOT(work, D.w_rank);
     if (future == Py_None) Py_RETURN_NONE;
-    if (future != D.wake_me || !rank) goto slow; /* an asyncio future to complete: the Python */
+    if (future != D.wake_me || !rank) goto slow; /* an asyncio future to complete, or several waits: the Python */
     PyObject *state = state_of(engine, rank);
     if (!state) goto slow;
     PyObject *waiting = SLOT(state, D.s_waiting);
@@ -97,7 +97,8 @@ static int block(PyObject *work) {
     PyObject *recent = events && Py_TYPE(events) == D.EventLog ? SLOT(events, D.l_recent) : NULL;
     long blocked = small_int(SLOT(engine, D.e_blocked), -1), finished = small_int(SLOT(engine, D.e_finished), -1);
     long world = small_int(SLOT(engine, D.e_world_size), -1);
-    if (!state || !recent || !PyList_CheckExact(recent) || blocked < 0 || finished < 0 || world < 0) {
+    if (!state || !recent || !PyList_CheckExact(recent) || blocked < 0 || finished < 0 || world < 0 ||
+        SLOT(work, D.w_future) != Py_None) { /* (a task of the rank waits on it too: the Python) */
         PyObject *python_state = PySequence_GetItem(SLOT(engine, D.e_ranks), small_int(SLOT(work, D.w_rank), 0));
         if (!python_state) return -1;
         PyObject *r = call_method(engine, D.s_block_direct, python_state, work);
@@ -209,6 +210,11 @@ static PyObject *work_await(PyObject *work, PyObject *unused) {
     int own = int_eq(SLOT(engine, D.e_driving), SLOT(work, D.w_rank));
     if (own < 0) return NULL;
     if (!own) goto slow; /* another rank's coroutine, or an asyncio task: the Python checks and blocks */
+    PyObject *thread = SLOT(engine, D.e_thread);
+    if (!thread || !PyLong_CheckExact(thread) || PyLong_AsUnsignedLong(thread) != PyThread_get_thread_ident()) {
+        PyErr_Clear();
+        goto slow; /* (another thread, while the step's drives this rank: the Python refuses it) */
+    }
     Awaiter *awaiter = PyObject_New(Awaiter, &AwaiterType);
     if (!awaiter) return NULL;
     awaiter->work = Py_NewRef(work);
@@ -316,7 +322,7 @@ static PyObject *install_drive(PyObject *module, PyObject *args) {
         {Engine, "ranks", &D.e_ranks}, {Engine, "events", &D.e_events}, {Engine, "blocked", &D.e_blocked},
         {Engine, "finished", &D.e_finished}, {Engine, "world_size", &D.e_world_size},
         {Engine, "coroutines", &D.e_coroutines}, {Engine, "ready", &D.e_ready}, {Engine, "driving", &D.e_driving},
-        {Engine, "throw_into", &D.e_throw_into}, {Engine, "stepping", &D.e_stepping},
+        {Engine, "throw_into", &D.e_throw_into}, {Engine, "stepping", &D.e_stepping}, {Engine, "thread", &D.e_thread},
         {Work, "engine", &D.w_engine}, {Work, "rank", &D.w_rank}, {Work, "end", &D.w_end},
         {Work, "future", &D.w_future}, {RankState, "waiting", &D.s_waiting}, {EventLog, "recent", &D.l_recent},
     };

@@ -21,6 +21,7 @@ holds its input until it is awaited; a send's tensor is let go of when the messa
 from __future__ import annotations
 
 import asyncio
+import threading
 from itertools import islice
 from operator import attrgetter
 from typing import Any
@@ -112,7 +113,7 @@ class Work:
         self.end: float | None = None
         self.result: Any = None
         self.input = tensor
-        self.future = None
+        self.future = None  # how its rank waits on it: WAKE_ME, an asyncio future, several (`engine._Waits`), None
         self.peer = peer  # the Collective, or the (src, dst) pair
 
     @property
@@ -129,11 +130,19 @@ class Work:
 
     def __await__(self):
         engine = self.engine
-        if engine.driving == self.rank:  # the rank's own coroutine: the engine resumes it (`Engine._drive`)
+        if engine.driving == self.rank and threading.get_ident() == engine.thread:
+            # the rank's own coroutine: the engine resumes it (`Engine._drive`)
             if self.end is None:
                 engine.block_direct(engine.ranks[self.rank], self)
                 if self.end is None:  # (else the quiescence it reached completed this work)
                     yield WAKE_ME
+        elif engine.stopped is not None and engine.stopped.done():
+            raise TensorError(f"rank {self.rank} awaits {self!r}, a work of an earlier step (kept from one "
+                              f"simulate() to the next?); a step's works and tensors are its own")
+        elif threading.get_ident() != engine.thread or _running_loop() is not engine.loop:
+            raise TensorError(f"rank {self.rank} awaits {self!r} in another thread or event loop than its step's; "
+                              f"a rank awaits its works in the step's own (not through asyncio.to_thread or "
+                              f"asyncio.run)")
         elif engine.driving >= 0:  # another rank's coroutine
             raise self._not_yours(engine.driving)
         else:  # inside an asyncio task (a `gather`'s): the rank whose coroutine made it
@@ -141,7 +150,13 @@ class Work:
             if owner is not None and owner != self.rank:
                 raise self._not_yours(owner)
             if self.end is None:
-                yield from engine.block(engine.ranks[self.rank], self).__await__()
+                state = engine.ranks[self.rank]
+                future = engine.block(state, self)
+                try:
+                    yield from future.__await__()
+                except BaseException:  # the task was cancelled (a `wait_for`'s timeout): this wait is over
+                    engine.unblock(state, self, future)
+                    raise
         return self._complete()
 
     def _not_yours(self, rank: int) -> TensorError:
@@ -186,6 +201,13 @@ class Work:
 
     def __repr__(self) -> str:
         return f"Work({self.op} on rank {self.rank}, {'done' if self.done else 'pending'})"
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # (a work's `__await__` driven by hand, outside any loop)
+        return None
 
 
 class _Reduced:

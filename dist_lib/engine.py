@@ -28,6 +28,7 @@ the step as a deadlock, naming each rank's wait, when it has not.
 from __future__ import annotations
 
 import asyncio
+import threading
 import weakref
 from asyncio import Future
 from collections import deque
@@ -47,6 +48,13 @@ from .workload import Workload
 WAKE_ME = object()
 """What a rank's own coroutine yields to the engine when it waits on one of its works (`Work.__await__`);
 also the marker in `Work.future` of such a wait."""
+
+
+class _Waits(list):
+    """`Work.future` when the rank waits on the work more than once (a task and its own coroutine, two
+    tasks): WAKE_ME and asyncio futures, each resolved when the work completes."""
+
+    __slots__ = ()
 
 SHOWN = 20  # pending ops a deadlock or leftovers message describes one by one; the rest are counted
 
@@ -107,7 +115,7 @@ class Engine:
                  "world_group", "channels", "channels_from", "blocked", "finished", "next_op_id", "cost_cache",
                  "layer_params", "shard_bytes", "full_batch", "loop", "transfers", "coroutines", "ready",
                  "driving", "throw_into", "awaiting", "task_ranks", "running", "stepping", "stopped",
-                 "first_error", "watchdog")
+                 "first_error", "watchdog", "thread", "parked", "last_look", "cancel_is_strategys")
 
     def __init__(self, cluster: Cluster, workload: Workload, global_batch_size: int, enforce_memory: bool = True):
         self.cluster = cluster
@@ -141,23 +149,54 @@ class Engine:
         self.stepping = False
         self.stopped: asyncio.Future | None = None  # set when every rank returned or one failed
         self.first_error: BaseException | None = None
-        self.watchdog: HangWatch | None = None  # looks for a wait nothing will end (`_hung`)
+        self.watchdog: HangWatch | None = None  # looks for a wait nothing will end (`_hung`, `_livelocked`)
+        self.thread = threading.get_ident()  # the thread the step runs in (`run`): works are awaited there only
+        self.parked: set[int] = set()  # ranks that yielded to the event loop bare (`asyncio.sleep(0)`)
+        self.last_look: tuple | None = None  # the step's progress at the watchdog's last look, all ranks idle
+        self.cancel_is_strategys = False  # whether a cancel of the step's task can only be the strategy's
 
     # ---- blocking and waking ------------------------------------------------------------------
 
     def block(self, state: RankState, work: Any) -> asyncio.Future:
-        """Register that `state` waits on an unresolved `work`, awaited inside an asyncio task; raise at
-        once if that is a deadlock."""
+        """Register that `state` waits on an unresolved `work`, awaited inside an asyncio task (each waiter
+        its own future, so that cancelling one wait leaves the others); raise at once if that is a
+        deadlock."""
         future = Future(loop=self.loop)
-        work.future = future
-        self._register(state, work)
+        self._wait(state, work, future)
         return future
 
     def block_direct(self, state: RankState, work: Any) -> None:
         """Register that the rank's own coroutine waits on an unresolved `work` (it then yields `WAKE_ME`);
         raise at once if that is a deadlock. The quiescence this may reach can complete `work` at once."""
-        work.future = WAKE_ME
-        self._register(state, work)
+        self._wait(state, work, WAKE_ME)
+
+    def _wait(self, state: RankState, work: Any, waiter: Any) -> None:
+        """`work.future` gains `waiter`; the rank's first wait on it registers it."""
+        current = work.future
+        if current is None:
+            work.future = waiter
+            self._register(state, work)
+        elif type(current) is _Waits:  # the rank waits on it already (its coroutine, or another of its tasks)
+            current.append(waiter)
+        else:
+            work.future = _Waits((current, waiter))
+
+    def unblock(self, state: RankState, work: Any, future: asyncio.Future) -> None:
+        """A task's wait on `work` ended without it (the task was cancelled: a `wait_for`'s timeout, a
+        cancelled `gather`): the rank no longer waits on `work` through `future`, nor at all if that was
+        its only wait on it."""
+        current = work.future
+        if work.end is not None:  # (completed meanwhile: `wake` did the books)
+            return
+        if type(current) is _Waits:
+            current.remove(future)
+            if len(current) == 1:
+                work.future = current[0]
+        elif current is future:
+            work.future = None
+            state.waiting.remove(work)
+            if not state.waiting:
+                self.blocked -= 1
 
     def _register(self, state: RankState, work: Any) -> None:
         if not state.waiting:
@@ -203,11 +242,12 @@ class Engine:
         state.waiting.remove(work)
         if not state.waiting:
             self.blocked -= 1
-        if future is WAKE_ME:
-            if work.rank != self.driving:  # (the rank that reached this quiescence runs on by itself)
-                self.ready.append(work.rank)
-        elif not future.done():
-            future.set_result(None)
+        for waiter in future if type(future) is _Waits else (future,):
+            if waiter is WAKE_ME:
+                if work.rank != self.driving:  # (the rank that reached this quiescence runs on by itself)
+                    self.ready.append(work.rank)
+            elif not waiter.done():
+                waiter.set_result(None)
 
     def rank_finished(self, state: RankState) -> None:
         self.events.maybe_pack()
@@ -221,11 +261,13 @@ class Engine:
                 error = raised
             for other in self.ranks:
                 for work in other.waiting:
-                    if work.future is WAKE_ME:
-                        self.throw_into[work.rank] = error
-                        self.ready.append(work.rank)
-                    elif not work.future.done():
-                        work.future.set_exception(error)
+                    future = work.future
+                    for future in future if type(future) is _Waits else (future,):
+                        if future is WAKE_ME:
+                            self.throw_into[work.rank] = error
+                            self.ready.append(work.rank)
+                        elif not future.done():
+                            future.set_exception(error)
 
     def describe_deadlock(self) -> str:
         return self._describe_waits("deadlock: every unfinished rank waits on communication no rank will complete")
@@ -247,8 +289,11 @@ class Engine:
                 extra += max(0, len(state.waiting) - room)
                 for work in islice(state.waiting, max(0, room)):
                     lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}")
-            elif room <= 0 and (rank in self.awaiting or state.finished):
+            elif room <= 0 and (rank in self.awaiting or rank in self.parked or state.finished):
                 extra += 1
+            elif rank in self.parked:
+                lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) yields to the event loop and "
+                             f"waits on nothing{waiting_line(self.coroutines[rank])}")
             elif rank in self.awaiting:
                 lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on "
                              f"{describe_future(self.awaiting[rank])}{waiting_line(self.coroutines[rank])}")
@@ -276,6 +321,7 @@ class Engine:
         """Run one coroutine per rank, starting them in `order`; the first failure closes the rest and
         is re-raised."""
         self.loop = asyncio.get_running_loop()
+        self.thread = threading.get_ident()
         self.first_error = None
         self.coroutines = [None] * self.world_size
         for rank in order:
@@ -283,12 +329,23 @@ class Engine:
         self.running = len(order)
         self.stopped = self.loop.create_future()
         self.ready.extend(order)
-        self.watchdog = HangWatch(self._hung)
+        self.watchdog = HangWatch(self._hung, self._livelocked)
         factory = self.loop.get_task_factory()
         self.loop.set_task_factory(self._task_factory(factory))
         try:
             self._drive()
             await self.stopped
+            task = asyncio.current_task()
+            if self.cancel_is_strategys and task is not None and task.cancelling():
+                raise asyncio.CancelledError  # (a cancel the step's ranks made without awaiting after it)
+        except asyncio.CancelledError:
+            if not self.cancel_is_strategys:
+                raise
+            # (under `simulate` nothing but the strategy can cancel the step's task)
+            self._fail(StrategyError(self._describe_waits(
+                "the strategy cancelled the simulation: every rank runs in the simulator's one asyncio task, so "
+                "`asyncio.timeout(...)` or `asyncio.current_task().cancel()` in a rank cancels the whole step; "
+                "bound a wait with `asyncio.wait_for(work, seconds)` instead. The ranks then:")))
         finally:
             self._close_all()
             self.watchdog.cancel()
@@ -336,7 +393,8 @@ class Engine:
         the rank that made it, so that a work awaited inside one is checked to be that rank's own."""
         def make_task(loop: asyncio.AbstractEventLoop, coroutine: Any, **kwargs: Any) -> asyncio.Task:
             task = factory(loop, coroutine, **kwargs) if factory else asyncio.Task(coroutine, loop=loop, **kwargs)
-            rank = self.driving if self.driving >= 0 else self.task_ranks.get(asyncio.current_task(loop))
+            current = asyncio.current_task(loop)  # (None in a plain callback: `call_soon(ensure_future, ...)`)
+            rank = self.driving if self.driving >= 0 else None if current is None else self.task_ranks.get(current)
             if rank is not None:
                 self.task_ranks[task] = rank
             return task
@@ -345,18 +403,20 @@ class Engine:
     def _await_foreign(self, rank: int, yielded: Any) -> None:
         """The rank awaits something of asyncio's: resume it through the event loop, as a task would."""
         if yielded is None:  # a bare yield (`asyncio.sleep(0)`): run again on the loop's next turn
+            self.parked.add(rank)
             self.loop.call_soon(self._resume, rank)
         elif getattr(yielded, "_asyncio_future_blocking", None):
             yielded._asyncio_future_blocking = False
             self.awaiting[rank] = yielded
             yielded.add_done_callback(lambda _, rank=rank: self._resume(rank))
         else:
-            self.throw_into[rank] = RuntimeError(f"rank {rank}: the strategy yielded {yielded!r}, which is not "
-                                                 f"awaitable by the simulator (await works and asyncio futures)")
+            self.throw_into[rank] = RuntimeError(f"the strategy yielded {yielded!r}, which is not awaitable by the "
+                                                 f"simulator (await works and asyncio futures)")
             self.loop.call_soon(self._resume, rank)
 
     def _resume(self, rank: int) -> None:
         self.awaiting.pop(rank, None)
+        self.parked.discard(rank)
         self.ready.append(rank)
         self._drive()
 
@@ -385,7 +445,7 @@ class Engine:
                 f"step is too large to simulate within this process's memory limit")
             wrapped.__cause__ = error
         else:  # the strategy's own bug (CancelledError, SystemExit... included): which rank, which line
-            said = f": {error}" if str(error) else ""
+            said = _said(error)
             wrapped = StrategyError(f"rank {rank}: {type(error).__name__}{said}{user_frame(error)}")
             wrapped.__cause__ = error
         self._fail(wrapped)
@@ -422,6 +482,26 @@ class Engine:
         self.ready.clear()
         self.stopped.set_result(None)
 
+    def _livelocked(self) -> bool:
+        """The watchdog's look, once a wall-clock second, for ranks that poll: every unfinished rank waits,
+        some only yield to the event loop (`while not work.done: await asyncio.sleep(0)`), and nothing
+        changed since the last look. In virtual time a transfer ends only when every rank waits on
+        something, so such a loop never sees its work end: fail the step as a deadlock, naming the ranks
+        and lines. True when it did."""
+        idle = bool(self.parked) and \
+            self.blocked + self.finished + len(self.parked | self.awaiting.keys()) == self.world_size
+        look = (len(self.events), self.next_op_id, self.transfers.count, self.blocked, self.finished) if idle else None
+        stuck, self.last_look = look is not None and look == self.last_look, look
+        if stuck and self.stopped is not None and not self.stopped.done():
+            self._fail(DeadlockError(self._describe_waits(
+                "deadlock: every unfinished rank waits, and the ranks that yield to the event loop "
+                "(`await asyncio.sleep(0)` in a loop) issue nothing: in virtual time a transfer ends only when "
+                "every rank waits on it or on another, so a rank that polls `work.done` never sees it end; "
+                "await the work (or `asyncio.wait_for` it) instead")))
+            self.ready.clear()
+            self.stopped.set_result(None)
+        return stuck
+
     def _fail(self, error: BaseException) -> None:
         if self.first_error is None:
             self.first_error = error
@@ -429,6 +509,19 @@ class Engine:
 
 def _transfer_key(transfer: Transfer) -> tuple:
     return transfer.key
+
+
+def _said(error: BaseException) -> str:
+    """': message' of a strategy's exception ('' for none), whatever its `__str__` does."""
+    try:
+        text = str(error)
+    except Exception as broken:  # noqa: BLE001 - the strategy's own class
+        return f": <its str() raised {type(broken).__name__}>"
+    if isinstance(error, TypeError) and text.endswith("can't be used in 'await' expression") and \
+            text.startswith(("object method ", "object builtin_function_or_method ")):
+        return ": a method can't be used in 'await' expression; call it (`await model.all_reduce(x)`, not " \
+               "`await model.all_reduce`)"
+    return f": {text}" if text else ""
 
 
 # The Python twins of what the C accelerator replaces on the block/wake path (`_drive.c`: `Engine.wake`,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import importlib.util
 import inspect
@@ -30,6 +31,9 @@ DEFAULT_WORKLOAD = "gpt-1.3b"
 DEFAULT_GLOBAL_BATCH = 32
 
 Strategy = Callable[..., Any]
+# True in the task `simulate` runs: there only the strategy can cancel the step's task (a caller of
+# `simulate_async` may cancel it for reasons of its own)
+_OWN_LOOP: contextvars.ContextVar[bool] = contextvars.ContextVar("own_loop", default=False)
 _FILE_MODULE = "_strategy_"  # the prefix of the module name a strategy file outside a package is imported as
 
 
@@ -47,10 +51,14 @@ def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DE
         pass
     else:
         raise RuntimeError("simulate() was called inside a running event loop; use `await simulate_async(...)`")
-    with interrupt_at_once():
-        return asyncio.run(simulate_async(strategy, cluster, workload, global_batch_size, check=check,
-                                          enforce_memory=enforce_memory, start_order_seed=start_order_seed,
-                                          **options))
+    own = _OWN_LOOP.set(True)  # (asyncio.run copies this context into the step's task)
+    try:
+        with interrupt_at_once():
+            return asyncio.run(simulate_async(strategy, cluster, workload, global_batch_size, check=check,
+                                              enforce_memory=enforce_memory, start_order_seed=start_order_seed,
+                                              **options))
+    finally:
+        _OWN_LOOP.reset(own)
 
 
 async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DEFAULT_CLUSTER,
@@ -70,6 +78,7 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     if start_order_seed is not None and (isinstance(start_order_seed, bool) or not isinstance(start_order_seed, int)):
         raise SpecError(f"start_order_seed must be a whole number or None, got {start_order_seed!r}")
     engine = Engine(cluster, workload, global_batch_size, enforce_memory)
+    engine.cancel_is_strategys = _OWN_LOOP.get()
     models = [Model(engine, r) for r in range(cluster.world_size)]
     order = list(range(cluster.world_size))
     if start_order_seed is not None:

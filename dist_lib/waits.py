@@ -26,24 +26,30 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 class HangWatch:
     """Calls `on_hang()` once the running event loop has nothing left that could resume a waiting
-    coroutine; looks every `HANG_CHECK_S` until then, or until `cancel()`."""
+    coroutine; looks every `HANG_CHECK_S` until then, or until `cancel()`. Where only callbacks keep the
+    loop going (no timer, no new thread), it also asks `on_spin()` (the engine's look for ranks that poll
+    without waiting), which returns True when it ended the step."""
 
-    def __init__(self, on_hang: Callable[[], None]):
+    def __init__(self, on_hang: Callable[[], None], on_spin: Callable[[], bool] | None = None):
         self.loop = asyncio.get_running_loop()
         self.on_hang: Callable[[], None] | None = on_hang
+        self.on_spin = on_spin
         self.threads = threading.active_count()  # threads alive at the start: more may complete a future
         self.handle = self.loop.call_later(HANG_CHECK_S, self._look)
 
     def _look(self) -> None:
         # (a timer handle is off the loop's schedule while it runs: this look does not count as progress)
         if self.threads < threading.active_count() or loop_can_progress(self.loop):
+            if self.on_spin is not None and not _timers(self.loop) and self.threads >= threading.active_count() \
+                    and self.on_spin():
+                return
             self.handle = self.loop.call_later(HANG_CHECK_S, self._look)
         elif self.on_hang is not None:
             self.on_hang()
 
     def cancel(self) -> None:
         self.handle.cancel()
-        self.on_hang = None  # (a bound method of its owner: no cycle outlives the watch)
+        self.on_hang = self.on_spin = None  # (bound methods of its owner: no cycle outlives the watch)
 
 
 def loop_can_progress(loop: asyncio.AbstractEventLoop) -> bool:
@@ -53,11 +59,18 @@ def loop_can_progress(loop: asyncio.AbstractEventLoop) -> bool:
     ready, scheduled = getattr(loop, "_ready", None), getattr(loop, "_scheduled", None)
     if ready is None or scheduled is None:
         return True
-    if ready or any(not handle.cancelled() for handle in scheduled):
+    if ready or _timers(loop):
         return True
     selector = getattr(loop, "_selector", None)
     get_map = getattr(selector, "get_map", None)
     return get_map is not None and len(get_map()) > 1
+
+
+def _timers(loop: asyncio.AbstractEventLoop) -> bool:
+    """Does the loop hold a live timer (an `asyncio.sleep`, a `wait_for`'s timeout)? True when its kind
+    does not let us tell."""
+    scheduled = getattr(loop, "_scheduled", None)
+    return scheduled is None or any(not handle.cancelled() for handle in scheduled)
 
 
 def describe_future(future: Any) -> str:
