@@ -207,6 +207,28 @@ def accepted_options(train: Strategy) -> list[str] | None:
     return list(params)[1:]
 
 
+def _check_required(train: Strategy, params: Any, options: dict[str, Any], name: str) -> None:
+    """Every parameter of `train` after `model` without a default must come as an option (a keyword of
+    `simulate`), which also rules out positional-only ones: the engine calls `train(model, **options)`."""
+    after_model = list(params.values())[1:]
+    positional = [p.name for p in after_model if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+    missing = [p.name for p in after_model if p.default is inspect.Parameter.empty and p.name not in options
+               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    if not positional and not missing:
+        return
+    code = getattr(inspect.unwrap(train), "__code__", None)
+    where = f" ({Path(code.co_filename).name}:{code.co_firstlineno})" if code is not None else ""
+    if positional:
+        raise SpecError(f"strategy {name}: `train`{where} takes {', '.join(positional)} before `/`, as positional "
+                        f"only; options reach it as keywords (train(model, **options)): drop the `/`")
+    s = "s" if len(missing) > 1 else ""
+    given = ", ".join(f"{m}=..." for m in missing)
+    raise SpecError(f"strategy {name}: `train`{where} requires the option{s} {', '.join(missing)}, which "
+                    f"{'have' if s else 'has'} no default; pass {'them' if s else 'it'} to simulate() as "
+                    f"{'keywords' if s else 'a keyword'}: simulate(strategy, cluster, workload, global_batch_size, {given}), or give "
+                    f"{'them defaults' if s else 'it a default'} in train's signature")
+
+
 def check_options(train: Strategy, options: dict[str, Any], name: str) -> None:
     """Reject option names the strategy does not take (listing those it does), and values whose type
     differs from a plain default's (an int, float, bool or str default says what the option expects)."""
@@ -217,6 +239,7 @@ def check_options(train: Strategy, options: dict[str, Any], name: str) -> None:
             raise SpecError(f"strategy {name}: unknown option(s) {', '.join(unknown)}; it accepts "
                             f"{', '.join(accepted) or 'no options'}")
     params = inspect.signature(train).parameters
+    _check_required(train, params, options, name)
     for key, value in options.items():
         param = params.get(key)
         if param is None or param.default is inspect.Parameter.empty or param.default is None:
