@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gc
 import importlib.util
 import inspect
 import random
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -159,10 +161,40 @@ def load_strategy(strategy: Strategy | str | Path) -> tuple[Strategy, str]:
         train = getattr(module, "train", None)
         if train is None:
             raise SpecError(f"strategy {text}: defines no `train` function (expected `async def train(model, **options)`)")
+    if inspect.isasyncgenfunction(train):
+        raise SpecError(f"strategy {name}: `train` must be `async def train(model, **options)`, got an async "
+                        f"generator function: a `yield` in train{_yield_line(train)} makes it one; a strategy "
+                        f"awaits works and returns, it does not yield")
     if not inspect.iscoroutinefunction(train):
         raise SpecError(f"strategy {name}: `train` must be `async def train(model, **options)`, "
                         f"got a plain {type(train).__name__}")
     return train, name
+
+
+def _yield_line(function: Callable) -> str:
+    """' (at strategy.py:42)': the first `yield` of a generator function's own body, else its `def` line."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return ""
+    line = code.co_firstlineno
+    try:
+        lines, first = inspect.getsourcelines(function)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        body = tree.body[0]
+        nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+        todo = list(ast.iter_child_nodes(body))
+        found = []
+        while todo:
+            node = todo.pop()
+            if isinstance(node, (ast.Yield, ast.YieldFrom)):
+                found.append(node.lineno)
+            elif not isinstance(node, nested):
+                todo.extend(ast.iter_child_nodes(node))
+        if found:
+            line = first + min(found) - 1
+    except (OSError, TypeError, SyntaxError, IndexError):
+        pass
+    return f" (at {Path(code.co_filename).name}:{line})"
 
 
 def _load_file(path: Path) -> Any:

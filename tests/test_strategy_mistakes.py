@@ -48,3 +48,19 @@ def test_an_option_taken_positional_only_is_refused_before_the_step():
     with pytest.raises(SpecError, match=r"`train` \(test_strategy_mistakes.py:\d+\) takes lr before `/`, as "
                                         r"positional only; options reach it as keywords"):
         simulate(train, "2xA100-80GB", "toy:layers=1", 2, lr=1.0)
+
+
+def test_a_train_with_a_yield_is_named_an_async_generator_at_the_yield(tmp_path):
+    path = write(tmp_path, "yields.py", """\
+        async def train(model):
+            x = model.get_input_activation([0])
+
+            async def inner():
+                yield 1  # (another function's)
+            yield x
+        """)
+    with pytest.raises(SpecError) as caught:
+        simulate(path, "2xA100-80GB", "toy:layers=1", 2)
+    assert str(caught.value) == (
+        "strategy yields: `train` must be `async def train(model, **options)`, got an async generator function: "
+        "a `yield` in train (at yields.py:6) makes it one; a strategy awaits works and returns, it does not yield")
