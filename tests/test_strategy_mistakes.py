@@ -4,12 +4,14 @@ however asyncio wraps or carries it, is a StrategyError with the rank and the st
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 import textwrap
 
 import pytest
 
-from dist_lib import SpecError, simulate
+from dist_lib import SpecError, StrategyError, simulate
 
 
 def write(tmp_path, name, source):
@@ -64,3 +66,61 @@ def test_a_train_with_a_yield_is_named_an_async_generator_at_the_yield(tmp_path)
     assert str(caught.value) == (
         "strategy yields: `train` must be `async def train(model, **options)`, got an async generator function: "
         "a `yield` in train (at yields.py:6) makes it one; a strategy awaits works and returns, it does not yield")
+
+
+def test_a_stop_iteration_raised_in_train_names_the_line_python_wrapped_it_from():
+    # a coroutine's StopIteration becomes "RuntimeError: coroutine raised StopIteration", raised from it
+    async def train(model):
+        if model.rank == 1:
+            raise StopIteration  # the line named
+        await asyncio.sleep(0)
+
+    line = inspect.getsourcelines(train)[1] + 2
+    with pytest.raises(StrategyError) as caught:
+        simulate(train, "2xA100-80GB", "toy:layers=1", 2)
+    assert str(caught.value) == (f"rank 1: RuntimeError: coroutine raised StopIteration "
+                                 f"(at test_strategy_mistakes.py:{line} in train)")
+
+
+def test_driving_a_works_await_by_hand_names_the_line_of_the_stop_iteration():
+    async def train(model):
+        w, _ = model.load_weights(0)
+        x = model.get_input_activation([model.rank])
+        grad, _ = model.backward(0, x, model.loss(model.forward(0, x, w)), w)
+        work = model.all_reduce(grad)
+        next(work.__await__())  # the line named: the last member's issue completes it at once
+        await work
+
+    line = inspect.getsourcelines(train)[1] + 5
+    with pytest.raises(StrategyError) as caught:
+        simulate(train, "2xA100-80GB", "toy:layers=1", 2)
+    assert str(caught.value) == (f"rank 1: RuntimeError: coroutine raised StopIteration "
+                                 f"(at test_strategy_mistakes.py:{line} in train)")
+
+
+def test_a_strategy_file_with_asyncio_in_its_name_is_the_strategys_own(tmp_path):
+    path = write(tmp_path, "my_asyncio_ddp.py", """\
+        import asyncio
+
+
+        def sync_reduce(model, g):
+            async def go():
+                return await model.all_reduce(g)
+            coroutine = go()
+            try:
+                return asyncio.run(coroutine)
+            finally:
+                coroutine.close()
+
+
+        async def train(model):
+            w, _ = model.load_weights(0)
+            x = model.get_input_activation([model.rank])
+            grad, _ = model.backward(0, x, model.loss(model.forward(0, x, w)), w)
+            sync_reduce(model, grad)
+        """)
+    with pytest.raises(StrategyError) as caught:
+        simulate(path, "2xA100-80GB", "toy:layers=1", 2)
+    assert str(caught.value) == ("rank 0: RuntimeError: asyncio.run() cannot be called from a running event loop "
+                                 "(at my_asyncio_ddp.py:9 in sync_reduce)")
+
