@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import sys
 import textwrap
 
 import pytest
@@ -124,3 +125,42 @@ def test_a_strategy_file_with_asyncio_in_its_name_is_the_strategys_own(tmp_path)
     assert str(caught.value) == ("rank 0: RuntimeError: asyncio.run() cannot be called from a running event loop "
                                  "(at my_asyncio_ddp.py:9 in sync_reduce)")
 
+
+
+@pytest.mark.parametrize("awaited", [True, False])
+def test_sys_exit_in_a_task_is_the_strategy_error_of_the_rank_that_made_it(awaited):
+    # asyncio re-raises a task's SystemExit out of the event loop; a rank's own SystemExit is a StrategyError
+    async def die():
+        await asyncio.sleep(0)
+        sys.exit(2)  # the line named
+
+    async def train(model):
+        if model.rank == 1:
+            task = asyncio.create_task(die())
+            if awaited:
+                await task
+            else:
+                await asyncio.sleep(0.01)
+
+    line = inspect.getsourcelines(die)[1] + 2
+    with pytest.raises(StrategyError) as caught:
+        simulate(train, "2xA100-80GB", "toy:layers=1", 2)
+    assert str(caught.value) == f"rank 1: SystemExit: 2 (at test_strategy_mistakes.py:{line} in die)"
+    assert isinstance(caught.value.__cause__, SystemExit)
+
+
+def test_a_task_of_a_task_is_its_ranks_and_other_exceptions_in_tasks_stay_themselves():
+    async def die():
+        raise SystemExit("bye")
+
+    async def fails():
+        raise ValueError("no")
+
+    async def train(model):
+        if model.rank == 0:
+            with pytest.raises(ValueError, match="no"):
+                await asyncio.create_task(fails())
+            await asyncio.gather(asyncio.create_task(die()))
+
+    with pytest.raises(StrategyError, match=r"^rank 0: SystemExit: bye \(at test_strategy_mistakes.py:\d+ in die\)$"):
+        simulate(train, "2xA100-80GB", "toy:layers=1", 2)
