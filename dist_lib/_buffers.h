@@ -54,6 +54,14 @@ typedef struct {
 #define BUFFER_SHAPE(b) ((b)->word >> SHAPE_SHIFT & SHAPE_MASK)
 #define BUFFER_CODE(b) ((long long)(((b)->word >> CODE_SHIFT) & KIND_MASK))
 
+/* The log a tensor's bytes are on (its owner's, for a view), or NULL: a rank's log is one step's
+ * (`Model._mem`), so a tensor an op of this step may take is on the rank's log of this step. */
+static inline PyObject *buffer_log(PyObject *tensor) {
+    Buffer *b = (Buffer *)tensor;
+    if (b->word & VIEW) b = (Buffer *)b->ref;
+    return b && !(b->word & VIEW) ? b->ref : NULL;
+}
+
 extern PyTypeObject AllocLogType;
 extern PyTypeObject BufferType;
 

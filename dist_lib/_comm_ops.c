@@ -75,6 +75,7 @@ static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t
         if (op == ALL_REDUCE ? type != C.WeightGrad : op == ALL_GATHER ? complete : type != C.WeightGrad || !complete)
             goto slow;
     }
+    if (buffer_log(x) != SLOT(self, C.m_mem)) goto slow; /* not this rank's tensor of this step */
 
     /* 2. the collective: this member's next one on the group, opened by another member or by this one */
     long size = small_int(SLOT(group, C.g_size), -1);

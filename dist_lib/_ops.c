@@ -230,7 +230,8 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (layer_v < 0 || small_int(SLOT(act, K.h_tp_size), 0) != 1 || tp_rank < 0 || tp_rank > 62 ||
         !is_full_mask(SLOT(weight, K.w_shards), small_int(SLOT(weight, K.w_num_shards), -1)) ||
         int_eq(SLOT(act, K.h_rank), rank) != 1 || int_eq(SLOT(weight, K.w_rank), rank) != 1 ||
-        int_eq(SLOT(act, K.h_layer), layer) != 1 || int_eq(SLOT(weight, K.w_layer), layer) != 1)
+        int_eq(SLOT(act, K.h_layer), layer) != 1 || int_eq(SLOT(weight, K.w_layer), layer) != 1 ||
+        buffer_log(act) != SLOT(self, K.m_mem) || buffer_log(weight) != SLOT(self, K.m_mem))
         goto slow;
     PyObject *samples = SLOT(act, K.h_samples), *tp = SLOT(weight, K.w_tp_size);
     long n = mask_bit_count(samples);
@@ -326,7 +327,9 @@ static int backward_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         int_eq(SLOT(weight, K.w_layer), layer) != 1 ||
         int_eq(SLOT(grad, K.h_samples), SLOT(act, K.h_samples)) != 1 ||
         int_eq(SLOT(stash, K.st_tp_rank), SLOT(weight, K.w_tp_rank)) != 1 ||
-        int_eq(SLOT(stash, K.st_tp_size), SLOT(weight, K.w_tp_size)) != 1)
+        int_eq(SLOT(stash, K.st_tp_size), SLOT(weight, K.w_tp_size)) != 1 ||
+        buffer_log(act) != SLOT(self, K.m_mem) || buffer_log(grad) != SLOT(self, K.m_mem) ||
+        buffer_log(weight) != SLOT(self, K.m_mem))
         return 0;
     PyObject *samples = SLOT(act, K.h_samples), *tp = SLOT(weight, K.w_tp_size);
     PyObject *recompute = SLOT(stash, K.st_recompute);
@@ -423,6 +426,7 @@ static PyObject *fast_add(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_ssize_t same[] = {K.w_rank, K.w_layer, K.w_shards, K.w_num_shards, K.w_tp_rank, K.w_tp_size};
     for (int i = 0; i < 6; i++)
         if (int_eq(SLOT(self, same[i]), SLOT(other, same[i])) != 1) goto slow;
+    if (buffer_log(self) != buffer_log(other)) goto slow; /* gradients of two steps */
     PyObject *mine = SLOT(self, K.w_samples), *theirs = SLOT(other, K.w_samples);
     if (!mine || !theirs) goto slow;
     PyObject *overlap = PyNumber_And(mine, theirs);

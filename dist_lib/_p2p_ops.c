@@ -22,7 +22,7 @@ static struct {
     PyObject *deque_append, *deque_popleft;
     PyObject *docs;
     /* Model */
-    Py_ssize_t m_engine, m_state, m_world;
+    Py_ssize_t m_engine, m_state, m_mem, m_world;
     /* RankState */
     Py_ssize_t s_rank, s_clock, s_p2p_end;
     /* Work */
@@ -231,7 +231,7 @@ static PyObject *fast_send(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *x = args[0], *dst = args[1], *engine = SLOT(self, P.m_engine);
     long rank;
     if (peer_of(self, dst, &rank) < 0 || !PyObject_TypeCheck(x, P.Tensor) ||
-        int_eq(SLOT(x, P.t_rank), SLOT(SLOT(self, P.m_state), P.s_rank)) != 1)
+        int_eq(SLOT(x, P.t_rank), SLOT(SLOT(self, P.m_state), P.s_rank)) != 1 || buffer_log(x) != SLOT(self, P.m_mem))
         goto slow;
     PyObject *channel = find_channel(engine, rank, dst);
     if (!channel) goto slow;
@@ -428,7 +428,8 @@ static PyObject *install_p2p_ops(PyObject *module, PyObject *args) {
     PyObject *Work = (PyObject *)P.Work, *Channel = (PyObject *)P.Channel, *Pending = (PyObject *)P.Pending;
     PyObject *Tensor = (PyObject *)P.Tensor;
     struct { PyObject *cls; const char *name; Py_ssize_t *out; } slots[] = {
-        {Model, "_engine", &P.m_engine}, {Model, "_state", &P.m_state}, {Model, "world_size", &P.m_world},
+        {Model, "_engine", &P.m_engine}, {Model, "_state", &P.m_state}, {Model, "_mem", &P.m_mem},
+        {Model, "world_size", &P.m_world},
         {RankState, "rank", &P.s_rank}, {RankState, "clock", &P.s_clock}, {RankState, "p2p_end", &P.s_p2p_end},
         {Work, "engine", &P.w_engine}, {Work, "rank", &P.w_rank}, {Work, "op", &P.w_op}, {Work, "issue", &P.w_issue},
         {Work, "end", &P.w_end}, {Work, "result", &P.w_result}, {Work, "input", &P.w_input},

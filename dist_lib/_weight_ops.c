@@ -116,7 +116,8 @@ static PyObject *fast_update(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (layer_v < 0 || n < 1 || n > 62 || s < 0 || !tp || !full || !first_time(updated, layer_v)) goto slow;
     PyObject *const tensors[3] = {grad, weight, opt};
     for (int i = 0; i < 3; i++)
-        if (int_eq(SLOT(tensors[i], W.rank), rank) != 1 || int_eq(SLOT(tensors[i], W.layer), layer) != 1)
+        if (int_eq(SLOT(tensors[i], W.rank), rank) != 1 || int_eq(SLOT(tensors[i], W.layer), layer) != 1 ||
+            buffer_log(tensors[i]) != SLOT(self, W.m_mem))
             goto slow;
     if (int_eq(SLOT(grad, W.tp_rank), tp_rank) != 1 || int_eq(SLOT(weight, W.tp_rank), tp_rank) != 1 ||
         int_eq(SLOT(grad, W.tp_size), tp) != 1 || int_eq(SLOT(weight, W.tp_size), tp) != 1 ||
@@ -171,7 +172,7 @@ static PyObject *fast_set_final_weight(PyObject *self, PyObject *const *args, Py
     long layer_v = small_int(layer, -1);
     if (!PyLong_CheckExact(layer) || Py_TYPE(weight) != W.Weight || !finals || !PyList_CheckExact(finals) ||
         !first_time(handed, layer_v) || int_eq(SLOT(weight, W.rank), SLOT(self, W.m_rank)) != 1 ||
-        int_eq(SLOT(weight, W.layer), layer) != 1)
+        int_eq(SLOT(weight, W.layer), layer) != 1 || buffer_log(weight) != SLOT(self, W.m_mem))
         goto slow;
     PyObject *key = shard_key(SLOT(weight, W.shards), SLOT(weight, W.num_shards), SLOT(weight, W.tp_rank));
     if (!key) goto slow;

@@ -23,7 +23,7 @@ from .op_costs import compute_cost, compute_mode, forward_stash_bytes
 from .op_checks import OpChecks, _covers, _first_time, _shard_key
 from .p2p import issue_recv, issue_send
 from .tensors import (SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState,
-                      PipeExtra, Stash, Weight, WeightGrad, describe_mask, samples_mask)
+                      PipeExtra, Stash, Tensor, Weight, WeightGrad, describe_mask, samples_mask)
 from .workload import Workload
 
 
@@ -125,9 +125,11 @@ class Model(OpChecks):
         for name, value in (("selective_recompute", selective_recompute), ("sequence_parallel", sequence_parallel)):
             if value is not False and value is not True:
                 raise TensorError(f"rank {rank} forward(layer {layer}): {name} must be True or False, got {value!r}")
+        mem = self._mem
         if act.__class__ is not Activation or weight.__class__ is not Weight or act.rank != rank \
                 or weight.rank != rank or act.layer != layer or weight.layer != layer or act.tp_size != 1 \
-                or weight.shards != (1 << weight.num_shards) - 1:
+                or weight.shards != (1 << weight.num_shards) - 1 or (act._base or act)._mem is not mem \
+                or (weight._base or weight)._mem is not mem:
             self._explain_compute("forward", layer, act, weight, layer)
         state = self._state
         samples = act.samples
@@ -153,7 +155,6 @@ class Model(OpChecks):
                        "recompute" if recompute else ""))
         if len(events) >= PACK_AT:
             self._engine.events.pack()
-        mem = self._mem
         mem.context = ("forward", layer)
         if stash:
             act._stash = Stash(mem, stash_bytes, tp_rank, tp, mode)
@@ -275,7 +276,8 @@ class Model(OpChecks):
         tensor); the piece is a buffer of its own of 1/t of the bytes."""
         cls = SLICES.get(x.__class__)
         if cls is None or x.rank != self.rank or x.tp_parts != (1 << x.tp_size) - 1 \
-                or tp_size.__class__ is not int or tp_rank.__class__ is not int or not 0 <= tp_rank < tp_size:
+                or (x._base or x)._mem is not self._mem or tp_size.__class__ is not int \
+                or tp_rank.__class__ is not int or not 0 <= tp_rank < tp_size:
             self._explain_split_tp(x, tp_rank, tp_size)  # (one test on the path every message takes)
         mem = self._mem
         mem.context = ("split_tp", x.layer)
@@ -325,7 +327,8 @@ class Model(OpChecks):
                 or opt_state.rank != rank or grad.layer != layer or weight.layer != layer \
                 or opt_state.layer != layer or grad.tp_rank != tp_rank or weight.tp_rank != tp_rank \
                 or grad.tp_size != tp or weight.tp_size != tp or not _covers(grad, opt_state) \
-                or not _covers(weight, opt_state) or weight.step or opt_state.step:
+                or not _covers(weight, opt_state) or weight.step or opt_state.step \
+                or not _on(self._mem, grad, weight, opt_state):
             self._explain_update(layer, grad, weight, opt_state)
         full = self._full_batch
         if grad.samples != full:  # (before the shard counts as updated: a refused update changes nothing)
@@ -359,7 +362,7 @@ class Model(OpChecks):
     def set_final_weight(self, layer: int, weight: Weight) -> None:
         """Hand in this rank's updated weights (or shard of them) for the end-of-step check."""
         if layer.__class__ is not int or weight.__class__ is not Weight or weight.rank != self.rank \
-                or weight.layer != layer:
+                or weight.layer != layer or (weight._base or weight)._mem is not self._mem:
             where = f"rank {self.rank} set_final_weight(layer {layer})"
             self._check_layer(layer, where)
             if type(weight) is not Weight:
@@ -392,19 +395,27 @@ class Model(OpChecks):
 
     def all_reduce(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
         """Sum gradients of disjoint samples, or TP partial sums, over `group` (default: all ranks)."""
+        if isinstance(x, Tensor) and (x._base or x)._mem is not self._mem:
+            self._check_step(x, f"rank {self.rank} all_reduce(layer {x.layer})")
         return issue_collective(self._engine, self._state, "all_reduce", x, self._resolve_group(group, "all_reduce"))
 
     def all_gather(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
         """Gather the ZeRO shards the members hold into the complete tensor on every member."""
+        if isinstance(x, Tensor) and (x._base or x)._mem is not self._mem:
+            self._check_step(x, f"rank {self.rank} all_gather(layer {x.layer})")
         return issue_collective(self._engine, self._state, "all_gather", x, self._resolve_group(group, "all_gather"))
 
     def reduce_scatter(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
         """Sum complete gradients over `group`; member i keeps shard i of len(group)."""
+        if isinstance(x, Tensor) and (x._base or x)._mem is not self._mem:
+            self._check_step(x, f"rank {self.rank} reduce_scatter(layer {x.layer})")
         return issue_collective(self._engine, self._state, "reduce_scatter", x,
                                 self._resolve_group(group, "reduce_scatter"))
 
     def send(self, x: Any, dst: int) -> Work:
         """Send tensor `x` to rank `dst`; matched in order with `dst`'s recvs from this rank (`p2p.py`)."""
+        if isinstance(x, Tensor) and (x._base or x)._mem is not self._mem:
+            self._check_step(x, f"rank {self.rank} send to {dst}")
         return issue_send(self._engine, self._state, x, dst)
 
     def recv(self, src: int) -> Work:
@@ -448,6 +459,14 @@ class Model(OpChecks):
     def _activation_grad(self, act: Activation, weight: Weight) -> ActivationGrad:
         return ActivationGrad(self._mem, act.samples.bit_count() * self._act_bytes, self.rank, act.layer,
                               act.samples, 1 << weight.tp_rank, weight.tp_size)  # a TP slice: partial sum
+
+
+def _on(mem: Any, *tensors: Any) -> bool:
+    """Are these tensors all on the memory log `mem` (a rank's of this step)?"""
+    for t in tensors:
+        if (t._base or t)._mem is not mem:
+            return False
+    return True
 
 
 # the buffers `Model.pipe_extra` makes, in the recorder's numbering

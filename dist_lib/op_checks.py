@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .engine import Engine
 from .errors import TensorError
 from .tensors import (Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Stash, Weight,
                       WeightGrad, describe_mask)
@@ -16,6 +17,8 @@ class OpChecks:
     __slots__ = ()
     rank: int
     num_layers: int
+    _engine: Engine
+    _mem: Any  # the rank's memory log of this step
 
     def _explain_load(self, layer: Any, shard: Any, num_shards: Any, tp_rank: Any, tp_size: Any) -> None:
         where = f"rank {self.rank} load_weights(layer {layer})"
@@ -50,13 +53,33 @@ class OpChecks:
             raise TensorError(f"{where}: layer must be in 0..{self.num_layers - 1}, got {layer!r}")
 
     def _check_own(self, t: Any, where: str) -> None:
+        """t is this rank's tensor of this step: on the rank's memory log (`Model._mem`), which is the step's."""
+        self._check_step(t, where)
         if t.rank != self.rank:
             raise TensorError(f"{where}: {t!r} lives on rank {t.rank}; send it here first")
+        log = buffer_log(t)
+        if log is not self._mem:  # this step's, on another rank's log (its fields were changed)
+            raise TensorError(f"{where}: {t!r} lives on rank {log.rank}; send it here first")
+
+    def _check_step(self, t: Any, where: str) -> None:
+        """t is a tensor of this step (on any rank): not one kept from an earlier `simulate()`."""
+        log = buffer_log(t)
+        if log is self._mem:
+            return
+        ranks = self._engine.ranks
+        rank = getattr(log, "rank", None)
+        if rank.__class__ is int and 0 <= rank < len(ranks) and ranks[rank].memory is log:
+            return
+        raise TensorError(f"{where}: {t!r} is a tensor of an earlier step; tensors belong to the step that made them: "
+                          f"start each step from load_weights and get_input_activation, and keep no tensor "
+                          f"between simulate() calls")
 
     def _check_compute(self, op: str, layer: int, act: Any, weight: Any, act_layer: int) -> None:
+        mem = self._mem
         if type(act) is not Activation or type(weight) is not Weight or act.rank != self.rank \
                 or weight.rank != self.rank or act.layer != act_layer or weight.layer != layer \
-                or act.tp_size != 1 or weight.shards != (1 << weight.num_shards) - 1:
+                or act.tp_size != 1 or weight.shards != (1 << weight.num_shards) - 1 \
+                or (act._base or act)._mem is not mem or (weight._base or weight)._mem is not mem:
             self._explain_compute(op, layer, act, weight, act_layer)
 
     def _explain_compute(self, op: str, layer: int, act: Any, weight: Any, act_layer: int) -> None:
@@ -81,14 +104,15 @@ class OpChecks:
 
     def _check_backward(self, op: str, layer: int, act: Any, grad: Any, weight: Any, need_input_done: bool) -> Stash:
         """The stash of a valid backward's input; a `TensorError` naming what is wrong otherwise."""
-        rank = self.rank
+        rank, mem = self.rank, self._mem
         stash = act._stash if act.__class__ is Activation else None
         if stash is None or weight.__class__ is not Weight or grad.__class__ is not ActivationGrad \
                 or act.rank != rank or weight.rank != rank or grad.rank != rank or act.layer != layer \
                 or weight.layer != layer or grad.layer != layer + 1 or act.tp_size != 1 or grad.tp_size != 1 \
                 or weight.shards != (1 << weight.num_shards) - 1 or grad.samples != act.samples \
                 or stash.tp_rank != weight.tp_rank or stash.tp_size != weight.tp_size \
-                or stash.input_done is not need_input_done:
+                or stash.input_done is not need_input_done or (act._base or act)._mem is not mem \
+                or (grad._base or grad)._mem is not mem or (weight._base or weight)._mem is not mem:
             return self._explain_backward(op, layer, act, grad, weight, need_input_done)
         return stash
 
@@ -121,6 +145,11 @@ class OpChecks:
             raise TensorError(f"{where}: backward_weight before backward_input for samples "
                               f"{describe_mask(act.samples)}; compute the input gradient first")
         return stash
+
+
+def buffer_log(t: Any) -> Any:
+    """The memory log a tensor's bytes are on (its owner's, for a view): one rank's of one step."""
+    return (t._base or t)._mem
 
 
 def _shard_key(shards: int, num_shards: int, tp_rank: int) -> int:

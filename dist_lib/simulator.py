@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextvars
 import gc
@@ -9,6 +10,7 @@ import importlib.util
 import inspect
 import random
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from .model import Model
 from .result import PerRank, Result
 from .specs import shown
 from .tensors import Weight
-from .waits import interrupt_at_once
+from .waits import interrupt_at_once, user_frame
 from .workload import Workload, check_global_batch
 
 DEFAULT_CLUSTER = "1x8xA100-80GB"
@@ -87,8 +89,17 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     # event log would make long steps quadratic: pause it for the step and for building its result.
     collecting = gc.isenabled()
     gc.disable()
+    loop = asyncio.get_running_loop()
+    factory = loop.get_task_factory()
+    exits: list[StrategyError] = []
     try:
-        await engine.run(lambda rank: train(models[rank], **options), order)
+        loop.set_task_factory(_exit_as_error(engine, factory, exits))
+        try:
+            await engine.run(lambda rank: train(models[rank], **options), order)
+        finally:
+            loop.set_task_factory(factory)
+        if exits:  # (a task no rank awaited)
+            raise exits[0]
         return _finish(engine, options, name, check)
     except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
@@ -97,6 +108,31 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
         engine.release()
         if collecting:
             gc.enable()
+
+
+def _exit_as_error(engine: Engine, factory: Callable | None, exits: list[StrategyError]) -> Callable:
+    """The loop's task factory for the step: `factory`'s tasks (asyncio's by default), whose coroutine
+    turns a `SystemExit` (`sys.exit()` in a task a rank made) into the `StrategyError` a rank's own
+    gets, naming the rank and the line. asyncio's tasks re-raise a SystemExit out of the event loop,
+    past the engine and out of `simulate()`; raised as this error, the task fails with it as with any
+    exception, and the step fails with it even if no rank awaits the task."""
+    async def guarded(coroutine: Any) -> Any:
+        try:
+            return await coroutine
+        except SystemExit as exit:
+            rank = engine.task_ranks.get(asyncio.current_task())
+            if rank is None:  # not a rank's task
+                raise
+            said = f": {exit}" if str(exit) else ""
+            error = StrategyError(f"rank {rank}: SystemExit{said}{user_frame(exit)}")
+            exits.append(error)
+            raise error from exit
+
+    def make_task(loop: asyncio.AbstractEventLoop, coroutine: Any, **kwargs: Any) -> asyncio.Task:
+        if asyncio.iscoroutine(coroutine):
+            coroutine = guarded(coroutine)
+        return factory(loop, coroutine, **kwargs) if factory else asyncio.Task(coroutine, loop=loop, **kwargs)
+    return make_task
 
 
 def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> Result:
@@ -168,10 +204,40 @@ def load_strategy(strategy: Strategy | str | Path) -> tuple[Strategy, str]:
         train = getattr(module, "train", None)
         if train is None:
             raise SpecError(f"strategy {text}: defines no `train` function (expected `async def train(model, **options)`)")
+    if inspect.isasyncgenfunction(train):
+        raise SpecError(f"strategy {name}: `train` must be `async def train(model, **options)`, got an async "
+                        f"generator function: a `yield` in train{_yield_line(train)} makes it one; a strategy "
+                        f"awaits works and returns, it does not yield")
     if not inspect.iscoroutinefunction(train):
         raise SpecError(f"strategy {name}: `train` must be `async def train(model, **options)`, "
                         f"got a plain {type(train).__name__}")
     return train, name
+
+
+def _yield_line(function: Callable) -> str:
+    """' (at strategy.py:42)': the first `yield` of a generator function's own body, else its `def` line."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return ""
+    line = code.co_firstlineno
+    try:
+        lines, first = inspect.getsourcelines(function)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        body = tree.body[0]
+        nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+        todo = list(ast.iter_child_nodes(body))
+        found = []
+        while todo:
+            node = todo.pop()
+            if isinstance(node, (ast.Yield, ast.YieldFrom)):
+                found.append(node.lineno)
+            elif not isinstance(node, nested):
+                todo.extend(ast.iter_child_nodes(node))
+        if found:
+            line = first + min(found) - 1
+    except (OSError, TypeError, SyntaxError, IndexError):
+        pass
+    return f" (at {Path(code.co_filename).name}:{line})"
 
 
 def _load_file(path: Path) -> Any:
@@ -203,7 +269,6 @@ def _load_file(path: Path) -> Any:
     except SpecError:
         raise
     except (Exception, SystemExit) as exc:  # a file that calls exit() on import must not end the caller
-        from .waits import user_frame
         raise StrategyError(f"strategy file {path}: importing it raised {type(exc).__name__}: {exc}"
                             f"{user_frame(exc)}") from exc
 
@@ -216,6 +281,28 @@ def accepted_options(train: Strategy) -> list[str] | None:
     return list(params)[1:]
 
 
+def _check_required(train: Strategy, params: Any, options: dict[str, Any], name: str) -> None:
+    """Every parameter of `train` after `model` without a default must come as an option (a keyword of
+    `simulate`), which also rules out positional-only ones: the engine calls `train(model, **options)`."""
+    after_model = list(params.values())[1:]
+    positional = [p.name for p in after_model if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+    missing = [p.name for p in after_model if p.default is inspect.Parameter.empty and p.name not in options
+               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    if not positional and not missing:
+        return
+    code = getattr(inspect.unwrap(train), "__code__", None)
+    where = f" ({Path(code.co_filename).name}:{code.co_firstlineno})" if code is not None else ""
+    if positional:
+        raise SpecError(f"strategy {name}: `train`{where} takes {', '.join(positional)} before `/`, as positional "
+                        f"only; options reach it as keywords (train(model, **options)): drop the `/`")
+    s = "s" if len(missing) > 1 else ""
+    given = ", ".join(f"{m}=..." for m in missing)
+    raise SpecError(f"strategy {name}: `train`{where} requires the option{s} {', '.join(missing)}, which "
+                    f"{'have' if s else 'has'} no default; pass {'them' if s else 'it'} to simulate() as "
+                    f"{'keywords' if s else 'a keyword'}: simulate(strategy, cluster, workload, global_batch_size, {given}), or give "
+                    f"{'them defaults' if s else 'it a default'} in train's signature")
+
+
 def check_options(train: Strategy, options: dict[str, Any], name: str) -> None:
     """Reject option names the strategy does not take (listing those it does), and values whose type
     differs from a plain default's (an int, float, bool or str default says what the option expects)."""
@@ -226,6 +313,7 @@ def check_options(train: Strategy, options: dict[str, Any], name: str) -> None:
             raise SpecError(f"strategy {name}: unknown option(s) {', '.join(unknown)}; it accepts "
                             f"{', '.join(accepted) or 'no options'}")
     params = inspect.signature(train).parameters
+    _check_required(train, params, options, name)
     for key, value in options.items():
         param = params.get(key)
         if param is None or param.default is inspect.Parameter.empty or param.default is None:

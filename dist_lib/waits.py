@@ -22,6 +22,7 @@ HANG_CHECK_S = 1.0
 """Wall-clock seconds between two looks of a `HangWatch`: it bounds how soon a hang is reported."""
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_ASYNCIO = os.path.dirname(os.path.abspath(asyncio.__file__))
 
 
 class HangWatch:
@@ -79,18 +80,29 @@ def describe_future(future: Any) -> str:
 
 
 def is_users(filename: str) -> bool:
-    """Is this source file the strategy's (not the simulator's, asyncio's or the import machinery's)?"""
-    return not os.path.abspath(filename).startswith(_HERE) and "asyncio" not in filename \
-        and not filename.startswith("<frozen")
+    """Is this source file the strategy's (not the simulator's, asyncio's or the import machinery's)? (A
+    strategy file may have asyncio in its name.)"""
+    if filename.startswith("<frozen"):
+        return False
+    path = os.path.abspath(filename)
+    return not path.startswith((_HERE + os.sep, _ASYNCIO + os.sep))
 
 
 def user_frame(error: BaseException) -> str:
-    """' (at strategy.py:42 in train)': the innermost traceback frame outside the simulator."""
-    found = ""
-    for frame, lineno in traceback.walk_tb(error.__traceback__):
-        if is_users(frame.f_code.co_filename):
-            found = f" (at {os.path.basename(frame.f_code.co_filename)}:{lineno} in {frame.f_code.co_name})"
-    return found
+    """' (at strategy.py:42 in train)': the innermost traceback frame outside the simulator; when the error
+    passed through none (Python or asyncio raised it for the strategy's own: a coroutine's StopIteration
+    becomes a RuntimeError), that of the exception it was raised from or while handling, and so on."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        found = ""
+        for frame, lineno in traceback.walk_tb(error.__traceback__):
+            if is_users(frame.f_code.co_filename):
+                found = f" (at {os.path.basename(frame.f_code.co_filename)}:{lineno} in {frame.f_code.co_name})"
+        if found:
+            return found
+        error = error.__cause__ or error.__context__
+    return ""
 
 
 def waiting_line(coroutine: Any) -> str:
