@@ -390,11 +390,29 @@ class Engine:
 
     def _task_factory(self, factory: Callable | None) -> Callable:
         """The loop's task factory for the step: `factory`'s tasks (asyncio's by default), each noted with
-        the rank that made it, so that a work awaited inside one is checked to be that rank's own."""
+        the rank that made it, so that a work awaited inside one is checked to be that rank's own, and its
+        coroutine guarded: asyncio re-raises a task's `SystemExit` out of the event loop, past the engine,
+        so a rank's task's `sys.exit()` becomes the `StrategyError` its own coroutine's would, and fails
+        the step even if no rank awaits the task."""
+        async def guarded(coroutine: Any) -> Any:
+            try:
+                return await coroutine
+            except SystemExit as exit:
+                rank = self.task_ranks.get(asyncio.current_task())
+                if rank is None:  # not a rank's task
+                    raise
+                error = StrategyError(f"rank {rank}: SystemExit{_said(exit)}{user_frame(exit)}")
+                self._fail(error)
+                if self.stopped is not None and not self.stopped.done():
+                    self.stopped.set_result(None)
+                raise error from exit
+
         def make_task(loop: asyncio.AbstractEventLoop, coroutine: Any, **kwargs: Any) -> asyncio.Task:
-            task = factory(loop, coroutine, **kwargs) if factory else asyncio.Task(coroutine, loop=loop, **kwargs)
             current = asyncio.current_task(loop)  # (None in a plain callback: `call_soon(ensure_future, ...)`)
             rank = self.driving if self.driving >= 0 else None if current is None else self.task_ranks.get(current)
+            if rank is not None and asyncio.iscoroutine(coroutine):
+                coroutine = guarded(coroutine)
+            task = factory(loop, coroutine, **kwargs) if factory else asyncio.Task(coroutine, loop=loop, **kwargs)
             if rank is not None:
                 self.task_ranks[task] = rank
             return task

@@ -89,17 +89,8 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     # event log would make long steps quadratic: pause it for the step and for building its result.
     collecting = gc.isenabled()
     gc.disable()
-    loop = asyncio.get_running_loop()
-    factory = loop.get_task_factory()
-    exits: list[StrategyError] = []
     try:
-        loop.set_task_factory(_exit_as_error(engine, factory, exits))
-        try:
-            await engine.run(lambda rank: train(models[rank], **options), order)
-        finally:
-            loop.set_task_factory(factory)
-        if exits:  # (a task no rank awaited)
-            raise exits[0]
+        await engine.run(lambda rank: train(models[rank], **options), order)
         return _finish(engine, options, name, check)
     except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
@@ -108,31 +99,6 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
         engine.release()
         if collecting:
             gc.enable()
-
-
-def _exit_as_error(engine: Engine, factory: Callable | None, exits: list[StrategyError]) -> Callable:
-    """The loop's task factory for the step: `factory`'s tasks (asyncio's by default), whose coroutine
-    turns a `SystemExit` (`sys.exit()` in a task a rank made) into the `StrategyError` a rank's own
-    gets, naming the rank and the line. asyncio's tasks re-raise a SystemExit out of the event loop,
-    past the engine and out of `simulate()`; raised as this error, the task fails with it as with any
-    exception, and the step fails with it even if no rank awaits the task."""
-    async def guarded(coroutine: Any) -> Any:
-        try:
-            return await coroutine
-        except SystemExit as exit:
-            rank = engine.task_ranks.get(asyncio.current_task())
-            if rank is None:  # not a rank's task
-                raise
-            said = f": {exit}" if str(exit) else ""
-            error = StrategyError(f"rank {rank}: SystemExit{said}{user_frame(exit)}")
-            exits.append(error)
-            raise error from exit
-
-    def make_task(loop: asyncio.AbstractEventLoop, coroutine: Any, **kwargs: Any) -> asyncio.Task:
-        if asyncio.iscoroutine(coroutine):
-            coroutine = guarded(coroutine)
-        return factory(loop, coroutine, **kwargs) if factory else asyncio.Task(coroutine, loop=loop, **kwargs)
-    return make_task
 
 
 def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> Result:
