@@ -57,15 +57,14 @@ static long int_method(PyObject *x, PyCFunction method) {
     ((((PyLongObject *)(x))->long_value.lv_tag & 3) == 2 ? -1 : (Py_ssize_t)(((PyLongObject *)(x))->long_value.lv_tag >> 3))
 #endif
 
-/* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). */
+/* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). Where the digits
+ * can be read, they are counted directly: asking for an unsigned long long first would raise (and clear)
+ * an OverflowError for every mask of a step of more than 64 samples. */
 long mask_bit_count(PyObject *mask) {
     if (!mask || !PyLong_CheckExact(mask)) return -1;
-    unsigned long long v = PyLong_AsUnsignedLongLong(mask);
-    if (v != (unsigned long long)-1 || !PyErr_Occurred()) return __builtin_popcountll(v);
-    PyErr_Clear(); /* negative, or wider than 64 bits (a step of more than 64 samples) */
 #ifdef MASK_DIGITS
     Py_ssize_t ndigits = MASK_NDIGITS(mask);
-    if (ndigits > 0) {
+    if (ndigits >= 0) {
         const digit *d = MASK_DIGITS(mask);
         long count = 0;
         Py_ssize_t i = 0;
@@ -74,6 +73,10 @@ long mask_bit_count(PyObject *mask) {
         if (i < ndigits) count += __builtin_popcountll(d[i]);
         return count;
     }
+#else
+    unsigned long long v = PyLong_AsUnsignedLongLong(mask);
+    if (v != (unsigned long long)-1 || !PyErr_Occurred()) return __builtin_popcountll(v);
+    PyErr_Clear(); /* negative, or wider than 64 bits (a step of more than 64 samples) */
 #endif
     return int_method(mask, int_bit_count);
 }
