@@ -28,7 +28,7 @@ _ASYNCIO = os.path.dirname(os.path.abspath(asyncio.__file__))
 class HangWatch:
     """Calls `on_hang()` once the running event loop has nothing left that could resume a waiting
     coroutine; looks every `HANG_CHECK_S` until then, or until `cancel()`. Where only callbacks keep the
-    loop going (no timer, no new thread), it also asks `on_spin()` (the engine's look for ranks that poll
+    loop going (no timer, no new thread, no file watched), it also asks `on_spin()` (the engine's look for ranks that poll
     without waiting), which returns True when it ended the step."""
 
     def __init__(self, on_hang: Callable[[], None], on_spin: Callable[[], bool] | None = None):
@@ -41,8 +41,8 @@ class HangWatch:
     def _look(self) -> None:
         # (a timer handle is off the loop's schedule while it runs: this look does not count as progress)
         if self.threads < threading.active_count() or loop_can_progress(self.loop):
-            if self.on_spin is not None and not _timers(self.loop) and self.threads >= threading.active_count() \
-                    and self.on_spin():
+            if self.on_spin is not None and self.threads >= threading.active_count() and not _timers(self.loop) \
+                    and not _watches(self.loop) and self.on_spin():
                 return
             self.handle = self.loop.call_later(HANG_CHECK_S, self._look)
         elif self.on_hang is not None:
@@ -60,11 +60,7 @@ def loop_can_progress(loop: asyncio.AbstractEventLoop) -> bool:
     ready, scheduled = getattr(loop, "_ready", None), getattr(loop, "_scheduled", None)
     if ready is None or scheduled is None:
         return True
-    if ready or _timers(loop):
-        return True
-    selector = getattr(loop, "_selector", None)
-    get_map = getattr(selector, "get_map", None)
-    return get_map is not None and len(get_map()) > 1
+    return bool(ready) or _timers(loop) or _watches(loop)
 
 
 def _timers(loop: asyncio.AbstractEventLoop) -> bool:
@@ -72,6 +68,13 @@ def _timers(loop: asyncio.AbstractEventLoop) -> bool:
     does not let us tell."""
     scheduled = getattr(loop, "_scheduled", None)
     return scheduled is None or any(not handle.cancelled() for handle in scheduled)
+
+
+def _watches(loop: asyncio.AbstractEventLoop) -> bool:
+    """Does the loop watch a file or socket besides its own wake-up pipe?"""
+    selector = getattr(loop, "_selector", None)
+    get_map = getattr(selector, "get_map", None)
+    return get_map is not None and len(get_map()) > 1
 
 
 def describe_future(future: Any) -> str:
