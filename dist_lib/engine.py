@@ -330,8 +330,9 @@ class Engine:
         self.stopped = self.loop.create_future()
         self.ready.extend(order)
         self.watchdog = HangWatch(self._hung, self._livelocked)
-        factory = self.loop.get_task_factory()
+        factory, handler = self.loop.get_task_factory(), self.loop.get_exception_handler()
         self.loop.set_task_factory(self._task_factory(factory))
+        self.loop.set_exception_handler(self._unretrieved(handler))
         try:
             self._drive()
             await self.stopped
@@ -350,6 +351,7 @@ class Engine:
             self._close_all()
             self.watchdog.cancel()
             self.loop.set_task_factory(factory)
+            self.loop.set_exception_handler(handler)
         if self.first_error is not None:
             raise self.first_error
         self.drain()
@@ -402,9 +404,7 @@ class Engine:
                 if rank is None:  # not a rank's task
                     raise
                 error = StrategyError(f"rank {rank}: SystemExit{_said(exit)}{user_frame(exit)}")
-                self._fail(error)
-                if self.stopped is not None and not self.stopped.done():
-                    self.stopped.set_result(None)
+                self._abort(error)
                 raise error from exit
 
         def make_task(loop: asyncio.AbstractEventLoop, coroutine: Any, **kwargs: Any) -> asyncio.Task:
@@ -417,6 +417,23 @@ class Engine:
                 self.task_ranks[task] = rank
             return task
         return make_task
+
+    def _unretrieved(self, handler: Callable | None) -> Callable:
+        """The loop's exception handler for the step: a rank's task that raised and that nothing awaited
+        (asyncio reports it when the task is let go of) fails the step as the rank's error; anything else
+        goes to `handler` (asyncio's default one if None)."""
+        def report(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+            task, error = context.get("future"), context.get("exception")
+            rank = self.task_ranks.get(task) if isinstance(task, asyncio.Task) else None
+            if rank is None or error is None:
+                if handler is not None:
+                    handler(loop, context)
+                else:
+                    loop.default_exception_handler(context)
+                return
+            self._abort(StrategyError(f"rank {rank}: a task of the rank raised {type(error).__name__}"
+                                      f"{_said(error)} and nothing awaited it{user_frame(error)}"))
+        return report
 
     def _await_foreign(self, rank: int, yielded: Any) -> None:
         """The rank awaits something of asyncio's: resume it through the event loop, as a task would."""
@@ -466,10 +483,7 @@ class Engine:
             said = _said(error)
             wrapped = StrategyError(f"rank {rank}: {type(error).__name__}{said}{user_frame(error)}")
             wrapped.__cause__ = error
-        self._fail(wrapped)
-        self.ready.clear()
-        if not self.stopped.done():
-            self.stopped.set_result(None)
+        self._abort(wrapped)
 
     def _stop_one(self) -> None:
         self.running -= 1
@@ -496,9 +510,7 @@ class Engine:
         (The engine's own waits never need this: a quiescence with nothing in flight is reported at once.)"""
         if self.stopped is None or self.stopped.done():
             return
-        self._fail(DeadlockError(self.describe_hang()))
-        self.ready.clear()
-        self.stopped.set_result(None)
+        self._abort(DeadlockError(self.describe_hang()))
 
     def _livelocked(self) -> bool:
         """The watchdog's look, once a wall-clock second, for ranks that poll: every unfinished rank waits,
@@ -511,14 +523,19 @@ class Engine:
         look = (len(self.events), self.next_op_id, self.transfers.count, self.blocked, self.finished) if idle else None
         stuck, self.last_look = look is not None and look == self.last_look, look
         if stuck and self.stopped is not None and not self.stopped.done():
-            self._fail(DeadlockError(self._describe_waits(
+            self._abort(DeadlockError(self._describe_waits(
                 "deadlock: every unfinished rank waits, and the ranks that yield to the event loop "
                 "(`await asyncio.sleep(0)` in a loop) issue nothing: in virtual time a transfer ends only when "
                 "every rank waits on it or on another, so a rank that polls `work.done` never sees it end; "
                 "await the work (or `asyncio.wait_for` it) instead")))
-            self.ready.clear()
-            self.stopped.set_result(None)
         return stuck
+
+    def _abort(self, error: BaseException) -> None:
+        """End the step with `error` (the first one stays): no rank is resumed again."""
+        self._fail(error)
+        self.ready.clear()
+        if self.stopped is not None and not self.stopped.done():
+            self.stopped.set_result(None)
 
     def _fail(self, error: BaseException) -> None:
         if self.first_error is None:

@@ -217,3 +217,29 @@ def test_messages_of_odd_exceptions():
     with pytest.raises(StrategyError, match=r"rank 0: TypeError: a method can't be used in 'await' expression; "
                                             r"call it \(`await model.all_reduce\(x\)`"):
         run(awaits_a_method)
+
+
+async def fire_and_forget(model):
+    async def helper():
+        raise ValueError("the helper gives up")
+
+    asyncio.ensure_future(helper())  # nothing keeps or awaits it
+    await asyncio.sleep(0)  # (it runs)
+    await plain(model)
+
+
+async def retrieves_it(model):
+    async def helper():
+        raise ValueError("handled")
+
+    task = asyncio.ensure_future(helper())
+    with pytest.raises(ValueError):
+        await task
+    await plain(model)
+
+
+def test_a_task_that_raises_and_that_nothing_awaits_fails_the_step(plain_time):
+    with pytest.raises(StrategyError, match=r"^rank [01]: a task of the rank raised ValueError: the helper gives "
+                                            r"up and nothing awaited it \(at test_loop_waits.py:\d+ in helper\)$"):
+        run(fire_and_forget)
+    assert run(retrieves_it).time_s == plain_time  # (its error handled where it was awaited)
