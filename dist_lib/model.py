@@ -20,10 +20,10 @@ from .eventlog import PACK_AT
 from .hardware import Cluster
 from .memory import ACCELERATED, OPTIMIZER_BYTES, WEIGHT_BYTES
 from .op_costs import compute_cost, compute_mode, forward_stash_bytes
-from .op_checks import OpChecks, _covers, _first_time, _shard_key
+from .op_checks import OpChecks, _covers, _first_time, _shard_key, buffer_log
 from .p2p import issue_recv, issue_send
 from .tensors import (SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState,
-                      PipeExtra, Stash, Tensor, Weight, WeightGrad, describe_mask, samples_mask)
+                      PipeExtra, Stash, Weight, WeightGrad, describe_mask, samples_mask)
 from .workload import Workload
 
 
@@ -395,27 +395,23 @@ class Model(OpChecks):
 
     def all_reduce(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
         """Sum gradients of disjoint samples, or TP partial sums, over `group` (default: all ranks)."""
-        if isinstance(x, Tensor) and (x._base or x)._mem is not self._mem:
-            self._check_step(x, f"rank {self.rank} all_reduce(layer {x.layer})")
+        self._check_given(x, f"rank {self.rank} all_reduce(layer {x.layer})")
         return issue_collective(self._engine, self._state, "all_reduce", x, self._resolve_group(group, "all_reduce"))
 
     def all_gather(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
         """Gather the ZeRO shards the members hold into the complete tensor on every member."""
-        if isinstance(x, Tensor) and (x._base or x)._mem is not self._mem:
-            self._check_step(x, f"rank {self.rank} all_gather(layer {x.layer})")
+        self._check_given(x, f"rank {self.rank} all_gather(layer {x.layer})")
         return issue_collective(self._engine, self._state, "all_gather", x, self._resolve_group(group, "all_gather"))
 
     def reduce_scatter(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
         """Sum complete gradients over `group`; member i keeps shard i of len(group)."""
-        if isinstance(x, Tensor) and (x._base or x)._mem is not self._mem:
-            self._check_step(x, f"rank {self.rank} reduce_scatter(layer {x.layer})")
+        self._check_given(x, f"rank {self.rank} reduce_scatter(layer {x.layer})")
         return issue_collective(self._engine, self._state, "reduce_scatter", x,
                                 self._resolve_group(group, "reduce_scatter"))
 
     def send(self, x: Any, dst: int) -> Work:
         """Send tensor `x` to rank `dst`; matched in order with `dst`'s recvs from this rank (`p2p.py`)."""
-        if isinstance(x, Tensor) and (x._base or x)._mem is not self._mem:
-            self._check_step(x, f"rank {self.rank} send to {dst}")
+        self._check_given(x, f"rank {self.rank} send to {dst}")
         return issue_send(self._engine, self._state, x, dst)
 
     def recv(self, src: int) -> Work:
@@ -463,10 +459,7 @@ class Model(OpChecks):
 
 def _on(mem: Any, *tensors: Any) -> bool:
     """Are these tensors all on the memory log `mem` (a rank's of this step)?"""
-    for t in tensors:
-        if (t._base or t)._mem is not mem:
-            return False
-    return True
+    return all(buffer_log(t) is mem for t in tensors)
 
 
 # the buffers `Model.pipe_extra` makes, in the recorder's numbering

@@ -7,8 +7,8 @@ from typing import Any
 
 from .engine import Engine
 from .errors import TensorError
-from .tensors import (Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Stash, Weight,
-                      WeightGrad, describe_mask)
+from .tensors import (Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Stash, Tensor,
+                      Weight, WeightGrad, describe_mask)
 
 
 class OpChecks:
@@ -60,6 +60,12 @@ class OpChecks:
         log = buffer_log(t)
         if log is not self._mem:  # this step's, on another rank's log (its fields were changed)
             raise TensorError(f"{where}: {t!r} lives on rank {log.rank}; send it here first")
+
+    def _check_given(self, x: Any, where: str) -> None:
+        """`x`, handed to a collective or a send, is not a tensor of an earlier step (other misuse is the
+        op's to report)."""
+        if isinstance(x, Tensor) and buffer_log(x) is not self._mem:
+            self._check_step(x, where)
 
     def _check_step(self, t: Any, where: str) -> None:
         """t is a tensor of this step (on any rank): not one kept from an earlier `simulate()`."""
