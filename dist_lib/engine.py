@@ -28,6 +28,7 @@ the step as a deadlock, naming each rank's wait, when it has not.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import weakref
 from asyncio import Future
@@ -339,6 +340,8 @@ class Engine:
             task = asyncio.current_task()
             if self.cancel_is_strategys and task is not None and task.cancelling():
                 raise asyncio.CancelledError  # (a cancel the step's ranks made without awaiting after it)
+            if self.first_error is None:
+                self._check_tasks()
         except asyncio.CancelledError:
             if not self.cancel_is_strategys:
                 raise
@@ -349,6 +352,7 @@ class Engine:
                 "bound a wait with `asyncio.wait_for(work, seconds)` instead. The ranks then:")))
         finally:
             self._close_all()
+            self._cancel_tasks()
             self.watchdog.cancel()
             self.loop.set_task_factory(factory)
             self.loop.set_exception_handler(handler)
@@ -396,22 +400,11 @@ class Engine:
         coroutine guarded: asyncio re-raises a task's `SystemExit` out of the event loop, past the engine,
         so a rank's task's `sys.exit()` becomes the `StrategyError` its own coroutine's would, and fails
         the step even if no rank awaits the task."""
-        async def guarded(coroutine: Any) -> Any:
-            try:
-                return await coroutine
-            except SystemExit as exit:
-                rank = self.task_ranks.get(asyncio.current_task())
-                if rank is None:  # not a rank's task
-                    raise
-                error = StrategyError(f"rank {rank}: SystemExit{_said(exit)}{user_frame(exit)}")
-                self._abort(error)
-                raise error from exit
-
         def make_task(loop: asyncio.AbstractEventLoop, coroutine: Any, **kwargs: Any) -> asyncio.Task:
             current = asyncio.current_task(loop)  # (None in a plain callback: `call_soon(ensure_future, ...)`)
             rank = self.driving if self.driving >= 0 else None if current is None else self.task_ranks.get(current)
             if rank is not None and asyncio.iscoroutine(coroutine):
-                coroutine = guarded(coroutine)
+                coroutine = _guarded(self, coroutine)
             task = factory(loop, coroutine, **kwargs) if factory else asyncio.Task(coroutine, loop=loop, **kwargs)
             if rank is not None:
                 self.task_ranks[task] = rank
@@ -431,9 +424,35 @@ class Engine:
                 else:
                     loop.default_exception_handler(context)
                 return
-            self._abort(StrategyError(f"rank {rank}: a task of the rank raised {type(error).__name__}"
-                                      f"{_said(error)} and nothing awaited it{user_frame(error)}"))
+            self._abort(_unawaited(rank, error))
         return report
+
+    def _check_tasks(self) -> None:
+        """At the step's end, every rank has returned: a task a rank started that has not finished, or that
+        raised and that nothing awaited (asyncio reports that only once the strategy lets go of the task),
+        is the rank's error, as the first such task of the lowest rank."""
+        for task, rank in sorted(self.task_ranks.items(), key=lambda item: item[1]):
+            if not task.done():
+                self._fail(StrategyError(f"rank {rank}: {_unfinished(task)} when the step ended: the rank "
+                                         f"returned from train without awaiting it (`await task`, `asyncio.gather`)"))
+                return
+            # (`_log_traceback`: asyncio's flag of an exception that no one has asked for yet)
+            if not task.cancelled() and getattr(task, "_log_traceback", False):
+                self._fail(_unawaited(rank, task.exception()))
+                return
+
+    def _cancel_tasks(self) -> None:
+        """When the step ends, cancel the ranks' tasks still pending (after a failure, or left unawaited), so
+        that none runs on into an engine that is done, and take the errors of those that raised unawaited:
+        the step's error is the first of them (`_check_tasks`), or the failure that ended it earlier."""
+        for task in list(self.task_ranks):
+            if not task.done():
+                task.cancel()
+                coroutine = _strategy_coroutine(task)
+                if inspect.iscoroutine(coroutine) and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
+                    coroutine.close()  # (never to run: without this Python warns it was never awaited)
+            elif not task.cancelled() and getattr(task, "_log_traceback", False):
+                task.exception()
 
     def _await_foreign(self, rank: int, yielded: Any) -> None:
         """The rank awaits something of asyncio's: resume it through the event loop, as a task would."""
@@ -544,6 +563,45 @@ class Engine:
 
 def _transfer_key(transfer: Transfer) -> tuple:
     return transfer.key
+
+
+async def _guarded(engine: Engine, coroutine: Any) -> Any:
+    """A rank's task's coroutine, as the engine's task factory runs it (`Engine._task_factory`)."""
+    try:
+        return await coroutine
+    except SystemExit as exit:
+        rank = engine.task_ranks.get(asyncio.current_task())
+        if rank is None:  # not a rank's task
+            raise
+        error = StrategyError(f"rank {rank}: SystemExit{_said(exit)}{user_frame(exit)}")
+        engine._abort(error)
+        raise error from exit
+
+
+_GUARD_CODE = _guarded.__code__
+
+
+def _unawaited(rank: int, error: BaseException) -> StrategyError:
+    return StrategyError(f"rank {rank}: a task of the rank raised {type(error).__name__}{_said(error)} and nothing "
+                         f"awaited it{user_frame(error)}")
+
+
+def _strategy_coroutine(task: asyncio.Task) -> Any:
+    """The coroutine a rank's task runs, unwrapped from the engine's guard (`_guarded`)."""
+    coroutine = task.get_coro()
+    if inspect.iscoroutine(coroutine) and coroutine.cr_code is _GUARD_CODE:
+        return inspect.getcoroutinelocals(coroutine).get("coroutine", coroutine)
+    return coroutine
+
+
+def _unfinished(task: asyncio.Task) -> str:
+    """'a task it started, train.<locals>.later, had not started' (or '... waits at strategy.py:12'):
+    the strategy's coroutine inside the engine's guard (`_task_factory`), and how far it got."""
+    coroutine = _strategy_coroutine(task)
+    name = getattr(coroutine, "__qualname__", None) or task.get_name()
+    if inspect.iscoroutine(coroutine) and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
+        return f"a task it started, {name}, had not started"
+    return f"a task it started, {name}, was still waiting{waiting_line(coroutine)}"
 
 
 def _said(error: BaseException) -> str:

@@ -243,3 +243,62 @@ def test_a_task_that_raises_and_that_nothing_awaits_fails_the_step(plain_time):
                                             r"up and nothing awaited it \(at test_loop_waits.py:\d+ in helper\)$"):
         run(fire_and_forget)
     assert run(retrieves_it).time_s == plain_time  # (its error handled where it was awaited)
+
+
+HELD: list = []  # tasks a strategy holds on to past the step: asyncio reports none of them by itself
+
+
+async def keeps_a_raising_task(model):
+    async def helper():
+        raise ValueError("kept and failed")
+
+    HELD.append(asyncio.ensure_future(helper()))
+    await asyncio.sleep(0)  # (it runs, and raises)
+    await plain(model)
+
+
+async def keeps_a_waiting_task(model):
+    never = asyncio.Event()
+
+    async def helper():
+        await never.wait()
+
+    HELD.append(asyncio.ensure_future(helper()))
+    await asyncio.sleep(0)  # (it runs up to its wait)
+    await plain(model)
+
+
+async def starts_a_task_last(model):
+    async def helper():
+        return None
+
+    await plain(model)
+    HELD.append(asyncio.ensure_future(helper()))  # the rank returns before the loop could run it
+
+
+async def keeps_a_finished_task(model):
+    async def helper():
+        return 7
+
+    HELD.append(asyncio.ensure_future(helper()))
+    await asyncio.sleep(0)
+    await plain(model)
+
+
+def test_a_task_left_behind_at_the_steps_end_is_the_ranks_error(plain_time):
+    try:
+        with pytest.raises(StrategyError, match=r"^rank 0: a task of the rank raised ValueError: kept and failed and "
+                                                r"nothing awaited it \(at test_loop_waits.py:\d+ in helper\)$"):
+            run(keeps_a_raising_task)
+        with pytest.raises(StrategyError, match=r"^rank 0: a task it started, keeps_a_waiting_task.<locals>.helper, "
+                                                r"was still waiting \(at test_loop_waits.py:\d+ in helper\) when the "
+                                                r"step ended: the rank returned from train without awaiting it"):
+            run(keeps_a_waiting_task)
+        with pytest.raises(StrategyError, match=r"^rank 0: a task it started, starts_a_task_last.<locals>.helper, "
+                                                r"had not started when the step ended"):
+            run(starts_a_task_last)
+        assert all(task.done() for task in HELD)  # (the pending ones cancelled with the step)
+        # a task that ran to its end is no one's error, awaited or not
+        assert run(keeps_a_finished_task).time_s == plain_time
+    finally:
+        HELD.clear()
