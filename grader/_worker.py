@@ -103,6 +103,7 @@ class _TooLarge(Exception):
 
 
 def main(job_path: str) -> int:
+    worker = os.getpid()
     job = json.loads(Path(job_path).read_text())
     _limit(job)
     from dist_lib import SimulationError, SpecError
@@ -121,6 +122,8 @@ def main(job_path: str) -> int:
         header = {"status": "failed", "kind": "RecursionError", "message": f"{exc}{user_frame(exc)}"}
     except BaseException as exc:  # noqa: BLE001 - anything the submission throws is its failure
         header = {"status": "failed", "kind": type(exc).__name__, "message": f"{exc}{user_frame(exc)}"}
+    if os.getpid() != worker:  # a process the strategy forked, come back up through the worker's frames
+        os._exit(1)
     try:
         text = json.dumps(header)
     except (TypeError, ValueError) as exc:

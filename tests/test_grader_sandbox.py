@@ -404,3 +404,18 @@ def test_each_label_gets_a_trace_folder_of_its_own_that_is_a_plain_name(labels):
         assert name not in ("", ".", "..") and not name.startswith(".") and len(name.encode()) <= 100
         assert all(c.isascii() and (c.isalnum() or c in "_-.~") for c in name), name
     assert leaderboard.run_folder("honest") == "honest" and leaderboard.run_folder("v1.2") == "v1.2"
+
+
+def test_a_forked_child_that_returns_into_the_worker_writes_no_result(tmp_path):
+    """A child the strategy forks is a copy of the worker mid-run: one that raises (or returns) goes back up
+    through the worker's frames, and would add its own header to the run's, which then reads as forged."""
+    from grader.runner import Limits, run_isolated
+    from grader.scenario import Scenario
+    (tmp_path / "forks.py").write_text(
+        "import os\n\n\nasync def train(model):\n    if model.rank == 0 and os.fork() == 0:\n"
+        "        raise RuntimeError('the child')\n    os.wait() if model.rank == 0 else None\n"
+        "    raise ValueError('the worker')\n")
+    outcome = run_isolated(tmp_path / "forks.py", Scenario(cluster="2xA100-80GB", workload="toy:layers=1", global_batch=2),
+                           Limits(timeout_s=60), confine=sandbox_problem() is None)
+    assert (outcome.status, outcome.kind) == ("failed", "StrategyError"), outcome.message
+    assert outcome.message.startswith("rank 0: ValueError: the worker")

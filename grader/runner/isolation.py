@@ -29,6 +29,7 @@ from dist_lib.specs import map_spec_paths
 
 from ..scenario import Scenario
 from . import sandbox
+from .cgroup import RunCgroup, stale
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 FOLDER_PREFIX = "dist-sandbox-grader-"
@@ -40,7 +41,8 @@ MAX_RANKS = 1 << 17  # ranks a header may list (the replay then checks the clust
 @dataclass(frozen=True)
 class Limits:
     timeout_s: float = 120.0  # wall clock, and the replay's own limit
-    address_space_bytes: int = 4 * 2**30
+    address_space_bytes: int = 4 * 2**30  # each process's
+    memory_bytes: int | None = None  # the run's processes together (`cgroup.py`); None: address_space_bytes
     processes: int = 64  # in the run's user namespace
     open_files: int = 256
     file_bytes: int = 128 * 2**20  # any one file the run writes: its program, stdout, stderr
@@ -78,6 +80,8 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
     copies: dict[str, str] = {}  # a copy the sandbox reads -> the user's file or folder it was made of
     files = {name: os.fdopen(os.open(folder / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "w+b")
              for name in ("stdout", "stderr", "header", "program")}
+    memory_bytes = limits.memory_bytes or limits.address_space_bytes
+    group = RunCgroup.make(memory_bytes)  # all the run's processes together, where the grader may
     try:
         job["fds"] = [files["header"].fileno(), files["program"].fileno()]  # inherited at these numbers
         argv = [sys.executable, "-m", "grader._worker"]
@@ -109,19 +113,26 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
             argv.append(str(folder / "job.json"))
         (folder / "job.json").write_text(json.dumps(job))
         (folder / "job.json").chmod(0o644)
-        code, timed_out = _wait(argv, env, folder, files, limits.timeout_s)
+        code, timed_out = _wait(argv, env, folder, files, limits.timeout_s, group)
         wall = time.monotonic() - started
         if timed_out:
             return Outcome("timeout", f"timed out after {limits.timeout_s:g} s of wall-clock time "
                                       f"(an infinite loop or a real blocking call in the strategy?)",
                            kind="Timeout", wall_s=wall)
         outcome = _read(files, code, limits, wall)
+        if outcome.status in ("crashed", "invalid") and group is not None and group.oom_kills():
+            # (killed midway through writing its result, the worker leaves a header cut short)
+            return Outcome("crashed", f"the worker process died: the run's processes together went over the "
+                                      f"{memory_bytes / 2**30:g} GiB of real memory a run may hold, "
+                                      f"and the kernel stopped it", kind="Crash", wall_s=wall)
         outcome.message = rebase_paths(outcome.message, copies)  # the user's files, not the run's copies
         return outcome
     finally:
         for fh in files.values():
             fh.close()
         shutil.rmtree(folder, ignore_errors=True)
+        if group is not None:
+            group.remove()
 
 
 def rebase_paths(value: Any, moves: dict[str, str]) -> Any:
@@ -171,11 +182,20 @@ def _import_root(path: Path) -> Path:
 
 
 def _wait(argv: list[str], env: dict[str, str], cwd: Path, files: dict[str, Any],
-          timeout_s: float) -> tuple[int | None, bool]:
+          timeout_s: float, group: RunCgroup | None = None) -> tuple[int | None, bool]:
     passed = [files[name].fileno() for name in ("header", "program", "seccomp") if name in files]
+
+    def before_exec() -> None:  # (in the child)
+        _die_with_parent()
+        if group is not None:
+            try:
+                group.join()
+            except OSError:  # refused after all: the run has its rlimits
+                pass
+
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=files["stdout"],
                             stderr=files["stderr"], pass_fds=passed, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=before_exec)
     try:
         return proc.wait(timeout=timeout_s), False
     except subprocess.TimeoutExpired:
@@ -262,11 +282,14 @@ def _crash_message(code: int | None, stderr: Any) -> str:
 
 
 def clean_stale() -> None:
-    """Remove the private folders of grader processes that no longer exist (killed before cleaning up)."""
+    """Remove the private folders and memory cgroups of grader processes that no longer exist (killed
+    before cleaning up)."""
     for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
         pid = folder.name[len(FOLDER_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
+    for path in stale(_alive):
+        RunCgroup(path, 0).remove(wait_s=0)
 
 
 def _alive(pid: int) -> bool:

@@ -21,8 +21,8 @@ which it never enforces for root's processes. The worker sets its rlimits itself
 the submission (`grader._worker._limit`).
 
 What it does not confine: reading files the grader's user may read (other submissions included), CPU
-and memory beyond the rlimits (the address-space limit is each process's, up to the process-count
-limit), and time beyond the grader's wall-clock timeout.
+beyond the rlimits, and time beyond the grader's wall-clock timeout. The memory of a run's processes
+together is capped by a cgroup where the grader may make one (`cgroup.py`), else only each process's.
 """
 
 from __future__ import annotations
