@@ -174,3 +174,46 @@ def test_write_chrome_trace_on_a_read_only_folder_says_so_and_goes_on(monkeypatc
     monkeypatch.setattr(os, "makedirs", denied)
     with pytest.raises(PermissionError):  # any other failure is the file's own, as in the original
         lab_utils.write_chrome_trace([], "./lab_traces/x.json")
+
+
+# Three ranks share one layer's weight in thirds (FSDP on 3 ranks): a third of a 512 x 512 weight is a
+# fraction of a unit, and the original prints its peak with that fraction.
+_PUZZLE_THIRDS = '''from lib import Model
+
+
+async def thirds(model):
+    weights, opt_states, activations, grad_activations, grad_weights = model.storage()
+    weights[0], opt_states[0] = model.load_weights(0, model.rank, model.RANKS)
+    activations[0] = model.get_activation([model.rank])
+    weights["full"] = await model.allgather(weights[0], 0)
+    activations[1] = model.forward(0, activations[0], weights["full"])
+    grad_activations[1] = model.loss(activations[1])
+    del activations[1]
+    grad_weights[0], grad_activations[0] = model.backward(0, activations[0], grad_activations[1], weights["full"])
+    del weights["full"], activations[0], grad_activations[1], grad_activations[0]
+    grad_weights[0] = await model.scatterreduce(grad_weights[0], 0)
+    weights[0], opt_states[0] = model.update(0, grad_weights[0], weights[0], opt_states[0])
+    model.set_final_weight(0, weights[0])
+    return model
+'''
+
+
+def test_a_peak_with_a_share_of_a_sharded_weight_keeps_its_fraction(tmp_path, capsys):
+    """The peak is at the loss (and again at the backward): a third of the weight and of its optimizer
+    state, the input and output activations (256 x 512 each) and the gathered weight (512 x 512):
+    512^2 x 2/3 + 2 x 256 x 512 + 512^2 = 512^2 x 8/3 = 699,050.67 units, as the original's draw() prints
+    it; whole units (`peak_memory_bytes`) would drop the two thirds."""
+    puzzle = tmp_path / "thirds.py"
+    puzzle.write_text(_PUZZLE_THIRDS)
+    code, out = _json(capsys, puzzle, "--api", "puzzles", "--function", "thirds", "--set", "ranks=3",
+                      "--set", "layers=1", "--set", "batches=3", "--trace", tmp_path / "t.json")
+    assert code == 0 and out["correct"]
+    assert out["notebook_memory"] == pytest.approx(512 ** 2 * 8 / 3, rel=1e-12)
+    assert out["notebook_time"] == pytest.approx(0.3 + 1 + 0 + 1 + 0.3)  # the update starts after these
+    main(["run", str(puzzle), "--api", "puzzles", "--function", "thirds", "--set", "ranks=3", "--set", "layers=1",
+          "--set", "batches=3", "--no-plots", "--trace", str(tmp_path / "t.json")])
+    assert "peak memory   699,050.67 units on rank 0" in capsys.readouterr().out
+    from dist_lib.compat import run_file
+    result = run_file(puzzle, function="thirds", ranks=3, layers=1, batches=3)
+    assert result.notebook_memory == pytest.approx(512 ** 2 * 8 / 3, rel=1e-12)
+    assert "peak 699,050.67 units on rank 0" in repr(result)
