@@ -237,7 +237,8 @@ def _report_compat(args: argparse.Namespace, row: dict[str, Any], result: Any, c
         print(json.dumps({**{k: row.get(k) for k in keys}, "strategy": name, "cluster": row["cluster"] if ran else None,
                           "api": args.api,
                           "timing": (row.get("options") or {}).get("timing", args.timing or "original"),
-                          "notebook_time": figures.get("time"), "time_unit": figures.get("time_unit"),
+                          "notebook_time": figures.get("time"), "notebook_memory": figures.get("memory"),
+                          "time_unit": figures.get("time_unit"),
                           "memory_unit": figures.get("memory_unit"), "mfu": figures.get("mfu", row.get("mfu"))}))
         return
     for line in compat_lines({**row, "strategy": name}, args.api, args.timing):

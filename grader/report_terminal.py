@@ -139,7 +139,7 @@ def compat_lines(row: dict[str, Any], api: str, timing: str | None) -> list[str]
         step, last = time_text(figures.get("time", row["time_s"]), time_unit), time_text(row["time_s"], time_unit)
         lines.append(f"  step          {literal(step)} as the notebook reports it "
                      f"(the last op ends at {literal(last)})")
-        lines.append(f"  peak memory   {literal(memory_text(row['peak_memory_bytes'], memory_unit))} on rank "
+        lines.append(f"  peak memory   {literal(memory_text(figures.get('memory', row['peak_memory_bytes']), memory_unit))} on rank "
                      f"{literal(row['peak_memory_rank'])}")
         mfu = figures.get("mfu", row.get("mfu") if timing == "real" else None)
         if mfu is not None:

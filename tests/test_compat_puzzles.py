@@ -51,7 +51,8 @@ def test_run_file_gives_a_result_with_a_valid_trace():
     result = run_file(SOLUTIONS, function="gpipe")
     assert result.correct and result.options == {
         "api": "puzzles", "timing": "original",
-        "notebook": {"time": pytest.approx(33.3), "time_unit": "steps", "memory_unit": "units"}}
+        "notebook": {"time": pytest.approx(33.3), "memory": 2752512, "time_unit": "steps",
+                     "memory_unit": "units"}}
     assert result.notebook_time == pytest.approx(33.3) and "33.3 steps" in repr(result)
     assert result.time_s == pytest.approx(33.8) and result.peak_memory_bytes == 2_752_512
     assert validate_trace(chrome_trace(result)) == []

@@ -18,6 +18,7 @@ from ..result import Result
 from ._runtime import World
 from ._storage import STORAGE_NAMES, Ledger, Storage, storage_property
 from .real_costs import RealCosts, default_cluster, default_workload, kind_of
+from .report import memory_text
 
 COMPUTE_OPS = {"forward", "backward", "loss", "update", "load_weights"}
 COLLECTIVE_OPS = {"allreduce", "allgather", "scatterreduce", "all_reduce", "all_gather", "reduce_scatter"}
@@ -154,9 +155,16 @@ class ToyResult(Result):
     notebook_time) in original timing, which `mfu` then reports."""
 
     notebook_time: float = 0.0
+    notebook_memory: float = 0.0
     time_unit: str = "s"
     memory_unit: str = "bytes"
     original_mfu: float | None = None
+
+    @property
+    def _peak_figure(self) -> float:
+        """The peak as the notebook prints it: in the toy units a third of a sharded weight is a fraction,
+        which `peak_memory_bytes` (whole numbers) drops."""
+        return self.notebook_memory if self.memory_unit != "bytes" and self.notebook_memory else self.peak_memory_bytes
 
     @property
     def mfu(self) -> float:
@@ -168,12 +176,12 @@ class ToyResult(Result):
         return f"{value * 1e3:.2f} ms" if self.time_unit == "s" else f"{value:g} {self.time_unit}"
 
     def format_memory(self, value: float) -> str:
-        return format_bytes(value) if self.memory_unit == "bytes" else f"{value:,.0f} {self.memory_unit}"
+        return format_bytes(value) if self.memory_unit == "bytes" else memory_text(value, self.memory_unit)
 
     def __repr__(self) -> str:
         return (f"Result({self.strategy or '?'}, {self.options.get('api')} {self.options.get('timing')} timing: "
                 f"{self.format_time(self.notebook_time)} (last op ends at {self.format_time(self.time_s)}), "
-                f"peak {self.format_memory(self.peak_memory_bytes)} on rank {self.peak_memory_rank}, "
+                f"peak {self.format_memory(self._peak_figure)} on rank {self.peak_memory_rank}, "
                 f"MFU {self.mfu * 100:.1f}%, {'correct' if self.correct else 'INCORRECT'})")
 
     def summary(self) -> str:
@@ -182,7 +190,7 @@ class ToyResult(Result):
                  + (f" ({self.cluster.name})" if self.options.get("timing") == "real" else ""),
                  f"step          {self.format_time(self.notebook_time)} (the notebook's figure); "
                  f"last op ends at {self.format_time(self.time_s)}",
-                 f"peak memory   {self.format_memory(self.peak_memory_bytes)} on rank {self.peak_memory_rank}",
+                 f"peak memory   {self.format_memory(self._peak_figure)} on rank {self.peak_memory_rank}",
                  f"MFU           {self.mfu * 100:.1f} %",
                  f"correct       {'yes' if self.correct else 'NO: ' + '; '.join(self.problems[:3])}"]
         return "\n".join(lines)
@@ -233,7 +241,8 @@ def build_result(world: World, strategy: str, problems: list[str], options: dict
             from .lab_costs import theoretical_best_time
             best = theoretical_best_time(layers, batches, n)
             extra["original_mfu"] = best / notebook_time if notebook_time > 0 else 0.0
-    figures = {"time": notebook_time, "time_unit": units[0], "memory_unit": units[1]}
+    notebook_memory = max((float(m._peak) for m in models.values()), default=0.0)
+    figures = {"time": notebook_time, "memory": notebook_memory, "time_unit": units[0], "memory_unit": units[1]}
     if "original_mfu" in extra:
         figures["mfu"] = extra["original_mfu"]
     opts = {"api": world.api, "timing": world.settings.timing, **(options or {}), "notebook": figures}
@@ -241,4 +250,5 @@ def build_result(world: World, strategy: str, problems: list[str], options: dict
                      time_s=max(rank_times), rank_times=rank_times, memory_bytes=peaks, memory_by_kind=by_kind,
                      model_flops=model_flops, hardware_flops=flops, correct=not problems, problems=list(problems),
                      raw_events=events, timelines=timelines, strategy=strategy, notebook_time=notebook_time,
+                     notebook_memory=notebook_memory,
                      time_unit=units[0], memory_unit=units[1], **extra)

@@ -9,8 +9,10 @@ peak FLOP/s of the cluster, so the same quotient is the MFU this simulator repor
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import sys
 from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 from ._runtime import CompatAssertionError
@@ -81,9 +83,19 @@ def to_chrome_trace(models: Sequence[Model], global_batch_list: Optional[List[Li
 
 def write_chrome_trace(models: Sequence[Model], path: str,
                        global_batch_list: Optional[List[List[int]]] = None) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(to_chrome_trace(models, global_batch_list), f)
+    """Write the lab's chrome trace to `path`, as the original does. Where the folder is read-only (the
+    grader runs a file in a read-only copy of its folder, so a lab `main()` that writes
+    `./debug_traces/part1.json` would otherwise fail the step), say so on stderr and go on: the trace is
+    not part of the step, and the grader writes its own (`--trace`)."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(to_chrome_trace(models, global_batch_list), f)
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise
+        print(f"write_chrome_trace: {path} not written ({exc.strerror}); the run's own trace is the one "
+              f"`python -m grader run --trace` writes", file=sys.stderr)
 
 
 def get_model_theoretical_best_time(model: Model) -> float:

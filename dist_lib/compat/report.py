@@ -22,4 +22,8 @@ def time_text(value: float, unit: str) -> str:
 
 
 def memory_text(value: float, unit: str) -> str:
-    return f"{value / 2**30:.2f} GiB" if unit == "bytes" else f"{value:,.0f} {unit}"
+    """Bytes in GiB; the toy units whole, or to two decimals where a share of a sharded tensor makes the
+    original's figure a fraction (a third of a 512 x 512 weight is 87,381.33 units)."""
+    if unit == "bytes":
+        return f"{value / 2**30:.2f} GiB"
+    return f"{value:,.0f} {unit}" if abs(value - round(value)) < 1e-6 else f"{value:,.2f} {unit}"
