@@ -220,3 +220,19 @@ def test_tied_embedding_grad_is_a_tp_slice_that_cannot_update_a_layer():
             model.tied_embedding_grad(tp_rank=2, tp_size=2)
 
     simulate(train, "1x1xA100-80GB", "gpt-350m:layers=1", 1, check=False)
+
+
+@pytest.mark.parametrize("vocab", [0, 50257])
+def test_the_tied_embedding_grad_is_not_a_layers_gradient_to_accumulate_into(vocab):
+    """Summed with layer 0's gradient (the left buffer is reused), it would move its own bytes in the layer's
+    all-reduce: none in a workload without a vocabulary, a third fewer in gpt-350m's layer 0."""
+    async def train(model):
+        weight, _ = model.load_weights(0)
+        x = model.get_input_activation(range(1))
+        grad, _ = model.backward(0, x, model.loss(model.forward(0, x, weight)), weight)
+        for left, right in ((model.tied_embedding_grad(), grad), (grad, model.tied_embedding_grad())):
+            with pytest.raises(TensorError, match=r"rank 0 WeightGrad \+ WeightGrad \(layer 0\): cannot add .* "
+                                                  r"gradients of different parameters"):
+                left + right
+
+    simulate(train, "1x1xA100-80GB", f"gpt-350m:layers=1,vocab={vocab}", 1, check=False)
