@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import Cluster, StrategyError, TensorError, costs, simulate, testing
+from dist_lib import Activation, Cluster, StrategyError, TensorError, costs, simulate, testing
 
 F, B, I, W = 1e-3, 2e-3, 1e-3, 1e-3
 
@@ -236,3 +236,20 @@ def test_the_tied_embedding_grad_is_not_a_layers_gradient_to_accumulate_into(voc
                 left + right
 
     simulate(train, "1x1xA100-80GB", f"gpt-350m:layers=1,vocab={vocab}", 1, check=False)
+
+
+def test_tp_pieces_and_pipe_extras_are_not_all_reduced():
+    """Summing n/t-byte pieces would leave n/t bytes that an all-gather in a group of one calls whole: a
+    message made whole for 2(t-1)/t * n/t bytes moved instead of the all-gather's (t-1)/t * n."""
+    async def train(model):
+        x = model.get_input_activation(range(8))
+        piece = model.split_tp(x, model.rank, model.world_size)
+        with pytest.raises(TensorError, match=rf"rank {model.rank} all_reduce\(layer 0\): ActivationSlice\(.*piece "
+                                              rf"{model.rank} of 4.*\) is not a partial sum; TP pieces .* all_gather"):
+            model.all_reduce(piece)
+        with pytest.raises(TensorError, match=r"PipeExtra.* is not a partial sum; only gradients"):
+            model.all_reduce(model.pipe_extra("attention_mask"))
+        whole = await model.all_gather(piece)
+        assert type(whole) is Activation and whole.nbytes == x.nbytes
+
+    simulate(train, "1x4xA100-80GB", "gpt-350m:layers=1", 8, check=False)
