@@ -430,6 +430,7 @@ static PyObject *fast_add(PyObject *self, PyObject *const *args, Py_ssize_t narg
     for (int i = 0; i < 6; i++)
         if (int_eq(SLOT(self, same[i]), SLOT(other, same[i])) != 1) goto slow;
     if (buffer_log(self) != buffer_log(other)) goto slow; /* gradients of two steps */
+    if (BUFFER_NBYTES((Buffer *)self) != BUFFER_NBYTES((Buffer *)other)) goto slow; /* different parameters */
     PyObject *mine = SLOT(self, K.w_samples), *theirs = SLOT(other, K.w_samples);
     if (!mine || !theirs) goto slow;
     PyObject *overlap = PyNumber_And(mine, theirs);

@@ -396,6 +396,11 @@ class Model(OpChecks):
     def all_reduce(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
         """Sum gradients of disjoint samples, or TP partial sums, over `group` (default: all ranks)."""
         self._check_given(x, f"rank {self.rank} all_reduce(layer {x.layer})")
+        if x.__class__ in _NOT_SUMMED:  # (the C twin leaves these to this method)
+            raise TensorError(f"rank {self.rank} all_reduce(layer {x.layer}): {x!r} is not a partial sum; "
+                              + ("TP pieces of a message are gathered, not summed: all_gather them in the TP group"
+                                 if x.__class__ is not PipeExtra else "only gradients and TP partial sums are "
+                                 "all-reduced"))
         return issue_collective(self._engine, self._state, "all_reduce", x, self._resolve_group(group, "all_reduce"))
 
     def all_gather(self, x: Any, group: Group | Iterable[int] | None = None) -> Work:
@@ -461,6 +466,10 @@ def _on(mem: Any, *tensors: Any) -> bool:
     """Are these tensors all on the memory log `mem` (a rank's of this step)?"""
     return all(buffer_log(t) is mem for t in tensors)
 
+
+# what all_reduce refuses though it is neither a weight nor a complete tensor: a TP piece of a message
+# (`split_tp`) is 1/t of the bytes, and summing pieces is not gathering them
+_NOT_SUMMED = (ActivationSlice, ActivationGradSlice, PipeExtra)
 
 # the buffers `Model.pipe_extra` makes, in the recorder's numbering
 PIPE_EXTRAS = ("attention_mask", "partition_meta")

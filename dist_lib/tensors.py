@@ -150,6 +150,9 @@ class WeightGrad(_Sharded):
         elif (other.layer, other.shards, other.num_shards, other.tp_rank, other.tp_size) != \
                 (self.layer, self.shards, self.num_shards, self.tp_rank, self.tp_size):
             problem = f"cannot add {other!r} to {self!r}: layer and shards must match"
+        elif other.nbytes != self.nbytes:
+            problem = (f"cannot add {other!r} ({other.nbytes} bytes) to {self!r} ({self.nbytes} bytes): they are "
+                       f"gradients of different parameters (the tied embedding's gradient is not a layer's)")
         elif (other._base or other)._mem is not (self._base or self)._mem:
             problem = (f"gradients of two steps: one of {self!r} and {other!r} is a tensor of an earlier step; "
                        f"tensors belong to the step that made them")

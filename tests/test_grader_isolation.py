@@ -135,6 +135,8 @@ def test_no_cheat_ranks_above_its_honest_twin(board):
     ("enforce_off", "failed", "out of memory"),
     ("skip_layers", "failed", "was not returned by this model's ops"),
     ("fake_samples", "failed", "the gradient covers samples"),
+    ("tied_grad_shrink", "failed", "gradients of different parameters"),
+    ("summed_pieces", "failed", "TP pieces of a message are gathered, not summed"),
     ("wrong_shape_result", "invalid", "does not match its header"),
     ("nested_brackets", "invalid", "unreadable result"),
     ("huge_result", "invalid", "unreadable result"),  # cut at the file-size limit, its own header then garbled

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import Cluster, StrategyError, TensorError, costs, simulate, testing
+from dist_lib import Activation, Cluster, StrategyError, TensorError, costs, simulate, testing
 
 F, B, I, W = 1e-3, 2e-3, 1e-3, 1e-3
 
@@ -220,3 +220,36 @@ def test_tied_embedding_grad_is_a_tp_slice_that_cannot_update_a_layer():
             model.tied_embedding_grad(tp_rank=2, tp_size=2)
 
     simulate(train, "1x1xA100-80GB", "gpt-350m:layers=1", 1, check=False)
+
+
+@pytest.mark.parametrize("vocab", [0, 50257])
+def test_the_tied_embedding_grad_is_not_a_layers_gradient_to_accumulate_into(vocab):
+    """Summed with layer 0's gradient (the left buffer is reused), it would move its own bytes in the layer's
+    all-reduce: none in a workload without a vocabulary, a third fewer in gpt-350m's layer 0."""
+    async def train(model):
+        weight, _ = model.load_weights(0)
+        x = model.get_input_activation(range(1))
+        grad, _ = model.backward(0, x, model.loss(model.forward(0, x, weight)), weight)
+        for left, right in ((model.tied_embedding_grad(), grad), (grad, model.tied_embedding_grad())):
+            with pytest.raises(TensorError, match=r"rank 0 WeightGrad \+ WeightGrad \(layer 0\): cannot add .* "
+                                                  r"gradients of different parameters"):
+                left + right
+
+    simulate(train, "1x1xA100-80GB", f"gpt-350m:layers=1,vocab={vocab}", 1, check=False)
+
+
+def test_tp_pieces_and_pipe_extras_are_not_all_reduced():
+    """Summing n/t-byte pieces would leave n/t bytes that an all-gather in a group of one calls whole: a
+    message made whole for 2(t-1)/t * n/t bytes moved instead of the all-gather's (t-1)/t * n."""
+    async def train(model):
+        x = model.get_input_activation(range(8))
+        piece = model.split_tp(x, model.rank, model.world_size)
+        with pytest.raises(TensorError, match=rf"rank {model.rank} all_reduce\(layer 0\): ActivationSlice\(.*piece "
+                                              rf"{model.rank} of 4.*\) is not a partial sum; TP pieces .* all_gather"):
+            model.all_reduce(piece)
+        with pytest.raises(TensorError, match=r"PipeExtra.* is not a partial sum; only gradients"):
+            model.all_reduce(model.pipe_extra("attention_mask"))
+        whole = await model.all_gather(piece)
+        assert type(whole) is Activation and whole.nbytes == x.nbytes
+
+    simulate(train, "1x4xA100-80GB", "gpt-350m:layers=1", 8, check=False)
