@@ -16,7 +16,7 @@ static struct {
     /* Model */
     Py_ssize_t m_state, m_mem, m_events, m_cache, m_rank, m_num_layers, m_shard_sizes, m_full_batch;
     /* RankState and MemoryTracker */
-    Py_ssize_t s_clock, s_updated, s_handed, s_final_weights, mem_context;
+    Py_ssize_t s_clock, s_updated, s_handed, s_final_weights, s_loaded, mem_context;
     /* Weight, OptState and WeightGrad share these offsets (checked by `install_weight_ops`) */
     Py_ssize_t rank, layer, step, shards, num_shards, tp_rank, tp_size, samples;
     PyObject *s_load, *s_update, *s_compute, *s_empty, *s_shard, *s_num_shards, *s_tp_rank, *s_tp_size, *zero,
@@ -88,6 +88,13 @@ static PyObject *fast_load_weights(PyObject *self, PyObject *const *args, Py_ssi
     Py_XSETREF(SLOT(mem, W.mem_context), context);
     PyObject *shards = PyLong_FromLong(1L << shard_v);
     if (!shards) return NULL;
+    PyObject *load = PyTuple_Pack(5, layer, shards, num_shards, tp_rank, tp); /* RankState.loaded */
+    if (!load || PyList_Append(SLOT(SLOT(self, W.m_state), W.s_loaded), load) < 0) {
+        Py_XDECREF(load);
+        Py_DECREF(shards);
+        return NULL;
+    }
+    Py_DECREF(load);
     PyObject *fields[8] = {SLOT(self, W.m_rank), layer, W.zero, shards, num_shards, tp_rank, tp, W.zero};
     PyObject *weight = buffer_alloc(W.Weight, mem, weight_bytes, fields, 8), *result = NULL;
     PyObject *opt = weight ? buffer_alloc(W.OptState, mem, optimizer_bytes, fields, 8) : NULL;
@@ -256,7 +263,7 @@ static PyObject *install_weight_ops(PyObject *module, PyObject *args) {
         {Model, "_cache", &W.m_cache}, {Model, "rank", &W.m_rank}, {Model, "num_layers", &W.m_num_layers},
         {Model, "_shard_sizes", &W.m_shard_sizes}, {Model, "_full_batch", &W.m_full_batch},
         {RankState, "clock", &W.s_clock}, {RankState, "updated", &W.s_updated}, {RankState, "handed", &W.s_handed},
-        {RankState, "final_weights", &W.s_final_weights}, {MemoryTracker, "context", &W.mem_context},
+        {RankState, "final_weights", &W.s_final_weights}, {RankState, "loaded", &W.s_loaded}, {MemoryTracker, "context", &W.mem_context},
         {Weight, "rank", &W.rank}, {Weight, "layer", &W.layer}, {Weight, "step", &W.step},
         {Weight, "shards", &W.shards}, {Weight, "num_shards", &W.num_shards}, {Weight, "tp_rank", &W.tp_rank},
         {Weight, "tp_size", &W.tp_size}, {Weight, "samples", &W.samples},

@@ -2,12 +2,14 @@
 
 A step is correct when, for every layer and every tensor-parallel slice, the final weights handed in
 with `set_final_weight` cover all ZeRO shards, and each was updated exactly once (step 1) with
-gradients from every sample of the global batch.
+gradients from every sample of the global batch; and when each rank hands in, updated, every part of a
+layer it loaded (`check_kept`): the next step starts from what each rank holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from math import lcm
 from typing import NamedTuple
 
 from .tensors import describe_mask, full_mask
@@ -83,3 +85,80 @@ def _shard_coverage(layer: int, tp_rank: int, tp_size: int, weights: list[tuple]
     if held != full_mask(n):
         return [f"{where}: ZeRO shards {describe_mask(full_mask(n) & ~held)} of {n} were never handed in"]
     return []
+
+
+class Loaded(NamedTuple):
+    """What `load_weights` gave a rank (`RankState.loaded` records, plain tuples in this order)."""
+
+    layer: int
+    shards: int
+    num_shards: int
+    tp_rank: int
+    tp_size: int
+
+
+SHOWN = 20  # ranks' problems listed one by one; the rest are counted
+
+
+def check_kept(loaded: Sequence[Iterable[tuple]], finals: Iterable[tuple]) -> list[str]:
+    """Problems, one line each, with ranks that loaded part of a layer and did not hand it in updated
+    (`loaded[rank]`: `Loaded` records; `finals`: `HandedIn` records). A rank that holds a weight during
+    the step holds it in the next one too, so it must end the step with it updated: with ZeRO-1 and -2,
+    each rank all-gathers the updated shards (Rajbhandari et al. 2020, sec. 5.1), and handing in only
+    its own shard would leave the rest of its copy a step behind."""
+    kept: dict[tuple[int, int], list[tuple]] = {}
+    for record in finals:
+        kept.setdefault((record[0], record[1]), []).append(record[4:8])
+    problems: list[str] = []
+    left = 0
+    for rank, loads in enumerate(loaded):
+        pieces: dict[int, list[tuple]] = {}
+        for layer, *piece in loads:
+            pieces.setdefault(layer, []).append(tuple(piece))
+        for layer in sorted(pieces):
+            held = kept.get((rank, layer), [])
+            missing = [piece for piece in dict.fromkeys(pieces[layer]) if not _covered(piece, held)]
+            if not missing:
+                continue
+            if len(problems) == SHOWN:
+                left += 1
+                continue
+            what = " and ".join(_describe_piece(*piece) for piece in missing)
+            handed = ", ".join(_describe_piece(*piece) for piece in held) or "nothing of it"
+            problems.append(f"layer {layer}: rank {rank} loaded {what} but handed in {handed}: a rank ends the "
+                            f"step holding, updated, every weight it loaded (with ZeRO-1/2, all_gather the "
+                            f"updated shards and hand in the whole)")
+    if left:
+        problems.append(f"... and {left} more")
+    return problems
+
+
+def _covered(piece: tuple, held: list[tuple]) -> bool:
+    """Whether the parameters of `piece` (shards, num_shards, tp_rank, tp_size) are all in `held`'s."""
+    if piece in held:
+        return True
+    # a layer's parameters as [0, 1): TP slice t of T is [t/T, (t+1)/T), ZeRO shard i of n of it the i-th
+    # n-th of that; every span in units of 1/unit
+    unit = lcm(*(tp * n for _, n, _, tp in held), piece[1] * piece[3])
+    spans = sorted(span for shards, n, t, tp in held for span in _spans(shards, n, t, tp, unit))
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return all(any(a <= start and end <= b for a, b in merged) for start, end in _spans(*piece, unit))
+
+
+def _spans(shards: int, num_shards: int, tp_rank: int, tp_size: int, unit: int) -> list[tuple[int, int]]:
+    width = unit // (tp_size * num_shards)
+    base = tp_rank * (unit // tp_size)
+    return [(base + i * width, base + (i + 1) * width) for i in range(num_shards) if shards >> i & 1]
+
+
+def _describe_piece(shards: int, num_shards: int, tp_rank: int, tp_size: int) -> str:
+    slice_ = f"TP slice {tp_rank}/{tp_size}" if tp_size > 1 else ""
+    if shards == full_mask(num_shards):
+        return slice_ or "the whole layer"
+    zero = f"ZeRO shard{'s' if shards & (shards - 1) else ''} {describe_mask(shards)} of {num_shards}"
+    return f"{zero} of {slice_}" if slice_ else zero

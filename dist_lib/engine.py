@@ -75,7 +75,7 @@ class RankState:
     """Per-rank simulator state: clocks, memory, the works it waits on."""
 
     __slots__ = ("rank", "device", "clock", "comm_end", "p2p_end", "memory", "waiting",
-                 "finished", "flops", "final_weights", "handed", "updated", "forwarded", "node")
+                 "finished", "flops", "final_weights", "handed", "updated", "forwarded", "node", "loaded")
 
     def __init__(self, rank: int, cluster: Cluster, num_layers: int, enforce_memory: bool):
         self.rank = rank
@@ -89,6 +89,8 @@ class RankState:
         self.finished = False
         self.flops = 0.0  # executed, including recompute (HFU)
         self.final_weights: list[Any] = []  # the Weights handed in
+        # what `load_weights` gave: (layer, shards, num_shards, tp_rank, tp_size), plain ints (`check.Loaded`)
+        self.loaded: list[tuple] = []
         # per layer, the shards handed in and the shards updated (see `op_checks._first_time`)
         self.handed: list[Any] = [None] * num_layers
         self.updated: list[Any] = [None] * num_layers

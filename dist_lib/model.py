@@ -81,6 +81,7 @@ class Model(OpChecks):
         mem = self._mem
         mem.context = ("load_weights", layer)
         shards = 1 << shard
+        self._state.loaded.append((layer, shards, num_shards, tp_rank, tp_size))
         return (Weight(mem, weight_bytes, self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0),
                 OptState(mem, optimizer_bytes, self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0))
 

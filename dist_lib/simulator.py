@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .check import HandedIn, check_final_weights
+from .check import HandedIn, check_final_weights, check_kept
 from .comm import unfinished
 from .engine import Engine
 from .errors import DeadlockError, IncorrectStepError, ResourceError, SpecError, StrategyError
@@ -108,8 +108,11 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> 
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
                             + "\n  ".join(leftovers))
     logs = [s.memory.detach_log() for s in engine.ranks]  # the step's books: later frees are not in them
+    loaded = [state.loaded for state in engine.ranks]
     finals = _take_final_weights(engine)
     problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
+    if not problems:  # (else what is missing is already named, layer by layer)
+        problems = check_kept(loaded, finals)
     result = _build_result(engine, options, name, problems, logs)
     result.final_weights = finals
     if problems and check:

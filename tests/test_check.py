@@ -1,7 +1,7 @@
 """The end-of-step check over hand-built `HandedIn` records: each problem it names, and silence for a
 correct step."""
 
-from dist_lib.check import HandedIn, check_final_weights
+from dist_lib.check import HandedIn, check_final_weights, check_kept
 
 EVERY = 0b1111  # a global batch of 4 samples
 
@@ -38,3 +38,31 @@ def test_missing_layers_slices_and_shards_are_named():
                                1, 4) == ["layer 0: final shards use different shard counts [2, 3]"]
     assert check_final_weights([record(shards=0b0011, num_shards=4), record(rank=1, shards=0b0100, num_shards=4)],
                                1, 4) == ["layer 0: ZeRO shards 3 of 4 were never handed in"]
+
+
+def test_a_rank_hands_in_every_part_of_a_layer_it_loaded():
+    """Parts of a layer as spans of [0, 1): TP slice t of T is [t/T, (t+1)/T), ZeRO shard i of n of it its
+    i-th n-th. Records: (layer, shards, num_shards, tp_rank, tp_size) loaded; handed-in ones are `HandedIn`."""
+    def handed(rank, shards, num_shards, tp_rank=0, tp_size=1, layer=0):
+        return (rank, layer, 1, 0, shards, num_shards, tp_rank, tp_size)
+
+    whole = (0, 0b1, 1, 0, 1)
+    assert check_kept([[whole]], [handed(0, 0b1, 1)]) == []
+    # shard 0 of 2 is [0, 1/2): shards 0 and 1 of 4 cover it; shard 1 of 2, [1/2, 1), is not inside shard 2 of 4
+    assert check_kept([[(0, 0b1, 2, 0, 1)]], [handed(0, 0b11, 4)]) == []
+    assert check_kept([[(0, 0b10, 2, 0, 1)]], [handed(0, 0b100, 4)]) != []
+    # shard 0 of 3, [0, 1/3), is inside shard 0 of 2; shard 1 of 3, [1/3, 2/3), is not
+    assert check_kept([[(0, 0b1, 3, 0, 1)]], [handed(0, 0b1, 2)]) == []
+    assert check_kept([[(0, 0b10, 3, 0, 1)]], [handed(0, 0b1, 2)]) != []
+    # TP slice 1 of 2 whole is [1/2, 1): its two ZeRO shards cover it, slice 0's do not
+    assert check_kept([[(0, 0b1, 1, 1, 2)]], [handed(0, 0b1, 2, 1, 2), handed(0, 0b10, 2, 1, 2)]) == []
+    assert check_kept([[(0, 0b1, 1, 1, 2)]], [handed(0, 0b11, 2, 0, 2)]) != []
+    # loaded whole, handed in a shard: ZeRO-2 without the all-gather of the updated shards
+    assert check_kept([[whole], [whole]], [handed(0, 0b1, 2), handed(1, 0b10, 2)]) == [
+        f"layer 0: rank {rank} loaded the whole layer but handed in ZeRO shard {rank} of 2: a rank ends the step "
+        f"holding, updated, every weight it loaded (with ZeRO-1/2, all_gather the updated shards and hand in the "
+        f"whole)" for rank in (0, 1)]
+    # another rank's hand-in is not this rank's; a layer not loaded asks nothing
+    assert check_kept([[whole], []], [handed(1, 0b1, 1)])[0].startswith(
+        "layer 0: rank 0 loaded the whole layer but handed in nothing of it")
+    assert len(check_kept([[whole]] * 30, [])) == 21 and check_kept([[whole]] * 30, [])[-1] == "... and 10 more"
