@@ -166,6 +166,18 @@ def test_a_malformed_notebook_is_one_line_and_exit_code_2(tmp_path, capsys, text
     assert err.startswith(f"error: {message}") and err.count("\n") == 1
 
 
+def test_a_notebook_needs_api_and_is_not_a_leaderboard_submission(tmp_path, capsys):
+    assert main(["run", str(NOTEBOOK), "--no-plots"]) == 2
+    assert "puzzles_notebook.ipynb: a notebook runs with --api puzzles|lab" in capsys.readouterr().err
+    assert main(["leaderboard", str(NOTEBOOK), "--out", str(tmp_path / "board"), "--trusted"]) == 2
+    assert "the leaderboard grades .py strategies" in capsys.readouterr().err
+    from grader.leaderboard import collect_submissions
+    (tmp_path / "both").mkdir()
+    shutil.copy(NOTEBOOK, tmp_path / "both" / "nb.ipynb")
+    shutil.copy(ROOT / "tests" / "submissions" / "honest.py", tmp_path / "both" / "honest.py")
+    assert collect_submissions([str(tmp_path / "both")]) == [(tmp_path / "both" / "honest.py").resolve()]
+
+
 def _lab_cells() -> list[dict]:
     """lab_course_styles.py cut into a cell per top-level block, then the cell a notebook runs main() with."""
     text = (SOLUTIONS / "lab_course_styles.py").read_text()
