@@ -215,3 +215,14 @@ def test_an_export_that_keeps_the_magics_as_typed_runs_alike(tmp_path, capsys):
     assert "Correct!" not in capsys.readouterr().out
     assert run_file(export, api="puzzles").notebook_memory == 2_752_512
     assert capsys.readouterr().out.count("Correct!") == 2
+
+
+def test_cells_that_only_define_run_their_lone_puzzle_or_ask_for_one(tmp_path):
+    cells = [c for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    imports, ddp, gpipe = cells[1], cells[4], cells[8]  # no test cells
+    one = _notebook(tmp_path, "one.ipynb", [imports, gpipe])
+    result = run_file(one, api="puzzles")
+    assert result.strategy == "one.gpipe" and result.notebook_time == pytest.approx(33.3)
+    two = _notebook(tmp_path, "two.ipynb", [imports, ddp, gpipe])
+    with pytest.raises(SpecError, match="its cells created no models; name the function to grade"):
+        run_file(two, api="puzzles")

@@ -102,6 +102,9 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     of the last `Dist` it created; False never does; None (default) runs `main()` when the file has
     one and no function or set-up is named, else a lone known function (the puzzles' names, the lab's
     `partN_training_loop` / `train_ddp`).
+    A notebook (an `.ipynb`, or a `.py` with nbconvert's `# In[ ]:` markers; `notebook.py`) runs its
+    cells in order where a file would run `main()` (their top-level `await`s awaited; a lone known
+    function if they make no models), and a named function on its cells' definitions alone.
     timing: 'original' (default: the original library's cost model, the puzzles' unit steps or the
     lab's calculon-style seconds; 'unit' is the same) or 'real' (this simulator's costs on `cluster`).
     cluster, workload: dist_lib specs or objects for real timing (default: H100s, the API's shape).
@@ -156,6 +159,12 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
             if fn_name is None and notebook is not None:
                 world = _run_cells(notebook, module, before)
                 fn_name = "notebook"
+                if world is None and main is None and _pick_function(module, api) is not None:
+                    fn_name = _pick_function(module, api)  # cells that only define: their lone known function
+                    world = _run_function(lib, api, getattr(module, fn_name), fn_name, ranks, layers, batches,
+                                          options)
+                elif world is None:
+                    raise SpecError(f"{path}: its cells created no models; name the function to grade (--function)")
             elif fn_name is None:
                 world = _run_main(module, path, before)
                 fn_name = "main"
@@ -267,7 +276,7 @@ def _run_definitions(notebook: Notebook, module: types.ModuleType) -> None:
 
 def _run_cells(notebook: Notebook, module: types.ModuleType, before: int) -> Any:
     """Every code cell in order in one event loop, as the notebook runs them (a cell's top-level `await`
-    awaited); the models of the last `Dist` that made any."""
+    awaited); the `World` of the last `Dist` that made models, or None."""
     async def cells() -> None:
         for cell in notebook.cells:
             code = compile(cell.tree, cell.filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
@@ -284,9 +293,7 @@ def _run_cells(notebook: Notebook, module: types.ModuleType, before: int) -> Any
         asyncio.run(_unless_hung(cells(), lambda: next((w for w in reversed(_runtime.WORLDS) if w.serial > before),
                                                        None)))
     worlds = [w for w in _runtime.WORLDS if w.serial > before and w.models]
-    if not worlds:
-        raise SpecError(f"{notebook.path}: its cells created no models; name the function to grade (--function)")
-    return worlds[-1]
+    return worlds[-1] if worlds else None
 
 
 def _load(path: Path) -> types.ModuleType:
