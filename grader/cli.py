@@ -184,6 +184,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         except ImportError:
             raise InputError("--api needs the puzzles/lab compatibility layer (dist_lib.compat), "
                              "which this installation does not have") from None
+    elif path.suffix == ".ipynb":
+        raise InputError(f"{path.name}: a notebook runs with --api puzzles|lab (the native API takes a .py file "
+                         f"with async def train)")
     else:
         for flag, given_flag in (("--function", args.function), ("--timing", args.timing), ("--main", args.main)):
             if given_flag:

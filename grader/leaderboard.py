@@ -64,6 +64,9 @@ def collect_submissions(paths: list[str]) -> list[Path]:
             if not files:
                 raise InputError(f"submission folder {path}: holds no .py files")
             found.extend(files)
+        elif path.is_file() and path.suffix == ".ipynb":
+            raise InputError(f"submission {path}: a notebook is graded on its own, with `python -m grader run "
+                             f"{path.name} --api puzzles|lab`; the leaderboard grades .py strategies (async def train)")
         elif path.is_file():
             found.append(path)
         else:

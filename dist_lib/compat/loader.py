@@ -7,6 +7,7 @@ loads and runs, and restores whatever they were before.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import importlib.util
@@ -27,6 +28,7 @@ from ..workload import FIELD_RANGES, MAX_GLOBAL_BATCH
 from . import _runtime
 from ._base import build_result
 from ._base import problems
+from .notebook import Notebook, definitions, is_notebook, read_notebook
 
 # The puzzles' set-ups by the notebook's function names: (ranks, layers, batches).
 PUZZLE_SETUPS = {"basic": (1, 2, 4), "grad_accum": (1, 2, 4), "ddp": (4, 2, 4), "wsdp": (4, 6, 4),
@@ -100,6 +102,9 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     of the last `Dist` it created; False never does; None (default) runs `main()` when the file has
     one and no function or set-up is named, else a lone known function (the puzzles' names, the lab's
     `partN_training_loop` / `train_ddp`).
+    A notebook (an `.ipynb`, or a `.py` with nbconvert's `# In[ ]:` markers; `notebook.py`) runs its
+    cells in order where a file would run `main()` (their top-level `await`s awaited; a lone known
+    function if they make no models), and a named function on its cells' definitions alone.
     timing: 'original' (default: the original library's cost model, the puzzles' unit steps or the
     lab's calculon-style seconds; 'unit' is the same) or 'real' (this simulator's costs on `cluster`).
     cluster, workload: dist_lib specs or objects for real timing (default: H100s, the API's shape).
@@ -122,7 +127,10 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"strategy file {path}: not found")
-    source = path.read_text()
+    source = None if path.suffix == ".ipynb" else path.read_text()
+    notebook = read_notebook(path, source) if is_notebook(path, source) else None
+    if notebook is not None:
+        source = notebook.source
     api = api or detect_api(source)
     if api not in ("puzzles", "lab"):
         raise SpecError(f"{path}: cannot tell which API it uses; pass api='puzzles' or api='lab'")
@@ -139,14 +147,25 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
         timing = "real"
     with api_modules(api) as lib, _runtime.configure(api, timing=timing, cluster=cluster, workload=workload,
                                                      strict=strict):
-        module = _load(path)
+        module = _load(path) if notebook is None else _notebook_module(path)
         use_main = main if main is not None else (
             function is None and ranks is None and layers is None and batches is None
-            and callable(getattr(module, "main", None)))
+            and (notebook is not None or callable(getattr(module, "main", None))))
+        if notebook is not None and not use_main:
+            _run_definitions(notebook, module)
         fn_name = None if use_main else function or _pick_function(module, api)
         before = _runtime.World.created
         try:
-            if fn_name is None:
+            if fn_name is None and notebook is not None:
+                world = _run_cells(notebook, module, before)
+                fn_name = "notebook"
+                if world is None and main is None and _pick_function(module, api) is not None:
+                    fn_name = _pick_function(module, api)  # cells that only define: their lone known function
+                    world = _run_function(lib, api, getattr(module, fn_name), fn_name, ranks, layers, batches,
+                                          options)
+                elif world is None:
+                    raise SpecError(f"{path}: its cells created no models; name the function to grade (--function)")
+            elif fn_name is None:
                 world = _run_main(module, path, before)
                 fn_name = "main"
             else:
@@ -157,9 +176,10 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
         except SpecError:
             raise
         except SimulationError as error:
-            raise _located(error, path) from error
+            raise _in_cells(_with_cause(_located(error, path), error), notebook) from error
         except Exception as error:
-            raise StrategyError(f"{path.name}: {type(error).__name__}: {error}{user_frame(error)}") from error
+            raise _in_cells(_with_cause(StrategyError(f"{path.name}: {type(error).__name__}: {error}"
+                                                      f"{user_frame(error)}"), error), notebook) from error
         models = sorted({m.rank: m for m in world.models}.values(), key=lambda m: m.rank)
         found = problems(models)
     result = build_result(world, f"{path.stem}.{fn_name}", found, options)
@@ -214,6 +234,66 @@ def _describe_hang(world: Any) -> str:
     headline = ("deadlock: the ranks wait on something of asyncio's that nothing will ever complete (an "
                 "asyncio.Event no rank sets, a queue no rank fills...); the original API would hang here")
     return world.describe_waits(headline) if world is not None else headline
+
+
+def _with_cause(error: SimulationError, cause: BaseException) -> SimulationError:
+    error.__cause__ = cause
+    return error
+
+
+def _notebook_module(path: Path) -> types.ModuleType:
+    """The namespace a notebook's cells run in, as IPython's: named `__main__`."""
+    module = types.ModuleType("__main__")
+    module.__file__ = str(path)
+    return module
+
+
+def _in_cells(error: SimulationError, notebook: Notebook | None) -> SimulationError:
+    """A notebook's error with its locations as "NAME, cell N, line L"."""
+    if notebook is None:
+        return error
+    text = notebook.locate(str(error))
+    cell = getattr(error.__cause__, "_compat_cell", None)
+    if cell is not None:
+        first, _, rest = text.partition("\n")
+        text = f"{first}; cell {cell} was running" + (f"\n{rest}" if rest else "")
+    return error if text == str(error) else type(error)(text)
+
+
+def _run_definitions(notebook: Notebook, module: types.ModuleType) -> None:
+    """Each cell's imports, definitions and plain assignments (`notebook.definitions`), in cell order: what
+    a named function needs, without the cells' own tests."""
+    for cell in notebook.cells:
+        code = compile(definitions(cell.tree), cell.filename, "exec")
+        try:
+            exec(code, module.__dict__)
+        except SimulationError as error:
+            raise _in_cells(error, notebook) from error
+        except Exception as exc:
+            raise StrategyError(notebook.locate(f"{notebook.path.name}: running its definitions raised "
+                                                f"{type(exc).__name__}: {exc}{user_frame(exc)}")) from exc
+
+
+def _run_cells(notebook: Notebook, module: types.ModuleType, before: int) -> Any:
+    """Every code cell in order in one event loop, as the notebook runs them (a cell's top-level `await`
+    awaited); the `World` of the last `Dist` that made models, or None."""
+    async def cells() -> None:
+        for cell in notebook.cells:
+            code = compile(cell.tree, cell.filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+            try:
+                if code.co_flags & inspect.CO_COROUTINE:
+                    await eval(code, module.__dict__)
+                else:
+                    exec(code, module.__dict__)
+            except Exception as exc:  # the cell that was running (the error may arise in an earlier cell's code)
+                exc._compat_cell = cell.number  # type: ignore[attr-defined]
+                raise
+
+    with interrupt_at_once():
+        asyncio.run(_unless_hung(cells(), lambda: next((w for w in reversed(_runtime.WORLDS) if w.serial > before),
+                                                       None)))
+    worlds = [w for w in _runtime.WORLDS if w.serial > before and w.models]
+    return worlds[-1] if worlds else None
 
 
 def _load(path: Path) -> types.ModuleType:
