@@ -4,6 +4,7 @@ correctly and fits memory; a request no plan fits is refused in one line."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -384,3 +385,16 @@ def test_a_stage_waits_for_every_crossing_into_it_in_the_estimate(schedule, befo
         assert waits == [pytest.approx(crossing)] * (2 * m)
     assert candidate.simulated == pytest.approx(seconds, rel=0.025)
     assert abs(seconds / candidate.simulated - 1) < abs(before) / 3
+
+
+def test_a_workload_of_profiles_is_planned_at_the_profiled_tp_degrees_only():
+    # examples/profiles has A100 and T4 at TP 1 and 2; a 4-GPU node allows TP 4 too, whose times nothing
+    # measured: before, the whole search failed on "no profile of A100 at TP 4"
+    profiles = Path(__file__).resolve().parent.parent / "examples" / "profiles"
+    cluster = Cluster.load("1x4xA100-80GB")
+    workload = Workload.load(f"profiles:{profiles}")
+    assert space.tp_options(cluster, (0, 1, 2, 3)) == [1, 2, 4]
+    assert space.tp_options(cluster, (0, 1, 2, 3), workload) == [1, 2]
+    search = plan(cluster, workload, 8, top=2)
+    assert {s.tp for c in search.candidates for s in c.plan.stages} == {1, 2}
+    assert search.best.simulated is not None

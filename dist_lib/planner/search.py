@@ -128,7 +128,7 @@ class _Space:
             template = self._templates.get(shape_key)
             if template is None:
                 found = self._templates[shape_key] = [self._option(ranks, tp, microbatch, recompute, zero)
-                                                      for tp in space.tp_options(self.cluster, ranks)
+                                                      for tp in space.tp_options(self.cluster, ranks, self.workload)
                                                       if len(ranks) // tp <= microbatch]
             else:
                 found = [replace(o, ranks=ranks) for o in template]
