@@ -74,6 +74,19 @@ def test_a_request_no_plan_fits_says_why_in_one_line():
     assert "\n" not in message and "memory" in message and "16 GiB" in message
 
 
+@pytest.mark.parametrize("option,message", [
+    ({"budget": "5"}, "budget must be a positive number of USD per hour, got '5'"),
+    ({"budget": True}, "budget must be a positive number of USD per hour, got True"),
+    ({"max_stages": 0}, "max_stages must be a whole number >= 1, got 0"),
+])
+def test_a_wrong_search_option_is_named_before_the_search(option, message):
+    # before: a budget of "5" failed with TypeError in the comparison; max_stages=0 searched nothing and
+    # blamed the batch and the layers
+    with pytest.raises(SpecError) as info:
+        plan("1x2xA100-80GB+1x2xT4", "toy:layers=4", 8, **option)
+    assert str(info.value) == message
+
+
 def test_the_budget_leaves_out_dearer_gpus_and_cost_ranks_by_dollars():
     cluster = Cluster.load("1x2xA100-80GB+1x2xT4")
     t4_pair = 2 * cluster.device_of(2).price_per_hour

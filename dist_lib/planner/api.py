@@ -30,8 +30,10 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
         raise SpecError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise SpecError(f"top must be a whole number >= 0, got {top!r}")
-    if budget is not None and not budget > 0:
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0):
         raise SpecError(f"budget must be a positive number of USD per hour, got {budget!r}")
+    if isinstance(max_stages, bool) or not isinstance(max_stages, int) or max_stages < 1:
+        raise SpecError(f"max_stages must be a whole number >= 1, got {max_stages!r}")
     cluster, workload = Cluster.load(cluster), Workload.load(workload)
     if objective == "cost" or budget is not None:
         _check_prices(cluster, "objective 'cost'" if objective == "cost" else "a budget")
