@@ -411,3 +411,23 @@ def test_a_workload_of_profiles_is_planned_at_the_profiled_tp_degrees_only():
     search = plan(cluster, workload, 8, top=2)
     assert {s.tp for c in search.candidates for s in c.plan.stages} == {1, 2}
     assert search.best.simulated is not None
+
+
+def test_beyond_six_device_types_the_orders_are_the_fastest_types_and_each_alone():
+    # 9 types: every order of every subset would be 986409 orders, a search of hours; these are 9 + 2 x 8
+    names = ["H100-80GB", "A100-80GB", "A100-40GB", "V100-32GB", "V100-16GB", "A10", "L4", "T4", "P100-16GB"]
+    cluster = Cluster.load("+".join(f"1x1x{n}" for n in reversed(names)))
+    seqs = [tuple(name for name, _ in o.runs) for o in space.orders(cluster)]
+    assert len(seqs) == len(set(seqs)) == 9 + 2 * 8
+    speed = {n: DEVICES[n].peak_flops * DEVICES[n].max_efficiency for n in names}
+    assert {seq for seq in seqs if len(seq) == 1} == {(n,) for n in names}
+    for seq in (seq for seq in seqs if len(seq) > 1):
+        left_idle = set(names) - set(seq)
+        assert all(speed[n] >= speed[idle] for n in seq for idle in left_idle)  # the fastest j types
+        pace = [speed[n] for n in seq]
+        assert pace == sorted(pace, reverse=True) or pace == sorted(pace)  # fastest or slowest first
+    assert seqs.count(("H100-80GB",)) == 1 and sum(len(seq) == 9 for seq in seqs) == 2
+    # up to six types, every order of every subset: 6 + 30 + 120 + 360 + 720 + 720
+    assert len(space.orders(Cluster.load("+".join(f"1x1x{n}" for n in names[:6])))) == 1956
+    found = plan(cluster, "toy:layers=4", 4, top=1)
+    assert found.best.simulated is not None
