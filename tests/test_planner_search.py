@@ -74,6 +74,21 @@ def test_a_request_no_plan_fits_says_why_in_one_line():
     assert "\n" not in message and "memory" in message and "16 GiB" in message
 
 
+def test_when_the_state_fits_but_the_activations_do_not_the_refusal_says_so():
+    # gpt-125m's 125M parameters x 16 B = 2.6 GiB fit a T4's 16 GiB; one layer's attention scores at
+    # seq 65536 (5 a s^2 bytes, 12 heads: 240 GiB) do not. Before: "the model state alone needs about
+    # 2.6 GiB a GPU ... the largest device has 16 GiB", which named no reason at all
+    with pytest.raises(SpecError) as info:
+        plan("1x1xT4", "gpt-125m:seq=65536", 1)
+    workload = Workload.load("gpt-125m:seq=65536")
+    state = workload.total_params * 16 / 2**30
+    assert str(info.value) == (f"no plan fits in memory: spread over its one GPU the model state would take about "
+                               f"{state:.1f} GiB a GPU, but the activations do not fit beside it: even microbatches "
+                               f"of one sample with full recompute need more than the largest device's 16 GiB "
+                               f"(sequence length 65536)")
+    assert f"{state:.1f}" == "2.6"
+
+
 @pytest.mark.parametrize("option,message", [
     ({"budget": "5"}, "budget must be a positive number of USD per hour, got '5'"),
     ({"budget": True}, "budget must be a positive number of USD per hour, got True"),

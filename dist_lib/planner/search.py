@@ -315,8 +315,14 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     if not out:
         largest = max(n.device.memory_bytes for n in cluster.nodes) / 2**30
         state = workload.total_params * 16 / cluster.world_size / 2**30
-        if why["memory"]:
-            reasons.append(f"no plan fits in memory: even spread over all {cluster.world_size} GPUs with full "
+        gpus = f"all {cluster.world_size} GPUs" if cluster.world_size > 1 else "its one GPU"
+        if why["memory"] and state < largest:
+            reasons.append(f"no plan fits in memory: spread over {gpus} the model state would take about "
+                           f"{state:.1f} GiB a GPU, but the activations do not fit beside it: even microbatches of "
+                           f"one sample with full recompute need more than the largest device's {largest:.0f} GiB "
+                           f"(sequence length {workload.seq_len})")
+        elif why["memory"]:
+            reasons.append(f"no plan fits in memory: even spread over {gpus} with full "
                            f"recompute and ZeRO-1 the model state alone needs about {state:.1f} GiB a GPU, "
                            f"beside the activations; the largest device has {largest:.0f} GiB")
         else:
