@@ -7,8 +7,9 @@ import io
 from rich.console import Console
 
 from dist_lib import Cluster
-from dist_lib.planner import plan
-from dist_lib.planner.report import short_names, table
+from dist_lib.planner import Plan, Stage, plan
+from dist_lib.planner.report import layout, short_names, table
+from dist_lib.planner.search import Candidate
 
 MARKUP_CLUSTER = """
 [devices."[red]GPU"]
@@ -57,3 +58,13 @@ def test_short_device_names_stay_apart_on_the_cluster():
     assert short_names(Cluster.load("1x2xA100-80GB+1x2xT4")) == {"A100-80GB": "A100", "T4": "T4"}
     assert short_names(Cluster.load("1x2xA100-80GB+1x2xA100-40GB+1x1xV100-16GB")) == {
         "A100-80GB": "A100-80GB", "A100-40GB": "A100-40GB", "V100-16GB": "V100"}
+
+
+def test_a_stage_of_two_device_types_names_them_in_its_rank_order():
+    # before: both plans read "4x1 A100 | 1x1 T4", two rows alike in the table
+    cluster = Cluster.load("1x2xA100-80GB+1x2xA100-40GB+1x1xT4")
+    shown = []
+    for ranks in ((0, 1, 2, 3), (2, 3, 0, 1)):
+        p = Plan((Stage(ranks, 1, ((0, 3),), (2, 2, 2, 2)), Stage((4,), 1, ((3, 4),), (8,))), 8, 1)
+        shown.append(layout(Candidate(p, 0.1, 0.5, 1.0), cluster))
+    assert shown == ["4x1 A100-80GB+A100-40GB | 1x1 T4", "4x1 A100-40GB+A100-80GB | 1x1 T4"]

@@ -44,11 +44,12 @@ def short_names(cluster: Cluster) -> dict[str, str]:
 
 
 def layout(candidate: Candidate, cluster: Cluster) -> str:
-    """Each stage as `<dp>x<tp> <device>` (several devices: joined by '+'; names as `short_names`)."""
+    """Each stage as `<dp>x<tp> <device>` (several devices: joined by '+' in the stage's rank order, so two
+    plans that order one stage's GPUs differently read differently; names as `short_names`)."""
     short = short_names(cluster)
     parts = []
     for stage in candidate.plan.stages:
-        names = sorted({short[cluster.device_of(r).name] for r in stage.ranks})
+        names = dict.fromkeys(short[cluster.device_of(r).name] for r in stage.ranks)  # in rank order
         parts.append(f"{stage.dp}x{stage.tp} {'+'.join(names)}")
     return " | ".join(parts)
 
