@@ -129,10 +129,15 @@ def test_a_plan_built_in_python_is_checked_as_a_file_is(stage, message):
     assert str(info.value) == message
 
 
-@pytest.mark.parametrize("plan", [3, 2.5, [RESPLIT.to_dict()]])
-def test_a_plan_that_is_neither_plan_dict_nor_path_is_refused(plan):
-    with pytest.raises(SpecError, match=r"^plan must be a Plan, its dict or the path of a plan file, got \w+$"):
+@pytest.mark.parametrize("plan,shown", [(3, "3"), (2.5, "2.5"), ([1, 2], "[1, 2]"),
+                                        ([RESPLIT.to_dict()], "[{'stages': [{'ranks': [0, 1], 'tp': ..."),
+                                        ("", None), (" ", None)])
+def test_a_plan_that_is_neither_plan_dict_nor_path_is_refused(plan, shown):
+    # before: a TypeError from pathlib, and "" read the current folder ("cannot be read (Is a directory)")
+    with pytest.raises(SpecError) as info:
         Plan.load(plan)
+    assert str(info.value) == (f"plan must be a Plan, its dict or the path of a plan file, got {shown}" if shown else
+                               "plan: empty; give the path of a plan file (python -m grader plan --out writes one)")
 
 
 @pytest.mark.parametrize("content,message", [

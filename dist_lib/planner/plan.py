@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from ..specs import shown
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
@@ -133,7 +134,9 @@ class Plan:
         if isinstance(plan, dict):
             return cls.from_dict(plan)
         if not isinstance(plan, (str, Path)):
-            raise SpecError(f"plan must be a Plan, its dict or the path of a plan file, got {type(plan).__name__}")
+            raise SpecError(f"plan must be a Plan, its dict or the path of a plan file, got {shown(plan)}")
+        if not str(plan).strip():
+            raise SpecError("plan: empty; give the path of a plan file (python -m grader plan --out writes one)")
         path = Path(plan)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
