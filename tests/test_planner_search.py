@@ -74,19 +74,27 @@ def test_a_request_no_plan_fits_says_why_in_one_line():
     assert "\n" not in message and "memory" in message and "16 GiB" in message
 
 
-def test_when_the_state_fits_but_the_activations_do_not_the_refusal_says_so():
-    # gpt-125m's 125M parameters x 16 B = 2.6 GiB fit a T4's 16 GiB; one layer's attention scores at
-    # seq 65536 (5 a s^2 bytes, 12 heads: 240 GiB) do not. Before: "the model state alone needs about
-    # 2.6 GiB a GPU ... the largest device has 16 GiB", which named no reason at all
+@pytest.mark.parametrize("cluster,workload,batch", [
+    # gpt-125m's 125M parameters x 16 B = 2.6 GiB fit a T4's 16 GiB; one layer's attention scores at seq
+    # 65536 (5 a s^2 bytes, 12 heads: 240 GiB) do not
+    ("1x1xT4", "gpt-125m:seq=65536", 1),
+    # 6.7B x 16 B / 17 = 5.8 GiB a GPU only spread over 17 stages; within 16, data parallelism keeps
+    # 4 B a parameter on every T4 (25 GiB)
+    ("17x1xT4", "gpt-6.7b", 34),
+])
+def test_when_the_evenly_spread_state_fits_the_refusal_does_not_blame_it_alone(cluster, workload, batch):
+    # before: "the model state alone needs about 2.6 GiB a GPU ... the largest device has 16 GiB"
     with pytest.raises(SpecError) as info:
-        plan("1x1xT4", "gpt-125m:seq=65536", 1)
-    workload = Workload.load("gpt-125m:seq=65536")
-    state = workload.total_params * 16 / 2**30
-    assert str(info.value) == (f"no plan fits in memory: spread over its one GPU the model state would take about "
-                               f"{state:.1f} GiB a GPU, but the activations do not fit beside it: even microbatches "
-                               f"of one sample with full recompute need more than the largest device's 16 GiB "
-                               f"(sequence length 65536)")
-    assert f"{state:.1f}" == "2.6"
+        plan(cluster, workload, batch)
+    c, w = Cluster.load(cluster), Workload.load(workload)
+    state = w.total_params * 16 / c.world_size / 2**30
+    gpus = f"all {c.world_size} GPUs" if c.world_size > 1 else "its one GPU"
+    assert state < 16
+    assert str(info.value) == (f"no plan fits in memory: spread evenly over {gpus} the model state would take "
+                               f"about {state:.1f} GiB a GPU, under the largest device's 16 GiB, but no plan of at "
+                               f"most 16 stages with TP inside a node spreads it that evenly and leaves room for "
+                               f"the activations (sequence length {w.seq_len}), even with microbatches of one "
+                               f"sample, full recompute and ZeRO-1")
 
 
 @pytest.mark.parametrize("option,message", [

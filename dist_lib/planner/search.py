@@ -317,10 +317,13 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         state = workload.total_params * 16 / cluster.world_size / 2**30
         gpus = f"all {cluster.world_size} GPUs" if cluster.world_size > 1 else "its one GPU"
         if why["memory"] and state < largest:
-            reasons.append(f"no plan fits in memory: spread over {gpus} the model state would take about "
-                           f"{state:.1f} GiB a GPU, but the activations do not fit beside it: even microbatches of "
-                           f"one sample with full recompute need more than the largest device's {largest:.0f} GiB "
-                           f"(sequence length {workload.seq_len})")
+            # the even spread is a bound no plan may reach (17 GPUs in at most 16 stages), or it is the
+            # activations (a long sequence) that do not fit beside the state
+            reasons.append(f"no plan fits in memory: spread evenly over {gpus} the model state would take "
+                           f"about {state:.1f} GiB a GPU, under the largest device's {largest:.0f} GiB, but no "
+                           f"plan of at most {max_stages} stages with TP inside a node spreads it that evenly "
+                           f"and leaves room for the activations (sequence length {workload.seq_len}), even with "
+                           f"microbatches of one sample, full recompute and ZeRO-1")
         elif why["memory"]:
             reasons.append(f"no plan fits in memory: even spread over {gpus} with full "
                            f"recompute and ZeRO-1 the model state alone needs about {state:.1f} GiB a GPU, "
