@@ -70,13 +70,15 @@ def test_an_unwritable_out_or_plot_is_refused_before_the_search(tmp_path, capsys
 def test_an_out_the_file_system_refuses_is_named_before_the_search(flag, tmp_path, capsys, monkeypatch):
     # /proc passes the folder's access check for root, yet takes no new file: before, the search ran and
     # saving the plan (or the plot) ended in a FileNotFoundError traceback
+    import grader.cli
     import grader.plan
     monkeypatch.setattr(grader.plan, "plan", lambda *a, **k: pytest.fail(f"searched before checking {flag}"))
+    monkeypatch.setattr(grader.cli.os, "access", lambda *a, **k: True)  # as for root, whoever runs the test
     paths = {"--out": str(tmp_path / "p.json"), "--plot": ""}
     paths[flag] = "/proc/plan.json"
     assert main(["plan", *ARGS, "--out", paths["--out"], "--plot", paths["--plot"]]) == 2
-    assert capsys.readouterr().err.strip() == (f"error: {flag} /proc/plan.json: cannot be written "
-                                               f"(No such file or directory)")
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {flag} /proc/plan.json: cannot be written (") and "\n" not in err
 
 
 def test_probing_out_leaves_no_file_and_keeps_an_old_one(tmp_path):
