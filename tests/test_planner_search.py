@@ -454,3 +454,18 @@ def test_beyond_six_device_types_the_orders_are_the_fastest_types_and_each_alone
     assert len(space.orders(Cluster.load("+".join(f"1x1x{n}" for n in names[:6])))) == 1956
     found = plan(cluster, "toy:layers=4", 4, top=1)
     assert found.best.simulated is not None
+
+
+def test_plan_called_where_an_event_loop_runs_simulates_as_outside():
+    # a notebook cell runs in an event loop: before, every simulation failed on "simulate() was called
+    # inside a running event loop", a function the caller never called
+    import asyncio
+    outside = plan("1x2xA100-80GB+1x2xT4", "toy:layers=4", 8, top=3)
+
+    async def cell():
+        return plan("1x2xA100-80GB+1x2xT4", "toy:layers=4", 8, top=3)
+
+    inside = asyncio.run(cell())
+    assert inside.best.plan == outside.best.plan and inside.best.simulated == outside.best.simulated
+    assert [c.simulated for c in inside.simulated] == [c.simulated for c in outside.simulated]
+    assert inside.best.simulated is not None
