@@ -60,6 +60,12 @@ def test_short_device_names_stay_apart_on_the_cluster():
         "A100-80GB": "A100-80GB", "A100-40GB": "A100-40GB", "V100-16GB": "V100"}
 
 
+def test_a_device_whose_name_starts_with_a_dash_keeps_its_whole_name(tmp_path):
+    path = tmp_path / "cluster.toml"
+    path.write_text(MARKUP_CLUSTER.replace("[red]GPU", "-GPU"))
+    assert short_names(Cluster.load(path)) == {"-GPU": "-GPU", "Z[/x]": "Z[/x]"}
+
+
 def test_a_stage_of_two_device_types_names_them_in_its_rank_order():
     # before: both plans read "4x1 A100 | 1x1 T4", two rows alike in the table
     cluster = Cluster.load("1x2xA100-80GB+1x2xA100-40GB+1x1xT4")

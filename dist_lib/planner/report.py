@@ -37,10 +37,10 @@ def front(search: Search) -> list[Candidate]:
 
 def short_names(cluster: Cluster) -> dict[str, str]:
     """Each device type's name up to its first '-', or whole where that would name two of the cluster's
-    types alike (A100-80GB beside A100-40GB)."""
+    types alike (A100-80GB beside A100-40GB) or nothing at all (a custom device named "-x")."""
     names = {node.device.name for node in cluster.nodes}
     short = {name: name.split("-")[0] for name in names}
-    return {name: cut if list(short.values()).count(cut) == 1 else name for name, cut in short.items()}
+    return {name: cut if cut and list(short.values()).count(cut) == 1 else name for name, cut in short.items()}
 
 
 def layout(candidate: Candidate, cluster: Cluster) -> str:
