@@ -130,6 +130,11 @@ class ProfileSet:
         raise SpecError(f"{self.directory}: no profile for device {device.name}: missing "
                         f"{self.directory / f'DeviceType.{family}_tp1_bs1.json'} (profiled: {', '.join(types)})")
 
+    def tp_degrees(self, device: Device) -> set[int]:
+        """The TP degrees profiled for `device`'s type (the only ones whose times are known)."""
+        kind = self.device_type(device)
+        return {t for (k, t, _) in self.profiles if k == kind}
+
     def _series(self, device: Device, tp: int) -> list[Profile]:
         kind = self.device_type(device)
         series = sorted((p for (k, t, _), p in self.profiles.items() if k == kind and t == tp), key=lambda p: p.batch)

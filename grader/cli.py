@@ -173,6 +173,15 @@ def output_path(text: str, flag: str, *, folder: bool, example: str = "trace.jso
         raise InputError(f"{flag} {text}: cannot create folder {where} ({exc.strerror})") from None
     if not os.access(where, os.W_OK | os.X_OK):
         raise InputError(f"{flag} {text}: folder {where} is not writable")
+    if not folder:  # the access bits do not tell everything (root, a read-only or special file system)
+        existed = path.exists()
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as exc:
+            raise InputError(f"{flag} {text}: cannot be written ({exc.strerror})") from None
+        if not existed:
+            path.unlink(missing_ok=True)
     return path
 
 

@@ -71,7 +71,10 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.plot:
         note = plot_pareto(search, args.plot)
         console.print(literal(note or f"Pareto plot: {args.plot}"))
-    search.best.plan.save(args.out)
+    try:
+        search.best.plan.save(args.out)
+    except OSError as exc:
+        raise InputError(f"--out {args.out}: cannot be written ({exc.strerror})") from None
     # the cluster and workload as given: a file's path, or a spec with its link options, runs the same
     # cluster again, where the cluster's name or the workload's would not
     run = shlex.join(["python", "-m", "grader", "run", "strategies/planned.py", "--set", f"plan={args.out}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 import pytest
@@ -62,6 +63,31 @@ def test_an_unwritable_out_or_plot_is_refused_before_the_search(tmp_path, capsys
                                                f"{tmp_path / 'plan.json'}")
     assert main(["plan", *ARGS, "--out", str(tmp_path / "p.json"), "--plot", str(blocker / "x.png")]) == 2
     assert capsys.readouterr().err.strip() == f"error: --plot {blocker / 'x.png'}: {blocker} is a file, not a folder"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+@pytest.mark.parametrize("flag", ["--out", "--plot"])
+def test_an_out_the_file_system_refuses_is_named_before_the_search(flag, tmp_path, capsys, monkeypatch):
+    # /proc passes the folder's access check for root, yet takes no new file: before, the search ran and
+    # saving the plan (or the plot) ended in a FileNotFoundError traceback
+    import grader.cli
+    import grader.plan
+    monkeypatch.setattr(grader.plan, "plan", lambda *a, **k: pytest.fail(f"searched before checking {flag}"))
+    monkeypatch.setattr(grader.cli.os, "access", lambda *a, **k: True)  # as for root, whoever runs the test
+    paths = {"--out": str(tmp_path / "p.json"), "--plot": ""}
+    paths[flag] = "/proc/plan.json"
+    assert main(["plan", *ARGS, "--out", paths["--out"], "--plot", paths["--plot"]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {flag} /proc/plan.json: cannot be written (") and "\n" not in err
+
+
+def test_probing_out_leaves_no_file_and_keeps_an_old_one(tmp_path):
+    from grader.cli import output_path
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    old.write_text("kept")
+    output_path(str(new), "--out", folder=False)
+    output_path(str(old), "--out", folder=False)
+    assert not new.exists() and old.read_text() == "kept"
 
 
 def test_the_run_it_line_names_the_cluster_and_workload_as_given(tmp_path, capsys):

@@ -115,6 +115,43 @@ def test_a_zero_stage_that_is_not_a_whole_number_is_refused(zero):
         run(Plan(RESPLIT.stages, 4, 2, zero=zero))
 
 
+@pytest.mark.parametrize("stage,message", [
+    (Stage((2, 3), 1, ((1, 4),), (0, 4)), "plan: stages[1].shares must be a whole number >= 1, got 0"),
+    (Stage((2, 3), 1, ((1, 4),), (5, -1)), "plan: stages[1].shares must be a whole number >= 1, got -1"),
+    (Stage((2, 3), "1", ((1, 4),), (2, 2)), "plan: stages[1].tp must be a whole number >= 1, got '1'"),
+    (Stage((2, 3), 1, ((1, 4.0),), (2, 2)), "plan: stages[1].blocks must be a whole number >= 0, got 4.0"),
+    (Stage((2, 3), 1, (1, 4), (2, 2)), "plan: stages[1].blocks must list (start, stop) layer ranges, got (1, 4)"),
+])
+def test_a_plan_built_in_python_is_checked_as_a_file_is(stage, message):
+    # before: a share of 0 ran into "get_input_activation: no samples" on a rank, a tp of "1" a TypeError
+    with pytest.raises(SpecError) as info:
+        run(Plan((RESPLIT.stages[0], stage), 4, 2))
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("plan,shown", [(3, "3"), (2.5, "2.5"), ([1, 2], "[1, 2]"),
+                                        ([RESPLIT.to_dict()], "[{'stages': [{'ranks': [0, 1], 'tp': ..."),
+                                        ("", None), (" ", None)])
+def test_a_plan_that_is_neither_plan_dict_nor_path_is_refused(plan, shown):
+    # before: a TypeError from pathlib, and "" read the current folder ("cannot be read (Is a directory)")
+    with pytest.raises(SpecError) as info:
+        Plan.load(plan)
+    assert str(info.value) == (f"plan must be a Plan, its dict or the path of a plan file, got {shown}" if shown else
+                               "plan: empty; give the path of a plan file (python -m grader plan --out writes one)")
+
+
+@pytest.mark.parametrize("content,message", [
+    (b'{"stages": "\xff"}', "not UTF-8 text (byte 12)"),
+    (b"[" * 100_000 + b"]" * 100_000, "not a plan (lists or objects nested too deep)"),
+])
+def test_a_plan_file_that_is_not_readable_json_is_named(tmp_path, content, message):
+    path = tmp_path / "plan.json"
+    path.write_bytes(content)
+    with pytest.raises(SpecError) as info:
+        run(str(path))
+    assert str(info.value) == f"plan file {path}: {message}"
+
+
 def test_a_tp_group_across_nodes_is_refused():
     plan = Plan((Stage((0, 1, 2, 3), 4, ((0, 4),), (8,)),), 8, 1)
     with pytest.raises(SpecError, match="spans nodes"):

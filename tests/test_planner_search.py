@@ -4,6 +4,7 @@ correctly and fits memory; a request no plan fits is refused in one line."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -71,6 +72,42 @@ def test_a_request_no_plan_fits_says_why_in_one_line():
         plan("1x2xT4", "gpt-175b", 8)
     message = str(info.value)
     assert "\n" not in message and "memory" in message and "16 GiB" in message
+
+
+@pytest.mark.parametrize("cluster,workload,batch", [
+    # gpt-125m's 125M parameters x 16 B = 2.6 GiB fit a T4's 16 GiB; one layer's attention scores at seq
+    # 65536 (5 a s^2 bytes, 12 heads: 240 GiB) do not
+    ("1x1xT4", "gpt-125m:seq=65536", 1),
+    # 6.7B x 16 B / 17 = 5.8 GiB a GPU only spread over 17 stages; within 16, data parallelism keeps
+    # 4 B a parameter on every T4 (25 GiB)
+    ("17x1xT4", "gpt-6.7b", 34),
+])
+def test_when_the_evenly_spread_state_fits_the_refusal_does_not_blame_it_alone(cluster, workload, batch):
+    # before: "the model state alone needs about 2.6 GiB a GPU ... the largest device has 16 GiB"
+    with pytest.raises(SpecError) as info:
+        plan(cluster, workload, batch)
+    c, w = Cluster.load(cluster), Workload.load(workload)
+    state = w.total_params * 16 / c.world_size / 2**30
+    gpus = f"all {c.world_size} GPUs" if c.world_size > 1 else "its one GPU"
+    assert state < 16
+    assert str(info.value) == (f"no plan fits in memory: spread evenly over {gpus} the model state would take "
+                               f"about {state:.1f} GiB a GPU, under the largest device's 16 GiB, but no plan of at "
+                               f"most 16 stages with TP inside a node spreads it that evenly and leaves room for "
+                               f"the activations (sequence length {w.seq_len}), even with microbatches of one "
+                               f"sample, full recompute and ZeRO-1")
+
+
+@pytest.mark.parametrize("option,message", [
+    ({"budget": "5"}, "budget must be a positive number of USD per hour, got '5'"),
+    ({"budget": True}, "budget must be a positive number of USD per hour, got True"),
+    ({"max_stages": 0}, "max_stages must be a whole number >= 1, got 0"),
+])
+def test_a_wrong_search_option_is_named_before_the_search(option, message):
+    # before: a budget of "5" failed with TypeError in the comparison; max_stages=0 searched nothing and
+    # blamed the batch and the layers
+    with pytest.raises(SpecError) as info:
+        plan("1x2xA100-80GB+1x2xT4", "toy:layers=4", 8, **option)
+    assert str(info.value) == message
 
 
 def test_the_budget_leaves_out_dearer_gpus_and_cost_ranks_by_dollars():
@@ -384,3 +421,51 @@ def test_a_stage_waits_for_every_crossing_into_it_in_the_estimate(schedule, befo
         assert waits == [pytest.approx(crossing)] * (2 * m)
     assert candidate.simulated == pytest.approx(seconds, rel=0.025)
     assert abs(seconds / candidate.simulated - 1) < abs(before) / 3
+
+
+def test_a_workload_of_profiles_is_planned_at_the_profiled_tp_degrees_only():
+    # examples/profiles has A100 and T4 at TP 1 and 2; a 4-GPU node allows TP 4 too, whose times nothing
+    # measured: before, the whole search failed on "no profile of A100 at TP 4"
+    profiles = Path(__file__).resolve().parent.parent / "examples" / "profiles"
+    cluster = Cluster.load("1x4xA100-80GB")
+    workload = Workload.load(f"profiles:{profiles}")
+    assert space.tp_options(cluster, (0, 1, 2, 3)) == [1, 2, 4]
+    assert space.tp_options(cluster, (0, 1, 2, 3), workload) == [1, 2]
+    search = plan(cluster, workload, 8, top=2)
+    assert {s.tp for c in search.candidates for s in c.plan.stages} == {1, 2}
+    assert search.best.simulated is not None
+
+
+def test_beyond_six_device_types_the_orders_are_the_fastest_types_and_each_alone():
+    # 9 types: every order of every subset would be 986409 orders, a search of hours; these are 9 + 2 x 8
+    names = ["H100-80GB", "A100-80GB", "A100-40GB", "V100-32GB", "V100-16GB", "A10", "L4", "T4", "P100-16GB"]
+    cluster = Cluster.load("+".join(f"1x1x{n}" for n in reversed(names)))
+    seqs = [tuple(name for name, _ in o.runs) for o in space.orders(cluster)]
+    assert len(seqs) == len(set(seqs)) == 9 + 2 * 8
+    speed = {n: DEVICES[n].peak_flops * DEVICES[n].max_efficiency for n in names}
+    assert {seq for seq in seqs if len(seq) == 1} == {(n,) for n in names}
+    for seq in (seq for seq in seqs if len(seq) > 1):
+        left_idle = set(names) - set(seq)
+        assert all(speed[n] >= speed[idle] for n in seq for idle in left_idle)  # the fastest j types
+        pace = [speed[n] for n in seq]
+        assert pace == sorted(pace, reverse=True) or pace == sorted(pace)  # fastest or slowest first
+    assert seqs.count(("H100-80GB",)) == 1 and sum(len(seq) == 9 for seq in seqs) == 2
+    # up to six types, every order of every subset: 6 + 30 + 120 + 360 + 720 + 720
+    assert len(space.orders(Cluster.load("+".join(f"1x1x{n}" for n in names[:6])))) == 1956
+    found = plan(cluster, "toy:layers=4", 4, top=1)
+    assert found.best.simulated is not None
+
+
+def test_plan_called_where_an_event_loop_runs_simulates_as_outside():
+    # a notebook cell runs in an event loop: before, every simulation failed on "simulate() was called
+    # inside a running event loop", a function the caller never called
+    import asyncio
+    outside = plan("1x2xA100-80GB+1x2xT4", "toy:layers=4", 8, top=3)
+
+    async def cell():
+        return plan("1x2xA100-80GB+1x2xT4", "toy:layers=4", 8, top=3)
+
+    inside = asyncio.run(cell())
+    assert inside.best.plan == outside.best.plan and inside.best.simulated == outside.best.simulated
+    assert [c.simulated for c in inside.simulated] == [c.simulated for c in outside.simulated]
+    assert inside.best.simulated is not None

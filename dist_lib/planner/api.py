@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from ..errors import SpecError
 from ..hardware import Cluster
@@ -30,9 +33,13 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
         raise SpecError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise SpecError(f"top must be a whole number >= 0, got {top!r}")
-    if budget is not None and not budget > 0:
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0):
         raise SpecError(f"budget must be a positive number of USD per hour, got {budget!r}")
+    if isinstance(max_stages, bool) or not isinstance(max_stages, int) or max_stages < 1:
+        raise SpecError(f"max_stages must be a whole number >= 1, got {max_stages!r}")
     cluster, workload = Cluster.load(cluster), Workload.load(workload)
+    if runner is run_here and _loop_running():
+        runner = _in_a_thread  # (a notebook's cell runs in an event loop, which `simulate` cannot share)
     if objective == "cost" or budget is not None:
         _check_prices(cluster, "objective 'cost'" if objective == "cost" else "a budget")
     check_global_batch(global_batch_size)  # as simulate checks it, before a search whose plans it would refuse
@@ -63,6 +70,22 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     search.order_pairs, search.order_disagreements = _disagreements(ran)
     search.seconds = time.perf_counter() - started
     return search
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _in_a_thread(fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+    """`run_here` from a thread that runs an event loop: each simulation in a thread of its own, where
+    `simulate` can run its own loop, one after another."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for item in enumerate(items):
+            yield item[0], pool.submit(fn, item[1]).result()
 
 
 def _check_prices(cluster: Cluster, needs: str) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from ..specs import shown
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
@@ -132,21 +133,50 @@ class Plan:
             return plan
         if isinstance(plan, dict):
             return cls.from_dict(plan)
+        if not isinstance(plan, (str, Path)):
+            raise SpecError(f"plan must be a Plan, its dict or the path of a plan file, got {shown(plan)}")
+        if not str(plan).strip():
+            raise SpecError("plan: empty; give the path of a plan file (python -m grader plan --out writes one)")
         path = Path(plan)
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise SpecError(f"plan file {path}: cannot be read ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise SpecError(f"plan file {path}: not UTF-8 text (byte {exc.start})") from None
         except json.JSONDecodeError as exc:
             raise SpecError(f"plan file {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        except RecursionError:
+            raise SpecError(f"plan file {path}: not a plan (lists or objects nested too deep)") from None
         return cls.from_dict(data, f"plan file {path}")
 
     # ---- validation ---------------------------------------------------------------------------
+
+    def _check_types(self, source: str) -> None:
+        """What `from_dict` checks of a file, for a `Plan` built in Python: whole numbers where the plan
+        counts ranks, layers and samples (a share of 0 or a tp of "2" would fail deep inside the run)."""
+        if not isinstance(self.stages, (list, tuple)) or not self.stages:
+            raise SpecError(f"{source}: stages must be a non-empty list of Stage, got {self.stages!r}")
+        for i, stage in enumerate(self.stages):
+            where = f"{source}: stages[{i}]"
+            if not isinstance(stage, Stage):
+                raise SpecError(f"{where} must be a Stage, got {type(stage).__name__}")
+            _ints(stage.ranks, f"{where}.ranks", 0)
+            _int(stage.tp, f"{where}.tp", 1)
+            if not isinstance(stage.blocks, (list, tuple)) or not stage.blocks or any(
+                    not isinstance(b, (list, tuple)) or len(b) != 2 for b in stage.blocks):
+                raise SpecError(f"{where}.blocks must list (start, stop) layer ranges, got {stage.blocks!r}")
+            for block in stage.blocks:
+                _ints(block, f"{where}.blocks", 0)
+            _ints(stage.shares, f"{where}.shares", 1)
+        _int(self.microbatch_size, f"{source}: microbatch_size", 1)
+        _int(self.microbatches, f"{source}: microbatches", 1)
 
     def check(self, world_size: int, num_layers: int, global_batch_size: int, cluster: Any = None,
               source: str = "plan") -> None:
         """Raise `SpecError` naming the field (after `source`, e.g. the plan's file) when this plan cannot
         run on the world, model and batch."""
+        self._check_types(source)
         if self.schedule not in SCHEDULES:
             raise SpecError(f"{source}: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.recompute not in RECOMPUTE:
@@ -201,6 +231,6 @@ def _int(value: Any, where: str, low: int) -> int:
 
 
 def _ints(value: Any, where: str, low: int) -> list[int]:
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, (list, tuple)) or not value:
         raise SpecError(f"{where} must be a non-empty list of whole numbers, got {value!r}")
     return [_int(v, where, low) for v in value]

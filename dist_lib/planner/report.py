@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from ..hardware import Cluster
 from .search import Candidate, Search
@@ -34,17 +35,29 @@ def front(search: Search) -> list[Candidate]:
     return pareto(simulated_plans(search) or search.candidates)
 
 
+def short_names(cluster: Cluster) -> dict[str, str]:
+    """Each device type's name up to its first '-', or whole where that would name two of the cluster's
+    types alike (A100-80GB beside A100-40GB) or nothing at all (a custom device named "-x")."""
+    names = {node.device.name for node in cluster.nodes}
+    short = {name: name.split("-")[0] for name in names}
+    return {name: cut if cut and list(short.values()).count(cut) == 1 else name for name, cut in short.items()}
+
+
 def layout(candidate: Candidate, cluster: Cluster) -> str:
-    """Each stage as `<dp>x<tp> <device>` (several devices: joined by '+'; names up to their first '-')."""
+    """Each stage as `<dp>x<tp> <device>` (several devices: joined by '+' in the stage's rank order, so two
+    plans that order one stage's GPUs differently read differently; names as `short_names`)."""
+    short = short_names(cluster)
     parts = []
     for stage in candidate.plan.stages:
-        names = sorted({cluster.device_of(r).name.split("-")[0] for r in stage.ranks})
+        names = dict.fromkeys(short[cluster.device_of(r).name] for r in stage.ranks)  # in rank order
         parts.append(f"{stage.dp}x{stage.tp} {'+'.join(names)}")
     return " | ".join(parts)
 
 
 def table(search: Search, cluster: Cluster, rows: int = 10) -> Table:
-    """The simulated candidates (winner first), with the estimate beside the simulated time."""
+    """The simulated candidates (winner first), with the estimate beside the simulated time. Cells are
+    `Text`, never markup: a device's name from a cluster file, or an error, prints as it is (`[red]` and
+    `[/x]` included)."""
     shown = sorted({id(c): c for c in [search.best, *search.simulated]}.values(),
                    key=lambda c: (c.simulated is None, c.seconds))[:rows]
     out = Table(title=f"plans ({search.estimated_count} estimated, {len(search.simulated)} simulated, "
@@ -57,11 +70,12 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Table:
         extra = "".join(f" {v}" for v in (plan.recompute if plan.recompute != "none" else "",
                                           "zero-1" if plan.zero else "") if v)
         simulated = f"{c.simulated * 1e3:.2f}" if c.simulated is not None else (c.error[:30] or "-")
-        out.add_row(str(i), layout(c, cluster), "/".join(str(s.layers) for s in plan.stages),
-                    f"{plan.microbatches}x{plan.microbatch_size}", SHORT.get(plan.schedule, plan.schedule) + extra,
-                    f"{c.estimate * 1e3:.2f}", simulated,
-                    f"{(1 - c.peak_fraction) * 100:.0f} %" if c.peak_fraction is not None else "-",
-                    f"{c.mfu * 100:.1f} %" if c.mfu is not None else "-", f"{c.dollars_per_step:.5f}")
+        cells = (str(i), layout(c, cluster), "/".join(str(s.layers) for s in plan.stages),
+                 f"{plan.microbatches}x{plan.microbatch_size}", SHORT.get(plan.schedule, plan.schedule) + extra,
+                 f"{c.estimate * 1e3:.2f}", simulated,
+                 f"{(1 - c.peak_fraction) * 100:.0f} %" if c.peak_fraction is not None else "-",
+                 f"{c.mfu * 100:.1f} %" if c.mfu is not None else "-", f"{c.dollars_per_step:.5f}")
+        out.add_row(*(Text(cell) for cell in cells))
     return out
 
 

@@ -128,7 +128,7 @@ class _Space:
             template = self._templates.get(shape_key)
             if template is None:
                 found = self._templates[shape_key] = [self._option(ranks, tp, microbatch, recompute, zero)
-                                                      for tp in space.tp_options(self.cluster, ranks)
+                                                      for tp in space.tp_options(self.cluster, ranks, self.workload)
                                                       if len(ranks) // tp <= microbatch]
             else:
                 found = [replace(o, ranks=ranks) for o in template]
@@ -315,8 +315,17 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     if not out:
         largest = max(n.device.memory_bytes for n in cluster.nodes) / 2**30
         state = workload.total_params * 16 / cluster.world_size / 2**30
-        if why["memory"]:
-            reasons.append(f"no plan fits in memory: even spread over all {cluster.world_size} GPUs with full "
+        gpus = f"all {cluster.world_size} GPUs" if cluster.world_size > 1 else "its one GPU"
+        if why["memory"] and state < largest:
+            # the even spread is a bound no plan may reach (17 GPUs in at most 16 stages), or it is the
+            # activations (a long sequence) that do not fit beside the state
+            reasons.append(f"no plan fits in memory: spread evenly over {gpus} the model state would take "
+                           f"about {state:.1f} GiB a GPU, under the largest device's {largest:.0f} GiB, but no "
+                           f"plan of at most {max_stages} stages with TP inside a node spreads it that evenly "
+                           f"and leaves room for the activations (sequence length {workload.seq_len}), even with "
+                           f"microbatches of one sample, full recompute and ZeRO-1")
+        elif why["memory"]:
+            reasons.append(f"no plan fits in memory: even spread over {gpus} with full "
                            f"recompute and ZeRO-1 the model state alone needs about {state:.1f} GiB a GPU, "
                            f"beside the activations; the largest device has {largest:.0f} GiB")
         else:

@@ -36,19 +36,38 @@ def device_types(cluster: Cluster) -> dict[str, list[int]]:
     return types
 
 
+# Every order of every subset is 1956 orders of 6 device types but 13699 of 7 and 986409 of 9 (the
+# catalog's count), each searched in full: beyond 6 types the orders are cut down (`type_sequences`).
+EXHAUSTIVE_TYPES = 6
+
+
+def type_sequences(names: list[str], speed: dict[str, float]) -> list[tuple[str, ...]]:
+    """The device types' orders along the pipeline: every order of every non-empty subset up to
+    `EXHAUSTIVE_TYPES` types; beyond, each type alone, and the fastest j types for every j > 1 (a type
+    is left idle only when every slower one is too), fastest first and slowest first."""
+    if len(names) <= EXHAUSTIVE_TYPES:
+        return [seq for size in range(1, len(names) + 1) for seq in permutations(names, size)]
+    ranked = sorted(names, key=lambda name: -speed[name])  # stable: ties keep the cluster's order
+    out: list[tuple[str, ...]] = [(name,) for name in ranked]
+    for j in range(2, len(ranked) + 1):
+        out += [tuple(ranked[:j]), tuple(reversed(ranked[:j]))]
+    return out
+
+
 def orders(cluster: Cluster, price_cap: float | None = None) -> list[Order]:
-    """Every order of every non-empty subset of device types whose GPUs cost at most `price_cap` $/h."""
+    """The orders of device types (`type_sequences`) whose GPUs cost at most `price_cap` $/h."""
     types = device_types(cluster)
+    speed = {name: cluster.nodes[nodes[0]].device.peak_flops * cluster.nodes[nodes[0]].device.max_efficiency
+             for name, nodes in types.items()}
     out = []
-    for size in range(1, len(types) + 1):
-        for names in permutations(types, size):
-            nodes = [n for name in names for n in types[name]]
-            if price_cap is not None and sum(cluster.nodes[n].gpus * cluster.nodes[n].device.price_per_hour
-                                             for n in nodes) > price_cap * (1 + 1e-12):
-                continue
-            ranks = tuple(r for n in nodes for r in cluster.ranks_of_node(n))
-            runs = tuple((name, sum(cluster.nodes[n].gpus for n in types[name])) for name in names)
-            out.append(Order(ranks, runs))
+    for names in type_sequences(list(types), speed):
+        nodes = [n for name in names for n in types[name]]
+        if price_cap is not None and sum(cluster.nodes[n].gpus * cluster.nodes[n].device.price_per_hour
+                                         for n in nodes) > price_cap * (1 + 1e-12):
+            continue
+        ranks = tuple(r for n in nodes for r in cluster.ranks_of_node(n))
+        runs = tuple((name, sum(cluster.nodes[n].gpus for n in types[name])) for name in names)
+        out.append(Order(ranks, runs))
     return out
 
 
@@ -79,14 +98,19 @@ def layouts(order: Order, num_layers: int, max_stages: int) -> list[tuple[tuple[
     return sorted(found, key=lambda stages: (len(stages), stages))
 
 
-def tp_options(cluster: Cluster, ranks: tuple[int, ...]) -> list[int]:
-    """TP degrees (powers of two) whose groups of consecutive ranks each sit in one node."""
+def tp_options(cluster: Cluster, ranks: tuple[int, ...], workload: Workload | None = None) -> list[int]:
+    """TP degrees (powers of two) whose groups of consecutive ranks each sit in one node; with a workload
+    built from profiles, only the degrees profiled for every device type among the ranks."""
     nodes = [cluster.node_of(r) for r in ranks]
     # a group of consecutive ranks sits in one node when no change of node falls inside it
     changes = [k for k in range(1, len(nodes)) if nodes[k] != nodes[k - 1]]
+    profiled = None
+    if workload is not None and workload.profile is not None:
+        devices = {id(cluster.device_of(r)): cluster.device_of(r) for r in ranks}.values()
+        profiled = set.intersection(*(workload.profile.tp_degrees(d) for d in devices))
     out, t = [], 1
     while t <= len(ranks):
-        if len(ranks) % t == 0 and all(k % t == 0 for k in changes):
+        if len(ranks) % t == 0 and all(k % t == 0 for k in changes) and (profiled is None or t in profiled):
             out.append(t)
         t *= 2
     return out
