@@ -419,3 +419,24 @@ def test_a_forked_child_that_returns_into_the_worker_writes_no_result(tmp_path):
                            Limits(timeout_s=60), confine=sandbox_problem() is None)
     assert (outcome.status, outcome.kind) == ("failed", "StrategyError"), outcome.message
     assert outcome.message.startswith("rank 0: ValueError: the worker")
+
+
+def test_a_readable_cluster_file_under_tmp_reaches_the_sandbox():
+    """The sandbox has a /tmp of its own: a world-readable cluster file in the host's /tmp is copied in."""
+    import shutil
+    import tempfile
+    if sandbox_problem():
+        pytest.skip(f"the OS sandbox is not usable here: {sandbox_problem()}")
+    from grader.runner import run_isolated
+    from grader.scenario import Scenario
+    folder = Path(tempfile.mkdtemp(prefix="cluster-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        cluster = folder / "two.toml"
+        cluster.write_text('[[nodes]]\ndevice = "A100-80GB"\ngpus = 2\n')
+        cluster.chmod(0o644)
+        outcome = run_isolated(ROOT / "tests" / "submissions" / "honest.py",
+                               Scenario(cluster=str(cluster), workload="toy:layers=2", global_batch=4))
+        assert outcome.status == "ok", outcome.message
+    finally:
+        shutil.rmtree(folder)

@@ -150,14 +150,16 @@ def rebase_paths(value: Any, moves: dict[str, str]) -> Any:
 
 
 def _readable_inputs(scenario: dict[str, Any], folder: Path, copies: dict[str, str]) -> dict[str, Any]:
-    """The scenario with every cluster, workload or profile file the sandbox's user cannot read (a folder
-    of mode 0700 on the way, as a home folder or pytest's tmp_path when the grader runs as root) copied
-    into the run's private folder, world-readable, and the spec pointing at the copy (noted in `copies`)."""
+    """The scenario with every cluster, workload or profile file the sandbox cannot see copied into the
+    run's private folder, world-readable, and the spec pointing at the copy (noted in `copies`): one its
+    user cannot read (a folder of mode 0700 on the way, as a home folder or pytest's tmp_path when the
+    grader runs as root), and one under /tmp, which the sandbox's own /tmp hides."""
     inputs = folder / "inputs"
 
     def readable(name: str) -> str:
         source = Path(name)
-        if not source.exists() or sandbox.readable_by_sandbox(source):
+        if not source.exists() or (sandbox.readable_by_sandbox(source)
+                                   and Path("/tmp") not in source.resolve().parents):
             return name  # (a missing file is the worker's error to report, as without the sandbox)
         inputs.mkdir(mode=0o755, exist_ok=True)
         target = inputs / f"{len(list(inputs.iterdir()))}-{source.name}"
