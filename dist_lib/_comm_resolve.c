@@ -108,6 +108,7 @@ static int combine(PyObject *engine, PyObject *coll, PyObject **results, PyObjec
     } else if (op == R.all_reduce && (type == R.Activation || type == R.ActivationGrad)) { /* TP partial sums */
         long tp_size = small_int(SLOT(first, R.h_tp_size), -1);
         int same = all_equal(works, R.h_samples);
+        if (same == 1) same = all_equal(works, R.h_tp_size); /* (else Python names the mismatch) */
         if (same != 1) return same;
         if (tp_size < 1 || tp_size > 62) return 0;
         long parts = 0;

@@ -494,6 +494,10 @@ def _combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[li
         if len({t.samples for t in inputs}) > 1:
             raise CollectiveMismatchError(f"{head}: partial sums of different samples "
                                           f"{ {r: describe_mask(t.samples) for r, t in zip(ranks, inputs)} }")
+        if len({t.tp_size for t in inputs}) > 1:  # (a part of 2 and a part of 64 are not halves of one sum)
+            raise CollectiveMismatchError(f"{head}: partial sums of different tensor-parallel degrees "
+                                          f"{ {r: t.tp_size for r, t in zip(ranks, inputs)} }; all-reduce the "
+                                          f"parts of one TP split")
         parts = _disjoint_union(head, "tensor-parallel parts", ranks, [t.tp_parts for t in inputs],
                                 "a partial sum would be added twice")
         tp_size = first.tp_size

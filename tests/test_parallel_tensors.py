@@ -6,7 +6,7 @@ import pytest
 
 from dist_lib import Workload, costs, simulate
 from dist_lib.devices import DEVICES, NVLINK_3
-from dist_lib.errors import TensorError
+from dist_lib.errors import CollectiveMismatchError, TensorError
 
 A100 = DEVICES["A100-80GB"]
 TOY = Workload.parse("toy:layers=1")
@@ -70,6 +70,20 @@ def test_a_vocabulary_slice_of_the_loss_gradient_must_be_all_reduced_before_back
         model.backward(0, x, model.loss(out, tp_rank=model.rank, tp_size=2), w)
 
     with pytest.raises(TensorError, match="partial"):
+        simulate(train, "2xA100-80GB", HEAD, 2)
+
+
+def test_partial_sums_of_different_tp_degrees_are_not_one_sum():
+    """Slice 0 of 2 and slice 1 of 64 of the head's input gradient cover the parts {0, 1}, which is all of
+    a split in 2 only: the second rank would pay 1/64 of the head for half the sum."""
+    async def train(model):
+        w, o = model.load_weights(0)
+        x = model.forward(0, model.get_input_activation(range(2)), w)
+        tp = 2 if model.rank == 0 else 64
+        await model.all_reduce(model.loss(x, tp_rank=model.rank, tp_size=tp), group=[0, 1])
+
+    with pytest.raises(CollectiveMismatchError, match=r"partial sums of different tensor-parallel degrees "
+                                                      r"\{0: 2, 1: 64\}"):
         simulate(train, "2xA100-80GB", HEAD, 2)
 
 
