@@ -23,6 +23,10 @@ NOTEBOOKS = ROOT / "tests" / "compat_notebooks"
 SOLUTIONS = ROOT / "tests" / "compat_solutions"
 NOTEBOOK = NOTEBOOKS / "puzzles_notebook.ipynb"
 EXPORT = NOTEBOOKS / "puzzles_notebook_export.py"
+# the same notebook saved by jupytext 1.19.6 (`jupytext --to py:percent`, `--to py:light`)
+PERCENT = NOTEBOOKS / "puzzles_notebook_percent.py"
+LIGHT = NOTEBOOKS / "puzzles_notebook_light.py"
+FILES = pytest.mark.parametrize("file", [NOTEBOOK, EXPORT, PERCENT, LIGHT], ids=["ipynb", "export", "percent", "light"])
 
 
 def _code_cell(source) -> dict:
@@ -40,7 +44,7 @@ def _json(capsys, *argv) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("file", [NOTEBOOK, EXPORT], ids=["ipynb", "export"])
+@FILES
 @pytest.mark.parametrize("function, steps, peak", [("ddp", 5.1, 1_572_864), ("gpipe", 33.3, 2_752_512)])
 def test_a_named_function_is_graded_as_the_same_function_in_a_py_file(file, function, steps, peak, capsys):
     want = run_file(SOLUTIONS / "puzzles_solutions.py", api="puzzles", function=function)
@@ -52,7 +56,7 @@ def test_a_named_function_is_graded_as_the_same_function_in_a_py_file(file, func
     assert "Correct!" not in capsys.readouterr().out  # the notebook's own test cells did not run
 
 
-@pytest.mark.parametrize("file", [NOTEBOOK, EXPORT], ids=["ipynb", "export"])
+@FILES
 def test_no_function_runs_every_cell_in_order_and_reports_the_last_dist(file, capsys):
     result = run_file(file)
     out = capsys.readouterr().out
@@ -144,6 +148,39 @@ def test_a_runtime_error_in_an_export_names_the_cell_line_and_file_line(tmp_path
     assert str(caught.value) == "lines.py: ValueError: half done (at lines.py, cell 2, line 3 (line 16 of the file) in ddp)"
     with pytest.raises(StrategyError, match=r"; cell 3 was running$"):
         run_file(export, api="puzzles")
+
+
+def test_jupytext_scripts_name_the_cell_or_the_file_line(tmp_path):
+    """Percent cells are numbered among code cells as in the notebook (markdown ones skipped), from the line
+    after their marker; a light script is read as one piece, so its errors name the file's line."""
+    for source, name, line, where in [(PERCENT, "pct.py", 61, "pct.py, cell 5, line 11 (line 61 of the file)"),
+                                      (LIGHT, "light.py", 53, "light.py, line 53")]:
+        text = source.read_text().replace("    del activations[L]\n", "    del activations[L]; 1 / 0\n", 1)
+        path = tmp_path / name
+        path.write_text(text)
+        assert text.splitlines()[line - 1].endswith("1 / 0")
+        with pytest.raises(StrategyError) as caught:
+            run_file(path, api="puzzles", function="ddp")
+        assert str(caught.value) == f"{name}: ZeroDivisionError: division by zero (at {where} in ddp)"
+    bad = tmp_path / "typo.py"
+    bad.write_text("# %% [markdown]\n# words\n\n# %%\nfrom lib import Model\n\n# %%\nasync def ddp(model):\n"
+                   "    return model +\n")
+    with pytest.raises(StrategyError) as caught:
+        run_file(bad, api="puzzles", function="ddp")
+    assert str(caught.value) == "typo.py, cell 2, line 2 (line 9 of the file): SyntaxError: invalid syntax"
+
+
+def test_jupytext_commented_magics_are_read_as_magics_in_code_only():
+    """Jupytext writes magics commented: `# %time CODE` in a code cell runs CODE, as the notebook did; in
+    a light script a paragraph of comments is text unless a magic leads it."""
+    from dist_lib.compat.notebook import _light_cells, _percent_cells
+    cells = _percent_cells("# %% [markdown]\n# %time is text here\n\n# %%\n# %time x = 1\n# a comment\n"
+                           "# !pip install chalk\n")
+    assert cells == [(1, 5, "%time x = 1\n# a comment\n!pip install chalk\n")]
+    assert strip_magics(cells[0][2]) == "x = 1\n# a comment\npass\n"
+    light = "# # Title\n# %time is text here\n\n# %%capture\n# !pip install chalk\n\ny = 2\n# %time x = 1\n"
+    assert _light_cells(light) == [(0, 1, "# # Title\n# %time is text here\n\n%%capture\n!pip install chalk\n\n"
+                                          "y = 2\n%time x = 1\n")]
 
 
 @pytest.mark.parametrize("text, message", [

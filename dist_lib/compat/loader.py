@@ -102,7 +102,7 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     of the last `Dist` it created; False never does; None (default) runs `main()` when the file has
     one and no function or set-up is named, else a lone known function (the puzzles' names, the lab's
     `partN_training_loop` / `train_ddp`).
-    A notebook (an `.ipynb`, or a `.py` with nbconvert's `# In[ ]:` markers; `notebook.py`) runs its
+    A notebook (an `.ipynb`, or a `.py` exported or saved by jupytext as one; `notebook.py`) runs its
     cells in order where a file would run `main()` (their top-level `await`s awaited; a lone known
     function if they make no models), and a named function on its cells' definitions alone.
     timing: 'original' (default: the original library's cost model, the puzzles' unit steps or the
@@ -254,7 +254,7 @@ def _in_cells(error: SimulationError, notebook: Notebook | None) -> SimulationEr
         return error
     text = notebook.locate(str(error))
     cell = getattr(error.__cause__, "_compat_cell", None)
-    if cell is not None:
+    if cell:  # (cell 0, a script's code outside cells, is named by its file line)
         first, _, rest = text.partition("\n")
         text = f"{first}; cell {cell} was running" + (f"\n{rest}" if rest else "")
     return error if text == str(error) else type(error)(text)

@@ -10,6 +10,13 @@ and plain assignments), leaving the cell's own tests (top-level calls and awaits
   line is the first after the (up to two) blank lines nbconvert writes under the marker, so a line of a
   cell has the same number as in the notebook; text before the first marker is a cell too when it
   holds code.
+* `.py` in jupytext's percent format (also VS Code's and Spyder's cells): each `# %%` line starts a cell,
+  `# %% [markdown]`, `[md]` and `[raw]` ones are skipped; text before the first marker is a cell when it
+  holds code. Jupytext writes magics commented (`# %time ...`, `# !pip ...`): in code cells they are
+  read as the magics they are.
+* `.py` in jupytext's light format (a `# ---` header naming `format_name: light`): read as one cell whose
+  lines are the file's, as it runs top to bottom; its commented magics are read as magics in code
+  paragraphs (a paragraph with a line of code, or led by a magic), and comment paragraphs stay text.
 
 Cells are numbered from 1 among code cells (markdown cells are not counted), so cell N of a notebook
 is cell N of its export. IPython's syntax, line by line at the start of a statement (the line count
@@ -35,6 +42,10 @@ from pathlib import Path
 from ..errors import SpecError, StrategyError
 
 MARKER = re.compile(r"# In\[[ \d]*\]:[ \t]*$")
+PERCENT = re.compile(r"#\s*%%(?:[ \t].*)?$")  # jupytext's percent cell marker (not `# %%capture`)
+_TEXT_CELL = re.compile(r"\[(markdown|md|raw)\]")
+_ESCAPED_MAGIC = re.compile(r"([ \t]*)# ?((?:%%?[A-Za-z]|!).*)$", re.S)  # `# %time x`, `# !pip ...`
+_LIGHT_HEADER = re.compile(r"^# ---[ \t]*\n(#.*\n)*?#\s+format_name:\s*light\b", re.M)
 BODY_MAGICS = ("capture", "time", "timeit")  # cell magics whose body is the cell's own Python, run once
 _ASSIGNED_MAGIC = re.compile(r"[A-Za-z_][\w.]*(\s*,\s*[A-Za-z_][\w.]*)*\s*=\s*[%!]")
 _HELP = re.compile(r"\?\??[\w.]*\s*$|[A-Za-z_][\w.]*\?\??\s*$")
@@ -61,17 +72,35 @@ class Notebook:
 
         def where(match: re.Match) -> str:
             number, line = int(match.group(1)), int(match.group(2))
-            first = firsts.get(number, 0)
-            return f"{self.path.name}, cell {number}, line {line}" + \
-                (f" (line {first + line - 1} of the file)" if first else "")
+            return where_in(self.path.name, number, firsts.get(number, 0), line)
         return re.sub(re.escape(self.path.name) + r", cell (\d+):(\d+)", where, text)
 
 
+def where_in(name: str, number: int, first: int, line: int) -> str:
+    """Line `line` of cell `number` (0: the code of a script before its first cell, or a light script),
+    which begins at line `first` of the file (0: an .ipynb)."""
+    if number == 0:
+        return f"{name}, line {first + line - 1}"
+    return f"{name}, cell {number}, line {line}" + (f" (line {first + line - 1} of the file)" if first and line else "")
+
+
 def is_notebook(path: Path, text: str | None = None) -> bool:
-    """An .ipynb file, or a .py holding `# In[ ]:` cell markers."""
+    """An .ipynb file, or a .py holding `# In[ ]:` or `# %%` cell markers or a jupytext light header."""
     if path.suffix == ".ipynb":
         return True
-    return text is not None and any(MARKER.match(line) for line in text.splitlines())
+    return text is not None and _script_format(text) is not None
+
+
+def _script_format(text: str) -> str | None:
+    """'export', 'percent' or 'light' for a notebook saved as a script, else None."""
+    lines = text.splitlines()
+    if any(MARKER.match(line) for line in lines):
+        return "export"
+    if any(PERCENT.match(line) for line in lines):
+        return "percent"
+    if _LIGHT_HEADER.match(text):
+        return "light"
+    return None
 
 
 def read_notebook(path: Path, text: str | None = None) -> Notebook:
@@ -80,7 +109,9 @@ def read_notebook(path: Path, text: str | None = None) -> Notebook:
     if path.suffix == ".ipynb":
         sources = [(n, 0, s) for n, s in enumerate(_ipynb_cells(path), 1)]
     else:
-        sources = _export_cells(path.read_text() if text is None else text)
+        text = path.read_text() if text is None else text
+        sources = {"export": _export_cells, "percent": _percent_cells, "light": _light_cells}[
+            _script_format(text) or "export"](text)
     cells = []
     for number, first, raw in sources:
         source = strip_magics(raw)
@@ -90,10 +121,7 @@ def read_notebook(path: Path, text: str | None = None) -> Notebook:
         try:
             tree = ast.parse(source, filename, "exec", type_comments=False)
         except SyntaxError as exc:
-            line = exc.lineno or 0
-            where = f"{path.name}, cell {number}, line {line}" + \
-                (f" (line {first + line - 1} of the file)" if first and line else "")
-            raise StrategyError(f"{where}: SyntaxError: {exc.msg}") from None
+            raise StrategyError(f"{where_in(path.name, number, first, exc.lineno or 0)}: SyntaxError: {exc.msg}") from None
         tree = _IPythonCalls().visit(tree)
         ast.fix_missing_locations(tree)
         linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
@@ -146,6 +174,42 @@ def _export_cells(text: str) -> list[tuple[int, int, str]]:
             start += 1
         cells.append((number, start + 1, "".join(lines[start:end])))
     return cells
+
+
+def _percent_cells(text: str) -> list[tuple[int, int, str]]:
+    """(number, first line in the file, source) of each code cell of a percent-format script."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if PERCENT.match(line)]
+    cells = []
+    if any(line.strip() and not line.lstrip().startswith("#") for line in lines[:starts[0]]):
+        cells.append((0, 1, "".join(lines[:starts[0]])))
+    number = 0
+    for marker, end in zip(starts, starts[1:] + [len(lines)]):
+        if _TEXT_CELL.search(lines[marker]):
+            continue
+        number += 1
+        cells.append((number, marker + 2, _unescape_magics(lines[marker + 1:end])))
+    return cells
+
+
+def _light_cells(text: str) -> list[tuple[int, int, str]]:
+    """A light-format script as one cell of the file's lines, its code paragraphs' magics unescaped."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    start = 0
+    for end in [i for i, line in enumerate(lines) if not line.strip()] + [len(lines)]:
+        paragraph = lines[start:end]
+        code = any(line.strip() and not line.lstrip().startswith("#") for line in paragraph) or \
+            bool(paragraph) and _ESCAPED_MAGIC.match(paragraph[0]) is not None
+        out.extend(_unescape_magics(paragraph) if code else paragraph)
+        out.extend(lines[end:end + 1])
+        start = end + 1
+    return [(0, 1, "".join(out))]
+
+
+def _unescape_magics(lines: list[str]) -> str:
+    """A code cell's lines with jupytext's commented magics (`# %time x`) as typed (`%time x`)."""
+    return "".join(m.group(1) + m.group(2) if (m := _ESCAPED_MAGIC.match(line)) else line for line in lines)
 
 
 def strip_magics(source: str) -> str | None:
