@@ -19,7 +19,8 @@ would; works awaited inside such tasks block on a future (each task is noted wit
 so that a rank awaiting another rank's work is refused there too). Such a future may be one nothing will ever
 complete (an `asyncio.Event` no rank sets): a watchdog (`waits.HangWatch`) looks, once a wall-clock second,
 whether the event loop still has anything that could (a callback, a timer, a thread, a file) and fails
-the step as a deadlock, naming each rank's wait, when it has not.
+the step as a deadlock, naming each rank's wait, when it has not. The tasks a rank starts belong to its
+step (`rank_tasks.py`).
 
 `Engine._drive`, `Engine.wake` and `comm.Work.__await__` (with `block_direct` and `_register`) have C twins
 (`_drive.c`) when the extension was built; the Python below stays their specification and fallback.
@@ -28,7 +29,6 @@ the step as a deadlock, naming each rank's wait, when it has not.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import threading
 import weakref
 from asyncio import Future
@@ -42,7 +42,8 @@ from .eventlog import PACK_AT, EventLog
 from .hardware import Cluster
 from .memory import MemoryTracker
 from .transfers import Scheduler, Transfer
-from .waits import HangWatch, describe_future, user_frame, waiting_line
+from . import rank_tasks
+from .waits import HangWatch, describe_future, said, user_frame, waiting_line
 from .workload import Workload
 
 
@@ -334,8 +335,8 @@ class Engine:
         self.ready.extend(order)
         self.watchdog = HangWatch(self._hung, self._livelocked)
         factory, handler = self.loop.get_task_factory(), self.loop.get_exception_handler()
-        self.loop.set_task_factory(self._task_factory(factory))
-        self.loop.set_exception_handler(self._unretrieved(handler))
+        self.loop.set_task_factory(rank_tasks.task_factory(self, factory))
+        self.loop.set_exception_handler(rank_tasks.exception_handler(self, handler))
         try:
             self._drive()
             await self.stopped
@@ -343,7 +344,7 @@ class Engine:
             if self.cancel_is_strategys and task is not None and task.cancelling():
                 raise asyncio.CancelledError  # (a cancel the step's ranks made without awaiting after it)
             if self.first_error is None:
-                self._check_tasks()
+                rank_tasks.check_tasks(self)
         except asyncio.CancelledError:
             if not self.cancel_is_strategys:
                 raise
@@ -354,7 +355,7 @@ class Engine:
                 "bound a wait with `asyncio.wait_for(work, seconds)` instead. The ranks then:")))
         finally:
             self._close_all()
-            self._cancel_tasks()
+            rank_tasks.cancel_tasks(self)
             self.watchdog.cancel()
             self.loop.set_task_factory(factory)
             self.loop.set_exception_handler(handler)
@@ -395,66 +396,6 @@ class Engine:
             self.driving = -1
         if yielded is not WAKE_ME:
             self._await_foreign(rank, yielded)
-
-    def _task_factory(self, factory: Callable | None) -> Callable:
-        """The loop's task factory for the step: `factory`'s tasks (asyncio's by default), each noted with
-        the rank that made it, so that a work awaited inside one is checked to be that rank's own, and its
-        coroutine guarded: asyncio re-raises a task's `SystemExit` out of the event loop, past the engine,
-        so a rank's task's `sys.exit()` becomes the `StrategyError` its own coroutine's would, and fails
-        the step even if no rank awaits the task."""
-        def make_task(loop: asyncio.AbstractEventLoop, coroutine: Any, **kwargs: Any) -> asyncio.Task:
-            current = asyncio.current_task(loop)  # (None in a plain callback: `call_soon(ensure_future, ...)`)
-            rank = self.driving if self.driving >= 0 else None if current is None else self.task_ranks.get(current)
-            if rank is not None and asyncio.iscoroutine(coroutine):
-                coroutine = _guarded(self, coroutine)
-            task = factory(loop, coroutine, **kwargs) if factory else asyncio.Task(coroutine, loop=loop, **kwargs)
-            if rank is not None:
-                self.task_ranks[task] = rank
-            return task
-        return make_task
-
-    def _unretrieved(self, handler: Callable | None) -> Callable:
-        """The loop's exception handler for the step: a rank's task that raised and that nothing awaited
-        (asyncio reports it when the task is let go of) fails the step as the rank's error; anything else
-        goes to `handler` (asyncio's default one if None)."""
-        def report(loop: asyncio.AbstractEventLoop, context: dict) -> None:
-            task, error = context.get("future"), context.get("exception")
-            rank = self.task_ranks.get(task) if isinstance(task, asyncio.Task) else None
-            if rank is None or error is None:
-                if handler is not None:
-                    handler(loop, context)
-                else:
-                    loop.default_exception_handler(context)
-                return
-            self._abort(_unawaited(rank, error))
-        return report
-
-    def _check_tasks(self) -> None:
-        """At the step's end, every rank has returned: a task a rank started that has not finished, or that
-        raised and that nothing awaited (asyncio reports that only once the strategy lets go of the task),
-        is the rank's error, as the first such task of the lowest rank."""
-        for task, rank in sorted(self.task_ranks.items(), key=lambda item: item[1]):
-            if not task.done():
-                self._fail(StrategyError(f"rank {rank}: {_unfinished(task)} when the step ended: the rank "
-                                         f"returned from train without awaiting it (`await task`, `asyncio.gather`)"))
-                return
-            # (`_log_traceback`: asyncio's flag of an exception that no one has asked for yet)
-            if not task.cancelled() and getattr(task, "_log_traceback", False):
-                self._fail(_unawaited(rank, task.exception()))
-                return
-
-    def _cancel_tasks(self) -> None:
-        """When the step ends, cancel the ranks' tasks still pending (after a failure, or left unawaited), so
-        that none runs on into an engine that is done, and take the errors of those that raised unawaited:
-        the step's error is the first of them (`_check_tasks`), or the failure that ended it earlier."""
-        for task in list(self.task_ranks):
-            if not task.done():
-                task.cancel()
-                coroutine = _strategy_coroutine(task)
-                if inspect.iscoroutine(coroutine) and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
-                    coroutine.close()  # (never to run: without this Python warns it was never awaited)
-            elif not task.cancelled() and getattr(task, "_log_traceback", False):
-                task.exception()
 
     def _await_foreign(self, rank: int, yielded: Any) -> None:
         """The rank awaits something of asyncio's: resume it through the event loop, as a task would."""
@@ -501,8 +442,8 @@ class Engine:
                 f"step is too large to simulate within this process's memory limit")
             wrapped.__cause__ = error
         else:  # the strategy's own bug (CancelledError, SystemExit... included): which rank, which line
-            said = _said(error)
-            wrapped = StrategyError(f"rank {rank}: {type(error).__name__}{said}{user_frame(error)}")
+            said_ = said(error)
+            wrapped = StrategyError(f"rank {rank}: {type(error).__name__}{said_}{user_frame(error)}")
             wrapped.__cause__ = error
         self._abort(wrapped)
 
@@ -565,58 +506,6 @@ class Engine:
 
 def _transfer_key(transfer: Transfer) -> tuple:
     return transfer.key
-
-
-async def _guarded(engine: Engine, coroutine: Any) -> Any:
-    """A rank's task's coroutine, as the engine's task factory runs it (`Engine._task_factory`)."""
-    try:
-        return await coroutine
-    except SystemExit as exit:
-        rank = engine.task_ranks.get(asyncio.current_task())
-        if rank is None:  # not a rank's task
-            raise
-        error = StrategyError(f"rank {rank}: SystemExit{_said(exit)}{user_frame(exit)}")
-        engine._abort(error)
-        raise error from exit
-
-
-_GUARD_CODE = _guarded.__code__
-
-
-def _unawaited(rank: int, error: BaseException) -> StrategyError:
-    return StrategyError(f"rank {rank}: a task of the rank raised {type(error).__name__}{_said(error)} and nothing "
-                         f"awaited it{user_frame(error)}")
-
-
-def _strategy_coroutine(task: asyncio.Task) -> Any:
-    """The coroutine a rank's task runs, unwrapped from the engine's guard (`_guarded`)."""
-    coroutine = task.get_coro()
-    if inspect.iscoroutine(coroutine) and coroutine.cr_code is _GUARD_CODE:
-        return inspect.getcoroutinelocals(coroutine).get("coroutine", coroutine)
-    return coroutine
-
-
-def _unfinished(task: asyncio.Task) -> str:
-    """'a task it started, train.<locals>.later, had not started' (or '... waits at strategy.py:12'):
-    the strategy's coroutine inside the engine's guard (`_task_factory`), and how far it got."""
-    coroutine = _strategy_coroutine(task)
-    name = getattr(coroutine, "__qualname__", None) or task.get_name()
-    if inspect.iscoroutine(coroutine) and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
-        return f"a task it started, {name}, had not started"
-    return f"a task it started, {name}, was still waiting{waiting_line(coroutine)}"
-
-
-def _said(error: BaseException) -> str:
-    """': message' of a strategy's exception ('' for none), whatever its `__str__` does."""
-    try:
-        text = str(error)
-    except Exception as broken:  # noqa: BLE001 - the strategy's own class
-        return f": <its str() raised {type(broken).__name__}>"
-    if isinstance(error, TypeError) and text.endswith("can't be used in 'await' expression") and \
-            text.startswith(("object method ", "object builtin_function_or_method ")):
-        return ": a method can't be used in 'await' expression; call it (`await model.all_reduce(x)`, not " \
-               "`await model.all_reduce`)"
-    return f": {text}" if text else ""
 
 
 # The Python twins of what the C accelerator replaces on the block/wake path (`_drive.c`: `Engine.wake`,

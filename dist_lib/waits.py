@@ -108,6 +108,19 @@ def user_frame(error: BaseException) -> str:
     return ""
 
 
+def said(error: BaseException) -> str:
+    """': message' of a strategy's exception ('' for none), whatever its `__str__` does."""
+    try:
+        text = str(error)
+    except Exception as broken:  # noqa: BLE001 - the strategy's own class
+        return f": <its str() raised {type(broken).__name__}>"
+    if isinstance(error, TypeError) and text.endswith("can't be used in 'await' expression") and \
+            text.startswith(("object method ", "object builtin_function_or_method ")):
+        return ": a method can't be used in 'await' expression; call it (`await model.all_reduce(x)`, not " \
+               "`await model.all_reduce`)"
+    return f": {text}" if text else ""
+
+
 def waiting_line(coroutine: Any) -> str:
     """' (at strategy.py:42 in train)': the innermost line of the strategy a suspended coroutine waits at."""
     found = ""
