@@ -56,7 +56,7 @@ static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t
     if (group == Py_None) group = SLOT(self, C.m_world); /* None until the rank's first world collective */
     if (!group || Py_TYPE(group) != C.Group) goto slow;
 
-    /* 1. the tensor: on this rank, and one this op takes (`comm._unfit`) */
+    /* 1. the tensor: on this rank, and one this op takes (`collective_rules.unfit`) */
     PyTypeObject *type = Py_TYPE(x);
     PyObject *state = SLOT(self, C.m_state), *rank = SLOT(state, C.s_rank);
     int piece = type == C.ActivationSlice || type == C.ActivationGradSlice;
@@ -93,7 +93,7 @@ static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t
         if (!works || !PyList_CheckExact(works) || PyList_GET_SIZE(works) != size || !first ||
             Py_TYPE(first) != C.Work)
             goto slow;
-        /* `comm._check_match`: the same op on a tensor of the same class, layer and size */
+        /* `collective_rules.check_match`: the same op on a tensor of the same class, layer and size */
         PyObject *theirs = SLOT(first, C.w_input);
         if (SLOT(coll, C.c_op) != C.names[op] || !theirs || Py_TYPE(theirs) != type ||
             int_eq(SLOT(theirs, C.t_layer), SLOT(x, C.t_layer)) != 1 ||
@@ -145,7 +145,7 @@ static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t
         goto slow;
     }
     PyObject *result = Py_NewRef(Py_None);
-    if (op != ALL_REDUCE) { /* the output is allocated now (`comm._combine` fills in its fields) */
+    if (op != ALL_REDUCE) { /* the output is allocated now (`collective_rules.combine` fills in its fields) */
         PyObject *mem = SLOT(self, C.m_mem), *context = PyTuple_Pack(2, C.names[op], SLOT(x, C.t_layer));
         if (context) Py_XSETREF(SLOT(mem, C.mem_context), context); /* what an out-of-memory error names */
         if (!context) {

@@ -1,4 +1,4 @@
-/* C twin of `comm._resolve_ready` with `comm._combine` for the collectives a training step issues most: the
+/* C twin of `comm._resolve_ready` with `collective_rules.combine` for the collectives a training step issues most: the
  * all-reduce of TP partial sums of an activation or its gradient (Megatron-LM's f and g operators, Shoeybi
  * et al. 2019, sec. 3), the all-gather of TP pieces of one (Narayanan et al. 2021, sec. 4.1) and the
  * all-reduce of whole-layer gradients of disjoint samples (data parallelism).
@@ -27,7 +27,7 @@ static struct {
     Py_ssize_t t_samples, t_shards, t_num_shards, t_tp_rank, t_tp_size;
     /* Activation, ActivationGrad and their slices */
     Py_ssize_t h_samples, h_layer, h_tp_parts, h_tp_size;
-    /* comm._Reduced */
+    /* collective_rules.Reduced */
     Py_ssize_t r_samples, r_tp_parts, r_tp_size;
     PyObject *s_kind, *s_workload, *s_num_layers, *s_partial_sums, *s_gather, *one;
 } R;
@@ -63,7 +63,7 @@ static int all_equal(PyObject *works, Py_ssize_t offset) {
     return 1;
 }
 
-/* One `comm._Reduced` all members share: the reduced samples and, for TP partial sums, the parts. */
+/* One `collective_rules.Reduced` all members share: the reduced samples and, for TP partial sums, the parts. */
 static PyObject *new_reduced(PyObject *samples, PyObject *tp_parts, PyObject *tp_size) {
     PyObject *reduced = R.Reduced->tp_alloc(R.Reduced, 0);
     if (!reduced) return NULL;
@@ -80,7 +80,7 @@ static PyObject *repeated(PyObject *item, Py_ssize_t n) {
     return list;
 }
 
-/* `comm._combine` for the common collectives: the members' results, the bytes the cost is based on, the
+/* `collective_rules.combine` for the common collectives: the members' results, the bytes the cost is based on, the
  * label and whether it is a layer's pair of TP all-reduces (the cost key's last field). 1 when done, 0 when
  * the Python must do it, -1 with an exception. */
 static int combine(PyObject *engine, PyObject *coll, PyObject **results, PyObject **nbytes, PyObject **label,
@@ -256,7 +256,7 @@ int install_comm_resolve(PyObject *comm) {
         if (!(R.one = PyLong_FromLong(1))) return -1;
     }
     const ClassRef classes[] = {
-        {"Group", &R.Group}, {"Collective", &R.Collective}, {"Work", &R.Work}, {"_Reduced", &R.Reduced},
+        {"Group", &R.Group}, {"Collective", &R.Collective}, {"Work", &R.Work}, {"Reduced", &R.Reduced},
         {"WeightGrad", &R.WeightGrad}, {"Activation", &R.Activation}, {"ActivationGrad", &R.ActivationGrad},
         {"ActivationSlice", &R.ActivationSlice}, {"ActivationGradSlice", &R.ActivationGradSlice},
     };

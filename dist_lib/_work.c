@@ -1,5 +1,5 @@
 /* C twin of `comm.Work._complete`: what awaiting a finished Work does on its rank (every awaited collective
- * and message ends here). The rank's clock moves to the op's end; an all-reduce's result (`comm._Reduced`) is
+ * and message ends here). The rank's clock moves to the op's end; an all-reduce's result (`collective_rules.Reduced`) is
  * made a view of the member's own input with the reduced samples or parts, a received tensor
  * (`comm._Pending`) is allocated on the receiver; the Work lets go of its input.
  *
@@ -19,14 +19,14 @@ static struct {
     Py_ssize_t s_rank, s_clock, s_memory;
     /* MemoryTracker */
     Py_ssize_t mem_context;
-    /* comm._Reduced and comm._Pending */
+    /* collective_rules.Reduced and comm._Pending */
     Py_ssize_t r_samples, r_tp_parts, r_tp_size, p_cls, p_values, p_nbytes, p_layer;
     /* WeightGrad; Activation and ActivationGrad */
     Py_ssize_t t_rank, t_layer, t_samples, t_shards, t_num_shards, t_tp_rank, t_tp_size;
     PyObject *s_ranks, *s_recv;
 } W;
 
-/* `_Reduced.materialize(t)`: t's class, a view of t, with the reduced samples (a gradient) or parts. NULL
+/* `Reduced.materialize(t)`: t's class, a view of t, with the reduced samples (a gradient) or parts. NULL
  * without an exception for a class the Python makes otherwise. */
 static PyObject *reduced_view(PyObject *reduced, PyObject *t) {
     PyTypeObject *type = Py_TYPE(t);
@@ -124,7 +124,7 @@ int install_work(PyObject *comm, PyObject *RankState, PyObject *MemoryTracker) {
                        !(W.s_recv = PyUnicode_InternFromString("recv"))))
         return -1;
     const ClassRef classes[] = {
-        {"Work", &W.Work}, {"_Reduced", &W.Reduced}, {"_Pending", &W.Pending}, {"WeightGrad", &W.WeightGrad},
+        {"Work", &W.Work}, {"Reduced", &W.Reduced}, {"_Pending", &W.Pending}, {"WeightGrad", &W.WeightGrad},
         {"Activation", &W.Activation}, {"ActivationGrad", &W.ActivationGrad},
     };
     if (load_classes(comm, "comm", classes, sizeof classes / sizeof classes[0]) < 0) return -1;
