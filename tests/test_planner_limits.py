@@ -56,7 +56,7 @@ def test_the_mfu_column_says_it_counts_the_gpus_the_plan_uses():
     assert best.mfu == pytest.approx(result.model_flops / (result.time_s * used.peak_flops), rel=1e-12)
     text = io.StringIO()
     Console(file=text, width=200, color_system=None).print(table(search, Cluster.load("1x1xT4+1x1xA100-80GB")))
-    assert "used MFU" in text.getvalue() and "the GPUs the plan uses (idle GPUs not counted)" in text.getvalue()
+    assert "used MFU" in text.getvalue() and "used MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)" in text.getvalue()
 
 
 def test_the_plan_usage_line_names_every_option():

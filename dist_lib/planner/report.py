@@ -62,8 +62,7 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Table:
                    key=lambda c: (c.simulated is None, c.seconds))[:rows]
     ran = sum(not c.error.startswith("not simulated") for c in search.simulated)  # failures included
     out = Table(title=f"plans ({search.estimated_count} estimated, {ran} simulated, {search.seconds:.1f} s)",
-                caption="used MFU: model FLOP/s over the peak of the GPUs the plan uses (idle GPUs not counted); "
-                        "$/step: those GPUs' price")
+                caption="used MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)")
     for name in ("#", "stages: dp x tp", "layers", "m x b", "schedule", "est. ms", "sim. ms", "free mem",
                  "used MFU", "$/step"):
         out.add_column(name, justify="left" if name in ("stages: dp x tp", "schedule") else "right")
