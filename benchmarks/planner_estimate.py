@@ -59,6 +59,8 @@ WIDTHS = [
      [(tuple(range(4)), 1, 2), ((4, 5), 1, 2), ((6, 7), 1, 2), (tuple(range(8, 12)), 1, 2)]),
     # two stages of six GPUs that meet on the middle node's NIC (their gradient reductions too)
     ("gpt-1.3b:layers=8", "3x4xV100-32GB:nics=1x1.25", 24, 6, [(tuple(range(6)), 1, 4), (tuple(range(6, 12)), 1, 4)]),
+    # two T4s of a T4 + V100 cluster, m = p: the last chunk's loss outweighs the two layers beside it
+    ("gpt-350m:layers=6", "1x2xT4+1x1xV100-16GB", 12, 6, [((0,), 1, 4), ((1,), 1, 2)]),
 ]
 
 

@@ -5,7 +5,7 @@
     python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
     python -m grader check FILE [--examples N]
     python -m grader plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
-                          [--budget USD_PER_HOUR] [--out plan.json] [--jobs N] [--ray [ADDRESS]]
+                          [--budget USD_PER_HOUR] [--out plan.json] [--plot pareto.png] [--jobs N] [--ray [ADDRESS]]
 
 Exit codes: 0 success, 1 a strategy failed (its own exception, a syntax error included) or was flagged
 invalid, 2 bad input (an option, a spec, a file without an `async def train`), 130 interrupted.

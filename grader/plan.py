@@ -58,6 +58,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     except SpecError as exc:
         raise InputError(str(exc).splitlines()[0]) from None
     console.print(table(search, cluster))
+    for note in search.notes:
+        console.print(literal(note))
     if search.order_pairs:
         console.print(f"estimate vs simulator: {search.order_disagreements} of {search.order_pairs} pairs of "
                       f"simulated plans ordered differently")

@@ -12,31 +12,46 @@ from typing import Any
 from ..errors import SpecError
 from ..hardware import Cluster
 from ..workload import Workload, check_global_batch
-from .evaluate import Runner, refine, run_here, simulate_all
+from .evaluate import Runner, layer_passes, refine, run_here, simulate_all
 from .search import PRUNE_SLACK, Candidate, Search, generate
 
 OBJECTIVES = ("time", "cost")
+# Layer passes a step (`layer_passes`) of the largest plan the search simulates. The simulator takes about
+# 5 to 25 microseconds of CPU a pass (more on wider stages), so a plan at the limit simulates in about 5 to
+# 25 s; the winner of 1024 GPUs, gpt-175b and a batch of 2048 in README takes 950,272. A larger plan (a
+# batch of a million samples makes 32768 microbatches on 8 GPUs: 6.3 million) keeps its estimate.
+SIMULATION_LIMIT = 2**20
 
 
 def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_batch_size: int, *,
          top: int = 10, objective: str = "time", budget: float | None = None, refine_rounds: int = 8,
          max_stages: int = 16, progress: Callable[[str, int, int], None] | None = None,
-         runner: Runner = run_here, width: int = 1, prune_slack: float = PRUNE_SLACK) -> Search:
+         runner: Runner = run_here, width: int = 1, prune_slack: float = PRUNE_SLACK,
+         simulation_limit: int = SIMULATION_LIMIT) -> Search:
     """Search plans for one training step: every candidate estimated, the best `top` by the estimate
     simulated, the winner refined on the simulator. `objective` ranks by step time or by dollars per
     step; `budget` (USD per hour) leaves out device mixes that cost more. `top=0` trusts the estimate
     alone (no simulation). `runner` runs the simulations, `width` at a time (default: one after another in
     this process). The estimate skips groupings whose lower bound is `prune_slack` above the best estimate
-    so far, and pipelines of more than `max_stages` stages. Raises `SpecError` with one line when no plan
-    fits."""
+    so far, and pipelines of more than `max_stages` stages. A plan of more than `simulation_limit` layer
+    passes a step is not simulated: its estimate stands, and `Search.notes` says so. Raises `SpecError`
+    with one line when no plan fits."""
     if objective not in OBJECTIVES:
         raise SpecError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-        raise SpecError(f"top must be a whole number >= 0, got {top!r}")
+    for name, value, low in (("top", top, 0), ("refine_rounds", refine_rounds, 0), ("width", width, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise SpecError(f"{name} must be a whole number >= {low}, got {value!r}")
+    if isinstance(prune_slack, bool) or not isinstance(prune_slack, (int, float)) or not prune_slack >= 0:
+        raise SpecError(f"prune_slack must be a number >= 0 (math.inf: no pruning), got {prune_slack!r}")
+    for name, value in (("progress", progress), ("runner", runner)):
+        if value is not None and not callable(value) or name == "runner" and value is None:
+            raise SpecError(f"{name} must be a function{' or None' if name == 'progress' else ''}, got {value!r}")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0):
         raise SpecError(f"budget must be a positive number of USD per hour, got {budget!r}")
     if isinstance(max_stages, bool) or not isinstance(max_stages, int) or max_stages < 1:
         raise SpecError(f"max_stages must be a whole number >= 1, got {max_stages!r}")
+    if isinstance(simulation_limit, bool) or not isinstance(simulation_limit, int) or simulation_limit < 1:
+        raise SpecError(f"simulation_limit must be a whole number >= 1, got {simulation_limit!r}")
     cluster, workload = Cluster.load(cluster), Workload.load(workload)
     if runner is run_here and _loop_running():
         runner = _in_a_thread  # (a notebook's cell runs in an event loop, which `simulate` cannot share)
@@ -56,15 +71,27 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     candidates.sort(key=key)
     estimated = len(candidates)
     chosen = _distinct(candidates, top)
-    simulated = _simulate_in_order(cluster, workload, global_batch_size, chosen, objective, runner, width, progress)
+    within = [c for c in chosen if layer_passes(c.plan) <= simulation_limit]
+    skipped = [c for c in chosen if layer_passes(c.plan) > simulation_limit]
+    for c in skipped:
+        c.error = "not simulated: too large"
+    simulated = _simulate_in_order(cluster, workload, global_batch_size, within, objective, runner, width, progress)
     ran = [c for c in simulated if c.simulated is not None]
-    if top and not ran:
+    if within and not ran and not skipped:
         raise SpecError(f"no plan fits: the {len(chosen)} best estimates all fail in the simulator "
                         f"({chosen[0].error})")
-    best = min(ran, key=key) if ran else candidates[0]
-    search = Search(candidates, simulated, best, estimated, 0.0)
-    if ran and refine_rounds:
-        refined, _ = refine(cluster, workload, global_batch_size, best, refine_rounds, key, runner)
+    # a plan too large to simulate competes with its estimate
+    best = min(ran + skipped, key=key) if ran or skipped else candidates[0]
+    search = Search(candidates, simulated + skipped, best, estimated, 0.0)
+    if skipped:
+        largest = max(layer_passes(c.plan) for c in skipped)
+        search.notes.append(
+            f"{len(skipped)} of the {len(chosen)} best estimates not simulated: a step of up to {largest:,} layer "
+            f"passes (microbatches x each stage's GPUs x its layers) is above the simulation limit of "
+            f"{simulation_limit:,} (about 5 to 25 s of simulation each): their times are the estimate's")
+    if best.simulated is not None and refine_rounds:
+        refined, _ = refine(cluster, workload, global_batch_size, best, refine_rounds, key, runner,
+                            limit=simulation_limit)
         if refined is not best:
             search.refined_from, search.best = best, refined
     search.order_pairs, search.order_disagreements = _disagreements(ran)

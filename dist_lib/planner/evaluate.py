@@ -94,6 +94,12 @@ def neighbours(candidate: Candidate) -> list[Plan]:
     return out
 
 
+def layer_passes(plan: Plan) -> int:
+    """The passes of one layer over one microbatch on one GPU a step of `plan` runs (microbatches x each
+    stage's GPUs x its layers): what a simulation's work grows with."""
+    return plan.microbatches * sum(len(stage.ranks) * stage.layers for stage in plan.stages)
+
+
 def virtual_counts(plan: Plan) -> list[int]:
     """Layers of each block in pipeline order (chunk-major: chunk c of stage s at c x p + s)."""
     return [stop - start for c in range(plan.chunks) for start, stop in (st.blocks[c] for st in plan.stages)]
@@ -112,15 +118,17 @@ def with_counts(plan: Plan, counts: list[int]) -> Plan:
 
 
 def refine(cluster: Cluster, workload: Workload, global_batch: int, best: Candidate, rounds: int,
-           key: Callable[[Candidate], float], runner: Runner = run_here) -> tuple[Candidate, int]:
+           key: Callable[[Candidate], float], runner: Runner = run_here,
+           limit: int | None = None) -> tuple[Candidate, int]:
     """Hill-climb from `best` over `neighbours` for at most `rounds` improvements; (winner, plans run).
-    A round's neighbours are simulated together through `runner`."""
+    A round's neighbours (those of at most `limit` layer passes) are simulated together through `runner`."""
     runs = 0
     for _ in range(rounds):
         improved = None
         trials = simulate_all(cluster, workload, global_batch,
                               [Candidate(plan, best.estimate, best.memory, best.price_per_hour)
-                               for plan in neighbours(best)], runner)
+                               for plan in neighbours(best) if limit is None or layer_passes(plan) <= limit],
+                              runner)
         for trial in trials:
             runs += 1
             if trial.simulated is not None and key(trial) < key(improved or best) * (1 - 1e-9):

@@ -264,5 +264,41 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
             slowest = max(slowest, loop / (pp - s))
     # the first microbatch takes the fill's path and the slowest stage's time; each further one the pace
     pipeline = (m - 1) * slowest + paced + fill
+    if schedule == "interleaved" and pp > 1:
+        pipeline = max(pipeline, _virtual_bound(cluster, workload, placed, m, chunks))
     # the pipeline ends with stage 0's last backward; then each stage's reductions and update (`tail.py`)
     return step_end(cluster, workload, placed, backs, weights, pipeline, schedule == "zero-bubble"), mem
+
+
+def _virtual_bound(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]], microbatches: int,
+                   chunks: int) -> float:
+    """Interleaved: a lower bound from the virtual pipeline of p x v chunk passes (chunk c of stage s is
+    virtual stage c x p + s, its layers cut as `to_plan` cuts them). The chunks of a stage are not alike:
+    the last stage's last chunk alone runs the loss. A virtual stage j runs the forward and backward of
+    every microbatch in turn, after the first microbatch has passed forward through the virtual stages
+    before it and before the last one passes backward through them: sum_{k<j} (u_k + crossings) + m u_j.
+    For stages of equal times and m = p it is the fill and pace of the estimate above; where the last
+    chunk's loss outweighs half a stage (a large vocabulary beside few layers) it is the longer."""
+    pp = len(placed)
+    passes, stage_of = [], []
+    for c in range(chunks):
+        start = 0
+        for s, (n, o) in enumerate(placed):
+            first = start + sum(n // chunks + (k < n % chunks) for k in range(c))
+            last = first + n // chunks + (c < n % chunks)
+            k = o.costs
+            u = k.forward[last] - k.forward[first] + k.backward[last] - k.backward[first]
+            passes.append(u + (o.loss if s == pp - 1 and c == chunks - 1 else 0.0))
+            stage_of.append(s)
+            start += n
+    crossing: dict[tuple[int, int], float] = {}
+    before, bound = 0.0, 0.0
+    for j, u in enumerate(passes):
+        bound = max(bound, before + microbatches * u)
+        if j + 1 < len(passes):
+            a, b = stage_of[j], stage_of[j + 1]
+            if (a, b) not in crossing:
+                crossing[a, b] = (crossing_seconds(cluster, workload, placed[a][1], placed[b][1])
+                                  + crossing_seconds(cluster, workload, placed[b][1], placed[a][1]))
+            before += u + crossing[a, b]
+    return bound

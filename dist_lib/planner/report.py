@@ -60,10 +60,11 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Table:
     `[/x]` included)."""
     shown = sorted({id(c): c for c in [search.best, *search.simulated]}.values(),
                    key=lambda c: (c.simulated is None, c.seconds))[:rows]
-    out = Table(title=f"plans ({search.estimated_count} estimated, {len(search.simulated)} simulated, "
-                      f"{search.seconds:.1f} s)")
-    for name in ("#", "stages: dp x tp", "layers", "m x b", "schedule", "est. ms", "sim. ms", "free mem", "MFU",
-                 "$/step"):
+    ran = sum(not c.error.startswith("not simulated") for c in search.simulated)  # failures included
+    out = Table(title=f"plans ({search.estimated_count} estimated, {ran} simulated, {search.seconds:.1f} s)",
+                caption="used MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)")
+    for name in ("#", "stages: dp x tp", "layers", "m x b", "schedule", "est. ms", "sim. ms", "free mem",
+                 "used MFU", "$/step"):
         out.add_column(name, justify="left" if name in ("stages: dp x tp", "schedule") else "right")
     for i, c in enumerate(shown, 1):
         plan = c.plan

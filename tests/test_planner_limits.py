@@ -1,0 +1,80 @@
+"""The planner on large and odd requests: a plan too large to simulate keeps its estimate (a batch of a
+million samples answers at once), the table says whose MFU it shows, the usage names every option, and
+odd `plan()` arguments are refused in one line naming the argument."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+from rich.console import Console
+
+from dist_lib import Cluster, SpecError, simulate
+from dist_lib.planner import Plan, Stage, plan
+from dist_lib.planner.evaluate import layer_passes
+from dist_lib.planner.report import table
+from grader import cli
+from grader.cli import main
+
+CLUSTER, WORKLOAD = "1x2xA100-80GB+1x2xT4", "toy:layers=4"
+
+
+def test_layer_passes_count_microbatches_times_each_stages_gpus_times_its_layers():
+    two = Plan((Stage((0, 1), 1, ((0, 3),), (2, 2)), Stage((2,), 1, ((3, 4),), (4,))), 4, 4, "1f1b", "none", 0)
+    assert layer_passes(two) == 4 * (2 * 3 + 1 * 1)
+
+
+def test_plans_over_the_simulation_limit_keep_their_estimates():
+    full = plan(CLUSTER, WORKLOAD, 8, top=3)
+    assert full.best.simulated is not None and not full.notes
+    capped = plan(CLUSTER, WORKLOAD, 8, top=3, simulation_limit=1)
+    # nothing simulated: the estimate's best is the answer, and a note says why
+    assert capped.best is capped.candidates[0] and capped.best.simulated is None
+    assert all(c.simulated is None and c.error == "not simulated: too large" for c in capped.simulated)
+    assert len(capped.notes) == 1 and "above the simulation limit of 1 " in capped.notes[0]
+    assert [c.plan for c in capped.candidates] == [c.plan for c in full.candidates]  # the same estimates
+
+
+def test_a_batch_of_a_million_samples_is_answered_from_the_estimate(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--cluster", "1x8xA100-80GB", "--workload", "gpt-1.3b", "--batch", "1048576",
+                 "--out", str(out), "--plot", ""]) == 0
+    printed = capsys.readouterr().out
+    assert "10 of the 10 best estimates not simulated" in printed
+    saved = Plan.load(out)
+    assert saved.global_batch_size == 1048576 and layer_passes(saved) > 2**20
+
+
+def test_the_mfu_column_says_it_counts_the_gpus_the_plan_uses():
+    # one layer and one sample: the best plan runs on one GPU and leaves the other idle
+    search = plan("1x1xT4+1x1xA100-80GB", "toy:layers=1", 1, top=2)
+    best = search.best
+    assert len(best.plan.ranks) == 1
+    result = simulate("strategies/planned.py", "1x1xT4+1x1xA100-80GB", "toy:layers=1", 1, plan=best.plan)
+    used = Cluster.load("1x1xT4+1x1xA100-80GB").device_of(best.plan.ranks[0])
+    assert best.mfu == pytest.approx(result.model_flops / (result.time_s * used.peak_flops), rel=1e-12)
+    text = io.StringIO()
+    Console(file=text, width=200, color_system=None).print(table(search, Cluster.load("1x1xT4+1x1xA100-80GB")))
+    assert "used MFU" in text.getvalue() and "used MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)" in text.getvalue()
+
+
+def test_the_plan_usage_line_names_every_option():
+    usage = next(line for line in cli.__doc__.split("python -m grader ") if line.startswith("plan "))
+    parser = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "plan")[1]
+    options = {o for action in parser._actions for o in action.option_strings if o.startswith("--") and o != "--help"}
+    assert options and {o for o in options if o not in usage} == set()
+
+
+@pytest.mark.parametrize("argument, value", [
+    ("width", 0), ("width", 2.5), ("refine_rounds", -1), ("refine_rounds", 1.5), ("prune_slack", -0.1),
+    ("prune_slack", math.nan), ("prune_slack", "0.2"), ("progress", 5), ("runner", None),
+    ("simulation_limit", 0), ("top", 1.5)])
+def test_an_odd_argument_to_plan_is_named_in_one_line(argument, value):
+    with pytest.raises(SpecError) as error:
+        plan(CLUSTER, WORKLOAD, 8, **({"top": 1} | {argument: value}))
+    assert str(error.value).startswith(f"{argument} must be ") and "\n" not in str(error.value)
+
+
+def test_unpruned_search_still_takes_infinite_slack():
+    assert plan(CLUSTER, WORKLOAD, 8, top=0, prune_slack=math.inf).best.estimate > 0
