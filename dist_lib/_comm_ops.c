@@ -36,6 +36,8 @@ static struct {
     Py_ssize_t t_rank, t_layer, t_samples, t_shards, t_num_shards, t_tp_rank, t_tp_size;
     /* Activation and ActivationGrad (TP partial sums): rank, layer and samples as above, and these */
     Py_ssize_t h_tp_parts, h_tp_size;
+    /* ActivationGradSlice: the group sizes of the all-gathers that made its gradient whole */
+    Py_ssize_t gs_gathers;
     PyObject *s_group, *empty, *zero, *one, *zero_float;
 } C;
 
@@ -62,6 +64,8 @@ static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t
     int piece = type == C.ActivationSlice || type == C.ActivationGradSlice;
     if (piece) { /* all_gather of TP pieces */
         if (op != ALL_GATHER || int_eq(SLOT(x, C.t_rank), rank) != 1) goto slow;
+        if (type == C.ActivationGradSlice && (!SLOT(x, C.gs_gathers) || !PyTuple_CheckExact(SLOT(x, C.gs_gathers))))
+            goto slow;
     } else if (type == C.Activation || type == C.ActivationGrad) { /* all_reduce of a TP partial sum */
         long tp_size = small_int(SLOT(x, C.h_tp_size), -1);
         if (op != ALL_REDUCE || tp_size < 1 || is_full_mask(SLOT(x, C.h_tp_parts), tp_size) ||
@@ -150,10 +154,23 @@ static PyObject *issue(int op, PyObject *self, PyObject *const *args, Py_ssize_t
         if (context) Py_XSETREF(SLOT(mem, C.mem_context), context); /* what an out-of-memory error names */
         if (!context) {
             Py_CLEAR(result);
-        } else if (piece) {
+        } else if (type == C.ActivationSlice) {
             PyObject *whole[3] = {rank, SLOT(x, C.t_layer), SLOT(x, C.t_samples)};
-            Py_SETREF(result, buffer_alloc(type == C.ActivationSlice ? C.Activation : C.ActivationGrad,
-                                           (AllocLog *)mem, nbytes, whole, 3));
+            Py_SETREF(result, buffer_alloc(C.Activation, (AllocLog *)mem, nbytes, whole, 3));
+        } else if (piece) { /* a gradient counts the gathers that made it whole: its piece's, and this one */
+            PyObject *before = SLOT(x, C.gs_gathers);
+            Py_ssize_t count = PyTuple_GET_SIZE(before);
+            PyObject *gathers = PyTuple_New(count + 1), *last = gathers ? PyLong_FromLong(size) : NULL;
+            if (last) {
+                for (Py_ssize_t i = 0; i < count; i++)
+                    PyTuple_SET_ITEM(gathers, i, Py_NewRef(PyTuple_GET_ITEM(before, i)));
+                PyTuple_SET_ITEM(gathers, count, last);
+                PyObject *whole[6] = {rank, SLOT(x, C.t_layer), SLOT(x, C.t_samples), C.one, C.one, gathers};
+                Py_SETREF(result, buffer_alloc(C.ActivationGrad, (AllocLog *)mem, nbytes, whole, 6));
+            } else {
+                Py_CLEAR(result);
+            }
+            Py_XDECREF(gathers);
         } else {
             Py_SETREF(result, buffer_clone((AllocLog *)mem, nbytes, x));
         }
@@ -271,7 +288,7 @@ static PyObject *install_comm_ops(PyObject *module, PyObject *args) {
         {Weight, "rank", &C.t_rank}, {Weight, "layer", &C.t_layer}, {Weight, "samples", &C.t_samples},
         {Weight, "shards", &C.t_shards}, {Weight, "num_shards", &C.t_num_shards}, {Weight, "tp_rank", &C.t_tp_rank},
         {Weight, "tp_size", &C.t_tp_size}, {Activation, "tp_parts", &C.h_tp_parts},
-        {Activation, "tp_size", &C.h_tp_size},
+        {Activation, "tp_size", &C.h_tp_size}, {(PyObject *)C.ActivationGradSlice, "gathers", &C.gs_gathers},
     };
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
         if (slot_offset(slots[i].cls, slots[i].name, slots[i].out) < 0) return NULL;

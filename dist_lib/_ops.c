@@ -339,6 +339,14 @@ static int backward_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     long n = mask_bit_count(samples);
     long long act_grad_bytes = n < 0 ? -1 : activation_bytes(self, n);
     if (act_grad_bytes < 0 || !tp || !recompute || !PyUnicode_CheckExact(recompute)) return 0;
+    /* a sequence-parallel layer's input-gradient pass checks how its output gradient was gathered
+     * (`OpChecks._check_sequence_parallel_grad`): the Python twin takes it */
+    if (input_done == Py_False && small_int(tp, 0) != 1) {
+        int plain = recompute == K.s_none || PyUnicode_Compare(recompute, K.s_none) == 0;
+        if (!plain && !PyErr_Occurred())
+            plain = recompute == K.s_selective_mode || PyUnicode_Compare(recompute, K.s_selective_mode) == 0;
+        if (!plain) return 0;
+    }
     long long weight_grad_bytes = 0;
     if (weight_grad) {
         PyObject *key = PyTuple_Pack(2, layer, tp);

@@ -302,7 +302,11 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
         if tensor.__class__ is ActivationSlice or tensor.__class__ is ActivationGradSlice:
             # TP pieces gather into the whole activation (or gradient) of their samples
             nbytes = tensor.samples.bit_count() * engine.workload.activation_bytes()
-            result = tensor.whole(state.memory, nbytes, rank, tensor.layer, tensor.samples)
+            if tensor.__class__ is ActivationGradSlice:  # a gradient counts the gathers that made it whole
+                result = ActivationGrad(state.memory, nbytes, rank, tensor.layer, tensor.samples, 1, 1,
+                                        tensor.gathers + (group.size,))
+            else:
+                result = tensor.whole(state.memory, nbytes, rank, tensor.layer, tensor.samples)
         else:
             nbytes = tensor.nbytes * group.size if op == "all_gather" else tensor.nbytes // group.size
             result = clone(tensor, rank, state.memory, nbytes)

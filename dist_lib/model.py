@@ -164,7 +164,9 @@ class Model(OpChecks):
 
     def backward(self, layer: int, act: Activation, grad: ActivationGrad,
                  weight: Weight) -> tuple[WeightGrad, ActivationGrad]:
-        """Gradients of `layer` for the samples of `act`; consumes the stash `forward` left on `act`."""
+        """Gradients of `layer` for the samples of `act`; consumes the stash `forward` left on `act`. A layer
+        that ran sequence-parallel over t TP ranks takes `grad` all-gathered twice in its TP group (`split_tp`,
+        then `all_gather` of the pieces), once for each of its row-parallel GEMMs; so does `backward_input`."""
         stash = self._check_backward("backward", layer, act, grad, weight, need_input_done=False)
         self._compute("backward", layer, act.samples, weight.tp_size, stash.recompute)
         act._stash = stash = None  # freed before the gradients are allocated
@@ -282,6 +284,8 @@ class Model(OpChecks):
             self._explain_split_tp(x, tp_rank, tp_size)  # (one test on the path every message takes)
         mem = self._mem
         mem.context = ("split_tp", x.layer)
+        if cls is ActivationGradSlice:  # the piece remembers the all-gathers that made the gradient whole
+            return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size, x.gathers)
         return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size)
 
     def _explain_split_tp(self, x: Any, tp_rank: Any, tp_size: Any) -> None:

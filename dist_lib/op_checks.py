@@ -7,6 +7,7 @@ from typing import Any
 
 from .engine import Engine
 from .errors import TensorError
+from .op_costs import SEQUENCE_PARALLEL_MODES
 from .tensors import (Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Stash, Tensor,
                       Weight, WeightGrad, describe_mask)
 
@@ -119,8 +120,26 @@ class OpChecks:
                 or stash.tp_rank != weight.tp_rank or stash.tp_size != weight.tp_size \
                 or stash.input_done is not need_input_done or (act._base or act)._mem is not mem \
                 or (grad._base or grad)._mem is not mem or (weight._base or weight)._mem is not mem:
-            return self._explain_backward(op, layer, act, grad, weight, need_input_done)
+            stash = self._explain_backward(op, layer, act, grad, weight, need_input_done)
+        if stash.recompute in SEQUENCE_PARALLEL_MODES and not need_input_done and stash.tp_size > 1:
+            self._check_sequence_parallel_grad(op, layer, grad, stash.tp_size)
         return stash
+
+    def _check_sequence_parallel_grad(self, op: str, layer: int, grad: ActivationGrad, tp: int) -> None:
+        """A layer that ran sequence-parallel over `tp` TP ranks holds 1/tp of its output gradient's sequence;
+        each of its two row-parallel GEMMs (the MLP's second, then the attention's output projection) needs
+        that gradient whole, so its input-gradient pass (`backward`, `backward_input`) takes only a gradient
+        whose last two all-gathers were in TP groups of `tp` (Korthikanti et al. 2022, sec. 4.2.2: the
+        all-gathers in the backward of the sequence-parallel regions). The gather of a pipeline message's
+        TP pieces counts as the first (Megatron-LM's first layer gathers the pieces in its own all-gather)."""
+        if grad.gathers[-2:] == (tp, tp):
+            return
+        done = 1 if grad.gathers[-1:] == (tp,) else 0  # (two would have passed)
+        raise TensorError(f"rank {self.rank} {op}(layer {layer}): layer {layer} ran sequence-parallel over {tp} "
+                          f"TP ranks, so its backward needs the output gradient all-gathered in the TP group "
+                          f"before each of its two row-parallel GEMMs; {grad!r} comes out of {done} such "
+                          f"all-gather{'' if done == 1 else 's'}, not 2: split_tp it and all_gather the pieces in "
+                          f"the TP group of {tp}, {'once more' if done else 'twice'}")
 
     def _explain_backward(self, op: str, layer: int, act: Any, grad: Any, weight: Any, need_input_done: bool) -> Stash:
         self._check_compute(op, layer, act, weight, layer)

@@ -18,6 +18,8 @@ SELECTIVE, SEQUENCE_PARALLEL = "selective", "sequence-parallel"
 COMPUTE_MODES = {(False, False): "none", (True, False): SELECTIVE, (False, True): SEQUENCE_PARALLEL,
                  (True, True): f"{SELECTIVE}, {SEQUENCE_PARALLEL}"}
 _MODE_FLAGS = {mode: flags for flags, mode in COMPUTE_MODES.items()}
+# the modes of a layer that ran sequence-parallel (its backward's output gradient must be gathered first)
+SEQUENCE_PARALLEL_MODES = frozenset(mode for (_, sp), mode in COMPUTE_MODES.items() if sp)
 
 
 def compute_mode(selective_recompute: bool, sequence_parallel: bool) -> str:

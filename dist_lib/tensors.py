@@ -206,11 +206,24 @@ class Activation(_Hidden):
 
 
 class ActivationGrad(_Hidden):
-    """Gradient of the loss with respect to the activation entering layer `layer`."""
+    """Gradient of the loss with respect to the activation entering layer `layer`.
 
-    __slots__ = ()
+    `gathers` is how it was made whole: the group sizes of the all-gathers of TP pieces (`split_tp`) it came
+    out of, one after the other, the last one last; empty for a gradient a compute op, an all-reduce or a
+    re-split made. A layer that ran sequence-parallel over t TP ranks needs its output gradient all-gathered
+    in the TP group before each of its two row-parallel GEMMs (Korthikanti et al. 2022, sec. 4.2.2): its
+    backward takes a gradient whose last two gathers were in groups of t (`OpChecks._check_backward`)."""
+
+    __slots__ = ("gathers",)
     kind = "activation_grad"
     code = ACTIVATION_GRAD  # memory.KINDS index
+
+    _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "gathers")
+    _defaults = (1, 1, ())
+
+    def _describe(self) -> str:
+        gathers = f", gathered in TP groups of {', '.join(map(str, self.gathers))}" if self.gathers else ""
+        return super()._describe() + gathers
 
 
 class _Slice(_Hidden):
@@ -237,12 +250,16 @@ class ActivationSlice(_Slice):
 
 
 class ActivationGradSlice(_Slice):
-    """A TP slice of an `ActivationGrad` (see `_Slice`)."""
+    """A TP slice of an `ActivationGrad` (see `_Slice`); it keeps the `gathers` of the gradient it was cut
+    from, and the all-gather of the pieces adds its group's size to them."""
 
-    __slots__ = ()
+    __slots__ = ("gathers",)
     kind = "activation_grad slice"
     code = ACTIVATION_GRAD  # memory.KINDS index
     whole = ActivationGrad
+
+    _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "gathers")
+    _defaults = (1, 1, ())
 
 
 SLICES = {Activation: ActivationSlice, ActivationGrad: ActivationGradSlice}

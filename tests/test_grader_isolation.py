@@ -137,6 +137,8 @@ def test_no_cheat_ranks_above_its_honest_twin(board):
     ("fake_samples", "failed", "the gradient covers samples"),
     ("tied_grad_shrink", "failed", "gradients of different parameters"),
     ("summed_pieces", "failed", "TP pieces of a message are gathered, not summed"),
+    ("skip_sp_gathers", "failed", "ran sequence-parallel over 2 TP ranks, so its backward needs the output gradient "
+                                  "all-gathered in the TP group"),
     ("wrong_shape_result", "invalid", "does not match its header"),
     ("nested_brackets", "invalid", "unreadable result"),
     ("huge_result", "invalid", "unreadable result"),  # cut at the file-size limit, its own header then garbled
