@@ -264,7 +264,7 @@ def print_amp() -> tuple[list[float], float, bool]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calibrate", action="store_true", help="print the A100 efficiency Table 4 implies")
+    parser.add_argument("--calibrate", action="store_true", help="print every constant set from one published point")
     parser.add_argument("--sets", default="table4,korthikanti,narayanan,amp",
                         help="comma-separated: table4, korthikanti, narayanan, amp")
     parser.add_argument("--max-ranks", type=int, default=10**6, help="skip rows with more ranks than this")

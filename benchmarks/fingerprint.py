@@ -45,7 +45,7 @@ CONFIGS: list[tuple[str, str, str, str, int, dict]] = [
 
 def fingerprint(strategy: str, cluster: str, workload: str, batch: int, options: dict) -> dict:
     from dist_lib import simulate
-    result = simulate(strategy, cluster, workload, batch, **options)
+    result = simulate(ROOT / strategy, cluster, workload, batch, **options)  # wherever it is run from
     events = hashlib.sha256()
     for event in result.raw_events:
         events.update(repr(tuple(event)).encode())

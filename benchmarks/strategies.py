@@ -24,9 +24,11 @@ RUNS = [
     ("one_f_one_b", {"microbatch_size": 1}),
     ("interleaved", {"microbatch_size": 1, "chunks": 3}),
     ("zero_bubble", {"microbatch_size": 1}),
+    ("deepspeed_1f1b", {"microbatch_size": 1}),
     ("hybrid", {"dp": 4, "pp": 2, "tp": 1, "microbatch_size": 1}),
     ("hybrid", {"dp": 2, "pp": 2, "tp": 2, "microbatch_size": 1, "schedule": "interleaved"}),
     ("hetero", {"dp": 4, "pp": 2, "microbatch_size": 1}),
+    ("planned", {}),  # no plan: the planner's best estimate
 ]
 
 
@@ -40,7 +42,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for scenario, cluster in SCENARIOS.items():
         for name, options in RUNS:
-            label = " ".join(f"{k}={v}" for k, v in options.items())
+            label = " ".join(f"{k}={v}" for k, v in options.items()) or "(the planner's best estimate)"
             try:
                 r = simulate(f"strategies.{name}", cluster, args.workload, args.batch, **options)
             except SimulationError as exc:

@@ -20,6 +20,10 @@ posted in the same order, so the schedule cannot deadlock.
 
 The forward and backward microbatch of step t on stage s are t // 2 - s // 2 and
 t // 2 - p + 1 + s // 2 (the same ids DeepSpeed's step-to-microbatch mapping gives for either parity).
+
+Bubble and memory are 1F1B's: (p - 1) / (m + p - 1) of the step idle with balanced stages, and stage s
+holds at most p - s microbatches of activations; on top of that every message is exposed, since no
+stage computes while one is in flight.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ On a cluster that mixes GPU types an even plan runs at the pace of its slowest d
   ATC'24): each microbatch goes to the replica whose estimated 1F1B time, sum of stage times +
   (m - 1) x slowest stage, grows least; each layer's gradient is all-reduced among the ranks that hold
   it in each replica.
+With stages that balance, each replica idles 1F1B's (p - 1) / (m + p - 1) of its step, and stage s
+holds at most p - s microbatches of activations; where the shares do not balance the replicas exactly,
+the faster ones wait for the slowest at the gradient all-reduce.
 Both choices can be given instead: `partition` (layer counts per stage, or one such list per replica)
 and `shares` (microbatches per replica), so a planner or a user can evaluate a given plan. The planner's
 own plans (`planned.py`) go further: per-stage (dp, tp), shares within a microbatch, other schedules.

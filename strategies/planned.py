@@ -14,6 +14,8 @@ scatter-gather, Narayanan et al. 2021, sec. 4.1); between stages of different de
 whole. The schedule
 (GPipe, 1F1B, interleaved, ZB-H1), recompute and ZeRO-1 are the plan's; layer gradients are reduced
 among a stage's replicas as soon as the last microbatch has passed, as in the other pipeline strategies.
+Bubble and memory are those of the plan's schedule (gpipe.py, one_f_one_b.py, interleaved.py,
+zero_bubble.py), with the stage times the plan's widths and shares give.
 """
 
 from __future__ import annotations

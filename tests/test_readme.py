@@ -53,3 +53,10 @@ def test_the_strategy_table_names_options_each_strategy_takes():
             listed |= previous
         assert listed <= taken, (name, sorted(listed - taken))
         previous = listed
+
+
+def test_the_strategies_benchmark_runs_every_bundled_strategy():
+    """The README says `python -m benchmarks.strategies` prints every strategy."""
+    from benchmarks.strategies import RUNS
+    bundled = {p.stem for p in (ROOT / "strategies").glob("*.py") if not p.name.startswith("_")}
+    assert {name for name, _ in RUNS} == bundled
