@@ -51,9 +51,9 @@ def twin(path: Path) -> str:
     raise AssertionError(f"{path.name} names no TWIN")
 
 
-def grader(*args, cwd=ROOT):
+def grader(*args, cwd=ROOT, env=None):
     return subprocess.run([sys.executable, "-m", "grader", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
 
 
 def _processes(needle: bytes, copies: Path) -> list[int]:
@@ -74,7 +74,7 @@ def _processes(needle: bytes, copies: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def board(tmp_path_factory):
+def board():
     problem = sandbox_problem()
     if problem:
         pytest.skip(f"the OS sandbox is not usable here: {problem}")
@@ -83,17 +83,27 @@ def board(tmp_path_factory):
     copies.chmod(0o755)
     for name in ("cheats", "submissions"):
         shutil.copytree(ROOT / "tests" / name, copies / name, ignore=shutil.ignore_patterns("__pycache__"))
-    # a run sees its own folder only (the rest of /tmp is hidden): the pipeline cheats' twin goes beside them
+    # a run sees its own file and the _*.py helpers beside it: the pipeline cheats' twin goes beside them
     shutil.copy(copies / "submissions" / "honest_pipeline.py", copies / "cheats" / "_honest_pipeline.py")
+    # the grader keeps its private folders here, so that this board's sandboxes name this folder
+    (copies / "tmp").mkdir(mode=0o755)
     before = {p: p.read_bytes() for p in copies.rglob("*") if p.is_file()}
-    tmp = tmp_path_factory.mktemp("board")
+    # the board where a course keeps it by default, in the project's traces/ (outside /tmp, which every
+    # sandbox hides anyway), readable by the sandbox's user: the runs must not see it all the same
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=BOARD_PREFIX, dir=ROOT / "traces"))
+    except OSError:  # a checkout this user may not write to
+        tmp = Path(tempfile.mkdtemp(prefix=BOARD_PREFIX))
+    tmp.chmod(0o755)
     (tmp / "suite.toml").write_text(SUITE)
     out = tmp / "out"
     proc = grader("leaderboard", str(copies / "cheats"), str(copies / "submissions"), "--suite",
-                  str(tmp / "suite.toml"), "--jobs", "2", "--out", str(out), "--no-plots")
+                  str(tmp / "suite.toml"), "--jobs", "2", "--out", str(out), "--no-plots",
+                  env=dict(os.environ, TMPDIR=str(copies / "tmp")))
     time.sleep(2.5)  # longer than the forging daemon waits before it writes
     yield proc, out, copies, before
     shutil.rmtree(copies, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _rows(out):
@@ -179,6 +189,7 @@ def test_nothing_escaped_the_sandbox(board):
                                                            for p in _processes(needle, copies)])
     assert [f for f in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*")
             if not _alive(int(f.name[len(FOLDER_PREFIX):].split("-")[0]))] == []
+    assert list((copies / "tmp").iterdir()) == []  # the board's own private folders, all removed
 
 
 def test_failures_are_rows_and_the_board_goes_on(board):
