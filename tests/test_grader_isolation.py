@@ -161,7 +161,7 @@ def test_a_cheat_fails_as_its_program_deserves(board, cheat, status, words):
 @pytest.mark.parametrize("cheat", ["clock_rewind", "delete_events", "hide_memory", "zero_costs", "tiny_collectives",
                                    "one_param_update", "delete_allocations", "long_program", "kill_parent",
                                    "kill_siblings", "daemon_forger", "rewrite_siblings", "setsid_child",
-                                   "write_outside", "fork_bomb", "patch_work_complete"])
+                                   "write_outside", "fork_bomb", "patch_work_complete", "read_classmates"])
 def test_a_cheat_that_made_the_honest_decisions_gets_the_honest_grade(board, cheat):
     """What it patched or attempted in its own process changed nothing: its program is its twin's."""
     rows, _ = _rows(board[1])
@@ -190,6 +190,29 @@ def test_nothing_escaped_the_sandbox(board):
     assert [f for f in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*")
             if not _alive(int(f.name[len(FOLDER_PREFIX):].split("-")[0]))] == []
     assert list((copies / "tmp").iterdir()) == []  # the board's own private folders, all removed
+
+
+def test_a_run_reads_nothing_but_its_own_files(board):
+    """The cheat that reads its classmates beside it, the project's files and its honest submissions, the
+    board's results, the system's account files and the users' folders found nothing in the sandbox (it
+    ran its honest step: same figures as its twin, above); run without the sandbox, from the same
+    folder while the same board lies in the project, it reads them all and leaks them in its error."""
+    from grader.runner import Limits, run_isolated
+    from grader.scenario import Scenario
+    _, out, copies, _ = board
+    rows, _ = _rows(out)
+    assert rows["read_classmates"]["status"] == "ok", rows["read_classmates"]["error"]
+    scenario = Scenario(cluster=SCENARIO[0], workload=SCENARIO[1], global_batch=SCENARIO[2])
+    outcome = run_isolated(copies / "cheats" / "read_classmates.py", scenario, Limits(timeout_s=60), confine=False)
+    assert outcome.status == "failed" and "READ_OUTSIDE" in outcome.message, outcome.message
+    leaked = json.loads(outcome.message.split("READ_OUTSIDE", 1)[1].rsplit(" (at read_classmates.py", 1)[0])
+    assert sorted(leaked["classmates"]) == sorted(p.name for p in CHEATS if p.stem != "read_classmates")
+    assert leaked["copied"] == (copies / "cheats" / leaked["classmates"][0]).read_text()[:60]
+    assert str(ROOT / "tests" / "submissions" / "honest.py") in leaked["files"]
+    if ROOT / "traces" in out.parents:
+        assert str(out / "results.jsonl") in leaked["found"]
+    if Path("/etc/passwd").is_file():
+        assert "/etc/passwd" in leaked["files"]
 
 
 def test_failures_are_rows_and_the_board_goes_on(board):
