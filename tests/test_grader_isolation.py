@@ -51,9 +51,9 @@ def twin(path: Path) -> str:
     raise AssertionError(f"{path.name} names no TWIN")
 
 
-def grader(*args, cwd=ROOT):
+def grader(*args, cwd=ROOT, env=None):
     return subprocess.run([sys.executable, "-m", "grader", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
 
 
 def _processes(needle: bytes, copies: Path) -> list[int]:
@@ -74,7 +74,7 @@ def _processes(needle: bytes, copies: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def board(tmp_path_factory):
+def board():
     problem = sandbox_problem()
     if problem:
         pytest.skip(f"the OS sandbox is not usable here: {problem}")
@@ -83,17 +83,27 @@ def board(tmp_path_factory):
     copies.chmod(0o755)
     for name in ("cheats", "submissions"):
         shutil.copytree(ROOT / "tests" / name, copies / name, ignore=shutil.ignore_patterns("__pycache__"))
-    # a run sees its own folder only (the rest of /tmp is hidden): the pipeline cheats' twin goes beside them
+    # a run sees its own file and the _*.py helpers beside it: the pipeline cheats' twin goes beside them
     shutil.copy(copies / "submissions" / "honest_pipeline.py", copies / "cheats" / "_honest_pipeline.py")
+    # the grader keeps its private folders here, so that this board's sandboxes name this folder
+    (copies / "tmp").mkdir(mode=0o755)
     before = {p: p.read_bytes() for p in copies.rglob("*") if p.is_file()}
-    tmp = tmp_path_factory.mktemp("board")
+    # the board where a course keeps it by default, in the project's traces/ (outside /tmp, which every
+    # sandbox hides anyway), readable by the sandbox's user: the runs must not see it all the same
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=BOARD_PREFIX, dir=ROOT / "traces"))
+    except OSError:  # a checkout this user may not write to
+        tmp = Path(tempfile.mkdtemp(prefix=BOARD_PREFIX))
+    tmp.chmod(0o755)
     (tmp / "suite.toml").write_text(SUITE)
     out = tmp / "out"
     proc = grader("leaderboard", str(copies / "cheats"), str(copies / "submissions"), "--suite",
-                  str(tmp / "suite.toml"), "--jobs", "2", "--out", str(out), "--no-plots")
+                  str(tmp / "suite.toml"), "--jobs", "2", "--out", str(out), "--no-plots",
+                  env=dict(os.environ, TMPDIR=str(copies / "tmp")))
     time.sleep(2.5)  # longer than the forging daemon waits before it writes
     yield proc, out, copies, before
     shutil.rmtree(copies, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _rows(out):
@@ -153,7 +163,7 @@ def test_a_cheat_fails_as_its_program_deserves(board, cheat, status, words):
 @pytest.mark.parametrize("cheat", ["clock_rewind", "delete_events", "hide_memory", "zero_costs", "tiny_collectives",
                                    "one_param_update", "delete_allocations", "long_program", "kill_parent",
                                    "kill_siblings", "daemon_forger", "rewrite_siblings", "setsid_child",
-                                   "write_outside", "fork_bomb", "patch_work_complete"])
+                                   "write_outside", "fork_bomb", "patch_work_complete", "read_classmates"])
 def test_a_cheat_that_made_the_honest_decisions_gets_the_honest_grade(board, cheat):
     """What it patched or attempted in its own process changed nothing: its program is its twin's."""
     rows, _ = _rows(board[1])
@@ -181,6 +191,30 @@ def test_nothing_escaped_the_sandbox(board):
                                                            for p in _processes(needle, copies)])
     assert [f for f in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*")
             if not _alive(int(f.name[len(FOLDER_PREFIX):].split("-")[0]))] == []
+    assert list((copies / "tmp").iterdir()) == []  # the board's own private folders, all removed
+
+
+def test_a_run_reads_nothing_but_its_own_files(board):
+    """The cheat that reads its classmates beside it, the project's files and its honest submissions, the
+    board's results, the system's account files and the users' folders found nothing in the sandbox (it
+    ran its honest step: same figures as its twin, above); run without the sandbox, from the same
+    folder while the same board lies in the project, it reads them all and leaks them in its error."""
+    from grader.runner import Limits, run_isolated
+    from grader.scenario import Scenario
+    _, out, copies, _ = board
+    rows, _ = _rows(out)
+    assert rows["read_classmates"]["status"] == "ok", rows["read_classmates"]["error"]
+    scenario = Scenario(cluster=SCENARIO[0], workload=SCENARIO[1], global_batch=SCENARIO[2])
+    outcome = run_isolated(copies / "cheats" / "read_classmates.py", scenario, Limits(timeout_s=60), confine=False)
+    assert outcome.status == "failed" and "READ_OUTSIDE" in outcome.message, outcome.message
+    leaked = json.loads(outcome.message.split("READ_OUTSIDE", 1)[1].rsplit(" (at read_classmates.py", 1)[0])
+    assert sorted(leaked["classmates"]) == sorted(p.name for p in CHEATS if p.stem != "read_classmates")
+    assert leaked["copied"] == (copies / "cheats" / leaked["classmates"][0]).read_text()[:60]
+    assert str(ROOT / "tests" / "submissions" / "honest.py") in leaked["files"]
+    if ROOT / "traces" in out.parents:
+        assert str(out / "results.jsonl") in leaked["found"]
+    if Path("/etc/passwd").is_file():
+        assert "/etc/passwd" in leaked["files"]
 
 
 def test_failures_are_rows_and_the_board_goes_on(board):

@@ -440,3 +440,105 @@ def test_a_readable_cluster_file_under_tmp_reaches_the_sandbox():
         assert outcome.status == "ok", outcome.message
     finally:
         shutil.rmtree(folder)
+
+
+VIEW_PROBE = '''
+import json, os, sys
+sys.path.insert(0, os.path.dirname(__file__))
+import _helper  # noqa: E402,F401 - a helper beside the submission is in the run
+
+SHOWN = set(json.loads(%r))
+
+
+def walk(path, seen, shown):
+    for entry in sorted(os.scandir(path), key=lambda e: e.name):
+        if entry.path in SHOWN:
+            shown.append(entry.path)
+        elif entry.is_dir(follow_symlinks=False):
+            walk(entry.path, seen, shown)
+        else:
+            seen.append(entry.path)
+
+
+async def train(model):
+    seen, shown = [], []
+    walk("/", seen, shown)
+    raise RuntimeError("VIEW" + json.dumps({"seen": seen, "shown": shown}))
+'''
+
+
+def test_the_sandbox_shows_only_what_a_run_needs(tmp_path):
+    """A probe walks the whole file system it is shown, down to the folders a run needs (the system's
+    programs and libraries, the Python installation, the project's dist_lib, grader and strategies, /dev,
+    /proc): beyond them it finds its own copy, its helper, its copied cluster file and its job, and
+    nothing else: not the classmate and the results beside it, the project's tests, /etc, /root, /home."""
+    if sandbox_problem():
+        pytest.skip(f"the OS sandbox is not usable here: {sandbox_problem()}")
+    import json
+    from grader.runner import run_isolated
+    from grader.scenario import Scenario
+    needed = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/dev", "/proc",
+              *(str(Path(p).resolve()) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)),
+              *(str(ROOT / name) for name in ("dist_lib", "grader", "strategies"))]
+    (tmp_path / "probe.py").write_text(VIEW_PROBE % json.dumps(needed))
+    (tmp_path / "_helper.py").write_text("")
+    (tmp_path / "classmate.py").write_text("async def train(model): pass\n")
+    (tmp_path / "results.jsonl").write_text("{}\n")
+    (tmp_path / "two.toml").write_text('[[nodes]]\ndevice = "A100-80GB"\ngpus = 2\n')
+    outcome = run_isolated(tmp_path / "probe.py", Scenario(cluster=str(tmp_path / "two.toml"), workload="toy:layers=1",
+                                                           global_batch=2))
+    assert outcome.status == "failed" and "VIEW" in outcome.message, outcome.message
+    view = json.loads(outcome.message.split("VIEW", 1)[1].rsplit(" (at probe.py", 1)[0])
+    # (the copies' folder is named back as the user's in messages)
+    assert sorted(view["seen"]) == sorted([str(tmp_path / "_helper.py"), str(tmp_path / "probe.py"),
+                                           str(tmp_path / "two.toml"), "/tmp/job.json"]), view["seen"]
+    assert {"/usr", "/dev", "/proc", *(str(ROOT / name) for name in ("dist_lib", "grader", "strategies"))} \
+        <= set(view["shown"])
+
+
+def _one_run(path: Path):
+    from grader.runner import run_isolated
+    from grader.scenario import Scenario
+    return run_isolated(path, Scenario(cluster="2xA100-80GB", workload="toy:layers=2", global_batch=4))
+
+
+def test_a_module_beside_the_submission_that_is_not_a_helper_is_one_clear_error(tmp_path):
+    """Only the `_*.py` helpers come into the run with a submission (any other file beside it is another
+    submission, or the user's): importing one says so, in one message; so does a helper that is not there."""
+    if sandbox_problem():
+        pytest.skip(f"the OS sandbox is not usable here: {sandbox_problem()}")
+    honest = (ROOT / "tests" / "submissions" / "honest.py").read_text()
+    (tmp_path / "utils.py").write_text(honest)
+    (tmp_path / "mine.py").write_text("import pathlib, sys\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
+                                      "from utils import train  # noqa: F401\n")
+    outcome = _one_run(tmp_path / "mine.py")
+    assert outcome.status == "failed"
+    assert outcome.message == (f"strategy file {tmp_path / 'mine.py'}: importing it raised ModuleNotFoundError: No "
+                               f"module named 'utils' (at mine.py:3 in <module>) (a run sees its own file and the "
+                               f"_*.py helpers beside it, not the rest of its folder: name the helper module "
+                               f"_utils.py and import it as _utils)")
+    (tmp_path / "mine.py").write_text("import _helpers  # noqa: F401\n")
+    outcome = _one_run(tmp_path / "mine.py")
+    assert outcome.status == "failed"
+    assert outcome.message.endswith(f"No module named '_helpers' (at mine.py:1 in <module>) (a run sees its own "
+                                    f"file and the _*.py helpers beside it: there is no _helpers.py in {tmp_path})")
+    (tmp_path / "_helpers.py").write_text(honest)
+    (tmp_path / "mine.py").write_text("import pathlib, sys\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
+                                      "from _helpers import train  # noqa: F401\n")
+    assert _one_run(tmp_path / "mine.py").status == "ok"
+
+
+def test_a_submission_in_a_package_imports_its_helpers_relatively(tmp_path):
+    """A file in a package runs as part of it, copied with each level's __init__.py and its helpers."""
+    package = tmp_path / "course" / "team"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent):
+        (folder / "__init__.py").write_text("")
+    (package / "_common.py").write_text((ROOT / "tests" / "submissions" / "honest.py").read_text())
+    (package / "mine.py").write_text("from ._common import train  # noqa: F401\n")
+    (package / "other.py").write_text("raise SystemExit('a classmate')\n")
+    from grader.runner import run_isolated
+    from grader.scenario import Scenario
+    outcome = run_isolated(package / "mine.py", Scenario(cluster="2xA100-80GB", workload="toy:layers=2",
+                                                         global_batch=4), confine=sandbox_problem() is None)
+    assert outcome.status == "ok", outcome.message

@@ -86,29 +86,21 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
         job["fds"] = [files["header"].fileno(), files["program"].fileno()]  # inherited at these numbers
         argv = [sys.executable, "-m", "grader._worker"]
         if confine:
-            folder.chmod(0o711)  # the sandbox's user reads its job (and a copied submission) by name only
-            root = _import_root(path)
-            # copied, with the _*.py helpers beside it, when the sandbox's user cannot read it or its folder
-            # holds the grader's own (a file straight in /tmp)
-            if not sandbox.readable_by_sandbox(path) or root in folder.parents:
-                root = folder / "src"
-                root.mkdir(mode=0o755)
-                for source in [path, *sorted(path.parent.glob("_*.py"))]:
-                    os.chmod(shutil.copy(source, root / source.name), 0o644)
-                job["strategy"] = str(root / path.name)
-                copies[str(root)] = str(path.parent)
-            job["scenario"] = _readable_inputs(scenario.to_dict(), folder, copies)
-            here = Path.cwd()  # relative paths in the scenario (profiles, cluster files) resolve from here
-            bind_here = here not in folder.parents and sandbox.readable_by_sandbox(here)
-            readable = [PROJECT_ROOT, root] + ([here] if bind_here else [])
+            folder.chmod(0o711)  # the sandbox's user reads its job and its copies by name only
+            readable = []
+            if not _in_project_strategies(path):  # (the project's strategies/ is in every run's view)
+                root = _copy_submission(path, folder / "src")
+                job["strategy"] = str(root / path.relative_to(_import_root(path)))
+                copies[str(root)] = str(_import_root(path))
+                readable.append(root)
+            job["scenario"] = _run_inputs(scenario.to_dict(), folder, copies)
             if (folder / "inputs").is_dir():
                 readable.append(folder / "inputs")
             seccomp_fd = sandbox.filter_file(folder)
             if seccomp_fd is not None:
                 files["seccomp"] = os.fdopen(seccomp_fd, "rb")
             argv = sandbox.command(argv + ["/tmp/job.json"], job=folder / "job.json", readable=readable,
-                                   scratch_bytes=limits.scratch_bytes, cwd=here if bind_here else None,
-                                   seccomp_fd=seccomp_fd)
+                                   scratch_bytes=limits.scratch_bytes, seccomp_fd=seccomp_fd)
         else:
             argv.append(str(folder / "job.json"))
         (folder / "job.json").write_text(json.dumps(job))
@@ -126,6 +118,8 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
                                       f"{memory_bytes / 2**30:g} GiB of real memory a run may hold, "
                                       f"and the kernel stopped it", kind="Crash", wall_s=wall)
         outcome.message = rebase_paths(outcome.message, copies)  # the user's files, not the run's copies
+        if confine and outcome.status == "failed":
+            outcome.message += _unseen_module(outcome.message, path)
         return outcome
     finally:
         for fh in files.values():
@@ -149,17 +143,16 @@ def rebase_paths(value: Any, moves: dict[str, str]) -> Any:
     return value
 
 
-def _readable_inputs(scenario: dict[str, Any], folder: Path, copies: dict[str, str]) -> dict[str, Any]:
-    """The scenario with every cluster, workload or profile file the sandbox cannot see copied into the
-    run's private folder, world-readable, and the spec pointing at the copy (noted in `copies`): one its
-    user cannot read (a folder of mode 0700 on the way, as a home folder or pytest's tmp_path when the
-    grader runs as root), and one under /tmp, which the sandbox's own /tmp hides."""
+def _run_inputs(scenario: dict[str, Any], folder: Path, copies: dict[str, str]) -> dict[str, Any]:
+    """The scenario with every cluster, workload or profile file (or folder) it names copied into the
+    run's private folder, world-readable, and the spec pointing at the copy (noted in `copies`): the
+    sandbox shows a run nothing of the host's files but its own copies, wherever the user keeps them (a
+    folder of mode 0700 on the way, /tmp, which the sandbox's own /tmp hides, or beside the submissions)."""
     inputs = folder / "inputs"
 
-    def readable(name: str) -> str:
+    def copied(name: str) -> str:
         source = Path(name)
-        if not source.exists() or (sandbox.readable_by_sandbox(source)
-                                   and Path("/tmp") not in source.resolve().parents):
+        if not source.exists():
             return name  # (a missing file is the worker's error to report, as without the sandbox)
         inputs.mkdir(mode=0o755, exist_ok=True)
         target = inputs / f"{len(list(inputs.iterdir()))}-{source.name}"
@@ -172,7 +165,53 @@ def _readable_inputs(scenario: dict[str, Any], folder: Path, copies: dict[str, s
         copies[str(target)] = name
         return str(target)
 
-    return {**scenario, **{key: map_spec_paths(scenario[key], readable) for key in ("cluster", "workload")}}
+    return {**scenario, **{key: map_spec_paths(scenario[key], copied) for key in ("cluster", "workload")}}
+
+
+def _in_project_strategies(path: Path) -> bool:
+    """Whether `path` is one of the project's bundled strategies, which every run's view shows in place
+    (they import their neighbours)."""
+    return (sandbox.PROJECT_ROOT / "strategies") in path.parents and path.is_file()
+
+
+def _copy_submission(path: Path, src: Path) -> Path:
+    """Copy the strategy file `path` and the `_*.py` helpers beside it (what the resume fingerprint
+    covers) under `src`, world-readable, and return the folder to import it from. A file inside a package
+    keeps its package path, each level with its `__init__.py` alone, so that its relative imports of
+    its helpers work. Nothing else of its folder is copied: the other submissions stay unseen."""
+    root = _import_root(path)
+    src.mkdir(mode=0o755)
+    level = path.parent
+    while level != root:  # the package levels, innermost first
+        copy = src / level.relative_to(root)
+        copy.mkdir(parents=True, exist_ok=True)
+        os.chmod(shutil.copy(level / "__init__.py", copy / "__init__.py"), 0o644)
+        level = level.parent
+    target = src / path.parent.relative_to(root)
+    for source in [path, *sorted(path.parent.glob("_*.py"))]:
+        if source.is_file():
+            os.chmod(shutil.copy(source, target / source.name), 0o644)
+    for folder in [src, *(p for p in src.rglob("*") if p.is_dir())]:
+        folder.chmod(0o755)
+    return src
+
+
+def _unseen_module(message: str, path: Path) -> str:
+    """A hint for a failed run whose import of a module beside the submission found nothing: the run
+    sees its own file and the `_*.py` helpers beside it, not the rest of its folder."""
+    import importlib.util
+    import re
+    found = re.search(r"ModuleNotFoundError: No module named '([A-Za-z_][A-Za-z0-9_]*)'", message)
+    if found is None:
+        return ""
+    name, folder = found.group(1), path.parent
+    if name.startswith("_") and not (folder / f"{name}.py").is_file() and importlib.util.find_spec(name) is None:
+        return (f" (a run sees its own file and the _*.py helpers beside it: there is no {name}.py "
+                f"in {folder})")
+    if not name.startswith("_") and ((folder / f"{name}.py").is_file() or (folder / name).is_dir()):
+        return (f" (a run sees its own file and the _*.py helpers beside it, not the rest of its folder: "
+                f"name the helper module _{name}.py and import it as _{name})")
+    return ""
 
 
 def _import_root(path: Path) -> Path:

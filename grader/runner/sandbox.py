@@ -4,10 +4,15 @@
 
 * in new user, pid, network, IPC and UTS namespaces: it sees only its own processes (so it cannot
   signal the grader or its siblings), has no network but loopback, and shares no System V IPC;
-* on a read-only view of the whole file system, with one writable folder, a private, size-limited
-  tmpfs at /tmp that vanishes with the run (the host's /tmp, where the grader keeps its own files, is
-  hidden; the submission's folder is bound back read-only so that it can import its neighbours), beside
-  a read-only /dev whose /dev/shm is a tmpfs of 1 MiB (POSIX semaphores need it);
+* on a file system of its own that holds only what the run needs, read-only (`view`): the system's
+  programs and libraries (/usr and its /bin, /sbin, /lib* links, and /etc/ld.so.cache), the Python
+  interpreter's installation and virtual environment, and the project's own code (dist_lib, grader,
+  strategies); the run's own copy of the submission with the `_*.py` helpers beside it and of the
+  scenario's input files (made by `isolation.py`); a read-only /dev whose /dev/shm is a tmpfs of
+  1 MiB (POSIX semaphores need it); /proc of its own pid namespace; and one writable folder, a
+  private, size-limited tmpfs at /tmp that vanishes with the run. Everything else is absent: home
+  folders, /etc, /var, /work, other submissions (the submission's own folder is never shown), the
+  grader's results and the host's /tmp;
 * without the system calls that hold memory no rlimit of the run counts (`syscall_filter`): System V
   shared memory and message queues keep their pages in the kernel after the process lets go of them,
   and a `memfd_create` file lives outside the /tmp size limit;
@@ -20,8 +25,9 @@ the sandbox: bubblewrap then holds no capability, and the kernel enforces the pr
 which it never enforces for root's processes. The worker sets its rlimits itself before it imports
 the submission (`grader._worker._limit`).
 
-What it does not confine: reading files the grader's user may read (other submissions included), CPU
-beyond the rlimits, and time beyond the grader's wall-clock timeout. The memory of a run's processes
+What it does not confine: CPU beyond the rlimits, time beyond the grader's wall-clock timeout, and what
+the files in its view say (the installed packages and the project's code are public; the system's
+libraries tell which distribution runs the grader). The memory of a run's processes
 together is capped by a cgroup where the grader may make one (`cgroup.py`), else only each process's.
 """
 
@@ -39,6 +45,8 @@ import tempfile
 from pathlib import Path
 
 NOBODY = 65534
+# what the worker imports before the strategy (and with it the installed packages they need: numpy)
+WORKER_IMPORTS = "import grader._worker, dist_lib.recording, dist_lib.simulator"
 SHM_BYTES = 2**20  # /dev/shm: POSIX semaphores (multiprocessing's locks) take a page each
 
 # The system calls a run may not make, by machine: (the seccomp audit architecture, {name: number}). From
@@ -94,35 +102,90 @@ def filter_file(folder: Path) -> int | None:
     return os.open(path, os.O_RDONLY)
 
 
+# What a run sees of the host, read-only. The system's programs and libraries: /usr, and the top-level
+# links into it (or folders, on a system without merged /usr); the dynamic loader's cache.
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache")
+# The project's code the worker imports (`grader._worker` -> dist_lib; a bundled strategy imports its
+# neighbours in strategies/), beside each other in the project's folder.
+PROJECT = ("dist_lib", "grader", "strategies")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def view() -> list[str]:
+    """bubblewrap's arguments for the read-only part of a run's file system that is the same for every
+    run: `SYSTEM`, the Python installation the worker runs on (`sys.prefix` and the base prefixes of a
+    virtual environment, and the links that lead to the interpreter), and the project's `PROJECT`
+    folders. A folder the sandbox's user cannot reach is left out (a base prefix in a home folder of mode
+    0700: the interpreter then finds a standard library as it does for that user outside, or the probe
+    in `problem` reports that it cannot). Each at its own path."""
+    args: list[str] = []
+    shown: list[Path] = []
+
+    def inside(path: Path) -> bool:
+        return any(path == folder or folder in path.parents for folder in shown)
+
+    for name in SYSTEM:
+        path = Path(name)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), name]
+        elif path.exists() and readable_by_sandbox(path):
+            args += ["--ro-bind", name, name]
+            shown.append(path)
+    for name in dict.fromkeys([sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]):
+        path = Path(name).resolve()
+        if path != Path("/") and not inside(path) and path.is_dir() and readable_by_sandbox(path):
+            args += ["--ro-bind", str(path), str(path)]
+            shown.append(path)
+    # the interpreter by the name the worker is started with (a virtual environment's python is often a
+    # link to the base interpreter; it finds its environment by that name)
+    link = Path(sys.executable).absolute()
+    for _ in range(16):
+        if not link.is_symlink():
+            break
+        target = os.readlink(link)
+        if not inside(link) and readable_by_sandbox(link.parent):
+            args += ["--symlink", target, str(link)]
+        link = link.parent / target
+    if not inside(link.resolve()) and readable_by_sandbox(link.resolve()):
+        args += ["--ro-bind", str(link.resolve()), str(link.resolve())]
+    for name in PROJECT:
+        path = PROJECT_ROOT / name
+        if path.is_dir() and not inside(path):
+            args += ["--ro-bind", str(path), str(path)]
+    return args
+
+
 def command(argv: list[str], *, job: Path, readable: list[Path], scratch_bytes: int,
-            cwd: Path | None = None, seccomp_fd: int | None = None) -> list[str]:
-    """`argv` run inside the sandbox from `cwd` (default /tmp); `job` appears read-only at /tmp/job.json,
-    `readable` folders at their own paths (over the private /tmp); `seccomp_fd` (`filter_file`) must be
-    passed to the child."""
+            seccomp_fd: int | None = None) -> list[str]:
+    """`argv` run inside the sandbox from /tmp, on `view()`; `job` appears read-only at /tmp/job.json, the
+    run's own `readable` files and folders at their own paths (over the private /tmp); `seccomp_fd`
+    (`filter_file`) must be passed to the child."""
     prefix = _prefix()
     if prefix is None:
         raise RuntimeError("bubblewrap is not usable here")
     binds: list[str] = []
-    for folder in dict.fromkeys(readable):
-        binds += ["--ro-bind", str(folder), str(folder)]
+    for path in dict.fromkeys(readable):
+        binds += ["--ro-bind", str(path), str(path)]
     seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
+    # /tmp before the rest: a project or environment that lies under the host's /tmp shows over it
     return [*prefix, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--ro-bind", "/", "/", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs",
-            "/dev/shm", "--remount-ro", "/dev", "--proc", "/proc",
-            "--size", str(int(scratch_bytes)), "--tmpfs", "/tmp", *binds, "--ro-bind", str(job), "/tmp/job.json",
-            "--chdir", str(cwd or "/tmp"), "--setenv", "HOME", "/tmp", "--die-with-parent", "--new-session",
+            "--unshare-cgroup-try", "--size", str(int(scratch_bytes)), "--tmpfs", "/tmp", *view(),
+            "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+            "--proc", "/proc", *binds, "--ro-bind", str(job), "/tmp/job.json", "--remount-ro", "/",
+            "--chdir", "/tmp", "--setenv", "HOME", "/tmp", "--die-with-parent", "--new-session",
             *seccomp, "--", *argv]
 
 
 def readable_by_sandbox(path: Path) -> bool:
-    """Whether the sandbox's user can read `path` (when it runs as nobody: by the "other" permissions).
-    A submission it cannot read is copied, with the `_*.py` helpers beside it, into the grader's
-    private folder."""
+    """Whether the sandbox's user can read `path` (a folder: list and enter it), when it runs as nobody
+    by the "other" permissions: `view` shows nothing it cannot (bubblewrap, as that user, could not bind
+    it). A run's submission and inputs are copied into it whatever their permissions (`isolation.py`)."""
     if os.geteuid() != 0:
-        return os.access(path, os.R_OK)
+        return os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0))
     import stat
     try:
-        if not path.stat().st_mode & stat.S_IROTH:
+        mode = path.stat().st_mode
+        if not mode & stat.S_IROTH or (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH):
             return False
         return all(folder.stat().st_mode & stat.S_IXOTH for folder in path.parents)
     except OSError:
@@ -136,16 +199,15 @@ def problem() -> str | None:
         return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     if _prefix() is None:
         return "the grader runs as root and setpriv (util-linux) is missing, so it cannot drop to nobody"
-    # the real thing: this Python importing the worker module from the project, as the sandbox's user
-    root = Path(__file__).resolve().parents[2]
+    # the real thing: this Python importing what the worker imports, as the sandbox's user, on its view
     with tempfile.TemporaryDirectory() as folder:
         seccomp_fd = filter_file(Path(folder))
-        argv = command([sys.executable, "-c", "import grader._worker"], job=Path(os.devnull), readable=[root],
+        argv = command([sys.executable, "-c", WORKER_IMPORTS], job=Path(os.devnull), readable=[],
                        scratch_bytes=2**20, seccomp_fd=seccomp_fd)
         try:
             proc = subprocess.run(argv, capture_output=True, timeout=60, cwd="/",
                                   pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-                                  env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(root)})
+                                  env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(PROJECT_ROOT)})
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"bubblewrap could not be started ({exc})"
         finally:
