@@ -278,7 +278,10 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     PyObject *tensor = send && Py_TYPE(send) == P.Work ? SLOT(send, P.w_input) : NULL;
     if (!channel || Py_TYPE(channel) != P.Channel || Py_TYPE(recv) != P.Work || !tensor ||
         !PyObject_TypeCheck(tensor, P.Tensor) || !SLOT(channel, P.c_ready) ||
-        Py_TYPE(SLOT(channel, P.c_ready)) != P.Deque || !SLOT(channel, P.c_peers)) {
+        Py_TYPE(SLOT(channel, P.c_ready)) != P.Deque || !SLOT(channel, P.c_peers) ||
+        /* a message no rank waits on lands in a buffer on its receiver now: `p2p.land`, in Python */
+        (SLOT(recv, P.w_future) == Py_None && SLOT(recv, P.w_result) &&
+         Py_TYPE(SLOT(recv, P.w_result)) == P.Pending)) {
         Py_DECREF(owner);
         return PyObject_Vectorcall(P.py_finish, args, nargs, NULL);
     }

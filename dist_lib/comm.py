@@ -14,8 +14,8 @@ Timing (DESIGN.md, "Semantics"):
 * `send`/`recv` match in order per (src, dst) pair on their own channel (`p2p.py`).
 
 Buffers follow NCCL: an all-reduce works in place (its result shares the input's memory), all-gather
-and reduce-scatter outputs are allocated when the op is issued, a received tensor when `recv` is
-awaited. The engine holds an op's Works until the op ends, as a stream keeps its buffers, and a Work
+and reduce-scatter outputs are allocated when the op is issued, a received tensor when its message
+arrives (made when `recv` is awaited, or at the message's end if no one waits on it then). The engine holds an op's Works until the op ends, as a stream keeps its buffers, and a Work
 holds its input until it is awaited; a send's tensor is let go of when the message ends.
 """
 

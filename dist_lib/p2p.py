@@ -1,8 +1,9 @@
 """Point-to-point messages: `send`/`recv` match in order per (src, dst) pair on their own channel (PyTorch
 gives every peer pair its own NCCL communicator), so they never queue behind collectives: a matched
 pair starts at max(issue times, channel free) and takes the link cost, stretched while other transfers
-share its links (`transfers.py`); both ends complete then. A received tensor is allocated when the
-receiver awaits it (see `comm._Pending`); the sender's stream lets go of the sent tensor at the end.
+share its links (`transfers.py`); both ends complete then. A received tensor counts from the message's
+end: it is made when the receiver awaits it (see `comm._Pending`), or at the end if no one waits on it
+then (`land`); the sender's stream lets go of the sent tensor at the end.
 """
 
 from __future__ import annotations
@@ -130,6 +131,16 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
         engine.wake(send)
     if recv.future is not None:
         engine.wake(recv)
+    elif recv.result.__class__ is _Pending:  # no one waits on it: the message lands in a buffer now
+        state = engine.ranks[recv.rank]
+        clock = state.clock
+        if end > clock:  # every rank is blocked or done here, and wakes at or after `end`
+            state.clock = end
+        try:
+            land(state, recv)
+            del recv  # (a receive its strategy let go of lets go of the tensor now)
+        finally:
+            state.clock = clock
     # the sender's stream lets go of the tensor (a recv holds none): `comm.release` for one send
     state = engine.ranks[send.rank]
     clock = state.clock
@@ -140,3 +151,11 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
     state.clock = clock
     if channel.ready:
         _start(engine, channel, *channel.ready.popleft())
+
+
+def land(state: RankState, recv: Work) -> None:
+    """A message no rank waits on has arrived: its tensor is allocated on the receiver now (the caller
+    stamps it with the message's end), as the receive buffer NCCL writes into is. A received tensor counts
+    from its arrival, not from the `await` that hands it over: otherwise a message left unawaited would
+    hold its bytes on no rank (a sender's stream lets go of them at the end)."""
+    recv.result = recv.result.materialize(state)

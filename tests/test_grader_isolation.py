@@ -172,6 +172,15 @@ def test_a_cheat_that_made_the_honest_decisions_gets_the_honest_grade(board, che
     assert (rows[cheat]["time_s"], rows[cheat]["memory_bytes"]) == (honest["time_s"], honest["memory_bytes"])
 
 
+@pytest.mark.parametrize("cheat", ["parked_optimizer"])
+def test_a_cheat_that_hides_bytes_in_flight_pays_its_twins_memory(board, cheat):
+    """A tensor left unawaited in a message that has ended still counts: the peak is its twin's."""
+    rows, _ = _rows(board[1])
+    honest = rows[twin(ROOT / "tests" / "cheats" / f"{cheat}.py")]
+    assert rows[cheat]["status"] == "ok", rows[cheat]["error"]
+    assert rows[cheat]["memory_bytes"] == honest["memory_bytes"] and rows[cheat]["time_s"] > honest["time_s"]
+
+
 def test_nothing_escaped_the_sandbox(board):
     _, out, copies, before = board
     after = {p: p.read_bytes() for p in copies.rglob("*") if p.is_file()}

@@ -218,3 +218,31 @@ def test_a_finished_step_leaves_no_cyclic_garbage():
     gc.collect()  # what earlier tests left
     simulate("strategies/ddp.py", "2x4xA100-80GB", "toy:layers=4", 16, microbatch_size=2)
     assert leftovers() == 0
+
+
+def test_a_received_tensor_counts_from_its_arrival_not_from_its_await():
+    """A message no rank waits on lands in a buffer on its receiver when it ends: rank 1 leaves its first
+    recv (4 samples) unawaited while it awaits a second one (1 sample) and makes and drops 4 samples of
+    its own; the first message's 4 samples count throughout, so the peak is 4 + 4 samples, not 4 (else a
+    message parked unawaited would hold its bytes on no rank: the sender lets go of them at its end)."""
+    seen = {}
+
+    async def train(model):
+        if model.rank == 0:
+            await model.send(model.get_input_activation(range(4)), 1)
+            await model.send(model.get_input_activation(range(1)), 1)
+            return
+        first = model.recv(0)
+        second = await model.recv(0)
+        seen["landed"] = model.memory_bytes
+        del second
+        mine = model.get_input_activation(range(4, 8))
+        seen["own"] = model.memory_bytes
+        del mine
+        x = await first
+        seen["awaited"] = model.memory_bytes
+        assert x.samples == 0b1111
+
+    result = run(train, cluster="1x2xA100-80GB", batch=8)
+    assert seen == {"landed": 5 * ACT, "own": 8 * ACT, "awaited": 4 * ACT}
+    assert result.memory_bytes[1] == 8 * ACT
