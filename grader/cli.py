@@ -5,7 +5,8 @@
     python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
     python -m grader check FILE [--examples N]
     python -m grader plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
-                          [--budget USD_PER_HOUR] [--out plan.json] [--plot pareto.png] [--jobs N] [--ray [ADDRESS]]
+                          [--budget USD_PER_HOUR] [--simulation-limit PASSES] [--out plan.json] [--plot pareto.png]
+                          [--jobs N] [--ray [ADDRESS]]
 
 Exit codes: 0 success, 1 a strategy failed (its own exception, a syntax error included) or was flagged
 invalid, 2 bad input (an option, a spec, a file without an `async def train`), 130 interrupted.
@@ -23,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from dist_lib import SpecError
+from dist_lib.planner.api import SIMULATION_LIMIT
 from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 from dist_lib.specs import number, whole
 from dist_lib.workload import MAX_GLOBAL_BATCH
@@ -112,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="minimise the step time (default) or the USD per step")
     planning.add_argument("--budget", type=_ranged(0, MAX_BUDGET, unit=" USD/h"),
                           help="USD per hour the GPUs may cost at most")
+    planning.add_argument("--simulation-limit", type=_ranged(1, 2**40, integer=True), default=SIMULATION_LIMIT,
+                          metavar="PASSES", help="simulate only plans of at most this many layer passes a step "
+                          f"(microbatches x each stage's GPUs x its layers; default {SIMULATION_LIMIT:,}); larger "
+                          "ones keep their estimate")
     planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
     planning.add_argument("--plot", default="traces/pareto.png", help="Pareto plot PNG (default traces/pareto.png)")
     add_backend_options(planning, jobs_type=_ranged(1, MAX_JOBS, integer=True))

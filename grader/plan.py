@@ -54,7 +54,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
             with session(backend):
                 search = plan(cluster, workload, batch, top=args.top, objective=args.objective, budget=args.budget,
-                              progress=progress, runner=_runner(backend), width=parallelism(backend))
+                              progress=progress, runner=_runner(backend), width=parallelism(backend),
+                              simulation_limit=args.simulation_limit)
     except SpecError as exc:
         raise InputError(str(exc).splitlines()[0]) from None
     console.print(table(search, cluster))

@@ -46,6 +46,18 @@ def test_a_batch_of_a_million_samples_is_answered_from_the_estimate(tmp_path, ca
     assert saved.global_batch_size == 1048576 and layer_passes(saved) > 2**20
 
 
+def test_the_simulation_limit_is_an_option_of_the_command(tmp_path, capsys):
+    """gpt-1.3b has 24 layers, each run by at least one GPU for at least one microbatch: every plan is at
+    least 24 layer passes, so a limit of 10 leaves both top plans to their estimates; the default
+    (2^20, far above 64 samples' plans on 8 GPUs) simulates them."""
+    argv = ["plan", "--cluster", "1x8xA100-80GB", "--workload", "gpt-1.3b", "--batch", "64", "--top", "2",
+            "--out", str(tmp_path / "plan.json"), "--plot", ""]
+    assert main(argv + ["--simulation-limit", "10"]) == 0
+    assert "2 of the 2 best estimates not simulated" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "not simulated" not in capsys.readouterr().out
+
+
 def test_the_mfu_column_says_it_counts_the_gpus_the_plan_uses():
     # one layer and one sample: the best plan runs on one GPU and leaves the other idle
     search = plan("1x1xT4+1x1xA100-80GB", "toy:layers=1", 1, top=2)

@@ -88,7 +88,8 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
         search.notes.append(
             f"{len(skipped)} of the {len(chosen)} best estimates not simulated: a step of up to {largest:,} layer "
             f"passes (microbatches x each stage's GPUs x its layers) is above the simulation limit of "
-            f"{simulation_limit:,} (about 5 to 25 s of simulation each): their times are the estimate's")
+            f"{simulation_limit:,} (a pass simulates in about 5 to 25 us; --simulation-limit raises it): their "
+            f"times are the estimate's")
     if best.simulated is not None and refine_rounds:
         refined, _ = refine(cluster, workload, global_batch_size, best, refine_rounds, key, runner,
                             limit=simulation_limit)
