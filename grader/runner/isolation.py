@@ -12,8 +12,10 @@ after the run (and, if the grader was killed, by the next run: `clean_stale`).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,7 +33,7 @@ from ..scenario import Scenario
 from . import sandbox
 from .cgroup import RunCgroup, stale
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = sandbox.PROJECT_ROOT
 FOLDER_PREFIX = "dist-sandbox-grader-"
 HEADER_BYTES = 16 * 2**20  # a header: status and lengths (a --api run's figures are larger)
 STDERR_TAIL = 4096
@@ -171,7 +173,7 @@ def _run_inputs(scenario: dict[str, Any], folder: Path, copies: dict[str, str]) 
 def _in_project_strategies(path: Path) -> bool:
     """Whether `path` is one of the project's bundled strategies, which every run's view shows in place
     (they import their neighbours)."""
-    return (sandbox.PROJECT_ROOT / "strategies") in path.parents and path.is_file()
+    return (PROJECT_ROOT / "strategies") in path.parents and path.is_file()
 
 
 def _copy_submission(path: Path, src: Path) -> Path:
@@ -199,8 +201,6 @@ def _copy_submission(path: Path, src: Path) -> Path:
 def _unseen_module(message: str, path: Path) -> str:
     """A hint for a failed run whose import of a module beside the submission found nothing: the run
     sees its own file and the `_*.py` helpers beside it, not the rest of its folder."""
-    import importlib.util
-    import re
     found = re.search(r"ModuleNotFoundError: No module named '([A-Za-z_][A-Za-z0-9_]*)'", message)
     if found is None:
         return ""
