@@ -270,10 +270,16 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
     return step_end(cluster, workload, placed, backs, weights, pipeline, schedule == "zero-bubble"), mem
 
 
+def chunk_sizes(layers: int, chunks: int) -> list[int]:
+    """A stage's `layers` cut into `chunks` blocks for the interleaved schedule, the first ones a layer
+    longer where they do not divide."""
+    return [layers // chunks + (c < layers % chunks) for c in range(chunks)]
+
+
 def _virtual_bound(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]], microbatches: int,
                    chunks: int) -> float:
     """Interleaved: a lower bound from the virtual pipeline of p x v chunk passes (chunk c of stage s is
-    virtual stage c x p + s, its layers cut as `to_plan` cuts them). The chunks of a stage are not alike:
+    virtual stage c x p + s, its layers cut by `chunk_sizes`). The chunks of a stage are not alike:
     the last stage's last chunk alone runs the loss. A virtual stage j runs the forward and backward of
     every microbatch in turn, after the first microbatch has passed forward through the virtual stages
     before it and before the last one passes backward through them: sum_{k<j} (u_k + crossings) + m u_j.
@@ -284,8 +290,9 @@ def _virtual_bound(cluster: Cluster, workload: Workload, placed: list[tuple[int,
     for c in range(chunks):
         start = 0
         for s, (n, o) in enumerate(placed):
-            first = start + sum(n // chunks + (k < n % chunks) for k in range(c))
-            last = first + n // chunks + (c < n % chunks)
+            sizes = chunk_sizes(n, chunks)
+            first = start + sum(sizes[:c])
+            last = first + sizes[c]
             k = o.costs
             u = k.forward[last] - k.forward[first] + k.backward[last] - k.backward[first]
             passes.append(u + (o.loss if s == pp - 1 and c == chunks - 1 else 0.0))

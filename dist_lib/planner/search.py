@@ -20,7 +20,8 @@ from ..hardware import Cluster
 from ..workload import Workload
 from . import space
 from .estimate import LayerCosts, layer_costs, rerun_stash, with_total
-from .partition import MEMORY_HEADROOM, StageOption, fits, no_collective, partition, step_estimate
+from .partition import (MEMORY_HEADROOM, StageOption, chunk_sizes, fits, no_collective, partition,
+                        step_estimate)
 from .plan import Plan, Stage
 
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
@@ -236,7 +237,7 @@ def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches
     blocks in Megatron's interleaved order (virtual stage c * p + s)."""
     pp = len(placed)
     counts = [n for n, _ in placed]
-    parts = [[n // chunks + (c < n % chunks) for c in range(chunks)] for n in counts]
+    parts = [chunk_sizes(n, chunks) for n in counts]
     blocks: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
     start = 0
     for c in range(chunks):
