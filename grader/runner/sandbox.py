@@ -180,16 +180,38 @@ def readable_by_sandbox(path: Path) -> bool:
     """Whether the sandbox's user can read `path` (a folder: list and enter it), when it runs as nobody
     by the "other" permissions: `view` shows nothing it cannot (bubblewrap, as that user, could not bind
     it). A run's submission and inputs are copied into it whatever their permissions (`isolation.py`)."""
+    return hidden_part(path) is None
+
+
+def hidden_part(path: Path) -> Path | None:
+    """The first of `path` and the folders above it that the sandbox's user cannot pass (a folder it
+    cannot enter, or `path` itself unreadable), or None when it can read `path`."""
     if os.geteuid() != 0:
-        return os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0))
+        return None if os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)) else path
     import stat
     try:
+        for folder in reversed(path.parents):
+            if not folder.stat().st_mode & stat.S_IXOTH:
+                return folder
         mode = path.stat().st_mode
-        if not mode & stat.S_IROTH or (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH):
-            return False
-        return all(folder.stat().st_mode & stat.S_IXOTH for folder in path.parents)
     except OSError:
-        return False
+        return path
+    if not mode & stat.S_IROTH or (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH):
+        return path
+    return None
+
+
+def _unreadable_python() -> str:
+    """Why the sandbox's user may be unable to start this Python: the part of its installation it cannot
+    read (a Python installed in root's home, as pyenv does), or '' when it can read it all."""
+    for name in (sys.executable, sys.base_prefix):
+        path = Path(name).resolve()
+        blocked = hidden_part(path)
+        if blocked is not None:
+            return (f"; the sandbox runs as nobody, who cannot read {path} ({blocked} is closed to other "
+                    "users): install Python where every user can read it (not in a home folder), or run "
+                    "the grader as an unprivileged user")
+    return ""
 
 
 @functools.lru_cache(maxsize=1)
@@ -215,5 +237,5 @@ def problem() -> str | None:
                 os.close(seccomp_fd)
     if proc.returncode != 0:
         why = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
-        return f"bubblewrap cannot run the worker here ({why[0]})"
+        return f"bubblewrap cannot run the worker here ({why[0]}){_unreadable_python()}"
     return None
