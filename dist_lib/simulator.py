@@ -18,6 +18,7 @@ from typing import Any
 from .check import HandedIn, check_final_weights, check_kept
 from .comm import unfinished
 from .engine import Engine
+from .file_import import beside, import_hint
 from .errors import DeadlockError, IncorrectStepError, ResourceError, SpecError, StrategyError
 from .hardware import Cluster
 from .memory import RankLog, slot_records
@@ -233,13 +234,14 @@ def _load_file(path: Path) -> Any:
             raise SpecError(f"strategy file {path}: cannot be imported as Python")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        with beside(path):
+            spec.loader.exec_module(module)
         return module
     except SpecError:
         raise
     except (Exception, SystemExit) as exc:  # a file that calls exit() on import must not end the caller
         raise StrategyError(f"strategy file {path}: importing it raised {type(exc).__name__}: {exc}"
-                            f"{user_frame(exc)}") from exc
+                            f"{user_frame(exc)}{import_hint(exc)}") from exc
 
 
 def accepted_options(train: Strategy) -> list[str] | None:

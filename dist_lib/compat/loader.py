@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..waits import HangWatch, interrupt_at_once, user_frame
+from ..file_import import beside, import_hint
 from ..errors import IncorrectStepError, SimulationError, SpecError, StrategyError
 from ..result import Result
 from ..hardware import MAX_WORLD_SIZE
@@ -303,12 +304,13 @@ def _load(path: Path) -> types.ModuleType:
         raise SpecError(f"strategy file {path}: cannot be imported as Python")
     module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        with beside(path.resolve()):
+            spec.loader.exec_module(module)
     except SimulationError:
         raise
     except Exception as exc:
         raise StrategyError(f"strategy file {path}: importing it raised {type(exc).__name__}: {exc}"
-                            f"{user_frame(exc)}") from exc
+                            f"{user_frame(exc)}{import_hint(exc)}") from exc
     return module
 
 
