@@ -102,3 +102,22 @@ def test_zero_bubble_max_in_flight_zero_is_rejected_not_read_as_the_default():
 def test_hetero_shares_that_are_not_a_list_name_the_option():
     with pytest.raises(StrategyError, match=r"shares must give each of dp=2 replicas .* got 4"):
         simulate(strategy("hetero"), "1x2xT4+1x2xA100-80GB", "toy", 8, dp=2, pp=2, shares=4)
+
+
+@pytest.mark.parametrize("workload, options, message", [
+    ("toy", {"recompute": True, "selective_recompute": True}, "exclude each other"),
+    ("toy", {"tp": 4, "pp": 1, "dp": 1, "sequence_parallel": True}, None),  # 16 heads, 1024 tokens: fine
+    ("toy:seq=1022", {"tp": 4, "pp": 1, "dp": 1, "sequence_parallel": True}, "1022 tokens does not split into 4"),
+    ("toy:seq=1022", {"tp": 4, "pp": 1, "dp": 1}, None),  # no sequence parallelism: nothing to split
+    ("toy:heads=8,hidden=1024", {"tp": 4, "pp": 1, "dp": 1}, None),
+    ("toy:heads=2,hidden=1024", {"tp": 4, "pp": 1, "dp": 1}, "tp=4 does not divide the 2 attention heads"),
+])
+def test_hybrid_refuses_what_megatron_refuses(workload, options, message):
+    """Megatron-LM splits the heads over the TP group and, with sequence parallelism, the sequence; full and
+    selective recompute are one choice. Before, each of these ran and gave a figure for a run that cannot be."""
+    run = lambda: simulate(strategy("hybrid"), "1x4xV100-32GB", workload, 4, **options)  # noqa: E731
+    if message is None:
+        assert run().correct
+    else:
+        with pytest.raises(StrategyError, match=message):
+            run()
