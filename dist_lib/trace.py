@@ -71,7 +71,11 @@ def chrome_trace(result: Result) -> dict[str, Any]:
         if detail:
             args["detail"] = detail
         name = f"{op} L{layer}" + (" (recompute)" if detail == "recompute" else "")
-        ts, dur = start * 1e6, (end - start) * 1e6
+        # the end in microseconds minus the start, not the duration scaled: ts + dur then lands on the
+        # next slice's ts exactly (Sterbenz), where (end - start) * 1e6 can overshoot it by an ulp late in
+        # a long step, and trace viewers see slices that overlap without nesting
+        ts = start * 1e6
+        dur = end * 1e6 - ts
         out.append({"ph": "X", "pid": rank, "tid": tid, "name": name, "cat": op, "ts": ts, "dur": dur, "args": args})
         if stream == "p2p":
             flow = {"ph": "s" if op == "send" else "f", "pid": rank, "tid": tid, "name": "message",
@@ -175,9 +179,10 @@ def validate_trace(trace: dict[str, Any] | str | Path) -> list[str]:
         spans.sort(key=lambda s: (s[0], -s[1]))
         stack: list[tuple[float, float, str]] = []
         for start, end, name in spans:
-            while stack and stack[-1][1] <= start + 1e-9:
+            slack = 1e-9 + 1e-15 * abs(end)  # a few ulps of the times in microseconds, however late
+            while stack and stack[-1][1] <= start + slack:
                 stack.pop()
-            if stack and end > stack[-1][1] + 1e-9:
+            if stack and end > stack[-1][1] + slack:
                 problems.append(f"pid {pid} tid {tid}: {name!r} at {start:.3f} us overlaps {stack[-1][2]!r} "
                                 f"without nesting")
             stack.append((start, end, name))

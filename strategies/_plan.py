@@ -22,6 +22,7 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                tied_embeddings: bool = False, attention_mask_messages: bool = False) -> StagePlan:
     """This rank's part of a dp x pp x tp run with an even (or the given) layer partition."""
     layout = Layout.build(model.world_size, dp, pp, tp)
+    check_modes(model.workload, tp, recompute, selective_recompute, sequence_parallel)
     if tp > 1:
         layout.check_tp_in_node(model.cluster)
     replica, stage, tp_rank = layout.coords(model.rank)
@@ -50,6 +51,23 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                      sequence_parallel=sequence_parallel, overlap_grad_reduce=overlap_grad_reduce,
                      scatter_gather=scatter_gather, async_tp_allreduce=async_tp_allreduce,
                      tied_embeddings=tied_embeddings, attention_mask_messages=attention_mask_messages)
+
+
+def check_modes(workload, tp: int, recompute: bool, selective_recompute: bool, sequence_parallel: bool) -> None:
+    """What Megatron-LM refuses, refused here by the option to change: full and selective recompute are
+    one choice (`--recompute-granularity full|selective`); a TP group splits the attention heads
+    (`divide(num_attention_heads, tp)` in ParallelAttention); sequence parallelism splits the sequence
+    (`scatter_to_sequence_parallel_region` asserts the sequence divides by tp)."""
+    if recompute and selective_recompute:
+        raise ValueError("recompute=True and selective_recompute=True exclude each other (full recompute "
+                         "already re-runs the attention core); choose one")
+    if tp > 1 and workload.heads % tp:
+        raise ValueError(f"tp={tp} does not divide the {workload.heads} attention heads of workload "
+                         f"{workload.name}; choose a tp that divides {workload.heads}")
+    if sequence_parallel and tp > 1 and workload.seq_len % tp:
+        raise ValueError(f"sequence_parallel=True with tp={tp}: the sequence of {workload.seq_len} tokens does not "
+                         f"split into {tp} equal pieces; choose a tp that divides {workload.seq_len}, or "
+                         f"sequence_parallel=False")
 
 
 @functools.lru_cache(maxsize=256)

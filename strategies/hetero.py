@@ -60,7 +60,7 @@ def plan(model: Model, dp: int | None, pp: int, microbatch_size: int, partition,
                                           mode) for d, ranks in enumerate(replicas)]
         counts = _shares(seconds, total)
     else:
-        counts = list(shares)
+        counts = list(shares) if isinstance(shares, (list, tuple)) else []
         if len(counts) != layout.dp or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts) \
                 or sum(counts) != total:
             raise ValueError(f"shares must give each of dp={layout.dp} replicas a whole number >= 1 of "

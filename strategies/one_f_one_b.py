@@ -29,6 +29,6 @@ def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1) -> lis
 
 async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, partition=None,
                 recompute: bool = False) -> None:
-    plan = build_plan(model, schedule, microbatch_size=microbatch_size, pp=pp or model.world_size,
+    plan = build_plan(model, schedule, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       partition=partition, recompute=recompute)
     await run_stage(model, plan)

@@ -8,6 +8,8 @@ With n data-parallel ranks and Psi parameters, per-rank model state falls from D
            the next layer's all-gather prefetched while the current one computes)
 Communication: stages 1 and 2 move what DDP's all-reduce moves (reduce-scatter + all-gather of the
 updated shards); stage 3 adds one all-gather per layer in backward, 1.5x in all. Bubble: none.
+On one rank a shard is the whole tensor and there is nothing to gather (DeepSpeed and FSDP run with a
+data-parallel world of 1 and skip the gathers' work): the step is plain training with ZeRO's bookkeeping.
 """
 
 from __future__ import annotations
@@ -60,10 +62,20 @@ async def train(model: Model, *, stage: int = 3, microbatch_size: int = 4) -> No
         grad = await shards.pop(layer)
         new_shard, _ = model.update(layer, grad, weights[layer], opt_states[layer])
         weights[layer] = opt_states[layer] = grad = None
-        gathered[layer] = model.all_gather(new_shard)
+        gathered[layer] = _gather(model, new_shard)
         del new_shard
     for layer in reversed(range(layers)):
         model.set_final_weight(layer, await gathered.pop(layer))
+
+
+def _gather(model: Model, shard):
+    """Start the all-gather of a weight shard; on one rank the shard is already whole (1 of 1), and
+    awaiting the result gives it back unchanged."""
+    return model.all_gather(shard) if model.world_size > 1 else _whole(shard)
+
+
+async def _whole(tensor):
+    return tensor
 
 
 class _Shards:
@@ -104,22 +116,22 @@ async def _fully_sharded(model: Model, batches: list[range]) -> None:
     for samples in batches:
         # forward: gather layer l+1 while layer l computes, drop each full weight after use
         inputs, x = [], model.get_input_activation(samples)
-        gather = model.all_gather(state[0][0])
+        gather = _gather(model, state[0][0])
         for layer in range(layers):
             weight = await gather
             if layer + 1 < layers:
-                gather = model.all_gather(state[layer + 1][0])
+                gather = _gather(model, state[layer + 1][0])
             inputs.append(x)
             x = model.forward(layer, x, weight)
             del weight
         grad = model.loss(x)
         del x
         # backward: the same in reverse; each gradient is reduce-scattered as soon as it exists
-        gather = model.all_gather(state[layers - 1][0])
+        gather = _gather(model, state[layers - 1][0])
         for layer in reversed(range(layers)):
             weight = await gather
             if layer > 0:
-                gather = model.all_gather(state[layer - 1][0])
+                gather = _gather(model, state[layer - 1][0])
             weight_grad, grad = model.backward(layer, inputs.pop(), grad, weight)
             del weight
             await shards.add(layer, weight_grad)

@@ -26,7 +26,7 @@ def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=
     """Stage `stage`'s order; `times[s]` maps "F", "I", "W" to stage s's durations (default all 1)."""
     if chunks != 1:
         raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
-    return greedy_orders(stages, microbatches, max_in_flight or stages, times)[stage]
+    return greedy_orders(stages, microbatches, stages if max_in_flight is None else max_in_flight, times)[stage]
 
 
 def greedy_orders(p: int, m: int, limit: int, times=None) -> list[list[Action]]:
@@ -80,6 +80,6 @@ async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None
     def zb_h1(stage: int, stages: int, microbatches: int, chunks: int, times=None) -> list[Action]:
         return schedule(stage, stages, microbatches, chunks, times, max_in_flight)
 
-    plan = build_plan(model, zb_h1, microbatch_size=microbatch_size, pp=pp or model.world_size,
+    plan = build_plan(model, zb_h1, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       partition=partition, recompute=recompute)
     await run_stage(model, plan)
