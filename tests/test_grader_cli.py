@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -35,7 +36,8 @@ def test_run_json_reports_replayed_figures_and_writes_trace_and_plots(tmp_path, 
     assert out["time_s"] == direct.time_s
     assert out["peak_memory_bytes"] == direct.peak_memory_bytes and out["correct"] is True
     assert trace.exists() and json.loads(trace.read_text())["traceEvents"]
-    assert sorted(Path(p).name for p in out["plots"]) == ["ddp.memory.png", "ddp.schedule.png"]
+    plots = ["ddp.memory.png", "ddp.schedule.png"] if importlib.util.find_spec("matplotlib") else []  # an extra
+    assert sorted(Path(p).name for p in out["plots"]) == plots
     assert all(Path(p).stat().st_size > 1000 for p in out["plots"])
 
 
