@@ -13,8 +13,10 @@ With stages that balance, each replica idles 1F1B's (p - 1) / (m + p - 1) of its
 holds at most p - s microbatches of activations; where the shares do not balance the replicas exactly,
 the faster ones wait for the slowest at the gradient all-reduce.
 Both choices can be given instead: `partition` (layer counts per stage, or one such list per replica)
-and `shares` (microbatches per replica), so a planner or a user can evaluate a given plan. The planner's
-own plans (`planned.py`) go further: per-stage (dp, tp), shares within a microbatch, other schedules.
+and `shares` (microbatches per replica), so a planner or a user can evaluate a given plan. Both cuts
+weigh compute and memory only, not links: a slow link between two stages (or under a replica's gradient
+all-reduce) is paid as it comes. The planner's own plans (`planned.py`) go further: they cost every
+message, and choose per-stage (dp, tp), shares within a microbatch and other schedules.
 """
 
 from __future__ import annotations
