@@ -180,10 +180,12 @@ def test_a_plan_file_that_does_not_fit_the_run_is_named_by_grader_run(tmp_path, 
 def test_the_pareto_front_holds_the_plan_moving_layers_made(tmp_path, capsys):
     # here the simulator's winner improves by moving layers between its stages: that plan, the best
     # printed, is the fastest on the front (it was left out, and a slower plan led the front)
-    args = ["--cluster", "1x2xA10+1x2xT4", "--workload", "gpt-760m", "--batch", "8", "--top", "3"]
+    # (GPT-350M: the interleaved 7/17 plan, 664.1 ms, becomes 632.8 ms; GPT-760M on the same cluster did
+    # this until the estimate played out interleaved plans, and now ranks first the plan it simulated best)
+    args = ["--cluster", "1x2xA10+1x2xT4", "--workload", "gpt-350m", "--batch", "8", "--top", "3"]
     assert main(["plan", *args, "--out", str(tmp_path / "p.json"), "--plot", ""]) == 0
     printed = capsys.readouterr().out
-    search = plan("1x2xA10+1x2xT4", "gpt-760m", 8, top=3)
+    search = plan("1x2xA10+1x2xT4", "gpt-350m", 8, top=3)
     assert search.refined_from is not None and search.best.seconds < search.refined_from.seconds
     front = printed.split("Pareto front (time per step, $ per step, $ per million tokens): ", 1)[1]
     assert front.split(" ms", 1)[0] == f"{search.best.seconds * 1e3:.2f}"

@@ -5,8 +5,10 @@ search can rank thousands of candidates before the simulator runs the best few.
 Time: each stage's time per microbatch is its slowest replica's forward + backward (with TP all-reduces,
 recompute, the loss on the last stage and the all-gather of each message that arrives as TP pieces). A
 pipeline of p stages and m microbatches takes the sum of the stage times plus (m - 1) x the slowest
-(heterogeneous 1F1B, Narayanan et al. 2021; Metis, Um et al. ATC'24, eq. 2); interleaving divides the fill
-by the chunk count, ZB-H1 moves the weight-gradient half out of it (Qi et al. 2023). An activation and a
+(heterogeneous 1F1B, Narayanan et al. 2021; Metis, Um et al. ATC'24, eq. 2); ZB-H1 moves the
+weight-gradient half out of the fill (Qi et al. 2023). Interleaved, every chunk pass is played out in the
+order the schedule issues it (`playout.py`), or, beyond `partition.PLAYOUT_PASSES` passes, the fill is
+divided by the chunk count. An activation and a
 gradient cross each boundary per microbatch (interleaved: once per chunk, and from the last stage back
 to the first between chunks), their messages sharing links (`messages.py`); a message moves only once
 its receiver posts the receive, when its pass needs the input, so each stage's time per microbatch

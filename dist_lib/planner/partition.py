@@ -5,7 +5,8 @@ order, each as many as fit in T and in its memory, over its TP options; a binary
 that places every layer. This is the bottleneck-optimal contiguous partition AMP and Metis find by
 dynamic programming (Li et al. NeurIPS'22, sec. 4), in O(p log L) per probe. The step estimate then adds
 the pipeline fill, the exchanges between stages, the data-parallel reduction and the optimizer step
-(see `estimate.py` for the per-layer figures it reads).
+(see `estimate.py` for the per-layer figures it reads); an interleaved pipeline of up to `PLAYOUT_PASSES`
+chunk passes is played out pass by pass instead (`playout.py`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
 from .messages import crossing_seconds, scatters
+from .playout import play_interleaved
 from .tail import no_collective, step_end
 
 MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
+# interleaved plans of at most this many chunk passes a step (2 p v m) are played out pass by pass
+# (`playout.py`); longer ones keep the closed form and the virtual-pipeline bound
+PLAYOUT_PASSES = 1 << 14
 BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
 
 
@@ -265,7 +270,10 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
     # the first microbatch takes the fill's path and the slowest stage's time; each further one the pace
     pipeline = (m - 1) * slowest + paced + fill
     if schedule == "interleaved" and pp > 1:
-        pipeline = max(pipeline, _virtual_bound(cluster, workload, placed, m, chunks))
+        if 2 * pp * chunks * m <= PLAYOUT_PASSES:
+            pipeline = _interleaved_playout(cluster, workload, placed, m, chunks)
+        else:
+            pipeline = max(pipeline, _virtual_bound(cluster, workload, placed, m, chunks))
     # the pipeline ends with stage 0's last backward; then each stage's reductions and update (`tail.py`)
     return step_end(cluster, workload, placed, backs, weights, pipeline, schedule == "zero-bubble"), mem
 
@@ -278,7 +286,7 @@ def chunk_sizes(layers: int, chunks: int) -> list[int]:
 
 def _virtual_bound(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]], microbatches: int,
                    chunks: int) -> float:
-    """Interleaved: a lower bound from the virtual pipeline of p x v chunk passes (chunk c of stage s is
+    """Interleaved, beyond `PLAYOUT_PASSES`: a lower bound from the virtual pipeline of p x v chunk passes (chunk c of stage s is
     virtual stage c x p + s, its layers cut by `chunk_sizes`). The chunks of a stage are not alike:
     the last stage's last chunk alone runs the loss. A virtual stage j runs the forward and backward of
     every microbatch in turn, after the first microbatch has passed forward through the virtual stages
@@ -309,3 +317,29 @@ def _virtual_bound(cluster: Cluster, workload: Workload, placed: list[tuple[int,
                                   + crossing_seconds(cluster, workload, placed[b][1], placed[a][1]))
             before += u + crossing[a, b]
     return bound
+
+
+def _interleaved_playout(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
+                         microbatches: int, chunks: int) -> float:
+    """Interleaved: when stage 0's last backward ends, from a play-out of every chunk pass in the order
+    each stage issues it (`playout.play_interleaved`). Chunk c of stage s is virtual stage c x p + s, its
+    layers cut by `chunk_sizes`; the last one also runs the loss. Each message waits for its crossing
+    (`crossing_seconds`) and, where it arrives as TP pieces, the receiving stage's all-gather."""
+    pp = len(placed)
+    forward, backward, onward, back = [], [], [], []
+    for c in range(chunks):
+        start = 0
+        for s, (n, o) in enumerate(placed):
+            sizes = chunk_sizes(n, chunks)
+            first = start + sum(sizes[:c])
+            last = first + sizes[c]
+            k = o.costs
+            loss = o.loss if s == pp - 1 and c == chunks - 1 else 0.0
+            forward.append(k.forward[last] - k.forward[first] + loss)
+            backward.append(k.backward[last] - k.backward[first])
+            a, b = o, placed[(s + 1) % pp][1]  # virtual stage j and j + 1
+            gathered = scatters(a, b)
+            onward.append(crossing_seconds(cluster, workload, a, b) + (b.gather if gathered else 0.0))
+            back.append(crossing_seconds(cluster, workload, b, a) + (a.gather if gathered else 0.0))
+            start += n
+    return play_interleaved(forward, backward, onward, back, pp, microbatches)
