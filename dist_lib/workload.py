@@ -71,6 +71,14 @@ class Workload:
                                 f"{(MAX_NBYTES + 1) / 2**40:g} TiB a simulated tensor may hold; reduce seq, hidden, "
                                 f"heads or vocab")
 
+    def tp_problem(self, tp: int) -> str | None:
+        """Why `tp`-way tensor parallelism cannot split this model, or None when it can: each TP rank
+        takes whole attention heads, as Megatron-LM's `divide(num_attention_heads, tp)` requires."""
+        if tp > 1 and self.heads % tp:
+            return (f"tp={tp} does not divide the {self.heads} attention heads of workload {self.name}; "
+                    f"choose a tp that divides {self.heads}")
+        return None
+
     # ---- per-layer figures --------------------------------------------------------------------
 
     def layer_params(self, layer: int) -> int:

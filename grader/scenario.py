@@ -53,7 +53,7 @@ class Scenario:
             try:
                 plan = Plan.load(path)
                 plan.check(cluster.world_size, workload.num_layers, self.global_batch, cluster,
-                           source=f"plan file {path}")
+                           source=f"plan file {path}", workload=workload)
             except SpecError as exc:
                 raise InputError(str(exc)) from None
             object.__setattr__(self, "options", {**self.options, "plan": plan.to_dict()})

@@ -61,9 +61,8 @@ def check_modes(workload, tp: int, recompute: bool, selective_recompute: bool, s
     if recompute and selective_recompute:
         raise ValueError("recompute=True and selective_recompute=True exclude each other (full recompute "
                          "already re-runs the attention core); choose one")
-    if tp > 1 and workload.heads % tp:
-        raise ValueError(f"tp={tp} does not divide the {workload.heads} attention heads of workload "
-                         f"{workload.name}; choose a tp that divides {workload.heads}")
+    if workload.tp_problem(tp):
+        raise ValueError(workload.tp_problem(tp))
     if sequence_parallel and tp > 1 and workload.seq_len % tp:
         raise ValueError(f"sequence_parallel=True with tp={tp}: the sequence of {workload.seq_len} tokens does not "
                          f"split into {tp} equal pieces; choose a tp that divides {workload.seq_len}, or "

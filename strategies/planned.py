@@ -37,7 +37,8 @@ async def train(model: Model, *, plan=None) -> None:
     """Run `plan` (a `Plan`, its dict, or a plan file); without one, the planner's best estimate."""
     source = f"plan file {plan}" if isinstance(plan, (str, Path)) else "plan"
     plan = estimated_plan(model) if plan is None else Plan.load(plan)
-    plan.check(model.world_size, model.num_layers, model.global_batch_size, model.cluster, source)
+    plan.check(model.world_size, model.num_layers, model.global_batch_size, model.cluster, source,
+               model.workload)
     where = locate(plan, model.rank)
     if where is None:
         return  # a rank the plan leaves idle

@@ -233,3 +233,16 @@ def test_stages_of_other_tp_degrees_send_whole_messages():
     assert result.correct
     assert {e.nbytes for e in events(result, "send")} == {2 * SAMPLE}
     assert not events(result, "all_gather")
+
+
+def test_a_plan_whose_tp_does_not_split_the_heads_is_refused_by_field():
+    cluster, workload = Cluster.load("1x4xA100-80GB"), Workload.load("gpt-1.3b:hidden=1600,heads=25,layers=4")
+    given = Plan((Stage((0, 1, 2, 3), 2, ((0, 4),), (1, 1)),), 2, 4, "1f1b")
+    given.check(4, 4, 8, cluster)  # without the workload, only the world and batch are checked
+    with pytest.raises(SpecError) as caught:
+        given.check(4, 4, 8, cluster, workload=workload)
+    assert str(caught.value) == ("plan: stages[0]: tp=2 does not divide the 25 attention heads of workload "
+                                 "gpt-1.3b:hidden=1600,heads=25,layers=4; "
+                                 "choose a tp that divides 25")
+    with pytest.raises(SpecError, match=r"^plan: stages\[0\]: tp=2 does not divide the 25 attention heads"):
+        simulate("strategies/planned.py", cluster, workload, 8, plan=given)

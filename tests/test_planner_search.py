@@ -375,7 +375,7 @@ def test_the_tensor_ranks_gradient_rings_share_a_nodes_nic_in_the_estimate():
     assert space_.concurrent_speed([(0, 2)]) == 1.0
     assert space_.concurrent_speed([(0, 2), (1, 3)]) == 0.5
     option = {o.tp: o for o in space_.options((0, 1, 2, 3), 2, "selective", 0)}[2]
-    nic = cluster.nodes[0].inter_link  # 1.25 GB/s, 14 us
+    # the node NIC: 1.25 GB/s, 14 us
     # a 2-rank ring all-reduce of n bytes alone: 2(p-1)/p * n/B + 2(p-1) * alpha = n/B + 2 alpha; shared, twice
     n = 50_358_272  # a block's 16-bit gradient at tp 2: (12 h^2 + 13 h) / 2 parameters x 2 bytes, h = 2048
     alone = n / 1.25e9 + 2 * 14e-6
@@ -469,3 +469,15 @@ def test_plan_called_where_an_event_loop_runs_simulates_as_outside():
     assert inside.best.plan == outside.best.plan and inside.best.simulated == outside.best.simulated
     assert [c.simulated for c in inside.simulated] == [c.simulated for c in outside.simulated]
     assert inside.best.simulated is not None
+
+
+def test_the_search_proposes_only_tp_degrees_that_split_the_heads():
+    """GPT-2 XL's 25 heads of 64 split over no power of two: the search keeps tp = 1, as Megatron-LM must
+    (`divide(num_attention_heads, tp)`); 12 heads split 2 and 4 ways, not 8."""
+    cluster = Cluster.load("1x8xA100-80GB")
+    ranks = tuple(range(8))
+    assert space.tp_options(cluster, ranks) == [1, 2, 4, 8]
+    assert space.tp_options(cluster, ranks, Workload.load("gpt-1.3b:hidden=1600,heads=25")) == [1]
+    assert space.tp_options(cluster, ranks, Workload.load("gpt-1.3b:hidden=768,heads=12")) == [1, 2, 4]
+    search = plan(cluster, Workload.load("gpt-1.3b:hidden=1600,heads=25,layers=8"), 16, top=2)
+    assert {s.tp for c in search.candidates for s in c.plan.stages} == {1}

@@ -173,9 +173,9 @@ class Plan:
         _int(self.microbatches, f"{source}: microbatches", 1)
 
     def check(self, world_size: int, num_layers: int, global_batch_size: int, cluster: Any = None,
-              source: str = "plan") -> None:
+              source: str = "plan", workload: Any = None) -> None:
         """Raise `SpecError` naming the field (after `source`, e.g. the plan's file) when this plan cannot
-        run on the world, model and batch."""
+        run on the world, model and batch (and, given the workload, split its attention heads)."""
         self._check_types(source)
         if self.schedule not in SCHEDULES:
             raise SpecError(f"{source}: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
@@ -191,6 +191,8 @@ class Plan:
             where = f"{source}: stages[{i}]"
             if stage.tp < 1 or len(stage.ranks) % stage.tp:
                 raise SpecError(f"{where}: tp={stage.tp} does not divide its {len(stage.ranks)} ranks")
+            if workload is not None and workload.tp_problem(stage.tp):
+                raise SpecError(f"{where}: {workload.tp_problem(stage.tp)}")
             for r in stage.ranks:
                 if not 0 <= r < world_size:
                     raise SpecError(f"{where}.ranks: rank {r} is not in the cluster's 0..{world_size - 1}")

@@ -99,8 +99,9 @@ def layouts(order: Order, num_layers: int, max_stages: int) -> list[tuple[tuple[
 
 
 def tp_options(cluster: Cluster, ranks: tuple[int, ...], workload: Workload | None = None) -> list[int]:
-    """TP degrees (powers of two) whose groups of consecutive ranks each sit in one node; with a workload
-    built from profiles, only the degrees profiled for every device type among the ranks."""
+    """TP degrees (powers of two) whose groups of consecutive ranks each sit in one node and, with a
+    workload, split its attention heads evenly; with a workload built from profiles, only the degrees
+    profiled for every device type among the ranks."""
     nodes = [cluster.node_of(r) for r in ranks]
     # a group of consecutive ranks sits in one node when no change of node falls inside it
     changes = [k for k in range(1, len(nodes)) if nodes[k] != nodes[k - 1]]
@@ -110,7 +111,8 @@ def tp_options(cluster: Cluster, ranks: tuple[int, ...], workload: Workload | No
         profiled = set.intersection(*(workload.profile.tp_degrees(d) for d in devices))
     out, t = [], 1
     while t <= len(ranks):
-        if len(ranks) % t == 0 and all(k % t == 0 for k in changes) and (profiled is None or t in profiled):
+        if len(ranks) % t == 0 and all(k % t == 0 for k in changes) and (profiled is None or t in profiled) \
+                and (workload is None or workload.tp_problem(t) is None):
             out.append(t)
         t *= 2
     return out
