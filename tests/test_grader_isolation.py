@@ -153,6 +153,7 @@ def test_no_cheat_ranks_above_its_honest_twin(board):
     ("nested_brackets", "invalid", "unreadable result"),
     ("huge_result", "invalid", "unreadable result"),  # cut at the file-size limit, its own header then garbled
     ("flood_stdout", "failed", "File too large"),  # stdout cut at the file-size limit
+    ("forged_compat", "invalid", "the worker wrote a --api result for a run of the native API"),
 ])
 def test_a_cheat_fails_as_its_program_deserves(board, cheat, status, words):
     rows, _ = _rows(board[1])

@@ -113,7 +113,7 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
             return Outcome("timeout", f"timed out after {limits.timeout_s:g} s of wall-clock time "
                                       f"(an infinite loop or a real blocking call in the strategy?)",
                            kind="Timeout", wall_s=wall)
-        outcome = _read(files, code, limits, wall)
+        outcome = _read(files, code, limits, wall, api)
         if outcome.status in ("crashed", "invalid") and group is not None and group.oom_kills():
             # (killed midway through writing its result, the worker leaves a header cut short)
             return Outcome("crashed", f"the worker process died: the run's processes together went over the "
@@ -263,7 +263,7 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _read(files: dict[str, Any], code: int | None, limits: Limits, wall: float) -> Outcome:
+def _read(files: dict[str, Any], code: int | None, limits: Limits, wall: float, api: str | None = None) -> Outcome:
     header_file, program_file = files["header"], files["program"]
     size = os.fstat(header_file.fileno()).st_size
     if size == 0:
@@ -280,7 +280,10 @@ def _read(files: dict[str, Any], code: int | None, limits: Limits, wall: float) 
     status = header["status"]
     if status != "ok":
         return Outcome(status, _text(header.get("message")), kind=_text(header.get("kind"), 80), wall_s=wall)
-    if "compat" in header:
+    if ("compat" in header) != bool(api):  # (its fields are checked where they are read: `compat_payload.py`)
+        return _malformed("the worker wrote a --api result for a run of the native API" if api is None
+                          else "the worker wrote a native result for a --api run", wall)
+    if api:
         return Outcome("ok", header=header, wall_s=wall)
     lengths = header.get("lengths")
     total = os.fstat(program_file.fileno()).st_size
