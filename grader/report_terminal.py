@@ -6,7 +6,8 @@ idle compute stream, and a dim dot for idle. Readable up to 64 ranks; peak memor
 
 Every string printed here is read as rich markup, so text the grader did not write itself (a submission's
 error message, file or strategy name, an option's value, a path, a scenario or cluster name) goes
-through `literal` and prints as it is: `[/x]` in an error message is text, not a closing tag.
+through `literal` and prints as it is: `[/x]` in an error message is text, not a closing tag, and a
+control character is its backslash escape.
 """
 
 from __future__ import annotations
@@ -27,9 +28,18 @@ CELLS = {"forward": ("F", "black on green"), "backward": ("B", "black on blue"),
 def literal(value: Any) -> str:
     """`value` as markup that prints exactly `str(value)`: for every piece of text the grader did not
     write itself. (The grader's consoles also leave `:name:` emoji codes as they are.) The bytes of a
-    file name that is not UTF-8 print as backslash escapes (`\\xff`)."""
+    file name that is not UTF-8 print as backslash escapes (`\\xff`), and so do the characters that are
+    not printable but line breaks (`\\x1b`, `\\u202e`): rich passes an escape sequence to the terminal as
+    it is, so a file named with one could move the cursor and overwrite other rows of the board."""
     text = str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return escape(text)
+    return escape(visible(text))
+
+
+def visible(text: str) -> str:
+    """`text` with each character that is neither printable nor a line break as its backslash escape."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def grader_console() -> Console:

