@@ -182,6 +182,16 @@ def test_a_cheat_that_hides_bytes_in_flight_pays_its_twins_memory(board, cheat):
     assert rows[cheat]["memory_bytes"] == honest["memory_bytes"] and rows[cheat]["time_s"] > honest["time_s"]
 
 
+def test_a_cheat_that_hands_in_hundreds_of_pieces_is_graded_within_the_limit(board):
+    """slow_kept_check's 600 pieces of layer 0 once held the grader's end-of-step check for minutes past
+    the suite's 8 s (the replay checks its deadline between ops only): now its row is graded, a correct
+    step that pays for its 300 extra updates."""
+    rows, _ = _rows(board[1])
+    cheat, honest = rows["slow_kept_check"], rows["honest"]
+    assert cheat["status"] == "ok", cheat["error"]
+    assert cheat["time_s"] > honest["time_s"] and cheat["memory_bytes"][1] == honest["memory_bytes"][1]
+
+
 def test_nothing_escaped_the_sandbox(board):
     _, out, copies, before = board
     after = {p: p.read_bytes() for p in copies.rglob("*") if p.is_file()}
