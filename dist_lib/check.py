@@ -49,10 +49,31 @@ def check_final_weights(finals: Iterable[tuple], num_layers: int, global_batch_s
             problems.append(f"layer {layer}: final weights mix tensor-parallel degrees {sorted(set(tp_sizes))}")
             continue
         tp_size = tp_sizes[0]
-        for tp_rank in range(tp_size):
-            held = weights if tp_size == 1 else [w for w, t in zip(weights, tp_ranks) if t == tp_rank]
-            problems.extend(_shard_coverage(layer, tp_rank, tp_size, held))
+        if tp_size == 1:
+            problems.extend(_shard_coverage(layer, 0, 1, weights))
+            continue
+        # the slices handed in, then one line for those none was (a TP degree may be 65536: the check
+        # is linear in the weights handed in, not in the slices that might have been)
+        slices: dict[int, list[tuple]] = {}
+        for w, tp_rank in zip(weights, tp_ranks):
+            slices.setdefault(tp_rank, []).append(w)
+        for tp_rank in sorted(slices):
+            problems.extend(_shard_coverage(layer, tp_rank, tp_size, slices[tp_rank]))
+        problems.extend(_missing_slices(layer, tp_size, slices))
     return problems
+
+
+def _missing_slices(layer: int, tp_size: int, slices: dict[int, list[tuple]]) -> list[str]:
+    """The tensor-parallel slices of a layer that no rank handed in, in one line."""
+    if len(slices) == tp_size:
+        return []
+    missing = full_mask(tp_size)
+    for tp_rank in slices:
+        missing &= ~(1 << tp_rank)
+    if missing & (missing - 1) == 0:
+        return [f"layer {layer} TP slice {missing.bit_length() - 1}/{tp_size}: no rank handed in this "
+                f"tensor-parallel slice"]
+    return [f"layer {layer}: no rank handed in tensor-parallel slices {describe_mask(missing)} of {tp_size}"]
 
 
 def _update_problems(layer: int, weights: Iterable[HandedIn], everything: int) -> list[str]:

@@ -91,3 +91,20 @@ def test_runs_of_shards_are_spans():
     from dist_lib.check import _runs
     assert _runs(0b1101) == [(0, 1), (2, 4)]
     assert _runs(0) == [] and _runs(0b1) == [(0, 1)] and _runs((1 << 70) - 1 << 3) == [(3, 73)]
+
+
+def test_missing_tp_slices_are_one_line_and_the_check_is_linear_in_what_was_handed_in():
+    """tests/cheats/wide_tp_slices.py's shape: 20000 slices of 65536 handed in, never updated. The check
+    walked all 65536 slices and, for each, every weight (1.3e9 steps here); now each weight is looked at
+    once, and the 45536 slices no one handed in are one line."""
+    import time
+    count = 20000
+    finals = [record(step=0, tp_rank=t, tp_size=65536) for t in range(count)]
+    started = time.process_time()
+    problems = check_final_weights(finals, 1, 4)
+    assert time.process_time() - started < 5
+    assert problems[:count] == ["layer 0: rank 0 handed in a weight that was never updated"] * count
+    assert problems[count:] == ["layer 0: no rank handed in tensor-parallel slices 20000-65535 of 65536"]
+    # two of three slices handed in, the third not
+    assert check_final_weights([record(tp_rank=0, tp_size=3), record(tp_rank=2, tp_size=3)], 1, 4) == [
+        "layer 0 TP slice 1/3: no rank handed in this tensor-parallel slice"]

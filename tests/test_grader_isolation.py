@@ -192,6 +192,15 @@ def test_a_cheat_that_hands_in_hundreds_of_pieces_is_graded_within_the_limit(boa
     assert cheat["time_s"] > honest["time_s"] and cheat["memory_bytes"][1] == honest["memory_bytes"][1]
 
 
+def test_a_cheat_that_hands_in_thousands_of_tp_slices_is_graded_within_the_limit(board):
+    """wide_tp_slices' 20000 slices of 65536 once held the grader's end-of-step check for minutes past the
+    suite's 8 s: now its row is graded, an incorrect step."""
+    row = _rows(board[1])[0]["wide_tp_slices"]
+    assert row["status"] == "incorrect", row["error"]
+    assert row["problems"][0] == "layer 0: rank 0 handed in a weight that was never updated"
+    assert row["problems"][-1] == f"... and {4 * 5001 - len(row['problems']) + 1} more"  # 5000 + 1 lines a layer
+
+
 def test_nothing_escaped_the_sandbox(board):
     _, out, copies, before = board
     after = {p: p.read_bytes() for p in copies.rglob("*") if p.is_file()}
