@@ -182,14 +182,16 @@ def test_a_cheat_that_hides_bytes_in_flight_pays_its_twins_memory(board, cheat):
     assert rows[cheat]["memory_bytes"] == honest["memory_bytes"] and rows[cheat]["time_s"] > honest["time_s"]
 
 
-def test_a_cheat_that_hands_in_hundreds_of_pieces_is_graded_within_the_limit(board):
+@pytest.mark.parametrize("cheat", ["slow_kept_check", "copy_schedule"])
+def test_a_cheat_that_does_extra_work_is_graded_on_it_within_the_limit(board, cheat):
     """slow_kept_check's 600 pieces of layer 0 once held the grader's end-of-step check for minutes past
-    the suite's 8 s (the replay checks its deadline between ops only): now its row is graded, a correct
-    step that pays for its 300 extra updates."""
+    the suite's 8 s (the replay checks its deadline between ops only); copy_schedule's copies stopped the
+    schedule `run` prints (tests/test_grader_cli.py). Both rows are graded: correct steps that pay for
+    their extra updates or copies."""
     rows, _ = _rows(board[1])
-    cheat, honest = rows["slow_kept_check"], rows["honest"]
-    assert cheat["status"] == "ok", cheat["error"]
-    assert cheat["time_s"] > honest["time_s"] and cheat["memory_bytes"][1] == honest["memory_bytes"][1]
+    row, honest = rows[cheat], rows["honest"]
+    assert row["status"] == "ok", row["error"]
+    assert row["time_s"] > honest["time_s"] and row["memory_bytes"][1] == honest["memory_bytes"][1]
 
 
 def test_a_cheat_that_hands_in_thousands_of_tp_slices_is_graded_within_the_limit(board):
