@@ -167,6 +167,21 @@ def test_run_prints_a_schedule_that_copies_fill(tmp_path, capsys):
     assert " o  other compute" in out
 
 
+def test_a_file_named_with_dollar_signs_gets_its_plots(tmp_path, capsys):
+    """Matplotlib reads `$...$` in a title as mathtext: a submission named `x$\\foo$.py` (an unknown
+    symbol) made drawing its schedule raise, and its row `crashed` in the grader. Its name is drawn as
+    it is now."""
+    pytest.importorskip("matplotlib")
+    strategy = tmp_path / "x$\\foo$.py"
+    strategy.write_text((ROOT / "tests" / "submissions" / "honest.py").read_text())
+    code = main(["run", str(strategy), "--cluster", "2xA100-80GB", "--workload", "toy:layers=4", "--batch", "8",
+                 "--trace", str(tmp_path / "t.json"), "--json"])
+    row = json.loads(capsys.readouterr().out)
+    assert (code, row["status"], row["strategy"]) == (0, "ok", "x$\\foo$")
+    assert [Path(p).name for p in row["plots"]] == ["t.schedule.png", "t.memory.png"]
+    assert all(Path(p).stat().st_size > 1000 for p in row["plots"])
+
+
 def test_check_passes_honest_and_shrinks_a_failure(capsys):
     assert main(["check", str(ROOT / "tests" / "submissions" / "honest.py"), "--examples", "5"]) == 0
     assert "passed: 5 configurations" in capsys.readouterr().out
