@@ -85,6 +85,8 @@ def board():
         shutil.copytree(ROOT / "tests" / name, copies / name, ignore=shutil.ignore_patterns("__pycache__"))
     # a run sees its own file and the _*.py helpers beside it: the pipeline cheats' twin goes beside them
     shutil.copy(copies / "submissions" / "honest_pipeline.py", copies / "cheats" / "_honest_pipeline.py")
+    # a helper that is a symbolic link to a classmate, as a student's repository may hold (linked_helper)
+    (copies / "cheats" / "_classmate.py").symlink_to(copies / "submissions" / "honest.py")
     # the grader keeps its private folders here, so that this board's sandboxes name this folder
     (copies / "tmp").mkdir(mode=0o755)
     before = {p: p.read_bytes() for p in copies.rglob("*") if p.is_file()}
@@ -164,7 +166,8 @@ def test_a_cheat_fails_as_its_program_deserves(board, cheat, status, words):
 @pytest.mark.parametrize("cheat", ["clock_rewind", "delete_events", "hide_memory", "zero_costs", "tiny_collectives",
                                    "one_param_update", "delete_allocations", "long_program", "kill_parent",
                                    "kill_siblings", "daemon_forger", "rewrite_siblings", "setsid_child",
-                                   "write_outside", "fork_bomb", "patch_work_complete", "read_classmates"])
+                                   "write_outside", "fork_bomb", "patch_work_complete", "read_classmates",
+                                   "linked_helper"])
 def test_a_cheat_that_made_the_honest_decisions_gets_the_honest_grade(board, cheat):
     """What it patched or attempted in its own process changed nothing: its program is its twin's."""
     rows, _ = _rows(board[1])
