@@ -9,7 +9,8 @@ layer it loaded (`check_kept`): the next step starts from what each rank holds.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from math import lcm
+from bisect import bisect_right
+from fractions import Fraction
 from typing import NamedTuple
 
 from .tensors import describe_mask, full_mask
@@ -48,10 +49,31 @@ def check_final_weights(finals: Iterable[tuple], num_layers: int, global_batch_s
             problems.append(f"layer {layer}: final weights mix tensor-parallel degrees {sorted(set(tp_sizes))}")
             continue
         tp_size = tp_sizes[0]
-        for tp_rank in range(tp_size):
-            held = weights if tp_size == 1 else [w for w, t in zip(weights, tp_ranks) if t == tp_rank]
-            problems.extend(_shard_coverage(layer, tp_rank, tp_size, held))
+        if tp_size == 1:
+            problems.extend(_shard_coverage(layer, 0, 1, weights))
+            continue
+        # the slices handed in, then one line for those none was (a TP degree may be 65536: the check
+        # is linear in the weights handed in, not in the slices that might have been)
+        slices: dict[int, list[tuple]] = {}
+        for w, tp_rank in zip(weights, tp_ranks):
+            slices.setdefault(tp_rank, []).append(w)
+        for tp_rank in sorted(slices):
+            problems.extend(_shard_coverage(layer, tp_rank, tp_size, slices[tp_rank]))
+        problems.extend(_missing_slices(layer, tp_size, slices))
     return problems
+
+
+def _missing_slices(layer: int, tp_size: int, slices: dict[int, list[tuple]]) -> list[str]:
+    """The tensor-parallel slices of a layer that no rank handed in, in one line."""
+    if len(slices) == tp_size:
+        return []
+    missing = full_mask(tp_size)
+    for tp_rank in slices:
+        missing &= ~(1 << tp_rank)
+    if missing & (missing - 1) == 0:
+        return [f"layer {layer} TP slice {missing.bit_length() - 1}/{tp_size}: no rank handed in this "
+                f"tensor-parallel slice"]
+    return [f"layer {layer}: no rank handed in tensor-parallel slices {describe_mask(missing)} of {tp_size}"]
 
 
 def _update_problems(layer: int, weights: Iterable[HandedIn], everything: int) -> list[str]:
@@ -105,7 +127,9 @@ def check_kept(loaded: Sequence[Iterable[tuple]], finals: Iterable[tuple]) -> li
     (`loaded[rank]`: `Loaded` records; `finals`: `HandedIn` records). A rank that holds a weight during
     the step holds it in the next one too, so it must end the step with it updated: with ZeRO-1 and -2,
     each rank all-gathers the updated shards (Rajbhandari et al. 2020, sec. 5.1), and handing in only
-    its own shard would leave the rest of its copy a step behind."""
+    its own shard would leave the rest of its copy a step behind. Linear in the records: what a rank
+    handed in of a layer is merged into spans once, and each piece it loaded is looked up in them (a
+    program may load and hand in thousands of pieces of one layer)."""
     kept: dict[tuple[int, int], list[tuple]] = {}
     for record in finals:
         kept.setdefault((record[0], record[1]), []).append(record[4:8])
@@ -117,7 +141,15 @@ def check_kept(loaded: Sequence[Iterable[tuple]], finals: Iterable[tuple]) -> li
             pieces.setdefault(layer, []).append(tuple(piece))
         for layer in sorted(pieces):
             held = kept.get((rank, layer), [])
-            missing = [piece for piece in dict.fromkeys(pieces[layer]) if not _covered(piece, held)]
+            exact, cover = set(held), None
+            missing = []
+            for piece in dict.fromkeys(pieces[layer]):
+                if piece in exact:
+                    continue
+                if cover is None:
+                    cover = _Cover(held)
+                if not cover.holds(piece):
+                    missing.append(piece)
             if not missing:
                 continue
             if len(problems) == SHOWN:
@@ -133,27 +165,49 @@ def check_kept(loaded: Sequence[Iterable[tuple]], finals: Iterable[tuple]) -> li
     return problems
 
 
-def _covered(piece: tuple, held: list[tuple]) -> bool:
-    """Whether the parameters of `piece` (shards, num_shards, tp_rank, tp_size) are all in `held`'s."""
-    if piece in held:
+class _Cover:
+    """The parameters of some pieces of a layer, as merged spans of [0, 1): TP slice t of T is
+    [t/T, (t+1)/T), ZeRO shard i of n of it the i-th n-th of that (exact fractions)."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self, pieces: list[tuple]):
+        merged: list[list[Fraction]] = []
+        for start, end in sorted(span for piece in pieces for span in _spans(*piece)):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        self.starts = [start for start, _ in merged]
+        self.ends = [end for _, end in merged]
+
+    def holds(self, piece: tuple) -> bool:
+        """Whether every parameter of `piece` (shards, num_shards, tp_rank, tp_size) is in these spans."""
+        for start, end in _spans(*piece):
+            at = bisect_right(self.starts, start) - 1
+            if at < 0 or self.ends[at] < end:
+                return False
         return True
-    # a layer's parameters as [0, 1): TP slice t of T is [t/T, (t+1)/T), ZeRO shard i of n of it the i-th
-    # n-th of that; every span in units of 1/unit
-    unit = lcm(*(tp * n for _, n, _, tp in held), piece[1] * piece[3])
-    spans = sorted(span for shards, n, t, tp in held for span in _spans(shards, n, t, tp, unit))
-    merged: list[list[int]] = []
-    for start, end in spans:
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return all(any(a <= start and end <= b for a, b in merged) for start, end in _spans(*piece, unit))
 
 
-def _spans(shards: int, num_shards: int, tp_rank: int, tp_size: int, unit: int) -> list[tuple[int, int]]:
-    width = unit // (tp_size * num_shards)
-    base = tp_rank * (unit // tp_size)
-    return [(base + i * width, base + (i + 1) * width) for i in range(num_shards) if shards >> i & 1]
+def _spans(shards: int, num_shards: int, tp_rank: int, tp_size: int) -> list[tuple[Fraction, Fraction]]:
+    """A piece's parameters as spans of [0, 1), one per run of consecutive shards it holds."""
+    width = Fraction(1, tp_size * num_shards)
+    base = Fraction(tp_rank, tp_size)
+    return [(base + first * width, base + stop * width) for first, stop in _runs(shards)]
+
+
+def _runs(mask: int) -> list[tuple[int, int]]:
+    """The runs of set bits of `mask` as half-open (first, stop) bit ranges: 0b1101 -> [(0, 1), (2, 4)]."""
+    runs, at = [], 0
+    while mask:
+        zeros = (mask & -mask).bit_length() - 1
+        mask >>= zeros
+        ones = (~mask & (mask + 1)).bit_length() - 1
+        runs.append((at + zeros, at + zeros + ones))
+        mask >>= ones
+        at += zeros + ones
+    return runs
 
 
 def _describe_piece(shards: int, num_shards: int, tp_rank: int, tp_size: int) -> str:

@@ -33,6 +33,7 @@ from .recording import (ADD, ALL_GATHER, ALL_REDUCE, AWAIT, BACKWARD, BACKWARD_I
                         TIED, EXTRA, UPDATE)
 from .result import Result
 from .simulator import simulate
+from .tensors import WeightGrad
 from .workload import Workload
 
 MAX_FIELD = 1 << 16  # shard, shard count, TP rank and degree: far above any cluster, far below a huge mask
@@ -150,7 +151,11 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             append(getattr(model, OPCODES[op])(get(1), None if k == 0 else program[i + 3:i + 3 + k].tolist()))
             i += 3 + k
             continue
-        elif op == ADD:
+        elif op == ADD:  # (the recorder emits it for WeightGrad + WeightGrad only: `Handle.__add__`)
+            for k in (1, 2):  # (no local keeps a tensor: a reference here would delay its free)
+                if get(k).__class__ is not WeightGrad:
+                    raise fail(f"handle {program[i + k]} is a {type(get(k)).__name__}, not a WeightGrad (only "
+                               f"weight gradients add)")
             append(get(1) + get(2))
         elif op == BACKWARD_INPUT:
             append(model.backward_input(small(1), get(2), get(3), get(4)))

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .compat_payload import PayloadError, compat_result
 from .deadline import RowTimeout, alarm_at, capped, capped_list
 from .runner import Limits, Outcome, run_isolated
 from .scenario import Scenario
@@ -30,26 +31,6 @@ def grade_one(strategy: str, scenario_data: dict[str, Any], limits_data: dict[st
               confine: bool = True) -> dict[str, Any]:
     """The row for one submission x scenario; never raises for anything the submission does."""
     return grade_run(strategy, scenario_data, limits_data, trace_path, plots, api, function, confine)[0]
-
-
-def _compat_result(payload: dict[str, Any]) -> Any:
-    """A puzzles or lab run as it reported itself. Those APIs keep their own clocks (unit costs) and
-    memory rules (storage dicts), which a replay does not model, so such rows are isolated but not
-    re-executed; `options['verified']` says so."""
-    from array import array
-
-    from dist_lib import Cluster, Result, Workload
-    return Result(
-        cluster=Cluster.parse(payload["cluster"]), workload=Workload(**payload["workload"]),
-        global_batch_size=int(payload["global_batch"]), options={**payload.get("options", {}), "verified": False},
-        time_s=float(payload["time_s"]), rank_times=list(payload["rank_times"]),
-        memory_bytes=list(payload["memory_bytes"]), memory_by_kind=[{} for _ in payload["memory_bytes"]],
-        model_flops=float(payload["model_flops"]), hardware_flops=float(payload["hardware_flops"]),
-        correct=bool(payload["correct"]), problems=list(payload["problems"]),
-        raw_events=[tuple(e[:9]) + (tuple(e[9]) if e[9] is not None else None, e[10], e[11])
-                    for e in payload["events"]],
-        timelines=[(array("d", t), array("d", v)) for t, v in payload["timelines"]],
-        strategy=str(payload.get("strategy", "")))
 
 
 def _replayed(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any, limits: Limits,
@@ -121,11 +102,13 @@ def _graded(row: dict[str, Any], outcome: Outcome, scenario: Scenario, cluster: 
     """Fill `row` from the run's outcome; the result, or None when there is none (`row` says why). Raises
     `RowTimeout` past `deadline`."""
     if api:
+        # a puzzles or lab run keeps its own clocks and memory rules, which a replay does not model: its
+        # figures are as it reported them, checked field by field (`compat_payload.py`)
         try:
-            result = _compat_result((outcome.header or {})["compat"])
-        except Exception as exc:  # noqa: BLE001 - an untrusted payload of the wrong shape
+            result = compat_result((outcome.header or {}).get("compat"))
+        except PayloadError as exc:
             row["status"] = "invalid"
-            row["error"] = f"the worker wrote a result of the wrong shape ({type(exc).__name__})"
+            row["error"] = f"the worker wrote a result of the wrong shape: {exc}"
             return None
         row.update(cluster=result.cluster.name, workload=result.workload.name, global_batch=result.global_batch_size)
     else:

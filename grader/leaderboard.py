@@ -32,7 +32,7 @@ from .errors import InputError
 from .grade import slug
 from .jobs import Backend, JobFailed, run_jobs
 from .portable import GradeJob, grade_job, save
-from .report_terminal import grader_console, literal
+from .report_terminal import grader_console, literal, visible
 from .suites import Suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,6 +250,18 @@ def rank(suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> 
     return valid + invalid
 
 
+FORMULA_LEADS = ("=", "+", "-", "@")  # what makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection")
+
+
+def csv_text(text: str) -> str:
+    """A cell of text a submission controls (its file name, its error message), safe to open in a
+    spreadsheet and to print: control characters as backslash escapes (`visible`), and a leading `=`, `+`,
+    `-` or `@` behind a `'`, so that an exception class named `=HYPERLINK(...)` stays text
+    (https://owasp.org/www-community/attacks/CSV_Injection)."""
+    text = visible(text)
+    return "'" + text if text.startswith(FORMULA_LEADS) else text
+
+
 def summary_status(entry: dict[str, Any], scenarios: int) -> str:
     """The status of a submission's ALL row: "invalid" when a run was, "partial" while runs are missing,
     "ok" when every scenario's run is, else how many of the runs are ("1 of 3 ok")."""
@@ -274,12 +286,13 @@ def write_outputs(out: Path, suite: Suite, job_list: list[Job], done: dict[str, 
         writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for entry in ranked:
+            submission = csv_text(entry["submission"])
             for name, row in entry["runs"].items():
-                writer.writerow({**row, "rank": entry["rank"] or "", "submission": entry["submission"],
-                                 "scenario": name})
-            writer.writerow({"rank": entry["rank"] or "", "submission": entry["submission"], "scenario": "ALL",
+                writer.writerow({**row, "rank": entry["rank"] or "", "submission": submission, "scenario": name,
+                                 "error": csv_text(row.get("error") or "")})
+            writer.writerow({"rank": entry["rank"] or "", "submission": submission, "scenario": "ALL",
                              "status": summary_status(entry, len(suite.scenarios)), "score": entry["score"],
-                             "error": "; ".join(entry["invalid"])})
+                             "error": csv_text("; ".join(entry["invalid"]))})
     (out / "leaderboard.csv.tmp").replace(out / "leaderboard.csv")
     summary["ranked"] = ranked
     return summary

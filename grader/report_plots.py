@@ -43,7 +43,8 @@ def _schedule(plt: Any, result: Any, path: Path) -> None:
     for (rank, key), spans in bars.items():
         comm = key in ("collective", "p2p")
         y = rank + (0.05 if comm else -0.4)
-        label = LABELS.get(key, key.replace("_", " ")) if key not in seen else None  # compat logs load_weights too
+        label = _plain(LABELS.get(key, key.replace("_", " "))) if key not in seen else None  # compat logs
+        # load_weights too
         seen.add(key)
         ax.broken_barh(spans, (y, 0.35), facecolors=COLOURS.get(key, "grey"), label=label)
     ax.set_ylim(world, -1)
@@ -51,12 +52,18 @@ def _schedule(plt: Any, result: Any, path: Path) -> None:
     ax.set_yticklabels([f"{r} {result.cluster.device_of(r).name}" for r in range(world)],
                        fontsize=max(4, 9 - world // 16))
     ax.set_xlabel("time (ms)")
-    ax.set_title(f"{result.strategy} on {result.cluster.name}, {result.workload.name}, batch "
-                 f"{result.global_batch_size}: {result.time_s * 1e3:.1f} ms, MFU {result.mfu * 100:.1f} %")
+    ax.set_title(_plain(f"{result.strategy} on {result.cluster.name}, {result.workload.name}, batch "
+                        f"{result.global_batch_size}: {result.time_s * 1e3:.1f} ms, MFU {result.mfu * 100:.1f} %"))
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=8, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plain(text: str) -> str:
+    """`text` as matplotlib draws it literally: a `$` would start mathtext, and a file named `x$\\foo$.py`
+    (an unknown symbol) would make drawing its title fail."""
+    return text.replace("$", r"\$")
 
 
 def _memory(plt: Any, result: Any, path: Path) -> None:

