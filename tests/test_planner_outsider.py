@@ -1,0 +1,68 @@
+"""The planner as a user outside the project meets it: memory that binds on small devices, refusals that
+must read right, budgets no plan meets, and the table's word against the simulator's."""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_lib import Cluster, SpecError, Workload, simulate
+from dist_lib.planner import plan, space
+from dist_lib.planner.plan import Plan
+
+ONE_LAYER = "gpt-1.3b:layers=1,seq=128"  # one layer beside the embedding: its gradient outweighs the stash
+
+
+def _device(memory_gib: float) -> Cluster:
+    """One GPU of a custom device with `memory_gib` GiB of memory."""
+    return Cluster.from_dict({"devices": {"G": {"peak_tflops": 100, "memory_GiB": memory_gib, "hbm_GBps": 800,
+                                                "intra_bandwidth_GBps": 25, "inter_bandwidth_GBps": 12.5}},
+                              "nodes": [{"device": "G", "gpus": 1}]})
+
+
+def test_a_memory_refusal_shows_sizes_that_compare_as_they_read():
+    """A 2.3 GiB device beside a 2.29 GiB state: shown to a tenth both read 2.3, and the device's size
+    was once shown whole ("2 GiB"), under the state it was said to exceed."""
+    with pytest.raises(SpecError) as caught:
+        plan(_device(2.3), ONE_LAYER, 2, top=0)
+    message = str(caught.value)
+    assert "about 2.29 GiB a GPU, under the largest device's 2.3 GiB" in message
+    with pytest.raises(SpecError, match=r"needs about 2\.3 GiB a GPU, beside the activations; the largest device "
+                                        r"has 2\.2 GiB"):
+        plan(_device(2.2), ONE_LAYER, 2, top=0)
+
+
+def test_a_budget_no_device_type_meets_names_the_cheapest_types_whole_price():
+    """A plan uses all GPUs of a type or none: under $10/h four A100-80GB ($5.12/h each) do not fit,
+    though one of them would, and the refusal says what the cheapest type costs in all."""
+    with pytest.raises(SpecError) as caught:
+        plan("1x4xA100-80GB", "gpt-350m", 16, budget=10)
+    assert "cheapest type's, 4 x A100-80GB, cost $20.48/h" in str(caught.value)
+    with pytest.raises(SpecError, match=r"cheapest type's, 4 x T4, cost \$"):
+        plan("1x4xA100-80GB+2x2xT4", "gpt-350m", 16, budget=1)
+
+
+@pytest.mark.parametrize("cluster,workload,batch", [
+    ("1x2xA100-80GB+1x1xV100-16GB+1x1xT4", "gpt-350m:layers=4", 7),
+    ("2x2xA100-80GB:nics=1x0.05+1x2xV100-32GB", "gpt-350m:layers=4", 12),
+])
+def test_the_best_plan_written_and_run_again_takes_the_step_the_search_reports(cluster, workload, batch, tmp_path):
+    """The file the search writes reads back to the same plan, and `planned.py` run on it simulates
+    exactly the step time the table prints for it (a prime batch and a node NIC slower than the rest)."""
+    found = plan(cluster, workload, batch, top=3)
+    path = tmp_path / "plan.json"
+    found.best.plan.save(path)
+    assert Plan.load(path) == found.best.plan
+    assert simulate("strategies/planned.py", cluster, workload, batch, plan=str(path)).time_s == found.best.seconds
+
+
+def test_two_alike_gpus_on_nvlink_run_data_parallel_and_unlike_ones_share_by_speed():
+    """A model that fits on one A100: two of them on NVLink split the batch evenly, data-parallel. An
+    A100 and a V100 in one data-parallel stage take shares by speed: each replica one sample, and the
+    six left cut by the speed ratio of a layer on each (A100 first, rounded to the larger remainder)."""
+    best = plan("1x2xA100-80GB", "gpt-350m", 8, top=3).best.plan
+    assert [(s.dp, s.tp, s.shares) for s in best.stages] == [(2, 1, (4, 4))]
+    cluster, workload = Cluster.load("1xA100-80GB+1xV100-32GB"), Workload.load("gpt-350m:layers=4")
+    fast, slow = (1 / space.layer_seconds(cluster.device_of(r), workload, 1, 4, 1) for r in (0, 1))
+    ideal = 6 * fast / (fast + slow)
+    assert 3 < ideal < 5
+    assert space.shares(cluster, workload, (0, 1), 1, 8) == (1 + round(ideal), 1 + 6 - round(ideal))
