@@ -7,7 +7,9 @@ import pytest
 
 from dist_lib import Cluster, SpecError, Workload, simulate
 from dist_lib.planner import plan, space
+from dist_lib.planner.evaluate import run_plan
 from dist_lib.planner.plan import Plan
+from dist_lib.planner.search import generate
 
 ONE_LAYER = "gpt-1.3b:layers=1,seq=128"  # one layer beside the embedding: its gradient outweighs the stash
 
@@ -17,6 +19,36 @@ def _device(memory_gib: float) -> Cluster:
     return Cluster.from_dict({"devices": {"G": {"peak_tflops": 100, "memory_GiB": memory_gib, "hbm_GBps": 800,
                                                 "intra_bandwidth_GBps": 25, "inter_bandwidth_GBps": 12.5}},
                               "nodes": [{"device": "G", "gpus": 1}]})
+
+
+def test_the_estimate_counts_a_layers_gradient_twice_while_microbatches_accumulate():
+    """Two microbatches on one GPU: while the second one's weight gradient is added to the first's, the
+    layer's gradient is there twice. With one layer that is state (16 bytes a parameter) plus 2 more
+    bytes a parameter; the simulator holds that, and the estimate must count no less."""
+    cluster, workload = Cluster.load("1xA100-80GB"), Workload.load(ONE_LAYER)
+    params = workload.layer_params(0)
+    capacity = cluster.device_of(0).memory_bytes
+    candidates, _ = generate(cluster, workload, 2)
+    two = next(c for c in candidates if c.plan.microbatches == 2 and c.plan.recompute == "none")
+    peak = run_plan(cluster, workload, 2, two.plan).memory_bytes[0]
+    assert peak >= 18 * params  # weight 2 + gradient 2 + optimizer 12, and the second gradient 2
+    assert two.memory * capacity >= peak * (1 - 1e-12)  # the estimate counts all of it (to rounding)
+    # one microbatch sums nothing: no second copy, and the estimate stays below 18 bytes a parameter
+    one = next(c for c in candidates if c.plan.microbatches == 1 and c.plan.recompute == "none")
+    assert one.memory * capacity < 18 * params
+
+
+def test_on_a_device_the_accumulated_gradient_overflows_the_estimate_only_plan_runs():
+    """2.5 GiB: the state of one layer and the embedding (2.29 GiB) fits with one microbatch of two but
+    not with the second gradient copy of two microbatches of one (2.58 GiB). The estimate once chose
+    the latter, which the simulator then refused for memory."""
+    cluster = _device(2.6)
+    found = plan(cluster, ONE_LAYER, 2, top=0)
+    assert found.best.plan.microbatches == 1
+    result = simulate("strategies/planned.py", cluster, ONE_LAYER, 2, plan=found.best.plan)
+    assert result.memory_bytes[0] <= found.best.memory * cluster.device_of(0).memory_bytes
+    with pytest.raises(SpecError, match="no plan fits in memory"):
+        plan(_device(2.5), ONE_LAYER, 2, top=0)
 
 
 def test_a_memory_refusal_shows_sizes_that_compare_as_they_read():
