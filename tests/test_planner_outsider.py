@@ -98,3 +98,20 @@ def test_two_alike_gpus_on_nvlink_run_data_parallel_and_unlike_ones_share_by_spe
     ideal = 6 * fast / (fast + slow)
     assert 3 < ideal < 5
     assert space.shares(cluster, workload, (0, 1), 1, 8) == (1 + round(ideal), 1 + 6 - round(ideal))
+
+
+@pytest.mark.parametrize("name", ["pareto.txt", "pareto"])
+def test_a_plot_name_matplotlib_cannot_write_is_refused_before_the_search(name, tmp_path, capsys):
+    """`--plot pareto.txt` once ran the whole search and then failed in matplotlib with a traceback; a
+    bare `pareto` was written as `pareto.png` while the command said `pareto`."""
+    from grader.cli import main
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--cluster", "1x2xA100-80GB", "--workload", "toy:layers=2", "--batch", "4",
+                 "--out", str(out), "--plot", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: --plot {tmp_path / name}: the Pareto plot is an image; give a name ending in "
+                   ".png, .pdf, .svg, .eps, .ps, .jpg, .jpeg, .tif, .tiff")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    with pytest.raises(SpecError, match="plot x.txt: the Pareto plot is an image"):
+        from dist_lib.planner.report import plot_pareto
+        plot_pareto(plan("1x2xA100-80GB", "toy:layers=2", 4, top=0), "x.txt")
