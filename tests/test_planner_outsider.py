@@ -115,3 +115,14 @@ def test_a_plot_name_matplotlib_cannot_write_is_refused_before_the_search(name, 
     with pytest.raises(SpecError, match="plot x.txt: the Pareto plot is an image"):
         from dist_lib.planner.report import plot_pareto
         plot_pareto(plan("1x2xA100-80GB", "toy:layers=2", 4, top=0), "x.txt")
+
+
+def test_a_plan_file_without_a_required_field_says_it_is_missing(tmp_path):
+    """A hand-edited file that lost `microbatches` was told "microbatches must be a whole number >= 1,
+    got None"; it now reads as missing, naming the file."""
+    path = tmp_path / "plan.json"
+    path.write_text('{"stages": [{"ranks": [0], "tp": 1, "blocks": [[0, 2]], "shares": [4]}], '
+                    '"microbatch_size": 4}')
+    with pytest.raises(SpecError) as caught:
+        simulate("strategies/planned.py", "1xA100-80GB", "toy:layers=2", 4, plan=str(path))
+    assert str(caught.value) == f"plan file {path}: missing field(s) microbatches"
