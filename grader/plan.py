@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dist_lib import Cluster, SpecError, Workload
 from dist_lib.planner import plan
 from dist_lib.planner.evaluate import Runner
-from dist_lib.planner.report import front, plot_pareto, table
+from dist_lib.planner.report import check_plot_path, front, plot_pareto, table
 from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 
 from .cli import output_path
@@ -36,6 +36,10 @@ def _runner(backend: Backend) -> Runner:
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     output_path(args.out, "--out", folder=False, example="plan.json")  # before the search, not after it
     if args.plot:
+        try:
+            check_plot_path(args.plot, "--plot")
+        except SpecError as exc:
+            raise InputError(str(exc)) from None
         output_path(args.plot, "--plot", folder=False, example="pareto.png")
     backend = backend_from_args(args)
     cluster_text, workload_text = args.cluster or DEFAULT_CLUSTER, args.workload or DEFAULT_WORKLOAD

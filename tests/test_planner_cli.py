@@ -75,10 +75,10 @@ def test_an_out_the_file_system_refuses_is_named_before_the_search(flag, tmp_pat
     monkeypatch.setattr(grader.plan, "plan", lambda *a, **k: pytest.fail(f"searched before checking {flag}"))
     monkeypatch.setattr(grader.cli.os, "access", lambda *a, **k: True)  # as for root, whoever runs the test
     paths = {"--out": str(tmp_path / "p.json"), "--plot": ""}
-    paths[flag] = "/proc/plan.json"
+    paths[flag] = "/proc/plan.json" if flag == "--out" else "/proc/pareto.png"  # (a plot is an image)
     assert main(["plan", *ARGS, "--out", paths["--out"], "--plot", paths["--plot"]]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {flag} /proc/plan.json: cannot be written (") and "\n" not in err
+    assert err.startswith(f"error: {flag} {paths[flag]}: cannot be written (") and "\n" not in err
 
 
 def test_probing_out_leaves_no_file_and_keeps_an_old_one(tmp_path):

@@ -66,7 +66,8 @@ def partition(stages: list[list[StageOption]], layers: int, microbatches: int, s
         flight, held = in_flight(schedule, s, pp, microbatches, 1), buffers(s, pp, microbatches, schedule)
         prepared.append((layers - (pp - s - 1), []))
         for o in options:
-            reach = _MemoryReach(o.costs, flight, o.capacity - held * o.unit - o.rerun, layers) if memory else None
+            reach = _MemoryReach(o.costs, flight, o.capacity - held * o.unit - o.rerun, layers,
+                                 microbatches > 1, o.alike) if memory else None
             prepared[-1][1].append((o, o.costs.total, o.loss if s == pp - 1 else 0.0, reach,
                                     reach.fitting if memory else None))
 
@@ -133,10 +134,12 @@ class _MemoryReach:
     by first layer, the longest block seen to fit (`fitting`: a probe that asks for no more reads it
     and need not call), and the end itself once a block was seen not to fit."""
 
-    __slots__ = ("costs", "flight", "budget", "fitting", "ends")
+    __slots__ = ("costs", "flight", "budget", "fitting", "ends", "accumulates", "alike")
 
-    def __init__(self, costs: LayerCosts, flight: float, budget: float, layers: int):
+    def __init__(self, costs: LayerCosts, flight: float, budget: float, layers: int, accumulates: bool = False,
+                 alike: bool = True):
         self.costs, self.flight, self.budget = costs, flight, budget
+        self.accumulates, self.alike = accumulates, alike
         self.fitting = list(range(layers + 1))  # an empty block: the least any first layer may reach
         self.ends: list[int | None] = [None] * (layers + 1)
 
@@ -145,11 +148,19 @@ class _MemoryReach:
         end = self.ends[start]
         if end is not None:
             return min(stop, end)
-        state, act, shard = self.costs.state, self.costs.activation, self.costs.shard
+        state, act, shard, costs = self.costs.state, self.costs.activation, self.costs.shard, self.costs
         s0, a0, h0, flight, budget = state[start], act[start], shard[start], self.flight, self.budget
+        accumulates, alike, grad = self.accumulates, self.alike, self.costs.grad_bytes
+        first = grad[start + 1] - grad[start] + act[start] if accumulates and start < len(grad) - 1 else 0.0
 
         def within(j: int) -> bool:  # the block start..j-1 fits (state, and in-flight stashes or shards)
-            return state[j] - s0 + act[j] - a0 + max((flight - 1) * (act[j] - a0), shard[j] - h0) <= budget
+            held = act[j] - a0 + max((flight - 1) * (act[j] - a0), shard[j] - h0)
+            if accumulates:  # `accumulation_bytes`, its two layers read inline where layers are alike
+                extra = max(first, grad[j] - grad[j - 1] + act[j - 1]) - act[j] if alike else \
+                    accumulation_bytes(costs, start, j)
+                if extra > 0:
+                    held += extra
+            return state[j] - s0 + held <= budget
 
         if within(stop):
             self.fitting[start] = stop
@@ -193,7 +204,9 @@ def block_memory(o: StageOption, start: int, stop: int, stage: int, stages: int,
     """Peak bytes of a stage holding layers start..stop-1 under a schedule: model state, the
     activations of the microbatches in flight (interleaved: each pass counted at the larger chunk's
     size, as `to_plan` gives the first chunks the odd layers), the buffers, the full-recompute stash and,
-    under ZB-H1, the output gradient every layer keeps for its deferred weight-gradient pass. ZeRO-1's
+    under ZB-H1, the output gradient every layer keeps for its deferred weight-gradient pass; with two or
+    more microbatches, a layer's gradient twice while a later one is added to the sum
+    (`accumulation_bytes`). ZeRO-1's
     reduced gradient shards appear only as each layer's last microbatch passes backward, when at most
     that microbatch's activations remain: the stage holds the larger of the two."""
     c, n = o.costs, stop - start
@@ -205,8 +218,32 @@ def block_memory(o: StageOption, start: int, stop: int, stage: int, stages: int,
     if schedule == "zero-bubble":
         in_flight_bytes += flight * n * o.unit
     shards = c.shard[stop] - c.shard[start] + activations
-    return c.state[stop] - c.state[start] + max(in_flight_bytes, shards) \
+    extra = 0.0
+    if microbatches > 1:
+        # ZB-H1's W passes of a microbatch keep every layer's input until the last one (their stashes go)
+        kept = o.unit if schedule == "zero-bubble" else 0.0
+        first = start
+        for size in chunk_sizes(n, chunks) if schedule == "interleaved" else [n]:
+            extra = max(extra, accumulation_bytes(c, first, first + size, kept, o.alike))
+            first += size
+    return c.state[stop] - c.state[start] + max(in_flight_bytes, shards) + extra \
         + buffers(stage, stages, microbatches, schedule, chunks) * o.unit + o.rerun
+
+
+def accumulation_bytes(c: LayerCosts, start: int, stop: int, kept_input: float = 0.0, alike: bool = False) -> float:
+    """Bytes a block of layers start..stop-1 holds beyond one microbatch's activations while it adds a
+    later microbatch's weight gradient of a layer l to the sum of the earlier ones: the gradient is then
+    there twice (the sum and the new one), while that microbatch's pass has already freed the stashes of
+    l and the layers after it (`Model.backward` frees the stash before allocating the gradients, and
+    `strategies/_pipeline.py` sums a layer's gradients as each backward yields one). `kept_input` bytes a
+    layer stay beside it for each of l and the layers after it (ZB-H1 keeps their inputs until the
+    microbatch's last W pass). Only a stage that runs two or more microbatches accumulates. With
+    `alike` layers after the first, the bytes grow with l past the first layer (a layer's activations,
+    stash and input, are at least the input kept), so only the block's first and last layers are read."""
+    grad, act = c.grad_bytes, c.activation
+    layers = (start, stop - 1) if alike else range(start, stop)
+    most = max(grad[l + 1] - grad[l] + act[l] + (stop - l) * kept_input for l in layers)
+    return max(0.0, most - act[stop])
 
 
 def _block_time(o: StageOption, start: int, n: int) -> float:

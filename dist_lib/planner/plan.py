@@ -106,6 +106,9 @@ class Plan:
         unknown = set(data) - {"stages", "microbatch_size", "microbatches", "schedule", "recompute", "zero"}
         if unknown:
             raise SpecError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")
+        missing = [name for name in ("stages", "microbatch_size", "microbatches") if name not in data]
+        if missing:  # (schedule, recompute and zero have defaults)
+            raise SpecError(f"{source}: missing field(s) {', '.join(missing)}")
         stages = data.get("stages")
         if not isinstance(stages, list) or not stages:
             raise SpecError(f"{source}: field stages must be a non-empty list")

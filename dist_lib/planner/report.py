@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import SpecError
 from ..hardware import Cluster
 from .search import Candidate, Search
 
@@ -80,9 +81,23 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Table:
     return out
 
 
+# image formats matplotlib writes with its own backends (and Pillow, which it requires), by file suffix;
+# without one of them it would fail after the search, or write `name.png` for a bare `name`
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".eps", ".ps", ".jpg", ".jpeg", ".tif", ".tiff")
+
+
+def check_plot_path(path: str | Path, source: str = "plot") -> None:
+    """Raise `SpecError` naming `source` unless `path` ends in one of `PLOT_FORMATS`."""
+    if Path(path).suffix.lower() not in PLOT_FORMATS:
+        raise SpecError(f"{source} {path}: the Pareto plot is an image; give a name ending in "
+                        f"{', '.join(PLOT_FORMATS)}")
+
+
 def plot_pareto(search: Search, path: str | Path) -> str:
-    """A PNG of every candidate's time and cost per step, the simulated ones and the Pareto front;
-    returns a one-line note when matplotlib (the optional `plot` extra) is missing."""
+    """An image (PNG, or another of `PLOT_FORMATS` by the suffix) of every candidate's time and cost
+    per step, the simulated ones and the Pareto front; returns a one-line note when matplotlib (the
+    optional `plot` extra) is missing."""
+    check_plot_path(path)
     try:
         import matplotlib
         matplotlib.use("Agg")

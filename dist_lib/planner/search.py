@@ -257,9 +257,15 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     L = workload.num_layers
     orders = space.orders(cluster, budget)
     if not orders:
-        cheapest = min(n.device.price_per_hour for n in cluster.nodes)
-        return [], [f"no device type's GPUs fit the budget of ${budget:.2f}/h (the cheapest GPU costs "
-                    f"${cheapest:.2f}/h)"]
+        # a plan uses all the GPUs of a type or none, so the least it can cost is the cheapest type's whole
+        cost: dict[str, list[float]] = {}
+        for node in cluster.nodes:
+            gpus_price = cost.setdefault(node.device.name, [0, 0.0])
+            gpus_price[0] += node.gpus
+            gpus_price[1] += node.gpus * node.device.price_per_hour
+        name, (gpus, dollars) = min(cost.items(), key=lambda item: item[1][1])
+        return [], [f"no device type's GPUs fit the budget of ${budget:.2f}/h (a plan uses every GPU of each "
+                    f"type it uses, and the cheapest type's, {gpus:g} x {name}, cost ${dollars:.2f}/h)"]
     why = {"memory": 0, "batch": 0}
     # Branch and bound: a lower bound of each (grouping, microbatch size) orders the work, and the work
     # stops where the bound exceeds the best estimate so far by more than the estimate's error could hide.
@@ -314,21 +320,25 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         progress(len(work), len(work))
     reasons = []
     if not out:
-        largest = max(n.device.memory_bytes for n in cluster.nodes) / 2**30
-        state = workload.total_params * 16 / cluster.world_size / 2**30
+        largest_gib = max(n.device.memory_bytes for n in cluster.nodes) / 2**30
+        state_gib = workload.total_params * 16 / cluster.world_size / 2**30
+        # to a tenth, or a hundredth where a tenth shows the two alike (a 2.4 GiB device must not read
+        # "2 GiB" beside a 2.3 GiB state)
+        digits = 1 if f"{state_gib:.1f}" != f"{largest_gib:.1f}" else 2
+        state, largest = f"{state_gib:.{digits}f}", f"{largest_gib:.{digits}f}".rstrip("0").rstrip(".")
         gpus = f"all {cluster.world_size} GPUs" if cluster.world_size > 1 else "its one GPU"
-        if why["memory"] and state < largest:
+        if why["memory"] and state_gib < largest_gib:
             # the even spread is a bound no plan may reach (17 GPUs in at most 16 stages), or it is the
             # activations (a long sequence) that do not fit beside the state
             reasons.append(f"no plan fits in memory: spread evenly over {gpus} the model state would take "
-                           f"about {state:.1f} GiB a GPU, under the largest device's {largest:.0f} GiB, but no "
+                           f"about {state} GiB a GPU, under the largest device's {largest} GiB, but no "
                            f"plan of at most {max_stages} stages with TP inside a node spreads it that evenly "
                            f"and leaves room for the activations (sequence length {workload.seq_len}), even with "
                            f"microbatches of one sample, full recompute and ZeRO-1")
         elif why["memory"]:
             reasons.append(f"no plan fits in memory: even spread over {gpus} with full "
-                           f"recompute and ZeRO-1 the model state alone needs about {state:.1f} GiB a GPU, "
-                           f"beside the activations; the largest device has {largest:.0f} GiB")
+                           f"recompute and ZeRO-1 the model state alone needs about {state} GiB a GPU, "
+                           f"beside the activations; the largest device has {largest} GiB")
         else:
             reasons.append(f"no plan: a global batch of {global_batch} cannot give every data-parallel replica a "
                            f"sample, or {L} layers cannot fill the stages (a plan uses every GPU of each device "
