@@ -212,7 +212,7 @@ class Workload:
             if missing:
                 raise SpecError(f"{path}: missing field(s) {', '.join(missing)} (or give preset = \"gpt-1.3b\")")
             base = Workload("custom", 1, 1, 1, 1, 0)
-        return _override(base, data, str(path), name=str(name or preset or path.stem))
+        return _override(base, data, str(path), name=str(name or preset or path.stem), also=("preset", "name"))
 
     @classmethod
     def load(cls, workload: Workload | str | Path) -> Workload:
@@ -241,7 +241,9 @@ _MICROSECOND_FIELDS = {"framework_overhead_us": "framework_overhead_s", "tp_over
 MAX_KERNEL_TIME_SCALE = 100.0  # a framework 100x slower than the kernel model is a typo, not a measurement
 
 
-def _override(base: Workload, values: dict, where: str, name: str) -> Workload:
+def _override(base: Workload, values: dict, where: str, name: str, also: tuple[str, ...] = ()) -> Workload:
+    """`base` with the fields `values` names changed; `also`: the other keys the source takes (a TOML
+    file's `preset` and `name`), listed when a key is unknown."""
     changes: dict[str, object] = {"name": name}
     for key, value in values.items():
         if key in _MICROSECOND_FIELDS:
@@ -252,7 +254,7 @@ def _override(base: Workload, values: dict, where: str, name: str) -> Workload:
             continue
         if key not in _FIELD_NAMES:
             raise SpecError(f"{where}: unknown field {shown(key)} (known: "
-                            f"{', '.join([*_FIELD_NAMES, *_MICROSECOND_FIELDS, 'kernel_time_scale'])})")
+                            f"{', '.join([*also, *_FIELD_NAMES, *_MICROSECOND_FIELDS, 'kernel_time_scale'])})")
         changes[_FIELD_NAMES[key]] = whole(value, f"{where}: {key}", *FIELD_RANGES[_FIELD_NAMES[key]])
     return replace(base, **changes)
 

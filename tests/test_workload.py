@@ -58,3 +58,15 @@ def test_overrides_and_file(tmp_path):
 def test_bad_workload_specs(spec, message):
     with pytest.raises(SpecError, match=message):
         Workload.parse(spec)
+
+
+def test_an_unknown_field_of_a_workload_file_lists_every_field_the_file_takes(tmp_path):
+    path = tmp_path / "w.toml"
+    path.write_text('preset = "gpt-1.3b"\nlayer = 4\n')
+    with pytest.raises(SpecError) as caught:
+        Workload.load(path)
+    assert str(caught.value) == (f"{path}: unknown field 'layer' (known: preset, name, layers, hidden, heads, seq, "
+                                 f"vocab, bytes_per_element, grad_bytes_per_element, framework_overhead_us, "
+                                 f"tp_overhead_us, kernel_time_scale)")
+    with pytest.raises(SpecError, match=r"unknown field 'layer' \(known: layers, hidden,"):
+        Workload.load("gpt-1.3b:layer=4")  # a spec string takes no preset or name among its overrides
