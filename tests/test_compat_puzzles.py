@@ -189,3 +189,25 @@ def test_deadlock_report_lists_who_is_missing_when_it_is_detected():
     # rank 0 arrived when ranks 1 and 2 were missing; by detection only rank 2 is
     assert "rank 0 waits in allreduce(layer 0) #0, waiting for ranks [2]" in report
     assert "rank 1 waits in allreduce(layer 0) #0, waiting for ranks [2]" in report and "rank 2 finished" in report
+
+
+DEFAULT_MODEL = Path(__file__).parent / "compat_solutions" / "puzzles_default_model.py"
+
+
+def test_a_model_on_the_default_dist_is_the_runs_result_run_after_run(capsys):
+    """`Model(layers=2, batches=4)` (rank 1 on the default Dist(1)) as the original notebook's first example:
+    each run reports its own model, in slot 0 as the original's draw() shows it. Hand-derived: 8 forward
+    + 8 backward steps, updates at 16 and 16.5; peak at the second update = weights and optimizer states
+    2 x 512^2 each, activations 0..2 and their gradients 6 x 4 x 512 x 256, weight gradients 2 x 512^2."""
+    for _ in range(2):  # the original's default Dist is shared by the process; here each run has its own
+        result = run_file(DEFAULT_MODEL, api="puzzles")
+        assert result.strategy == "puzzles_default_model.main" and result.correct
+        assert result.notebook_time == 16.5 and result.notebook_memory == 4_718_592
+        assert len(result.raw_events) == 7 and {e[0] for e in result.raw_events} == {0}
+        assert "Timesteps: 16.5 \nMaximum Memory: 4718592.0 at GPU: 0 time: 16" in capsys.readouterr().out
+
+
+def test_a_model_on_the_default_dist_runs_in_real_timing():
+    result = run_file(DEFAULT_MODEL, api="puzzles", timing="real")
+    assert result.options["timing"] == "real" and result.correct and result.time_unit == "s"
+    assert result.rank_times[0] > 0 and {e[0] for e in result.raw_events} == {0}

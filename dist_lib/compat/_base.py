@@ -199,9 +199,16 @@ class ToyResult(Result):
 def build_result(world: World, strategy: str, problems: list[str], options: dict | None = None) -> ToyResult:
     """A `ToyResult` (time, memory, events, trace) for the models of one toy `Dist`."""
     models: dict[int, ToyModel] = {}
+    strays: list[ToyModel] = []
     for m in world.models:  # the last model created for each rank
         if isinstance(m.rank, int) and 0 <= m.rank < world.n:
             models[m.rank] = m
+        else:
+            strays.append(m)
+    # a model whose rank is not one of its Dist's (the originals' defaults: rank 1 on Dist(1)) takes a free
+    # slot in creation order, as the originals' draw() shows it: by its place in the list, not its rank
+    for r, m in zip([r for r in range(world.n) if r not in models], strays):
+        models[r] = m
     n = world.n
     any_model = next(iter(models.values()), None)
     layers = any_model._layers if any_model else 1
@@ -217,7 +224,7 @@ def build_result(world: World, strategy: str, problems: list[str], options: dict
         if m is None:
             timelines.append((array("d"), array("d")))
             continue
-        events.extend(m._records)
+        events.extend(m._records if m.rank == r else [(r, *e[1:]) for e in m._records])
         rank_times[r] = max([float(m.time)] + [e[4] for e in m._records])
         peaks[r] = int(m._peak)
         by_kind[r] = {k: int(v) for k, v in m._peak_by_kind.items()}
