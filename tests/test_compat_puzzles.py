@@ -211,3 +211,28 @@ def test_a_model_on_the_default_dist_runs_in_real_timing():
     result = run_file(DEFAULT_MODEL, api="puzzles", timing="real")
     assert result.options["timing"] == "real" and result.correct and result.time_unit == "s"
     assert result.rank_times[0] > 0 and {e[0] for e in result.raw_events} == {0}
+
+
+def test_status_names_the_types_as_the_original_notebook_prints_them(capsys):
+    """The puzzles notebook's tour (its cells 3-10: batches 2 and 3 through two layers, loss, backward,
+    then `del grad_activations[1]` and `model.status()`); the expected text is that cell's output as saved
+    by a run on the original library (wkcn/LLM-Training-Puzzles, puzzles.ipynb, cell 10)."""
+    model = P.Model(layers=2, batches=4)
+    weights, opt_states, activations, grad_activations, grad_weights = model.storage()
+    activations[0] = model.get_activation(batches=[2, 3])
+    for i in range(model.LAYERS):
+        weights[i], opt_states[i] = model.load_weights(i)
+    activations[1] = model.forward(layer=0, inp=activations[0], weight=weights[0])
+    activations[2] = model.forward(layer=1, inp=activations[1], weight=weights[1])
+    grad_activations[model.LAYERS] = model.loss(activations[model.LAYERS])
+    grad_weights[1], grad_activations[1] = model.backward(1, activations[1], grad_activations[2], weights[1])
+    grad_weights[0], grad_activations[0] = model.backward(0, activations[0], grad_activations[1], weights[0])
+    print("Before memory:", model.memory())
+    del grad_activations[1]
+    print("After memory:", model.memory())
+    model.status()
+    assert capsys.readouterr().out == (
+        "Before memory: 3145728.0\nAfter memory: 2883584.0\n0 <class 'lib.Weight'>,1 <class 'lib.Weight'>,"
+        "0 <class 'lib.OptState'>,1 <class 'lib.OptState'>,0 <class 'lib.Activation'>,1 <class 'lib.Activation'>,"
+        "2 <class 'lib.Activation'>,2 <class 'lib.ActivationGrad'>,0 <class 'lib.ActivationGrad'>,"
+        "1 <class 'lib.WeightGrad'>,0 <class 'lib.WeightGrad'>,\n")

@@ -87,9 +87,13 @@ class ToyModel:
         return by_kind
 
     def status(self) -> None:
+        """Print every stored key and its type, as the original: its tensor types are `lib`'s, so one of
+        this API's shows as `<class 'lib.Weight'>` (the module a file imports it from), not this module."""
+        api_module = type(self).__module__
         for d in self.storage():
             for k, v in d.items():
-                print(k, type(v), end=",")
+                kind = type(v)
+                print(k, f"<class 'lib.{kind.__qualname__}'>" if kind.__module__ == api_module else kind, end=",")
         print()
 
     def _record(self, op: str, layer: Any, samples: frozenset, start: float, length: float, units: float, *,
