@@ -189,3 +189,50 @@ def test_deadlock_report_lists_who_is_missing_when_it_is_detected():
     # rank 0 arrived when ranks 1 and 2 were missing; by detection only rank 2 is
     assert "rank 0 waits in allreduce(layer 0) #0, waiting for ranks [2]" in report
     assert "rank 1 waits in allreduce(layer 0) #0, waiting for ranks [2]" in report and "rank 2 finished" in report
+
+
+DEFAULT_MODEL = Path(__file__).parent / "compat_solutions" / "puzzles_default_model.py"
+
+
+def test_a_model_on_the_default_dist_is_the_runs_result_run_after_run(capsys):
+    """`Model(layers=2, batches=4)` (rank 1 on the default Dist(1)) as the original notebook's first example:
+    each run reports its own model, in slot 0 as the original's draw() shows it. Hand-derived: 8 forward
+    + 8 backward steps, updates at 16 and 16.5; peak at the second update = weights and optimizer states
+    2 x 512^2 each, activations 0..2 and their gradients 6 x 4 x 512 x 256, weight gradients 2 x 512^2."""
+    for _ in range(2):  # the original's default Dist is shared by the process; here each run has its own
+        result = run_file(DEFAULT_MODEL, api="puzzles")
+        assert result.strategy == "puzzles_default_model.main" and result.correct
+        assert result.notebook_time == 16.5 and result.notebook_memory == 4_718_592
+        assert len(result.raw_events) == 7 and {e[0] for e in result.raw_events} == {0}
+        assert "Timesteps: 16.5 \nMaximum Memory: 4718592.0 at GPU: 0 time: 16" in capsys.readouterr().out
+
+
+def test_a_model_on_the_default_dist_runs_in_real_timing():
+    result = run_file(DEFAULT_MODEL, api="puzzles", timing="real")
+    assert result.options["timing"] == "real" and result.correct and result.time_unit == "s"
+    assert result.rank_times[0] > 0 and {e[0] for e in result.raw_events} == {0}
+
+
+def test_status_names_the_types_as_the_original_notebook_prints_them(capsys):
+    """The puzzles notebook's tour (its cells 3-10: batches 2 and 3 through two layers, loss, backward,
+    then `del grad_activations[1]` and `model.status()`); the expected text is that cell's output as saved
+    by a run on the original library (wkcn/LLM-Training-Puzzles, puzzles.ipynb, cell 10)."""
+    model = P.Model(layers=2, batches=4)
+    weights, opt_states, activations, grad_activations, grad_weights = model.storage()
+    activations[0] = model.get_activation(batches=[2, 3])
+    for i in range(model.LAYERS):
+        weights[i], opt_states[i] = model.load_weights(i)
+    activations[1] = model.forward(layer=0, inp=activations[0], weight=weights[0])
+    activations[2] = model.forward(layer=1, inp=activations[1], weight=weights[1])
+    grad_activations[model.LAYERS] = model.loss(activations[model.LAYERS])
+    grad_weights[1], grad_activations[1] = model.backward(1, activations[1], grad_activations[2], weights[1])
+    grad_weights[0], grad_activations[0] = model.backward(0, activations[0], grad_activations[1], weights[0])
+    print("Before memory:", model.memory())
+    del grad_activations[1]
+    print("After memory:", model.memory())
+    model.status()
+    assert capsys.readouterr().out == (
+        "Before memory: 3145728.0\nAfter memory: 2883584.0\n0 <class 'lib.Weight'>,1 <class 'lib.Weight'>,"
+        "0 <class 'lib.OptState'>,1 <class 'lib.OptState'>,0 <class 'lib.Activation'>,1 <class 'lib.Activation'>,"
+        "2 <class 'lib.Activation'>,2 <class 'lib.ActivationGrad'>,0 <class 'lib.ActivationGrad'>,"
+        "1 <class 'lib.WeightGrad'>,0 <class 'lib.WeightGrad'>,\n")

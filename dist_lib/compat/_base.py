@@ -87,9 +87,13 @@ class ToyModel:
         return by_kind
 
     def status(self) -> None:
+        """Print every stored key and its type, as the original: its tensor types are `lib`'s, so one of
+        this API's shows as `<class 'lib.Weight'>` (the module a file imports it from), not this module."""
+        api_module = type(self).__module__
         for d in self.storage():
             for k, v in d.items():
-                print(k, type(v), end=",")
+                kind = type(v)
+                print(k, f"<class 'lib.{kind.__qualname__}'>" if kind.__module__ == api_module else kind, end=",")
         print()
 
     def _record(self, op: str, layer: Any, samples: frozenset, start: float, length: float, units: float, *,
@@ -199,9 +203,16 @@ class ToyResult(Result):
 def build_result(world: World, strategy: str, problems: list[str], options: dict | None = None) -> ToyResult:
     """A `ToyResult` (time, memory, events, trace) for the models of one toy `Dist`."""
     models: dict[int, ToyModel] = {}
+    strays: list[ToyModel] = []
     for m in world.models:  # the last model created for each rank
         if isinstance(m.rank, int) and 0 <= m.rank < world.n:
             models[m.rank] = m
+        else:
+            strays.append(m)
+    # a model whose rank is not one of its Dist's (the originals' defaults: rank 1 on Dist(1)) takes a free
+    # slot in creation order, as the originals' draw() shows it: by its place in the list, not its rank
+    for r, m in zip([r for r in range(world.n) if r not in models], strays):
+        models[r] = m
     n = world.n
     any_model = next(iter(models.values()), None)
     layers = any_model._layers if any_model else 1
@@ -217,7 +228,7 @@ def build_result(world: World, strategy: str, problems: list[str], options: dict
         if m is None:
             timelines.append((array("d"), array("d")))
             continue
-        events.extend(m._records)
+        events.extend(m._records if m.rank == r else [(r, *e[1:]) for e in m._records])
         rank_times[r] = max([float(m.time)] + [e[4] for e in m._records])
         peaks[r] = int(m._peak)
         by_kind[r] = {k: int(v) for k, v in m._peak_by_kind.items()}

@@ -76,6 +76,19 @@ class Settings:
 
 
 _STACK: dict[str, list[Settings]] = {"puzzles": [Settings()], "lab": [Settings()]}
+_DEFAULT_DISTS: dict[str, list[Any]] = {"puzzles": [None], "lab": [None]}  # per `configure` block
+
+
+def default_dist(api: str, make: Callable[[int], Any]) -> Any:
+    """The `Dist(1)` a `Model` built without a `dist` runs on. The originals' default argument is one
+    `Dist(1)` made at import, shared by every such model; here it is one per `configure` block (one run
+    of a file), made at first use, so it has the run's settings and a run's `main()` or notebook that
+    builds its models this way (`Model(layers=2, batches=4)`, the puzzles notebook's first example)
+    reports them, and not another run's."""
+    slots = _DEFAULT_DISTS[api]
+    if slots[-1] is None:
+        slots[-1] = make(1)
+    return slots[-1]
 
 
 def current(api: str) -> Settings:
@@ -91,10 +104,12 @@ def configure(api: str, **changes: Any) -> Iterator[Settings]:
     if settings.timing not in TIMINGS:
         raise ValueError(f"timing must be 'original' (or 'unit') or 'real', got {settings.timing!r}")
     _STACK[api].append(settings)
+    _DEFAULT_DISTS[api].append(None)
     try:
         yield settings
     finally:
         _STACK[api].pop()
+        _DEFAULT_DISTS[api].pop()
 
 
 # ---- rendezvous ----------------------------------------------------------------------------------

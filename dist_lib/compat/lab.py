@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Optional, Protocol, Sequence, Tuple
 
 from ._base import ToyModel
-from ._runtime import Mailbox, World, brief, require
+from ._runtime import Mailbox, World, brief, default_dist, require
 from ._storage import Storage
 from ._tensor_rules import Combinable, Message, Sharded, WorldCollectives, united
 from .lab_costs import BLOCK_SIZE, BYTES_PER_ELEMENT, DATATYPE, HIDDEN_SIZE, RuntimePredictor
@@ -178,11 +178,15 @@ def _samples(v: Any) -> FrozenSet[int]:
     return getattr(v, "samples", frozenset())
 
 
+_DEFAULT = Dist(1)  # Model's default argument, as in the signature of the original
+
+
 class Model(ToyModel):
     """One rank's view: storage dicts, compute ops, communication, and a log of events."""
 
-    def __init__(self, rank: int = 1, dist: Dist = Dist(1), num_layers: int = 2,  # noqa: B008
-                 global_batch_size: int = 1):
+    def __init__(self, rank: int = 1, dist: Dist = _DEFAULT, num_layers: int = 2, global_batch_size: int = 1):
+        if dist is _DEFAULT:  # the original's shared default Dist(1), one per run here (default_dist)
+            dist = default_dist("lab", Dist)
         self._setup(rank, dist, num_layers, global_batch_size)
         self.world_size = dist.world_size
         self.num_layers = num_layers

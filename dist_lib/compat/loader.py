@@ -29,7 +29,7 @@ from ..workload import FIELD_RANGES, MAX_GLOBAL_BATCH
 from . import _runtime
 from ._base import build_result
 from ._base import problems
-from .notebook import Notebook, definitions, is_notebook, read_notebook
+from .notebook import Notebook, definitions, is_notebook, read_notebook, unimported, where_in
 
 # The puzzles' set-ups by the notebook's function names: (ranks, layers, batches).
 PUZZLE_SETUPS = {"basic": (1, 2, 4), "grad_accum": (1, 2, 4), "ddp": (4, 2, 4), "wsdp": (4, 6, 4),
@@ -263,16 +263,27 @@ def _in_cells(error: SimulationError, notebook: Notebook | None) -> SimulationEr
 
 def _run_definitions(notebook: Notebook, module: types.ModuleType) -> None:
     """Each cell's imports, definitions and plain assignments (`notebook.definitions`), in cell order: what
-    a named function needs, without the cells' own tests."""
+    a named function needs, without the cells' own tests.
+    An import that fails here (Colab's `google.colab`, a package not installed) binds placeholders that
+    raise when used (`notebook.unimported`), so a function that does not need it runs as in the student's
+    environment; an import of the API's own modules (`lib`, `utils`, `drawing`) must work."""
     for cell in notebook.cells:
-        code = compile(definitions(cell.tree), cell.filename, "exec")
-        try:
-            exec(code, module.__dict__)
-        except SimulationError as error:
-            raise _in_cells(error, notebook) from error
-        except Exception as exc:
-            raise StrategyError(notebook.locate(f"{notebook.path.name}: running its definitions raised "
-                                                f"{type(exc).__name__}: {exc}{user_frame(exc)}")) from exc
+        for stmt in definitions(cell.tree).body:  # one at a time, so a failed import can be told apart
+            code = compile(ast.Module(body=[stmt], type_ignores=[]), cell.filename, "exec")
+            try:
+                exec(code, module.__dict__)
+            except SimulationError as error:
+                raise _in_cells(error, notebook) from error
+            except ImportError as exc:
+                where = where_in(notebook.path.name, cell.number, cell.first_line, stmt.lineno)
+                names = unimported(stmt, where, exc)
+                if names is None:
+                    raise StrategyError(notebook.locate(f"{notebook.path.name}: running its definitions raised "
+                                                        f"{type(exc).__name__}: {exc}{user_frame(exc)}")) from exc
+                module.__dict__.update(names)
+            except Exception as exc:
+                raise StrategyError(notebook.locate(f"{notebook.path.name}: running its definitions raised "
+                                                    f"{type(exc).__name__}: {exc}{user_frame(exc)}")) from exc
 
 
 def _run_cells(notebook: Notebook, module: types.ModuleType, before: int) -> Any:

@@ -330,3 +330,48 @@ def _inert(value: ast.expr) -> bool:
             return False
         stack.extend(ast.iter_child_nodes(node))
     return True
+
+
+API_MODULES = frozenset({"lib", "utils", "drawing"})  # what run_file provides; an import of them must work
+
+
+class Unimported:
+    """A name an import in a notebook's definitions would bind, where that import failed here (Colab's
+    `from google.colab import drive`, a plotting package not installed). The graded function runs as
+    in the student's own environment when it does not use the name; using it raises ImportError saying
+    which import, in which cell, failed."""
+
+    def __init__(self, name: str, statement: str, where: str, reason: str) -> None:
+        self._message = (f"{name!r} comes from `{statement}` in {where}, which could not be imported here: "
+                         f"{reason}")
+
+    def _fail(self, *_args: object, **_kwargs: object) -> None:
+        raise ImportError(self._message)
+
+    def __getattr__(self, attr: str) -> None:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        self._fail()
+
+    __call__ = __getitem__ = __iter__ = _fail
+
+    def __repr__(self) -> str:
+        return f"<not imported: {self._message}>"
+
+
+def unimported(stmt: ast.stmt, where: str, error: ImportError) -> dict[str, Unimported] | None:
+    """The placeholders an import statement that raised `error` would have bound, or None when the
+    statement is not an import, or imports one of the APIs' own modules (a wrong name there is an error
+    as it is in the original)."""
+    if isinstance(stmt, ast.Import):
+        modules = [a.name for a in stmt.names]
+        bound = [a.asname or a.name.partition(".")[0] for a in stmt.names]
+    elif isinstance(stmt, ast.ImportFrom) and not stmt.level and stmt.module:
+        modules = [stmt.module]
+        bound = [a.asname or a.name for a in stmt.names]
+    else:
+        return None
+    if any(m.partition(".")[0] in API_MODULES for m in modules) or "*" in bound:
+        return None
+    statement = ast.unparse(stmt)
+    return {name: Unimported(name, statement, where, f"{type(error).__name__}: {error}") for name in bound}

@@ -22,7 +22,7 @@ from typing import Any, FrozenSet, List, Optional, Protocol, Sequence, Tuple, Ty
 
 from .. import costs
 from ._base import ToyModel, problems
-from ._runtime import CompatAssertionError, Mailbox, World, brief, require
+from ._runtime import CompatAssertionError, Mailbox, World, brief, default_dist, require
 from ._tensor_rules import Combinable, Message, Sharded, WorldCollectives, drawable, united
 
 HIDDEN = 512
@@ -231,10 +231,15 @@ def _steps(typ: str, batches: FrozenSet[int]) -> float:
     return _COMM_LENGTH.get(typ, 0)
 
 
+_DEFAULT = Dist(1)  # Model's default argument, as in the signature of the original
+
+
 class Model(ToyModel):
     """One rank's view: storage dicts, compute ops, communication, and a log of events."""
 
-    def __init__(self, rank: int = 1, dist: Dist = Dist(1), layers: int = 2, batches: int = 1):  # noqa: B008
+    def __init__(self, rank: int = 1, dist: Dist = _DEFAULT, layers: int = 2, batches: int = 1):
+        if dist is _DEFAULT:  # the original's shared default Dist(1), one per run here (default_dist)
+            dist = default_dist("puzzles", Dist)
         self._setup(rank, dist, layers, batches)
         self.RANKS = dist.ranks
         self.LAYERS = layers

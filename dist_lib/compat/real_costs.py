@@ -81,7 +81,7 @@ class RealCosts:
         key = (rank, op, layer, n)
         hit = self._cache.get(key)
         if hit is None:
-            device, w = self.cluster.device_of(rank), self.workload
+            device, w = self._device(rank), self.workload
             if op == "loss" or not isinstance(layer, int) or not 0 <= layer < w.num_layers:
                 hit = (costs.loss_time(device, w, n), costs.compute_flops(w, "loss", 0, n)) if n else (0.0, 0.0)
             elif op == "forward":
@@ -92,7 +92,13 @@ class RealCosts:
         return hit
 
     def update(self, rank: int, layer: Any, fraction: float) -> float:
-        return costs.update_time(self.cluster.device_of(rank), self._params(layer) * fraction)
+        return costs.update_time(self._device(rank), self._params(layer) * fraction)
+
+    def _device(self, rank: int) -> Any:
+        """`rank`'s device; a model whose rank is not one of its Dist's (the originals' defaults, rank 1
+        on Dist(1)) computes on the device of the slot it is reported in (`build_result`): rank mod n."""
+        n = self.cluster.world_size
+        return self.cluster.device_of(rank if 0 <= rank < n else rank % n)
 
     def collective(self, op: str, value: Any, result: Any) -> float:
         p = self.world_size
