@@ -51,7 +51,7 @@ def test_the_estimate_plays_out_the_last_chunks_loss_as_the_simulator_runs_it(re
     closed form with the virtual-pipeline bound was 8.3 % (full recompute) and 8.0 % (selective) under the
     simulation; the play-out of the passes in the strategy's order gives the simulator's step."""
     from dist_lib.planner.evaluate import simulate_candidate
-    from dist_lib.planner.partition import _virtual_bound, step_estimate
+    from dist_lib.planner.partition import _virtual_bound, steady_crossings, step_estimate
     from dist_lib.planner.search import Candidate, _Space, to_plan
     cluster, workload = Cluster.load("1x2xT4+1x1xV100-16GB"), Workload.load("gpt-350m:layers=6")
     sp = _Space(cluster, workload)
@@ -61,4 +61,4 @@ def test_the_estimate_plays_out_the_last_chunks_loss_as_the_simulator_runs_it(re
                                                               seconds, memory, 0.0))
     assert seconds == pytest.approx(ran.simulated, rel=1e-6)
     # the virtual pipeline's bound is a lower bound of the play-out
-    assert _virtual_bound(cluster, workload, placed, 2, 2) < seconds
+    assert _virtual_bound(placed, 2, 2, steady_crossings(cluster, workload, placed, [(0, 1, 2), (1, 0, 1)])) < seconds

@@ -10,7 +10,8 @@ weight-gradient half out of the fill (Qi et al. 2023). Interleaved, every chunk 
 order the schedule issues it (`playout.py`), or, beyond `partition.PLAYOUT_PASSES` passes, the fill is
 divided by the chunk count. An activation and a
 gradient cross each boundary per microbatch (interleaved: once per chunk, and from the last stage back
-to the first between chunks), their messages sharing links (`messages.py`); a message moves only once
+to the first between chunks), their messages sharing links (`messages.py`; after the first microbatch,
+replicas that cost differently send at different moments, `stagger.py`); a message moves only once
 its receiver posts the receive, when its pass needs the input, so each stage's time per microbatch
 counts the crossings into it. Under 1F1B and ZB-H1 the round trip of the p - s microbatches stage s
 keeps in flight (their passes and crossings) bounds the time per microbatch from below. The

@@ -15,14 +15,16 @@ or a node's NICs that its GPUs share; `Cluster.p2p_usage`, `costs.shared_speed`)
 others end. The crossing takes until its last message has arrived. On a node whose GPUs share one
 NIC, t pieces of n/t take as long as one whole message, and t whole messages t times as long; twelve
 replicas sending into four take the bytes of all twelve through the receiving node's NIC, not twelve
-times the largest.
+times the largest. In the steady state replicas that cost differently send at different moments
+(`stagger.py`): `steady_crossing_seconds` plays the crossing out with each sending replica's messages
+moving from its own offset on, sharing links only while they overlap.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import accumulate
-from math import gcd
+from math import gcd, inf
 from typing import TYPE_CHECKING
 
 from .. import costs
@@ -76,6 +78,62 @@ def drain(chains: Sequence[Chain], capacity: Sequence[int], sample_bytes: float)
     return max(play(jobs, capacity), default=0.0)
 
 
+def staggered_drain(chains: Sequence[Chain], senders: Sequence[Sequence[int]], ready: Sequence[float],
+                    capacity: Sequence[int], sample_bytes: float) -> float:
+    """`drain` when sending replica i's messages may move only from `ready[i]` seconds on (-inf: they
+    never meet the others and are left out, `stagger.phases`): seconds from the latest ready sender to the
+    last arrival, each further message of a chain starting once the one before it has arrived and its
+    sender is ready. With every sender ready at 0 it is `drain`."""
+    kept = [r for r in ready if r != -inf]
+    if not kept:
+        return 0.0
+    base, latest = min(kept), max(kept)
+    jobs: list[Job] = []
+    waits: dict[int, int] = {}  # sending replica -> the job that ends when it is ready
+    for chain, by in zip(chains, senders):
+        previous = None
+        for (usage, link, samples), i in zip(chain, by):
+            if ready[i] == -inf:
+                continue
+            seconds = costs.p2p_time(samples * sample_bytes, link)
+            if previous is None:
+                jobs.append(Job(seconds, usage, ready[i] - base))
+            else:
+                wait = waits.get(i)
+                if wait is None:
+                    wait = waits[i] = len(jobs)
+                    jobs.append(Job(ready[i] - base))  # a wait: it shares nothing
+                jobs.append(Job(seconds, usage, 0.0, (previous, wait)))
+            previous = len(jobs) - 1
+    return max(0.0, max(play(jobs, capacity), default=0.0) + base - latest)
+
+
+def feeds(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[tuple[int, ...], ...]:
+    """Per receiving replica, the sending replicas whose messages it takes."""
+    pattern, _ = _pattern(cluster, workload, sender, receiver)
+    if pattern[6] is None:
+        out: list[set[int]] = [set() for _ in range(len(receiver.ranks) // receiver.tp)]
+        for by, replica in zip(pattern[4], pattern[5]):
+            out[replica].update(by)
+        pattern[6] = tuple(tuple(sorted(s)) for s in out)
+    return pattern[6]
+
+
+def steady_crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption,
+                            ready: Sequence[float]) -> float:
+    """`staggered_drain` of one microbatch's crossing when sending replica i is ready at `ready[i]`
+    (`stagger.phases`); `crossing_seconds` when every sender is ready at once."""
+    if all(r == 0.0 for r in ready):
+        return crossing_seconds(cluster, workload, sender, receiver)
+    pattern, sample_bytes = _pattern(cluster, workload, sender, receiver)
+    key = (sample_bytes, *ready)  # the same stagger recurs: replicas that drift away, equal blocks
+    seconds = pattern[1].get(key)
+    if seconds is None:
+        seconds = pattern[1][key] = staggered_drain(pattern[0], pattern[4], ready, _for_cluster(cluster)[0],
+                                                    sample_bytes)
+    return seconds
+
+
 def crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> float:
     """Seconds until every message of one microbatch's crossing from `sender` to `receiver` has arrived
     (`drain`; the messages worked out once per cluster, pair of stages and proportions of their shares,
@@ -115,8 +173,8 @@ def crossing_usage(cluster: Cluster, workload: Workload, sender: StageOption,
 
 
 def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[list, float]:
-    """([chains, seconds by bytes a share unit, links, usage or None], bytes a share unit) of a crossing:
-    the chains
+    """([chains, seconds by bytes a share unit (and by the senders' stagger after it), links, usage or None, per chain the sending replica of each
+    message, per chain its receiving replica, per receiving replica its senders or None], bytes a share unit) of a crossing: the chains
     in units of the shares' greatest common divisor, so that every microbatch size of the same
     proportions has the same ones."""
     _, patterns, pairs, _ = _for_cluster(cluster)
@@ -126,13 +184,18 @@ def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver
     pattern = patterns.get(key)
     if pattern is None:
         chains: dict[int, list] = {}
+        senders: dict[int, list[int]] = {}  # per receiving rank: the sending replica of each piece
+        replica = {rank: k // sender.tp for k, rank in enumerate(sender.ranks)}
         for src, dst, samples in transfers(key[:3], key[3:], 1.0):
             pair = pairs.get((src, dst))
             if pair is None:
                 pair = pairs[src, dst] = (cluster.p2p_usage(src, dst), cluster.p2p_link(src, dst))
             chains.setdefault(dst, []).append((*pair, samples))
+            senders.setdefault(dst, []).append(replica[src])
         links = frozenset(link for chain in chains.values() for usage, _, _ in chain for link, _ in usage)
-        pattern = patterns[key] = [tuple(map(tuple, chains.values())), {}, links, None]
+        receiving = {rank: k // receiver.tp for k, rank in enumerate(receiver.ranks)}
+        pattern = patterns[key] = [tuple(map(tuple, chains.values())), {}, links, None,
+                                   tuple(tuple(v) for v in senders.values()), tuple(receiving[d] for d in chains), None]
     return pattern, scale * workload.activation_bytes()
 
 

@@ -20,6 +20,7 @@ from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
 from .messages import crossing_seconds, scatters
 from .playout import play_interleaved
+from .stagger import boundary_seconds, slack
 from .tail import no_collective, step_end
 
 MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
@@ -51,6 +52,10 @@ class StageOption:
     # as soon as its last microbatch has passed backward, one collective a layer, in turn
     reduced: tuple[float, ...] = ()
     alike: bool = True  # the layers after the first cost alike (no measured profile)
+    # per replica in rank order: its own per-layer costs and loss (the figures above are their largest);
+    # empty where every replica costs the same
+    replica_costs: tuple[LayerCosts, ...] = ()
+    replica_loss: tuple[float, ...] = ()
 
 
 def partition(stages: list[list[StageOption]], layers: int, microbatches: int, schedule: str = "1f1b",
@@ -283,9 +288,9 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
     if passes > 1 and pp > 1:
         boundaries.append((pp - 1, 0, passes - 1))
     cycles, round_trips = times[:], []
+    crossings = steady_crossings(cluster, workload, placed, boundaries)
     for s, r, count in boundaries:
-        a, b = placed[s][1], placed[r][1]
-        onward, back = crossing_seconds(cluster, workload, a, b), crossing_seconds(cluster, workload, b, a)
+        onward, back = crossings[s, r]
         cycles[r] += count * onward
         cycles[s] += count * back
         round_trips.append(onward + back)
@@ -306,13 +311,33 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
             slowest = max(slowest, loop / (pp - s))
     # the first microbatch takes the fill's path and the slowest stage's time; each further one the pace
     pipeline = (m - 1) * slowest + paced + fill
+    if schedule != "interleaved":
+        # the first microbatch crosses with every sender ready at once: its activations take the
+        # crossing all at once, not the steady state's staggered one
+        for s, r, _ in boundaries:
+            pipeline += crossing_seconds(cluster, workload, placed[s][1], placed[r][1]) - crossings[s, r][0]
     if schedule == "interleaved" and pp > 1:
         if 2 * pp * chunks * m <= PLAYOUT_PASSES:
-            pipeline = _interleaved_playout(cluster, workload, placed, m, chunks)
+            pipeline = _interleaved_playout(placed, m, chunks, crossings)
         else:
-            pipeline = max(pipeline, _virtual_bound(cluster, workload, placed, m, chunks))
+            pipeline = max(pipeline, _virtual_bound(placed, m, chunks, crossings))
     # the pipeline ends with stage 0's last backward; then each stage's reductions and update (`tail.py`)
     return step_end(cluster, workload, placed, backs, weights, pipeline, schedule == "zero-bubble"), mem
+
+
+def steady_crossings(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
+                     boundaries: list[tuple[int, int, int]]) -> dict[tuple[int, int], tuple[float, float]]:
+    """(activation, gradient) seconds of one microbatch's crossing of each boundary (s, r, _) in the
+    steady state: with every sender ready at once (`crossing_seconds`) where the replicas of both
+    stages cost alike, else with each replica's messages staggered by its own pace (`stagger.py`)."""
+    starts = [0]
+    for n, _ in placed:
+        starts.append(starts[-1] + n)
+    pp = len(placed)
+    return {(s, r): boundary_seconds(cluster, workload, placed[s][1], placed[r][1],
+                                     slack(placed[s][1], starts[s], starts[s + 1], s == pp - 1),
+                                     slack(placed[r][1], starts[r], starts[r + 1], r == pp - 1))
+            for s, r, _ in boundaries}
 
 
 def chunk_sizes(layers: int, chunks: int) -> list[int]:
@@ -321,8 +346,8 @@ def chunk_sizes(layers: int, chunks: int) -> list[int]:
     return [layers // chunks + (c < layers % chunks) for c in range(chunks)]
 
 
-def _virtual_bound(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]], microbatches: int,
-                   chunks: int) -> float:
+def _virtual_bound(placed: list[tuple[int, StageOption]], microbatches: int, chunks: int,
+                   crossings: dict[tuple[int, int], tuple[float, float]]) -> float:
     """Interleaved, beyond `PLAYOUT_PASSES`: a lower bound from the virtual pipeline of p x v chunk passes (chunk c of stage s is
     virtual stage c x p + s, its layers cut by `chunk_sizes`). The chunks of a stage are not alike:
     the last stage's last chunk alone runs the loss. A virtual stage j runs the forward and backward of
@@ -343,25 +368,21 @@ def _virtual_bound(cluster: Cluster, workload: Workload, placed: list[tuple[int,
             passes.append(u + (o.loss if s == pp - 1 and c == chunks - 1 else 0.0))
             stage_of.append(s)
             start += n
-    crossing: dict[tuple[int, int], float] = {}
     before, bound = 0.0, 0.0
     for j, u in enumerate(passes):
         bound = max(bound, before + microbatches * u)
         if j + 1 < len(passes):
             a, b = stage_of[j], stage_of[j + 1]
-            if (a, b) not in crossing:
-                crossing[a, b] = (crossing_seconds(cluster, workload, placed[a][1], placed[b][1])
-                                  + crossing_seconds(cluster, workload, placed[b][1], placed[a][1]))
-            before += u + crossing[a, b]
+            before += u + sum(crossings[a, b])
     return bound
 
 
-def _interleaved_playout(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
-                         microbatches: int, chunks: int) -> float:
+def _interleaved_playout(placed: list[tuple[int, StageOption]], microbatches: int, chunks: int,
+                         crossings: dict[tuple[int, int], tuple[float, float]]) -> float:
     """Interleaved: when stage 0's last backward ends, from a play-out of every chunk pass in the order
     each stage issues it (`playout.play_interleaved`). Chunk c of stage s is virtual stage c x p + s, its
     layers cut by `chunk_sizes`; the last one also runs the loss. Each message waits for its crossing
-    (`crossing_seconds`) and, where it arrives as TP pieces, the receiving stage's all-gather."""
+    (`steady_crossings`) and, where it arrives as TP pieces, the receiving stage's all-gather."""
     pp = len(placed)
     forward, backward, onward, back = [], [], [], []
     for c in range(chunks):
@@ -376,7 +397,8 @@ def _interleaved_playout(cluster: Cluster, workload: Workload, placed: list[tupl
             backward.append(k.backward[last] - k.backward[first])
             a, b = o, placed[(s + 1) % pp][1]  # virtual stage j and j + 1
             gathered = scatters(a, b)
-            onward.append(crossing_seconds(cluster, workload, a, b) + (b.gather if gathered else 0.0))
-            back.append(crossing_seconds(cluster, workload, b, a) + (a.gather if gathered else 0.0))
+            there, returned = crossings.get((s, (s + 1) % pp), (0.0, 0.0))  # the last entry is unused
+            onward.append(there + (b.gather if gathered else 0.0))
+            back.append(returned + (a.gather if gathered else 0.0))
             start += n
     return play_interleaved(forward, backward, onward, back, pp, microbatches)

@@ -140,22 +140,24 @@ class _Space:
         cluster, workload = self.cluster, self.workload
         dp = len(ranks) // tp
         shares = space.shares(cluster, workload, ranks, tp, microbatch)
-        replicas = {}
+        replicas, keys = {}, []
         for d in range(dp):
             first = ranks[d * tp]
             # a TP group sits in one node (`space.tp_options`): its topology is its node kind's
             kind = self._node_kind[cluster.node_of(first)]
-            replicas.setdefault((kind, shares[d]), ranks[d * tp:(d + 1) * tp])
+            keys.append((kind, shares[d]))
+            replicas.setdefault(keys[-1], ranks[d * tp:(d + 1) * tp])
         per = [layer_costs(cluster.device_of(group[0]), workload, n, tp,
                            self.topology(group) if tp > 1 else None, recompute, dp if zero else 1)
                for (_, n), group in replicas.items()]
+        losses = [costs.loss_time(cluster.device_of(group[0]), workload, n, tp)
+                  + (costs.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
+                     if tp > 1 else 0.0) for (_, n), group in replicas.items()]
         combined = per[0] if len(per) == 1 else _slowest(per)
         # every rank is in some replica, and a replica's ranks share a node
         capacity = MEMORY_HEADROOM * min(cluster.nodes[kind].device.memory_bytes for kind, _ in replicas)
         # the LM head is vocabulary-parallel over the TP group, and its input gradient all-reduced there
-        loss = max(costs.loss_time(cluster.device_of(group[0]), workload, n, tp)
-                   + (costs.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
-                      if tp > 1 else 0.0) for (_, n), group in replicas.items())
+        loss = max(losses)
         unit = max(shares) * workload.activation_bytes()
         dp_topo = self.topology(ranks[::tp]) if dp > 1 else None
         if dp_topo is None:
@@ -178,7 +180,17 @@ class _Space:
                                     for g in (b - a for a, b in zip(combined.grad_bytes, combined.grad_bytes[1:]))),
                                    initial=0.0))
         return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun, gather, regather,
-                           reduced, workload.profile is None)
+                           reduced, workload.profile is None, *self._per_replica(replicas, keys, per, losses))
+
+    @staticmethod
+    def _per_replica(replicas: dict, keys: list, per: list[LayerCosts],
+                     losses: list[float]) -> tuple[tuple[LayerCosts, ...], tuple[float, ...]]:
+        """Each replica's own costs and loss in rank order, for the stagger of its messages
+        (`stagger.py`); none where every replica is of one kind (the stage's figures are its own)."""
+        if len(per) == 1:
+            return (), ()
+        index = {key: k for k, key in enumerate(replicas)}
+        return tuple(per[index[key]] for key in keys), tuple(losses[index[key]] for key in keys)
 
 
 class _Reduction:
