@@ -23,6 +23,7 @@ moving from its own offset on, sharing links only while they overlap.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from itertools import accumulate
 from math import gcd, inf
 from typing import TYPE_CHECKING
@@ -111,12 +112,12 @@ def staggered_drain(chains: Sequence[Chain], senders: Sequence[Sequence[int]], r
 def feeds(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[tuple[int, ...], ...]:
     """Per receiving replica, the sending replicas whose messages it takes."""
     pattern, _ = _pattern(cluster, workload, sender, receiver)
-    if pattern[6] is None:
+    if pattern.feeds is None:
         out: list[set[int]] = [set() for _ in range(len(receiver.ranks) // receiver.tp)]
-        for by, replica in zip(pattern[4], pattern[5]):
+        for by, replica in zip(pattern.senders, pattern.receivers):
             out[replica].update(by)
-        pattern[6] = tuple(tuple(sorted(s)) for s in out)
-    return pattern[6]
+        pattern.feeds = tuple(tuple(sorted(s)) for s in out)
+    return pattern.feeds
 
 
 def steady_crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption,
@@ -127,10 +128,10 @@ def steady_crossing_seconds(cluster: Cluster, workload: Workload, sender: StageO
         return crossing_seconds(cluster, workload, sender, receiver)
     pattern, sample_bytes = _pattern(cluster, workload, sender, receiver)
     key = (sample_bytes, *ready)  # the same stagger recurs: replicas that drift away, equal blocks
-    seconds = pattern[1].get(key)
+    seconds = pattern.seconds.get(key)
     if seconds is None:
-        seconds = pattern[1][key] = staggered_drain(pattern[0], pattern[4], ready, _for_cluster(cluster)[0],
-                                                    sample_bytes)
+        seconds = pattern.seconds[key] = staggered_drain(pattern.chains, pattern.senders, ready,
+                                                         _for_cluster(cluster)[0], sample_bytes)
     return seconds
 
 
@@ -145,9 +146,9 @@ def crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, 
     if found is not None and found[0] is sender and found[1] is receiver and found[2] is workload:
         return found[3]
     pattern, sample_bytes = _pattern(cluster, workload, sender, receiver)
-    seconds = pattern[1].get(sample_bytes)
+    seconds = pattern.seconds.get(sample_bytes)
     if seconds is None:
-        seconds = pattern[1][sample_bytes] = drain(pattern[0], capacity, sample_bytes)
+        seconds = pattern.seconds[sample_bytes] = drain(pattern.chains, capacity, sample_bytes)
     seen[id(sender), id(receiver)] = (sender, receiver, workload, seconds)
     return seconds
 
@@ -162,21 +163,32 @@ def crossing_usage(cluster: Cluster, workload: Workload, sender: StageOption,
     if found is not None and found[0] is sender and found[1] is receiver:
         return found[2]
     pattern, _ = _pattern(cluster, workload, sender, receiver)
-    if pattern[3] is None:
+    if pattern.usage is None:
         heads: dict[int, int] = {}
-        for chain in pattern[0]:
+        for chain in pattern.chains:
             for link, rate in chain[0][0]:
                 heads[link] = heads.get(link, 0) + rate
-        pattern[3] = tuple(heads.items())
-    seen[id(sender), id(receiver), "usage"] = (sender, receiver, (pattern[3], pattern[2]))
-    return pattern[3], pattern[2]
+        pattern.usage = tuple(heads.items())
+    seen[id(sender), id(receiver), "usage"] = (sender, receiver, (pattern.usage, pattern.links))
+    return pattern.usage, pattern.links
 
 
-def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[list, float]:
-    """([chains, seconds by bytes a share unit (and by the senders' stagger after it), links, usage or None, per chain the sending replica of each
-    message, per chain its receiving replica, per receiving replica its senders or None], bytes a share unit) of a crossing: the chains
-    in units of the shares' greatest common divisor, so that every microbatch size of the same
-    proportions has the same ones."""
+@dataclass(slots=True)
+class _Pattern:
+    """One crossing's messages in units of a share (`_pattern`), and what is worked out from them once."""
+
+    chains: tuple[Chain, ...]  # per receiving rank, the messages it takes in turn
+    links: frozenset[int]  # every link a message crosses
+    senders: tuple[tuple[int, ...], ...]  # per chain, the sending replica of each message
+    receivers: tuple[int, ...]  # per chain, its receiving replica
+    seconds: dict = field(default_factory=dict)  # by bytes a share unit (and the senders' stagger after it)
+    usage: Usage | None = None  # `crossing_usage`
+    feeds: tuple[tuple[int, ...], ...] | None = None  # `feeds`
+
+
+def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[_Pattern, float]:
+    """(the pattern, bytes a share unit) of a crossing: its messages in units of the shares' greatest
+    common divisor, so that every microbatch size of the same proportions has the same ones."""
     _, patterns, pairs, _ = _for_cluster(cluster)
     scale = gcd(*sender.shares, *receiver.shares)
     key = (sender.ranks, sender.tp, tuple(n // scale for n in sender.shares), receiver.ranks, receiver.tp,
@@ -194,8 +206,9 @@ def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver
             senders.setdefault(dst, []).append(replica[src])
         links = frozenset(link for chain in chains.values() for usage, _, _ in chain for link, _ in usage)
         receiving = {rank: k // receiver.tp for k, rank in enumerate(receiver.ranks)}
-        pattern = patterns[key] = [tuple(map(tuple, chains.values())), {}, links, None,
-                                   tuple(tuple(v) for v in senders.values()), tuple(receiving[d] for d in chains), None]
+        pattern = patterns[key] = _Pattern(tuple(map(tuple, chains.values())), links,
+                                           tuple(tuple(v) for v in senders.values()),
+                                           tuple(receiving[d] for d in chains))
     return pattern, scale * workload.activation_bytes()
 
 

@@ -12,7 +12,7 @@ chunk passes is played out pass by pass instead (`playout.py`).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..hardware import Cluster
@@ -355,19 +355,10 @@ def _virtual_bound(placed: list[tuple[int, StageOption]], microbatches: int, chu
     before it and before the last one passes backward through them: sum_{k<j} (u_k + crossings) + m u_j.
     For stages of equal times and m = p it is the fill and pace of the estimate above; where the last
     chunk's loss outweighs half a stage (a large vocabulary beside few layers) it is the longer."""
-    pp = len(placed)
     passes, stage_of = [], []
-    for c in range(chunks):
-        start = 0
-        for s, (n, o) in enumerate(placed):
-            sizes = chunk_sizes(n, chunks)
-            first = start + sum(sizes[:c])
-            last = first + sizes[c]
-            k = o.costs
-            u = k.forward[last] - k.forward[first] + k.backward[last] - k.backward[first]
-            passes.append(u + (o.loss if s == pp - 1 and c == chunks - 1 else 0.0))
-            stage_of.append(s)
-            start += n
+    for s, _, forward, backward in _chunk_passes(placed, chunks):
+        passes.append(forward + backward)
+        stage_of.append(s)
     before, bound = 0.0, 0.0
     for j, u in enumerate(passes):
         bound = max(bound, before + microbatches * u)
@@ -385,6 +376,22 @@ def _interleaved_playout(placed: list[tuple[int, StageOption]], microbatches: in
     (`steady_crossings`) and, where it arrives as TP pieces, the receiving stage's all-gather."""
     pp = len(placed)
     forward, backward, onward, back = [], [], [], []
+    for s, o, f, b in _chunk_passes(placed, chunks):
+        forward.append(f)
+        backward.append(b)
+        nxt = placed[(s + 1) % pp][1]  # virtual stage j and j + 1
+        gathered = scatters(o, nxt)
+        there, returned = crossings.get((s, (s + 1) % pp), (0.0, 0.0))  # the last entry is unused
+        onward.append(there + (nxt.gather if gathered else 0.0))
+        back.append(returned + (o.gather if gathered else 0.0))
+    return play_interleaved(forward, backward, onward, back, pp, microbatches)
+
+
+def _chunk_passes(placed: list[tuple[int, StageOption]], chunks: int) -> Iterator[tuple[int, StageOption, float, float]]:
+    """(stage, its option, forward seconds, backward seconds) of one microbatch's pass through each virtual
+    stage in turn: chunk c of stage s is virtual stage c x p + s, its layers cut by `chunk_sizes`, and the
+    last stage's last chunk also runs the loss (with its forward)."""
+    pp = len(placed)
     for c in range(chunks):
         start = 0
         for s, (n, o) in enumerate(placed):
@@ -393,12 +400,5 @@ def _interleaved_playout(placed: list[tuple[int, StageOption]], microbatches: in
             last = first + sizes[c]
             k = o.costs
             loss = o.loss if s == pp - 1 and c == chunks - 1 else 0.0
-            forward.append(k.forward[last] - k.forward[first] + loss)
-            backward.append(k.backward[last] - k.backward[first])
-            a, b = o, placed[(s + 1) % pp][1]  # virtual stage j and j + 1
-            gathered = scatters(a, b)
-            there, returned = crossings.get((s, (s + 1) % pp), (0.0, 0.0))  # the last entry is unused
-            onward.append(there + (b.gather if gathered else 0.0))
-            back.append(returned + (a.gather if gathered else 0.0))
+            yield s, o, k.forward[last] - k.forward[first] + loss, k.backward[last] - k.backward[first]
             start += n
-    return play_interleaved(forward, backward, onward, back, pp, microbatches)
