@@ -77,7 +77,8 @@ def _run_compat(job: dict[str, Any], scenario: dict[str, Any], options: dict[str
                              cluster=scenario["cluster"] if "cluster" in given else None,
                              workload=scenario["workload"] if "workload" in given else None,
                              global_batch_size=scenario["global_batch"] if "batch" in given else None,
-                             check=False, enforce_memory=scenario["enforce_memory"], **options)
+                             check=False, enforce_memory=scenario["enforce_memory"],
+                             **{**options, "exact_memory": True})  # the originals' sum, whatever the file does
     from dist_lib import Result
     if not isinstance(result, Result):
         raise RuntimeError(f"dist_lib.compat.run_file returned {type(result).__name__}, not a Result")

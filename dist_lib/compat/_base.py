@@ -46,7 +46,7 @@ class ToyModel:
             world.costs = RealCosts.build(world.settings, world.api, world.n, layers)
         self._real: RealCosts | None = world.costs
         self._ledger = Ledger(self._real.nbytes, kind_of) if self._real else Ledger()
-        self._untracked = False
+        self._untracked = world.settings.exact_memory  # True: sum the storage at each event
         for name in STORAGE_NAMES:
             object.__setattr__(self, "_" + name, Storage(self._ledger))
         world.models.append(self)
@@ -236,7 +236,9 @@ def build_result(world: World, strategy: str, problems: list[str], options: dict
         flops += m._flops
         batches = max(batches, m._batches)
     events.sort(key=itemgetter(3, 0))
-    notebook_time = max((float(m.log[-1].time) for m in models.values() if m.log), default=0.0)
+    # the latest start of a rank's last event, read from the records the ops made rather than from
+    # `model.log`, which a file may empty or edit (the originals' draw() then fails on an empty log)
+    notebook_time = max((float(m._records[-1][3]) for m in models.values() if m._records), default=0.0)
     real = world.costs
     extra: dict[str, Any] = {}
     if real is not None:

@@ -66,13 +66,19 @@ class Settings:
     workload: a Workload or spec, or None for the API's default shape; its layer count is replaced by
     the Model's.
     strict: warn where the original silently accepts something suspicious (a gradient sum that counts
-    a sample twice, combining tensors of different layers); the verdict stays the original's."""
+    a sample twice, combining tensors of different layers); the verdict stays the original's.
+    exact_memory: price memory at every event by summing every stored tensor's `memory()`, as the
+    originals do, instead of keeping a running total (`_storage.Ledger`). Same figures for any file
+    that stores through `d[k] = v`, `del d[k]` and the other dict methods and leaves stored tensors
+    as they are; the sum also counts what the running total cannot follow (a stored tensor widened
+    in place, a value stored with `dict.__setitem__`). The grader runs `--api` files so."""
 
     timing: str = "original"
     cluster: Any = None
     workload: Any = None
     default_device: str = "H100-80GB"
     strict: bool = False
+    exact_memory: bool = False
 
 
 _STACK: dict[str, list[Settings]] = {"puzzles": [Settings()], "lab": [Settings()]}

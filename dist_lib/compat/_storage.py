@@ -8,7 +8,8 @@ a whole number the total is an exact integer, which is what the originals' float
 
 Where the originals' left-to-right float sum rounds (a size that is not a whole number: shard counts
 that do not divide HIDDEN**2), or where the ledger cannot follow (a stored value without a usable
-`memory()`, a storage attribute replaced by a plain dict), the model sums its storage at each event
+`memory()`, a storage attribute replaced by a plain dict, a value found stored that never entered
+through these methods), the model sums its storage at each event
 as the originals do, which gives their figure to the last bit and raises the error they raise.
 """
 
@@ -89,7 +90,10 @@ class Storage(dict):
         self.ledger.apply(entry[1], 1)
 
     def _leave(self, value: Any) -> None:
-        entry = self.held[id(value)]
+        entry = self.held.get(id(value))
+        if entry is None:  # stored past the ledger (`dict.__setitem__(d, k, v)`): sum from now on
+            self.ledger.opaque += 1
+            return
         self.ledger.apply(entry[1], -1)
         entry[0] -= 1
         if not entry[0]:
@@ -104,11 +108,14 @@ class Storage(dict):
         dict.__setitem__(self, key, value)
         held, ledger = self.held, self.ledger
         if old is not _MISSING:
-            entry = held[id(old)]
-            ledger.apply(entry[1], -1)
-            entry[0] -= 1
-            if not entry[0]:
-                del held[id(old)]
+            entry = held.get(id(old))
+            if entry is None:  # stored past the ledger (`dict.__setitem__(d, k, v)`): sum from now on
+                ledger.opaque += 1
+            else:
+                ledger.apply(entry[1], -1)
+                entry[0] -= 1
+                if not entry[0]:
+                    del held[id(old)]
         entry = held.get(id(value))
         if entry is None:
             entry = held[id(value)] = [0, ledger.measure(value)]

@@ -93,7 +93,8 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
              timing: str | None = None, cluster: Any = None, workload: Any = None, ranks: int | None = None,
              layers: int | None = None, batches: int | None = None, options: dict[str, Any] | None = None,
              check: bool = True, global_batch_size: int | None = None, enforce_memory: bool = True,
-             main: bool | None = None, strict: bool = False, **more_options: Any) -> Result:
+             main: bool | None = None, strict: bool = False, exact_memory: bool = False,
+             **more_options: Any) -> Result:
     """Run a puzzles or lab strategy file unchanged and return its `ToyResult` (a dist_lib `Result`).
 
     api: 'puzzles', 'lab', or None to detect it from the file's text.
@@ -114,6 +115,8 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     check: raise `IncorrectStepError` when the final weights are not one correct step; otherwise it is
     reported in `result.correct` / `result.problems`.
     strict: warn where the original accepts something suspicious (a sample counted twice in a sum).
+    exact_memory: sum every stored tensor at every event, as the originals (`Settings.exact_memory`):
+    slower on files that store many tensors per rank, and exact whatever a file does to its storage.
     global_batch_size: the lab's global batch (same as `batches`); ignored for the puzzles, whose
     set-ups fix their batches. enforce_memory: accepted for symmetry with `simulate` (the toy APIs
     have no capacity limit). Other keywords join `options`.
@@ -147,7 +150,7 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     if timing is None and (cluster is not None or workload is not None):
         timing = "real"
     with api_modules(api) as lib, _runtime.configure(api, timing=timing, cluster=cluster, workload=workload,
-                                                     strict=strict):
+                                                     strict=strict, exact_memory=exact_memory or None):
         module = _load(path) if notebook is None else _notebook_module(path)
         use_main = main if main is not None else (
             function is None and ranks is None and layers is None and batches is None

@@ -11,6 +11,7 @@ activations are split and joined by samples on the way (`Model.split_samples`, `
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,9 @@ class Plan:
             raise SpecError(f"plan file {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
         except RecursionError:
             raise SpecError(f"plan file {path}: not a plan (lists or objects nested too deep)") from None
+        except ValueError:  # json reads whole numbers through int(), which refuses over 4300 digits
+            raise SpecError(f"plan file {path}: not a plan (a whole number of more than "
+                            f"{sys.get_int_max_str_digits()} digits)") from None
         return cls.from_dict(data, f"plan file {path}")
 
     # ---- validation ---------------------------------------------------------------------------
