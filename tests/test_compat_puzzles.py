@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dist_lib import DeadlockError, IncorrectStepError
+from dist_lib.errors import StrategyError
 from dist_lib.compat import CompatStrictWarning, api_modules, configure, detect_api, run_file
 from dist_lib.compat import puzzles as P
 from dist_lib.trace import chrome_trace, validate_trace
@@ -236,3 +237,14 @@ def test_status_names_the_types_as_the_original_notebook_prints_them(capsys):
         "0 <class 'lib.OptState'>,1 <class 'lib.OptState'>,0 <class 'lib.Activation'>,1 <class 'lib.Activation'>,"
         "2 <class 'lib.Activation'>,2 <class 'lib.ActivationGrad'>,0 <class 'lib.ActivationGrad'>,"
         "1 <class 'lib.WeightGrad'>,0 <class 'lib.WeightGrad'>,\n")
+
+
+def test_a_name_lib_lacks_is_named_as_the_original_names_it(tmp_path):
+    """The original says `cannot import name 'X' from 'lib'`; so does a file run here, not this project's
+    module path."""
+    path = tmp_path / "typo.py"
+    path.write_text("from lib import Model, NoSuchThing\n\n\nasync def basic(model):\n    pass\n")
+    with pytest.raises(StrategyError) as caught:
+        run_file(path, api="puzzles", function="basic")
+    assert str(caught.value) == (f"strategy file {path}: importing it raised ImportError: cannot import name "
+                                 f"'NoSuchThing' from 'lib' (at typo.py:1 in <module>)")

@@ -74,6 +74,21 @@ def api_modules(api: str) -> Iterator[types.ModuleType]:
         yield module
 
 
+# the compatible modules by the names a file imports them as, for the texts of its errors
+_IMPORTED_AS = {"dist_lib.compat.puzzles": "lib", "dist_lib.compat.lab": "lib", "dist_lib.compat.lab_utils": "utils",
+                "dist_lib.compat.drawing": "drawing"}
+
+
+def _said(error: BaseException) -> str:
+    """`Type: text` of an error a user's file raised, a compatible module named as the file imports it
+    (`cannot import name 'X' from 'lib'`, as with the original, not from this project's module)."""
+    text = f"{type(error).__name__}: {error}"
+    if isinstance(error, ImportError):
+        text = re.sub(r"from '(dist_lib\.compat\.\w+)' \([^()]*\)",
+                      lambda found: f"from {_IMPORTED_AS.get(found[1], found[1])!r}", text)
+    return text
+
+
 @contextlib.contextmanager
 def modules_as(names: dict[str, types.ModuleType]) -> Iterator[None]:
     """Inside the block, `import NAME` gives `names[NAME]`; whatever was there before comes back after."""
@@ -182,7 +197,7 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
         except SimulationError as error:
             raise _in_cells(_with_cause(_located(error, path), error), notebook) from error
         except Exception as error:
-            raise _in_cells(_with_cause(StrategyError(f"{path.name}: {type(error).__name__}: {error}"
+            raise _in_cells(_with_cause(StrategyError(f"{path.name}: {_said(error)}"
                                                       f"{user_frame(error)}"), error), notebook) from error
         models = sorted({m.rank: m for m in world.models}.values(), key=lambda m: m.rank)
         found = problems(models)
@@ -282,11 +297,11 @@ def _run_definitions(notebook: Notebook, module: types.ModuleType) -> None:
                 names = unimported(stmt, where, exc)
                 if names is None:
                     raise StrategyError(notebook.locate(f"{notebook.path.name}: running its definitions raised "
-                                                        f"{type(exc).__name__}: {exc}{user_frame(exc)}")) from exc
+                                                        f"{_said(exc)}{user_frame(exc)}")) from exc
                 module.__dict__.update(names)
             except Exception as exc:
                 raise StrategyError(notebook.locate(f"{notebook.path.name}: running its definitions raised "
-                                                    f"{type(exc).__name__}: {exc}{user_frame(exc)}")) from exc
+                                                    f"{_said(exc)}{user_frame(exc)}")) from exc
 
 
 def _run_cells(notebook: Notebook, module: types.ModuleType, before: int) -> Any:
@@ -323,7 +338,7 @@ def _load(path: Path) -> types.ModuleType:
     except SimulationError:
         raise
     except Exception as exc:
-        raise StrategyError(f"strategy file {path}: importing it raised {type(exc).__name__}: {exc}"
+        raise StrategyError(f"strategy file {path}: importing it raised {_said(exc)}"
                             f"{user_frame(exc)}{import_hint(exc)}") from exc
     return module
 
