@@ -19,7 +19,7 @@ from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
 from .messages import crossing_seconds, scatters
-from .playout import play_interleaved
+from .playout import one_f_one_b_pipeline, play_interleaved
 from .stagger import boundary_seconds, slack
 from .tail import no_collective, step_end
 
@@ -259,7 +259,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
                   microbatches: int, schedule: str, chunks: int) -> tuple[float, float]:
     """(seconds per step, highest memory share) of a placed partition under a schedule."""
     pp, m = len(placed), microbatches
-    times, backs, weights, mem = [], [], [], 0.0
+    times, forwards, backs, weights, mem = [], [], [], [], 0.0
     start = 0
     for s, (n, o) in enumerate(placed):
         c, stop = o.costs, start + n
@@ -274,6 +274,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         if s < pp - 1 and scatters(o, placed[s + 1][1]):
             backward += o.gather
         times.append(forward + backward)
+        forwards.append(forward)
         backs.append(backward)
         weights.append(c.weight[stop] - c.weight[start])
         mem = max(mem, block_memory(o, start, stop, s, pp, m, schedule, chunks) / o.capacity * MEMORY_HEADROOM)
@@ -292,6 +293,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
     for s, r, count in boundaries:
         onward, back = crossings[s, r]
         cycles[r] += count * onward
+        forwards[r] += count * onward
         cycles[s] += count * back
         round_trips.append(onward + back)
     slowest = paced = max(cycles)
@@ -304,13 +306,16 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         # From stage s on, 1F1B keeps p - s microbatches in flight, and each goes to the last stage and
         # back (its forwards, input-gradient passes and crossings) before the stage takes another: with
         # slow links that loop, not the slowest stage, paces the steady state
-        loop = 0.0
+        loop, loops = 0.0, []
         for s in range(pp - 1, -1, -1):
             loop += times[s] - (weights[s] if schedule == "zero-bubble" else 0.0)
             loop += round_trips[s] if s < pp - 1 else 0.0
-            slowest = max(slowest, loop / (pp - s))
+            loops.append(loop / (pp - s))
+        slowest = max(slowest, *loops)
     # the first microbatch takes the fill's path and the slowest stage's time; each further one the pace
     pipeline = (m - 1) * slowest + paced + fill
+    if schedule == "1f1b" and pp > 1:
+        pipeline = one_f_one_b_pipeline(forwards, [c - f for c, f in zip(cycles, forwards)], max(loops), m)
     if schedule != "interleaved":
         # the first microbatch crosses with every sender ready at once: its activations take the
         # crossing all at once, not the steady state's staggered one

@@ -1,5 +1,6 @@
-"""A play-out of the interleaved 1F1B schedule for the estimate: each chunk pass of each stage timed in
-the order the stage issues it, from per-pass seconds and crossing seconds, in plain arithmetic.
+"""Play-outs of pipeline schedules for the estimate, in plain arithmetic: 1F1B's warm-up and cool-down
+(`one_f_one_b_pipeline`), and the interleaved 1F1B schedule: each chunk pass of each stage timed in
+the order the stage issues it, from per-pass seconds and crossing seconds.
 
 The order is Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2), as
 `strategies/interleaved.py` builds it: a stage's k-th forward is chunk (k mod p v) // p of microbatch
@@ -127,3 +128,55 @@ def play_interleaved(forward: Sequence[float], backward: Sequence[float], onward
         t, r = done[a], done[b]
         done[o] = (t if t > r else r) + d
     return done[end]
+
+
+def one_f_one_b_pipeline(entries: list[float], exits: list[float], loop_pace: float, microbatches: int) -> float:
+    """1F1B: seconds until stage 0's last backward ends, when stage s takes `entries[s]` a forward (its
+    pass and the crossing into it) and `exits[s]` a backward (likewise) and the microbatches in flight
+    pace the steady state at `loop_pace` at least.
+
+    The closed form (m - 1) x slowest + the sum of all stage times counts every later stage's time once
+    beside the slowest stage's m microbatches, as if that stage idled while the first microbatch went
+    through them and back. But stage s runs min(m, p - s) = w forwards before its first backward and w
+    backwards after its last forward (`strategies/one_f_one_b.py`): the w - 1 forwards after the first
+    run while the first microbatch goes through the later stages and back, and the w - 1 backwards
+    before the last while the last microbatch does. So both ends are played out: stage s's first
+    backward starts once its warm-up forwards are done and stage s + 1's first backward has ended
+    (`_first_backwards`), and, time reversed (backwards for forwards), stage 0's last backward ends
+    once stage s's last forward has gone through the later stages and back and s's cool-down backwards
+    and those of the stages before it are done. Paced by stage s's passes between the two, or by the
+    loop (the first microbatch's round trip whole and each further one `loop_pace`); the step takes the
+    longest of these paths. With the slowest stage last, or every stage alike, it is the closed form.
+    O(p x min(m, p))."""
+    m, pp = microbatches, len(entries)
+    warmed, first = _first_backwards(entries, exits, m)
+    _, ends = _first_backwards(exits, entries, m)  # time reversed: from stage s's last forward to the end
+    longest = sum(entries) + sum(exits) + (m - 1) * loop_pace
+    for s in range(pp):
+        w = min(m, pp - s)
+        # the backwards of the stages before s follow its last one; its passes between run back to back
+        longest = max(longest, first[s] + (m - w) * entries[s] + (m - 1) * exits[s] + sum(exits[:s]))
+        # stage s's last forward starts after its warm-up forwards (m = w) or its steady pairs
+        last_forward = warmed[s] - entries[s] if m == w else \
+            first[s] + (m - w - 1) * (exits[s] + entries[s])
+        longest = max(longest, last_forward + ends[s])
+    return longest
+
+
+def _first_backwards(entries: list[float], exits: list[float], microbatches: int) -> tuple[list[float], list[float]]:
+    """1F1B's warm-up, per stage from the step's start: (the end of its last warm-up forward, the end of
+    its first backward). Stage s's k-th forward ends `entries[s]` after the later of its previous one
+    and stage s - 1's k-th, for k up to min(m, p - s); its first backward `exits[s]` after the later of
+    its last warm-up forward and stage s + 1's first backward."""
+    pp, ends, upstream = len(entries), [], None
+    for s in range(pp):
+        t, row = 0.0, []
+        for k in range(min(microbatches, pp - s)):
+            t = (max(t, upstream[k]) if upstream else t) + entries[s]
+            row.append(t)
+        ends.append(t)
+        upstream = row
+    first, t = [0.0] * pp, 0.0
+    for s in range(pp - 1, -1, -1):
+        t = first[s] = max(ends[s], t) + exits[s]
+    return ends, first
