@@ -91,6 +91,7 @@ class Result:
     # what each rank handed in: (rank, layer, step, samples, shards, num_shards, tp_rank, tp_size)
     final_weights: list[tuple[int, ...]] = field(default_factory=list, repr=False)
     _events: list[Event] | None = field(default=None, repr=False)
+    _busy: list[float] | None = field(default=None, repr=False)  # compute_busy(), summed once
 
     @property
     def events(self) -> list[Event]:
@@ -123,12 +124,15 @@ class Result:
         return self.hardware_flops / (self.time_s * self.peak_flops) if self.time_s > 0 else 0.0
 
     def compute_busy(self) -> list[float]:
-        """Seconds each rank's compute stream was busy."""
-        busy = [0.0] * self.cluster.world_size
-        for e in self.raw_events:
-            if e[2] == "compute":
-                busy[e[0]] += e[4] - e[3]
-        return busy
+        """Seconds each rank's compute stream was busy (a new list each call; the sum over the events is
+        made once, as `bubble_fraction`, `summary()` and `to_dict()` all read it)."""
+        if self._busy is None:
+            busy = [0.0] * self.cluster.world_size
+            for e in self.raw_events:
+                if e[2] == "compute":
+                    busy[e[0]] += e[4] - e[3]
+            self._busy = busy
+        return list(self._busy)
 
     @property
     def bubble_fraction(self) -> float:
@@ -177,9 +181,9 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         """The step's figures as plain JSON values: `json.loads(json.dumps(d)) == d`. Options become JSON
-        (a tuple a list, a path its text, a `Plan` its `to_dict()`, anything else its repr), and
-        `mfu == model_flops / (time_s * peak_flops)` holds in the dict itself. Per-rank lists are indexed
-        by rank; `peak_memory_by_kind` is the breakdown on `peak_memory_rank` at its peak."""
+        (a tuple a list, a path its text, a `Plan` its `to_dict()`, anything else its repr); for a step
+        `simulate` ran, `mfu == model_flops / (time_s * peak_flops)` holds in the dict itself. Per-rank
+        lists are indexed by rank; `peak_memory_by_kind` is the breakdown on `peak_memory_rank` at its peak."""
         return {"strategy": self.strategy, "cluster": self.cluster.name, "workload": self.workload.name,
                 "world_size": self.cluster.world_size, "global_batch_size": self.global_batch_size,
                 "options": _json_ready(self.options), "time_s": self.time_s, "rank_times": list(self.rank_times),

@@ -224,3 +224,12 @@ def test_an_incorrect_step_keeps_its_figures_and_says_why():
     r = simulate(forward_only, "1x2xA100-80GB", "toy", 4, check=False)
     assert not r.correct and r.problems and r.to_dict()["problems"] == r.problems
     assert "correct       NO: layer 0:" in r.summary() and math.isfinite(r.mfu)
+
+
+def test_compute_busy_is_summed_once_and_handed_out_as_a_copy():
+    r = run("gpipe")
+    busy = r.compute_busy()
+    bubble = r.bubble_fraction
+    busy[0] = 0.0  # the caller's list: the result's figures stay
+    assert r.compute_busy()[0] > 0 and r.bubble_fraction == bubble
+    assert r.compute_busy() == r.compute_busy() and r.compute_busy() is not r.compute_busy()
