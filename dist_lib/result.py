@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, NamedTuple
 
 from .hardware import Cluster
@@ -52,7 +53,18 @@ class PerRank(Sequence):
     def __getitem__(self, rank):  # type: ignore[override]
         if isinstance(rank, slice):
             return [self[r] for r in range(len(self))[rank]]
-        return self._derive(self._logs[rank])
+        return self._derive(self._logs[check_rank(rank, len(self._logs))])
+
+
+def check_rank(rank: Any, world_size: int) -> int:
+    """`rank` as an index of per-rank data, Python's negative indices included; anything else is one
+    `IndexError` or `TypeError` naming the rank and the ranks there are."""
+    if isinstance(rank, bool) or not hasattr(rank, "__index__"):
+        raise TypeError(f"rank must be a whole number, got {type(rank).__name__} {rank!r}")
+    if not -world_size <= rank < world_size:
+        raise IndexError(f"rank {rank}: the cluster has ranks 0-{world_size - 1}" if world_size
+                         else f"rank {rank}: the cluster has no ranks")
+    return rank.__index__()
 
 
 @dataclass(repr=False)
@@ -79,9 +91,11 @@ class Result:
     # what each rank handed in: (rank, layer, step, samples, shards, num_shards, tp_rank, tp_size)
     final_weights: list[tuple[int, ...]] = field(default_factory=list, repr=False)
     _events: list[Event] | None = field(default=None, repr=False)
+    _busy: list[float] | None = field(default=None, repr=False)  # compute_busy(), summed once
 
     @property
     def events(self) -> list[Event]:
+        """Every op of the step as an `Event`, in the order they were logged (`raw_events` as tuples)."""
         if self._events is None:
             self._events = [Event._make(e) for e in self.raw_events]
         return self._events
@@ -110,12 +124,15 @@ class Result:
         return self.hardware_flops / (self.time_s * self.peak_flops) if self.time_s > 0 else 0.0
 
     def compute_busy(self) -> list[float]:
-        """Seconds each rank's compute stream was busy."""
-        busy = [0.0] * self.cluster.world_size
-        for e in self.raw_events:
-            if e[2] == "compute":
-                busy[e[0]] += e[4] - e[3]
-        return busy
+        """Seconds each rank's compute stream was busy (a new list each call; the sum over the events is
+        made once, as `bubble_fraction`, `summary()` and `to_dict()` all read it)."""
+        if self._busy is None:
+            busy = [0.0] * self.cluster.world_size
+            for e in self.raw_events:
+                if e[2] == "compute":
+                    busy[e[0]] += e[4] - e[3]
+            self._busy = busy
+        return list(self._busy)
 
     @property
     def bubble_fraction(self) -> float:
@@ -126,7 +143,11 @@ class Result:
         return sum(1 - b / self.time_s for b in busy) / len(busy)
 
     def memory_timeline(self, rank: int) -> list[tuple[float, int]]:
-        """(time s, live bytes) after every allocation and free on `rank`."""
+        """(time s, live bytes) after every allocation and free on `rank`, in the order they happened
+        (several at one time are several points); its highest value is `memory_bytes[rank]`."""
+        if isinstance(rank, bool) or not hasattr(rank, "__index__") or not 0 <= rank < self.cluster.world_size:
+            check_rank(rank, self.cluster.world_size)  # (says what is wrong)
+            raise IndexError(f"rank {rank}: the cluster has ranks 0-{self.cluster.world_size - 1}")
         times, values = self.timelines[rank]
         return [(t, int(v)) for t, v in zip(times, values)]
 
@@ -142,6 +163,8 @@ class Result:
                 f"{self.peak_memory_rank}, MFU {self.mfu * 100:.1f}%, {'correct' if self.correct else 'INCORRECT'})")
 
     def summary(self) -> str:
+        """A few lines for a terminal: the options, step time, peak memory and its rank, MFU/HFU, bubble
+        and correctness, each figure as the field of that name gives it."""
         peak = self.peak_memory_rank
         lines = [
             f"strategy      {self.strategy or '?'}  {_options(self.options)}",
@@ -157,12 +180,40 @@ class Result:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
+        """The step's figures as plain JSON values: `json.loads(json.dumps(d)) == d`. Options become JSON
+        (a tuple a list, a path its text, a `Plan` its `to_dict()`, anything else its repr); for a step
+        `simulate` ran, `mfu == model_flops / (time_s * peak_flops)` holds in the dict itself. Per-rank
+        lists are indexed by rank; `peak_memory_by_kind` is the breakdown on `peak_memory_rank` at its peak."""
         return {"strategy": self.strategy, "cluster": self.cluster.name, "workload": self.workload.name,
-                "global_batch_size": self.global_batch_size, "options": self.options, "time_s": self.time_s,
+                "world_size": self.cluster.world_size, "global_batch_size": self.global_batch_size,
+                "options": _json_ready(self.options), "time_s": self.time_s, "rank_times": list(self.rank_times),
                 "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_rank": self.peak_memory_rank,
-                "memory_bytes": self.memory_bytes, "mfu": self.mfu, "hfu": self.hfu,
-                "bubble_fraction": self.bubble_fraction, "correct": self.correct, "problems": self.problems}
+                "memory_bytes": list(self.memory_bytes),
+                "peak_memory_by_kind": dict(self.memory_by_kind[self.peak_memory_rank]),
+                "model_flops": self.model_flops, "hardware_flops": self.hardware_flops,
+                "peak_flops": self.peak_flops, "mfu": self.mfu, "hfu": self.hfu,
+                "bubble_fraction": self.bubble_fraction, "correct": self.correct, "problems": list(self.problems)}
 
 
-def _options(options: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in options.items())
+def _json_ready(value: Any) -> Any:
+    """`value` as JSON that reads back equal: containers element by element, numbers and text as they are."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)  # NaN would not read back equal to itself
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, range)):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, PurePath):
+        return str(value)
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return _json_ready(to_dict())
+    return repr(value)
+
+
+def _options(options: dict[str, Any], width: int = 60) -> str:
+    """`k=v` for each option, a value longer than `width` characters cut short (a plan is hundreds)."""
+    shown = (f"{k}={v}" for k, v in options.items())
+    return " ".join(text if len(text) <= width else text[:width - 3] + "..." for text in shown)

@@ -57,11 +57,15 @@ def chrome_trace(result: Result) -> dict[str, Any]:
     events = result.raw_events
     names = sorted({e[9] for e in events if e[2] == "collective"})
     groups = {ranks: i for i, ranks in enumerate(names)}
+    described: dict[int, str] = {}
     for e in events:
         rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail = e
         tid = _tid(e, groups)
         threads[rank].add(tid)
-        args: dict[str, Any] = {"layer": layer, "samples": describe_mask(samples)}
+        text = described.get(samples)
+        if text is None:  # a mask is shared by many events (a microbatch's ops, a collective's members)
+            text = described[samples] = describe_mask(samples)
+        args: dict[str, Any] = {"layer": layer, "samples": text}
         if nbytes:
             args["bytes"] = nbytes
         if flops:
@@ -128,21 +132,65 @@ def memory_counter(times: Sequence[float], values: Sequence[int]) -> list[tuple[
 
 
 def write_chrome_trace(result: Result, path: str | Path) -> Path:
+    """Write `result`'s trace as JSON to `path`, creating its folder; returns the path. A path that cannot be
+    written (a folder, a file where a folder should be, no permission) is one `OSError` naming it."""
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"write_chrome_trace: the path must be a str or Path, got {type(path).__name__} {path!r}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        json.dump(chrome_trace(result), fh, separators=(",", ":"))
+    if path.is_dir():
+        raise IsADirectoryError(f"cannot write the trace to {path}: it is a folder; give a file path such as "
+                                f"{path / 'trace.json'}")
+    trace = chrome_trace(result)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as fh:
+            _dump(trace, fh)
+    except (FileExistsError, NotADirectoryError) as exc:  # a file stands where a folder of the path should be
+        blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), path.parent)
+        raise type(exc)(f"cannot write the trace to {path}: {blocker} is a file, not a folder") from None
+    except OSError as exc:
+        raise type(exc)(f"cannot write the trace to {path}: {exc.strerror or exc}") from None
     return path
 
 
+DUMP_CHUNK = 4096
+"""Trace events encoded per `json.dumps` call: `json.dump` to a file encodes in Python, several times slower
+than the C encoder `json.dumps` uses, and one `dumps` of the whole trace would hold all of it as text."""
+
+
+def _dump(trace: dict[str, Any], fh: Any) -> None:
+    """`json.dump(trace, fh, separators=(",", ":"))`, the same text, written a chunk of events at a time."""
+    events = trace["traceEvents"]
+    rest = {k: v for k, v in trace.items() if k != "traceEvents"}
+    fh.write('{"traceEvents":[')
+    for i in range(0, len(events), DUMP_CHUNK):
+        if i:
+            fh.write(",")
+        fh.write(json.dumps(events[i:i + DUMP_CHUNK], separators=(",", ":"))[1:-1])
+    fh.write("]")
+    for key, value in rest.items():
+        fh.write("," + json.dumps(key) + ":" + json.dumps(value, separators=(",", ":")))
+    fh.write("}")
+
+
 def validate_trace(trace: dict[str, Any] | str | Path) -> list[str]:
-    """Structural problems of a Chrome trace (empty list when it is well formed)."""
+    """Structural problems of a Chrome trace, a dict or the path of a JSON file (empty list when it is
+    well formed); a file that cannot be read or is not JSON is one problem naming it."""
     if not isinstance(trace, dict):
-        trace = json.loads(Path(trace).read_text())
+        try:
+            trace = json.loads(Path(trace).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"not JSON ({exc})"
+            return [f"trace file {trace}: {reason}"]
+        if not isinstance(trace, dict):
+            return [f"the trace is a JSON {type(trace).__name__}, not an object with a traceEvents list"]
     events = trace.get("traceEvents")
     if not isinstance(events, list):
         return ["no traceEvents list"]
     problems: list[str] = []
+    if not all(isinstance(ev, dict) for ev in events):
+        first = next(i for i, ev in enumerate(events) if not isinstance(ev, dict))
+        return [f"event {first}: {type(events[first]).__name__} {events[first]!r:.40}, not an object"]
     named: set[int] = set()
     slices: dict[tuple[int, int], list[tuple[float, float, str]]] = defaultdict(list)
     flows: dict[Any, dict[str, list[dict]]] = defaultdict(lambda: {"s": [], "f": []})
