@@ -28,12 +28,14 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dist_lib.specs import map_spec_paths
+
 from .errors import InputError
 from .grade import slug
 from .jobs import Backend, JobFailed, run_jobs
 from .portable import GradeJob, grade_job, save
 from .report_terminal import grader_console, literal, visible
-from .suites import Suite
+from .suites import SUMMARY_ROW, Suite
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = ("dist_lib", "grader", "strategies")  # what a grade depends on besides the submission (strategies:
@@ -125,6 +127,25 @@ def submission_source(path: Path) -> bytes:
     return b"\0".join([source, *(part for name, data in helpers for part in (name.encode(), data))])
 
 
+def scenario_files(scenario: dict[str, Any]) -> bytes:
+    """The contents of the files a scenario's cluster and workload specs name (a cluster or workload
+    TOML, a profile or Metis file), by path: a grade depends on them, not only on their paths. A file
+    that cannot be read counts as empty (the suite's check has read it; a run that cannot fails)."""
+    parts: list[bytes] = []
+
+    def add(path: str) -> str:
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            data = b""
+        parts.extend((path.encode("utf-8", "surrogateescape"), data))
+        return path
+
+    for key in ("cluster", "workload"):
+        map_spec_paths(scenario[key], add)
+    return b"\0".join(parts)
+
+
 def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) -> list[Job]:
     code = code_hash()
     limits = json.dumps(asdict(suite.limits), sort_keys=True)
@@ -134,7 +155,8 @@ def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) ->
         for scenario in suite.scenarios:
             data = scenario.to_dict()
             fingerprint = hashlib.sha256(b"\0".join((source, json.dumps(data, sort_keys=True).encode(),
-                                                     limits.encode(), code.encode()))).hexdigest()
+                                                     scenario_files(data), limits.encode(),
+                                                     code.encode()))).hexdigest()
             trace = str(out / RUNS / run_folder(label) / f"{slug(scenario.name)}.json") if traces else None
             jobs.append(Job(str(path), label, data, f"{path}::{scenario.name}", fingerprint[:16], trace))
     return jobs
@@ -290,7 +312,7 @@ def write_outputs(out: Path, suite: Suite, job_list: list[Job], done: dict[str, 
             for name, row in entry["runs"].items():
                 writer.writerow({**row, "rank": entry["rank"] or "", "submission": submission, "scenario": name,
                                  "error": csv_text(row.get("error") or "")})
-            writer.writerow({"rank": entry["rank"] or "", "submission": submission, "scenario": "ALL",
+            writer.writerow({"rank": entry["rank"] or "", "submission": submission, "scenario": SUMMARY_ROW,
                              "status": summary_status(entry, len(suite.scenarios)), "score": entry["score"],
                              "error": csv_text("; ".join(entry["invalid"]))})
     (out / "leaderboard.csv.tmp").replace(out / "leaderboard.csv")

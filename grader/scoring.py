@@ -69,6 +69,10 @@ def metric(row: dict[str, Any], name: str) -> float:
 def parse_rubric(data: Any, where: str) -> Rubric:
     if not isinstance(data, dict) or not isinstance(data.get("components"), list) or not data["components"]:
         raise InputError(f"{where}: [scoring] needs at least one [[scoring.components]] table")
+    unknown = set(data) - {"components"}
+    if unknown:  # a misspelt key would otherwise be ignored without a word
+        raise InputError(f"{where}: [scoring]: unknown field(s) {', '.join(sorted(map(str, unknown)))} "
+                         f"(known: components)")
     components = []
     for i, c in enumerate(data["components"]):
         at = f"{where}: scoring.components[{i}]"
@@ -79,7 +83,11 @@ def parse_rubric(data: Any, where: str) -> Rubric:
             raise InputError(f"{at}: unknown field(s) {', '.join(sorted(unknown))}")
         if c.get("metric") not in METRICS:
             raise InputError(f"{at}: metric must be one of {', '.join(METRICS)}, got {c.get('metric')!r}")
+        if not isinstance(c.get("name", ""), str):
+            raise InputError(f"{at}.name: expected a string, got {c['name']!r}")
         weight = _number(c.get("weight", 1.0), f"{at}.weight")
+        if weight <= 0:  # 0 would drop the component silently, a negative weight rank the worst run first
+            raise InputError(f"{at}.weight: must be more than 0, got {c.get('weight')!r}")
         steps = c.get("steps", [])
         if not isinstance(steps, list) or any(not isinstance(s, list) or len(s) != 2 for s in steps):
             raise InputError(f"{at}.steps: expected a list of [threshold, points] pairs")
@@ -87,6 +95,10 @@ def parse_rubric(data: Any, where: str) -> Rubric:
             raise InputError(f"{at}.higher_is_better: expected true or false, got {c['higher_is_better']!r}")
         if bool(steps) == ("scale" in c):
             raise InputError(f"{at}: give either steps = [[threshold, points], ...] or scale = number")
+        if "scale" not in c and ("min" in c or "max" in c):
+            raise InputError(f"{at}: min and max clip a linear (scale) component; steps give their own points")
+        if "min" in c and "max" in c and _number(c["min"], f"{at}.min") > _number(c["max"], f"{at}.max"):
+            raise InputError(f"{at}: min {c['min']!r} is above max {c['max']!r}")
         higher = c.get("higher_is_better", True)
         pairs = tuple((_number(t, f"{at}.steps"), _number(p, f"{at}.steps")) for t, p in steps)
         _check_reachable(pairs, higher, f"{at}.steps")

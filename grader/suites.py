@@ -40,6 +40,7 @@ SUITES_DIR = Path(__file__).parent / "suites"
 MAX_TIMEOUT_S = 86_400.0
 ADDRESS_SPACE_GIB = (1.0, 1024.0)
 MAX_MEMORY_LIMIT_GB = 1e4  # memory_limit_GB per rank
+SUMMARY_ROW = "ALL"  # leaderboard.csv's scenario cell of a submission's overall row
 SCENARIO_FIELDS = {"name", "cluster", "workload", "global_batch", "options", "strategy_options", "memory_limit_GB",
                    "enforce_memory"}
 
@@ -100,6 +101,9 @@ def _suite(data: dict[str, Any], path: Path) -> Suite:
         scenario = _scenario({**defaults, **entry, "options": options, "strategy_options": per}, at)
         if not scenario.name.strip():
             raise InputError(f"{at}.name: must not be empty")
+        if scenario.name == SUMMARY_ROW:
+            raise InputError(f"{at}.name: {SUMMARY_ROW!r} is the scenario column of each submission's summary row "
+                             f"in leaderboard.csv; name the scenario otherwise")
         first = names.get(slug(scenario.name))  # a scenario's trace file is named by its slug
         if first == scenario.name:
             raise InputError(f"{where}: two scenarios are named {scenario.name!r}")
@@ -113,12 +117,20 @@ def _suite(data: dict[str, Any], path: Path) -> Suite:
             raise InputError(f"{at}: {exc}") from None
         scenarios.append(scenario)
     limits = table(data.get("limits", {}), f"{where}: [limits]", {"timeout_s", "address_space_GiB"})
-    timeout = number(limits.get("timeout_s", 120), f"{where}: limits.timeout_s", 0, MAX_TIMEOUT_S, above=True,
+    timeout = number(_numeric(limits.get("timeout_s", 120), f"{where}: limits.timeout_s"), f"{where}: limits.timeout_s", 0, MAX_TIMEOUT_S, above=True,
                      unit=" s")
-    memory = number(limits.get("address_space_GiB", 4), f"{where}: limits.address_space_GiB", *ADDRESS_SPACE_GIB,
+    memory = number(_numeric(limits.get("address_space_GiB", 4), f"{where}: limits.address_space_GiB"), f"{where}: limits.address_space_GiB", *ADDRESS_SPACE_GIB,
                     unit=" GiB")
     rubric = parse_rubric(data.get("scoring"), where)
     return Suite(name, tuple(scenarios), rubric, Limits(timeout, int(memory * 2**30)), str(path))
+
+
+def _numeric(value: Any, where: str) -> Any:
+    """`value`, if it is a TOML number: the shared range check also reads spec text ("60"), which in a
+    suite is a type mistake (`timeout_s = "60"`)."""
+    if isinstance(value, str):
+        raise InputError(f"{where}: expected a number, got the string {shown(value)}")
+    return value
 
 
 def _tables(value: Any, where: str) -> dict[str, dict]:
@@ -132,7 +144,7 @@ def _scenario(entry: dict[str, Any], where: str) -> Scenario:
     batch = check_global_batch(entry.get("global_batch"), f"{where}.global_batch")
     limit = entry.get("memory_limit_GB")
     if limit is not None:
-        limit = number(limit, f"{where}.memory_limit_GB", 0, MAX_MEMORY_LIMIT_GB, above=True, unit=" GB")
+        limit = number(_numeric(limit, f"{where}.memory_limit_GB"), f"{where}.memory_limit_GB", 0, MAX_MEMORY_LIMIT_GB, above=True, unit=" GB")
     enforce = entry.get("enforce_memory", True)
     if not isinstance(enforce, bool):
         raise InputError(f"{where}.enforce_memory: expected true or false, got {shown(enforce)}")
