@@ -18,6 +18,7 @@ a dead worker breaks the whole pool: every unfinished job counts an attempt and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import signal
 import socket
@@ -141,11 +142,24 @@ def _pool_round(fn: Callable[[T], R], items: Sequence[T], indices: list[int],
                         raise
                     except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
                         yield index, JobFailed(_describe(exc))
+        except BaseException:
+            # interrupted (Ctrl-C), or the caller stopped taking results: the jobs still running are
+            # abandoned, so their workers end now; leaving the pool would wait for every job handed to it
+            _end_workers(pool)
+            raise
         finally:
             for future in pending:
                 future.cancel()
     ran = {i for slot, i in enumerate(indices) if started[slot]}
     return [i for i in unfinished if i in ran], [i for i in unfinished if i not in ran], why
+
+
+def _end_workers(pool: ProcessPoolExecutor) -> None:
+    """Kill a pool's worker processes and stop it without waiting for the jobs they were running."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(OSError):
+            process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 _started: Any = None  # in a pool worker: the flags of the jobs of its round

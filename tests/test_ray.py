@@ -267,3 +267,37 @@ def test_a_ray_address_where_nothing_answers_is_one_line_at_once(capsys, tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: --ray 127.0.0.1:{port}: nothing answers there (ConnectionRefusedError")
     assert err.endswith("start the cluster with `ray start --head` and give the address it prints")
+
+
+
+def _sleep_then_mark(item: tuple[str, float]) -> int:
+    """A job that records its worker's pid, sleeps, then leaves a mark that it finished."""
+    import time
+    folder, seconds = item
+    Path(folder).mkdir(exist_ok=True)
+    Path(folder, "pid").write_text(str(os.getpid()))
+    time.sleep(seconds)
+    Path(folder, "finished").write_text("")
+    return 0
+
+
+def test_closing_the_results_early_ends_the_running_jobs_rather_than_waiting(tmp_path):
+    """Ctrl-C in `leaderboard --jobs 2` closes the results while a job runs: its worker is killed, not
+    awaited (waiting for every job handed to the pool, the command did not end)."""
+    import time
+    slow = tmp_path / "slow"
+    results = run_jobs(_sleep_then_mark, [(str(tmp_path / "fast"), 0.0), (str(slow), 20.0)], Backend(workers=2))
+    assert next(results) == (0, 0)  # the fast job is done; the slow one is running or about to
+    while not (slow / "pid").exists():
+        time.sleep(0.05)
+    results.close()
+    pid = int((slow / "pid").read_text())
+    for _ in range(200):  # the kill is sent; the process is gone within moments
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the slow job's worker {pid} still runs after the results were closed")
+    assert not (slow / "finished").exists()
