@@ -132,7 +132,10 @@ def _fill(row: dict[str, Any], result: Any, scenario: Scenario, trace_path: str 
                 "peak_memory_rank": result.peak_memory_rank, "memory_bytes": result.memory_bytes,
                 "mfu": result.mfu, "hfu": result.hfu, "bubble_fraction": result.bubble_fraction,
                 "correct": result.correct, "problems": result.problems, "options": result.options,
-                "memory_capacity_bytes": result.cluster.device_of(result.peak_memory_rank).memory_bytes})
+                "memory_capacity_bytes": result.cluster.device_of(result.peak_memory_rank).memory_bytes,
+                # the fullest GPU's share of its memory: on a mixed cluster not always the one with most bytes
+                "memory_fraction": max(b / result.cluster.device_of(r).memory_bytes
+                                       for r, b in enumerate(result.memory_bytes))})
     row["status"] = "ok" if result.correct else "incorrect"
     if not result.correct:
         row["error"] = "incorrect step: " + "; ".join(result.problems[:3])

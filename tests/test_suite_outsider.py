@@ -96,3 +96,20 @@ def test_a_changed_cluster_file_is_graded_again(tmp_path: Path) -> None:
     assert fingerprint() == before  # nothing changed: resumed, not graded again
     cluster.write_text(cluster.read_text().replace("A100-80GB", "V100-32GB"))
     assert fingerprint() != before  # the same path, another cluster: graded again
+
+
+def test_memory_headroom_is_the_fullest_gpus_share_on_a_mixed_cluster():
+    """DDP holds the same bytes on an A100-80GB and a V100-16GB: the peak rank is the A100 (rank 0, the
+    first of equal peaks), but the V100 is five times as full, and that is the headroom the rubric scores."""
+    from grader.grade import grade_run
+    from grader.scenario import Scenario
+    from grader.scoring import metric
+    scenario = Scenario(cluster="1x1xA100-80GB+1x1xV100-16GB", workload="toy:layers=2", global_batch=4,
+                        options={"microbatch_size": 2})
+    ddp = Path(__file__).resolve().parent.parent / "strategies" / "ddp.py"
+    row, result = grade_run(str(ddp), scenario.to_dict(), {"timeout_s": 60}, None,
+                            plots=False, confine=False)
+    assert row["status"] == "ok" and result.memory_bytes[0] == result.memory_bytes[1]
+    assert row["peak_memory_rank"] == 0
+    assert metric(row, "memory_fraction") == result.memory_bytes[1] / (16 * 2**30)
+    assert metric(row, "memory_fraction") == 5 * result.memory_bytes[0] / (80 * 2**30)
