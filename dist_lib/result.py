@@ -145,8 +145,7 @@ class Result:
     def memory_timeline(self, rank: int) -> list[tuple[float, int]]:
         """(time s, live bytes) after every allocation and free on `rank`, in the order they happened
         (several at one time are several points); its highest value is `memory_bytes[rank]`."""
-        if isinstance(rank, bool) or not hasattr(rank, "__index__") or not 0 <= rank < self.cluster.world_size:
-            check_rank(rank, self.cluster.world_size)  # (says what is wrong)
+        if check_rank(rank, self.cluster.world_size) < 0:  # (a rank here, not a Python index from the end)
             raise IndexError(f"rank {rank}: the cluster has ranks 0-{self.cluster.world_size - 1}")
         times, values = self.timelines[rank]
         return [(t, int(v)) for t, v in zip(times, values)]

@@ -59,8 +59,6 @@ class Rubric:
 
 
 def metric(row: dict[str, Any], name: str) -> float:
-    if name == "memory_fraction":  # the fullest GPU's share (rows of an older grader: the peak rank's)
-        return row.get("memory_fraction", row["peak_memory_bytes"] / row["memory_capacity_bytes"])
     if name == "samples_per_s":
         return row["global_batch"] / row["time_s"] if row["time_s"] else 0.0
     return float(row[name])

@@ -45,13 +45,13 @@ def suite_file(tmp_path: Path, body: str, cluster: str = "2x2xA100-80GB") -> Pat
 def test_rubric_score_is_the_weighted_sum_derived_by_hand(tmp_path: Path) -> None:
     suite = load_suite(suite_file(tmp_path, "{scenario}{rubric}"))
     # figures of tests/submissions/honest.py on 2x2xA100-80GB, toy:layers=8, batch 16
-    row = {"status": "ok", "mfu": 0.2924399179906308, "peak_memory_bytes": 5252759552,
-           "memory_capacity_bytes": 85899345920, "global_batch": 16, "time_s": 0.03163281830656576}
+    row = {"status": "ok", "mfu": 0.2924399179906308, "memory_fraction": 5252759552 / 85899345920,
+           "global_batch": 16, "time_s": 0.03163281830656576}
     # 0.75 x (100 x 0.29244) + 0.25 x 100 (memory fraction 0.0612 <= 0.5)
     assert suite.rubric.score(row) == pytest.approx(0.75 * 29.24399179906308 + 25.0)
     assert round(suite.rubric.score(row), 4) == 46.933
     # a run over 90 % of its memory (0.95) gets the last step's 25 points, one that did not finish none
-    assert suite.rubric.score({**row, "peak_memory_bytes": 0.95 * 85899345920}) == pytest.approx(
+    assert suite.rubric.score({**row, "memory_fraction": 0.95}) == pytest.approx(
         0.75 * 29.24399179906308 + 0.25 * 25)
     assert suite.rubric.score({**row, "status": "failed"}) == 0.0
 

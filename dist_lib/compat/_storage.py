@@ -103,19 +103,12 @@ class Storage(dict):
         """`value in self.values()`, as the originals test it (identity first, then equality)."""
         return id(value) in self.held or value in self.values()
 
-    def __setitem__(self, key: Any, value: Any) -> None:  # the hot path: _leave and _enter, inlined
+    def __setitem__(self, key: Any, value: Any) -> None:  # the hot path: a new key's _enter, inlined
         old = self.get(key, _MISSING)
         dict.__setitem__(self, key, value)
-        held, ledger = self.held, self.ledger
         if old is not _MISSING:
-            entry = held.get(id(old))
-            if entry is None:  # stored past the ledger (`dict.__setitem__(d, k, v)`): sum from now on
-                ledger.opaque += 1
-            else:
-                ledger.apply(entry[1], -1)
-                entry[0] -= 1
-                if not entry[0]:
-                    del held[id(old)]
+            self._leave(old)
+        held, ledger = self.held, self.ledger
         entry = held.get(id(value))
         if entry is None:
             entry = held[id(value)] = [0, ledger.measure(value)]
