@@ -16,7 +16,8 @@ Prints one row per plan (estimated and simulated step, their ratio, estimated me
 simulated peak share) and, per set and over both, the mean and largest |estimate / simulated - 1|. The
 estimate must never count less memory than the simulator holds; its time is what ranks the search's
 candidates before the simulator runs the best few (`dist_lib/planner/estimate.py`, `partition.py`,
-`messages.py`, and `playout.py` for interleaved plans).
+`messages.py`, `playout.py` for interleaved plans, and `contention.py` where two stages' crossings meet
+on a node's shared NIC).
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ to the first between chunks), their messages sharing links (`messages.py`; after
 replicas that cost differently send at different moments, `stagger.py`); a message moves only once
 its receiver posts the receive, when its pass needs the input, so each stage's time per microbatch
 counts the crossings into it. Under 1F1B and ZB-H1 the round trip of the p - s microbatches stage s
-keeps in flight (their passes and crossings) bounds the time per microbatch from below. The
+keeps in flight (their passes and crossings) bounds the time per microbatch from below; where GPUs
+of two stages share a node's NIC, the crossings of the two boundaries that meet on it are played out
+pass by pass (`contention.py`, which under ZB-H1 also catches a receive posted after a W pass). The
 data-parallel reduction and the optimizer step follow each stage's last backward (the t reductions of a
 stage with TP degree t at once, sharing the links they cross), and under ZeRO-1 the all-gather of the
 updated weights follows the optimizer step.

@@ -173,6 +173,17 @@ def crossing_usage(cluster: Cluster, workload: Workload, sender: StageOption,
     return pattern.usage, pattern.links
 
 
+def crossing_sides(cluster: Cluster, workload: Workload, sender: StageOption,
+                   receiver: StageOption) -> tuple[frozenset[int], frozenset[int]]:
+    """(the links out of its senders, the links into its receivers) that a crossing's messages cross
+    (`Cluster.p2p_usage`: a message wants its sender's port or NIC out, then its receiver's in)."""
+    pattern, _ = _pattern(cluster, workload, sender, receiver)
+    if pattern.sides is None:
+        usages = [usage for chain in pattern.chains for usage, _, _ in chain]
+        pattern.sides = (frozenset(u[0][0] for u in usages), frozenset(u[-1][0] for u in usages))
+    return pattern.sides
+
+
 @dataclass(slots=True)
 class _Pattern:
     """One crossing's messages in units of a share (`_pattern`), and what is worked out from them once."""
@@ -184,6 +195,7 @@ class _Pattern:
     seconds: dict = field(default_factory=dict)  # by bytes a share unit (and the senders' stagger after it)
     usage: Usage | None = None  # `crossing_usage`
     feeds: tuple[tuple[int, ...], ...] | None = None  # `feeds`
+    sides: tuple[frozenset[int], frozenset[int]] | None = None  # `crossing_sides`
 
 
 def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[_Pattern, float]:

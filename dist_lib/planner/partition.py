@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
+from .contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_orders
 from .messages import crossing_seconds, scatters
 from .playout import one_f_one_b_pipeline, play_interleaved
 from .stagger import boundary_seconds, slack
@@ -288,7 +289,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
     boundaries = [(s, s + 1, passes) for s in range(pp - 1)]
     if passes > 1 and pp > 1:
         boundaries.append((pp - 1, 0, passes - 1))
-    cycles, round_trips = times[:], []
+    cycles, round_trips, computed = times[:], [], forwards[:]
     crossings = steady_crossings(cluster, workload, placed, boundaries)
     for s, r, count in boundaries:
         onward, back = crossings[s, r]
@@ -321,6 +322,19 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         # crossing all at once, not the steady state's staggered one
         for s, r, _ in boundaries:
             pipeline += crossing_seconds(cluster, workload, placed[s][1], placed[r][1]) - crossings[s, r][0]
+        # crossings of different boundaries that meet on a node's shared NIC, played out (`contention.py`)
+        pairs = shared_links(cluster, workload, placed) if schedule in ("1f1b", "zero-bubble") else {}
+        if pairs:
+            if schedule == "1f1b":
+                orders = one_f_one_b_orders(pp, m)
+                seconds = [{"F": f, "B": b} for f, b in zip(computed, backs)]
+            else:
+                orders = zero_bubble_orders(computed, [b - w for b, w in zip(backs, weights)], weights, m)
+                seconds = [{"F": f, "I": b - w, "W": w} for f, b, w in zip(computed, backs, weights)]
+            alone, sharing = play_ends(cluster, workload, placed, orders, seconds, pairs, crossings)
+            if schedule == "zero-bubble":  # a receive posted after a weight-gradient pass (`contention.py`)
+                pipeline = max(pipeline, alone)
+            pipeline += sharing - alone
     if schedule == "interleaved" and pp > 1:
         if 2 * pp * chunks * m <= PLAYOUT_PASSES:
             pipeline = _interleaved_playout(placed, m, chunks, crossings)
