@@ -281,7 +281,8 @@ class Engine:
                                     "will ever complete (an asyncio.Event no rank sets, a queue no rank fills...)")
 
     def _describe_waits(self, headline: str) -> str:
-        """`headline`, then what each rank waits on: its works, or else the asyncio future it awaits and where.
+        """`headline`, then what each rank waits on (its works, or else the asyncio future it awaits) and the
+        line of the strategy it waits at.
         The first `SHOWN` waits are described, then one line counts the rest (describing a work scans its
         channel or group: every one of thousands would take time quadratic in them)."""
         lines = [headline]
@@ -291,8 +292,9 @@ class Engine:
             room = SHOWN + 1 - len(lines)
             if state.waiting:  # (works awaited in a `gather` too)
                 extra += max(0, len(state.waiting) - room)
+                at = waiting_line(self.coroutines[rank]) if room > 0 else ""
                 for work in islice(state.waiting, max(0, room)):
-                    lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}")
+                    lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}{at}")
             elif room <= 0 and (rank in self.awaiting or rank in self.parked or state.finished):
                 extra += 1
             elif rank in self.parked:
