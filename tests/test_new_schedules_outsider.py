@@ -273,3 +273,13 @@ def test_ddp_out_of_memory_names_rank_device_op_and_kinds():
         simulate(str(HERE / "ddp_accum.py"), cluster="1x4xV100-16GB", workload="gpt-1.3b", global_batch_size=8)
     assert str(info.value).startswith("rank 0 (V100-16GB, 16.00 GiB): out of memory at t=0.000 ms in "
                                       "load_weights(layer 22) allocating 576.30 MiB of optimizer")
+
+
+def test_group_takes_a_list_of_ranks_as_the_readme_says(tmp_path):
+    """`group=` takes a communicator or the list of its ranks: the TP x DP schedule with lists instead of
+    `model.group(...)` runs the same step."""
+    path = broken(tmp_path, "tp_dp", "tp_group = model.group(range(dp_rank * tp, dp_rank * tp + tp))",
+                  "tp_group = list(range(dp_rank * tp, dp_rank * tp + tp))")
+    listed = simulate(path, cluster="2x2xA100", workload="toy", global_batch_size=4)
+    grouped = run("tp_dp", "2x2xA100", 4)
+    assert listed.correct and (listed.time_s, listed.memory_bytes) == (grouped.time_s, grouped.memory_bytes)
