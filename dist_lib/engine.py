@@ -167,6 +167,11 @@ class Engine:
         deadlock."""
         future = Future(loop=self.loop)
         self._wait(state, work, future)
+        if self.ready:
+            # The quiescence this wait reached woke ranks that wait on their own works (`WAKE_ME`). Their
+            # coroutines resume in `_drive`, and none runs under an asyncio task: run one on the loop's
+            # next turn, or those ranks would never resume (and the watchdog would call it a hang).
+            self.loop.call_soon(self._drive)
         return future
 
     def block_direct(self, state: RankState, work: Any) -> None:
