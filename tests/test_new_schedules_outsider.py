@@ -198,6 +198,25 @@ def test_v_shaped_pipeline_busy_times_messages_and_memory():
     assert (shuffled.time_s, shuffled.memory_bytes) == (result.time_s, result.memory_bytes)
 
 
+def test_bidirectional_pipeline_two_copies_in_opposite_directions():
+    """Copy A down the ranks, copy B up, the pair holding a stage all-reducing its gradients. Rank 0 awaits
+    its sends through an asyncio.gather while its neighbours await their receives one by one: the step the
+    engine once failed as a hang."""
+    result = run("bidir", "1x4xA100", 8)
+    # each rank: its A stage and its B stage (2 layers each) for 4 microbatches each, 4 layers' updates;
+    # ranks 0 and 3 hold a last stage (B's and A's), and its 4 losses
+    busy = [16 * (F + B) + 4 * update(PARAMS)] * 4
+    busy[0] += 4 * LOSS
+    busy[3] += 4 * LOSS
+    assert result.compute_busy() == pytest.approx(busy, rel=1e-9)
+    pair = ring("all_reduce", W_BYTES, 2)
+    assert durations(result, "all_reduce") == pytest.approx([pair] * 4, rel=1e-9)
+    assert result.time_s >= max(busy) + pair
+    shuffled = simulate(str(HERE / "bidir.py"), cluster="1x4xA100", workload="toy", global_batch_size=8,
+                        start_order_seed=5)
+    assert (shuffled.time_s, shuffled.memory_bytes) == (result.time_s, result.memory_bytes)
+
+
 # ---- the same schedules broken -----------------------------------------------------------------------
 
 def broken(tmp_path: Path, name: str, old: str, new: str) -> str:
