@@ -464,6 +464,9 @@ class Engine:
         they awaited of asyncio's (the tasks of a `gather`)."""
         for future in self.awaiting.values():
             future.cancel()
+            # a cancelled gather ends with its children's CancelledError as its exception: retrieve it, or
+            # asyncio logs "exception was never retrieved" with a traceback beside the step's own error
+            future.add_done_callback(_retrieve)
         self.awaiting.clear()
         for rank, coroutine in enumerate(self.coroutines):
             if coroutine is not None:
@@ -509,6 +512,11 @@ class Engine:
     def _fail(self, error: BaseException) -> None:
         if self.first_error is None:
             self.first_error = error
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _transfer_key(transfer: Transfer) -> tuple:

@@ -324,3 +324,26 @@ def test_a_rank_woken_by_a_quiescence_a_gather_reached_runs_on():
     assert [t for e in result.events for t in (e.start, e.end)] == pytest.approx(
         [0.0, message, 0.0, message, message, 2 * message, message, 2 * message], rel=1e-12)
     assert result.rank_times == pytest.approx([2 * message] * 2, rel=1e-12)
+
+
+def test_a_hang_beside_a_gather_is_the_one_error_without_asyncio_logging_the_gather(monkeypatch, caplog):
+    """Rank 1 takes one message and then waits on an Event nobody sets while rank 0 gathers two sends: the
+    step fails as a hang, and the gather the failure cancels leaves no 'exception was never retrieved'
+    traceback on the log beside it."""
+    import gc
+
+    import dist_lib.waits
+    monkeypatch.setattr(dist_lib.waits, "HANG_CHECK_S", 0.001)
+
+    async def train(model):
+        x = model.get_input_activation([0])
+        if model.rank == 0:
+            await asyncio.gather(model.send(x, 1), model.send(x, 1))
+        else:
+            await model.recv(0)
+            await asyncio.Event().wait()
+
+    with pytest.raises(DeadlockError, match="nothing in the step will ever complete"):
+        simulate(train, CLUSTER, WORKLOAD, BATCH, check=False)
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
