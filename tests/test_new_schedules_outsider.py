@@ -238,6 +238,10 @@ BREAKS = [
     ("fsdp_prefetch", "x = model.forward(layer, x, w)",
      "x = model.forward(layer, x, shards[layer][0] if layer == 3 else w)", 8, TensorError,
      "forward(layer 3): Weight(layer 3, step 0, shards 2 of 4, rank 2) holds only ZeRO shards 2 of 4; all_gather"),
+    # reduce_scatter leaves member i shard i: a rank that loaded another shard cannot update with it
+    ("fsdp_prefetch", "model.load_weights(layer, r, p)", "model.load_weights(layer, (r + 1) % p, p)", 8,
+     TensorError, "update(layer 0): grad WeightGrad(layer 0, samples 0-7, shards 3 of 4, rank 3) does not hold the "
+     "shard(s) the optimizer state OptState(layer 0, step 0, shards 0 of 4, rank 3) updates"),
     ("tp_dp", "x = await model.all_reduce(model.forward(l, x, weights[l][0]), group=tp_group)",
      "x = model.forward(l, x, weights[l][0])", 4, TensorError,
      "forward(layer 1): Activation(layer 1, samples 0, partial 0 of 2, rank 0) is a tensor-parallel partial sum"),
