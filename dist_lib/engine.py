@@ -167,6 +167,11 @@ class Engine:
         deadlock."""
         future = Future(loop=self.loop)
         self._wait(state, work, future)
+        if self.ready:
+            # The quiescence this wait reached woke ranks that wait on their own works (`WAKE_ME`). Their
+            # coroutines resume in `_drive`, and none runs under an asyncio task: run one on the loop's
+            # next turn, or those ranks would never resume (and the watchdog would call it a hang).
+            self.loop.call_soon(self._drive)
         return future
 
     def block_direct(self, state: RankState, work: Any) -> None:
@@ -281,7 +286,8 @@ class Engine:
                                     "will ever complete (an asyncio.Event no rank sets, a queue no rank fills...)")
 
     def _describe_waits(self, headline: str) -> str:
-        """`headline`, then what each rank waits on: its works, or else the asyncio future it awaits and where.
+        """`headline`, then what each rank waits on (its works, or else the asyncio future it awaits) and the
+        line of the strategy it waits at.
         The first `SHOWN` waits are described, then one line counts the rest (describing a work scans its
         channel or group: every one of thousands would take time quadratic in them)."""
         lines = [headline]
@@ -291,8 +297,9 @@ class Engine:
             room = SHOWN + 1 - len(lines)
             if state.waiting:  # (works awaited in a `gather` too)
                 extra += max(0, len(state.waiting) - room)
+                at = waiting_line(self.coroutines[rank]) if room > 0 else ""
                 for work in islice(state.waiting, max(0, room)):
-                    lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}")
+                    lines.append(f"  rank {rank} (t={state.clock * 1e3:.3f} ms) waits on {work.describe()}{at}")
             elif room <= 0 and (rank in self.awaiting or rank in self.parked or state.finished):
                 extra += 1
             elif rank in self.parked:
@@ -457,6 +464,9 @@ class Engine:
         they awaited of asyncio's (the tasks of a `gather`)."""
         for future in self.awaiting.values():
             future.cancel()
+            # a cancelled gather ends with its children's CancelledError as its exception: retrieve it, or
+            # asyncio logs "exception was never retrieved" with a traceback beside the step's own error
+            future.add_done_callback(_retrieve)
         self.awaiting.clear()
         for rank, coroutine in enumerate(self.coroutines):
             if coroutine is not None:
@@ -502,6 +512,11 @@ class Engine:
     def _fail(self, error: BaseException) -> None:
         if self.first_error is None:
             self.first_error = error
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _transfer_key(transfer: Transfer) -> tuple:

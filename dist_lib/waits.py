@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -122,14 +123,29 @@ def said(error: BaseException) -> str:
 
 
 def waiting_line(coroutine: Any) -> str:
-    """' (at strategy.py:42 in train)': the innermost line of the strategy a suspended coroutine waits at."""
-    found = ""
+    """' (at strategy.py:42 in train)': the innermost line of the strategy a coroutine waits at. A suspended
+    coroutine's chain of awaits leads to it; a running one (the rank whose wait completed a deadlock) shows
+    no await past itself, so the frames it calls are read off the live call stack."""
+    found, last, frame = "", None, None
     while coroutine is not None:
         frame = getattr(coroutine, "cr_frame", None) or getattr(coroutine, "gi_frame", None)
         if frame is not None and is_users(frame.f_code.co_filename):
-            found = f" (at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name})"
+            found = _at(frame)
+        last = coroutine
         coroutine = getattr(coroutine, "cr_await", None) or getattr(coroutine, "gi_yieldfrom", None)
+    if frame is not None and (getattr(last, "cr_running", False) or getattr(last, "gi_running", False)):
+        inner, live = "", sys._getframe(1)
+        while live is not None and live is not frame:
+            if not inner and is_users(live.f_code.co_filename):
+                inner = _at(live)
+            live = live.f_back
+        if live is frame and inner:  # (only frames called from that coroutine's own)
+            found = inner
     return found
+
+
+def _at(frame: Any) -> str:
+    return f" (at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name})"
 
 
 @contextmanager

@@ -84,8 +84,10 @@ def test_a_deadlock_of_many_ranks_lists_twenty_waits_then_counts_the_rest():
     lines = str(info.value).splitlines()
     assert lines[0] == "deadlock: every unfinished rank waits on communication no rank will complete"
     # ranks 0..19 are described, the other 12 of 32 counted
+    # each names the line of the strategy it waits at
+    at = f"(at test_errors.py:{train.__code__.co_firstlineno + 1} in train)"
     assert lines[1:] == [f"  rank {r} (t=0.000 ms) waits on recv from rank {r + 1}: rank {r + 1} has not sent to "
-                         f"rank {r}" for r in range(20)] + ["  ... and 12 more"]
+                         f"rank {r} {at}" for r in range(20)] + ["  ... and 12 more"]
 
 
 def test_different_ops_at_the_same_position_name_both_ranks():
@@ -565,8 +567,9 @@ def test_a_hang_says_which_messages_and_collectives_were_matched_and_are_in_flig
         run(train)
     assert str(info.value).splitlines()[1:] == [
         "  rank 0 (t=0.000 ms) waits on all_gather #0 on group [0, 1] (weight layer 0): every member issued it; "
-        "in flight",
-        "  rank 0 (t=0.000 ms) waits on send to rank 1 (activation layer 0): matched by rank 1's recv(0); in flight",
+        f"in flight (at test_errors.py:{train.__code__.co_firstlineno + 3} in train)",
+        "  rank 0 (t=0.000 ms) waits on send to rank 1 (activation layer 0): matched by rank 1's recv(0); in flight "
+        f"(at test_errors.py:{train.__code__.co_firstlineno + 3} in train)",
         f"  rank 1 (t=0.000 ms) waits on Future pending (at test_errors.py:{train.__code__.co_firstlineno + 6} "
         f"in train)"]
 

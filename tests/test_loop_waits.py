@@ -302,3 +302,48 @@ def test_a_task_left_behind_at_the_steps_end_is_the_ranks_error(plain_time):
         assert run(keeps_a_finished_task).time_s == plain_time
     finally:
         HELD.clear()
+
+
+def test_a_rank_woken_by_a_quiescence_a_gather_reached_runs_on():
+    """Rank 1 awaits its receives one by one (its own coroutine); rank 0 awaits both sends through an
+    `asyncio.gather`, whose task is the last to block: the quiescence it reaches delivers the first message
+    and wakes rank 1, which must run on to post its second receive (it used to stay unresumed, and the
+    step failed as a hang). Each message of one sample's hidden states (2 MiB) takes 3.4 us + 2 MiB over
+    NVLink3 at 0.8 x 300 GB/s, the second after rank 1 posts its receive."""
+    async def train(model):
+        x = model.get_input_activation([0])
+        if model.rank == 0:
+            await asyncio.gather(model.send(x, 1), model.send(x, 1))
+        else:
+            await model.recv(0)
+            await model.recv(0)
+
+    result = simulate(train, CLUSTER, WORKLOAD, BATCH, check=False)
+    message = 3.4e-6 + 1024 * 1024 * 2 / (0.8 * 300e9)
+    assert [(e.rank, e.op) for e in result.events] == [(0, "send"), (1, "recv")] * 2
+    assert [t for e in result.events for t in (e.start, e.end)] == pytest.approx(
+        [0.0, message, 0.0, message, message, 2 * message, message, 2 * message], rel=1e-12)
+    assert result.rank_times == pytest.approx([2 * message] * 2, rel=1e-12)
+
+
+def test_a_hang_beside_a_gather_is_the_one_error_without_asyncio_logging_the_gather(monkeypatch, caplog):
+    """Rank 1 takes one message and then waits on an Event nobody sets while rank 0 gathers two sends: the
+    step fails as a hang, and the gather the failure cancels leaves no 'exception was never retrieved'
+    traceback on the log beside it."""
+    import gc
+
+    import dist_lib.waits
+    monkeypatch.setattr(dist_lib.waits, "HANG_CHECK_S", 0.001)
+
+    async def train(model):
+        x = model.get_input_activation([0])
+        if model.rank == 0:
+            await asyncio.gather(model.send(x, 1), model.send(x, 1))
+        else:
+            await model.recv(0)
+            await asyncio.Event().wait()
+
+    with pytest.raises(DeadlockError, match="nothing in the step will ever complete"):
+        simulate(train, CLUSTER, WORKLOAD, BATCH, check=False)
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
