@@ -86,6 +86,9 @@ def get_group(engine: Engine, ranks: Any, where: str = "group") -> Group:
         key = None if isinstance(ranks, (str, bytes)) else tuple(sorted(set(ranks)))
     except TypeError:  # not iterable, or members that neither hash nor order (a list, a str beside ints)
         key = None
+    if key is not None and isinstance(ranks, (list, tuple)) and len(ranks) != len(key):
+        twice = next(r for r in key if ranks.count(r) > 1)
+        raise TensorError(f"{where}: group {list(ranks)} lists rank {twice!r} more than once")
     group = engine.groups.get(key)
     if group is None:
         last = engine.world_size - 1

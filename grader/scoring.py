@@ -65,6 +65,9 @@ def metric(row: dict[str, Any], name: str) -> float:
 
 
 def parse_rubric(data: Any, where: str) -> Rubric:
+    if data is None:
+        raise InputError(f"{where}: no [scoring] section: a suite scores its runs with [[scoring.components]] "
+                         f"tables (see grader/suites/default.toml)")
     if not isinstance(data, dict) or not isinstance(data.get("components"), list) or not data["components"]:
         raise InputError(f"{where}: [scoring] needs at least one [[scoring.components]] table")
     unknown = set(data) - {"components"}

@@ -602,6 +602,7 @@ def test_real_timers_events_set_later_and_threads_are_not_hangs(quick_watchdog):
     ([[0, 1]], "rank 0 all_gather: a group is a Group or a list of ranks in 0..1, got [[0, 1]]"),
     ((r for r in (0, 7)), "rank 0 all_gather: group [0, 7]: rank 7 is not in 0..1"),
     ([], "rank 0 all_gather: a group needs at least one rank"),
+    ([0, 1, 0], "rank 0 all_gather: group [0, 1, 0] lists rank 0 more than once"),
 ])
 def test_a_group_that_is_not_a_list_of_ranks_names_the_rank_and_op(group, message):
     async def train(model):

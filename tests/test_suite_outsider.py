@@ -58,6 +58,7 @@ def test_rubric_score_is_the_weighted_sum_derived_by_hand(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(("body", "message"), [
     ("{scenario}[scoring]\ncomponent = 1\n{rubric}", "[scoring]: unknown field(s) component"),
+    ("{scenario}", "no [scoring] section: a suite scores its runs with [[scoring.components]] tables"),
     ("{scenario}[[scoring.components]]\nmetric = \"mfu\"\nweight = 0\nscale = 100\n",
      "scoring.components[0].weight: must be more than 0, got 0"),
     ("{scenario}[[scoring.components]]\nmetric = \"mfu\"\nweight = -1\nscale = 100\n",
