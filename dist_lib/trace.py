@@ -196,7 +196,7 @@ def write_chrome_trace(result: Result, path: str | Path) -> Path:
         with path.open("wb" if path.suffix == ".gz" else "w") as fh:
             try:
                 if path.suffix == ".gz":
-                    # mtime 0: the same step gives the same bytes; level 3 costs about what writing the text does
+                    # mtime 0: the same step gives the same bytes
                     with gzip.GzipFile(fileobj=fh, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as packed, \
                             io.TextIOWrapper(packed, encoding="ascii") as text:
                         write_trace_text(result, text, DUMP_CHUNK)
@@ -218,4 +218,5 @@ DUMP_CHUNK = 4096
 """Events formatted and written at a time: a long step's trace is never all in memory as text."""
 
 GZIP_LEVEL = 3
-"""zlib's level for a `.gz` trace: 1 to 3 run at one speed, about 12 times smaller than the JSON."""
+"""zlib's level for a `.gz` trace: levels 1 to 3 run at one speed, and 3 makes traces of steps 12 to 14 times
+smaller than their JSON, for up to half again the time of writing it (`benchmarks/trace_speed.py --gzip`)."""
