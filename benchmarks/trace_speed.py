@@ -41,29 +41,32 @@ def main() -> None:
     parser.add_argument("--gzip", action="store_true", help="also write each trace gzip-compressed")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from dist_lib import simulate, validate_trace
-
     header = f"{'step':<26} {'events':>9} {'simulate s':>10} {'write s':>8} {'validate s':>10} {'MB':>7}"
     print(header + (f" {'.gz write s':>11} {'.gz MB':>7}" if args.gzip else ""))
     with tempfile.TemporaryDirectory() as tmp:
         for label, dp in STEPS[:1] if args.quick else STEPS:
-            start = time.perf_counter()
-            result = simulate("strategies/hybrid.py", f"{4 * dp}x8xA100-80GB", "toy:layers=32", 256 * dp,
-                              microbatch_size=1, tp=4, pp=8, dp=dp, schedule="1f1b")
-            simulated = time.perf_counter() - start
-            path = Path(tmp) / "trace.json"
-            write_s, _ = best_of(args.repeat, lambda: result.write_chrome_trace(path))
-            check_s, problems = best_of(args.repeat, lambda: validate_trace(path))
-            assert problems == [], problems[:3]
-            row = (f"{label:<26} {len(result.raw_events):>9} {simulated:>10.2f} {write_s:>8.2f} {check_s:>10.2f} "
-                   f"{path.stat().st_size / 1e6:>7.1f}")
-            if args.gzip:
-                packed = Path(tmp) / "trace.json.gz"
-                gz_s, _ = best_of(args.repeat, lambda: result.write_chrome_trace(packed))
-                row += f" {gz_s:>11.2f} {packed.stat().st_size / 1e6:>7.1f}"
-            print(row, flush=True)
-            del result
+            print(row(label, dp, args.repeat, args.gzip, Path(tmp)), flush=True)
 
+
+def row(label: str, dp: int, repeat: int, gzip: bool, folder: Path) -> str:
+    """One step's line of the table: simulated once, its trace written and validated `repeat` times."""
+    from dist_lib import simulate, validate_trace
+
+    start = time.perf_counter()
+    result = simulate(str(ROOT / "strategies" / "hybrid.py"), f"{4 * dp}x8xA100-80GB", "toy:layers=32", 256 * dp,
+                      microbatch_size=1, tp=4, pp=8, dp=dp, schedule="1f1b")
+    simulated = time.perf_counter() - start
+    path = folder / "trace.json"
+    write_s, _ = best_of(repeat, lambda: result.write_chrome_trace(path))
+    check_s, problems = best_of(repeat, lambda: validate_trace(path))
+    assert problems == [], problems[:3]
+    line = (f"{label:<26} {len(result.raw_events):>9} {simulated:>10.2f} {write_s:>8.2f} {check_s:>10.2f} "
+            f"{path.stat().st_size / 1e6:>7.1f}")
+    if gzip:
+        packed = folder / "trace.json.gz"
+        gz_s, _ = best_of(repeat, lambda: result.write_chrome_trace(packed))
+        line += f" {gz_s:>11.2f} {packed.stat().st_size / 1e6:>7.1f}"
+    return line
 
 if __name__ == "__main__":
     main()
