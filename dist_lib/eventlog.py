@@ -87,6 +87,14 @@ class EventLog(Sequence):
         self._op_id.frombytes(struct.pack(f"{n}i", *op_ids))
         recent.clear()
 
+    def columns(self) -> tuple:
+        """The packed log as columns, for readers that go through every event (the trace writer):
+        (kinds: op, stream, layer, nbytes, flops, peers, detail, each a list by kind code; kind code,
+        rank, op id, start, end and samples, one entry per event)."""
+        self.pack()
+        return (list(zip(*self._kinds)), self._kind, self._rank, self._op_id, self._start, self._end,
+                self._samples)
+
     def _packed(self) -> Iterator[RawEvent]:
         op, stream, layer, nbytes, flops, peers, detail = (column.__getitem__ for column in self._kinds)
         kind = self._kind

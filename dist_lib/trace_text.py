@@ -48,10 +48,7 @@ class _Columns:
 
     def __init__(self, events: Iterable[tuple], chunk: int) -> None:
         if isinstance(events, EventLog):  # its columns are these already: read them, not its tuples
-            events.pack()
-            self.kinds = list(zip(*events._kinds))
-            self.kind, self.rank, self.op_id = events._kind, events._rank, events._op_id
-            self.start, self.end, self.samples = events._start, events._end, events._samples
+            self.kinds, self.kind, self.rank, self.op_id, self.start, self.end, self.samples = events.columns()
             self.plain = True
             return
         self.codes: dict[tuple, int] = {}  # (op, stream, layer, nbytes, flops, id(peers), detail) -> code
