@@ -30,11 +30,17 @@ class Layout:
             _positive_int(name, value)
         if dp is None:
             if world_size % (pp * tp):
+                if tp == 1:  # (the pipeline strategies have no tp option to name)
+                    raise ValueError(f"pp={pp} does not divide the world of {world_size} ranks; choose a pp that "
+                                     f"divides {world_size}")
                 raise ValueError(f"pp={pp} x tp={tp} does not divide the world of {world_size} ranks; "
                                  f"choose pp and tp whose product divides {world_size}")
             dp = world_size // (pp * tp)
         _positive_int("dp", dp)
         if dp * pp * tp != world_size:
+            if tp == 1:
+                raise ValueError(f"layout dp={dp} x pp={pp} = {dp * pp} ranks, but the cluster has {world_size}; "
+                                 f"change dp or pp so that their product is {world_size}")
             raise ValueError(f"layout dp={dp} x pp={pp} x tp={tp} = {dp * pp * tp} ranks, but the cluster has "
                              f"{world_size}; change dp, pp or tp so that their product is {world_size}")
         return cls(dp, pp, tp)
@@ -106,8 +112,16 @@ def replica_samples(global_batch: int, dp: int, replica: int) -> tuple[int, int]
     return replica * share, share
 
 
+def check_chunks(chunks: object) -> None:
+    """Model chunks per rank (interleaved 1F1B's v): a whole number >= 1."""
+    _positive_int("chunks", chunks)
+
+
 def even_partition(num_layers: int, parts: int, option: str = "pp") -> list[range]:
     """Contiguous blocks of equal size; `option` is named in the error when they cannot be equal."""
+    if parts > num_layers:
+        raise ValueError(f"{num_layers} layers cannot fill {parts} pipeline blocks of at least one layer each; "
+                         f"lower {option} to at most {num_layers}")
     if num_layers % parts:
         raise ValueError(f"{num_layers} layers do not split evenly into {parts} pipeline blocks; choose {option} "
                          f"so that it divides {num_layers}, or pass an explicit `partition`")
@@ -115,21 +129,25 @@ def even_partition(num_layers: int, parts: int, option: str = "pp") -> list[rang
     return [range(i * size, (i + 1) * size) for i in range(parts)]
 
 
-def check_partition(partition: object, num_layers: int, parts: int) -> list[range]:
-    """An explicit partition: `parts` layer counts (or ranges) that tile 0..num_layers-1 in order."""
+def check_partition(partition: object, num_layers: int, parts: int, option: str = "partition") -> list[range]:
+    """An explicit partition: `parts` layer counts (or ranges) that tile 0..num_layers-1 in order. `option`
+    is what the error calls it (`partition[1]` for one replica's list of several)."""
     if not isinstance(partition, (list, tuple)) or len(partition) != parts:
-        raise ValueError(f"partition must list {parts} blocks (one per pipeline stage), got {partition!r}")
+        raise ValueError(f"{option} must list {parts} blocks (one per pipeline stage), got {partition!r}")
     blocks: list[range] = []
     start = 0
     for item in partition:
+        if not isinstance(item, range) and (isinstance(item, bool) or not isinstance(item, int)):
+            raise ValueError(f"{option} {partition!r}: block {item!r} is neither a whole number of layers nor a "
+                             f"range of layers")
         size = len(item) if isinstance(item, range) else item
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"partition {partition!r}: every block needs at least one layer")
-        if isinstance(item, range) and item.start != start:
-            raise ValueError(f"partition {partition!r}: blocks must be contiguous, in order")
+        if size < 1:
+            raise ValueError(f"{option} {partition!r}: every block needs at least one layer")
+        if isinstance(item, range) and (item.start != start or item.step != 1):
+            raise ValueError(f"{option} {partition!r}: blocks must be contiguous, in order (ranges of step 1)")
         blocks.append(range(start, start + size))
         start += size
     if start != num_layers:
-        raise ValueError(f"partition {partition!r} covers {start} layers but the model has {num_layers}; "
+        raise ValueError(f"{option} {partition!r} covers {start} layers but the model has {num_layers}; "
                          f"fix the partition option")
     return blocks

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from dist_lib import Model, costs
 
-from ._layout import Layout, check_partition, even_partition, microbatches, replica_samples
+from ._layout import Layout, check_chunks, check_partition, even_partition, microbatches, replica_samples
 from ._pipeline import Action, StagePlan, check_schedule
 
 Schedule = Callable[[int, int, int, int], Sequence[Action]]  # (stage, stages, microbatches, chunks)
@@ -22,6 +22,7 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                tied_embeddings: bool = False, attention_mask_messages: bool = False) -> StagePlan:
     """This rank's part of a dp x pp x tp run with an even (or the given) layer partition."""
     layout = Layout.build(model.world_size, dp, pp, tp)
+    check_chunks(chunks)
     check_modes(model.workload, tp, recompute, selective_recompute, sequence_parallel)
     if tp > 1:
         layout.check_tp_in_node(model.cluster)

@@ -18,7 +18,7 @@ from ._layout import microbatches, replica_samples
 
 
 async def train(model: Model, *, microbatch_size: int = 4, bucket_mb: float = 25.0) -> None:
-    if not isinstance(bucket_mb, (int, float)) or bucket_mb < 0:
+    if not isinstance(bucket_mb, (int, float)) or not bucket_mb >= 0:  # (NaN too: it compares false)
         raise ValueError(f"bucket_mb must be a number of megabytes >= 0, got {bucket_mb!r}")
     layers = model.num_layers
     first, count = replica_samples(model.global_batch_size, model.world_size, model.rank)

@@ -54,7 +54,7 @@ def plan(model: Model, dp: int | None, pp: int, microbatch_size: int, partition,
     elif partition and all(isinstance(p, (list, tuple)) for p in partition):
         if len(partition) != layout.dp:
             raise ValueError(f"partition gives {len(partition)} per-replica lists but dp={layout.dp}")
-        blocks = [check_partition(p, workload.num_layers, pp) for p in partition]
+        blocks = [check_partition(p, workload.num_layers, pp, f"partition[{d}]") for d, p in enumerate(partition)]
     else:
         blocks = [check_partition(partition, workload.num_layers, pp)] * layout.dp
     if shares is None:

@@ -71,11 +71,22 @@ async def train(model: Model, *, stage: int = 3, microbatch_size: int = 4) -> No
 def _gather(model: Model, shard):
     """Start the all-gather of a weight shard; on one rank the shard is already whole (1 of 1), and
     awaiting the result gives it back unchanged."""
-    return model.all_gather(shard) if model.world_size > 1 else _whole(shard)
+    return model.all_gather(shard) if model.world_size > 1 else _Whole(shard)
 
 
-async def _whole(tensor):
-    return tensor
+class _Whole:
+    """An awaitable that gives back a tensor at once, like a finished `Work`. (A coroutine would do the
+    same, but one left unawaited when the step fails, a prefetch the failing rank never reached, makes
+    Python warn "coroutine was never awaited" beside the step's error.)"""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor) -> None:
+        self.tensor = tensor
+
+    def __await__(self):
+        return self.tensor
+        yield  # (unreached: makes `__await__` a generator that finishes at once with the tensor)
 
 
 class _Shards:
