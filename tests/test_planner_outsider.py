@@ -126,3 +126,17 @@ def test_a_plan_file_without_a_required_field_says_it_is_missing(tmp_path):
     with pytest.raises(SpecError) as caught:
         simulate("strategies/planned.py", "1xA100-80GB", "toy:layers=2", 4, plan=str(path))
     assert str(caught.value) == f"plan file {path}: missing field(s) microbatches"
+
+
+def test_where_only_a_pipeline_of_few_microbatches_fits_the_search_still_finds_it():
+    # 4 T4s, 7 heads (no TP), a batch of 1: no data parallelism, so the one layout is four stages of one
+    # microbatch, which the search sets aside (fewer microbatches than half the stages) unless nothing
+    # else gives a plan; it used to answer "no plan"
+    cluster, workload = Cluster.parse("1x4xT4"), Workload.parse("toy:layers=7,heads=7,hidden=448")
+    candidates, reasons = generate(cluster, workload, 1)
+    assert reasons == [] and candidates
+    assert {len(c.plan.stages) for c in candidates} == {4}
+    assert all(c.plan.microbatches == 1 for c in candidates)
+    assert sorted(sum(b - a for a, b in s.blocks) for s in candidates[0].plan.stages) == [1, 2, 2, 2]
+    result = simulate("strategies/planned.py", cluster, workload, 1)
+    assert result.correct and result.time_s > 0

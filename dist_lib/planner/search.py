@@ -281,55 +281,70 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     why = {"memory": 0, "batch": 0}
     # Branch and bound: a lower bound of each (grouping, microbatch size) orders the work, and the work
     # stops where the bound exceeds the best estimate so far by more than the estimate's error could hide.
-    work = []
+    def bounded(stages: tuple, microbatch: int, price: float) -> tuple | None:
+        """(bound, price, stages, microbatch, free options) of a layout and microbatch size; None where
+        some stage has no option (the batch does not split over its replicas)."""
+        free = [sp.options(ranks, microbatch, "none", 0) for ranks in stages]
+        if not all(free):
+            why["batch"] += 1
+            return None
+        # every stage s runs n_s layers of at least u_s seconds within the bound T, so
+        # L = sum n_s <= T * sum 1/u_s, and the step takes at least m * T plus the fill, which
+        # is the sum of the other stages' times (1F1B), at least a third of it with ZB-H1 or
+        # interleaving: sum_s n_s u_s >= L min u_s
+        fastest = [min(o.costs.per_layer for o in options) for options in free]
+        slowest_stage = L / sum(1 / u for u in fastest)
+        bound = (global_batch // microbatch) * slowest_stage + max(0.0, L * min(fastest) - slowest_stage) / 3
+        return bound * (price if objective == "cost" else 1.0), price, stages, microbatch, free
+
+    work: list[tuple] = []
+    thin: list[tuple] = []  # pipelines of fewer microbatches than half their stages
     for order in orders:
         price = sum(cluster.device_of(r).price_per_hour for r in order.ranks)
         for stages in space.layouts(order, L, max_stages):
             for microbatch in space.divisors(global_batch):
-                m = global_batch // microbatch
-                if len(stages) > 1 and m < len(stages) // 2:  # a pipeline needs microbatches to fill it
-                    continue
-                free = [sp.options(ranks, microbatch, "none", 0) for ranks in stages]
-                if not all(free):
-                    why["batch"] += 1
-                    continue
-                # every stage s runs n_s layers of at least u_s seconds within the bound T, so
-                # L = sum n_s <= T * sum 1/u_s, and the step takes at least m * T plus the fill, which
-                # is the sum of the other stages' times (1F1B), at least a third of it with ZB-H1 or
-                # interleaving: sum_s n_s u_s >= L min u_s
-                fastest = [min(o.costs.per_layer for o in options) for options in free]
-                slowest_stage = L / sum(1 / u for u in fastest)
-                bound = m * slowest_stage + max(0.0, L * min(fastest) - slowest_stage) / 3
-                work.append((bound * (price if objective == "cost" else 1.0), price, stages, microbatch, free))
-    work.sort(key=lambda w: w[0])
+                if len(stages) > 1 and global_batch // microbatch < len(stages) // 2:
+                    thin.append((stages, microbatch, price))  # a pipeline needs microbatches to fill it
+                elif (entry := bounded(stages, microbatch, price)) is not None:
+                    work.append(entry)
     out: list[Candidate] = []
     incumbent = float("inf")
-    for i, (bound, price, stages, microbatch, free) in enumerate(work):
-        if progress is not None and i % 64 == 0:
-            progress(i, len(work))
-        if bound > incumbent * (1 + prune_slack):
-            break
-        m = global_batch // microbatch
-        unconstrained = partition(free, L, m, memory=False)
-        weight = price if objective == "cost" else 1.0
-        if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
-            continue  # even without memory limits its slowest stage makes it lose
-        for recompute, zero in MEMORY_CONFIGS:
-            if (recompute, zero) == MEMORY_CONFIGS[0] and fits(unconstrained[1], m):
-                found = unconstrained  # the same options, and memory does not bind: the same partition
-            else:
-                found = partition([sp.options(ranks, microbatch, recompute, zero) for ranks in stages], L, m)
-            if found is None:
-                why["memory"] += 1
-                continue
-            new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price)
-            for c in new:
-                incumbent = min(incumbent, c.estimate * weight)
-            out += new
-            if found[0] <= unconstrained[0] * (1 + 1e-6):
-                break  # memory did not bind: the slower settings cannot win
+    done = 0
+    # the thin pipelines are searched only where nothing else gives a plan (4 T4s, 7 heads and a batch
+    # of 1: the one plan is four stages of one microbatch)
+    for entries in (work, None):
+        if entries is None:
+            if out:
+                break
+            entries = [e for e in (bounded(*t) for t in thin) if e is not None]
+        entries.sort(key=lambda w: w[0])
+        for i, (bound, price, stages, microbatch, free) in enumerate(entries):
+            if progress is not None and (done + i) % 64 == 0:
+                progress(done + i, done + len(entries))
+            if bound > incumbent * (1 + prune_slack):
+                break
+            m = global_batch // microbatch
+            unconstrained = partition(free, L, m, memory=False)
+            weight = price if objective == "cost" else 1.0
+            if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
+                continue  # even without memory limits its slowest stage makes it lose
+            for recompute, zero in MEMORY_CONFIGS:
+                if (recompute, zero) == MEMORY_CONFIGS[0] and fits(unconstrained[1], m):
+                    found = unconstrained  # the same options, and memory does not bind: the same partition
+                else:
+                    found = partition([sp.options(ranks, microbatch, recompute, zero) for ranks in stages], L, m)
+                if found is None:
+                    why["memory"] += 1
+                    continue
+                new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price)
+                for c in new:
+                    incumbent = min(incumbent, c.estimate * weight)
+                out += new
+                if found[0] <= unconstrained[0] * (1 + 1e-6):
+                    break  # memory did not bind: the slower settings cannot win
+        done += len(entries)
     if progress is not None:
-        progress(len(work), len(work))
+        progress(done, done)
     reasons = []
     if not out:
         largest_gib = max(n.device.memory_bytes for n in cluster.nodes) / 2**30
