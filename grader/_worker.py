@@ -65,20 +65,30 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_compat(job: dict[str, Any], scenario: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """A puzzles or lab file: those APIs keep their own clocks and memory rules, which a replay does
-    not model, so the run reports its figures (the parent marks them unverified)."""
+    """A puzzles or lab file, run as `compat.run_file` runs it while its toy-API calls are recorded
+    (`dist_lib.compat.recording`): {"program": ...}, which the parent re-executes, or, for a run the
+    program cannot describe, {"unreplayable": why, "result": its figures}, which the parent takes as
+    reported (and marks unverified)."""
     try:
-        from dist_lib import compat  # type: ignore[attr-defined]
+        from dist_lib.compat.recording import record_file
     except ImportError:
         raise _BadInput("--api needs the puzzles/lab compatibility layer (dist_lib.compat), "
                         "which this installation does not have") from None
     given = scenario.get("given", ("cluster", "workload", "batch"))
-    result = compat.run_file(job["strategy"], api=job["api"], function=job.get("function"),
-                             cluster=scenario["cluster"] if "cluster" in given else None,
-                             workload=scenario["workload"] if "workload" in given else None,
-                             global_batch_size=scenario["global_batch"] if "batch" in given else None,
-                             check=False, enforce_memory=scenario["enforce_memory"],
-                             **{**options, "exact_memory": True})  # the originals' sum, whatever the file does
+    result, program, reason = record_file(
+        job["strategy"], job["api"], function=job.get("function"),
+        cluster=scenario["cluster"] if "cluster" in given else None,
+        workload=scenario["workload"] if "workload" in given else None,
+        global_batch_size=scenario["global_batch"] if "batch" in given else None,
+        check=False, enforce_memory=scenario["enforce_memory"],
+        **{**options, "exact_memory": True})  # the originals' sum, whatever the file does
+    if program is not None:
+        return {"program": program}
+    return {"unreplayable": reason, "result": reported(result)}
+
+
+def reported(result: Any) -> dict[str, Any]:
+    """A `--api` run's figures as plain data (what `grader.compat_payload.compat_result` reads back)."""
     from dist_lib import Result
     if not isinstance(result, Result):
         raise RuntimeError(f"dist_lib.compat.run_file returned {type(result).__name__}, not a Result")
