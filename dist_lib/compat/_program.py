@@ -8,6 +8,8 @@ of definition (an op's outputs, or a literal):
 
 * ["lit", class, [fields]]: a toy tensor the model met that no op of its own made (built by hand,
   `shard`/`combine`/`+` of others, one shared through a Python variable); defines the next handle;
+* ["call", method, handle, [args]]: a toy tensor the file made with `+`, `combine` or `shard` (DERIVED) of
+  the tensor `handle` names; defines the next handle;
 * ["set", handle, [fields]]: the tensor's fields were written in place since the model last saw it;
 * ["mem", [[storage, [deleted keys], [[key, value], ...] replaced, [[key, value], ...] appended], ...]]:
   how the five storage dicts changed since the model's previous event (keys are numbers standing for
@@ -44,6 +46,7 @@ OPS: dict[str, dict[str, tuple[str, int, bool]]] = {
             "receive": ("v", 0, True)},
 }
 SENDS = ("pass_to", "send")
+DERIVED = ("__add__", "combine", "shard")  # the tensors' own methods a file may make a tensor with
 STORAGE = STORAGE_NAMES
 FUNCTION_MODES = ("main", "notebook")  # a file's own main() or a notebook's cells: the file's own set-up
 

@@ -19,20 +19,33 @@ from __future__ import annotations
 
 import contextvars
 import math
+import weakref
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from . import _runtime
 from ._base import ToyModel
-from ._program import (MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_OUTPUTS, MAX_TEXT, OPS, SENDS, STORAGE,
+from ._program import (DERIVED, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_OUTPUTS, MAX_TEXT, OPS, SENDS, STORAGE,
                        TAG_OF, tensor_classes, tensors_in)
+
+MAX_CHAIN = 200  # calls followed back to define one tensor (a longer chain of sums is written as a literal)
 
 _INSIDE = contextvars.ContextVar("compat_recording_inside", default=False)  # in a recorded op (per task)
 
 
 class Unreplayable(Exception):
     """Something the program cannot say; the message says what."""
+
+
+class _Snapshot:
+    """A storage dict as the model's last event saw it: its keys and values in order (kept alive, so their
+    ids stay theirs), their ids, and the number standing for each key (by its id)."""
+
+    __slots__ = ("keys", "values", "key_ids", "value_ids", "numbers")
+
+    def __init__(self, keys: list, values: list, key_ids: list, value_ids: list, numbers: dict):
+        self.keys, self.values, self.key_ids, self.value_ids, self.numbers = keys, values, key_ids, value_ids, numbers
 
 
 class _ModelRecord:
@@ -45,7 +58,7 @@ class _ModelRecord:
         self.handles = 0
         self.keys: list[dict] = [{} for _ in STORAGE]  # the file's keys -> numbers, per storage dict
         self.key_objects: list[list] = [[] for _ in STORAGE]  # (kept alive, so their ids stay theirs)
-        self.snapshot: list[list] = [[] for _ in STORAGE]  # [(key number, value object)] in dict order
+        self.snapshot = [_Snapshot([], [], [], [], {}) for _ in STORAGE]
         self.epoch = 0  # the recorder's mutation count when this model last synced its tensors
         self.busy: str | None = None  # the pending op's name
 
@@ -58,7 +71,10 @@ class Recorder:
         self.classes = tensor_classes(api)
         self.models: dict[int, _ModelRecord] = {}
         self.reason: str | None = None
-        self.known: set[int] = set()  # ids of tensors some table holds (a write to one bumps its version)
+        self.known: set[int] = set()  # ids of tensors some table or recipe holds (a write bumps its version)
+        self.recipes: dict[int, tuple] = {}  # id(tensor) -> how the file made it (`made`)
+        self._watched: dict[int, weakref.ref] = {}
+        self._chain = 0
         self.versions: dict[int, int] = {}
         self.epoch = 0
         self.puts: dict[int, int] = {}  # id(mailbox) -> puts completed
@@ -106,18 +122,64 @@ class Recorder:
                                f"the {self.api} API")
         if depth >= MAX_DEPTH or len(value) > MAX_ITEMS:
             raise Unreplayable(f"a {kind.__name__} nested {MAX_DEPTH} deep or of over {MAX_ITEMS} items")
-        items = sorted(value) if kind in (frozenset, set) and all(type(v) is int for v in value) else value
-        return [tag, [self.encode(record, item, depth + 1) for item in items]]
+        if kind in (frozenset, set) and all(type(v) is int for v in value):  # a sample or shard set
+            items = sorted(value)
+            if items and max(-items[0], items[-1]) >= MAX_INT:
+                raise Unreplayable(f"the whole number {max(-items[0], items[-1])} is too large for a program")
+            return [tag, items]
+        return [tag, [self.encode(record, item, depth + 1) for item in value]]
 
     def handle(self, record: _ModelRecord, tensor: Any) -> int:
         entry = record.table.get(id(tensor))
         if entry is None or entry[2] is not tensor:
-            entry = self.define(record, tensor)
-            record.entries.append(["lit", self.classes.index(type(tensor)), self.fields(record, tensor)])
+            entry = self.derived(record, tensor)
+            if entry is None:
+                values = self.fields(record, tensor)
+                entry = self.define(record, tensor)
+                record.entries.append(["lit", self.classes.index(type(tensor)), values])
         elif self.versions.get(id(tensor), 0) != entry[1]:
             entry[1] = self.versions.get(id(tensor), 0)
             record.entries.append(["set", entry[0], self.fields(record, tensor)])
         return entry[0]
+
+    def made(self, out: Any, method: str, tensor: Any, args: tuple) -> None:
+        """`out` is `tensor.method(*args)` (a sum, a combination or a shard the file made): a model that meets
+        it can make it so too, while neither it nor its operands have been written since."""
+        operands = [out, tensor, *[a for a in args if type(a) in self.classes]]
+        for t in operands:
+            self.watch(t)
+        self.recipes[id(out)] = (self._watched[id(out)], method, tensor, args,
+                                 [self.versions.get(id(t), 0) for t in operands])
+
+    def watch(self, tensor: Any) -> None:
+        """Count writes to `tensor` until it is freed (then its id, which a new tensor may take, is forgotten)."""
+        key = id(tensor)
+        if key not in self.known:
+            self.known.add(key)
+            self._watched[key] = weakref.ref(tensor, lambda _: self.forget(key))
+
+    def forget(self, key: int) -> None:
+        for books in (self.versions, self.recipes, self._watched):
+            books.pop(key, None)
+        self.known.discard(key)
+
+    def derived(self, record: _ModelRecord, tensor: Any) -> list | None:
+        """Define `tensor` in the model's table by the call that made it (`made`), or None when there is none
+        still valid, or the chain of such calls is too long to follow."""
+        recipe = self.recipes.get(id(tensor))
+        if recipe is None or recipe[0]() is not tensor or self._chain >= MAX_CHAIN:
+            return None
+        _, method, receiver, args, versions = recipe
+        if [self.versions.get(id(t), 0) for t in [tensor, receiver, *[a for a in args if type(a) in self.classes]]] \
+                != versions:
+            return None
+        self._chain += 1
+        try:
+            call = ["call", method, self.handle(record, receiver), [self.encode(record, a) for a in args]]
+        finally:
+            self._chain -= 1
+        record.entries.append(call)
+        return self.define(record, tensor)
 
     def fields(self, record: _ModelRecord, tensor: Any) -> list:
         return [self.encode(record, getattr(tensor, f.name), 1) for f in fields(tensor)]
@@ -125,7 +187,7 @@ class Recorder:
     def define(self, record: _ModelRecord, tensor: Any) -> list:
         entry = record.table[id(tensor)] = [record.handles, self.versions.get(id(tensor), 0), tensor]
         record.handles += 1
-        self.known.add(id(tensor))
+        self.known.add(id(tensor))  # (held by the table: never freed while recording)
         return entry
 
     def touched(self, tensor: Any) -> None:
@@ -141,48 +203,77 @@ class Recorder:
             return
         try:
             changes = [change for i, name in enumerate(STORAGE) if (change := self._changed(record, i, name))]
+            record.epoch = self.epoch
             if changes:
                 record.entries.append(["mem", changes])
         except Unreplayable as exc:
             self.stop(f"rank {record.setup[0]}'s storage: {exc}")
 
     def _changed(self, record: _ModelRecord, i: int, name: str) -> list | None:
+        """[storage, deleted, replaced, appended] since the last snapshot of storage dict `i`, or None. Entries
+        are compared by the identity of their key and value objects (the snapshot keeps both alive)."""
         store = getattr(record.model, name)
         if not isinstance(store, dict):
             raise Unreplayable(f"model.{name} is a {type(store).__name__}, not a dict")
-        before = record.snapshot[i]
-        now = list(dict.items(store))
-        synced = record.epoch == self.epoch
-        if synced and len(now) == len(before) and all(k is b[2] and v is b[1] for (k, v), b in zip(now, before)):
+        keys, values = list(dict.keys(store)), list(dict.values(store))
+        key_ids, value_ids = list(map(id, keys)), list(map(id, values))
+        old = record.snapshot[i]
+        stale = record.epoch != self.epoch
+        if key_ids == old.key_ids and value_ids == old.value_ids and not stale:
             return None
-        keys, objects = record.keys[i], record.key_objects[i]
-        current = []
-        for key, value in now:
-            number = keys.get(key)
-            if number is None:
-                number = keys[key] = len(objects)
-                objects.append(key)
-            current.append((number, value, key))
+        if not stale:  # the usual change between two events: one key stored, or one deleted
+            size, before = len(key_ids), len(old.key_ids)
+            if size == before + 1 and key_ids[:-1] == old.key_ids and value_ids[:-1] == old.value_ids:
+                return self._appended(record, i, old, keys, values, key_ids, value_ids)
+            if size == before - 1:
+                j = next((j for j, (a, b) in enumerate(zip(key_ids, old.key_ids)) if a != b), size)
+                if key_ids[j:] == old.key_ids[j + 1:] and value_ids == old.value_ids[:j] + old.value_ids[j + 1:]:
+                    numbers = dict(old.numbers)
+                    deleted = numbers.pop(old.key_ids[j])
+                    record.snapshot[i] = _Snapshot(keys, values, key_ids, value_ids, numbers)
+                    return [i, [deleted], [], []]
         # the new order is the survivors of the old in their order, then what was inserted since
-        old_at = {number: at for at, (number, _, _) in enumerate(before)}
-        survivors, last = 0, -1
-        while survivors < len(current) and old_at.get(current[survivors][0], -1) > last:
-            last = old_at[current[survivors][0]]
-            survivors += 1
-        kept = {number for number, _, _ in current[:survivors]}
-        old_values = {number: value for number, value, _ in before}
-        deleted = [number for number, _, _ in before if number not in kept]
-        replaced = []
-        for number, value, _ in current[:survivors]:
-            was = old_values[number]
-            if value is not was or (type(value) in self.classes and self._stale(record, value)):
-                replaced.append([number, self.encode(record, value)])
-        appended = [[number, self.encode(record, value)] for number, value, _ in current[survivors:]]
-        record.snapshot[i] = current
-        record.epoch = self.epoch if i == len(STORAGE) - 1 else record.epoch
+        present = set(key_ids)
+        survivors = [k for k in old.key_ids if k in present]
+        m = len(survivors)
+        if key_ids[:m] != survivors:  # a key deleted and stored again: the longest run that kept its order
+            at = dict(zip(old.key_ids, range(len(old.key_ids))))
+            m, last = 0, -1
+            while m < len(key_ids) and at.get(key_ids[m], -1) > last:
+                last = at[key_ids[m]]
+                m += 1
+        kept = set(key_ids[:m])
+        deleted = [old.numbers[k] for k in old.key_ids if k not in kept]
+        was = dict(zip(old.key_ids, old.value_ids))
+        numbers = {k: old.numbers[k] for k in key_ids[:m]}
+        replaced = [[numbers[key_ids[j]], self.encode(record, values[j])] for j in range(m)
+                    if value_ids[j] != was[key_ids[j]] or (stale and self._stale(record, values[j]))]
+        appended = []
+        for j in range(m, len(keys)):
+            number = record.keys[i].get(keys[j])
+            if number is None:
+                number = record.keys[i][keys[j]] = len(record.key_objects[i])
+                record.key_objects[i].append(keys[j])
+            numbers[key_ids[j]] = number
+            appended.append([number, self.encode(record, values[j])])
+        record.snapshot[i] = _Snapshot(keys, values, key_ids, value_ids, numbers)
         return [i, deleted, replaced, appended] if deleted or replaced or appended else None
 
+    def _appended(self, record: _ModelRecord, i: int, old: _Snapshot, keys: list, values: list, key_ids: list,
+                  value_ids: list) -> list:
+        number = record.keys[i].get(keys[-1])
+        if number is None:
+            number = record.keys[i][keys[-1]] = len(record.key_objects[i])
+            record.key_objects[i].append(keys[-1])
+        numbers = dict(old.numbers)
+        numbers[key_ids[-1]] = number
+        change = [i, [], [], [[number, self.encode(record, values[-1])]]]
+        record.snapshot[i] = _Snapshot(keys, values, key_ids, value_ids, numbers)
+        return change
+
     def _stale(self, record: _ModelRecord, tensor: Any) -> bool:
+        if type(tensor) not in self.classes:
+            return False
         entry = record.table.get(id(tensor))
         return entry is not None and self.versions.get(id(tensor), 0) != entry[1]
 
@@ -257,6 +348,9 @@ class Recorder:
             recorder.touched(tensor)
         for cls in self.classes:
             self._patch(cls, "__setattr__", __setattr__)
+            for method in DERIVED:
+                if callable(getattr(cls, method, None)):
+                    self._patch(cls, method, _derived(self, method, getattr(cls, method)))
 
     def _patch(self, owner: Any, name: str, value: Any) -> None:
         self._saved.append((owner, name, owner.__dict__.get(name, _ABSENT)))
@@ -274,20 +368,32 @@ class Recorder:
 _ABSENT = object()
 
 
-def _bound(original: Any, model: Any, args: tuple, kwargs: dict) -> tuple | None:
-    """The call's arguments by position, defaults filled in (None if they do not fit: the op then raises)."""
+def _binder(original: Any) -> Any:
+    """A function (args, kwargs) -> the call's arguments by position with defaults filled in, or None when they
+    do not fit (the op then raises as it would)."""
     import inspect
-    try:
-        bound = inspect.signature(original).bind(model, *args, **kwargs)
-    except TypeError:
-        return None
-    bound.apply_defaults()
-    return tuple(bound.args[1:])
+    signature = inspect.signature(original)
+    count = len(signature.parameters) - 1  # after self
+    defaults = original.__defaults__ or ()
+
+    def bound(model: Any, args: tuple, kwargs: dict) -> tuple | None:
+        missing = count - len(args)
+        if not kwargs and 0 <= missing <= len(defaults):
+            return args + defaults[len(defaults) - missing:] if missing else args
+        try:
+            call = signature.bind(model, *args, **kwargs)
+        except TypeError:
+            return None
+        call.apply_defaults()
+        return tuple(call.args[1:])
+    return bound
 
 
 def _sync_op(recorder: Recorder, name: str, original: Any) -> Any:
+    bind = _binder(original)
+
     def op(self: Any, *args: Any, **kwargs: Any) -> Any:
-        positional = _bound(original, self, args, kwargs) if recorder.active() else None
+        positional = bind(self, args, kwargs) if recorder.active() else None
         call = recorder.call(name, self, positional) if positional is not None else None
         if call is None:
             return original(self, *args, **kwargs)
@@ -307,8 +413,10 @@ def _sync_op(recorder: Recorder, name: str, original: Any) -> Any:
 
 
 def _async_op(recorder: Recorder, name: str, original: Any) -> Any:
+    bind = _binder(original)
+
     async def op(self: Any, *args: Any, **kwargs: Any) -> Any:
-        positional = _bound(original, self, args, kwargs) if recorder.active() else None
+        positional = bind(self, args, kwargs) if recorder.active() else None
         call = recorder.call(name, self, positional) if positional is not None else None
         if call is None:
             return await original(self, *args, **kwargs)
@@ -328,6 +436,17 @@ def _async_op(recorder: Recorder, name: str, original: Any) -> Any:
     op.__name__ = op.__qualname__ = name
     op.__doc__ = original.__doc__
     return op
+
+
+def _derived(recorder: Recorder, name: str, original: Any) -> Any:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        if recorder.reason is None and not kwargs and not _INSIDE.get() and type(out) in recorder.classes:
+            recorder.made(out, name, self, args)
+        return out
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = original.__doc__
+    return method
 
 
 def _setup(recorder: Recorder, original: Any) -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import SimulationError, StrategyError
 from ..replay import ProgramError, ReplayTimeout
 from ..workload import FIELD_RANGES, MAX_GLOBAL_BATCH
-from ._program import (COLLECTIONS, FUNCTION_MODES, KIND, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_MODELS, MAX_OUTPUTS,
+from ._program import (COLLECTIONS, DERIVED, FUNCTION_MODES, KIND, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_MODELS, MAX_OUTPUTS,
                        MAX_TEXT, OPS, SENDS, STORAGE, TENSORS, tensor_classes, tensors_in)
 
 MAX_RANKS = 256  # the Dist a program may claim (the lab's mailboxes grow as its square)
@@ -118,10 +118,30 @@ class _Runner:
                 tensor = table[entry[1]]
                 for f, v in zip(fields(tensor), entry[2]):
                     setattr(tensor, f.name, self.value(v, table, where))
+            elif kind == "call":
+                table.append(self.derived(entry, table, where))
             elif kind == "mem":
                 self.storage(model, entry[1], table, where)
             else:
                 await self.op(model, entry, table, where)
+
+    def derived(self, entry: list, table: list, where: str) -> Any:
+        """The tensor a file made with `+`, `combine` or `shard` of another."""
+        _, method, handle, encoded = entry
+        tensor, where = table[handle], f"{where} ({method})"
+        if type(tensor) not in self.classes or not callable(getattr(tensor, method, None)):
+            raise ProgramError(f"{where}: handle {handle} is a {type(tensor).__name__}, which has no {method}")
+        try:
+            out = getattr(tensor, method)(*[self.value(v, table, where) for v in encoded])
+        except (ProgramError, ReplayTimeout):
+            raise
+        except SimulationError as exc:
+            raise type(exc)(f"{where}: {exc}") from exc
+        except Exception as exc:
+            raise StrategyError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        if type(out) not in self.classes:
+            raise ProgramError(f"{where}: made a {type(out).__name__}, not a tensor")
+        return out
 
     def value(self, encoded: Any, table: list, where: str) -> Any:
         if not isinstance(encoded, list):
@@ -287,6 +307,15 @@ def _entries(entries: Any, who: str, api: str, classes: tuple) -> int:
             for v in entry[2]:
                 _value(v, defined, where)
             defined += kind == "lit"
+        elif kind == "call" and len(entry) == 4:
+            if entry[1] not in DERIVED:
+                raise ProgramError(f"{where}: {_short(entry[1])} is not one of {', '.join(DERIVED)}")
+            _value(["h", entry[2]], defined, f"{where} ({entry[1]})")
+            if not isinstance(entry[3], list) or len(entry[3]) > 2:
+                raise ProgramError(f"{where} ({entry[1]}): expected a list of up to 2 arguments")
+            for v in entry[3]:
+                _value(v, defined, f"{where} ({entry[1]})")
+            defined += 1
         elif kind == "mem" and len(entry) == 2 and isinstance(entry[1], list):
             for change in entry[1]:
                 if not (isinstance(change, list) and len(change) == 4 and all(isinstance(c, list) for c in change[1:])):
@@ -305,17 +334,18 @@ def _entries(entries: Any, who: str, api: str, classes: tuple) -> int:
                 raise ProgramError(f"{where}: {_short(name)} is not an op of the {api} API's Model")
             params, optional, _ = OPS[api][name]
             if not isinstance(args, list) or not len(params) - optional <= len(args) <= len(params):
-                raise ProgramError(f"{where} ({name}): expected {len(params) - optional} to {len(params)} arguments")
+                count = f"{len(params) - optional} to {len(params)}" if optional else str(len(params))
+                raise ProgramError(f"{where} ({name}): expected {count} argument{'s' * (len(params) != 1)}")
             for k, (param, arg) in enumerate(zip(params, args)):
                 if param in KIND and not (isinstance(arg, list) and arg[:1] == ["h"]):
-                    raise ProgramError(f"{where} ({name}): argument {k + 1} must be a handle to a {KIND[param]}")
+                    raise ProgramError(f"{where} ({name}): argument {k + 1} must be a handle (of a {KIND[param]})")
                 _value(arg, defined, f"{where} ({name})")
             _int(outputs, f"{where} ({name}) outputs", -1, MAX_OUTPUTS)
             if turn is not None:
                 _int(turn, f"{where} ({name}) turn", 0, MAX_INT)
             defined += max(outputs, 0)
         else:
-            raise ProgramError(f"{where}: {_short(kind)} is not an entry of a program (lit, set, mem, op) of its shape")
+            raise ProgramError(f"{where}: {_short(kind)} is not an entry of a program (lit, call, set, mem, op) of its shape")
     return defined
 
 
