@@ -52,10 +52,10 @@ FUNCTION_MODES = ("main", "notebook")  # a file's own main() or a notebook's cel
 
 MAX_INT = 2**53  # any whole number in a program: below it in size (JSON's exact integers)
 MAX_TEXT = 256  # characters of a string value (an event's type)
-MAX_ITEMS = 1 << 16  # items of one collection value
+MAX_ITEMS = 1 << 16  # items of one collection value (or range)
 MAX_DEPTH = 8  # nesting of collection values
 MAX_OUTPUTS = 256  # toy tensors one op's result may hold
-MAX_MODELS = 4096  # models of the graded Dist
+MAX_MODELS = 1024  # models of the graded Dist (the end-of-step check reads each one's final weight per layer)
 COLLECTIONS = {"t": tuple, "l": list, "fs": frozenset, "st": set}
 TAG_OF = {tuple: "t", list: "l", frozenset: "fs", set: "st"}
 

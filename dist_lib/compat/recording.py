@@ -114,6 +114,8 @@ class Recorder:
                 raise Unreplayable(f"a string of {len(value)} characters (a program holds up to {MAX_TEXT})")
             return ["s", value]
         if kind is range:
+            if len(value) > MAX_ITEMS:
+                raise Unreplayable(f"a range of {len(value)} numbers (a program holds up to {MAX_ITEMS})")
             return ["r", self.encode(record, value.start), self.encode(record, value.stop),
                     self.encode(record, value.step)]
         tag = TAG_OF.get(kind)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,10 @@ from typing import Any
 from ..errors import SimulationError, StrategyError
 from ..replay import ProgramError, ReplayTimeout
 from ..workload import FIELD_RANGES, MAX_GLOBAL_BATCH
-from ._program import (COLLECTIONS, DERIVED, FUNCTION_MODES, KIND, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_MODELS, MAX_OUTPUTS,
-                       MAX_TEXT, OPS, SENDS, STORAGE, TENSORS, tensor_classes, tensors_in)
+from ._program import (COLLECTIONS, DERIVED, FUNCTION_MODES, KIND, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_MODELS,
+                       MAX_OUTPUTS, MAX_TEXT, OPS, SENDS, STORAGE, TENSORS, tensor_classes, tensors_in)
 
-MAX_RANKS = 256  # the Dist a program may claim (the lab's mailboxes grow as its square)
-CHECK_EVERY = 256  # entries between deadline checks
+MAX_RANKS = 128  # the Dist a program may claim (the lab's mailboxes grow as its square: 16,256 of them here)
 __all__ = ["MAX_RANKS", "ProgramError", "ReplayTimeout", "replay"]
 
 
@@ -108,14 +108,16 @@ class _Runner:
         if isinstance(model.rank, int) and 0 <= model.rank < self.world.n:
             self.world.enter(model.rank)  # (so the runtime counts this model's rank finished when it is)
         for j, entry in enumerate(entries):
-            if j % CHECK_EVERY == 0:
-                _check_deadline(self.deadline)
+            _check_deadline(self.deadline)  # (every entry: one op can be slow, an update over 2**20 batches)
             where = f"{who}, entry {j}"
             kind = entry[0]
             if kind == "lit":
                 table.append(self.classes[entry[1]](*[self.value(v, table, where) for v in entry[2]]))
             elif kind == "set":
                 tensor = table[entry[1]]
+                if len(entry[2]) != len(fields(tensor)):
+                    raise ProgramError(f"{where}: {len(entry[2])} field values for a {type(tensor).__name__}, which "
+                                       f"has {len(fields(tensor))}")
                 for f, v in zip(fields(tensor), entry[2]):
                     setattr(tensor, f.name, self.value(v, table, where))
             elif kind == "call":
@@ -265,6 +267,7 @@ def _checked(program: Any, api: str, function: str | None, main: bool | None, se
             raise ProgramError(f"{fn} runs on {ranks} ranks of {layers} layers and {batches} batches, one model "
                                f"each; the program's set-up differs")
     classes = tensor_classes(api)
+    repeated = Counter(spec[0] for spec in specs if isinstance(spec, list) and spec and type(spec[0]) is int)
     checked = []
     for i, spec in enumerate(specs):
         if not isinstance(spec, list) or len(spec) != 5:
@@ -272,8 +275,7 @@ def _checked(program: Any, api: str, function: str | None, main: bool | None, se
         rank = _int(spec[0], f"models[{i}] rank", -MAX_INT, MAX_INT)
         layers = _int(spec[1], f"models[{i}] layers", 0, FIELD_RANGES["num_layers"][1])
         batches = _int(spec[2], f"models[{i}] batches", 0, MAX_GLOBAL_BATCH)
-        who = f"rank {rank}" if sum(isinstance(s, list) and s[:1] == [rank] for s in specs) == 1 \
-            else f"model {i} (rank {rank})"
+        who = f"rank {rank}" if repeated[rank] == 1 else f"model {i} (rank {rank})"
         defined = _entries(spec[3], who, api, classes)
         final = spec[4]
         if not isinstance(final, list) or not all(
@@ -366,7 +368,8 @@ def _value(encoded: Any, defined: int, where: str, depth: int = 0) -> None:
         pass
     elif tag == "s" and len(rest) == 1 and isinstance(rest[0], str) and len(rest[0]) <= MAX_TEXT:
         pass
-    elif tag == "r" and len(rest) == 3 and all(type(v) is int and abs(v) < MAX_INT for v in rest) and rest[2] != 0:
+    elif tag == "r" and len(rest) == 3 and all(type(v) is int and abs(v) < MAX_INT for v in rest) and rest[2] != 0 \
+            and len(range(*rest)) <= MAX_ITEMS:
         pass
     elif tag in COLLECTIONS and len(rest) == 1 and isinstance(rest[0], list) and len(rest[0]) <= MAX_ITEMS:
         for item in rest[0]:
@@ -386,7 +389,7 @@ def _int(value: Any, where: str, low: int, high: int) -> int:
 
 
 def _plain(value: Any) -> bool:
-    return value is None or type(value) in (bool, int, float) or (
+    return value is None or type(value) in (bool, int) or (type(value) is float and abs(value) < float("inf")) or (
         isinstance(value, str) and len(value) <= MAX_TEXT and value.isprintable())
 
 
