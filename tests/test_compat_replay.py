@@ -15,6 +15,7 @@ from dist_lib.compat import CompatDeadlockError, run_file
 from dist_lib.compat.recording import record_file
 from dist_lib.compat.replay import ProgramError, ReplayTimeout, replay
 from grader.grade import grade_run
+from grader.report_terminal import compat_lines
 from grader.runner import sandbox_problem
 from grader.scenario import Scenario
 
@@ -170,6 +171,10 @@ def test_a_run_whose_calls_cannot_be_recorded_is_graded_as_reported_and_unverifi
     assert result.options["unverified"] == ("rank 0 called allreduce while its allreduce was pending (a model's ops "
                                             "share its clock; the program runs them one at a time)")
     assert (row["time_s"], row["memory_bytes"]) == (direct.time_s, direct.memory_bytes)
+    lines = compat_lines(row, "puzzles", None)
+    assert lines[-1] == ("  [dim]verified      no: the run's calls could not be recorded for the grader to re-execute "
+                         "(rank 0 called allreduce while its allreduce was pending (a model's ops share its clock; "
+                         "the program runs them one at a time)); its figures are as it reported them[/]")
 
 
 ODD = '''from lib import Model, WeightGrad, Weight

@@ -114,10 +114,11 @@ class Recorder:
                 raise Unreplayable(f"a string of {len(value)} characters (a program holds up to {MAX_TEXT})")
             return ["s", value]
         if kind is range:
+            encoded = ["r", self.encode(record, value.start), self.encode(record, value.stop),
+                       self.encode(record, value.step)]  # (bounded, so the length below is an int)
             if len(value) > MAX_ITEMS:
                 raise Unreplayable(f"a range of {len(value)} numbers (a program holds up to {MAX_ITEMS})")
-            return ["r", self.encode(record, value.start), self.encode(record, value.stop),
-                    self.encode(record, value.step)]
+            return encoded
         tag = TAG_OF.get(kind)
         if tag is None:
             raise Unreplayable(f"a {kind.__module__}.{kind.__qualname__} is neither plain data nor a tensor of "
@@ -150,8 +151,9 @@ class Recorder:
         operands = [out, tensor, *[a for a in args if type(a) in self.classes]]
         for t in operands:
             self.watch(t)
-        self.recipes[id(out)] = (self._watched[id(out)], method, tensor, args,
-                                 [self.versions.get(id(t), 0) for t in operands])
+        ref = self._watched.get(id(out))
+        if ref is not None and ref() is out:  # (else a table holds it already, as an op's output)
+            self.recipes[id(out)] = (ref, method, tensor, args, [self.versions.get(id(t), 0) for t in operands])
 
     def watch(self, tensor: Any) -> None:
         """Count writes to `tensor` until it is freed (then its id, which a new tensor may take, is forgotten)."""
