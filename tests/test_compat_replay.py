@@ -229,3 +229,46 @@ def test_a_file_that_uses_every_kind_of_entry_replays_to_its_direct_figures(tmp_
     assert (result.time_s, result.memory_bytes, result.notebook_memory, result.correct, result.problems) == \
         (direct.time_s, direct.memory_bytes, direct.notebook_memory, direct.correct, direct.problems)
     assert result.timelines == direct.timelines and direct.correct
+
+
+REFUSED = '''from lib import Model
+
+
+async def part1_training_loop(model, batch_size):
+    """A lab step that tries an update with a gradient it just took out of storage, catches the refusal,
+    and then does the step right."""
+    weights, opt_states, activations, grad_activations, grad_weights = model.storage()
+    layers = model.num_layers
+    for layer in range(layers):
+        weights[layer], opt_states[layer] = model.load_weights(layer)
+    activations[0] = model.get_input_activation(range(model.global_batch_size))
+    for layer in range(layers):
+        activations[layer + 1] = model.forward(layer, activations[layer], weights[layer])
+    grad_activations[layers] = model.loss(activations[layers])
+    for layer in reversed(range(layers)):
+        grad_weights[layer], grad_activations[layer] = model.backward(
+            layer, activations[layer], grad_activations[layer + 1], weights[layer])
+    model.log_event("note")  # an event: its storage holds every gradient
+    g = grad_weights.pop(0)
+    try:
+        model.update(0, g, weights[0], opt_states[0])  # refused: g is no longer stored
+    except AssertionError:
+        pass
+    grad_weights[0] = g
+    for layer in range(layers):
+        weights[layer], opt_states[layer] = model.update(layer, grad_weights[layer], weights[layer], opt_states[layer])
+        model.set_final_weight(layer, weights[layer])
+'''
+
+
+def test_an_op_that_was_refused_is_refused_again_on_the_storage_it_saw(tmp_path):
+    """The lab's update checks that its operands are stored before it logs its event: the program holds the
+    storage as the refused call saw it, so the replay refuses it too (and logs no update event)."""
+    path = tmp_path / "refused.py"
+    path.write_text(REFUSED)
+    direct = run_file(path, api="lab", function="part1_training_loop", check=False, exact_memory=True)
+    _, program, reason = record_file(path, "lab", function="part1_training_loop", check=False, exact_memory=True)
+    result = replay(json.loads(json.dumps(program)), path, "lab", "part1_training_loop", deadline_s=30)
+    assert reason is None and direct.correct
+    updates = [e for e in result.raw_events if e[0] == 0 and e[1] == "update"]
+    assert len(updates) == 4 and result.rank_times == direct.rank_times and result.time_s == direct.time_s

@@ -405,6 +405,8 @@ def _sync_op(recorder: Recorder, name: str, original: Any) -> Any:
         try:
             out = original(self, *positional)
         except BaseException:
+            # the storage as the op saw it (a lab op checks its operands are stored before its event, if any)
+            recorder.on_event(self)
             recorder.done(call[0], name, call[1], None, True)
             raise
         finally:
