@@ -5,11 +5,12 @@ decisions (`dist_lib.recording`), and writes two things to file descriptors the 
 
 * the first of the job's two `fds`, a small JSON header: the status, and for a run that finished the
   length of each rank's program and the option names the strategy takes (or the error of a run that
-  did not);
+  did not); a `--api` run's holds its recorded toy-API program instead (`dist_lib.compat.recording`);
 * the second, the program itself: each rank's 8-byte words, one rank after the other.
 
-Nothing it writes is trusted: the parent re-executes the program through the simulator (`replay`) and
-reads only a failure's message as text. Never pickle: the parent must not run anything shaped here.
+Nothing it writes is trusted: the parent re-executes the program through the simulator (`replay`, or
+`dist_lib.compat.replay` for a `--api` run) and reads only a failure's message as text; a `--api` run
+whose calls could not be recorded hands back its figures, which the parent checks and marks unverified. Never pickle: the parent must not run anything shaped here.
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ def _run_compat(job: dict[str, Any], scenario: dict[str, Any], options: dict[str
         check=False, enforce_memory=scenario["enforce_memory"],
         **{**options, "exact_memory": True})  # the originals' sum, whatever the file does
     if program is not None:
+        from grader.runner.isolation import HEADER_BYTES
+        size = len(json.dumps(program))
+        if size > HEADER_BYTES - 2**16:  # (room for the rest of the header)
+            raise _TooLarge(f"the recorded program takes {size / 2**20:.1f} MiB, over the {HEADER_BYTES / 2**20:.0f} "
+                            f"MiB a --api run may hand back (a step this long cannot be graded under these limits)")
         return {"program": program}
     return {"unreplayable": reason, "result": reported(result)}
 

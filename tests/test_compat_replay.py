@@ -272,3 +272,13 @@ def test_an_op_that_was_refused_is_refused_again_on_the_storage_it_saw(tmp_path)
     assert reason is None and direct.correct
     updates = [e for e in result.raw_events if e[0] == 0 and e[1] == "update"]
     assert len(updates) == 4 and result.rank_times == direct.rank_times and result.time_s == direct.time_s
+
+
+def test_a_program_too_large_to_hand_back_is_a_clear_failure(monkeypatch):
+    from grader import _worker
+    from grader.runner import isolation
+    monkeypatch.setattr(isolation, "HEADER_BYTES", 2**16 + 1000)  # room for a program of 1000 bytes
+    job = {"strategy": str(SOLUTIONS / "puzzles_solutions.py"), "api": "puzzles", "function": "gpipe"}
+    with pytest.raises(_worker._TooLarge, match=r"the recorded program takes .* MiB, over the .* MiB a --api run "
+                                                r"may hand back"):
+        _worker._run_compat(job, ORIGINAL.to_dict(), {})
