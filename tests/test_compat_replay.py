@@ -84,7 +84,8 @@ def _forward_first_arg(program, value):
 
 
 @pytest.mark.parametrize("edit, words", [
-    (lambda p: _forward_first_arg(p, ["h", 999]), "rank 0, entry {j} (forward): handle 999 is used before it is defined"),
+    (lambda p: _forward_first_arg(p, ["h", 999]),
+     "rank 0, entry {j} (forward): handle 999 is used before it is defined"),
     (lambda p: _forward_first_arg(p, 7), "rank 0, entry {j} (forward): argument 2 must be a handle (of a Activation)"),
     (lambda p: p["models"][0][3].insert(0, ["jump", 3]) or 0, "rank 0, entry {j}: 'jump' is not an entry"),
     (lambda p: p["models"][0][3].insert(0, ["op", "all_reduce", [], 0, None]) or 0,

@@ -1,37 +1,34 @@
 """Record what a `--api puzzles|lab` file asks of the toy API, as a program (`_program.py`) the grader
 re-executes (`replay.py`): the untrusted half of grading such a file, run in the sandboxed worker.
 
-`record_file` runs the file as `loader.run_file` does, with the API's `Model` ops wrapped: each call of
-a model of the graded `Dist` is written to that model's entries, its toy tensors as handles; each event
+`record_file` runs the file as `loader.run_file` does, with the API wrapped (`_recording_hooks.py`): each
+call of a model of the graded `Dist` is written to that model's entries, its toy tensors as handles; each
+tensor the file made with `+`, `combine` or `shard` is written as that call, others whole; each event
 adds how the model's storage dicts changed since its previous event, read with `dict`'s own methods at
 the moment the event reads its memory (`ToyModel._event_hook`), so whatever the file did to them
 (`dict.__setitem__` included) is what the program holds; a toy tensor whose fields were written in place
 is written again (`set`) before the model next uses it. Nothing the file does to the API's classes or to
 a model's attributes (`time`, `log`, `check`) reaches the program: the replay runs the unpatched API.
 
-What a program cannot say, the run reports as today (`record_file` returns the reason): a value that is
-not plain data or one of the API's own tensor classes (a file's own class stored or sent), a model that
+What a program cannot say, the run reports its own figures for (`record_file` returns the reason): a value
+that is not plain data or one of the API's own tensor classes (a file's own class stored or sent), a model that
 starts an op while another of its ops is pending (concurrent ops of one model share its clock in an
 order only that run's interleaving fixes), or a collective or mailbox used through the `Dist` itself.
 """
 
 from __future__ import annotations
 
-import contextvars
 import math
 import weakref
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from . import _runtime
-from ._base import ToyModel
-from ._program import (DERIVED, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_OUTPUTS, MAX_TEXT, OPS, SENDS, STORAGE,
-                       TAG_OF, tensor_classes, tensors_in)
+from ._program import (MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_OUTPUTS, MAX_TEXT, SENDS, STORAGE, TAG_OF, tensor_classes,
+                       tensors_in)
+from ._recording_hooks import INSIDE, install, uninstall
 
 MAX_CHAIN = 200  # calls followed back to define one tensor (a longer chain of sums is written as a literal)
-
-_INSIDE = contextvars.ContextVar("compat_recording_inside", default=False)  # in a recorded op (per task)
 
 
 class Unreplayable(Exception):
@@ -85,12 +82,18 @@ class Recorder:
         self._saved: list[tuple[Any, str, Any]] = []
 
     # ---- what cannot be recorded
+    def install(self) -> None:
+        self._saved = install(self)
+
+    def uninstall(self) -> None:
+        uninstall(self._saved)
+
     def stop(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
 
     def active(self) -> bool:
-        return self.reason is None and not _INSIDE.get()
+        return self.reason is None and not INSIDE.get()
 
     # ---- values
     def encode(self, record: _ModelRecord, value: Any, depth: int = 0) -> Any:
@@ -333,153 +336,6 @@ class Recorder:
         options = {k: v for k, v in self.options.items() if type(v) in (int, float, str, bool) or v is None}
         return {"api": self.api, "function": self.function, "options": options, "ranks": self.world.n,
                 "models": models}
-
-    # ---- the wrappers
-    def install(self) -> None:
-        from . import lab, puzzles
-        module = puzzles if self.api == "puzzles" else lab
-        for name, (params, optional, coroutine) in OPS[self.api].items():
-            self._patch(module.Model, name, (_async_op if coroutine else _sync_op)(self, name, getattr(module.Model, name)))
-        self._patch(ToyModel, "_event_hook", staticmethod(self.on_event))
-        self._patch(ToyModel, "_setup", _setup(self, ToyModel._setup))
-        self._patch(_runtime.World, "collective", _outside(self, _runtime.World.collective, "a collective"))
-        self._patch(_runtime.Mailbox, "get", _outside(self, _runtime.Mailbox.get, "a mailbox's get"))
-        self._patch(_runtime.Mailbox, "put", _put(self, _runtime.Mailbox.put))
-        recorder = self
-
-        def __setattr__(tensor: Any, field: str, value: Any) -> None:
-            object.__setattr__(tensor, field, value)
-            recorder.touched(tensor)
-        for cls in self.classes:
-            self._patch(cls, "__setattr__", __setattr__)
-            for method in DERIVED:
-                if callable(getattr(cls, method, None)):
-                    self._patch(cls, method, _derived(self, method, getattr(cls, method)))
-
-    def _patch(self, owner: Any, name: str, value: Any) -> None:
-        self._saved.append((owner, name, owner.__dict__.get(name, _ABSENT)))
-        setattr(owner, name, value)
-
-    def uninstall(self) -> None:
-        for owner, name, old in reversed(self._saved):
-            if old is _ABSENT:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, old)
-        self._saved.clear()
-
-
-_ABSENT = object()
-
-
-def _binder(original: Any) -> Any:
-    """A function (args, kwargs) -> the call's arguments by position with defaults filled in, or None when they
-    do not fit (the op then raises as it would)."""
-    import inspect
-    signature = inspect.signature(original)
-    count = len(signature.parameters) - 1  # after self
-    defaults = original.__defaults__ or ()
-
-    def bound(model: Any, args: tuple, kwargs: dict) -> tuple | None:
-        missing = count - len(args)
-        if not kwargs and 0 <= missing <= len(defaults):
-            return args + defaults[len(defaults) - missing:] if missing else args
-        try:
-            call = signature.bind(model, *args, **kwargs)
-        except TypeError:
-            return None
-        call.apply_defaults()
-        return tuple(call.args[1:])
-    return bound
-
-
-def _sync_op(recorder: Recorder, name: str, original: Any) -> Any:
-    bind = _binder(original)
-
-    def op(self: Any, *args: Any, **kwargs: Any) -> Any:
-        positional = bind(self, args, kwargs) if recorder.active() else None
-        call = recorder.call(name, self, positional) if positional is not None else None
-        if call is None:
-            return original(self, *args, **kwargs)
-        token = _INSIDE.set(True)
-        try:
-            out = original(self, *positional)
-        except BaseException:
-            # the storage as the op saw it (a lab op checks its operands are stored before its event, if any)
-            recorder.on_event(self)
-            recorder.done(call[0], name, call[1], None, True)
-            raise
-        finally:
-            _INSIDE.reset(token)
-        recorder.done(call[0], name, call[1], out, False)
-        return out
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = original.__doc__
-    return op
-
-
-def _async_op(recorder: Recorder, name: str, original: Any) -> Any:
-    bind = _binder(original)
-
-    async def op(self: Any, *args: Any, **kwargs: Any) -> Any:
-        positional = bind(self, args, kwargs) if recorder.active() else None
-        call = recorder.call(name, self, positional) if positional is not None else None
-        if call is None:
-            return await original(self, *args, **kwargs)
-        record = call[0]
-        record.busy = name
-        token = _INSIDE.set(True)
-        try:
-            out = await original(self, *positional)
-        except BaseException:
-            recorder.done(record, name, call[1], None, True)
-            raise
-        finally:
-            _INSIDE.reset(token)
-            record.busy = None
-        recorder.done(record, name, call[1], out, False)
-        return out
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = original.__doc__
-    return op
-
-
-def _derived(recorder: Recorder, name: str, original: Any) -> Any:
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = original(self, *args, **kwargs)
-        if recorder.reason is None and not kwargs and not _INSIDE.get() and type(out) in recorder.classes:
-            recorder.made(out, name, self, args)
-        return out
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = original.__doc__
-    return method
-
-
-def _setup(recorder: Recorder, original: Any) -> Any:
-    def _setup(self: Any, rank: Any, dist: Any, layers: Any, batches: Any) -> None:
-        original(self, rank, dist, layers, batches)
-        recorder.setup(self, rank, layers, batches)
-    return _setup
-
-
-def _outside(recorder: Recorder, original: Any, what: str) -> Any:
-    async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if recorder.active():
-            recorder.stop(f"{what} was used through the Dist, not a Model op")
-        return await original(self, *args, **kwargs)
-    return method
-
-
-def _put(recorder: Recorder, original: Any) -> Any:
-    async def put(self: Any, item: Any) -> None:
-        if recorder.active():
-            recorder.stop("a mailbox's put was used through the Dist, not a Model op")
-        await original(self, item)
-        count = recorder.puts.get(id(self), 0)
-        recorder.puts[id(self)] = count + 1
-        recorder.last_put = count  # read by the send that made this put, before anything else runs
-    return put
-
 
 def record_file(path: str | Path, api: str, **run_options: Any) -> tuple[Any, dict[str, Any] | None, str | None]:
     """Run a puzzles or lab file as `loader.run_file(path, api, **run_options)` does, recording it:

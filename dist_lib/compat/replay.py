@@ -347,7 +347,8 @@ def _entries(entries: Any, who: str, api: str, classes: tuple) -> int:
                 _int(turn, f"{where} ({name}) turn", 0, MAX_INT)
             defined += max(outputs, 0)
         else:
-            raise ProgramError(f"{where}: {_short(kind)} is not an entry of a program (lit, call, set, mem, op) of its shape")
+            raise ProgramError(f"{where}: {_short(kind)} is not an entry of a program (lit, call, set, mem, op) "
+                               f"of its shape")
     return defined
 
 
