@@ -54,9 +54,10 @@ def replay(program: Any, path: str | Path, api: str, function: str | None = None
     with api_modules(api) as lib, _runtime.configure(api, timing=timing, cluster=cluster, workload=workload,
                                                      exact_memory=True):
         dist = lib.Dist(n)
-        models = [lib.Model(rank, dist, layers, batches) for rank, layers, batches, _, _ in models_spec]
-        ranks = [m[0] for m in models_spec]
-        names = [f"rank {r}" if ranks.count(r) == 1 else f"model {i} (rank {r})" for i, r in enumerate(ranks)]
+        models = [lib.Model(rank, dist, count, size) for rank, count, size, _, _ in models_spec]
+        repeated = Counter(spec[0] for spec in models_spec)
+        names = [f"rank {spec[0]}" if repeated[spec[0]] == 1 else f"model {i} (rank {spec[0]})"
+                 for i, spec in enumerate(models_spec)]
         runner = _Runner(api, dist, deadline)
         tables: list[list] = [[] for _ in models]
 
