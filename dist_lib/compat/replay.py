@@ -31,7 +31,6 @@ from ._program import (COLLECTIONS, DERIVED, FUNCTION_MODES, KIND, MAX_DEPTH, MA
                        MAX_OUTPUTS, MAX_TEXT, OPS, SENDS, STORAGE, TENSORS, tensor_classes, tensors_in)
 
 MAX_RANKS = 128  # the Dist a program may claim (the lab's mailboxes grow as its square: 16,256 of them here)
-__all__ = ["MAX_RANKS", "ProgramError", "ReplayTimeout", "replay"]
 
 
 def replay(program: Any, path: str | Path, api: str, function: str | None = None, *, timing: str | None = None,
@@ -366,9 +365,8 @@ def _value(encoded: Any, defined: int, where: str, depth: int = 0) -> None:
     if tag == "h" and len(rest) == 1 and type(rest[0]) is int:
         if not 0 <= rest[0] < defined:
             _undefined(where, rest[0])
-    elif tag == "f" and len(rest) == 1 and type(rest[0]) is float and abs(rest[0]) < float("inf"):
-        pass
-    elif tag == "s" and len(rest) == 1 and isinstance(rest[0], str) and len(rest[0]) <= MAX_TEXT:
+    elif len(rest) == 1 and ((tag == "f" and type(rest[0]) is float and abs(rest[0]) < float("inf"))
+                             or (tag == "s" and isinstance(rest[0], str) and len(rest[0]) <= MAX_TEXT)):
         pass
     elif tag == "r" and len(rest) == 3 and all(type(v) is int and abs(v) < MAX_INT for v in rest) and rest[2] != 0 \
             and len(range(*rest)) <= MAX_ITEMS:
