@@ -37,12 +37,21 @@ class Unreplayable(Exception):
 
 class _Snapshot:
     """A storage dict as the model's last event saw it: its keys and values in order (kept alive, so their
-    ids stay theirs), their ids, and the number standing for each key (by its id)."""
+    ids stay theirs), their ids, and the numbers standing for its keys, in the same order."""
 
     __slots__ = ("keys", "values", "key_ids", "value_ids", "numbers")
 
-    def __init__(self, keys: list, values: list, key_ids: list, value_ids: list, numbers: dict):
+    def __init__(self, keys: list, values: list, key_ids: list, value_ids: list, numbers: list):
         self.keys, self.values, self.key_ids, self.value_ids, self.numbers = keys, values, key_ids, value_ids, numbers
+
+
+def _first_change(a: list, b: list) -> int:
+    """The first position where lists `a` and `b` differ (the length of the shorter if none)."""
+    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _without(items: list, j: int) -> list:
+    return items[:j] + items[j + 1:]
 
 
 class _ModelRecord:
@@ -55,7 +64,7 @@ class _ModelRecord:
         self.handles = 0
         self.keys: list[dict] = [{} for _ in STORAGE]  # the file's keys -> numbers, per storage dict
         self.key_objects: list[list] = [[] for _ in STORAGE]  # (kept alive, so their ids stay theirs)
-        self.snapshot = [_Snapshot([], [], [], [], {}) for _ in STORAGE]
+        self.snapshot = [_Snapshot([], [], [], [], []) for _ in STORAGE]
         self.epoch = 0  # the recorder's mutation count when this model last synced its tensors
         self.busy: str | None = None  # the pending op's name
 
@@ -222,61 +231,42 @@ class Recorder:
         store = getattr(record.model, name)
         if not isinstance(store, dict):
             raise Unreplayable(f"model.{name} is a {type(store).__name__}, not a dict")
-        keys, values = list(dict.keys(store)), list(dict.values(store))
-        key_ids, value_ids = list(map(id, keys)), list(map(id, values))
+        key_ids, value_ids = list(map(id, dict.keys(store))), list(map(id, dict.values(store)))
         old = record.snapshot[i]
         stale = record.epoch != self.epoch
         if key_ids == old.key_ids and value_ids == old.value_ids and not stale:
-            return None
-        if not stale:  # the usual change between two events: one key stored, or one deleted
-            size, before = len(key_ids), len(old.key_ids)
-            if size == before + 1 and key_ids[:-1] == old.key_ids and value_ids[:-1] == old.value_ids:
-                return self._appended(record, i, old, keys, values, key_ids, value_ids)
-            if size == before - 1:
-                j = next((j for j, (a, b) in enumerate(zip(key_ids, old.key_ids)) if a != b), size)
-                if key_ids[j:] == old.key_ids[j + 1:] and value_ids == old.value_ids[:j] + old.value_ids[j + 1:]:
-                    numbers = dict(old.numbers)
-                    deleted = numbers.pop(old.key_ids[j])
-                    record.snapshot[i] = _Snapshot(keys, values, key_ids, value_ids, numbers)
-                    return [i, [deleted], [], []]
-        # the new order is the survivors of the old in their order, then what was inserted since
-        present = set(key_ids)
-        survivors = [k for k in old.key_ids if k in present]
-        m = len(survivors)
-        if key_ids[:m] != survivors:  # a key deleted and stored again: the longest run that kept its order
-            at = dict(zip(old.key_ids, range(len(old.key_ids))))
+            return None  # (the snapshot holds the objects these ids are of: no id was reused)
+        keys, values = list(dict.keys(store)), list(dict.values(store))
+        size, before = len(key_ids), len(old.key_ids)
+        deleted: list = []
+        if key_ids == old.key_ids or (size == before + 1 and key_ids[:-1] == old.key_ids):
+            m, numbers, was = before, old.numbers[:], old.value_ids  # values replaced, or one key stored
+        elif not stale and size == before - 1 and value_ids == _without(old.value_ids, j := _first_change(
+                key_ids, old.key_ids)) and key_ids == _without(old.key_ids, j):  # one key deleted
+            record.snapshot[i] = _Snapshot(keys, values, key_ids, value_ids, _without(old.numbers, j))
+            return [i, [old.numbers[j]], [], []]
+        else:  # the survivors of the old keys in their order, then what was stored since
+            at = dict(zip(old.key_ids, range(before)))
             m, last = 0, -1
-            while m < len(key_ids) and at.get(key_ids[m], -1) > last:
+            while m < size and at.get(key_ids[m], -1) > last:
                 last = at[key_ids[m]]
                 m += 1
-        kept = set(key_ids[:m])
-        deleted = [old.numbers[k] for k in old.key_ids if k not in kept]
-        was = dict(zip(old.key_ids, old.value_ids))
-        numbers = {k: old.numbers[k] for k in key_ids[:m]}
-        replaced = [[numbers[key_ids[j]], self.encode(record, values[j])] for j in range(m)
-                    if value_ids[j] != was[key_ids[j]] or (stale and self._stale(record, values[j]))]
+            kept = set(key_ids[:m])
+            deleted = [n for k, n in zip(old.key_ids, old.numbers) if k not in kept]
+            numbers = [old.numbers[at[k]] for k in key_ids[:m]]
+            was = [old.value_ids[at[k]] for k in key_ids[:m]]
+        replaced = [[numbers[j], self.encode(record, values[j])] for j in range(m)
+                    if value_ids[j] != was[j] or (stale and self._stale(record, values[j]))]
         appended = []
-        for j in range(m, len(keys)):
+        for j in range(m, size):
             number = record.keys[i].get(keys[j])
             if number is None:
                 number = record.keys[i][keys[j]] = len(record.key_objects[i])
                 record.key_objects[i].append(keys[j])
-            numbers[key_ids[j]] = number
+            numbers.append(number)
             appended.append([number, self.encode(record, values[j])])
         record.snapshot[i] = _Snapshot(keys, values, key_ids, value_ids, numbers)
         return [i, deleted, replaced, appended] if deleted or replaced or appended else None
-
-    def _appended(self, record: _ModelRecord, i: int, old: _Snapshot, keys: list, values: list, key_ids: list,
-                  value_ids: list) -> list:
-        number = record.keys[i].get(keys[-1])
-        if number is None:
-            number = record.keys[i][keys[-1]] = len(record.key_objects[i])
-            record.key_objects[i].append(keys[-1])
-        numbers = dict(old.numbers)
-        numbers[key_ids[-1]] = number
-        change = [i, [], [], [[number, self.encode(record, values[-1])]]]
-        record.snapshot[i] = _Snapshot(keys, values, key_ids, value_ids, numbers)
-        return change
 
     def _stale(self, record: _ModelRecord, tensor: Any) -> bool:
         if type(tensor) not in self.classes:
