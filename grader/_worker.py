@@ -5,11 +5,12 @@ decisions (`dist_lib.recording`), and writes two things to file descriptors the 
 
 * the first of the job's two `fds`, a small JSON header: the status, and for a run that finished the
   length of each rank's program and the option names the strategy takes (or the error of a run that
-  did not);
+  did not); a `--api` run's holds its recorded toy-API program instead (`dist_lib.compat.recording`);
 * the second, the program itself: each rank's 8-byte words, one rank after the other.
 
-Nothing it writes is trusted: the parent re-executes the program through the simulator (`replay`) and
-reads only a failure's message as text. Never pickle: the parent must not run anything shaped here.
+Nothing it writes is trusted: the parent re-executes the program through the simulator (`replay`, or
+`dist_lib.compat.replay` for a `--api` run) and reads only a failure's message as text; a `--api` run
+whose calls could not be recorded hands back its figures, which the parent checks and marks unverified. Never pickle: the parent must not run anything shaped here.
 """
 
 from __future__ import annotations
@@ -65,20 +66,35 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_compat(job: dict[str, Any], scenario: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """A puzzles or lab file: those APIs keep their own clocks and memory rules, which a replay does
-    not model, so the run reports its figures (the parent marks them unverified)."""
+    """A puzzles or lab file, run as `compat.run_file` runs it while its toy-API calls are recorded
+    (`dist_lib.compat.recording`): {"program": ...}, which the parent re-executes, or, for a run the
+    program cannot describe, {"unreplayable": why, "result": its figures}, which the parent takes as
+    reported (and marks unverified)."""
     try:
-        from dist_lib import compat  # type: ignore[attr-defined]
+        from dist_lib.compat.recording import record_file
     except ImportError:
         raise _BadInput("--api needs the puzzles/lab compatibility layer (dist_lib.compat), "
                         "which this installation does not have") from None
     given = scenario.get("given", ("cluster", "workload", "batch"))
-    result = compat.run_file(job["strategy"], api=job["api"], function=job.get("function"),
-                             cluster=scenario["cluster"] if "cluster" in given else None,
-                             workload=scenario["workload"] if "workload" in given else None,
-                             global_batch_size=scenario["global_batch"] if "batch" in given else None,
-                             check=False, enforce_memory=scenario["enforce_memory"],
-                             **{**options, "exact_memory": True})  # the originals' sum, whatever the file does
+    result, program, reason = record_file(
+        job["strategy"], job["api"], function=job.get("function"),
+        cluster=scenario["cluster"] if "cluster" in given else None,
+        workload=scenario["workload"] if "workload" in given else None,
+        global_batch_size=scenario["global_batch"] if "batch" in given else None,
+        check=False, enforce_memory=scenario["enforce_memory"],
+        **{**options, "exact_memory": True})  # the originals' sum, whatever the file does
+    if program is not None:
+        from grader.runner.isolation import HEADER_BYTES
+        size = len(json.dumps(program))
+        if size > HEADER_BYTES - 2**16:  # (room for the rest of the header)
+            raise _TooLarge(f"the recorded program takes {size / 2**20:.1f} MiB, over the {HEADER_BYTES / 2**20:.0f} "
+                            f"MiB a --api run may hand back (a step this long cannot be graded under these limits)")
+        return {"program": program}
+    return {"unreplayable": reason, "result": reported(result)}
+
+
+def reported(result: Any) -> dict[str, Any]:
+    """A `--api` run's figures as plain data (what `grader.compat_payload.compat_result` reads back)."""
     from dist_lib import Result
     if not isinstance(result, Result):
         raise RuntimeError(f"dist_lib.compat.run_file returned {type(result).__name__}, not a Result")

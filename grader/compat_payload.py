@@ -1,7 +1,9 @@
 """Read the result a `--api puzzles|lab` run reports about itself, checking every field first.
 
-Those APIs keep their own clocks and memory rules, which a replay does not model, so their figures are
-taken as reported (`options['verified']` is False). The report is untrusted all the same: the sandboxed
+A `--api` run is graded by replaying its recorded program (`dist_lib.compat.replay`); only a run whose
+program could not be recorded (`dist_lib.compat.recording` says why) is taken as reported, through
+`reported` here (`options['verified']` is False, `options['unverified']` the reason). The report is
+untrusted all the same: the sandboxed
 process can write any JSON as its header, and the grader's own work on it (the row, the trace, the plots,
 the terminal report) must not fail on it. Every field is checked here against the shape the worker's
 `_run_compat` writes: types, finite non-negative numbers, one entry per rank of the reported cluster,
@@ -26,6 +28,16 @@ EVENT_FIELDS = 12
 
 class PayloadError(ValueError):
     """A reported `--api` result that is not of the shape the worker writes; the message names the field."""
+
+
+def reported(compat: Any) -> Any:
+    """The `Result` of a `--api` run the worker could not record: {"unreplayable": why, "result": figures}."""
+    if not isinstance(compat, dict) or set(compat) != {"unreplayable", "result"}:
+        raise PayloadError(f"expected a recorded program or an unreplayable run's figures, got {shown(compat)}")
+    reason = _text(compat["unreplayable"], "unreplayable")
+    result = compat_result(compat["result"])
+    result.options["unverified"] = reason
+    return result
 
 
 def compat_result(payload: Any) -> Any:

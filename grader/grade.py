@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .compat_payload import PayloadError, compat_result
+from .compat_payload import PayloadError, reported
 from .deadline import RowTimeout, alarm_at, capped, capped_list
 from .runner import Limits, Outcome, run_isolated
 from .scenario import Scenario
@@ -59,6 +59,38 @@ def _replayed(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any,
     return result, "", ""
 
 
+def _compat_graded(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any, limits: Limits, name: str,
+                   api: str, function: str | None, deadline: float) -> tuple[Any, str, str]:
+    """(result, status, error) of a `--api` run: its program replayed against a fresh compat runtime, or
+    (for a run the worker could not record) its reported figures, unverified."""
+    from dist_lib import SimulationError
+    from dist_lib.compat.replay import ProgramError, ReplayTimeout, replay
+    compat = (outcome.header or {}).get("compat")
+    if not (isinstance(compat, dict) and "program" in compat):
+        try:
+            return reported(compat), "", ""
+        except PayloadError as exc:
+            return None, "invalid", f"the worker wrote a result of the wrong shape: {exc}"
+    given, options = scenario.given, scenario.options_for(Path(name).stem)  # what the worker passed to run_file
+    setup = {key: options.get(key) for key in ("ranks", "layers", "batches", "main")}
+    try:
+        result = replay(compat["program"], name, api, function, cluster=cluster if "cluster" in given else None,
+                        workload=workload if "workload" in given else None,
+                        global_batch_size=scenario.global_batch if "batch" in given else None,
+                        timing=options.get("timing"), deadline_s=deadline - time.monotonic(), **setup)
+    except ProgramError as exc:
+        return None, "invalid", f"the recorded program is malformed: {exc}"
+    except ReplayTimeout as exc:
+        return None, "timeout", f"{_too_long(limits)} ({exc})"
+    except SimulationError as exc:
+        return None, "failed", f"{type(exc).__name__}: {exc}"
+    except (MemoryError, RecursionError) as exc:
+        return None, "invalid", f"the recorded program exhausted the grader while replaying ({type(exc).__name__})"
+    except Exception as exc:  # noqa: BLE001 - a compat runtime bug a program reached: this row, not the board
+        return None, "crashed", f"replaying the recorded program raised {type(exc).__name__}: {exc}"
+    return result, "", ""
+
+
 def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[str, Any], trace_path: str | None,
               plots: bool = True, api: str | None = None, function: str | None = None,
               confine: bool = True) -> tuple[dict[str, Any], Any]:
@@ -86,7 +118,7 @@ def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[st
     blank = dict(row)
     try:
         result = _graded(row, outcome, scenario, cluster, workload, limits, strategy, trace_path, plots, api,
-                         deadline, started)
+                         deadline, started, function)
     except RowTimeout:
         result = None
         _discard(trace_path)
@@ -98,17 +130,16 @@ def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[st
 
 def _graded(row: dict[str, Any], outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any, limits: Limits,
             strategy: str, trace_path: str | None, plots: bool, api: str | None, deadline: float,
-            started: float) -> Any:
+            started: float, function: str | None = None) -> Any:
     """Fill `row` from the run's outcome; the result, or None when there is none (`row` says why). Raises
     `RowTimeout` past `deadline`."""
     if api:
-        # a puzzles or lab run keeps its own clocks and memory rules, which a replay does not model: its
-        # figures are as it reported them, checked field by field (`compat_payload.py`)
-        try:
-            result = compat_result((outcome.header or {}).get("compat"))
-        except PayloadError as exc:
-            row["status"] = "invalid"
-            row["error"] = f"the worker wrote a result of the wrong shape: {exc}"
+        # a puzzles or lab run: its recorded toy-API calls re-executed here (`dist_lib.compat.replay`), or the
+        # figures of one that could not be recorded, checked field by field (`compat_payload.py`)
+        result, status, error = _compat_graded(outcome, scenario, cluster, workload, limits, strategy, api,
+                                               function, deadline)
+        if result is None:
+            row["status"], row["error"] = status, error
             return None
         row.update(cluster=result.cluster.name, workload=result.workload.name, global_batch=result.global_batch_size)
     else:

@@ -118,8 +118,7 @@ def print_run(console: Console, row: dict[str, Any], result: Any | None, schedul
         console.print(f"  bubble        {row['bubble_fraction'] * 100:.1f} % of compute idle")
         console.print(f"  correct       {'yes' if row['correct'] else 'NO'}")
         if options.get("verified") is False:
-            console.print("  [dim]verified      no: puzzles/lab runs keep their own clocks and memory rules; they run "
-                          "sandboxed but are not re-executed[/]")
+            console.print(f"  [dim]{literal(unverified_line(options))}[/]")
     if row["error"]:
         console.print(f"  [red]error[/]         {literal(row['error'])}", highlight=False)
     if result is not None and schedule:
@@ -131,6 +130,13 @@ def print_run(console: Console, row: dict[str, Any], result: Any | None, schedul
         console.print(f"  plot          {literal(plot)}")
     if row.get("plot_note"):
         console.print(f"  [dim]{literal(row['plot_note'])}[/]")
+
+
+def unverified_line(options: dict[str, Any]) -> str:
+    """The line of a `--api` run graded on the figures it reported: its calls could not be recorded, and why."""
+    reason = options.get("unverified")
+    return ("verified      no: the run's calls could not be recorded for the grader to re-execute"
+            + (f" ({reason})" if isinstance(reason, str) else "") + "; its figures are as it reported them")
 
 
 def compat_lines(row: dict[str, Any], api: str, timing: str | None) -> list[str]:
@@ -157,6 +163,8 @@ def compat_lines(row: dict[str, Any], api: str, timing: str | None) -> list[str]
         if mfu is not None:
             lines.append(f"  MFU           {mfu * 100:.1f} %" + (" (the lab's formula)" if "mfu" in figures else ""))
         lines.append(f"  correct       {'yes' if row['correct'] else 'NO'}")
+        if options.get("verified") is False:
+            lines.append(f"  [dim]{literal(unverified_line(options))}[/]")
     if row.get("error"):
         lines.append(f"  [red]error[/]         {literal(row['error'])}")
     return lines

@@ -1,6 +1,7 @@
 """The `--api` cheats in tests/cheats (compat_*.py), graded as a course grades them (`grade_run`, the path
-of `python -m grader run FILE --api puzzles`): each gets the figures of the honest step it did, which
-are the original library's for the same work (tests/compat_oracle/), never smaller."""
+of `python -m grader run FILE --api puzzles`): the grader re-executes the calls each made, so each gets
+the figures of the step it did, which are the original library's for the same work (tests/compat_oracle/),
+never smaller, whatever it patched; a forged program is refused."""
 
 from __future__ import annotations
 
@@ -30,6 +31,42 @@ def test_a_compat_cheat_is_graded_on_the_work_it_did(tmp_path, cheat):
     assert row["status"] == "ok", row["error"]
     figures = result.options["notebook"]
     assert (figures["time"], figures["memory"], result.correct) == (*HONEST, True)
+    assert result.options["verified"] is True
+
+
+def _graded(tmp_path, cheat):
+    return grade_run(str(ROOT / "tests" / "cheats" / f"{cheat}.py"), SCENARIO.to_dict(), {"timeout_s": 60},
+                     str(tmp_path / "t.json"), plots=False, api="puzzles", function="basic",
+                     confine=sandbox_problem() is None)
+
+
+def test_a_cheat_that_patches_the_check_and_the_memory_sum_is_graded_on_its_calls(tmp_path):
+    """compat_patched_check never updates layer 1 and patches, in its own process, the loader's check and
+    the models' memory sum. Run directly (as the worker once reported it) it passes with 0 units; graded,
+    its calls replayed on an unpatched runtime are an incorrect step with the honest peak. By hand: the
+    forward and backward passes take 4 + 4 + 0 + 4 + 4 = 16 steps, so the one update starts at 16."""
+    from dist_lib.compat import _base, loader, puzzles
+    patched = [(loader, "problems"), (_base.ToyModel, "memory"), (_base.ToyModel, "_summed"), (puzzles.Model, "check")]
+    saved = [(owner, name, owner.__dict__[name]) for owner, name in patched]
+    try:  # (in this process, which the grader's replay below shares: its patches are undone after)
+        fooled = run_file(ROOT / "tests" / "cheats" / "compat_patched_check.py", api="puzzles", function="basic",
+                          check=False, exact_memory=True)
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+    assert (fooled.correct, fooled.notebook_memory) == (True, 0)
+    row, result = _graded(tmp_path, "compat_patched_check")
+    assert row["status"] == "incorrect" and result.options["verified"] is True
+    assert row["problems"] == ["layer 1: rank 0's final weight is at step 0, not 1"]
+    figures = result.options["notebook"]
+    assert (figures["time"], figures["memory"]) == (16.0, HONEST[1])
+
+
+def test_a_forged_program_with_a_handle_used_before_it_is_defined_is_refused(tmp_path):
+    row, result = _graded(tmp_path, "compat_forged_program")
+    assert (row["status"], result) == ("invalid", None)
+    assert row["error"] == ("the recorded program is malformed: rank 0, entry 0 (forward): handle 0 is used before "
+                            "it is defined")
 
 
 def test_the_honest_twin_has_those_figures():

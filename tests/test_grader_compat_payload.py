@@ -1,6 +1,7 @@
-"""A `--api puzzles|lab` run's figures are taken as it reports them, but its report is untrusted: the grader
-checks every field (`grader/compat_payload.py`) and makes a report of the wrong shape an `invalid` row
-naming the field, never a traceback of the grader. `tests/cheats/forged_compat.py` writes such a report."""
+"""A `--api puzzles|lab` run whose calls could not be recorded has its figures taken as it reports them
+(unverified), but its report is untrusted: the grader checks every field (`grader/compat_payload.py`)
+and makes a report of the wrong shape an `invalid` row naming the field, never a traceback of the
+grader. `tests/cheats/forged_compat.py` writes such a report."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from grader._worker import _run_compat
+from dist_lib.compat import run_file
+from grader._worker import reported
 from grader.compat_payload import PayloadError, compat_result
 from grader.grade import grade_run
 from grader.runner import sandbox_problem
@@ -26,10 +28,11 @@ SCENARIO = Scenario(name="run", cluster="2xA100-80GB", workload="toy", global_ba
 
 @pytest.fixture(scope="module")
 def honest():
-    """What the worker reports for the puzzles' GPipe solution (4 ranks), through JSON as it travels."""
-    job = {"strategy": str(ROOT / "tests" / "compat_solutions" / "puzzles_solutions.py"), "api": "puzzles",
-           "function": "gpipe"}
-    return json.loads(json.dumps(_run_compat(job, SCENARIO.to_dict(), {})))
+    """What the worker reports of an unrecorded run, for the puzzles' GPipe solution (4 ranks), through JSON
+    as it travels."""
+    result = run_file(ROOT / "tests" / "compat_solutions" / "puzzles_solutions.py", api="puzzles", function="gpipe",
+                      check=False, exact_memory=True)
+    return json.loads(json.dumps(reported(result)))
 
 
 def test_an_honest_report_reads_back_as_it_was_reported(honest):

@@ -28,6 +28,10 @@ CORE_OP = {"allreduce": "all_reduce", "allgather": "all_gather", "scatterreduce"
 class ToyModel:
     """Shared state of a puzzles or lab `Model`; subclasses name the public API."""
 
+    # called with the model just before an event reads its memory, when set (`recording.py` snapshots
+    # the storage there: what the event's memory figure and the lab's "is it stored?" checks see)
+    _event_hook: Any = None
+
     weights = storage_property("weights")
     opt_states = storage_property("opt_states")
     activations = storage_property("activations")

@@ -229,6 +229,8 @@ class Model(ToyModel):
             duration = real.update(self.rank, layer, (on or 1) / (total or 1))
         else:
             duration = 0.0
+        if self._event_hook is not None:
+            self._event_hook(self)
         units = self.memory()
         self.log.append(Event(typ, layer, self.rank, self.time, duration, units, samples))
         self._record(typ, layer, frozenset(samples), self.time, duration, units,

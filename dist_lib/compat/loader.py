@@ -109,7 +109,7 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
              layers: int | None = None, batches: int | None = None, options: dict[str, Any] | None = None,
              check: bool = True, global_batch_size: int | None = None, enforce_memory: bool = True,
              main: bool | None = None, strict: bool = False, exact_memory: bool = False,
-             **more_options: Any) -> Result:
+             on_world: Any = None, **more_options: Any) -> Result:
     """Run a puzzles or lab strategy file unchanged and return its `ToyResult` (a dist_lib `Result`).
 
     api: 'puzzles', 'lab', or None to detect it from the file's text.
@@ -134,7 +134,9 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     slower on files that store many tensors per rank, and exact whatever a file does to its storage.
     global_batch_size: the lab's global batch (same as `batches`); ignored for the puzzles, whose
     set-ups fix their batches. enforce_memory: accepted for symmetry with `simulate` (the toy APIs
-    have no capacity limit). Other keywords join `options`.
+    have no capacity limit). on_world: called with the `World` whose models the result reports, the
+    function's name and the options, before the result is built (`recording.py` reads its models there). Other
+    keywords join `options`.
     With timing=None, a file given a cluster or workload runs in 'real' timing.
     """
     try:
@@ -199,6 +201,8 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
         except Exception as error:
             raise _in_cells(_with_cause(StrategyError(f"{path.name}: {_said(error)}"
                                                       f"{user_frame(error)}"), error), notebook) from error
+        if on_world is not None:
+            on_world(world, fn_name, options)
         models = sorted({m.rank: m for m in world.models}.values(), key=lambda m: m.rank)
         found = problems(models)
     result = build_result(world, f"{path.stem}.{fn_name}", found, options)

@@ -264,6 +264,8 @@ class Model(ToyModel):
                 length = real.update(self.rank, at, fraction)
             else:
                 length = 0.0
+        if self._event_hook is not None:
+            self._event_hook(self)
         units = self.memory()
         self.log.append(Event(typ, layer, self.rank, self.time, length, units, batches))
         samples = frozenset(batches) or frozenset(getattr(value, "batches", ()))

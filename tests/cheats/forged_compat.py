@@ -1,7 +1,7 @@
-"""Attack on the grader: writes its own header as a `--api` run's, in place of the worker's, and exits. Its
-figures are in shapes the grader's report cannot take (no rank's memory, so no peak; an event on rank 99
-of a 4-rank cluster; NaN times), and a `--api` run's figures are taken as reported. Graded natively (on
-the board), its header is a `--api` result where a program was due."""
+"""Attack on the grader: writes its own header as a `--api` run's, in place of the worker's, and exits: a run
+it says could not be recorded (whose figures are taken as reported, unverified), with figures in shapes the
+grader's report cannot take (no rank's memory, so no peak; an event on rank 99 of a 4-rank cluster; NaN
+times). Graded natively (on the board), its header is a `--api` result where a program was due."""
 TWIN = "honest"  # the honest strategy this cheat must not rank above
 import json as _json, os as _os, sys as _sys  # noqa: E401
 
@@ -18,7 +18,7 @@ def _forge():
     with open(_sys.argv[-1]) as fh:  # the worker's job: which file descriptor the header goes to
         job = _json.load(fh)
     with _os.fdopen(job["fds"][0], "wb", closefd=False) as out:
-        out.write(_json.dumps({"status": "ok", "compat": FORGED}).encode())
+        out.write(_json.dumps({"status": "ok", "compat": {"unreplayable": "forged", "result": FORGED}}).encode())
     _os._exit(0)
 
 
