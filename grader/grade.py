@@ -37,21 +37,13 @@ def _replayed(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any,
               name: str, deadline: float) -> tuple[Any, str, str]:
     """(result, status, error) of re-executing the run's recorded program in this process: the result
     when the program replays (correct or not), else the status and one-line reason."""
-    from dist_lib import SimulationError
     from dist_lib.replay import ProgramError, ReplayTimeout, replay
-    try:
-        result = replay(outcome.programs or [], cluster, workload, scenario.global_batch,
-                        enforce_memory=scenario.enforce_memory, deadline_s=deadline - time.monotonic())
-    except ProgramError as exc:
-        return None, "invalid", f"the recorded program is malformed: {exc}"
-    except ReplayTimeout as exc:
-        return None, "timeout", f"{_too_long(limits)} ({exc})"
-    except SimulationError as exc:
-        return None, "failed", f"{type(exc).__name__}: {exc}"
-    except (MemoryError, RecursionError) as exc:
-        return None, "invalid", f"the recorded program exhausted the grader while replaying ({type(exc).__name__})"
-    except Exception as exc:  # noqa: BLE001 - a simulator bug a program reached: this row, not the board
-        return None, "crashed", f"replaying the recorded program raised {type(exc).__name__}: {exc}"
+    result, status, error = _replay_row(
+        lambda: replay(outcome.programs or [], cluster, workload, scenario.global_batch,
+                       enforce_memory=scenario.enforce_memory, deadline_s=deadline - time.monotonic()),
+        ProgramError, ReplayTimeout, limits)
+    if result is None:
+        return result, status, error
     accepted = (outcome.header or {}).get("options")
     names = set(accepted) if isinstance(accepted, list) and all(isinstance(k, str) for k in accepted) else set()
     result.options = {k: v for k, v in scenario.options_for(Path(name).stem).items() if k in names}
@@ -63,7 +55,6 @@ def _compat_graded(outcome: Outcome, scenario: Scenario, cluster: Any, workload:
                    api: str, function: str | None, deadline: float) -> tuple[Any, str, str]:
     """(result, status, error) of a `--api` run: its program replayed against a fresh compat runtime, or
     (for a run the worker could not record) its reported figures, unverified."""
-    from dist_lib import SimulationError
     from dist_lib.compat.replay import ProgramError, ReplayTimeout, replay
     compat = (outcome.header or {}).get("compat")
     if not (isinstance(compat, dict) and "program" in compat):
@@ -73,22 +64,29 @@ def _compat_graded(outcome: Outcome, scenario: Scenario, cluster: Any, workload:
             return None, "invalid", f"the worker wrote a result of the wrong shape: {exc}"
     given, options = scenario.given, scenario.options_for(Path(name).stem)  # what the worker passed to run_file
     setup = {key: options.get(key) for key in ("ranks", "layers", "batches", "main")}
+    return _replay_row(
+        lambda: replay(compat["program"], name, api, function, cluster=cluster if "cluster" in given else None,
+                       workload=workload if "workload" in given else None,
+                       global_batch_size=scenario.global_batch if "batch" in given else None,
+                       timing=options.get("timing"), deadline_s=deadline - time.monotonic(), **setup),
+        ProgramError, ReplayTimeout, limits)
+
+
+def _replay_row(run: Any, program_error: type, timeout_error: type, limits: Limits) -> tuple[Any, str, str]:
+    """(result, "", "") of `run()`, a replay of a recorded program, or (None, status, one-line reason)."""
+    from dist_lib import SimulationError
     try:
-        result = replay(compat["program"], name, api, function, cluster=cluster if "cluster" in given else None,
-                        workload=workload if "workload" in given else None,
-                        global_batch_size=scenario.global_batch if "batch" in given else None,
-                        timing=options.get("timing"), deadline_s=deadline - time.monotonic(), **setup)
-    except ProgramError as exc:
+        return run(), "", ""
+    except program_error as exc:
         return None, "invalid", f"the recorded program is malformed: {exc}"
-    except ReplayTimeout as exc:
+    except timeout_error as exc:
         return None, "timeout", f"{_too_long(limits)} ({exc})"
     except SimulationError as exc:
         return None, "failed", f"{type(exc).__name__}: {exc}"
     except (MemoryError, RecursionError) as exc:
         return None, "invalid", f"the recorded program exhausted the grader while replaying ({type(exc).__name__})"
-    except Exception as exc:  # noqa: BLE001 - a compat runtime bug a program reached: this row, not the board
+    except Exception as exc:  # noqa: BLE001 - a simulator bug a program reached: this row, not the board
         return None, "crashed", f"replaying the recorded program raised {type(exc).__name__}: {exc}"
-    return result, "", ""
 
 
 def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[str, Any], trace_path: str | None,
