@@ -29,6 +29,18 @@ def test_jobs_on_one_link_share_it_and_speed_up_as_others_end():
     assert play([Job(1.0, ((0, 5),)), Job(1.0, ((0, 5),)), Job(3.0)], capacity) == [1.0, 1.0, 3.0]
 
 
+
+def test_waits_end_at_their_own_time_between_the_shares_changes():
+    """Jobs that want no link run at their fixed speed beside the ones that share: a 2 s transfer alone
+    on a link until a 0.5 s wait ends and starts a 1 s transfer on the same link; both at half speed
+    from 0.5, the second ends at 2.5, the first (1.5 s left at 0.5) has 0.5 s left and ends alone at
+    3.0. A wait of 0.25 s at half speed (`top`) ends at 0.5, a job of no time after the second transfer
+    as it ends."""
+    jobs = [Job(2.0, ((0, 10),)), Job(0.5), Job(1.0, ((0, 10),), 0.0, (1,)), Job(0.25, (), 0.0, (), 0.5),
+            Job(0.0, (), 0.0, (2,))]
+    assert play(jobs, [10]) == [pytest.approx(3.0), 0.5, pytest.approx(2.5), 0.5, pytest.approx(2.5)]
+
+
 def test_a_crossing_from_four_replicas_into_three_plays_out_as_the_simulator_runs_it():
     """Four V100 replicas of 2 samples each send into three of 3, 3 and 2 samples, each node behind one
     10 Gb/s NIC: receiver 0 takes 2 samples from replica 0 then 1 from replica 1, receiver 1 1 from

@@ -36,7 +36,12 @@ class Job(NamedTuple):
 
 
 def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
-    """The time each job ends, jobs in flight sharing their links in proportion to what they want."""
+    """The time each job ends, jobs in flight sharing their links in proportion to what they want.
+
+    Only jobs that name links share anything; a job that names none runs at its fixed speed `top`, so its
+    end is known as it starts and waits in a heap of ends: a step costs the jobs that share links in
+    flight, not every job in flight (a pipeline play-out has a pass of every stage in flight beside a
+    few crossings that share a NIC)."""
     ends = [0.0] * len(jobs)
     followers: dict[int, list[int]] = {}
     waiting = [len(job.after) for job in jobs]  # jobs each still waits for
@@ -47,60 +52,83 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
         for before in job.after:
             followers.setdefault(before, []).append(k)
     heapq.heapify(ready)
-    flying: dict[int, float] = {}  # job -> seconds left at full speed
+    timed: list[tuple[float, int]] = []  # (end, job) of jobs in flight that share no link
+    flying: dict[int, float] = {}  # job sharing links -> seconds left at full speed
     speeds: dict[int, float] = {}  # job in flight -> the share of its full speed it gets
     load = [0] * len(capacity)  # bytes/s the jobs in flight want on each link (a list: it is read most)
-    moved = False  # whether the loads changed since the speeds were worked out (waits change none)
+    moved = False  # whether the loads changed since the speeds were worked out
+    due: list[int] = []  # jobs that start now (released with no delay: most of them)
     now = ready[0][0] if ready else 0.0
-    while ready or flying:
+
+    def release(k: int) -> None:
+        """Job k ended at `now`: its followers that waited for it last start `start` seconds later."""
+        for f in followers.get(k, ()):
+            waiting[f] -= 1
+            if not waiting[f]:
+                if jobs[f].start:
+                    heapq.heappush(ready, (now + jobs[f].start, f))
+                else:
+                    due.append(f)
+
+    while ready or flying or timed or due:
         while ready and ready[0][0] <= now:
-            k = heapq.heappop(ready)[1]
+            due.append(heapq.heappop(ready)[1])
+        while due:
+            k = due.pop()
             job = jobs[k]
-            if job.seconds > 0.0:
+            if job.seconds > 0.0 and job.usage:
                 flying[k] = job.seconds
                 speeds[k] = job.top
                 for link, rate in job.usage:
                     load[link] += rate
-                moved = moved or bool(job.usage)
+                moved = True
+            elif job.seconds > 0.0:
+                heapq.heappush(timed, (now + job.seconds / job.top, k))
             else:
                 ends[k] = now
-                _release(jobs, followers.get(k, ()), waiting, now, ready)
+                release(k)
         if not flying:
-            if ready:
+            # only fixed-speed jobs in flight: on to the next end or start
+            if timed and not (ready and ready[0][0] < timed[0][0]):
+                now = timed[0][0]
+                while timed and timed[0][0] <= now:
+                    k = heapq.heappop(timed)[1]
+                    ends[k] = now
+                    release(k)
+            elif ready:
                 now = ready[0][0]
             continue
         if moved:
             for k in flying:
-                if jobs[k].usage:
-                    speeds[k] = min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load))
+                speeds[k] = min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load))
             moved = False
         step = min(left / speeds[k] for k, left in flying.items())
-        if ready and ready[0][0] < now + step:
-            step = ready[0][0] - now  # a start changes the shares before any job ends
-        now += step
+        until = now + step  # (a step below the clock's resolution still ends its job)
+        if timed and timed[0][0] < until:
+            until = timed[0][0]
+            step = until - now
+        if ready and ready[0][0] < until:
+            until = ready[0][0]  # a start changes the shares before any job ends
+            step = until - now
         done = []
         for k, left in flying.items():
             if left / speeds[k] <= step * (1 + 1e-12):
                 done.append(k)
             else:
                 flying[k] = left - step * speeds[k]
+        now = until
         for k in done:
             del flying[k], speeds[k]
             for link, rate in jobs[k].usage:
                 load[link] -= rate
-            moved = moved or bool(jobs[k].usage)
+            moved = True
             ends[k] = now
-            _release(jobs, followers.get(k, ()), waiting, now, ready)
+            release(k)
+        while timed and timed[0][0] <= now:
+            k = heapq.heappop(timed)[1]
+            ends[k] = now
+            release(k)
     return ends
-
-
-def _release(jobs: Sequence[Job], followers: Sequence[int], waiting: list[int], now: float,
-             ready: list[tuple[float, int]]) -> None:
-    """A job ended at `now`: its followers that waited for it last start `start` seconds later."""
-    for k in followers:
-        waiting[k] -= 1
-        if not waiting[k]:
-            heapq.heappush(ready, (now + jobs[k].start, k))
 
 
 T = TypeVar("T")
