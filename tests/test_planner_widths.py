@@ -39,6 +39,10 @@ def test_waits_end_at_their_own_time_between_the_shares_changes():
     jobs = [Job(2.0, ((0, 10),)), Job(0.5), Job(1.0, ((0, 10),), 0.0, (1,)), Job(0.25, (), 0.0, (), 0.5),
             Job(0.0, (), 0.0, (2,))]
     assert play(jobs, [10]) == [pytest.approx(3.0), 0.5, pytest.approx(2.5), 0.5, pytest.approx(2.5)]
+    # `then`: two 1 s transfers share the link to 2.0; the first goes on 0.5 s alone (its pass), and a
+    # job after it starts at 2.5
+    jobs = [Job(1.0, ((0, 10),), then=0.5), Job(1.0, ((0, 10),)), Job(1.0, (), 0.0, (0,))]
+    assert play(jobs, [10]) == [pytest.approx(2.5), pytest.approx(2.0), pytest.approx(3.5)]
 
 
 def test_a_crossing_from_four_replicas_into_three_plays_out_as_the_simulator_runs_it():

@@ -290,7 +290,7 @@ def _played(cluster: Cluster, workload: Workload, placed: Sequence[tuple[int, St
             usage, links = crossing_usage(cluster, workload, placed[x][1], placed[y][1])
             parts[x, y] = (alone, *tails.split(usage, interned)) if not links.isdisjoint(interned) else \
                 (alone, (), 1.0, 1.0)
-    # each pass's job: slot[s][kind, mb], numbered stage by stage in order; the crossings' jobs after them
+    # each pass's job (with the crossing into it, if any): slot[s][kind, mb], stage by stage in order
     slot: list[dict[tuple[str, int], int]] = []
     count = 0
     for order in orders:
@@ -314,11 +314,10 @@ def _played(cluster: Cluster, workload: Workload, placed: Sequence[tuple[int, St
                 continue
             pair, usage, own, top = parts[sender, s]
             alone = pair[mb > 0]
-            # the crossing: after the sending pass and the receiving stage's pass before this one; one
-            # that shares no link is a wait, so it and the pass it feeds make one job
+            # the crossing, after the sending pass and the receiving stage's pass before this one, and
+            # then the pass it feeds, as one job
             if usage:
-                jobs.append(Job(alone * own, usage, 0.0, (source, *before), top))
-                jobs[me] = Job(own_seconds[kind], (), 0.0, (*before, len(jobs) - 1))
+                jobs[me] = Job(alone * own, usage, 0.0, (source, *before), top, own_seconds[kind])
             else:
                 jobs[me] = Job(alone + own_seconds[kind], (), 0.0, (source, *before))
     return play(jobs, tails.capacity)[slot[0][tuple(orders[0][-1])]]

@@ -33,6 +33,7 @@ class Job(NamedTuple):
     start: float = 0.0
     after: tuple[int, ...] = ()
     top: float = 1.0  # the share of its speed its other links (ones no other job crosses) allow
+    then: float = 0.0  # seconds it goes on for after the transfer, sharing nothing (the pass a message feeds)
 
 
 def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
@@ -82,8 +83,8 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
                 for link, rate in job.usage:
                     load[link] += rate
                 moved = True
-            elif job.seconds > 0.0:
-                heapq.heappush(timed, (now + job.seconds / job.top, k))
+            elif job.seconds > 0.0 or job.then:
+                heapq.heappush(timed, (now + job.seconds / job.top + job.then, k))
             else:
                 ends[k] = now
                 release(k)
@@ -122,8 +123,11 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
             for link, rate in jobs[k].usage:
                 load[link] -= rate
             moved = True
-            ends[k] = now
-            release(k)
+            if jobs[k].then:
+                heapq.heappush(timed, (now + jobs[k].then, k))
+            else:
+                ends[k] = now
+                release(k)
         while timed and timed[0][0] <= now:
             k = heapq.heappop(timed)[1]
             ends[k] = now
