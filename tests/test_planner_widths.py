@@ -43,6 +43,11 @@ def test_waits_end_at_their_own_time_between_the_shares_changes():
     # job after it starts at 2.5
     jobs = [Job(1.0, ((0, 10),), then=0.5), Job(1.0, ((0, 10),)), Job(1.0, (), 0.0, (0,))]
     assert play(jobs, [10]) == [pytest.approx(2.5), pytest.approx(2.0), pytest.approx(3.5)]
+    # a job of no waits starts at its `start`, -0.5 here; job 1 0.5 s after it ends, 0.0 .. 0.25; job 2
+    # after job 1 with a `start` of -2 starts no earlier than job 1 ends, 0.25 .. 1.25, as does the
+    # transfer after job 1
+    jobs = [Job(0.0, (), -0.5), Job(0.25, (), 0.5, (0,)), Job(1.0, (), -2.0, (1,)), Job(1.0, ((0, 10),), 0.0, (1,))]
+    assert play(jobs, [10]) == [-0.5, 0.25, 1.25, 1.25]
 
 
 def test_a_crossing_from_four_replicas_into_three_plays_out_as_the_simulator_runs_it():
