@@ -1,16 +1,18 @@
 """The planner's closed-form estimate beside the simulator, plan by plan, under 1F1B, ZB-H1, full recompute
 and interleaving with selective recompute.
 
-    python -m benchmarks.planner_estimate
+    python -m benchmarks.planner_estimate [SET ...]   (equal, widths, commodity; all three by default)
 
-Two sets of pipelines:
+Three sets of pipelines:
 
 * equal widths: two stages of one node each at TP 1, 2 and 4, on per-GPU NICs (A100 nodes) and behind
   one 10 Gb/s NIC a node (V100 nodes);
 * different widths, the shape of heterogeneous plans: neighbouring stages that differ in DP degree
   (12 then 4, 8 then 4, 4 then 2 replicas), in TP degree (2 then 1), in device type (A100 beside V100,
   T4 or A10 nodes) and in node layout (per-GPU NICs, one shared NIC a node, two stages on one node,
-  a stage over two nodes), with uneven replica shares where a stage mixes device types.
+  a stage over two nodes), with uneven replica shares where a stage mixes device types;
+* a commodity cloud of twelve one-NIC nodes (V100 and T4): the plans its search ranks best, each under
+  its own schedule, many stages' crossings meeting on the nodes' NICs.
 
 Prints one row per plan (estimated and simulated step, their ratio, estimated memory share against the
 simulated peak share) and, per set and over both, the mean and largest |estimate / simulated - 1|. The
@@ -21,6 +23,9 @@ on a node's shared NIC).
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Collection, Sequence
 
 from dist_lib import Cluster, Workload
 from dist_lib.planner.evaluate import simulate_candidate
@@ -64,25 +69,48 @@ WIDTHS = [
     ("gpt-350m:layers=6", "1x2xT4+1x1xV100-16GB", 12, 6, [((0,), 1, 4), ((1,), 1, 2)]),
 ]
 
+# A commodity cloud of twelve one-NIC nodes (eight of V100s at 10 Gb/s, four of T4s at 50 Gb/s), GPT 1.3B
+# at batch 64: plans `python -m grader plan --cluster COMMODITY --workload gpt-1.3b --batch 64 --top 0`
+# ranked best, before and after the crossings that meet on a NIC were played out, each under its own
+# schedule: (microbatch, [(stage ranks, tp, layers)], schedule). Every stage boundary crosses nodes.
+COMMODITY = "8x4xV100-32GB:nics=1x1.25+4x4xT4:nics=1x6.25"
+_PAIRS = [tuple(range(2 * s, 2 * s + 2)) for s in range(16)]  # the V100s two by two: 2 layers, then 1
+_T4_FIRST = [(tuple(range(32, 40)), 1), (tuple(range(40, 48)), 1)] + \
+    [(tuple(range(8 * s, 8 * s + 8)), n) for s, n in enumerate((6, 6, 6, 4))]  # two nodes a stage
+CHOSEN = [
+    (1, [(r, 2, 2 if s < 8 else 1) for s, r in enumerate(_PAIRS)], "1f1b"),
+    (1, [(r, 2, 2 if s < 8 else 1) for s, r in enumerate(_PAIRS)], "zero-bubble"),
+    (2, [(r, 1, 2 if s < 8 else 1) for s, r in enumerate(_PAIRS)], "zero-bubble"),
+    (4, [(r, 2, n) for r, n in _T4_FIRST], "zero-bubble"),
+    (4, [(r, 2, n) for r, n in _T4_FIRST], "1f1b"),
+    (8, [(r, 1, n) for r, n in _T4_FIRST], "zero-bubble"),
+    (8, [(tuple(range(32, 48)), 2, 2)] + [(r, 1, n) for r, n in _T4_FIRST[2:]], "zero-bubble"),
+]
+
 
 def _plans():
-    """(set, workload, cluster, stage ranks and TP degrees, layers, microbatch, batch) of every pipeline."""
+    """(set, workload, cluster, batch, microbatch, stage ranks, TP degrees and layers, [(schedule, recompute)])
+    of every pipeline."""
     for name, spec, batch in SETTINGS:
         gpus = Cluster.load(spec).nodes[0].gpus
         for tp in sorted({1, 2, gpus}):
             stages = [(tuple(range(gpus)), tp, None), (tuple(range(gpus, 2 * gpus)), tp, None)]
-            yield "equal", name, spec, batch, 2 * gpus // tp, stages  # two samples a replica
+            yield "equal", name, spec, batch, 2 * gpus // tp, stages, VARIANTS  # two samples a replica
     for name, spec, batch, microbatch, stages in WIDTHS:
-        yield "widths", name, spec, batch, microbatch, stages
+        yield "widths", name, spec, batch, microbatch, stages, VARIANTS
+    for microbatch, stages, schedule in CHOSEN:
+        yield "commodity", "gpt-1.3b", COMMODITY, 64, microbatch, stages, [(schedule, "none")]
 
 
-def rows():
+def rows(sets: Collection[str] = ("equal", "widths", "commodity")):
     """(set, workload, cluster, plan, schedule, recompute, estimate s, simulated s, estimated memory share,
-    simulated peak share) of every plan."""
-    for kind, name, spec, batch, microbatch, stages in _plans():
+    simulated peak share) of every plan of `sets`."""
+    for kind, name, spec, batch, microbatch, stages, variants in _plans():
+        if kind not in sets:
+            continue
         workload, cluster = Workload.load(name), Cluster.load(spec)
         m = batch // microbatch
-        for schedule, recompute in VARIANTS:
+        for schedule, recompute in variants:
             options = _Space(cluster, workload)
             placed = [(layers or workload.num_layers // len(stages),
                        {o.tp: o for o in options.options(ranks, microbatch, recompute, 0)}[tp])
@@ -100,20 +128,25 @@ def rows():
             yield kind, name, spec, shape, schedule, recompute, seconds, ran.simulated, memory, ran.peak_fraction
 
 
-def main() -> None:
+def main(sets: Sequence[str] = ()) -> None:
+    unknown = set(sets) - {"equal", "widths", "commodity"}
+    if unknown:
+        raise SystemExit(f"planner_estimate: unknown set {sorted(unknown)[0]!r} (equal, widths, commodity)")
     print("| set | workload | cluster | plan | schedule | recompute | estimate | simulated | estimate / simulated "
           "| memory: estimate / simulated peak |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {"equal": [], "widths": []}
-    for kind, name, spec, shape, schedule, recompute, seconds, simulated, memory, peak in rows():
+    errors: dict[str, list[float]] = {"equal": [], "widths": [], "commodity": []}
+    for kind, name, spec, shape, schedule, recompute, seconds, simulated, memory, peak in rows(sets or errors):
         errors[kind].append(abs(seconds / simulated - 1))
         print(f"| {kind} | {name} | {spec} | {shape} | {schedule} | {recompute} | {seconds * 1e3:.1f} ms | "
               f"{simulated * 1e3:.1f} ms | {seconds / simulated:.3f} | {memory:.3f} / {peak:.3f} |")
     print()
-    for label, values in (*errors.items(), ("all", errors["equal"] + errors["widths"])):
+    for label, values in (*errors.items(), ("all", [e for values in errors.values() for e in values])):
+        if not values:
+            continue
         print(f"{label}: mean |estimate / simulated - 1| {sum(values) / len(values) * 100:.1f} %, "
               f"largest {max(values) * 100:.1f} % over {len(values)} plans")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -86,3 +86,30 @@ def test_stages_that_share_a_node_nic_are_estimated_as_the_simulator_runs_them(s
     assert seconds * 1e3 == pytest.approx(simulated_ms, rel=0.002)
     simulated = run_plan(cluster, workload, 32, to_plan(placed, 8, 4, schedule, "none", 0, 1)).time_s
     assert simulated * 1e3 == pytest.approx(simulated_ms, abs=0.05)
+
+
+def test_zero_bubble_orders_are_the_schedules_own_to_the_tie():
+    """The play-out's ZB-H1 orders keep each stage's choice and work out again only the stages a pass
+    changes; they must be `strategies/zero_bubble.py`'s orders, ties included (equal times make many)."""
+    import random
+
+    from strategies.zero_bubble import greedy_orders
+
+    rng = random.Random(7)
+    for trial in range(300):
+        p, m = rng.randint(1, 8), rng.randint(1, 10)
+        pick = (lambda: rng.choice([0.5, 1.0, 2.0])) if trial % 2 else (lambda: rng.uniform(0.1, 3.0))
+        f, i, w = ([pick() for _ in range(p)] for _ in range(3))
+        times = [{"F": a, "I": b, "W": c} for a, b, c in zip(f, i, w)]
+        expected = [[(a.kind, a.mb) for a in order] for order in greedy_orders(p, m, p, times)]
+        assert contention.zero_bubble_orders(f, i, w, m) == expected
+
+
+def test_zero_bubble_orders_by_hand():
+    """Two stages, m = 2, F = I = W = 1: stage 0 F0 0..1, F1 1..2; stage 1 F0 1..2, I0 2..3 (an I
+    first), then F1 (its input arrived at 2) 3..4 before its deferred W0, I1 4..5, W0, W1. Stage 0's I0
+    waits for stage 1's I0 (ends 3): at 2 it has nothing but idles to 3 (no W yet), I0 3..4; I1 needs
+    stage 1's I1 (5): W0 runs 4..5 first, then I1 5..6, W1."""
+    orders = contention.zero_bubble_orders([1.0, 1.0], [1.0, 1.0], [1.0, 1.0], 2)
+    assert orders[0] == [("F", 0), ("F", 1), ("I", 0), ("W", 0), ("I", 1), ("W", 1)]
+    assert orders[1] == [("F", 0), ("I", 0), ("F", 1), ("I", 1), ("W", 0), ("W", 1)]

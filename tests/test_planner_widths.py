@@ -29,6 +29,27 @@ def test_jobs_on_one_link_share_it_and_speed_up_as_others_end():
     assert play([Job(1.0, ((0, 5),)), Job(1.0, ((0, 5),)), Job(3.0)], capacity) == [1.0, 1.0, 3.0]
 
 
+
+def test_waits_end_at_their_own_time_between_the_shares_changes():
+    """Jobs that want no link run at their fixed speed beside the ones that share: a 2 s transfer alone
+    on a link until a 0.5 s wait ends and starts a 1 s transfer on the same link; both at half speed
+    from 0.5, the second ends at 2.5, the first (1.5 s left at 0.5) has 0.5 s left and ends alone at
+    3.0. A wait of 0.25 s at half speed (`top`) ends at 0.5, a job of no time after the second transfer
+    as it ends."""
+    jobs = [Job(2.0, ((0, 10),)), Job(0.5), Job(1.0, ((0, 10),), 0.0, (1,)), Job(0.25, (), 0.0, (), 0.5),
+            Job(0.0, (), 0.0, (2,))]
+    assert play(jobs, [10]) == [pytest.approx(3.0), 0.5, pytest.approx(2.5), 0.5, pytest.approx(2.5)]
+    # `then`: two 1 s transfers share the link to 2.0; the first goes on 0.5 s alone (its pass), and a
+    # job after it starts at 2.5
+    jobs = [Job(1.0, ((0, 10),), then=0.5), Job(1.0, ((0, 10),)), Job(1.0, (), 0.0, (0,))]
+    assert play(jobs, [10]) == [pytest.approx(2.5), pytest.approx(2.0), pytest.approx(3.5)]
+    # a job of no waits starts at its `start`, -0.5 here; job 1 0.5 s after it ends, 0.0 .. 0.25; job 2
+    # after job 1 with a `start` of -2 starts no earlier than job 1 ends, 0.25 .. 1.25, as does the
+    # transfer after job 1
+    jobs = [Job(0.0, (), -0.5), Job(0.25, (), 0.5, (0,)), Job(1.0, (), -2.0, (1,)), Job(1.0, ((0, 10),), 0.0, (1,))]
+    assert play(jobs, [10]) == [-0.5, 0.25, 1.25, 1.25]
+
+
 def test_a_crossing_from_four_replicas_into_three_plays_out_as_the_simulator_runs_it():
     """Four V100 replicas of 2 samples each send into three of 3, 3 and 2 samples, each node behind one
     10 Gb/s NIC: receiver 0 takes 2 samples from replica 0 then 1 from replica 1, receiver 1 1 from

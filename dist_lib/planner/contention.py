@@ -129,13 +129,60 @@ def one_f_one_b_orders(stages: int, microbatches: int) -> list[list[tuple[str, i
 
 def zero_bubble_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float],
                        microbatches: int) -> list[list[tuple[str, int]]]:
-    """Each stage's passes under ZB-H1, as `strategies/zero_bubble.py` orders them from the stages'
-    forward, input-gradient and weight-gradient seconds."""
-    from strategies.zero_bubble import greedy_orders  # the schedule the simulator runs
+    """Each stage's passes under ZB-H1, as `strategies/zero_bubble.py` (`greedy_orders`, at most p
+    microbatches awaiting W) orders them from the stages' forward, input-gradient and weight-gradient
+    seconds: the same rule and the same arithmetic, so the same orders to the tie.
 
-    p = len(forward)
-    times = [{"F": f, "I": i, "W": w} for f, i, w in zip(forward, inputs, weights)]
-    return [[(a.kind, a.mb) for a in order] for order in greedy_orders(p, microbatches, p, times)]
+    That rule takes, of every stage's first choice (an I whose gradient has arrived, else a forward whose
+    input has, else a deferred W, each at the later of the stage's clock and its input), the earliest,
+    and looks at every stage again for each of the 3 m p passes. A pass changes the choices of its own
+    stage and its two neighbours only (a forward's end readies s + 1's forward, an I's end s - 1's I), so
+    here each stage's choice is kept and only those three are worked out again: O(m p^2) tuple
+    comparisons in one `min` instead of O(m p^2) option lists, about 5 times faster at p = 16."""
+    p, m = len(forward), microbatches
+    none = (float("inf"), 3, p, "")
+    clock = [0.0] * p
+    next_f, next_i, next_w = [0] * p, [0] * p, [0] * p  # deferred W: microbatches next_w .. next_i - 1
+    f_end = [[0.0] * m for _ in range(p)]
+    i_end = [[0.0] * m for _ in range(p)]
+    orders: list[list[tuple[str, int]]] = [[] for _ in range(p)]
+
+    def choice(s: int) -> tuple:
+        best, i, f = none, next_i[s], next_f[s]
+        if i < f and (s == p - 1 or i < next_i[s + 1]):
+            ready = f_end[s][i] if s == p - 1 else i_end[s + 1][i]
+            best = (max(clock[s], ready), 0, s, "I")
+        if f < m and f - next_w[s] < p and (s == 0 or f < next_f[s - 1]):
+            ready = 0 if s == 0 else f_end[s - 1][f]
+            option = (max(clock[s], ready), 1, s, "F")
+            best = option if option < best else best
+        if next_w[s] < i:
+            option = (clock[s], 2, s, "W")
+            best = option if option < best else best
+        return best
+
+    choices = [choice(s) for s in range(p)]
+    for _ in range(3 * m * p):
+        start, _, s, kind = min(choices)
+        if kind == "F":
+            mb = next_f[s]
+            next_f[s] += 1
+            f_end[s][mb] = start + forward[s]
+            clock[s] = start + forward[s]
+        elif kind == "I":
+            mb = next_i[s]
+            next_i[s] += 1
+            i_end[s][mb] = start + inputs[s]
+            clock[s] = start + inputs[s]
+        else:
+            mb = next_w[s]
+            next_w[s] += 1
+            clock[s] = start + weights[s]
+        orders[s].append((kind, mb))
+        for t in (s - 1, s, s + 1):
+            if 0 <= t < p:
+                choices[t] = choice(t)
+    return orders
 
 
 def _source(orders: Sequence[Order], s: int, kind: str, mb: int, split: bool) -> tuple[int, str, int] | None:
@@ -243,25 +290,34 @@ def _played(cluster: Cluster, workload: Workload, placed: Sequence[tuple[int, St
             usage, links = crossing_usage(cluster, workload, placed[x][1], placed[y][1])
             parts[x, y] = (alone, *tails.split(usage, interned)) if not links.isdisjoint(interned) else \
                 (alone, (), 1.0, 1.0)
-    index: dict[tuple[int, str, int], int] = {}
+    # each pass's job (with the crossing into it, if any): slot[s][kind, mb], stage by stage in order
+    slot: list[dict[tuple[str, int], int]] = []
     count = 0
-    for s, order in enumerate(orders):
-        for kind, mb in order:
-            index[s, kind, mb] = count
-            count += 1
+    for order in orders:
+        slot.append(dict(zip(order, range(count, count + len(order)))))
+        count += len(order)
     jobs: list[Job] = [Job(0.0)] * count
+    sent = "I" if split else "B"
     for s, order in enumerate(orders):
-        for k, (kind, mb) in enumerate(order):
-            after = before = (index[s, *order[k - 1]],) if k else ()
-            source = _source(orders, s, kind, mb, split)
-            if source is not None:
-                pair, usage, own, top = parts[source[0], s]
-                alone = pair[mb > 0]
-                # the crossing: after the sending pass and the receiving stage's pass before this one
-                if usage:
-                    jobs.append(Job(alone * own, usage, 0.0, (index[source], *before), top))
-                else:
-                    jobs.append(Job(alone, (), 0.0, (index[source], *before)))
-                after = (*before, len(jobs) - 1)
-            jobs[index[s, kind, mb]] = Job(seconds[s][kind], (), 0.0, after)
-    return play(jobs, tails.capacity)[index[0, *orders[0][-1]]]
+        own_seconds, mine = seconds[s], slot[s]
+        previous = None
+        for kind, mb in order:
+            me = mine[kind, mb]
+            before = (previous,) if previous is not None else ()
+            previous = me
+            if kind == "F" and s > 0:
+                source, sender = slot[s - 1]["F", mb], s - 1
+            elif kind != "F" and kind != "W" and s < pp - 1:
+                source, sender = slot[s + 1][sent, mb], s + 1
+            else:
+                jobs[me] = Job(own_seconds[kind], (), 0.0, before)
+                continue
+            pair, usage, own, top = parts[sender, s]
+            alone = pair[mb > 0]
+            # the crossing, after the sending pass and the receiving stage's pass before this one, and
+            # then the pass it feeds, as one job
+            if usage:
+                jobs[me] = Job(alone * own, usage, 0.0, (source, *before), top, own_seconds[kind])
+            else:
+                jobs[me] = Job(alone + own_seconds[kind], (), 0.0, (source, *before))
+    return play(jobs, tails.capacity)[slot[0][tuple(orders[0][-1])]]

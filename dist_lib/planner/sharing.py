@@ -14,6 +14,7 @@ own or some seconds after another job ends.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -33,74 +34,94 @@ class Job(NamedTuple):
     start: float = 0.0
     after: tuple[int, ...] = ()
     top: float = 1.0  # the share of its speed its other links (ones no other job crosses) allow
+    then: float = 0.0  # seconds it goes on for after the transfer, sharing nothing (the pass a message feeds)
 
 
 def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
-    """The time each job ends, jobs in flight sharing their links in proportion to what they want."""
+    """The time each job ends, jobs in flight sharing their links in proportion to what they want.
+
+    Only jobs that name links share anything and need playing out in time order. A job that names none
+    runs at its fixed speed `top`, so it ends its seconds after the last job it waits for, whenever that
+    is worked out: such jobs are settled at once, in the order their waits end, and only the transfers
+    step through time (a pipeline play-out has a pass of every stage beside a few crossings that share a
+    NIC)."""
     ends = [0.0] * len(jobs)
     followers: dict[int, list[int]] = {}
     waiting = [len(job.after) for job in jobs]  # jobs each still waits for
-    ready: list[tuple[float, int]] = []  # (start, job) of jobs whose start is known
+    latest = [-math.inf] * len(jobs)  # the latest end of the jobs each waits for, so far
+    ready: list[tuple[float, int]] = []  # (start, job) of transfers that share links, whose start is known
+    due: list[tuple[float, int]] = []  # (start, job) of jobs whose start is known, not yet settled
     for k, job in enumerate(jobs):
         if not job.after:
-            ready.append((job.start, k))
+            due.append((job.start, k))
         for before in job.after:
             followers.setdefault(before, []).append(k)
-    heapq.heapify(ready)
-    flying: dict[int, float] = {}  # job -> seconds left at full speed
+
+    def release(k: int, end: float) -> None:
+        """Job k ends at `end`: its followers that waited for it last start `start` seconds after the
+        latest of their waits (a negative `start`, none: a job starts no earlier than what it waits for)."""
+        for f in followers.get(k, ()):
+            waiting[f] -= 1
+            if end > latest[f]:
+                latest[f] = end
+            if not waiting[f]:
+                start = jobs[f].start
+                due.append((latest[f] + start if start > 0.0 else latest[f], f))
+
+    def settle() -> None:
+        """Jobs whose start is known: transfers that share links to `ready`, the others ended."""
+        while due:
+            begin, k = due.pop()
+            job = jobs[k]
+            if job.seconds > 0.0 and job.usage:
+                heapq.heappush(ready, (begin, k))
+                continue
+            end = ends[k] = begin + job.seconds / job.top + job.then if job.seconds > 0.0 or job.then else begin
+            release(k, end)
+
+    settle()
+    flying: dict[int, float] = {}  # job sharing links -> seconds left at full speed
     speeds: dict[int, float] = {}  # job in flight -> the share of its full speed it gets
     load = [0] * len(capacity)  # bytes/s the jobs in flight want on each link (a list: it is read most)
-    moved = False  # whether the loads changed since the speeds were worked out (waits change none)
+    moved = False  # whether the loads changed since the speeds were worked out
     now = ready[0][0] if ready else 0.0
     while ready or flying:
         while ready and ready[0][0] <= now:
             k = heapq.heappop(ready)[1]
             job = jobs[k]
-            if job.seconds > 0.0:
-                flying[k] = job.seconds
-                speeds[k] = job.top
-                for link, rate in job.usage:
-                    load[link] += rate
-                moved = moved or bool(job.usage)
-            else:
-                ends[k] = now
-                _release(jobs, followers.get(k, ()), waiting, now, ready)
+            flying[k] = job.seconds
+            speeds[k] = job.top
+            for link, rate in job.usage:
+                load[link] += rate
+            moved = True
         if not flying:
-            if ready:
-                now = ready[0][0]
+            now = ready[0][0]
             continue
         if moved:
             for k in flying:
-                if jobs[k].usage:
-                    speeds[k] = min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load))
+                speeds[k] = min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load))
             moved = False
         step = min(left / speeds[k] for k, left in flying.items())
-        if ready and ready[0][0] < now + step:
-            step = ready[0][0] - now  # a start changes the shares before any job ends
-        now += step
+        until = now + step  # (a step below the clock's resolution still ends its job)
+        if ready and ready[0][0] < until:
+            until = ready[0][0]  # a start changes the shares before any job ends
+            step = until - now
         done = []
         for k, left in flying.items():
             if left / speeds[k] <= step * (1 + 1e-12):
                 done.append(k)
             else:
                 flying[k] = left - step * speeds[k]
+        now = until
         for k in done:
             del flying[k], speeds[k]
             for link, rate in jobs[k].usage:
                 load[link] -= rate
-            moved = moved or bool(jobs[k].usage)
-            ends[k] = now
-            _release(jobs, followers.get(k, ()), waiting, now, ready)
+            moved = True
+            ends[k] = now + jobs[k].then if jobs[k].then else now
+            release(k, ends[k])
+        settle()  # what they release starts no earlier than now
     return ends
-
-
-def _release(jobs: Sequence[Job], followers: Sequence[int], waiting: list[int], now: float,
-             ready: list[tuple[float, int]]) -> None:
-    """A job ended at `now`: its followers that waited for it last start `start` seconds later."""
-    for k in followers:
-        waiting[k] -= 1
-        if not waiting[k]:
-            heapq.heappush(ready, (now + jobs[k].start, k))
 
 
 T = TypeVar("T")
