@@ -2,7 +2,7 @@
 the measurements.
 
     python benchmarks/fidelity.py                      # every set (the large Narayanan rows take long)
-    python benchmarks/fidelity.py --sets korthikanti   # or narayanan, amp, table4; comma-separated
+    python benchmarks/fidelity.py --sets korthikanti   # or narayanan, amp, zerobubble, table4; comma-separated
     python benchmarks/fidelity.py --max-ranks 600      # skip rows with more simulated ranks than this
     python benchmarks/fidelity.py --sets narayanan --rows 76B,145B   # only these rows
     python benchmarks/fidelity.py --calibrate          # every constant set from one published point
@@ -16,6 +16,8 @@ the A100 GEMM efficiency comes from one layer of Korthikanti et al. 2022 Table 4
 from one published GEMM each, AMP's kernel scale and host times from one of AMP's layer profiles each
 (`--calibrate`); every other figure comes from data sheets, NCCL and the frameworks' code, each cited
 where it is defined (dist_lib/devices.py, dist_lib/costs.py).
+Qi et al. 2024's zero-bubble set runs each schedule's own built-in strategy instead (`one_f_one_b`,
+`interleaved`, `zero_bubble`; see `zerobubble_plan`), pipeline parallelism alone as the paper ran it.
 For Korthikanti et al. 2022 Table 5 a bespoke composition of the same cost formulas outside the
 simulator (`megatron_pipeline.compose`) is printed as a cross-check.
 """
@@ -32,12 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import megatron_pipeline  # noqa: E402
 from benchmarks.published import (AMP_BATCH, AMP_CLUSTER, AMP_GPT2, AMP_HET_CLUSTER,  # noqa: E402
-                                  AMP_LAYER_FORWARD_MS, GPT_22B, KORTHIKANTI_TABLE5, NARAYANAN_TABLE1, AmpPlan,
-                                  MegatronRun)
+                                  AMP_LAYER_FORWARD_MS, GPT_22B, KORTHIKANTI_TABLE5, NARAYANAN_TABLE1,
+                                  ZB_BUBBLE_RATES, ZB_BUBBLE_SCHEDULES, ZB_MODELS, ZB_PROFILED_MS,
+                                  ZERO_BUBBLE_TABLE4, AmpPlan, MegatronRun, ZeroBubbleModel, ZeroBubbleRun)
 from dist_lib import Cluster, Result, costs, simulate  # noqa: E402
 from dist_lib.devices import DEVICES, Device  # noqa: E402
 
-HYBRID = str(Path(__file__).resolve().parent.parent / "strategies" / "hybrid.py")
+STRATEGIES = Path(__file__).resolve().parent.parent / "strategies"
+HYBRID = str(STRATEGIES / "hybrid.py")
 A100 = DEVICES["A100-80GB"]
 
 # Korthikanti et al. 2022, Table 4: one 22B layer (microbatch 4, TP 8), forward and backward in ms.
@@ -147,6 +151,60 @@ def amp_plan(plan: AmpPlan) -> dict:
 def predict_amp(plan: AmpPlan) -> Result:
     return simulate(HYBRID, Cluster.from_dict(AMP_CLUSTER), AMP_GPT2, AMP_BATCH, check=False, enforce_memory=False,
                     **amp_plan(plan))
+
+
+def zb_chunks(model: ZeroBubbleModel) -> int:
+    """Chunks a rank holds in the simulated 1F1B-I: the paper's runs put one layer in each chunk, which on
+    the first and last stage leaves a chunk with no layer (Megatron-LM runs a no-op layer there), and a
+    pipeline block here holds at least one layer; so as many chunks as the layers fill, one layer or more
+    each (1: no interleaving possible)."""
+    return model.workload.num_layers // model.gpus
+
+
+def zb_interleaved_partition(model: ZeroBubbleModel, chunks: int) -> list[int]:
+    """Each stage's layers (sec. 5.1's uneven split) cut into `chunks` blocks as evenly as they go, listed
+    block by block (chunk c of stage s is block c x stages + s)."""
+    per_stage = [[n // chunks + (c < n % chunks) for c in range(chunks)] for n in model.partition]
+    return [per_stage[s][c] for c in range(chunks) for s in range(model.gpus)]
+
+
+def zerobubble_plan(run: ZeroBubbleRun) -> tuple[str, dict] | None:
+    """The built-in strategy and options for a Table 4 cell (None where the schedule cannot be expressed):
+    1F1B `one_f_one_b`; 1F1B-I `interleaved` (see `zb_chunks`); ZB-1p and ZB-2p `zero_bubble`, whose greedy
+    schedule from the profiled pass times caps the microbatches awaiting their W at p (the paper's ZB-1p
+    memory limit p M_B, where Table 5 finds ZB-1p's bubble equal to the handcrafted ZB-H1's) or at 2p
+    (ZB-2p's 2p M_B; the paper adds an ILP refinement and removes the optimizer's synchronisation)."""
+    model, p = run.model, run.model.gpus
+    common = dict(microbatch_size=model.microbatch, pp=p)
+    if run.schedule == "1F1B":
+        return "one_f_one_b.py", dict(common, partition=model.partition)
+    if run.schedule == "1F1B-I":
+        chunks = zb_chunks(model)
+        if chunks < 2:
+            return None
+        return "interleaved.py", dict(common, chunks=chunks, partition=zb_interleaved_partition(model, chunks))
+    limit = {"ZB-1p": p, "ZB-2p": 2 * p}[run.schedule]
+    return "zero_bubble.py", dict(common, partition=model.partition, max_in_flight=limit)
+
+
+def zerobubble_cluster(model: ZeroBubbleModel) -> str:
+    """The paper's A100 SXM 80GB nodes of 8: its network is a RoCE RDMA fabric of unstated speed, so the
+    nodes keep the A100 catalog's per-GPU network link."""
+    return f"{model.gpus // 8}x8xA100-80GB"
+
+
+def predict_zerobubble(run: ZeroBubbleRun) -> Result | None:
+    plan = zerobubble_plan(run)
+    if plan is None:
+        return None
+    strategy, options = plan
+    return simulate(str(STRATEGIES / strategy), zerobubble_cluster(run.model), run.model.workload, run.global_batch,
+                    check=False, enforce_memory=False, **options)
+
+
+def paper_bubble_rate(result: Result) -> float:
+    """Table 5's measure on a simulated step: the busiest rank's idle share, 1 - its compute time / the step."""
+    return 1 - max(result.compute_busy()) / result.time_s
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -262,11 +320,73 @@ def print_amp() -> tuple[list[float], float, bool]:
     return errors, rho, same
 
 
+def zb_pass_times(model: ZeroBubbleModel) -> tuple[float, float, float]:
+    """A middle stage's F, I (input gradient) and W per microbatch from the cost model, ms: what Table 6
+    profiled."""
+    layers, b, w = model.partition[1], model.microbatch, model.workload
+    return tuple(1e3 * layers * fn(A100, w, 1, b) for fn in (costs.forward_time, costs.backward_input_time,
+                                                              costs.backward_weight_time))
+
+
+def print_zerobubble(rows: set[str] | None = None) -> dict:
+    """Table 4 cell by cell, then per setting the ranking of the schedules and ZB's speed-up over 1F1B."""
+    print("Qi et al. 2024 (ICLR), Table 4: samples per GPU per second, A100 80GB nodes of 8, PP only, seq 1024; "
+          "bubble: Table 5's (computed by the paper) and the simulated busiest rank's")
+    print(f"{'model':>5} {'GPUs':>4} {'m':>4} {'schedule':<9} {'measured':>8} {'simulated':>9} {'error':>7} "
+          f"{'bubble':>7} {'sim.':>6}")
+    errors, settings = [], []
+    for model in ZB_MODELS:
+        if rows and model.name not in rows:
+            continue
+        for m in model.microbatch_counts:
+            measured, predicted = {}, {}
+            for run in (r for r in ZERO_BUBBLE_TABLE4 if r.model is model and r.microbatches == m):
+                result = predict_zerobubble(run)
+                rate = ZB_BUBBLE_RATES[model.name, m][ZB_BUBBLE_SCHEDULES.index(run.schedule)]
+                label = run.schedule + (f" v{zb_chunks(model)}" if run.schedule == "1F1B-I" else "")
+                head = (f"{model.name:>5} {model.gpus:>4} {m:>4} {label:<9} {run.samples_per_gpu_s:>8.2f}")
+                if result is None:
+                    print(f"{head} {'-':>9}   ({model.workload.num_layers} layers fill no two chunks on "
+                          f"{model.gpus} stages)")
+                    continue
+                simulated = run.global_batch / (result.time_s * model.gpus)
+                error = result.time_s / run.measured_s - 1
+                errors.append(error)
+                measured[run.schedule], predicted[run.schedule] = run.samples_per_gpu_s, simulated
+                print(f"{head} {simulated:>9.2f} {100 * error:>+6.1f}% {rate:>7.3f} {paper_bubble_rate(result):>6.3f}",
+                      flush=True)
+            names = list(measured)
+            rho = spearman([predicted[n] for n in names], [measured[n] for n in names])
+            best = max(names, key=measured.get)
+            settings.append((model.name, m, rho, best, max(names, key=predicted.get),
+                             {zb: (measured[zb] / measured["1F1B"] - 1, predicted[zb] / predicted["1F1B"] - 1)
+                              for zb in ("ZB-1p", "ZB-2p")}))
+    print("time " + _summary(errors))
+    print()
+    print("Ranking of the schedules by throughput, and ZB's speed-up over 1F1B, measured / simulated")
+    print(f"{'model':>5} {'m':>4} {'Spearman':>8} {'measured best':<14} {'simulated best':<14} "
+          f"{'ZB-1p':>15} {'ZB-2p':>15}")
+    for name, m, rho, best, sim_best, speedups in settings:
+        ups = " ".join(f"{100 * a:>+6.1f}/{100 * b:>+5.1f}%" for a, b in speedups.values())
+        print(f"{name:>5} {m:>4} {rho:>8.2f} {best:<14} {sim_best:<14} {ups}")
+    same = sum(best == sim_best for _, _, _, best, sim_best, _ in settings)
+    print(f"measured best schedule simulated best in {same} of {len(settings)} settings")
+    print()
+    print("Table 6's profiled pass times of a middle stage against the cost model's, ms")
+    print(f"{'model':>5} {'T_F':>7} {'F':>7} {'T_B':>7} {'I':>7} {'T_W':>7} {'W':>7}")
+    for model in ZB_MODELS:
+        if rows and model.name not in rows:
+            continue
+        paper, ours = ZB_PROFILED_MS[model.name], zb_pass_times(model)
+        print(f"{model.name:>5} " + " ".join(f"{a:>7.2f} {b:>7.2f}" for a, b in zip(paper, ours)))
+    return {"errors": errors, "settings": settings}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibrate", action="store_true", help="print every constant set from one published point")
-    parser.add_argument("--sets", default="table4,korthikanti,narayanan,amp",
-                        help="comma-separated: table4, korthikanti, narayanan, amp")
+    parser.add_argument("--sets", default="table4,korthikanti,narayanan,amp,zerobubble",
+                        help="comma-separated: table4, korthikanti, narayanan, amp, zerobubble")
     parser.add_argument("--max-ranks", type=int, default=10**6, help="skip rows with more ranks than this")
     parser.add_argument("--rows", default="", help="comma-separated model names (e.g. 22B,175B) to run alone")
     args = parser.parse_args()
@@ -276,7 +396,7 @@ def main() -> None:
         return
     sets = {s.strip() for s in args.sets.split(",")}
     rows = {r.strip() for r in args.rows.split(",") if r.strip()} or None
-    unknown = sets - {"table4", "korthikanti", "narayanan", "amp"}
+    unknown = sets - {"table4", "korthikanti", "narayanan", "amp", "zerobubble"}
     if unknown:
         parser.error(f"unknown set(s) {', '.join(sorted(unknown))}")
     if "table4" in sets:
@@ -293,6 +413,9 @@ def main() -> None:
         print()
     if "amp" in sets:
         print_amp()
+        print()
+    if "zerobubble" in sets:
+        print_zerobubble(rows)
 
 
 if __name__ == "__main__":

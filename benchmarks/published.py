@@ -16,6 +16,11 @@ Three sets, each from one cluster and one software stack:
   4 V100 16GB on NVLink and a 10 Gb/s NIC each, and one g4dn.12xlarge, 4 T4 on PCIe and a 50 Gb/s NIC),
   global batch 32; measured iteration times from the authors' repository (DachengLi1/AMP,
   src/results/het_cluster_results.txt, `r_cost`; plans that failed, `inf`, are left out).
+* Qi, Wan, Huang and Lin 2024 (ICLR), "Zero Bubble (Almost) Pipeline Parallelism" (OpenReview tuzTN0eIO5;
+  arXiv 2401.10241), Tables 3-6: four schedules of four GPT models, pipeline parallelism alone, run with the
+  authors' Megatron-LM fork on up to 32 A100 SXM 80GB (8 a node, the nodes on a RoCE RDMA network);
+  measured throughput in samples per GPU per second, and the bubble rates the paper computes from its
+  profiled pass times.
 """
 
 from __future__ import annotations
@@ -214,3 +219,106 @@ AMP_CLUSTER = {
         {"device": "T4", "count": 1, "gpus": 4, "nics": 1, "nic_bandwidth_GBps": 50 / 8},
     ],
 }
+
+
+# ---- Qi et al. 2024, "Zero Bubble (Almost) Pipeline Parallelism", ICLR 2024 camera-ready (OpenReview
+# tuzTN0eIO5, arXiv 2401.10241). Table 3: the models (sequence 1024, pipeline degree = GPUs, no TP or DP);
+# sec. 5.1: "both the initial and final pipeline stages possess one fewer transformer layer compared to the
+# intermediate stages" (22 layers on 8 stages: 2, 3 x 6, 2), and 1F1B-I runs one layer per chunk. The paper
+# states no vocabulary: with the embedding counted once and 1024 learned positions the four model names hold
+# for 25,014 to 33,464 tokens, and ZB_VOCAB is taken inside that range. No recompute is mentioned (the
+# schedules keep activations; Table 4's memory grows with the schedule's in-flight microbatches).
+
+ZB_VOCAB = 32000
+ZB_SCHEDULES = ("1F1B", "1F1B-I", "ZB-1p", "ZB-2p")
+
+
+@dataclass(frozen=True)
+class ZeroBubbleModel:
+    """One model of Qi et al. 2024 Table 3 and the GPUs (= pipeline stages) it ran on."""
+
+    name: str
+    workload: Workload
+    gpus: int
+    microbatch: int
+    microbatch_counts: tuple[int, ...]
+
+    @property
+    def partition(self) -> list[int]:
+        """Layers per stage: the first and last stage one fewer than the others (sec. 5.1)."""
+        inner = (self.workload.num_layers + 2) // self.gpus
+        return [inner - 1] + [inner] * (self.gpus - 2) + [inner - 1]
+
+
+def _zb_model(name: str, layers: int, heads: int, hidden: int, gpus: int, microbatch: int,
+              counts: tuple[int, ...]) -> ZeroBubbleModel:
+    return ZeroBubbleModel(name, Workload(f"zb-{name.lower()}", layers, hidden, heads, 1024, ZB_VOCAB), gpus,
+                           microbatch, counts)
+
+
+ZB_MODELS = [  # Table 3: layers, heads, hidden, GPUs, microbatch size, numbers of microbatches
+    _zb_model("1.5B", 22, 24, 2304, 8, 6, (24, 32, 64)),
+    _zb_model("6.2B", 30, 32, 4096, 8, 3, (24, 32, 64)),
+    _zb_model("14.6B", 46, 40, 5120, 16, 1, (48, 64, 128)),
+    _zb_model("28.3B", 62, 48, 6144, 32, 1, (96, 128, 256)),
+]
+
+# Table 4: samples per GPU per second, in the order of each model's microbatch counts
+ZB_THROUGHPUT = {
+    "1.5B": {"ZB-2p": (14.5, 14.8, 14.9), "ZB-1p": (12.9, 13.4, 14.2), "1F1B": (11.8, 12.5, 13.6),
+             "1F1B-I": (13.1, 13.4, 13.9)},
+    "6.2B": {"ZB-2p": (4.32, 4.35, 4.39), "ZB-1p": (3.88, 4.00, 4.20), "1F1B": (3.50, 3.70, 4.03),
+             "1F1B-I": (4.01, 4.08, 4.19)},
+    "14.6B": {"ZB-2p": (1.81, 1.83, 1.85), "ZB-1p": (1.61, 1.67, 1.76), "1F1B": (1.40, 1.49, 1.64),
+              "1F1B-I": (1.54, 1.59, 1.66)},
+    "28.3B": {"ZB-2p": (0.99, 1.00, 1.00), "ZB-1p": (0.87, 0.90, 0.96), "1F1B": (0.76, 0.80, 0.88),
+              "1F1B-I": (0.82, 0.85, 0.90)},
+}
+
+# Table 5: bubble rates the paper computes, not measures, as (cost - m (T_F + T_B + T_W)) / cost with cost the
+# longest stage's time from the profiled pass times of Table 6; ZB-H1 and ZB-1p agree on every row
+ZB_BUBBLE_SCHEDULES = ("1F1B", "1F1B-I", "ZB-H1", "ZB-H2", "ZB-1p", "ZB-2p")
+ZB_BUBBLE_RATES = {
+    ("1.5B", 24): (0.2431, 0.1055, 0.1585, 0.1083, 0.1585, 0.0433),
+    ("1.5B", 32): (0.1985, 0.0818, 0.1242, 0.0837, 0.1242, 0.0039),
+    ("1.5B", 64): (0.1240, 0.0443, 0.0674, 0.0444, 0.0674, 0.0026),
+    ("6.2B", 24): (0.2347, 0.0808, 0.1323, 0.0698, 0.1323, 0.0029),
+    ("6.2B", 32): (0.1898, 0.0628, 0.1045, 0.0559, 0.1045, 0.0022),
+    ("6.2B", 64): (0.1091, 0.0320, 0.0554, 0.0294, 0.0554, 0.0010),
+    ("14.6B", 48): (0.2552, 0.1104, 0.1397, 0.0672, 0.1397, 0.0066),
+    ("14.6B", 64): (0.2082, 0.0852, 0.1088, 0.0516, 0.1088, 0.0054),
+    ("14.6B", 128): (0.1251, 0.0445, 0.0576, 0.0266, 0.0576, 0.0028),
+    ("28.3B", 96): (0.2646, 0.1493, 0.1421, 0.0641, 0.1421, 0.0038),
+    ("28.3B", 128): (0.2168, 0.1164, 0.1106, 0.0490, 0.1106, 0.0029),
+    ("28.3B", 256): (0.1352, 0.0624, 0.0594, 0.0257, 0.0594, 0.0018),
+}
+
+# Table 6: profiled T_F, T_B (input gradient), T_W, T_comm in ms, recorded in ZB-2p at the smallest
+# microbatch count (its other rows in Table 6 differ by under 3 % in T_F, T_B and T_W)
+ZB_PROFILED_MS = {"1.5B": (18.522, 18.086, 9.337, 0.601), "6.2B": (29.718, 29.444, 19.927, 0.527),
+                  "14.6B": (11.347, 11.248, 8.132, 0.377), "28.3B": (10.419, 10.207, 7.715, 0.408)}
+
+
+@dataclass(frozen=True)
+class ZeroBubbleRun:
+    """One cell of Table 4: a model, a number of microbatches, a schedule and its measured throughput."""
+
+    model: ZeroBubbleModel
+    microbatches: int
+    schedule: str
+    samples_per_gpu_s: float
+
+    @property
+    def global_batch(self) -> int:
+        return self.microbatches * self.model.microbatch
+
+    @property
+    def measured_s(self) -> float:
+        """The iteration time the throughput implies: the batch over (samples per GPU per second x GPUs)."""
+        return self.global_batch / (self.samples_per_gpu_s * self.model.gpus)
+
+
+ZERO_BUBBLE_TABLE4 = [
+    ZeroBubbleRun(model, m, schedule, ZB_THROUGHPUT[model.name][schedule][i])
+    for model in ZB_MODELS for i, m in enumerate(model.microbatch_counts) for schedule in ZB_SCHEDULES
+]

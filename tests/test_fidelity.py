@@ -138,3 +138,57 @@ def test_blocking_exchange_holds_the_sender_until_the_receiver_is_there():
     programs = pipeline.megatron_programs(2, 1, 1)
     ends = pipeline.run(programs, lambda r, s: 1.0 if s.kind == "F" else 2.0, lambda a, b: 0.5)
     assert ends == [pytest.approx(7.0), pytest.approx(5.0)]
+
+
+# ---- Qi et al. 2024, Zero Bubble Pipeline Parallelism ------------------------------------------------------
+
+def test_zero_bubble_set_holds_table_4_cell_for_cell():
+    # four models x three microbatch counts x four schedules; 1.5B has 22 layers on 8 stages, the first and
+    # last one fewer (sec. 5.1): 2 + 6 x 3 + 2; 28.3B has 62 on 32: 1 + 30 x 2 + 1
+    assert len(published.ZERO_BUBBLE_TABLE4) == 48
+    assert [m.partition for m in published.ZB_MODELS][0] == [2, 3, 3, 3, 3, 3, 3, 2]
+    assert published.ZB_MODELS[3].partition == [1] + [2] * 30 + [1]
+    assert all(sum(m.partition) == m.workload.num_layers and len(m.partition) == m.gpus
+               for m in published.ZB_MODELS)
+    # 1.5B, 24 microbatches of 6 on 8 GPUs at 11.8 samples per GPU per second (1F1B): 144 / (11.8 x 8) s
+    run = published.ZERO_BUBBLE_TABLE4[0]
+    assert (run.model.name, run.microbatches, run.schedule) == ("1.5B", 24, "1F1B")
+    assert run.measured_s == pytest.approx(144 / (11.8 * 8))
+    # Table 5 computes the same bubble for ZB-H1 and ZB-1p in all twelve settings, which is why ZB-1p's
+    # measured throughput stands for the 1F1B-memory zero-bubble schedule
+    h1, zb1 = published.ZB_BUBBLE_SCHEDULES.index("ZB-H1"), published.ZB_BUBBLE_SCHEDULES.index("ZB-1p")
+    assert len(published.ZB_BUBBLE_RATES) == 12
+    assert all(rates[h1] == rates[zb1] for rates in published.ZB_BUBBLE_RATES.values())
+
+
+def test_zero_bubble_vocabulary_keeps_the_four_model_names():
+    # names rounded to 0.1B: layers 12h^2 + 13h, final layernorm 2h, 1024 learned positions, embedding once
+    for model in published.ZB_MODELS:
+        w = model.workload
+        params = w.num_layers * (12 * w.hidden ** 2 + 13 * w.hidden) + 2 * w.hidden + (1024 + w.vocab) * w.hidden
+        assert f"{params / 1e9:.1f}B" == model.name
+
+
+def test_zero_bubble_plans_use_the_built_in_schedules():
+    model = published.ZB_MODELS[0]
+    runs = {r.schedule: r for r in published.ZERO_BUBBLE_TABLE4 if r.model is model and r.microbatches == 24}
+    assert fidelity.zerobubble_plan(runs["ZB-1p"])[1]["max_in_flight"] == 8
+    assert fidelity.zerobubble_plan(runs["ZB-2p"])[1]["max_in_flight"] == 16
+    strategy, options = fidelity.zerobubble_plan(runs["1F1B-I"])
+    # 22 layers fill two chunks a stage: blocks by chunk, each stage's 2 or 3 layers as 1 + 1 or 2 + 1
+    assert (strategy, options["chunks"]) == ("interleaved.py", 2)
+    assert options["partition"] == [1, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    deep = [r for r in published.ZERO_BUBBLE_TABLE4 if r.model.name == "28.3B" and r.schedule == "1F1B-I"]
+    assert [fidelity.zerobubble_plan(r) for r in deep] == [None] * 3  # 62 layers, 32 stages: one chunk each
+
+
+def test_zero_bubble_1f1b_row_is_the_slowest_stage_times_the_microbatches():
+    # 1F1B with free messages: every stage's F + B once (fill and drain) plus m - 1 more of the slowest
+    # stage's (the last: 2 layers and the LM head); messages and the optimizer add under 2 %
+    run = published.ZERO_BUBBLE_TABLE4[0]
+    model, b = run.model, run.model.microbatch
+    w, a100, costs = model.workload, fidelity.A100, fidelity.costs
+    stages = [n * (costs.forward_time(a100, w, 1, b) + costs.backward_time(a100, w, 1, b)) for n in model.partition]
+    stages[-1] += costs.loss_time(a100, w, b)
+    expected = sum(stages) + (run.microbatches - 1) * max(stages)
+    assert fidelity.predict_zerobubble(run).time_s == pytest.approx(expected, rel=0.02)
