@@ -11,6 +11,10 @@ then hand each stage its resulting order. With `max_in_flight = p` (the first st
 ZB-H1) the bubble drops from 1F1B's (p - 1)(F + I + W) toward (p - 1)(F + I - W), about a third when
 F = I = W; with 2p - 1 (ZB-H2's memory) it reaches that bound. Here the stash of a microbatch lives
 until its W, so later stages hold up to p microbatches instead of 1F1B's p - s.
+
+This rule is simpler than the paper's: at `max_in_flight = p` it does not reach the handcrafted ZB-H1's
+bubble. With F = I = W = 1 the step takes 81 units at p = 8, m = 24 (ZB-H1's 3m + p - 1 = 79, 1F1B's 93)
+and 331 at p = 32, m = 96 (319 and 381), the gap growing with p.
 """
 
 from __future__ import annotations
