@@ -117,20 +117,20 @@ def _suite(data: dict[str, Any], path: Path) -> Suite:
             raise InputError(f"{at}: {exc}") from None
         scenarios.append(scenario)
     limits = table(data.get("limits", {}), f"{where}: [limits]", {"timeout_s", "address_space_GiB"})
-    timeout = number(_numeric(limits.get("timeout_s", 120), f"{where}: limits.timeout_s"), f"{where}: limits.timeout_s", 0, MAX_TIMEOUT_S, above=True,
-                     unit=" s")
-    memory = number(_numeric(limits.get("address_space_GiB", 4), f"{where}: limits.address_space_GiB"), f"{where}: limits.address_space_GiB", *ADDRESS_SPACE_GIB,
-                    unit=" GiB")
+    timeout = _number(limits.get("timeout_s", 120), f"{where}: limits.timeout_s", 0, MAX_TIMEOUT_S, above=True,
+                      unit=" s")
+    memory = _number(limits.get("address_space_GiB", 4), f"{where}: limits.address_space_GiB", *ADDRESS_SPACE_GIB,
+                     unit=" GiB")
     rubric = parse_rubric(data.get("scoring"), where)
     return Suite(name, tuple(scenarios), rubric, Limits(timeout, int(memory * 2**30)), str(path))
 
 
-def _numeric(value: Any, where: str) -> Any:
-    """`value`, if it is a TOML number: the shared range check also reads spec text ("60"), which in a
+def _number(value: Any, where: str, *bounds: float, **how: Any) -> float:
+    """`specs.number` of a TOML number: the shared range check also reads spec text ("60"), which in a
     suite is a type mistake (`timeout_s = "60"`)."""
     if isinstance(value, str):
         raise InputError(f"{where}: expected a number, got the string {shown(value)}")
-    return value
+    return number(value, where, *bounds, **how)
 
 
 def _tables(value: Any, where: str) -> dict[str, dict]:
@@ -144,7 +144,7 @@ def _scenario(entry: dict[str, Any], where: str) -> Scenario:
     batch = check_global_batch(entry.get("global_batch"), f"{where}.global_batch")
     limit = entry.get("memory_limit_GB")
     if limit is not None:
-        limit = number(_numeric(limit, f"{where}.memory_limit_GB"), f"{where}.memory_limit_GB", 0, MAX_MEMORY_LIMIT_GB, above=True, unit=" GB")
+        limit = _number(limit, f"{where}.memory_limit_GB", 0, MAX_MEMORY_LIMIT_GB, above=True, unit=" GB")
     enforce = entry.get("enforce_memory", True)
     if not isinstance(enforce, bool):
         raise InputError(f"{where}.enforce_memory: expected true or false, got {shown(enforce)}")

@@ -28,21 +28,19 @@ class Layout:
         """A validated layout; `dp=None` takes whatever `pp` and `tp` leave of the world."""
         for name, value in (("pp", pp), ("tp", tp)):
             _positive_int(name, value)
+        # tp is named only where it is not 1 (the pipeline strategies have no tp option to name)
+        with_tp = f" x tp={tp}" if tp > 1 else ""
         if dp is None:
             if world_size % (pp * tp):
-                if tp == 1:  # (the pipeline strategies have no tp option to name)
-                    raise ValueError(f"pp={pp} does not divide the world of {world_size} ranks; choose a pp that "
-                                     f"divides {world_size}")
-                raise ValueError(f"pp={pp} x tp={tp} does not divide the world of {world_size} ranks; "
-                                 f"choose pp and tp whose product divides {world_size}")
+                raise ValueError(f"pp={pp}{with_tp} does not divide the world of {world_size} ranks; " +
+                                 (f"choose pp and tp whose product divides {world_size}" if tp > 1
+                                  else f"choose a pp that divides {world_size}"))
             dp = world_size // (pp * tp)
         _positive_int("dp", dp)
         if dp * pp * tp != world_size:
-            if tp == 1:
-                raise ValueError(f"layout dp={dp} x pp={pp} = {dp * pp} ranks, but the cluster has {world_size}; "
-                                 f"change dp or pp so that their product is {world_size}")
-            raise ValueError(f"layout dp={dp} x pp={pp} x tp={tp} = {dp * pp * tp} ranks, but the cluster has "
-                             f"{world_size}; change dp, pp or tp so that their product is {world_size}")
+            raise ValueError(f"layout dp={dp} x pp={pp}{with_tp} = {dp * pp * tp} ranks, but the cluster has "
+                             f"{world_size}; change {'dp, pp or tp' if tp > 1 else 'dp or pp'} so that their "
+                             f"product is {world_size}")
         return cls(dp, pp, tp)
 
     def coords(self, rank: int) -> tuple[int, int, int]:
