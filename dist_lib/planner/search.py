@@ -309,14 +309,11 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                     work.append(entry)
     out: list[Candidate] = []
     incumbent = float("inf")
-    done = 0
-    # the thin pipelines are searched only where nothing else gives a plan (4 T4s, 7 heads and a batch
-    # of 1: the one plan is four stages of one microbatch)
-    for entries in (work, None):
-        if entries is None:
-            if out:
-                break
-            entries = [e for e in (bounded(*t) for t in thin) if e is not None]
+    done = 0  # entries looked at, for the progress display
+
+    def explore(entries: list[tuple]) -> None:
+        """Add the candidates of `entries` in the order of their bounds, until a bound cannot win."""
+        nonlocal incumbent, done
         entries.sort(key=lambda w: w[0])
         for i, (bound, price, stages, microbatch, free) in enumerate(entries):
             if progress is not None and (done + i) % 64 == 0:
@@ -339,10 +336,16 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                 new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price)
                 for c in new:
                     incumbent = min(incumbent, c.estimate * weight)
-                out += new
+                out.extend(new)
                 if found[0] <= unconstrained[0] * (1 + 1e-6):
                     break  # memory did not bind: the slower settings cannot win
         done += len(entries)
+
+    explore(work)
+    if not out:
+        # the thin pipelines, only where nothing else gives a plan (4 T4s, 7 heads and a batch of 1: the
+        # one plan is four stages of one microbatch)
+        explore([e for e in (bounded(*t) for t in thin) if e is not None])
     if progress is not None:
         progress(done, done)
     reasons = []
