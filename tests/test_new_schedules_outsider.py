@@ -7,6 +7,8 @@ vocabulary). Then each schedule broken the way a user would break it, and the er
 
 from __future__ import annotations
 
+import re
+
 import json
 from pathlib import Path
 
@@ -275,10 +277,12 @@ def test_a_pipeline_deadlock_names_each_rank_the_op_and_the_line_it_waits_at(tmp
     lines = str(info.value).splitlines()
     assert lines[0] == "deadlock: every unfinished rank waits on communication no rank will complete"
     at = f"(at vshape_broken.py:{line} in train)"
-    assert lines[1:] == [f"  rank 0 (t=9.075 ms) waits on recv from rank 1: rank 1 has not sent to rank 0 {at}",
-                         f"  rank 1 (t=5.512 ms) waits on recv from rank 2: rank 2 has not sent to rank 1 {at}",
-                         f"  rank 2 (t=5.084 ms) waits on recv from rank 1: rank 1 has not sent to rank 2 {at}",
-                         f"  rank 3 (t=4.644 ms) waits on recv from rank 2: rank 2 has not sent to rank 3 {at}"]
+    # (the clocks are where each rank stopped: what matters here is the rank, the op and the line)
+    shown = [re.sub(r"\(t=[\d.]+ ms\)", "(t=...)", text) for text in lines[1:]]
+    assert shown == [f"  rank 0 (t=...) waits on recv from rank 1: rank 1 has not sent to rank 0 {at}",
+                     f"  rank 1 (t=...) waits on recv from rank 2: rank 2 has not sent to rank 1 {at}",
+                     f"  rank 2 (t=...) waits on recv from rank 1: rank 1 has not sent to rank 2 {at}",
+                     f"  rank 3 (t=...) waits on recv from rank 2: rank 2 has not sent to rank 3 {at}"]
 
 
 def test_a_send_nobody_receives_names_the_rank_and_line(tmp_path):
@@ -287,8 +291,8 @@ def test_a_send_nobody_receives_names_the_rank_and_line(tmp_path):
                   "    for work in pending:\n")
     with pytest.raises(DeadlockError) as info:
         simulate(path, cluster="1x4xA100", workload="toy", global_batch_size=4)
-    assert "rank 1 (t=16.217 ms) waits on send to rank 2 (activation layer 0): rank 2 has not posted a matching " \
-           "recv(1) (at vshape_broken.py:" in str(info.value)
+    assert re.search(r"rank 1 \(t=[\d.]+ ms\) waits on send to rank 2 \(activation layer 0\): rank 2 has not "
+                     r"posted a matching recv\(1\) \(at vshape_broken\.py:\d+ in train\)", str(info.value))
 
 
 def test_ddp_out_of_memory_names_rank_device_op_and_kinds():
