@@ -37,11 +37,10 @@ def _replayed(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any,
               name: str, deadline: float) -> tuple[Any, str, str]:
     """(result, status, error) of re-executing the run's recorded program in this process: the result
     when the program replays (correct or not), else the status and one-line reason."""
-    from dist_lib.replay import ProgramError, ReplayTimeout, replay
+    from dist_lib.replay import replay
     result, status, error = _replay_row(
         lambda: replay(outcome.programs or [], cluster, workload, scenario.global_batch,
-                       enforce_memory=scenario.enforce_memory, deadline_s=deadline - time.monotonic()),
-        ProgramError, ReplayTimeout, limits)
+                       enforce_memory=scenario.enforce_memory, deadline_s=deadline - time.monotonic()), limits)
     if result is None:
         return result, status, error
     accepted = (outcome.header or {}).get("options")
@@ -55,7 +54,7 @@ def _compat_graded(outcome: Outcome, scenario: Scenario, cluster: Any, workload:
                    api: str, function: str | None, deadline: float) -> tuple[Any, str, str]:
     """(result, status, error) of a `--api` run: its program replayed against a fresh compat runtime, or
     (for a run the worker could not record) its reported figures, unverified."""
-    from dist_lib.compat.replay import ProgramError, ReplayTimeout, replay
+    from dist_lib.compat.replay import replay
     compat = (outcome.header or {}).get("compat")
     if not (isinstance(compat, dict) and "program" in compat):
         try:
@@ -69,17 +68,19 @@ def _compat_graded(outcome: Outcome, scenario: Scenario, cluster: Any, workload:
                        workload=workload if "workload" in given else None,
                        global_batch_size=scenario.global_batch if "batch" in given else None,
                        timing=options.get("timing"), deadline_s=deadline - time.monotonic(), **setup),
-        ProgramError, ReplayTimeout, limits)
+        limits)
 
 
-def _replay_row(run: Any, program_error: type, timeout_error: type, limits: Limits) -> tuple[Any, str, str]:
-    """(result, "", "") of `run()`, a replay of a recorded program, or (None, status, one-line reason)."""
+def _replay_row(run: Any, limits: Limits) -> tuple[Any, str, str]:
+    """(result, "", "") of `run()`, a replay of a recorded program (native or `--api`: both raise
+    `dist_lib.replay`'s errors), or (None, status, one-line reason)."""
     from dist_lib import SimulationError
+    from dist_lib.replay import ProgramError, ReplayTimeout
     try:
         return run(), "", ""
-    except program_error as exc:
+    except ProgramError as exc:
         return None, "invalid", f"the recorded program is malformed: {exc}"
-    except timeout_error as exc:
+    except ReplayTimeout as exc:
         return None, "timeout", f"{_too_long(limits)} ({exc})"
     except SimulationError as exc:
         return None, "failed", f"{type(exc).__name__}: {exc}"

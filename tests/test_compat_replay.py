@@ -77,6 +77,17 @@ def test_the_recorded_program_replays_to_the_notebooks_figures(basic):
     assert (result.notebook_time, result.notebook_memory, result.correct) == (16.5, 2621440.0, True)
 
 
+def test_a_programs_options_cannot_relabel_the_run(basic):
+    """The options travel in the program, the sandboxed file's data: the API, the timing and the figures
+    the result states are the replay's own, and a forged "unverified" reason does not stand beside them."""
+    program = copy.deepcopy(basic)
+    program["options"] = {**program["options"], "api": "lab", "timing": "real", "unverified": "forged"}
+    result = _replayed(program)
+    assert (result.options["api"], result.options["timing"], result.options["verified"]) == ("puzzles", "original",
+                                                                                             True)
+    assert "unverified" not in result.options and result.options["notebook"]["time"] == 16.5
+
+
 def _forward_first_arg(program, value):
     j = _entry(program, "forward")
     program["models"][0][3][j][2][1] = value

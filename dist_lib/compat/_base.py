@@ -262,7 +262,9 @@ def build_result(world: World, strategy: str, problems: list[str], options: dict
     figures = {"time": notebook_time, "memory": notebook_memory, "time_unit": units[0], "memory_unit": units[1]}
     if "original_mfu" in extra:
         figures["mfu"] = extra["original_mfu"]
-    opts = {"api": world.api, "timing": world.settings.timing, **(options or {}), "notebook": figures}
+    # the run's options, then what the run itself was (its API, its timing, its figures), which no option
+    # may say otherwise (a replayed program's options are the sandboxed file's data)
+    opts = {**(options or {}), "api": world.api, "timing": world.settings.timing, "notebook": figures}
     return ToyResult(cluster=cluster, workload=workload, global_batch_size=batches, options=opts,
                      time_s=max(rank_times), rank_times=rank_times, memory_bytes=peaks, memory_by_kind=by_kind,
                      model_flops=model_flops, hardware_flops=flops, correct=not problems, problems=list(problems),

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import SimulationError, StrategyError
 from ..replay import ProgramError, ReplayTimeout
+from ..specs import shown
 from ..workload import FIELD_RANGES, MAX_GLOBAL_BATCH
 from ._program import (COLLECTIONS, DERIVED, FUNCTION_MODES, KIND, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_MODELS,
                        MAX_OUTPUTS, MAX_TEXT, OPS, SENDS, STORAGE, TENSORS, tensor_classes, tensors_in)
@@ -76,6 +77,7 @@ def replay(program: Any, path: str | Path, api: str, function: str | None = None
         found = problems(sorted({m.rank: m for m in dist._world.models}.values(), key=lambda m: m.rank))
         result = build_result(dist._world, f"{Path(path).stem}.{program['function']}", found, program["options"])
     _check_deadline(deadline)
+    result.options.pop("unverified", None)
     result.options["verified"] = True
     return result
 
@@ -98,7 +100,7 @@ class _Runner:
     """Runs each model's entries; holds the mailboxes' turns."""
 
     def __init__(self, api: str, dist: Any, deadline: float | None):
-        self.api, self.dist, self.world, self.deadline = api, dist, dist._world, deadline
+        self.api, self.world, self.deadline = api, dist._world, deadline
         self.classes = tensor_classes(api)
         self.ops = OPS[api]
         self.puts: dict[Any, int] = {}
@@ -239,7 +241,7 @@ def _checked(program: Any, api: str, function: str | None, main: bool | None, se
         if key not in program:
             raise ProgramError(f"the program: {key} missing")
     if program["api"] != api:
-        raise ProgramError(f"the program is of the {_short(program['api'])} API, not {api}")
+        raise ProgramError(f"the program is of the {shown(program['api'])} API, not {api}")
     fn = program["function"]
     known = PUZZLE_SETUPS if api == "puzzles" else LAB_FUNCTIONS
     if main:
@@ -249,7 +251,7 @@ def _checked(program: Any, api: str, function: str | None, main: bool | None, se
     else:
         allowed = FUNCTION_MODES + tuple(known) if main is None else tuple(known)
     if fn not in allowed:
-        raise ProgramError(f"the program ran {_short(fn)}, not {' or '.join(allowed)}")
+        raise ProgramError(f"the program ran {shown(fn)}, not {' or '.join(allowed)}")
     options = program["options"]
     if not isinstance(options, dict) or len(options) > 64 or not all(
             isinstance(k, str) and len(k) <= MAX_TEXT and k.isprintable() and _plain(v) for k, v in options.items()):
@@ -311,7 +313,7 @@ def _entries(entries: Any, who: str, api: str, classes: tuple) -> int:
             defined += kind == "lit"
         elif kind == "call" and len(entry) == 4:
             if entry[1] not in DERIVED:
-                raise ProgramError(f"{where}: {_short(entry[1])} is not one of {', '.join(DERIVED)}")
+                raise ProgramError(f"{where}: {shown(entry[1])} is not one of {', '.join(DERIVED)}")
             _value(["h", entry[2]], defined, f"{where} ({entry[1]})")
             if not isinstance(entry[3], list) or len(entry[3]) > 2:
                 raise ProgramError(f"{where} ({entry[1]}): expected a list of up to 2 arguments")
@@ -333,7 +335,7 @@ def _entries(entries: Any, who: str, api: str, classes: tuple) -> int:
         elif kind == "op" and len(entry) == 5:
             _, name, args, outputs, turn = entry
             if not isinstance(name, str) or name not in OPS[api]:
-                raise ProgramError(f"{where}: {_short(name)} is not an op of the {api} API's Model")
+                raise ProgramError(f"{where}: {shown(name)} is not an op of the {api} API's Model")
             params, optional, _ = OPS[api][name]
             if not isinstance(args, list) or not len(params) - optional <= len(args) <= len(params):
                 count = f"{len(params) - optional} to {len(params)}" if optional else str(len(params))
@@ -347,7 +349,7 @@ def _entries(entries: Any, who: str, api: str, classes: tuple) -> int:
                 _int(turn, f"{where} ({name}) turn", 0, MAX_INT)
             defined += max(outputs, 0)
         else:
-            raise ProgramError(f"{where}: {_short(kind)} is not an entry of a program (lit, call, set, mem, op) "
+            raise ProgramError(f"{where}: {shown(kind)} is not an entry of a program (lit, call, set, mem, op) "
                                f"of its shape")
     return defined
 
@@ -360,7 +362,7 @@ def _value(encoded: Any, defined: int, where: str, depth: int = 0) -> None:
             raise ProgramError(f"{where}: the number {encoded} is out of range")
         return
     if not isinstance(encoded, list) or not encoded or depth > MAX_DEPTH:
-        raise ProgramError(f"{where}: {_short(encoded)} is not a program value")
+        raise ProgramError(f"{where}: {shown(encoded)} is not a program value")
     tag, rest = encoded[0], encoded[1:]
     if tag == "h" and len(rest) == 1 and type(rest[0]) is int:
         if not 0 <= rest[0] < defined:
@@ -375,16 +377,16 @@ def _value(encoded: Any, defined: int, where: str, depth: int = 0) -> None:
         for item in rest[0]:
             _value(item, defined, where, depth + 1)
     else:
-        raise ProgramError(f"{where}: {_short(encoded)} is not a program value")
+        raise ProgramError(f"{where}: {shown(encoded)} is not a program value")
 
 
 def _undefined(where: str, handle: Any) -> None:
-    raise ProgramError(f"{where}: handle {_short(handle)} is used before it is defined")
+    raise ProgramError(f"{where}: handle {shown(handle)} is used before it is defined")
 
 
 def _int(value: Any, where: str, low: int, high: int) -> int:
     if type(value) is not int or not low <= value <= high:
-        raise ProgramError(f"{where}: expected a whole number from {low} to {high}, got {_short(value)}")
+        raise ProgramError(f"{where}: expected a whole number from {low} to {high}, got {shown(value)}")
     return value
 
 
@@ -393,6 +395,3 @@ def _plain(value: Any) -> bool:
         isinstance(value, str) and len(value) <= MAX_TEXT and value.isprintable())
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
