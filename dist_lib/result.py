@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, NamedTuple
 
+from .eventlog import EventLog
 from .hardware import Cluster
 from .memory import RankLog, format_bytes
 from .workload import Workload
@@ -125,13 +126,17 @@ class Result:
 
     def compute_busy(self) -> list[float]:
         """Seconds each rank's compute stream was busy (a new list each call; the sum over the events is
-        made once, as `bubble_fraction`, `summary()` and `to_dict()` all read it)."""
+        made once, as `bubble_fraction`, `summary()` and `to_dict()` all read it: column-wise for a
+        simulated step's log, `EventLog.busy_seconds`)."""
         if self._busy is None:
-            busy = [0.0] * self.cluster.world_size
-            for e in self.raw_events:
-                if e[2] == "compute":
-                    busy[e[0]] += e[4] - e[3]
-            self._busy = busy
+            if isinstance(self.raw_events, EventLog):
+                self._busy = self.raw_events.busy_seconds("compute", self.cluster.world_size)
+            else:
+                busy = [0.0] * self.cluster.world_size
+                for e in self.raw_events:
+                    if e[2] == "compute":
+                        busy[e[0]] += e[4] - e[3]
+                self._busy = busy
         return list(self._busy)
 
     @property

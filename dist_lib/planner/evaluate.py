@@ -12,7 +12,6 @@ from functools import partial
 from typing import Any
 
 from ..errors import OutOfMemoryError, SimulationError
-from ..eventlog import EventLog
 from ..hardware import Cluster
 from ..simulator import simulate
 from ..workload import Workload
@@ -59,9 +58,7 @@ def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, 
         candidate.error = str(exc).splitlines()[0]
         return candidate
     used = candidate.plan.ranks
-    events = result.raw_events
-    busy = events.busy_seconds("compute", cluster.world_size) if isinstance(events, EventLog) \
-        else result.compute_busy()
+    busy = result.compute_busy()
     candidate.stage_busy = [max(busy[r] for r in stage.ranks) for stage in candidate.plan.stages]
     candidate.simulated = result.time_s
     candidate.peak_fraction = max(result.memory_bytes[r] / cluster.device_of(r).memory_bytes for r in used)
