@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextvars
-import gc
 import importlib.util
 import inspect
 import random
@@ -21,7 +20,7 @@ from .engine import Engine
 from .file_import import beside, import_hint
 from .errors import DeadlockError, IncorrectStepError, ResourceError, SpecError, StrategyError
 from .hardware import Cluster
-from .memory import RankLog, slot_records
+from .memory import RankLog, cycle_collector_paused, slot_records
 from .model import Model
 from .result import PerRank, Result
 from .specs import shown
@@ -88,18 +87,15 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
         random.Random(start_order_seed).shuffle(order)
     # Frees rely on reference counting, not on the cycle collector, whose full passes over a growing
     # event log would make long steps quadratic: pause it for the step and for building its result.
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        await engine.run(lambda rank: train(models[rank], **options), order)
-        return _finish(engine, options, name, check)
+        with cycle_collector_paused():
+            await engine.run(lambda rank: train(models[rank], **options), order)
+            return _finish(engine, options, name, check)
     except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
                             f"while checking the step and building its result") from None
     finally:
         engine.release()
-        if collecting:
-            gc.enable()
 
 
 def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> Result:

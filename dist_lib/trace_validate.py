@@ -8,37 +8,25 @@ event-by-event check, which is the specification and words each problem.
 
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import zlib
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import chain, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from .memory import cycle_collector_paused
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cycle collector: parsing a trace makes millions of dicts, each allocation counting towards
-    a collection that walks them all again and frees nothing (a parsed trace has no cycles)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+
 
 
 def validate_trace(trace: dict[str, Any] | str | Path) -> list[str]:
     """Structural problems of a Chrome trace, a dict or the path of a JSON file, gzip-compressed if its name
     ends in .gz (empty list when it is well formed); a file that cannot be read or is not JSON is one problem
     naming it."""
-    with _gc_paused():
+    with cycle_collector_paused():
         return _problems(trace)
 
 
