@@ -114,17 +114,10 @@ def shared_links(cluster: Cluster, workload: Workload,
 
 
 def one_f_one_b_orders(stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
-    """Each stage's passes under 1F1B (`strategies/one_f_one_b.py`): stage s runs w = min(m, p - s)
-    forwards, then a backward and a forward in turn, then the backwards left."""
-    orders = []
-    for s in range(stages):
-        w = min(microbatches, stages - s)
-        order = [("F", k) for k in range(w)]
-        for k in range(microbatches - w):
-            order += [("B", k), ("F", w + k)]
-        order += [("B", k) for k in range(microbatches - w, microbatches)]
-        orders.append(order)
-    return orders
+    """Each stage's passes under 1F1B: `strategies/one_f_one_b.py`'s own schedule (stage s runs
+    min(m, p - s) forwards, then a backward and a forward in turn, then the backwards left)."""
+    from strategies.one_f_one_b import schedule  # (the strategies import dist_lib: not at load time)
+    return [[(a.kind, a.mb) for a in schedule(s, stages, microbatches)] for s in range(stages)]
 
 
 def zero_bubble_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float],
