@@ -34,6 +34,7 @@ from dist_lib.planner.search import Candidate, _Space, to_plan
 
 SETTINGS = [("toy:layers=4", "2x2xA100-80GB", 8), ("gpt-1.3b:layers=8", "2x2xA100-80GB", 8),
             ("gpt-350m", "2x4xA100-80GB", 16), ("gpt-1.3b:layers=8", "2x4xV100-32GB:nics=1x1.25", 16)]
+SETS = ("equal", "widths", "commodity")  # equal widths, different widths, a commodity cloud
 VARIANTS = [("1f1b", "none"), ("zero-bubble", "none"), ("1f1b", "full"), ("interleaved", "selective")]
 
 FASOP = "1x4xA100-40GB:intra=230:nics=1x5+3x4xA10:intra=16:nics=1x5"  # one 40 Gb/s NIC a node
@@ -102,7 +103,7 @@ def _plans():
         yield "commodity", "gpt-1.3b", COMMODITY, 64, microbatch, stages, [(schedule, "none")]
 
 
-def rows(sets: Collection[str] = ("equal", "widths", "commodity")):
+def rows(sets: Collection[str] = SETS):
     """(set, workload, cluster, plan, schedule, recompute, estimate s, simulated s, estimated memory share,
     simulated peak share) of every plan of `sets`."""
     for kind, name, spec, batch, microbatch, stages, variants in _plans():
@@ -129,14 +130,14 @@ def rows(sets: Collection[str] = ("equal", "widths", "commodity")):
 
 
 def main(sets: Sequence[str] = ()) -> None:
-    unknown = set(sets) - {"equal", "widths", "commodity"}
+    unknown = set(sets) - set(SETS)
     if unknown:
         raise SystemExit(f"planner_estimate: unknown set {sorted(unknown)[0]!r} (equal, widths, commodity)")
     print("| set | workload | cluster | plan | schedule | recompute | estimate | simulated | estimate / simulated "
           "| memory: estimate / simulated peak |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {"equal": [], "widths": [], "commodity": []}
-    for kind, name, spec, shape, schedule, recompute, seconds, simulated, memory, peak in rows(sets or errors):
+    errors: dict[str, list[float]] = {kind: [] for kind in SETS}
+    for kind, name, spec, shape, schedule, recompute, seconds, simulated, memory, peak in rows(sets or SETS):
         errors[kind].append(abs(seconds / simulated - 1))
         print(f"| {kind} | {name} | {spec} | {shape} | {schedule} | {recompute} | {seconds * 1e3:.1f} ms | "
               f"{simulated * 1e3:.1f} ms | {seconds / simulated:.3f} | {memory:.3f} / {peak:.3f} |")
