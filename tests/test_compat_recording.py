@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from dist_lib.compat._program import STORAGE
-from dist_lib.compat.recording import Recorder, _ModelRecord
+from dist_lib.compat.recording import Recorder, _ModelRecord, record_file
 from dist_lib.compat.replay import _Runner
 
 
@@ -54,3 +54,19 @@ def test_random_edits_between_events_are_rebuilt_exactly():
             assert keys == list(getattr(model, name)), (event, name)
             assert list(mirror[i].values()) == list(getattr(model, name).values()), (event, name)
     assert recorder.reason is None
+
+
+def test_a_value_of_the_files_own_class_is_named_after_the_file(tmp_path):
+    """A run that stores a class of its own cannot be replayed (the storage is read at each event: here
+    the forward's); the reason names the class as the file defines it, not by the module name the loader
+    imported the file under."""
+    path = tmp_path / "mine.py"
+    path.write_text("from lib import Model\n\n\nclass Box:\n    def memory(self):\n        return 0\n\n\n"
+                    "def basic(model):\n"
+                    "    weights, opt_states, activations, grad_activations, grad_weights = model.storage()\n"
+                    "    activations[0] = Box()\n"
+                    "    weights[0], opt_states[0] = model.load_weights(0)\n"
+                    "    activations[1] = model.forward(0, model.get_activation([0]), weights[0])\n")
+    _, program, reason = record_file(path, "puzzles", function="basic", check=False, exact_memory=True)
+    assert program is None
+    assert reason == "rank 0's storage: a mine.Box is neither plain data nor a tensor of the puzzles API"

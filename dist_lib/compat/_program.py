@@ -29,6 +29,7 @@ from typing import Any
 
 from ._storage import STORAGE_NAMES
 
+FILE_MODULE = "_compat_strategy_"  # the prefix of the module name the loader imports a file as
 TENSORS = ("Weight", "Activation", "WeightGrad", "OptState", "ActivationGrad")
 KIND = {"W": "Weight", "A": "Activation", "G": "WeightGrad", "O": "OptState", "D": "ActivationGrad"}
 # per API, each recorded `Model` op: (its parameters: a letter of KIND for a toy tensor of that class, 'v'

@@ -27,6 +27,7 @@ from ..hardware import MAX_WORLD_SIZE
 from ..specs import whole
 from ..workload import FIELD_RANGES, MAX_GLOBAL_BATCH
 from . import _runtime
+from ._program import FILE_MODULE
 from ._base import build_result
 from ._base import problems
 from .notebook import Notebook, definitions, is_notebook, read_notebook, unimported, where_in
@@ -331,7 +332,7 @@ def _run_cells(notebook: Notebook, module: types.ModuleType, before: int) -> Any
 
 
 def _load(path: Path) -> types.ModuleType:
-    name = f"_compat_strategy_{abs(hash(str(path.resolve())))}"
+    name = f"{FILE_MODULE}{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise SpecError(f"strategy file {path}: cannot be imported as Python")

@@ -24,8 +24,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ._program import (MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_OUTPUTS, MAX_TEXT, SENDS, STORAGE, TAG_OF, tensor_classes,
-                       tensors_in)
+from ._program import (FILE_MODULE, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_OUTPUTS, MAX_TEXT, SENDS, STORAGE, TAG_OF,
+                       tensor_classes, tensors_in)
 from ._recording_hooks import INSIDE, install, uninstall
 
 MAX_CHAIN = 200  # calls followed back to define one tensor (a longer chain of sums is written as a literal)
@@ -72,8 +72,8 @@ class _ModelRecord:
 class Recorder:
     """Wraps the API while active; `program()` is the result."""
 
-    def __init__(self, api: str):
-        self.api = api
+    def __init__(self, api: str, file: str = "the file"):
+        self.api, self.file = api, file  # (the graded file's name, for its own classes in messages)
         self.classes = tensor_classes(api)
         self.models: dict[int, _ModelRecord] = {}
         self.reason: str | None = None
@@ -133,8 +133,7 @@ class Recorder:
             return encoded
         tag = TAG_OF.get(kind)
         if tag is None:
-            raise Unreplayable(f"a {kind.__module__}.{kind.__qualname__} is neither plain data nor a tensor of "
-                               f"the {self.api} API")
+            raise Unreplayable(f"a {self._class_name(kind)} is neither plain data nor a tensor of the {self.api} API")
         if depth >= MAX_DEPTH or len(value) > MAX_ITEMS:
             raise Unreplayable(f"a {kind.__name__} nested {MAX_DEPTH} deep or of over {MAX_ITEMS} items")
         if kind in (frozenset, set) and all(type(v) is int for v in value):  # a sample or shard set
@@ -307,6 +306,12 @@ class Recorder:
     def graded(self, world: Any, function: str, options: dict[str, Any]) -> None:
         self.world, self.function, self.options = world, function, dict(options)
 
+    def _class_name(self, kind: type) -> str:
+        """`module.Class`; a class of the graded file itself named after the file (`mine.Box`), not after
+        the module name the loader imported it under."""
+        module = self.file if kind.__module__.startswith(FILE_MODULE) else kind.__module__
+        return f"{module}.{kind.__qualname__}"
+
     def program(self) -> dict[str, Any]:
         """The program of the graded `Dist`'s models (call after the run)."""
         models = []
@@ -331,7 +336,7 @@ def record_file(path: str | Path, api: str, **run_options: Any) -> tuple[Any, di
     """Run a puzzles or lab file as `loader.run_file(path, api, **run_options)` does, recording it:
     (its `ToyResult`, the program of its graded `Dist`, None), or (result, None, why no program)."""
     from .loader import run_file
-    recorder = Recorder(api)
+    recorder = Recorder(api, Path(path).stem)
     recorder.install()
     try:
         result = run_file(path, api=api, on_world=recorder.graded, **run_options)
