@@ -80,21 +80,26 @@ class _Columns:
             self.op_id += op_ids
 
 
-def _kind_text(kind: tuple, tid: int) -> tuple[str, str, str]:
-    """A kind's text around the event's own fields: after the pid, after the duration, after the samples."""
+_MARK = "\x00samples\x00"  # stands for the samples' text in a kind's template (json writes it escaped)
+
+
+def _templates(kind: tuple, groups: dict[tuple, int]) -> tuple[int, tuple[str, str, str], tuple[str, str, str]]:
+    """(tid, the slice's text around its own fields, the arrow end's) of one kind of op, cut out of what
+    `trace.op_events` gives for an op of that kind, so the file is the spec's text by construction.
+    The slice's parts: after the pid (up to "ts":), after the duration (up to "samples":), after the
+    samples; the arrow's: up to the pid, after the pid (up to "id":), after ',"ts":' and the time."""
     op, stream, layer, nbytes, flops, peers, detail = kind
-    name = f"{op} L{layer}" + (" (recompute)" if detail == "recompute" else "")
-    tail = ""
-    if nbytes:
-        tail += ',"bytes":' + _dumps(nbytes)
-    if flops:
-        tail += ',"flops":' + _dumps(flops)
-    if peers is not None:
-        tail += (',"group":' if stream == "collective" else ',"peers":') + _dumps(list(peers))
-    if detail:
-        tail += ',"detail":' + _dumps(detail)
-    return (f',"tid":{tid},"name":{_dumps(name)},"cat":{_dumps(op)},"ts":',
-            ',"args":{"layer":' + _dumps(layer) + ',"samples":', tail + "}}")
+    ops = trace.op_events((0, op, stream, 0.5, 0.75, layer, 0, nbytes, flops, peers, 0, detail), groups, _MARK)
+    event = ops[0]
+    text = _dumps(event)[len('{"ph":"X","pid":0'):]
+    head, rest = text.split(f'"ts":{_dumps(event["ts"])},"dur":{_dumps(event["dur"])}', 1)
+    mid, tail = rest.split(_dumps(_MARK), 1)
+    flow = ("", "", "")
+    if len(ops) > 1:  # a point-to-point op's end of its message's arrow
+        before, after = _dumps(ops[1]).split('"pid":0', 1)
+        middle, end = after.split('"id":0', 1)
+        flow = ("," + before + '"pid":', middle + '"id":', end[len(f',"ts":{_dumps(ops[1]["ts"])}'):])
+    return event["tid"], (head + '"ts":', mid, tail), flow
 
 
 class _Floats:
@@ -155,16 +160,12 @@ def _write_ops(cols: _Columns, write: Callable[[str], Any], chunk: int, floats: 
 
     names = sorted({peers for _, stream, _, _, _, peers, _ in cols.kinds if stream == "collective"})
     groups = {ranks: i for i, ranks in enumerate(names)}
-    tids = [trace._tid((None, op, stream) + (None,) * 6 + (peers,), groups)
-            for op, stream, _, _, _, peers, _ in cols.kinds]
-    head, mid, tail = zip(*map(_kind_text, cols.kinds, tids))
+    tids, slices, arrows = zip(*(_templates(kind, groups) for kind in cols.kinds)) if cols.kinds else ((), (), ())
+    head, mid, tail = zip(*slices) if slices else ((), (), ())
+    flow_head, flow_mid, flow_tail = zip(*arrows) if arrows else ((), (), ())
     text = {mask: _string(describe_mask(mask)) for mask in set(cols.samples)}
     kind = np.frombuffer(cols.kind, dtype=np.uint32)
     is_p2p = np.array([stream == "p2p" for _, stream, *_ in cols.kinds], dtype=bool)
-    sends = [op == "send" for op, *_ in cols.kinds]
-    flow_head = [',{"ph":"s","pid":' if send else ',{"ph":"f","pid":' for send in sends]
-    flow_mid = [f',"tid":{tid},"name":"message","cat":"p2p","id":' for tid in tids]
-    flow_tail = ["}" if send else ',"bp":"e"}' for send in sends]
     for i in range(0, len(kind), chunk):
         k, ranks = cols.kind[i:i + chunk], cols.rank[i:i + chunk]
         ts_text = floats(0, i, i + chunk)
