@@ -13,7 +13,7 @@ from bisect import bisect_right
 from fractions import Fraction
 from typing import NamedTuple
 
-from .tensors import describe_mask, full_mask
+from .tensors import describe_mask, full_mask, mask_runs
 
 
 class HandedIn(NamedTuple):
@@ -194,20 +194,7 @@ def _spans(shards: int, num_shards: int, tp_rank: int, tp_size: int) -> list[tup
     """A piece's parameters as spans of [0, 1), one per run of consecutive shards it holds."""
     width = Fraction(1, tp_size * num_shards)
     base = Fraction(tp_rank, tp_size)
-    return [(base + first * width, base + stop * width) for first, stop in _runs(shards)]
-
-
-def _runs(mask: int) -> list[tuple[int, int]]:
-    """The runs of set bits of `mask` as half-open (first, stop) bit ranges: 0b1101 -> [(0, 1), (2, 4)]."""
-    runs, at = [], 0
-    while mask:
-        zeros = (mask & -mask).bit_length() - 1
-        mask >>= zeros
-        ones = (~mask & (mask + 1)).bit_length() - 1
-        runs.append((at + zeros, at + zeros + ones))
-        mask >>= ones
-        at += zeros + ones
-    return runs
+    return [(base + first * width, base + stop * width) for first, stop in mask_runs(shards)]
 
 
 def _describe_piece(shards: int, num_shards: int, tp_rank: int, tp_size: int) -> str:

@@ -54,20 +54,23 @@ def range_mask(start: int, stop: int) -> int:
     return (1 << stop) - (1 << start)
 
 
+def mask_runs(mask: int) -> list[tuple[int, int]]:
+    """The runs of set bits of `mask` as half-open (first, stop) bit ranges: 0b1101 -> [(0, 1), (2, 4)]
+    (a step per run, not per bit: masks are as wide as the batch)."""
+    runs, at = [], 0
+    while mask:
+        zeros = (mask & -mask).bit_length() - 1
+        mask >>= zeros
+        ones = (~mask & (mask + 1)).bit_length() - 1
+        runs.append((at + zeros, at + zeros + ones))
+        mask >>= ones
+        at += zeros + ones
+    return runs
+
+
 def describe_mask(mask: int) -> str:
     """`0b11110110` -> '1-2, 4-7'."""
-    spans: list[str] = []
-    i = 0
-    while mask >> i:
-        if mask >> i & 1:
-            j = i
-            while mask >> (j + 1) & 1:
-                j += 1
-            spans.append(str(i) if i == j else f"{i}-{j}")
-            i = j + 1
-        else:
-            i += 1
-    return ", ".join(spans) or "none"
+    return ", ".join(str(a) if b - a == 1 else f"{a}-{b - 1}" for a, b in mask_runs(mask)) or "none"
 
 
 def full_mask(n: int) -> int:

@@ -88,9 +88,11 @@ def test_kept_pieces_are_found_in_time_linear_in_the_records():
 
 
 def test_runs_of_shards_are_spans():
-    from dist_lib.check import _runs
-    assert _runs(0b1101) == [(0, 1), (2, 4)]
-    assert _runs(0) == [] and _runs(0b1) == [(0, 1)] and _runs((1 << 70) - 1 << 3) == [(3, 73)]
+    from dist_lib.tensors import describe_mask, mask_runs
+    assert mask_runs(0b1101) == [(0, 1), (2, 4)]
+    assert mask_runs(0) == [] and mask_runs(0b1) == [(0, 1)] and mask_runs((1 << 70) - 1 << 3) == [(3, 73)]
+    assert describe_mask(0b11110110) == "1-2, 4-7" and describe_mask(0) == "none"
+    assert describe_mask((1 << 70) - 1 << 3 | 1) == "0, 3-72"
 
 
 def test_missing_tp_slices_are_one_line_and_the_check_is_linear_in_what_was_handed_in():
