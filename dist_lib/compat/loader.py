@@ -159,14 +159,11 @@ def run_file(path: str | Path, api: str | None = None, function: str | None = No
     options = {**(options or {}), **more_options}
     if main and function is not None:
         raise SpecError(f"{path}: main=True runs the file's main(), which ignores function={function!r}; give one")
-    if api == "lab" and batches is None:
-        batches = global_batch_size
+    batches, timing = run_settings(api, batches, global_batch_size, timing, cluster, workload)
     for name, value, most in (("ranks", ranks, MAX_WORLD_SIZE), ("layers", layers, FIELD_RANGES["num_layers"][1]),
                               ("batches", batches, MAX_GLOBAL_BATCH)):
         if value is not None:  # not a default in disguise: 0 is an error, not "the puzzle's own set-up"
             whole(value, f"{path}: {name}", 1, most, exact=True)
-    if timing is None and (cluster is not None or workload is not None):
-        timing = "real"
     with api_modules(api) as lib, _runtime.configure(api, timing=timing, cluster=cluster, workload=workload,
                                                      strict=strict, exact_memory=exact_memory or None):
         module = _load(path) if notebook is None else _notebook_module(path)
@@ -354,10 +351,28 @@ def _pick_function(module: types.ModuleType, api: str) -> str | None:
     return present[0] if len(present) == 1 else None
 
 
+def run_settings(api: str, batches: int | None, global_batch_size: int | None, timing: str | None,
+                 cluster: Any, workload: Any) -> tuple[int | None, str | None]:
+    """(batches, timing) of a run: a lab run's batches default to the global batch, and a run given a
+    cluster or a workload is priced by them ("real") unless told otherwise."""
+    if api == "lab" and batches is None:
+        batches = global_batch_size
+    if timing is None and (cluster is not None or workload is not None):
+        timing = "real"
+    return batches, timing
+
+
+def function_setup(api: str, name: str, ranks: int | None, layers: int | None,
+                   batches: int | None) -> tuple[int, int, int]:
+    """(ranks, layers, batches) a named function runs on: the puzzle's own set-up (or the lab's), each
+    unless given."""
+    default = PUZZLE_SETUPS.get(name, (4, 4, 4)) if api == "puzzles" else LAB_DEFAULT
+    return tuple(default[i] if given is None else given for i, given in enumerate((ranks, layers, batches)))
+
+
 def _run_function(lib: types.ModuleType, api: str, fn: Any, name: str, ranks: int | None, layers: int | None,
                   batches: int | None, options: dict[str, Any]) -> Any:
-    default = PUZZLE_SETUPS.get(name, (4, 4, 4)) if api == "puzzles" else LAB_DEFAULT
-    n, num_layers, batch = (default[i] if given is None else given for i, given in enumerate((ranks, layers, batches)))
+    n, num_layers, batch = function_setup(api, name, ranks, layers, batches)
     params = inspect.signature(fn).parameters
     if api == "lab" and "batch_size" in params and "batch_size" not in options \
             and params["batch_size"].default is inspect.Parameter.empty:

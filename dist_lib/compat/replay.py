@@ -44,13 +44,10 @@ def replay(program: Any, path: str | Path, api: str, function: str | None = None
     deadline, `SimulationError` for one the API rejects."""
     from . import _runtime
     from ._base import build_result, problems
-    from .loader import api_modules
+    from .loader import api_modules, run_settings
     deadline = None if deadline_s is None else time.monotonic() + deadline_s
-    if api == "lab" and batches is None:
-        batches = global_batch_size
+    batches, timing = run_settings(api, batches, global_batch_size, timing, cluster, workload)
     n, models_spec = _checked(program, api, function, main, (ranks, layers, batches))
-    if timing is None and (cluster is not None or workload is not None):
-        timing = "real"
     with api_modules(api) as lib, _runtime.configure(api, timing=timing, cluster=cluster, workload=workload,
                                                      exact_memory=True):
         dist = lib.Dist(n)
@@ -234,7 +231,7 @@ def _checked(program: Any, api: str, function: str | None, main: bool | None, se
     """(ranks, models) of a well-formed program that ran what `loader.run_file` runs with `function`, `main`
     and `setup` (ranks, layers, batches, each None for the default); `ProgramError` names the first thing
     out of shape."""
-    from .loader import LAB_DEFAULT, LAB_FUNCTIONS, PUZZLE_SETUPS
+    from .loader import LAB_FUNCTIONS, PUZZLE_SETUPS, function_setup
     if not isinstance(program, dict):
         raise ProgramError(f"the program: expected an object, got {type(program).__name__}")
     for key in ("api", "function", "options", "ranks", "models"):
@@ -261,8 +258,7 @@ def _checked(program: Any, api: str, function: str | None, main: bool | None, se
     if not isinstance(specs, list) or not 1 <= len(specs) <= MAX_MODELS:
         raise ProgramError(f"models: expected a list of 1 to {MAX_MODELS} models")
     if fn not in FUNCTION_MODES:  # a named function runs on its set-up (loader._run_function)
-        default = PUZZLE_SETUPS.get(fn, (4, 4, 4)) if api == "puzzles" else LAB_DEFAULT
-        ranks, layers, batches = (default[i] if given is None else given for i, given in enumerate(setup))
+        ranks, layers, batches = function_setup(api, fn, *setup)
         expected = [[r, layers, batches] for r in range(ranks)]
         got = [spec[:3] if isinstance(spec, list) else spec for spec in specs]
         if n != ranks or got != expected:
