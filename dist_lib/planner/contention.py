@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from ..hardware import Cluster
 from ..workload import Workload
-from .messages import crossing_seconds, crossing_sides, crossing_usage
+from .messages import crossing_seconds, crossing_sides
 from .sharing import Job, PerCluster, play
 from .tail import _for_cluster as _tails
 
@@ -280,9 +280,7 @@ def _played(cluster: Cluster, workload: Workload, placed: Sequence[tuple[int, St
     parts = {}  # (sender, receiver) -> ((seconds alone first, later), usage of the shared links, own, top)
     for s in range(pp - 1):
         for x, y, alone in ((s, s + 1, onward[s]), (s + 1, s, back[s])):
-            usage, links = crossing_usage(cluster, workload, placed[x][1], placed[y][1])
-            parts[x, y] = (alone, *tails.split(usage, interned)) if not links.isdisjoint(interned) else \
-                (alone, (), 1.0, 1.0)
+            parts[x, y] = (alone, *tails.crossing(cluster, workload, placed[x][1], placed[y][1], interned))
     # each pass's job (with the crossing into it, if any): slot[s][kind, mb], stage by stage in order
     slot: list[dict[tuple[str, int], int]] = []
     count = 0

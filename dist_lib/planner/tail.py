@@ -156,15 +156,8 @@ def _played(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageO
             jobs.append(Job(total * own, usage, before[s] + after[s] + lags[s] - total, (begins[s],), top))
         if s == 0:
             break
-        crossing = crossing_seconds(cluster, workload, o, placed[s - 1][1])
-        usage, links = crossing_usage(cluster, workload, o, placed[s - 1][1])
-        if not links.isdisjoint(shared):
-            # one job wanting what its receiving ranks' first pieces want: its time alone counts its own
-            # messages' sharing
-            usage, own, top = tails.split(usage, shared)
-            jobs.append(Job(crossing * own, usage, 0.0, (sends[s],), top))
-        else:
-            jobs.append(Job(crossing, (), 0.0, (sends[s],)))
+        usage, own, top = tails.crossing(cluster, workload, o, placed[s - 1][1], shared)
+        jobs.append(Job(crossing_seconds(cluster, workload, o, placed[s - 1][1]) * own, usage, 0.0, (sends[s],), top))
         begins[s - 1] = len(jobs)
         jobs.append(Job(0.0, (), 0.0, (len(jobs) - 1,)))  # the last gradient is in: stage s - 1's last backward
     times = play(jobs, capacity)
@@ -219,6 +212,14 @@ class _Tails:
                                                             if rate > capacity[link]))
             found = self.splits[key] = (usage, shared, _split(usage, over[1], shared))
         return found[2]
+
+    def crossing(self, cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption,
+                 shared: frozenset[int]) -> tuple[tuple[tuple[int, int], ...], float, float]:
+        """(usage, own, top) of a crossing from `sender` to `receiver` as one job on the `shared` links:
+        what its receiving ranks' first pieces want of them (`split`, its time alone times `own` counting
+        its own messages' sharing), or nothing, ((), 1.0, 1.0), where it crosses none of them."""
+        usage, links = crossing_usage(cluster, workload, sender, receiver)
+        return self.split(usage, shared) if not links.isdisjoint(shared) else ((), 1.0, 1.0)
 
 
 _for_cluster: PerCluster[_Tails] = PerCluster(_Tails)
