@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dist_lib import Model
 
-from ._pipeline import Action, run_stage
+from ._early_receives import run_posted_stage, with_posted_receives
+from ._pipeline import Action
 from ._plan import build_plan
 
 
@@ -79,11 +80,22 @@ def greedy_orders(p: int, m: int, limit: int, times=None) -> list[list[Action]]:
     return orders
 
 
+def posted_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
+                    max_in_flight: int | None = None) -> list[Action]:
+    """Stage `stage`'s order with its receives posted where the reference implementation posts them
+    (`_early_receives.py`): before the pass during which the sending pass is predicted to end."""
+    if chunks != 1:
+        raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
+    times = times or [{"F": 1, "I": 1, "W": 1}] * stages
+    orders = greedy_orders(stages, microbatches, stages if max_in_flight is None else max_in_flight, times)
+    return with_posted_receives(orders, times)[stage]
+
+
 async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, max_in_flight: int | None = None,
                 partition=None, recompute: bool = False) -> None:
     def zb_h1(stage: int, stages: int, microbatches: int, chunks: int, times=None) -> list[Action]:
-        return schedule(stage, stages, microbatches, chunks, times, max_in_flight)
+        return posted_schedule(stage, stages, microbatches, chunks, times, max_in_flight)
 
     plan = build_plan(model, zb_h1, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       partition=partition, recompute=recompute)
-    await run_stage(model, plan)
+    await run_posted_stage(model, plan)
