@@ -101,6 +101,7 @@ def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) ->
     (`POSTS`) comes once, before the pass that takes it, and a chunk has every receive of a kind posted or none."""
     seen: dict[tuple[int, int], str] = {}
     posted: dict[str, set] = {"PA": set(), "PG": set()}
+    taken: dict[str, set] = {"PA": set(), "PG": set()}  # passes that took a posted receive
     unposted: dict[str, set] = {"PA": set(), "PG": set()}  # passes that took their input without a post
     for a in actions:
         if a.kind in MESSAGES:
@@ -114,12 +115,15 @@ def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) ->
             raise ValueError(f"schedule: {a!r} after {done or 'nothing'} for chunk {a.chunk} microbatch {a.mb}")
         seen[key] = done + a.kind
         post = _TAKES.get(a.kind)
-        if post is not None and key not in posted[post]:
-            unposted[post].add(key)
+        if post is not None:
+            (taken if key in posted[post] else unposted)[post].add(key)
     complete = {k for k, v in seen.items() if v in ("FB", "FIW")}
     if len(complete) != chunks * microbatches or len(seen) != len(complete):
         raise ValueError("schedule: not every chunk and microbatch ran forward and backward exactly once")
     for kind in POSTS:
+        for chunk, mb in sorted(posted[kind] - taken[kind]):
+            raise ValueError(f"schedule: {Action(kind, chunk, mb)!r} posts a receive that no pass takes (chunk "
+                             f"{chunk} microbatch {mb})")
         chunks_posted = {chunk for chunk, _ in posted[kind]}
         for chunk, mb in sorted(unposted[kind]):
             if chunk in chunks_posted:
