@@ -12,6 +12,14 @@ ZB-H1) the bubble drops from 1F1B's (p - 1)(F + I + W) toward (p - 1)(F + I - W)
 F = I = W; with 2p - 1 (ZB-H2's memory) it reaches that bound. Here the stash of a microbatch lives
 until its W, so later stages hold up to p microbatches instead of 1F1B's p - s.
 
+Receives are posted where the paper's reference implementation posts them (sail-sg/zero-bubble-pipeline-
+parallelism, megatron/core/pipeline_parallel/auto_schedule.py, `ilp_results`): the orders are replayed with the
+same pass times (`_replay.py`), and each stage posts the receive of a message before the pass during which
+the sending pass is predicted to end, or, if the stage is idle then, before its next pass (`_early_receives.py`,
+`posted_schedule`); the pass that takes the message awaits that receive. A crossing then starts as soon as
+it is sent, overlapping the deferred W a stage runs meanwhile, rather than after it. `schedule` gives the
+orders alone (what `planned` runs, receiving each input as its pass begins).
+
 This rule is simpler than the paper's: at `max_in_flight = p` it does not reach the handcrafted ZB-H1's
 bubble. With F = I = W = 1 the step takes 81 units at p = 8, m = 24 (ZB-H1's 3m + p - 1 = 79, 1F1B's 93)
 and 331 at p = 32, m = 96 (319 and 381), the gap growing with p.
