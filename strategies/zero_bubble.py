@@ -12,6 +12,14 @@ ZB-H1) the bubble drops from 1F1B's (p - 1)(F + I + W) toward (p - 1)(F + I - W)
 F = I = W; with 2p - 1 (ZB-H2's memory) it reaches that bound. Here the stash of a microbatch lives
 until its W, so later stages hold up to p microbatches instead of 1F1B's p - s.
 
+Receives are posted where the paper's reference implementation posts them (sail-sg/zero-bubble-pipeline-
+parallelism, megatron/core/pipeline_parallel/auto_schedule.py, `ilp_results`): the orders are replayed with the
+same pass times (`_replay.py`), and each stage posts the receive of a message before the pass during which
+the sending pass is predicted to end, or, if the stage is idle then, before its next pass (`_early_receives.py`,
+`posted_schedule`); the pass that takes the message awaits that receive. A crossing then starts as soon as
+it is sent, overlapping the deferred W a stage runs meanwhile, rather than after it. `schedule` gives the
+orders alone (what `planned` runs, receiving each input as its pass begins).
+
 This rule is simpler than the paper's: at `max_in_flight = p` it does not reach the handcrafted ZB-H1's
 bubble. With F = I = W = 1 the step takes 81 units at p = 8, m = 24 (ZB-H1's 3m + p - 1 = 79, 1F1B's 93)
 and 331 at p = 32, m = 96 (319 and 381), the gap growing with p.
@@ -21,7 +29,8 @@ from __future__ import annotations
 
 from dist_lib import Model
 
-from ._pipeline import Action, run_stage
+from ._early_receives import run_posted_stage, with_posted_receives
+from ._pipeline import Action
 from ._plan import build_plan
 
 
@@ -79,11 +88,22 @@ def greedy_orders(p: int, m: int, limit: int, times=None) -> list[list[Action]]:
     return orders
 
 
+def posted_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
+                    max_in_flight: int | None = None) -> list[Action]:
+    """Stage `stage`'s order with its receives posted where the reference implementation posts them
+    (`_early_receives.py`): before the pass during which the sending pass is predicted to end."""
+    if chunks != 1:
+        raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
+    times = times or [{"F": 1, "I": 1, "W": 1}] * stages
+    orders = greedy_orders(stages, microbatches, stages if max_in_flight is None else max_in_flight, times)
+    return with_posted_receives(orders, times)[stage]
+
+
 async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, max_in_flight: int | None = None,
                 partition=None, recompute: bool = False) -> None:
     def zb_h1(stage: int, stages: int, microbatches: int, chunks: int, times=None) -> list[Action]:
-        return schedule(stage, stages, microbatches, chunks, times, max_in_flight)
+        return posted_schedule(stage, stages, microbatches, chunks, times, max_in_flight)
 
     plan = build_plan(model, zb_h1, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       partition=partition, recompute=recompute)
-    await run_stage(model, plan)
+    await run_posted_stage(model, plan)

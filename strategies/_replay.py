@@ -1,0 +1,59 @@
+"""A compute-only replay of a pipeline schedule: when each pass is predicted to start and end.
+
+Each stage runs its order; a pass starts when its stage's previous pass has ended and its input's producing
+pass has ended, each pass taking its stage's profiled time, and messages are free. This is the timing model a
+cost-aware order heuristic builds its orders with (Qi et al. 2023, sec. 3; `zero_bubble.greedy_orders`), so
+the replay of its orders gives back the times it predicted; it does not care which rule made the orders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ._pipeline import Action
+
+Times = Sequence[Mapping[str, float]]  # stage -> {"F", "B", "I", "W"} -> seconds of one microbatch's pass
+
+
+def replay(orders: Sequence[Sequence[Action]], times: Times) -> list[list[tuple[float, float]]]:
+    """Each pass's predicted (start, end), stage by stage in its order, from compute times alone: a pass
+    starts when its stage's previous pass has ended and its input's producer has ended (F: the previous
+    virtual stage's F of the microbatch; B or I: the next virtual stage's B or I, or this stage's own F on
+    the last one; W: its own I). Virtual stage of chunk c on stage s: c * p + s."""
+    p = len(orders)
+    last = p * (1 + max((a.chunk for order in orders for a in order), default=0)) - 1
+    ends: dict[tuple[str, int, int], float] = {}  # ("F" | "G" | "W", virtual stage, microbatch) -> end
+    spans: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+    clock, done = [0.0] * p, [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for s, order in enumerate(orders):
+            i, now, duration = done[s], clock[s], times[s]
+            while i < len(order):
+                kind, chunk, mb = order[i]
+                v = chunk * p + s
+                if kind == "F":
+                    made, need = "F", (("F", v - 1, mb) if v > 0 else None)
+                elif kind in ("I", "B"):
+                    made, need = "G", (("G", v + 1, mb) if v < last else ("F", v, mb))
+                elif kind == "W":
+                    made, need = "W", ("G", v, mb)
+                else:
+                    raise ValueError(f"schedule: stage {s} has {order[i]!r}, which a compute-only replay cannot "
+                                     f"time (F, B, I and W only)")
+                ready = 0.0 if need is None else ends.get(need)
+                if ready is None:
+                    break
+                start = now if now > ready else ready
+                now = start + duration[kind]
+                ends[(made, v, mb)] = now
+                spans[s].append((start, now))
+                i += 1
+                progress = True
+            done[s], clock[s] = i, now
+    for s, order in enumerate(orders):
+        if done[s] < len(order):
+            raise ValueError(f"schedule: stage {s} waits forever at {order[done[s]]!r} (position {done[s]}): its "
+                             f"input is produced by no pass that can run; the stages' orders disagree")
+    return spans
