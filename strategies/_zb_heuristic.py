@@ -15,16 +15,18 @@ back), at most `limit` per stage. The rule:
   * before each of those passes, a stage runs deferred Ws: as many as memory needs to take another
     microbatch, then every W that fits entirely in the wait for the pass's input; a wait shorter than a W
     still gets one if leaving it idle would make this stage's idle time so far the largest of all
-    stages';
+    stages'; stage 0, once it has run every F, runs its Ws before its I (its I feeds no stage);
   * the Ws left run at the end.
 
 Three choices are tried both ways, as the paper's reference does, and the order with the shortest step
 (the last pass's end) kept, the first of equals: whether a warm-up F may run past the arrival of the
 first input gradient (no bubble before it, the I later) or must end by it; whether a stage two or more
 Fs ahead of the next one holds its F back when the next stage's gradient comes soon; and whether a
-short wait gets a W even when leaving it idle would not make the stage the worst. 1F1B's own order (each
-W right after its I) is a candidate too when memory holds it: for some unequal pass times the heuristic
-alone is slower than 1F1B, never so with it.
+short wait gets a W even when leaving it idle would not make the stage the worst. Two more orders are
+candidates: an event-driven list rule (each free stage runs an I whose input is there, else an F, else a
+W; the earliest start first), which does better for some unequal pass times and for fewer microbatches
+than stages, and 1F1B's own order (each W right after its I) when memory holds it, so the result is
+never slower than 1F1B's.
 
 With equal pass times and `limit = p` (or more) the step is the handcrafted ZB-H1's, 3m + p - 1 time
 units for m >= p microbatches (1F1B's 3m + 3(p - 1)).
@@ -146,6 +148,52 @@ class _Layout:
                     self.put(s, kind)
                     left[s] -= 1
 
+    def list_rule(self) -> None:
+        """The event-driven list rule: whenever a stage is free it would run the first of an I whose input
+        is there, the next F whose input is there (memory allowing), a deferred W; of every stage's choice
+        the one that can start first runs (ties: I, then F, then W, then the lower stage). A pass changes
+        the choices of its own stage and its two neighbours only, so only theirs are worked out again."""
+        p, m, limit = len(self.forward), self.m, self.limit
+        forward, inputs, weights, orders = self.forward, self.inputs, self.weights, self.orders
+        clock, nf, ni, nw, f_end, i_end = self.clock, self.nf, self.ni, self.nw, self.f_end, self.i_end
+        none = (float("inf"), 3, p, "")
+
+        def choice(s: int) -> tuple:
+            best, i, f = none, ni[s], nf[s]
+            if i < f and (s == p - 1 or i < ni[s + 1]):
+                ready = f_end[s][i] if s == p - 1 else i_end[s + 1][i]
+                best = (clock[s] if clock[s] > ready else ready, 0, s, "I")
+            if f < m and f - nw[s] < limit and (s == 0 or f < nf[s - 1]):
+                ready = f_end[s - 1][f] if s else 0.0
+                option = (clock[s] if clock[s] > ready else ready, 1, s, "F")
+                best = option if option < best else best
+            if nw[s] < i:
+                option = (clock[s], 2, s, "W")
+                best = option if option < best else best
+            return best
+
+        choices = [choice(s) for s in range(p)]
+        for _ in range(3 * m * p):
+            start, _, s, kind = min(choices)
+            if kind == "F":
+                mb = nf[s]
+                nf[s] += 1
+                clock[s] = f_end[s][mb] = start + forward[s]
+            elif kind == "I":
+                mb = ni[s]
+                ni[s] += 1
+                clock[s] = i_end[s][mb] = start + inputs[s]
+            else:
+                mb = nw[s]
+                nw[s] += 1
+                clock[s] = start + weights[s]
+            orders[s].append((kind, mb))
+            choices[s] = choice(s)
+            if s:
+                choices[s - 1] = choice(s - 1)
+            if s + 1 < p:
+                choices[s + 1] = choice(s + 1)
+
     def holds_f(self, s: int) -> bool:
         """Whether stage s, two or more Fs ahead of stage s + 1, lets its next F wait for that stage's
         gradient: it skips the F if it is already past the time the gradient could come (stage s + 1's
@@ -189,7 +237,7 @@ class _Layout:
 def _layouts(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float], m: int,
              limit: int) -> Iterator[_Layout]:
     """The heuristic's layouts, each set of choices once (one whose outcome does not depend on a choice
-    is not laid out again the other way), then 1F1B's if memory allows it."""
+    is not laid out again the other way), then the list rule's, then 1F1B's if memory allows it."""
     plain = None  # the warm-up's counts without overrun
     for overrun in (False, True):
         asked_hold = False
@@ -207,6 +255,9 @@ def _layouts(forward: Sequence[float], inputs: Sequence[float], weights: Sequenc
                 yield layout
                 if "short" not in layout.asked:
                     break  # no short wait met: filling them or not changes nothing
+    layout = _Layout(forward, inputs, weights, m, limit)
+    layout.list_rule()
+    yield layout
     if limit >= min(m, len(forward)):
         layout = _Layout(forward, inputs, weights, m, limit)
         layout.one_f_one_b()
@@ -217,8 +268,8 @@ def zb_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequen
               limit: int) -> list[Order]:
     """Each stage's passes by the heuristic above, from stage s's F, I and W durations (`forward[s]`,
     `inputs[s]`, `weights[s]`) with at most `limit` microbatches awaiting W on any stage: of the
-    heuristic's layouts and 1F1B's (with W right after I, when `limit` holds its min(m, p) microbatches
-    on the first stage), the first with the earliest last pass."""
+    heuristic's layouts, the list rule's and 1F1B's (with W right after I, when `limit` holds its
+    min(m, p) microbatches on the first stage), the first with the earliest last pass."""
     best, best_end = None, 0.0
     for layout in _layouts(forward, inputs, weights, microbatches, limit):
         end = max(layout.clock)

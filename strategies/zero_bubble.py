@@ -6,8 +6,8 @@ idle. The order comes from the paper's automatic-scheduling heuristic (sec. 3.1,
 laid out with each stage's F, I and W durations (from costs.py, as a profiler would measure them): as
 many warm-up Fs as memory allows and fit before the first I can start, then F and I in turn, Ws in the
 waits (a wait shorter than a W too when leaving it would make the stage the idlest), before an F when
-memory is full, and the rest at the end; of a few variants of those choices, and of 1F1B's own order,
-the one with the shortest step. Memory is `max_in_flight` microbatches awaiting their W per stage: with
+memory is full, and the rest at the end; of a few variants of those choices, an event-driven list
+rule's order and 1F1B's own, the one with the shortest step. Memory is `max_in_flight` microbatches awaiting their W per stage: with
 `max_in_flight = p` (the first stage's 1F1B memory; ZB-H1) and F = I = W the step is the handcrafted
 ZB-H1's 3m + p - 1 passes for m >= p microbatches (1F1B's 3m + 3(p - 1)): the bubble drops from
 (p - 1)(F + I + W) to (p - 1)(F + I - W), a third. 2p - 1 (ZB-H2's memory) reaches the same. The step
@@ -17,6 +17,8 @@ microbatches instead of 1F1B's p - s.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from dist_lib import Model
 
@@ -30,19 +32,33 @@ def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=
     """Stage `stage`'s order; `times[s]` maps "F", "I", "W" to stage s's durations (default all 1)."""
     if chunks != 1:
         raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
-    return greedy_orders(stages, microbatches, stages if max_in_flight is None else max_in_flight, times)[stage]
+    limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
+    key = None if times is None else tuple((t["F"], t["I"], t["W"]) for t in times)
+    return list(_pipeline_orders(stages, microbatches, limit, key)[stage])
 
 
 def greedy_orders(p: int, m: int, limit: int, times=None) -> list[list[Action]]:
     """Every stage's action order by Zero Bubble's heuristic (`_zb_heuristic.py`), at most `limit`
     microbatches awaiting W on any stage; `times[s]` maps "F", "I", "W" to stage s's durations."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"max_in_flight must be a whole number >= 1, got {limit!r}")
+    limit = _checked_limit(limit)
     if m < 1:
         return [[] for _ in range(p)]
     times = times or [{"F": 1, "I": 1, "W": 1}] * p
     orders = zb_orders([t["F"] for t in times], [t["I"] for t in times], [t["W"] for t in times], m, limit)
     return [[Action(kind, 0, mb) for kind, mb in order] for order in orders]
+
+
+@lru_cache(maxsize=32)
+def _pipeline_orders(p: int, m: int, limit: int, key: tuple | None) -> tuple[tuple[Action, ...], ...]:
+    """`greedy_orders` once per pipeline: every rank of a plan asks for the same orders."""
+    times = None if key is None else [{"F": f, "I": i, "W": w} for f, i, w in key]
+    return tuple(map(tuple, greedy_orders(p, m, limit, times)))
+
+
+def _checked_limit(limit) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"max_in_flight must be a whole number >= 1, got {limit!r}")
+    return limit
 
 
 async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, max_in_flight: int | None = None,

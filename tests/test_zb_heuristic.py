@@ -91,3 +91,16 @@ def test_unequal_passes_never_take_longer_than_1f1b_and_stay_valid():
             assert _awaiting_w(order) <= limit
         if limit >= min(m, p):
             assert _makespan(orders, times) <= _makespan(_1f1b(p, m), times) * (1 + 1e-12)
+
+
+def test_every_rank_gets_its_own_copy_of_the_pipelines_orders():
+    """`schedule` works the orders out once per pipeline (each rank asks): a rank's list is its own, and
+    an unhashable or invalid `max_in_flight` is refused by name, not by a cache's TypeError."""
+    from strategies.zero_bubble import schedule
+
+    first = schedule(0, 4, 8)
+    first.clear()
+    assert [f"{a.kind}{a.mb}" for a in schedule(0, 4, 8)][:6] == ["F0", "F1", "F2", "F3", "I0", "W0"]
+    for bad in ([4], 0, True):
+        with pytest.raises(ValueError, match="max_in_flight"):
+            schedule(0, 4, 8, max_in_flight=bad)
