@@ -2,15 +2,18 @@
 
 Qi et al. 2023, "Zero Bubble Pipeline Parallelism" (ICLR 2024), sec. 3. Only I is on the critical path
 between stages: W has no consumer before the optimizer step, so it can fill the gaps where 1F1B sits
-idle. The schedule is built the way the paper's heuristic builds it: simulate the pipeline with each
-stage's F, I and W durations (from costs.py, as a profiler would measure them) and let each stage, whenever it is free, run the first of
-  1. an I whose output gradient has arrived,
-  2. the next F whose input has arrived, if fewer than `max_in_flight` microbatches await their W,
-  3. a deferred W,
-then hand each stage its resulting order. With `max_in_flight = p` (the first stage's 1F1B memory;
-ZB-H1) the bubble drops from 1F1B's (p - 1)(F + I + W) toward (p - 1)(F + I - W), about a third when
-F = I = W; with 2p - 1 (ZB-H2's memory) it reaches that bound. Here the stash of a microbatch lives
-until its W, so later stages hold up to p microbatches instead of 1F1B's p - s.
+idle. The order comes from the paper's automatic-scheduling heuristic (sec. 3.1, `_zb_heuristic.py`),
+laid out with each stage's F, I and W durations (from costs.py, as a profiler would measure them): as
+many warm-up Fs as memory allows and fit before the first I can start, then F and I in turn, Ws in the
+waits (a wait shorter than a W too when leaving it would make the stage the idlest), before an F when
+memory is full, and the rest at the end; of a few variants of those choices, an event-driven list
+rule's order and 1F1B's own, the one with the shortest step. Memory is `max_in_flight` microbatches awaiting their W per stage: with
+`max_in_flight = p` (the first stage's 1F1B memory; ZB-H1) and F = I = W the step is the handcrafted
+ZB-H1's 3m + p - 1 passes for m >= p microbatches (1F1B's 3m + 3(p - 1)): the bubble drops from
+(p - 1)(F + I + W) to (p - 1)(F + I - W), a third. 2p - 1 (ZB-H2's memory) reaches the same. The step
+is never longer than 1F1B's with the same times when memory holds 1F1B's min(m, p) microbatches. Here
+the stash of a microbatch lives until its W, so later stages may hold up to `max_in_flight`
+microbatches instead of 1F1B's p - s.
 
 Receives are posted where the paper's reference implementation posts them (sail-sg/zero-bubble-pipeline-
 parallelism, megatron/core/pipeline_parallel/auto_schedule.py, `ilp_results`): the orders are replayed with the
@@ -19,19 +22,18 @@ the sending pass is predicted to end, or, if the stage is idle then, before its 
 `posted_schedule`); the pass that takes the message awaits that receive. A crossing then starts as soon as
 it is sent, overlapping the deferred W a stage runs meanwhile, rather than after it. `schedule` gives the
 orders alone (what `planned` runs, receiving each input as its pass begins).
-
-This rule is simpler than the paper's: at `max_in_flight = p` it does not reach the handcrafted ZB-H1's
-bubble. With F = I = W = 1 the step takes 81 units at p = 8, m = 24 (ZB-H1's 3m + p - 1 = 79, 1F1B's 93)
-and 331 at p = 32, m = 96 (319 and 381), the gap growing with p.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from dist_lib import Model
 
 from ._early_receives import run_posted_stage, with_posted_receives
 from ._pipeline import Action
 from ._plan import build_plan
+from ._zb_heuristic import zb_orders
 
 
 def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
@@ -39,53 +41,33 @@ def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=
     """Stage `stage`'s order; `times[s]` maps "F", "I", "W" to stage s's durations (default all 1)."""
     if chunks != 1:
         raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
-    return greedy_orders(stages, microbatches, stages if max_in_flight is None else max_in_flight, times)[stage]
+    limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
+    key = None if times is None else tuple((t["F"], t["I"], t["W"]) for t in times)
+    return list(_pipeline_orders(stages, microbatches, limit, key)[stage])
 
 
 def greedy_orders(p: int, m: int, limit: int, times=None) -> list[list[Action]]:
-    """Every stage's action order from simulating the greedy rule above."""
+    """Every stage's action order by Zero Bubble's heuristic (`_zb_heuristic.py`), at most `limit`
+    microbatches awaiting W on any stage; `times[s]` maps "F", "I", "W" to stage s's durations."""
+    limit = _checked_limit(limit)
+    if m < 1:
+        return [[] for _ in range(p)]
+    times = times or [{"F": 1, "I": 1, "W": 1}] * p
+    orders = zb_orders([t["F"] for t in times], [t["I"] for t in times], [t["W"] for t in times], m, limit)
+    return [[Action(kind, 0, mb) for kind, mb in order] for order in orders]
+
+
+@lru_cache(maxsize=32)
+def _pipeline_orders(p: int, m: int, limit: int, key: tuple | None) -> tuple[tuple[Action, ...], ...]:
+    """`greedy_orders` once per pipeline: every rank of a plan asks for the same orders."""
+    times = None if key is None else [{"F": f, "I": i, "W": w} for f, i, w in key]
+    return tuple(map(tuple, greedy_orders(p, m, limit, times)))
+
+
+def _checked_limit(limit) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"max_in_flight must be a whole number >= 1, got {limit!r}")
-    times = times or [{"F": 1, "I": 1, "W": 1}] * p
-    clock = [0.0] * p
-    next_f, next_i = [0] * p, [0] * p
-    f_end: dict[tuple[int, int], int] = {}
-    i_end: dict[tuple[int, int], int] = {}
-    deferred: list[list[int]] = [[] for _ in range(p)]
-    orders: list[list[Action]] = [[] for _ in range(p)]
-    for _ in range(3 * m * p):
-        best = None  # (start, priority, stage, kind)
-        for s in range(p):
-            options = []
-            i = next_i[s]
-            if i < next_f[s]:
-                ready = f_end[(s, i)] if s == p - 1 else i_end.get((s + 1, i))
-                if ready is not None:
-                    options.append((max(clock[s], ready), 0, s, "I"))
-            if next_f[s] < m and next_f[s] - (next_i[s] - len(deferred[s])) < limit:
-                ready = 0 if s == 0 else f_end.get((s - 1, next_f[s]))
-                if ready is not None:
-                    options.append((max(clock[s], ready), 1, s, "F"))
-            if deferred[s]:
-                options.append((clock[s], 2, s, "W"))
-            if options:
-                choice = min(options)
-                best = choice if best is None or choice < best else best
-        start, _, s, kind = best
-        if kind == "F":
-            mb = next_f[s]
-            next_f[s] += 1
-            f_end[(s, mb)] = start + times[s]["F"]
-        elif kind == "I":
-            mb = next_i[s]
-            next_i[s] += 1
-            i_end[(s, mb)] = start + times[s]["I"]
-            deferred[s].append(mb)
-        else:
-            mb = deferred[s].pop(0)
-        clock[s] = start + times[s][kind]
-        orders[s].append(Action(kind, 0, mb))
-    return orders
+    return limit
 
 
 def posted_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
@@ -94,9 +76,16 @@ def posted_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1,
     (`_early_receives.py`): before the pass during which the sending pass is predicted to end."""
     if chunks != 1:
         raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
-    times = times or [{"F": 1, "I": 1, "W": 1}] * stages
-    orders = greedy_orders(stages, microbatches, stages if max_in_flight is None else max_in_flight, times)
-    return with_posted_receives(orders, times)[stage]
+    limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
+    key = None if times is None else tuple((t["F"], t["I"], t["W"]) for t in times)
+    return list(_posted_orders(stages, microbatches, limit, key)[stage])
+
+
+@lru_cache(maxsize=32)
+def _posted_orders(p: int, m: int, limit: int, key: tuple | None) -> tuple[tuple[Action, ...], ...]:
+    """`with_posted_receives` of `_pipeline_orders`, once per pipeline."""
+    times = [{"F": 1, "I": 1, "W": 1}] * p if key is None else [{"F": f, "I": i, "W": w} for f, i, w in key]
+    return tuple(map(tuple, with_posted_receives(_pipeline_orders(p, m, limit, key), times)))
 
 
 async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, max_in_flight: int | None = None,

@@ -74,7 +74,7 @@ def test_crossings_into_one_stage_or_on_per_gpu_nics_share_nothing():
     assert contention.shared_links(cluster, workload, placed) == {}
 
 
-@pytest.mark.parametrize("schedule, simulated_ms", [("1f1b", 942.2), ("zero-bubble", 872.8)])
+@pytest.mark.parametrize("schedule, simulated_ms", [("1f1b", 942.2), ("zero-bubble", 846.4)])
 def test_stages_that_share_a_node_nic_are_estimated_as_the_simulator_runs_them(schedule, simulated_ms):
     """Stages of 4, 2, 2 and 4 V100s on three one-NIC nodes, 4 microbatches of 8: the middle node's NIC
     carries two boundaries' crossings at once, and under ZB-H1 stage 0 posts a gradient's receive only
@@ -89,8 +89,8 @@ def test_stages_that_share_a_node_nic_are_estimated_as_the_simulator_runs_them(s
 
 
 def test_zero_bubble_orders_are_the_schedules_own_to_the_tie():
-    """The play-out's ZB-H1 orders keep each stage's choice and work out again only the stages a pass
-    changes; they must be `strategies/zero_bubble.py`'s orders, ties included (equal times make many)."""
+    """The play-out's ZB-H1 orders, from plain lists of seconds, must be `strategies/zero_bubble.py`'s
+    orders for the same times at ZB-H1's memory, ties included (equal times make many)."""
     import random
 
     from strategies.zero_bubble import greedy_orders
@@ -106,10 +106,12 @@ def test_zero_bubble_orders_are_the_schedules_own_to_the_tie():
 
 
 def test_zero_bubble_orders_by_hand():
-    """Two stages, m = 2, F = I = W = 1: stage 0 F0 0..1, F1 1..2; stage 1 F0 1..2, I0 2..3 (an I
-    first), then F1 (its input arrived at 2) 3..4 before its deferred W0, I1 4..5, W0, W1. Stage 0's I0
-    waits for stage 1's I0 (ends 3): at 2 it has nothing but idles to 3 (no W yet), I0 3..4; I1 needs
-    stage 1's I1 (5): W0 runs 4..5 first, then I1 5..6, W1."""
+    """Two stages, m = 2, F = I = W = 1, Zero Bubble's heuristic: warm-up F0 on both (stage 0 0..1,
+    stage 1 1..2); microbatch 0's gradient reaches stage 0 at 3 (stage 1's I0 2..3), so stage 0's F1
+    (1..2) fits before it and runs; stage 1 takes no extra F (fewer than stage 0's one). I0: stage 1
+    2..3, stage 0 3..4. Microbatch 1: stage 1's F1 3..4 (no W waits: its input came at 2), I1 4..5;
+    stage 0 has run every F, so its W0 goes first 4..5, then I1 5..6. The Ws left close: a step of 7
+    (1F1B's order, W after each I, would take 8)."""
     orders = contention.zero_bubble_orders([1.0, 1.0], [1.0, 1.0], [1.0, 1.0], 2)
     assert orders[0] == [("F", 0), ("F", 1), ("I", 0), ("W", 0), ("I", 1), ("W", 1)]
     assert orders[1] == [("F", 0), ("I", 0), ("F", 1), ("I", 1), ("W", 0), ("W", 1)]

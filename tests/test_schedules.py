@@ -208,33 +208,3 @@ def test_any_options_run_soundly_or_are_refused_by_name(name):
         assert _signature(again) == _signature(result)
 
     check()
-
-
-def _makespan(orders: list, times: dict) -> float:
-    """The step of `orders` with each pass's dependencies (F from the stage before, I from the stage after
-    or the last stage's F, W after its I) and no messages."""
-    p, end, clock, at = len(orders), {}, [0.0] * len(orders), [0] * len(orders)
-    while any(at[s] < len(orders[s]) for s in range(p)):
-        moved = False
-        for s in range(p):
-            while at[s] < len(orders[s]):
-                kind, mb = orders[s][at[s]][0], orders[s][at[s]][2]
-                need = ((s - 1, "F") if s else None) if kind == "F" else \
-                    ((s + 1, "I") if s < p - 1 else (s, "F")) if kind == "I" else (s, "I")
-                if need is not None and (need[0], need[1], mb) not in end:
-                    break
-                start = max(clock[s], end[(need[0], need[1], mb)] if need else 0.0)
-                clock[s] = end[(s, kind, mb)] = start + times[kind]
-                at[s] += 1
-                moved = True
-        assert moved, "the orders deadlock"
-    return max(clock)
-
-
-def test_the_greedy_zero_bubble_order_lies_between_1f1b_and_the_handcrafted_zb_h1():
-    from strategies.zero_bubble import greedy_orders
-    # F = I = W = 1: 1F1B takes 3m + 3(p - 1), the handcrafted ZB-H1 3m + (p - 1) (Qi et al. 2023, sec. 3.1);
-    # the greedy rule at ZB-H1's memory (README, strategies table) lands between them
-    for p, m in ((8, 24), (32, 96)):
-        assert 3 * m + (p - 1) < _makespan(greedy_orders(p, m, p), {"F": 1, "I": 1, "W": 1}) < 3 * m + 3 * (p - 1)
-    assert _makespan(greedy_orders(8, 24, 15), {"F": 1, "I": 1, "W": 1}) == 3 * 24 + 7  # ZB-H2's memory: the bound

@@ -122,60 +122,12 @@ def one_f_one_b_orders(stages: int, microbatches: int) -> list[list[tuple[str, i
 
 def zero_bubble_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float],
                        microbatches: int) -> list[list[tuple[str, int]]]:
-    """Each stage's passes under ZB-H1, as `strategies/zero_bubble.py` (`greedy_orders`, at most p
-    microbatches awaiting W) orders them from the stages' forward, input-gradient and weight-gradient
-    seconds: the same rule and the same arithmetic, so the same orders to the tie.
-
-    That rule takes, of every stage's first choice (an I whose gradient has arrived, else a forward whose
-    input has, else a deferred W, each at the later of the stage's clock and its input), the earliest,
-    and looks at every stage again for each of the 3 m p passes. A pass changes the choices of its own
-    stage and its two neighbours only (a forward's end readies s + 1's forward, an I's end s - 1's I), so
-    here each stage's choice is kept and only those three are worked out again: O(m p^2) tuple
-    comparisons in one `min` instead of O(m p^2) option lists, about 5 times faster at p = 16."""
-    p, m = len(forward), microbatches
-    none = (float("inf"), 3, p, "")
-    clock = [0.0] * p
-    next_f, next_i, next_w = [0] * p, [0] * p, [0] * p  # deferred W: microbatches next_w .. next_i - 1
-    f_end = [[0.0] * m for _ in range(p)]
-    i_end = [[0.0] * m for _ in range(p)]
-    orders: list[list[tuple[str, int]]] = [[] for _ in range(p)]
-
-    def choice(s: int) -> tuple:
-        best, i, f = none, next_i[s], next_f[s]
-        if i < f and (s == p - 1 or i < next_i[s + 1]):
-            ready = f_end[s][i] if s == p - 1 else i_end[s + 1][i]
-            best = (max(clock[s], ready), 0, s, "I")
-        if f < m and f - next_w[s] < p and (s == 0 or f < next_f[s - 1]):
-            ready = 0 if s == 0 else f_end[s - 1][f]
-            option = (max(clock[s], ready), 1, s, "F")
-            best = option if option < best else best
-        if next_w[s] < i:
-            option = (clock[s], 2, s, "W")
-            best = option if option < best else best
-        return best
-
-    choices = [choice(s) for s in range(p)]
-    for _ in range(3 * m * p):
-        start, _, s, kind = min(choices)
-        if kind == "F":
-            mb = next_f[s]
-            next_f[s] += 1
-            f_end[s][mb] = start + forward[s]
-            clock[s] = start + forward[s]
-        elif kind == "I":
-            mb = next_i[s]
-            next_i[s] += 1
-            i_end[s][mb] = start + inputs[s]
-            clock[s] = start + inputs[s]
-        else:
-            mb = next_w[s]
-            next_w[s] += 1
-            clock[s] = start + weights[s]
-        orders[s].append((kind, mb))
-        for t in (s - 1, s, s + 1):
-            if 0 <= t < p:
-                choices[t] = choice(t)
-    return orders
+    """Each stage's passes under ZB-H1, as `strategies/zero_bubble.py` orders them (Zero Bubble's
+    heuristic, `strategies/_zb_heuristic.py`, at most p microbatches awaiting W) from the stages' forward,
+    input-gradient and weight-gradient seconds: the heuristic itself on the plain lists, without the
+    schedule's actions."""
+    from strategies._zb_heuristic import zb_orders  # (the strategies import dist_lib: not at load time)
+    return zb_orders(forward, inputs, weights, microbatches, len(forward))
 
 
 def _source(orders: Sequence[Order], s: int, kind: str, mb: int, split: bool) -> tuple[int, str, int] | None:

@@ -1,0 +1,106 @@
+"""Zero Bubble's heuristic order (`strategies/_zb_heuristic.py`, via `zero_bubble.greedy_orders`):
+ZB-H1's step at ZB-H1's memory, never 1F1B's bubble exceeded, memory and order always valid."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from strategies._pipeline import check_schedule
+from strategies.one_f_one_b import schedule as one_f_one_b
+from strategies.zero_bubble import greedy_orders
+
+ONE = {"F": 1, "I": 1, "W": 1}
+
+
+def _makespan(orders: list, times: list[dict]) -> float:
+    """The step of `orders` (actions or (kind, mb) pairs) with stage s's passes taking `times[s]`, each
+    pass's dependencies (F from the stage before, I from the stage after or the last stage's F, W after
+    its I) and no messages. A whole backward B (1F1B's) is an I that takes I + W."""
+    p, end, clock, at = len(orders), {}, [0.0] * len(orders), [0] * len(orders)
+    while any(at[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while at[s] < len(orders[s]):
+                kind, mb = orders[s][at[s]][0], orders[s][at[s]][-1]
+                took = times[s]["I"] + times[s]["W"] if kind == "B" else times[s][kind]
+                kind = "I" if kind == "B" else kind
+                need = ((s - 1, "F") if s else None) if kind == "F" else \
+                    ((s + 1, "I") if s < p - 1 else (s, "F")) if kind == "I" else (s, "I")
+                if need is not None and (need[0], need[1], mb) not in end:
+                    break
+                start = max(clock[s], end[(need[0], need[1], mb)] if need else 0.0)
+                clock[s] = end[(s, kind, mb)] = start + took
+                at[s] += 1
+                moved = True
+        assert moved, "the orders deadlock"
+    return max(clock)
+
+
+def _1f1b(p: int, m: int) -> list:
+    """1F1B's orders (`strategies/one_f_one_b.py`): its bubble is (p - 1)(F + I + W)."""
+    return [one_f_one_b(s, p, m) for s in range(p)]
+
+
+def _awaiting_w(order) -> int:
+    """The most microbatches of one stage's order that have run F but not yet W at any point."""
+    held = most = 0
+    for a in order:
+        held += (a.kind == "F") - (a.kind == "W")
+        most = max(most, held)
+    return most
+
+
+@pytest.mark.parametrize("p, m", [(2, 2), (4, 4), (4, 8), (8, 8), (8, 24), (16, 64), (32, 96)])
+def test_equal_passes_at_zb_h1_memory_take_zb_h1s_step(p, m):
+    """F = I = W = 1, m >= p: the handcrafted ZB-H1 takes 3m + p - 1 (Qi et al. 2024, sec. 3.1), 1F1B
+    3m + 3(p - 1). 3m + p - 1 is also a floor for any order: the last stage's first F starts at p - 1 and
+    it then runs 3m passes. So both memories give exactly it."""
+    times = [ONE] * p
+    assert _makespan(_1f1b(p, m), times) == 3 * m + 3 * (p - 1)
+    for limit in (p, 2 * p - 1):
+        orders = greedy_orders(p, m, limit)
+        assert _makespan(orders, times) == 3 * m + p - 1
+        assert max(map(_awaiting_w, orders)) <= limit
+
+
+def test_the_first_stage_of_zb_h1_by_hand():
+    """p = 4, m = 8, F = I = W = 1: stage 0 runs its 4 warm-up Fs (0..4); microbatch 0's gradient reaches
+    it at 7 (F0 on stage 3 ends at 4, then I0 on stages 3, 2, 1 end at 5, 6, 7), so it fills 4..7 with
+    nothing it may run (memory is full: 4 awaiting W, none of them past I). From then on F and I take
+    turns, a W before each F to make room (stage 0's F never waits for input), the last W at the end."""
+    stage0 = [f"{a.kind}{a.mb}" for a in greedy_orders(4, 8, 4)[0]]
+    assert stage0 == ["F0", "F1", "F2", "F3", "I0", "W0", "F4", "I1", "W1", "F5", "I2", "W2", "F6", "I3", "W3",
+                      "F7", "I4", "W4", "I5", "W5", "I6", "W6", "I7", "W7"]
+
+
+def test_unequal_passes_never_take_longer_than_1f1b_and_stay_valid():
+    """Random per-stage times and memories: the order is never slower than 1F1B's with the same times
+    (whenever memory holds 1F1B's min(m, p) microbatches), never holds more than `limit` microbatches
+    awaiting W, and every stage's order is a valid schedule."""
+    rng = random.Random(11)
+    for trial in range(400):
+        p, m = rng.randint(1, 9), rng.randint(1, 20)
+        pick = (lambda: rng.choice([0.5, 1.0, 2.0])) if trial % 2 else (lambda: rng.uniform(0.1, 3.0))
+        times = [{"F": pick(), "I": pick(), "W": pick()} for _ in range(p)]
+        limit = rng.choice([1, max(1, p - 1), p, p + 1, 2 * p - 1])
+        orders = greedy_orders(p, m, limit, times)
+        for order in orders:
+            check_schedule(order, 1, m)
+            assert _awaiting_w(order) <= limit
+        if limit >= min(m, p):
+            assert _makespan(orders, times) <= _makespan(_1f1b(p, m), times) * (1 + 1e-12)
+
+
+def test_every_rank_gets_its_own_copy_of_the_pipelines_orders():
+    """`schedule` works the orders out once per pipeline (each rank asks): a rank's list is its own, and
+    an unhashable or invalid `max_in_flight` is refused by name, not by a cache's TypeError."""
+    from strategies.zero_bubble import schedule
+
+    first = schedule(0, 4, 8)
+    first.clear()
+    assert [f"{a.kind}{a.mb}" for a in schedule(0, 4, 8)][:6] == ["F0", "F1", "F2", "F3", "I0", "W0"]
+    for bad in ([4], 0, True):
+        with pytest.raises(ValueError, match="max_in_flight"):
+            schedule(0, 4, 8, max_in_flight=bad)
