@@ -30,7 +30,8 @@ from typing import Any
 from dist_lib import Model
 from dist_lib.tensors import range_mask
 
-from ._pipeline import POSTS, Action, StagePlan, _Stage
+from ._actions import POSTS, Action
+from ._pipeline import StagePlan, _Stage
 from ._replay import Times, replay
 
 

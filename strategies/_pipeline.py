@@ -1,10 +1,7 @@
-"""Run a pipeline schedule: one rank's list of actions, executed in order.
+"""Run a pipeline schedule: one rank's list of actions (`_actions.py`), executed in order.
 
-A schedule is what each stage does, as a list of `Action`s (the shape PyTorch's
-`torch.distributed.pipelining` uses): `F` forward, `B` full backward, `I` input-gradient half and `W`
-deferred weight-gradient half of a split backward (Qi et al. 2023), each naming a model chunk (0 unless
-interleaved) and a microbatch. The schedule files (gpipe, one_f_one_b, interleaved, zero_bubble) build
-those lists; `run_stage` carries them out:
+The schedule files (gpipe, one_f_one_b, interleaved, zero_bubble, ...) build each stage's list of
+`Action`s; `run_stage` carries them out:
 
 * a forward receives its input from the previous virtual stage (or embeds it on the first), keeps
   each layer's input (which carries the stash backward needs), and sends its output on (or computes the
@@ -32,33 +29,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from dist_lib import Model, Work
 from dist_lib.tensors import range_mask
 
-
-class Action(NamedTuple):
-    kind: str  # "F", "B", "I" or "W"; or a blocking message (`MESSAGES`) or a posted receive (`POSTS`)
-    chunk: int
-    mb: int
-
-    def __repr__(self) -> str:
-        return f"{self.kind}{self.mb}" + (f"c{self.chunk}" if self.chunk else "")
-
-
-# Blocking messages a schedule may place itself (DeepSpeed's engine: deepspeed_1f1b.py): receive or send an
-# activation (to the next stage) or a gradient (to the previous one). A schedule that uses them owns every
-# message of the stage; otherwise forwards receive their input and send their output themselves, without
-# blocking.
-MESSAGES = {"RA": "activation", "SA": "activation", "RG": "activation gradient", "SG": "activation gradient"}
-
-# Non-blocking receives a schedule may post ahead of the pass that takes them (the Zero Bubble reference
-# implementation's placement: `_early_receives.py`): post the receive of a chunk's input activation or of its
-# output gradient for a microbatch now; that pass then awaits the posted receive instead of receiving itself.
-# A chunk with one receive of a kind posted has every one of that kind posted; the stage runs with
-# `_early_receives.run_posted_stage`.
-POSTS = {"PA": "activation", "PG": "activation gradient"}
+from ._actions import MESSAGES, POSTS, Action
+from ._actions import check_schedule  # noqa: F401  (where planned.py imports it from)
 
 
 @dataclass
@@ -95,59 +72,6 @@ class StagePlan:
     # own messages only
     attention_mask_messages: bool = False
 
-
-def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
-    """Each (chunk, microbatch) forwarded once, then backward once (B, or I then W); a posted receive
-    (`POSTS`) comes once, before the pass that takes it, and a chunk has every receive of a kind posted or none."""
-    seen: dict[tuple[int, int], str] = {}
-    posted: dict[str, set] = {"PA": set(), "PG": set()}
-    taken: dict[str, set] = {"PA": set(), "PG": set()}  # passes that took a posted receive
-    unposted: dict[str, set] = {"PA": set(), "PG": set()}  # passes that took their input without a post
-    for a in actions:
-        if a.kind in MESSAGES:
-            continue
-        key, done = (a.chunk, a.mb), seen.get((a.chunk, a.mb), "")
-        need = _NEED.get(a.kind)
-        if need is None:
-            _check_post(a, done, posted)
-            continue
-        if done != need:
-            raise ValueError(f"schedule: {a!r} after {done or 'nothing'} for chunk {a.chunk} microbatch {a.mb}")
-        seen[key] = done + a.kind
-        post = _TAKES.get(a.kind)
-        if post is not None:
-            (taken if key in posted[post] else unposted)[post].add(key)
-    complete = {k for k, v in seen.items() if v in ("FB", "FIW")}
-    if len(complete) != chunks * microbatches or len(seen) != len(complete):
-        raise ValueError("schedule: not every chunk and microbatch ran forward and backward exactly once")
-    for kind in POSTS:
-        for chunk, mb in sorted(posted[kind] - taken[kind]):
-            raise ValueError(f"schedule: {Action(kind, chunk, mb)!r} posts a receive that no pass takes (chunk "
-                             f"{chunk} microbatch {mb})")
-        chunks_posted = {chunk for chunk, _ in posted[kind]}
-        for chunk, mb in sorted(unposted[kind]):
-            if chunk in chunks_posted:
-                raise ValueError(f"schedule: chunk {chunk} microbatch {mb} takes its {POSTS[kind]} without a "
-                                 f"posted receive ({kind}) while other microbatches of the chunk have one; post "
-                                 f"every receive of a kind or none")
-
-
-_NEED = {"F": "", "B": "F", "I": "F", "W": "FI"}  # what a pass of a (chunk, microbatch) comes after
-_TAKES = {"F": "PA", "B": "PG", "I": "PG"}  # the post whose receive a pass takes
-
-
-def _check_post(a: Action, done: str, posted: dict[str, set]) -> None:
-    """A posted receive: a known kind, once, and before the pass that takes it."""
-    if a.kind not in POSTS:
-        raise ValueError(f"schedule: unknown action kind {a.kind!r} in {a!r} (F, B, I, W, {', '.join(MESSAGES)} "
-                         f"or {', '.join(POSTS)})")
-    key = (a.chunk, a.mb)
-    if key in posted[a.kind]:
-        raise ValueError(f"schedule: {a!r} posted twice for chunk {a.chunk} microbatch {a.mb}")
-    if done != "" and not (a.kind == "PG" and done == "F"):
-        raise ValueError(f"schedule: {a!r} after {done} for chunk {a.chunk} microbatch {a.mb}: a receive is "
-                         f"posted before the pass that takes it")
-    posted[a.kind].add(key)
 
 
 def run_stage(model: Model, plan: StagePlan) -> Coroutine[Any, Any, None]:

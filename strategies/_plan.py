@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from dist_lib import Model, costs
 
 from ._layout import Layout, check_chunks, check_partition, even_partition, microbatches, replica_samples
-from ._pipeline import Action, StagePlan, check_schedule
+from ._actions import Action, check_schedule
+from ._pipeline import StagePlan
 
 Schedule = Callable[[int, int, int, int], Sequence[Action]]  # (stage, stages, microbatches, chunks)
 

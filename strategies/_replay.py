@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ._pipeline import Action
+from ._actions import Action
 
 Times = Sequence[Mapping[str, float]]  # stage -> {"F", "B", "I", "W"} -> seconds of one microbatch's pass
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from dist_lib import Model
 
-from ._pipeline import Action, run_stage
+from ._actions import Action
+from ._pipeline import run_stage
 from ._plan import build_plan
 
 

@@ -28,7 +28,8 @@ from dist_lib.planner.search import pipeline_partition, pipeline_stage_seconds
 
 from . import one_f_one_b
 from ._layout import Layout, check_partition
-from ._pipeline import StagePlan, check_schedule, run_stage
+from ._actions import check_schedule
+from ._pipeline import StagePlan, run_stage
 
 
 def plan(model: Model, dp: int | None, pp: int, microbatch_size: int, partition, shares, recompute: bool = False):

@@ -31,7 +31,7 @@ from functools import lru_cache
 from dist_lib import Model
 
 from ._early_receives import run_posted_stage, with_posted_receives
-from ._pipeline import Action
+from ._actions import Action
 from ._plan import build_plan
 from ._zb_heuristic import zb_orders
 

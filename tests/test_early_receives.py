@@ -8,7 +8,8 @@ import pytest
 from dist_lib import costs, simulate
 from strategies import zero_bubble
 from strategies._early_receives import with_posted_receives
-from strategies._pipeline import Action, check_schedule, run_stage
+from strategies._actions import Action, check_schedule
+from strategies._pipeline import run_stage
 from strategies._plan import build_plan
 from strategies._replay import replay
 

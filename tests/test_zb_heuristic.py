@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from strategies._pipeline import check_schedule
+from strategies._actions import check_schedule
 from strategies.one_f_one_b import schedule as one_f_one_b
 from strategies.zero_bubble import greedy_orders
 
