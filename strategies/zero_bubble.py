@@ -38,30 +38,40 @@ from ._zb_heuristic import zb_orders
 
 def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
              max_in_flight: int | None = None) -> list[Action]:
-    """Stage `stage`'s order; `times[s]` maps "F", "I", "W" to stage s's durations (default all 1)."""
+    """Stage `stage`'s order; `times[s]` maps "F", "I", "W" to stage s's durations (default all 1) and,
+    optionally, "C" to a message's crossing between stage s and s + 1 (default 0)."""
     if chunks != 1:
         raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
     limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
-    key = None if times is None else tuple((t["F"], t["I"], t["W"]) for t in times)
+    key = _key(times)
     return list(_pipeline_orders(stages, microbatches, limit, key)[stage])
 
 
 def greedy_orders(p: int, m: int, limit: int, times=None) -> list[list[Action]]:
     """Every stage's action order by Zero Bubble's heuristic (`_zb_heuristic.py`), at most `limit`
-    microbatches awaiting W on any stage; `times[s]` maps "F", "I", "W" to stage s's durations."""
+    microbatches awaiting W on any stage; `times[s]` maps "F", "I", "W" to stage s's durations and,
+    optionally, "C" to the seconds a message takes between stage s and s + 1 (the heuristic's `comm[s]`;
+    absent: 0; the last stage's is not used)."""
     limit = _checked_limit(limit)
     if m < 1:
         return [[] for _ in range(p)]
     times = times or [{"F": 1, "I": 1, "W": 1}] * p
-    orders = zb_orders([t["F"] for t in times], [t["I"] for t in times], [t["W"] for t in times], m, limit)
+    comm = [t.get("C", 0.0) for t in times[:-1]]
+    orders = zb_orders([t["F"] for t in times], [t["I"] for t in times], [t["W"] for t in times], m, limit,
+                       comm=comm)
     return [[Action(kind, 0, mb) for kind, mb in order] for order in orders]
 
 
 @lru_cache(maxsize=32)
 def _pipeline_orders(p: int, m: int, limit: int, key: tuple | None) -> tuple[tuple[Action, ...], ...]:
     """`greedy_orders` once per pipeline: every rank of a plan asks for the same orders."""
-    times = None if key is None else [{"F": f, "I": i, "W": w} for f, i, w in key]
+    times = None if key is None else [{"F": f, "I": i, "W": w, "C": c} for f, i, w, c in key]
     return tuple(map(tuple, greedy_orders(p, m, limit, times)))
+
+
+def _key(times) -> tuple | None:
+    """The pass and crossing times as a cache key (a missing "C" is 0)."""
+    return None if times is None else tuple((t["F"], t["I"], t["W"], t.get("C", 0.0)) for t in times)
 
 
 def _checked_limit(limit) -> int:
@@ -77,14 +87,15 @@ def posted_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1,
     if chunks != 1:
         raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
     limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
-    key = None if times is None else tuple((t["F"], t["I"], t["W"]) for t in times)
+    key = _key(times)
     return list(_posted_orders(stages, microbatches, limit, key)[stage])
 
 
 @lru_cache(maxsize=32)
 def _posted_orders(p: int, m: int, limit: int, key: tuple | None) -> tuple[tuple[Action, ...], ...]:
     """`with_posted_receives` of `_pipeline_orders`, once per pipeline."""
-    times = [{"F": 1, "I": 1, "W": 1}] * p if key is None else [{"F": f, "I": i, "W": w} for f, i, w in key]
+    times = [{"F": 1, "I": 1, "W": 1}] * p if key is None else [{"F": f, "I": i, "W": w, "C": c}
+                                                              for f, i, w, c in key]
     return tuple(map(tuple, with_posted_receives(_pipeline_orders(p, m, limit, key), times)))
 
 
