@@ -51,6 +51,17 @@ def test_replay_times_each_pass_from_compute_alone():
                                      [(1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7)]]
 
 
+def test_replay_counts_the_crossing_between_stages():
+    # "C" = 2 between the stages: s1 F0 waits for activation 0 until 1 + 2 (3-4), I0 4-5; activation 1
+    # (sent at 2) is there at 4, s1 is free at 5: F1 5-6, I1 6-7, W0, W1 7-9; s0 I0 waits for gradient 0
+    # until 5 + 2 (7-8), W0 8-9, I1 for gradient 1 until 7 + 2 (9-10), W1 10-11. A stage's own F (the
+    # last stage's I) and a W cross nothing.
+    crossing = [{"F": 1, "I": 1, "W": 1, "C": 2}] * 2
+    assert replay(ZB_2x2, crossing) == [[(0, 1), (1, 2), (7, 8), (8, 9), (9, 10), (10, 11)],
+                                        [(3, 4), (4, 5), (5, 6), (6, 7), (7, 8), (8, 9)]]
+    assert replay([actions("F0 I0 W0")], [{"F": 1, "I": 1, "W": 1, "C": 5}]) == [[(0, 1), (1, 2), (2, 3)]]
+
+
 def test_replay_does_not_care_which_rule_made_the_orders():
     # 1F1B with B = 2F on stage 1: s1 F0 1-3, B0 3-5, F1 5-7, B1 7-9; s0 B0 5-6, B1 9-10
     orders = [actions("F0 F1 B0 B1"), actions("F0 B0 F1 B1")]
