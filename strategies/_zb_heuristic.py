@@ -9,12 +9,12 @@ crossing, the last stage's I for its own F). The paper's reference counts the cr
 `cost_comm` added to the producing pass's end wherever a pass or a test waits for another stage
 (sail-sg/zero-bubble-pipeline-parallelism, megatron/core/pipeline_parallel/auto_schedule.py,
 `Graph.manual_order`); on a slow link this makes the warm-up take more Fs (the first gradient comes back
-later) and lets Ws fill the crossings. Memory is counted as microbatches whose W has not run yet (F takes one, W gives it
-back), at most `limit` per stage. The rule:
+later) and lets Ws fill the crossings. Memory is counted as microbatches whose W has not run yet (F takes
+one, W gives it back), at most `limit` per stage. The rule:
 
   * warm-up: every stage runs microbatch 0's F, then as many more Fs as memory allows while they fit
-    before microbatch 0's input gradient can reach it (crossings included), fewer on each stage than on the one before, so
-    the bubble before the first I is as small as it can be; then microbatch 0's I, last stage first;
+    before microbatch 0's input gradient can reach it (crossings included), fewer on each stage than on
+    the one before, so the bubble before the first I is as small as it can be; then microbatch 0's I, last stage first;
   * steady state: for each microbatch in turn, every stage runs one more F (first stage first; a stage
     runs one only if every later stage does), then that microbatch's I (last stage first);
   * before each of those passes, a stage runs deferred Ws: as many as memory needs to take another
