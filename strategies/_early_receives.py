@@ -12,8 +12,9 @@ pass's predicted completion time; a stage's nodes are sorted by time, communicat
 RECV that falls within the preceding compute pass (its time at most that pass's completion time) is moved
 ahead of that pass, "so that recv is executed before computation and hence can be overlapped".
 
-Here the same rule runs on a compute-only replay of the stages' orders (`_replay.py`): a pass starts when
-its stage's previous pass has ended and its input's producing pass has ended. The receive of a message is
+Here the same rule runs on a replay of the stages' orders (`_replay.py`) with the times the orders were made
+with: a pass starts when its stage's previous pass has ended and its input has arrived (its producing pass's
+end plus the boundary's crossing time, times[s]["C"], when given). The receive of a message is
 posted before the first pass of the receiving stage predicted to end at or after the sending pass's end:
 the pass during which the message is predicted to be sent, or, if the stage is idle then, its next pass.
 Either is at or before the pass that takes the message, which starts no earlier than the send.

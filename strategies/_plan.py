@@ -40,6 +40,9 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
     if "times" in inspect.signature(schedule).parameters:  # cost-aware schedules (zero-bubble)
         extra["times"] = [stage_times(model, stage_ranks[s], [blocks[c * pp + s] for c in range(chunks)],
                                       microbatch_size, tp, last=s == pp - 1) for s in range(pp)]
+        for s in range(pp - 1 if chunks == 1 else pp):  # "C": the crossing to the next stage
+            extra["times"][s]["C"] = crossing_time(model, stage_ranks[s], stage_ranks[(s + 1) % pp],
+                                                   microbatch_size, tp if scatter_gather else 1)
     if extra:
         actions: Sequence[Action] = list(schedule(stage, pp, len(mbs), chunks, **extra))
         check_schedule(actions, chunks, len(mbs))
@@ -91,3 +94,14 @@ def stage_times(model: Model, rank: int, chunks: Sequence[range], microbatch_siz
     if last:
         times["F"] += costs.loss_time(device, workload, microbatch_size, tp)
     return times
+
+
+def crossing_time(model: Model, src: int, dst: int, microbatch_size: int, tp: int) -> float:
+    """Seconds one microbatch's pipeline message between ranks `src` and `dst` takes alone on their link,
+    as the simulator charges it (`costs.p2p_time` over `Cluster.p2p_link`): the activation, or with
+    scatter-gather (pass its `tp`, else 1) this TP rank's 1/t piece of it; an activation gradient is the
+    same size. 0 for a rank to itself."""
+    if src == dst:
+        return 0.0
+    nbytes = costs.pipeline_message_bytes(model.workload, microbatch_size, tp)
+    return costs.p2p_time(nbytes, model.cluster.p2p_link(src, dst))

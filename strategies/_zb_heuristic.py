@@ -1,15 +1,20 @@
 """Zero Bubble's automatic-scheduling heuristic: each stage's order of F, I and W passes.
 
 Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), sec. 3.1 "Automatic scheduling". The
-pipeline is laid out microbatch by microbatch in plain arithmetic from each stage's pass times (no
-messages): a pass starts at the later of its stage's clock and its input (an F past the first stage
-waits for the stage before's F, an I before the last stage for the stage after's I, the last stage's I
-for its own F). Memory is counted as microbatches whose W has not run yet (F takes one, W gives it
-back), at most `limit` per stage. The rule:
+pipeline is laid out microbatch by microbatch in plain arithmetic from each stage's pass times and each
+boundary's crossing time `comm[s]` (a message between stage s and s + 1, either way; 0 unless given): a
+pass starts at the later of its stage's clock and its input's arrival (an F past the first stage waits
+for the stage before's F plus the crossing, an I before the last stage for the stage after's I plus the
+crossing, the last stage's I for its own F). The paper's reference counts the crossing the same way, one
+`cost_comm` added to the producing pass's end wherever a pass or a test waits for another stage
+(sail-sg/zero-bubble-pipeline-parallelism, megatron/core/pipeline_parallel/auto_schedule.py,
+`Graph.manual_order`); on a slow link this makes the warm-up take more Fs (the first gradient comes back
+later) and lets Ws fill the crossings. Memory is counted as microbatches whose W has not run yet (F takes
+one, W gives it back), at most `limit` per stage. The rule:
 
   * warm-up: every stage runs microbatch 0's F, then as many more Fs as memory allows while they fit
-    before microbatch 0's input gradient can reach it, fewer on each stage than on the one before, so
-    the bubble before the first I is as small as it can be; then microbatch 0's I, last stage first;
+    before microbatch 0's input gradient can reach it (crossings included), fewer on each stage than on
+    the one before, so the bubble before the first I is as small as it can be; then microbatch 0's I, last stage first;
   * steady state: for each microbatch in turn, every stage runs one more F (first stage first; a stage
     runs one only if every later stage does), then that microbatch's I (last stage first);
   * before each of those passes, a stage runs deferred Ws: as many as memory needs to take another
@@ -26,7 +31,8 @@ short wait gets a W even when leaving it idle would not make the stage the worst
 candidates: an event-driven list rule (each free stage runs an I whose input is there, else an F, else a
 W; the earliest start first), which does better for some unequal pass times and for fewer microbatches
 than stages, and 1F1B's own order (each W right after its I) when memory holds it, so the result is
-never slower than 1F1B's.
+never slower than 1F1B's. All of them, the 1F1B order's timing included, count the same crossings, so
+the comparison holds with them: never slower than 1F1B's in this arithmetic.
 
 With equal pass times and `limit = p` (or more) the step is the handcrafted ZB-H1's, 3m + p - 1 time
 units for m >= p microbatches (1F1B's 3m + 3(p - 1)).
@@ -43,9 +49,10 @@ class _Layout:
     """One trial layout: each stage's clock, pass ends, counts and idle time as passes are placed."""
 
     def __init__(self, forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float], m: int,
-                 limit: int):
+                 limit: int, comm: Sequence[float]):
         p = len(forward)
         self.forward, self.inputs, self.weights, self.m, self.limit = forward, inputs, weights, m, limit
+        self.comm = comm  # comm[s]: a message's crossing between stage s and s + 1
         self.clock = [0.0] * p
         self.f_end = [[0.0] * m for _ in range(p)]
         self.i_end = [[0.0] * m for _ in range(p)]
@@ -59,9 +66,9 @@ class _Layout:
         """When the input of stage s's next pass of this kind is there (0 if it needs none)."""
         last = len(self.forward) - 1
         if kind == "F":
-            return self.f_end[s - 1][self.nf[s]] if s else 0.0
+            return self.f_end[s - 1][self.nf[s]] + self.comm[s - 1] if s else 0.0
         if kind == "I":
-            return self.i_end[s + 1][self.ni[s]] if s < last else self.f_end[s][self.ni[s]]
+            return self.i_end[s + 1][self.ni[s]] + self.comm[s] if s < last else self.f_end[s][self.ni[s]]
         return 0.0  # W: its I ran on this stage before it
 
     def put(self, s: int, kind: str) -> None:
@@ -111,6 +118,7 @@ class _Layout:
         extra = [0] * p
         gradient = self.f_end[p - 1][0] + self.inputs[p - 1]  # when the last stage's I0 ends
         for s in range(p - 2, -1, -1):
+            gradient += self.comm[s]  # when it reaches stage s
             clock = self.clock[s]
             while 1 + extra[s] < min(m, self.limit) and (clock < gradient if overrun
                                                           else clock + self.forward[s] <= gradient):
@@ -153,7 +161,7 @@ class _Layout:
         is there, the next F whose input is there (memory allowing), a deferred W; of every stage's choice
         the one that can start first runs (ties: I, then F, then W, then the lower stage). A pass changes
         the choices of its own stage and its two neighbours only, so only theirs are worked out again."""
-        p, m, limit = len(self.forward), self.m, self.limit
+        p, m, limit, comm = len(self.forward), self.m, self.limit, self.comm
         forward, inputs, weights, orders = self.forward, self.inputs, self.weights, self.orders
         clock, nf, ni, nw, f_end, i_end = self.clock, self.nf, self.ni, self.nw, self.f_end, self.i_end
         none = (float("inf"), 3, p, "")
@@ -161,10 +169,10 @@ class _Layout:
         def choice(s: int) -> tuple:
             best, i, f = none, ni[s], nf[s]
             if i < f and (s == p - 1 or i < ni[s + 1]):
-                ready = f_end[s][i] if s == p - 1 else i_end[s + 1][i]
+                ready = f_end[s][i] if s == p - 1 else i_end[s + 1][i] + comm[s]
                 best = (clock[s] if clock[s] > ready else ready, 0, s, "I")
             if f < m and f - nw[s] < limit and (s == 0 or f < nf[s - 1]):
-                ready = f_end[s - 1][f] if s else 0.0
+                ready = f_end[s - 1][f] + comm[s - 1] if s else 0.0
                 option = (clock[s] if clock[s] > ready else ready, 1, s, "F")
                 best = option if option < best else best
             if nw[s] < i:
@@ -200,7 +208,7 @@ class _Layout:
         next F and I), or if the F (and the Ws memory needs first) would run past it and the wait left
         would not make the stage the worst."""
         nxt = s + 1
-        comes = self.clock[nxt] + self.forward[nxt] + self.inputs[nxt]
+        comes = self.clock[nxt] + self.forward[nxt] + self.inputs[nxt] + self.comm[s]
         if self.clock[s] >= comes:
             return True
         freed = max(0, self.nf[s] + 1 - self.nw[s] - self.limit)
@@ -235,7 +243,7 @@ class _Layout:
 
 
 def _layouts(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float], m: int,
-             limit: int) -> Iterator[_Layout]:
+             limit: int, comm: Sequence[float]) -> Iterator[_Layout]:
     """The heuristic's layouts, each set of choices once (one whose outcome does not depend on a choice
     is not laid out again the other way), then the list rule's, then 1F1B's if memory allows it."""
     plain = None  # the warm-up's counts without overrun
@@ -245,7 +253,7 @@ def _layouts(forward: Sequence[float], inputs: Sequence[float], weights: Sequenc
             if not (hold or asked_hold):
                 break  # no stage was ever two Fs ahead: holding back changes nothing
             for short_waits in (True, False):
-                layout = _Layout(forward, inputs, weights, m, limit)
+                layout = _Layout(forward, inputs, weights, m, limit, comm)
                 extra = layout.warm_up(overrun)
                 if overrun and extra == plain:
                     break  # the same warm-up: the same layouts again
@@ -255,23 +263,32 @@ def _layouts(forward: Sequence[float], inputs: Sequence[float], weights: Sequenc
                 yield layout
                 if "short" not in layout.asked:
                     break  # no short wait met: filling them or not changes nothing
-    layout = _Layout(forward, inputs, weights, m, limit)
+    layout = _Layout(forward, inputs, weights, m, limit, comm)
     layout.list_rule()
     yield layout
     if limit >= min(m, len(forward)):
-        layout = _Layout(forward, inputs, weights, m, limit)
+        layout = _Layout(forward, inputs, weights, m, limit, comm)
         layout.one_f_one_b()
         yield layout
 
 
 def zb_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float], microbatches: int,
-              limit: int) -> list[Order]:
+              limit: int, *, comm: Sequence[float] | None = None) -> list[Order]:
     """Each stage's passes by the heuristic above, from stage s's F, I and W durations (`forward[s]`,
     `inputs[s]`, `weights[s]`) with at most `limit` microbatches awaiting W on any stage: of the
     heuristic's layouts, the list rule's and 1F1B's (with W right after I, when `limit` holds its
-    min(m, p) microbatches on the first stage), the first with the earliest last pass."""
+    min(m, p) microbatches on the first stage), the first with the earliest last pass. `comm[s]` (keyword,
+    p - 1 entries, default all 0) is the seconds a message takes between stage s and s + 1, either way:
+    every layout then counts it between a pass and the pass on the next stage that takes its output."""
+    p = len(forward)
+    if comm is None:
+        comm = [0.0] * max(p - 1, 0)
+    elif len(comm) != max(p - 1, 0) or not all(isinstance(c, (int, float)) and 0 <= c < float("inf")
+                                                for c in comm):
+        raise ValueError(f"comm must list {max(p - 1, 0)} crossing times (seconds >= 0, one per boundary "
+                         f"between {p} stages), got {comm!r}")
     best, best_end = None, 0.0
-    for layout in _layouts(forward, inputs, weights, microbatches, limit):
+    for layout in _layouts(forward, inputs, weights, microbatches, limit, comm):
         end = max(layout.clock)
         if best is None or end < best_end:
             best, best_end = layout.orders, end

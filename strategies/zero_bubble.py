@@ -3,25 +3,31 @@
 Qi et al. 2023, "Zero Bubble Pipeline Parallelism" (ICLR 2024), sec. 3. Only I is on the critical path
 between stages: W has no consumer before the optimizer step, so it can fill the gaps where 1F1B sits
 idle. The order comes from the paper's automatic-scheduling heuristic (sec. 3.1, `_zb_heuristic.py`),
-laid out with each stage's F, I and W durations (from costs.py, as a profiler would measure them): as
-many warm-up Fs as memory allows and fit before the first I can start, then F and I in turn, Ws in the
-waits (a wait shorter than a W too when leaving it would make the stage the idlest), before an F when
-memory is full, and the rest at the end; of a few variants of those choices, an event-driven list
-rule's order and 1F1B's own, the one with the shortest step. Memory is `max_in_flight` microbatches awaiting their W per stage: with
-`max_in_flight = p` (the first stage's 1F1B memory; ZB-H1) and F = I = W the step is the handcrafted
-ZB-H1's 3m + p - 1 passes for m >= p microbatches (1F1B's 3m + 3(p - 1)): the bubble drops from
-(p - 1)(F + I + W) to (p - 1)(F + I - W), a third. 2p - 1 (ZB-H2's memory) reaches the same. The step
-is never longer than 1F1B's with the same times when memory holds 1F1B's min(m, p) microbatches. Here
-the stash of a microbatch lives until its W, so later stages may hold up to `max_in_flight`
-microbatches instead of 1F1B's p - s.
+laid out with each stage's F, I and W durations (from costs.py, as a profiler would measure them) and
+each boundary's crossing time (one microbatch's message alone on the link between the stages' ranks, as
+the simulator charges it; `_plan.crossing_time`), counted as the reference's `cost_comm` is: as many
+warm-up Fs as memory allows and fit before the first I can start, then F and I in turn, Ws in the waits
+(a wait shorter than a W too when leaving it would make the stage the idlest), before an F when memory
+is full, and the rest at the end; of a few variants of those choices, an event-driven list rule's order
+and 1F1B's own, the one with the shortest step, crossings included. On a slow link the crossings
+lengthen the wait for the first gradient, so the stages before the last run more warm-up Fs (up to
+`max_in_flight`) instead of holding later activations back behind a round trip. Memory is
+`max_in_flight` microbatches awaiting their W per stage: with `max_in_flight = p` (the first stage's
+1F1B memory; ZB-H1) and F = I = W (free crossings) the step is the handcrafted ZB-H1's 3m + p - 1 passes
+for m >= p microbatches (1F1B's 3m + 3(p - 1)): the bubble drops from (p - 1)(F + I + W) to
+(p - 1)(F + I - W), a third. 2p - 1 (ZB-H2's memory) reaches the same. In the heuristic's arithmetic
+the step is never longer than 1F1B's with the same pass and crossing times when memory holds 1F1B's
+min(m, p) microbatches. Here the stash of a microbatch lives until its W, so later stages may hold up to
+`max_in_flight` microbatches instead of 1F1B's p - s.
 
 Receives are posted where the paper's reference implementation posts them (sail-sg/zero-bubble-pipeline-
 parallelism, megatron/core/pipeline_parallel/auto_schedule.py, `ilp_results`): the orders are replayed with the
-same pass times (`_replay.py`), and each stage posts the receive of a message before the pass during which
-the sending pass is predicted to end, or, if the stage is idle then, before its next pass (`_early_receives.py`,
-`posted_schedule`); the pass that takes the message awaits that receive. A crossing then starts as soon as
-it is sent, overlapping the deferred W a stage runs meanwhile, rather than after it. `schedule` gives the
-orders alone (what `planned` runs, receiving each input as its pass begins).
+same pass and crossing times (`_replay.py`), and each stage posts the receive of a message before the pass
+during which the sending pass is predicted to end, or, if the stage is idle then, before its next pass
+(`_early_receives.py`, `posted_schedule`); the pass that takes the message awaits that receive. A crossing
+then starts as soon as it is sent, overlapping the deferred W a stage runs meanwhile, rather than after it.
+`schedule` gives the orders alone (what `planned` runs, receiving each input as its pass begins; its stage times carry no
+crossing, so its orders are the compute-only ones).
 """
 
 from __future__ import annotations
@@ -38,30 +44,40 @@ from ._zb_heuristic import zb_orders
 
 def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
              max_in_flight: int | None = None) -> list[Action]:
-    """Stage `stage`'s order; `times[s]` maps "F", "I", "W" to stage s's durations (default all 1)."""
+    """Stage `stage`'s order; `times[s]` maps "F", "I", "W" to stage s's durations (default all 1) and,
+    optionally, "C" to a message's crossing between stage s and s + 1 (default 0)."""
     if chunks != 1:
         raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
     limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
-    key = None if times is None else tuple((t["F"], t["I"], t["W"]) for t in times)
+    key = _key(times)
     return list(_pipeline_orders(stages, microbatches, limit, key)[stage])
 
 
 def greedy_orders(p: int, m: int, limit: int, times=None) -> list[list[Action]]:
     """Every stage's action order by Zero Bubble's heuristic (`_zb_heuristic.py`), at most `limit`
-    microbatches awaiting W on any stage; `times[s]` maps "F", "I", "W" to stage s's durations."""
+    microbatches awaiting W on any stage; `times[s]` maps "F", "I", "W" to stage s's durations and,
+    optionally, "C" to the seconds a message takes between stage s and s + 1 (the heuristic's `comm[s]`;
+    absent: 0; the last stage's is not used)."""
     limit = _checked_limit(limit)
     if m < 1:
         return [[] for _ in range(p)]
     times = times or [{"F": 1, "I": 1, "W": 1}] * p
-    orders = zb_orders([t["F"] for t in times], [t["I"] for t in times], [t["W"] for t in times], m, limit)
+    comm = [t.get("C", 0.0) for t in times[:-1]]
+    orders = zb_orders([t["F"] for t in times], [t["I"] for t in times], [t["W"] for t in times], m, limit,
+                       comm=comm)
     return [[Action(kind, 0, mb) for kind, mb in order] for order in orders]
 
 
 @lru_cache(maxsize=32)
 def _pipeline_orders(p: int, m: int, limit: int, key: tuple | None) -> tuple[tuple[Action, ...], ...]:
     """`greedy_orders` once per pipeline: every rank of a plan asks for the same orders."""
-    times = None if key is None else [{"F": f, "I": i, "W": w} for f, i, w in key]
+    times = None if key is None else [{"F": f, "I": i, "W": w, "C": c} for f, i, w, c in key]
     return tuple(map(tuple, greedy_orders(p, m, limit, times)))
+
+
+def _key(times) -> tuple | None:
+    """The pass and crossing times as a cache key (a missing "C" is 0)."""
+    return None if times is None else tuple((t["F"], t["I"], t["W"], t.get("C", 0.0)) for t in times)
 
 
 def _checked_limit(limit) -> int:
@@ -77,14 +93,15 @@ def posted_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1,
     if chunks != 1:
         raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
     limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
-    key = None if times is None else tuple((t["F"], t["I"], t["W"]) for t in times)
+    key = _key(times)
     return list(_posted_orders(stages, microbatches, limit, key)[stage])
 
 
 @lru_cache(maxsize=32)
 def _posted_orders(p: int, m: int, limit: int, key: tuple | None) -> tuple[tuple[Action, ...], ...]:
     """`with_posted_receives` of `_pipeline_orders`, once per pipeline."""
-    times = [{"F": 1, "I": 1, "W": 1}] * p if key is None else [{"F": f, "I": i, "W": w} for f, i, w in key]
+    times = [{"F": 1, "I": 1, "W": 1}] * p if key is None else [{"F": f, "I": i, "W": w, "C": c}
+                                                              for f, i, w, c in key]
     return tuple(map(tuple, with_posted_receives(_pipeline_orders(p, m, limit, key), times)))
 
 

@@ -52,6 +52,17 @@ def test_replay_times_each_pass_from_compute_alone():
                                      [(1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7)]]
 
 
+def test_replay_counts_the_crossing_between_stages():
+    # "C" = 2 between the stages: s1 F0 waits for activation 0 until 1 + 2 (3-4), I0 4-5; activation 1
+    # (sent at 2) is there at 4, s1 is free at 5: F1 5-6, I1 6-7, W0, W1 7-9; s0 I0 waits for gradient 0
+    # until 5 + 2 (7-8), W0 8-9, I1 for gradient 1 until 7 + 2 (9-10), W1 10-11. A stage's own F (the
+    # last stage's I) and a W cross nothing.
+    crossing = [{"F": 1, "I": 1, "W": 1, "C": 2}] * 2
+    assert replay(ZB_2x2, crossing) == [[(0, 1), (1, 2), (7, 8), (8, 9), (9, 10), (10, 11)],
+                                        [(3, 4), (4, 5), (5, 6), (6, 7), (7, 8), (8, 9)]]
+    assert replay([actions("F0 I0 W0")], [{"F": 1, "I": 1, "W": 1, "C": 5}]) == [[(0, 1), (1, 2), (2, 3)]]
+
+
 def test_replay_does_not_care_which_rule_made_the_orders():
     # 1F1B with B = 2F on stage 1: s1 F0 1-3, B0 3-5, F1 5-7, B1 7-9; s0 B0 5-6, B1 9-10
     orders = [actions("F0 F1 B0 B1"), actions("F0 B0 F1 B1")]
@@ -120,23 +131,51 @@ def recvs(result, rank):
 
 
 def test_the_gradient_crossing_overlaps_w_on_a_slow_link(pinned):
-    # Each message takes D (about 7 ms) alone; F = I = W = 1 ms. Posted receives (times in ms, F = 1):
+    # Each message takes D (about 7 ms) alone; F = I = W = 1 ms. The orders are ZB_2x2's; the replay that
+    # places the posts counts D per crossing (the plan's "C"): s1 F0 1+D..2+D, I0 ..3+D, F1 ..4+D, I1 ..5+D;
+    # s0 F1 ends at 2 and its I0 waits for gradient 0 until 3+2D, so gradient 1 (sent at 5+D, before
+    # I0's predicted end 4+2D) is posted before I0 too. Simulated (times in ms, F = 1):
     #   s0 F0 0-1, F1 1-2; A0 crosses 1..1+D, A1 1+D..1+2D (the channel is free then; both were posted at 0)
     #   s1 F0 1+D..2+D, I0 ..3+D (G0 sent), F1 1+2D..2+2D, I1 ..3+2D (G1 sent), W0, W1 ..5+2D
-    #   s0 I0 posted at 2: G0 3+D..3+2D, I0 3+2D..4+2D; PG1 posted at 4+2D, before W0: G1 4+2D..4+3D
-    #   while W0 runs, I1 4+3D..5+3D, W1 ..6+3D
+    #   s0: G0 3+D..3+2D, I0 3+2D..4+2D, W0 ..5+2D; G1, posted at 2, crosses 3+2D..3+3D, during I0 and W0;
+    #   I1 3+3D..4+3D, W1 ..5+3D
     # Late receives: s1 posts A1 only when F1 begins (3+D): F1 3+2D.., I1 ..5+2D sends G1; s0 runs W0
-    # 4+2D..5+2D before posting G1's receive: G1 5+2D..5+3D, I1, W1 ..7+3D; one W later.
+    # 4+2D..5+2D before posting G1's receive: G1 5+2D..5+3D, I1, W1 ..7+3D; two passes later.
     new = simulate(zero_bubble.train, SLOW, "toy:layers=2", 2)
     old = simulate(late_receives, SLOW, "toy:layers=2", 2)
-    assert new.time_s == pytest.approx(6 * MS + 3 * D, rel=1e-9)
+    assert new.time_s == pytest.approx(5 * MS + 3 * D, rel=1e-9)
     assert old.time_s == pytest.approx(7 * MS + 3 * D, rel=1e-9)
     assert {e[7] for e in new.raw_events if e[2] == "p2p"} == {2 ** 21}
     # a crossing starts when both ends are posted (rendezvous): its start is the later post
-    assert [e[3] for e in recvs(new, 0)] == pytest.approx([3 * MS + D, 4 * MS + 2 * D], rel=1e-9)
+    assert [e[3] for e in recvs(new, 0)] == pytest.approx([3 * MS + D, 3 * MS + 2 * D], rel=1e-9)
     assert [e[3] for e in recvs(old, 0)] == pytest.approx([3 * MS + D, 5 * MS + 2 * D], rel=1e-9)
     assert [e[3] for e in recvs(new, 1)] == pytest.approx([1 * MS, 1 * MS + D], rel=1e-9)
     assert [e[3] for e in recvs(old, 1)] == pytest.approx([1 * MS, 3 * MS + D], rel=1e-9)
+    for stage in range(2):
+        assert [f"{a.kind}{a.mb}" for a in zero_bubble.posted_schedule(
+            stage, 2, 2, times=[{"F": MS, "I": MS, "W": MS, "C": D}] * 2)] == [
+            "F0 F1 PG0 PG1 I0 W0 I1 W1", "PA0 PA1 F0 I0 F1 I1 W0 W1"][stage].split()
+
+
+def test_the_plan_gives_the_crossing_the_simulator_charges(pinned):
+    """`build_plan` hands a cost-aware schedule each boundary's "C": one microbatch's message alone on the
+    link, D on the slow NIC; the last stage has no boundary after it (one chunk)."""
+    seen = []
+
+    def spy(stage, stages, microbatches, chunks, times=None):
+        seen.append(times)
+        return zero_bubble.schedule(stage, stages, microbatches, chunks, times)
+
+    async def run(model):
+        build_plan(model, spy, microbatch_size=1, pp=2)
+        raise RuntimeError("planned")  # the step itself is not needed
+
+    with pytest.raises(Exception, match="planned"):
+        simulate(run, SLOW, "toy:layers=2", 2)
+    assert seen  # (the first rank's error ends the run)
+    for times in seen:
+        assert times[0]["C"] == pytest.approx(D, rel=1e-12)
+        assert "C" not in times[1]
 
 
 def test_every_microbatch_is_received_once_per_direction(pinned):
