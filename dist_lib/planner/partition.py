@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
-from .contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_orders
+from .contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_posted
 from .messages import crossing_seconds, scatters
 from .playout import one_f_one_b_pipeline, play_interleaved
 from .stagger import boundary_seconds, slack
@@ -257,8 +257,11 @@ def _block_time(o: StageOption, start: int, n: int) -> float:
 
 
 def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
-                  microbatches: int, schedule: str, chunks: int) -> tuple[float, float]:
-    """(seconds per step, highest memory share) of a placed partition under a schedule."""
+                  microbatches: int, schedule: str, chunks: int, cutoff: float = float("inf")) -> tuple[float, float]:
+    """(seconds per step, highest memory share) of a placed partition under a schedule. A ZB-H1 plan is
+    played out pass by pass (`contention.py`) unless even its passes alone, every crossing free, would
+    take longer than `cutoff` seconds (a search's bound on plans worth ranking): then the closed form
+    stands."""
     pp, m = len(placed), microbatches
     times, forwards, backs, weights, mem = [], [], [], [], 0.0
     start = 0
@@ -323,18 +326,31 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         for s, r, _ in boundaries:
             pipeline += crossing_seconds(cluster, workload, placed[s][1], placed[r][1]) - crossings[s, r][0]
         # crossings of different boundaries that meet on a node's shared NIC, played out (`contention.py`)
-        pairs = shared_links(cluster, workload, placed) if schedule in ("1f1b", "zero-bubble") else {}
-        if pairs:
+        pairs = shared_links(cluster, workload, placed, schedule == "zero-bubble") \
+            if schedule in ("1f1b", "zero-bubble") else {}
+        floor = 0.0
+        if schedule == "zero-bubble" and pp > 1 and cutoff < float("inf"):
+            floor = _zero_bubble_floor(computed, backs, weights, m, [
+                crossing_seconds(cluster, workload, placed[s][1], placed[s + 1][1])
+                + min(crossings[s, s + 1][1], crossing_seconds(cluster, workload, placed[s + 1][1], placed[s][1]))
+                for s in range(pp - 1)])
+        if floor and step_end(cluster, workload, placed, backs, weights, floor, True) > cutoff:
+            pipeline = max(pipeline, floor)  # it cannot come under the cutoff: the closed form, at least the floor
+        elif pairs or (schedule == "zero-bubble" and pp > 1):
+            posts = None
             if schedule == "1f1b":
                 orders = one_f_one_b_orders(pp, m)
                 seconds = [{"F": f, "B": b} for f, b in zip(computed, backs)]
             else:
-                orders = zero_bubble_orders(computed, [b - w for b, w in zip(backs, weights)], weights, m)
                 seconds = [{"F": f, "I": b - w, "W": w} for f, b, w in zip(computed, backs, weights)]
-            alone, sharing = play_ends(cluster, workload, placed, orders, seconds, pairs, crossings)
-            if schedule == "zero-bubble":  # a receive posted after a weight-gradient pass (`contention.py`)
-                pipeline = max(pipeline, alone)
-            pipeline += sharing - alone
+                orders, posts = zero_bubble_posted(seconds, m)
+            alone, sharing = play_ends(cluster, workload, placed, orders, seconds, pairs, crossings, posts)
+            if schedule == "zero-bubble":
+                # the play-out, with the receives where the schedule posts them, replaces the closed form,
+                # which waits for every crossing into a stage as if its receive were posted late
+                pipeline = sharing
+            else:
+                pipeline += sharing - alone
     if schedule == "interleaved" and pp > 1:
         if 2 * pp * chunks * m <= PLAYOUT_PASSES:
             pipeline = _interleaved_playout(placed, m, chunks, crossings)
@@ -342,6 +358,20 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
             pipeline = max(pipeline, _virtual_bound(placed, m, chunks, crossings))
     # the pipeline ends with stage 0's last backward; then each stage's reductions and update (`tail.py`)
     return step_end(cluster, workload, placed, backs, weights, pipeline, schedule == "zero-bubble"), mem
+
+
+def _zero_bubble_floor(forwards: list[float], backs: list[float], weights: list[float], m: int,
+                       path: list[float]) -> float:
+    """A floor under the end of stage 0's last pass in any ZB-H1 play-out: stage 0 runs all its passes,
+    and for each stage s, the first microbatch's forwards and activations reach s, s runs every F and I,
+    and the last microbatch's input gradient comes back to stage 0 after them (`path[s]`: the first
+    activation's crossing from s to s + 1 and a gradient's back, each at its time alone)."""
+    floor = m * (forwards[0] + backs[0])
+    before = 0.0  # the forwards, input-gradient passes and crossings of the stages before s
+    for s, (f, b, w) in enumerate(zip(forwards, backs, weights)):
+        floor = max(floor, before + m * (f + b - w))
+        before += f + b - w + (path[s] if s < len(path) else 0.0)
+    return floor
 
 
 def steady_crossings(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],

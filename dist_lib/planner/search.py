@@ -333,7 +333,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                 if found is None:
                     why["memory"] += 1
                     continue
-                new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price)
+                new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
+                                 incumbent / weight)
                 for c in new:
                     incumbent = min(incumbent, c.estimate * weight)
                 out.extend(new)
@@ -376,7 +377,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     return out, reasons
 
 
-def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price) -> list[Candidate]:
+def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
+               cutoff: float = float("inf")) -> list[Candidate]:
     """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit. ZB-H1 is
     left out under full recompute: its deferred weight-gradient pass needs the rebuilt stashes, so every
     layer's stash lives from the input-gradient pass to W, which the estimate does not count."""
@@ -389,7 +391,7 @@ def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price)
         if m % pp == 0 and all(n >= INTERLEAVE_CHUNKS for n, _ in placed):
             variants.append(("interleaved", INTERLEAVE_CHUNKS))
     for schedule, chunks in variants:
-        seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks)
+        seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks, cutoff)
         if mem <= MEMORY_HEADROOM:
             out.append(Candidate(to_plan(placed, microbatch, m, schedule, recompute, zero, chunks), seconds, mem,
                                  price))
