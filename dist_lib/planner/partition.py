@@ -363,13 +363,16 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
 def _zero_bubble_floor(forwards: list[float], backs: list[float], weights: list[float], m: int,
                        path: list[float]) -> float:
     """A floor under the end of stage 0's last pass in any ZB-H1 play-out: stage 0 runs all its passes,
-    and for each stage s, the first microbatch's forwards and activations reach s, s runs every F and I,
-    and the last microbatch's input gradient comes back to stage 0 after them (`path[s]`: the first
-    activation's crossing from s to s + 1 and a gradient's back, each at its time alone)."""
+    and for each stage s, the first microbatch's forwards and activations reach s, s runs every F and I
+    and, before its last F, all but p of its weight-gradient passes (at most p microbatches await their W,
+    `zero_bubble_orders`), and the last microbatch's input gradient comes back to stage 0 after them
+    (`path[s]`: the first activation's crossing from s to s + 1 and a gradient's back, each at its time
+    alone)."""
     floor = m * (forwards[0] + backs[0])
+    held = max(0, m - len(forwards))  # W passes a stage must run before its last F
     before = 0.0  # the forwards, input-gradient passes and crossings of the stages before s
     for s, (f, b, w) in enumerate(zip(forwards, backs, weights)):
-        floor = max(floor, before + m * (f + b - w))
+        floor = max(floor, before + m * (f + b - w) + held * w)
         before += f + b - w + (path[s] if s < len(path) else 0.0)
     return floor
 
