@@ -259,9 +259,9 @@ def _block_time(o: StageOption, start: int, n: int) -> float:
 def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
                   microbatches: int, schedule: str, chunks: int, cutoff: float = float("inf")) -> tuple[float, float]:
     """(seconds per step, highest memory share) of a placed partition under a schedule. A ZB-H1 plan is
-    played out pass by pass (`contention.py`) unless even its passes alone, every crossing free, would
-    take longer than `cutoff` seconds (a search's bound on plans worth ranking): then the closed form
-    stands."""
+    played out pass by pass (`contention.py`) unless a floor under that play-out (`_zero_bubble_floor`)
+    already gives a step longer than `cutoff` seconds (a search's best estimate so far): then the
+    closed form stands, at least that floor, and the plan cannot win."""
     pp, m = len(placed), microbatches
     times, forwards, backs, weights, mem = [], [], [], [], 0.0
     start = 0
