@@ -333,8 +333,10 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                 if found is None:
                     why["memory"] += 1
                     continue
+                # a ZB-H1 plan is played out only if its floor could beat the best so far (`partition.py`);
+                # an unpruned search (infinite slack) plays out every one
                 new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
-                                 incumbent / weight)
+                                 incumbent / weight if prune_slack < float("inf") else float("inf"))
                 for c in new:
                     incumbent = min(incumbent, c.estimate * weight)
                 out.extend(new)
