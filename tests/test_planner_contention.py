@@ -169,7 +169,7 @@ def test_zero_bubble_orders_by_hand():
 
 
 def test_the_zero_bubble_floor_is_under_every_play_out():
-    """`partition._zero_bubble_floor`, which lets a search skip the play-out of a ZB-H1 plan that cannot
+    """`zero_bubble_floor`, which lets a search skip the play-out of a ZB-H1 plan that cannot
     beat its best, is never above the play-out's end of stage 0's last pass (random pass and crossing
     times), and by hand: two stages of F = I = W = 1, m = 4, the two crossings 1 s together: stage 0 runs
     12 s of passes; stage 1 waits for stage 0's F0 (1), runs four F, four I and the two W that memory
@@ -177,9 +177,7 @@ def test_the_zero_bubble_floor_is_under_every_play_out():
     crossings, 13."""
     import random
 
-    from dist_lib.planner.partition import _zero_bubble_floor
-
-    assert _zero_bubble_floor([1.0, 1.0], [2.0, 2.0], [1.0, 1.0], 4, [1.0]) == 13.0
+    assert contention.zero_bubble_floor([1.0, 1.0], [2.0, 2.0], [1.0, 1.0], 4, [1.0]) == 13.0
     rng = random.Random(3)
     for _ in range(200):
         p, m = rng.randint(2, 6), rng.randint(1, 12)
@@ -190,5 +188,5 @@ def test_the_zero_bubble_floor_is_under_every_play_out():
         seconds = [{"F": a, "I": b, "W": c} for a, b, c in zip(f, i, w)]
         ends, _ = contention.play_alone(orders, seconds, onward, back, contention.posted_positions(orders, seconds))
         path = [onward[s][0] + min(back[s]) for s in range(p - 1)]
-        floor = _zero_bubble_floor(f, [b + c for b, c in zip(i, w)], w, m, path)
+        floor = contention.zero_bubble_floor(f, [b + c for b, c in zip(i, w)], w, m, path)
         assert floor <= ends[(0, *orders[0][-1])] * (1 + 1e-12)

@@ -27,7 +27,7 @@ has ended and, for a forward past the first stage or a backward before the last,
 crossed. Under 1F1B (only for plans with such links) a crossing starts once the sending pass has ended
 and the receiving stage has ended the pass before the one it feeds (a rendezvous: the receive is posted
 then). Under ZB-H1 (every plan of two or more stages, but those a search need not rank:
-`partition.step_estimate`'s cutoff) the receives are posted where the schedule posts
+`partition.step_estimate`'s cutoff, `zero_bubble_floor`) the receives are posted where the schedule posts
 them (`posted_positions`: `with_posted_receives` on the same orders and the estimate's pass seconds), and
 a crossing into pass k starts at the latest of the sending pass's end, the start of the pass before which
 its receive is posted, and the end of the crossing before it between the same two stages. Only if two
@@ -160,6 +160,23 @@ def zero_bubble_posted(seconds: Sequence[dict[str, float]], microbatches: int
             _POSTED.clear()
         found = _POSTED[key] = (orders, posted_positions(orders, seconds))
     return found
+
+
+def zero_bubble_floor(forwards: list[float], backs: list[float], weights: list[float], m: int,
+                       path: list[float]) -> float:
+    """A floor under the end of stage 0's last pass in any ZB-H1 play-out: stage 0 runs all its passes,
+    and for each stage s, the first microbatch's forwards and activations reach s, s runs every F and I
+    and, before its last F, all but p of its weight-gradient passes (at most p microbatches await their W,
+    `zero_bubble_orders`), and the last microbatch's input gradient comes back to stage 0 after them
+    (`path[s]`: the first activation's crossing from s to s + 1 and a gradient's back, each at its time
+    alone)."""
+    floor = m * (forwards[0] + backs[0])
+    held = max(0, m - len(forwards))  # W passes a stage must run before its last F
+    before = 0.0  # the forwards, input-gradient passes and crossings of the stages before s
+    for s, (f, b, w) in enumerate(zip(forwards, backs, weights)):
+        floor = max(floor, before + m * (f + b - w) + held * w)
+        before += f + b - w + (path[s] if s < len(path) else 0.0)
+    return floor
 
 
 def _source(orders: Sequence[Order], s: int, kind: str, mb: int, split: bool) -> tuple[int, str, int] | None:

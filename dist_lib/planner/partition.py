@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
-from .contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_posted
+from .contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_floor, zero_bubble_posted
 from .messages import crossing_seconds, scatters
 from .playout import one_f_one_b_pipeline, play_interleaved
 from .stagger import boundary_seconds, slack
@@ -259,9 +259,9 @@ def _block_time(o: StageOption, start: int, n: int) -> float:
 def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
                   microbatches: int, schedule: str, chunks: int, cutoff: float = float("inf")) -> tuple[float, float]:
     """(seconds per step, highest memory share) of a placed partition under a schedule. A ZB-H1 plan is
-    played out pass by pass (`contention.py`) unless a floor under that play-out (`_zero_bubble_floor`)
-    already gives a step longer than `cutoff` seconds (a search's best estimate so far): then the
-    closed form stands, at least that floor, and the plan cannot win."""
+    played out pass by pass (`contention.py`) unless a floor under that play-out
+    (`contention.zero_bubble_floor`) already gives a step longer than `cutoff` seconds (a search's best
+    estimate so far): then the closed form stands, at least that floor, and the plan cannot win."""
     pp, m = len(placed), microbatches
     times, forwards, backs, weights, mem = [], [], [], [], 0.0
     start = 0
@@ -330,7 +330,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
             if schedule in ("1f1b", "zero-bubble") else {}
         floor = 0.0
         if schedule == "zero-bubble" and pp > 1 and cutoff < float("inf"):
-            floor = _zero_bubble_floor(computed, backs, weights, m, [
+            floor = zero_bubble_floor(computed, backs, weights, m, [
                 crossing_seconds(cluster, workload, placed[s][1], placed[s + 1][1])
                 + min(crossings[s, s + 1][1], crossing_seconds(cluster, workload, placed[s + 1][1], placed[s][1]))
                 for s in range(pp - 1)])
@@ -358,23 +358,6 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
             pipeline = max(pipeline, _virtual_bound(placed, m, chunks, crossings))
     # the pipeline ends with stage 0's last backward; then each stage's reductions and update (`tail.py`)
     return step_end(cluster, workload, placed, backs, weights, pipeline, schedule == "zero-bubble"), mem
-
-
-def _zero_bubble_floor(forwards: list[float], backs: list[float], weights: list[float], m: int,
-                       path: list[float]) -> float:
-    """A floor under the end of stage 0's last pass in any ZB-H1 play-out: stage 0 runs all its passes,
-    and for each stage s, the first microbatch's forwards and activations reach s, s runs every F and I
-    and, before its last F, all but p of its weight-gradient passes (at most p microbatches await their W,
-    `zero_bubble_orders`), and the last microbatch's input gradient comes back to stage 0 after them
-    (`path[s]`: the first activation's crossing from s to s + 1 and a gradient's back, each at its time
-    alone)."""
-    floor = m * (forwards[0] + backs[0])
-    held = max(0, m - len(forwards))  # W passes a stage must run before its last F
-    before = 0.0  # the forwards, input-gradient passes and crossings of the stages before s
-    for s, (f, b, w) in enumerate(zip(forwards, backs, weights)):
-        floor = max(floor, before + m * (f + b - w) + held * w)
-        before += f + b - w + (path[s] if s < len(path) else 0.0)
-    return floor
 
 
 def steady_crossings(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
