@@ -15,7 +15,10 @@ whole. The schedule
 (GPipe, 1F1B, interleaved, ZB-H1), recompute and ZeRO-1 are the plan's; layer gradients are reduced
 among a stage's replicas as soon as the last microbatch has passed, as in the other pipeline strategies.
 Bubble and memory are those of the plan's schedule (gpipe.py, one_f_one_b.py, interleaved.py,
-zero_bubble.py), with the stage times the plan's widths and shares give.
+zero_bubble.py), with the stage times the plan's widths and shares give. ZB-H1 posts each receive where
+`zero_bubble` does (`_early_receives.py`): before the pass during which the sending pass is predicted to
+end, from the plan's stage times; the posted receive takes every piece of the message at once, one
+receive per sending rank of its route. The other schedules receive each input as its pass begins.
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from dist_lib import Model, planner
+from dist_lib.tensors import range_mask
 from dist_lib.planner.plan import Plan, Stage
 
 from . import gpipe, interleaved, one_f_one_b, zero_bubble
-from ._pipeline import StagePlan, _Stage, check_schedule
+from ._pipeline import POSTS, Action, StagePlan, _Stage, check_schedule
 from ._plan import stage_times
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
-             "zero-bubble": zero_bubble.schedule}
+             "zero-bubble": zero_bubble.posted_schedule}
 
 
 async def train(model: Model, *, plan=None) -> None:
@@ -58,7 +62,8 @@ async def train(model: Model, *, plan=None) -> None:
                            microbatches=mbs, actions=actions, dp_group=lambda layer: dp_ranks,
                            tp_group=list(stage.replica_ranks(replica)), tp_rank=tp_rank,
                            recompute=plan.recompute == "full", selective_recompute=plan.recompute == "selective")
-    await _PlannedStage(model, stage_plan, plan, replica).run()
+    runner = _PostedPlannedStage if plan.schedule == "zero-bubble" else _PlannedStage
+    await runner(model, stage_plan, plan, replica).run()
 
 
 _ESTIMATED: dict = {}
@@ -187,3 +192,40 @@ class _PlannedStage(_Stage):
             piece = await self._receive(src, layer, range(start + a, start + z), what)
             pieces.append(await self._gathered(piece, src) if scatter else piece)
         return self.model.join_samples(pieces)
+
+
+class _PostedPlannedStage(_PlannedStage):
+    """`_PlannedStage` whose schedule posts its receives (ZB-H1): a post receives every piece of the
+    message from its route's sending ranks at once, and the pass that takes it awaits those receives.
+    Only zero-bubble plans run it, so the other schedules' receive path is unchanged."""
+
+    def __init__(self, model: Model, stage_plan: StagePlan, plan: Plan, replica: int):
+        super().__init__(model, stage_plan, plan, replica)
+        self.posted: dict = {}  # (what, layer, samples) -> the posted receives of its pieces, in route order
+
+    def post(self, action: Action) -> None:
+        what, k = POSTS[action.kind], self.virtuals[action.chunk]
+        virtual = k - 1 if action.kind == "PA" else k + 1
+        if not 0 <= virtual < self.virtual:
+            raise ValueError(f"rank {self.model.rank}: {action!r} posts the receive of the {what} of stage {k} "
+                             f"from stage {virtual}, which does not exist (stages 0..{self.virtual - 1})")
+        layers = self.plan.chunks[action.chunk]
+        key = (what, layers.start if action.kind == "PA" else layers.stop, self.plan.microbatches[action.mb])
+        recv = self.model.recv
+        self.posted[key] = [recv(src) for _, _, _, src in self._routes(virtual % self.pp)]
+
+    async def _receive_from(self, virtual: int, layer: int, samples: range, what: str):
+        works = self.posted.pop((what, layer, samples), None)
+        if works is None:  # not posted: received now
+            return await super()._receive_from(virtual, layer, samples, what)
+        other = virtual % self.pp
+        routes, scatter = self._routes(other), self._scatters(other)
+        whole = len(routes) == 1 and routes[0][1] - routes[0][0] == self.share
+        pieces = []
+        for (a, z, _, src), work in zip(routes, works):
+            piece = await work
+            expected = samples if whole else range(samples.start + a, samples.start + z)
+            if piece.layer != layer or piece.samples != range_mask(expected.start, expected.stop):
+                self._unexpected(piece, src, layer, expected, what)
+            pieces.append(await self._gathered(piece, src) if scatter else piece)
+        return pieces[0] if whole else self.model.join_samples(pieces)

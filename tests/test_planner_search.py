@@ -415,10 +415,15 @@ def test_a_stage_waits_for_every_crossing_into_it_in_the_estimate(schedule, befo
     candidate = simulate_candidate(cluster, workload, 16 * m, Candidate(
         to_plan(placed, 16, m, schedule, "none", 0, chunks), seconds, memory, 0.0))
     if schedule != "interleaved":
-        # a middle stage receives an activation and a gradient a microbatch, each a whole crossing
+        # a middle stage receives an activation and a gradient a microbatch, each a whole crossing; under
+        # ZB-H1 its receives are posted early, and an activation and a gradient crossing at once share
+        # the node's NIC in: some take longer, none less
         result = run_plan(cluster, workload, 16 * m, candidate.plan)
         waits = [e.duration for e in result.events if e.rank == 4 and e.op == "recv"]
-        assert waits == [pytest.approx(crossing)] * (2 * m)
+        if schedule == "1f1b":
+            assert waits == [pytest.approx(crossing)] * (2 * m)
+        else:
+            assert len(waits) == 2 * m and min(waits) == pytest.approx(crossing) and max(waits) > 1.1 * crossing
     assert candidate.simulated == pytest.approx(seconds, rel=0.025)
     assert abs(seconds / candidate.simulated - 1) < abs(before) / 3
 

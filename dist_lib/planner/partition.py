@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
-from .contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_orders
+from .contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_floor, zero_bubble_posted
 from .messages import crossing_seconds, scatters
 from .playout import one_f_one_b_pipeline, play_interleaved
 from .stagger import boundary_seconds, slack
@@ -257,8 +257,11 @@ def _block_time(o: StageOption, start: int, n: int) -> float:
 
 
 def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, StageOption]],
-                  microbatches: int, schedule: str, chunks: int) -> tuple[float, float]:
-    """(seconds per step, highest memory share) of a placed partition under a schedule."""
+                  microbatches: int, schedule: str, chunks: int, cutoff: float = float("inf")) -> tuple[float, float]:
+    """(seconds per step, highest memory share) of a placed partition under a schedule. A ZB-H1 plan is
+    played out pass by pass (`contention.py`) unless a floor under that play-out
+    (`contention.zero_bubble_floor`) already gives a step longer than `cutoff` seconds (a search's best
+    estimate so far): then the closed form stands, at least that floor, and the plan cannot win."""
     pp, m = len(placed), microbatches
     times, forwards, backs, weights, mem = [], [], [], [], 0.0
     start = 0
@@ -323,18 +326,31 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         for s, r, _ in boundaries:
             pipeline += crossing_seconds(cluster, workload, placed[s][1], placed[r][1]) - crossings[s, r][0]
         # crossings of different boundaries that meet on a node's shared NIC, played out (`contention.py`)
-        pairs = shared_links(cluster, workload, placed) if schedule in ("1f1b", "zero-bubble") else {}
-        if pairs:
+        pairs = shared_links(cluster, workload, placed, schedule == "zero-bubble") \
+            if schedule in ("1f1b", "zero-bubble") else {}
+        floor = 0.0
+        if schedule == "zero-bubble" and pp > 1 and cutoff < float("inf"):
+            floor = zero_bubble_floor(computed, backs, weights, m, [
+                crossing_seconds(cluster, workload, placed[s][1], placed[s + 1][1])
+                + min(crossings[s, s + 1][1], crossing_seconds(cluster, workload, placed[s + 1][1], placed[s][1]))
+                for s in range(pp - 1)])
+        if floor and step_end(cluster, workload, placed, backs, weights, floor, True) > cutoff:
+            pipeline = max(pipeline, floor)  # it cannot come under the cutoff: the closed form, at least the floor
+        elif pairs or (schedule == "zero-bubble" and pp > 1):
+            posts = None
             if schedule == "1f1b":
                 orders = one_f_one_b_orders(pp, m)
                 seconds = [{"F": f, "B": b} for f, b in zip(computed, backs)]
             else:
-                orders = zero_bubble_orders(computed, [b - w for b, w in zip(backs, weights)], weights, m)
                 seconds = [{"F": f, "I": b - w, "W": w} for f, b, w in zip(computed, backs, weights)]
-            alone, sharing = play_ends(cluster, workload, placed, orders, seconds, pairs, crossings)
-            if schedule == "zero-bubble":  # a receive posted after a weight-gradient pass (`contention.py`)
-                pipeline = max(pipeline, alone)
-            pipeline += sharing - alone
+                orders, posts = zero_bubble_posted(seconds, m)
+            alone, sharing = play_ends(cluster, workload, placed, orders, seconds, pairs, crossings, posts)
+            if schedule == "zero-bubble":
+                # the play-out, with the receives where the schedule posts them, replaces the closed form,
+                # which waits for every crossing into a stage as if its receive were posted late
+                pipeline = sharing
+            else:
+                pipeline += sharing - alone
     if schedule == "interleaved" and pp > 1:
         if 2 * pp * chunks * m <= PLAYOUT_PASSES:
             pipeline = _interleaved_playout(placed, m, chunks, crossings)

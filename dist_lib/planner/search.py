@@ -333,7 +333,10 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                 if found is None:
                     why["memory"] += 1
                     continue
-                new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price)
+                # a ZB-H1 plan is played out only if its floor could beat the best so far (`partition.py`);
+                # an unpruned search (infinite slack) plays out every one
+                new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
+                                 incumbent / weight if prune_slack < float("inf") else float("inf"))
                 for c in new:
                     incumbent = min(incumbent, c.estimate * weight)
                 out.extend(new)
@@ -376,7 +379,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     return out, reasons
 
 
-def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price) -> list[Candidate]:
+def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
+               cutoff: float = float("inf")) -> list[Candidate]:
     """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit. ZB-H1 is
     left out under full recompute: its deferred weight-gradient pass needs the rebuilt stashes, so every
     layer's stash lives from the input-gradient pass to W, which the estimate does not count."""
@@ -389,7 +393,7 @@ def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price)
         if m % pp == 0 and all(n >= INTERLEAVE_CHUNKS for n, _ in placed):
             variants.append(("interleaved", INTERLEAVE_CHUNKS))
     for schedule, chunks in variants:
-        seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks)
+        seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks, cutoff)
         if mem <= MEMORY_HEADROOM:
             out.append(Candidate(to_plan(placed, microbatch, m, schedule, recompute, zero, chunks), seconds, mem,
                                  price))
