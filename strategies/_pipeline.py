@@ -35,7 +35,6 @@ from dist_lib import Model, Work
 from dist_lib.tensors import range_mask
 
 from ._actions import MESSAGES, POSTS, Action
-from ._actions import check_schedule  # noqa: F401  (where planned.py imports it from)
 
 
 @dataclass

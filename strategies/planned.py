@@ -30,7 +30,8 @@ from dist_lib.tensors import range_mask
 from dist_lib.planner.plan import Plan, Stage
 
 from . import gpipe, interleaved, one_f_one_b, zero_bubble
-from ._pipeline import POSTS, Action, StagePlan, _Stage, check_schedule
+from ._actions import POSTS, Action, check_schedule
+from ._pipeline import StagePlan, _Stage
 from ._plan import stage_times
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,

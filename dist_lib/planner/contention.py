@@ -193,7 +193,7 @@ def posted_positions(orders: Sequence[Order], seconds: Sequence[dict[str, float]
     before which its receive is posted}, where `strategies/zero_bubble.py` posts it
     (`strategies/_early_receives.with_posted_receives` on the same orders and pass seconds)."""
     from strategies._early_receives import with_posted_receives  # (the strategies import dist_lib)
-    from strategies._pipeline import Action
+    from strategies._actions import Action
     split = any(kind == "I" for kind, _ in orders[0])
     takes = {"PA": "F", "PG": "I" if split else "B"}
     out = []
