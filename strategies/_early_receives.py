@@ -75,6 +75,18 @@ def run_posted_stage(model: Model, plan: StagePlan) -> Coroutine[Any, Any, None]
     return _PostedStage(model, plan).run()
 
 
+def post_target(stage: _Stage, action: Action) -> tuple[tuple, int]:
+    """(the key under which the pass that takes it finds the receive, the virtual stage the message comes
+    from) of `stage`'s post action; a post from a stage that does not exist is refused."""
+    what, k = POSTS[action.kind], stage.virtuals[action.chunk]
+    virtual = k - 1 if action.kind == "PA" else k + 1
+    if not 0 <= virtual < stage.virtual:
+        raise ValueError(f"rank {stage.model.rank}: {action!r} posts the receive of the {what} of virtual stage "
+                         f"{k} from virtual stage {virtual}, which does not exist (stages 0..{stage.virtual - 1})")
+    layers = stage.plan.chunks[action.chunk]
+    return (what, layers.start if action.kind == "PA" else layers.stop, stage.plan.microbatches[action.mb]), virtual
+
+
 class _PostedStage(_Stage):
     """A pipeline stage whose passes take the receives its schedule posted. Only schedules with posts run
     it, so the other schedules' receive path does no extra work per message."""
@@ -86,17 +98,10 @@ class _PostedStage(_Stage):
         self.posted: dict = {}  # (what, layer, samples) -> the posted receive's Work, until a pass takes it
 
     def post(self, action: Action) -> None:
-        what, k = POSTS[action.kind], self.virtuals[action.chunk]
-        virtual = k - 1 if action.kind == "PA" else k + 1
-        if not 0 <= virtual < self.virtual:
-            raise ValueError(f"rank {self.model.rank}: {action!r} posts the receive of the {what} of virtual stage "
-                             f"{k} from virtual stage {virtual}, which does not exist (stages 0..{self.virtual - 1})")
+        key, virtual = post_target(self, action)
         src = self._peer(virtual)
-        if src == self.model.rank:  # one stage holding both chunks hands the tensor to itself
-            return
-        layers = self.plan.chunks[action.chunk]
-        key = (what, layers.start if action.kind == "PA" else layers.stop, self.plan.microbatches[action.mb])
-        self.posted[key] = self.model.recv(src)
+        if src != self.model.rank:  # (one stage holding both chunks hands the tensor to itself)
+            self.posted[key] = self.model.recv(src)
 
     async def _receive_from(self, virtual: int, layer: int, samples: range, what: str):
         work = self.posted.pop((what, layer, samples), None)

@@ -30,7 +30,8 @@ from dist_lib.tensors import range_mask
 from dist_lib.planner.plan import Plan, Stage
 
 from . import gpipe, interleaved, one_f_one_b, zero_bubble
-from ._actions import POSTS, Action, check_schedule
+from ._actions import Action, check_schedule
+from ._early_receives import post_target
 from ._pipeline import StagePlan, _Stage
 from ._plan import stage_times
 
@@ -205,13 +206,7 @@ class _PostedPlannedStage(_PlannedStage):
         self.posted: dict = {}  # (what, layer, samples) -> the posted receives of its pieces, in route order
 
     def post(self, action: Action) -> None:
-        what, k = POSTS[action.kind], self.virtuals[action.chunk]
-        virtual = k - 1 if action.kind == "PA" else k + 1
-        if not 0 <= virtual < self.virtual:
-            raise ValueError(f"rank {self.model.rank}: {action!r} posts the receive of the {what} of stage {k} "
-                             f"from stage {virtual}, which does not exist (stages 0..{self.virtual - 1})")
-        layers = self.plan.chunks[action.chunk]
-        key = (what, layers.start if action.kind == "PA" else layers.stop, self.plan.microbatches[action.mb])
+        key, virtual = post_target(self, action)
         recv = self.model.recv
         self.posted[key] = [recv(src) for _, _, _, src in self._routes(virtual % self.pp)]
 
