@@ -46,11 +46,14 @@ def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=
              max_in_flight: int | None = None) -> list[Action]:
     """Stage `stage`'s order; `times[s]` maps "F", "I", "W" to stage s's durations (default all 1) and,
     optionally, "C" to a message's crossing between stage s and s + 1 (default 0)."""
-    if chunks != 1:
-        raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
-    limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
-    key = _key(times)
-    return list(_pipeline_orders(stages, microbatches, limit, key)[stage])
+    return list(_pipeline_orders(*_pipeline(stages, microbatches, chunks, times, max_in_flight))[stage])
+
+
+def posted_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
+                    max_in_flight: int | None = None) -> list[Action]:
+    """Stage `stage`'s order with its receives posted where the reference implementation posts them
+    (`_early_receives.py`): before the pass during which the sending pass is predicted to end."""
+    return list(_posted_orders(*_pipeline(stages, microbatches, chunks, times, max_in_flight))[stage])
 
 
 def greedy_orders(p: int, m: int, limit: int, times=None) -> list[list[Action]]:
@@ -68,41 +71,35 @@ def greedy_orders(p: int, m: int, limit: int, times=None) -> list[list[Action]]:
     return [[Action(kind, 0, mb) for kind, mb in order] for order in orders]
 
 
+def _pipeline(stages: int, microbatches: int, chunks: int, times, max_in_flight) -> tuple:
+    """(stages, microbatches, memory limit, times as a key): what a pipeline's orders are cached by."""
+    if chunks != 1:
+        raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
+    limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
+    times = times or [{"F": 1, "I": 1, "W": 1}] * stages
+    return stages, microbatches, limit, tuple((t["F"], t["I"], t["W"], t.get("C", 0.0)) for t in times)
+
+
+def _times(key: tuple) -> list[dict[str, float]]:
+    return [{"F": f, "I": i, "W": w, "C": c} for f, i, w, c in key]
+
+
 @lru_cache(maxsize=32)
-def _pipeline_orders(p: int, m: int, limit: int, key: tuple | None) -> tuple[tuple[Action, ...], ...]:
+def _pipeline_orders(p: int, m: int, limit: int, key: tuple) -> tuple[tuple[Action, ...], ...]:
     """`greedy_orders` once per pipeline: every rank of a plan asks for the same orders."""
-    times = None if key is None else [{"F": f, "I": i, "W": w, "C": c} for f, i, w, c in key]
-    return tuple(map(tuple, greedy_orders(p, m, limit, times)))
+    return tuple(map(tuple, greedy_orders(p, m, limit, _times(key))))
 
 
-def _key(times) -> tuple | None:
-    """The pass and crossing times as a cache key (a missing "C" is 0)."""
-    return None if times is None else tuple((t["F"], t["I"], t["W"], t.get("C", 0.0)) for t in times)
+@lru_cache(maxsize=32)
+def _posted_orders(p: int, m: int, limit: int, key: tuple) -> tuple[tuple[Action, ...], ...]:
+    """`with_posted_receives` of `_pipeline_orders`, once per pipeline."""
+    return tuple(map(tuple, with_posted_receives(_pipeline_orders(p, m, limit, key), _times(key))))
 
 
 def _checked_limit(limit) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"max_in_flight must be a whole number >= 1, got {limit!r}")
     return limit
-
-
-def posted_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
-                    max_in_flight: int | None = None) -> list[Action]:
-    """Stage `stage`'s order with its receives posted where the reference implementation posts them
-    (`_early_receives.py`): before the pass during which the sending pass is predicted to end."""
-    if chunks != 1:
-        raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
-    limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
-    key = _key(times)
-    return list(_posted_orders(stages, microbatches, limit, key)[stage])
-
-
-@lru_cache(maxsize=32)
-def _posted_orders(p: int, m: int, limit: int, key: tuple | None) -> tuple[tuple[Action, ...], ...]:
-    """`with_posted_receives` of `_pipeline_orders`, once per pipeline."""
-    times = [{"F": 1, "I": 1, "W": 1}] * p if key is None else [{"F": f, "I": i, "W": w, "C": c}
-                                                              for f, i, w, c in key]
-    return tuple(map(tuple, with_posted_receives(_pipeline_orders(p, m, limit, key), times)))
 
 
 async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, max_in_flight: int | None = None,
