@@ -19,7 +19,7 @@ from ..hardware import Cluster
 from ..workload import Workload
 from .estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
 from .contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_floor, zero_bubble_posted
-from .messages import crossing_seconds, scatters
+from .messages import crossing_seconds, scatters, schedule_crossing
 from .playout import one_f_one_b_pipeline, play_interleaved
 from .stagger import boundary_seconds, slack
 from .tail import no_collective, step_end
@@ -342,7 +342,11 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
                 orders = one_f_one_b_orders(pp, m)
                 seconds = [{"F": f, "B": b} for f, b in zip(computed, backs)]
             else:
+                # ordered, and its receives posted, as `strategies/planned.py` does: by each boundary's
+                # `schedule_crossing`
                 seconds = [{"F": f, "I": b - w, "W": w} for f, b, w in zip(computed, backs, weights)]
+                for s in range(pp - 1):
+                    seconds[s]["C"] = schedule_crossing(cluster, workload, placed[s][1], placed[s + 1][1])
                 orders, posts = zero_bubble_posted(seconds, m)
             alone, sharing = play_ends(cluster, workload, placed, orders, seconds, pairs, crossings, posts)
             if schedule == "zero-bubble":
