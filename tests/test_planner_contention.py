@@ -10,7 +10,7 @@ from dist_lib import Cluster, Workload
 from dist_lib.planner import contention
 from dist_lib.planner.evaluate import run_plan
 from dist_lib.planner.messages import crossing_seconds
-from dist_lib.planner.partition import step_estimate
+from dist_lib.planner.step import step_estimate
 from dist_lib.planner.search import _Space, to_plan
 
 WORKLOAD = "gpt-1.3b:layers=8"

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from dist_lib import Cluster, Workload
-from dist_lib.planner import contention, partition
+from dist_lib.planner import contention, step
 from dist_lib.planner.evaluate import run_plan
 from dist_lib.planner.messages import schedule_crossing
 from dist_lib.planner.plan import Stage
@@ -72,8 +72,8 @@ def test_counting_the_crossing_changes_the_order_and_the_estimate_is_the_simulat
         seen["orders"] = found = contention.zero_bubble_posted(seconds, m)
         return found
 
-    monkeypatch.setattr(partition, "zero_bubble_posted", spy)
-    estimate, _ = partition.step_estimate(cluster, workload, placed, 4, "zero-bubble", 1)
+    monkeypatch.setattr(step, "zero_bubble_posted", spy)
+    estimate, _ = step.step_estimate(cluster, workload, placed, 4, "zero-bubble", 1)
     (s0, s1), orders = seen["seconds"], seen["orders"][0]
     assert s0["C"] == pytest.approx(c, rel=1e-12) and "C" not in s1
     assert 2 * c + s0["F"] + s0["I"] + s0["W"] - s1["F"] - s1["I"] > 2 * s1["W"]

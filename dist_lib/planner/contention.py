@@ -27,7 +27,7 @@ has ended and, for a forward past the first stage or a backward before the last,
 crossed. Under 1F1B (only for plans with such links) a crossing starts once the sending pass has ended
 and the receiving stage has ended the pass before the one it feeds (a rendezvous: the receive is posted
 then). Under ZB-H1 (every plan of two or more stages, but those a search need not rank:
-`partition.step_estimate`'s cutoff, `zero_bubble_floor`) the receives are posted where the schedule posts
+`step.step_estimate`'s cutoff, `zero_bubble_floor`) the receives are posted where the schedule posts
 them (`posted_positions`: `with_posted_receives` on the same orders and the estimate's pass seconds), and
 a crossing into pass k starts at the latest of the sending pass's end, the start of the pass before which
 its receive is posted, and the end of the crossing before it between the same two stages. Only if two
@@ -289,7 +289,7 @@ def play_ends(cluster: Cluster, workload: Workload, placed: Sequence[tuple[int, 
     of stage s and their receives posted as `play_alone` says (`posts`); the two are one figure when no
     two crossings of `pairs` overlap alone. The first microbatch crosses with every sender ready at once
     (`crossing_seconds`), the later ones as `steady[s, s + 1]` gives (activation, gradient) seconds
-    (`partition.steady_crossings`)."""
+    (`step.steady_crossings`)."""
     pp = len(placed)
     onward = [(crossing_seconds(cluster, workload, placed[s][1], placed[s + 1][1]), steady[s, s + 1][0])
               for s in range(pp - 1)]
