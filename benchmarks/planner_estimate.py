@@ -17,7 +17,7 @@ Three sets of pipelines:
 Prints one row per plan (estimated and simulated step, their ratio, estimated memory share against the
 simulated peak share) and, per set and over both, the mean and largest |estimate / simulated - 1|. The
 estimate must never count less memory than the simulator holds; its time is what ranks the search's
-candidates before the simulator runs the best few (`dist_lib/planner/estimate.py`, `partition.py`,
+candidates before the simulator runs the best few (`dist_lib/planner/estimate.py`, `step.py`,
 `messages.py`, `playout.py` for interleaved plans, and `contention.py` where two stages' crossings meet
 on a node's shared NIC).
 """
@@ -29,7 +29,7 @@ from collections.abc import Collection, Sequence
 
 from dist_lib import Cluster, Workload
 from dist_lib.planner.evaluate import simulate_candidate
-from dist_lib.planner.partition import step_estimate
+from dist_lib.planner.step import step_estimate
 from dist_lib.planner.search import Candidate, _Space, to_plan
 
 SETTINGS = [("toy:layers=4", "2x2xA100-80GB", 8), ("gpt-1.3b:layers=8", "2x2xA100-80GB", 8),

@@ -6,6 +6,7 @@ Nothing here knows about ranks, clocks or tensors: callers pass the device or li
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .devices import Device, Link
@@ -448,6 +449,17 @@ def pipeline_message_bytes(workload: Workload, samples: int, tp: int = 1) -> flo
     Megatron-LM still sends 1/t from each rank and all-gathers the message on arrival (its
     scatter-gather optimization, on by default; Narayanan et al. 2021, sec. 4.1)."""
     return samples * workload.activation_bytes() / max(tp, 1)
+
+
+def pipeline_crossing_time(workload: Workload, messages: Iterable[tuple[float, int, Link]]) -> float:
+    """Seconds a pipeline schedule's timing model counts for one microbatch crossing a stage boundary
+    (Zero Bubble's `cost_comm`, Qi et al. 2023, sec. 3.1): the longest of the boundary's messages, each
+    alone on its link. A message is (samples, TP pieces it is cut into, link): `p2p_time` of
+    `pipeline_message_bytes`. The pass that takes the input waits for its last message; the messages of
+    one crossing are sent at once, so the slowest alone is when the input can be there at the earliest.
+    0 for no messages (a stage handing the tensor to itself)."""
+    return max((p2p_time(pipeline_message_bytes(workload, samples, pieces), link)
+                for samples, pieces, link in messages), default=0.0)
 
 
 # What else DeepSpeed's pipeline engine (0.3.x, the engine AMP ran: DachengLi1/AMP DeepSpeed/version.txt 0.3.13)

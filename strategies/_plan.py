@@ -100,8 +100,6 @@ def crossing_time(model: Model, src: int, dst: int, microbatch_size: int, tp: in
     """Seconds one microbatch's pipeline message between ranks `src` and `dst` takes alone on their link,
     as the simulator charges it (`costs.p2p_time` over `Cluster.p2p_link`): the activation, or with
     scatter-gather (pass its `tp`, else 1) this TP rank's 1/t piece of it; an activation gradient is the
-    same size. 0 for a rank to itself."""
-    if src == dst:
-        return 0.0
-    nbytes = costs.pipeline_message_bytes(model.workload, microbatch_size, tp)
-    return costs.p2p_time(nbytes, model.cluster.p2p_link(src, dst))
+    same size (`costs.pipeline_crossing_time` of that one message). 0 for a rank to itself."""
+    messages = [] if src == dst else [(microbatch_size, tp, model.cluster.p2p_link(src, dst))]
+    return costs.pipeline_crossing_time(model.workload, messages)

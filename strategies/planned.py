@@ -15,9 +15,11 @@ whole. The schedule
 (GPipe, 1F1B, interleaved, ZB-H1), recompute and ZeRO-1 are the plan's; layer gradients are reduced
 among a stage's replicas as soon as the last microbatch has passed, as in the other pipeline strategies.
 Bubble and memory are those of the plan's schedule (gpipe.py, one_f_one_b.py, interleaved.py,
-zero_bubble.py), with the stage times the plan's widths and shares give. ZB-H1 posts each receive where
+zero_bubble.py), with the stage times the plan's widths and shares give; ZB-H1 also counts each
+boundary's crossing as the planner does (`dist_lib.planner.messages.schedule_crossing`: the slowest of its
+messages alone), so that the plan runs the order the planner played out. ZB-H1 posts each receive where
 `zero_bubble` does (`_early_receives.py`): before the pass during which the sending pass is predicted to
-end, from the plan's stage times; the posted receive takes every piece of the message at once, one
+end, from the plan's stage and crossing times; the posted receive takes every piece of the message at once, one
 receive per sending rank of its route. The other schedules receive each input as its pass begins.
 """
 
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from dist_lib import Model, planner
 from dist_lib.tensors import range_mask
+from dist_lib.planner.messages import schedule_crossing
 from dist_lib.planner.plan import Plan, Stage
 
 from . import gpipe, interleaved, one_f_one_b, zero_bubble
@@ -57,6 +60,9 @@ async def train(model: Model, *, plan=None) -> None:
     if plan.schedule == "zero-bubble":  # every replica of a stage orders its work the same way
         extra["times"] = [stage_times(model, st.ranks[0], [range(*blk) for blk in st.blocks], max(st.shares),
                                       st.tp, last=i == pp - 1) for i, st in enumerate(plan.stages)]
+        for i in range(pp - 1):  # "C": the crossing to the next stage, as the planner orders the plan by
+            extra["times"][i]["C"] = schedule_crossing(model.cluster, model.workload, plan.stages[i],
+                                                       plan.stages[i + 1])
     actions = list(SCHEDULES[plan.schedule](s, pp, plan.microbatches, plan.chunks, **extra))
     check_schedule(actions, plan.chunks, plan.microbatches)
     dp_ranks = [stage.ranks[d * stage.tp + tp_rank] for d in range(stage.dp)]

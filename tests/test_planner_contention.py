@@ -10,7 +10,7 @@ from dist_lib import Cluster, Workload
 from dist_lib.planner import contention
 from dist_lib.planner.evaluate import run_plan
 from dist_lib.planner.messages import crossing_seconds
-from dist_lib.planner.partition import step_estimate
+from dist_lib.planner.step import step_estimate
 from dist_lib.planner.search import _Space, to_plan
 
 WORKLOAD = "gpt-1.3b:layers=8"
@@ -75,15 +75,15 @@ def test_posted_receives_let_one_stage_s_two_crossings_meet_on_its_own_nic():
 
 def test_a_zero_bubble_plan_on_one_gpu_nodes_is_played_out_with_its_posted_receives():
     """ZB-H1 on four one-GPU V100 nodes of a 0.3 GB/s NIC each, gpt-350m of 8 layers cut 1/2/2/3, 8
-    microbatches of 2: the closed form waits for every crossing into a stage and was 1.2 % under the
-    simulated step (827.3 against 837.4 ms; 13.2 % over with the crossings of one stage's NIC played but
-    the closed form kept); the play-out is within 0.01 %."""
+    microbatches of 2: the closed form waits for every crossing into a stage and is 2.9 % over the
+    simulated step (827.3 against 803.7 ms; it was 1.2 % under the 837.4 ms of the order that counted no
+    crossing); the play-out is within 0.01 %."""
     cluster, workload = Cluster.load("4x1xV100-32GB:nics=1x0.3"), Workload.load("gpt-350m:layers=8")
     space = _Space(cluster, workload)
     placed = [(n, space.options((r,), 2, "none", 0)[0]) for r, n in enumerate((1, 2, 2, 3))]
     seconds, _ = step_estimate(cluster, workload, placed, 8, "zero-bubble", 1)
     simulated = run_plan(cluster, workload, 16, to_plan(placed, 2, 8, "zero-bubble", "none", 0)).time_s
-    assert simulated * 1e3 == pytest.approx(837.4, abs=0.05)
+    assert simulated * 1e3 == pytest.approx(803.7, abs=0.05)
     assert seconds == pytest.approx(simulated, rel=1e-4)
 
 
@@ -123,14 +123,15 @@ def test_crossings_into_one_stage_or_on_per_gpu_nics_share_nothing():
     assert contention.shared_links(cluster, workload, placed) == {}
 
 
-@pytest.mark.parametrize("schedule, simulated_ms", [("1f1b", 942.2), ("zero-bubble", 763.8)])
+@pytest.mark.parametrize("schedule, simulated_ms", [("1f1b", 942.2), ("zero-bubble", 793.5)])
 def test_stages_that_share_a_node_nic_are_estimated_as_the_simulator_runs_them(schedule, simulated_ms):
     """Stages of 4, 2, 2 and 4 V100s on three one-NIC nodes, 4 microbatches of 8: the middle node's NIC
     carries two boundaries' crossings at once, and under ZB-H1 each receive is posted where the schedule
     posts it. The estimate was 7.1 % (1F1B: 875.5 ms) and 8.8 % (ZB-H1: 796.1 ms, when the simulator took
     846.4 ms with each receive posted as its pass began) fast before the crossings were played out; the
-    ZB-H1 estimate of the late receives, 845.8 ms, is 10.7 % over the posted receives' step. The
-    simulator's steps are checked here too."""
+    ZB-H1 estimate of the late receives, 845.8 ms, was 10.7 % over the posted receives' step (763.8 ms
+    then; 793.5 ms since the order counts each boundary's crossing, which here runs every warm-up forward
+    first). The simulator's steps are checked here too."""
     stages = [(tuple(range(4)), 2), ((4, 5), 2), ((6, 7), 2), (tuple(range(8, 12)), 2)]
     cluster, workload, placed = _placed("3x4xV100-32GB:nics=1x1.25", stages, 8)
     seconds, _ = step_estimate(cluster, workload, placed, 4, schedule, 1)

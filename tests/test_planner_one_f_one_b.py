@@ -8,7 +8,7 @@ import pytest
 
 from dist_lib import Cluster, Workload
 from dist_lib.planner.evaluate import run_plan
-from dist_lib.planner.partition import step_estimate
+from dist_lib.planner.step import step_estimate
 from dist_lib.planner.playout import one_f_one_b_pipeline
 from dist_lib.planner.search import _Space, to_plan
 

@@ -51,7 +51,7 @@ def test_the_estimate_plays_out_the_last_chunks_loss_as_the_simulator_runs_it(re
     closed form with the virtual-pipeline bound was 8.3 % (full recompute) and 8.0 % (selective) under the
     simulation; the play-out of the passes in the strategy's order gives the simulator's step."""
     from dist_lib.planner.evaluate import simulate_candidate
-    from dist_lib.planner.partition import _virtual_bound, steady_crossings, step_estimate
+    from dist_lib.planner.step import _virtual_bound, steady_crossings, step_estimate
     from dist_lib.planner.search import Candidate, _Space, to_plan
     cluster, workload = Cluster.load("1x2xT4+1x1xV100-16GB"), Workload.load("gpt-350m:layers=6")
     sp = _Space(cluster, workload)

@@ -227,7 +227,7 @@ def test_the_estimate_prices_tp_pieces_and_their_gather_as_planned_sends_them():
     all-gathers it (strategies/planned.py); between other degrees the message goes whole."""
     from dist_lib.planner.evaluate import simulate_candidate
     from dist_lib.planner.messages import crossing_seconds, transfers
-    from dist_lib.planner.partition import step_estimate
+    from dist_lib.planner.step import step_estimate
     from dist_lib.planner.search import Candidate, _Space, to_plan
 
     cluster, workload = Cluster.load("2x2xA100-80GB"), Workload.load("toy:layers=4")
@@ -287,7 +287,7 @@ def test_the_estimate_charges_tp_as_the_simulator_runs_it():
     from dist_lib import costs
     from dist_lib.op_costs import compute_cost
     from dist_lib.planner.evaluate import simulate_candidate
-    from dist_lib.planner.partition import step_estimate
+    from dist_lib.planner.step import step_estimate
     from dist_lib.planner.search import Candidate, _Space, to_plan
 
     cluster, workload = Cluster.load("2x2xA100-80GB"), Workload.load("gpt-350m:layers=4")
@@ -320,7 +320,7 @@ def test_the_estimate_charges_tp_as_the_simulator_runs_it():
 ])
 def test_the_estimate_counts_the_crossings_that_pace_the_pipeline(cluster, workload, batch, tp, schedule, before):
     from dist_lib.planner.evaluate import simulate_candidate
-    from dist_lib.planner.partition import step_estimate
+    from dist_lib.planner.step import step_estimate
     from dist_lib.planner.search import Candidate, _Space, to_plan
 
     cluster, workload = Cluster.load(cluster), Workload.load(workload)
@@ -343,7 +343,7 @@ def test_the_estimate_charges_zero_ones_weight_all_gather_after_the_backward():
     each, one stage of four replicas: the estimate hid the all-gather behind the backward with the
     reduce-scatter and came out 22 % fast."""
     from dist_lib.planner.evaluate import run_plan
-    from dist_lib.planner.partition import step_estimate
+    from dist_lib.planner.step import step_estimate
     from dist_lib.planner.search import _Space, to_plan
 
     cluster, workload = Cluster.load("2x2xT4:nics=1x1.25"), Workload.load("gpt-760m")
@@ -367,7 +367,7 @@ def test_the_tensor_ranks_gradient_rings_share_a_nodes_nic_in_the_estimate():
     has its own data-parallel group ((0, 2) and (1, 3)), and the two all-reduce the same layer's gradient
     at once through the same NICs, each at half its speed. The estimate charged each as if alone and came
     out 13 % fast."""
-    from dist_lib.planner.partition import step_estimate
+    from dist_lib.planner.step import step_estimate
     from dist_lib.planner.search import _Space, to_plan
 
     cluster, workload = Cluster.load("2x2xT4:nics=1x1.25"), Workload.load("gpt-1.3b:seq=4096")
@@ -399,7 +399,7 @@ def test_a_stage_waits_for_every_crossing_into_it_in_the_estimate(schedule, befo
     (`before`); it now adds them to each stage's time per microbatch."""
     from dist_lib.planner.evaluate import simulate_candidate
     from dist_lib.planner.messages import crossing_seconds
-    from dist_lib.planner.partition import step_estimate
+    from dist_lib.planner.step import step_estimate
     from dist_lib.planner.search import Candidate, _Space, to_plan
 
     cluster, workload = Cluster.load("4x4xA10:intra=16:nics=1x5"), Workload.load("gpt-350m:layers=8,seq=512,vocab=30522")

@@ -92,7 +92,7 @@ def test_the_estimate_of_twelve_uneven_a10_replicas_beside_four_a100s():
     replicas of 5 samples run about 9.5 ms ahead and each wave takes about 7 ms. Staggered, the estimate
     is within 1 %."""
     from dist_lib.planner.evaluate import simulate_candidate
-    from dist_lib.planner.partition import step_estimate
+    from dist_lib.planner.step import step_estimate
     from dist_lib.planner.search import Candidate, _Space, to_plan
     cluster = Cluster.load("1x4xA100-40GB:intra=230:nics=1x5+3x4xA10:intra=16:nics=1x5")
     workload = Workload.load("gpt-350m:seq=512,vocab=30522")

@@ -9,7 +9,7 @@ import pytest
 from dist_lib import Cluster, Workload
 from dist_lib.planner.evaluate import run_plan
 from dist_lib.planner.messages import crossing_seconds
-from dist_lib.planner.partition import step_estimate
+from dist_lib.planner.step import step_estimate
 from dist_lib.planner.search import _Space, to_plan
 from dist_lib.planner.sharing import Job, play
 from dist_lib.planner.tail import lag

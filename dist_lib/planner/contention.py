@@ -27,7 +27,7 @@ has ended and, for a forward past the first stage or a backward before the last,
 crossed. Under 1F1B (only for plans with such links) a crossing starts once the sending pass has ended
 and the receiving stage has ended the pass before the one it feeds (a rendezvous: the receive is posted
 then). Under ZB-H1 (every plan of two or more stages, but those a search need not rank:
-`partition.step_estimate`'s cutoff, `zero_bubble_floor`) the receives are posted where the schedule posts
+`step.step_estimate`'s cutoff, `zero_bubble_floor`) the receives are posted where the schedule posts
 them (`posted_positions`: `with_posted_receives` on the same orders and the estimate's pass seconds), and
 a crossing into pass k starts at the latest of the sending pass's end, the start of the pass before which
 its receive is posted, and the end of the crossing before it between the same two stages. Only if two
@@ -37,14 +37,14 @@ time alone, as `tail.py` plays the last gradients). For 1F1B the estimate adds t
 the sharing alone causes (`play_ends`); for ZB-H1 the play-out's end replaces the closed form's, which
 waits for every crossing into a stage as if each receive were posted as its pass begins.
 
-On the plan above under ZB-H1 (4 microbatches of 8), the schedule posts stage 0's receive of microbatch
-2's gradient as its W of microbatch 1 ends, at 564.5 ms in the simulator, before the gradient is sent
-(572.5 ms), so the crossing starts as it is sent; stage 0's last pass ends at 752.5 ms in the simulator,
-752.0 ms in the play-out, 784.8 ms by the closed form. On four one-GPU V100 nodes of a 0.3 GB/s NIC each
-(gpt-350m of 8 layers cut 1/2/2/3, 8 microbatches of 2), where no NIC is shared between GPUs, the step
-simulates at 837.4 ms; the step estimated from the closed form is 827.3 ms, from the play-out with every
-crossing alone 716.9 ms (the crossings out of each middle stage, and those into it, meet on its NIC), and
-from the play-out with them sharing it 837.4 ms.
+On the plan above under ZB-H1 (4 microbatches of 8), ordered with each boundary's crossing counted
+(`messages.schedule_crossing`), stages 0 to 2 run all four forwards before their first input-gradient
+pass; stage 0's last pass ends at 782.2 ms in the simulator, 781.7 ms in the play-out, 784.8 ms by the
+closed form. On four one-GPU V100 nodes of a 0.3 GB/s NIC each (gpt-350m of 8 layers cut 1/2/2/3, 8
+microbatches of 2), where no NIC is shared between GPUs, the step simulates at 803.7 ms; the step
+estimated from the closed form is 827.3 ms, from the play-out with every crossing alone 685.1 ms (the
+crossings out of each middle stage, and those into it, meet on its NIC), and from the play-out with them
+sharing it 803.7 ms.
 """
 
 from __future__ import annotations
@@ -135,27 +135,29 @@ def one_f_one_b_orders(stages: int, microbatches: int) -> list[list[tuple[str, i
 
 
 def zero_bubble_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float],
-                       microbatches: int) -> list[list[tuple[str, int]]]:
-    """Each stage's passes under ZB-H1, as `strategies/zero_bubble.py` orders them (Zero Bubble's
-    heuristic, `strategies/_zb_heuristic.py`, at most p microbatches awaiting W) from the stages' forward,
-    input-gradient and weight-gradient seconds: the heuristic itself on the plain lists, without the
+                       microbatches: int, comm: Sequence[float] | None = None) -> list[list[tuple[str, int]]]:
+    """Each stage's passes under ZB-H1, as `strategies/zero_bubble.py` and `strategies/planned.py` order
+    them (Zero Bubble's heuristic, `strategies/_zb_heuristic.py`, at most p microbatches awaiting W) from
+    the stages' forward, input-gradient and weight-gradient seconds and each boundary's crossing `comm[s]`
+    (`messages.schedule_crossing`; none: 0): the heuristic itself on the plain lists, without the
     schedule's actions."""
     from strategies._zb_heuristic import zb_orders  # (the strategies import dist_lib: not at load time)
-    return zb_orders(forward, inputs, weights, microbatches, len(forward))
+    return zb_orders(forward, inputs, weights, microbatches, len(forward), comm=comm)
 
 
-_POSTED: dict = {}  # zero_bubble_posted's answers by (each stage's F, I and W seconds, microbatches)
+_POSTED: dict = {}  # zero_bubble_posted's answers by (each stage's F, I, W and C seconds, microbatches)
 
 
 def zero_bubble_posted(seconds: Sequence[dict[str, float]], microbatches: int
                        ) -> tuple[list[list[tuple[str, int]]], list[dict[tuple[str, int], int]]]:
-    """(`zero_bubble_orders`, `posted_positions`) of stages of `seconds[s]` ("F", "I", "W"), worked out
-    once per set of stage times: candidates that differ only in what comes after the pipeline (ZeRO,
-    the reductions) or in memory share them."""
-    key = (tuple((t["F"], t["I"], t["W"]) for t in seconds), microbatches)
+    """(`zero_bubble_orders`, `posted_positions`) of stages of `seconds[s]` ("F", "I", "W", and "C" the
+    crossing to stage s + 1, absent: 0), worked out once per set of stage times: candidates that differ
+    only in what comes after the pipeline (ZeRO, the reductions) or in memory share them."""
+    key = (tuple((t["F"], t["I"], t["W"], t.get("C", 0.0)) for t in seconds), microbatches)
     found = _POSTED.get(key)
     if found is None:
-        orders = zero_bubble_orders(*zip(*key[0]), microbatches)
+        forward, inputs, weights, comm = zip(*key[0])
+        orders = zero_bubble_orders(forward, inputs, weights, microbatches, comm[:-1])
         if len(_POSTED) > 1 << 12:
             _POSTED.clear()
         found = _POSTED[key] = (orders, posted_positions(orders, seconds))
@@ -287,7 +289,7 @@ def play_ends(cluster: Cluster, workload: Workload, placed: Sequence[tuple[int, 
     of stage s and their receives posted as `play_alone` says (`posts`); the two are one figure when no
     two crossings of `pairs` overlap alone. The first microbatch crosses with every sender ready at once
     (`crossing_seconds`), the later ones as `steady[s, s + 1]` gives (activation, gradient) seconds
-    (`partition.steady_crossings`)."""
+    (`step.steady_crossings`)."""
     pp = len(placed)
     onward = [(crossing_seconds(cluster, workload, placed[s][1], placed[s + 1][1]), steady[s, s + 1][0])
               for s in range(pp - 1)]

@@ -7,7 +7,7 @@ recompute, the loss on the last stage and the all-gather of each message that ar
 pipeline of p stages and m microbatches takes the sum of the stage times plus (m - 1) x the slowest
 (heterogeneous 1F1B, Narayanan et al. 2021; Metis, Um et al. ATC'24, eq. 2); ZB-H1 moves the
 weight-gradient half out of the fill (Qi et al. 2023). Interleaved, every chunk pass is played out in the
-order the schedule issues it (`playout.py`), or, beyond `partition.PLAYOUT_PASSES` passes, the fill is
+order the schedule issues it (`playout.py`), or, beyond `step.PLAYOUT_PASSES` passes, the fill is
 divided by the chunk count. An activation and a
 gradient cross each boundary per microbatch (interleaved: once per chunk, and from the last stage back
 to the first between chunks), their messages sharing links (`messages.py`; after the first microbatch,

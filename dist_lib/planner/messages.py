@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from math import gcd, inf
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .. import costs
 from ..devices import Link
@@ -46,11 +46,22 @@ def scatters(a: StageOption, b: StageOption) -> bool:
 StageShape = tuple[tuple[int, ...], int, tuple[int, ...]]  # a stage's (ranks, TP degree, replica shares)
 
 
-def transfers(sender: StageShape, receiver: StageShape, sample_bytes: float) -> Iterator[tuple[int, int, float]]:
-    """(source rank, destination rank, bytes) of every message one microbatch's activation (or, from the
-    later stage back, its gradient) makes from the `sender` stage to the `receiver` stage, in the order
-    of the sending replicas (the order each receiving rank takes its pieces in); `sample_bytes` is one
-    sample's activation."""
+class Staged(Protocol):
+    """What a crossing reads of a stage: a plan's `Stage` or a search's `StageOption`."""
+
+    @property
+    def ranks(self) -> tuple[int, ...]: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def shares(self) -> tuple[int, ...]: ...
+
+
+def routes(sender: StageShape, receiver: StageShape) -> Iterator[tuple[int, int, int, int]]:
+    """(source rank, destination rank, samples, TP pieces the samples' activation is cut into) of every
+    message one microbatch's activation (or, from the later stage back, its gradient) makes from the
+    `sender` stage to the `receiver` stage, in the order of the sending replicas (the order each
+    receiving rank takes its pieces in)."""
     (ranks_s, ts, shares_s), (ranks_r, tr, shares_r) = sender, receiver
     piece = ts if ts == tr > 1 else 1
     starts = list(accumulate(shares_r, initial=0))
@@ -61,8 +72,48 @@ def transfers(sender: StageShape, receiver: StageShape, sample_bytes: float) -> 
             samples = min(hi, starts[e + 1]) - max(lo, starts[e])
             if samples > 0:
                 for j in range(tr):
-                    yield ranks_s[r * ts + j % ts], ranks_r[e * tr + j], samples * sample_bytes / piece
+                    yield ranks_s[r * ts + j % ts], ranks_r[e * tr + j], samples, piece
         lo = hi
+
+
+def transfers(sender: StageShape, receiver: StageShape, sample_bytes: float) -> Iterator[tuple[int, int, float]]:
+    """(source rank, destination rank, bytes) of each of `routes`' messages; `sample_bytes` is one
+    sample's activation."""
+    for src, dst, samples, piece in routes(sender, receiver):
+        yield src, dst, samples * sample_bytes / piece
+
+
+def schedule_crossing(cluster: Cluster, workload: Workload, a: Staged, b: Staged) -> float:
+    """The crossing time of the boundary between neighbouring stages `a` and `b` (plan stages or stage
+    options) that ZB-H1 orders its passes and posts its receives by (`comm[s]` of
+    `strategies/_zb_heuristic.zb_orders`, `times[s]["C"]`): `costs.pipeline_crossing_time` of every
+    message of one microbatch both ways (`routes`), the longest of them alone on its link. Both the
+    planner's play-out and `strategies/planned.py` order a plan by it, so they order it alike.
+
+    Why this figure: the heuristic takes one number per boundary, the same both ways, and counts it as
+    a plain delay between a pass and the pass that takes its output (Zero Bubble's `cost_comm`). A
+    pass waits for the last of its input's messages; they leave together and a posted receive takes
+    them together, so the slowest of them alone is when the input can be there at the earliest. It
+    leaves out the sharing of links (`crossing_seconds`) as `zero_bubble`'s own figure does
+    (`strategies/_plan.crossing_time`: one TP rank's message alone), and where both stages are one
+    replica of the same TP degree on links alike it is that figure. Every rank of a plan works it out
+    the same from the plan alone, so every replica of a stage runs one order. Between stages of
+    different widths the slowest message is the one of most samples (whole, where the TP degrees
+    differ) on the slowest link: a stage of one GPU feeding four replicas sends four quarter messages,
+    four replicas feeding one GPU four quarters the other way, and a boundary across a node's NIC
+    counts that NIC."""
+    known = _schedule_crossings(cluster)
+    key = (workload, a.ranks, a.tp, a.shares, b.ranks, b.tp, b.shares)
+    seconds = known.get(key)
+    if seconds is None:
+        shapes = ((a.ranks, a.tp, a.shares), (b.ranks, b.tp, b.shares))
+        seconds = costs.pipeline_crossing_time(workload, (
+            (samples, pieces, cluster.p2p_link(src, dst))
+            for x, y in (shapes, shapes[::-1]) for src, dst, samples, pieces in routes(x, y) if src != dst))
+        if len(known) > 1 << 12:
+            known.clear()
+        known[key] = seconds
+    return seconds
 
 
 Chain = tuple[tuple[Usage, Link, float], ...]  # one receiving rank's messages in turn: (usage, link, samples)
@@ -229,3 +280,5 @@ def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver
 # of a pair of stage options)
 _for_cluster: PerCluster[tuple[list[int], dict, dict, dict]] = \
     PerCluster(lambda cluster: (cluster.link_capacities(), {}, {}, {}))
+# Per cluster: `schedule_crossing` by workload and the two stages' shapes
+_schedule_crossings: PerCluster[dict] = PerCluster(lambda cluster: {})

@@ -3,7 +3,7 @@ ZeRO; rank them with the closed-form estimate (`estimate.py`), each with its bes
 run the best K through the event simulator, rank for rank, and improve the winner by moving layers
 between neighbouring stages while the simulator says it helps (Aceso's bottleneck relief, Liu et al.
 EuroSys'24, sec. 4, here driven by simulated rather than estimated time). The partition of each
-grouping is `partition.py`'s.
+grouping is `partition.py`'s, its step estimate `step.py`'s.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from ..hardware import Cluster
 from ..workload import Workload
 from . import space
 from .estimate import LayerCosts, layer_costs, rerun_stash, with_total
-from .partition import (MEMORY_HEADROOM, StageOption, chunk_sizes, fits, no_collective, partition,
-                        step_estimate)
+from .partition import MEMORY_HEADROOM, StageOption, chunk_sizes, fits, no_collective, partition
 from .plan import Plan, Stage
+from .step import step_estimate
 
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
 MEMORY_CONFIGS = (("none", 0), ("none", 1), ("selective", 0), ("selective", 1), ("full", 0), ("full", 1))
@@ -333,7 +333,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                 if found is None:
                     why["memory"] += 1
                     continue
-                # a ZB-H1 plan is played out only if its floor could beat the best so far (`partition.py`);
+                # a ZB-H1 plan is played out only if its floor could beat the best so far (`step.py`);
                 # an unpruned search (infinite slack) plays out every one
                 new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
                                  incumbent / weight if prune_slack < float("inf") else float("inf"))

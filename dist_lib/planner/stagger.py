@@ -23,7 +23,7 @@ boundary is the pair of replicas exchanging messages whose slacks sum highest; e
 messages binds to it sits at a finite offset, and replicas bound to it by none drift away without end
 (a faster pipeline of their own, held back only by the step's end) and are left out of the crossing.
 Left out too: the moment a receiver posts its receive, and the stages beyond the two neighbours. The
-first microbatch still crosses with every sender ready at once (`partition.step_estimate`).
+first microbatch still crosses with every sender ready at once (`step.step_estimate`).
 """
 
 from __future__ import annotations
