@@ -9,7 +9,13 @@ crossing, the last stage's I for its own F). The paper's reference counts the cr
 `cost_comm` added to the producing pass's end wherever a pass or a test waits for another stage
 (sail-sg/zero-bubble-pipeline-parallelism, megatron/core/pipeline_parallel/auto_schedule.py,
 `Graph.manual_order`); on a slow link this makes the warm-up take more Fs (the first gradient comes back
-later) and lets Ws fill the crossings. Memory is counted as microbatches whose W has not run yet (F takes
+later) and lets Ws fill the crossings. One thing is added to the reference's arithmetic: a stage's
+outputs cross one at a time over its link, each leaving when its pass has ended and the stage's earlier
+outputs (activations and gradients alike) have crossed. Where a crossing is shorter than the passes
+between two outputs this is the reference's count; on a link slower than the passes the reference lets
+each message cross as if alone, while they queue (on two V100 nodes of a 0.1 GB/s NIC, gpt-350m, the
+second activation reaches the next stage a whole crossing later), and orders laid out that way left
+the stages idle where Ws could have run. Memory is counted as microbatches whose W has not run yet (F takes
 one, W gives it back), at most `limit` per stage. The rule:
 
   * warm-up: every stage runs microbatch 0's F, then as many more Fs as memory allows while they fit
@@ -56,6 +62,10 @@ class _Layout:
         self.clock = [0.0] * p
         self.f_end = [[0.0] * m for _ in range(p)]
         self.i_end = [[0.0] * m for _ in range(p)]
+        # when each pass's output has crossed to the stage that takes it: F to s + 1, I to s - 1
+        self.f_sent = [[0.0] * m for _ in range(p)]
+        self.i_sent = [[0.0] * m for _ in range(p)]
+        self.out_free = [0.0] * p  # when stage s's outgoing link has sent everything given to it so far
         self.nf, self.ni, self.nw = [0] * p, [0] * p, [0] * p  # passes placed so far, by kind
         self.idle = [0.0] * p  # each stage's waits since its first F
         self.worst = 0.0  # the largest of them
@@ -66,9 +76,9 @@ class _Layout:
         """When the input of stage s's next pass of this kind is there (0 if it needs none)."""
         last = len(self.forward) - 1
         if kind == "F":
-            return self.f_end[s - 1][self.nf[s]] + self.comm[s - 1] if s else 0.0
+            return self.f_sent[s - 1][self.nf[s]] if s else 0.0
         if kind == "I":
-            return self.i_end[s + 1][self.ni[s]] + self.comm[s] if s < last else self.f_end[s][self.ni[s]]
+            return self.i_sent[s + 1][self.ni[s]] if s < last else self.f_end[s][self.ni[s]]
         return 0.0  # W: its I ran on this stage before it
 
     def put(self, s: int, kind: str) -> None:
@@ -80,16 +90,27 @@ class _Layout:
             mb = self.nf[s]
             self.nf[s] += 1
             end = self.f_end[s][mb] = start + self.forward[s]
+            if s + 1 < len(self.forward):
+                self.f_sent[s][mb] = self.send(s, end, self.comm[s])
         elif kind == "I":
             mb = self.ni[s]
             self.ni[s] += 1
             end = self.i_end[s][mb] = start + self.inputs[s]
+            if s:
+                self.i_sent[s][mb] = self.send(s, end, self.comm[s - 1])
         else:
             mb = self.nw[s]
             self.nw[s] += 1
             end = start + self.weights[s]
         self.clock[s] = end
         self.orders[s].append((kind, mb))
+
+    def send(self, s: int, end: float, crossing: float) -> float:
+        """When the output of stage s's pass that ends at `end` has crossed (see the module): after the
+        stage's earlier messages, one at a time over its outgoing link."""
+        start = end if end > self.out_free[s] else self.out_free[s]
+        self.out_free[s] = start + crossing
+        return start + crossing
 
     def fill(self, s: int, kind: str, short_waits: bool) -> None:
         """Deferred Ws before stage s's next pass of `kind` (see the module): for memory, in the wait."""
@@ -164,15 +185,16 @@ class _Layout:
         p, m, limit, comm = len(self.forward), self.m, self.limit, self.comm
         forward, inputs, weights, orders = self.forward, self.inputs, self.weights, self.orders
         clock, nf, ni, nw, f_end, i_end = self.clock, self.nf, self.ni, self.nw, self.f_end, self.i_end
+        f_sent, i_sent = self.f_sent, self.i_sent
         none = (float("inf"), 3, p, "")
 
         def choice(s: int) -> tuple:
             best, i, f = none, ni[s], nf[s]
             if i < f and (s == p - 1 or i < ni[s + 1]):
-                ready = f_end[s][i] if s == p - 1 else i_end[s + 1][i] + comm[s]
+                ready = f_end[s][i] if s == p - 1 else i_sent[s + 1][i]
                 best = (clock[s] if clock[s] > ready else ready, 0, s, "I")
             if f < m and f - nw[s] < limit and (s == 0 or f < nf[s - 1]):
-                ready = f_end[s - 1][f] + comm[s - 1] if s else 0.0
+                ready = f_sent[s - 1][f] if s else 0.0
                 option = (clock[s] if clock[s] > ready else ready, 1, s, "F")
                 best = option if option < best else best
             if nw[s] < i:
@@ -187,10 +209,14 @@ class _Layout:
                 mb = nf[s]
                 nf[s] += 1
                 clock[s] = f_end[s][mb] = start + forward[s]
+                if s + 1 < p:
+                    f_sent[s][mb] = self.send(s, clock[s], comm[s])
             elif kind == "I":
                 mb = ni[s]
                 ni[s] += 1
                 clock[s] = i_end[s][mb] = start + inputs[s]
+                if s:
+                    i_sent[s][mb] = self.send(s, clock[s], comm[s - 1])
             else:
                 mb = nw[s]
                 nw[s] += 1

@@ -5,7 +5,9 @@ between stages: W has no consumer before the optimizer step, so it can fill the 
 idle. The order comes from the paper's automatic-scheduling heuristic (sec. 3.1, `_zb_heuristic.py`),
 laid out with each stage's F, I and W durations (from costs.py, as a profiler would measure them) and
 each boundary's crossing time (one microbatch's message alone on the link between the stages' ranks, as
-the simulator charges it; `_plan.crossing_time`), counted as the reference's `cost_comm` is: as many
+the simulator charges it; `_plan.crossing_time`), counted as the reference's `cost_comm` is (and, which the
+reference leaves out, one message at a time over a stage's link, so that on a slow link a stage's later
+messages wait for its earlier ones): as many
 warm-up Fs as memory allows and fit before the first I can start, then F and I in turn, Ws in the waits
 (a wait shorter than a W too when leaving it would make the stage the idlest), before an F when memory
 is full, and the rest at the end; of a few variants of those choices, an event-driven list rule's order
@@ -26,8 +28,7 @@ same pass and crossing times (`_replay.py`), and each stage posts the receive of
 during which the sending pass is predicted to end, or, if the stage is idle then, before its next pass
 (`_early_receives.py`, `posted_schedule`); the pass that takes the message awaits that receive. A crossing
 then starts as soon as it is sent, overlapping the deferred W a stage runs meanwhile, rather than after it.
-`schedule` gives the orders alone (what `planned` runs, receiving each input as its pass begins; its stage times carry no
-crossing, so its orders are the compute-only ones).
+`schedule` gives the orders alone, each pass receiving its input as it begins.
 """
 
 from __future__ import annotations

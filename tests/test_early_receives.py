@@ -63,6 +63,16 @@ def test_replay_counts_the_crossing_between_stages():
     assert replay([actions("F0 I0 W0")], [{"F": 1, "I": 1, "W": 1, "C": 5}]) == [[(0, 1), (1, 2), (2, 3)]]
 
 
+def test_replay_sends_a_stage_s_outputs_one_at_a_time():
+    # "C" = 3, longer than a pass: s0 sends A0 at 1 (there at 4) and A1 at 2, which crosses after A0:
+    # 4..7, not 2..5. s1 F0 4-5, I0 5-6 sends G0 (6..9), F1 waits for A1 until 7 (7-8), I1 8-9 sends G1
+    # after G0 (9..12), W0 9-10, W1 10-11; s0 I0 waits for G0 until 9 (9-10), W0 10-11, I1 for G1 until
+    # 12 (12-13), W1 13-14.
+    slow = [{"F": 1, "I": 1, "W": 1, "C": 3}] * 2
+    assert replay(ZB_2x2, slow) == [[(0, 1), (1, 2), (9, 10), (10, 11), (12, 13), (13, 14)],
+                                    [(4, 5), (5, 6), (7, 8), (8, 9), (9, 10), (10, 11)]]
+
+
 def test_replay_does_not_care_which_rule_made_the_orders():
     # 1F1B with B = 2F on stage 1: s1 F0 1-3, B0 3-5, F1 5-7, B1 7-9; s0 B0 5-6, B1 9-10
     orders = [actions("F0 F1 B0 B1"), actions("F0 B0 F1 B1")]
@@ -131,30 +141,32 @@ def recvs(result, rank):
 
 
 def test_the_gradient_crossing_overlaps_w_on_a_slow_link(pinned):
-    # Each message takes D (about 7 ms) alone; F = I = W = 1 ms. The orders are ZB_2x2's; the replay that
-    # places the posts counts D per crossing (the plan's "C"): s1 F0 1+D..2+D, I0 ..3+D, F1 ..4+D, I1 ..5+D;
-    # s0 F1 ends at 2 and its I0 waits for gradient 0 until 3+2D, so gradient 1 (sent at 5+D, before
-    # I0's predicted end 4+2D) is posted before I0 too. Simulated (times in ms, F = 1):
+    # Each message takes D (about 7 ms) alone; F = I = W = 1 ms. The replay that orders the passes and
+    # places the posts counts D per crossing (the plan's "C"), one message at a time over a stage's link:
+    # s0 sends A0 at 1 (..1+D) and A1 at 2, which crosses after it (..1+2D); s1 F0 1+D..2+D, I0 ..3+D, and
+    # W0 fits in the wait for A1, so s1 runs F0 I0 W0 F1 I1 W1 (s0: F0 F1 I0 W0 I1 W1). s0's I0 waits for
+    # gradient 0 until 3+2D, so gradient 1 (sent at 3+2D, before I0's predicted end 4+2D) is posted
+    # before I0 too. Simulated (times in ms, F = 1):
     #   s0 F0 0-1, F1 1-2; A0 crosses 1..1+D, A1 1+D..1+2D (the channel is free then; both were posted at 0)
-    #   s1 F0 1+D..2+D, I0 ..3+D (G0 sent), F1 1+2D..2+2D, I1 ..3+2D (G1 sent), W0, W1 ..5+2D
+    #   s1 F0 1+D..2+D, I0 ..3+D (G0 sent), W0 ..4+D, F1 1+2D..2+2D, I1 ..3+2D (G1 sent), W1 ..4+2D
     #   s0: G0 3+D..3+2D, I0 3+2D..4+2D, W0 ..5+2D; G1, posted at 2, crosses 3+2D..3+3D, during I0 and W0;
     #   I1 3+3D..4+3D, W1 ..5+3D
-    # Late receives: s1 posts A1 only when F1 begins (3+D): F1 3+2D.., I1 ..5+2D sends G1; s0 runs W0
-    # 4+2D..5+2D before posting G1's receive: G1 5+2D..5+3D, I1, W1 ..7+3D; two passes later.
+    # Late receives: s1 posts A1 only when F1 begins (4+D): F1 4+2D.., I1 ..6+2D sends G1; s0 runs W0
+    # 4+2D..5+2D before posting G1's receive: G1 6+2D..6+3D, I1, W1 ..8+3D; three passes later.
     new = simulate(zero_bubble.train, SLOW, "toy:layers=2", 2)
     old = simulate(late_receives, SLOW, "toy:layers=2", 2)
     assert new.time_s == pytest.approx(5 * MS + 3 * D, rel=1e-9)
-    assert old.time_s == pytest.approx(7 * MS + 3 * D, rel=1e-9)
+    assert old.time_s == pytest.approx(8 * MS + 3 * D, rel=1e-9)
     assert {e[7] for e in new.raw_events if e[2] == "p2p"} == {2 ** 21}
     # a crossing starts when both ends are posted (rendezvous): its start is the later post
     assert [e[3] for e in recvs(new, 0)] == pytest.approx([3 * MS + D, 3 * MS + 2 * D], rel=1e-9)
-    assert [e[3] for e in recvs(old, 0)] == pytest.approx([3 * MS + D, 5 * MS + 2 * D], rel=1e-9)
+    assert [e[3] for e in recvs(old, 0)] == pytest.approx([3 * MS + D, 6 * MS + 2 * D], rel=1e-9)
     assert [e[3] for e in recvs(new, 1)] == pytest.approx([1 * MS, 1 * MS + D], rel=1e-9)
-    assert [e[3] for e in recvs(old, 1)] == pytest.approx([1 * MS, 3 * MS + D], rel=1e-9)
+    assert [e[3] for e in recvs(old, 1)] == pytest.approx([1 * MS, 4 * MS + D], rel=1e-9)
     for stage in range(2):
         assert [f"{a.kind}{a.mb}" for a in zero_bubble.posted_schedule(
             stage, 2, 2, times=[{"F": MS, "I": MS, "W": MS, "C": D}] * 2)] == [
-            "F0 F1 PG0 PG1 I0 W0 I1 W1", "PA0 PA1 F0 I0 F1 I1 W0 W1"][stage].split()
+            "F0 F1 PG0 PG1 I0 W0 I1 W1", "PA0 PA1 F0 I0 W0 F1 I1 W1"][stage].split()
 
 
 def test_the_plan_gives_the_crossing_the_simulator_charges(pinned):

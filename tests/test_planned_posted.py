@@ -61,25 +61,26 @@ def test_the_orders_and_posts_of_the_slow_first_stage():
 
 def test_a_planned_zero_bubble_plan_posts_its_receives_early(pinned, monkeypatch):
     # Times in ms, D the crossing of one message (about 7 ms), which the plan's order counts (its "C",
-    # `schedule_crossing`): the orders are then "F0 F1 PG0 PG1 I0 W0 I1 W1" and "PA0 PA1 F0 I0 F1 I1 W0 W1"
-    # (s1's replay expects A1, sent at 4, during its F0 at 2+D..3+D). Posted:
+    # `schedule_crossing`), one message at a time over a stage's link: A1, sent at 4, crosses after A0
+    # (2..2+D), by 2+2D, so s1 runs W0 in the wait after I0 (4+D); the orders are "F0 F1 PG0 PG1 I0 W0 I1
+    # W1" and "PA0 PA1 F0 I0 W0 F1 I1 W1" (s1's replay expects A1 during its F0 at 2+D..3+D). Posted:
     #   s0 F0 0-2 sends A0 (posted by s1 at 0): 2..2+D; F1 2-4 sends A1 (posted at 0), which follows A0
     #   between the two ranks: 2+D..2+2D; s0 posts PG0 and PG1 at 4
-    #   s1 F0 2+D..3+D, I0 ..4+D sends G0: 4+D..4+2D; F1 2+2D..3+2D, I1 ..4+2D sends G1: 4+2D..4+3D
+    #   s1 F0 2+D..3+D, I0 ..4+D sends G0: 4+D..4+2D; W0, F1 2+2D..3+2D, I1 ..4+2D sends G1: 4+2D..4+3D
     #   s0 I0 4+2D..6+2D, W0 ..8+2D, I1 4+3D..6+3D, W1 ..8+3D: the step
     # Each receive as its pass begins (the same orders without posts): s1 asks for A1 only as F1 begins
-    # (4+D): A1 4+D..4+2D, F1, I1 ..6+2D; s0 runs I0 4+2D..6+2D and W0 ..8+2D before asking for G1:
+    # (5+D): A1 5+D..5+2D, F1, I1 ..7+2D; s0 runs I0 4+2D..6+2D and W0 ..8+2D before asking for G1:
     # G1 8+2D..8+3D, I1, W1 ..12+3D.
     plan = two_stages()
     times = [{"F": 2 * MS, "I": 2 * MS, "W": 2 * MS, "C": D}, {"F": MS, "I": MS, "W": MS}]
     orders = [" ".join(map(repr, zero_bubble.posted_schedule(s, 2, 2, times=times))) for s in range(2)]
-    assert orders == ["F0 F1 PG0 PG1 I0 W0 I1 W1", "PA0 PA1 F0 I0 F1 I1 W0 W1"]
+    assert orders == ["F0 F1 PG0 PG1 I0 W0 I1 W1", "PA0 PA1 F0 I0 W0 F1 I1 W1"]
     posted = run(plan)
     assert [s for s, _ in recvs(posted, 1)] == pytest.approx([2 * MS, 2 * MS + D], rel=1e-9)
     assert [s for s, _ in recvs(posted, 0)] == pytest.approx([4 * MS + D, 4 * MS + 2 * D], rel=1e-9)
     assert posted.time_s == pytest.approx(8 * MS + 3 * D, rel=1e-9)
     before = run(plan, monkeypatch)
-    assert [s for s, _ in recvs(before, 1)] == pytest.approx([2 * MS, 4 * MS + D], rel=1e-9)
+    assert [s for s, _ in recvs(before, 1)] == pytest.approx([2 * MS, 5 * MS + D], rel=1e-9)
     assert [s for s, _ in recvs(before, 0)] == pytest.approx([4 * MS + D, 8 * MS + 2 * D], rel=1e-9)
     assert before.time_s == pytest.approx(12 * MS + 3 * D, rel=1e-9)
 

@@ -20,9 +20,11 @@ ONE = {"F": 1, "I": 1, "W": 1}
 def _makespan(orders: list, times: list[dict], comm: list[float] | None = None) -> float:
     """The step of `orders` (actions or (kind, mb) pairs) with stage s's passes taking `times[s]`, each
     pass's dependencies (F from the stage before, I from the stage after or the last stage's F, W after
-    its I) and an input from another stage arriving `comm[boundary]` after its pass ends (default 0:
-    free messages). A whole backward B (1F1B's) is an I that takes I + W."""
+    its I) and an output for another stage crossing `comm[boundary]` after its pass ends and after the
+    stage's earlier outputs have crossed, one at a time (default 0: free messages). A whole backward B
+    (1F1B's) is an I that takes I + W."""
     p, end, clock, at = len(orders), {}, [0.0] * len(orders), [0] * len(orders)
+    arrives, link_free = {}, [0.0] * len(orders)
     while any(at[s] < len(orders[s]) for s in range(p)):
         moved = False
         for s in range(p):
@@ -34,9 +36,13 @@ def _makespan(orders: list, times: list[dict], comm: list[float] | None = None) 
                     ((s + 1, "I") if s < p - 1 else (s, "F")) if kind == "I" else (s, "I")
                 if need is not None and (need[0], need[1], mb) not in end:
                     break
-                crossing = comm[min(s, need[0])] if comm and need and need[0] != s else 0.0
-                start = max(clock[s], end[(need[0], need[1], mb)] + crossing if need else 0.0)
-                clock[s] = end[(s, kind, mb)] = start + took
+                ready = 0.0 if need is None else \
+                    end[(need[0], need[1], mb)] if need[0] == s else arrives[(need[0], need[1], mb)]
+                clock[s] = end[(s, kind, mb)] = max(clock[s], ready) + took
+                to = s + 1 if kind == "F" and s < p - 1 else s - 1 if kind == "I" and s else None
+                if to is not None:
+                    link_free[s] = max(clock[s], link_free[s]) + (comm[min(s, to)] if comm else 0.0)
+                    arrives[(s, kind, mb)] = link_free[s]
                 at[s] += 1
                 moved = True
         assert moved, "the orders deadlock"
