@@ -254,3 +254,11 @@ def test_w_share_and_objective_are_checked():
         zb_orders([1.0], [1.0], [1.0], 2, 1, w_share=0)
     with pytest.raises(ValueError, match="objective must be 'step' or 'span'"):
         zb_orders([1.0], [1.0], [1.0], 2, 1, objective="period")
+
+
+def test_uniform_times_are_each_kinds_upper_median():
+    # three stages: F 1, 3, 2 -> 2; I 2, 1, 5 -> 2; W 3, 1, 2 -> 2; the crossings 0.5 and 0.1 of the two
+    # stages that have one -> the upper of two, 0.5 (the runtime takes sorted(...)[len // 2])
+    from strategies.zero_bubble import median_times
+    times = [{"F": 1, "I": 2, "W": 3, "C": 0.5}, {"F": 3, "I": 1, "W": 1, "C": 0.1}, {"F": 2, "I": 5, "W": 2}]
+    assert median_times(times) == [{"F": 2, "I": 2, "W": 2, "C": 0.5}] * 3
