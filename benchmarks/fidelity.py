@@ -17,7 +17,8 @@ from one published GEMM each, AMP's kernel scale and host times from one of AMP'
 (`--calibrate`); every other figure comes from data sheets, NCCL and the frameworks' code, each cited
 where it is defined (dist_lib/devices.py, dist_lib/costs.py).
 Qi et al. 2024's zero-bubble set runs each schedule's own built-in strategy instead (`one_f_one_b`,
-`interleaved`, `zero_bubble`; see `zerobubble_plan`), pipeline parallelism alone as the paper ran it.
+`interleaved`, `zero_bubble`; see `zerobubble_plan`), pipeline parallelism alone as the paper ran it; its ZB rows
+are the period of the overlapping steps the paper's runtime runs them in (`steady_period`).
 For Korthikanti et al. 2022 Table 5 a bespoke composition of the same cost formulas outside the
 simulator (`megatron_pipeline.compose`) is printed as a cross-check.
 """
@@ -25,6 +26,7 @@ simulator (`megatron_pipeline.compose`) is printed as a cross-check.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import replace
@@ -39,6 +41,7 @@ from benchmarks.published import (AMP_BATCH, AMP_CLUSTER, AMP_GPT2, AMP_HET_CLUS
                                   ZERO_BUBBLE_TABLE4, AmpPlan, MegatronRun, ZeroBubbleModel, ZeroBubbleRun)
 from dist_lib import Cluster, Result, costs, simulate  # noqa: E402
 from dist_lib.devices import DEVICES, Device  # noqa: E402
+from strategies.interleaved import padded_partition  # noqa: E402
 
 STRATEGIES = Path(__file__).resolve().parent.parent / "strategies"
 HYBRID = str(STRATEGIES / "hybrid.py")
@@ -154,26 +157,29 @@ def predict_amp(plan: AmpPlan) -> Result:
 
 
 def zb_chunks(model: ZeroBubbleModel) -> int:
-    """Chunks a rank holds in the simulated 1F1B-I: the paper's runs put one layer in each chunk, which on
-    the first and last stage leaves a chunk with no layer (Megatron-LM runs a no-op layer there), and a
-    pipeline block here holds at least one layer; so as many chunks as the layers fill, one layer or more
-    each (1: no interleaving possible)."""
-    return model.workload.num_layers // model.gpus
+    """Chunks a rank holds in the paper's 1F1B-I: one layer each (examples/pretrain_zero_bubble.sh,
+    `--num-layers-per-virtual-pipeline-stage 1`) of the layers padded to a multiple of the stages
+    (`--allow-padding-num-layers`), so the first stage's first chunk and the last stage's last chunk hold
+    none (`interleaved.padded_partition`); the reference's bubble arithmetic takes the same count, its
+    padded layers over the stages (megatron/core/pipeline_parallel/efficiency.py, `ll = l // p`)."""
+    return -(-model.workload.num_layers // model.gpus)
 
 
-def zb_interleaved_partition(model: ZeroBubbleModel, chunks: int) -> list[int]:
-    """Each stage's layers (sec. 5.1's uneven split) cut into `chunks` blocks as evenly as they go, listed
-    block by block (chunk c of stage s is block c x stages + s)."""
-    per_stage = [[n // chunks + (c < n % chunks) for c in range(chunks)] for n in model.partition]
-    return [per_stage[s][c] for c in range(chunks) for s in range(model.gpus)]
+def zb_w_share(model: ZeroBubbleModel) -> float:
+    """The share of a microbatch's activations its deferred W still holds after its I, as the paper's runtime
+    counts memory for its schedule: 32h of 34h + 5as bytes per token (zb_schedules.py,
+    `get_zero_bubble_forward_backward_func`: `w_mem`, `f_mem`)."""
+    w = model.workload
+    return 32 * w.hidden / (34 * w.hidden + 5 * w.heads * w.seq_len)
 
 
 def zerobubble_plan(run: ZeroBubbleRun) -> tuple[str, dict] | None:
     """The built-in strategy and options for a Table 4 cell (None where the schedule cannot be expressed):
-    1F1B `one_f_one_b`; 1F1B-I `interleaved` (see `zb_chunks`); ZB-1p and ZB-2p `zero_bubble`, whose greedy
-    schedule from the profiled pass times caps the microbatches awaiting their W at p (the paper's ZB-1p
-    memory limit p M_B, where Table 5 finds ZB-1p's bubble equal to the handcrafted ZB-H1's) or at 2p
-    (ZB-2p's 2p M_B; the paper adds an ILP refinement and removes the optimizer's synchronisation)."""
+    1F1B `one_f_one_b`; 1F1B-I `interleaved` (see `zb_chunks`); ZB-1p and ZB-2p `zero_bubble` as the paper's
+    runtime schedules them (the reference's heuristic with the profiled pass times; its auto_schedule.py runs
+    no ILP): memory limit p M_B (ZB-1p) or 2p M_B (ZB-2p, `--zero-bubble-max-pending-backward`), counted as
+    the runtime counts it (`zb_w_share`), and the order with the shortest longest-stage span, the period of
+    the overlapping steps its optimizer post-validation runs (see `steady_period`)."""
     model, p = run.model, run.model.gpus
     common = dict(microbatch_size=model.microbatch, pp=p)
     if run.schedule == "1F1B":
@@ -182,9 +188,39 @@ def zerobubble_plan(run: ZeroBubbleRun) -> tuple[str, dict] | None:
         chunks = zb_chunks(model)
         if chunks < 2:
             return None
-        return "interleaved.py", dict(common, chunks=chunks, partition=zb_interleaved_partition(model, chunks))
+        return "interleaved.py", dict(common, chunks=chunks,
+                                      partition=padded_partition(model.workload.num_layers, p, chunks))
     limit = {"ZB-1p": p, "ZB-2p": 2 * p}[run.schedule]
-    return "zero_bubble.py", dict(common, partition=model.partition, max_in_flight=limit)
+    return "zero_bubble.py", dict(common, partition=model.partition, max_in_flight=limit, w_share=zb_w_share(model),
+                                  objective="span", uniform_times=True)
+
+
+def overlaps_steps(schedule: str) -> bool:
+    """Whether the paper's runs of `schedule` overlap consecutive steps: its runtime enables the optimizer's
+    post-validation (`--enable-optimizer-post-validation`, which examples/pretrain_zero_bubble.sh sets for
+    every fp16 run) only with its zero-bubble schedules (megatron/arguments.py turns it off otherwise), and
+    then a stage steps its optimizer and starts the next step without waiting for the other stages (the
+    global gradient-norm and inf/nan all-reduce is checked later, during the next step's warm-up; sec. 4).
+    Megatron-LM's 1F1B and 1F1B-I all-reduce the gradient norm over every stage before the optimizer step
+    (--clip-grad), so their steps do not overlap."""
+    return schedule in ("ZB-1p", "ZB-2p")
+
+
+def steady_period(result: Result) -> float:
+    """The period of back-to-back steps that overlap (no barrier between them): the longest of the ranks'
+    spans, from the start of a rank's first compute to the end of its last op. Each rank can start the next
+    step once it has finished this one, and the next step, shifted by that span, meets every dependency
+    of this one (Qi et al. 2024 compute Table 5's bubble rates from the same span: auto_schedule.py,
+    `Graph.manual_order`'s `best_time`)."""
+    first = [math.inf] * result.cluster.world_size
+    last = [0.0] * result.cluster.world_size
+    for event in result.raw_events:
+        rank, stream, start, end = event[0], event[2], event[3], event[4]
+        if stream == "compute" and start < first[rank]:
+            first[rank] = start
+        if end > last[rank]:
+            last[rank] = end
+    return max(end - start for start, end in zip(first, last) if start < math.inf)
 
 
 def zerobubble_cluster(model: ZeroBubbleModel) -> str:
@@ -202,9 +238,16 @@ def predict_zerobubble(run: ZeroBubbleRun) -> Result | None:
                     check=False, enforce_memory=False, **options)
 
 
-def paper_bubble_rate(result: Result) -> float:
-    """Table 5's measure on a simulated step: the busiest rank's idle share, 1 - its compute time / the step."""
-    return 1 - max(result.compute_busy()) / result.time_s
+def zerobubble_seconds(run: ZeroBubbleRun, result: Result) -> float:
+    """A simulated Table 4 cell's seconds per step: the period of overlapping steps for the schedules the
+    paper ran with post-validation (`overlaps_steps`, `steady_period`), else the step."""
+    return steady_period(result) if overlaps_steps(run.schedule) else result.time_s
+
+
+def paper_bubble_rate(result: Result, seconds: float | None = None) -> float:
+    """Table 5's measure on a simulated step: the busiest rank's idle share, 1 - its compute time / the step
+    (or `seconds`, the period of overlapping steps)."""
+    return 1 - max(result.compute_busy()) / (result.time_s if seconds is None else seconds)
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -346,15 +389,15 @@ def print_zerobubble(rows: set[str] | None = None) -> dict:
                 label = run.schedule + (f" v{zb_chunks(model)}" if run.schedule == "1F1B-I" else "")
                 head = (f"{model.name:>5} {model.gpus:>4} {m:>4} {label:<9} {run.samples_per_gpu_s:>8.2f}")
                 if result is None:
-                    print(f"{head} {'-':>9}   ({model.workload.num_layers} layers fill no two chunks on "
-                          f"{model.gpus} stages)")
+                    print(f"{head} {'-':>9}   (one layer a chunk fills no two chunks a stage)")
                     continue
-                simulated = run.global_batch / (result.time_s * model.gpus)
-                error = result.time_s / run.measured_s - 1
+                seconds = zerobubble_seconds(run, result)
+                simulated = run.global_batch / (seconds * model.gpus)
+                error = seconds / run.measured_s - 1
                 errors.append(error)
                 measured[run.schedule], predicted[run.schedule] = run.samples_per_gpu_s, simulated
-                print(f"{head} {simulated:>9.2f} {100 * error:>+6.1f}% {rate:>7.3f} {paper_bubble_rate(result):>6.3f}",
-                      flush=True)
+                bubble = paper_bubble_rate(result, seconds)
+                print(f"{head} {simulated:>9.2f} {100 * error:>+6.1f}% {rate:>7.3f} {bubble:>6.3f}", flush=True)
             names = list(measured)
             rho = spearman([predicted[n] for n in names], [measured[n] for n in names])
             best = max(names, key=measured.get)

@@ -129,7 +129,10 @@ def even_partition(num_layers: int, parts: int, option: str = "pp") -> list[rang
 
 def check_partition(partition: object, num_layers: int, parts: int, option: str = "partition") -> list[range]:
     """An explicit partition: `parts` layer counts (or ranges) that tile 0..num_layers-1 in order. `option`
-    is what the error calls it (`partition[1]` for one replica's list of several)."""
+    is what the error calls it (`partition[1]` for one replica's list of several). A count is at least one
+    layer; an empty range is a block with no layer, which passes its input on unchanged (Megatron-LM builds
+    a no-op layer for a model chunk left empty, as padding the layers to a multiple of the stages leaves the
+    first and last chunk: `interleaved.padded_partition`)."""
     if not isinstance(partition, (list, tuple)) or len(partition) != parts:
         raise ValueError(f"{option} must list {parts} blocks (one per pipeline stage), got {partition!r}")
     blocks: list[range] = []
@@ -139,8 +142,9 @@ def check_partition(partition: object, num_layers: int, parts: int, option: str 
             raise ValueError(f"{option} {partition!r}: block {item!r} is neither a whole number of layers nor a "
                              f"range of layers")
         size = len(item) if isinstance(item, range) else item
-        if size < 1:
-            raise ValueError(f"{option} {partition!r}: every block needs at least one layer")
+        if size < 1 and not (isinstance(item, range) and item.stop == item.start):
+            raise ValueError(f"{option} {partition!r}: every block needs at least one layer (an empty block is "
+                             f"an empty range, range(k, k), at the layer k where it sits)")
         if isinstance(item, range) and (item.start != start or item.step != 1):
             raise ValueError(f"{option} {partition!r}: blocks must be contiguous, in order (ranges of step 1)")
         blocks.append(range(start, start + size))

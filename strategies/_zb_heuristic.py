@@ -15,8 +15,12 @@ outputs (activations and gradients alike) have crossed. Where a crossing is shor
 between two outputs this is the reference's count; on a link slower than the passes the reference lets
 each message cross as if alone, while they queue (on two V100 nodes of a 0.1 GB/s NIC, gpt-350m, the
 second activation reaches the next stage a whole crossing later), and orders laid out that way left
-the stages idle where Ws could have run. Memory is counted as microbatches whose W has not run yet (F takes
-one, W gives it back), at most `limit` per stage. The rule:
+the stages idle where Ws could have run. Memory is counted in microbatches' activations, at most `limit` per
+stage: an F takes one, and it is given back when the microbatch's W has run; or, with `w_share` r < 1, the
+I gives back 1 - r of it and the W the r its weight gradient still needs (the reference's GraphConfig:
+`mem_f`, `mem_b` and `mem_w`, which its runtime sets to 34h + 5as, 32h - 34h - 5as and -32h per token,
+Korthikanti et al.'s activations of a layer and the inputs of its linear layers; zb_schedules.py,
+`get_zero_bubble_forward_backward_func`), so after their I many more microbatches fit. The rule:
 
   * warm-up: every stage runs microbatch 0's F, then as many more Fs as memory allows while they fit
     before microbatch 0's input gradient can reach it (crossings included), fewer on each stage than on
@@ -30,7 +34,8 @@ one, W gives it back), at most `limit` per stage. The rule:
   * the Ws left run at the end.
 
 Three choices are tried both ways, as the paper's reference does, and the order with the shortest step
-(the last pass's end) kept, the first of equals: whether a warm-up F may run past the arrival of the
+(the last pass's end; or, with `objective="span"`, the reference's own measure, the longest of the stages'
+spans from their first pass's start to their last pass's end) kept, the first of equals: whether a warm-up F may run past the arrival of the
 first input gradient (no bubble before it, the I later) or must end by it; whether a stage two or more
 Fs ahead of the next one holds its F back when the next stage's gradient comes soon; and whether a
 short wait gets a W even when leaving it idle would not make the stage the worst. Two more orders are
@@ -55,9 +60,10 @@ class _Layout:
     """One trial layout: each stage's clock, pass ends, counts and idle time as passes are placed."""
 
     def __init__(self, forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float], m: int,
-                 limit: int, comm: Sequence[float]):
+                 limit: float, comm: Sequence[float], w_share: float = 1.0):
         p = len(forward)
         self.forward, self.inputs, self.weights, self.m, self.limit = forward, inputs, weights, m, limit
+        self.w_share = w_share  # the share of a microbatch's activations its W holds after its I
         self.comm = comm  # comm[s]: a message's crossing between stage s and s + 1
         self.clock = [0.0] * p
         self.f_end = [[0.0] * m for _ in range(p)]
@@ -71,6 +77,18 @@ class _Layout:
         self.worst = 0.0  # the largest of them
         self.asked = set()  # the choices below ("hold", "short") this layout's outcome depended on
         self.orders: list[Order] = [[] for _ in range(p)]
+
+    def held(self, s: int, nf: int, ni: int, nw: int) -> float:
+        """Microbatches' activations stage s holds after nf Fs, ni Is and nw Ws."""
+        return nf - ni * (1.0 - self.w_share) - nw * self.w_share
+
+    def fits_f(self, s: int, nf: int, ni: int, nw: int) -> bool:
+        """Whether one more F fits in memory after nf Fs, ni Is and nw Ws (with a margin for rounding)."""
+        return self.held(s, nf + 1, ni, nw) <= self.limit + 1e-9
+
+    def span(self) -> float:
+        """The longest of the stages' spans, first pass's start to last pass's end."""
+        return max(clock - (f_end[0] - f) for clock, f_end, f in zip(self.clock, self.f_end, self.forward))
 
     def arrival(self, s: int, kind: str) -> float:
         """When the input of stage s's next pass of this kind is there (0 if it needs none)."""
@@ -115,7 +133,7 @@ class _Layout:
     def fill(self, s: int, kind: str, short_waits: bool) -> None:
         """Deferred Ws before stage s's next pass of `kind` (see the module): for memory, in the wait."""
         if kind == "F":
-            while self.nf[s] - self.nw[s] >= self.limit:  # never empty: an I ran since the last F (module)
+            while not self.fits_f(s, self.nf[s], self.ni[s], self.nw[s]):  # an I ran since the last F (module)
                 self.put(s, "W")
         if (kind == "F" and s == 0) or (kind == "I" and s == len(self.forward) - 1):
             return  # its input is there as soon as the stage is free
@@ -141,7 +159,7 @@ class _Layout:
         for s in range(p - 2, -1, -1):
             gradient += self.comm[s]  # when it reaches stage s
             clock = self.clock[s]
-            while 1 + extra[s] < min(m, self.limit) and (clock < gradient if overrun
+            while 1 + extra[s] < m and self.fits_f(s, 1 + extra[s], 0, 0) and (clock < gradient if overrun
                                                           else clock + self.forward[s] <= gradient):
                 clock += self.forward[s]
                 extra[s] += 1
@@ -182,7 +200,7 @@ class _Layout:
         is there, the next F whose input is there (memory allowing), a deferred W; of every stage's choice
         the one that can start first runs (ties: I, then F, then W, then the lower stage). A pass changes
         the choices of its own stage and its two neighbours only, so only theirs are worked out again."""
-        p, m, limit, comm = len(self.forward), self.m, self.limit, self.comm
+        p, m, comm = len(self.forward), self.m, self.comm
         forward, inputs, weights, orders = self.forward, self.inputs, self.weights, self.orders
         clock, nf, ni, nw, f_end, i_end = self.clock, self.nf, self.ni, self.nw, self.f_end, self.i_end
         f_sent, i_sent = self.f_sent, self.i_sent
@@ -193,7 +211,7 @@ class _Layout:
             if i < f and (s == p - 1 or i < ni[s + 1]):
                 ready = f_end[s][i] if s == p - 1 else i_sent[s + 1][i]
                 best = (clock[s] if clock[s] > ready else ready, 0, s, "I")
-            if f < m and f - nw[s] < limit and (s == 0 or f < nf[s - 1]):
+            if f < m and self.fits_f(s, f, i, nw[s]) and (s == 0 or f < nf[s - 1]):
                 ready = f_sent[s - 1][f] if s else 0.0
                 option = (clock[s] if clock[s] > ready else ready, 1, s, "F")
                 best = option if option < best else best
@@ -237,7 +255,9 @@ class _Layout:
         comes = self.clock[nxt] + self.forward[nxt] + self.inputs[nxt] + self.comm[s]
         if self.clock[s] >= comes:
             return True
-        freed = max(0, self.nf[s] + 1 - self.nw[s] - self.limit)
+        freed, nf, ni = 0, self.nf[s], self.ni[s]  # the Ws memory needs before the F
+        while not self.fits_f(s, nf, ni, self.nw[s] + freed):
+            freed += 1
         if self.clock[s] + self.forward[s] + freed * self.weights[s] <= comes:
             return False
         return comes - self.clock[s] <= self.worst - self.idle[s]
@@ -269,7 +289,7 @@ class _Layout:
 
 
 def _layouts(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float], m: int,
-             limit: int, comm: Sequence[float]) -> Iterator[_Layout]:
+             limit: float, comm: Sequence[float], w_share: float) -> Iterator[_Layout]:
     """The heuristic's layouts, each set of choices once (one whose outcome does not depend on a choice
     is not laid out again the other way), then the list rule's, then 1F1B's if memory allows it."""
     plain = None  # the warm-up's counts without overrun
@@ -279,7 +299,7 @@ def _layouts(forward: Sequence[float], inputs: Sequence[float], weights: Sequenc
             if not (hold or asked_hold):
                 break  # no stage was ever two Fs ahead: holding back changes nothing
             for short_waits in (True, False):
-                layout = _Layout(forward, inputs, weights, m, limit, comm)
+                layout = _Layout(forward, inputs, weights, m, limit, comm, w_share)
                 extra = layout.warm_up(overrun)
                 if overrun and extra == plain:
                     break  # the same warm-up: the same layouts again
@@ -289,23 +309,32 @@ def _layouts(forward: Sequence[float], inputs: Sequence[float], weights: Sequenc
                 yield layout
                 if "short" not in layout.asked:
                     break  # no short wait met: filling them or not changes nothing
-    layout = _Layout(forward, inputs, weights, m, limit, comm)
+    layout = _Layout(forward, inputs, weights, m, limit, comm, w_share)
     layout.list_rule()
     yield layout
     if limit >= min(m, len(forward)):
-        layout = _Layout(forward, inputs, weights, m, limit, comm)
+        layout = _Layout(forward, inputs, weights, m, limit, comm, w_share)
         layout.one_f_one_b()
         yield layout
 
 
 def zb_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float], microbatches: int,
-              limit: int, *, comm: Sequence[float] | None = None) -> list[Order]:
+              limit: float, *, comm: Sequence[float] | None = None, w_share: float = 1.0,
+              objective: str = "step") -> list[Order]:
     """Each stage's passes by the heuristic above, from stage s's F, I and W durations (`forward[s]`,
-    `inputs[s]`, `weights[s]`) with at most `limit` microbatches awaiting W on any stage: of the
+    `inputs[s]`, `weights[s]`) with at most `limit` microbatches' activations held on any stage (a
+    microbatch's are held until its W; with `w_share` r < 1, its I gives back all but r of them): of the
     heuristic's layouts, the list rule's and 1F1B's (with W right after I, when `limit` holds its
-    min(m, p) microbatches on the first stage), the first with the earliest last pass. `comm[s]` (keyword,
-    p - 1 entries, default all 0) is the seconds a message takes between stage s and s + 1, either way:
-    every layout then counts it between a pass and the pass on the next stage that takes its output."""
+    min(m, p) microbatches on the first stage), the first with the earliest last pass (`objective="step"`)
+    or with the shortest longest stage span (`"span"`: first pass's start to last pass's end, the
+    reference's `best_time`, the period of back-to-back steps that overlap, as Zero Bubble's optimizer
+    post-validation lets them). `comm[s]` (keyword, p - 1 entries, default all 0) is the seconds a message
+    takes between stage s and s + 1, either way: every layout then counts it between a pass and the pass
+    on the next stage that takes its output."""
+    if objective not in ("step", "span"):
+        raise ValueError(f"objective must be 'step' or 'span', got {objective!r}")
+    if isinstance(w_share, bool) or not isinstance(w_share, (int, float)) or not 0 < w_share <= 1:
+        raise ValueError(f"w_share must be a number in (0, 1], got {w_share!r}")
     p = len(forward)
     if comm is None:
         comm = [0.0] * max(p - 1, 0)
@@ -314,8 +343,8 @@ def zb_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequen
         raise ValueError(f"comm must list {max(p - 1, 0)} crossing times (seconds >= 0, one per boundary "
                          f"between {p} stages), got {comm!r}")
     best, best_end = None, 0.0
-    for layout in _layouts(forward, inputs, weights, microbatches, limit, comm):
-        end = max(layout.clock)
+    for layout in _layouts(forward, inputs, weights, microbatches, limit, comm, float(w_share)):
+        end = max(layout.clock) if objective == "step" else layout.span()
         if best is None or end < best_end:
             best, best_end = layout.orders, end
     return best

@@ -22,6 +22,17 @@ the step is never longer than 1F1B's with the same pass and crossing times when 
 min(m, p) microbatches. Here the stash of a microbatch lives until its W, so later stages may hold up to
 `max_in_flight` microbatches instead of 1F1B's p - s.
 
+Two options run the schedule as the paper's reference runtime does (zb_schedules.py,
+`get_zero_bubble_forward_backward_func`; auto_schedule.py, `initial_solution`): `w_share` r counts memory as
+it does, an I giving back all of a microbatch's activations but the share r its W still needs (32h of
+34h + 5as per token; the limit then holds more microbatches after their I: ZB-2p's 2p M_B), and
+`objective="span"` keeps the order whose longest stage span (its first pass's start to its last pass's end)
+is shortest rather than the one whose step ends first: with the optimizer's post-validation (sec. 4 of the
+paper) a stage starts the next step as soon as it is done, so steps overlap and that span is their period.
+With both, the heuristic's arithmetic gives back every ZB-1p and ZB-2p bubble rate of the paper's Table 5
+from its Table 6 pass times. The simulator keeps a microbatch's whole stash until its W and runs one step,
+so the step it reports is the isolated step's, longer than that period.
+
 Receives are posted where the paper's reference implementation posts them (sail-sg/zero-bubble-pipeline-
 parallelism, megatron/core/pipeline_parallel/auto_schedule.py, `ilp_results`): the orders are replayed with the
 same pass and crossing times (`_replay.py`), and each stage posts the receive of a message before the pass
@@ -44,41 +55,52 @@ from ._zb_heuristic import zb_orders
 
 
 def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
-             max_in_flight: int | None = None) -> list[Action]:
+             max_in_flight: int | None = None, w_share: float = 1.0, objective: str = "step") -> list[Action]:
     """Stage `stage`'s order; `times[s]` maps "F", "I", "W" to stage s's durations (default all 1) and,
     optionally, "C" to a message's crossing between stage s and s + 1 (default 0)."""
-    return list(_pipeline_orders(*_pipeline(stages, microbatches, chunks, times, max_in_flight))[stage])
+    key = _pipeline(stages, microbatches, chunks, times, max_in_flight, w_share, objective)
+    return list(_pipeline_orders(*key)[stage])
 
 
 def posted_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
-                    max_in_flight: int | None = None) -> list[Action]:
+                    max_in_flight: int | None = None, w_share: float = 1.0, objective: str = "step") -> list[Action]:
     """Stage `stage`'s order with its receives posted where the reference implementation posts them
     (`_early_receives.py`): before the pass during which the sending pass is predicted to end."""
-    return list(_posted_orders(*_pipeline(stages, microbatches, chunks, times, max_in_flight))[stage])
+    key = _pipeline(stages, microbatches, chunks, times, max_in_flight, w_share, objective)
+    return list(_posted_orders(*key)[stage])
 
 
-def greedy_orders(p: int, m: int, limit: int, times=None) -> list[list[Action]]:
+def greedy_orders(p: int, m: int, limit: int, times=None, w_share: float = 1.0,
+                  objective: str = "step") -> list[list[Action]]:
     """Every stage's action order by Zero Bubble's heuristic (`_zb_heuristic.py`), at most `limit`
-    microbatches awaiting W on any stage; `times[s]` maps "F", "I", "W" to stage s's durations and,
-    optionally, "C" to the seconds a message takes between stage s and s + 1 (the heuristic's `comm[s]`;
-    absent: 0; the last stage's is not used)."""
+    microbatches' activations held on any stage (each until its W; with `w_share` r < 1, all but r of them
+    only until its I); `times[s]` maps "F", "I", "W" to stage s's durations and, optionally, "C" to the
+    seconds a message takes between stage s and s + 1 (the heuristic's `comm[s]`; absent: 0; the last
+    stage's is not used); `objective` "step" (the earliest end) or "span" (the shortest longest stage span)."""
     limit = _checked_limit(limit)
     if m < 1:
         return [[] for _ in range(p)]
     times = times or [{"F": 1, "I": 1, "W": 1}] * p
     comm = [t.get("C", 0.0) for t in times[:-1]]
     orders = zb_orders([t["F"] for t in times], [t["I"] for t in times], [t["W"] for t in times], m, limit,
-                       comm=comm)
+                       comm=comm, w_share=w_share, objective=objective)
     return [[Action(kind, 0, mb) for kind, mb in order] for order in orders]
 
 
-def _pipeline(stages: int, microbatches: int, chunks: int, times, max_in_flight) -> tuple:
-    """(stages, microbatches, memory limit, times as a key): what a pipeline's orders are cached by."""
+def _pipeline(stages: int, microbatches: int, chunks: int, times, max_in_flight, w_share: float = 1.0,
+              objective: str = "step") -> tuple:
+    """(stages, microbatches, memory limit, times as a key, W's memory share, objective): what a pipeline's
+    orders are cached by."""
     if chunks != 1:
         raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
     limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
+    if isinstance(w_share, bool) or not isinstance(w_share, (int, float)) or not 0 < w_share <= 1:
+        raise ValueError(f"w_share must be a number in (0, 1], got {w_share!r}")
+    if objective not in ("step", "span"):
+        raise ValueError(f"objective must be 'step' or 'span', got {objective!r}")
     times = times or [{"F": 1, "I": 1, "W": 1}] * stages
-    return stages, microbatches, limit, tuple((t["F"], t["I"], t["W"], t.get("C", 0.0)) for t in times)
+    return (stages, microbatches, limit, tuple((t["F"], t["I"], t["W"], t.get("C", 0.0)) for t in times),
+            float(w_share), objective)
 
 
 def _times(key: tuple) -> list[dict[str, float]]:
@@ -86,15 +108,18 @@ def _times(key: tuple) -> list[dict[str, float]]:
 
 
 @lru_cache(maxsize=32)
-def _pipeline_orders(p: int, m: int, limit: int, key: tuple) -> tuple[tuple[Action, ...], ...]:
+def _pipeline_orders(p: int, m: int, limit: int, key: tuple, w_share: float = 1.0,
+                     objective: str = "step") -> tuple[tuple[Action, ...], ...]:
     """`greedy_orders` once per pipeline: every rank of a plan asks for the same orders."""
-    return tuple(map(tuple, greedy_orders(p, m, limit, _times(key))))
+    return tuple(map(tuple, greedy_orders(p, m, limit, _times(key), w_share, objective)))
 
 
 @lru_cache(maxsize=32)
-def _posted_orders(p: int, m: int, limit: int, key: tuple) -> tuple[tuple[Action, ...], ...]:
+def _posted_orders(p: int, m: int, limit: int, key: tuple, w_share: float = 1.0,
+                   objective: str = "step") -> tuple[tuple[Action, ...], ...]:
     """`with_posted_receives` of `_pipeline_orders`, once per pipeline."""
-    return tuple(map(tuple, with_posted_receives(_pipeline_orders(p, m, limit, key), _times(key))))
+    orders = _pipeline_orders(p, m, limit, key, w_share, objective)
+    return tuple(map(tuple, with_posted_receives(orders, _times(key))))
 
 
 def _checked_limit(limit) -> int:
@@ -103,10 +128,27 @@ def _checked_limit(limit) -> int:
     return limit
 
 
+def median_times(times):
+    """Every stage given the same pass and crossing times, each the median (the upper one of an even count) of
+    the stages' own: how the paper's runtime schedules, from the profiled times all ranks gather (zb_schedules.py,
+    `update_schedule`: `sorted(...)[len // 2]` of F, B and W)."""
+    if not times:
+        return times
+    middle = {}
+    for kind in ("F", "I", "W", "C"):  # (the last stage has no crossing of its own without chunks)
+        values = sorted(t[kind] for t in times if kind in t)
+        if values:
+            middle[kind] = values[len(values) // 2]
+    return [dict(middle) for _ in times]
+
+
 async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, max_in_flight: int | None = None,
-                partition=None, recompute: bool = False) -> None:
+                partition=None, recompute: bool = False, w_share: float = 1.0, objective: str = "step",
+                uniform_times: bool = False) -> None:
     def zb_h1(stage: int, stages: int, microbatches: int, chunks: int, times=None) -> list[Action]:
-        return posted_schedule(stage, stages, microbatches, chunks, times, max_in_flight)
+        if uniform_times:
+            times = median_times(times)
+        return posted_schedule(stage, stages, microbatches, chunks, times, max_in_flight, w_share, objective)
 
     plan = build_plan(model, zb_h1, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       partition=partition, recompute=recompute)

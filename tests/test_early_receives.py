@@ -205,8 +205,8 @@ def test_every_microbatch_is_received_once_per_direction(pinned):
 
 def test_neighbours_that_disagree_still_fail_with_the_existing_message(pinned, monkeypatch):
     # stage 1 posts microbatch 1's receive first: it gets activation 0, which F1 does not expect
-    def swapped(stage, stages, microbatches, chunks=1, times=None, max_in_flight=None):
-        order = zero_bubble.schedule(stage, stages, microbatches, chunks, times, max_in_flight)
+    def swapped(stage, stages, microbatches, chunks=1, times=None, max_in_flight=None, *options):
+        order = zero_bubble.schedule(stage, stages, microbatches, chunks, times, max_in_flight, *options)
         return actions("PA1 PA0") + order if stage == 1 else order
 
     monkeypatch.setattr(zero_bubble, "posted_schedule", swapped)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -172,14 +173,30 @@ def test_zero_bubble_vocabulary_keeps_the_four_model_names():
 def test_zero_bubble_plans_use_the_built_in_schedules():
     model = published.ZB_MODELS[0]
     runs = {r.schedule: r for r in published.ZERO_BUBBLE_TABLE4 if r.model is model and r.microbatches == 24}
-    assert fidelity.zerobubble_plan(runs["ZB-1p"])[1]["max_in_flight"] == 8
-    assert fidelity.zerobubble_plan(runs["ZB-2p"])[1]["max_in_flight"] == 16
+    zb1, zb2 = fidelity.zerobubble_plan(runs["ZB-1p"])[1], fidelity.zerobubble_plan(runs["ZB-2p"])[1]
+    assert (zb1["max_in_flight"], zb2["max_in_flight"]) == (8, 16)
+    # the runtime's memory count: a W holds 32h of 34h + 5as bytes a token, 73,728 of 201,216 at h 2304, a 24
+    assert zb2["w_share"] == pytest.approx(73728 / 201216)
+    assert (zb2["objective"], zb2["uniform_times"]) == ("span", True)
     strategy, options = fidelity.zerobubble_plan(runs["1F1B-I"])
-    # 22 layers fill two chunks a stage: blocks by chunk, each stage's 2 or 3 layers as 1 + 1 or 2 + 1
-    assert (strategy, options["chunks"]) == ("interleaved.py", 2)
-    assert options["partition"] == [1, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    # one layer a chunk of 22 padded to 24: three chunks a stage, stage 0's first and stage 7's last empty
+    assert (strategy, options["chunks"]) == ("interleaved.py", 3)
+    assert options["partition"] == [range(0, 0)] + [range(k, k + 1) for k in range(22)] + [range(22, 22)]
     deep = [r for r in published.ZERO_BUBBLE_TABLE4 if r.model.name == "28.3B" and r.schedule == "1F1B-I"]
-    assert [fidelity.zerobubble_plan(r) for r in deep] == [None] * 3  # 62 layers, 32 stages: one chunk each
+    for run in deep:  # 62 layers padded to 64 on 32 stages: two chunks, blocks 0 and 63 empty
+        strategy, options = fidelity.zerobubble_plan(run)
+        assert options["chunks"] == 2 and len(options["partition"]) == 64
+        assert [len(block) for block in options["partition"]] == [0] + [1] * 62 + [0]
+
+
+def test_only_the_zero_bubble_runs_overlap_their_steps():
+    # post-validation is on for the ZB schedules alone; a step overlapping the next one lasts its longest rank
+    # span: rank 0 computes from 1 to 4, rank 1 from 2 to 5 and sends until 7: spans 3 and 5
+    assert [fidelity.overlaps_steps(s) for s in published.ZB_SCHEDULES] == [False, False, True, True]
+    events = [(0, "forward", "compute", 1.0, 4.0), (1, "forward", "compute", 2.0, 5.0),
+              (1, "send", "p2p", 5.0, 7.0), (0, "update", "compute", 3.0, 3.5)]
+    result = SimpleNamespace(cluster=SimpleNamespace(world_size=2), raw_events=events, time_s=7.0)
+    assert fidelity.steady_period(result) == pytest.approx(5.0)
 
 
 def test_zero_bubble_1f1b_row_is_the_slowest_stage_times_the_microbatches():

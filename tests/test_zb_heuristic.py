@@ -185,3 +185,86 @@ def test_crossing_times_are_checked():
     for bad in ([1.0], [1.0, -1.0, 0.0], [0.0, float("nan"), 0.0], [0.0, "1", 0.0]):
         with pytest.raises(ValueError, match="comm must list 3 crossing times"):
             zb_orders([1] * 4, [1] * 4, [1] * 4, 4, 4, comm=bad)
+
+
+# ---- the reference runtime's memory count and objective (Qi et al. 2024, Tables 5 and 6) -------------------
+
+# Table 6's profiled F, B (input gradient), W and T_comm in microseconds, with p, m, and h and a of Table 3
+# (the rows of the reference's own Table 5 script: megatron/core/pipeline_parallel/efficiency.py, arxiv branch)
+TABLE6 = [(8, 24, 18522, 18086, 9337, 601, 2304, 24), (8, 32, 18513, 18086, 9331, 626, 2304, 24),
+          (8, 64, 18546, 18097, 9321, 762, 2304, 24), (8, 24, 29718, 29444, 19927, 527, 4096, 32),
+          (8, 32, 29802, 29428, 19530, 577, 4096, 32), (8, 64, 29935, 29621, 19388, 535, 4096, 32),
+          (16, 48, 11347, 11248, 8132, 377, 5120, 40), (16, 64, 11307, 11254, 8101, 379, 5120, 40),
+          (16, 128, 11325, 11308, 8109, 378, 5120, 40), (32, 96, 10419, 10207, 7715, 408, 6144, 48),
+          (32, 128, 10408, 10204, 7703, 408, 6144, 48), (32, 256, 10402, 10248, 7698, 460, 6144, 48)]
+# Table 5's ZB-1p and ZB-2p bubble rates, same order
+TABLE5 = [(0.1585, 0.0433), (0.1242, 0.0039), (0.0674, 0.0026), (0.1323, 0.0029), (0.1045, 0.0022),
+          (0.0554, 0.0010), (0.1397, 0.0066), (0.1088, 0.0054), (0.0576, 0.0028), (0.1421, 0.0038),
+          (0.1106, 0.0029), (0.0594, 0.0018)]
+
+
+def _spans(orders, f, i, w, c) -> float:
+    """The longest stage span (first pass's start to last pass's end) of uniform stages' orders."""
+    from strategies._replay import replay
+    from strategies._actions import Action
+    spans = replay([[Action(kind, 0, mb) for kind, mb in order] for order in orders],
+                   [{"F": f, "I": i, "W": w, "C": c}] * len(orders))
+    return max(stage[-1][1] - stage[0][0] for stage in spans)
+
+
+@pytest.mark.parametrize("row, rates", list(zip(TABLE6, TABLE5)))
+def test_the_runtimes_memory_count_and_span_give_back_table_5(row, rates):
+    # memory in M_B with the I giving back all but 32h of 34h + 5as per token, the limit p or 2p M_B, and
+    # the order with the shortest longest stage span: each ZB-1p and ZB-2p bubble rate of Table 5
+    p, m, f, i, w, c, h, a = row
+    share = 32 * h / (34 * h + 5 * a * 1024)
+    for limit, rate in zip((p, 2 * p), rates):
+        orders = zb_orders([f] * p, [i] * p, [w] * p, m, limit, comm=[c] * (p - 1), w_share=share,
+                           objective="span")
+        assert 1 - m * (f + i + w) / _spans(orders, f, i, w, c) == pytest.approx(rate, abs=5e-5)
+
+
+def test_an_input_gradient_that_frees_memory_lets_more_microbatches_await_their_w():
+    # 8 stages, 24 microbatches, 2p = 16 M_B: counting whole microbatches until W, no stage ever holds more
+    # than 16; with the I giving back 1 - r, the first stage holds more than 16 awaiting their W at once,
+    # and its held memory F - (1 - r) I - r W never passes 16 M_B
+    p, m, f, i, w, c, h, a = TABLE6[0]
+    share = 32 * h / (34 * h + 5 * a * 1024)
+    whole = greedy_orders(p, m, 2 * p, [{"F": f, "I": i, "W": w, "C": c}] * p)
+    freed = greedy_orders(p, m, 2 * p, [{"F": f, "I": i, "W": w, "C": c}] * p, w_share=share)
+    assert max(_awaiting_w(order) for order in whole) <= 2 * p
+    assert _awaiting_w(freed[0]) > 2 * p
+    for order in freed:
+        check_schedule(order, 1, m)
+        held = most = 0.0
+        for action in order:
+            held += {"F": 1.0, "I": -(1 - share), "W": -share}[action.kind]
+            most = max(most, held)
+        assert most <= 2 * p + 1e-9
+
+
+def test_the_span_objective_trades_the_isolated_step_for_the_overlapping_period():
+    # the step objective's order ends first; the span objective's has the shorter longest stage span (1.5B,
+    # 24 microbatches, ZB-2p: 1152.6 ms, Table 5's 4.33 % bubble, against 1154.1 ms)
+    p, m, f, i, w, c, h, a = TABLE6[0]
+    share = 32 * h / (34 * h + 5 * a * 1024)
+    step = zb_orders([f] * p, [i] * p, [w] * p, m, 2 * p, comm=[c] * (p - 1), w_share=share)
+    span = zb_orders([f] * p, [i] * p, [w] * p, m, 2 * p, comm=[c] * (p - 1), w_share=share, objective="span")
+    times = [{"F": f, "I": i, "W": w}] * p
+    assert _makespan(step, times, [c] * (p - 1)) <= _makespan(span, times, [c] * (p - 1))
+    assert _spans(span, f, i, w, c) < _spans(step, f, i, w, c)
+
+
+def test_w_share_and_objective_are_checked():
+    with pytest.raises(ValueError, match="w_share must be a number in"):
+        zb_orders([1.0], [1.0], [1.0], 2, 1, w_share=0)
+    with pytest.raises(ValueError, match="objective must be 'step' or 'span'"):
+        zb_orders([1.0], [1.0], [1.0], 2, 1, objective="period")
+
+
+def test_uniform_times_are_each_kinds_upper_median():
+    # three stages: F 1, 3, 2 -> 2; I 2, 1, 5 -> 2; W 3, 1, 2 -> 2; the crossings 0.5 and 0.1 of the two
+    # stages that have one -> the upper of two, 0.5 (the runtime takes sorted(...)[len // 2])
+    from strategies.zero_bubble import median_times
+    times = [{"F": 1, "I": 2, "W": 3, "C": 0.5}, {"F": 3, "I": 1, "W": 1, "C": 0.1}, {"F": 2, "I": 5, "W": 2}]
+    assert median_times(times) == [{"F": 2, "I": 2, "W": 2, "C": 0.5}] * 3
