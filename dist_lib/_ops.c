@@ -410,12 +410,26 @@ static PyObject *fast_backward_input(PyObject *self, PyObject *const *args, Py_s
     BackwardCall b;
     if (!backward_call(self, args, nargs, kwnames, Py_False, 0, &b))
         return fallback(K.py_backward_input, self, args, nargs, kwnames);
-    PyObject *stash = Py_NewRef(b.stash); /* kept for backward_weight */
-    int failed = backward_compute(self, K.s_backward_input, &b, b.recompute);
-    if (!failed) Py_SETREF(SLOT(stash, K.st_input_done), Py_NewRef(Py_True));
-    Py_DECREF(stash);
-    if (failed || set_context(SLOT(self, K.m_mem), K.s_backward_input, b.layer) < 0) return NULL;
-    return new_activation_grad(self, &b);
+    /* the cost's third figure: the bytes the stash keeps for backward_weight (`Model._cost`) */
+    PyObject *cost = op_cost(self, K.s_backward_input, b.layer, b.n, b.tp, b.recompute);
+    if (!cost) return NULL;
+    long long kept = PyLong_AsLongLong(PyTuple_GET_ITEM(cost, 2));
+    Py_DECREF(cost);
+    if (kept == -1 && PyErr_Occurred()) return NULL;
+    /* the stash's compute mode outlives it in the new one (b.recompute is borrowed from the old) */
+    PyObject *mode = Py_NewRef(b.recompute), *out = NULL;
+    if (backward_compute(self, K.s_backward_input, &b, mode) < 0) goto done;
+    Py_SETREF(SLOT(b.act, K.a_stash), Py_NewRef(Py_None)); /* the forward's stash goes first, as in backward */
+    b.stash = b.recompute = NULL;
+    if (set_context(SLOT(self, K.m_mem), K.s_backward_input, b.layer) < 0) goto done;
+    PyObject *fields[4] = {b.tp_rank, b.tp, mode, Py_True};
+    PyObject *stash = buffer_alloc(K.Stash, (AllocLog *)SLOT(self, K.m_mem), kept, fields, 4);
+    if (!stash) goto done;
+    Py_SETREF(SLOT(b.act, K.a_stash), stash);
+    out = new_activation_grad(self, &b);
+done:
+    Py_DECREF(mode);
+    return out;
 }
 
 static PyObject *fast_backward_weight(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {

@@ -195,6 +195,35 @@ def backward_weight_time(device: Device, workload: Workload, layer: int, samples
     return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "weight"))
 
 
+def weight_pass_bytes(workload: Workload, tp: int = 1, *, sequence_parallel: bool = False) -> float:
+    """Bytes per sample a layer's weight-gradient pass (W) needs once its input-gradient pass (I) ran, in
+    a split backward: W of a linear layer Y = XA is dA = X^T dY, so it keeps the inputs X of the layer's
+    four linear layers and the output gradients dY they multiply; everything else the forward kept
+    (layernorm inputs, dropout masks, GeLU input, Q, K, V, the attention scores) is freed at I (Qi et al.
+    2024, "Zero Bubble Pipeline Parallelism", sec. 3; their runtime, zb_schedules.py, counts mem_b =
+    32h - 34h - 5as and mem_w = -32h bytes per token). Per token, 16-bit, by the tensors of Korthikanti
+    et al. 2022, sec. 4.1: inputs QKV 2h, projection 2h, MLP up 2h, MLP down 8h (14h); output gradients
+    QKV 6h, projection 2h, MLP up 8h, MLP down 2h (18h); 32h in all.
+    With t TP ranks the column-parallel layers' (QKV, MLP up) inputs are replicated and the row-parallel
+    ones' split, (4 + 10/t)h; with sequence parallelism every input is kept as its sequence shard (14/t)h
+    and W all-gathers it again, as the backward does (Korthikanti et al. 2022, sec. 4.2.2; the Zero Bubble
+    runtime's `pre_process` in megatron/core/tensor_parallel/layers.py). The column-parallel layers'
+    output gradients are split, the row-parallel ones' (after the TP all-reduce or all-gather) whole:
+    (4 + 14/t)h. So 8 + 24/t without sequence parallelism, 4 + 28/t with it, 32 at t = 1."""
+    units = (4 + 28 / tp) if sequence_parallel and tp > 1 else (8 + 24 / tp)
+    return workload.seq_len * workload.hidden * units * workload.bytes_per_element / 2
+
+
+def split_stash_bytes(workload: Workload, tp: int = 1, *, sequence_parallel: bool = False) -> int:
+    """Bytes per sample a layer's stash keeps from its input-gradient pass to its weight-gradient pass:
+    `weight_pass_bytes` less the two tensors `Model.backward_weight` takes as its own buffers, which a
+    strategy therefore keeps alive until then anyway (the layer's input and its output gradient, b*s*h each;
+    as `Workload.stash_bytes` leaves out the layer input), so that a layer awaiting W holds the runtime's
+    32h a token in all (with TP, 8 + 24/t or 4 + 28/t)."""
+    return max(0, int(weight_pass_bytes(workload, tp, sequence_parallel=sequence_parallel))
+               - 2 * workload.activation_bytes())
+
+
 # A measured profile gives forward+backward per layer; forward is a third of it, as in FLOPs.
 FORWARD_SHARE_OF_PROFILE = 1 / 3
 

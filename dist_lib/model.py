@@ -19,7 +19,7 @@ from .errors import TensorError
 from .eventlog import PACK_AT
 from .hardware import Cluster
 from .memory import ACCELERATED, OPTIMIZER_BYTES, WEIGHT_BYTES
-from .op_costs import compute_cost, compute_mode, forward_stash_bytes
+from .op_costs import compute_cost, compute_mode, forward_stash_bytes, input_pass_stash_bytes
 from .op_checks import OpChecks, _covers, _first_time, _shard_key, buffer_log
 from .p2p import issue_recv, issue_send
 from .tensors import (SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState,
@@ -174,12 +174,20 @@ class Model(OpChecks):
         return self._weight_grad(layer, act, weight), self._activation_grad(act, weight)
 
     def backward_input(self, layer: int, act: Activation, grad: ActivationGrad, weight: Weight) -> ActivationGrad:
-        """First half of a split backward (zero-bubble): the input gradient only; keeps the stash
-        for `backward_weight` (Qi et al. 2023)."""
+        """First half of a split backward (zero-bubble): the input gradient only. The stash shrinks to
+        what `backward_weight` needs, the linear layers' inputs and output gradients
+        (`costs.split_stash_bytes`; Qi et al. 2024): the forward's stash is freed and a smaller one, marked
+        `input_done`, takes its place before the input gradient is allocated."""
         stash = self._check_backward("backward_input", layer, act, grad, weight, need_input_done=False)
-        self._compute("backward_input", layer, act.samples, weight.tp_size, stash.recompute)
-        stash.input_done = True
-        self._mem.context = ("backward_input", layer)
+        mode, tp_rank, tp = stash.recompute, stash.tp_rank, stash.tp_size
+        n = act.samples.bit_count()
+        kept = (self._cache.get(("backward_input", layer, n, tp, mode)) or self._cost("backward_input", layer, n, tp,
+                                                                                       mode))[2]
+        self._compute("backward_input", layer, act.samples, tp, mode)
+        mem = self._mem
+        act._stash = stash = None  # the forward's stash goes first, as in `backward`
+        mem.context = ("backward_input", layer)
+        act._stash = Stash(mem, kept, tp_rank, tp, mode, True)
         return self._activation_grad(act, weight)
 
     def backward_weight(self, layer: int, act: Activation, grad: ActivationGrad, weight: Weight) -> WeightGrad:
@@ -433,7 +441,8 @@ class Model(OpChecks):
     def _cost(self, op: str, layer: int, n: int, tp: int, mode: str = "none") -> tuple[float, float, int]:
         """(seconds, FLOPs, stash bytes) of a compute op in a compute mode (`COMPUTE_MODES`), computed once
         per device type and shape. For a forward, the mode also says what its backward will re-run, which
-        decides the stash."""
+        decides the stash; for `backward_input`, the stash bytes are what the stash keeps for the weight
+        gradient (`op_costs.input_pass_stash_bytes`); 0 for the other ops."""
         key = (op, layer, n, tp, mode)
         cost = self._cache.get(key)
         if cost is None:
@@ -441,6 +450,8 @@ class Model(OpChecks):
             stash = 0
             if op == "forward":
                 stash = forward_stash_bytes(self.device, self.workload, layer, n, tp, mode)
+            elif op == "backward_input":  # what the stash keeps for backward_weight
+                stash = input_pass_stash_bytes(self.device, self.workload, layer, n, tp, mode)
             cost = self._cache[key] = (duration, flops, stash)
         return cost
 

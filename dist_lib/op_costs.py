@@ -47,6 +47,21 @@ def forward_stash_bytes(device: Device, workload: Workload, layer: int, n: int, 
     return profile.stash_bytes(device, layer, n, tp, state, n * workload.activation_bytes())
 
 
+def input_pass_stash_bytes(device: Device, workload: Workload, layer: int, n: int, tp: int,
+                           mode: str = "none") -> int:
+    """Bytes the stash of a forward of `n` samples in compute mode `mode` keeps after the layer's
+    input-gradient pass (`Model.backward_input`) until its weight-gradient pass (`costs.split_stash_bytes`).
+    A measured profile gives the stash as one figure: it keeps the same share of it as the formulas do."""
+    selective, sequence_parallel = parse_mode(mode)
+    kept = n * costs.split_stash_bytes(workload, tp, sequence_parallel=sequence_parallel)
+    if workload.profile is None:
+        return kept
+    formula = n * workload.stash_bytes(layer, tp, recompute="selective" if selective else "none",
+                                       sequence_parallel=sequence_parallel)
+    measured = forward_stash_bytes(device, workload, layer, n, tp, mode)
+    return round(measured * kept / formula) if formula else measured
+
+
 def compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int, tp: int,
                   mode: str = "none") -> tuple[float, float]:
     """(seconds, FLOPs) of a compute op on `n` samples at TP degree `tp`, in a compute `mode`:

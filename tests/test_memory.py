@@ -246,3 +246,62 @@ def test_a_received_tensor_counts_from_its_arrival_not_from_its_await():
     result = run(train, cluster="1x2xA100-80GB", batch=8)
     assert seen == {"landed": 5 * ACT, "own": 8 * ACT, "awaited": 4 * ACT}
     assert result.memory_bytes[1] == 8 * ACT
+
+
+def test_split_backward_frees_at_the_input_pass_all_the_weight_pass_does_not_need():
+    one = Workload.parse("toy:layers=1")  # s = h = 1024, 16 heads, 16-bit
+    sh = 1024 * 1024
+    # Korthikanti et al. 2022, sec. 4.1, bytes per token: the forward keeps 34h + 5as = (34 + 80)h, of
+    # which the layer input (2h) is its own Activation: the stash is 112 s*h bytes a sample.
+    stash = 112 * sh
+    # costs.weight_pass_bytes: W keeps the linear layers' inputs (14h) and output gradients (18h), 32h a
+    # token; less the layer input and output gradient backward_weight takes as tensors (2h each): 28 s*h.
+    kept = 28 * sh
+    assert one.stash_bytes(0) == stash
+    seen = {}
+
+    async def train(model):
+        w, _ = model.load_weights(0)
+        x = model.get_input_activation([0])
+        grad = model.loss(model.forward(0, x, w))
+        seen["before"] = model.memory_bytes
+        gx = model.backward_input(0, x, grad, w)
+        seen["after input"] = model.memory_bytes
+        del gx
+        wg = model.backward_weight(0, x, grad, w)
+        seen["after weight"] = model.memory_bytes
+        seen["has stash"] = x.has_stash
+        del wg
+
+    result = simulate(train, "1xA100-80GB", one, 1, check=False)
+    p = one.layer_params(0)
+    held = 14 * p + 2 * ACT  # weights, optimizer state, x and its output gradient
+    assert seen == {"before": held + stash, "after input": held + kept + ACT, "after weight": held + 2 * p,
+                    "has stash": False}
+    deltas, _, kinds = result.memory_log[0]
+    stash_entries = [d for d, k in zip(deltas, kinds) if k == 5]  # memory.STASH
+    assert stash_entries == [stash, -stash, kept, -kept]  # forward; input pass: the rest goes; weight pass
+    assert result.peak_memory_bytes == held + stash + ACT  # the forward's output, dropped after the loss
+
+
+def test_split_backward_keeps_the_same_whatever_the_forward_dropped():
+    from dist_lib import costs
+    one = Workload.parse("toy:layers=1")
+    sh = 1024 * 1024
+    # selective recompute keeps 32 s*h bytes (no attention core); W needs the same 28 s*h as without it
+    seen = {}
+
+    async def train(model):
+        w, _ = model.load_weights(0)
+        x = model.get_input_activation([0])
+        grad = model.loss(model.forward(0, x, w, selective_recompute=True))
+        before = model.memory_bytes
+        model.backward_input(0, x, grad, w)
+        seen["shrunk by"] = before - model.memory_bytes
+
+    simulate(train, "1xA100-80GB", one, 1, check=False)
+    assert seen == {"shrunk by": (32 - 28) * sh}
+    # with t TP ranks: (8 + 24/t) s*h bytes, sequence-parallel (4 + 28/t) s*h, less the 4 s*h W takes
+    assert costs.split_stash_bytes(one, 2) == (8 + 12 - 4) * sh
+    assert costs.split_stash_bytes(one, 4, sequence_parallel=True) == (4 + 7 - 4) * sh
+    assert costs.weight_pass_bytes(one, 1, sequence_parallel=True) == 32 * sh

@@ -127,7 +127,9 @@ def _cost(device: Device, workload: Workload, op: str, layer: int, samples: int,
 
 def in_flight(schedule: str, stage: int, stages: int, microbatches: int, chunks: int) -> float:
     """Microbatches whose activations a stage holds at its peak, in units of its whole block's
-    activations (1F1B: p - s; GPipe: m; ZB-H1: p, stashes live until W; interleaved: Megatron's warm-up
+    activations (1F1B: p - s; GPipe: m; ZB-H1: p, each counted at its whole stash although one past its
+    input-gradient pass keeps only what W needs, `costs.split_stash_bytes`: exact where the p are all before
+    it, as on stage 0 at the end of the warm-up, an upper bound elsewhere; interleaved: Megatron's warm-up
     of (p - s - 1) x 2 + (v - 1) x p + 1 chunk passes, each 1/v of the block)."""
     if schedule == "gpipe":
         return microbatches
