@@ -19,8 +19,9 @@ lengthen the wait for the first gradient, so the stages before the last run more
 for m >= p microbatches (1F1B's 3m + 3(p - 1)): the bubble drops from (p - 1)(F + I + W) to
 (p - 1)(F + I - W), a third. 2p - 1 (ZB-H2's memory) reaches the same. In the heuristic's arithmetic
 the step is never longer than 1F1B's with the same pass and crossing times when memory holds 1F1B's
-min(m, p) microbatches. Here the stash of a microbatch lives until its W, so later stages may hold up to
-`max_in_flight` microbatches instead of 1F1B's p - s.
+min(m, p) microbatches. Here a microbatch's stash lives until its I, and what its W needs (the linear
+layers' inputs and output gradients, `costs.weight_pass_bytes`) until its W, so later stages may hold up to
+`max_in_flight` microbatches awaiting W instead of 1F1B's p - s.
 
 Two options run the schedule as the paper's reference runtime does (zb_schedules.py,
 `get_zero_bubble_forward_backward_func`; auto_schedule.py, `initial_solution`): `w_share` r counts memory as
@@ -30,8 +31,9 @@ it does, an I giving back all of a microbatch's activations but the share r its 
 is shortest rather than the one whose step ends first: with the optimizer's post-validation (sec. 4 of the
 paper) a stage starts the next step as soon as it is done, so steps overlap and that span is their period.
 With both, the heuristic's arithmetic gives back every ZB-1p and ZB-2p bubble rate of the paper's Table 5
-from its Table 6 pass times. The simulator keeps a microbatch's whole stash until its W and runs one step,
-so the step it reports is the isolated step's, longer than that period.
+from its Table 6 pass times. By default memory is counted in whole microbatches until their W, which
+the stash the simulator frees at I (above) makes an upper bound; and the simulator runs one step, so the
+step it reports is the isolated step's, longer than that period.
 
 Receives are posted where the paper's reference implementation posts them (sail-sg/zero-bubble-pipeline-
 parallelism, megatron/core/pipeline_parallel/auto_schedule.py, `ilp_results`): the orders are replayed with the
