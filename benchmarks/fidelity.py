@@ -179,16 +179,23 @@ def zerobubble_plan(run: ZeroBubbleRun) -> tuple[str, dict] | None:
     runtime schedules them (the reference's heuristic with the profiled pass times; its auto_schedule.py runs
     no ILP): memory limit p M_B (ZB-1p) or 2p M_B (ZB-2p, `--zero-bubble-max-pending-backward`), counted as
     the runtime counts it (`zb_w_share`), and the order with the shortest longest-stage span, the period of
-    the overlapping steps its optimizer post-validation runs (see `steady_period`)."""
+    the overlapping steps its optimizer post-validation runs (see `steady_period`).
+    The 1F1B and 1F1B-I baselines are Megatron-LM's own schedules (schedules.py `get_forward_backward_func`
+    without --enable-zero-bubble, the paper's commit f68d3879), so they move their messages as Megatron-LM's
+    `_communicate` does (`megatron_exchange`): 1F1B blocking, each call waited for with `torch.cuda.synchronize`
+    (megatron/arguments.py turns `overlap_p2p_comm` off without virtual stages, so `batch_p2p_comm` is on);
+    1F1B-I overlapped, since `overlap_p2p_comm` is on by default there (`--no-overlap-p2p-communication` is a
+    `store_false` flag, Megatron-LM commit 4eeff55d of October 2023, and examples/pretrain_zero_bubble.sh does
+    not pass it)."""
     model, p = run.model, run.model.gpus
     common = dict(microbatch_size=model.microbatch, pp=p)
     if run.schedule == "1F1B":
-        return "one_f_one_b.py", dict(common, partition=model.partition)
+        return "one_f_one_b.py", dict(common, partition=model.partition, megatron_exchange="blocking")
     if run.schedule == "1F1B-I":
         chunks = zb_chunks(model)
         if chunks < 2:
             return None
-        return "interleaved.py", dict(common, chunks=chunks,
+        return "interleaved.py", dict(common, chunks=chunks, megatron_exchange="overlap",
                                       partition=padded_partition(model.workload.num_layers, p, chunks))
     limit = {"ZB-1p": p, "ZB-2p": 2 * p}[run.schedule]
     return "zero_bubble.py", dict(common, partition=model.partition, max_in_flight=limit, w_share=zb_w_share(model),

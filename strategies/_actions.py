@@ -3,8 +3,9 @@
 A schedule is what each stage does, as a list of `Action`s (the shape PyTorch's
 `torch.distributed.pipelining` uses): `F` forward, `B` full backward, `I` input-gradient half and `W`
 deferred weight-gradient half of a split backward (Qi et al. 2023), each naming a model chunk (0 unless
-interleaved) and a microbatch; besides those, blocking messages a schedule places itself (`MESSAGES`) and
-receives it posts ahead of the pass that takes them (`POSTS`). `_pipeline.py` carries the lists out.
+interleaved) and a microbatch; besides those, blocking messages a schedule places itself (`MESSAGES`), messages
+it issues together and waits for later (`EXCHANGES`) and receives it posts ahead of the pass that takes them
+(`POSTS`). `_pipeline.py` carries the lists out.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ class Action(NamedTuple):
 # blocking.
 MESSAGES = {"RA": "activation", "SA": "activation", "RG": "activation gradient", "SG": "activation gradient"}
 
+# Megatron-LM's exchange (`_megatron_exchange.py`): issue, without blocking, the send of an activation or gradient
+# a pass produced ("XSA", "XSG") or the receive of one a later pass takes ("XRA", "XRG"); then wait for every
+# activation ("XWA") or gradient ("XWG") message issued since, sends included, before going on. Like `MESSAGES`,
+# a schedule that uses them owns every message of the stage (the wait actions name chunk and microbatch 0).
+EXCHANGES = {"XSA": "activation", "XRA": "activation", "XWA": "activation",
+             "XSG": "activation gradient", "XRG": "activation gradient", "XWG": "activation gradient"}
+
 # Non-blocking receives a schedule may post ahead of the pass that takes them (the Zero Bubble reference
 # implementation's placement: `_early_receives.py`): post the receive of a chunk's input activation or of its
 # output gradient for a microbatch now; that pass then awaits the posted receive instead of receiving itself.
@@ -37,15 +45,24 @@ POSTS = {"PA": "activation", "PG": "activation gradient"}
 
 def check_schedule(actions: Sequence[Action], chunks: int, microbatches: int) -> None:
     """Each (chunk, microbatch) forwarded once, then backward once (B, or I then W); a posted receive
-    (`POSTS`) comes once, before the pass that takes it, and a chunk has every receive of a kind posted or none."""
+    (`POSTS`) comes once, before the pass that takes it, and a chunk has every receive of a kind posted or none;
+    an issued receive (`EXCHANGES`) is waited for before the pass that takes it."""
     seen: dict[tuple[int, int], str] = {}
+    unwaited: dict[str, set] = {"activation": set(), "activation gradient": set()}  # issued receives not waited for
     posted: dict[str, set] = {"PA": set(), "PG": set()}
     taken: dict[str, set] = {"PA": set(), "PG": set()}  # passes that took a posted receive
     unposted: dict[str, set] = {"PA": set(), "PG": set()}  # passes that took their input without a post
     for a in actions:
         if a.kind in MESSAGES:
             continue
+        if a.kind in EXCHANGES:
+            _check_exchange(a, unwaited)
+            continue
         key, done = (a.chunk, a.mb), seen.get((a.chunk, a.mb), "")
+        takes = "activation" if a.kind == "F" else "activation gradient" if a.kind in ("B", "I") else None
+        if takes is not None and key in unwaited[takes]:
+            raise ValueError(f"schedule: {a!r} takes an issued receive not yet waited for (chunk {a.chunk} "
+                             f"microbatch {a.mb}); place XWA (activations) or XWG (gradients) before it")
         need = _NEED.get(a.kind)
         if need is None:
             _check_post(a, done, posted)
@@ -78,8 +95,8 @@ _TAKES = {"F": "PA", "B": "PG", "I": "PG"}  # the post whose receive a pass take
 def _check_post(a: Action, done: str, posted: dict[str, set]) -> None:
     """A posted receive: a known kind, once, and before the pass that takes it."""
     if a.kind not in POSTS:
-        raise ValueError(f"schedule: unknown action kind {a.kind!r} in {a!r} (F, B, I, W, {', '.join(MESSAGES)} "
-                         f"or {', '.join(POSTS)})")
+        raise ValueError(f"schedule: unknown action kind {a.kind!r} in {a!r} (F, B, I, W, {', '.join(MESSAGES)}, "
+                         f"{', '.join(EXCHANGES)} or {', '.join(POSTS)})")
     key = (a.chunk, a.mb)
     if key in posted[a.kind]:
         raise ValueError(f"schedule: {a!r} posted twice for chunk {a.chunk} microbatch {a.mb}")
@@ -87,3 +104,12 @@ def _check_post(a: Action, done: str, posted: dict[str, set]) -> None:
         raise ValueError(f"schedule: {a!r} after {done} for chunk {a.chunk} microbatch {a.mb}: a receive is "
                          f"posted before the pass that takes it")
     posted[a.kind].add(key)
+
+
+def _check_exchange(a: Action, unwaited: dict[str, set]) -> None:
+    """An issued receive is remembered until the wait of its kind."""
+    what = EXCHANGES[a.kind]
+    if a.kind in ("XWA", "XWG"):
+        unwaited[what].clear()
+    elif a.kind in ("XRA", "XRG"):
+        unwaited[what].add((a.chunk, a.mb))

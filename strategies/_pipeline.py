@@ -34,7 +34,7 @@ from typing import Any
 from dist_lib import Model, Work
 from dist_lib.tensors import range_mask
 
-from ._actions import MESSAGES, POSTS, Action
+from ._actions import EXCHANGES, MESSAGES, POSTS, Action
 
 
 @dataclass
@@ -111,9 +111,9 @@ class _Stage:
         # completes, so a completed one is dropped from the front of the queue after each action)
         self.sends: deque[Work] = deque()
         self.local: dict[str, list] = {"activation": [], "activation gradient": []}  # pp == 1 with chunks
-        # schedules that place their own blocking messages: what arrived before its compute, and what a
-        # compute produced for a later message, by (what, chunk, microbatch)
-        self.explicit = any(action.kind in MESSAGES for action in plan.actions)
+        # schedules that place their own messages (blocking, or exchanged): what arrived before its compute, and
+        # what a compute produced for a later message, by (what, chunk, microbatch)
+        self.explicit = any(action.kind in MESSAGES or action.kind in EXCHANGES for action in plan.actions)
         self.arrived: dict = {}
         self.outbox: dict = {}
         self.partitioned_outputs: dict = {}  # (chunk, mb) -> this rank's piece of a sent output (DeepSpeed)
@@ -138,6 +138,8 @@ class _Stage:
                 self.weight_grads(chunk, mb)
             elif kind in MESSAGES:
                 await self.message(action)
+            elif kind in EXCHANGES:
+                await self.exchange(action)
             elif kind in POSTS:
                 self.post(action)
             else:  # "I": the input-gradient half of a split backward
@@ -152,6 +154,11 @@ class _Stage:
         """A posted receive (`POSTS`) needs a stage that keeps it for the pass that takes it."""
         raise ValueError(f"rank {self.model.rank}: the schedule posts a receive ({action!r}); run it with "
                          f"run_posted_stage, whose passes take the posted receives")
+
+    async def exchange(self, action: Action) -> None:
+        """An exchange action (`EXCHANGES`) needs a stage that keeps the issued messages until their wait."""
+        raise ValueError(f"rank {self.model.rank}: the schedule issues Megatron-LM's exchange ({action!r}); run it "
+                         f"with _megatron_exchange.run_exchange_stage")
 
     async def update_all(self) -> None:
         """After the schedule: each layer's optimizer step on its reduced gradient, then the hand-in."""

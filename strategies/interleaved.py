@@ -19,29 +19,21 @@ from __future__ import annotations
 from dist_lib import Model
 
 from ._actions import Action
+from ._megatron_exchange import ExchangeOrder, run_exchange_stage
 from ._pipeline import run_stage
 from ._plan import build_plan
 
 
 def schedule(stage: int, stages: int, microbatches: int, chunks: int = 2) -> list[Action]:
     p, v, m = stages, chunks, microbatches
-    if m % p:
-        raise ValueError(f"interleaved 1F1B runs microbatches in groups of pp={p}, but there are {m}; "
-                         f"choose microbatch_size so that the number of microbatches per replica is a "
-                         f"multiple of {p}")
+    _check_groups(p, m)
     total = m * v
 
-    def unit(k: int, backward: bool) -> tuple[int, int]:
-        """The k-th (chunk, microbatch) this rank runs forward (or backward)."""
-        group, within = divmod(k, p * v)
-        chunk = within // p
-        return (v - 1 - chunk if backward else chunk), group * p + within % p
-
     def F(k: int) -> Action:
-        return Action("F", *unit(k, False))
+        return Action("F", *_unit(k, False, p, v))
 
     def B(k: int) -> Action:
-        return Action("B", *unit(k, True))
+        return Action("B", *_unit(k, True, p, v))
 
     warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)  # 1. warm-up: fill every chunk's pipeline
     actions = [F(k) for k in range(warmup)]
@@ -49,6 +41,100 @@ def schedule(stage: int, stages: int, microbatches: int, chunks: int = 2) -> lis
         actions += [F(warmup + k), B(k)]
     actions += [B(k) for k in range(total - warmup, total)]  # 3. cool-down
     return actions
+
+
+def _check_groups(p: int, m: int) -> None:
+    if m % p:
+        raise ValueError(f"interleaved 1F1B runs microbatches in groups of pp={p}, but there are {m}; "
+                         f"choose microbatch_size so that the number of microbatches per replica is a "
+                         f"multiple of {p}")
+
+
+def _unit(k: int, backward: bool, p: int, v: int) -> tuple[int, int]:
+    """The k-th (chunk, microbatch) a rank runs forward (or backward); k may be negative or past the end, as
+    Megatron-LM's `get_model_chunk_id` takes it (the chunk of k modulo a group of p x v)."""
+    group, within = divmod(k, p * v)
+    chunk = within // p
+    return (v - 1 - chunk if backward else chunk), group * p + within % p
+
+
+def megatron_schedule(stage: int, stages: int, microbatches: int, chunks: int = 2,
+                      overlap: bool = False) -> list[Action]:
+    """The same passes with Megatron-LM's exchanges (`_megatron_exchange.py`), as
+    `forward_backward_pipelining_with_interleaving` (megatron/core/pipeline_parallel/schedules.py, the version
+    of sail-sg/zero-bubble-pipeline-parallelism commit f68d3879) calls them: which messages each call carries
+    follows its `recv_prev`/`recv_next` rules (the first stage runs p - 1 forwards ahead of the last, so it
+    receives an activation after a steady-state forward unless the last stage's forward of that step was of its
+    last chunk; the last stage likewise for gradients); with `overlap` (`overlap_p2p_comm`) the warm-up and
+    steady-state calls are waited for before the next pass of their direction, the cool-down's at once. With
+    m = p every pass is a warm-up forward, then every backward (Megatron-LM's `all_warmup_microbatches`)."""
+    p, v, m, s = stages, chunks, microbatches, stage
+    _check_groups(p, m)
+    if v > 1 and p <= 2:
+        # with two stages the previous and the next stage are one rank, and the messages of an exchange to it
+        # would pair up out of order (megatron/arguments.py asserts pipeline-model-parallel size > 2 with the
+        # interleaved schedule)
+        raise ValueError(f"Megatron-LM's exchange with chunks={v} needs pp > 2, got pp={p}; use megatron_exchange=None "
+                         f"or more stages")
+    total, first, last = m * v, s == 0, s == p - 1
+    everything_warm = m == p
+    warmup = total if everything_warm else min((p - s - 1) * 2 + (v - 1) * p, total)
+    remaining = total - warmup
+
+    def chunk(k: int, backward: bool) -> int:
+        return _unit(k, backward, p, v)[0]
+
+    def sent_activation(k: int) -> tuple[int, int] | None:  # none from the last virtual stage
+        return None if last and chunk(k, False) == v - 1 else _unit(k, False, p, v)
+
+    def sent_gradient(k: int) -> tuple[int, int] | None:  # none from the first virtual stage
+        return None if first and chunk(k, True) == 0 else _unit(k, True, p, v)
+
+    order = ExchangeOrder(s, p, v)
+    order.issue(receive_activation=not first)  # recv_forward of the first forward
+    for k in range(warmup):
+        if overlap:
+            order.wait("activation")
+        order.run("F", *_unit(k, False, p, v))
+        receive = not (first and chunk(k + 1, False) == 0) and k != total - 1
+        ends_warmup = k == warmup - 1 and not everything_warm  # the first gradient comes in too
+        if overlap:
+            order.issue(sent_activation(k), receive, wait=False)
+            if ends_warmup:
+                order.issue(receive_gradient=not last, wait=False)
+        else:
+            order.issue(sent_activation(k), receive, receive_gradient=ends_warmup and not last)
+    for k in range(remaining):
+        f = warmup + k
+        receive_a = (chunk(f - (p - 1), False) != v - 1 if first else True) and k != remaining - 1
+        receive_g = chunk(k - (p - 1), True) != 0 if last else True
+        if overlap:
+            order.wait("activation")
+            order.run("F", *_unit(f, False, p, v))
+            order.issue(sent_activation(f), receive_a, wait=False)
+            order.wait("activation gradient")
+            order.run("B", *_unit(k, True, p, v))
+            order.issue(send_gradient=sent_gradient(k), receive_gradient=receive_g, wait=False)
+        else:
+            order.run("F", *_unit(f, False, p, v))
+            order.run("B", *_unit(k, True, p, v))
+            order.issue(sent_activation(f), receive_a, sent_gradient(k), receive_g)
+    order.wait("activation gradient")
+    if everything_warm:
+        order.issue(receive_gradient=not last)  # recv_backward
+    for k in range(remaining, total):
+        order.run("B", *_unit(k, True, p, v))
+        receive = not (last and chunk(k + 1, True) == v - 1) and k != total - 1
+        order.issue(send_gradient=sent_gradient(k), receive_gradient=receive)
+    return order.actions()
+
+
+def megatron_overlap_schedule(stage: int, stages: int, microbatches: int, chunks: int = 2) -> list[Action]:
+    """`megatron_schedule` with `overlap_p2p_comm` (a function of its own, so that plans cache it)."""
+    return megatron_schedule(stage, stages, microbatches, chunks, overlap=True)
+
+
+EXCHANGE_SCHEDULES = {"blocking": megatron_schedule, "overlap": megatron_overlap_schedule}
 
 
 def padded_partition(num_layers: int, stages: int, chunks: int) -> list[range]:
@@ -80,7 +166,19 @@ def padded_partition(num_layers: int, stages: int, chunks: int) -> list[range]:
 
 
 async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, chunks: int = 2,
-                partition=None, recompute: bool = False) -> None:
-    plan = build_plan(model, schedule, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
+                partition=None, recompute: bool = False, megatron_exchange: str | None = None) -> None:
+    """`megatron_exchange`: None (sends go without blocking, a pass receives its input when it starts),
+    "blocking" or "overlap": Megatron-LM's exchanges (`megatron_schedule`), with `overlap_p2p_comm` off or on."""
+    schedule_fn = exchange_schedule(megatron_exchange)
+    plan = build_plan(model, schedule_fn, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       chunks=chunks, partition=partition, recompute=recompute)
-    await run_stage(model, plan)
+    await (run_stage if megatron_exchange is None else run_exchange_stage)(model, plan)
+
+
+def exchange_schedule(megatron_exchange: str | None):
+    """The schedule function for a `megatron_exchange` choice (an unknown one is refused)."""
+    if megatron_exchange is None:
+        return schedule
+    if megatron_exchange not in EXCHANGE_SCHEDULES:
+        raise ValueError(f"megatron_exchange must be None, 'blocking' or 'overlap', got {megatron_exchange!r}")
+    return EXCHANGE_SCHEDULES[megatron_exchange]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dist_lib import Model
 
 from ._actions import Action
+from ._megatron_exchange import ExchangeOrder, run_exchange_stage
 from ._pipeline import run_stage
 from ._plan import build_plan
 
@@ -28,8 +29,52 @@ def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1) -> lis
     return actions
 
 
+def megatron_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1) -> list[Action]:
+    """The same passes with Megatron-LM's exchanges (`_megatron_exchange.py`), as
+    `forward_backward_pipelining_without_interleaving` (megatron/core/pipeline_parallel/schedules.py, the version
+    of sail-sg/zero-bubble-pipeline-parallelism commit f68d3879; megatron/schedules.py of 2021 calls the same)
+    calls them, each waited for at once: `recv_forward` and `send_forward` around each warm-up forward, then
+    `recv_forward` once; `send_forward_recv_backward` after each steady-state forward and
+    `send_backward_recv_forward` (the last: `send_backward`) after its backward; `recv_backward` and
+    `send_backward` around each cool-down backward. The first stage receives no activation, the last sends none
+    and receives no gradient."""
+    order_of_passes = schedule(stage, stages, microbatches, chunks)
+    m, first, last = microbatches, stage == 0, stage == stages - 1
+    warmup = min(stages - stage - 1, m)
+    order = ExchangeOrder(stage, stages, 1)
+    passes = iter(order_of_passes)
+    for i in range(warmup):
+        order.issue(receive_activation=not first)
+        order.run(*next(passes))
+        order.issue(None if last else (0, i))
+    if m > warmup:
+        order.issue(receive_activation=not first)
+    for i in range(m - warmup):
+        order.run(*next(passes))
+        order.issue(None if last else (0, warmup + i), receive_gradient=not last)
+        order.run(*next(passes))
+        order.issue(receive_activation=not first and i != m - warmup - 1, send_gradient=None if first else (0, i))
+    for i in range(m - warmup, m):
+        order.issue(receive_gradient=not last)
+        order.run(*next(passes))
+        order.issue(send_gradient=None if first else (0, i))
+    return order.actions()
+
+
 async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, partition=None,
-                recompute: bool = False) -> None:
-    plan = build_plan(model, schedule, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
-                      partition=partition, recompute=recompute)
-    await run_stage(model, plan)
+                recompute: bool = False, megatron_exchange: str | None = None) -> None:
+    """`megatron_exchange`: None (sends go without blocking, a pass receives its input when it starts) or
+    "blocking": Megatron-LM's exchanges (`megatron_schedule`; its 1F1B has no overlapped variant)."""
+    plan = build_plan(model, exchange_schedule(megatron_exchange), microbatch_size=microbatch_size,
+                      pp=model.world_size if pp is None else pp, partition=partition, recompute=recompute)
+    await (run_stage if megatron_exchange is None else run_exchange_stage)(model, plan)
+
+
+def exchange_schedule(megatron_exchange: str | None):
+    """The schedule function for a `megatron_exchange` choice (an unknown one is refused)."""
+    if megatron_exchange is None:
+        return schedule
+    if megatron_exchange != "blocking":
+        raise ValueError(f"megatron_exchange for one_f_one_b must be None or 'blocking' (Megatron-LM overlaps "
+                         f"pipeline messages only in its interleaved schedule), got {megatron_exchange!r}")
+    return megatron_schedule
