@@ -181,8 +181,7 @@ class Model(OpChecks):
         stash = self._check_backward("backward_input", layer, act, grad, weight, need_input_done=False)
         mode, tp_rank, tp = stash.recompute, stash.tp_rank, stash.tp_size
         n = act.samples.bit_count()
-        kept = (self._cache.get(("backward_input", layer, n, tp, mode)) or self._cost("backward_input", layer, n, tp,
-                                                                                       mode))[2]
+        kept = self._cost("backward_input", layer, n, tp, mode)[2]
         self._compute("backward_input", layer, act.samples, tp, mode)
         mem = self._mem
         act._stash = stash = None  # the forward's stash goes first, as in `backward`

@@ -32,14 +32,14 @@ not modelled (the simulator has no host launch queue): it costs the kernel-launc
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dist_lib import Model
 from dist_lib.tensors import range_mask
 
 from ._actions import EXCHANGES, Action
-from ._pipeline import StagePlan, _Stage
+from ._pipeline import StagePlan, _Stage, run_stage
 
 _RECEIVE = {"activation": Action("XRA", -1, -1), "activation gradient": Action("XRG", -1, -1)}  # unnamed yet
 
@@ -107,6 +107,20 @@ class ExchangeOrder:
                 raise ValueError(f"stage {self.stage}: {len(taken)} passes take an {what} but {count[what]} "
                                  f"receives are issued")
         return out
+
+
+def exchange_choice(megatron_exchange: str | None, plain: Callable, exchanges: dict[str, Callable], note: str = ""
+                    ) -> tuple[Callable, Callable[[Model, StagePlan], Coroutine[Any, Any, None]]]:
+    """(schedule, stage runner) for a strategy's `megatron_exchange` option: None runs `plain` with
+    `_pipeline.run_stage`, a key of `exchanges` that schedule with `run_exchange_stage`; anything else is
+    refused in one line naming the choices (and `note`, why there are no others)."""
+    if megatron_exchange is None:
+        return plain, run_stage
+    if megatron_exchange not in exchanges:
+        names = [repr(name) for name in exchanges]
+        choices = ", ".join(["None"] + names[:-1]) + f" or {names[-1]}"
+        raise ValueError(f"megatron_exchange must be {choices}{note}, got {megatron_exchange!r}")
+    return exchanges[megatron_exchange], run_exchange_stage
 
 
 def run_exchange_stage(model: Model, plan: StagePlan) -> Coroutine[Any, Any, None]:

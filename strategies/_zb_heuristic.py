@@ -78,13 +78,13 @@ class _Layout:
         self.asked = set()  # the choices below ("hold", "short") this layout's outcome depended on
         self.orders: list[Order] = [[] for _ in range(p)]
 
-    def held(self, s: int, nf: int, ni: int, nw: int) -> float:
+    def held(self, nf: int, ni: int, nw: int) -> float:
         """Microbatches' activations stage s holds after nf Fs, ni Is and nw Ws."""
         return nf - ni * (1.0 - self.w_share) - nw * self.w_share
 
-    def fits_f(self, s: int, nf: int, ni: int, nw: int) -> bool:
+    def fits_f(self, nf: int, ni: int, nw: int) -> bool:
         """Whether one more F fits in memory after nf Fs, ni Is and nw Ws (with a margin for rounding)."""
-        return self.held(s, nf + 1, ni, nw) <= self.limit + 1e-9
+        return self.held(nf + 1, ni, nw) <= self.limit + 1e-9
 
     def span(self) -> float:
         """The longest of the stages' spans, first pass's start to last pass's end."""
@@ -133,7 +133,7 @@ class _Layout:
     def fill(self, s: int, kind: str, short_waits: bool) -> None:
         """Deferred Ws before stage s's next pass of `kind` (see the module): for memory, in the wait."""
         if kind == "F":
-            while not self.fits_f(s, self.nf[s], self.ni[s], self.nw[s]):  # an I ran since the last F (module)
+            while not self.fits_f(self.nf[s], self.ni[s], self.nw[s]):  # an I ran since the last F (module)
                 self.put(s, "W")
         if (kind == "F" and s == 0) or (kind == "I" and s == len(self.forward) - 1):
             return  # its input is there as soon as the stage is free
@@ -159,7 +159,7 @@ class _Layout:
         for s in range(p - 2, -1, -1):
             gradient += self.comm[s]  # when it reaches stage s
             clock = self.clock[s]
-            while 1 + extra[s] < m and self.fits_f(s, 1 + extra[s], 0, 0) and (clock < gradient if overrun
+            while 1 + extra[s] < m and self.fits_f(1 + extra[s], 0, 0) and (clock < gradient if overrun
                                                           else clock + self.forward[s] <= gradient):
                 clock += self.forward[s]
                 extra[s] += 1
@@ -211,7 +211,7 @@ class _Layout:
             if i < f and (s == p - 1 or i < ni[s + 1]):
                 ready = f_end[s][i] if s == p - 1 else i_sent[s + 1][i]
                 best = (clock[s] if clock[s] > ready else ready, 0, s, "I")
-            if f < m and self.fits_f(s, f, i, nw[s]) and (s == 0 or f < nf[s - 1]):
+            if f < m and self.fits_f(f, i, nw[s]) and (s == 0 or f < nf[s - 1]):
                 ready = f_sent[s - 1][f] if s else 0.0
                 option = (clock[s] if clock[s] > ready else ready, 1, s, "F")
                 best = option if option < best else best
@@ -256,7 +256,7 @@ class _Layout:
         if self.clock[s] >= comes:
             return True
         freed, nf, ni = 0, self.nf[s], self.ni[s]  # the Ws memory needs before the F
-        while not self.fits_f(s, nf, ni, self.nw[s] + freed):
+        while not self.fits_f(nf, ni, self.nw[s] + freed):
             freed += 1
         if self.clock[s] + self.forward[s] + freed * self.weights[s] <= comes:
             return False
@@ -318,6 +318,15 @@ def _layouts(forward: Sequence[float], inputs: Sequence[float], weights: Sequenc
         yield layout
 
 
+def checked_options(w_share: object, objective: object) -> float:
+    """`w_share` as a float in (0, 1] and `objective` one of "step" and "span", or one line saying which is not."""
+    if objective not in ("step", "span"):
+        raise ValueError(f"objective must be 'step' or 'span', got {objective!r}")
+    if isinstance(w_share, bool) or not isinstance(w_share, (int, float)) or not 0 < w_share <= 1:
+        raise ValueError(f"w_share must be a number in (0, 1], got {w_share!r}")
+    return float(w_share)
+
+
 def zb_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float], microbatches: int,
               limit: float, *, comm: Sequence[float] | None = None, w_share: float = 1.0,
               objective: str = "step") -> list[Order]:
@@ -331,10 +340,7 @@ def zb_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequen
     post-validation lets them). `comm[s]` (keyword, p - 1 entries, default all 0) is the seconds a message
     takes between stage s and s + 1, either way: every layout then counts it between a pass and the pass
     on the next stage that takes its output."""
-    if objective not in ("step", "span"):
-        raise ValueError(f"objective must be 'step' or 'span', got {objective!r}")
-    if isinstance(w_share, bool) or not isinstance(w_share, (int, float)) or not 0 < w_share <= 1:
-        raise ValueError(f"w_share must be a number in (0, 1], got {w_share!r}")
+    w_share = checked_options(w_share, objective)
     p = len(forward)
     if comm is None:
         comm = [0.0] * max(p - 1, 0)
@@ -343,7 +349,7 @@ def zb_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequen
         raise ValueError(f"comm must list {max(p - 1, 0)} crossing times (seconds >= 0, one per boundary "
                          f"between {p} stages), got {comm!r}")
     best, best_end = None, 0.0
-    for layout in _layouts(forward, inputs, weights, microbatches, limit, comm, float(w_share)):
+    for layout in _layouts(forward, inputs, weights, microbatches, limit, comm, w_share):
         end = max(layout.clock) if objective == "step" else layout.span()
         if best is None or end < best_end:
             best, best_end = layout.orders, end

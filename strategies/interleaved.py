@@ -19,8 +19,7 @@ from __future__ import annotations
 from dist_lib import Model
 
 from ._actions import Action
-from ._megatron_exchange import ExchangeOrder, run_exchange_stage
-from ._pipeline import run_stage
+from ._megatron_exchange import ExchangeOrder, exchange_choice
 from ._plan import build_plan
 
 
@@ -169,16 +168,7 @@ async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None
                 partition=None, recompute: bool = False, megatron_exchange: str | None = None) -> None:
     """`megatron_exchange`: None (sends go without blocking, a pass receives its input when it starts),
     "blocking" or "overlap": Megatron-LM's exchanges (`megatron_schedule`), with `overlap_p2p_comm` off or on."""
-    schedule_fn = exchange_schedule(megatron_exchange)
+    schedule_fn, run = exchange_choice(megatron_exchange, schedule, EXCHANGE_SCHEDULES)
     plan = build_plan(model, schedule_fn, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       chunks=chunks, partition=partition, recompute=recompute)
-    await (run_stage if megatron_exchange is None else run_exchange_stage)(model, plan)
-
-
-def exchange_schedule(megatron_exchange: str | None):
-    """The schedule function for a `megatron_exchange` choice (an unknown one is refused)."""
-    if megatron_exchange is None:
-        return schedule
-    if megatron_exchange not in EXCHANGE_SCHEDULES:
-        raise ValueError(f"megatron_exchange must be None, 'blocking' or 'overlap', got {megatron_exchange!r}")
-    return EXCHANGE_SCHEDULES[megatron_exchange]
+    await run(model, plan)

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dist_lib import Model
 
 from ._actions import Action
-from ._megatron_exchange import ExchangeOrder, run_exchange_stage
-from ._pipeline import run_stage
+from ._megatron_exchange import ExchangeOrder, exchange_choice
 from ._plan import build_plan
 
 
@@ -64,17 +63,10 @@ def megatron_schedule(stage: int, stages: int, microbatches: int, chunks: int = 
 async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None, partition=None,
                 recompute: bool = False, megatron_exchange: str | None = None) -> None:
     """`megatron_exchange`: None (sends go without blocking, a pass receives its input when it starts) or
-    "blocking": Megatron-LM's exchanges (`megatron_schedule`; its 1F1B has no overlapped variant)."""
-    plan = build_plan(model, exchange_schedule(megatron_exchange), microbatch_size=microbatch_size,
-                      pp=model.world_size if pp is None else pp, partition=partition, recompute=recompute)
-    await (run_stage if megatron_exchange is None else run_exchange_stage)(model, plan)
-
-
-def exchange_schedule(megatron_exchange: str | None):
-    """The schedule function for a `megatron_exchange` choice (an unknown one is refused)."""
-    if megatron_exchange is None:
-        return schedule
-    if megatron_exchange != "blocking":
-        raise ValueError(f"megatron_exchange for one_f_one_b must be None or 'blocking' (Megatron-LM overlaps "
-                         f"pipeline messages only in its interleaved schedule), got {megatron_exchange!r}")
-    return megatron_schedule
+    "blocking": Megatron-LM's exchanges (`megatron_schedule`; Megatron-LM overlaps pipeline messages only in
+    its interleaved schedule)."""
+    schedule_fn, run = exchange_choice(megatron_exchange, schedule, {"blocking": megatron_schedule},
+                                       " (Megatron-LM overlaps pipeline messages only in its interleaved schedule)")
+    plan = build_plan(model, schedule_fn, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
+                      partition=partition, recompute=recompute)
+    await run(model, plan)

@@ -53,7 +53,7 @@ from dist_lib import Model
 from ._early_receives import run_posted_stage, with_posted_receives
 from ._actions import Action
 from ._plan import build_plan
-from ._zb_heuristic import zb_orders
+from ._zb_heuristic import checked_options, zb_orders
 
 
 def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
@@ -96,13 +96,10 @@ def _pipeline(stages: int, microbatches: int, chunks: int, times, max_in_flight,
     if chunks != 1:
         raise ValueError("zero_bubble (ZB-H1) runs one model chunk per rank; set chunks=1")
     limit = _checked_limit(stages if max_in_flight is None else max_in_flight)
-    if isinstance(w_share, bool) or not isinstance(w_share, (int, float)) or not 0 < w_share <= 1:
-        raise ValueError(f"w_share must be a number in (0, 1], got {w_share!r}")
-    if objective not in ("step", "span"):
-        raise ValueError(f"objective must be 'step' or 'span', got {objective!r}")
+    w_share = checked_options(w_share, objective)
     times = times or [{"F": 1, "I": 1, "W": 1}] * stages
     return (stages, microbatches, limit, tuple((t["F"], t["I"], t["W"], t.get("C", 0.0)) for t in times),
-            float(w_share), objective)
+            w_share, objective)
 
 
 def _times(key: tuple) -> list[dict[str, float]]:
