@@ -81,7 +81,11 @@ class Link:
 
     def send(self, message: Any) -> None:
         data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        self.sock.sendall(_LENGTH.pack(len(data)) + data)
+        if len(data) < 1 << 16:
+            self.sock.sendall(_LENGTH.pack(len(data)) + data)
+        else:  # (the worker's books and events at the end: hundreds of MB, not copied once more)
+            self.sock.sendall(_LENGTH.pack(len(data)))
+            self.sock.sendall(data)
 
     def recv(self) -> Any:
         sock = self.sock
@@ -104,15 +108,21 @@ class Link:
         head += self._exactly(_LENGTH.size - len(head))
         return pickle.loads(self._exactly(_LENGTH.unpack(head)[0]))
 
-    def _exactly(self, n: int) -> bytes:
-        parts, sock = [], self.sock
-        while n:
-            part = sock.recv(min(n, 1 << 22))
-            if not part:
+    def _exactly(self, n: int) -> bytes | bytearray:
+        sock = self.sock
+        if n < 1 << 16:
+            data = sock.recv(n, socket.MSG_WAITALL)
+            if len(data) != n:
                 raise EOFError
-            parts.append(part)
-            n -= len(part)
-        return b"".join(parts)
+            return data
+        buffer = bytearray(n)
+        view, got = memoryview(buffer), 0
+        while got < n:
+            size = sock.recv_into(view[got:], n - got)
+            if not size:
+                raise EOFError
+            got += size
+        return buffer
 
     def close(self) -> None:
         self.sock.close()
