@@ -85,6 +85,12 @@ def pipeline_call(tp: int, pp: int, dp: int, microbatches: int, schedule: str, w
             "batch": dp * microbatches, "options": options}
 
 
+def replica_ranks(tp: int, pp: int, dp: int, replicas: range) -> list[int]:
+    """The ranks of `replicas` in `hybrid.py`'s layout, rank = (stage * dp + replica) * tp + tp_rank: what a
+    two-process run (`workers=2`) gives its second process, so that the two meet only in collectives."""
+    return [(stage * dp + d) * tp + t for stage in range(pp) for d in replicas for t in range(tp)]
+
+
 def measure(call: dict) -> dict:
     code = CHILD.format(root=str(ROOT), call=json.dumps(call))
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

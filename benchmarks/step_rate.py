@@ -3,6 +3,7 @@ slices of the step's events.
 
     python benchmarks/step_rate.py                       # the 1T step cut to one replica (512 ranks)
     python benchmarks/step_rate.py --dp 6                # the full 3072-rank 1T step
+    python benchmarks/step_rate.py --dp 6 --workers 2    # the same in two processes, three replicas each
     python benchmarks/step_rate.py --tp 1 --pp 8 --dp 1 --microbatches 512 --workload toy:layers=32 --schedule 1f1b
 
 The step is `scale.py`'s pipeline row (`strategies/hybrid.py`, microbatch 1). Time is sampled whenever
@@ -36,11 +37,13 @@ def main() -> None:
     parser.add_argument("--workload", default="gpt-1t")
     parser.add_argument("--no-recompute", action="store_true")
     parser.add_argument("--slices", type=int, default=10)
+    parser.add_argument("--workers", type=int, choices=(1, 2), default=1,
+                        help="processes; with 2, the second runs the second half of the replicas")
     args = parser.parse_args()
     if args.slices < 1:
         parser.error(f"--slices {args.slices}: give at least 1")
 
-    from benchmarks.scale import pipeline_call
+    from benchmarks.scale import pipeline_call, replica_ranks
     from dist_lib import eventlog, simulate
     from dist_lib.errors import SimulationError
 
@@ -54,6 +57,9 @@ def main() -> None:
     eventlog.EventLog.pack = timed_pack  # type: ignore[method-assign]
     call = pipeline_call(args.tp, args.pp, args.dp, args.microbatches, args.schedule, args.workload,
                          not args.no_recompute)
+    if args.workers == 2:
+        call["options"]["workers"] = 2
+        call["options"]["worker_ranks"] = replica_ranks(args.tp, args.pp, args.dp, range(args.dp // 2, args.dp))
     start = time.perf_counter()
     try:
         result = simulate(call["strategy"], call["cluster"], call["workload"], call["batch"], **call["options"])
@@ -63,6 +69,8 @@ def main() -> None:
     eventlog.EventLog.pack = pack  # type: ignore[method-assign]
     events = len(result.raw_events)
     samples = [(start, 0, samples[0][2] if samples else resident_mib())] + samples
+    if args.workers == 2:  # (the packs timed are the first process's: its own events until the step ends)
+        print(f"two processes: {len(samples)} packs timed in the first")
     print(f"{call['cluster']} {call['workload']} tp {args.tp} pp {args.pp} dp {args.dp}, "
           f"{args.microbatches} microbatches: {events:,} events in {wall:.1f} s ({events / wall:,.0f} ops/s)")
     print(f"{'slice':>5} {'events':>12} {'wall s':>8} {'ops/s':>10} {'RSS MiB':>8}")

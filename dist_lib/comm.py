@@ -79,6 +79,13 @@ class Group:
         return rank in self.index
 
 
+class CrossGroup(Group):
+    """A group with members in both processes of a split step (`split.py`): its members' issues are
+    counted here, and the first process resolves its collectives once both sides issued them."""
+
+    __slots__ = ("local",)
+
+
 def get_group(engine: Engine, ranks: Any, where: str = "group") -> Group:
     """The communicator of `ranks` (the same object for the same set); an error's message starts with
     `where`, the rank and op that asked."""
@@ -100,8 +107,11 @@ def get_group(engine: Engine, ranks: Any, where: str = "group") -> Group:
         if not key:
             raise TensorError(f"{where}: a group needs at least one rank")
         cluster = engine.cluster
-        group = engine.groups[key] = Group(key, cluster.ring_link(key), cluster.topology(key),
-                                           cluster.collective_usage(key))
+        local = engine.partition.local_members(key) if engine.partition is not None else len(key)
+        group = engine.groups[key] = (Group if local == len(key) or not local else CrossGroup)(
+            key, cluster.ring_link(key), cluster.topology(key), cluster.collective_usage(key))
+        if group.__class__ is CrossGroup:
+            group.local = local
     return group
 
 
@@ -325,6 +335,8 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
         coll.first = work
     if coll.issued == group.size:
         _resolve_ready(engine, coll)
+    elif group.__class__ is CrossGroup and coll.issued == group.local:
+        engine.partition.joined(coll)
     return work
 
 
@@ -334,8 +346,18 @@ def _resolve_ready(engine: Engine, coll: Collective) -> None:
     issued already: the member whose issue completes `coll` issued the predecessor before.)"""
     group = coll.group
     works: list[Work] = coll.works  # type: ignore[assignment]
-    first = works[0].input
     coll.results, coll.nbytes, coll.label = combine(engine, coll, [w.input for w in works])
+    coll.duration = collective_duration(engine, coll)
+    del group.pending[coll.seq]
+    if group.busy:
+        group.ready.append(coll)
+    else:
+        _start(engine, coll)
+
+
+def collective_duration(engine: Engine, coll: Collective) -> float:
+    """`coll`'s time with its links to itself, once per group and kind of op."""
+    group, first = coll.group, coll.works[0].input
     # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h; the LM
     # head's input gradient (the gradient of the last layer's output) is one.
     cls = first.__class__
@@ -345,12 +367,7 @@ def _resolve_ready(engine: Engine, coll: Collective) -> None:
     if duration is None:
         duration = group.costs[key] = costs.collective_time(coll.op, coll.nbytes, group.topology) * \
             (2 if key[2] else 1)
-    coll.duration = duration
-    del group.pending[coll.seq]
-    if group.busy:
-        group.ready.append(coll)
-    else:
-        _start(engine, coll)
+    return duration
 
 
 def _start(engine: Engine, coll: Collective) -> None:

@@ -119,7 +119,7 @@ class Engine:
                  "world_group", "channels", "channels_from", "blocked", "finished", "next_op_id", "cost_cache",
                  "layer_params", "shard_bytes", "full_batch", "loop", "transfers", "coroutines", "ready",
                  "driving", "throw_into", "awaiting", "task_ranks", "running", "stepping", "stopped",
-                 "first_error", "watchdog", "thread", "parked", "last_look", "cancel_is_strategys")
+                 "first_error", "watchdog", "thread", "parked", "last_look", "cancel_is_strategys", "partition")
 
     def __init__(self, cluster: Cluster, workload: Workload, global_batch_size: int, enforce_memory: bool = True):
         self.cluster = cluster
@@ -158,6 +158,8 @@ class Engine:
         self.parked: set[int] = set()  # ranks that yielded to the event loop bare (`asyncio.sleep(0)`)
         self.last_look: tuple | None = None  # the step's progress at the watchdog's last look, all ranks idle
         self.cancel_is_strategys = False  # whether a cancel of the step's task can only be the strategy's
+        # one of the two processes of a split step (`split.py`), whose quiescences are the two processes' own
+        self.partition: Any = None
 
     # ---- blocking and waking ------------------------------------------------------------------
 
@@ -218,6 +220,9 @@ class Engine:
 
     def advance(self) -> None:
         """Quiescence: complete the earliest transfers until one wakes a rank; none left is a deadlock."""
+        if self.partition is not None:
+            self.partition.advance()
+            return
         while self.blocked + self.finished == self.world_size:
             done = self.transfers.next_completions()
             if not done:
@@ -236,6 +241,9 @@ class Engine:
 
     def drain(self) -> None:
         """After the last rank returned: run the transfers still in flight to their ends."""
+        if self.partition is not None:
+            self.partition.drain()
+            return
         while True:
             done = self.transfers.next_completions()
             if not done:

@@ -87,6 +87,32 @@ class EventLog(Sequence):
         self._op_id.frombytes(struct.pack(f"{n}i", *op_ids))
         recent.clear()
 
+    def export(self) -> tuple:
+        """The log as plain data for another process (`split.py`): the kinds, the columns, and the samples
+        as numbers of their distinct masks (many events share a mask; pickled one by one, each would be
+        copied each time)."""
+        self.pack()
+        masks = list(dict.fromkeys(self._samples))
+        number = {mask: i for i, mask in enumerate(masks)}
+        return (self._kinds, self._kind, self._rank, self._start, self._end, self._op_id, masks,
+                array("I", map(number.__getitem__, self._samples)))
+
+    def extend(self, exported: tuple) -> None:
+        """Append the events of another log's `export`, after this log's own."""
+        self.pack()
+        kinds, kind, rank, start, end, op_id, masks, samples = exported
+        offset = len(self._kinds[0])
+        for column, more in zip(self._kinds, kinds):
+            column.extend(more)
+        import numpy as np
+
+        self._kind.frombytes((np.frombuffer(kind, dtype=np.uint32) + np.uint32(offset)).tobytes())
+        self._rank.extend(rank)
+        self._start.extend(start)
+        self._end.extend(end)
+        self._op_id.extend(op_id)
+        self._samples.extend(map(masks.__getitem__, samples))
+
     def columns(self) -> tuple:
         """The packed log as columns, for readers that go through every event (the trace writer):
         (kinds: op, stream, layer, nbytes, flops, peers, detail, each a list by kind code; kind code,

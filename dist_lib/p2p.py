@@ -39,13 +39,21 @@ class Channel:
         self.durations: dict[int, float] = {}  # a message's time alone by its bytes (`costs.p2p_time`)
 
 
+class CrossChannel(Channel):
+    """A channel between the two processes of a split step (`split.py`): the first process pairs its
+    messages and times them."""
+
+    __slots__ = ()
+
+
 def _channel(engine: Engine, src: int, dst: int) -> Channel:
     by_dst = engine.channels_from[src]
     channel = by_dst.get(dst)
     if channel is None:
         cluster = engine.cluster
-        channel = by_dst[dst] = engine.channels[(src, dst)] = Channel(src, dst, cluster.p2p_link(src, dst),
-                                                                       cluster.p2p_usage(src, dst))
+        cross = engine.partition is not None and engine.partition.local_members((src, dst)) == 1
+        channel = by_dst[dst] = engine.channels[(src, dst)] = (CrossChannel if cross else Channel)(
+            src, dst, cluster.p2p_link(src, dst), cluster.p2p_usage(src, dst))
     return channel
 
 
@@ -67,7 +75,9 @@ def issue_send(engine: Engine, state: RankState, tensor: Tensor, dst: int) -> Wo
     channel = _channel(engine, rank, dst)
     work = Work(engine, rank, "send", state.clock, tensor, channel.peers)
     channel.sends.append(work)
-    if channel.recvs:
+    if channel.__class__ is CrossChannel:
+        engine.partition.issued(channel, work)
+    elif channel.recvs:
         _match(engine, channel)
     return work
 
@@ -79,7 +89,9 @@ def issue_recv(engine: Engine, state: RankState, src: int) -> Work:
     channel = _channel(engine, src, rank)
     work = Work(engine, rank, "recv", state.clock, None, channel.peers)
     channel.recvs.append(work)
-    if channel.sends:
+    if channel.__class__ is CrossChannel:
+        engine.partition.issued(channel, work)
+    elif channel.sends:
         _match(engine, channel)
     return work
 
@@ -95,7 +107,7 @@ def _match(engine: Engine, channel: Channel) -> None:
             _start(engine, channel, send, recv)
 
 
-def _start(engine: Engine, channel: Channel, send: Work, recv: Work) -> None:
+def _start(engine: Engine, channel: Channel, send: Work, recv: Work, finish: Any = None) -> None:
     channel.busy = True
     channel.started += 1
     start = max(send.issue, recv.issue, channel.free)
@@ -103,7 +115,7 @@ def _start(engine: Engine, channel: Channel, send: Work, recv: Work) -> None:
     duration = channel.durations.get(nbytes)
     if duration is None:
         duration = channel.durations[nbytes] = costs.p2p_time(nbytes, channel.link)
-    engine.schedule(Transfer(start, duration, channel.usage, _finish, (channel, send, recv),
+    engine.schedule(Transfer(start, duration, channel.usage, finish or _finish, (channel, send, recv),
                              (1, channel.peers, channel.started)))
 
 
@@ -116,23 +128,28 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
     tensor: Tensor = send.input  # type: ignore[assignment]
     channel.free = end
     channel.busy = False
-    send.end = recv.end = end
-    send.result = None
     op_id = engine.new_op_id()
-    ranks, append = engine.ranks, engine.events.append
-    layer, samples, nbytes, kind, peers = tensor.layer, tensor.samples, tensor.nbytes, tensor.kind, channel.peers
-    del tensor
+    append, peers = engine.events.append, channel.peers
     for work in (send, recv):
-        state = ranks[work.rank]
-        if end > state.p2p_end:
-            state.p2p_end = end
-        append((work.rank, work.op, "p2p", start, end, layer, samples, nbytes, 0.0, peers, op_id, kind))
-    if send.future is not None:  # its rank waits on it
-        engine.wake(send)
-    if recv.future is not None:
+        append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples, tensor.nbytes, 0.0, peers,
+                op_id, tensor.kind))
+    del tensor
+    sent(engine, send, end)
+    received(engine, recv, end)
+    if channel.ready:
+        _start(engine, channel, *channel.ready.popleft())
+
+
+def received(engine: Engine, recv: Work, end: float) -> None:
+    """The receiving end of a message that arrived at `end`: it completes and its rank wakes, or, if no
+    one waits on it, the message lands in a buffer now."""
+    recv.end = end
+    state = engine.ranks[recv.rank]
+    if end > state.p2p_end:
+        state.p2p_end = end
+    if recv.future is not None:  # its rank waits on it
         engine.wake(recv)
-    elif recv.result.__class__ is _Pending:  # no one waits on it: the message lands in a buffer now
-        state = engine.ranks[recv.rank]
+    elif recv.result.__class__ is _Pending:
         clock = state.clock
         if end > clock:  # every rank is blocked or done here, and wakes at or after `end`
             state.clock = end
@@ -141,16 +158,24 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
             del recv  # (a receive its strategy let go of lets go of the tensor now)
         finally:
             state.clock = clock
-    # the sender's stream lets go of the tensor (a recv holds none): `comm.release` for one send
+
+
+def sent(engine: Engine, send: Work, end: float) -> None:
+    """The sending end of a message that arrived at `end`: it completes, its rank wakes, and the sender's
+    stream lets go of the tensor (`comm.release` for one send)."""
+    send.end = end
+    send.result = None
     state = engine.ranks[send.rank]
+    if end > state.p2p_end:
+        state.p2p_end = end
+    if send.future is not None:
+        engine.wake(send)
     clock = state.clock
     if end > clock:  # every rank is blocked or done here, and wakes at or after `end`
         state.clock = end
     send.input = None
     del send
     state.clock = clock
-    if channel.ready:
-        _start(engine, channel, *channel.ready.popleft())
 
 
 def land(state: RankState, recv: Work) -> None:

@@ -12,7 +12,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .check import HandedIn, check_final_weights, check_kept
 from .comm import unfinished
@@ -24,6 +24,7 @@ from .memory import RankLog, cycle_collector_paused, slot_records
 from .model import Model
 from .result import PerRank, Result
 from .specs import shown
+from .split import Coordinator, Worker, fork_worker, send_error, stop_worker, worker_ranks as choose_worker_ranks
 from .tensors import Weight
 from .waits import interrupt_at_once, user_frame
 from .workload import Workload, check_global_batch
@@ -42,11 +43,14 @@ _FILE_MODULE = "_strategy_"  # the prefix of the module name a strategy file out
 def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DEFAULT_CLUSTER,
              workload: Workload | str | Path = DEFAULT_WORKLOAD, global_batch_size: int = DEFAULT_GLOBAL_BATCH,
              *, check: bool = True, enforce_memory: bool = True, start_order_seed: int | None = None,
-             **options: Any) -> Result:
+             workers: int = 1, worker_ranks: Any = None, **options: Any) -> Result:
     """Run `strategy` (an `async def train(model, **options)`, or a path to a file defining one) on
     every rank. Extra keywords go to the strategy. With `check=True` an incorrect step raises
     `IncorrectStepError`; with `check=False` it is reported in `result.correct` / `result.problems`.
-    `start_order_seed` shuffles the order in which ranks start (results must not change)."""
+    `start_order_seed` shuffles the order in which ranks start (results must not change). `workers=2`
+    runs the ranks in two processes with the results of one (`split.py`): `worker_ranks` (whole nodes; by
+    default the second half of the nodes) in the second. Choose replicas: the two processes run side by
+    side when their ranks meet only in collectives."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -58,7 +62,7 @@ def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DE
         with interrupt_at_once():
             return asyncio.run(simulate_async(strategy, cluster, workload, global_batch_size, check=check,
                                               enforce_memory=enforce_memory, start_order_seed=start_order_seed,
-                                              **options))
+                                              workers=workers, worker_ranks=worker_ranks, **options))
     finally:
         _OWN_LOOP.reset(own)
 
@@ -67,7 +71,7 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
                          workload: Workload | str | Path = DEFAULT_WORKLOAD,
                          global_batch_size: int = DEFAULT_GLOBAL_BATCH, *, check: bool = True,
                          enforce_memory: bool = True, start_order_seed: int | None = None,
-                         **options: Any) -> Result:
+                         workers: int = 1, worker_ranks: Any = None, **options: Any) -> Result:
     """`simulate` for callers that already run an event loop."""
     train, name = load_strategy(strategy)
     check_options(train, options, name)
@@ -79,6 +83,11 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
             raise SpecError(f"{flag} must be True or False, got {shown(value)}")
     if start_order_seed is not None and (isinstance(start_order_seed, bool) or not isinstance(start_order_seed, int)):
         raise SpecError(f"start_order_seed must be a whole number or None, got {start_order_seed!r}")
+    if workers not in (1, 2) or isinstance(workers, bool):
+        raise SpecError(f"workers must be 1 or 2 (processes to run the ranks in), got {shown(workers)}")
+    if worker_ranks is not None and workers != 2:
+        raise SpecError("worker_ranks names the ranks of the second process: give it with workers=2")
+    theirs = choose_worker_ranks(cluster, worker_ranks) if workers == 2 else []
     engine = Engine(cluster, workload, global_batch_size, enforce_memory)
     engine.cancel_is_strategys = _OWN_LOOP.get()
     models = [Model(engine, r) for r in range(cluster.world_size)]
@@ -89,8 +98,11 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     # event log would make long steps quadratic: pause it for the step and for building its result.
     try:
         with cycle_collector_paused():
-            await engine.run(lambda rank: train(models[rank], **options), order)
-            return _finish(engine, options, name, check)
+            make = lambda rank: train(models[rank], **options)  # noqa: E731
+            if workers == 1:
+                await engine.run(make, order)
+                return _finish(engine, options, name, check, _books(engine, range(cluster.world_size)))
+            return _finish(engine, options, name, check, await _run_split(engine, make, order, theirs))
     except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
                             f"while checking the step and building its result") from None
@@ -98,51 +110,98 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
         engine.release()
 
 
-def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool) -> Result:
+class Books(NamedTuple):
+    """What a step leaves of its ranks once every rank returned, rank by rank (of one process's ranks, in
+    a split step, until the two are joined)."""
+
+    leftovers: list[str]  # ops still pending
+    logs: list[RankLog]  # each rank's allocation log
+    loaded: list[list]  # what each rank loaded (`check.Loaded`)
+    finals: list[tuple]  # the handed-in weights (`check.HandedIn`)
+    times: list[float]  # when each rank's last op ended, awaited or not
+    peaks: list[int]
+    flops: list[float]
+
+    def join(self, ours: list[int], other: Books, theirs: list[int]) -> Books:
+        """The books of a split step's two halves, rank by rank."""
+        order = sorted(range(len(ours) + len(theirs)), key=(ours + theirs).__getitem__)
+        by_rank = [[(a + b)[i] for i in order] for a, b in zip(self[1:3], other[1:3])]
+        times, peaks, flops = ([(a + b)[i] for i in order] for a, b in zip(self[4:], other[4:]))
+        finals = sorted(self.finals + other.finals, key=lambda record: record[0])
+        return Books(self.leftovers + other.leftovers, *by_rank, finals, times, peaks, flops)
+
+
+def _books(engine: Engine, ranks: Any) -> Books:
+    states = [engine.ranks[r] for r in ranks]
+    return Books(
+        leftovers=unfinished(engine),
+        logs=[s.memory.detach_log() for s in states],  # the step's books: later frees are not in them
+        loaded=[s.loaded for s in states], finals=_take_final_weights(states),
+        # a rank's step ends with its last op, awaited or not: compute, collective or point-to-point
+        times=[max(s.clock, s.comm_end, s.p2p_end) for s in states],
+        peaks=[s.memory.peak for s in states], flops=[s.flops for s in states])
+
+
+async def _run_split(engine: Engine, make: Callable, order: list[int], theirs: list[int]) -> Books:
+    """Run the step in two processes (`split.py`): `theirs` in a fork, the other ranks here; the worker's
+    books and events join this process's."""
+    taken = set(theirs)
+    ours = [r for r in range(engine.world_size) if r not in taken]
+
+    def run_worker(conn: Any) -> None:
+        asyncio.events._set_running_loop(None)  # the fork runs its half on a loop of its own
+        try:
+            engine.partition = Worker(engine, conn, theirs)
+            asyncio.run(engine.run(make, [r for r in order if r in taken]))
+            conn.send(("books", _books(engine, theirs), engine.events.export()))
+        except BaseException as error:
+            send_error(conn, error)
+            raise
+
+    pid, conn = fork_worker(run_worker)
+    try:
+        engine.partition = Coordinator(engine, conn, ours)
+        await engine.run(make, [r for r in order if r not in taken])
+        books = _books(engine, ours)
+        _, their_books, events = engine.partition.receive()
+        engine.events.extend(events)
+    finally:
+        stop_worker(pid)
+    return books.join(ours, their_books, theirs)
+
+
+def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, books: Books) -> Result:
     """After every rank returned: the leftovers check, the end-of-step check and the result."""
-    leftovers = unfinished(engine)
-    if leftovers:
+    if books.leftovers:
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
-                            + "\n  ".join(leftovers))
-    logs = [s.memory.detach_log() for s in engine.ranks]  # the step's books: later frees are not in them
-    loaded = [state.loaded for state in engine.ranks]
-    finals = _take_final_weights(engine)
+                            + "\n  ".join(books.leftovers))
+    finals, logs = books.finals, books.logs
     problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
     if not problems:  # (else what is missing is already named, layer by layer)
-        problems = check_kept(loaded, finals)
-    result = _build_result(engine, options, name, problems, logs)
+        problems = check_kept(books.loaded, finals)
+    engine.events.pack()
+    workload = engine.workload
+    result = Result(
+        cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,
+        options=dict(options), time_s=max(books.times), rank_times=books.times, memory_bytes=books.peaks,
+        memory_by_kind=PerRank(logs, RankLog.peak_by_kind),
+        model_flops=workload.model_flops_per_sample() * engine.global_batch_size,
+        hardware_flops=sum(books.flops), correct=not problems, problems=problems, raw_events=engine.events,
+        timelines=PerRank(logs, RankLog.timeline), memory_log=PerRank(logs, RankLog.entries), strategy=name)
     result.final_weights = finals
     if problems and check:
         raise IncorrectStepError(f"{name}: the step is not a correct training step:\n  " + "\n  ".join(problems))
     return result
 
 
-def _take_final_weights(engine: Engine) -> list[tuple]:
+def _take_final_weights(states: list) -> list[tuple]:
     """The handed-in weights as `check.HandedIn` records. Each rank's weights are released as soon as
     they are recorded, so that the records take the memory the weights held."""
     finals: list[tuple] = []
-    for state in engine.ranks:
+    for state in states:
         finals += slot_records(state.final_weights, Weight, HandedIn._fields)
         state.final_weights = []
     return finals
-
-
-def _build_result(engine: Engine, options: dict[str, Any], name: str, problems: list[str],
-                  logs: list[RankLog]) -> Result:
-    # a rank's step ends with its last op, awaited or not: compute, collective or point-to-point
-    engine.events.pack()
-    rank_times = [max(s.clock, s.comm_end, s.p2p_end) for s in engine.ranks]
-    workload = engine.workload
-    return Result(
-        cluster=engine.cluster, workload=workload, global_batch_size=engine.global_batch_size,
-        options=dict(options), time_s=max(rank_times), rank_times=rank_times,
-        memory_bytes=[s.memory.peak for s in engine.ranks],
-        memory_by_kind=PerRank(logs, RankLog.peak_by_kind),
-        model_flops=workload.model_flops_per_sample() * engine.global_batch_size,
-        hardware_flops=sum(s.flops for s in engine.ranks),
-        correct=not problems, problems=problems, raw_events=engine.events,
-        timelines=PerRank(logs, RankLog.timeline), memory_log=PerRank(logs, RankLog.entries),
-        strategy=name)
 
 
 def load_strategy(strategy: Strategy | str | Path) -> tuple[Strategy, str]:

@@ -1,0 +1,609 @@
+"""One step in two processes (`simulate(..., workers=2)`): each runs the coroutines of half the ranks,
+whole nodes, and the first keeps the step's one transfer scheduler.
+
+Between two quiescences every unfinished rank runs to its next wait whatever the others do (engine.py),
+so the ranks of two processes can run side by side there, provided the quiescences are the step's own:
+the second process (the worker) reports each of its quiescences, with the transfers its ranks made
+since, to the first (the coordinator), which adds them to the scheduler and, once both halves are
+blocked, runs the links to the next completions exactly as one process would. It finishes its own
+transfers and sends the worker the worker's, each with the op id one process would have given it, in
+the order one process would have finished them. The scheduler sees the same transfers, so step time,
+events, memory and checks are one process's (the worker's events join the coordinator's log after the
+step; transfers that start at one instant are begun in another order, which may move an end in its
+last bit).
+
+A collective on a group with members in both halves is resolved by the coordinator once each half's
+members issued it: the worker sends what its members issued (the tensors' fields), the coordinator
+checks and combines them, times the collective, logs every member's event, and sends the worker its
+members' results. A message between the halves is refused: the two halves are meant to be replicas,
+which meet only in collectives.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import struct
+from time import perf_counter
+from typing import Any
+
+from collections import deque
+
+from . import p2p
+from .comm import Collective, _Pending, _values, collective_duration, release
+from .collective_rules import Reduced, check_match, combine
+from .errors import DeadlockError, SimulationError, SpecError, StrategyError
+from .transfers import Transfer
+
+
+def worker_ranks(cluster: Any, ranks: Any) -> list[int]:
+    """The ranks the second process runs: `ranks` (whole nodes), or by default the second half of the
+    nodes. Replicas are the halves to choose: a message between the halves makes the two processes wait
+    for each other at every quiescence."""
+    nodes = cluster.nodes
+    firsts = [0]
+    for node in nodes:
+        firsts.append(firsts[-1] + node.gpus)
+    if ranks is None:
+        if len(nodes) < 2:
+            raise SpecError(f"workers=2 runs whole nodes in each process; cluster {cluster.name} has one node")
+        half = min(range(1, len(nodes)), key=lambda n: abs(2 * firsts[n] - cluster.world_size))
+        return list(range(firsts[half], cluster.world_size))
+    try:
+        chosen = sorted(set(ranks))
+    except TypeError:
+        raise SpecError(f"worker_ranks must be a list of ranks, got {ranks!r}") from None
+    world = set(range(cluster.world_size))
+    if not chosen or not set(chosen) < world:
+        raise SpecError(f"worker_ranks must be some of the ranks 0..{cluster.world_size - 1}, not none or all "
+                        f"of them (got {len(chosen)} ranks)")
+    mine = set(chosen)
+    for n, node in enumerate(nodes):
+        inside = mine.intersection(range(firsts[n], firsts[n + 1]))
+        if inside and len(inside) != node.gpus:
+            raise SpecError(f"worker_ranks must hold whole nodes: node {n} (ranks {firsts[n]}..{firsts[n + 1] - 1}) "
+                            f"is split, {len(inside)} of its {node.gpus} ranks chosen")
+    return chosen
+
+
+SPIN_S = 0.005  # how long a process looks for the other's answer before it sleeps until it comes
+
+
+class Link:
+    """Pickled messages over a socket between the two processes. A receive looks for the message for a
+    while before it sleeps: the other process usually answers within microseconds, and a sleeping one
+    waits tens more for the kernel to wake it, thousands of times a step."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def send(self, message: Any) -> None:
+        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        if len(data) < 1 << 16:
+            self.sock.sendall(_LENGTH.pack(len(data)) + data)
+        else:  # (the worker's books and events at the end: hundreds of MB, not copied once more)
+            self.sock.sendall(_LENGTH.pack(len(data)))
+            self.sock.sendall(data)
+
+    def recv(self) -> Any:
+        sock = self.sock
+        head = b""
+        deadline = 0.0
+        while not head:
+            try:
+                head = sock.recv(_LENGTH.size, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                now = perf_counter()
+                if not deadline:
+                    deadline = now + SPIN_S
+                elif now > deadline:
+                    head = sock.recv(_LENGTH.size)  # sleep until it comes
+                    if not head:
+                        raise EOFError
+            else:
+                if not head:
+                    raise EOFError
+        head += self._exactly(_LENGTH.size - len(head))
+        return pickle.loads(self._exactly(_LENGTH.unpack(head)[0]))
+
+    def _exactly(self, n: int) -> bytes | bytearray:
+        sock = self.sock
+        if n < 1 << 16:
+            data = sock.recv(n, socket.MSG_WAITALL)
+            if len(data) != n:
+                raise EOFError
+            return data
+        buffer = bytearray(n)
+        view, got = memoryview(buffer), 0
+        while got < n:
+            size = sock.recv_into(view[got:], n - got)
+            if not size:
+                raise EOFError
+            got += size
+        return buffer
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+_LENGTH = struct.Struct("<Q")
+
+
+class _Shipped:
+    """The owner of a transfer the worker made: its number there."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: int):
+        self.id = id
+
+
+class Standin:
+    """A tensor of the other half, as its fields: what checking and combining a collective reads."""
+
+    def __init__(self, cls: type, fields: dict, nbytes: int, text: str):
+        self.__dict__.update(fields)
+        self._cls, self.nbytes, self.kind, self._text = cls, nbytes, cls.kind, text
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # combine tells tensors by class
+        return self._cls
+
+    def __repr__(self) -> str:
+        return self._text
+
+
+class RemoteWork:
+    """A member's side of a collective, issued in the other half."""
+
+    __slots__ = ("rank", "issue", "input", "result", "future")
+
+    def __init__(self, rank: int, issue: float, input: Standin, result: Standin | None):
+        self.rank, self.issue, self.input, self.result, self.future = rank, issue, input, result, None
+
+
+def _describe(t: Any) -> tuple:
+    from .comm import _fields
+    return (t.__class__, _fields(t), t.nbytes, repr(t))
+
+
+def _joined_record(coll: Collective) -> tuple:
+    """What the worker sends of a cross collective its members all issued."""
+    members = [(pos, w.rank, w.issue, _describe(w.input), None if w.result is None else _describe(w.result))
+               for pos, w in enumerate(coll.works) if w is not None]
+    return (coll.group.ranks, coll.seq, coll.op, members)
+
+
+class _Half:
+    """What both processes share: the link to the other one, and which ranks are local."""
+
+    def __init__(self, engine: Any, conn: Link, ranks: list[int]):
+        self.engine, self.conn = engine, conn
+        self.mine = bytearray(engine.world_size)
+        for r in ranks:
+            self.mine[r] = 1
+        engine.finished = engine.world_size - len(ranks)  # (the other half's: a quiescence here is this half's)
+
+    def local_members(self, ranks: tuple[int, ...]) -> int:
+        mine = self.mine
+        return sum(mine[r] for r in ranks)
+
+    def is_local(self, rank: int) -> bool:
+        return self.mine[rank] == 1
+
+    def receive(self) -> Any:
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError):
+            raise SimulationError("the other process of this workers=2 step ended without a word (killed, or "
+                                  "out of memory?)") from None
+        if message[0] == "error":
+            raise message[1]
+        return message
+
+
+class Coordinator(_Half):
+    """The first process: its ranks, the scheduler, and the resolution of cross collectives."""
+
+    def __init__(self, engine: Any, conn: Link, ranks: list[int]):
+        super().__init__(engine, conn, ranks)
+        self.peer_running = True  # the worker runs its ranks: its next report is awaited before any completion
+        self.peer_finished = False
+        self.usages: list[tuple] = []
+        self.out: list[tuple] = []  # the worker's completions, in the order one process makes them
+        self.waiting_local: dict[tuple, Collective] = {}  # (group, seq) -> collective this half issued
+        self.waiting_remote: dict[tuple, tuple] = {}  # (group, seq) -> what the worker's members issued
+        self.remote_ends: dict[tuple, deque] = {}  # (src, dst) -> the worker's sends or receives not yet paired
+
+    # ---- the quiescences of both halves ----
+
+    def advance(self) -> None:
+        """Both halves blocked: complete the earliest transfers until one wakes a rank here; none left
+        while a rank waits is a deadlock."""
+        engine = self.engine
+        while engine.blocked + engine.finished == engine.world_size:
+            if self.peer_running:
+                self._take_report()
+            done = engine.transfers.next_completions()
+            if not done:
+                if engine.blocked == 0 and self.peer_finished:
+                    return
+                raise DeadlockError(self._describe_deadlock())
+            self._complete(done)
+
+    def drain(self) -> None:
+        """Every rank here returned: serve the worker until its ranks return too and nothing is in flight."""
+        self.advance()
+        self.conn.send(("end",))
+
+    def _take_report(self) -> None:
+        _, finished, usages, transfers, joins = self.receive()
+        self.usages += usages
+        add, usage = self.engine.transfers.add, self.usages
+        for number, start, left, u, key in transfers:
+            add(Transfer(start, left, usage[u], _never, _Shipped(number), key))
+        for record in joins:
+            if record[0] == "send" or record[0] == "recv":
+                self._remote_message(*record)
+            else:
+                self._remote_joined(record)
+        self.peer_finished, self.peer_running = finished, False
+
+    def _complete(self, done: list) -> None:
+        """Finish transfers that end at one instant in key order, as one process does; the worker's are
+        sent to it with the op ids they take in that order."""
+        engine = self.engine
+        if len(done) > 1:
+            done.sort(key=_key)
+        local = []
+        op_id = engine.next_op_id
+        for transfer in done:
+            op_id += 1
+            if transfer.finish is _never:  # the worker's
+                self.out.append((transfer.owner.id, transfer.start, transfer.end, op_id))
+            elif transfer.finish is _cross:  # a collective or message between the halves
+                engine.next_op_id = op_id - 1
+                if transfer.owner.__class__ is Collective:
+                    self._finish_collective(engine, transfer)
+                else:
+                    self._finish_message(engine, transfer)
+            else:
+                local.append((op_id, transfer))
+        if self.out:
+            self.conn.send(("done", self.out))
+            self.out = []
+            self.peer_running = True
+        for op_id_, transfer in local:
+            engine.next_op_id = op_id_ - 1
+            transfer.finish(engine, transfer)
+        engine.next_op_id = op_id
+
+    def _describe_deadlock(self) -> str:
+        self.conn.send(("describe",))
+        _, theirs = self.receive()
+        ours = self.engine.describe_deadlock().splitlines()
+        return "\n".join(ours + theirs)
+
+    # ---- collectives with members in both halves ----
+
+    def joined(self, coll: Collective) -> None:
+        key = (coll.group.ranks, coll.seq)
+        record = self.waiting_remote.pop(key, None)
+        if record is None:
+            self.waiting_local[key] = coll
+        else:
+            self._resolve(coll, record)
+
+    def _remote_joined(self, record: tuple) -> None:
+        key = (record[0], record[1])
+        coll = self.waiting_local.pop(key, None)
+        if coll is None:
+            self.waiting_remote[key] = record
+        else:
+            self._resolve(coll, record)
+
+    def _resolve(self, coll: Collective, record: tuple) -> None:
+        """Both halves issued `coll`: check the worker's members against the first, then combine, time and
+        start it as `comm._resolve_ready` does."""
+        _, _, op, members = record
+        for pos, rank, issue, (cls, fields, nbytes, text), result in members:
+            tensor = Standin(cls, fields, nbytes, text)
+            first = coll.first.input
+            if op != coll.op or cls is not first.__class__ or tensor.layer != first.layer or nbytes != first.nbytes:
+                check_match(coll, op, tensor, rank)  # raises, naming both ranks and tensors
+            coll.works[pos] = RemoteWork(rank, issue, tensor, None if result is None else Standin(*result))
+            coll.issued += 1
+        engine, group = self.engine, coll.group
+        coll.results, coll.nbytes, coll.label = combine(engine, coll, [w.input for w in coll.works])
+        coll.duration = collective_duration(engine, coll)
+        del group.pending[coll.seq]
+        if group.busy:
+            group.ready.append(coll)
+        else:
+            self._start(coll)
+
+    def _start(self, coll: Collective) -> None:
+        group = coll.group
+        group.busy = True
+        start = max(max(w.issue for w in coll.works), group.free)
+        self.engine.schedule(Transfer(start, coll.duration, group.usage, _cross, coll, (0, group.ranks, coll.seq)))
+
+    def _finish_collective(self, engine: Any, transfer: Any) -> None:
+        """`comm._finish` for a cross collective: every member's event is logged here; the worker's
+        members' results go to it."""
+        coll: Collective = transfer.owner
+        group, start, end = coll.group, transfer.start, transfer.end
+        works, first = coll.works, coll.works[0].input
+        op, layer, op_id, nbytes, label = coll.op, first.layer, engine.new_op_id(), coll.nbytes, coll.label
+        group.free = end
+        group.busy = False
+        ranks, append, peers = engine.ranks, engine.events.append, group.ranks
+        theirs, ours = [], []
+        for pos, (work, result) in enumerate(zip(works, coll.results)):
+            append((work.rank, op, "collective", start, end, layer, result.samples, nbytes, 0.0, peers, op_id, label))
+            if work.__class__ is RemoteWork:
+                theirs.append((pos, (result.samples, result.tp_parts, result.tp_size) if result.__class__ is Reduced
+                               else (result.samples, getattr(result, "shards", None),
+                                     getattr(result, "num_shards", None))))
+                continue
+            ours.append(work)
+            state = ranks[work.rank]
+            if end > state.comm_end:
+                state.comm_end = end
+            work.end = end
+            work.result = result
+            if work.future is not None:
+                engine.wake(work)
+        self.out.append(("x", group.ranks, coll.seq, end, theirs))
+        coll.works, coll.first, coll.results = [], None, []
+        release(engine, ours, end)
+        if group.ready:
+            self._start(group.ready.pop(0))
+
+    # ---- messages between the halves ----
+
+    def issued(self, channel: Any, work: Any) -> None:
+        self._pair(channel)
+
+    def _remote_message(self, op: str, src: int, dst: int, issue: float, sent: tuple | None) -> None:
+        channel = p2p._channel(self.engine, src, dst)
+        end = RemoteWork(dst if sent is None else src, issue, None if sent is None else _SentTensor(*sent), None)
+        self.remote_ends.setdefault(channel.peers, deque()).append(end)
+        self._pair(channel)
+
+    def _pair(self, channel: Any) -> None:
+        """Pair the channel's sends and receives in order, as `p2p._match` does, and start or queue them."""
+        remote = self.remote_ends.get(channel.peers)
+        ours_send = self.is_local(channel.src)
+        local = channel.sends if ours_send else channel.recvs
+        while remote and local:
+            send, recv = (local.popleft(), remote.popleft()) if ours_send else (remote.popleft(), local.popleft())
+            if channel.busy:
+                channel.ready.append((send, recv))
+            else:
+                p2p._start(self.engine, channel, send, recv, _cross)
+
+    def _finish_message(self, engine: Any, transfer: Any) -> None:
+        """`p2p._finish` for a message between the halves: both events are logged here; the worker's end
+        completes there."""
+        channel, send, recv = transfer.owner
+        transfer.owner = None
+        start, end = transfer.start, transfer.end
+        channel.free = end
+        channel.busy = False
+        op_id = engine.new_op_id()
+        tensor = send.input
+        append = engine.events.append
+        for rank, op in ((send.rank, "send"), (recv.rank, "recv")):
+            append((rank, op, "p2p", start, end, tensor.layer, tensor.samples, tensor.nbytes, 0.0, channel.peers,
+                    op_id, tensor.kind))
+        if send.__class__ is RemoteWork:
+            recv.result = _pending(*send.input.pending)
+            p2p.received(engine, recv, end)
+            self.out.append(("p", channel.peers, end, None))
+        else:
+            pending = (tensor.__class__, _values(tensor), tensor.nbytes, tensor.layer)
+            del tensor
+            p2p.sent(engine, send, end)
+            self.out.append(("p", channel.peers, end, pending))
+        if channel.ready:
+            p2p._start(engine, channel, *channel.ready.popleft(), _cross)
+
+
+class Worker(_Half):
+    """The second process: its ranks; its transfers and cross-collective issues go to the coordinator."""
+
+    def __init__(self, engine: Any, conn: Link, ranks: list[int]):
+        super().__init__(engine, conn, ranks)
+        self.outbox = Outbox()
+        engine.transfers = self.outbox
+        self.joins: list[tuple] = []
+
+    def advance(self) -> None:
+        engine = self.engine
+        while engine.blocked + engine.finished == engine.world_size:
+            self._report(False)
+            self._apply(self._answer())
+
+    def drain(self) -> None:
+        while True:
+            self._report(True)
+            message = self._answer()
+            if message[0] == "end":
+                return
+            self._apply(message)
+
+    def joined(self, coll: Collective) -> None:
+        self.joins.append(_joined_record(coll))
+
+    def issued(self, channel: Any, work: Any) -> None:
+        t = work.input
+        sent = None if t is None else ((t.__class__, _values(t), t.nbytes, t.layer), t.layer, t.samples, t.nbytes,
+                                       t.kind)
+        self.joins.append((work.op, channel.src, channel.dst, work.issue, sent))
+
+    def _report(self, finished: bool) -> None:
+        outbox = self.outbox
+        self.conn.send(("quiet", finished, outbox.new_usages, outbox.made, self.joins))
+        outbox.new_usages, outbox.made, self.joins = [], [], []
+
+    def _answer(self) -> Any:
+        while True:
+            message = self.receive()
+            if message[0] == "describe":  # the coordinator found a deadlock: what the ranks here wait on
+                self.conn.send(("described", self.engine.describe_deadlock().splitlines()[1:]))
+                continue
+            return message
+
+    def _apply(self, message: tuple) -> None:
+        engine = self.engine
+        made = self.outbox.transfers
+        for record in message[1]:
+            if record[0] == "x":
+                self._cross_done(*record[1:])
+                continue
+            if record[0] == "p":
+                self._message_done(*record[1:])
+                continue
+            number, start, end, op_id = record
+            transfer = made.pop(number)
+            transfer.start, transfer.end = start, end
+            engine.next_op_id = op_id - 1
+            transfer.finish(engine, transfer)
+        engine.events.maybe_pack()
+
+    def _cross_done(self, ranks: tuple, seq: int, end: float, results: list) -> None:
+        engine = self.engine
+        group = engine.groups[ranks]
+        coll = group.pending.pop(seq)
+        reduced = None
+        ours = []
+        for pos, fields in results:
+            work = coll.works[pos]
+            ours.append(work)
+            state = engine.ranks[work.rank]
+            if end > state.comm_end:
+                state.comm_end = end
+            work.end = end
+            if coll.op == "all_reduce":
+                work.result = reduced = reduced or Reduced(*fields)
+            elif fields[1] is not None:
+                work.result.samples, work.result.shards, work.result.num_shards = fields
+            if work.future is not None:
+                engine.wake(work)
+        coll.works, coll.first = [], None
+        release(engine, ours, end)
+
+
+    def _message_done(self, peers: tuple, end: float, pending: tuple | None) -> None:
+        channel = self.engine.channels[peers]
+        if pending is None:
+            p2p.sent(self.engine, channel.sends.popleft(), end)
+        else:
+            recv = channel.recvs.popleft()
+            recv.result = _pending(*pending)
+            p2p.received(self.engine, recv, end)
+
+
+class _SentTensor:
+    """What the coordinator needs of a tensor the worker sends: its event's fields and how to make it
+    on the receiver."""
+
+    __slots__ = ("pending", "layer", "samples", "nbytes", "kind")
+
+    def __init__(self, pending: tuple, layer: int, samples: int, nbytes: int, kind: str):
+        self.pending, self.layer, self.samples, self.nbytes, self.kind = pending, layer, samples, nbytes, kind
+
+
+def _pending(cls: type, values: tuple, nbytes: int, layer: int) -> _Pending:
+    pending = _Pending.__new__(_Pending)
+    pending.cls, pending.values, pending.nbytes, pending.layer = cls, values, nbytes, layer
+    return pending
+
+
+class Outbox:
+    """The worker's stand-in for the scheduler: the transfers its ranks made, to report and to finish."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.transfers: dict[int, Any] = {}
+        self.made: list[tuple] = []
+        self.usage_ids: dict[int, int] = {}
+        self.usages: list[tuple] = []  # (kept, so that the ids above stay theirs)
+        self.new_usages: list[tuple] = []
+
+    def add(self, transfer: Any) -> None:
+        self.count += 1
+        self.transfers[self.count] = transfer
+        usage = transfer.usage
+        u = self.usage_ids.get(id(usage))
+        if u is None:
+            u = self.usage_ids[id(usage)] = len(self.usages)
+            self.usages.append(usage)
+            self.new_usages.append(usage)
+        self.made.append((self.count, transfer.start, transfer.left, u, transfer.key))
+
+
+def _cross(engine: Any, transfer: Any) -> None:  # pragma: no cover - finished by the coordinator
+    raise AssertionError("a transfer between the halves of a split step finished by its own function")
+
+
+def _never(engine: Any, transfer: Any) -> None:  # pragma: no cover - finished by its owner's class
+    raise AssertionError("a transfer of a split step finished by its own function")
+
+
+def _key(transfer: Any) -> tuple:
+    return transfer.key
+
+
+def fork_worker(run_worker: Any) -> tuple[int, Link]:
+    """Start the worker: a fork of this process that runs `run_worker(conn)` and exits; the parent gets
+    its pid and its end of the link."""
+    parent, child = (Link(sock) for sock in socket.socketpair())
+    pid = os.fork()
+    if pid == 0:  # the worker: never returns into the caller's code
+        parent.close()
+        code = 0
+        try:
+            run_worker(child)
+        except BaseException:  # pragma: no cover - reported to the coordinator by run_worker
+            code = 1
+        finally:
+            os._exit(code)
+    child.close()
+    return pid, parent
+
+
+def send_error(conn: Link, error: BaseException) -> None:
+    """The worker's failure, to the coordinator: the error itself if it pickles, else its text."""
+    try:
+        data = pickle.dumps(error)
+        pickle.loads(data)
+    except Exception:
+        error = error if isinstance(error, SimulationError) else StrategyError(str(error))
+        error = type(error)(str(error)) if _plain(type(error)) else StrategyError(str(error))
+    try:
+        conn.send(("error", error))
+    except (OSError, pickle.PicklingError):
+        pass
+
+
+def _plain(cls: type) -> bool:
+    try:
+        cls("x")
+        return True
+    except Exception:
+        return False
+
+
+def stop_worker(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass

@@ -1,0 +1,115 @@
+"""A step run in two processes (`workers=2`, `dist_lib/split.py`) gives one process's results: the same
+step time, rank times, peaks, allocation logs and events (the worker's events are logged after the
+coordinator's, so they are compared as sets), and the same errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_lib import simulate
+from dist_lib.errors import CollectiveMismatchError, DeadlockError, SpecError, StrategyError
+
+STRATEGIES = "strategies/"
+
+
+def _same(one, two) -> None:
+    assert two.time_s == one.time_s
+    assert two.rank_times == one.rank_times
+    assert two.memory_bytes == one.memory_bytes
+    assert list(two.timelines) == list(one.timelines)
+    assert sorted(map(tuple, two.raw_events)) == sorted(map(tuple, one.raw_events))
+    assert sorted(two.final_weights) == sorted(one.final_weights)
+    assert two.correct and one.correct
+
+
+def _replicas(tp: int, pp: int, dp: int, chosen: range) -> list[int]:
+    """The ranks of replicas `chosen` in `hybrid.py`'s layout, rank = (stage * dp + replica) * tp + t."""
+    return [(s * dp + d) * tp + t for s in range(pp) for d in chosen for t in range(tp)]
+
+
+CASES = [
+    # the second half of the nodes: its DP all-reduces span both processes (collectives resolved by the first)
+    ("ddp.py", "2x4xA100-80GB", "toy:layers=8", 32, {}),
+    ("zero.py", "2x4xA100-80GB", "toy:layers=8", 32, {"stage": 3}),
+    # pipelines across the two halves: messages between them
+    ("one_f_one_b.py", "2x4xA100-80GB", "toy:layers=16", 32, {}),
+    ("zero_bubble.py", "2x4xA100-80GB", "toy:layers=8", 12, {}),
+    ("hetero.py", "1x4xA100-80GB+1x4xT4", "toy:layers=8", 16, {"dp": 2, "pp": 4}),
+    ("hybrid.py", "4x8xA100-80GB:nics=1x25", "toy:layers=16", 64,
+     {"tp": 2, "pp": 4, "dp": 4, "schedule": "interleaved", "recompute": True}),
+    # replicas in each process, as a large step is meant to be split; node NICs shared by TP and PP traffic
+    ("hybrid.py", "4x8xA100-80GB:nics=1x25", "toy:layers=16", 32,
+     {"tp": 8, "pp": 2, "dp": 2, "schedule": "interleaved", "worker_ranks": _replicas(8, 2, 2, range(1, 2))}),
+    ("hybrid.py", "6x8xA100-80GB", "gpt-1.3b", 24,
+     {"tp": 8, "pp": 2, "dp": 3, "selective_recompute": True, "sequence_parallel": True,
+      "worker_ranks": _replicas(8, 2, 3, range(2, 3))}),
+]
+
+
+@pytest.mark.parametrize("strategy, cluster, workload, batch, options", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{len(c[4])}" for c in CASES])
+def test_two_processes_give_one_process_results(strategy, cluster, workload, batch, options):
+    options = dict(options)
+    chosen = options.pop("worker_ranks", None)
+    one = simulate(STRATEGIES + strategy, cluster, workload, batch, **options)
+    two = simulate(STRATEGIES + strategy, cluster, workload, batch, workers=2, worker_ranks=chosen, **options)
+    _same(one, two)
+
+
+BAD = '''
+async def train(model, *, mode):
+    weight, _ = model.load_weights(0)
+    if mode == "raise" and model.rank == 6:
+        raise RuntimeError("boom")
+    if mode == "deadlock" and model.rank == 6:
+        await model.recv(1)
+    if mode == "mismatch":  # rank 5 reduce-scatters the gradient the others all-reduce
+        x = model.get_input_activation(range(model.rank, model.rank + 1))
+        grad, _ = model.backward(0, x, model.loss(model.forward(0, x, weight)), weight)
+        reduce = model.reduce_scatter if model.rank == 5 else model.all_reduce
+        await reduce(grad, list(range(model.world_size)))
+'''
+
+
+@pytest.fixture
+def bad(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text(BAD)
+    return path
+
+
+def test_an_error_in_the_second_process_names_its_rank_and_line(bad):
+    with pytest.raises(StrategyError, match=r"rank 6: RuntimeError: boom \(at bad.py:5 in train\)"):
+        simulate(bad, "2x4xA100-80GB", "toy:layers=2", 8, workers=2, mode="raise")
+
+
+def test_a_deadlock_across_the_processes_lists_both_halves(bad):
+    with pytest.raises(DeadlockError) as raised:
+        simulate(bad, "2x4xA100-80GB", "toy:layers=2", 8, workers=2, mode="deadlock")
+    text = str(raised.value)
+    assert "rank 6 (t=0.000 ms) waits on recv from rank 1" in text and "rank 0 finished" in text
+
+
+def test_a_collective_mismatch_across_the_processes_is_named(bad):
+    said = r"collective #0 on group \[0, 1, 2, 3, 4, 5, 6, 7\]: rank [0-4] issued all_reduce\(.*\) but rank 5 issued " \
+           r"reduce_scatter\(.*\) at the same position"
+    for workers in (1, 2):
+        with pytest.raises(CollectiveMismatchError, match=said):
+            simulate(bad, "2x4xA100-80GB", "toy:layers=1", 8, workers=workers, mode="mismatch")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"workers": 3}, "workers must be 1 or 2"),
+    ({"worker_ranks": [4, 5, 6, 7]}, "give it with workers=2"),
+    ({"workers": 2, "worker_ranks": [1, 2, 3]}, r"whole nodes: node 0 \(ranks 0..3\) is split, 3 of its 4"),
+    ({"workers": 2, "worker_ranks": []}, "not none or all"),
+])
+def test_bad_splits_are_refused(kwargs, message):
+    with pytest.raises(SpecError, match=message):
+        simulate(STRATEGIES + "ddp.py", "2x4xA100-80GB", "toy:layers=2", 8, **kwargs)
+
+
+def test_one_node_has_nothing_to_split():
+    with pytest.raises(SpecError, match="has one node"):
+        simulate(STRATEGIES + "ddp.py", "1x8xA100-80GB", "toy:layers=2", 8, workers=2)
+
