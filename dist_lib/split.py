@@ -42,6 +42,9 @@ def worker_ranks(cluster: Any, ranks: Any) -> list[int]:
     """The ranks the second process runs: `ranks` (whole nodes), or by default the second half of the
     nodes. Replicas are the halves to choose: a message between the halves makes the two processes wait
     for each other at every quiescence."""
+    if not hasattr(os, "fork"):
+        raise SpecError("workers=2 forks the simulation into two processes, which this platform cannot do "
+                        "(os.fork is missing: Windows); run with workers=1")
     nodes = cluster.nodes
     firsts = [0]
     for node in nodes:

@@ -113,3 +113,10 @@ def test_one_node_has_nothing_to_split():
     with pytest.raises(SpecError, match="has one node"):
         simulate(STRATEGIES + "ddp.py", "1x8xA100-80GB", "toy:layers=2", 8, workers=2)
 
+
+
+def test_a_platform_without_fork_is_told(monkeypatch):
+    import os
+    monkeypatch.delattr(os, "fork")
+    with pytest.raises(SpecError, match="os.fork is missing"):
+        simulate(STRATEGIES + "ddp.py", "2x4xA100-80GB", "toy:layers=2", 8, workers=2)
