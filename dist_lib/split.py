@@ -32,7 +32,7 @@ from typing import Any
 from collections import deque
 
 from . import p2p
-from .comm import Collective, _Pending, _values, collective_duration, release
+from .comm import Collective, _fields, _Pending, _values, collective_duration, release
 from .collective_rules import Reduced, check_match, combine
 from .errors import DeadlockError, SimulationError, SpecError, StrategyError
 from .transfers import Transfer
@@ -168,7 +168,6 @@ class RemoteWork:
 
 
 def _describe(t: Any) -> tuple:
-    from .comm import _fields
     return (t.__class__, _fields(t), t.nbytes, repr(t))
 
 
@@ -242,12 +241,12 @@ class Coordinator(_Half):
         self.conn.send(("end",))
 
     def _take_report(self) -> None:
-        _, finished, usages, transfers, joins = self.receive()
+        _, finished, usages, transfers, issues = self.receive()
         self.usages += usages
         add, usage = self.engine.transfers.add, self.usages
         for number, start, left, u, key in transfers:
             add(Transfer(start, left, usage[u], _never, _Shipped(number), key))
-        for record in joins:
+        for record in issues:
             if record[0] == "send" or record[0] == "recv":
                 self._remote_message(*record)
             else:
@@ -342,23 +341,19 @@ class Coordinator(_Half):
         op, layer, op_id, nbytes, label = coll.op, first.layer, engine.new_op_id(), coll.nbytes, coll.label
         group.free = end
         group.busy = False
-        ranks, append, peers = engine.ranks, engine.events.append, group.ranks
+        append, peers = engine.events.append, group.ranks
         theirs, ours = [], []
         for pos, (work, result) in enumerate(zip(works, coll.results)):
             append((work.rank, op, "collective", start, end, layer, result.samples, nbytes, 0.0, peers, op_id, label))
             if work.__class__ is RemoteWork:
+                # what the worker's member is left: the reduced fields, or the fields `combine` set on the
+                # output it allocated (none for TP pieces gathered into a whole)
                 theirs.append((pos, (result.samples, result.tp_parts, result.tp_size) if result.__class__ is Reduced
-                               else (result.samples, getattr(result, "shards", None),
-                                     getattr(result, "num_shards", None))))
+                               else (result.samples, result.shards, result.num_shards) if hasattr(result, "shards")
+                               else None))
                 continue
             ours.append(work)
-            state = ranks[work.rank]
-            if end > state.comm_end:
-                state.comm_end = end
-            work.end = end
-            work.result = result
-            if work.future is not None:
-                engine.wake(work)
+            _member_done(engine, work, end, result)
         self.out.append(("x", group.ranks, coll.seq, end, theirs))
         coll.works, coll.first, coll.results = [], None, []
         release(engine, ours, end)
@@ -422,7 +417,7 @@ class Worker(_Half):
         super().__init__(engine, conn, ranks)
         self.outbox = Outbox()
         engine.transfers = self.outbox
-        self.joins: list[tuple] = []
+        self.issues: list[tuple] = []  # what its ranks issued of collectives and messages between the halves
 
     def advance(self) -> None:
         engine = self.engine
@@ -439,18 +434,18 @@ class Worker(_Half):
             self._apply(message)
 
     def joined(self, coll: Collective) -> None:
-        self.joins.append(_joined_record(coll))
+        self.issues.append(_joined_record(coll))
 
     def issued(self, channel: Any, work: Any) -> None:
         t = work.input
         sent = None if t is None else ((t.__class__, _values(t), t.nbytes, t.layer), t.layer, t.samples, t.nbytes,
                                        t.kind)
-        self.joins.append((work.op, channel.src, channel.dst, work.issue, sent))
+        self.issues.append((work.op, channel.src, channel.dst, work.issue, sent))
 
     def _report(self, finished: bool) -> None:
         outbox = self.outbox
-        self.conn.send(("quiet", finished, outbox.new_usages, outbox.made, self.joins))
-        outbox.new_usages, outbox.made, self.joins = [], [], []
+        self.conn.send(("quiet", finished, outbox.new_usages, outbox.made, self.issues))
+        outbox.new_usages, outbox.made, self.issues = [], [], []
 
     def _answer(self) -> Any:
         while True:
@@ -486,19 +481,14 @@ class Worker(_Half):
         for pos, fields in results:
             work = coll.works[pos]
             ours.append(work)
-            state = engine.ranks[work.rank]
-            if end > state.comm_end:
-                state.comm_end = end
-            work.end = end
+            result = work.result  # (an all-gather's or reduce-scatter's output, made at its issue)
             if coll.op == "all_reduce":
-                work.result = reduced = reduced or Reduced(*fields)
-            elif fields[1] is not None:
-                work.result.samples, work.result.shards, work.result.num_shards = fields
-            if work.future is not None:
-                engine.wake(work)
+                result = reduced = reduced or Reduced(*fields)
+            elif fields is not None:
+                result.samples, result.shards, result.num_shards = fields
+            _member_done(engine, work, end, result)
         coll.works, coll.first = [], None
         release(engine, ours, end)
-
 
     def _message_done(self, peers: tuple, end: float, pending: tuple | None) -> None:
         channel = self.engine.channels[peers]
@@ -508,6 +498,17 @@ class Worker(_Half):
             recv = channel.recvs.popleft()
             recv.result = _pending(*pending)
             p2p.received(self.engine, recv, end)
+
+
+def _member_done(engine: Any, work: Any, end: float, result: Any) -> None:
+    """A member's side of a collective between the halves ended (`comm._finish` for one member)."""
+    state = engine.ranks[work.rank]
+    if end > state.comm_end:
+        state.comm_end = end
+    work.end = end
+    work.result = result
+    if work.future is not None:
+        engine.wake(work)
 
 
 class _SentTensor:
@@ -582,11 +583,10 @@ def fork_worker(run_worker: Any) -> tuple[int, Link]:
 def send_error(conn: Link, error: BaseException) -> None:
     """The worker's failure, to the coordinator: the error itself if it pickles, else its text."""
     try:
-        data = pickle.dumps(error)
-        pickle.loads(data)
+        pickle.loads(pickle.dumps(error))
     except Exception:
-        error = error if isinstance(error, SimulationError) else StrategyError(str(error))
-        error = type(error)(str(error)) if _plain(type(error)) else StrategyError(str(error))
+        plain = isinstance(error, SimulationError) and _plain(type(error))
+        error = type(error)(str(error)) if plain else StrategyError(str(error))
     try:
         conn.send(("error", error))
     except (OSError, pickle.PicklingError):
