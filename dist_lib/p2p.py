@@ -133,31 +133,44 @@ def _finish(engine: Engine, transfer: Transfer) -> None:
     for work in (send, recv):
         append((work.rank, work.op, "p2p", start, end, tensor.layer, tensor.samples, tensor.nbytes, 0.0, peers,
                 op_id, tensor.kind))
-    del tensor
+    del tensor, work
     sent(engine, send, end)
-    received(engine, recv, end)
+    landing = received(engine, recv, end)
+    del recv
+    if landing is not None:
+        landed(*landing)
     if channel.ready:
         _start(engine, channel, *channel.ready.popleft())
 
 
-def received(engine: Engine, recv: Work, end: float) -> None:
+def received(engine: Engine, recv: Work, end: float) -> tuple[RankState, float] | None:
     """The receiving end of a message that arrived at `end`: it completes and its rank wakes, or, if no
-    one waits on it, the message lands in a buffer now."""
+    one waits on it, the message lands in a buffer now. Then the receiver's clock stands at `end` until the
+    caller has let go of `recv` and called `landed` with what this returns: a receive its strategy dropped
+    frees its tensor at `end`, not at the receiver's earlier clock."""
     recv.end = end
     state = engine.ranks[recv.rank]
     if end > state.p2p_end:
         state.p2p_end = end
     if recv.future is not None:  # its rank waits on it
         engine.wake(recv)
-    elif recv.result.__class__ is _Pending:
-        clock = state.clock
-        if end > clock:  # every rank is blocked or done here, and wakes at or after `end`
-            state.clock = end
-        try:
-            land(state, recv)
-            del recv  # (a receive its strategy let go of lets go of the tensor now)
-        finally:
-            state.clock = clock
+        return None
+    if recv.result.__class__ is not _Pending:
+        return None
+    clock = state.clock
+    if end > clock:  # every rank is blocked or done here, and wakes at or after `end`
+        state.clock = end
+    try:
+        land(state, recv)
+    except BaseException:
+        state.clock = clock
+        raise
+    return state, clock
+
+
+def landed(state: RankState, clock: float) -> None:
+    """After a message landed (`received`) and its caller let go of the receive: the receiver's clock back."""
+    state.clock = clock
 
 
 def sent(engine: Engine, send: Work, end: float) -> None:

@@ -15,8 +15,9 @@ last bit).
 A collective on a group with members in both halves is resolved by the coordinator once each half's
 members issued it: the worker sends what its members issued (the tensors' fields), the coordinator
 checks and combines them, times the collective, logs every member's event, and sends the worker its
-members' results. A message between the halves is refused: the two halves are meant to be replicas,
-which meet only in collectives.
+members' results. A message between the halves is paired, timed and logged there too, and its receiver
+gets what was sent; each one makes the processes wait for each other, so the halves are best replicas,
+which meet only in collectives (`worker_ranks`).
 """
 
 from __future__ import annotations
@@ -399,7 +400,10 @@ class Coordinator(_Half):
                     op_id, tensor.kind))
         if send.__class__ is RemoteWork:
             recv.result = _pending(*send.input.pending)
-            p2p.received(engine, recv, end)
+            landing = p2p.received(engine, recv, end)
+            del recv
+            if landing is not None:
+                p2p.landed(*landing)
             self.out.append(("p", channel.peers, end, None))
         else:
             pending = (tensor.__class__, _values(tensor), tensor.nbytes, tensor.layer)
@@ -497,7 +501,10 @@ class Worker(_Half):
         else:
             recv = channel.recvs.popleft()
             recv.result = _pending(*pending)
-            p2p.received(self.engine, recv, end)
+            landing = p2p.received(self.engine, recv, end)
+            del recv
+            if landing is not None:
+                p2p.landed(*landing)
 
 
 def _member_done(engine: Any, work: Any, end: float, result: Any) -> None:

@@ -305,3 +305,27 @@ def test_split_backward_keeps_the_same_whatever_the_forward_dropped():
     assert costs.split_stash_bytes(one, 2) == (8 + 12 - 4) * sh
     assert costs.split_stash_bytes(one, 4, sequence_parallel=True) == (4 + 7 - 4) * sh
     assert costs.weight_pass_bytes(one, 1, sequence_parallel=True) == 32 * sh
+
+
+def test_a_message_dropped_unawaited_lands_and_is_freed_at_its_arrival():
+    """Rank 1 drops its first recv (1 sample) and awaits a second: the first message lands at its end and,
+    held by no one, is freed at that same instant, not at the receiver's earlier clock (the timeline of a
+    rank never goes back in time)."""
+    async def train(model):
+        if model.rank == 0:
+            x = model.get_input_activation(range(1))
+            a, b = model.send(x, 1), model.send(x, 1)
+            await a
+            await b
+            return
+        model.recv(0)  # dropped
+        await model.recv(0)
+
+    result = run(train, cluster="1x2xA100-80GB", batch=2)
+    timeline = result.memory_timeline(1)
+    times = [t for t, _ in timeline]
+    assert times == sorted(times)
+    landed = [i for i in range(1, len(timeline)) if timeline[i][1] - timeline[i - 1][1] == ACT]
+    first = landed[0]  # the first message: its bytes come and go at its end
+    assert timeline[first][0] > 0
+    assert timeline[first + 1] == (timeline[first][0], timeline[first - 1][1])
