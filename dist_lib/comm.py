@@ -195,6 +195,8 @@ class Work:
         if self.op in COLLECTIVES:
             coll: Collective = self.peer
             missing = [r for r, w in zip(coll.group.ranks, coll.works) if w is None]
+            if missing and self.engine.partition is not None:  # (a step in two processes: split.py)
+                missing = self.engine.partition.still_missing(coll, missing)
             if missing:
                 why = f"ranks {missing} have not issued it"
             elif coll in coll.group.ready:

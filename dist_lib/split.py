@@ -33,7 +33,7 @@ from typing import Any
 from collections import deque
 
 from . import p2p
-from .comm import Collective, _fields, _Pending, _values, collective_duration, release
+from .comm import Collective, CrossGroup, _fields, _Pending, _values, collective_duration, release
 from .collective_rules import Reduced, check_match, combine
 from .errors import DeadlockError, SimulationError, SpecError, StrategyError
 from .transfers import Transfer
@@ -188,6 +188,7 @@ class _Half:
         for r in ranks:
             self.mine[r] = 1
         engine.finished = engine.world_size - len(ranks)  # (the other half's: a quiescence here is this half's)
+        self.issued_there: dict[tuple, set] = {}  # for a deadlock's description: see `issued_here`
 
     def local_members(self, ranks: tuple[int, ...]) -> int:
         mine = self.mine
@@ -195,6 +196,22 @@ class _Half:
 
     def is_local(self, rank: int) -> bool:
         return self.mine[rank] == 1
+
+    def issued_here(self) -> dict[tuple, set]:
+        """(group, seq) -> the ranks here that issued it, for every collective between the halves that some
+        rank here issued and that is not resolved: the other half's deadlock description names the members
+        that have not issued it as one process does, not every member it cannot see."""
+        issued = {}
+        for group in self.engine.groups.values():
+            if group.__class__ is CrossGroup:
+                for seq, coll in group.pending.items():
+                    issued[(group.ranks, seq)] = {w.rank for w in coll.works if w is not None and self.is_local(w.rank)}
+        return issued
+
+    def still_missing(self, coll: Collective, missing: list[int]) -> list[int]:
+        """The members of `coll` in `missing` that have not issued it in either half."""
+        there = self.issued_there.get((coll.group.ranks, coll.seq), ())
+        return [r for r in missing if r not in there]
 
     def receive(self) -> Any:
         try:
@@ -284,8 +301,8 @@ class Coordinator(_Half):
         engine.next_op_id = op_id
 
     def _describe_deadlock(self) -> str:
-        self.conn.send(("describe",))
-        _, theirs = self.receive()
+        self.conn.send(("describe", self.issued_here()))
+        _, theirs, self.issued_there = self.receive()
         ours = self.engine.describe_deadlock().splitlines()
         return "\n".join(ours + theirs)
 
@@ -455,7 +472,8 @@ class Worker(_Half):
         while True:
             message = self.receive()
             if message[0] == "describe":  # the coordinator found a deadlock: what the ranks here wait on
-                self.conn.send(("described", self.engine.describe_deadlock().splitlines()[1:]))
+                self.issued_there = message[1]
+                self.conn.send(("described", self.engine.describe_deadlock().splitlines()[1:], self.issued_here()))
                 continue
             return message
 

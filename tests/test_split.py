@@ -61,8 +61,14 @@ def test_two_processes_give_one_process_results(strategy, cluster, workload, bat
 
 
 BAD = '''
-async def train(model, *, mode):
+async def train(model, *, mode, absent=None):
     weight, _ = model.load_weights(0)
+    if mode == "absent":  # rank `absent` waits on a message never sent instead of joining the all-reduce
+        x = model.get_input_activation(range(model.rank, model.rank + 1))
+        grad, _ = model.backward(0, x, model.loss(model.forward(0, x, weight)), weight)
+        if model.rank == absent:
+            await model.recv((absent + 1) % 8)
+        await model.all_reduce(grad, list(range(model.world_size)))
     if mode == "raise" and model.rank == 6:
         raise RuntimeError("boom")
     if mode == "deadlock" and model.rank == 6:
@@ -83,7 +89,7 @@ def bad(tmp_path):
 
 
 def test_an_error_in_the_second_process_names_its_rank_and_line(bad):
-    with pytest.raises(StrategyError, match=r"rank 6: RuntimeError: boom \(at bad.py:5 in train\)"):
+    with pytest.raises(StrategyError, match=r"rank 6: RuntimeError: boom \(at bad.py:11 in train\)"):
         simulate(bad, "2x4xA100-80GB", "toy:layers=2", 8, workers=2, mode="raise")
 
 
@@ -92,6 +98,18 @@ def test_a_deadlock_across_the_processes_lists_both_halves(bad):
         simulate(bad, "2x4xA100-80GB", "toy:layers=2", 8, workers=2, mode="deadlock")
     text = str(raised.value)
     assert "rank 6 (t=0.000 ms) waits on recv from rank 1" in text and "rank 0 finished" in text
+
+
+@pytest.mark.parametrize("absent", [1, 5])
+def test_a_deadlock_on_a_collective_between_the_processes_is_described_as_in_one(bad, absent):
+    """Every waiting member names the one rank that has not issued the all-reduce, whichever half it is in."""
+    said = []
+    for workers in (1, 2):
+        with pytest.raises(DeadlockError) as raised:
+            simulate(bad, "2x4xA100-80GB", "toy:layers=1", 8, workers=workers, mode="absent", absent=absent)
+        said.append(str(raised.value))
+    assert said[0] == said[1]
+    assert said[1].count(f"ranks [{absent}] have not issued it") == 7
 
 
 def test_a_collective_mismatch_across_the_processes_is_named(bad):
