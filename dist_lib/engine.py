@@ -290,8 +290,11 @@ class Engine:
         return self._describe_waits("deadlock: every unfinished rank waits on communication no rank will complete")
 
     def describe_hang(self) -> str:
+        split = "" if self.partition is None else (
+            "; with workers=2 the ranks of the other process share no Python objects with these, so they set "
+            "and fill nothing here")
         return self._describe_waits("deadlock: the strategy awaits something of asyncio's that nothing in the step "
-                                    "will ever complete (an asyncio.Event no rank sets, a queue no rank fills...)")
+                                    f"will ever complete (an asyncio.Event no rank sets, a queue no rank fills...{split})")
 
     def _describe_waits(self, headline: str) -> str:
         """`headline`, then what each rank waits on (its works, or else the asyncio future it awaits) and the

@@ -24,7 +24,8 @@ from .memory import RankLog, cycle_collector_paused, slot_records
 from .model import Model
 from .result import PerRank, Result
 from .specs import shown
-from .split import Coordinator, Worker, fork_worker, send_error, stop_worker, worker_ranks as choose_worker_ranks
+from .split import Coordinator, Worker
+from .worker_process import fork_worker, send_error, stop_worker, worker_ranks as choose_worker_ranks
 from .tensors import Weight
 from .waits import interrupt_at_once, user_frame
 from .workload import Workload, check_global_batch
@@ -125,10 +126,14 @@ class Books(NamedTuple):
     def join(self, ours: list[int], other: Books, theirs: list[int]) -> Books:
         """The books of a split step's two halves, rank by rank."""
         order = sorted(range(len(ours) + len(theirs)), key=(ours + theirs).__getitem__)
-        by_rank = [[(a + b)[i] for i in order] for a, b in zip(self[1:3], other[1:3])]
-        times, peaks, flops = ([(a + b)[i] for i in order] for a, b in zip(self[4:], other[4:]))
+
+        def merged(field: str) -> list:
+            both = getattr(self, field) + getattr(other, field)
+            return [both[i] for i in order]
+
         finals = sorted(self.finals + other.finals, key=lambda record: record[0])
-        return Books(self.leftovers + other.leftovers, *by_rank, finals, times, peaks, flops)
+        return Books(self.leftovers + other.leftovers, merged("logs"), merged("loaded"), finals, merged("times"),
+                     merged("peaks"), merged("flops"))
 
 
 def _books(engine: Engine, ranks: Any) -> Books:

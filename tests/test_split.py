@@ -169,3 +169,27 @@ def test_a_message_dropped_unawaited_between_the_processes_lands_as_in_one(tmp_p
     for rank in (1, 4):
         times = [t for t, _ in two.memory_timeline(rank)]
         assert times == sorted(times) and times[-1] > 0
+
+
+SHARED = '''
+import asyncio
+seen = {}
+
+
+async def train(model):
+    model.load_weights(0)
+    event = seen.setdefault("event", asyncio.Event())
+    if model.rank == 0:
+        event.set()
+    else:
+        await event.wait()
+'''
+
+
+def test_ranks_that_meet_outside_the_api_are_told_the_processes_share_nothing(tmp_path):
+    """One process: rank 0 sets the event the others await. Two: the second process's ranks wait forever."""
+    path = tmp_path / "shared.py"
+    path.write_text(SHARED)
+    assert simulate(path, "2x4xA100-80GB", "toy:layers=1", 8, check=False).time_s == 0.0
+    with pytest.raises(DeadlockError, match=r"share no Python objects(.|\n)*rank 4 \(t=0.000 ms\) waits on"):
+        simulate(path, "2x4xA100-80GB", "toy:layers=1", 8, check=False, workers=2)
