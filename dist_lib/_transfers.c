@@ -528,6 +528,56 @@ static PyObject *Scheduler_next_completions(Scheduler *self, PyObject *Py_UNUSED
     }
 }
 
+static PyObject *Scheduler_adopt(Scheduler *self, PyObject *arg) {
+    if (Py_TYPE(arg) != &TransferType) {
+        PyErr_Format(PyExc_TypeError, "Scheduler.adopt: expected a Transfer, not %.100s", Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    Transfer *transfer = (Transfer *)arg;
+    if (check_links(self, transfer) < 0) return NULL;
+    self->count += 1;
+    transfer->seq = self->count;
+    long long *load = self->load;
+    for (Py_ssize_t i = 0; i < transfer->nuses; i++) {
+        Py_ssize_t link = transfer->uses[i].link;
+        if (__builtin_add_overflow(load[link], transfer->uses[i].rate, &load[link])) {
+            PyErr_Format(PyExc_OverflowError, "link %zd: the transfers in flight want more than 2**63 bytes/s", link);
+            return NULL;
+        }
+        if (transfers_append(&self->on_link[link], transfer) < 0) return NULL;
+        Py_INCREF(transfer);
+    }
+    if (heap_push(&self->ends, transfer->end, transfer->seq, transfer->version, transfer) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Scheduler_pending(Scheduler *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *found = PyList_New(0); /* (seq, transfer): sorted by seq, which no two share */
+    if (!found) return NULL;
+    Heap *heaps[2] = {&self->ends, &self->waiting};
+    for (int h = 0; h < 2; h++)
+        for (Py_ssize_t i = 0; i < heaps[h]->size; i++) {
+            Entry *entry = &heaps[h]->items[i];
+            if (h == 0 && entry->version != entry->transfer->version) continue; /* a superseded projection */
+            PyObject *pair = Py_BuildValue("(LO)", entry->transfer->seq, (PyObject *)entry->transfer);
+            if (!pair || PyList_Append(found, pair) < 0) {
+                Py_XDECREF(pair);
+                Py_DECREF(found);
+                return NULL;
+            }
+            Py_DECREF(pair);
+        }
+    if (PyList_Sort(found) < 0) {
+        Py_DECREF(found);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(found); i++) {
+        PyObject *transfer = Py_NewRef(PyTuple_GET_ITEM(PyList_GET_ITEM(found, i), 1));
+        PyList_SetItem(found, i, transfer);
+    }
+    return found;
+}
+
 static PyObject *int_list(const long long *values, Py_ssize_t n) {
     PyObject *list = PyList_New(n);
     for (Py_ssize_t i = 0; list && i < n; i++) {
@@ -552,13 +602,20 @@ static PyObject *Scheduler_load(Scheduler *self, void *Py_UNUSED(closure)) {
 static PyMethodDef Scheduler_methods[] = {
     {"add", (PyCFunction)Scheduler_add, METH_O,
      "add($self, transfer, /)\n--\n\nA transfer whose start is known (never before `now`)."},
+    {"pending", (PyCFunction)Scheduler_pending, METH_NOARGS,
+     "pending($self, /)\n--\n\nEvery transfer not ended, waiting (version 0) or in flight, in the order they were "
+     "added."},
+    {"adopt", (PyCFunction)Scheduler_adopt, METH_O,
+     "adopt($self, transfer, /)\n--\n\nA transfer in flight on another scheduler, with its progress: it adds its "
+     "loads and keeps its projection."},
     {"next_completions", (PyCFunction)Scheduler_next_completions, METH_NOARGS,
      "next_completions($self, /)\n--\n\nAdvance to the earliest end of a transfer and return every transfer that "
      "ends then (empty when nothing is left). Starts at that same instant are taken after the ends."},
     {NULL}};
 
 static PyMemberDef Scheduler_members[] = {
-    {"now", T_DOUBLE, offsetof(Scheduler, now), READONLY, "the virtual time the links have been run to"},
+    {"now", T_DOUBLE, offsetof(Scheduler, now), 0,
+     "the virtual time the links have been run to (set back only by a split step's handover)"},
     {"count", T_LONGLONG, offsetof(Scheduler, count), READONLY, "transfers added so far"},
     {NULL}};
 

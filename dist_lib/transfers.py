@@ -65,7 +65,7 @@ class Scheduler:
         self.on_link: list[list[Transfer]] = [[] for _ in capacity]
         self.waiting: list[tuple[float, int, Transfer]] = []  # not started: (start, seq, transfer)
         self.ends: list[tuple[float, int, int, Transfer]] = []  # in flight: (end, seq, version, transfer)
-        self.now = 0.0
+        self.now = 0.0  # (set back only by a split step's handover: `split.py`)
         self.count = 0
 
     def add(self, transfer: Transfer) -> None:
@@ -75,6 +75,23 @@ class Scheduler:
         if transfer.start < self.now:
             transfer.start = transfer.since = self.now
         heapq.heappush(self.waiting, (transfer.start, transfer.seq, transfer))
+
+    def pending(self) -> list[Transfer]:
+        """Every transfer not ended, waiting (version 0) or in flight, in the order they were added: what
+        one half of a split step hands to the other's scheduler (`split.py`)."""
+        flying = [t for _, _, version, t in self.ends if version == t.version]
+        return sorted(flying + [t for _, _, t in self.waiting], key=_seq)
+
+    def adopt(self, transfer: Transfer) -> None:
+        """A transfer in flight on another scheduler, with its progress (`left` as of `since`, `speed`,
+        projected `end`, `version`): it adds its loads and keeps its projection. Exact when no transfer here
+        shares its links before its `since` (the halves of a split step share none)."""
+        self.count += 1
+        transfer.seq = self.count
+        for link, rate in transfer.usage:
+            self.load[link] += rate
+            self.on_link[link].append(transfer)
+        heapq.heappush(self.ends, (transfer.end, transfer.seq, transfer.version, transfer))
 
     def next_completions(self) -> list[Transfer]:
         """Advance to the earliest end of a transfer and return every transfer that ends then (empty when
@@ -155,6 +172,10 @@ class Scheduler:
         transfer.version += 1
         transfer.end = now + transfer.left / speed
         heapq.heappush(self.ends, (transfer.end, transfer.seq, transfer.version, transfer))
+
+
+def _seq(transfer: Transfer) -> int:
+    return transfer.seq
 
 
 PythonTransfer, PythonScheduler = Transfer, Scheduler  # the specification, whichever twin runs

@@ -159,3 +159,71 @@ def test_a_cycle_through_a_transfer_in_flight_is_collected(twins):
     del owner
     gc.collect()
     assert gone() is None
+
+
+# ---- a split step's handover (split.py): one half's transfers, with their progress, to the other's scheduler
+
+def _handover(twins, capacity, halves, rounds):
+    """Run each half's transfers (on links of its own) on a scheduler of its own for `rounds` rounds of
+    completions, hand the first half's unfinished ones to the second's scheduler (in flight with their
+    progress, waiting as they are), set its clock to the earlier of the two, and run to the end. Returns
+    each transfer's end and every round's (instant, keys)."""
+    transfer_type, scheduler_type = twins
+    schedulers, made, seen = [], [], []
+    for half, count in zip(halves, rounds):
+        scheduler = scheduler_type(list(capacity))
+        for start, duration, usage in half:
+            made.append(transfer_type(start, duration, usage, None, None, (len(made),)))
+            scheduler.add(made[-1])
+        for _ in range(count):
+            seen.append((scheduler.now, [t.key for t in scheduler.next_completions()]))
+        schedulers.append(scheduler)
+    first, second = schedulers
+    now = min(first.now, second.now)
+    second.now = now
+    for t in first.pending():
+        copy = transfer_type(t.start, t.left, t.usage, None, None, t.key)
+        if t.version == 0:
+            second.add(copy)
+        else:
+            copy.left, copy.speed, copy.since, copy.end, copy.version = t.left, t.speed, t.since, t.end, t.version
+            second.adopt(copy)
+        made[t.key[0]] = copy
+    while done := second.next_completions():
+        seen.append((second.now, [t.key for t in done]))
+    return [t.end for t in made], seen
+
+
+@st.composite
+def two_halves(draw):
+    """Two halves of transfers on links of their own (the first half's links come first), and how many
+    rounds of completions each runs alone before the handover."""
+    links = [draw(st.integers(1, 3)) for _ in range(2)]
+    capacity = draw(st.lists(st.sampled_from([1, 3, 10**9, 2**53 + 1]), min_size=sum(links), max_size=sum(links)))
+    halves = []
+    for h, base in ((0, 0), (1, links[0])):
+        usage = st.lists(st.tuples(st.integers(base, base + links[h] - 1), st.sampled_from([0, 1, 2, 10**9])),
+                         max_size=3).map(tuple)
+        start = st.sampled_from([0.0, 0.25, 0.5, 1.0]) | st.floats(0.0, 4.0)
+        duration = st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0]) | st.floats(1e-9, 4.0)
+        halves.append(draw(st.lists(st.tuples(start, duration, usage), max_size=8)))
+    return capacity, halves, [draw(st.integers(0, 10)) for _ in range(2)]
+
+
+@pytest.mark.parametrize("twins", TWINS)
+@settings(max_examples=150, deadline=None)
+@given(case=two_halves())
+def test_a_handover_between_schedulers_ends_every_transfer_as_one_scheduler_does(twins, case):
+    """Links of one half carry nothing of the other's, so each half's transfers end as on one scheduler
+    wherever each half stopped: the handover keeps every end to the bit."""
+    capacity, halves, rounds = case
+    ends, _ = _handover(twins, capacity, halves, rounds)
+    together, _ = _handover(twins, capacity, [[], halves[0] + halves[1]], [0, 0])
+    assert ends == together
+
+
+@needs_c
+@settings(max_examples=100, deadline=None)
+@given(case=two_halves())
+def test_the_c_scheduler_hands_over_as_the_python_one(case):
+    assert repr(_handover(_c_twins(), *case)) == repr(_handover((PythonTransfer, PythonScheduler), *case))
