@@ -119,7 +119,8 @@ class Engine:
                  "world_group", "channels", "channels_from", "blocked", "finished", "next_op_id", "cost_cache",
                  "layer_params", "shard_bytes", "full_batch", "loop", "transfers", "coroutines", "ready",
                  "driving", "throw_into", "awaiting", "task_ranks", "running", "stepping", "stopped",
-                 "first_error", "watchdog", "thread", "parked", "last_look", "cancel_is_strategys", "partition")
+                 "first_error", "watchdog", "thread", "parked", "last_look", "cancel_is_strategys", "partition",
+                 "instant_transfers")
 
     def __init__(self, cluster: Cluster, workload: Workload, global_batch_size: int, enforce_memory: bool = True):
         self.cluster = cluster
@@ -160,6 +161,9 @@ class Engine:
         self.cancel_is_strategys = False  # whether a cancel of the step's task can only be the strategy's
         # one of the two processes of a split step (`split.py`), whose quiescences are the two processes' own
         self.partition: Any = None
+        # a transfer of zero duration was scheduled: it ends alone, at the instant it starts, in the order its
+        # rank issued it, so the step's op ids are numbered again after it (`EventLog.renumber`)
+        self.instant_transfers = False
 
     # ---- blocking and waking ------------------------------------------------------------------
 
@@ -237,6 +241,8 @@ class Engine:
             transfer.finish(self, transfer)
 
     def schedule(self, transfer: Transfer) -> None:
+        if transfer.end == transfer.start:
+            self.instant_transfers = True
         self.transfers.add(transfer)
 
     def drain(self) -> None:

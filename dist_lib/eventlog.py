@@ -113,6 +113,35 @@ class EventLog(Sequence):
         self._op_id.extend(op_id)
         self._samples.extend(map(masks.__getitem__, samples))
 
+    def renumber(self) -> None:
+        """Number the collectives and messages from 1 in the order of their ends, those of zero duration
+        (a collective of one rank) after the others ending at that instant, then kind (collectives first),
+        group or channel, and their order on it. That is the order the engine finishes them in, unless a
+        transfer of zero duration was scheduled (`Engine.instant_transfers`): those end one at a time,
+        in the order their ranks issued them. Op ids then depend on what the step did alone, not on the
+        order the ranks ran in, nor on how the ranks were split between two processes (split.py: each
+        half numbers its own while it runs alone)."""
+        import numpy as np
+
+        self.pack()
+        streams, peers = self._kinds[1], self._kinds[5]
+        comm = {"collective": 0, "p2p": 1}
+        order = {p: i for i, p in enumerate(sorted({p for s, p in zip(streams, peers) if s in comm}))}
+        kind_bit = np.array([comm.get(s, -1) for s in streams] or [-1], dtype=np.int8)
+        kind_peers = np.array([order.get(p, 0) if s in comm else 0 for s, p in zip(streams, peers)] or [0])
+        kind = np.frombuffer(self._kind, dtype=np.uint32)
+        at = np.flatnonzero(kind_bit[kind] >= 0)
+        op_id = np.frombuffer(self._op_id, dtype=np.int32).copy()
+        ids, first = np.unique(op_id[at], return_index=True)  # (ids ascending: their order on one group)
+        head = at[first]  # one event of each op
+        start, end = np.frombuffer(self._start, dtype=np.float64)[head], np.frombuffer(self._end, dtype=np.float64)[head]
+        head = kind[head]
+        ranked = np.lexsort((kind_peers[head], kind_bit[head], start == end, end))
+        number = np.empty(len(ids), dtype=np.int32)
+        number[ranked] = np.arange(1, len(ids) + 1, dtype=np.int32)
+        op_id[at] = number[np.searchsorted(ids, op_id[at])]
+        self._op_id = array("i", op_id.tobytes())
+
     def columns(self) -> tuple:
         """The packed log as columns, for readers that go through every event (the trace writer):
         (kinds: op, stream, layer, nbytes, flops, peers, detail, each a list by kind code; kind code,

@@ -102,6 +102,8 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
             make = lambda rank: train(models[rank], **options)  # noqa: E731
             if workers == 1:
                 await engine.run(make, order)
+                if engine.instant_transfers:  # (else the engine numbered the op ids in that order already)
+                    engine.events.renumber()
                 return _finish(engine, options, name, check, _books(engine, range(cluster.world_size)))
             return _finish(engine, options, name, check, await _run_split(engine, make, order, theirs))
     except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
@@ -169,7 +171,7 @@ async def _run_split(engine: Engine, make: Callable, order: list[int], theirs: l
         await engine.run(make, [r for r in order if r not in taken])
         books = _books(engine, ours)
         _, their_books, events = engine.partition.receive()
-        engine.events.extend(events)
+        engine.partition.join_events(events)
     finally:
         stop_worker(pid)
     return books.join(ours, their_books, theirs)

@@ -1,23 +1,29 @@
 """One step in two processes (`simulate(..., workers=2)`): each runs the coroutines of half the ranks,
-whole nodes, and the first keeps the step's one transfer scheduler.
+whole nodes.
 
-Between two quiescences every unfinished rank runs to its next wait whatever the others do (engine.py),
-so the ranks of two processes can run side by side there, provided the quiescences are the step's own:
-the second process (the worker) reports each of its quiescences, with the transfers its ranks made
-since, to the first (the coordinator), which adds them to the scheduler and, once both halves are
-blocked, runs the links to the next completions exactly as one process would. It finishes its own
-transfers and sends the worker the worker's, each with the op id one process would have given it, in
-the order one process would have finished them. The scheduler sees the same transfers, so step time,
-events, memory and checks are one process's (the worker's events join the coordinator's log after the
-step; transfers that start at one instant are begun in another order, which may move an end in its
-last bit).
+Each half first runs alone: at its quiescences it completes its own transfers on its own scheduler, as
+one process would, for as long as no rank in it has issued a collective or message between the halves
+(`_Half.run_alone`: the halves share no link, and what joins them cannot start before both issued it).
+Each half numbers the op ids of what it completes alone on its own; they are numbered again after the
+step in the order one process gives them (`EventLog.renumber`).
+
+Then the two go on in lock step, and the first process (the coordinator) keeps the step's one transfer
+scheduler: the second (the worker) hands it every transfer of its own not ended, those in flight with
+their progress (`Scheduler.adopt`), and reports each of its quiescences, with the transfers its ranks
+made since. Between two quiescences every unfinished rank runs to its next wait whatever the others do
+(engine.py), so the ranks of the two processes run side by side there; once both halves are blocked,
+the coordinator runs the links to the next completions exactly as one process would, finishes its own
+transfers and sends the worker the worker's, in the order one process would finish them. The
+scheduler sees the same transfers, so step time, events, memory and checks are one process's (the
+worker's events join the coordinator's log after the step; transfers that start at one instant are
+begun in another order, which may move an end in its last bit).
 
 A collective on a group with members in both halves is resolved by the coordinator once each half's
 members issued it: the worker sends what its members issued (the tensors' fields), the coordinator
 checks and combines them, times the collective, logs every member's event, and sends the worker its
 members' results. A message between the halves is paired, timed and logged there too, and its receiver
-gets what was sent; each one makes the processes wait for each other, so the halves are best replicas,
-which meet only in collectives (`worker_ranks`).
+gets what was sent. Lock step makes the processes wait for each other at every quiescence, so the
+halves are best replicas, which meet only in their gradient all-reduces at the end (`worker_ranks`).
 """
 
 from __future__ import annotations
@@ -87,6 +93,34 @@ class _Half:
             self.mine[r] = 1
         engine.finished = engine.world_size - len(ranks)  # (the other half's: a quiescence here is this half's)
         self.issued_there: dict[tuple, set] = {}  # for a deadlock's description: see `issued_here`
+        self.alone = True  # completing its own transfers on its own scheduler (`run_alone`)
+
+    def crossed(self) -> bool:
+        """Has a rank here issued a collective or message between the halves?"""
+        raise NotImplementedError
+
+    def run_alone(self) -> bool:
+        """Quiescence here while no rank here waits on the other half: complete this half's transfers on its
+        own scheduler until one wakes a rank (True), or until a rank here has issued something between the
+        halves, nothing is left, or every rank returned (False: the step goes on in lock step).
+
+        Exact because a transfer's speed depends on its own links alone (`transfers.py`), the halves are
+        whole nodes and share no link, and what joins the halves cannot start before both issued it: a
+        collective between them starts after its last member's issue, which comes after the quiescence at
+        which this half stops running alone."""
+        engine = self.engine
+        transfers = engine.transfers
+        while engine.blocked + engine.finished == engine.world_size:
+            if self.crossed():
+                break
+            done = transfers.next_completions()
+            if not done:
+                break
+            engine.complete(done)
+        else:
+            return True
+        self.alone = False
+        return False
 
     def local_members(self, ranks: tuple[int, ...]) -> int:
         mine = self.mine
@@ -134,13 +168,19 @@ class Coordinator(_Half):
         self.waiting_local: dict[tuple, Collective] = {}  # (group, seq) -> collective this half issued
         self.waiting_remote: dict[tuple, tuple] = {}  # (group, seq) -> what the worker's members issued
         self.remote_ends: dict[tuple, deque] = {}  # (src, dst) -> the worker's sends or receives not yet paired
+        self.joining = False  # a rank here issued something between the halves (`crossed`)
 
     # ---- the quiescences of both halves ----
+
+    def crossed(self) -> bool:
+        return self.joining
 
     def advance(self) -> None:
         """Both halves blocked: complete the earliest transfers until one wakes a rank here; none left
         while a rank waits is a deadlock."""
         engine = self.engine
+        if self.alone and self.run_alone():
+            return
         while engine.blocked + engine.finished == engine.world_size:
             if self.peer_running:
                 self._take_report()
@@ -153,13 +193,23 @@ class Coordinator(_Half):
 
     def drain(self) -> None:
         """Every rank here returned: serve the worker until its ranks return too and nothing is in flight."""
+        if self.alone:
+            self.run_alone()
         self.advance()
         self.conn.send(("end",))
 
     def _take_report(self) -> None:
-        _, finished, usages, transfers, issues = self.receive()
+        _, finished, usages, transfers, issues, handover = self.receive()
         self.usages += usages
-        add, usage = self.engine.transfers.add, self.usages
+        scheduler, usage = self.engine.transfers, self.usages
+        if handover is not None:  # the worker ran alone until now: its transfers in flight, with their progress
+            now, flying = handover
+            scheduler.now = min(scheduler.now, now)  # (nothing here touches their links: see `run_alone`)
+            for number, start, left, u, key, speed, since, end, version in flying:
+                transfer = Transfer(start, left, usage[u], _never, _Shipped(number), key)
+                transfer.speed, transfer.since, transfer.end, transfer.version = speed, since, end, version
+                scheduler.adopt(transfer)
+        add = scheduler.add
         for number, start, left, u, key in transfers:
             add(Transfer(start, left, usage[u], _never, _Shipped(number), key))
         for record in issues:
@@ -198,6 +248,13 @@ class Coordinator(_Half):
             transfer.finish(engine, transfer)
         engine.next_op_id = op_id
 
+    def join_events(self, events: tuple) -> None:
+        """The worker's events (`EventLog.export`) after this half's, every op id numbered as one process
+        numbers it (each half numbered its own while it ran alone)."""
+        log = self.engine.events
+        log.extend(events)
+        log.renumber()
+
     def _describe_deadlock(self) -> str:
         self.conn.send(("describe", self.issued_here()))
         _, theirs, self.issued_there = self.receive()
@@ -207,6 +264,7 @@ class Coordinator(_Half):
     # ---- collectives with members in both halves ----
 
     def joined(self, coll: Collective) -> None:
+        self.joining = True
         key = (coll.group.ranks, coll.seq)
         record = self.waiting_remote.pop(key, None)
         if record is None:
@@ -279,6 +337,7 @@ class Coordinator(_Half):
     # ---- messages between the halves ----
 
     def issued(self, channel: Any, work: Any) -> None:
+        self.joining = True
         self._pair(channel)
 
     def _remote_message(self, op: str, src: int, dst: int, issue: float, sent: tuple | None) -> None:
@@ -334,17 +393,43 @@ class Worker(_Half):
 
     def __init__(self, engine: Any, conn: Link, ranks: list[int]):
         super().__init__(engine, conn, ranks)
-        self.outbox = Outbox()
-        engine.transfers = self.outbox
+        self.outbox = Outbox()  # the scheduler's stand-in once the transfers here are handed over
+        self.handover: tuple | None = None
         self.issues: list[tuple] = []  # what its ranks issued of collectives and messages between the halves
+        engine.next_op_id = FIRST_WORKER_OP_ID
+
+    def crossed(self) -> bool:
+        return bool(self.issues)
 
     def advance(self) -> None:
         engine = self.engine
+        if self.alone and (self.run_alone() or self._hand_over()):
+            return
         while engine.blocked + engine.finished == engine.world_size:
             self._report(False)
             self._apply(self._answer())
 
+    def _hand_over(self) -> bool:
+        """Give the coordinator every transfer here not ended, in flight with its progress (reported with
+        the next quiescence); from now on it completes them. False: the step goes on in lock step."""
+        engine, outbox = self.engine, self.outbox
+        scheduler = engine.transfers
+        flying = []
+        for transfer in scheduler.pending():
+            if transfer.version == 0:  # waiting to start
+                outbox.add(transfer)
+            else:
+                number, u = outbox.register(transfer)
+                flying.append((number, transfer.start, transfer.left, u, transfer.key, transfer.speed, transfer.since,
+                               transfer.end, transfer.version))
+        self.handover = (scheduler.now, flying)
+        engine.transfers = outbox
+        return False
+
     def drain(self) -> None:
+        if self.alone:
+            self.run_alone()
+            self._hand_over()
         while True:
             self._report(True)
             message = self._answer()
@@ -363,8 +448,8 @@ class Worker(_Half):
 
     def _report(self, finished: bool) -> None:
         outbox = self.outbox
-        self.conn.send(("quiet", finished, outbox.new_usages, outbox.made, self.issues))
-        outbox.new_usages, outbox.made, self.issues = [], [], []
+        self.conn.send(("quiet", finished, outbox.new_usages, outbox.made, self.issues, self.handover))
+        outbox.new_usages, outbox.made, self.issues, self.handover = [], [], [], None
 
     def _answer(self) -> Any:
         while True:
@@ -462,6 +547,11 @@ class Outbox:
         self.new_usages: list[tuple] = []
 
     def add(self, transfer: Any) -> None:
+        number, u = self.register(transfer)
+        self.made.append((number, transfer.start, transfer.left, u, transfer.key))
+
+    def register(self, transfer: Any) -> tuple[int, int]:
+        """Number `transfer` for its completion, and its usage for the coordinator: (number, usage id)."""
         self.count += 1
         self.transfers[self.count] = transfer
         usage = transfer.usage
@@ -470,7 +560,11 @@ class Outbox:
             u = self.usage_ids[id(usage)] = len(self.usages)
             self.usages.append(usage)
             self.new_usages.append(usage)
-        self.made.append((self.count, transfer.start, transfer.left, u, transfer.key))
+        return self.count, u
+
+
+FIRST_WORKER_OP_ID = -2**31  # the worker numbers what it completes alone from here (the coordinator from 0)
+
 
 
 def _cross(engine: Any, transfer: Any) -> None:  # pragma: no cover - finished by the coordinator

@@ -257,6 +257,36 @@ def test_results_do_not_depend_on_start_order(seed):
     assert all(timelines)
 
 
+INSTANT = '''
+async def train(model):
+    weight, _ = model.load_weights(0)
+    x = model.get_input_activation(range(model.rank, model.rank + 1))
+    grad, _ = model.backward(0, x, model.loss(model.forward(0, x, weight)), weight)
+    peer = model.rank ^ 1
+    await (model.send(x, peer) if model.rank % 2 == 0 else model.recv(peer))
+    # at the message's end: two all-reduces over the rank alone, each of zero duration, one after the other
+    first, second = model.all_reduce(grad, [model.rank]), model.all_reduce(grad, [model.rank])
+    await first
+    await second
+'''
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_op_ids_follow_ends_and_groups_whatever_order_the_ranks_ran_in(tmp_path, seed):
+    """Collectives of one rank take no time: the engine ends each alone, at its start, in the order the
+    ranks issued them, which depends on the order they ran in. Op ids number ops by end, then those of no
+    duration after the others, then collectives before messages, then group or channel, then order on
+    it: the two messages end first (1, 2), then at the same instant the two all-reduces of rank 0 (3, 4),
+    of rank 1 (5, 6), ..."""
+    path = tmp_path / "instant.py"
+    path.write_text(INSTANT)
+    result = simulate(path, "1x4xA100-80GB", "toy:layers=1", 4, check=False, start_order_seed=seed)
+    ids = {(e.rank, e.op, e.op_id) for e in result.events if e.stream != "compute"}
+    messages = {(r, "send" if r % 2 == 0 else "recv", 1 + r // 2) for r in range(4)}
+    reduces = {(r, "all_reduce", 3 + 2 * r + i) for r in range(4) for i in range(2)}
+    assert ids == messages | reduces
+
+
 def test_a_ring_slowed_by_a_slower_node_wants_only_its_rate_of_a_faster_node_nic():
     # node 0: four V100 behind one 1.25 GB/s NIC; nodes 1 and 2: four T4 behind one 6.25 GB/s NIC each.
     # At t=0 ranks 0 and 4 all-gather a weight (a ring held to 1.25 GB/s by node 0) and rank 5 sends an

@@ -193,3 +193,54 @@ def test_ranks_that_meet_outside_the_api_are_told_the_processes_share_nothing(tm
     assert simulate(path, "2x4xA100-80GB", "toy:layers=1", 8, check=False).time_s == 0.0
     with pytest.raises(DeadlockError, match=r"share no Python objects(.|\n)*rank 4 \(t=0.000 ms\) waits on"):
         simulate(path, "2x4xA100-80GB", "toy:layers=1", 8, check=False, workers=2)
+
+
+AHEAD = '''
+async def train(model, *, early):
+    weight, _ = model.load_weights(0)
+    x = model.get_input_activation(range(model.rank, model.rank + 1))
+    node, local = divmod(model.rank, 4)
+    base = 4 * node
+    if local in (0, 1):  # messages to rank 3 of the node, sharing its port in, rank 1's from a little later
+        if local == 1:  # (one more loss than rank 3 computes before its receives: a few microseconds)
+            y = model.forward(0, x, weight)
+            model.loss(y)
+            model.backward(0, x, model.loss(y), weight)
+        for _ in range(3 if local == 0 else 2):
+            await model.send(x, base + 3)
+    elif local == 3:
+        grad, _ = model.backward(0, x, model.loss(model.forward(0, x, weight)), weight)
+        got = [model.recv(base + src) for src in (0, 0, 0, 1, 1)]
+        if node == early:  # joins the all-reduce between the nodes after its first message, the next in flight
+            await got[0]
+            reduced = model.all_reduce(grad, [3, 7])
+        for work in got:
+            await work
+        if node != early:
+            reduced = model.all_reduce(grad, [3, 7])
+        await reduced
+'''
+
+
+@pytest.mark.parametrize("early", [0, 1])
+def test_a_half_that_ran_alone_hands_its_transfers_in_flight_over_as_one_process_runs_them(tmp_path, early):
+    """Each half completes its own messages alone until its rank 3 joins the all-reduce between them: node
+    `early`'s after its first message, with the next one part done at a shared port's speed, the other's
+    after all five, later in virtual time. The step is one process's whichever half runs ahead."""
+    path = tmp_path / "ahead.py"
+    path.write_text(AHEAD)
+    one = simulate(path, "2x4xA100-80GB", "toy:layers=1", 8, check=False, early=early)
+    two = simulate(path, "2x4xA100-80GB", "toy:layers=1", 8, check=False, early=early, workers=2)
+    _same_books(one, two)
+
+
+def test_collectives_of_one_rank_are_numbered_as_in_one_process(tmp_path):
+    """Collectives of no duration at the instant the messages before them end, in both halves at once:
+    the op ids each half gave them alone are numbered again as one process's."""
+    from test_semantics import INSTANT
+
+    path = tmp_path / "instant.py"
+    path.write_text(INSTANT + "    await model.all_reduce(grad, list(range(model.world_size)))\n")
+    one = simulate(path, "2x4xA100-80GB", "toy:layers=1", 8, check=False)
+    two = simulate(path, "2x4xA100-80GB", "toy:layers=1", 8, check=False, workers=2)
+    _same_books(one, two)
