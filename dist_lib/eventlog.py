@@ -91,11 +91,21 @@ class EventLog(Sequence):
         """The log as plain data for another process (`split.py`): the kinds, the columns, and the samples
         as numbers of their distinct masks (many events share a mask; pickled one by one, each would be
         copied each time)."""
+        import numpy as np
+
         self.pack()
-        masks = list(dict.fromkeys(self._samples))
-        number = {mask: i for i, mask in enumerate(masks)}
+        samples = self._samples
+        n = len(samples)
+        # masks told apart by identity, not value: hashing a batch-wide int (3,072 bits at batch 3072) per
+        # event would cost more than the rest of the export; a run of events sharing one mask (the members of
+        # a collective, a rank's ops on a microbatch) is looked at once
+        ids = np.fromiter(map(id, samples), dtype=np.int64, count=n)
+        heads = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1]))) if n else np.zeros(0, np.int64)
+        _, first, code = np.unique(ids[heads], return_index=True, return_inverse=True)
+        masks = [samples[i] for i in heads[first].tolist()]
+        codes = np.repeat(code.astype(np.uint32), np.diff(np.append(heads, n)))
         return (self._kinds, self._kind, self._rank, self._start, self._end, self._op_id, masks,
-                array("I", map(number.__getitem__, self._samples)))
+                array("I", codes.tobytes()))
 
     def extend(self, exported: tuple) -> None:
         """Append the events of another log's `export`, after this log's own."""
@@ -132,14 +142,25 @@ class EventLog(Sequence):
         kind = np.frombuffer(self._kind, dtype=np.uint32)
         at = np.flatnonzero(kind_bit[kind] >= 0)
         op_id = np.frombuffer(self._op_id, dtype=np.int32).copy()
-        ids, first = np.unique(op_id[at], return_index=True)  # (ids ascending: their order on one group)
-        head = at[first]  # one event of each op
+        ids = op_id[at].astype(np.int64)
+        if not len(ids):
+            return
+        # each id's place among the ids, negative ones first (a split step's worker counts up from -2**31
+        # alone, then takes the first process's from 1 on): the order of ops on one group or channel
+        low = ids.min()
+        split = low < 0 and ids.max() >= 0
+        negatives = int(ids[ids < 0].max() - low + 1) if split else 0
+        place = np.where(ids < 0, ids - low, ids + negatives) if split else ids - low
+        event_of = np.full(int(place.max()) + 1, -1, dtype=np.int64)
+        event_of[place] = at  # one event of each op: its members' or ends' events share their times and kind
+        used = np.flatnonzero(event_of >= 0)
+        head = event_of[used]  # (in the order of their ids)
         start, end = np.frombuffer(self._start, dtype=np.float64)[head], np.frombuffer(self._end, dtype=np.float64)[head]
         head = kind[head]
         ranked = np.lexsort((kind_peers[head], kind_bit[head], start == end, end))
-        number = np.empty(len(ids), dtype=np.int32)
-        number[ranked] = np.arange(1, len(ids) + 1, dtype=np.int32)
-        op_id[at] = number[np.searchsorted(ids, op_id[at])]
+        number = np.zeros(len(event_of), dtype=np.int32)
+        number[used[ranked]] = np.arange(1, len(used) + 1, dtype=np.int32)
+        op_id[at] = number[place]
         self._op_id = array("i", op_id.tobytes())
 
     def columns(self) -> tuple:

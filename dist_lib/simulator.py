@@ -160,7 +160,7 @@ async def _run_split(engine: Engine, make: Callable, order: list[int], theirs: l
         try:
             engine.partition = Worker(engine, conn, theirs)
             asyncio.run(engine.run(make, [r for r in order if r in taken]))
-            conn.send(("books", _books(engine, theirs), engine.events.export()))
+            conn.send(("books", _books(engine, theirs), engine.events.export()), arrays=True)
         except BaseException as error:
             send_error(conn, error)
             raise

@@ -3,11 +3,13 @@ the two, and starting and stopping it."""
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import signal
 import socket
 import struct
+from array import array
 from time import perf_counter
 from typing import Any
 
@@ -58,13 +60,26 @@ class Link:
     def __init__(self, sock: socket.socket):
         self.sock = sock
 
-    def send(self, message: Any) -> None:
-        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        if len(data) < 1 << 16:
-            self.sock.sendall(_LENGTH.pack(len(data)) + data)
-        else:  # (the worker's books and events at the end: hundreds of MB, not copied once more)
-            self.sock.sendall(_LENGTH.pack(len(data)))
-            self.sock.sendall(data)
+    def send(self, message: Any, *, arrays: bool = False) -> None:
+        """Send `message`; with `arrays`, each `array.array` in it goes after the pickle as its raw bytes
+        (the worker's books and events at the end: a GB of arrays, which pickling would copy twice)."""
+        if not arrays:
+            data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+            if len(data) < 1 << 16:
+                self.sock.sendall(_LENGTH.pack(len(data)) + data)
+            else:
+                self.sock.sendall(_LENGTH.pack(len(data)))
+                self.sock.sendall(data)
+            return
+        buffers: list[pickle.PickleBuffer] = []
+        out = io.BytesIO()
+        _ArrayPickler(out, pickle.HIGHEST_PROTOCOL, buffer_callback=buffers.append).dump(message)
+        raws = [buffer.raw() for buffer in buffers]
+        self.sock.sendall(_LENGTH.pack(out.tell() | _ARRAYS) + _LENGTH.pack(len(raws))
+                          + b"".join(_LENGTH.pack(raw.nbytes) for raw in raws))
+        self.sock.sendall(out.getbuffer())
+        for raw in raws:
+            self.sock.sendall(raw)
 
     def recv(self) -> Any:
         sock = self.sock
@@ -85,7 +100,13 @@ class Link:
                 if not head:
                     raise EOFError
         head += self._exactly(_LENGTH.size - len(head))
-        return pickle.loads(self._exactly(_LENGTH.unpack(head)[0]))
+        length = _LENGTH.unpack(head)[0]
+        if not length & _ARRAYS:
+            return pickle.loads(self._exactly(length))
+        count = _LENGTH.unpack(self._exactly(_LENGTH.size))[0]
+        sizes = struct.unpack(f"<{count}Q", self._exactly(count * _LENGTH.size)) if count else ()
+        data = self._exactly(length & ~_ARRAYS)
+        return pickle.loads(data, buffers=[self._exactly(size) for size in sizes])
 
     def _exactly(self, n: int) -> bytes | bytearray:
         sock = self.sock
@@ -108,6 +129,22 @@ class Link:
 
 
 _LENGTH = struct.Struct("<Q")
+_ARRAYS = 1 << 63  # in a message's length: raw arrays follow its pickle
+
+
+class _ArrayPickler(pickle.Pickler):
+    """Pickles each `array.array` as a buffer out of band (protocol 5), sent raw after the pickle."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is array:
+            return _array_from, (obj.typecode, pickle.PickleBuffer(obj))
+        return NotImplemented
+
+
+def _array_from(typecode: str, buffer: Any) -> array:
+    made = array(typecode)
+    made.frombytes(buffer)
+    return made
 
 
 def fork_worker(run_worker: Any) -> tuple[int, Link]:

@@ -244,3 +244,19 @@ def test_collectives_of_one_rank_are_numbered_as_in_one_process(tmp_path):
     one = simulate(path, "2x4xA100-80GB", "toy:layers=1", 8, check=False)
     two = simulate(path, "2x4xA100-80GB", "toy:layers=1", 8, check=False, workers=2)
     _same_books(one, two)
+
+
+def test_the_link_sends_the_arrays_of_a_message_raw_after_its_pickle():
+    """The worker's books and events at the end: arrays out of band, whatever holds them."""
+    import socket
+    from array import array
+
+    from dist_lib.worker_process import Link
+
+    ours, theirs = (Link(s) for s in socket.socketpair())
+    message = ("books", [array("d", [0.5, 1.5]), array("i")], {"codes": array("I", range(10_000))}, "text")
+    ours.send(message, arrays=True)
+    got = theirs.recv()
+    assert got == message and type(got[2]["codes"]) is array
+    ours.send(("quiet", 1))  # and a plain message after it
+    assert theirs.recv() == ("quiet", 1)
