@@ -18,7 +18,9 @@ from .workload import Workload
 class Event(NamedTuple):
     """One op on one rank. `stream` is 'compute', 'collective' or 'p2p'; `samples` is a bit mask;
     `peers` is the group (collectives) or the (src, dst) pair (p2p); `op_id` is shared by the members of
-    one collective and by the two ends of one message."""
+    one collective and by the two ends of one message (0 for compute), numbered from 1 in the order the
+    ops end (at one instant: ops of no duration last, collectives before messages, then by group or
+    channel)."""
 
     rank: int
     op: str

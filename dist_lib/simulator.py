@@ -24,7 +24,8 @@ from .memory import RankLog, cycle_collector_paused, slot_records
 from .model import Model
 from .result import PerRank, Result
 from .specs import shown
-from .split import Coordinator, Worker
+from .split import Coordinator
+from .split_worker import Worker
 from .worker_process import fork_worker, send_error, stop_worker, worker_ranks as choose_worker_ranks
 from .tensors import Weight
 from .waits import interrupt_at_once, user_frame
