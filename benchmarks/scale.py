@@ -4,7 +4,7 @@ Each configuration runs in a fresh subprocess so its peak RSS is its own. Usage:
 
     python benchmarks/scale.py                      # the tables in the README
     python benchmarks/scale.py --quick              # a smaller sweep
-    python benchmarks/scale.py --table pipeline     # only the pipeline rows (the 3072-rank one with them)
+    python benchmarks/scale.py --table pipeline     # only the pipeline rows (the 3072-rank step in one process and in two)
     python benchmarks/scale.py --table replicas     # the 1T step with 1, 3 and 6 data-parallel replicas
 
 Wall time is the best of `--repeat` runs (3 by default), as `timeit` reports: on a shared machine the
@@ -62,13 +62,15 @@ def ddp_call(ranks: int, layers: int, microbatches: int) -> dict:
             "batch": ranks * microbatches, "options": {"microbatch_size": 1}}
 
 
-# Pipelines, rank for rank: (label, tp, pp, dp, microbatches per replica, schedule, workload, recompute).
-# The last row is Megatron-LM's 1T configuration (Narayanan et al. 2021, Table 1: 3072 GPUs, TP 8 x PP 64
-# x DP 6, batch 3072 of microbatch 1, interleaved), with full recompute so that it fits in 80 GB.
+# Pipelines, rank for rank: (label, tp, pp, dp, microbatches per replica, schedule, workload, recompute
+# [, processes]). The last rows are Megatron-LM's 1T configuration (Narayanan et al. 2021, Table 1: 3072
+# GPUs, TP 8 x PP 64 x DP 6, batch 3072 of microbatch 1, interleaved), with full recompute so that it fits
+# in 80 GB, in one process and in two (`workers=2`, replicas 3 to 5 in the second).
 PIPELINES = [
     ("1F1B, 8 stages", 1, 8, 1, 512, "1f1b", "toy:layers=32", False),
     ("1F1B, TP 4 x PP 8", 4, 8, 1, 256, "1f1b", "toy:layers=32", False),
     ("interleaved 1T", 8, 64, 6, 512, "interleaved", "gpt-1t", True),
+    ("1T, 2 processes", 8, 64, 6, 512, "interleaved", "gpt-1t", True, 2),
 ]
 
 # The 1T step with fewer data-parallel replicas (512 ranks each): the replicas do the same work, so a
@@ -77,10 +79,13 @@ REPLICAS = [(f"1T, {dp} replica{'s' if dp > 1 else ''}", 8, 64, dp, 512, "interl
             for dp in (1, 3, 6)]
 
 
-def pipeline_call(tp: int, pp: int, dp: int, microbatches: int, schedule: str, workload: str, recompute: bool) -> dict:
+def pipeline_call(tp: int, pp: int, dp: int, microbatches: int, schedule: str, workload: str, recompute: bool,
+                  workers: int = 1) -> dict:
     ranks = tp * pp * dp
     cluster = f"{ranks // 8}x8xA100-80GB" if ranks >= 8 else f"1x{ranks}xA100-80GB"  # (as `ddp_call`)
     options = {"microbatch_size": 1, "tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute}
+    if workers == 2:  # the second half of the replicas in the second process
+        options.update(workers=2, worker_ranks=replica_ranks(tp, pp, dp, range(dp // 2, dp)))
     return {"strategy": "strategies/hybrid.py", "cluster": cluster, "workload": workload,
             "batch": dp * microbatches, "options": options}
 
@@ -146,8 +151,8 @@ def pipeline_table(rows: list[tuple], repeat: int, accelerated: bool) -> None:
           f"buffers in {'C' if accelerated else 'Python'}")
     print(f"{'pipeline':<20} {'ranks':>6} {'microbatches':>12} {'ops':>11} {'wall s':>8} {'ops/s':>9} "
           f"{'peak RSS MiB':>13} {'step s':>8}")
-    for label, tp, pp, dp, microbatches, schedule, workload, recompute in rows:
-        call = pipeline_call(tp, pp, dp, microbatches, schedule, workload, recompute)
+    for label, tp, pp, dp, microbatches, schedule, workload, recompute, *workers in rows:
+        call = pipeline_call(tp, pp, dp, microbatches, schedule, workload, recompute, *workers)
         runs = 1 if tp * pp * dp > 1024 else max(1, repeat)
         m = min((measure(call) for _ in range(runs)), key=lambda m: m["wall"])
         print(f"{label:<20} {tp * pp * dp:>6} {microbatches:>12} {m['events']:>11,} {m['wall']:>8.1f} "
