@@ -214,32 +214,28 @@ class Coordinator(_Half):
 
     def _complete(self, done: list) -> None:
         """Finish transfers that end at one instant in key order, as one process does; the worker's are
-        sent to it with the op ids they take in that order."""
+        sent to it first, with op ids from here (numbered again after the step: `join_events`), so that
+        it finishes them while this process finishes its own."""
         engine = self.engine
         if len(done) > 1:
             done.sort(key=_key)
         local = []
-        op_id = engine.next_op_id
         for transfer in done:
-            op_id += 1
             if transfer.finish is _never:  # the worker's
-                self.out.append((transfer.owner.id, transfer.start, transfer.end, op_id))
+                self.out.append((transfer.owner.id, transfer.start, transfer.end, engine.new_op_id()))
             elif transfer.finish is _cross:  # a collective or message between the halves
-                engine.next_op_id = op_id - 1
                 if transfer.owner.__class__ is Collective:
                     self._finish_collective(engine, transfer)
                 else:
                     self._finish_message(engine, transfer)
             else:
-                local.append((op_id, transfer))
+                local.append(transfer)
         if self.out:
             self.conn.send(("done", self.out))
             self.out = []
             self.peer_running = True
-        for op_id_, transfer in local:
-            engine.next_op_id = op_id_ - 1
+        for transfer in local:
             transfer.finish(engine, transfer)
-        engine.next_op_id = op_id
 
     def join_events(self, events: tuple) -> None:
         """The worker's events (`EventLog.export`) after this half's, every op id numbered as one process

@@ -29,15 +29,17 @@ class Worker(_Half):
 
     def advance(self) -> None:
         engine = self.engine
-        if self.alone and (self.run_alone() or self._hand_over()):
-            return
+        if self.alone:
+            if self.run_alone():
+                return
+            self._hand_over()
         while engine.blocked + engine.finished == engine.world_size:
             self._report(False)
             self._apply(self._answer())
 
-    def _hand_over(self) -> bool:
+    def _hand_over(self) -> None:
         """Give the coordinator every transfer here not ended, in flight with its progress (reported with
-        the next quiescence); from now on it completes them. False: the step goes on in lock step."""
+        the next quiescence); from now on it completes them, in lock step with this process."""
         engine, outbox = self.engine, self.outbox
         scheduler = engine.transfers
         flying = []
@@ -50,7 +52,6 @@ class Worker(_Half):
                                transfer.end, transfer.version))
         self.handover = (scheduler.now, flying)
         engine.transfers = outbox
-        return False
 
     def drain(self) -> None:
         if self.alone:
@@ -160,9 +161,6 @@ class Outbox:
             self.usages.append(usage)
             self.new_usages.append(usage)
         return self.count, u
-
-
-
 
 
 def _joined_record(coll: Collective) -> tuple:
