@@ -21,9 +21,9 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".installed"
-# every C file of dist_lib/ is one (`_*.c`, `_*.h`: those `dist_lib/_source_hash.py` fingerprints)
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "dist_lib/_source_hash.py",
-                *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "dist_lib").glob("_*.[ch]")))
+# every C file of dist_lib/native/ is one (`_*.c`, `_*.h`: those `dist_lib/native/source_hash.py` fingerprints)
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "dist_lib/native/source_hash.py",
+                *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "dist_lib" / "native").glob("_*.[ch]")))
 
 
 def ensure_env() -> None:

@@ -15,7 +15,7 @@ AMP's plans DeepSpeed's lock-step schedule (see `published.py` for the sources).
 the A100 GEMM efficiency comes from one layer of Korthikanti et al. 2022 Table 4, the V100 and T4 ones
 from one published GEMM each, AMP's kernel scale and host times from one of AMP's layer profiles each
 (`--calibrate`); every other figure comes from data sheets, NCCL and the frameworks' code, each cited
-where it is defined (dist_lib/devices.py, dist_lib/costs.py).
+where it is defined (dist_lib/hardware/devices.py, dist_lib/costs/).
 Qi et al. 2024's zero-bubble set runs each schedule's own built-in strategy instead (`one_f_one_b`,
 `interleaved`, `zero_bubble`; see `zerobubble_plan`), pipeline parallelism alone as the paper ran it; its ZB rows
 are the period of the overlapping steps the paper's runtime runs them in (`steady_period`).
@@ -39,8 +39,10 @@ from benchmarks.published import (AMP_BATCH, AMP_CLUSTER, AMP_GPT2, AMP_HET_CLUS
                                   AMP_LAYER_FORWARD_MS, GPT_22B, KORTHIKANTI_TABLE5, NARAYANAN_TABLE1,
                                   ZB_BUBBLE_RATES, ZB_BUBBLE_SCHEDULES, ZB_MODELS, ZB_PROFILED_MS,
                                   ZERO_BUBBLE_TABLE4, AmpPlan, MegatronRun, ZeroBubbleModel, ZeroBubbleRun)
-from dist_lib import Cluster, Result, costs, simulate  # noqa: E402
-from dist_lib.devices import DEVICES, Device  # noqa: E402
+from dist_lib import Cluster, Result, simulate
+from dist_lib.costs import compute as costs  # noqa: E402
+from dist_lib.costs import network
+from dist_lib.hardware.devices import DEVICES, Device  # noqa: E402
 from strategies.interleaved import padded_partition  # noqa: E402
 
 STRATEGIES = Path(__file__).resolve().parent.parent / "strategies"
@@ -110,13 +112,13 @@ def calibrate_tp_overhead() -> float:
     of the activations on NVLink come after the pass)."""
     device, tp = DEVICES["V100-16GB"], 2
     topo = Cluster.from_dict(AMP_CLUSTER).topology(range(tp))
-    host = AMP_LAYER_FORWARD_MS[device.name, tp] * 1e-3 - costs.tp_layer_comm_time(AMP_GPT2, 1, topo)
+    host = AMP_LAYER_FORWARD_MS[device.name, tp] * 1e-3 - network.tp_layer_comm_time(AMP_GPT2, 1, topo)
     assert _amp_kernels(device.name, tp) * calibrate_kernel_time_scale() < host, "the V100 TP pass must be host-bound"
     return round(host - calibrate_framework_overhead(), 6)
 
 
 def calibrate() -> dict[str, float]:
-    """Every constant set from one published point (see devices.py and published.py for the sources)."""
+    """Every constant set from one published point (see hardware/devices.py and published.py for the sources)."""
     return {"A100-80GB max_efficiency": calibrate_a100(),
             "V100 max_efficiency": calibrate_gemm(DEVICES["V100-16GB"], 8192, 101e12, clock_peak=112e12),
             "T4 max_efficiency": calibrate_gemm(DEVICES["T4"], 4096, 24e12),
@@ -289,7 +291,7 @@ def _summary(errors: list[float]) -> str:
 
 
 def print_table4() -> None:
-    print("Korthikanti et al. 2022, Table 4: one 22B layer (microbatch 4, TP 8), ms; dist_lib.costs")
+    print("Korthikanti et al. 2022, Table 4: one 22B layer (microbatch 4, TP 8), ms; dist_lib.costs.compute")
     print(f"{'experiment':<26} {'forward':>8} {'predicted':>9} {'backward':>9} {'predicted':>9}")
     for name, forward, f, backward, b in table4():
         print(f"{name:<26} {forward:>8.1f} {f:>9.2f} {backward:>9.1f} {b:>9.2f}")
@@ -332,7 +334,7 @@ def amp_layer_forwards() -> list[tuple[str, int, float, float]]:
     out = []
     for (name, tp), measured in AMP_LAYER_FORWARD_MS.items():
         topo = cluster.topology(range(first[name], first[name] + tp))
-        seconds = costs.forward_time(DEVICES[name], AMP_GPT2, 1, 1, tp) + costs.tp_layer_comm_time(AMP_GPT2, 1, topo)
+        seconds = costs.forward_time(DEVICES[name], AMP_GPT2, 1, 1, tp) + network.tp_layer_comm_time(AMP_GPT2, 1, topo)
         out.append((name, tp, measured, 1e3 * seconds))
     return out
 

@@ -1,5 +1,5 @@
 """A cross-check for `fidelity.py`: Megatron-LM's pipeline schedules as each rank runs them, with its blocking
-point-to-point exchanges, composed with `dist_lib.costs` outside the simulator (`compose`).
+point-to-point exchanges, composed with `dist_lib.costs.compute` outside the simulator (`compose`).
 
 `fidelity.py` predicts every published run through `simulate()` and the built-in strategies; this bespoke
 composition of the same cost formulas is printed beside it, so that a gap between the two points at the
@@ -19,9 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dist_lib import Cluster, Workload, costs
-from dist_lib.costs import Topology
-from dist_lib.devices import Device
+from dist_lib import Cluster, Workload
+
+from dist_lib.costs import compute as costs
+
+from dist_lib.costs import network
+from dist_lib.hardware.topology import Topology
+from dist_lib.hardware.devices import Device
 
 ACT, GRAD = "act", "grad"  # what a message carries: forward activations (to next) or gradients (to previous)
 
@@ -169,9 +173,9 @@ def layer_times(device: Device, workload: Workload, samples: int, tp_topo: Topol
                 recompute: str) -> tuple[float, float]:
     """(forward, backward) seconds of one layer on one TP rank, communication included."""
     t, sp = tp_topo.size, sequence_parallel
-    comm = costs.tp_layer_comm_time(workload, samples, tp_topo, sequence_parallel=sp)
+    comm = network.tp_layer_comm_time(workload, samples, tp_topo, sequence_parallel=sp)
     forward = costs.forward_time(device, workload, 1, samples, t, sequence_parallel=sp) + comm
-    exposed, overlapped = costs.tp_layer_backward_comm_time(workload, samples, tp_topo, sequence_parallel=sp)
+    exposed, overlapped = network.tp_layer_backward_comm_time(workload, samples, tp_topo, sequence_parallel=sp)
     hidden_behind = costs.backward_weight_time(device, workload, 1, samples, t)
     backward = (costs.backward_time(device, workload, 1, samples, t, sequence_parallel=sp, recompute=recompute)
                 + exposed + max(0.0, overlapped - hidden_behind))
@@ -184,7 +188,7 @@ def compose(workload: Workload, gpus: int, tp: int, pp: int, global_batch: int, 
             selective_sp: bool, device: Device) -> float:
     """Iteration seconds of a DP-1 Megatron-LM run on `gpus // 8` DGX A100 nodes: one TP rank per stage
     running Megatron's own program; layer, head and embedding times and their TP communication from
-    `dist_lib.costs`; scatter-gather pipeline messages over InfiniBand; after the flush, the gradient
+    `dist_lib.costs.compute`; scatter-gather pipeline messages over InfiniBand; after the flush, the gradient
     averaging, the fp32 tied-embedding all-reduce between first and last stage, and the optimizer."""
     nodes = max(1, gpus // 8)
     cluster = Cluster.parse(f"{nodes}x8x{device.name}")
@@ -197,7 +201,7 @@ def compose(workload: Workload, gpus: int, tp: int, pp: int, global_batch: int, 
     layers_per_chunk = workload.num_layers / (p * v)
 
     f_layer, b_layer = layer_times(device, workload, b, tp_topo, sp, recompute)
-    embedding_comm, head_comm = costs.tp_embedding_comm_time(workload, b, tp_topo, sequence_parallel=sp)
+    embedding_comm, head_comm = network.tp_embedding_comm_time(workload, b, tp_topo, sequence_parallel=sp)
     head = costs.loss_time(device, workload, b, t) + head_comm
     last = p * v - 1
 
@@ -211,7 +215,7 @@ def compose(workload: Workload, gpus: int, tp: int, pp: int, global_batch: int, 
         return seconds
 
     def exchange_time(sends: int, receives: int) -> float:
-        return costs.pipeline_exchange_time(workload, b, p2p_link, tp_topo, sends=sends, receives=receives,
+        return network.pipeline_exchange_time(workload, b, p2p_link, tp_topo, sends=sends, receives=receives,
                                             sequence_parallel=sp)
 
     ends = run(megatron_programs(p, m, v), compute_time, exchange_time)
@@ -220,6 +224,6 @@ def compose(workload: Workload, gpus: int, tp: int, pp: int, global_batch: int, 
         + workload.seq_len * workload.hidden
     done = [end + costs.grad_average_time(device, stage_params) for end in ends]
     if p > 1:  # the tied word-embedding gradient, fp32 (main_grad), all-reduced by the first and last stage
-        tied = costs.collective_time("all_reduce", 4 * word_embedding, cluster.topology([0, 8 * (nodes - 1)]))
+        tied = network.collective_time("all_reduce", 4 * word_embedding, cluster.topology([0, 8 * (nodes - 1)]))
         done[0] = done[-1] = max(done[0], done[-1]) + tied
     return max(done) + costs.update_time(device, stage_params)

@@ -8,7 +8,7 @@ For each setting: the peer's chosen plan (the plan the peer chose when run on th
 and our planner's best, both run through this sandbox's simulator, and the search wall times (the peers'
 as measured on a 2-core machine; ours on this one). The peers' models are written as the sandbox's GPT
 shapes with their layer counts, hidden sizes, sequence lengths and vocabularies (BERT-large as a GPT of
-its shape); durations come from costs.py, not from the peers' profiles. AMP's and FASOP's clouds give each
+its shape); durations come from costs/, not from the peers' profiles. AMP's and FASOP's clouds give each
 node one NIC that its four GPUs share (`nics=1xGBps`); Metis gives its figure per GPU.
 """
 

@@ -19,8 +19,8 @@ import statistics
 import time
 
 from dist_lib import simulate
-from dist_lib.recording import DROP, record
-from dist_lib.replay import _ARITY, replay
+from dist_lib.run.recording import DROP, record
+from dist_lib.run.replay import _ARITY, replay
 
 RUNS = [
     ("ddp", "1x8xA100-80GB", "gpt-1.3b", 32, {"microbatch_size": 2}),

@@ -113,8 +113,8 @@ def main() -> None:
     if args.quick:
         configs, pipelines = [(8, 24, 4), (64, 24, 4), (512, 24, 1)], PIPELINES[:1]
     sys.path.insert(0, str(ROOT))
-    import dist_lib.memory
-    accelerated = dist_lib.memory.Buffer.__module__ == "dist_lib._buffers"
+    import dist_lib.memory.tracker
+    accelerated = dist_lib.memory.tracker.Buffer.__module__ == "dist_lib._buffers"
     if args.table in ("ddp", "all"):
         ddp_table(configs, args.repeat, accelerated)
     if args.table in ("pipeline", "all"):

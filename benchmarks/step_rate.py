@@ -44,7 +44,8 @@ def main() -> None:
         parser.error(f"--slices {args.slices}: give at least 1")
 
     from benchmarks.scale import pipeline_call, replica_ranks
-    from dist_lib import eventlog, simulate
+    from dist_lib import simulate
+    from dist_lib.engine import eventlog
     from dist_lib.errors import SimulationError
 
     samples: list[tuple[float, int, int]] = []  # (wall, events packed so far, resident MiB)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import SpecError
+from dist_lib.errors import SpecError
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from .memory import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, Buffer
+from dist_lib.memory.tracker import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, Buffer
 
 
 def samples_mask(samples: Iterable[int] | range, global_batch_size: int) -> int:
@@ -163,7 +163,7 @@ class WeightGrad(_Sharded):
             problem = (f"samples {describe_mask(self.samples & other.samples)} would be counted twice "
                        f"in the gradient of layer {self.layer}")
         if problem:
-            from .errors import TensorError
+            from dist_lib.errors import TensorError
             raise TensorError(f"rank {self.rank} WeightGrad + WeightGrad (layer {self.layer}): {problem}")
         return WeightGrad(self, 0, self.rank, self.layer, self.samples | other.samples, self.shards,
                           self.num_shards, self.tp_rank, self.tp_size)

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .hardware import Cluster
-from .result import Result
-from .simulator import simulate
-from .trace import validate_trace
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.output.result import Result
+from dist_lib.run.simulator import simulate
+from dist_lib.output.trace import validate_trace
 
 EPS = 1e-12
 GRADIENT_OPS = ("backward", "backward_weight")
@@ -119,8 +119,8 @@ def _plans(clusters: tuple[str, ...], max_layers: int):
     own widths, TP degrees and uneven shares, any schedule, recompute mode and ZeRO stage)."""
     from hypothesis import strategies as st
 
-    from .planner.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, Plan, Stage
-    from .planner.space import tp_options
+    from dist_lib.planner.plan import RECOMPUTE, SCHEDULES, ZERO_STAGES, Plan, Stage
+    from dist_lib.planner.space import tp_options
 
     def cuts(draw, total: int, parts: int, low: int = 1) -> list[int]:
         """`parts` sizes of at least `low` adding up to `total`."""

@@ -16,9 +16,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from dist_lib import costs  # noqa: E402
-from dist_lib.devices import DEVICES  # noqa: E402
-from dist_lib.workload import Workload  # noqa: E402
+from dist_lib.costs import compute as costs  # noqa: E402
+from dist_lib.hardware.devices import DEVICES  # noqa: E402
+from dist_lib.workload.transformer import Workload  # noqa: E402
 
 WORKLOAD = Workload.parse("gpt-350m:layers=4")
 TYPES = {"A100": DEVICES["A100-80GB"], "T4": DEVICES["T4"]}

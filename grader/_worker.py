@@ -1,7 +1,7 @@
 """The process that runs one untrusted strategy on one scenario: `python -m grader._worker JOB`.
 
 It sets its resource limits, imports the strategy, simulates one step while recording the strategy's
-decisions (`dist_lib.recording`), and writes two things to file descriptors the parent opened:
+decisions (`dist_lib.run.recording`), and writes two things to file descriptors the parent opened:
 
 * the first of the job's two `fds`, a small JSON header: the status, and for a run that finished the
   length of each rank's program and the option names the strategy takes (or the error of a run that
@@ -41,8 +41,8 @@ def _limit(job: dict[str, Any]) -> None:
 
 def execute(job: dict[str, Any]) -> dict[str, Any]:
     """The header of a finished run; its program goes to the job's second fd."""
-    from dist_lib.recording import record
-    from dist_lib.simulator import accepted_options, load_strategy
+    from dist_lib.run.recording import record
+    from dist_lib.run.simulator import accepted_options, load_strategy
     scenario = job["scenario"]
     path = job["strategy"]
     options = {**scenario["options"], **scenario["strategy_options"].get(Path(path).stem, {})}
@@ -124,7 +124,7 @@ def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     _limit(job)
     from dist_lib import SimulationError, SpecError
-    from dist_lib.waits import user_frame
+    from dist_lib.engine.waits import user_frame
     try:
         header = execute(job)
     except (SpecError, _BadInput) as exc:

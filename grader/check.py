@@ -18,8 +18,8 @@ from typing import Any
 from rich.console import Console
 
 from dist_lib import Cluster, SimulationError, SpecError, StrategyError, simulate, testing
-from dist_lib.simulator import accepted_options, load_strategy
-from dist_lib.trace import validate_trace
+from dist_lib.run.simulator import accepted_options, load_strategy
+from dist_lib.output.trace import validate_trace
 
 from .errors import InputError
 from .report_terminal import literal
@@ -58,8 +58,8 @@ def _takes_bundled_options(stem: str, train: Any) -> bool:
 
 
 def invariants(setup: testing.Setup) -> list[str]:
-    from dist_lib.recording import record
-    from dist_lib.replay import replay
+    from dist_lib.run.recording import record
+    from dist_lib.run.replay import replay
     try:
         result, programs = record(setup.strategy, setup.cluster, setup.workload, setup.batch, **setup.options)
     except StrategyError as exc:

@@ -25,10 +25,11 @@ from rich.console import Console
 
 from dist_lib import SpecError
 from dist_lib.planner.api import SIMULATION_LIMIT
-from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
+from dist_lib.run.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 from dist_lib.specs import number, whole
-from dist_lib.workload import MAX_GLOBAL_BATCH
+from dist_lib.workload.transformer import MAX_GLOBAL_BATCH
 
+from .paths import output_path
 from .errors import InputError
 from .jobs import add_backend_options, backend_from_args
 from .runner import Limits
@@ -157,37 +158,6 @@ def _strategy_file(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
         raise InputError(f"strategy file {text}: not found" if not path.exists() else f"{text}: not a file")
-    return path
-
-
-def output_path(text: str, flag: str, *, folder: bool, example: str = "trace.json") -> Path:
-    """An output path the grader can write: a file (`--trace`) or a folder (`--out`), checked (and its
-    folder made) before the run rather than found out after it."""
-    path = Path(text)
-    if folder and path.exists() and not path.is_dir():
-        raise InputError(f"{flag} {text}: is a file; give a folder")
-    if not folder and path.is_dir():
-        raise InputError(f"{flag} {text}: is a folder; give a file path such as {path / example}")
-    if not folder and path.exists() and not path.is_file():
-        raise InputError(f"{flag} {text}: not a regular file")
-    where = path if folder else path.parent
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise InputError(f"{flag} {text}: {where} is a file, not a folder") from None
-    except OSError as exc:
-        raise InputError(f"{flag} {text}: cannot create folder {where} ({exc.strerror})") from None
-    if not os.access(where, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {text}: folder {where} is not writable")
-    if not folder:  # the access bits do not tell everything (root, a read-only or special file system)
-        existed = path.exists()
-        try:
-            with open(path, "a"):
-                pass
-        except OSError as exc:
-            raise InputError(f"{flag} {text}: cannot be written ({exc.strerror})") from None
-        if not existed:
-            path.unlink(missing_ok=True)
     return path
 
 

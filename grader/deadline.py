@@ -3,7 +3,7 @@ text a row keeps.
 
 After the isolated child returns, the grader replays its program, checks the step, builds the result and
 writes the trace and the plots: all of it is bounded by the suite's `timeout_s`, like the child. The replay
-checks its deadline itself as it goes (`dist_lib.replay`); the rest (the trace, the plots) is plain code
+checks its deadline itself as it goes (`dist_lib.run.replay`); the rest (the trace, the plots) is plain code
 that does not, so `alarm_at` raises `RowTimeout` in it once the deadline passes.
 """
 

@@ -37,7 +37,7 @@ def _replayed(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any,
               name: str, deadline: float) -> tuple[Any, str, str]:
     """(result, status, error) of re-executing the run's recorded program in this process: the result
     when the program replays (correct or not), else the status and one-line reason."""
-    from dist_lib.replay import replay
+    from dist_lib.run.replay import replay
     result, status, error = _replay_row(
         lambda: replay(outcome.programs or [], cluster, workload, scenario.global_batch,
                        enforce_memory=scenario.enforce_memory, deadline_s=deadline - time.monotonic()), limits)
@@ -73,9 +73,9 @@ def _compat_graded(outcome: Outcome, scenario: Scenario, cluster: Any, workload:
 
 def _replay_row(run: Any, limits: Limits) -> tuple[Any, str, str]:
     """(result, "", "") of `run()`, a replay of a recorded program (native or `--api`: both raise
-    `dist_lib.replay`'s errors), or (None, status, one-line reason)."""
+    `dist_lib.run.replay`'s errors), or (None, status, one-line reason)."""
     from dist_lib import SimulationError
-    from dist_lib.replay import ProgramError, ReplayTimeout
+    from dist_lib.run.replay import ProgramError, ReplayTimeout
     try:
         return run(), "", ""
     except ProgramError as exc:

@@ -15,9 +15,9 @@ from dist_lib import Cluster, SpecError, Workload
 from dist_lib.planner import plan
 from dist_lib.planner.evaluate import Runner
 from dist_lib.planner.report import check_plot_path, front, plot_pareto, table
-from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
+from dist_lib.run.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 
-from .cli import output_path
+from .paths import output_path
 from .errors import InputError
 from .jobs import Backend, JobFailed, backend_from_args, parallelism, run_jobs, session
 from .report_terminal import literal

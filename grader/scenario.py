@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dist_lib import Cluster, SpecError, Workload
-from dist_lib.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
+from dist_lib.run.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 from dist_lib.specs import absolute_spec
-from dist_lib.workload import check_global_batch
+from dist_lib.workload.transformer import check_global_batch
 
 from .errors import InputError
 

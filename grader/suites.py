@@ -26,7 +26,7 @@ from typing import Any
 
 from dist_lib import SpecError
 from dist_lib.specs import number, read_toml, shown, table, text
-from dist_lib.workload import check_global_batch
+from dist_lib.workload.transformer import check_global_batch
 
 from .errors import InputError
 from .grade import slug

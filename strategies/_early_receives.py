@@ -12,7 +12,7 @@ pass's predicted completion time; a stage's nodes are sorted by time, communicat
 RECV that falls within the preceding compute pass (its time at most that pass's completion time) is moved
 ahead of that pass, "so that recv is executed before computation and hence can be overlapped".
 
-Here the same rule runs on a replay of the stages' orders (`_replay.py`) with the times the orders were made
+Here the same rule runs on a replay of the stages' orders (`dist_lib/schedules/timing.py`) with the times the orders were made
 with: a pass starts when its stage's previous pass has ended and its input has arrived (its producing pass's
 end plus the boundary's crossing time, times[s]["C"], when given). The receive of a message is
 posted before the first pass of the receiving stage predicted to end at or after the sending pass's end:
@@ -24,50 +24,14 @@ the message awaits that receive (and, with scatter-gather, all-gathers the piece
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any
 
 from dist_lib import Model
 from dist_lib.tensors import range_mask
 
-from ._actions import POSTS, Action
+from dist_lib.schedules.actions import POSTS, Action
 from ._pipeline import StagePlan, _Stage
-from ._replay import Times, replay
-
-
-def with_posted_receives(orders: Sequence[Sequence[Action]], times: Times) -> list[list[Action]]:
-    """The orders with a post action ("PA" activation, "PG" gradient, of a chunk and microbatch) placed on
-    each receiving stage by the rule above; the pass that takes the message awaits that receive."""
-    p = len(orders)
-    last = p * (1 + max((a.chunk for order in orders for a in order), default=0)) - 1
-    spans = replay(orders, times)
-    stage_ends = [[end for _, end in stage] for stage in spans]
-    posts: list[list[tuple[int, float, Action]]] = [[] for _ in range(p)]
-    for s, order in enumerate(orders):
-        for (kind, chunk, mb), (_, sent) in zip(order, spans[s]):
-            v = chunk * p + s
-            if kind == "F" and v < last:
-                to, post = v + 1, "PA"
-            elif kind in ("I", "B") and v > 0:
-                to, post = v - 1, "PG"
-            else:
-                continue
-            r = to % p
-            if r == s:  # a stage hands the tensor to itself: nothing crosses
-                continue
-            posts[r].append((bisect_left(stage_ends[r], sent), sent, Action(post, to // p, mb)))
-    result = []
-    for s, order in enumerate(orders):
-        before: dict[int, list[Action]] = {}
-        for index, _, action in sorted(posts[s]):
-            before.setdefault(index, []).append(action)
-        merged: list[Action] = []
-        for i, action in enumerate(order):
-            merged += before.get(i, ())
-            merged.append(action)
-        result.append(merged)
-    return result
 
 
 def run_posted_stage(model: Model, plan: StagePlan) -> Coroutine[Any, Any, None]:

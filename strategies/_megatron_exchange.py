@@ -24,7 +24,7 @@ it between every two passes:
   gradient exchange), so a steady-state crossing overlaps the opposite pass, and blocking in the cool-down
   (`interleaved.megatron_schedule`).
 
-A schedule writes this with the `EXCHANGES` actions (`_actions.py`): it issues sends and receives ("XSA",
+A schedule writes this with the `EXCHANGES` actions (`dist_lib/schedules/actions.py`): it issues sends and receives ("XSA",
 "XRA", "XSG", "XRG") and waits ("XWA", "XWG"); `ExchangeOrder` builds such a list and names each receive
 after the pass that takes it, and `run_exchange_stage` runs it. The host-side `torch.cuda.synchronize()` is
 not modelled (the simulator has no host launch queue): it costs the kernel-launch gap of the next pass.
@@ -38,7 +38,7 @@ from typing import Any
 from dist_lib import Model
 from dist_lib.tensors import range_mask
 
-from ._actions import EXCHANGES, Action
+from dist_lib.schedules.actions import EXCHANGES, Action
 from ._pipeline import StagePlan, _Stage, run_stage
 
 _RECEIVE = {"activation": Action("XRA", -1, -1), "activation gradient": Action("XRG", -1, -1)}  # unnamed yet

@@ -1,4 +1,4 @@
-"""Run a pipeline schedule: one rank's list of actions (`_actions.py`), executed in order.
+"""Run a pipeline schedule: one rank's list of actions (`dist_lib/schedules/actions.py`), executed in order.
 
 The schedule files (gpipe, one_f_one_b, interleaved, zero_bubble, ...) build each stage's list of
 `Action`s; `run_stage` carries them out:
@@ -34,7 +34,7 @@ from typing import Any
 from dist_lib import Model, Work
 from dist_lib.tensors import range_mask
 
-from ._actions import EXCHANGES, MESSAGES, POSTS, Action
+from dist_lib.schedules.actions import EXCHANGES, MESSAGES, POSTS, Action
 
 
 @dataclass

@@ -6,10 +6,14 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 
-from dist_lib import Model, costs
+from dist_lib import Model
+
+from dist_lib.costs import compute as costs
+
+from dist_lib.costs import network
 
 from ._layout import Layout, check_chunks, check_partition, even_partition, microbatches, replica_samples
-from ._actions import Action, check_schedule
+from dist_lib.schedules.actions import Action, check_schedule
 from ._pipeline import StagePlan
 
 Schedule = Callable[[int, int, int, int], Sequence[Action]]  # (stage, stages, microbatches, chunks)
@@ -85,7 +89,7 @@ def checked_schedule(schedule: Schedule, stage: int, stages: int, microbatches: 
 
 def stage_times(model: Model, rank: int, chunks: Sequence[range], microbatch_size: int, tp: int,
                 last: bool) -> dict[str, float]:
-    """Seconds one microbatch's F, B, I and W take on a stage (from costs.py, as a profiler would)."""
+    """Seconds one microbatch's F, B, I and W take on a stage (from costs/, as a profiler would)."""
     device, workload = model.cluster.device_of(rank), model.workload
     layers = [layer for chunk in chunks for layer in chunk]
     times = {kind: sum(fn(device, workload, layer, microbatch_size, tp) for layer in layers)
@@ -98,8 +102,8 @@ def stage_times(model: Model, rank: int, chunks: Sequence[range], microbatch_siz
 
 def crossing_time(model: Model, src: int, dst: int, microbatch_size: int, tp: int) -> float:
     """Seconds one microbatch's pipeline message between ranks `src` and `dst` takes alone on their link,
-    as the simulator charges it (`costs.p2p_time` over `Cluster.p2p_link`): the activation, or with
+    as the simulator charges it (`network.p2p_time` over `Cluster.p2p_link`): the activation, or with
     scatter-gather (pass its `tp`, else 1) this TP rank's 1/t piece of it; an activation gradient is the
-    same size (`costs.pipeline_crossing_time` of that one message). 0 for a rank to itself."""
+    same size (`network.pipeline_crossing_time` of that one message). 0 for a rank to itself."""
     messages = [] if src == dst else [(microbatch_size, tp, model.cluster.p2p_link(src, dst))]
-    return costs.pipeline_crossing_time(model.workload, messages)
+    return network.pipeline_crossing_time(model.workload, messages)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dist_lib import Model
 
-from ._actions import Action
+from dist_lib.schedules.actions import Action
 from ._pipeline import run_stage
 from ._plan import build_plan
 

@@ -28,7 +28,7 @@ from dist_lib.planner.search import pipeline_partition, pipeline_stage_seconds
 
 from . import one_f_one_b
 from ._layout import Layout, check_partition
-from ._actions import check_schedule
+from dist_lib.schedules.actions import check_schedule
 from ._pipeline import StagePlan, run_stage
 
 

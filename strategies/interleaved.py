@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dist_lib import Model
 
-from ._actions import Action
+from dist_lib.schedules.actions import Action
 from ._megatron_exchange import ExchangeOrder, exchange_choice
 from ._plan import build_plan
 

@@ -11,21 +11,10 @@ from __future__ import annotations
 
 from dist_lib import Model
 
-from ._actions import Action
+from dist_lib.schedules.actions import Action
+from dist_lib.schedules.one_f_one_b import schedule
 from ._megatron_exchange import ExchangeOrder, exchange_choice
 from ._plan import build_plan
-
-
-def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1) -> list[Action]:
-    if chunks != 1:
-        raise ValueError("one_f_one_b runs one model chunk per rank; use the interleaved schedule for chunks > 1")
-    m = microbatches
-    warmup = min(stages - stage - 1, m)  # 1. fill the pipeline: later stages need fewer
-    actions = [Action("F", 0, i) for i in range(warmup)]
-    for i in range(m - warmup):  # 2. steady state: one forward, one backward
-        actions += [Action("F", 0, warmup + i), Action("B", 0, i)]
-    actions += [Action("B", 0, i) for i in range(m - warmup, m)]  # 3. cool-down: drain the backwards
-    return actions
 
 
 def megatron_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1) -> list[Action]:

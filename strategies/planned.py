@@ -33,7 +33,7 @@ from dist_lib.planner.messages import schedule_crossing
 from dist_lib.planner.plan import Plan, Stage
 
 from . import gpipe, interleaved, one_f_one_b, zero_bubble
-from ._actions import Action, check_schedule
+from dist_lib.schedules.actions import Action, check_schedule
 from ._early_receives import post_target
 from ._pipeline import StagePlan, _Stage
 from ._plan import stage_times

@@ -2,8 +2,8 @@
 
 Qi et al. 2023, "Zero Bubble Pipeline Parallelism" (ICLR 2024), sec. 3. Only I is on the critical path
 between stages: W has no consumer before the optimizer step, so it can fill the gaps where 1F1B sits
-idle. The order comes from the paper's automatic-scheduling heuristic (sec. 3.1, `_zb_heuristic.py`),
-laid out with each stage's F, I and W durations (from costs.py, as a profiler would measure them) and
+idle. The order comes from the paper's automatic-scheduling heuristic (sec. 3.1, `dist_lib/schedules/zero_bubble.py`),
+laid out with each stage's F, I and W durations (from costs/, as a profiler would measure them) and
 each boundary's crossing time (one microbatch's message alone on the link between the stages' ranks, as
 the simulator charges it; `_plan.crossing_time`), counted as the reference's `cost_comm` is (and, which the
 reference leaves out, one message at a time over a stage's link, so that on a slow link a stage's later
@@ -37,7 +37,7 @@ step it reports is the isolated step's, longer than that period.
 
 Receives are posted where the paper's reference implementation posts them (sail-sg/zero-bubble-pipeline-
 parallelism, megatron/core/pipeline_parallel/auto_schedule.py, `ilp_results`): the orders are replayed with the
-same pass and crossing times (`_replay.py`), and each stage posts the receive of a message before the pass
+same pass and crossing times (`dist_lib/schedules/timing.py`), and each stage posts the receive of a message before the pass
 during which the sending pass is predicted to end, or, if the stage is idle then, before its next pass
 (`_early_receives.py`, `posted_schedule`); the pass that takes the message awaits that receive. A crossing
 then starts as soon as it is sent, overlapping the deferred W a stage runs meanwhile, rather than after it.
@@ -50,10 +50,12 @@ from functools import lru_cache
 
 from dist_lib import Model
 
-from ._early_receives import run_posted_stage, with_posted_receives
-from ._actions import Action
+from dist_lib.schedules.posted import with_posted_receives
+
+from ._early_receives import run_posted_stage
+from dist_lib.schedules.actions import Action
 from ._plan import build_plan
-from ._zb_heuristic import checked_options, zb_orders
+from dist_lib.schedules.zero_bubble import checked_options, zb_orders
 
 
 def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1, times=None,
@@ -74,7 +76,7 @@ def posted_schedule(stage: int, stages: int, microbatches: int, chunks: int = 1,
 
 def greedy_orders(p: int, m: int, limit: int, times=None, w_share: float = 1.0,
                   objective: str = "step") -> list[list[Action]]:
-    """Every stage's action order by Zero Bubble's heuristic (`_zb_heuristic.py`), at most `limit`
+    """Every stage's action order by Zero Bubble's heuristic (`dist_lib/schedules/zero_bubble.py`), at most `limit`
     microbatches' activations held on any stage (each until its W; with `w_share` r < 1, all but r of them
     only until its I); `times[s]` maps "F", "I", "W" to stage s's durations and, optionally, "C" to the
     seconds a message takes between stage s and s + 1 (the heuristic's `comm[s]`; absent: 0; the last

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dist_lib import Cluster, Workload
-from dist_lib.devices import DEVICES
+from dist_lib.hardware.devices import DEVICES
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dist_lib import buffers as python_buffers
-from dist_lib.buffers import decode, expand_runs
+from dist_lib.memory import buffers as python_buffers
+from dist_lib.memory.buffers import decode, expand_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -169,8 +169,8 @@ def test_bad_sources_and_sizes_are_refused(impl):
 RUN = """
 import json
 from dist_lib import simulate
-import dist_lib.memory as memory
-import dist_lib.transfers as transfers
+from dist_lib.memory import tracker as memory
+from dist_lib.engine import transfers
 out = {"impl": memory.Buffer.__module__, "scheduler": transfers.Scheduler.__module__}
 cases = {  # name: (strategy, options, cluster, layers, global batch)
     "zero": ("zero", {"stage": 3}),  # collectives and ZeRO shards
@@ -223,8 +223,8 @@ def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
     as hybrid's TP and zero-bubble schedules run it), and each that falls back to Python (an update that
     allocates). `test_p2p_twins.py` compares the message path on random patterns."""
     c, python = _run(pure=False), _run(pure=True)
-    assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
-    assert (c["scheduler"], python["scheduler"]) == ("dist_lib._buffers", "dist_lib.transfers")
+    assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.memory.buffers")
+    assert (c["scheduler"], python["scheduler"]) == ("dist_lib._buffers", "dist_lib.engine.transfers")
     for name in ("zero", "zero1", "zero_wide", "ddp_wide", "one_f_one_b", "ddp", "gpipe_recompute", "hybrid_tp",
                  "hybrid_tp4", "hybrid_tp4_sync", "hybrid_tp_sp", "hybrid_tp_recompute", "hybrid_tp4_recompute_wide",
                  "zero_bubble", "zero_bubble_recompute"):
@@ -257,8 +257,7 @@ def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
 RUN_MISUSE = """
 import asyncio, json
 from dist_lib import TensorError, simulate
-import dist_lib.memory as memory
-
+from dist_lib.memory import tracker as memory
 out = {"impl": memory.Buffer.__module__, "calls": {}}
 shared = {}
 
@@ -333,7 +332,7 @@ def test_the_backward_ops_fail_and_fall_back_alike_in_c_and_in_python():
     same message in C and in Python, after the same changes to the clock, the memory and the stash (none);
     calls off the fast path (keywords, a bool layer) give the same results."""
     c, python = (_run(pure, RUN_MISUSE) for pure in (False, True))
-    assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.buffers")
+    assert (c["impl"], python["impl"]) == ("dist_lib._buffers", "dist_lib.memory.buffers")
     assert c == {**python, "impl": c["impl"]}
     calls = c["calls"]
     expected = {  # the check each wrong call trips, by its own words
@@ -411,7 +410,7 @@ def test_slot_records_read_the_named_slots_of_each_object_in_order(impl):
 def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():
     import inspect
 
-    from dist_lib.model import Model
+    from dist_lib.model.handle import Model
     from dist_lib.tensors import WeightGrad
 
     assert list(inspect.signature(Model.forward).parameters) == ["self", "layer", "act", "weight", "stash",

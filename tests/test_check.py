@@ -1,7 +1,7 @@
 """The end-of-step check over hand-built `HandedIn` records: each problem it names, and silence for a
 correct step."""
 
-from dist_lib.check import HandedIn, check_final_weights, check_kept
+from dist_lib.model.correctness import HandedIn, check_final_weights, check_kept
 
 EVERY = 0b1111  # a global batch of 4 samples
 

@@ -1,6 +1,6 @@
 """The C collective path (`_comm_ops.c`: a member's issue; `_comm_resolve.c`: its resolution;
 `_comm_end.c`: its start and end on its group's stream; `_work.c`: awaiting it) against its Python twins
-in `comm.py` and `model.py`, on randomized collective patterns over several groups: TP partial sums of
+in `comm/collectives.py` and `model/handle.py`, on randomized collective patterns over several groups: TP partial sums of
 activations and gradients, TP-piece gathers, gradient all-reduces, ZeRO gathers and reduce-scatters,
 awaited at once, later or never, with mismatches (different ops, layers, samples, TP slices, overlapping
 parts) and misuse: the same events, memory books, results and rank times, and for a faulty pattern the
@@ -15,9 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dist_lib import comm, simulate
+from dist_lib import simulate
+
+from dist_lib.comm import collectives as comm
 from dist_lib.errors import SimulationError
-from dist_lib.model import Model
+from dist_lib.model.handle import Model
 
 ACCELERATED = type(comm._finish).__name__ == "builtin_function_or_method"
 pytestmark = pytest.mark.skipif(not ACCELERATED, reason="the C accelerator was not built")

@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from dist_lib import Cluster, Workload, costs
+from dist_lib import Cluster, Workload
+
+from dist_lib.costs import compute as costs
+
+from dist_lib.costs import network
 from dist_lib.compat import CompatStrictWarning, api_modules, configure, run_file
 from dist_lib.compat import lab as lab_api
 from dist_lib.compat import lab_utils
-from dist_lib.devices import DEVICES
-from dist_lib.trace import chrome_trace, validate_trace
+from dist_lib.hardware.devices import DEVICES
+from dist_lib.output.trace import chrome_trace, validate_trace
 
 SOLUTIONS = Path(__file__).parent / "compat_solutions" / "lab_solutions.py"
 H100 = DEVICES["H100-80GB"]
@@ -64,7 +68,7 @@ def test_real_timing_uses_the_simulators_cost_model():
     params = LAB.layer_params(0)
     per_microbatch = 4 * costs.forward_time(H100, LAB, 0, 2) + costs.loss_time(H100, LAB, 2) \
         + 4 * costs.backward_time(H100, LAB, 0, 2)
-    expected = 2 * per_microbatch + 4 * (costs.all_reduce_time(2 * params, 4, link) + costs.update_time(H100, params))
+    expected = 2 * per_microbatch + 4 * (network.all_reduce_time(2 * params, 4, link) + costs.update_time(H100, params))
     assert result.time_s == pytest.approx(expected, rel=1e-12)
     assert result.mfu == pytest.approx(result.model_flops / (result.time_s * result.peak_flops))
 

@@ -12,7 +12,7 @@ from dist_lib import DeadlockError, IncorrectStepError
 from dist_lib.errors import StrategyError
 from dist_lib.compat import CompatStrictWarning, api_modules, configure, detect_api, run_file
 from dist_lib.compat import puzzles as P
-from dist_lib.trace import chrome_trace, validate_trace
+from dist_lib.output.trace import chrome_trace, validate_trace
 
 SOLUTIONS = Path(__file__).parent / "compat_solutions" / "puzzles_solutions.py"
 
@@ -62,9 +62,9 @@ def test_run_file_gives_a_result_with_a_valid_trace():
 
 
 def test_real_timing_uses_the_cost_model():
-    from dist_lib import costs
-    from dist_lib.devices import DEVICES
-    from dist_lib.workload import Workload
+    from dist_lib.costs import compute as costs
+    from dist_lib.hardware.devices import DEVICES
+    from dist_lib.workload.transformer import Workload
     result = run_file(SOLUTIONS, function="basic", timing="real", cluster="1xA100-80GB",
                       workload="toy:layers=2")
     a100, toy = DEVICES["A100-80GB"], Workload.parse("toy:layers=2")
@@ -107,9 +107,9 @@ def test_collective_mismatch_and_deadlock_raise_instead_of_hanging():
 
 @pytest.mark.parametrize("runs", ["function", "main"])
 def test_a_file_awaiting_an_event_nobody_sets_is_a_deadlock_naming_each_rank(tmp_path, monkeypatch, runs):
-    import dist_lib.waits
+    import dist_lib.engine.waits
 
-    monkeypatch.setattr(dist_lib.waits, "HANG_CHECK_S", 0.001)
+    monkeypatch.setattr(dist_lib.engine.waits, "HANG_CHECK_S", 0.001)
     path = tmp_path / "stuck.py"
     path.write_text(
         "import asyncio\n"

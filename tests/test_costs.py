@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import Cluster, Workload, costs
+from dist_lib import Cluster, Workload
+
+from dist_lib.costs import compute as costs
+
+from dist_lib.costs import network
 from dist_lib.errors import SpecError
-from dist_lib.devices import DEVICES, GB, IB_EDR, NVLINK_2, NVLINK_3, Device
+from dist_lib.hardware.devices import DEVICES, GB, IB_EDR, NVLINK_2, NVLINK_3, Device
 
 A100 = DEVICES["A100-80GB"]
 
@@ -14,26 +18,26 @@ A100 = DEVICES["A100-80GB"]
 def test_ring_all_reduce_of_one_gigabyte_over_four_nvlink3_ranks():
     # NCCL reaches 0.8 of NVLink3's 300 GB/s line rate, 240 GB/s:
     # 2*(4-1)/4 * 1e9 B / 240e9 B/s = 6.25 ms, plus 2*(4-1) steps of 3.4 us
-    assert costs.all_reduce_time(1e9, 4, NVLINK_3) == pytest.approx(0.00625 + 6 * 3.4e-6)
+    assert network.all_reduce_time(1e9, 4, NVLINK_3) == pytest.approx(0.00625 + 6 * 3.4e-6)
 
 
 def test_all_gather_and_reduce_scatter_move_half_of_all_reduce():
     # (8-1)/8 * 2e9 / (0.8 * 150e9) + 7 * 3.4 us
     expected = 7 / 8 * 2e9 / 120e9 + 7 * 3.4e-6
-    assert costs.all_gather_time(2e9, 8, NVLINK_2) == pytest.approx(expected)
-    assert costs.reduce_scatter_time(2e9, 8, NVLINK_2) == pytest.approx(expected)
+    assert network.all_gather_time(2e9, 8, NVLINK_2) == pytest.approx(expected)
+    assert network.reduce_scatter_time(2e9, 8, NVLINK_2) == pytest.approx(expected)
 
 
 def test_single_rank_collectives_are_free():
-    assert costs.all_reduce_time(1e9, 1, NVLINK_3) == 0.0
-    assert costs.all_gather_time(1e9, 1, NVLINK_3) == 0.0
+    assert network.all_reduce_time(1e9, 1, NVLINK_3) == 0.0
+    assert network.all_gather_time(1e9, 1, NVLINK_3) == 0.0
 
 
 def test_point_to_point_is_latency_plus_size_over_bandwidth():
     # 14 us + 25e6 B / 12.5e9 B/s = 14 us + 2 ms (the catalog takes InfiniBand at its line rate)
-    assert costs.p2p_time(25e6, IB_EDR) == pytest.approx(14e-6 + 2e-3)
+    assert network.p2p_time(25e6, IB_EDR) == pytest.approx(14e-6 + 2e-3)
     # over NVLink3 at 0.8 * 300 GB/s: 3.4 us + 24e6 / 240e9 = 3.4 us + 100 us
-    assert costs.p2p_time(24e6, NVLINK_3) == pytest.approx(3.4e-6 + 1e-4)
+    assert network.p2p_time(24e6, NVLINK_3) == pytest.approx(3.4e-6 + 1e-4)
 
 
 # costs.gemm_time on the A100 (108 SMs, max_efficiency 0.75): output tiles of 256 x 128 run in waves

@@ -1,17 +1,19 @@
-"""Receives posted ahead of the pass that takes them (`strategies/_early_receives.py`, `_replay.py`), as the
+"""Receives posted ahead of the pass that takes them (`strategies/_early_receives.py`, `dist_lib/schedules/timing.py`), as the
 Zero Bubble reference implementation places them, checked on hand-derived timelines."""
 
 from __future__ import annotations
 
 import pytest
 
-from dist_lib import costs, simulate
+from dist_lib import simulate
+
+from dist_lib.costs import compute as costs
 from strategies import zero_bubble
-from strategies._early_receives import with_posted_receives
-from strategies._actions import Action, check_schedule
+from dist_lib.schedules.posted import with_posted_receives
+from dist_lib.schedules.actions import Action, check_schedule
 from strategies._pipeline import run_stage
 from strategies._plan import build_plan
-from strategies._replay import replay
+from dist_lib.schedules.timing import replay
 
 MS = 1e-3
 EQUAL = [{"F": 1, "I": 1, "W": 1}] * 2

@@ -1,5 +1,5 @@
 """The C block/wake path (`_drive.c`: `Engine._drive`, `Engine.wake`, `Work.__await__` on a rank's own
-coroutine) against its Python twins in `engine.py` and `comm.py`: the same events, memory books and times on
+coroutine) against its Python twins in `engine/core.py` and `comm/collectives.py`: the same events, memory books and times on
 steps of every schedule, and the same exception and message where a strategy deadlocks, raises, awaits
 through asyncio, awaits another rank's work or awaits a work twice; and the same step under a trace
 function (as coverage and debuggers set one), which makes `await` take the iterator protocol."""
@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from dist_lib import comm, engine, simulate
+from dist_lib import simulate
+
+from dist_lib.comm import collectives as comm
+
+from dist_lib.engine import core as engine
 from dist_lib.errors import SimulationError
 
 ROOT = Path(__file__).resolve().parent.parent

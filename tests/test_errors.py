@@ -468,8 +468,7 @@ def test_a_strategy_file_that_exits_on_import_is_a_strategy_error(tmp_path):
 
 
 def test_a_memory_error_after_the_ranks_finished_is_a_resource_error(monkeypatch):
-    import dist_lib.simulator as simulator
-
+    from dist_lib.run import simulator
     def exhausted(*args, **kwargs):
         raise MemoryError
 
@@ -519,9 +518,9 @@ def test_works_awaited_through_asyncio_gather_and_sleep_give_the_plain_awaits_ti
 @pytest.fixture
 def quick_watchdog(monkeypatch):
     """Look for hangs every millisecond, so that the tests also exercise looks that find the step alive."""
-    import dist_lib.waits
+    import dist_lib.engine.waits
 
-    monkeypatch.setattr(dist_lib.waits, "HANG_CHECK_S", 0.001)
+    monkeypatch.setattr(dist_lib.engine.waits, "HANG_CHECK_S", 0.001)
 
 
 def test_awaiting_an_event_no_rank_sets_is_a_deadlock_naming_the_line(quick_watchdog):

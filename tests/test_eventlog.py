@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dist_lib.eventlog import EventLog
+from dist_lib.engine.eventlog import EventLog
 
 GROUP = tuple(range(1024))  # a world group: kept by identity, never hashed per event
 PAIR = (3, 4)

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dist_lib import Cluster, SpecError, Workload
-from dist_lib.metis import load_cluster
-from dist_lib.devices import get_device
-from dist_lib.profiles import ProfileSet, read_profile
+from dist_lib.hardware.metis import load_cluster
+from dist_lib.hardware.devices import get_device
+from dist_lib.hardware.profiles import ProfileSet, read_profile
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -122,8 +122,8 @@ def test_cluster_and_workload_toml_random_bytes(data):
 
 # ---- every parser: a valid object within the accepted ranges, or a SpecError naming the field ----------
 
-from dist_lib.hardware import FIGURE_RANGES, MAX_WORLD_SIZE  # noqa: E402
-from dist_lib.workload import FIELD_RANGES, PRESETS  # noqa: E402
+from dist_lib.hardware.cluster import FIGURE_RANGES, MAX_WORLD_SIZE  # noqa: E402
+from dist_lib.workload.transformer import FIELD_RANGES, PRESETS  # noqa: E402
 
 # numbers as a user could type them: huge, tiny, negative, NaN, infinite, fractional, not numbers at all
 typed_numbers = st.one_of(st.integers(-3, 10), st.integers(-10**30, 10**30), st.sampled_from(

@@ -12,10 +12,10 @@ import pytest
 
 from dist_lib import Activation, TensorError, Work, simulate
 from dist_lib.errors import SimulationError, StrategyError
-from dist_lib.recording import (ADD, ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, JOIN, LOAD, RECV, SPLIT, Handle,
+from dist_lib.run.recording import (ADD, ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT, JOIN, LOAD, RECV, SPLIT, Handle,
                                 record)
-from dist_lib.replay import ProgramError, ReplayTimeout, replay
-from dist_lib.workload import Workload
+from dist_lib.run.replay import ProgramError, ReplayTimeout, replay
+from dist_lib.workload.transformer import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER, WORKLOAD, BATCH = "2x2xA100-80GB", "toy:layers=4", 8
@@ -66,7 +66,7 @@ def honest():
 
 def _entries(program: array) -> list[list[int]]:
     """A program split into entries (for editing in tests)."""
-    from dist_lib.replay import _ARITY
+    from dist_lib.run.replay import _ARITY
     out, i = [], 0
     while i < len(program):
         op = program[i]
@@ -251,8 +251,8 @@ def test_replay_does_not_depend_on_how_the_strategy_interleaved_its_awaits():
 def test_every_model_op_is_recorded():
     """A Model op the recorder does not know would run unrecorded and be missing from the replay: each
     public method is either recorded or named as deciding nothing."""
-    from dist_lib.model import Model
-    from dist_lib.recording import UNRECORDED_OPS, RecordingModel
+    from dist_lib.model.handle import Model
+    from dist_lib.run.recording import UNRECORDED_OPS, RecordingModel
     ops = {n for n in dir(Model) if not n.startswith("_") and callable(getattr(Model, n))}
     recorded = {n for n in vars(RecordingModel) if not n.startswith("_")}
     assert ops - set(UNRECORDED_OPS) == recorded
@@ -264,7 +264,7 @@ def test_every_model_op_is_recorded():
 
 
 def test_an_op_the_recorder_does_not_know_is_refused(monkeypatch):
-    from dist_lib.model import Model
+    from dist_lib.model.handle import Model
     monkeypatch.setattr(Model, "broadcast", lambda self, x: x, raising=False)
 
     async def train(model):
@@ -275,7 +275,7 @@ def test_an_op_the_recorder_does_not_know_is_refused(monkeypatch):
 
 
 PENDING = '''
-from dist_lib.recording import RECV
+from dist_lib.run.recording import RECV
 
 
 async def train(model):

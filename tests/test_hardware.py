@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dist_lib import Cluster, SpecError
-from dist_lib.devices import GB, GiB
+from dist_lib.hardware.devices import GB, GiB
 
 
 def test_spec_lays_ranks_out_node_by_node():

@@ -152,7 +152,7 @@ def test_cancelling_the_steps_task_is_the_strategys_error(train):
 
 def test_simulate_async_lets_its_callers_cancel_through():
     async def caller():
-        from dist_lib.simulator import simulate_async
+        from dist_lib.run.simulator import simulate_async
         task = asyncio.ensure_future(simulate_async(times_out, CLUSTER, WORKLOAD, BATCH))
         await asyncio.sleep(0.01)
         task.cancel()
@@ -332,8 +332,8 @@ def test_a_hang_beside_a_gather_is_the_one_error_without_asyncio_logging_the_gat
     traceback on the log beside it."""
     import gc
 
-    import dist_lib.waits
-    monkeypatch.setattr(dist_lib.waits, "HANG_CHECK_S", 0.001)
+    import dist_lib.engine.waits
+    monkeypatch.setattr(dist_lib.engine.waits, "HANG_CHECK_S", 0.001)
 
     async def train(model):
         x = model.get_input_activation([0])

@@ -9,7 +9,7 @@ import pytest
 from dist_lib import Workload, simulate
 from dist_lib.errors import StrategyError
 from strategies import interleaved, one_f_one_b
-from strategies._actions import Action, check_schedule
+from dist_lib.schedules.actions import Action, check_schedule
 
 SLOW = "2x1xA100-80GB:nics=1x0.3"  # two nodes, one GPU each, a 0.3 GB/s NIC (IB latency 14 us)
 SLOW3 = "3x1xA100-80GB:nics=1x0.3"

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import Workload, costs, simulate
-from dist_lib.devices import DEVICES
+from dist_lib import Workload, simulate
+
+from dist_lib.costs import compute as costs
+from dist_lib.hardware.devices import DEVICES
 from dist_lib.errors import TensorError
-from dist_lib.recording import record
-from dist_lib.replay import replay
+from dist_lib.run.recording import record
+from dist_lib.run.replay import replay
 
 A100 = DEVICES["A100-80GB"]
 SMALL = Workload.parse("gpt-125m:layers=4,vocab=8192")

@@ -67,8 +67,8 @@ def test_backward_consumes_the_stash_and_checkpointing_keeps_only_the_input():
 
 
 def test_selective_recompute_keeps_a_smaller_stash_and_backward_reruns_the_attention_core():
-    from dist_lib import costs
-    from dist_lib.devices import DEVICES
+    from dist_lib.costs import compute as costs
+    from dist_lib.hardware.devices import DEVICES
     seen = {}
 
     async def train(model):
@@ -203,7 +203,7 @@ def test_a_finished_step_leaves_no_cyclic_garbage():
     none is left for a (slow, whole-heap) pass of the cycle collector."""
     import gc
 
-    from dist_lib.engine import RankState
+    from dist_lib.engine.rank_state import RankState
     from dist_lib.tensors import Weight
 
     def leftovers() -> int:
@@ -285,7 +285,7 @@ def test_split_backward_frees_at_the_input_pass_all_the_weight_pass_does_not_nee
 
 
 def test_split_backward_keeps_the_same_whatever_the_forward_dropped():
-    from dist_lib import costs
+    from dist_lib.costs import compute as costs
     one = Workload.parse("toy:layers=1")
     sh = 1024 * 1024
     # selective recompute keeps 32 s*h bytes (no attention core); W needs the same 28 s*h as without it

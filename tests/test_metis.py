@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dist_lib import Cluster, SpecError
-from dist_lib.devices import GB, GiB
-from dist_lib.metis import load_cluster, read_hostfile
+from dist_lib.hardware.devices import GB, GiB
+from dist_lib.hardware.metis import load_cluster, read_hostfile
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "metis"
 

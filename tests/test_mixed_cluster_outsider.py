@@ -1,5 +1,5 @@
 """Planning a run on mixed hardware with the documented entry points only: `simulate()`, cluster specs and
-the bundled strategies' options. Each figure is derived by hand from `dist_lib/costs.py`; each error is
+the bundled strategies' options. Each figure is derived by hand from `dist_lib/costs/`; each error is
 one that a user can cause, checked for the option it names."""
 
 from __future__ import annotations
@@ -8,8 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from dist_lib import Cluster, StrategyError, Workload, costs, simulate
-from dist_lib.trace import chrome_trace, validate_trace
+from dist_lib import Cluster, StrategyError, Workload, simulate
+
+from dist_lib.costs import compute as costs
+
+from dist_lib.costs import network
+from dist_lib.output.trace import chrome_trace, validate_trace
 
 STRATEGIES = Path(__file__).resolve().parent.parent / "strategies"
 
@@ -53,7 +57,7 @@ def test_two_stage_gpipe_on_t4_and_a100_over_a_slow_nic_matches_the_hand_recurre
     b0 = sum(costs.backward_time(t4, toy, layer, 1) for layer in first)
     f1 = sum(costs.forward_time(a100, toy, layer, 1) for layer in second) + costs.loss_time(a100, toy, 1)
     b1 = sum(costs.backward_time(a100, toy, layer, 1) for layer in second)
-    message = costs.p2p_time(toy.activation_bytes(), cluster.p2p_link(0, 1))
+    message = network.p2p_time(toy.activation_bytes(), cluster.p2p_link(0, 1))
     assert message == pytest.approx(1e-5 + 2 * 2**20 / 0.1e9, rel=0.01)  # 2 MiB at 0.1 GB/s
     clock1 = 0.0
     for i in range(m):

@@ -1,5 +1,5 @@
 """The C message path (`_p2p_ops.c`: `Model.send`, `Model.recv` and the end of a message) against its Python
-twin in `p2p.py` and `model.py`, on randomized message patterns: the same events, memory books, received
+twin in `comm/p2p.py` and `model/handle.py`, on randomized message patterns: the same events, memory books, received
 tensors and rank times, and for a faulty pattern the same exception and message."""
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dist_lib import model as model_module
-from dist_lib import comm, p2p, simulate
+from dist_lib.model import accelerated as model_module
+from dist_lib.model import handle as handle_module
+from dist_lib import simulate
+from dist_lib.comm import collectives as comm
+from dist_lib.comm import p2p
 from dist_lib.errors import SimulationError
-from dist_lib.model import Model
+from dist_lib.model.handle import Model
 
-pytestmark = pytest.mark.skipif(not hasattr(model_module, "PYTHON_P2P"), reason="the C accelerator was not built")
+pytestmark = pytest.mark.skipif(not model_module.PYTHON_P2P, reason="the C accelerator was not built")
 
 WORLD = 4
 CLUSTER = "2x2xA100-80GB"  # NVLink within a node, the network across: two kinds of channel
@@ -191,7 +194,7 @@ def test_the_twins_are_installed_and_a_pattern_takes_the_fast_path():
     assert type(p2p._finish).__name__ == "builtin_function_or_method"
     calls = []
     twins = model_module.PYTHON_P2P
-    saved = model_module.issue_send, model_module.issue_recv
+    saved = handle_module.issue_send, handle_module.issue_recv
 
     def counting(name, function):
         def wrapper(*args):
@@ -199,12 +202,12 @@ def test_the_twins_are_installed_and_a_pattern_takes_the_fast_path():
             return function(*args)
         return wrapper
 
-    model_module.issue_send, model_module.issue_recv = counting("send", saved[0]), counting("recv", saved[1])
+    handle_module.issue_send, handle_module.issue_recv = counting("send", saved[0]), counting("recv", saved[1])
     try:
         programs = [[("send", 1, "output", [0, 1], "later")] * 5, [("recv", 0, "now")] * 5, [], []]
         books = run(programs)
     finally:
-        model_module.issue_send, model_module.issue_recv = saved
+        handle_module.issue_send, handle_module.issue_recv = saved
     assert len(calls) == 1  # the first message of the channel opens it in Python; the other nine ends are C's
     assert len(books[4]) == 5 and all(kind == "activation" for *_, kind in books[4])
     assert twins["send"] is not Model.send

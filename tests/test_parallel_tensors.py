@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import Workload, costs, simulate
-from dist_lib.devices import DEVICES, NVLINK_3
+from dist_lib import Workload, simulate
+
+from dist_lib.costs import compute as costs
+
+from dist_lib.costs import network
+from dist_lib.hardware.devices import DEVICES, NVLINK_3
 from dist_lib.errors import CollectiveMismatchError, TensorError
 
 A100 = DEVICES["A100-80GB"]
@@ -32,7 +36,7 @@ def test_tensor_parallel_step_is_correct_and_costs_two_all_reduces_per_layer_pas
     f = costs.forward_time(A100, TOY, 0, 2, tp=2)
     b = costs.backward_time(A100, TOY, 0, 2, tp=2)
     loss = costs.loss_time(A100, TOY, 2)
-    tp_comm = 2 * costs.all_reduce_time(2 * TOY.activation_bytes(), 2, NVLINK_3)
+    tp_comm = 2 * network.all_reduce_time(2 * TOY.activation_bytes(), 2, NVLINK_3)
     update = costs.update_time(A100, TOY.layer_params(0) / 2)
     assert result.time_s == pytest.approx(f + tp_comm + loss + b + tp_comm + update)
     assert result.memory_by_kind[0]["optimizer"] == int(12 * TOY.layer_params(0) / 2)
@@ -113,7 +117,7 @@ async def zero3(model):
 def test_zero3_step_is_correct():
     result = simulate(zero3, "2xA100-80GB", TOY, 2)
     assert result.correct
-    gather = costs.all_gather_time(2 * TOY.layer_params(0), 2, NVLINK_3)
+    gather = network.all_gather_time(2 * TOY.layer_params(0), 2, NVLINK_3)
     assert [e.duration for e in result.events if e.op == "all_gather"] == [pytest.approx(gather)] * 2
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import costs, simulate
+from dist_lib import simulate
+
+from dist_lib.costs import compute as costs
 from dist_lib.planner.plan import Plan, Stage
 from strategies import planned, zero_bubble
 

@@ -18,7 +18,7 @@ from strategies import planned
 from strategies._plan import crossing_time
 
 SAMPLE = 2048 * 1024 * 2  # gpt-350m: one sample's activation, s x h 16-bit values
-NIC_LATENCY = 14e-6  # a NIC's alpha (hardware.py)
+NIC_LATENCY = 14e-6  # a NIC's alpha (hardware/cluster.py)
 
 
 def _stage(ranks, tp, shares) -> Stage:

@@ -284,8 +284,9 @@ def test_the_estimate_charges_tp_as_the_simulator_runs_it():
     """A TP layer's partial sums are two all-reduces each way; the backward's run beside its
     weight-gradient GEMMs (ZB-H1's split backward leaves them exposed); the LM head is vocabulary-parallel
     and its input gradient all-reduced once. Then the estimate of a TP-2 pipeline lands on the simulation."""
-    from dist_lib import costs
-    from dist_lib.op_costs import compute_cost
+    from dist_lib.costs import compute as costs
+    from dist_lib.costs import network
+    from dist_lib.costs.ops import compute_cost
     from dist_lib.planner.evaluate import simulate_candidate
     from dist_lib.planner.step import step_estimate
     from dist_lib.planner.search import Candidate, _Space, to_plan
@@ -293,7 +294,7 @@ def test_the_estimate_charges_tp_as_the_simulator_runs_it():
     cluster, workload = Cluster.load("2x2xA100-80GB"), Workload.load("gpt-350m:layers=4")
     device, topo = cluster.device_of(0), cluster.topology((0, 1))
     option = {o.tp: o for o in _Space(cluster, workload).options((0, 1), 2, "none", 0)}[2]
-    reduce = costs.collective_time("all_reduce", 2 * workload.activation_bytes(), topo)
+    reduce = network.collective_time("all_reduce", 2 * workload.activation_bytes(), topo)
     f, b_in, b_w = (compute_cost(device, workload, op, 1, 2, 2)[0] for op in ("forward", "backward_input",
                                                                             "backward_weight"))
     c = option.costs

@@ -1,6 +1,6 @@
 """The planner's estimate where neighbouring stages differ in width, and where the transfers of different
-stages meet on a node's NIC: the values here are derived by hand from costs.py and the simulator's link
-sharing (`transfers.py`), then checked against the simulator itself."""
+stages meet on a node's NIC: the values here are derived by hand from costs/ and the simulator's link
+sharing (`engine/transfers.py`), then checked against the simulator itself."""
 
 from __future__ import annotations
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from dist_lib import SpecError, Workload, costs, simulate
-from dist_lib.devices import DEVICES
-from dist_lib.profiles import ProfileSet, read_profile
+from dist_lib import SpecError, Workload, simulate
+
+from dist_lib.costs import compute as costs
+from dist_lib.hardware.devices import DEVICES
+from dist_lib.hardware.profiles import ProfileSet, read_profile
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "profiles"
 A100, T4, V100 = DEVICES["A100-80GB"], DEVICES["T4"], DEVICES["V100-32GB"]

@@ -33,7 +33,7 @@ def test_quickstart_is_two_commands():
 
 
 def test_the_device_list_is_the_catalog():
-    from dist_lib.devices import DEVICES
+    from dist_lib.hardware.devices import DEVICES
     listed = re.search(r"^Devices: (.*?) \(figures in", README, flags=re.M).group(1).split(", ")
     assert sorted(listed) == sorted(DEVICES)
 

@@ -11,7 +11,7 @@ import pytest
 
 from dist_lib import simulate, validate_trace
 from dist_lib.planner.plan import Plan
-from dist_lib.trace import chrome_trace
+from dist_lib.output.trace import chrome_trace
 
 MIXED = "1x4xA100-80GB+1x4xV100-32GB"
 RUNS = {  # name: (strategy, cluster, workload, global batch, options)
@@ -162,9 +162,9 @@ def test_summary_shows_the_fields_figures():
 
 
 def test_trace_goes_to_a_new_folder_and_is_valid_and_the_same_text_as_one_dump(tmp_path, monkeypatch):
-    import dist_lib.trace as trace
+    from dist_lib.output import trace, trace_text
     r = run("hybrid")
-    monkeypatch.setattr(trace, "DUMP_CHUNK", 7)  # many chunks: the seams must not show
+    monkeypatch.setattr(trace_text, "DUMP_CHUNK", 7)  # many chunks: the seams must not show
     path = r.write_chrome_trace(tmp_path / "new" / "deeper" / "t.json")
     assert path == tmp_path / "new" / "deeper" / "t.json"
     assert validate_trace(path) == []

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dist_lib import Cluster, SpecError, StrategyError, simulate, testing
 from dist_lib.errors import OutOfMemoryError
-from dist_lib.memory import KINDS, OPTIMIZER, WEIGHT
+from dist_lib.memory.tracker import KINDS, OPTIMIZER, WEIGHT
 
 STRATEGIES = ["ddp", "zero", "gpipe", "one_f_one_b", "deepspeed_1f1b", "interleaved", "zero_bubble", "hybrid",
               "hetero", "planned"]

@@ -6,15 +6,19 @@ from dataclasses import replace
 
 import pytest
 
-from dist_lib import Cluster, Workload, costs, simulate
-from dist_lib.devices import DEVICES, IB_HDR, NVLINK_3
+from dist_lib import Cluster, Workload, simulate
+
+from dist_lib.costs import compute as costs
+
+from dist_lib.costs import network
+from dist_lib.hardware.devices import DEVICES, IB_HDR, NVLINK_3
 
 A100 = DEVICES["A100-80GB"]
 TOY = Workload.parse("toy:layers=1")
 F = costs.forward_time(A100, TOY, 0, 1)  # one layer, one sample
 B = costs.backward_time(A100, TOY, 0, 1)
 L = costs.loss_time(A100, TOY, 1)
-AR = costs.all_reduce_time(TOY.layer_params(0) * 2, 2, NVLINK_3)  # 16-bit gradient of the layer
+AR = network.all_reduce_time(TOY.layer_params(0) * 2, 2, NVLINK_3)  # 16-bit gradient of the layer
 
 
 def run(train, cluster="2xA100-80GB", batch=2, **kw):
@@ -77,7 +81,7 @@ def test_collectives_on_one_rank_run_in_issue_order():
 
     # two nodes joined by a slow 1 GB/s network, so the first all-reduce outlasts the second gradient
     result = run(train, cluster="2x1xA100-80GB:inter=1", batch=4)
-    ar = costs.all_reduce_time(TOY.layer_params(0) * 2, 2, replace(IB_HDR, bandwidth=1e9))
+    ar = network.all_reduce_time(TOY.layer_params(0) * 2, 2, replace(IB_HDR, bandwidth=1e9))
     first, second = sorted({(e.start, e.end) for e in result.events if e.op == "all_reduce"})
     assert first == (pytest.approx(F + L + B), pytest.approx(F + L + B + ar))
     assert ar > F + L + B  # the second gradient is ready before the stream is free ...
@@ -97,7 +101,7 @@ def test_collectives_of_different_groups_overlap():
         await slow
 
     result = run(train, cluster="2x2xA100-80GB:inter=1", batch=8)
-    slow_ar = costs.all_reduce_time(TOY.layer_params(0) * 2, 2, replace(IB_HDR, bandwidth=1e9))
+    slow_ar = network.all_reduce_time(TOY.layer_params(0) * 2, 2, replace(IB_HDR, bandwidth=1e9))
     assert slow_ar > F + L + B  # the second gradient is ready while the first all-reduce runs
     spans = {e.peers: (e.start, e.end) for e in result.events if e.op == "all_reduce"}
     for group in ((0, 2), (1, 3)):
@@ -124,7 +128,7 @@ def test_a_completed_send_frees_its_tensor_even_while_its_work_is_held():
 
     result = run(train)
     act = TOY.activation_bytes()
-    p2p = costs.p2p_time(act, NVLINK_3)
+    p2p = network.p2p_time(act, NVLINK_3)
     assert held["work"].done and held["work"].input is None
     timeline = result.memory_timeline(0)
     assert timeline[:2] == [(0.0, act), (pytest.approx(p2p), 0)]
@@ -150,19 +154,19 @@ def sends_across_nodes(delay_second: int | None):
 
 
 def test_one_transfer_through_a_node_nic_takes_the_single_time():
-    alone = costs.p2p_time(TOY.activation_bytes(), NIC)
+    alone = network.p2p_time(TOY.activation_bytes(), NIC)
     assert sends_across_nodes(None) == [(0.0, pytest.approx(alone))]
 
 
 def test_two_concurrent_transfers_through_one_nic_each_take_twice_as_long():
-    alone = costs.p2p_time(TOY.activation_bytes(), NIC)
+    alone = network.p2p_time(TOY.activation_bytes(), NIC)
     assert sends_across_nodes(0) == [(0.0, pytest.approx(2 * alone))] * 2
 
 
 def test_a_transfer_speeds_up_when_the_one_sharing_its_nic_ends():
     # the first runs alone until the second starts at s, then both at half speed: the first has D - s
     # left and ends at s + 2(D - s) = 2D - s; the second has done D - s by then and ends alone s later
-    d = costs.p2p_time(TOY.activation_bytes(), NIC)
+    d = network.p2p_time(TOY.activation_bytes(), NIC)
     s = F
     assert s < d
     assert sends_across_nodes(1) == [(0.0, pytest.approx(2 * d - s)), (pytest.approx(s), pytest.approx(2 * d))]
@@ -179,7 +183,7 @@ def test_send_and_recv_rendezvous():
             assert (x.layer, x.samples, x.rank) == (1, 0b1, 1)
 
     result = run(train)
-    p2p = costs.p2p_time(TOY.activation_bytes(), NVLINK_3)
+    p2p = network.p2p_time(TOY.activation_bytes(), NVLINK_3)
     assert result.rank_times == [pytest.approx(F + p2p)] * 2
     send, recv = [e for e in result.events if e.stream == "p2p"]
     assert (send.op, recv.op) == ("send", "recv") and send.op_id == recv.op_id
@@ -234,7 +238,7 @@ def test_a_rank_step_ends_with_its_last_op_even_one_never_awaited():
 
     result = run(train)
     ends = [max(e.end for e in result.events if e.rank == rank) for rank in range(2)]
-    send = costs.p2p_time(TOY.layer_params(0) * 2, NVLINK_3)
+    send = network.p2p_time(TOY.layer_params(0) * 2, NVLINK_3)
     assert result.rank_times == ends == [pytest.approx(F + L + B + send)] * 2
 
 
@@ -304,8 +308,8 @@ def test_a_ring_slowed_by_a_slower_node_wants_only_its_rate_of_a_faster_node_nic
 
     cluster = Cluster.parse("1x4xV100-16GB:nics=1x1.25+2x4xT4:nics=1x6.25")
     result = run(train, cluster=cluster)
-    gather = costs.all_gather_time(TOY.layer_params(0) * 2, 2, replace(IB_HDR, bandwidth=1.25e9))  # 14 us
-    message = costs.p2p_time(TOY.activation_bytes(), replace(IB_HDR, bandwidth=6.25e9))
+    gather = network.all_gather_time(TOY.layer_params(0) * 2, 2, replace(IB_HDR, bandwidth=1.25e9))  # 14 us
+    message = network.p2p_time(TOY.activation_bytes(), replace(IB_HDR, bandwidth=6.25e9))
     ends = {e.op: e.end for e in result.events if e.rank in (0, 5)}
     assert ends == {"all_gather": pytest.approx(gather + message / 5), "send": pytest.approx(6 / 5 * message)}
 
@@ -344,4 +348,4 @@ def test_a_long_virtual_wait_sleeps_no_real_time(monkeypatch):
 
     result = run(train)
     # rank 1 waited 1000 forwards of virtual time for the message, without sleeping
-    assert result.rank_times[1] == pytest.approx(1000 * F + costs.p2p_time(TOY.activation_bytes(), NVLINK_3))
+    assert result.rank_times[1] == pytest.approx(1000 * F + network.p2p_time(TOY.activation_bytes(), NVLINK_3))

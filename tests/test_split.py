@@ -1,4 +1,4 @@
-"""A step run in two processes (`workers=2`, `dist_lib/split.py`) gives one process's results: the same
+"""A step run in two processes (`workers=2`, `dist_lib/run/split.py`) gives one process's results: the same
 step time, rank times, peaks, allocation logs and events (the worker's events are logged after the
 coordinator's, so they are compared as sets), and the same errors."""
 
@@ -251,7 +251,7 @@ def test_the_link_sends_the_arrays_of_a_message_raw_after_its_pickle():
     import socket
     from array import array
 
-    from dist_lib.worker_process import Link
+    from dist_lib.run.worker_process import Link
 
     ours, theirs = (Link(s) for s in socket.socketpair())
     message = ("books", [array("d", [0.5, 1.5]), array("i")], {"codes": array("I", range(10_000))}, "text")

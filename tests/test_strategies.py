@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import Activation, Cluster, StrategyError, TensorError, costs, simulate, testing
+from dist_lib import Activation, Cluster, StrategyError, TensorError, simulate, testing
+
+from dist_lib.costs import compute as costs
 
 F, B, I, W = 1e-3, 2e-3, 1e-3, 1e-3
 

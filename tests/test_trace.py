@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from dist_lib import simulate, validate_trace
-from dist_lib.trace import chrome_trace
+from dist_lib.output.trace import chrome_trace
 
 
 async def relay(model):
@@ -98,7 +98,7 @@ def test_the_memory_counter_reaches_each_ranks_reported_peak():
 
 
 def test_a_peak_within_an_instant_shows_then_settles():
-    from dist_lib.trace import SETTLE_US, memory_counter
+    from dist_lib.output.trace import SETTLE_US, memory_counter
     # at 1 us: +8, then -8 freed, then +2; at 3 us: +4
     times, values = [1e-6, 1e-6, 1e-6, 3e-6], [8, 0, 2, 6]
     assert memory_counter(times, values) == [(1.0, 8), (1.0 + SETTLE_US, 2), (3.0, 6)]

@@ -10,9 +10,9 @@ import random
 import numpy as np
 import pytest
 
-import dist_lib.trace as trace
+from dist_lib.output import trace, trace_text
 from dist_lib import simulate, validate_trace
-from dist_lib.trace import SETTLE_US, chrome_trace, memory_counter
+from dist_lib.output.trace import SETTLE_US, chrome_trace, memory_counter
 
 STEPS = {
     "ddp": ("strategies/ddp.py", "1x4xA100-80GB", "toy:layers=3", 8, {"microbatch_size": 1}),
@@ -41,12 +41,12 @@ def test_the_file_is_chrome_trace_as_json_byte_for_byte(tmp_path, monkeypatch, n
     result = step(name)
     expected = spec_text(result)
     assert result.write_chrome_trace(tmp_path / "t.json").read_text() == expected
-    monkeypatch.setattr(trace, "DUMP_CHUNK", 5)  # chunks that split flows from slices and a rank's counter
+    monkeypatch.setattr(trace_text, "DUMP_CHUNK", 5)  # chunks that split flows from slices and a rank's counter
     assert result.write_chrome_trace(tmp_path / "t5.json").read_text() == expected
     assert validate_trace(tmp_path / "t5.json") == []
     # and the column check alone accepts it (were it to refuse every trace, the event-by-event check
     # would still answer, only slower)
-    from dist_lib import trace_validate
+    from dist_lib.output import trace_validate
     assert trace_validate._well_formed(json.loads(expected)["traceEvents"])
 
 
@@ -74,7 +74,7 @@ def test_a_gz_path_gets_the_same_json_compressed(tmp_path):
 
 
 def test_a_write_that_fails_halfway_leaves_no_file(tmp_path, monkeypatch):
-    import dist_lib.trace_text as text
+    from dist_lib.output import trace_text as text
     result = step("ddp")
 
     def halfway(result, fh, chunk):

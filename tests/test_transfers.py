@@ -1,4 +1,4 @@
-"""Transfers sharing links in virtual time (dist_lib/transfers.py), against hand-derived ends."""
+"""Transfers sharing links in virtual time (dist_lib/engine/transfers.py), against hand-derived ends."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dist_lib.transfers import PythonScheduler, PythonTransfer, Scheduler, Transfer
+from dist_lib.engine.transfers import PythonScheduler, PythonTransfer, Scheduler, Transfer
 
 
 def run(capacity, transfers):
@@ -161,7 +161,7 @@ def test_a_cycle_through_a_transfer_in_flight_is_collected(twins):
     assert gone() is None
 
 
-# ---- a split step's handover (split.py): one half's transfers, with their progress, to the other's scheduler
+# ---- a split step's handover (run/split.py): one half's transfers, with their progress, to the other's scheduler
 
 def _handover(twins, capacity, halves, rounds):
     """Run each half's transfers (on links of its own) on a scheduler of its own for `rounds` rounds of

@@ -1,4 +1,4 @@
-"""Zero Bubble's heuristic order (`strategies/_zb_heuristic.py`, via `zero_bubble.greedy_orders`):
+"""Zero Bubble's heuristic order (`dist_lib/schedules/zero_bubble.py`, via `zero_bubble.greedy_orders`):
 ZB-H1's step at ZB-H1's memory, never 1F1B's bubble exceeded, memory and order always valid, crossing
 times counted as the reference counts them."""
 
@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from strategies._actions import check_schedule
-from strategies._zb_heuristic import zb_orders
-from strategies.one_f_one_b import schedule as one_f_one_b
+from dist_lib.schedules.actions import check_schedule
+from dist_lib.schedules.zero_bubble import zb_orders
+from dist_lib.schedules.one_f_one_b import schedule as one_f_one_b
 from strategies.zero_bubble import greedy_orders
 
 ONE = {"F": 1, "I": 1, "W": 1}
@@ -205,8 +205,8 @@ TABLE5 = [(0.1585, 0.0433), (0.1242, 0.0039), (0.0674, 0.0026), (0.1323, 0.0029)
 
 def _spans(orders, f, i, w, c) -> float:
     """The longest stage span (first pass's start to last pass's end) of uniform stages' orders."""
-    from strategies._replay import replay
-    from strategies._actions import Action
+    from dist_lib.schedules.timing import replay
+    from dist_lib.schedules.actions import Action
     spans = replay([[Action(kind, 0, mb) for kind, mb in order] for order in orders],
                    [{"F": f, "I": i, "W": w, "C": c}] * len(orders))
     return max(stage[-1][1] - stage[0][0] for stage in spans)

@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
-from ._runtime import CompatAssertionError, CompatDeadlockError, Settings
-from ._runtime import configure as _configure
+from dist_lib.compat._runtime import CompatAssertionError, CompatDeadlockError, Settings
+from dist_lib.compat._runtime import configure as _configure
 
 
 def configure(api: str, **settings):
@@ -22,9 +22,9 @@ def configure(api: str, **settings):
     return _configure(api, **settings)
 
 
-from ._base import ToyResult  # noqa: E402
-from ._tensor_rules import CompatStrictWarning  # noqa: E402
-from .loader import api_modules, detect_api, run_file  # noqa: E402
+from dist_lib.compat._base import ToyResult  # noqa: E402
+from dist_lib.compat._tensor_rules import CompatStrictWarning  # noqa: E402
+from dist_lib.compat.loader import api_modules, detect_api, run_file  # noqa: E402
 
 __all__ = ["CompatAssertionError", "CompatDeadlockError", "CompatStrictWarning", "Settings", "ToyResult",
            "api_modules", "configure", "detect_api", "run_file"]

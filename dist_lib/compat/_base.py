@@ -13,12 +13,12 @@ from operator import itemgetter
 from collections.abc import Sequence
 from typing import Any
 
-from ..memory import format_bytes
-from ..result import Result
-from ._runtime import World
-from ._storage import STORAGE_NAMES, Ledger, Storage, storage_property
-from .real_costs import RealCosts, default_cluster, default_workload, kind_of
-from .report import memory_text
+from dist_lib.memory.tracker import format_bytes
+from dist_lib.output.result import Result
+from dist_lib.compat._runtime import World
+from dist_lib.compat._storage import STORAGE_NAMES, Ledger, Storage, storage_property
+from dist_lib.compat.real_costs import RealCosts, default_cluster, default_workload, kind_of
+from dist_lib.compat.report import memory_text
 
 COMPUTE_OPS = {"forward", "backward", "loss", "update", "load_weights"}
 COLLECTIVE_OPS = {"allreduce", "allgather", "scatterreduce", "all_reduce", "all_gather", "reduce_scatter"}
@@ -255,7 +255,7 @@ def build_result(world: World, strategy: str, problems: list[str], options: dict
         model_flops = 0.0
         units = ("steps", "units") if world.api == "puzzles" else ("s", "elements")
         if world.api == "lab":
-            from .lab_costs import theoretical_best_time
+            from dist_lib.compat.lab_costs import theoretical_best_time
             best = theoretical_best_time(layers, batches, n)
             extra["original_mfu"] = best / notebook_time if notebook_time > 0 else 0.0
     notebook_memory = max((float(m._peak) for m in models.values()), default=0.0)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._storage import STORAGE_NAMES
+from dist_lib.compat._storage import STORAGE_NAMES
 
 FILE_MODULE = "_compat_strategy_"  # the prefix of the module name the loader imports a file as
 TENSORS = ("Weight", "Activation", "WeightGrad", "OptState", "ActivationGrad")
@@ -63,7 +63,8 @@ TAG_OF = {tuple: "t", list: "l", frozenset: "fs", set: "st"}
 
 def tensor_classes(api: str) -> tuple[type, ...]:
     """The API's toy tensor classes, in `TENSORS` order (a literal's class is an index into them)."""
-    from . import lab, puzzles
+    from dist_lib.compat import lab
+    from dist_lib.compat import puzzles
     module = puzzles if api == "puzzles" else lab
     return tuple(getattr(module, name) for name in TENSORS)
 

@@ -10,9 +10,9 @@ import contextvars
 import inspect
 from typing import Any
 
-from . import _runtime
-from ._base import ToyModel
-from ._program import DERIVED, OPS
+from dist_lib.compat import _runtime
+from dist_lib.compat._base import ToyModel
+from dist_lib.compat._program import DERIVED, OPS
 
 INSIDE = contextvars.ContextVar("compat_recording_inside", default=False)  # in a recorded op (per task)
 _ABSENT = object()
@@ -20,7 +20,8 @@ _ABSENT = object()
 
 def install(recorder: Any) -> list[tuple[Any, str, Any]]:
     """Wrap the API of `recorder.api` for `recorder`; the (owner, name, old value) to put back."""
-    from . import lab, puzzles
+    from dist_lib.compat import lab
+    from dist_lib.compat import puzzles
     module = puzzles if recorder.api == "puzzles" else lab
     saved: list[tuple[Any, str, Any]] = []
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import DeadlockError, TensorError
-from ..waits import waiting_line
+from dist_lib.errors import DeadlockError, TensorError
+from dist_lib.engine.waits import waiting_line
 
 
 class CompatAssertionError(AssertionError, TensorError):
@@ -60,7 +60,7 @@ class Settings:
     """How a `Dist` created while these settings are active prices its ops.
 
     timing: 'original' (the original library's own cost model: the puzzles' unit steps, the lab's
-    calculon-style formulas; 'unit' is accepted as another name for it) or 'real' (dist_lib.costs on
+    calculon-style formulas; 'unit' is accepted as another name for it) or 'real' (dist_lib.costs.compute on
     `cluster` with `workload`, in seconds and bytes).
     cluster: a Cluster or spec; None builds one of `default_device` nodes of 8 for the world size.
     workload: a Workload or spec, or None for the API's default shape; its layer count is replaced by

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
-from ._runtime import brief, current, require
+from dist_lib.compat._runtime import brief, current, require
 
 
 class CompatStrictWarning(UserWarning):
@@ -115,7 +115,7 @@ def drawable(**spec: Any):
 
     def decorate(cls: type) -> type:
         def draw(self: Any) -> Any:
-            from .drawing import draw_network
+            from dist_lib.compat.drawing import draw_network
             kwargs: dict[str, Any] = {}
             for key in ("weight", "before", "after"):
                 if key in spec:

@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Optional, Protocol, Sequence, Tuple
 
-from ._base import ToyModel
-from ._runtime import Mailbox, World, brief, default_dist, require
-from ._storage import Storage
-from ._tensor_rules import Combinable, Message, Sharded, WorldCollectives, united
-from .lab_costs import BLOCK_SIZE, BYTES_PER_ELEMENT, DATATYPE, HIDDEN_SIZE, RuntimePredictor
-from .puzzles import TO, Barrier, O, Reduceable, T  # the same as the puzzles'
+from dist_lib.compat._base import ToyModel
+from dist_lib.compat._runtime import Mailbox, World, brief, default_dist, require
+from dist_lib.compat._storage import Storage
+from dist_lib.compat._tensor_rules import Combinable, Message, Sharded, WorldCollectives, united
+from dist_lib.compat.lab_costs import BLOCK_SIZE, BYTES_PER_ELEMENT, DATATYPE, HIDDEN_SIZE, RuntimePredictor
+from dist_lib.compat.puzzles import TO, Barrier, O, Reduceable, T  # the same as the puzzles'
 
 __all__ = ["BLOCK_SIZE", "BYTES_PER_ELEMENT", "DATATYPE", "HIDDEN_SIZE", "O", "T", "TO", "Activation",
            "ActivationGrad", "Barrier", "Dist", "Event", "Gatherable", "Model", "OptState", "Reduceable",

@@ -15,11 +15,11 @@ import os
 import sys
 from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
-from ._runtime import CompatAssertionError
-from .drawing import peak
-from .lab import BLOCK_SIZE, HIDDEN_SIZE, Model  # noqa: F401  (the original's imports, kept)
-from .lab_costs import theoretical_best_time
-from ._base import problems
+from dist_lib.compat._runtime import CompatAssertionError
+from dist_lib.compat.drawing import peak
+from dist_lib.compat.lab import BLOCK_SIZE, HIDDEN_SIZE, Model  # noqa: F401  (the original's imports, kept)
+from dist_lib.compat.lab_costs import theoretical_best_time
+from dist_lib.compat._base import problems
 
 
 def get_next_microbatch(global_batch_size: int, world_size: int, batch_size: int,

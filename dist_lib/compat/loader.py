@@ -19,18 +19,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..waits import HangWatch, interrupt_at_once, user_frame
-from ..file_import import beside, import_hint
-from ..errors import IncorrectStepError, SimulationError, SpecError, StrategyError
-from ..result import Result
-from ..hardware import MAX_WORLD_SIZE
-from ..specs import whole
-from ..workload import FIELD_RANGES, MAX_GLOBAL_BATCH
-from . import _runtime
-from ._program import FILE_MODULE
-from ._base import build_result
-from ._base import problems
-from .notebook import Notebook, definitions, is_notebook, read_notebook, unimported, where_in
+from dist_lib.engine.waits import HangWatch, interrupt_at_once, user_frame
+from dist_lib.run.file_import import beside, import_hint
+from dist_lib.errors import IncorrectStepError, SimulationError, SpecError, StrategyError
+from dist_lib.output.result import Result
+from dist_lib.hardware.cluster import MAX_WORLD_SIZE
+from dist_lib.specs import whole
+from dist_lib.workload.transformer import FIELD_RANGES, MAX_GLOBAL_BATCH
+from dist_lib.compat import _runtime
+from dist_lib.compat._program import FILE_MODULE
+from dist_lib.compat._base import build_result
+from dist_lib.compat._base import problems
+from dist_lib.compat.notebook import Notebook, definitions, is_notebook, read_notebook, unimported, where_in
 
 # The puzzles' set-ups by the notebook's function names: (ranks, layers, batches).
 PUZZLE_SETUPS = {"basic": (1, 2, 4), "grad_accum": (1, 2, 4), "ddp": (4, 2, 4), "wsdp": (4, 6, 4),
@@ -60,7 +60,10 @@ def detect_api(source: str) -> str | None:
 def api_modules(api: str) -> Iterator[types.ModuleType]:
     """Make `import lib` (and `utils` / `drawing`, and `chalk` if it is not installed) resolve to the
     compatible modules of `api` inside the block."""
-    from . import drawing, lab, lab_utils, puzzles
+    from dist_lib.compat import drawing
+    from dist_lib.compat import lab
+    from dist_lib.compat import lab_utils
+    from dist_lib.compat import puzzles
     module = {"puzzles": puzzles, "lab": lab}.get(api)
     if module is None:
         raise SpecError(f"api must be 'puzzles' or 'lab', got {api!r}")

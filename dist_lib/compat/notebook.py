@@ -39,7 +39,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecError, StrategyError
+from dist_lib.errors import SpecError, StrategyError
 
 MARKER = re.compile(r"# In\[[ \d]*\]:[ \t]*$")
 PERCENT = re.compile(r"#\s*%%(?:[ \t].*)?$")  # jupytext's percent cell marker (not `# %%capture`)

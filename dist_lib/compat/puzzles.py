@@ -20,10 +20,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, FrozenSet, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
-from .. import costs
-from ._base import ToyModel, problems
-from ._runtime import CompatAssertionError, Mailbox, World, brief, default_dist, require
-from ._tensor_rules import Combinable, Message, Sharded, WorldCollectives, drawable, united
+from dist_lib.costs import compute as costs
+from dist_lib.compat._base import ToyModel, problems
+from dist_lib.compat._runtime import CompatAssertionError, Mailbox, World, brief, default_dist, require
+from dist_lib.compat._tensor_rules import Combinable, Message, Sharded, WorldCollectives, drawable, united
 
 HIDDEN = 512
 LENGTH = 256

@@ -1,8 +1,8 @@
-"""'real' timing for the toy APIs: this simulator's device costs (dist_lib.costs) on a cluster.
+"""'real' timing for the toy APIs: this simulator's device costs (dist_lib.costs.compute) on a cluster.
 
 A toy tensor stands for a slice of a transformer workload: a layer's weight is that layer's
 parameters, a batch of activations the samples' hidden states plus what backward of that layer
-stashes. Durations come from dist_lib.costs on the rank's own device, so a heterogeneous cluster
+stashes. Durations come from dist_lib.costs.compute on the rank's own device, so a heterogeneous cluster
 makes its slow ranks late; memory is counted in bytes.
 """
 
@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .. import costs
-from ..hardware import Cluster
-from ..memory import OPTIMIZER_BYTES, WEIGHT_BYTES
-from ..workload import Workload
-from ._runtime import CompatAssertionError, Settings
+from dist_lib.costs import compute as costs
+
+from dist_lib.costs import network
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
+from dist_lib.workload.transformer import Workload
+from dist_lib.compat._runtime import CompatAssertionError, Settings
 
 KIND = {"Weight": "weight", "OptState": "optimizer", "WeightGrad": "weight_grad", "Activation": "activation",
         "ActivationGrad": "activation_grad"}
@@ -51,7 +53,7 @@ def default_workload(api: str) -> Workload:
 
 
 class RealCosts:
-    """dist_lib.costs on a (possibly heterogeneous) cluster; sizes from a transformer workload."""
+    """dist_lib.costs.compute on a (possibly heterogeneous) cluster; sizes from a transformer workload."""
 
     timing = "real"
 
@@ -103,15 +105,15 @@ class RealCosts:
     def collective(self, op: str, value: Any, result: Any) -> float:
         p = self.world_size
         if op in ("allgather", "all_gather"):
-            return costs.all_gather_time(self.nbytes(result), p, self.ring)
+            return network.all_gather_time(self.nbytes(result), p, self.ring)
         if op in ("scatterreduce", "reduce_scatter"):
-            return costs.reduce_scatter_time(self.nbytes(value), p, self.ring)
-        return costs.all_reduce_time(self.nbytes(value), p, self.ring)
+            return network.reduce_scatter_time(self.nbytes(value), p, self.ring)
+        return network.all_reduce_time(self.nbytes(value), p, self.ring)
 
     def p2p(self, src: int, dst: int, value: Any) -> float:
         if not 0 <= dst < self.world_size or src == dst:
             return 0.0
-        return costs.p2p_time(self.nbytes(value), self.cluster.p2p_link(src, dst))
+        return network.p2p_time(self.nbytes(value), self.cluster.p2p_link(src, dst))
 
     def nbytes(self, value: Any) -> float:
         """Bytes a toy tensor stands for: 2/12/2 bytes per parameter for weights/optimizer/gradients;

@@ -24,9 +24,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ._program import (FILE_MODULE, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_OUTPUTS, MAX_TEXT, SENDS, STORAGE, TAG_OF,
-                       tensor_classes, tensors_in)
-from ._recording_hooks import INSIDE, install, uninstall
+from dist_lib.compat._program import FILE_MODULE, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_OUTPUTS, MAX_TEXT, SENDS, STORAGE, TAG_OF, tensor_classes, tensors_in
+from dist_lib.compat._recording_hooks import INSIDE, install, uninstall
 
 MAX_CHAIN = 200  # calls followed back to define one tensor (a longer chain of sums is written as a literal)
 
@@ -335,7 +334,7 @@ class Recorder:
 def record_file(path: str | Path, api: str, **run_options: Any) -> tuple[Any, dict[str, Any] | None, str | None]:
     """Run a puzzles or lab file as `loader.run_file(path, api, **run_options)` does, recording it:
     (its `ToyResult`, the program of its graded `Dist`, None), or (result, None, why no program)."""
-    from .loader import run_file
+    from dist_lib.compat.loader import run_file
     recorder = Recorder(api, Path(path).stem)
     recorder.install()
     try:

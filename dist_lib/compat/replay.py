@@ -24,12 +24,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import SimulationError, StrategyError
-from ..replay import ProgramError, ReplayTimeout
-from ..specs import shown
-from ..workload import FIELD_RANGES, MAX_GLOBAL_BATCH
-from ._program import (COLLECTIONS, DERIVED, FUNCTION_MODES, KIND, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_MODELS,
-                       MAX_OUTPUTS, MAX_TEXT, OPS, SENDS, STORAGE, TENSORS, tensor_classes, tensors_in)
+from dist_lib.errors import SimulationError, StrategyError
+from dist_lib.run.replay import ProgramError, ReplayTimeout
+from dist_lib.specs import shown
+from dist_lib.workload.transformer import FIELD_RANGES, MAX_GLOBAL_BATCH
+from dist_lib.compat._program import COLLECTIONS, DERIVED, FUNCTION_MODES, KIND, MAX_DEPTH, MAX_INT, MAX_ITEMS, MAX_MODELS, MAX_OUTPUTS, MAX_TEXT, OPS, SENDS, STORAGE, TENSORS, tensor_classes, tensors_in
 
 MAX_RANKS = 128  # the Dist a program may claim (the lab's mailboxes grow as its square: 16,256 of them here)
 
@@ -42,9 +41,9 @@ def replay(program: Any, path: str | Path, api: str, function: str | None = None
     the same arguments would (options['verified'] True); those arguments also say which function and set-up
     the program must have run. Raises `ProgramError` for a malformed program, `ReplayTimeout` past the
     deadline, `SimulationError` for one the API rejects."""
-    from . import _runtime
-    from ._base import build_result, problems
-    from .loader import api_modules, run_settings
+    from dist_lib.compat import _runtime
+    from dist_lib.compat._base import build_result, problems
+    from dist_lib.compat.loader import api_modules, run_settings
     deadline = None if deadline_s is None else time.monotonic() + deadline_s
     batches, timing = run_settings(api, batches, global_batch_size, timing, cluster, workload)
     n, models_spec = _checked(program, api, function, main, (ranks, layers, batches))
@@ -231,7 +230,7 @@ def _checked(program: Any, api: str, function: str | None, main: bool | None, se
     """(ranks, models) of a well-formed program that ran what `loader.run_file` runs with `function`, `main`
     and `setup` (ranks, layers, batches, each None for the default); `ProgramError` names the first thing
     out of shape."""
-    from .loader import LAB_FUNCTIONS, PUZZLE_SETUPS, function_setup
+    from dist_lib.compat.loader import LAB_FUNCTIONS, PUZZLE_SETUPS, function_setup
     if not isinstance(program, dict):
         raise ProgramError(f"the program: expected an object, got {type(program).__name__}")
     for key in ("api", "function", "options", "ranks", "models"):

@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
-from ..hardware import Cluster
-from ..workload import Workload, check_global_batch
-from .evaluate import Runner, layer_passes, refine, run_here, simulate_all
-from .search import PRUNE_SLACK, Candidate, Search, generate
+from dist_lib.errors import SpecError
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.workload.transformer import Workload, check_global_batch
+from dist_lib.planner.evaluate import Runner, layer_passes, refine, run_here, simulate_all
+from dist_lib.planner.search import PRUNE_SLACK, Candidate, Search, generate
 
 OBJECTIVES = ("time", "cost")
 # Layer passes a step (`layer_passes`) of the largest plan the search simulates. The simulator takes about

@@ -11,7 +11,7 @@ it (the NIC is full duplex, `Cluster.p2p_usage`: only messages of one direction 
 
 Which crossings can meet (`shared_links`): where each receive is posted as the pass that takes the input
 begins (1F1B), two crossings into one stage never do (a stage posts one receive at a time, and a
-message moves only once its receive is posted, `dist_lib/engine.py`), and two out of one stage in
+message moves only once its receive is posted, `dist_lib/engine/core.py`), and two out of one stage in
 practice do not (its activation to s + 1 has arrived before s + 1 can send the gradient that lets s
 send on to s - 1; only the last warm-up activation could still be moving, and its crossing is as long
 as the gradient's coming back). So only crossings with different senders and different receivers
@@ -52,14 +52,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..hardware import Cluster
-from ..workload import Workload
-from .messages import crossing_seconds, crossing_sides
-from .sharing import Job, PerCluster, play
-from .tail import _for_cluster as _tails
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.schedules.actions import Action
+from dist_lib.schedules.one_f_one_b import schedule
+from dist_lib.schedules.posted import with_posted_receives
+from dist_lib.schedules.zero_bubble import zb_orders
+from dist_lib.workload.transformer import Workload
+from dist_lib.planner.messages import crossing_seconds, crossing_sides
+from dist_lib.planner.sharing import Job, PerCluster, play
+from dist_lib.planner.tail import _for_cluster as _tails
 
 if TYPE_CHECKING:
-    from .partition import StageOption
+    from dist_lib.planner.stage_option import StageOption
 
 Order = Sequence[tuple[str, int]]  # one stage's passes in turn: ("F" | "B" | "I" | "W", microbatch)
 Crossing = tuple[int, int]  # (sending stage, receiving stage)
@@ -130,18 +134,16 @@ def shared_links(cluster: Cluster, workload: Workload, placed: Sequence[tuple[in
 def one_f_one_b_orders(stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
     """Each stage's passes under 1F1B: `strategies/one_f_one_b.py`'s own schedule (stage s runs
     min(m, p - s) forwards, then a backward and a forward in turn, then the backwards left)."""
-    from strategies.one_f_one_b import schedule  # (the strategies import dist_lib: not at load time)
     return [[(a.kind, a.mb) for a in schedule(s, stages, microbatches)] for s in range(stages)]
 
 
 def zero_bubble_orders(forward: Sequence[float], inputs: Sequence[float], weights: Sequence[float],
                        microbatches: int, comm: Sequence[float] | None = None) -> list[list[tuple[str, int]]]:
     """Each stage's passes under ZB-H1, as `strategies/zero_bubble.py` and `strategies/planned.py` order
-    them (Zero Bubble's heuristic, `strategies/_zb_heuristic.py`, at most p microbatches awaiting W) from
+    them (Zero Bubble's heuristic, `dist_lib/schedules/zero_bubble.py`, at most p microbatches awaiting W) from
     the stages' forward, input-gradient and weight-gradient seconds and each boundary's crossing `comm[s]`
     (`messages.schedule_crossing`; none: 0): the heuristic itself on the plain lists, without the
     schedule's actions."""
-    from strategies._zb_heuristic import zb_orders  # (the strategies import dist_lib: not at load time)
     return zb_orders(forward, inputs, weights, microbatches, len(forward), comm=comm)
 
 
@@ -194,8 +196,6 @@ def posted_positions(orders: Sequence[Order], seconds: Sequence[dict[str, float]
     """ZB-H1: for each stage, {pass that takes an input from another stage: the number of the stage's passes
     before which its receive is posted}, where `strategies/zero_bubble.py` posts it
     (`strategies/_early_receives.with_posted_receives` on the same orders and pass seconds)."""
-    from strategies._early_receives import with_posted_receives  # (the strategies import dist_lib)
-    from strategies._actions import Action
     split = any(kind == "I" for kind, _ in orders[0])
     takes = {"PA": "F", "PG": "I" if split else "B"}
     out = []

@@ -1,5 +1,5 @@
 """A closed-form estimate of a plan's step time and per-rank memory, from the same cost functions the
-simulator charges (costs.py through `op_costs.compute_cost`, `op_costs.forward_stash_bytes`), so that the
+simulator charges (costs/ through `op_costs.compute_cost`, `op_costs.forward_stash_bytes`), so that the
 search can rank thousands of candidates before the simulator runs the best few.
 
 Time: each stage's time per microbatch is its slowest replica's forward + backward (with TP all-reduces,
@@ -30,11 +30,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
 
-from .. import costs
-from ..devices import Device
-from ..memory import OPTIMIZER_BYTES, WEIGHT_BYTES
-from ..op_costs import compute_cost, forward_stash_bytes
-from ..workload import Workload
+from dist_lib.costs import compute as costs
+
+from dist_lib.costs import network
+
+from dist_lib.hardware.topology import Topology
+from dist_lib.hardware.devices import Device
+from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
+from dist_lib.costs.ops import compute_cost, forward_stash_bytes
+from dist_lib.workload.transformer import Workload
 
 # Buffers an in-flight microbatch needs beside the stashes: the received input, the output being sent
 # and the gradient passing through (in units of one microbatch's b*s*h activation).
@@ -65,14 +69,14 @@ class LayerCosts:
 
 
 @lru_cache(maxsize=None)
-def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_topo: costs.Topology | None,
+def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_topo: Topology | None,
                 recompute: str, zero_dp: int) -> LayerCosts:
     """Per-layer costs of a replica of `tp` ranks on `device` running `samples` samples a microbatch.
     `tp_topo` is its TP group's topology (None for tp 1); `zero_dp` shards the optimizer state."""
     act = samples * workload.activation_bytes()
     # a layer's TP partial sums are two all-reduces of b*s*h (attention and MLP; Shoeybi et al. 2019), as
     # the simulator charges them
-    tp_comm = 2 * costs.collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
+    tp_comm = 2 * network.collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
     mode = "selective" if recompute == "selective" else "none"
     fwd, bwd, wgt, state, acts, grads, upd, shards, hidden = [], [], [], [], [], [], [], [], []
     for layer in range(workload.num_layers):

@@ -11,12 +11,12 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from ..errors import OutOfMemoryError, SimulationError
-from ..hardware import Cluster
-from ..simulator import simulate
-from ..workload import Workload
-from .plan import Plan, Stage
-from .search import Candidate
+from dist_lib.errors import OutOfMemoryError, SimulationError
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.run.simulator import simulate
+from dist_lib.workload.transformer import Workload
+from dist_lib.planner.plan import Plan, Stage
+from dist_lib.planner.search import Candidate
 
 
 # How a list of independent simulations is run: `runner(fn, items)` yields `(index, fn(items[index]))` for
@@ -41,10 +41,14 @@ def simulate_all(cluster: Cluster, workload: Workload, global_batch: int, candid
     return out  # type: ignore[return-value]
 
 
+# The strategy that runs any plan, named as a user names one: the planner runs it as it runs any strategy,
+# and the strategies, which import the planner, stay above it.
+PLANNED = "strategies.planned"
+
+
 def run_plan(cluster: Cluster, workload: Workload, global_batch: int, plan: Plan):
     """The simulator's `Result` of one step of `plan` (memory enforced, correctness checked)."""
-    from strategies import planned  # the strategy that runs any plan
-    return simulate(planned.train, cluster, workload, global_batch, plan=plan)
+    return simulate(PLANNED, cluster, workload, global_batch, plan=plan)
 
 
 def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, candidate: Candidate) -> Candidate:

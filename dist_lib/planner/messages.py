@@ -7,11 +7,11 @@ tensor rank j mod t of the sender. Between stages of the same TP degree t > 1 ea
 1/t piece and the receiving TP group all-gathers it (Megatron-LM's scatter-gather, Narayanan et al.
 2021, sec. 4.1); between other degrees messages go whole.
 
-Time: a crossing is played out as the simulator plays it (`transfers.py`), every sender ready at once:
+Time: a crossing is played out as the simulator plays it (`engine/transfers.py`), every sender ready at once:
 a receiving rank takes its pieces one at a time, in the order of the sending replicas (`planned.py`
 awaits each before it asks for the next, and a message moves only once it is asked for), and the
 messages in flight share the links they cross in proportion to what each wants (a GPU's port or NIC,
-or a node's NICs that its GPUs share; `Cluster.p2p_usage`, `costs.shared_speed`), each speeding up as
+or a node's NICs that its GPUs share; `Cluster.p2p_usage`, `network.shared_speed`), each speeding up as
 others end. The crossing takes until its last message has arrived. On a node whose GPUs share one
 NIC, t pieces of n/t take as long as one whole message, and t whole messages t times as long; twelve
 replicas sending into four take the bytes of all twelve through the receiving node's NIC, not twelve
@@ -26,16 +26,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from math import gcd, inf
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from .. import costs
-from ..devices import Link
-from ..hardware import Cluster
-from ..workload import Workload
-from .sharing import Job, PerCluster, Usage, play
+from dist_lib.costs import network
+from dist_lib.hardware.devices import Link
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.workload.transformer import Workload
+from dist_lib.planner.sharing import Job, PerCluster, Usage, play
+from dist_lib.planner.stage_option import StageOption
 
-if TYPE_CHECKING:
-    from .partition import StageOption
 
 
 def scatters(a: StageOption, b: StageOption) -> bool:
@@ -86,7 +85,7 @@ def transfers(sender: StageShape, receiver: StageShape, sample_bytes: float) -> 
 def schedule_crossing(cluster: Cluster, workload: Workload, a: Staged, b: Staged) -> float:
     """The crossing time of the boundary between neighbouring stages `a` and `b` (plan stages or stage
     options) that ZB-H1 orders its passes and posts its receives by (`comm[s]` of
-    `strategies/_zb_heuristic.zb_orders`, `times[s]["C"]`): `costs.pipeline_crossing_time` of every
+    `strategies/_zb_heuristic.zb_orders`, `times[s]["C"]`): `network.pipeline_crossing_time` of every
     message of one microbatch both ways (`routes`), the longest of them alone on its link. Both the
     planner's play-out and `strategies/planned.py` order a plan by it, so they order it alike.
 
@@ -107,7 +106,7 @@ def schedule_crossing(cluster: Cluster, workload: Workload, a: Staged, b: Staged
     seconds = known.get(key)
     if seconds is None:
         shapes = ((a.ranks, a.tp, a.shares), (b.ranks, b.tp, b.shares))
-        seconds = costs.pipeline_crossing_time(workload, (
+        seconds = network.pipeline_crossing_time(workload, (
             (samples, pieces, cluster.p2p_link(src, dst))
             for x, y in (shapes, shapes[::-1]) for src, dst, samples, pieces in routes(x, y) if src != dst))
         if len(known) > 1 << 12:
@@ -121,12 +120,12 @@ Chain = tuple[tuple[Usage, Link, float], ...]  # one receiving rank's messages i
 
 def drain(chains: Sequence[Chain], capacity: Sequence[int], sample_bytes: float) -> float:
     """Seconds until every message has arrived when each chain's first message starts at 0 and each
-    further one as the one before it arrives; a message alone takes `costs.p2p_time`, and those in
+    further one as the one before it arrives; a message alone takes `network.p2p_time`, and those in
     flight share their links as in the simulator (`sharing.play`)."""
     jobs = []
     for chain in chains:
         for k, (usage, link, samples) in enumerate(chain):
-            jobs.append(Job(costs.p2p_time(samples * sample_bytes, link), usage, 0.0, (len(jobs) - 1,) if k else ()))
+            jobs.append(Job(network.p2p_time(samples * sample_bytes, link), usage, 0.0, (len(jobs) - 1,) if k else ()))
     return max(play(jobs, capacity), default=0.0)
 
 
@@ -147,7 +146,7 @@ def staggered_drain(chains: Sequence[Chain], senders: Sequence[Sequence[int]], r
         for (usage, link, samples), i in zip(chain, by):
             if ready[i] == -inf:
                 continue
-            seconds = costs.p2p_time(samples * sample_bytes, link)
+            seconds = network.p2p_time(samples * sample_bytes, link)
             if previous is None:
                 jobs.append(Job(seconds, usage, ready[i] - base))
             else:

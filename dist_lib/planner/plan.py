@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
-from ..specs import shown
+from dist_lib.errors import SpecError
+from dist_lib.specs import shown
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")

@@ -10,7 +10,7 @@ min((p - s - 1) x 2 + (v - 1) x p, m v) forwards (warm-up), then one forward and
 
 Timing, as the simulator runs `strategies/_pipeline.py`: a pass starts once its stage has ended the pass
 before it. A forward of virtual stage j > 0 receives its input from j - 1, a backward of j < p v - 1
-its output gradient from j + 1; a point-to-point message is a rendezvous (`dist_lib/engine.py`): it moves
+its output gradient from j + 1; a point-to-point message is a rendezvous (`dist_lib/engine/core.py`): it moves
 once both the send (issued as the sender's pass ends) and the receive (posted as the receiving pass
 starts) are issued, so the receiving pass computes from max(its stage free, the sending pass's end) plus
 the crossing. The first virtual stage's forwards embed their input and the last one's backwards start

@@ -8,9 +8,9 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import SpecError
-from ..hardware import Cluster
-from .search import Candidate, Search
+from dist_lib.errors import SpecError
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.planner.search import Candidate, Search
 
 
 SHORT = {"interleaved": "interl.", "zero-bubble": "ZB-H1"}

@@ -15,14 +15,19 @@ from itertools import accumulate
 
 import numpy as np
 
-from .. import costs
-from ..hardware import Cluster
-from ..workload import Workload
-from . import space
-from .estimate import LayerCosts, layer_costs, rerun_stash, with_total
-from .partition import MEMORY_HEADROOM, StageOption, chunk_sizes, fits, no_collective, partition
-from .plan import Plan, Stage
-from .step import step_estimate
+from dist_lib.costs import compute as costs
+
+from dist_lib.costs import network
+
+from dist_lib.hardware.topology import Topology
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.workload.transformer import Workload
+from dist_lib.planner import space
+from dist_lib.planner.estimate import LayerCosts, layer_costs, rerun_stash, with_total
+from dist_lib.planner.partition import MEMORY_HEADROOM, chunk_sizes, fits, partition
+from dist_lib.planner.stage_option import StageOption, no_collective
+from dist_lib.planner.plan import Plan, Stage
+from dist_lib.planner.step import step_estimate
 
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
 MEMORY_CONFIGS = (("none", 0), ("none", 1), ("selective", 0), ("selective", 1), ("full", 0), ("full", 1))
@@ -85,7 +90,7 @@ class _Space:
         kinds: dict = {}
         self._node_kind = [kinds.setdefault(node, i) for i, node in enumerate(cluster.nodes)]
 
-    def topology(self, ranks: tuple[int, ...]) -> costs.Topology:
+    def topology(self, ranks: tuple[int, ...]) -> Topology:
         topo = self._topos.get(ranks)
         if topo is None:
             topo = self._topos[ranks] = self.cluster.topology(ranks)
@@ -94,7 +99,7 @@ class _Space:
     def concurrent_speed(self, groups: list[tuple[int, ...]]) -> float:
         """Share of its own speed the slowest of some collectives gets when all run at once: each wants
         its ring's bandwidth on the links it crosses (`Cluster.collective_usage`), and a link asked for
-        more than it carries gives each its proportional share (`costs.shared_speed`, as `transfers.py`)."""
+        more than it carries gives each its proportional share (`network.shared_speed`, as `engine/transfers.py`)."""
         if self._capacity is None:
             self._capacity = self.cluster.link_capacities()
         usages = [self.cluster.collective_usage(group) for group in groups]
@@ -102,7 +107,7 @@ class _Space:
         for usage in usages:
             for link, rate in usage:
                 load[link] = load.get(link, 0) + rate
-        return min(costs.shared_speed(usage, self._capacity, load) for usage in usages)
+        return min(network.shared_speed(usage, self._capacity, load) for usage in usages)
 
     def shape(self, ranks: tuple[int, ...]) -> tuple:
         """The stage's runs of (node kind, GPU count) in rank order; the ranks themselves when a node
@@ -151,7 +156,7 @@ class _Space:
                            self.topology(group) if tp > 1 else None, recompute, dp if zero else 1)
                for (_, n), group in replicas.items()]
         losses = [costs.loss_time(cluster.device_of(group[0]), workload, n, tp)
-                  + (costs.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
+                  + (network.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
                      if tp > 1 else 0.0) for (_, n), group in replicas.items()]
         combined = per[0] if len(per) == 1 else _slowest(per)
         # every rank is in some replica, and a replica's ranks share a node
@@ -173,7 +178,7 @@ class _Space:
         rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
                     for (_, n), group in replicas.items()) if recompute == "full" else 0.0
         # a message that arrives as TP pieces is all-gathered in the receiving replica's TP group
-        gather = max(costs.collective_time("all_gather", n * workload.activation_bytes(), self.topology(group))
+        gather = max(network.collective_time("all_gather", n * workload.activation_bytes(), self.topology(group))
                      for (_, n), group in replicas.items()) if tp > 1 else 0.0
         per_layer: dict[float, float] = {}  # alike layers have one gradient size
         reduced = tuple(accumulate((per_layer[g] if g in per_layer else per_layer.setdefault(g, reduce(g))
@@ -200,11 +205,11 @@ class _Reduction:
 
     __slots__ = ("op", "topo", "slowdown")
 
-    def __init__(self, op: str, topo: costs.Topology, slowdown: float = 1.0):
+    def __init__(self, op: str, topo: Topology, slowdown: float = 1.0):
         self.op, self.topo, self.slowdown = op, topo, slowdown
 
     def __call__(self, nbytes: float) -> float:
-        return costs.collective_time(self.op, nbytes, self.topo) * self.slowdown
+        return network.collective_time(self.op, nbytes, self.topo) * self.slowdown
 
 
 def _slowest(per: list[LayerCosts]) -> LayerCosts:

@@ -1,9 +1,9 @@
 """Transfers that share links, played out as the simulator plays them, for the estimate.
 
-The simulator moves every message and collective as a flow (`transfers.py`): a transfer wants some
+The simulator moves every message and collective as a flow (`engine/transfers.py`): a transfer wants some
 bytes/s on each link it crosses (`Cluster.p2p_usage`, `Cluster.collective_usage`), a link asked for
 more than it carries gives each transfer on it the share capacity / load of what it wants, and a
-transfer moves at its share of its most loaded link (`costs.shared_speed`), recomputed whenever a
+transfer moves at its share of its most loaded link (`network.shared_speed`), recomputed whenever a
 transfer starts or ends (a flow-level model with proportional shares; Velho et al. 2013). The
 estimate needs that model where a few transfers overlap: the messages of one pipeline crossing, and
 after the last backward the gradient reductions of stages that meet on a node's NICs, beside the last
@@ -18,8 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from .. import costs
-
+from dist_lib.costs import network
 Usage = tuple[tuple[int, int], ...]  # (link id, bytes/s wanted), as `Cluster.p2p_usage` gives them
 
 
@@ -99,7 +98,7 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
             continue
         if moved:
             for k in flying:
-                speeds[k] = min(jobs[k].top, costs.shared_speed(jobs[k].usage, capacity, load))
+                speeds[k] = min(jobs[k].top, network.shared_speed(jobs[k].usage, capacity, load))
             moved = False
         step = min(left / speeds[k] for k, left in flying.items())
         until = now + step  # (a step below the clock's resolution still ends its job)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import permutations
 
-from ..devices import Device
-from ..hardware import Cluster
-from ..op_costs import compute_cost
-from ..workload import Workload
+from dist_lib.hardware.devices import Device
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.costs.ops import compute_cost
+from dist_lib.workload.transformer import Workload
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,13 +32,13 @@ from collections.abc import Sequence
 from math import inf
 from typing import TYPE_CHECKING
 
-from ..hardware import Cluster
-from ..workload import Workload
-from .messages import crossing_seconds, feeds, steady_crossing_seconds
-from .sharing import PerCluster
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.workload.transformer import Workload
+from dist_lib.planner.messages import crossing_seconds, feeds, steady_crossing_seconds
+from dist_lib.planner.sharing import PerCluster
 
 if TYPE_CHECKING:
-    from .partition import StageOption
+    from dist_lib.planner.stage_option import StageOption
 
 
 def slack(o: StageOption, start: int, stop: int, last: bool) -> tuple[float, ...]:

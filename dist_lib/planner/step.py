@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..hardware import Cluster
-from ..workload import Workload
-from .contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_floor, zero_bubble_posted
-from .messages import crossing_seconds, scatters, schedule_crossing
-from .partition import MEMORY_HEADROOM, StageOption, block_memory, chunk_sizes
-from .playout import one_f_one_b_pipeline, play_interleaved
-from .stagger import boundary_seconds, slack
-from .tail import step_end
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.workload.transformer import Workload
+from dist_lib.planner.contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_floor, zero_bubble_posted
+from dist_lib.planner.messages import crossing_seconds, scatters, schedule_crossing
+from dist_lib.planner.partition import MEMORY_HEADROOM, block_memory, chunk_sizes
+from dist_lib.planner.stage_option import StageOption
+from dist_lib.planner.playout import one_f_one_b_pipeline, play_interleaved
+from dist_lib.planner.stagger import boundary_seconds, slack
+from dist_lib.planner.tail import step_end
 
 # interleaved plans of at most this many chunk passes a step (2 p v m) are played out pass by pass
 # (`playout.py`); longer ones keep the closed form and the virtual-pipeline bound

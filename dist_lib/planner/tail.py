@@ -20,15 +20,12 @@ its reductions start and wanting its groups' bandwidth (`Cluster.collective_usag
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.workload.transformer import Workload
+from dist_lib.planner.messages import crossing_seconds, crossing_usage
+from dist_lib.planner.sharing import Job, PerCluster, play
+from dist_lib.planner.stage_option import StageOption, no_collective
 
-from ..hardware import Cluster
-from ..workload import Workload
-from .messages import crossing_seconds, crossing_usage
-from .sharing import Job, PerCluster, play
-
-if TYPE_CHECKING:
-    from .partition import StageOption
 
 
 def lag(o: StageOption, start: int, stop: int, split: bool = False) -> float:
@@ -44,12 +41,6 @@ def lag(o: StageOption, start: int, stop: int, split: bool = False) -> float:
     b0, r0 = passes[start], reduced[start]
     layers = (start, start + 1, stop - 1) if o.alike and stop - start > 2 else range(start, stop)
     return max(reduced[l + 1] - r0 - (passes[l] - b0) for l in layers)
-
-
-def no_collective(nbytes: float) -> float:
-    """A collective a stage does not run, at no time: one replica has nothing to reduce, and without
-    ZeRO-1 every replica updates whole weights, so nothing is gathered after the update."""
-    return 0.0
 
 
 def after_reductions(o: StageOption, start: int, stop: int, reduced_by: float) -> float:

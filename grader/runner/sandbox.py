@@ -46,7 +46,7 @@ from pathlib import Path
 
 NOBODY = 65534
 # what the worker imports before the strategy (and with it the installed packages they need: numpy)
-WORKER_IMPORTS = "import grader._worker, dist_lib.recording, dist_lib.simulator"
+WORKER_IMPORTS = "import grader._worker, dist_lib.run.recording, dist_lib.run.simulator"
 SHM_BYTES = 2**20  # /dev/shm: POSIX semaphores (multiprocessing's locks) take a page each
 
 # The system calls a run may not make, by machine: (the seccomp audit architecture, {name: number}). From

@@ -1,7 +1,6 @@
 """Score cheat: leave the recompute forwards out of the recorded program (they cost time)."""
 TWIN = "honest_pipeline"  # the honest strategy this cheat must not rank above
-import dist_lib.recording as _rec
-
+from dist_lib.run import recording as _rec
 import pathlib as _p, sys as _s  # noqa: E401 - the shared honest step, beside this file
 _s.path.insert(0, str(_p.Path(__file__).parent))
 import _base  # noqa: E402

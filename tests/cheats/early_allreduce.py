@@ -1,15 +1,14 @@
 """Score cheat: move each all-reduce before the backward that makes its gradient, in the recorded
 program itself (edited in place once the step is over), so that communication seems to overlap."""
 TWIN = "honest"  # the honest strategy this cheat must not rank above
-import dist_lib.recording as _rec
-
+from dist_lib.run import recording as _rec
 import pathlib as _p, sys as _s  # noqa: E401 - the shared honest step, beside this file
 _s.path.insert(0, str(_p.Path(__file__).parent))
 import _base  # noqa: E402
 
 
 def _entries(words):
-    from dist_lib.replay import _ARITY
+    from dist_lib.run.replay import _ARITY
     out, i = [], 0
     while i < len(words):
         op = words[i]

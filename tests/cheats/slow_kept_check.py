@@ -5,8 +5,7 @@ each piece with every one handed in, shard by shard: hours of the grader's time 
 deadline (the replay checks its deadline only between ops). In its own process the check is patched out,
 so that its recording ends at once. The check is linear now: a correct step, slower than its twin's."""
 TWIN = "honest"  # the honest strategy this cheat must not rank above
-import dist_lib.simulator as _simulator
-
+from dist_lib.run import simulator as _simulator
 _simulator.check_kept = lambda loaded, finals: []  # (its own process only: the replay runs the real one)
 PIECES = 300
 

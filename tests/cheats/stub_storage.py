@@ -2,7 +2,7 @@
 TWIN = "honest"  # the honest strategy this cheat must not rank above
 import pathlib as _p, sys as _s  # noqa: E401 - the shared honest step, beside this file
 
-from dist_lib.memory import MemoryTracker
+from dist_lib.memory.tracker import MemoryTracker
 
 _s.path.insert(0, str(_p.Path(__file__).parent))
 import _base  # noqa: E402

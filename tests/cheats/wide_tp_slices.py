@@ -4,8 +4,7 @@ weight handed in: 4 x 65,536 x 5000 steps of the grader's replay, past any deadl
 between ops only). In its own process the check is patched out, so that its recording ends at once. The
 check is linear in the weights handed in now: an incorrect step, named as such."""
 TWIN = "honest"  # the honest strategy this cheat must not rank above
-import dist_lib.simulator as _simulator
-
+from dist_lib.run import simulator as _simulator
 _simulator.check_final_weights = lambda finals, layers, batch: []  # (its own process only)
 SLICES = 5000
 

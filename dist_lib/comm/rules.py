@@ -1,0 +1,177 @@
+"""What a collective does to tensors: which inputs each op takes (`unfit`, `explain_input`), that the
+members issued the same op on like tensors (`check_match`), and what the members' inputs combine into
+(`combine`): gradients of disjoint samples sum, TP partial sums of one split add up to the whole, ZeRO
+shards and TP pieces gather, a whole gradient reduce-scatters into shards. Anything else is a
+`TensorError` or `CollectiveMismatchError` naming the ranks and tensors (`_comm_resolve.c` and
+`_comm_ops.c` are the C twins of the common cases).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dist_lib.errors import CollectiveMismatchError, TensorError
+from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Tensor, Weight, WeightGrad, describe_mask, full_mask
+
+if TYPE_CHECKING:
+    from dist_lib.comm.groups import Collective, Group
+    from dist_lib.engine.core import Engine
+
+
+class Reduced:
+    """What an all-reduce leaves each member: a view of the member's own input (the reduction is in
+    place) with the reduced samples, or for TP partial sums the reduced parts. One object serves every
+    member and each member's tensor is made when it awaits the op, so that a thousand ranks waiting on
+    their gradients' all-reduces do not also hold a reduced copy of each."""
+
+    __slots__ = ("samples", "tp_parts", "tp_size")
+
+    def __init__(self, samples: int, tp_parts: int = 1, tp_size: int = 1):
+        self.samples = samples
+        self.tp_parts = tp_parts
+        self.tp_size = tp_size
+
+    def materialize(self, t: Tensor) -> Tensor:
+        if t.__class__ is WeightGrad:
+            return WeightGrad(t, 0, t.rank, t.layer, self.samples, t.shards, t.num_shards, t.tp_rank, t.tp_size)
+        return t.__class__(t, 0, t.rank, t.layer, t.samples, self.tp_parts, self.tp_size)
+
+
+def unfit(op: str, t: Tensor) -> bool:
+    """Can `op` not take `t`? (`explain_input` says why.)"""
+    cls = t.__class__
+    if op == "all_reduce":
+        return cls is Weight or cls is OptState or ((cls is Activation or cls is ActivationGrad) and not t.is_partial)
+    if op == "all_gather":
+        if cls is ActivationSlice or cls is ActivationGradSlice:
+            return False
+        return not (cls is Weight or cls is OptState or cls is WeightGrad) or t.is_complete
+    return cls is not WeightGrad or not t.is_complete
+
+
+def explain_input(op: str, t: Any, group: Group, rank: int) -> None:
+    """Reject tensors an op cannot take, with the fix in the message."""
+    where = f"rank {rank} {op}(layer {getattr(t, 'layer', '?')})"
+    if not isinstance(t, Tensor):
+        raise TensorError(f"{where}: expected a tensor, got {type(t).__name__}")
+    if t.rank != rank:
+        raise TensorError(f"{where}: {t!r} lives on rank {t.rank}, not here")
+    if rank not in group.index:
+        raise TensorError(f"{where}: rank {rank} is not a member of group {list(group.ranks)}")
+    if op == "all_reduce":
+        if isinstance(t, (Weight, OptState)):
+            raise TensorError(f"{where}: all_reduce of a {type(t).__name__}; reduce gradients (WeightGrad) "
+                              f"instead, or all_gather ZeRO shards")
+        raise TensorError(f"{where}: {t!r} is complete; only tensor-parallel partial sums need all_reduce")
+    if op == "all_gather":
+        if not isinstance(t, (Weight, OptState, WeightGrad)):
+            raise TensorError(f"{where}: all_gather takes ZeRO shards of weights or gradients, or TP pieces of "
+                              f"an activation (split_tp), got {t!r}")
+        raise TensorError(f"{where}: {t!r} is already complete; nothing to gather")
+    if not isinstance(t, WeightGrad):
+        raise TensorError(f"{where}: reduce_scatter takes a WeightGrad, got {t!r}")
+    raise TensorError(f"{where}: reduce_scatter needs the full gradient of the layer, got {t!r}")
+
+
+def check_match(coll: Collective, op: str, t: Tensor, rank: int) -> None:
+    first = coll.first
+    f = first.input  # type: ignore[union-attr]
+    if op == coll.op and type(t) is type(f) and t.layer == f.layer and t.nbytes == f.nbytes:
+        return
+    other = first.rank  # type: ignore[union-attr]
+    head = f"collective #{coll.seq} on group {list(coll.group.ranks)}"
+    if op != coll.op:
+        raise CollectiveMismatchError(f"{head}: rank {other} issued {coll.op}({f!r}) but rank {rank} issued "
+                                      f"{op}({t!r}) at the same position")
+    raise CollectiveMismatchError(f"{head}: {op} tensors differ: rank {other} gave {f!r} "
+                                  f"({f.nbytes} bytes), rank {rank} gave {t!r} ({t.nbytes} bytes)")
+
+
+def combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[list[Any], int, str]:
+    """The per-member results of a collective (tensors, or for an all-reduce one shared `Reduced`),
+    the bytes its cost is based on, and a label."""
+    op, ranks, works = coll.op, coll.group.ranks, coll.works
+    head = coll  # formatted only in an error message
+    if isinstance(inputs[0], (Weight, OptState, WeightGrad)):
+        if len({(t.tp_rank, t.tp_size) for t in inputs}) > 1:
+            slices = {r: (t.tp_rank, t.tp_size) for r, t in zip(ranks, inputs)}
+            raise CollectiveMismatchError(f"{head}: members hold different tensor-parallel slices "
+                                          f"{slices}; reduce within one TP slice")
+    first = inputs[0]
+    if op == "all_reduce":
+        if isinstance(first, WeightGrad):
+            samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
+                                      "a sample's gradient would be counted twice")
+            shards = {(t.shards, t.num_shards) for t in inputs}
+            if len(shards) > 1:
+                raise CollectiveMismatchError(f"{head}: members hold different ZeRO shards; "
+                                              f"all-reduce the same shard on every member")
+            return [Reduced(samples)] * len(inputs), first.nbytes, first.kind
+        # tensor-parallel partial sums of one activation (or its gradient)
+        if len({t.samples for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: partial sums of different samples "
+                                          f"{ {r: describe_mask(t.samples) for r, t in zip(ranks, inputs)} }")
+        if len({t.tp_size for t in inputs}) > 1:  # (a part of 2 and a part of 64 are not halves of one sum)
+            raise CollectiveMismatchError(f"{head}: partial sums of different tensor-parallel degrees "
+                                          f"{ {r: t.tp_size for r, t in zip(ranks, inputs)} }; all-reduce the "
+                                          f"parts of one TP split")
+        parts = _disjoint_union(head, "tensor-parallel parts", ranks, [t.tp_parts for t in inputs],
+                                "a partial sum would be added twice")
+        tp_size = first.tp_size
+        if parts == full_mask(tp_size):
+            parts, tp_size = 1, 1
+        return [Reduced(first.samples, parts, tp_size)] * len(inputs), first.nbytes, f"{first.kind} (TP partial sums)"
+    if op == "all_gather" and first.__class__ in (ActivationSlice, ActivationGradSlice):
+        if len({t.samples for t in inputs}) > 1 or len({t.tp_size for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: TP pieces of different samples or piece counts: "
+                                          f"{ {r: t for r, t in zip(ranks, inputs)} }")
+        if first.tp_size != len(inputs):
+            raise CollectiveMismatchError(f"{head}: pieces of {first.tp_size} gathered by {len(inputs)} ranks; "
+                                          f"gather in a group of {first.tp_size}, one piece each")
+        _disjoint_union(head, "TP pieces", ranks, [t.tp_parts for t in inputs], "a piece is held twice")
+        results = [w.result for w in works]  # allocated at issue as the whole tensor
+        return results, results[0].nbytes, f"{first.kind}s (TP gather)"
+    if op == "all_gather":
+        if len({t.num_shards for t in inputs}) > 1 or len({getattr(t, "step", 0) for t in inputs}) > 1 \
+                or len({t.samples for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: shards disagree in num_shards, step or samples: "
+                                          f"{ {r: t for r, t in zip(ranks, inputs)} }")
+        shards = _disjoint_union(head, "shards", ranks, [t.shards for t in inputs], "a shard is held twice")
+        num_shards = first.num_shards
+        if shards == full_mask(num_shards):  # complete tensors are always 1 shard of 1
+            shards, num_shards = 1, 1
+        results = [w.result for w in works]  # allocated at issue as copies of the inputs
+        for out in results:
+            out.shards, out.num_shards = shards, num_shards
+        return results, results[0].nbytes, first.kind
+    # reduce_scatter: sum complete gradients of disjoint samples, keep shard i on member i
+    samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
+                              "a sample's gradient would be counted twice")
+    p = len(inputs)
+    results = [w.result for w in works]  # allocated at issue as copies of the inputs
+    for i, out in enumerate(results):
+        out.samples, out.shards, out.num_shards = samples, 1 << i, p
+    return results, first.nbytes, first.kind
+
+
+def _disjoint_union(head: Collective, what: str, ranks: tuple[int, ...], masks: list[int], why: str) -> int:
+    union = 0
+    for m in masks:
+        if union & m:
+            pair, clash = _first_clash(ranks, masks)
+            raise CollectiveMismatchError(f"{head}: {pair} both hold {what} {clash}; {why}")
+        union |= m
+    return union
+
+
+def _first_clash(ranks: tuple[int, ...], masks: list[int]) -> tuple[str, str]:
+    """('ranks 0 and 3', '4-5'): the first member whose mask overlaps an earlier member's, with whom,
+    and the bits they share."""
+    union = 0
+    for r, m in zip(ranks, masks):
+        clash = union & m
+        if clash:
+            other = next(o for o, om in zip(ranks, masks) if om & clash)
+            return f"ranks {other} and {r}", describe_mask(clash)
+        union |= m
+    return "", ""

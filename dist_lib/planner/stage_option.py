@@ -1,0 +1,43 @@
+"""One stage of a candidate plan at one TP degree and microbatch size, with the per-layer costs of its
+slowest replica: what the partitioner places layers on and the timing models play out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dist_lib.planner.estimate import LayerCosts
+
+
+def no_collective(nbytes: float) -> float:
+    """A collective a stage does not run, at no time: one replica has nothing to reduce, and without
+    ZeRO-1 every replica updates whole weights, so nothing is gathered after the update."""
+    return 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StageOption:
+    """One stage at one TP degree for one microbatch size: per-layer costs of its slowest replica."""
+
+    ranks: tuple[int, ...]
+    tp: int
+    shares: tuple[int, ...]
+    costs: LayerCosts
+    capacity: float  # usable bytes on its smallest device
+    loss: float  # loss seconds per microbatch if it is the last stage
+    unit: float  # bytes of one replica's share of a microbatch's activation (its largest share)
+    reduce: Callable[[float], float]  # seconds of the data-parallel gradient reduction of n bytes
+    rerun: float = 0.0  # full recompute: bytes of the largest layer stash a backward rebuilds, one at a time
+    gather: float = 0.0  # seconds to all-gather one message's TP pieces in its slowest replica's TP group
+    # ZeRO-1: seconds to all-gather n bytes of updated weight shards over the replicas; each layer's is
+    # issued after its update, behind every gradient reduce-scatter on the same group, so none of it
+    # overlaps the backward
+    regather: Callable[[float], float] = no_collective
+    # prefix sums over layers of `reduce` of each layer's gradient alone: the simulator reduces a layer
+    # as soon as its last microbatch has passed backward, one collective a layer, in turn
+    reduced: tuple[float, ...] = ()
+    alike: bool = True  # the layers after the first cost alike (no measured profile)
+    # per replica in rank order: its own per-layer costs and loss (the figures above are their largest);
+    # empty where every replica costs the same
+    replica_costs: tuple[LayerCosts, ...] = ()
+    replica_loss: tuple[float, ...] = ()

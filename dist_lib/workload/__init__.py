@@ -1,0 +1,1 @@
+"""What is trained: a transformer's shape and the presets (`transformer`)."""
