@@ -176,3 +176,19 @@ def test_node_order_follows_the_plans_ranks():
                      plan.microbatch_size, plan.microbatches)
     with pytest.raises(SpecError, match="not on the whole of node 0"):
         node_order(scattered, CLUSTER)
+
+
+def test_cli_export_then_run_from_megatron_gives_the_plans_step(tmp_path, capsys):
+    from grader.cli import main
+    plan_file, args_file = tmp_path / "plan.json", tmp_path / "margs"
+    grid(2, 4, 2, [9, 15], 2, 8, zero=1).save(plan_file)
+    common = ["--cluster", "2x8xA100", "--no-plots", "--json"]
+    assert main(["export", str(plan_file), "--to", "megatron", "--cluster", "2x8xA100", "--workload", "gpt-1.3b",
+                 "--out", str(args_file)]) == 0
+    capsys.readouterr()
+    assert main(["run", "--from", "megatron", str(args_file), *common, "--trace", str(tmp_path / "a.json")]) == 0
+    theirs = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert main(["run", "strategies/planned.py", "--set", f"plan={plan_file}", "--workload", "gpt-1.3b",
+                 "--batch", "64", *common, "--trace", str(tmp_path / "b.json")]) == 0
+    ours = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (theirs["strategy"], theirs["time_s"]) == ("planned", ours["time_s"])
