@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timing", choices=("original", "unit", "real"),
                      help="with --api: the original library's cost model (default) or this simulator's device "
                           "costs ('real', on --cluster)")
+    run.add_argument("--from", dest="from_framework", choices=("megatron", "torchtitan", "deepspeed"),
+                     help="FILE is that framework's settings, simulated with the strategy that runs as it does")
     run.add_argument("--main", action="store_true",
                      help="with --api: run the file's own main() (its ranks, layers and batch); by default it runs "
                           "when no --function or --set ranks/layers/batches is given")
@@ -122,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
     planning.add_argument("--plot", default="traces/pareto.png", help="Pareto plot PNG (default traces/pareto.png)")
     add_backend_options(planning, jobs_type=_ranged(1, MAX_JOBS, integer=True))
+    from .launch_cli import add_export_parser
+    add_export_parser(sub, DEFAULT_CLUSTER, DEFAULT_WORKLOAD)
     return parser
 
 
@@ -139,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             from .plan import cmd_plan
             return cmd_plan(args, console)
+        if args.command == "export":
+            from .launch_cli import cmd_export
+            return cmd_export(args)
         if args.command == "check":
             from .check import cmd_check
             return cmd_check(args.file, args.examples, args.seed, console)
@@ -162,7 +169,13 @@ def _strategy_file(text: str) -> Path:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    path = _strategy_file(args.file)
+    launched: dict[str, Any] = {}
+    if args.from_framework:  # the file is a framework's settings: run the strategy that runs them
+        from .launch_cli import settings_run
+        args.file, launched, args.workload, batch = settings_run(
+            args.from_framework, args.file, args.cluster or DEFAULT_CLUSTER, args.workload)
+        args.batch = batch if args.batch is None else args.batch
+    path = _strategy_file(str(args.file))
     if args.api:
         try:
             import dist_lib.compat  # noqa: F401
@@ -176,7 +189,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         for flag, given_flag in (("--function", args.function), ("--timing", args.timing), ("--main", args.main)):
             if given_flag:
                 raise InputError(f"{flag} only applies with --api puzzles|lab")
-    options = parse_set(args.set)
+    options = {**launched, **parse_set(args.set)}
     if args.timing:
         options["timing"] = args.timing
     if args.main:

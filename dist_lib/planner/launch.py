@@ -1,0 +1,194 @@
+"""A launch: the settings a training framework runs a (homogeneous) plan with, framework-neutral.
+
+Megatron-LM, torchtitan and DeepSpeed all lay ranks out as one (pp, dp, tp) grid with the tensor-parallel
+rank fastest and the pipeline stage slowest (Megatron-LM's default order "tp-cp-ep-dp-pp", torchtitan's mesh
+["pp", "dp_replicate", "fsdp", "tp"], DeepSpeed's `PipeModelDataParallelTopology` axes ['pipe', 'data',
+'model']), with one tp, one dp and one per-GPU micro batch for every stage. A `Launch` holds exactly that;
+`from_plan` refuses, naming what does not fit, a plan that needs more (per-stage widths, uneven per-replica
+shares, a schedule or sharding the framework lacks). `strategy` names the built-in strategy that runs the
+launch as the framework does: `hybrid` (Megatron-LM's layout) with the matching schedule, or `planned` where
+hybrid lacks the setting (ZeRO-1, the distributed optimizer), or `zero` for fully sharded data parallelism.
+Flag and key names, with the versions read, are in `export.py` and `launch_import.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SpecError
+from .plan import Plan, Stage
+
+FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+# The plan schedules each framework runs (pp > 1). Megatron-LM: 1F1B, and interleaved 1F1B with virtual
+# stages (core/pipeline_parallel/schedules.py); torchtitan: PyTorch's Schedule1F1B, ScheduleGPipe,
+# ScheduleInterleaved1F1B (its zero-bubble schedules are interleaved or V-shaped, not ZB-H1); DeepSpeed:
+# its own lock-step TrainSchedule, which `hybrid` runs as schedule "deepspeed".
+SCHEDULES = {"megatron": ("1f1b", "interleaved"), "torchtitan": ("gpipe", "1f1b", "interleaved"),
+             "deepspeed": ("1f1b",)}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One framework run: a (pp, dp, tp) grid, `chunks` virtual stages a rank, a per-GPU micro batch."""
+
+    framework: str
+    tp: int
+    pp: int
+    dp: int
+    micro_batch_size: int  # samples per GPU per microbatch (Megatron-LM's --micro-batch-size)
+    global_batch_size: int
+    schedule: str = "1f1b"  # a plan schedule, or "deepspeed" (DeepSpeed's TrainSchedule)
+    chunks: int = 1
+    recompute: str = "none"
+    zero: int = 0  # 0, 1 (ZeRO-1 / distributed optimizer), 3 (FSDP / ZeRO-3: pp = tp = 1 only)
+    sequence_parallel: bool = False
+    overlap_grad_reduce: bool = True
+    layers: tuple[int, ...] | None = None  # layers of each block, chunk-major; None: an even split
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches each replica runs a step (gradient accumulation steps)."""
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def blocks(self, num_layers: int) -> list[tuple[int, int]]:
+        """(start, stop) of each block, chunk-major."""
+        parts = self.pp * self.chunks
+        sizes = self.layers or (num_layers // parts,) * parts
+        out, start = [], 0
+        for size in sizes:
+            out.append((start, start + size))
+            start += size
+        return out
+
+    def check(self, num_layers: int, source: str) -> None:
+        """Raise `SpecError` when the batch or layer split does not fit."""
+        if self.global_batch_size % (self.micro_batch_size * self.dp):
+            raise SpecError(f"{source}: global batch {self.global_batch_size} is not a multiple of micro batch "
+                            f"{self.micro_batch_size} x data-parallel size {self.dp}")
+        parts = self.pp * self.chunks
+        if self.layers is None and num_layers % parts:
+            raise SpecError(f"{source}: {num_layers} layers do not split evenly into {parts} pipeline blocks "
+                            f"(pp {self.pp} x virtual stages {self.chunks})")
+        if self.layers is not None and (len(self.layers) != parts or sum(self.layers) != num_layers):
+            raise SpecError(f"{source}: layer split {list(self.layers)} must give {parts} blocks, "
+                            f"{num_layers} layers in all")
+
+    # ---- from and to a plan -------------------------------------------------------------------
+
+    @classmethod
+    def from_plan(cls, plan: Plan, framework: str, num_layers: int) -> Launch:
+        """The launch that runs `plan` in `framework`; `SpecError` naming what the framework cannot run."""
+        if framework not in FRAMEWORKS:
+            raise SpecError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+        name = _NAMES[framework]
+        first = plan.stages[0]
+        for i, stage in enumerate(plan.stages):
+            if (stage.tp, stage.dp) != (first.tp, first.dp):
+                widths = ", ".join(f"{s.dp}x{s.tp}" for s in plan.stages)
+                raise SpecError(f"plan: stages of different widths (dp x tp: {widths}); {name} runs one dp and "
+                                f"one tp for every stage (stages[{i}] differs)")
+            if len(set(stage.shares)) > 1:
+                raise SpecError(f"plan: stages[{i}].shares {list(stage.shares)} cut a microbatch unevenly among "
+                                f"replicas; {name} gives every GPU the same micro batch")
+        pp, notes = len(plan.stages), []
+        schedule = plan.schedule if pp > 1 else "1f1b"
+        if schedule not in SCHEDULES[framework]:
+            raise SpecError(f"plan: schedule {plan.schedule!r} is not one {name} runs "
+                            f"({', '.join(SCHEDULES[framework])})")
+        if framework == "deepspeed" and pp > 1 and not plan.zero:
+            schedule = "deepspeed"
+        elif framework == "deepspeed" and pp > 1:
+            notes.append("DeepSpeed's lock-step pipeline schedule is simulated without ZeRO only: with stage 1 the "
+                         "imported run is 1F1B (Narayanan et al. 2021) with the optimizer state sharded")
+        sizes = tuple(stop - start for start, stop in
+                      (block for c in range(plan.chunks) for block in (s.blocks[c] for s in plan.stages)))
+        even = len(set(sizes)) == 1
+        if framework == "deepspeed" and sizes != uniform_split(num_layers, pp):
+            raise SpecError(f"plan: layer split {list(sizes)} is not DeepSpeed's partition_method='uniform' "
+                            f"split {list(uniform_split(num_layers, pp))}; DeepSpeed's PipelineModule takes no "
+                            f"explicit list of layers per stage")
+        if framework == "torchtitan" and plan.zero:
+            raise SpecError("plan: zero=1 (optimizer state sharded) has no torchtitan setting: torchtitan "
+                            "shards with FSDP (data_parallel_shard_degree), which also shards weights and gradients")
+        if framework == "deepspeed" and plan.recompute == "selective":
+            raise SpecError("plan: recompute 'selective' has no DeepSpeed setting (its pipeline engine "
+                            "checkpoints whole layers: activation_checkpoint_interval)")
+        if framework == "deepspeed" and plan.recompute == "full" and pp == 1:
+            raise SpecError("plan: recompute 'full' without pipeline stages has no DeepSpeed config key "
+                            "(it is deepspeed.checkpointing in the model's code)")
+        sequence_parallel = framework == "torchtitan" and first.tp > 1
+        if sequence_parallel:
+            notes.append("torchtitan's tensor parallelism always runs sequence parallelism (SequenceParallel on "
+                         "the norms), which the plan does not: the imported run simulates it")
+        if framework == "torchtitan" and plan.recompute == "selective":
+            notes.append("torchtitan's selective_ac_option='op' saves matmul and attention outputs; simulated "
+                         "as Megatron-LM's attention-core recompute (Korthikanti et al. 2022)")
+        return cls(framework, first.tp, pp, first.dp, first.shares[0], plan.global_batch_size, schedule,
+                   plan.chunks, plan.recompute, plan.zero, sequence_parallel, True, None if even else sizes,
+                   tuple(notes))
+
+    def to_plan(self, num_layers: int) -> Plan:
+        """The plan this launch runs, on ranks 0.. in the framework's order."""
+        if self.zero not in (0, 1) or self.sequence_parallel or self.schedule == "deepspeed":
+            raise SpecError(f"{_NAMES[self.framework]} run: zero={self.zero}, sequence parallelism or DeepSpeed's "
+                            f"schedule have no plan field; run it with `strategy()`")
+        blocks, width = self.blocks(num_layers), self.dp * self.tp
+        stages = tuple(Stage(tuple(range(s * width, (s + 1) * width)), self.tp,
+                             tuple(blocks[c * self.pp + s] for c in range(self.chunks)), (self.micro_batch_size,) * self.dp)
+                       for s in range(self.pp))
+        return Plan(stages, self.micro_batch_size * self.dp, self.microbatches, self.schedule, self.recompute, self.zero)
+
+    def strategy(self, num_layers: int) -> tuple[str, dict[str, Any]]:
+        """(built-in strategy, its options) that runs this launch as the framework does."""
+        if self.zero >= 2:
+            return "zero", {"stage": self.zero, "microbatch_size": self.micro_batch_size}
+        if self.zero == 1:
+            return "planned", {"plan": self.to_plan(num_layers)}
+        options: dict[str, Any] = {"tp": self.tp, "pp": self.pp, "dp": self.dp,
+                                   "microbatch_size": self.micro_batch_size, "schedule": self.schedule,
+                                   "chunks": self.chunks}
+        for key, value in (("recompute", self.recompute == "full"),
+                           ("selective_recompute", self.recompute == "selective"),
+                           ("sequence_parallel", self.sequence_parallel),
+                           ("overlap_grad_reduce", self.overlap_grad_reduce)):
+            if value != (key == "overlap_grad_reduce"):
+                options[key] = value
+        if self.layers is not None:
+            options["partition"] = list(self.layers)
+        return "hybrid", options
+
+
+def node_order(plan: Plan, cluster: Any) -> list[int]:
+    """The cluster's nodes in launch order (node rank 0 first): the framework's global rank g runs on plan
+    rank `plan.ranks[g]`, and launchers number ranks node by node (node_rank x GPUs a node + local rank)."""
+    ranks = plan.ranks
+    order, g = [], 0
+    while g < len(ranks):
+        node = cluster.node_of(ranks[g])
+        mine = list(cluster.ranks_of_node(node))
+        if ranks[g:g + len(mine)] != mine:
+            raise SpecError(f"plan: framework ranks {g}..{g + len(mine) - 1} run on cluster ranks "
+                            f"{ranks[g:g + len(mine)]}, not on the whole of node {node} ({mine[0]}..{mine[-1]}) "
+                            f"in order; launchers start whole nodes, local ranks in order")
+        order.append(node)
+        g += len(mine)
+    if len({cluster.nodes[n].gpus for n in order}) > 1:
+        raise SpecError("plan: its nodes have different GPU counts; torchrun and DeepSpeed's launcher start the "
+                        "same number of processes on every node")
+    return order
+
+
+def uniform_split(num_layers: int, parts: int) -> tuple[int, ...]:
+    """Layers per stage of DeepSpeed's `partition_uniform` (deepspeed/runtime/utils.py, 0.16.5): the first
+    `num_layers % parts` stages take one layer more."""
+    size, extra = divmod(num_layers, parts)
+    return tuple(size + (i < extra) for i in range(parts))
+
+
+_NAMES = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed"}
