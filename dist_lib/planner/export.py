@@ -17,9 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SpecError
-from .launch import Launch, node_order
-from .plan import Plan
+from dist_lib.errors import SpecError
+from dist_lib.planner.launch import Launch, node_order
+from dist_lib.planner.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import SpecError
-from .plan import Plan, Stage
+from dist_lib.errors import SpecError
+from dist_lib.planner.plan import Plan, Stage
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 # The plan schedules each framework runs (pp > 1). Megatron-LM: 1F1B, and interleaved 1F1B with virtual

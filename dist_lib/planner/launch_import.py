@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
-from ..workload import Workload
-from .launch import Launch, uniform_split
+from dist_lib.errors import SpecError
+from dist_lib.workload.transformer import Workload
+from dist_lib.planner.launch import Launch, uniform_split
 
 # Megatron-LM flags read here: flag -> (kind, launch or workload field). Kind "int" takes a number, "str" a
 # word, "flag" none.
