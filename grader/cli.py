@@ -1,12 +1,16 @@
-"""`python -m grader`: run one strategy file, rank many on a suite, or search for a breaking config.
+"""`dist-sandbox` (or `python -m grader`): run one strategy file, rank many on a suite, compare the built-in
+strategies on a cluster, or search for a breaking config or the best plan.
 
-    python -m grader                                   # every built-in strategy on the default suite
-    python -m grader run FILE [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
-    python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
-    python -m grader check FILE [--examples N]
-    python -m grader plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
-                          [--budget USD_PER_HOUR] [--simulation-limit PASSES] [--out plan.json] [--plot pareto.png]
-                          [--jobs N] [--ray [ADDRESS]]
+    dist-sandbox                                   # every built-in strategy on the default suite
+    dist-sandbox run FILE|NAME [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
+    dist-sandbox leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
+    dist-sandbox check FILE|NAME [--examples N]
+    dist-sandbox plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
+                      [--budget USD_PER_HOUR] [--simulation-limit PASSES] [--out plan.json] [--plot pareto.png]
+                      [--jobs N] [--ray [ADDRESS]]
+    dist-sandbox compare [--cluster SPEC] [--workload SPEC] [--batch N] [--only NAME,...] [--json]
+
+FILE is resolved from the current folder; NAME is a built-in strategy (`ddp`, `hybrid`, ...: strategies/).
 
 Exit codes: 0 success, 1 a strategy failed (its own exception, a syntax error included) or was flagged
 invalid, 2 bad input (an option, a spec, a file without an `async def train`), 130 interrupted.
@@ -62,11 +66,12 @@ MAX_TOP = 100_000  # plans a search simulates
 MAX_BUDGET = 1e9  # USD per hour
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m grader", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="one strategy file on one scenario")
-    run.add_argument("file", help="the strategy file (async def train(model, **options))")
+    run.add_argument("file", help="the strategy file (async def train(model, **options)) or a built-in "
+                                  "strategy's name (ddp, hybrid, ...)")
     run.add_argument("--cluster", help=f"cluster spec or file (default {DEFAULT_CLUSTER})")
     run.add_argument("--workload", help=f"workload spec or file (default {DEFAULT_WORKLOAD})")
     run.add_argument("--batch", type=_ranged(1, MAX_GLOBAL_BATCH, integer=True),
@@ -98,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--trusted", action="store_true",
                        help="run the submissions without the OS sandbox (only for code you trust)")
     check = sub.add_parser("check", help="property-based search for a configuration that breaks a strategy")
-    check.add_argument("file", help="the strategy file to check")
+    check.add_argument("file", help="the strategy file to check, or a built-in strategy's name")
     check.add_argument("--examples", type=_ranged(1, MAX_EXAMPLES, integer=True), default=40,
                        help="configurations to try (default 40)")
     check.add_argument("--seed", type=int, default=0,
@@ -121,15 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
     planning.add_argument("--plot", default="traces/pareto.png", help="Pareto plot PNG (default traces/pareto.png)")
     add_backend_options(planning, jobs_type=_ranged(1, MAX_JOBS, integer=True))
+    from .compare import add_compare_parser
+    add_compare_parser(sub, _ranged(1, MAX_GLOBAL_BATCH, integer=True))
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m grader") -> int:
     from .report_terminal import grader_console
     console = grader_console()
     command = None
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(prog).parse_args(argv)
+        args.prog = prog
         command = args.command
         if args.command == "run":
             return cmd_run(args, console)
@@ -140,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_plan(args, console)
         if args.command == "check":
             from .check import cmd_check
-            return cmd_check(args.file, args.examples, args.seed, console)
+            return cmd_check(str(strategy_file(args.file)), args.examples, args.seed, console)
+        if args.command == "compare":
+            from .compare import cmd_compare
+            return cmd_compare(args, console)
         return main_job(console)
     except (InputError, SpecError) as exc:  # SpecError: a description found wanting after the checks up front
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -153,11 +164,24 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _strategy_file(text: str) -> Path:
+def builtin_names() -> list[str]:
+    """The built-in strategies' names (strategies/*.py but the helpers led by `_`)."""
+    return sorted(p.stem for p in BUILTIN.glob("*.py") if not p.name.startswith("_"))
+
+
+def strategy_file(text: str) -> Path:
+    """A strategy file from the current folder, or else a built-in strategy by its name (`ddp` or
+    `ddp.py`): a file of one's own of that name comes first."""
     path = Path(text)
-    if not path.is_file():
-        raise InputError(f"strategy file {text}: not found" if not path.exists() else f"{text}: not a file")
-    return path
+    if path.is_file():
+        return path
+    if not path.exists() and path.parent == Path(".") and path.stem in builtin_names() \
+            and path.suffix in ("", ".py"):
+        return BUILTIN / f"{path.stem}.py"
+    if path.exists():
+        raise InputError(f"{text}: not a file")
+    hint = f"; built-in strategies: {', '.join(builtin_names())}" if path.parent == Path(".") else ""
+    raise InputError(f"strategy file {text}: not found{hint}")
 
 
 def output_path(text: str, flag: str, *, folder: bool, example: str = "trace.json") -> Path:
@@ -192,7 +216,7 @@ def output_path(text: str, flag: str, *, folder: bool, example: str = "trace.jso
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    path = _strategy_file(args.file)
+    path = strategy_file(args.file)
     if args.api:
         try:
             import dist_lib.compat  # noqa: F401
