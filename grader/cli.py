@@ -308,13 +308,15 @@ def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
                          f"pass --trusted to run them unconfined")
     summary = run_leaderboard(submissions, suite, Path(args.out), jobs=backend.workers, plots=not args.no_plots,
                               console=console, fresh=args.fresh, confine=not args.trusted, ray=backend.ray)
-    _print_board(console, summary, Path(args.out))
+    _print_board(console, summary, Path(args.out), suite.rubric)
     return 0
 
 
-def _print_board(console: Console, summary: dict[str, Any], out: Path) -> None:
-    from .report_terminal import leaderboard_table, literal
+def _print_board(console: Console, summary: dict[str, Any], out: Path, rubric: Any = None) -> None:
+    from .report_terminal import leaderboard_table, literal, rubric_line
     console.print(leaderboard_table(summary["ranked"], summary["scenarios"]))
+    if rubric is not None:
+        console.print(f"[dim]{literal(rubric_line(rubric))}[/]", soft_wrap=True)
     for entry in summary["ranked"]:
         for name, run in entry["runs"].items():
             if run["status"] != "ok":
@@ -338,7 +340,7 @@ def main_job(console: Console) -> int:
     from .runner import sandbox_problem
     summary = run_leaderboard(builtins, suite, out, jobs=min(2, os.cpu_count() or 1), console=console,
                               confine=sandbox_problem() is None)  # the project's own strategies
-    _print_board(console, summary, out)
+    _print_board(console, summary, out, suite.rubric)
     best = next((e for e in summary["ranked"] if e["rank"] == 1), None)
     if best:
         name, row = next(((n, r) for n, r in best["runs"].items() if r["status"] == "ok"), (None, None))

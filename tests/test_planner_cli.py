@@ -104,7 +104,7 @@ def test_the_run_it_line_names_the_cluster_and_workload_as_given(tmp_path, capsy
     assert command == ["python", "-m", "grader", "run", "planned", "--set", f"plan={out}",
                        "--cluster", str(cluster), "--workload", "toy:layers=4", "--batch", "8"]
     best = plan(str(cluster), "toy:layers=4", 8, top=3).best
-    assert simulate("strategies/planned.py", command[7], command[9], 8, plan=str(out)).time_s == best.simulated
+    assert simulate("strategies/planned.py", command[8], command[10], 8, plan=str(out)).time_s == best.simulated
 
 
 @pytest.mark.parametrize("flag,value,expected", [
