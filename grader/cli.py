@@ -170,11 +170,13 @@ def builtin_names() -> list[str]:
 
 
 def strategy_file(text: str) -> Path:
-    """A strategy file from the current folder, or else a built-in strategy by its name (`ddp` or
-    `ddp.py`): a file of one's own of that name comes first."""
+    """A strategy file from the current folder (`mine.py`, or `mine` for it), or else a built-in strategy
+    by its name (`ddp` or `ddp.py`): a file of one's own of that name comes first."""
     path = Path(text)
     if path.is_file():
         return path
+    if not path.suffix and path.with_name(path.name + ".py").is_file():  # `mine` for mine.py
+        return path.with_name(path.name + ".py")
     if not path.exists() and path.parent == Path(".") and path.stem in builtin_names() \
             and path.suffix in ("", ".py"):
         return BUILTIN / f"{path.stem}.py"
