@@ -2,7 +2,7 @@
 """Set up a local environment (.venv) and run the main job or the tests.
 
     python3 dev.py run [grader args...]   # the main job: `dist-sandbox` (python -m grader), from your folder
-    python3 dev.py test [pytest args...]  # the test suite, from the project's folder
+    python3 dev.py test [pytest args...]  # the test suite, from the project's folder (2 processes when whole)
 
 Only Python 3.11+ is needed; packages come from the package index into .venv on first use.
 """
@@ -55,7 +55,19 @@ def main() -> int:
         # traces go there; the editable install finds the project's code from anywhere (-P: a folder of the
         # caller's named grader/ or dist_lib/ is not imported instead, as with the dist-sandbox command)
         return subprocess.run([str(PYTHON), "-P", "-m", "grader", *rest]).returncode
-    return subprocess.run([str(PYTHON), "-m", "pytest", *rest], cwd=ROOT).returncode
+    return subprocess.run([str(PYTHON), "-m", "pytest", *parallel(rest), *rest], cwd=ROOT).returncode
+
+
+def parallel(args: list[str]) -> list[str]:
+    """pytest-xdist's flags for the whole suite: two worker processes (the suite takes about half the wall
+    time on two cores), each test file on one worker (`loadfile`: a file's module fixtures, such as a Ray
+    instance, start once). None when the arguments name test files or choose the workers themselves."""
+    named = any((ROOT / arg.split("::")[0]).exists() or Path(arg.split("::")[0]).exists()
+                for arg in args if not arg.startswith("-"))
+    if named or any(arg.startswith(("-n", "--numprocesses")) for arg in args) or "no:xdist" in " ".join(args) \
+            or (os.cpu_count() or 1) < 2:
+        return []
+    return ["-n", "2", "--dist", "loadfile"]
 
 
 if __name__ == "__main__":
