@@ -22,10 +22,10 @@ from dist_lib.run.simulator import accepted_options, load_strategy
 from dist_lib.output.trace import validate_trace
 
 from .errors import InputError
+from .paths import BUILTIN_STRATEGIES
 from .report_terminal import literal
 
-STRATEGIES = Path(__file__).resolve().parents[1] / "strategies"
-BUNDLED = {p.stem for p in STRATEGIES.glob("*.py") if not p.name.startswith("_")}
+BUNDLED = {p.stem for p in BUILTIN_STRATEGIES.glob("*.py") if not p.name.startswith("_")}
 
 
 class Rejected(Exception):
@@ -54,7 +54,7 @@ def _takes_bundled_options(stem: str, train: Any) -> bool:
     if stem not in BUNDLED:
         return False
     takes = accepted_options(train)
-    return takes is None or set(accepted_options(load_strategy(STRATEGIES / f"{stem}.py")[0]) or ()) <= set(takes)
+    return takes is None or set(accepted_options(load_strategy(BUILTIN_STRATEGIES / f"{stem}.py")[0]) or ()) <= set(takes)
 
 
 def invariants(setup: testing.Setup) -> list[str]:

@@ -1,12 +1,16 @@
-"""`python -m grader`: run one strategy file, rank many on a suite, or search for a breaking config.
+"""`dist-sandbox` (or `python -m grader`): run one strategy file, rank many on a suite, compare the built-in
+strategies on a cluster, or search for a breaking config or the best plan.
 
-    python -m grader                                   # every built-in strategy on the default suite
-    python -m grader run FILE [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
-    python -m grader leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
-    python -m grader check FILE [--examples N]
-    python -m grader plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
-                          [--budget USD_PER_HOUR] [--simulation-limit PASSES] [--out plan.json] [--plot pareto.png]
-                          [--jobs N] [--ray [ADDRESS]]
+    dist-sandbox                                   # every built-in strategy on the default suite
+    dist-sandbox run FILE|NAME [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
+    dist-sandbox leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
+    dist-sandbox check FILE|NAME [--examples N]
+    dist-sandbox plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
+                      [--budget USD_PER_HOUR] [--simulation-limit PASSES] [--out plan.json] [--plot pareto.png]
+                      [--jobs N] [--ray [ADDRESS]]
+    dist-sandbox compare [--cluster SPEC] [--workload SPEC] [--batch N] [--only NAME,...] [--json]
+
+FILE is resolved from the current folder; NAME is a built-in strategy (`ddp`, `hybrid`, ...: strategies/).
 
 Exit codes: 0 success, 1 a strategy failed (its own exception, a syntax error included) or was flagged
 invalid, 2 bad input (an option, a spec, a file without an `async def train`), 130 interrupted.
@@ -29,14 +33,13 @@ from dist_lib.run.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAUL
 from dist_lib.specs import number, whole
 from dist_lib.workload.transformer import MAX_GLOBAL_BATCH
 
-from .paths import output_path
+from .paths import BUILTIN_STRATEGIES, builtin_names, output_path
 from .errors import InputError
 from .jobs import add_backend_options, backend_from_args
 from .runner import Limits
 from .scenario import Scenario, parse_set
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILTIN = ROOT / "strategies"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,11 +66,12 @@ MAX_TOP = 100_000  # plans a search simulates
 MAX_BUDGET = 1e9  # USD per hour
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m grader", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="one strategy file on one scenario")
-    run.add_argument("file", help="the strategy file (async def train(model, **options))")
+    run.add_argument("file", help="the strategy file (async def train(model, **options)) or a built-in "
+                                  "strategy's name (ddp, hybrid, ...)")
     run.add_argument("--cluster", help=f"cluster spec or file (default {DEFAULT_CLUSTER})")
     run.add_argument("--workload", help=f"workload spec or file (default {DEFAULT_WORKLOAD})")
     run.add_argument("--batch", type=_ranged(1, MAX_GLOBAL_BATCH, integer=True),
@@ -101,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--trusted", action="store_true",
                        help="run the submissions without the OS sandbox (only for code you trust)")
     check = sub.add_parser("check", help="property-based search for a configuration that breaks a strategy")
-    check.add_argument("file", help="the strategy file to check")
+    check.add_argument("file", help="the strategy file to check, or a built-in strategy's name")
     check.add_argument("--examples", type=_ranged(1, MAX_EXAMPLES, integer=True), default=40,
                        help="configurations to try (default 40)")
     check.add_argument("--seed", type=int, default=0,
@@ -126,15 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_options(planning, jobs_type=_ranged(1, MAX_JOBS, integer=True))
     from .launch_cli import add_export_parser
     add_export_parser(sub, DEFAULT_CLUSTER, DEFAULT_WORKLOAD)
+    from .compare import add_compare_parser
+    add_compare_parser(sub, _ranged(1, MAX_GLOBAL_BATCH, integer=True))
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m grader") -> int:
     from .report_terminal import grader_console
     console = grader_console()
     command = None
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(prog).parse_args(argv)
+        args.prog = prog
         command = args.command
         if args.command == "run":
             return cmd_run(args, console)
@@ -148,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_export(args)
         if args.command == "check":
             from .check import cmd_check
-            return cmd_check(args.file, args.examples, args.seed, console)
+            return cmd_check(str(strategy_file(args.file)), args.examples, args.seed, console)
+        if args.command == "compare":
+            from .compare import cmd_compare
+            return cmd_compare(args, console)
         return main_job(console)
     except (InputError, SpecError) as exc:  # SpecError: a description found wanting after the checks up front
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -161,11 +171,21 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _strategy_file(text: str) -> Path:
+def strategy_file(text: str) -> Path:
+    """A strategy file from the current folder (`mine.py`, or `mine` for it), or else a built-in strategy
+    by its name (`ddp` or `ddp.py`): a file of one's own of that name comes first."""
     path = Path(text)
-    if not path.is_file():
-        raise InputError(f"strategy file {text}: not found" if not path.exists() else f"{text}: not a file")
-    return path
+    if path.is_file():
+        return path
+    if not path.suffix and path.with_name(path.name + ".py").is_file():  # `mine` for mine.py
+        return path.with_name(path.name + ".py")
+    if not path.exists() and path.parent == Path(".") and path.stem in builtin_names() \
+            and path.suffix in ("", ".py"):
+        return BUILTIN_STRATEGIES / f"{path.stem}.py"
+    if path.exists():
+        raise InputError(f"{text}: not a file")
+    hint = f"; built-in strategies: {', '.join(builtin_names())}" if path.parent == Path(".") else ""
+    raise InputError(f"strategy file {text}: not found{hint}")
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -175,7 +195,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         args.file, launched, args.workload, batch = settings_run(
             args.from_framework, args.file, args.cluster or DEFAULT_CLUSTER, args.workload)
         args.batch = batch if args.batch is None else args.batch
-    path = _strategy_file(str(args.file))
+    path = strategy_file(str(args.file))
     if args.api:
         try:
             import dist_lib.compat  # noqa: F401
@@ -267,13 +287,15 @@ def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
                          f"pass --trusted to run them unconfined")
     summary = run_leaderboard(submissions, suite, Path(args.out), jobs=backend.workers, plots=not args.no_plots,
                               console=console, fresh=args.fresh, confine=not args.trusted, ray=backend.ray)
-    _print_board(console, summary, Path(args.out))
+    _print_board(console, summary, Path(args.out), suite.rubric)
     return 0
 
 
-def _print_board(console: Console, summary: dict[str, Any], out: Path) -> None:
-    from .report_terminal import leaderboard_table, literal
+def _print_board(console: Console, summary: dict[str, Any], out: Path, rubric: Any = None) -> None:
+    from .report_terminal import leaderboard_table, literal, rubric_line
     console.print(leaderboard_table(summary["ranked"], summary["scenarios"]))
+    if rubric is not None:
+        console.print(f"[dim]{literal(rubric_line(rubric))}[/]", soft_wrap=True)
     for entry in summary["ranked"]:
         for name, run in entry["runs"].items():
             if run["status"] != "ok":
@@ -290,14 +312,14 @@ def main_job(console: Console) -> int:
     from .report_terminal import literal
     from .suites import load_suite
     suite = load_suite(None)
-    builtins = sorted(p for p in BUILTIN.glob("*.py") if not p.name.startswith("_"))
+    builtins = sorted(p for p in BUILTIN_STRATEGIES.glob("*.py") if not p.name.startswith("_"))
     console.print(f"[bold]grading {len(builtins)} built-in strategies on suite '{literal(suite.name)}' "
                   f"({len(suite.scenarios)} scenarios)[/]")
     out = Path("traces")
     from .runner import sandbox_problem
     summary = run_leaderboard(builtins, suite, out, jobs=min(2, os.cpu_count() or 1), console=console,
                               confine=sandbox_problem() is None)  # the project's own strategies
-    _print_board(console, summary, out)
+    _print_board(console, summary, out, suite.rubric)
     best = next((e for e in summary["ranked"] if e["rank"] == 1), None)
     if best:
         name, row = next(((n, r) for n, r in best["runs"].items() if r["status"] == "ok"), (None, None))

@@ -172,8 +172,8 @@ def _fill(row: dict[str, Any], result: Any, scenario: Scenario, trace_path: str 
     limit = scenario.memory_limit_bytes
     if limit is not None and result.peak_memory_bytes > limit and row["status"] == "ok":
         row["status"] = "failed"
-        row["error"] = (f"peak memory {result.peak_memory_bytes / 1e9:.1f} GB on rank {result.peak_memory_rank} "
-                        f"exceeds the scenario's limit of {limit / 1e9:.1f} GB per rank")
+        row["error"] = (f"peak memory {result.peak_memory_bytes / 2**30:.2f} GiB on rank {result.peak_memory_rank} "
+                        f"exceeds the scenario's limit of {limit / 2**30:.2f} GiB per rank")
     if trace_path:
         path = result.write_chrome_trace(trace_path)
         row["trace"] = str(path)

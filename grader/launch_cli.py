@@ -13,9 +13,9 @@ from dist_lib.errors import SpecError
 from dist_lib.planner import Plan
 from dist_lib.planner.export import export
 from dist_lib.planner.launch_import import from_deepspeed, from_megatron, from_torchtitan
+from .paths import BUILTIN_STRATEGIES
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
-STRATEGIES = Path(__file__).resolve().parent.parent / "strategies"
 
 
 def add_export_parser(sub: Any, default_cluster: str, default_workload: str) -> None:
@@ -66,4 +66,4 @@ def settings_run(framework: str, settings: str, cluster: str, workload: str | No
         options["plan"] = options["plan"].to_dict()
     for flag in imported.ignored:
         print(f"note: {flag} does not change one step; not simulated")
-    return STRATEGIES / f"{name}.py", options, spec, imported.launch.global_batch_size
+    return BUILTIN_STRATEGIES / f"{name}.py", options, spec, imported.launch.global_batch_size

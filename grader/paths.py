@@ -7,6 +7,10 @@ from pathlib import Path
 
 from .errors import InputError
 
+# the built-in strategies, beside this package wherever it is installed (a checkout, or site-packages after
+# `pip install`)
+BUILTIN_STRATEGIES = Path(__file__).resolve().parents[1] / "strategies"
+
 
 def output_path(text: str, flag: str, *, folder: bool, example: str = "trace.json") -> Path:
     """An output path the grader can write: a file (`--trace`) or a folder (`--out`), checked (and its
@@ -37,3 +41,8 @@ def output_path(text: str, flag: str, *, folder: bool, example: str = "trace.jso
         if not existed:
             path.unlink(missing_ok=True)
     return path
+
+
+def builtin_names() -> list[str]:
+    """The built-in strategies' names (strategies/*.py but the helpers led by `_`)."""
+    return sorted(p.stem for p in BUILTIN_STRATEGIES.glob("*.py") if not p.name.startswith("_"))

@@ -84,7 +84,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         raise InputError(f"--out {args.out}: cannot be written ({exc.strerror})") from None
     # the cluster and workload as given: a file's path, or a spec with its link options, runs the same
     # cluster again, where the cluster's name or the workload's would not
-    run = shlex.join(["python", "-m", "grader", "run", "strategies/planned.py", "--set", f"plan={args.out}",
+    # `planned` is the built-in strategy by name, found from any folder
+    run = shlex.join([*getattr(args, "prog", "python -m grader").split(), "run", "planned", "--set", f"plan={args.out}",
                       "--cluster", cluster_text, "--workload", workload_text, "--batch", str(batch)])
     console.print(literal(f"best plan: {search.best.plan.describe()} -> {args.out}  (run it: {run})"), soft_wrap=True)
     return 0

@@ -170,8 +170,24 @@ def compat_lines(row: dict[str, Any], api: str, timing: str | None) -> list[str]
     return lines
 
 
+def rubric_line(rubric: Any) -> str:
+    """The board's score in one line, from the suite's rubric (`scoring.Rubric`): what each component adds."""
+    parts = []
+    for c in rubric.components:
+        name = getattr(c, "name", "") or c.metric
+        if c.scale is not None:
+            clip = "".join(f", {k} {v:g}" for k, v in (("at least", c.min), ("at most", c.max)) if v is not None)
+            what = f"{c.scale:g} x {c.metric}" + (f" ({clip[2:]})" if clip else "")
+        else:
+            better = "more" if c.higher_is_better else "less"
+            what = f"{name} points ({c.metric}: {better} is better, in {len(c.steps)} steps)"
+        parts.append(what if c.weight == 1 else f"{c.weight:g} x {what}")
+    return (f"score: {' + '.join(parts)}, per scenario (a run that is not ok scores 0); a submission's is the mean "
+            f"over the scenarios")
+
+
 def leaderboard_table(ranked: list[dict[str, Any]], scenarios: list[str]) -> Table:
-    table = Table(title="leaderboard (per scenario: score, MFU · peak memory per rank)")
+    table = Table(title="leaderboard (per scenario: score, MFU · peak memory)")
     table.add_column("#", justify="right")
     table.add_column("submission")
     table.add_column("score", justify="right")
@@ -185,7 +201,7 @@ def leaderboard_table(ranked: list[dict[str, Any]], scenarios: list[str]) -> Tab
                 cells.append("[dim]-[/]")
             elif run["status"] == "ok":
                 cells.append(f"{run['score']:.2f}\n[dim]{run['mfu'] * 100:.0f}% · "
-                             f"{run['peak_memory_bytes'] / 1e9:.0f} GB[/]")
+                             f"{run['peak_memory_bytes'] / 2**30:.1f} GiB[/]")
             else:
                 cells.append(f"[red]{literal(run['status'])}[/]")
         place = str(entry["rank"]) if entry["rank"] else "[red]—[/]"

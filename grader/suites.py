@@ -11,7 +11,7 @@
     cluster = "1x8xA100-80GB"
     workload = "gpt-1.3b"
     global_batch = 32
-    memory_limit_GB = 80                # optional, per rank (decimal GB)
+    memory_limit_GiB = 74.5             # optional, per rank (or memory_limit_GB, decimal: 80)
     options = { ... }                   # given to a strategy only if its train() takes them
     [scenarios.strategy_options.gpipe]  # per strategy file name
     num_microbatches = 8
@@ -39,10 +39,10 @@ SUITES_DIR = Path(__file__).parent / "suites"
 # alone take about half a GiB; 0 must not read as "no limit").
 MAX_TIMEOUT_S = 86_400.0
 ADDRESS_SPACE_GIB = (1.0, 1024.0)
-MAX_MEMORY_LIMIT_GB = 1e4  # memory_limit_GB per rank
+MAX_MEMORY_LIMIT_GB = 1e4  # memory_limit_GB per rank (and as many bytes in memory_limit_GiB)
 SUMMARY_ROW = "ALL"  # leaderboard.csv's scenario cell of a submission's overall row
 SCENARIO_FIELDS = {"name", "cluster", "workload", "global_batch", "options", "strategy_options", "memory_limit_GB",
-                   "enforce_memory"}
+                   "memory_limit_GiB", "enforce_memory"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,10 @@ def _suite(data: dict[str, Any], path: Path) -> Suite:
         for stem, values in _tables(entry.get("strategy_options", {}), f"{at}.strategy_options").items():
             per[stem] = {**per.get(stem, {}), **values}
         options = {**shared_options, **table(entry.get("options", {}), f"{at}.options")}
-        scenario = _scenario({**defaults, **entry, "options": options, "strategy_options": per}, at)
+        # a scenario's memory limit, in either unit, replaces the defaults' (in either unit)
+        inherited = {k: v for k, v in defaults.items()
+                     if not (k.startswith("memory_limit_") and any(key.startswith("memory_limit_") for key in entry))}
+        scenario = _scenario({**inherited, **entry, "options": options, "strategy_options": per}, at)
         if not scenario.name.strip():
             raise InputError(f"{at}.name: must not be empty")
         if scenario.name == SUMMARY_ROW:
@@ -142,9 +145,14 @@ def _scenario(entry: dict[str, Any], where: str) -> Scenario:
     for key in ("name", "cluster", "workload"):
         text(entry.get(key), f"{where}.{key}")
     batch = check_global_batch(entry.get("global_batch"), f"{where}.global_batch")
+    if "memory_limit_GB" in entry and "memory_limit_GiB" in entry:
+        raise InputError(f"{where}: memory_limit_GB and memory_limit_GiB say the same thing; give one")
     limit = entry.get("memory_limit_GB")
     if limit is not None:
         limit = _number(limit, f"{where}.memory_limit_GB", 0, MAX_MEMORY_LIMIT_GB, above=True, unit=" GB")
+    elif entry.get("memory_limit_GiB") is not None:  # in GB, as the bytes below are made
+        limit = _number(entry["memory_limit_GiB"], f"{where}.memory_limit_GiB", 0, MAX_MEMORY_LIMIT_GB * 1e9 / 2**30,
+                        above=True, unit=" GiB") * 2**30 / 1e9
     enforce = entry.get("enforce_memory", True)
     if not isinstance(enforce, bool):
         raise InputError(f"{where}.enforce_memory: expected true or false, got {shown(enforce)}")

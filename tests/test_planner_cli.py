@@ -101,7 +101,7 @@ def test_the_run_it_line_names_the_cluster_and_workload_as_given(tmp_path, capsy
                  "--out", str(out), "--plot", ""]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("best plan:"))
     command = shlex.split(line.split("(run it: ", 1)[1].removesuffix(")"))
-    assert command == ["python", "-m", "grader", "run", "strategies/planned.py", "--set", f"plan={out}",
+    assert command == ["python", "-m", "grader", "run", "planned", "--set", f"plan={out}",
                        "--cluster", str(cluster), "--workload", "toy:layers=4", "--batch", "8"]
     best = plan(str(cluster), "toy:layers=4", 8, top=3).best
     assert simulate("strategies/planned.py", command[8], command[10], 8, plan=str(out)).time_s == best.simulated

@@ -72,7 +72,7 @@ def test_the_mfu_column_says_it_counts_the_gpus_the_plan_uses():
 
 
 def test_the_plan_usage_line_names_every_option():
-    usage = next(line for line in cli.__doc__.split("python -m grader ") if line.startswith("plan "))
+    usage = next(line for line in cli.__doc__.split("dist-sandbox ") if line.startswith("plan "))
     parser = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "plan")[1]
     options = {o for action in parser._actions for o in action.option_strings if o.startswith("--") and o != "--help"}
     assert options and {o for o in options if o not in usage} == set()

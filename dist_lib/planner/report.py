@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.table import Table
+from rich.console import Group
 from rich.text import Text
 
 from dist_lib.errors import SpecError
@@ -14,6 +14,7 @@ from dist_lib.planner.search import Candidate, Search
 
 
 SHORT = {"interleaved": "interl.", "zero-bubble": "ZB-H1"}
+RECOMPUTE = {"selective": "sel.", "full": "full"}
 
 
 def pareto(candidates: list[Candidate]) -> list[Candidate]:
@@ -55,30 +56,33 @@ def layout(candidate: Candidate, cluster: Cluster) -> str:
     return " | ".join(parts)
 
 
-def table(search: Search, cluster: Cluster, rows: int = 10) -> Table:
-    """The simulated candidates (winner first), with the estimate beside the simulated time. Cells are
-    `Text`, never markup: a device's name from a cluster file, or an error, prints as it is (`[red]` and
-    `[/x]` included)."""
+def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
+    """The simulated candidates (winner first), with the estimate beside the simulated time: one line of
+    figures per plan, fixed-width so that none is cut at 80 columns, and its stages and layers on the line
+    below. Every cell is `Text`, never markup: a device's name from a cluster file, or an error, prints as
+    it is (`[red]` and `[/x]` included)."""
     shown = sorted({id(c): c for c in [search.best, *search.simulated]}.values(),
                    key=lambda c: (c.simulated is None, c.seconds))[:rows]
     ran = sum(not c.error.startswith("not simulated") for c in search.simulated)  # failures included
-    out = Table(title=f"plans ({search.estimated_count} estimated, {ran} simulated, {search.seconds:.1f} s)",
-                caption="used MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)")
-    for name in ("#", "stages: dp x tp", "layers", "m x b", "schedule", "est. ms", "sim. ms", "free mem",
-                 "used MFU", "$/step"):
-        out.add_column(name, justify="left" if name in ("stages: dp x tp", "schedule") else "right")
+    lines = [Text(f"plans ({search.estimated_count} estimated, {ran} simulated, {search.seconds:.1f} s)", style="bold"),
+             Text(f"{'#':>2}  {'schedule':<15} {'m x b':>7} {'est. ms':>9} {'sim. ms':>9} {'free mem':>8} "
+                  f"{'used MFU':>8} {'$/step':>8}", style="bold")]
     for i, c in enumerate(shown, 1):
         plan = c.plan
-        extra = "".join(f" {v}" for v in (plan.recompute if plan.recompute != "none" else "",
-                                          "zero-1" if plan.zero else "") if v)
-        simulated = f"{c.simulated * 1e3:.2f}" if c.simulated is not None else (c.error[:30] or "-")
-        cells = (str(i), layout(c, cluster), "/".join(str(s.layers) for s in plan.stages),
-                 f"{plan.microbatches}x{plan.microbatch_size}", SHORT.get(plan.schedule, plan.schedule) + extra,
-                 f"{c.estimate * 1e3:.2f}", simulated,
-                 f"{(1 - c.peak_fraction) * 100:.0f} %" if c.peak_fraction is not None else "-",
-                 f"{c.mfu * 100:.1f} %" if c.mfu is not None else "-", f"{c.dollars_per_step:.5f}")
-        out.add_row(*(Text(cell) for cell in cells))
-    return out
+        schedule = " ".join(v for v in (SHORT.get(plan.schedule, plan.schedule), RECOMPUTE.get(plan.recompute, ""),
+                                         "Z1" if plan.zero else "") if v)
+        simulated = f"{c.simulated * 1e3:.2f}" if c.simulated is not None else "-"
+        free = f"{(1 - c.peak_fraction) * 100:.0f} %" if c.peak_fraction is not None else "-"
+        mfu = f"{c.mfu * 100:.1f} %" if c.mfu is not None else "-"
+        lines.append(Text(f"{i:>2}  {schedule:<15} {f'{plan.microbatches}x{plan.microbatch_size}':>7} "
+                          f"{c.estimate * 1e3:>9.2f} {simulated:>9} {free:>8} {mfu:>8} {c.dollars_per_step:>8.5f}"))
+        detail = f"    stages {layout(c, cluster)}; layers {'/'.join(str(s.layers) for s in plan.stages)}"
+        if c.simulated is None and c.error:
+            detail += f"; {c.error}"
+        lines.append(Text(detail, style="dim"))
+    lines.append(Text("stages: dp x tp and device of each; sel./full: selective or full recompute; Z1: ZeRO-1; used "
+                      "MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)", style="dim"))
+    return Group(*lines)
 
 
 # image formats matplotlib writes with its own backends (and Pillow, which it requires), by file suffix;
