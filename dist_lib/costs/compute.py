@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from dist_lib.hardware.devices import Device
+from dist_lib.workload import architecture as arch
 from dist_lib.workload.transformer import Workload
 
 # GEMM kernels are timed by their shape, as a tiled kernel runs on the GPU (NVIDIA, "Matrix
@@ -75,10 +76,10 @@ def compute_time(device: Device, flops: float, bytes_moved: float) -> float:
 
 def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -> list[tuple[float, float, float]]:
     """(M, N, K) of a layer's four weight GEMMs on one TP rank (Megatron: QKV and MLP-up split by
-    columns, projection and MLP-down by rows; Shoeybi et al. 2019, sec. 3): forward Y = X W, the
+    columns, projection and MLP-down by rows; Shoeybi et al. 2019, sec. 3; GPT: widths 3h, h, 4h and h,
+    `architecture.weight_gemm_shapes` for any layer): forward Y = X W, the
     input gradient dX = dY W^T (M, K, N) and the weight gradient dW = X^T dY (K, N, M)."""
-    tokens, h = samples * workload.seq_len, workload.hidden
-    forward = [(tokens, 3 * h / tp, h), (tokens, h, h / tp), (tokens, 4 * h / tp, h), (tokens, h, 4 * h / tp)]
+    forward = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
     if pass_ == "forward":
         return forward
     if pass_ == "input":
@@ -95,7 +96,7 @@ def _attention_time(device: Device, workload: Workload, samples: int, tp: int, b
     """The attention core's batched GEMMs, one matrix per sample and local head (head size d = h/a):
     forward Q K^T (s x s x d) and P V (s x d x s); backward dP = dO V^T (s x s x d) and dQ, dK, dV
     (each s x d x s)."""
-    s, d = workload.seq_len, workload.hidden / workload.heads
+    s, d = workload.seq_len, arch.head_dim(workload)
     batch = samples * workload.heads / tp
     scores = gemm_time(device, s, s, d, batch, workload.bytes_per_element)
     mixes = gemm_time(device, s, d, s, batch, workload.bytes_per_element)
