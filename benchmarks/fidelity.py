@@ -75,14 +75,15 @@ def calibrate_a100(target_forward: float = TABLE4[0][3]) -> float:
     return min(candidates, key=lambda e: abs(table4(replace(A100, max_efficiency=e))[0][2] - target_forward))
 
 
-def calibrate_gemm(device: Device, size: int, achieved_flops: float, clock_peak: float | None = None) -> float:
-    """The `max_efficiency` (two decimals) at which a size^3 GEMM runs at `achieved_flops`, on a device
-    whose peak at the measured clock is `clock_peak` (the catalog's if None)."""
+def calibrate_gemm(device: Device, size: int | tuple[int, int, int], achieved_flops: float,
+                   clock_peak: float | None = None) -> float:
+    """The `max_efficiency` (two decimals) at which a size^3 (or M x N x K) GEMM runs at `achieved_flops`, on a
+    device whose peak at the measured clock is `clock_peak` (the catalog's if None)."""
     device = replace(device, peak_flops=clock_peak or device.peak_flops)
-    target = 2 * size**3 / achieved_flops
+    m, n, k = (size, size, size) if isinstance(size, int) else size
+    target = 2 * m * n * k / achieved_flops
     candidates = [round(0.2 + i / 100, 2) for i in range(81)]
-    return min(candidates, key=lambda e: abs(costs.gemm_time(replace(device, max_efficiency=e), size, size, size)
-                                                  - target))
+    return min(candidates, key=lambda e: abs(costs.gemm_time(replace(device, max_efficiency=e), m, n, k) - target))
 
 
 def _amp_kernels(name: str, tp: int) -> float:
@@ -122,6 +123,10 @@ def calibrate() -> dict[str, float]:
     return {"A100-80GB max_efficiency": calibrate_a100(),
             "V100 max_efficiency": calibrate_gemm(DEVICES["V100-16GB"], 8192, 101e12, clock_peak=112e12),
             "T4 max_efficiency": calibrate_gemm(DEVICES["T4"], 4096, 24e12),
+            # best whole-GEMM bf16 rates (S. Bekman, Machine Learning Engineering, MAMF table)
+            "H100 (and H200) max_efficiency": calibrate_gemm(DEVICES["H100-80GB"], (2048, 2048, 13312), 794.5e12),
+            "B200 max_efficiency": calibrate_gemm(DEVICES["B200-180GB"], (1792, 16128, 3072), 1745e12),
+            "MI300X max_efficiency": calibrate_gemm(DEVICES["MI300X-192GB"], (10240, 15360, 8192), 668.4e12),
             "AMP kernel time scale": calibrate_kernel_time_scale(),
             "AMP framework overhead per layer pass (s)": calibrate_framework_overhead(),
             "AMP extra overhead per TP layer pass (s)": calibrate_tp_overhead()}
