@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from dist_lib.costs.attention import flash_times
 from dist_lib.hardware.devices import Device
 from dist_lib.workload import architecture as arch
 from dist_lib.workload.transformer import Workload
@@ -95,7 +96,12 @@ def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int
 def _attention_time(device: Device, workload: Workload, samples: int, tp: int, backward: bool = False) -> float:
     """The attention core's batched GEMMs, one matrix per sample and local head (head size d = h/a):
     forward Q K^T (s x s x d) and P V (s x d x s); backward dP = dO V^T (s x s x d) and dQ, dK, dV
-    (each s x d x s)."""
+    (each s x d x s). A FlashAttention kernel instead runs at its measured speed (`costs.attention`)."""
+    if workload.attention != "unfused":
+        flops = samples * workload.attention_core_flops() / tp
+        forward, backward_time = flash_times(device, workload.attention, flops, arch.head_dim(workload),
+                                             workload.seq_len)
+        return backward_time if backward else forward
     s, d = workload.seq_len, arch.head_dim(workload)
     batch = samples * workload.heads / tp
     scores = gemm_time(device, s, s, d, batch, workload.bytes_per_element)
@@ -143,8 +149,8 @@ def forward_time(device: Device, workload: Workload, layer: int, samples: int, t
 def recompute_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
                    recompute: str = "selective", sequence_parallel: bool = False) -> float:
     """Extra time backward spends re-running forward work: none; the attention core alone
-    (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5); or the
-    whole layer forward (`full`)."""
+    (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5; with FlashAttention
+    the forward kernel again, which saves only its log-sum-exp); or the whole layer forward (`full`)."""
     if recompute == "none":
         return 0.0
     if recompute == "full":
