@@ -270,20 +270,25 @@ def _report_compat(args: argparse.Namespace, row: dict[str, Any], result: Any, c
 
 
 def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
-    from .leaderboard import collect_submissions, run_leaderboard
+    from .intake import gather
+    from .leaderboard import run_leaderboard
     from .suites import load_suite
     backend = backend_from_args(args)  # a missing Ray or an address where nothing answers: before any folder
     output_path(args.out, "--out", folder=True)
     from .runner import sandbox_problem
     suite = load_suite(args.suite)
-    submissions = collect_submissions(args.paths)
+    intake = gather(args.paths)
     # on Ray the sandbox is needed on the nodes that run the submissions, and each node checks for itself
     problem = None if args.trusted or backend.ray is not None else sandbox_problem()
     if problem:
         raise InputError(f"leaderboard: cannot confine untrusted submissions: {problem}; "
                          f"pass --trusted to run them unconfined")
-    summary = run_leaderboard(submissions, suite, Path(args.out), jobs=backend.workers, plots=not args.no_plots,
-                              console=console, fresh=args.fresh, confine=not args.trusted, ray=backend.ray)
+    from .report_terminal import literal
+    for line in intake.skipped:  # a poisoned entry never stops the board: one line each
+        console.print(f"[yellow]note[/]: {literal(line)}", highlight=False)
+    summary = run_leaderboard(intake.submissions, suite, Path(args.out), jobs=backend.workers,
+                              plots=not args.no_plots, console=console, fresh=args.fresh, confine=not args.trusted,
+                              ray=backend.ray, skipped=tuple(intake.skipped))
     _print_board(console, summary, Path(args.out))
     return 0
 

@@ -34,7 +34,9 @@ from .errors import InputError
 from .grade import slug
 from .jobs import Backend, JobFailed, run_jobs
 from .portable import GradeJob, grade_job, save
-from .report_terminal import grader_console, literal, visible
+from .intake import gather, named_helpers
+from .names import board_names, csv_text
+from .report_terminal import grader_console, literal
 from .suites import SUMMARY_ROW, Suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,22 +60,8 @@ class Job:
 
 
 def collect_submissions(paths: list[str]) -> list[Path]:
-    found: list[Path] = []
-    for text in paths:
-        path = Path(text)
-        if path.is_dir():
-            files = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
-            if not files:
-                raise InputError(f"submission folder {path}: holds no .py files")
-            found.extend(files)
-        elif path.is_file() and path.suffix == ".ipynb":
-            raise InputError(f"submission {path}: a notebook is graded on its own, with `python -m grader run "
-                             f"{path.name} --api puzzles|lab`; the leaderboard grades .py strategies (async def train)")
-        elif path.is_file():
-            found.append(path)
-        else:
-            raise InputError(f"submission {path}: no such file or folder")
-    return list(dict.fromkeys(p.resolve() for p in found))
+    """The submissions under `paths` (`intake.gather`; what it skips is left out)."""
+    return gather(paths).submissions
 
 
 def labels_for(submissions: list[Path]) -> dict[Path, str]:
@@ -116,9 +104,16 @@ def code_hash() -> str:
 
 
 def submission_files(path: Path) -> tuple[bytes, tuple[tuple[str, bytes], ...]]:
-    """What a submission's grade depends on among its own files: the file, and the helpers beside it
-    (files named with a leading underscore, which are not submissions themselves), by name."""
-    return path.read_bytes(), tuple((helper.name, helper.read_bytes()) for helper in sorted(path.parent.glob("_*.py")))
+    """What a submission's grade depends on among its own files: the file, and the helpers beside it that
+    it names (`intake.named_helpers`), by name. A file that cannot be read counts as empty (its run fails)."""
+    return _read(path), tuple((helper.name, _read(helper)) for helper in named_helpers(path))
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def submission_source(path: Path) -> bytes:
@@ -150,7 +145,9 @@ def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) ->
     code = code_hash()
     limits = json.dumps(asdict(suite.limits), sort_keys=True)
     jobs = []
-    for path, label in labels_for(submissions).items():
+    labels = labels_for(submissions)
+    shown = board_names(labels)
+    for path, label in labels.items():
         source = submission_source(path)
         for scenario in suite.scenarios:
             data = scenario.to_dict()
@@ -158,7 +155,7 @@ def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) ->
                                                      scenario_files(data), limits.encode(),
                                                      code.encode()))).hexdigest()
             trace = str(out / RUNS / run_folder(label) / f"{slug(scenario.name)}.json") if traces else None
-            jobs.append(Job(str(path), label, data, f"{path}::{scenario.name}", fingerprint[:16], trace))
+            jobs.append(Job(str(path), shown[path], data, f"{path}::{scenario.name}", fingerprint[:16], trace))
     return jobs
 
 
@@ -188,10 +185,11 @@ def _well_formed(row: dict[str, Any]) -> bool:
 
 def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int = 1, plots: bool = True,
                     console: Console | None = None, fresh: bool = False, confine: bool = True,
-                    ray: str | None = None) -> dict[str, Any]:
+                    ray: str | None = None, skipped: tuple[str, ...] = ()) -> dict[str, Any]:
     """Grade every submission x scenario not graded yet. `jobs` runs that many local processes; `ray` (an
     address, or `jobs.RAY_LOCAL`) runs Ray tasks instead; `confine=False` runs submissions without the OS
-    sandbox (for trusted code only)."""
+    sandbox (for trusted code only). `skipped`: the folder entries `intake.gather` skipped, one line each,
+    kept in leaderboard.json."""
     from .runner.isolation import clean_stale
     console = console or grader_console()
     clean_stale()
@@ -218,7 +216,7 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
         done[job.key] = row
         with results.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
-        write_outputs(out, suite, job_list, done)
+        write_outputs(out, suite, job_list, done, skipped)
 
     columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
@@ -234,7 +232,7 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
             finished(job, _grader_error(job, graded.reason) if isinstance(graded, JobFailed) else save(graded))
             progress.update(task, description=literal(f"{job.label} / {job.scenario['name']}"))
             progress.advance(task)
-    return write_outputs(out, suite, job_list, done)
+    return write_outputs(out, suite, job_list, done, skipped)
 
 
 def _grader_error(job: Job, reason: str) -> dict[str, Any]:
@@ -272,18 +270,6 @@ def rank(suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> 
     return valid + invalid
 
 
-FORMULA_LEADS = ("=", "+", "-", "@")  # what makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection")
-
-
-def csv_text(text: str) -> str:
-    """A cell of text a submission controls (its file name, its error message), safe to open in a
-    spreadsheet and to print: control characters as backslash escapes (`visible`), and a leading `=`, `+`,
-    `-` or `@` behind a `'`, so that an exception class named `=HYPERLINK(...)` stays text
-    (https://owasp.org/www-community/attacks/CSV_Injection)."""
-    text = visible(text)
-    return "'" + text if text.startswith(FORMULA_LEADS) else text
-
-
 def summary_status(entry: dict[str, Any], scenarios: int) -> str:
     """The status of a submission's ALL row: "invalid" when a run was, "partial" while runs are missing,
     "ok" when every scenario's run is, else how many of the runs are ("1 of 3 ok")."""
@@ -295,9 +281,11 @@ def summary_status(entry: dict[str, Any], scenarios: int) -> str:
     return "ok" if good == scenarios else f"{good} of {scenarios} ok"
 
 
-def write_outputs(out: Path, suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def write_outputs(out: Path, suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]],
+                  skipped: tuple[str, ...] = ()) -> dict[str, Any]:
     ranked = rank(suite, job_list, done)
     summary = {"suite": suite.name, "suite_path": suite.path, "scenarios": [s.name for s in suite.scenarios],
+               "skipped": list(skipped),
                "submissions": [{k: v for k, v in e.items() if k != "runs"} for e in ranked],
                "rows": [dict(row, submission=e["submission"]) for e in ranked for row in e["runs"].values()]}
     tmp = out / "leaderboard.json.tmp"
