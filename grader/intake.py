@@ -95,10 +95,10 @@ def _folder(folder: Path, intake: Intake, depth: int) -> int:
         return 0
     for entry in entries:
         path = Path(folder) / entry.name
-        if entry.name.startswith((".", "_")) or entry.name == "__pycache__":
-            continue  # hidden files, and helpers (and __init__.py), which are no submissions
+        if entry.name.startswith("_"):
+            continue  # helpers (and __init__.py, __pycache__), which are no submissions
         if entry.is_dir(follow_symlinks=False) and not entry.name.endswith(".py"):
-            if depth > 0:
+            if depth > 0 and not entry.name.startswith("."):  # (not .git and the like)
                 found += _folder(path, intake, depth - 1)  # a student's own folder
             continue
         if not entry.name.endswith(".py"):

@@ -45,6 +45,9 @@ CODE = ("dist_lib", "grader", "strategies")  # what a grade depends on besides t
 RUNS = "runs"  # OUT/runs/<folder>/<scenario>.json: every submission's traces and plots, apart from the
 # files the board itself writes in OUT
 PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # a name that is safe as a folder as it is
+# the files a board writes in its output folder (beside RUNS/); the main job's folder is traces/
+BOARD_FILES = frozenset({"leaderboard.json", "leaderboard.csv", "results.jsonl", "leaderboard.json.tmp",
+                         "leaderboard.csv.tmp"})
 CSV_COLUMNS = ("rank", "submission", "scenario", "status", "score", "time_s", "mfu", "hfu", "peak_memory_bytes",
                "peak_memory_rank", "bubble_fraction", "correct", "error", "trace")
 
