@@ -21,6 +21,7 @@ import hashlib
 import json
 import re
 import sys
+import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -69,15 +70,19 @@ def collect_submissions(paths: list[str]) -> list[Path]:
 
 def labels_for(submissions: list[Path]) -> dict[Path, str]:
     """Each submission's name on the board: its stem, led by as many of its folders as make it unique
-    (and unique once made plain: `a b` and `a-b` would read alike). Its traces go to `run_folder(label)`."""
+    (unique once NFKC-normalised: `ｈonest` and `honest` are one name to a reader). Its traces go to
+    `run_folder(label)`; how it is shown is `names.board_names`'."""
     def label(path: Path, depth: int) -> str:
         return "/".join([*path.parent.parts[len(path.parent.parts) - depth:], path.stem]) if depth else path.stem
+
+    def key(text: str) -> str:
+        return unicodedata.normalize("NFKC", text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
 
     labels = {}
     for path in submissions:
         depth = 0
         while depth < len(path.parent.parts) and \
-                sum(slug(label(other, depth)) == slug(label(path, depth)) for other in submissions) > 1:
+                sum(key(label(other, depth)) == key(label(path, depth)) for other in submissions) > 1:
             depth += 1
         labels[path] = label(path, depth)
     return labels

@@ -45,38 +45,44 @@ def shown_name(name: str, ascii_only: bool = False) -> str:
     """`name` NFKC-normalised, each character that draws nothing (or, with `ascii_only`, each non-ASCII
     one) as its escape; a name that would show as nothing at all is shown all escaped."""
     text = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    text = unicodedata.normalize("NFKC", text)
-    if not any(_drawn(c) and c != " " for c in text):
-        return "".join(escaped(c) if c != "\\" else c for c in text) or "(no name)"
+    original, text = text, unicodedata.normalize("NFKC", text)
+    if not any(_drawn(c) and c != " " for c in text):  # (shown as the code points the file name holds)
+        return "".join(escaped(c) if c != "\\" else c for c in original) or "(no name)"
     return "".join(c if _drawn(c) and (not ascii_only or c.isascii()) else escaped(c) for c in text)
 
 
-def _skeleton(name: str) -> str:
-    """What `name` may be read as: normalised, every non-ASCII character one placeholder."""
-    return "".join(c if c.isascii() else "\0" for c in unicodedata.normalize("NFKC", name).casefold())
+def _readable(name: str) -> str:
+    return unicodedata.normalize("NFKC", name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")).casefold()
+
+
+def _alike(a: str, b: str) -> bool:
+    """Whether two (readable) names could be read as one: of one length, and at every place the same
+    character or a non-ASCII one in either."""
+    return len(a) == len(b) and all(x == y or not x.isascii() or not y.isascii() for x, y in zip(a, b))
 
 
 def board_names(names: dict[object, str]) -> dict[object, str]:
-    """Each key's name as the board shows it: `shown_name`, and where two names could be read as one
-    (`_skeleton`), those holding non-ASCII characters shown with them escaped; a name that still reads as
-    another's gets its escaped original form."""
-    groups: defaultdict[str, list[object]] = defaultdict(list)
-    for key, name in names.items():
-        groups[_skeleton(name)].append(key)
+    """Each key's name as the board shows it: `shown_name`; but where two names could be read as one
+    (`_alike`, whole or in their last `/`-separated part, the file's own name), each of them that holds a
+    non-ASCII character is shown as the code points it holds, non-ASCII ones escaped."""
+    flagged = set()
+    for part in (lambda name: name, lambda name: name.rsplit("/", 1)[-1]):
+        readable = {key: _readable(part(name)) for key, name in names.items()}
+        by_length: defaultdict[int, list[object]] = defaultdict(list)
+        for key, text in readable.items():
+            by_length[len(text)].append(key)
+        for keys in by_length.values():
+            for i, a in enumerate(keys):
+                for b in keys[i + 1:]:
+                    if part(names[a]) != part(names[b]) and _alike(readable[a], readable[b]):
+                        flagged.update((a, b))
     shown = {}
-    for keys in groups.values():
-        alike = len({names[k] for k in keys}) > 1
-        for key in keys:
-            shown[key] = shown_name(names[key], ascii_only=alike)
-    # a name NFKC makes equal to another's (`ｈonest`, `honest`): its original code points tell them apart
-    seen: defaultdict[str, list[object]] = defaultdict(list)
-    for key, text in shown.items():
-        seen[text].append(key)
-    for keys in seen.values():
-        if len({names[k] for k in keys}) > 1:
-            for key in keys:
-                if not names[key].isascii():
-                    shown[key] = "".join(c if c.isascii() and _drawn(c) else escaped(c) for c in names[key])
+    for key, name in names.items():
+        if key in flagged and not name.isascii():
+            text = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            shown[key] = "".join(c if c.isascii() and _drawn(c) else escaped(c) for c in text)
+        else:
+            shown[key] = shown_name(name)
     return shown
 
 
