@@ -21,7 +21,7 @@ PASSES = ("forward", "input", "weight")
 
 
 def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: str, *,
-                routed: bool = True) -> list[tuple[float, float, float]]:
+                routed: bool = True, shared: bool = True, attention: bool = True) -> list[tuple[float, float, float]]:
     """(M, N, K) of a layer's weight GEMMs on one TP rank for `samples` samples, in the pass `pass_`
     ("forward", "input" gradient, "weight" gradient; as `compute._weight_gemm_shapes`). Attention is one
     GEMM per projection's parameters (its QKV/MLA projections split by columns over TP, W_o by rows); the
@@ -29,14 +29,15 @@ def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: st
     all experts local, a grouped GEMM does the same work)."""
     moe, h = workload.moe, workload.hidden
     tokens = samples * workload.seq_len
-    attention = moe_layers.attention_params(moe, h, workload.heads)
-    forward = [(tokens, (attention - h * h) / h / tp, h), (tokens, h, h / tp)]  # projections in, W_o
+    params = moe_layers.attention_params(moe, h, workload.heads)
+    forward = [(tokens, (params - h * h) / h / tp, h), (tokens, h, h / tp)] if attention else []  # in, W_o
     if not moe.is_moe(layer):
         f = moe.dense_ffn_hidden
         forward += [(tokens, 2 * f / tp, h), (tokens, h, f / tp)]
     else:
-        forward.append((tokens, moe.experts, h))  # the router
-        if moe.shared_experts:
+        if attention:
+            forward.append((tokens, moe.experts, h))  # the router
+        if moe.shared_experts and shared:
             f = moe.shared_experts * moe.shared_width
             forward += [(tokens, 2 * f / tp, h), (tokens, h, f / tp)]
         if routed:

@@ -19,6 +19,7 @@ from pathlib import Path
 from dist_lib.native import MAX_NBYTES
 from dist_lib.workload import moe as moe_layers
 from dist_lib.workload.moe import MOE_KEYS, MoE
+from dist_lib.workload.routing import check_routing
 from dist_lib.errors import SpecError
 from dist_lib.specs import key_values, load_spec, number, read_toml, shown, text, whole
 
@@ -69,6 +70,7 @@ class Workload:
             raise SpecError(f"workload {shown(self.name)}: hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.moe is not None:
             self.moe.check(f"workload {shown(self.name)}", self.heads, self.num_layers)
+            check_routing(self.moe, f"workload {shown(self.name)}")
         # One sample's largest tensor must fit a simulated buffer, or every strategy would fail on it.
         sample = {"layer 0's weights": self.layer_params(0) * self.bytes_per_element,
                   "one sample's activation stash": self.stash_bytes(0) + self.activation_bytes()}
