@@ -223,7 +223,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     scenario.load()
     from .grade import grade_run
     trace = str(output_path(args.trace, "--trace", folder=False)) if args.trace is not None \
-        else str(Path("traces") / f"{path.stem}.json")
+        else str(default_trace(path))
     from .runner import sandbox_problem
     row, result = grade_run(str(path), scenario.to_dict(), {"timeout_s": args.timeout,
                                                              "address_space_bytes": Limits().address_space_bytes},
@@ -233,15 +233,39 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         raise InputError(row["error"].splitlines()[0])
     if args.api:
         _report_compat(args, row, result, console)
+        if _unverified(row):  # (on stderr: the --json line on stdout stays one object)
+            from .report_terminal import visible
+            print(visible(f"warning: {path.name}: unverified: its figures are as the run reported them, not "
+                          f"re-executed by the grader (its calls could not be recorded: {_unverified(row)})"),
+                  file=sys.stderr)
     elif args.json:
         keys = ("strategy", "cluster", "workload", "global_batch", "status", "error", "time_s", "peak_memory_bytes",
                 "peak_memory_rank", "memory_bytes", "mfu", "hfu", "bubble_fraction", "correct", "problems", "trace",
                 "plots")
-        print(json.dumps({k: row.get(k) for k in keys}))
+        # every figure of a native run comes from the grader's replay of its recorded program
+        print(json.dumps({**{k: row.get(k) for k in keys}, "verified": row["time_s"] is not None}))
     else:
         from .report_terminal import print_run
         print_run(console, row, result)
     return 0 if row["status"] == "ok" else 1
+
+
+def default_trace(path: Path) -> Path:
+    """`traces/<stem>.json`, or `traces/<stem>.run.json` where that is a file a leaderboard writes in its
+    output folder (the main job's is traces/: `run leaderboard.py` must not replace its board)."""
+    from .leaderboard import BOARD_FILES
+    name = f"{path.stem}.json"
+    return Path("traces") / (f"{path.stem}.run.json" if name in BOARD_FILES else name)
+
+
+def _unverified(row: dict[str, Any]) -> str:
+    """Why a `--api` run's figures are unverified (its calls could not be recorded), or '' when the grader
+    re-executed them."""
+    options = row.get("options") or {}
+    if options.get("verified") is False:
+        reason = options.get("unverified")
+        return reason if isinstance(reason, str) and reason else "no reason given"
+    return ""
 
 
 def _report_compat(args: argparse.Namespace, row: dict[str, Any], result: Any, console: Console) -> None:
@@ -260,7 +284,9 @@ def _report_compat(args: argparse.Namespace, row: dict[str, Any], result: Any, c
                           "timing": (row.get("options") or {}).get("timing", args.timing or "original"),
                           "notebook_time": figures.get("time"), "notebook_memory": figures.get("memory"),
                           "time_unit": figures.get("time_unit"),
-                          "memory_unit": figures.get("memory_unit"), "mfu": figures.get("mfu", row.get("mfu"))}))
+                          "memory_unit": figures.get("memory_unit"), "mfu": figures.get("mfu", row.get("mfu")),
+                          # figures the grader re-executed, or (false) took as the run reported them
+                          "verified": row.get("time_s") is not None and not _unverified(row)}))
         return
     for line in compat_lines({**row, "strategy": name}, args.api, args.timing):
         console.print(line, highlight=False)
@@ -273,20 +299,25 @@ def _report_compat(args: argparse.Namespace, row: dict[str, Any], result: Any, c
 
 
 def cmd_leaderboard(args: argparse.Namespace, console: Console) -> int:
-    from .leaderboard import collect_submissions, run_leaderboard
+    from .intake import gather
+    from .leaderboard import run_leaderboard
     from .suites import load_suite
     backend = backend_from_args(args)  # a missing Ray or an address where nothing answers: before any folder
     output_path(args.out, "--out", folder=True)
     from .runner import sandbox_problem
     suite = load_suite(args.suite)
-    submissions = collect_submissions(args.paths)
+    intake = gather(args.paths)
     # on Ray the sandbox is needed on the nodes that run the submissions, and each node checks for itself
     problem = None if args.trusted or backend.ray is not None else sandbox_problem()
     if problem:
         raise InputError(f"leaderboard: cannot confine untrusted submissions: {problem}; "
                          f"pass --trusted to run them unconfined")
-    summary = run_leaderboard(submissions, suite, Path(args.out), jobs=backend.workers, plots=not args.no_plots,
-                              console=console, fresh=args.fresh, confine=not args.trusted, ray=backend.ray)
+    from .report_terminal import literal
+    for line in intake.skipped:  # a poisoned entry never stops the board: one line each
+        console.print(f"[yellow]note[/]: {literal(line)}", highlight=False)
+    summary = run_leaderboard(intake.submissions, suite, Path(args.out), jobs=backend.workers,
+                              plots=not args.no_plots, console=console, fresh=args.fresh, confine=not args.trusted,
+                              ray=backend.ray, skipped=tuple(intake.skipped))
     _print_board(console, summary, Path(args.out), suite.rubric)
     return 0
 

@@ -1,7 +1,10 @@
 """Grade one strategy file on one scenario: run it isolated, re-execute what it decided, write trace and plots.
 
 `grade_one` is a plain function of picklable arguments returning a plain dict (a "row"), so the
-leaderboard can hand it to a process pool, or to Ray or Dask workers, unchanged.
+leaderboard can hand it to a process pool, or to Ray or Dask workers, unchanged. The grader's own work on
+a run's untrusted program (replay, checks, trace, plots) runs in a child under the run's memory and time
+limits (`bounded.py`): a forged program that is costly to replay is an `invalid` row, not a grader at
+gigabytes.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .bounded import run_bounded
 from .compat_payload import PayloadError, reported
 from .deadline import RowTimeout, alarm_at, capped, capped_list
 from .runner import Limits, Outcome, run_isolated
@@ -30,7 +34,8 @@ def grade_one(strategy: str, scenario_data: dict[str, Any], limits_data: dict[st
               plots: bool = True, api: str | None = None, function: str | None = None,
               confine: bool = True) -> dict[str, Any]:
     """The row for one submission x scenario; never raises for anything the submission does."""
-    return grade_run(strategy, scenario_data, limits_data, trace_path, plots, api, function, confine)[0]
+    return grade_run(strategy, scenario_data, limits_data, trace_path, plots, api, function, confine,
+                     keep_result=False)[0]
 
 
 def _replayed(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any, limits: Limits,
@@ -92,9 +97,10 @@ def _replay_row(run: Any, limits: Limits) -> tuple[Any, str, str]:
 
 def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[str, Any], trace_path: str | None,
               plots: bool = True, api: str | None = None, function: str | None = None,
-              confine: bool = True) -> tuple[dict[str, Any], Any]:
-    """`grade_one`, also returning the replayed `Result` (None when the run produced none). `confine=False`
-    runs the strategy without the OS sandbox (trusted code); its program is replayed all the same."""
+              confine: bool = True, keep_result: bool = True) -> tuple[dict[str, Any], Any]:
+    """`grade_one`, also returning the replayed `Result` (None when the run produced none, or when
+    `keep_result` is False). `confine=False` runs the strategy without the OS sandbox (trusted code); its
+    program is replayed all the same."""
     scenario = Scenario.from_dict(scenario_data)
     cluster, workload = scenario.load()
     row: dict[str, Any] = {"submission": str(strategy), "strategy": Path(strategy).stem, "scenario": scenario.name,
@@ -111,20 +117,60 @@ def grade_run(strategy: str, scenario_data: dict[str, Any], limits_data: dict[st
         row["error"] = f"{outcome.kind}: {outcome.message}" if outcome.kind and outcome.status == "failed" \
             else outcome.message
         return _capped(row), None
-    # the grader's own work on the run (replay, end-of-step checks, result, trace, plots) has the same limit
+    # the grader's own work on the run (replay, end-of-step checks, result, trace, plots) has the same limits:
+    # in a process of its own, its memory bounded by the run's address space and its time by the run's
     started = time.monotonic()
     deadline = started + limits.timeout_s
     blank = dict(row)
-    try:
-        result = _graded(row, outcome, scenario, cluster, workload, limits, strategy, trace_path, plots, api,
-                         deadline, started, function)
-    except RowTimeout:
-        result = None
+
+    def work() -> dict[str, Any]:
+        try:
+            _graded(row, outcome, scenario, cluster, workload, limits, strategy, trace_path, plots, api,
+                    deadline, started, function)
+        except RowTimeout:
+            _stopped(row, blank, limits, started, trace_path)
+        return row
+
+    bounded = run_bounded(work, limits.address_space_bytes, deadline)
+    if bounded.status == "error":  # the grader's own failure: the caller's to report, as in this process
+        raise RuntimeError(f"grading the recorded program raised {bounded.detail.strip()}")
+    if bounded.status == "ok":
+        row = bounded.value
+    elif bounded.status == "timeout":
+        _stopped(row, blank, limits, started, trace_path)
+    else:
         _discard(trace_path)
         row.clear()
-        row.update(blank, status="timeout",
-                   error=f"{_too_long(limits)} (stopped after {time.monotonic() - started:.1f} s)")
+        why = f" ({bounded.detail})" if bounded.detail else ""
+        row.update(blank, status="invalid",
+                   error=f"the recorded program exhausted the grader while replaying it: over the "
+                         f"{limits.address_space_bytes / 2**30:g} GiB of memory the grader's work on a run may "
+                         f"take{why}")
+    result = None
+    if keep_result and row["time_s"] is not None:
+        # the run's Result for the caller to show, built again here: the child proved it fits the limits
+        result = _result_again(outcome, scenario, cluster, workload, limits, strategy, api, function)
     return _capped(row), result
+
+
+def _stopped(row: dict[str, Any], blank: dict[str, Any], limits: Limits, started: float,
+             trace_path: str | None) -> None:
+    """`row` as a run whose grading passed its time limit: no figures, no trace."""
+    _discard(trace_path)
+    row.clear()
+    row.update(blank, status="timeout", error=f"{_too_long(limits)} (stopped after {time.monotonic() - started:.1f} s)")
+
+
+def _result_again(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any, limits: Limits, strategy: str,
+                  api: str | None, function: str | None) -> Any:
+    """The `Result` of a run whose row the bounded child filled, replayed in this process (None when that
+    fails after all)."""
+    deadline = time.monotonic() + limits.timeout_s
+    if api:
+        result = _compat_graded(outcome, scenario, cluster, workload, limits, strategy, api, function, deadline)[0]
+    else:
+        result = _replayed(outcome, scenario, cluster, workload, limits, strategy, deadline)[0]
+    return result
 
 
 def _graded(row: dict[str, Any], outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any, limits: Limits,

@@ -21,6 +21,7 @@ import hashlib
 import json
 import re
 import sys
+import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,9 @@ from .errors import InputError
 from .grade import slug
 from .jobs import Backend, JobFailed, run_jobs
 from .portable import GradeJob, grade_job, save
-from .report_terminal import grader_console, literal, visible
+from .intake import gather, named_helpers
+from .names import board_names, csv_text
+from .report_terminal import grader_console, literal
 from .suites import SUMMARY_ROW, Suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +46,9 @@ CODE = ("dist_lib", "grader", "strategies")  # what a grade depends on besides t
 RUNS = "runs"  # OUT/runs/<folder>/<scenario>.json: every submission's traces and plots, apart from the
 # files the board itself writes in OUT
 PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # a name that is safe as a folder as it is
+# the files a board writes in its output folder (beside RUNS/); the main job's folder is traces/
+BOARD_FILES = frozenset({"leaderboard.json", "leaderboard.csv", "results.jsonl", "leaderboard.json.tmp",
+                         "leaderboard.csv.tmp"})
 CSV_COLUMNS = ("rank", "submission", "scenario", "status", "score", "time_s", "mfu", "hfu", "peak_memory_bytes",
                "peak_memory_rank", "bubble_fraction", "correct", "error", "trace")
 
@@ -58,35 +64,25 @@ class Job:
 
 
 def collect_submissions(paths: list[str]) -> list[Path]:
-    found: list[Path] = []
-    for text in paths:
-        path = Path(text)
-        if path.is_dir():
-            files = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
-            if not files:
-                raise InputError(f"submission folder {path}: holds no .py files")
-            found.extend(files)
-        elif path.is_file() and path.suffix == ".ipynb":
-            raise InputError(f"submission {path}: a notebook is graded on its own, with `python -m grader run "
-                             f"{path.name} --api puzzles|lab`; the leaderboard grades .py strategies (async def train)")
-        elif path.is_file():
-            found.append(path)
-        else:
-            raise InputError(f"submission {path}: no such file or folder")
-    return list(dict.fromkeys(p.resolve() for p in found))
+    """The submissions under `paths` (`intake.gather`; what it skips is left out)."""
+    return gather(paths).submissions
 
 
 def labels_for(submissions: list[Path]) -> dict[Path, str]:
     """Each submission's name on the board: its stem, led by as many of its folders as make it unique
-    (and unique once made plain: `a b` and `a-b` would read alike). Its traces go to `run_folder(label)`."""
+    (unique once NFKC-normalised: `ｈonest` and `honest` are one name to a reader). Its traces go to
+    `run_folder(label)`; how it is shown is `names.board_names`'."""
     def label(path: Path, depth: int) -> str:
         return "/".join([*path.parent.parts[len(path.parent.parts) - depth:], path.stem]) if depth else path.stem
+
+    def key(text: str) -> str:
+        return unicodedata.normalize("NFKC", text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
 
     labels = {}
     for path in submissions:
         depth = 0
         while depth < len(path.parent.parts) and \
-                sum(slug(label(other, depth)) == slug(label(path, depth)) for other in submissions) > 1:
+                sum(key(label(other, depth)) == key(label(path, depth)) for other in submissions) > 1:
             depth += 1
         labels[path] = label(path, depth)
     return labels
@@ -116,9 +112,16 @@ def code_hash() -> str:
 
 
 def submission_files(path: Path) -> tuple[bytes, tuple[tuple[str, bytes], ...]]:
-    """What a submission's grade depends on among its own files: the file, and the helpers beside it
-    (files named with a leading underscore, which are not submissions themselves), by name."""
-    return path.read_bytes(), tuple((helper.name, helper.read_bytes()) for helper in sorted(path.parent.glob("_*.py")))
+    """What a submission's grade depends on among its own files: the file, and the helpers beside it that
+    it names (`intake.named_helpers`), by name. A file that cannot be read counts as empty (its run fails)."""
+    return _read(path), tuple((helper.name, _read(helper)) for helper in named_helpers(path))
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def submission_source(path: Path) -> bytes:
@@ -150,7 +153,9 @@ def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) ->
     code = code_hash()
     limits = json.dumps(asdict(suite.limits), sort_keys=True)
     jobs = []
-    for path, label in labels_for(submissions).items():
+    labels = labels_for(submissions)
+    shown = board_names(labels)
+    for path, label in labels.items():
         source = submission_source(path)
         for scenario in suite.scenarios:
             data = scenario.to_dict()
@@ -158,7 +163,7 @@ def make_jobs(submissions: list[Path], suite: Suite, out: Path, traces: bool) ->
                                                      scenario_files(data), limits.encode(),
                                                      code.encode()))).hexdigest()
             trace = str(out / RUNS / run_folder(label) / f"{slug(scenario.name)}.json") if traces else None
-            jobs.append(Job(str(path), label, data, f"{path}::{scenario.name}", fingerprint[:16], trace))
+            jobs.append(Job(str(path), shown[path], data, f"{path}::{scenario.name}", fingerprint[:16], trace))
     return jobs
 
 
@@ -188,10 +193,11 @@ def _well_formed(row: dict[str, Any]) -> bool:
 
 def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int = 1, plots: bool = True,
                     console: Console | None = None, fresh: bool = False, confine: bool = True,
-                    ray: str | None = None) -> dict[str, Any]:
+                    ray: str | None = None, skipped: tuple[str, ...] = ()) -> dict[str, Any]:
     """Grade every submission x scenario not graded yet. `jobs` runs that many local processes; `ray` (an
     address, or `jobs.RAY_LOCAL`) runs Ray tasks instead; `confine=False` runs submissions without the OS
-    sandbox (for trusted code only)."""
+    sandbox (for trusted code only). `skipped`: the folder entries `intake.gather` skipped, one line each,
+    kept in leaderboard.json."""
     from .runner.isolation import clean_stale
     console = console or grader_console()
     clean_stale()
@@ -218,7 +224,7 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
         done[job.key] = row
         with results.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
-        write_outputs(out, suite, job_list, done)
+        write_outputs(out, suite, job_list, done, skipped)
 
     columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.description}"))
@@ -234,7 +240,7 @@ def run_leaderboard(submissions: list[Path], suite: Suite, out: Path, jobs: int 
             finished(job, _grader_error(job, graded.reason) if isinstance(graded, JobFailed) else save(graded))
             progress.update(task, description=literal(f"{job.label} / {job.scenario['name']}"))
             progress.advance(task)
-    return write_outputs(out, suite, job_list, done)
+    return write_outputs(out, suite, job_list, done, skipped)
 
 
 def _grader_error(job: Job, reason: str) -> dict[str, Any]:
@@ -272,18 +278,6 @@ def rank(suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> 
     return valid + invalid
 
 
-FORMULA_LEADS = ("=", "+", "-", "@")  # what makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection")
-
-
-def csv_text(text: str) -> str:
-    """A cell of text a submission controls (its file name, its error message), safe to open in a
-    spreadsheet and to print: control characters as backslash escapes (`visible`), and a leading `=`, `+`,
-    `-` or `@` behind a `'`, so that an exception class named `=HYPERLINK(...)` stays text
-    (https://owasp.org/www-community/attacks/CSV_Injection)."""
-    text = visible(text)
-    return "'" + text if text.startswith(FORMULA_LEADS) else text
-
-
 def summary_status(entry: dict[str, Any], scenarios: int) -> str:
     """The status of a submission's ALL row: "invalid" when a run was, "partial" while runs are missing,
     "ok" when every scenario's run is, else how many of the runs are ("1 of 3 ok")."""
@@ -295,9 +289,11 @@ def summary_status(entry: dict[str, Any], scenarios: int) -> str:
     return "ok" if good == scenarios else f"{good} of {scenarios} ok"
 
 
-def write_outputs(out: Path, suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def write_outputs(out: Path, suite: Suite, job_list: list[Job], done: dict[str, dict[str, Any]],
+                  skipped: tuple[str, ...] = ()) -> dict[str, Any]:
     ranked = rank(suite, job_list, done)
     summary = {"suite": suite.name, "suite_path": suite.path, "scenarios": [s.name for s in suite.scenarios],
+               "skipped": list(skipped),
                "submissions": [{k: v for k, v in e.items() if k != "runs"} for e in ranked],
                "rows": [dict(row, submission=e["submission"]) for e in ranked for row in e["runs"].values()]}
     tmp = out / "leaderboard.json.tmp"

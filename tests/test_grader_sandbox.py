@@ -237,22 +237,45 @@ def test_what_the_sandbox_confines(tmp_path):
         assert seen["memfd"] == errno.EPERM
 
 
+def _seccomp(program: bytes, arch: int, number: int, arg0: int = 0) -> int:
+    """What the classic-BPF seccomp `program` returns for a call: a small interpreter of the four
+    instructions the filter uses (load word, jump if equal, jump if any bit set, return)."""
+    words = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    data = struct.pack("=iIQ6Q", number, arch, 0, arg0, 0, 0, 0, 0, 0)  # struct seccomp_data
+    pc, a = 0, 0
+    while True:
+        code, jt, jf, k = words[pc]
+        if code == 0x20:
+            a, pc = struct.unpack_from("=I", data, k)[0], pc + 1
+        elif code == 0x15:
+            pc += 1 + (jt if a == k else jf)
+        elif code == 0x45:
+            pc += 1 + (jt if a & k else jf)
+        else:
+            assert code == 0x06
+            return k
+
+
 @pytest.mark.parametrize("machine", sorted(sandbox.DENIED_SYSCALLS))
 def test_the_syscall_filter_program(machine):
-    """The seccomp program, decoded: arch check, the x32 bit, one test per denied call, allow, refuse."""
+    """The seccomp program, run: each denied call and every call of another ABI fail with EPERM, clone3
+    with ENOSYS, a clone asking for any new namespace with EPERM; a thread's or a fork's clone, and other
+    calls, pass."""
     arch, denied = sandbox.DENIED_SYSCALLS[machine]
     program = sandbox.syscall_filter(machine)
-    words = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
-    n = len(denied)
-    assert len(words) == 4 + 1 + n + 2
-    assert words[0] == (0x20, 0, 0, 4) and words[1] == (0x15, 1, 0, arch) and words[3] == (0x20, 0, 0, 0)
-    refuse = 0x00050000 | errno.EPERM
-    assert words[2] == (0x06, 0, 0, refuse) and words[-1] == (0x06, 0, 0, refuse)
-    assert words[-2] == (0x06, 0, 0, 0x7FFF0000)
-    for i, (code, jt, jf, k) in enumerate(words[4:4 + 1 + n], start=4):
-        assert i + 1 + jt == len(words) - 1 and jf == 0  # each test jumps to the refusing return
-    assert words[4][0] == 0x45 and words[4][3] == 0x40000000
-    assert sorted(w[3] for w in words[5:5 + n]) == sorted(denied.values())
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    for number in denied.values():
+        assert _seccomp(program, arch, number) == eperm
+        assert _seccomp(program, arch + 1, number) == eperm
+    assert {"unshare", "mount", "setns", "shmget", "memfd_create"} <= set(denied)
+    assert _seccomp(program, arch, 0) == allow and _seccomp(program, arch, 0x40000000 | 0) == eperm  # x32
+    assert _seccomp(program, 0x40000003, 0) == eperm  # i386
+    assert _seccomp(program, arch, sandbox.CLONE3) == enosys
+    clone = sandbox.CLONE[machine]
+    thread = 0x100 | 0x200 | 0x400 | 0x800 | 0x10000 | 0x40000 | 0x80000 | 0x100000 | 0x200000  # pthread_create's
+    assert _seccomp(program, arch, clone, thread) == allow and _seccomp(program, arch, clone, 17) == allow  # fork
+    for flag in (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000):
+        assert _seccomp(program, arch, clone, 17 | flag) == eperm
     assert sandbox.syscall_filter("sparc") is None
 
 
@@ -366,8 +389,9 @@ def test_submissions_named_like_the_boards_own_files_are_graded_and_the_board_is
         proc = _board(tmp_path, folder, out)
         assert proc.returncode == 0, proc.stderr
     assert "resuming: 7 of 7 runs" in proc.stdout and "│ \\xff " in proc.stdout
-    rows = {r["submission"]: r for r in json.loads((out / "leaderboard.json").read_text())["rows"]}
+    rows = {r["strategy"]: r for r in json.loads((out / "leaderboard.json").read_text())["rows"]}
     assert sorted(rows) == sorted(names) and all(r["status"] == "ok" for r in rows.values())
+    assert rows[os.fsdecode(b"\xff")]["submission"] == "\\xff"  # its name on the board, escaped
     assert (out / "leaderboard.csv").is_file() and (out / "results.jsonl").is_file()
     for name in names:
         assert Path(rows[name]["trace"]).parent == out / leaderboard.RUNS / leaderboard.run_folder(name)
@@ -528,17 +552,23 @@ def test_a_module_beside_the_submission_that_is_not_a_helper_is_one_clear_error(
     assert _one_run(tmp_path / "mine.py").status == "ok"
 
 
-def test_a_submission_in_a_package_imports_its_helpers_relatively(tmp_path):
-    """A file in a package runs as part of it, copied with each level's __init__.py and its helpers."""
+def test_a_submission_in_a_package_runs_as_a_file_without_its_packages_init(tmp_path):
+    """A run's folder is never a package: an `__init__.py` beside a submission (a classmate's, in a shared
+    folder) never runs, and the submission imports its helpers by name; a relative import says how."""
+    if sandbox_problem():
+        pytest.skip(f"the OS sandbox is not usable here: {sandbox_problem()}")
     package = tmp_path / "course" / "team"
     package.mkdir(parents=True)
     for folder in (package, package.parent):
-        (folder / "__init__.py").write_text("")
+        (folder / "__init__.py").write_text("raise SystemExit('the package ran')\n")
     (package / "_common.py").write_text((ROOT / "tests" / "submissions" / "honest.py").read_text())
-    (package / "mine.py").write_text("from ._common import train  # noqa: F401\n")
+    (package / "mine.py").write_text("from _common import train  # noqa: F401\n")
     (package / "other.py").write_text("raise SystemExit('a classmate')\n")
     from grader.runner import run_isolated
     from grader.scenario import Scenario
-    outcome = run_isolated(package / "mine.py", Scenario(cluster="2xA100-80GB", workload="toy:layers=2",
-                                                         global_batch=4), confine=sandbox_problem() is None)
+    scenario = Scenario(cluster="2xA100-80GB", workload="toy:layers=2", global_batch=4)
+    outcome = run_isolated(package / "mine.py", scenario)
     assert outcome.status == "ok", outcome.message
+    (package / "mine.py").write_text("from ._common import train  # noqa: F401\n")
+    outcome = run_isolated(package / "mine.py", scenario)
+    assert outcome.status == "failed" and "import a helper beside it by name" in outcome.message, outcome.message

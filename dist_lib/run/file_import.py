@@ -1,9 +1,10 @@
-"""Importing a user's strategy file as `python FILE` would: with its folder first on `sys.path` while it
-imports, so that the helper modules beside it (`_helpers.py`) import by name."""
+"""Importing a user's strategy file much as `python FILE` would: with its folder on `sys.path` while it
+imports (after the standard library), so that the helper modules beside it (`_helpers.py`) import by name."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,13 +12,15 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def beside(path: Path) -> Iterator[None]:
-    """While the file `path` imports, its folder comes first on `sys.path`. Afterwards the folder leaves
+    """While the file `path` imports, its folder is on `sys.path`, after the standard library's folders (a
+    `_uuid.py` or `json.py` beside it never shadows the standard module that `import uuid` loads), before
+    the installed packages. Afterwards the folder leaves
     `sys.path` again (a `numpy.py` beside one file must not shadow numpy for the rest of the process),
     and so do the modules imported from it from `sys.modules`: the file keeps what it imported, and the
     next file's `_helpers` is its own, not the first one's."""
     folder = path.parent
     before = set(sys.modules)
-    sys.path.insert(0, str(folder))
+    sys.path.insert(after_standard_library(), str(folder))
     try:
         yield
     finally:
@@ -27,6 +30,21 @@ def beside(path: Path) -> Iterator[None]:
             found = getattr(sys.modules.get(name), "__file__", None)
             if found and Path(found).parent == folder and Path(found) != path:
                 del sys.modules[name]
+
+
+def after_standard_library() -> int:
+    """The index in `sys.path` just past its last standard-library folder (`sysconfig`'s stdlib and
+    platstdlib, its lib-dynload, the zipped library), or 0 when none is listed."""
+    import sysconfig
+    paths = sysconfig.get_paths()
+    standard = {os.path.realpath(p) for p in (paths["stdlib"], paths["platstdlib"])}
+    standard |= {os.path.join(p, "lib-dynload") for p in standard}
+    last = -1
+    for index, entry in enumerate(sys.path):
+        real = os.path.realpath(entry) if entry else ""
+        if real in standard or (entry.endswith(".zip") and os.path.basename(entry).startswith("python")):
+            last = index
+    return last + 1
 
 
 def import_hint(error: BaseException) -> str:

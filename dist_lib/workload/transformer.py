@@ -21,6 +21,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dist_lib.native import MAX_NBYTES
+from dist_lib.workload import moe as moe_layers
+from dist_lib.workload.moe import MOE_KEYS, MoE
+from dist_lib.workload.routing import check_routing
 from dist_lib.workload import architecture as arch
 from dist_lib.errors import SpecError
 from dist_lib.specs import key_values, load_spec, number, read_toml, shown, text, whole
@@ -68,6 +71,9 @@ class Workload:
     dropout: bool = True
     parallel_block: bool = False
     attention: str = "unfused"
+    # Mixture of experts (`workload.moe`): None for a dense GPT; set, the layers are Llama-style MoE model
+    # layers (GQA or MLA attention, SwiGLU experts, untied embeddings) and these formulas are moe's.
+    moe: MoE | None = None
     # Measured per-layer times and memory by device type (`profiles.ProfileSet`), when built from profiles
     profile: object = field(default=None, compare=False, repr=False)
 
@@ -91,6 +97,9 @@ class Workload:
         if self.heads % arch.kv_heads(self):
             raise SpecError(f"workload {shown(self.name)}: kv_heads {self.kv_heads} does not divide heads {self.heads} "
                             f"(each key/value head serves a whole group of query heads)")
+        if self.moe is not None:
+            self.moe.check(f"workload {shown(self.name)}", self.heads, self.num_layers)
+            check_routing(self.moe, f"workload {shown(self.name)}")
         # One sample's largest tensor must fit a simulated buffer, or every strategy would fail on it.
         sample = {"layer 0's weights": self.layer_params(0) * self.bytes_per_element,
                   "one sample's activation stash": self.stash_bytes(0) + self.activation_bytes()}
@@ -116,6 +125,8 @@ class Workload:
 
     def layer_params(self, layer: int) -> int:
         """A layer's parameters; layer 0 also holds the input embeddings, the last one an untied LM head."""
+        if self.moe is not None:
+            return moe_layers.layer_params(self.moe, self.hidden, self.heads, self.vocab, layer, self.num_layers)
         params = arch.layer_params(self)
         if layer == 0:  # token and position embeddings (none in the toy workload)
             params += arch.input_embedding_params(self)
@@ -127,8 +138,19 @@ class Workload:
     def total_params(self) -> int:
         return sum(self.layer_params(layer) for layer in range(self.num_layers))
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: all of them for a dense model; an MoE model's top-k routed experts
+        instead of all of them (`workload.moe`)."""
+        if self.moe is None:
+            return self.total_params
+        return sum(moe_layers.layer_params(self.moe, self.hidden, self.heads, self.vocab, layer, self.num_layers,
+                                           active=True) for layer in range(self.num_layers))
+
     def layer_forward_flops(self, layer: int) -> float:
         """Forward FLOPs of one layer for one sample."""
+        if self.moe is not None:
+            return self.layer_gemm_flops(layer) + self.attention_core_flops()
         return float(arch.gemm_flops(self)) + float(arch.attention_core_flops(self))
 
     def head_forward_flops(self) -> float:
@@ -153,6 +175,11 @@ class Workload:
                             f"got {recompute!r}")
         if recompute == "full":  # only the layer input is kept, and that is its own Activation
             return 0
+        if self.moe is not None:
+            total = moe_layers.stash_bytes(self.moe, self.seq_len, self.hidden, self.heads, layer, tp,
+                                           recompute=recompute, sequence_parallel=sequence_parallel,
+                                           bytes_per_element=self.bytes_per_element)
+            return max(0, int(total) - self.activation_bytes())
         units = arch.stash_units(self, tp, recompute=recompute, sequence_parallel=sequence_parallel)
         total = self.seq_len * self.hidden * units
         return max(0, int(total * self.bytes_per_element / 2) - self.activation_bytes())
@@ -160,11 +187,16 @@ class Workload:
     # ---- what the cost model needs: GEMM FLOPs and the traffic of the memory-bound kernels --------
 
     def layer_gemm_flops(self, layer: int) -> float:
-        """Forward FLOPs of a layer's weight GEMMs for one sample (GPT: QKV 6sh^2, projection 2sh^2, MLP 16sh^2)."""
+        """Forward FLOPs of a layer's weight GEMMs for one sample (GPT: QKV 6sh^2, projection 2sh^2, MLP 16sh^2;
+        an MoE model's: 2 per active matrix parameter per token, `moe.matrix_flops`)."""
+        if self.moe is not None:
+            return moe_layers.matrix_flops(self.moe, self.seq_len, self.hidden, self.heads, layer)
         return float(arch.gemm_flops(self))
 
     def attention_core_flops(self) -> float:
         """Forward FLOPs of the attention core for one sample: Q K^T and softmax * V, 2*s^2*q*d each."""
+        if self.moe is not None:
+            return moe_layers.attention_core_flops(self.moe, self.seq_len, self.hidden, self.heads)
         return float(arch.attention_core_flops(self))
 
     def elementwise_bytes(self, tp: int = 1, sequence_parallel: bool = False, *, backward: bool = False,
@@ -281,12 +313,17 @@ def _override(base: Workload, values: dict, where: str, name: str, also: tuple[s
     """`base` with the fields `values` names changed; `also`: the other keys the source takes (a TOML
     file's `preset` and `name`), listed when a key is unknown."""
     changes: dict[str, object] = {"name": name}
+    moe_changes: dict[str, object] = {}
     for key, value in values.items():
         if key in _MICROSECOND_FIELDS:
             changes[_MICROSECOND_FIELDS[key]] = number(value, f"{where}: {key}", 0.0, 1e6, unit=" us") / 1e6
             continue
         if key == "kernel_time_scale":
             changes[key] = number(value, f"{where}: {key}", 0.0, MAX_KERNEL_TIME_SCALE, above=True)
+            continue
+        # kv_heads is the dense layer's field, and an MoE model's attention setting (`workload.moe`)
+        if key in MOE_KEYS and (key != "kv_heads" or base.moe is not None):
+            moe_changes[key] = MOE_KEYS[key](value, f"{where}: {key}")
             continue
         if key in _CHOICES:
             changes[key] = text(value, f"{where}: {key}").strip().lower()
@@ -295,9 +332,15 @@ def _override(base: Workload, values: dict, where: str, name: str, also: tuple[s
             changes[key] = _flag(value, f"{where}: {key}")
             continue
         if key not in _FIELD_NAMES:
-            raise SpecError(f"{where}: unknown field {shown(key)} (known: "
-                            f"{', '.join([*also, *_FIELD_NAMES, *_MICROSECOND_FIELDS, 'kernel_time_scale', *_CHOICES, *_FLAGS])})")
+            known = [*also, *_FIELD_NAMES, *_MICROSECOND_FIELDS, 'kernel_time_scale', *_CHOICES, *_FLAGS,
+                     *(k for k in MOE_KEYS if k not in _FIELD_NAMES)]
+            raise SpecError(f"{where}: unknown field {shown(key)} (known: {', '.join(known)})")
         changes[_FIELD_NAMES[key]] = whole(value, f"{where}: {key}", *FIELD_RANGES[_FIELD_NAMES[key]])
+    if moe_changes:
+        if base.moe is None and not {"experts", "top_k", "expert_ffn_hidden"} <= moe_changes.keys():
+            raise SpecError(f"{where}: a dense workload becomes a mixture of experts with experts, top_k and "
+                            f"expert_ffn_hidden all given (or start from an MoE preset such as mixtral-8x7b)")
+        changes["moe"] = replace(base.moe, **moe_changes) if base.moe is not None else MoE(**moe_changes)
     return replace(base, **changes)
 
 

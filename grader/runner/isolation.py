@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -69,7 +70,9 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
                  api: str | None = None, function: str | None = None, confine: bool = True) -> Outcome:
     """Run `strategy` on `scenario`; `confine=False` runs it without the OS sandbox (trusted code)."""
     clean_stale()
-    path = Path(strategy).resolve()
+    strategy = Path(strategy)
+    # the folder resolved, never the file itself: a submission that is a link is not followed
+    path = Path(os.path.realpath(strategy.parent)) / strategy.name if confine else strategy.resolve()
     job = {"strategy": str(path), "scenario": scenario.to_dict(), "api": api, "function": function,
            "timeout_s": limits.timeout_s, "address_space_bytes": limits.address_space_bytes,
            "processes": limits.processes, "open_files": limits.open_files, "file_bytes": limits.file_bytes}
@@ -91,9 +94,12 @@ def run_isolated(strategy: str | Path, scenario: Scenario, limits: Limits = Limi
             folder.chmod(0o711)  # the sandbox's user reads its job and its copies by name only
             readable = []
             if not _in_project_strategies(path):  # (the project's strategies/ is in every run's view)
-                root = _copy_submission(path, folder / "src")
-                job["strategy"] = str(root / path.relative_to(_import_root(path)))
-                copies[str(root)] = str(_import_root(path))
+                try:
+                    root = _copy_submission(path, folder / "src")
+                except _Refused as exc:
+                    return Outcome("bad_input", str(exc), kind="Refused", wall_s=time.monotonic() - started)
+                job["strategy"] = str(root / path.name)
+                copies[str(root)] = str(path.parent)
                 readable.append(root)
             job["scenario"] = _run_inputs(scenario.to_dict(), folder, copies)
             if (folder / "inputs").is_dir():
@@ -177,59 +183,60 @@ def _in_project_strategies(path: Path) -> bool:
 
 
 def _copy_submission(path: Path, src: Path) -> Path:
-    """Copy the strategy file `path` and the `_*.py` helpers beside it (what the resume fingerprint
-    covers) under `src`, world-readable, and return the folder to import it from. A file inside a package
-    keeps its package path, each level with its `__init__.py` alone, so that its relative imports of
-    its helpers work. Nothing else of its folder is copied: the other submissions stay unseen. Nor is a
-    helper that is a symbolic link (a `__init__.py` that is one is copied empty): a link could name a
-    classmate's file, or any other file the grader may read, and hand it to the run."""
-    root = _import_root(path)
+    """Copy the strategy file `path` and the helpers beside it that it names (`intake.named_helpers`, what
+    the resume fingerprint covers) into the folder `src`, world-readable, and return `src`, the folder the
+    run imports it from. Nothing else of its folder is copied: not the other submissions, not a helper it
+    does not name, never an `__init__.py` (the run's folder is never a package: a classmate's
+    `__init__.py` in a shared folder runs in no other run), and no symbolic link (a link could name a
+    classmate's file, or any other file the grader may read). Raises `_Refused` when the submission itself
+    is not a regular file."""
+    from ..intake import named_helpers
     src.mkdir(mode=0o755)
-    level = path.parent
-    while level != root:  # the package levels, innermost first
-        copy = src / level.relative_to(root)
-        copy.mkdir(parents=True, exist_ok=True)
-        init = level / "__init__.py"
-        if init.is_symlink():  # (its package stays importable; what the link names is not copied)
-            (copy / "__init__.py").write_text("")
-            (copy / "__init__.py").chmod(0o644)
-        else:
-            os.chmod(shutil.copy(init, copy / "__init__.py"), 0o644)
-        level = level.parent
-    target = src / path.parent.relative_to(root)
-    for source in [path, *sorted(path.parent.glob("_*.py"))]:
-        if source.is_file() and not source.is_symlink():
-            os.chmod(shutil.copy(source, target / source.name), 0o644)
-    for folder in [src, *(p for p in src.rglob("*") if p.is_dir())]:
-        folder.chmod(0o755)
+    for source in [path, *named_helpers(path)]:
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            if source == path:
+                raise _Refused(f"submission {path}: cannot be read without following a link ({exc.strerror})") \
+                    from None
+            continue  # (a helper gone or turned into a link since it was named: the run finds none)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                if source == path:
+                    raise _Refused(f"submission {path}: not a regular file")
+                continue
+            target = src / source.name
+            with open(target, "wb") as out:
+                shutil.copyfileobj(fh, out)
+        target.chmod(0o644)
     return src
+
+
+class _Refused(Exception):
+    """A submission that cannot be run as it is (one line)."""
 
 
 def _unseen_module(message: str, path: Path) -> str:
     """A hint for a failed run whose import of a module beside the submission found nothing: the run
-    sees its own file and the `_*.py` helpers beside it, not the rest of its folder."""
+    sees its own file and the `_*.py` helpers beside it that it names, not the rest of its folder."""
     found = re.search(r"ModuleNotFoundError: No module named '([A-Za-z_][A-Za-z0-9_]*)'", message)
     if found is None:
         return ""
     name, folder = found.group(1), path.parent
-    if name.startswith("_") and (folder / f"{name}.py").is_symlink():
+    helper = folder / f"{name}.py"
+    if name.startswith("_") and helper.is_symlink():
         return (f" (a run sees its own file and the _*.py helpers beside it that are files, not symbolic links: "
                 f"{name}.py in {folder} is a link)")
-    if name.startswith("_") and not (folder / f"{name}.py").is_file() and importlib.util.find_spec(name) is None:
+    if name.startswith("_") and helper.is_file():
+        return (f" (a run is given only the _*.py helpers beside it that its files name: import it by name, "
+                f"`import {name}`, so that {name}.py in {folder} comes with it)")
+    if name.startswith("_") and importlib.util.find_spec(name) is None:
         return (f" (a run sees its own file and the _*.py helpers beside it: there is no {name}.py "
                 f"in {folder})")
     if not name.startswith("_") and ((folder / f"{name}.py").is_file() or (folder / name).is_dir()):
         return (f" (a run sees its own file and the _*.py helpers beside it, not the rest of its folder: "
                 f"name the helper module _{name}.py and import it as _{name})")
     return ""
-
-
-def _import_root(path: Path) -> Path:
-    """The folder a strategy file is imported from (above its package, if it is in one)."""
-    root = path.parent
-    while (root / "__init__.py").is_file() and root.parent != root:
-        root = root.parent
-    return root
 
 
 def _wait(argv: list[str], env: dict[str, str], cwd: Path, files: dict[str, Any],

@@ -15,7 +15,10 @@
   grader's results and the host's /tmp;
 * without the system calls that hold memory no rlimit of the run counts (`syscall_filter`): System V
   shared memory and message queues keep their pages in the kernel after the process lets go of them,
-  and a `memfd_create` file lives outside the /tmp size limit;
+  and a `memfd_create` file lives outside the /tmp size limit; nor may it make a namespace or a mount
+  of its own (a user namespace of its own would let it mount a tmpfs, whose pages no rlimit counts):
+  bubblewrap's `--disable-userns` where it has it (0.8.0 on), and the filter refusing `unshare`,
+  `setns`, the mount calls and a `clone` into new namespaces;
 * in a new session (no terminal to inject keystrokes into), killed with the grader (`--die-with-parent`);
   when the run's first process ends or is killed, the kernel kills every process of its pid namespace,
   daemons included.
@@ -51,11 +54,24 @@ SHM_BYTES = 2**20  # /dev/shm: POSIX semaphores (multiprocessing's locks) take a
 
 # The system calls a run may not make, by machine: (the seccomp audit architecture, {name: number}). From
 # the kernel's syscall tables (arch/x86/entry/syscalls/syscall_64.tbl; include/uapi/asm-generic/unistd.h
-# for arm64) and AUDIT_ARCH_* in include/uapi/linux/audit.h.
+# for arm64) and AUDIT_ARCH_* in include/uapi/linux/audit.h. System V shared memory and message queues and
+# memfd files hold memory no rlimit counts; a new namespace or mount (a user namespace gives its creator
+# the capabilities to mount a tmpfs, whose pages no rlimit counts either) is refused outright, and so is a
+# `clone` asking for a new namespace.
 DENIED_SYSCALLS = {
-    "x86_64": (0xC000003E, {"shmget": 29, "msgget": 68, "memfd_create": 319}),
-    "aarch64": (0xC00000B7, {"shmget": 194, "msgget": 186, "memfd_create": 279}),
+    "x86_64": (0xC000003E, {"shmget": 29, "msgget": 68, "memfd_create": 319, "unshare": 272, "setns": 308,
+                            "mount": 165, "umount2": 166, "pivot_root": 155, "open_tree": 428, "move_mount": 429,
+                            "fsopen": 430, "fsconfig": 431, "fsmount": 432, "mount_setattr": 442}),
+    "aarch64": (0xC00000B7, {"shmget": 194, "msgget": 186, "memfd_create": 279, "unshare": 97, "setns": 268,
+                             "mount": 40, "umount2": 39, "pivot_root": 41, "open_tree": 428, "move_mount": 429,
+                             "fsopen": 430, "fsconfig": 431, "fsmount": 432, "mount_setattr": 442}),
 }
+CLONE = {"x86_64": 56, "aarch64": 220}  # clone: refused when its flags (argument 0) ask for a namespace
+CLONE3 = 435  # clone3 passes its flags in memory a filter cannot read: ENOSYS, and the C library falls back
+# to clone (as container runtimes' default seccomp profiles do)
+# CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+# (include/uapi/linux/sched.h)
+NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
 
 def _prefix() -> list[str] | None:
@@ -73,22 +89,39 @@ def _prefix() -> list[str] | None:
 
 def syscall_filter(machine: str | None = None) -> bytes | None:
     """A seccomp program (classic BPF, as bubblewrap's `--seccomp` reads it) that fails the calls of
-    `DENIED_SYSCALLS` with EPERM, and every call of another ABI (32-bit or x32 entry points, whose numbers
-    differ); None on a machine not in the table (the sandbox then runs without it)."""
-    arch, denied = DENIED_SYSCALLS.get(machine or platform.machine(), (None, None))
+    `DENIED_SYSCALLS` with EPERM, a `clone` with any of `NAMESPACE_FLAGS` with EPERM, `clone3` with ENOSYS,
+    and every call of another ABI (32-bit or x32 entry points, whose numbers differ) with EPERM; None on a
+    machine not in the table (the sandbox then runs without it)."""
+    machine = machine or platform.machine()
+    arch, denied = DENIED_SYSCALLS.get(machine, (None, None))
     if arch is None:
         return None
     load, jump_eq, jump_set, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, |JSET|K, BPF_RET|K
     allow, refuse = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    numbers = sorted(denied.values())
-    # 0: A = arch; 1: other ABI -> refuse; 2: A = number; 3: x32 bit -> refuse; then one test per call
-    tests = [(jump_set, 0x40000000)] + [(jump_eq, number) for number in numbers]
-    refuse_at = 4 + len(tests) + 1  # after the tests and the allowing return
-    program = [(load, 0, 0, 4), (jump_eq, 1, 0, arch), (ret, 0, 0, refuse), (load, 0, 0, 0)]
-    for code, k in tests:
-        program.append((code, refuse_at - (len(program) + 1), 0, k))
-    program += [(ret, 0, 0, allow), (ret, 0, 0, refuse)]
-    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+    no_such = 0x00050000 | errno.ENOSYS
+    # (op, true target, false target, k): a target is a label, or None for the next instruction
+    program: list[tuple[int, object, object, int]] = [
+        (load, None, None, 4), (jump_eq, "arch ok", None, arch), (ret, None, None, refuse), ("arch ok", 0, 0, 0),
+        (load, None, None, 0), (jump_set, "refuse", None, 0x40000000)]  # A = number; the x32 bit
+    program += [(jump_eq, "refuse", None, number) for number in sorted(denied.values())]
+    program += [(jump_eq, "no such", None, CLONE3), (jump_eq, "clone", None, CLONE[machine]),
+                (ret, None, None, allow),
+                ("clone", 0, 0, 0), (load, None, None, 16), (jump_set, "refuse", None, NAMESPACE_FLAGS),
+                (ret, None, None, allow),
+                ("no such", 0, 0, 0), (ret, None, None, no_such),
+                ("refuse", 0, 0, 0), (ret, None, None, refuse)]
+    labels, code = {}, []
+    for op, true, false, k in program:
+        if isinstance(op, str):
+            labels[op] = len(code)
+        else:
+            code.append((op, true, false, k))
+
+    def offset(target: object, at: int) -> int:
+        return 0 if target is None else labels[target] - (at + 1)
+
+    return b"".join(struct.pack("=HBBI", op, offset(true, i), offset(false, i), k)
+                    for i, (op, true, false, k) in enumerate(code))
 
 
 def filter_file(folder: Path) -> int | None:
@@ -168,12 +201,27 @@ def command(argv: list[str], *, job: Path, readable: list[Path], scratch_bytes: 
         binds += ["--ro-bind", str(path), str(path)]
     seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
     # /tmp before the rest: a project or environment that lies under the host's /tmp shows over it
-    return [*prefix, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+    return [*prefix, "--unshare-user", *disable_userns(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--size", str(int(scratch_bytes)), "--tmpfs", "/tmp", *view(),
             "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
             "--proc", "/proc", *binds, "--ro-bind", str(job), "/tmp/job.json", "--remount-ro", "/",
             "--chdir", "/tmp", "--setenv", "HOME", "/tmp", "--die-with-parent", "--new-session",
             *seccomp, "--", *argv]
+
+
+@functools.lru_cache(maxsize=1)
+def disable_userns() -> tuple[str, ...]:
+    """bubblewrap's `--disable-userns` (from version 0.8.0: no process of the sandbox may make a user
+    namespace of its own) where this bubblewrap has it, else nothing (the syscall filter refuses
+    `unshare` and a `clone` into new namespaces all the same, on the machines it knows)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return ()
+    try:
+        text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return ("--disable-userns",) if "--disable-userns" in text else ()
 
 
 def readable_by_sandbox(path: Path) -> bool:

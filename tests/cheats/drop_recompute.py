@@ -4,7 +4,7 @@ from dist_lib.run import recording as _rec
 import pathlib as _p, sys as _s  # noqa: E401 - the shared honest step, beside this file
 _s.path.insert(0, str(_p.Path(__file__).parent))
 import _base  # noqa: E402
-_pipeline = _base.sibling("honest_pipeline.py")
+_pipeline = _base.sibling("_honest_pipeline.py")
 _emit = _rec.Recorder.emit
 _seen = set()
 

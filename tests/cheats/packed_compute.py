@@ -3,7 +3,7 @@ TWIN = "honest_pipeline"  # the honest strategy this cheat must not rank above
 import pathlib as _p, sys as _s  # noqa: E401 - the shared honest step, beside this file
 _s.path.insert(0, str(_p.Path(__file__).parent))
 import _base  # noqa: E402
-_pipeline = _base.sibling("honest_pipeline.py")
+_pipeline = _base.sibling("_honest_pipeline.py")
 
 
 class _Packed:
