@@ -337,3 +337,52 @@ def test_a_recorded_program_with_the_new_ops_replays_to_the_same_result(every_op
     replayed = replay(programs, CLUSTER, TOY, 16)
     assert summary(replayed) == summary(recorded)
     assert all(replayed.memory_timeline(r) == recorded.memory_timeline(r) for r in range(8))
+
+
+# ---- edges: memory, a group of one, a step in two processes ---------------------------------------------------
+
+def test_a_broadcast_copy_that_does_not_fit_is_an_out_of_memory_error_naming_the_op():
+    from dist_lib.errors import OutOfMemoryError
+
+    async def train(model):
+        await model.broadcast(model.get_input_activation(range(9000)) if model.rank == 0 else None, root=0)
+
+    with pytest.raises(OutOfMemoryError, match=r"rank 1 \(T4, .*in broadcast\(layer 0\) allocating 17.58 GiB"):
+        simulate(train, "1xA100-80GB+1xT4", TOY, 9000, check=False)
+
+
+def test_the_ops_over_a_group_of_one_take_no_time():
+    async def train(model):
+        x = model.get_input_activation([model.rank])
+        got = await model.all_to_all([x], [model.rank])
+        assert got[0].samples == x.samples and got[0] is not x
+        assert await model.broadcast(x, model.rank, [model.rank]) is x
+        await model.barrier([model.rank])
+        assert model.time == 0.0
+
+    run(train, batch=2, cluster="2xA100-80GB")
+
+
+GROUPS_IN_A_NODE = '''
+async def train(model):
+    group = [r for r in range(8) if r // 4 == model.rank // 4]
+    x = model.get_input_activation([model.rank])
+    got = await model.all_to_all([model.split_samples(x, [model.rank]) if j % 2 == 0 else None for j in range(4)],
+                                 group)
+    copy = await model.broadcast(x if model.rank == group[0] else None, group[0], group)
+    await model.barrier(group)
+    await (model.send(copy, model.rank + 4) if model.rank < 4 else model.recv(model.rank - 4))
+    if model.rank == 0:
+        await model.barrier([0, 4])
+'''
+
+
+def test_in_two_processes_the_ops_within_a_half_give_the_same_result_and_across_them_one_error(tmp_path):
+    path = tmp_path / "groups.py"
+    path.write_text(GROUPS_IN_A_NODE.replace("    if model.rank == 0:\n        await model.barrier([0, 4])\n", ""))
+    one, two = (simulate(path, CLUSTER, TOY, 8, check=False, workers=w) for w in (1, 2))
+    assert summary(two) == summary(one)
+    path.write_text(GROUPS_IN_A_NODE)
+    with pytest.raises(TensorError, match=r"rank 0 barrier on group \[0, 4\]: a barrier across the two processes "
+                                          r"of a split step is not supported; run it with workers=1"):
+        simulate(path, CLUSTER, TOY, 8, check=False, workers=2)

@@ -105,17 +105,24 @@ def _resolve(engine: Engine, coll: OtherCollective) -> None:
         collectives._start(engine, coll)
 
 
-def _arrive(state: RankState, result: Any, end: float) -> Any:
+def _arrive(state: RankState, op: str, result: Any, end: float) -> Any:
     """What arrives on a member at `end`, made on it then (at its clock, if that is later)."""
     clock = state.clock
     if end > clock:
         state.clock = end
     try:
         if result.__class__ is list:
-            return [None if t is None else _Pending(t).materialize(state) for t in result]
-        return _Pending(result).materialize(state)
+            return [None if t is None else _copy(state, op, t) for t in result]
+        return _copy(state, op, result)
     finally:
         state.clock = clock
+
+
+def _copy(state: RankState, op: str, t: Any) -> Any:
+    """A copy of tensor `t` in a new buffer on `state`'s rank, without a stash (as a received message)."""
+    pending = _Pending(t)
+    state.memory.context = (op, pending.layer)  # what an out-of-memory error names
+    return pending.cls(state.memory, pending.nbytes, state.rank, *pending.values)
 
 
 def _finish(engine: Engine, transfer: Transfer) -> None:
@@ -146,7 +153,7 @@ def _complete(engine: Engine, coll: OtherCollective, work: Work, result: Any, ar
         state.comm_end = end
     work.end = end
     if arrives:
-        result = _arrive(state, result, end)
+        result = _arrive(state, coll.op, result, end)
     work.result = result
     if coll.op == "all_to_all":  # what the member received
         pieces = [t for t in result if t is not None]
