@@ -67,6 +67,8 @@ def test_an_unknown_field_of_a_workload_file_lists_every_field_the_file_takes(tm
         Workload.load(path)
     assert str(caught.value) == (f"{path}: unknown field 'layer' (known: preset, name, layers, hidden, heads, seq, "
                                  f"vocab, bytes_per_element, grad_bytes_per_element, framework_overhead_us, "
-                                 f"tp_overhead_us, kernel_time_scale)")
+                                 f"tp_overhead_us, kernel_time_scale, experts, top_k, expert_ffn_hidden, shared_experts, "
+                                 f"shared_ffn_hidden, dense_ffn_hidden, moe_every, first_dense, capacity_factor, router, "
+                                 f"kv_heads, mla, routing, routing_seed)")
     with pytest.raises(SpecError, match=r"unknown field 'layer' \(known: layers, hidden,"):
         Workload.load("gpt-1.3b:layer=4")  # a spec string takes no preset or name among its overrides

@@ -34,6 +34,9 @@ class Reduced:
     def materialize(self, t: Tensor) -> Tensor:
         if t.__class__ is WeightGrad:
             return WeightGrad(t, 0, t.rank, t.layer, self.samples, t.shards, t.num_shards, t.tp_rank, t.tp_size)
+        if isinstance(t, WeightGrad):  # an ExpertGrad: the same, of its experts
+            return t.__class__(t, 0, t.rank, t.layer, self.samples, t.shards, t.num_shards, t.tp_rank, t.tp_size,
+                               t.experts)
         return t.__class__(t, 0, t.rank, t.layer, t.samples, self.tp_parts, self.tp_size)
 
 
@@ -148,6 +151,10 @@ def summed(coll: Collective, inputs: list[Tensor]) -> tuple[Reduced, int, str]:
     if isinstance(first, WeightGrad):
         samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
                                   "a sample's gradient would be counted twice")
+        if len({getattr(t, "experts", None) for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: members hold gradients of different experts "
+                                          f"{ {r: describe_mask(getattr(t, 'experts', 0)) for r, t in zip(ranks, inputs)} }; "
+                                          f"reduce an expert's gradient among the ranks that hold that expert")
         shards = {(t.shards, t.num_shards) for t in inputs}
         if len(shards) > 1:
             raise CollectiveMismatchError(f"{head}: members hold different ZeRO shards; "

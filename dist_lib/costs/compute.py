@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from dist_lib.costs import experts
 from dist_lib.hardware.devices import Device
 from dist_lib.workload.transformer import Workload
 
@@ -86,9 +87,10 @@ def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -
     return [(k, n, m) for m, n, k in forward]
 
 
-def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int, pass_: str) -> float:
-    return sum(gemm_time(device, m, n, k, 1, workload.bytes_per_element)
-               for m, n, k in _weight_gemm_shapes(workload, samples, tp, pass_))
+def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int, pass_: str, layer: int = 0) -> float:
+    shapes = _weight_gemm_shapes(workload, samples, tp, pass_) if workload.moe is None \
+        else experts.gemm_shapes(workload, layer, samples, tp, pass_)  # an MoE model's layers: costs.experts
+    return sum(gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes)
 
 
 def _attention_time(device: Device, workload: Workload, samples: int, tp: int, backward: bool = False) -> float:
@@ -134,7 +136,7 @@ def forward_time(device: Device, workload: Workload, layer: int, samples: int, t
     measured = _profiled(device, workload, layer, samples, tp, FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "forward")
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "forward", layer)
                        + _attention_time(device, workload, samples, tp)
                        + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
 
@@ -178,7 +180,7 @@ def backward_input_time(device: Device, workload: Workload, layer: int, samples:
     if measured is not None:
         return measured
     # weight GEMMs' input gradients, plus the attention core's backward (four batched GEMMs, 2x its forward)
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "input")
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "input", layer)
                        + _attention_time(device, workload, samples, tp, backward=True)
                        + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel,
                                                                                    backward=True)))
@@ -189,7 +191,7 @@ def backward_weight_time(device: Device, workload: Workload, layer: int, samples
     measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
     if measured is not None:
         return measured
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "weight"))
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "weight", layer))
 
 
 def weight_pass_bytes(workload: Workload, tp: int = 1, *, sequence_parallel: bool = False) -> float:

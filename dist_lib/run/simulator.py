@@ -22,6 +22,7 @@ from dist_lib.errors import DeadlockError, IncorrectStepError, ResourceError, Sp
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.memory.tracker import RankLog, cycle_collector_paused, slot_records
 from dist_lib.model.handle import Model
+from dist_lib.model.experts import ExpertBooks, MoEModel
 from dist_lib.output.result import PerRank, Result
 from dist_lib.specs import shown
 from dist_lib.run.split import Coordinator
@@ -92,7 +93,10 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     theirs = choose_worker_ranks(cluster, worker_ranks) if workers == 2 else []
     engine = Engine(cluster, workload, global_batch_size, enforce_memory)
     engine.cancel_is_strategys = _OWN_LOOP.get()
-    models = [Model(engine, r) for r in range(cluster.world_size)]
+    if workload.moe is not None and workers != 1:
+        raise SpecError(f"workers=2: a step of the mixture-of-experts workload {workload.name} runs in one process")
+    books = ExpertBooks(engine) if workload.moe is not None else None
+    models = [Model(engine, r) if books is None else MoEModel(engine, r, books) for r in range(cluster.world_size)]
     order = list(range(cluster.world_size))
     if start_order_seed is not None:
         random.Random(start_order_seed).shuffle(order)
@@ -105,7 +109,8 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
                 await engine.run(make, order)
                 if engine.instant_transfers:  # (else the engine numbered the op ids in that order already)
                     engine.events.renumber()
-                return _finish(engine, options, name, check, _books(engine, range(cluster.world_size)))
+                return _finish(engine, options, name, check, _books(engine, range(cluster.world_size)),
+                               books.problems() if books is not None else [])
             return _finish(engine, options, name, check, await _run_split(engine, make, order, theirs))
     except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
@@ -178,7 +183,8 @@ async def _run_split(engine: Engine, make: Callable, order: list[int], theirs: l
     return books.join(ours, their_books, theirs)
 
 
-def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, books: Books) -> Result:
+def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, books: Books,
+            expert_problems: list[str] = ()) -> Result:
     """After every rank returned: the leftovers check, the end-of-step check and the result."""
     if books.leftovers:
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
@@ -187,6 +193,7 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, boo
     problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
     if not problems:  # (else what is missing is already named, layer by layer)
         problems = check_kept(books.loaded, finals)
+    problems = problems + list(expert_problems)  # a mixture of experts' routed experts (`model.experts`)
     engine.events.pack()
     workload = engine.workload
     result = Result(

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dist_lib.native import MAX_NBYTES
+from dist_lib.workload import moe as moe_layers
+from dist_lib.workload.moe import MOE_KEYS, MoE
+from dist_lib.workload.routing import check_routing
 from dist_lib.errors import SpecError
 from dist_lib.specs import key_values, load_spec, number, read_toml, shown, text, whole
 
@@ -50,6 +53,9 @@ class Workload:
     # for Megatron-LM's fp32 main gradients or DeepSpeed's fp32_allreduce (which casts the 16-bit gradients
     # to fp32 for the all-reduce; here they are fp32 throughout, 2 bytes a parameter more memory).
     grad_bytes_per_element: int = 2
+    # Mixture of experts (`workload.moe`): None for a dense GPT; set, the layers are Llama-style MoE model
+    # layers (GQA or MLA attention, SwiGLU experts, untied embeddings) and these formulas are moe's.
+    moe: MoE | None = None
     # Measured per-layer times and memory by device type (`profiles.ProfileSet`), when built from profiles
     profile: object = field(default=None, compare=False, repr=False)
 
@@ -62,6 +68,9 @@ class Workload:
                above=True)
         if self.hidden % self.heads:
             raise SpecError(f"workload {shown(self.name)}: hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.moe is not None:
+            self.moe.check(f"workload {shown(self.name)}", self.heads, self.num_layers)
+            check_routing(self.moe, f"workload {shown(self.name)}")
         # One sample's largest tensor must fit a simulated buffer, or every strategy would fail on it.
         sample = {"layer 0's weights": self.layer_params(0) * self.bytes_per_element,
                   "one sample's activation stash": self.stash_bytes(0) + self.activation_bytes()}
@@ -83,6 +92,8 @@ class Workload:
 
     def layer_params(self, layer: int) -> int:
         h = self.hidden
+        if self.moe is not None:
+            return moe_layers.layer_params(self.moe, h, self.heads, self.vocab, layer, self.num_layers)
         params = 12 * h * h + 13 * h
         if layer == 0 and self.vocab:  # token and position embeddings (none in the toy workload)
             params += self.vocab * h + self.seq_len * h
@@ -92,9 +103,20 @@ class Workload:
     def total_params(self) -> int:
         return sum(self.layer_params(layer) for layer in range(self.num_layers))
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: all of them for a dense model; an MoE model's top-k routed experts
+        instead of all of them (`workload.moe`)."""
+        if self.moe is None:
+            return self.total_params
+        return sum(moe_layers.layer_params(self.moe, self.hidden, self.heads, self.vocab, layer, self.num_layers,
+                                           active=True) for layer in range(self.num_layers))
+
     def layer_forward_flops(self, layer: int) -> float:
         """Forward FLOPs of one layer for one sample."""
         s, h = self.seq_len, self.hidden
+        if self.moe is not None:
+            return self.layer_gemm_flops(layer) + self.attention_core_flops()
         return 24.0 * s * h * h + 4.0 * s * s * h
 
     def head_forward_flops(self) -> float:
@@ -119,6 +141,11 @@ class Workload:
                             f"got {recompute!r}")
         if recompute == "full":  # only the layer input is kept, and that is its own Activation
             return 0
+        if self.moe is not None:
+            total = moe_layers.stash_bytes(self.moe, self.seq_len, self.hidden, self.heads, layer, tp,
+                                           recompute=recompute, sequence_parallel=sequence_parallel,
+                                           bytes_per_element=self.bytes_per_element)
+            return max(0, int(total) - self.activation_bytes())
         s, h, a = self.seq_len, self.hidden, self.heads
         attention = 0.0 if recompute == "selective" else 5 * a * s / (h * tp)
         if tp == 1:
@@ -132,11 +159,16 @@ class Workload:
     # ---- what the cost model needs: GEMM FLOPs and the traffic of the memory-bound kernels --------
 
     def layer_gemm_flops(self, layer: int) -> float:
-        """Forward FLOPs of a layer's weight GEMMs for one sample (QKV 6sh^2, projection 2sh^2, MLP 16sh^2)."""
+        """Forward FLOPs of a layer's weight GEMMs for one sample (QKV 6sh^2, projection 2sh^2, MLP 16sh^2;
+        an MoE model's: 2 per active matrix parameter per token, `moe.matrix_flops`)."""
+        if self.moe is not None:
+            return moe_layers.matrix_flops(self.moe, self.seq_len, self.hidden, self.heads, layer)
         return 24.0 * self.seq_len * self.hidden * self.hidden
 
     def attention_core_flops(self) -> float:
         """Forward FLOPs of the attention core for one sample: Q K^T and softmax * V, 2*s^2*h each."""
+        if self.moe is not None:
+            return moe_layers.attention_core_flops(self.moe, self.seq_len, self.hidden, self.heads)
         return 4.0 * self.seq_len * self.seq_len * self.hidden
 
     def elementwise_bytes(self, tp: int = 1, sequence_parallel: bool = False, *, backward: bool = False,
@@ -245,6 +277,7 @@ def _override(base: Workload, values: dict, where: str, name: str, also: tuple[s
     """`base` with the fields `values` names changed; `also`: the other keys the source takes (a TOML
     file's `preset` and `name`), listed when a key is unknown."""
     changes: dict[str, object] = {"name": name}
+    moe_changes: dict[str, object] = {}
     for key, value in values.items():
         if key in _MICROSECOND_FIELDS:
             changes[_MICROSECOND_FIELDS[key]] = number(value, f"{where}: {key}", 0.0, 1e6, unit=" us") / 1e6
@@ -252,10 +285,18 @@ def _override(base: Workload, values: dict, where: str, name: str, also: tuple[s
         if key == "kernel_time_scale":
             changes[key] = number(value, f"{where}: {key}", 0.0, MAX_KERNEL_TIME_SCALE, above=True)
             continue
+        if key in MOE_KEYS:
+            moe_changes[key] = MOE_KEYS[key](value, f"{where}: {key}")
+            continue
         if key not in _FIELD_NAMES:
             raise SpecError(f"{where}: unknown field {shown(key)} (known: "
-                            f"{', '.join([*also, *_FIELD_NAMES, *_MICROSECOND_FIELDS, 'kernel_time_scale'])})")
+                            f"{', '.join([*also, *_FIELD_NAMES, *_MICROSECOND_FIELDS, 'kernel_time_scale', *MOE_KEYS])})")
         changes[_FIELD_NAMES[key]] = whole(value, f"{where}: {key}", *FIELD_RANGES[_FIELD_NAMES[key]])
+    if moe_changes:
+        if base.moe is None and not {"experts", "top_k", "expert_ffn_hidden"} <= moe_changes.keys():
+            raise SpecError(f"{where}: a dense workload becomes a mixture of experts with experts, top_k and "
+                            f"expert_ffn_hidden all given (or start from an MoE preset such as mixtral-8x7b)")
+        changes["moe"] = replace(base.moe, **moe_changes) if base.moe is not None else MoE(**moe_changes)
     return replace(base, **changes)
 
 
