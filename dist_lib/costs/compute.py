@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 
 from dist_lib.costs import experts
+from dist_lib.costs.attention import flash_times
 from dist_lib.hardware.devices import Device
+from dist_lib.workload import architecture as arch
 from dist_lib.workload.transformer import Workload
 
 # GEMM kernels are timed by their shape, as a tiled kernel runs on the GPU (NVIDIA, "Matrix
@@ -76,10 +78,10 @@ def compute_time(device: Device, flops: float, bytes_moved: float) -> float:
 
 def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -> list[tuple[float, float, float]]:
     """(M, N, K) of a layer's four weight GEMMs on one TP rank (Megatron: QKV and MLP-up split by
-    columns, projection and MLP-down by rows; Shoeybi et al. 2019, sec. 3): forward Y = X W, the
+    columns, projection and MLP-down by rows; Shoeybi et al. 2019, sec. 3; GPT: widths 3h, h, 4h and h,
+    `architecture.weight_gemm_shapes` for any layer): forward Y = X W, the
     input gradient dX = dY W^T (M, K, N) and the weight gradient dW = X^T dY (K, N, M)."""
-    tokens, h = samples * workload.seq_len, workload.hidden
-    forward = [(tokens, 3 * h / tp, h), (tokens, h, h / tp), (tokens, 4 * h / tp, h), (tokens, h, 4 * h / tp)]
+    forward = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
     if pass_ == "forward":
         return forward
     if pass_ == "input":
@@ -96,8 +98,13 @@ def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int
 def _attention_time(device: Device, workload: Workload, samples: int, tp: int, backward: bool = False) -> float:
     """The attention core's batched GEMMs, one matrix per sample and local head (head size d = h/a):
     forward Q K^T (s x s x d) and P V (s x d x s); backward dP = dO V^T (s x s x d) and dQ, dK, dV
-    (each s x d x s)."""
-    s, d = workload.seq_len, workload.hidden / workload.heads
+    (each s x d x s). A FlashAttention kernel instead runs at its measured speed (`costs.attention`)."""
+    if workload.attention != "unfused":
+        flops = samples * workload.attention_core_flops() / tp
+        forward, backward_time = flash_times(device, workload.attention, flops, arch.head_dim(workload),
+                                             workload.seq_len)
+        return backward_time if backward else forward
+    s, d = workload.seq_len, arch.head_dim(workload)
     batch = samples * workload.heads / tp
     scores = gemm_time(device, s, s, d, batch, workload.bytes_per_element)
     mixes = gemm_time(device, s, d, s, batch, workload.bytes_per_element)
@@ -144,8 +151,8 @@ def forward_time(device: Device, workload: Workload, layer: int, samples: int, t
 def recompute_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
                    recompute: str = "selective", sequence_parallel: bool = False) -> float:
     """Extra time backward spends re-running forward work: none; the attention core alone
-    (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5); or the
-    whole layer forward (`full`)."""
+    (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5; with FlashAttention
+    the forward kernel again, which saves only its log-sum-exp); or the whole layer forward (`full`)."""
     if recompute == "none":
         return 0.0
     if recompute == "full":
