@@ -265,12 +265,12 @@ def test_every_model_op_is_recorded():
 
 def test_an_op_the_recorder_does_not_know_is_refused(monkeypatch):
     from dist_lib.model.handle import Model
-    monkeypatch.setattr(Model, "broadcast", lambda self, x: x, raising=False)
+    monkeypatch.setattr(Model, "scatter", lambda self, x: x, raising=False)
 
     async def train(model):
-        model.broadcast(None)
+        model.scatter(None)
 
-    with pytest.raises(TensorError, match="broadcast: this op is not recorded"):
+    with pytest.raises(TensorError, match="scatter: this op is not recorded"):
         record(train, "1xA100-80GB", WORKLOAD, BATCH)
 
 
