@@ -299,13 +299,17 @@ def _start(engine: Engine, coll: Collective) -> None:
     group = coll.group
     group.busy = True
     start = max(max(w.issue for w in coll.works), group.free)  # type: ignore[union-attr]
-    engine.schedule(Transfer(start, coll.duration, group.usage, _finish, coll, (0, group.ranks, coll.seq)))
+    # (a broadcast, reduce, barrier or all-to-all, `other_collectives.py`, names the links it crosses)
+    usage = group.usage if coll.__class__ is Collective else coll.usage
+    engine.schedule(Transfer(start, coll.duration, usage, _finish, coll, (0, group.ranks, coll.seq)))
 
 
 def _finish(engine: Engine, transfer: Transfer) -> None:
     """`coll` ended (its end is final): each member's Work completes, its event is logged, its waiting rank
     wakes; the stream releases the buffers and takes the next collective queued on the group."""
     coll: Collective = transfer.owner
+    if coll.__class__ is not Collective:  # a broadcast, reduce, barrier or all-to-all: `other_collectives.py`
+        return coll.finish(engine, transfer)
     group, start, end = coll.group, transfer.start, transfer.end
     works: list[Work] = coll.works  # type: ignore[assignment]
     first = works[0].input

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from dist_lib.engine.core import Engine
 
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+# every collective op's name: these three (`collectives.py`), then broadcast, reduce, barrier and all_to_all
+# (`other_collectives.py`)
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier", "all_to_all")
 
 
 class Group:

@@ -25,6 +25,7 @@ from dist_lib.errors import DeadlockError, IncorrectStepError, ResourceError, Sp
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.memory.tracker import RankLog, cycle_collector_paused, slot_records
 from dist_lib.model.handle import Model
+from dist_lib.model.experts import ExpertBooks, MoEModel
 from dist_lib.output.result import PerRank, Result
 from dist_lib.specs import shown
 from dist_lib.run.split import Coordinator
@@ -93,7 +94,7 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     if worker_ranks is not None and workers != 2:
         raise SpecError("worker_ranks names the ranks of the second process: give it with workers=2")
     theirs = choose_worker_ranks(cluster, worker_ranks) if workers == 2 else []
-    folded = plan_fold(train, cluster, global_batch_size, options) if fold else None
+    folded = plan_fold(train, cluster, global_batch_size, options) if fold and workload.moe is None else None
     if folded is not None:
         try:
             return await _run_folded(train, name, folded, workload, global_batch_size, check, enforce_memory,
@@ -104,7 +105,10 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
             pass
     engine = Engine(cluster, workload, global_batch_size, enforce_memory)
     engine.cancel_is_strategys = _OWN_LOOP.get()
-    models = [Model(engine, r) for r in range(cluster.world_size)]
+    if workload.moe is not None and workers != 1:
+        raise SpecError(f"workers=2: a step of the mixture-of-experts workload {workload.name} runs in one process")
+    books = ExpertBooks(engine) if workload.moe is not None else None
+    models = [Model(engine, r) if books is None else MoEModel(engine, r, books) for r in range(cluster.world_size)]
     order = list(range(cluster.world_size))
     if start_order_seed is not None:
         random.Random(start_order_seed).shuffle(order)
@@ -117,7 +121,8 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
                 await engine.run(make, order)
                 if engine.instant_transfers:  # (else the engine numbered the op ids in that order already)
                     engine.events.renumber()
-                return _finish(engine, options, name, check, _books(engine, range(cluster.world_size)))
+                return _finish(engine, options, name, check, _books(engine, range(cluster.world_size)),
+                               books.problems() if books is not None else [])
             return _finish(engine, options, name, check, await _run_split(engine, make, order, theirs))
     except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
@@ -146,7 +151,7 @@ async def _run_folded(train: Strategy, name: str, fold: Fold, workload: Workload
             if engine.instant_transfers:
                 engine.events.renumber()
             books = expand_books(_books(engine, fold.reps), fold, global_batch_size)
-            return _finish(engine, options, name, check, books, fold)
+            return _finish(engine, options, name, check, books, fold=fold)
     except MemoryError:
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
                             f"while checking the step and building its result") from None
@@ -219,7 +224,7 @@ async def _run_split(engine: Engine, make: Callable, order: list[int], theirs: l
 
 
 def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, books: Books,
-            fold: Fold | None = None) -> Result:
+            expert_problems: list[str] = (), fold: Fold | None = None) -> Result:
     """After every rank returned: the leftovers check, the end-of-step check and the result."""
     if books.leftovers:
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
@@ -228,6 +233,7 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, boo
     problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
     if not problems:  # (else what is missing is already named, layer by layer)
         problems = check_kept(books.loaded, finals)
+    problems = problems + list(expert_problems)  # a mixture of experts' routed experts (`model.experts`)
     engine.events.pack()
     workload = engine.workload
     result = Result(
