@@ -13,6 +13,7 @@ from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._pipeline import run_stage
+from ._layout import declared_grid
 from ._plan import build_plan
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
@@ -39,3 +40,8 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
                       attention_mask_messages=attention_mask_messages)
     await run_stage(model, plan)
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options):
+    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`)."""
+    return declared_grid(train, world_size, options)
