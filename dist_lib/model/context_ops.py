@@ -91,6 +91,7 @@ class ContextOps:
                 if step < cp - 1:
                     kv = _expect(where, await receiving, layer, samples, (i - step - 1) % cp, False)
                     await sending
+                    del sending, receiving  # (a work holds its result: the block goes with the last reference)
         del kv
         mem.context = ("context_forward", layer)
         act._stash = Stash(mem, stash, tp_rank, tp)
@@ -143,6 +144,7 @@ class ContextOps:
                 if dkv_works is not None:  # the block's gradient so far, from the ranks it visited before
                     _expect(where, await dkv_works[1], layer, samples, owner, True)
                     await dkv_works[0]
+                    dkv_works = None
                 dkv = KVBlock(mem, kv_bytes, self.rank, layer, samples, 1 << owner, cp, tp_rank, tp, True)
                 if cp > 1:
                     dkv_works = issue_send(engine, state, dkv, nxt), issue_recv(engine, state, prev)
@@ -150,9 +152,11 @@ class ContextOps:
                 if step < cp - 1:
                     kv = _expect(where, await receiving, layer, samples, (i - step - 1) % cp, False)
                     await sending
+                    del sending, receiving
             if dkv_works is not None:  # this rank's own block's gradient, home
                 _expect(where, await dkv_works[1], layer, samples, i, True)
                 await dkv_works[0]
+                dkv_works = None
         del kv
         act._stash = None
         mem.context = ("context_backward", layer)
