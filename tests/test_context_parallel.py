@@ -152,3 +152,13 @@ def test_cp_options_are_checked():
         hybrid(workload="llama-3-8b:layers=2,seq=8190", tp=2, pp=1, cp=2)
     with pytest.raises(StrategyError, match="recompute"):
         hybrid(tp=2, pp=1, cp=2, recompute=True)
+
+
+def test_llama_3_8b_on_one_h100_node_with_cp_2_tp_2_runs_correct_within_memory():
+    result = hybrid(workload="llama-3-8b", tp=2, pp=1, cp=2)
+    assert result.correct
+    assert max(result.memory_bytes) < Cluster.parse(H100).device_of(0).memory_bytes
+
+
+def test_cp_with_the_interleaved_schedule_runs_correct():
+    assert hybrid(workload="llama-3-8b:layers=4", tp=2, pp=2, cp=2, schedule="interleaved").correct
