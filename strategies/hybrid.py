@@ -15,6 +15,7 @@ from dist_lib import Model
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._context import run_context_stage
 from ._pipeline import run_stage
+from ._layout import declared_grid
 from ._plan import build_plan
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
@@ -45,3 +46,11 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
                       attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange)
     await (run_context_stage(model, plan) if cp != 1 else run_stage(model, plan))
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options):
+    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`).
+    With context parallelism the replicas' gradients are reduced with the CP ranks' (dp x cp): no folding."""
+    if options.get("cp", 1) != 1:
+        return None
+    return declared_grid(train, world_size, options)
