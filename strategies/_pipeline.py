@@ -70,6 +70,11 @@ class StagePlan:
     # stage's 16-bit 1 x 1 x s x s attention mask as well (`Model.pipe_extra`); schedules that place their
     # own messages only
     attention_mask_messages: bool = False
+    # context parallelism (`_context.py`): the ranks holding the other sequence parts of this rank's samples
+    # (this rank at position `cp_rank`), and how a layer's attention gets their keys and values
+    cp_group: Sequence[int] = ()
+    cp_rank: int = 0
+    kv_exchange: str = "ring"
 
 
 
