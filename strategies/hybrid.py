@@ -4,7 +4,8 @@ Shoeybi et al. 2019 (tensor parallelism) and Narayanan et al. 2021 (the PTD-P la
 (pp, dp, tp) grid with TP fastest, so each TP group sits inside a node; each of the `dp` replicas runs a
 pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b, interleaved, or DeepSpeed's lock-step
 `deepspeed`), and layer gradients are all-reduced across replicas as soon as a stage's last microbatch has
-passed. Every option, its source and its effect: docs/reference/strategies.md, "hybrid's options".
+passed. With a mixture-of-experts workload, `ep` lays expert-parallel groups over the replicas of each
+stage (EP x PP x DP, `_expert_stage.py`). Every option, its source and its effect: docs/reference/strategies.md, "hybrid's options".
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
+from ._expert_stage import ExpertPlan, check_expert_modes, run_expert_stage
+from ._layout import Layout
 from ._pipeline import run_stage
 from ._plan import build_plan
 
@@ -23,7 +26,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
                 selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
                 scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
-                tied_embeddings: bool = False, attention_mask_messages: bool = False) -> None:
+                tied_embeddings: bool = False, attention_mask_messages: bool = False, ep: int | None = None) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if attention_mask_messages and schedule != "deepspeed":
@@ -38,4 +41,10 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
                       attention_mask_messages=attention_mask_messages)
+    if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
+        check_expert_modes((("recompute", recompute), ("selective_recompute", selective_recompute),
+                            ("sequence_parallel", sequence_parallel)))
+        layout = Layout.build(model.world_size, dp, pp, tp)
+        await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size))
+        return
     await run_stage(model, plan)
