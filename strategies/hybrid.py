@@ -16,6 +16,7 @@ from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._expert_stage import ExpertPlan, check_expert_modes, run_expert_stage
 from ._layout import Layout
 from ._pipeline import run_stage
+from ._layout import declared_grid
 from ._plan import build_plan
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
@@ -48,3 +49,8 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
         await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size))
         return
     await run_stage(model, plan)
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options):
+    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`)."""
+    return declared_grid(train, world_size, options)
