@@ -162,10 +162,10 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
         elif op == ADD:  # (the recorder emits it for gradient + gradient only: `Handle.__add__`)
             for k in (1, 2):  # (no local keeps a tensor: a reference here would delay its free)
                 if get(k).__class__ is not WeightGrad and get(k).__class__ is not ExpertGrad:
-                    raise fail(f"handle {program[i + k]} is a {type(get(k)).__name__}, not a WeightGrad or "
-                               f"ExpertGrad (only gradients add)")
+                    raise fail(f"handle {program[i + k]} is a {type(get(k)).__name__}, not a WeightGrad (only "
+                               f"weight gradients add), nor an MoE layer's ExpertGrad")
             append(get(1) + get(2))
-        elif op >= FIRST_EXPERT_OPCODE:
+        elif FIRST_EXPERT_OPCODE <= op < len(OPCODES):
             i = run_expert_op(model, program, i, n, table, get, small, fail)
             continue
         elif op == BACKWARD_INPUT:
