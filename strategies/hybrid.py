@@ -5,7 +5,9 @@ Shoeybi et al. 2019 (tensor parallelism) and Narayanan et al. 2021 (the PTD-P la
 pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b, interleaved, or DeepSpeed's lock-step
 `deepspeed`), and layer gradients are all-reduced across replicas as soon as a stage's last microbatch has
 passed. With `cp` > 1, each replica's stages run context-parallel (`_context.py`: Megatron-Core's ring
-attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`). Every option, its source and its effect: docs/reference/strategies.md, "hybrid's options".
+attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`); with a
+mixture-of-experts workload, `ep` lays expert-parallel groups over the replicas of each stage (EP x PP x DP,
+`_expert_stage.py`). Every option, its source and its effect: docs/reference/strategies.md, "hybrid's options".
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._context import run_context_stage
+from ._expert_stage import ExpertPlan, check_expert_modes, run_expert_stage
 from ._pipeline import run_stage
-from ._layout import declared_grid
+from ._layout import Layout, declared_grid
 from ._plan import build_plan
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
@@ -27,7 +30,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
                 scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
                 tied_embeddings: bool = False, attention_mask_messages: bool = False, cp: int = 1,
-                kv_exchange: str = "ring") -> None:
+                kv_exchange: str = "ring", ep: int | None = None) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if attention_mask_messages and schedule != "deepspeed":
@@ -45,6 +48,14 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
                       attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange)
+    if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
+        if cp != 1:
+            raise ValueError("cp > 1 with experts (ep) is not modelled: run a mixture of experts with cp=1")
+        check_expert_modes((("recompute", recompute), ("selective_recompute", selective_recompute),
+                            ("sequence_parallel", sequence_parallel)))
+        layout = Layout.build(model.world_size, dp, pp, tp)
+        await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size))
+        return
     await (run_context_stage(model, plan) if cp != 1 else run_stage(model, plan))
 
 
