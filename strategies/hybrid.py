@@ -12,8 +12,8 @@ from __future__ import annotations
 from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
-from ._pipeline import run_stage
 from ._plan import build_plan
+from ._sharded import run_sharded_stage
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
              "deepspeed": deepspeed_1f1b.schedule}
@@ -23,13 +23,16 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
                 selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
                 scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
-                tied_embeddings: bool = False, attention_mask_messages: bool = False) -> None:
+                tied_embeddings: bool = False, attention_mask_messages: bool = False,
+                distributed_optimizer: bool = False, overlap_param_gather: bool = False, fsdp: bool = False,
+                replicate: int = 1, reshard_after_forward: bool | None = None) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if attention_mask_messages and schedule != "deepspeed":
         raise ValueError(f"attention_mask_messages=True needs schedule='deepspeed' (DeepSpeed's engine sends the "
                          f"mask between stages; Megatron-LM's schedules rebuild it on each stage), got "
                          f"schedule={schedule!r}")
+    sharding = check_sharding(distributed_optimizer, fsdp, overlap_param_gather, replicate, reshard_after_forward)
     if chunks is None:
         chunks = 2 if schedule == "interleaved" else 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
@@ -38,4 +41,29 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
                       attention_mask_messages=attention_mask_messages)
-    await run_stage(model, plan)
+    options = {}
+    if sharding == "optimizer":
+        options = dict(overlap_param_gather=overlap_param_gather)
+    elif sharding == "full":
+        options = dict(replicate=replicate, reshard_after_forward=reshard_after_forward)
+    await run_sharded_stage(model, plan, sharding, **options)
+
+
+def check_sharding(distributed_optimizer: bool, fsdp: bool, overlap_param_gather: bool, replicate: int,
+                   reshard_after_forward: bool | None) -> str:
+    """The data-parallel sharding the options ask for (`_sharded.SHARDINGS`), or a ValueError naming the
+    option that contradicts another."""
+    if distributed_optimizer and fsdp:
+        raise ValueError("distributed_optimizer=True and fsdp=True exclude each other (ZeRO-1 keeps the weights "
+                         "whole, FSDP shards them); choose one")
+    if overlap_param_gather and not distributed_optimizer:
+        raise ValueError("overlap_param_gather=True needs distributed_optimizer=True (Megatron-LM gathers the "
+                         "updated parameter shards only with --use-distributed-optimizer)")
+    if isinstance(replicate, bool) or not isinstance(replicate, int) or replicate < 1:
+        raise ValueError(f"replicate must be a whole number >= 1, got {replicate!r}")
+    if (replicate != 1 or reshard_after_forward is not None) and not fsdp:
+        raise ValueError("replicate and reshard_after_forward are FSDP's options: set fsdp=True")
+    if reshard_after_forward not in (None, True, False):
+        raise ValueError(f"reshard_after_forward must be True, False or None (torchtitan's default), "
+                         f"got {reshard_after_forward!r}")
+    return "optimizer" if distributed_optimizer else "full" if fsdp else "none"
