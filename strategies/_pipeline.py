@@ -70,6 +70,8 @@ class StagePlan:
     # stage's 16-bit 1 x 1 x s x s attention mask as well (`Model.pipe_extra`); schedules that place their
     # own messages only
     attention_mask_messages: bool = False
+    # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise"; `costs.fp8`), or ""
+    fp8: str = ""
 
 
 
@@ -121,6 +123,8 @@ class _Stage:
         self.modes = {"selective_recompute": plan.selective_recompute}
         if plan.sequence_parallel:
             self.modes["sequence_parallel"] = True
+        if plan.fp8:
+            self.modes["fp8"] = plan.fp8
         # sharded weights gathered before use (`_sharded.ParamGathers`), or None: each layer's weight is whole
         self.gathers = None
 

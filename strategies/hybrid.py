@@ -25,7 +25,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
                 tied_embeddings: bool = False, attention_mask_messages: bool = False,
                 distributed_optimizer: bool = False, overlap_param_gather: bool = False, fsdp: bool = False,
-                replicate: int = 1, reshard_after_forward: bool | None = None) -> None:
+                replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if attention_mask_messages and schedule != "deepspeed":
@@ -40,7 +40,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
-                      attention_mask_messages=attention_mask_messages)
+                      attention_mask_messages=attention_mask_messages, fp8=fp8)
     options = {}
     if sharding == "optimizer":
         options = dict(overlap_param_gather=overlap_param_gather)
