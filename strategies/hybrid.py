@@ -9,10 +9,13 @@ passed. Every option, its source and its effect: docs/reference/strategies.md, "
 
 from __future__ import annotations
 
+import inspect
+
 from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._plan import build_plan
+from ._frameworks import framework_defaults
 from ._sharded import run_sharded_stage
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
@@ -25,7 +28,12 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
                 tied_embeddings: bool = False, attention_mask_messages: bool = False,
                 distributed_optimizer: bool = False, overlap_param_gather: bool = False, fsdp: bool = False,
-                replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None) -> None:
+                replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
+                framework: str | None = None) -> None:
+    if framework is not None:  # the framework's defaults for the options left at hybrid's own (`_frameworks`)
+        given = {k: v for k, v in locals().items() if k in _DEFAULTS and v != _DEFAULTS[k]}
+        await train(model, **{**_DEFAULTS, **framework_defaults(framework, given, tp)})
+        return
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if attention_mask_messages and schedule != "deepspeed":
@@ -47,6 +55,10 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
     elif sharding == "full":
         options = dict(replicate=replicate, reshard_after_forward=reshard_after_forward)
     await run_sharded_stage(model, plan, sharding, **options)
+
+
+_DEFAULTS = {name: p.default for name, p in inspect.signature(train).parameters.items()
+             if p.kind is p.KEYWORD_ONLY and name != "framework"}
 
 
 def check_sharding(distributed_optimizer: bool, fsdp: bool, overlap_param_gather: bool, replicate: int,
