@@ -14,6 +14,7 @@ import inspect
 from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
+from ._layout import declared_grid
 from ._plan import build_plan
 from ._frameworks import framework_defaults
 from ._sharded import run_sharded_stage
@@ -79,3 +80,11 @@ def check_sharding(distributed_optimizer: bool, fsdp: bool, overlap_param_gather
         raise ValueError(f"reshard_after_forward must be True, False or None (torchtitan's default), "
                          f"got {reshard_after_forward!r}")
     return "optimizer" if distributed_optimizer else "full" if fsdp else "none"
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options):
+    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`).
+    Not with sharded data parallelism (each replica holds its own shard) or a framework, which may shard."""
+    if options.get("distributed_optimizer") or options.get("fsdp") or options.get("framework") is not None:
+        return None
+    return declared_grid(train, world_size, options)

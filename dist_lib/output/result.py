@@ -93,6 +93,8 @@ class Result:
     memory_log: Sequence[tuple[array, array, array]] = field(default_factory=list, repr=False)
     # what each rank handed in: (rank, layer, step, samples, shards, num_shards, tp_rank, tp_size)
     final_weights: list[tuple[int, ...]] = field(default_factory=list, repr=False)
+    # folded replicas (`run/folding.py`): per rank, the rank whose events stand for it (None: every rank ran)
+    representatives: list[int] | None = field(default=None, repr=False)
     _events: list[Event] | None = field(default=None, repr=False)
     _busy: list[float] | None = field(default=None, repr=False)  # compute_busy(), summed once
 
@@ -139,6 +141,8 @@ class Result:
                     if e[2] == "compute":
                         busy[e[0]] += e[4] - e[3]
                 self._busy = busy
+            if self.representatives is not None:  # a folded replica was as busy as its representative
+                self._busy = [self._busy[rep] for rep in self.representatives]
         return list(self._busy)
 
     @property

@@ -18,6 +18,9 @@ from dist_lib.model.correctness import HandedIn, check_final_weights, check_kept
 from dist_lib.comm.collectives import unfinished
 from dist_lib.engine.core import Engine
 from dist_lib.run.file_import import beside, import_hint
+from dist_lib.run.folding import expand_books, plan_fold
+from dist_lib.comm.groups import FoldBroken
+from dist_lib.hardware.replicas import Fold
 from dist_lib.errors import DeadlockError, IncorrectStepError, ResourceError, SpecError, StrategyError
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.memory.tracker import RankLog, cycle_collector_paused, slot_records
@@ -46,7 +49,7 @@ _FILE_MODULE = "_strategy_"  # the prefix of the module name a strategy file out
 def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DEFAULT_CLUSTER,
              workload: Workload | str | Path = DEFAULT_WORKLOAD, global_batch_size: int = DEFAULT_GLOBAL_BATCH,
              *, check: bool = True, enforce_memory: bool = True, start_order_seed: int | None = None,
-             workers: int = 1, worker_ranks: Any = None, **options: Any) -> Result:
+             workers: int = 1, worker_ranks: Any = None, fold: bool = True, **options: Any) -> Result:
     """Run `strategy` (an `async def train(model, **options)`, or a path to a file defining one) on
     every rank. Extra keywords go to the strategy. With `check=True` an incorrect step raises
     `IncorrectStepError`; with `check=False` it is reported in `result.correct` / `result.problems`.
@@ -65,7 +68,7 @@ def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DE
         with interrupt_at_once():
             return asyncio.run(simulate_async(strategy, cluster, workload, global_batch_size, check=check,
                                               enforce_memory=enforce_memory, start_order_seed=start_order_seed,
-                                              workers=workers, worker_ranks=worker_ranks, **options))
+                                              workers=workers, worker_ranks=worker_ranks, fold=fold, **options))
     finally:
         _OWN_LOOP.reset(own)
 
@@ -74,14 +77,14 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
                          workload: Workload | str | Path = DEFAULT_WORKLOAD,
                          global_batch_size: int = DEFAULT_GLOBAL_BATCH, *, check: bool = True,
                          enforce_memory: bool = True, start_order_seed: int | None = None,
-                         workers: int = 1, worker_ranks: Any = None, **options: Any) -> Result:
+                         workers: int = 1, worker_ranks: Any = None, fold: bool = True, **options: Any) -> Result:
     """`simulate` for callers that already run an event loop."""
     train, name = load_strategy(strategy)
     check_options(train, options, name)
     cluster = Cluster.load(cluster)
     workload = Workload.load(workload)
     check_global_batch(global_batch_size)
-    for flag, value in (("check", check), ("enforce_memory", enforce_memory)):
+    for flag, value in (("check", check), ("enforce_memory", enforce_memory), ("fold", fold)):
         if not isinstance(value, bool):
             raise SpecError(f"{flag} must be True or False, got {shown(value)}")
     if start_order_seed is not None and (isinstance(start_order_seed, bool) or not isinstance(start_order_seed, int)):
@@ -91,6 +94,15 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     if worker_ranks is not None and workers != 2:
         raise SpecError("worker_ranks names the ranks of the second process: give it with workers=2")
     theirs = choose_worker_ranks(cluster, worker_ranks) if workers == 2 else []
+    folded = plan_fold(train, cluster, global_batch_size, options) if fold and workload.moe is None else None
+    if folded is not None:
+        try:
+            return await _run_folded(train, name, folded, workload, global_batch_size, check, enforce_memory,
+                                     start_order_seed, options)
+        except (ResourceError, IncorrectStepError):
+            raise
+        except Exception:  # a broken fold, or an error: the unfolded step says what it is, in its own words
+            pass
     engine = Engine(cluster, workload, global_batch_size, enforce_memory)
     engine.cancel_is_strategys = _OWN_LOOP.get()
     if workload.moe is not None and workers != 1:
@@ -113,6 +125,34 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
                                books.problems() if books is not None else [])
             return _finish(engine, options, name, check, await _run_split(engine, make, order, theirs))
     except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
+        raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
+                            f"while checking the step and building its result") from None
+    finally:
+        engine.release()
+
+
+async def _run_folded(train: Strategy, name: str, fold: Fold, workload: Workload, global_batch_size: int,
+                      check: bool, enforce_memory: bool, start_order_seed: int | None, options: dict[str, Any]) -> Result:
+    """The step with only replica 0 running (`run/folding.py`); raises `FoldBroken` when a representative
+    did what its replicas would not do alike."""
+    cluster = fold.cluster
+    engine = Engine(cluster, workload, global_batch_size, enforce_memory, fold=fold)
+    engine.cancel_is_strategys = _OWN_LOOP.get()
+    models = {rank: Model(engine, rank) for rank in fold.reps}
+    order = list(fold.reps)
+    if start_order_seed is not None:
+        random.Random(start_order_seed).shuffle(order)
+    engine.finished = cluster.world_size - len(order)  # the other replicas: never blocked, never to wait for
+    try:
+        with cycle_collector_paused():
+            await engine.run(lambda rank: train(models[rank], **options), order)
+            if fold.broken:
+                raise FoldBroken(fold.broken)
+            if engine.instant_transfers:
+                engine.events.renumber()
+            books = expand_books(_books(engine, fold.reps), fold, global_batch_size)
+            return _finish(engine, options, name, check, books, fold=fold)
+    except MemoryError:
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
                             f"while checking the step and building its result") from None
     finally:
@@ -184,7 +224,7 @@ async def _run_split(engine: Engine, make: Callable, order: list[int], theirs: l
 
 
 def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, books: Books,
-            expert_problems: list[str] = ()) -> Result:
+            expert_problems: list[str] = (), fold: Fold | None = None) -> Result:
     """After every rank returned: the leftovers check, the end-of-step check and the result."""
     if books.leftovers:
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
@@ -202,7 +242,8 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, boo
         memory_by_kind=PerRank(logs, RankLog.peak_by_kind),
         model_flops=workload.model_flops_per_sample() * engine.global_batch_size,
         hardware_flops=sum(books.flops), correct=not problems, problems=problems, raw_events=engine.events,
-        timelines=PerRank(logs, RankLog.timeline), memory_log=PerRank(logs, RankLog.entries), strategy=name)
+        timelines=PerRank(logs, RankLog.timeline), memory_log=PerRank(logs, RankLog.entries), strategy=name,
+        representatives=None if fold is None else fold.rep_of)
     result.final_weights = finals
     if problems and check:
         raise IncorrectStepError(f"{name}: the step is not a correct training step:\n  " + "\n  ".join(problems))
