@@ -72,6 +72,11 @@ class StagePlan:
     attention_mask_messages: bool = False
     # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise"; `costs.fp8`), or ""
     fp8: str = ""
+    # context parallelism (`_context.py`): the ranks holding the other sequence parts of this rank's samples
+    # (this rank at position `cp_rank`), and how a layer's attention gets their keys and values
+    cp_group: Sequence[int] = ()
+    cp_rank: int = 0
+    kv_exchange: str = "ring"
 
 
 

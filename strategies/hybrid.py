@@ -14,6 +14,7 @@ import inspect
 from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
+from ._context import run_context_stage
 from ._layout import declared_grid
 from ._plan import build_plan
 from ._frameworks import framework_defaults
@@ -27,8 +28,8 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
                 selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
                 scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
-                tied_embeddings: bool = False, attention_mask_messages: bool = False,
-                distributed_optimizer: bool = False, overlap_param_gather: bool = False, fsdp: bool = False,
+                tied_embeddings: bool = False, attention_mask_messages: bool = False, cp: int = 1,
+                kv_exchange: str = "ring", distributed_optimizer: bool = False, overlap_param_gather: bool = False, fsdp: bool = False,
                 replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
                 framework: str | None = None) -> None:
     if framework is not None:  # the framework's defaults for the options left at hybrid's own (`_frameworks`)
@@ -41,7 +42,12 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
         raise ValueError(f"attention_mask_messages=True needs schedule='deepspeed' (DeepSpeed's engine sends the "
                          f"mask between stages; Megatron-LM's schedules rebuild it on each stage), got "
                          f"schedule={schedule!r}")
+    if cp != 1 and (schedule == "deepspeed" or recompute or selective_recompute or sequence_parallel):
+        raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, without recompute, "
+                         f"selective_recompute or sequence_parallel (not modelled together yet)")
     sharding = check_sharding(distributed_optimizer, fsdp, overlap_param_gather, replicate, reshard_after_forward)
+    if cp != 1 and (sharding != "none" or fp8 is not None):
+        raise ValueError(f"cp={cp} runs without distributed_optimizer, fsdp and fp8 (not modelled together yet)")
     if chunks is None:
         chunks = 2 if schedule == "interleaved" else 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
@@ -49,7 +55,10 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
-                      attention_mask_messages=attention_mask_messages, fp8=fp8)
+                      attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange, fp8=fp8)
+    if cp != 1:
+        await run_context_stage(model, plan)
+        return
     options = {}
     if sharding == "optimizer":
         options = dict(overlap_param_gather=overlap_param_gather)
@@ -84,7 +93,8 @@ def check_sharding(distributed_optimizer: bool, fsdp: bool, overlap_param_gather
 
 def replica_grid(world_size: int, global_batch_size: int, **options):
     """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`).
-    Not with sharded data parallelism (each replica holds its own shard) or a framework, which may shard."""
-    if options.get("distributed_optimizer") or options.get("fsdp") or options.get("framework") is not None:
+    Not with sharded data parallelism (each replica holds its own shard) or a framework, which may shard; nor
+    with context parallelism, whose replicas' gradients are reduced with the CP ranks' (dp x cp)."""
+    if options.get("cp", 1) != 1 or options.get("distributed_optimizer") or options.get("fsdp") or options.get("framework") is not None:
         return None
     return declared_grid(train, world_size, options)

@@ -117,6 +117,12 @@ def _attention_time(device: Device, workload: Workload, samples: int, tp: int, b
     return scores + (3 if backward else 1) * mixes
 
 
+def attention_core_time(device: Device, workload: Workload, samples: int, tp: int, backward: bool = False) -> float:
+    """The attention core alone, forward or backward (for the blocks of context-parallel attention,
+    `costs.context`)."""
+    return _attention_time(device, workload, samples, tp, backward)
+
+
 def _stream_time(device: Device, nbytes: float) -> float:
     """Memory-bound kernels (layernorm, softmax, dropout, GeLU, residual adds): bytes over HBM bandwidth."""
     return nbytes / device.hbm_bandwidth

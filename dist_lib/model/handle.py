@@ -24,12 +24,13 @@ from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
 from dist_lib.costs.ops import weight_pass_mode, compute_cost, compute_mode, forward_stash_bytes, input_pass_stash_bytes
 from dist_lib.model.op_checks import OpChecks, _covers, _first_time, _shard_key, buffer_log
 from dist_lib.model.other_collective_ops import OtherCollectiveOps
+from dist_lib.model.context_ops import ContextOps
 from dist_lib.comm.p2p import issue_recv, issue_send
 from dist_lib.tensors import SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, PipeExtra, Stash, Weight, WeightGrad, describe_mask, samples_mask
 from dist_lib.workload.transformer import Workload
 
 
-class Model(OpChecks, OtherCollectiveOps):
+class Model(OpChecks, OtherCollectiveOps, ContextOps):
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",

@@ -8,7 +8,7 @@ from typing import Any
 from dist_lib.engine.core import Engine
 from dist_lib.errors import TensorError
 from dist_lib.costs.ops import FP8_RECIPES, SEQUENCE_PARALLEL_MODES
-from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Stash, Tensor, Weight, WeightGrad, describe_mask
+from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextWeightGrad, OptState, Stash, Tensor, Weight, WeightGrad, describe_mask
 
 
 class OpChecks:
@@ -33,6 +33,10 @@ class OpChecks:
     def _explain_update(self, layer: Any, grad: Any, weight: Any, opt_state: Any) -> None:
         where = f"rank {self.rank} update(layer {layer})"
         self._check_layer(layer, where)
+        if isinstance(grad, ContextWeightGrad):
+            raise TensorError(f"{where}: the gradient {grad!r} holds only sequence parts "
+                              f"{describe_mask(grad.seq_parts)} of {grad.cp_size}; all_reduce it over the "
+                              f"context-parallel ranks of each replica too (the dp x cp group) before the update")
         for name, t, cls in (("grad", grad, WeightGrad), ("weight", weight, Weight), ("opt_state", opt_state, OptState)):
             if type(t) is not cls:
                 raise TensorError(f"{where}: {name} must be a {cls.__name__}, got {t!r}")
