@@ -63,13 +63,14 @@ def test_a_memory_refusal_shows_sizes_that_compare_as_they_read():
         plan(_device(2.2), ONE_LAYER, 2, top=0)
 
 
-def test_a_budget_no_device_type_meets_names_the_cheapest_types_whole_price():
-    """A plan uses all GPUs of a type or none: under $10/h four A100-80GB ($5.12/h each) do not fit,
-    though one of them would, and the refusal says what the cheapest type costs in all."""
+def test_a_budget_no_node_meets_names_the_cheapest_node_and_its_price():
+    """Within a budget a plan may rent part of a type, but whole nodes: under $10/h a node of four A100-80GB
+    ($5.12/h each) does not fit, though one of its GPUs would, and the refusal says what the cheapest node
+    costs; of two T4 nodes one is the least a plan can rent."""
     with pytest.raises(SpecError) as caught:
         plan("1x4xA100-80GB", "gpt-350m", 16, budget=10)
-    assert "cheapest type's, 4 x A100-80GB, cost $20.48/h" in str(caught.value)
-    with pytest.raises(SpecError, match=r"cheapest type's, 4 x T4, cost \$"):
+    assert "at least one node of the cheapest type, 4 x A100-80GB, at $20.48/h" in str(caught.value)
+    with pytest.raises(SpecError, match=r"one node of the cheapest type, 2 x T4, at \$"):
         plan("1x4xA100-80GB+2x2xT4", "gpt-350m", 16, budget=1)
 
 
