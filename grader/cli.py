@@ -66,6 +66,24 @@ MAX_TOP = 100_000  # plans a search simulates
 MAX_BUDGET = 1e9  # USD per hour
 
 
+HEADROOM_HELP = ("what a real run keeps of each GPU besides tensors: 'default' (CUDA context 512 MiB, 320 MiB of "
+                 "NCCL buffers per communicator, 10 %% fragmentation; docs/reference/memory-reserve.md), 'off', or "
+                 "overrides such as context=1GiB,communicator=1GiB,fragmentation=0.15")
+
+
+def add_headroom_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--memory-headroom", default="default", metavar="SPEC", help=HEADROOM_HELP)
+
+
+def headroom(text: str) -> Any:
+    """The `--memory-headroom` flag as a `MemoryReserve` (None: off), or one line naming the flag."""
+    from dist_lib.hardware.reserve import memory_reserve
+    try:
+        return memory_reserve(text, "--memory-headroom")
+    except SpecError as exc:
+        raise InputError(str(exc)) from None
+
+
 def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -83,6 +101,7 @@ def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
                      help="wall-clock seconds (default 300)")
     run.add_argument("--no-plots", action="store_true", help="write no .schedule.png and .memory.png")
     run.add_argument("--no-enforce-memory", action="store_true", help="report memory instead of failing on OOM")
+    add_headroom_option(run)
     run.add_argument("--api", choices=("puzzles", "lab"), help="run a file written for another API")
     run.add_argument("--function", help="the function to run with --api")
     run.add_argument("--timing", choices=("original", "unit", "real"),
@@ -125,6 +144,7 @@ def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
                           metavar="PASSES", help="simulate only plans of at most this many layer passes a step "
                           f"(microbatches x each stage's GPUs x its layers; default {SIMULATION_LIMIT:,}); larger "
                           "ones keep their estimate")
+    add_headroom_option(planning)
     planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
     planning.add_argument("--plot", default="traces/pareto.png", help="Pareto plot PNG (default traces/pareto.png)")
     add_backend_options(planning, jobs_type=_ranged(1, MAX_JOBS, integer=True))
@@ -219,7 +239,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     scenario = Scenario(name="run", cluster=DEFAULT_CLUSTER if args.cluster is None else args.cluster,
                         workload=DEFAULT_WORKLOAD if args.workload is None else args.workload,
                         global_batch=DEFAULT_GLOBAL_BATCH if args.batch is None else args.batch,
-                        options=options, enforce_memory=not args.no_enforce_memory, given=tuple(given))
+                        options=options, enforce_memory=not args.no_enforce_memory, given=tuple(given),
+                        memory_reserve=None if args.api or (reserve := headroom(args.memory_headroom)) is None
+                        else reserve.to_dict())
     scenario.load()
     from .grade import grade_run
     trace = str(output_path(args.trace, "--trace", folder=False)) if args.trace is not None \
@@ -240,8 +262,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                   file=sys.stderr)
     elif args.json:
         keys = ("strategy", "cluster", "workload", "global_batch", "status", "error", "time_s", "peak_memory_bytes",
-                "peak_memory_rank", "memory_bytes", "mfu", "hfu", "bubble_fraction", "correct", "problems", "trace",
-                "plots")
+                "peak_memory_rank", "memory_bytes", "fullest_rank", "memory_fraction", "mfu", "hfu", "bubble_fraction",
+                "correct", "problems", "trace", "plots")
         # every figure of a native run comes from the grader's replay of its recorded program
         print(json.dumps({**{k: row.get(k) for k in keys}, "verified": row["time_s"] is not None}))
     else:

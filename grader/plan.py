@@ -42,6 +42,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
             raise InputError(str(exc)) from None
         output_path(args.plot, "--plot", folder=False, example="pareto.png")
     backend = backend_from_args(args)
+    from .cli import headroom
+    reserve = headroom(args.memory_headroom)
     cluster_text, workload_text = args.cluster or DEFAULT_CLUSTER, args.workload or DEFAULT_WORKLOAD
     try:
         cluster = Cluster.load(cluster_text)
@@ -59,7 +61,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
             with session(backend):
                 search = plan(cluster, workload, batch, top=args.top, objective=args.objective, budget=args.budget,
                               progress=progress, runner=_runner(backend), width=parallelism(backend),
-                              simulation_limit=args.simulation_limit)
+                              simulation_limit=args.simulation_limit, memory_reserve=reserve)
     except SpecError as exc:
         raise InputError(str(exc).splitlines()[0]) from None
     console.print(table(search, cluster))
@@ -86,6 +88,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     # cluster again, where the cluster's name or the workload's would not
     # `planned` is the built-in strategy by name, found from any folder
     run = shlex.join([*getattr(args, "prog", "python -m grader").split(), "run", "planned", "--set", f"plan={args.out}",
-                      "--cluster", cluster_text, "--workload", workload_text, "--batch", str(batch)])
+                      "--cluster", cluster_text, "--workload", workload_text, "--batch", str(batch),
+                      *(["--memory-headroom", args.memory_headroom] if args.memory_headroom != "default" else [])])
     console.print(literal(f"best plan: {search.best.plan.describe()} -> {args.out}  (run it: {run})"), soft_wrap=True)
     return 0

@@ -33,6 +33,8 @@ class Scenario:
     strict_options: bool = True
     memory_limit_bytes: float | None = None  # per rank; above it the run fails (suites)
     enforce_memory: bool = True
+    # the runtime reserve (`dist_lib.hardware.reserve`) as a dict, or None: tensors may fill each GPU (suites)
+    memory_reserve: dict[str, Any] | None = None
     # which of cluster, workload and batch the user named: a puzzles or lab file sets up its own ranks
     # and model, so only those are passed on to it
     given: tuple[str, ...] = ("cluster", "workload", "batch")
