@@ -3,10 +3,12 @@ strategies on a cluster, or search for a breaking config or the best plan.
 
     dist-sandbox                                   # every built-in strategy on the default suite
     dist-sandbox run FILE|NAME [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
+                     [--memory-headroom SPEC]
     dist-sandbox leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
     dist-sandbox check FILE|NAME [--examples N]
     dist-sandbox plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
-                      [--budget USD_PER_HOUR] [--simulation-limit PASSES] [--out plan.json] [--plot pareto.png]
+                      [--budget USD_PER_HOUR] [--simulation-limit PASSES] [--memory-headroom SPEC]
+                      [--out plan.json] [--plot pareto.png]
                       [--jobs N] [--ray [ADDRESS]]
     dist-sandbox compare [--cluster SPEC] [--workload SPEC] [--batch N] [--only NAME,...] [--json]
 
@@ -36,6 +38,7 @@ from dist_lib.workload.transformer import MAX_GLOBAL_BATCH
 from .paths import BUILTIN_STRATEGIES, builtin_names, output_path
 from .errors import InputError
 from .jobs import add_backend_options, backend_from_args
+from .memory_headroom import add_headroom_option, headroom
 from .runner import Limits
 from .scenario import Scenario, parse_set
 
@@ -64,24 +67,6 @@ MAX_JOBS = 256
 MAX_EXAMPLES = 100_000
 MAX_TOP = 100_000  # plans a search simulates
 MAX_BUDGET = 1e9  # USD per hour
-
-
-HEADROOM_HELP = ("what a real run keeps of each GPU besides tensors: 'default' (CUDA context 512 MiB, 320 MiB of "
-                 "NCCL buffers per communicator, 10 %% fragmentation; docs/reference/memory-reserve.md), 'off', or "
-                 "overrides such as context=1GiB,communicator=1GiB,fragmentation=0.15")
-
-
-def add_headroom_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--memory-headroom", default="default", metavar="SPEC", help=HEADROOM_HELP)
-
-
-def headroom(text: str) -> Any:
-    """The `--memory-headroom` flag as a `MemoryReserve` (None: off), or one line naming the flag."""
-    from dist_lib.hardware.reserve import memory_reserve
-    try:
-        return memory_reserve(text, "--memory-headroom")
-    except SpecError as exc:
-        raise InputError(str(exc)) from None
 
 
 def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:

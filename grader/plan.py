@@ -19,6 +19,7 @@ from dist_lib.run.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAUL
 
 from .paths import output_path
 from .errors import InputError
+from .memory_headroom import headroom
 from .jobs import Backend, JobFailed, backend_from_args, parallelism, run_jobs, session
 from .report_terminal import literal
 
@@ -42,7 +43,6 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
             raise InputError(str(exc)) from None
         output_path(args.plot, "--plot", folder=False, example="pareto.png")
     backend = backend_from_args(args)
-    from .cli import headroom
     reserve = headroom(args.memory_headroom)
     cluster_text, workload_text = args.cluster or DEFAULT_CLUSTER, args.workload or DEFAULT_WORKLOAD
     try:

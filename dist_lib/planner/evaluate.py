@@ -71,7 +71,8 @@ def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, 
     candidate.stage_busy = [max(busy[r] for r in stage.ranks) for stage in candidate.plan.stages]
     candidate.simulated = result.time_s
     # the fullest GPU by share of its capacity, the runtime reserve included
-    candidate.peak_fraction, candidate.fullest_rank = max((result.memory_fraction(r), r) for r in used)
+    candidate.fullest_rank = max(used, key=lambda r: (result.memory_fraction(r), -r))  # the first on a tie
+    candidate.peak_fraction = result.memory_fraction(candidate.fullest_rank)
     candidate.mfu = result.model_flops / (result.time_s * sum(cluster.device_of(r).peak_flops for r in used))
     return candidate
 

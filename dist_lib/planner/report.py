@@ -82,9 +82,10 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
         if c.simulated is None and c.error:
             detail += f"; {c.error}"
         lines.append(Text(detail, style="dim"))
-    lines.append(Text("stages: dp x tp and device of each; sel./full: selective or full recompute; Z1: ZeRO-1; fullest "
-                      "GPU: its share of its memory at the simulated peak, runtime reserve included; used MFU and "
-                      "$/step: of the GPUs the plan uses (idle GPUs not counted)", style="dim"))
+    lines.append(Text("stages: dp x tp and device of each; sel./full: selective or full recompute; Z1: ZeRO-1; used "
+                      "MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)", style="dim"))
+    lines.append(Text("fullest GPU: the GPU whose memory is fullest at the simulated peak, by share of its capacity, "
+                      "runtime reserve included", style="dim"))
     return Group(*lines)
 
 

@@ -243,12 +243,13 @@ def check_reserve(cluster: Cluster, reserve: Any, peaks: list[int], communicator
             for r in range(len(peaks))
             if peaks[r] > reserve.usable(cluster.device_of(r).memory_bytes, communicators[r])]
     if over:
-        _, r = max(over)
+        _, r = max(over, key=lambda item: (item[0], -item[1]))  # the fullest, the first on a tie
         device = cluster.device_of(r)
         raise OutOfMemoryError(
             f"rank {r} ({device.name}, {format_bytes(device.memory_bytes)}): out of memory in a real run: peak "
             f"{format_bytes(peaks[r])} of tensors, but {reserve.describe(device.memory_bytes, communicators[r])} "
-            f"leave {format_bytes(reserve.usable(device.memory_bytes, communicators[r]))}"
+            f"leave {format_bytes(reserve.usable(device.memory_bytes, communicators[r]))} "
+            f"({peaks[r] - reserve.usable(device.memory_bytes, communicators[r]):,} bytes short)"
             + (f" ({len(over) - 1} more rank(s) over)" if len(over) > 1 else ""))
 
 
