@@ -80,15 +80,21 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.plot:
         note = plot_pareto(search, args.plot)
         console.print(literal(note or f"Pareto plot: {args.plot}"))
-    try:
-        search.best.plan.save(args.out)
+    from dist_lib.planner.hardware import hardware_of
+    try:  # with the hardware it was made for: each node's device and ranks
+        replace(search.best.plan, hardware=hardware_of(cluster)).save(args.out)
     except OSError as exc:
         raise InputError(f"--out {args.out}: cannot be written ({exc.strerror})") from None
     # the cluster and workload as given: a file's path, or a spec with its link options, runs the same
     # cluster again, where the cluster's name or the workload's would not
     # `planned` is the built-in strategy by name, found from any folder
-    run = shlex.join([*getattr(args, "prog", "python -m grader").split(), "run", "planned", "--set", f"plan={args.out}",
-                      "--cluster", cluster_text, "--workload", workload_text, "--batch", str(batch),
+    # paths made absolute, so that the line runs from any folder
+    from pathlib import Path
+
+    from dist_lib.specs import absolute_spec
+    run = shlex.join([*getattr(args, "prog", "python -m grader").split(), "run", "planned", "--set",
+                      f"plan={Path(args.out).resolve()}", "--cluster", absolute_spec(cluster_text),
+                      "--workload", absolute_spec(workload_text), "--batch", str(batch),
                       *(["--memory-headroom", args.memory_headroom] if args.memory_headroom != "default" else [])])
     console.print(literal(f"best plan: {search.best.plan.describe()} -> {args.out}  (run it: {run})"), soft_wrap=True)
     return 0
