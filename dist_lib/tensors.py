@@ -293,3 +293,88 @@ class Stash(Buffer):
 
     _args = ("tp_rank", "tp_size", "recompute", "input_done")
     _defaults = ("none", False)
+
+
+# ---- mixture of experts: the routed experts' weights and the tokens' round trip ----------------------
+
+class ExpertWeight(Weight):
+    """16-bit weights of the routed experts `experts` (a bit mask over an MoE layer's experts) of `layer`;
+    the rest of the layer (attention, router, shared experts) is the layer's `Weight`."""
+
+    __slots__ = ("experts",)
+    kind = "expert weight"
+    _args = Weight._args + ("experts",)
+
+    def _describe(self) -> str:
+        return f", experts {describe_mask(self.experts)}" + super()._describe()
+
+
+class ExpertOptState(ExpertWeight):
+    """fp32 master weights, momentum and variance of the routed experts `experts` of a layer."""
+
+    __slots__ = ()
+    kind = "expert optimizer"
+    code = OPTIMIZER  # memory.KINDS index
+
+
+class ExpertGrad(WeightGrad):
+    """Gradient of the routed experts `experts` of a layer, from the tokens of `samples` routed to them."""
+
+    __slots__ = ("experts",)
+    kind = "expert weight_grad"
+    _args = WeightGrad._args + ("experts",)
+
+    def __add__(self, other: ExpertGrad) -> ExpertGrad:
+        """Accumulate the gradients of disjoint samples' tokens, as `WeightGrad + WeightGrad`."""
+        if other.__class__ is not ExpertGrad:
+            return NotImplemented
+        problem = None
+        if other.rank != self.rank or other.layer != self.layer or other.experts != self.experts:
+            problem = f"cannot add {other!r} to {self!r}: rank, layer and experts must match"
+        elif (other._base or other)._mem is not (self._base or self)._mem:
+            problem = f"gradients of two steps: {self!r} and {other!r}"
+        elif self.samples & other.samples:
+            problem = (f"the tokens of samples {describe_mask(self.samples & other.samples)} would be counted twice "
+                       f"in the gradient of experts {describe_mask(self.experts)}")
+        if problem:
+            from dist_lib.errors import TensorError
+            raise TensorError(f"rank {self.rank} ExpertGrad + ExpertGrad (layer {self.layer}): {problem}")
+        return ExpertGrad(self, 0, self.rank, self.layer, self.samples | other.samples, self.shards,
+                          self.num_shards, self.tp_rank, self.tp_size, self.experts)
+
+
+class Routed(Tensor):
+    """The output of an MoE layer's dense part (attention, router, shared experts) for `samples`, on the
+    tokens' own rank: hidden states whose routed experts have not run yet (`Model.route`). Only `combine`
+    with every expert's output makes the layer's output `Activation`; `combined` once it has. `shared`:
+    whether the shared experts have run (`MoEModel.shared_experts`)."""
+
+    __slots__ = ("combined", "shared", "dispatched", "grads_sent")
+    kind = "routed"
+    code = ACTIVATION  # memory.KINDS index
+
+    # `dispatched`, `grads_sent`: masks of the experts whose tokens (whose output gradients) have left
+    _args = ("rank", "layer", "samples", "combined", "shared", "dispatched", "grads_sent")
+    _defaults = (False, False, 0, 0)
+
+
+TOKEN_STAGES = ("dispatched", "expert output", "output grad", "input grad")
+
+
+class Tokens(Tensor):
+    """The hidden states (or gradients) of the tokens of `samples` that MoE layer `layer` routed to the
+    experts `experts`, at one `stage` of their round trip (`TOKEN_STAGES`): "dispatched" to the experts
+    (after `expert_forward` it carries the experts' stash), "expert output" back from them, "output grad"
+    (the gradient of that output) going to the experts, and "input grad" the experts' input gradient coming
+    back. Its bytes are the token slots of the dispatch buffer, padded to the capacity when there is one."""
+
+    __slots__ = ("experts", "stage", "_stash")
+    _released_first = ("_stash",)
+    kind = "tokens"
+    code = ACTIVATION  # memory.KINDS index
+
+    _args = ("rank", "layer", "samples", "experts", "stage", "_stash")
+    _defaults = (None,)
+
+    def _describe(self) -> str:
+        return f", experts {describe_mask(self.experts)}, {self.stage}" + (", with stash" if self._stash else "")

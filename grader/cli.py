@@ -35,7 +35,7 @@ from dist_lib.run.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAUL
 from dist_lib.specs import number, whole
 from dist_lib.workload.transformer import MAX_GLOBAL_BATCH
 
-from .paths import BUILTIN_STRATEGIES, builtin_names, output_path
+from .paths import BUILTIN_STRATEGIES, builtin_names, output_path, trains_dense
 from .errors import InputError
 from .jobs import add_backend_options, backend_from_args
 from .memory_headroom import add_headroom_option, headroom
@@ -354,9 +354,13 @@ def main_job(console: Console) -> int:
     from .report_terminal import literal
     from .suites import load_suite
     suite = load_suite(None)
-    builtins = sorted(p for p in BUILTIN_STRATEGIES.glob("*.py") if not p.name.startswith("_"))
+    every = sorted(p for p in BUILTIN_STRATEGIES.glob("*.py") if not p.name.startswith("_"))
+    builtins = [p for p in every if trains_dense(p)]  # the default suite's models are dense
     console.print(f"[bold]grading {len(builtins)} built-in strategies on suite '{literal(suite.name)}' "
                   f"({len(suite.scenarios)} scenarios)[/]")
+    for path in sorted(set(every) - set(builtins)):
+        console.print(f"{path.stem} is left out: it trains mixtures of experts, and the default suite's models are "
+                      f"dense (docs/explanation/moe.md)", highlight=False)
     out = Path("traces")
     from .runner import sandbox_problem
     summary = run_leaderboard(builtins, suite, out, jobs=min(2, os.cpu_count() or 1), console=console,

@@ -100,3 +100,11 @@ def test_run_applies_the_reserve_unless_told_off(capsys, tmp_path):
     assert "out of memory" in on["error"]
     assert main([*common, "--memory-headroom", "fragmentation=2"]) == 2
     assert "--memory-headroom: fragmentation" in capsys.readouterr().err
+
+
+def test_folded_replicas_count_the_communicators_of_the_whole_step():
+    args = ("strategies/hybrid.py", "2x8xA100-80GB", "toy:layers=4", 16)
+    folded = simulate(*args, tp=2, pp=2, dp=4, memory_reserve=True)
+    whole = simulate(*args, tp=2, pp=2, dp=4, memory_reserve=True, fold=False)
+    assert folded.representatives is not None and whole.representatives is None
+    assert folded.communicators == whole.communicators == [3] * 16

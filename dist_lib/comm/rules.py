@@ -34,6 +34,9 @@ class Reduced:
     def materialize(self, t: Tensor) -> Tensor:
         if t.__class__ is WeightGrad:
             return WeightGrad(t, 0, t.rank, t.layer, self.samples, t.shards, t.num_shards, t.tp_rank, t.tp_size)
+        if isinstance(t, WeightGrad):  # an ExpertGrad: the same, of its experts
+            return t.__class__(t, 0, t.rank, t.layer, self.samples, t.shards, t.num_shards, t.tp_rank, t.tp_size,
+                               t.experts)
         return t.__class__(t, 0, t.rank, t.layer, t.samples, self.tp_parts, self.tp_size)
 
 
@@ -92,35 +95,11 @@ def combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[lis
     the bytes its cost is based on, and a label."""
     op, ranks, works = coll.op, coll.group.ranks, coll.works
     head = coll  # formatted only in an error message
-    if isinstance(inputs[0], (Weight, OptState, WeightGrad)):
-        if len({(t.tp_rank, t.tp_size) for t in inputs}) > 1:
-            slices = {r: (t.tp_rank, t.tp_size) for r, t in zip(ranks, inputs)}
-            raise CollectiveMismatchError(f"{head}: members hold different tensor-parallel slices "
-                                          f"{slices}; reduce within one TP slice")
-    first = inputs[0]
     if op == "all_reduce":
-        if isinstance(first, WeightGrad):
-            samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
-                                      "a sample's gradient would be counted twice")
-            shards = {(t.shards, t.num_shards) for t in inputs}
-            if len(shards) > 1:
-                raise CollectiveMismatchError(f"{head}: members hold different ZeRO shards; "
-                                              f"all-reduce the same shard on every member")
-            return [Reduced(samples)] * len(inputs), first.nbytes, first.kind
-        # tensor-parallel partial sums of one activation (or its gradient)
-        if len({t.samples for t in inputs}) > 1:
-            raise CollectiveMismatchError(f"{head}: partial sums of different samples "
-                                          f"{ {r: describe_mask(t.samples) for r, t in zip(ranks, inputs)} }")
-        if len({t.tp_size for t in inputs}) > 1:  # (a part of 2 and a part of 64 are not halves of one sum)
-            raise CollectiveMismatchError(f"{head}: partial sums of different tensor-parallel degrees "
-                                          f"{ {r: t.tp_size for r, t in zip(ranks, inputs)} }; all-reduce the "
-                                          f"parts of one TP split")
-        parts = _disjoint_union(head, "tensor-parallel parts", ranks, [t.tp_parts for t in inputs],
-                                "a partial sum would be added twice")
-        tp_size = first.tp_size
-        if parts == full_mask(tp_size):
-            parts, tp_size = 1, 1
-        return [Reduced(first.samples, parts, tp_size)] * len(inputs), first.nbytes, f"{first.kind} (TP partial sums)"
+        reduced, nbytes, label = summed(coll, inputs)
+        return [reduced] * len(inputs), nbytes, label
+    _same_tp_slice(coll, inputs)
+    first = inputs[0]
     if op == "all_gather" and first.__class__ in (ActivationSlice, ActivationGradSlice):
         if len({t.samples for t in inputs}) > 1 or len({t.tp_size for t in inputs}) > 1:
             raise CollectiveMismatchError(f"{head}: TP pieces of different samples or piece counts: "
@@ -152,6 +131,49 @@ def combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[lis
     for i, out in enumerate(results):
         out.samples, out.shards, out.num_shards = samples, 1 << i, p
     return results, first.nbytes, first.kind
+
+
+def _same_tp_slice(head: Collective, inputs: list[Tensor]) -> None:
+    """Members reducing or gathering a layer's parameters (or their gradients) hold one TP slice."""
+    if isinstance(inputs[0], (Weight, OptState, WeightGrad)):
+        if len({(t.tp_rank, t.tp_size) for t in inputs}) > 1:
+            slices = {r: (t.tp_rank, t.tp_size) for r, t in zip(head.group.ranks, inputs)}
+            raise CollectiveMismatchError(f"{head}: members hold different tensor-parallel slices "
+                                          f"{slices}; reduce within one TP slice")
+
+
+def summed(coll: Collective, inputs: list[Tensor]) -> tuple[Reduced, int, str]:
+    """What the members' inputs to a sum (an all-reduce, or a reduce to one root) add up to, the bytes the
+    cost is based on, and a label: gradients of disjoint samples, or TP partial sums of one split."""
+    head, ranks = coll, coll.group.ranks  # (the collective is formatted only in an error message)
+    _same_tp_slice(coll, inputs)
+    first = inputs[0]
+    if isinstance(first, WeightGrad):
+        samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
+                                  "a sample's gradient would be counted twice")
+        if len({getattr(t, "experts", None) for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: members hold gradients of different experts "
+                                          f"{ {r: describe_mask(getattr(t, 'experts', 0)) for r, t in zip(ranks, inputs)} }; "
+                                          f"reduce an expert's gradient among the ranks that hold that expert")
+        shards = {(t.shards, t.num_shards) for t in inputs}
+        if len(shards) > 1:
+            raise CollectiveMismatchError(f"{head}: members hold different ZeRO shards; "
+                                          f"all-reduce the same shard on every member")
+        return Reduced(samples), first.nbytes, first.kind
+    # tensor-parallel partial sums of one activation (or its gradient)
+    if len({t.samples for t in inputs}) > 1:
+        raise CollectiveMismatchError(f"{head}: partial sums of different samples "
+                                      f"{ {r: describe_mask(t.samples) for r, t in zip(ranks, inputs)} }")
+    if len({t.tp_size for t in inputs}) > 1:  # (a part of 2 and a part of 64 are not halves of one sum)
+        raise CollectiveMismatchError(f"{head}: partial sums of different tensor-parallel degrees "
+                                      f"{ {r: t.tp_size for r, t in zip(ranks, inputs)} }; all-reduce the "
+                                      f"parts of one TP split")
+    parts = _disjoint_union(head, "tensor-parallel parts", ranks, [t.tp_parts for t in inputs],
+                            "a partial sum would be added twice")
+    tp_size = first.tp_size
+    if parts == full_mask(tp_size):
+        parts, tp_size = 1, 1
+    return Reduced(first.samples, parts, tp_size), first.nbytes, f"{first.kind} (TP partial sums)"
 
 
 def _disjoint_union(head: Collective, what: str, ranks: tuple[int, ...], masks: list[int], why: str) -> int:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import math
 
+from dist_lib.costs import experts
+from dist_lib.costs.attention import flash_times
 from dist_lib.hardware.devices import Device
+from dist_lib.workload import architecture as arch
 from dist_lib.workload.transformer import Workload
 
 # GEMM kernels are timed by their shape, as a tiled kernel runs on the GPU (NVIDIA, "Matrix
@@ -75,10 +78,10 @@ def compute_time(device: Device, flops: float, bytes_moved: float) -> float:
 
 def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -> list[tuple[float, float, float]]:
     """(M, N, K) of a layer's four weight GEMMs on one TP rank (Megatron: QKV and MLP-up split by
-    columns, projection and MLP-down by rows; Shoeybi et al. 2019, sec. 3): forward Y = X W, the
+    columns, projection and MLP-down by rows; Shoeybi et al. 2019, sec. 3; GPT: widths 3h, h, 4h and h,
+    `architecture.weight_gemm_shapes` for any layer): forward Y = X W, the
     input gradient dX = dY W^T (M, K, N) and the weight gradient dW = X^T dY (K, N, M)."""
-    tokens, h = samples * workload.seq_len, workload.hidden
-    forward = [(tokens, 3 * h / tp, h), (tokens, h, h / tp), (tokens, 4 * h / tp, h), (tokens, h, 4 * h / tp)]
+    forward = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
     if pass_ == "forward":
         return forward
     if pass_ == "input":
@@ -86,16 +89,22 @@ def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -
     return [(k, n, m) for m, n, k in forward]
 
 
-def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int, pass_: str) -> float:
-    return sum(gemm_time(device, m, n, k, 1, workload.bytes_per_element)
-               for m, n, k in _weight_gemm_shapes(workload, samples, tp, pass_))
+def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int, pass_: str, layer: int = 0) -> float:
+    shapes = _weight_gemm_shapes(workload, samples, tp, pass_) if workload.moe is None \
+        else experts.gemm_shapes(workload, layer, samples, tp, pass_)  # an MoE model's layers: costs.experts
+    return sum(gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes)
 
 
 def _attention_time(device: Device, workload: Workload, samples: int, tp: int, backward: bool = False) -> float:
     """The attention core's batched GEMMs, one matrix per sample and local head (head size d = h/a):
     forward Q K^T (s x s x d) and P V (s x d x s); backward dP = dO V^T (s x s x d) and dQ, dK, dV
-    (each s x d x s)."""
-    s, d = workload.seq_len, workload.hidden / workload.heads
+    (each s x d x s). A FlashAttention kernel instead runs at its measured speed (`costs.attention`)."""
+    if workload.attention != "unfused":
+        flops = samples * workload.attention_core_flops() / tp
+        forward, backward_time = flash_times(device, workload.attention, flops, arch.head_dim(workload),
+                                             workload.seq_len)
+        return backward_time if backward else forward
+    s, d = workload.seq_len, arch.head_dim(workload)
     batch = samples * workload.heads / tp
     scores = gemm_time(device, s, s, d, batch, workload.bytes_per_element)
     mixes = gemm_time(device, s, d, s, batch, workload.bytes_per_element)
@@ -134,7 +143,7 @@ def forward_time(device: Device, workload: Workload, layer: int, samples: int, t
     measured = _profiled(device, workload, layer, samples, tp, FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "forward")
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "forward", layer)
                        + _attention_time(device, workload, samples, tp)
                        + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
 
@@ -142,8 +151,8 @@ def forward_time(device: Device, workload: Workload, layer: int, samples: int, t
 def recompute_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
                    recompute: str = "selective", sequence_parallel: bool = False) -> float:
     """Extra time backward spends re-running forward work: none; the attention core alone
-    (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5); or the
-    whole layer forward (`full`)."""
+    (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5; with FlashAttention
+    the forward kernel again, which saves only its log-sum-exp); or the whole layer forward (`full`)."""
     if recompute == "none":
         return 0.0
     if recompute == "full":
@@ -178,7 +187,7 @@ def backward_input_time(device: Device, workload: Workload, layer: int, samples:
     if measured is not None:
         return measured
     # weight GEMMs' input gradients, plus the attention core's backward (four batched GEMMs, 2x its forward)
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "input")
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "input", layer)
                        + _attention_time(device, workload, samples, tp, backward=True)
                        + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel,
                                                                                    backward=True)))
@@ -189,7 +198,7 @@ def backward_weight_time(device: Device, workload: Workload, layer: int, samples
     measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
     if measured is not None:
         return measured
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "weight"))
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "weight", layer))
 
 
 def weight_pass_bytes(workload: Workload, tp: int = 1, *, sequence_parallel: bool = False) -> float:

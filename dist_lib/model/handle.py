@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from dist_lib.costs import compute as costs
-
 from dist_lib.costs import network
 from dist_lib.comm.collectives import Work, issue_collective
 from dist_lib.comm.groups import Group, get_group
@@ -24,12 +23,13 @@ from dist_lib.hardware.cluster import Cluster
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
 from dist_lib.costs.ops import compute_cost, compute_mode, forward_stash_bytes, input_pass_stash_bytes
 from dist_lib.model.op_checks import OpChecks, _covers, _first_time, _shard_key, buffer_log
+from dist_lib.model.other_collective_ops import OtherCollectiveOps
 from dist_lib.comm.p2p import issue_recv, issue_send
 from dist_lib.tensors import SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, PipeExtra, Stash, Weight, WeightGrad, describe_mask, samples_mask
 from dist_lib.workload.transformer import Workload
 
 
-class Model(OpChecks):
+class Model(OpChecks, OtherCollectiveOps):
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",

@@ -97,6 +97,8 @@ class Result:
     # communicators each rank belongs to (what the reserve's NCCL buffers count)
     memory_reserve: Any = field(default=None, repr=False)
     communicators: list[int] = field(default_factory=list, repr=False)
+    # folded replicas (`run/folding.py`): per rank, the rank whose events stand for it (None: every rank ran)
+    representatives: list[int] | None = field(default=None, repr=False)
     _events: list[Event] | None = field(default=None, repr=False)
     _busy: list[float] | None = field(default=None, repr=False)  # compute_busy(), summed once
 
@@ -173,6 +175,8 @@ class Result:
                     if e[2] == "compute":
                         busy[e[0]] += e[4] - e[3]
                 self._busy = busy
+            if self.representatives is not None:  # a folded replica was as busy as its representative
+                self._busy = [self._busy[rep] for rep in self.representatives]
         return list(self._busy)
 
     @property

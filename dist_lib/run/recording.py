@@ -29,8 +29,13 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     SPLIT x k (start stop) x k                    -> those samples of activation (gradient) x
     JOIN k part x k                               -> the parts as one activation (gradient)
     SPLIT_TP x tp_rank tp_size                    -> that TP piece of activation (gradient) x
-    AWAIT work                                    -> its result (None after a send)
+    AWAIT work                                    -> its result (None after a send); a list (an all_to_all's)
+                                                     takes a handle per entry
     DROP handle
+    BROADCAST / REDUCE x root k rank x k          -> work (x = -1: None, a broadcast's receivers)
+    BARRIER k rank x k                            -> work
+    ALL_TO_ALL k rank x k n piece x n e [c (start stop) x c] x n (e = 1) -> work (piece = -1: None; e = 1
+                                                     when `expect` was given: per member c intervals, 0 for None)
 """
 
 from __future__ import annotations
@@ -41,13 +46,15 @@ from typing import Any
 from dist_lib.comm.collectives import Work
 from dist_lib.errors import TensorError
 from dist_lib.model.handle import PIPE_EXTRAS
+from dist_lib.tensors import samples_mask
 
 (LOAD, INPUT, FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS, UPDATE, FINAL, ALL_REDUCE, ALL_GATHER,
- REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP, TIED, EXTRA) = range(22)
+ REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP, TIED, EXTRA, BROADCAST, REDUCE, BARRIER,
+ ALL_TO_ALL) = range(26)
 OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backward_input", "backward_weight",
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
            "add", "await", "drop", "split_samples", "join_samples", "split_tp",
-           "tied_embedding_grad", "pipe_extra")
+           "tied_embedding_grad", "pipe_extra", "broadcast", "reduce", "barrier", "all_to_all")
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
 UNRECORDED_OPS = ("group",)  # Model methods that decide nothing (a group is named by its ranks where used)
 
@@ -69,6 +76,8 @@ class Recorder:
 
     def wrap(self, rank: int, obj: Any) -> Any:
         """The next handle of `rank` for `obj` (a tensor or a work; None stays None but takes a number)."""
+        if obj.__class__ is list:  # an all_to_all's received pieces: a handle each
+            return [self.wrap(rank, t) for t in obj]
         number = self.counts[rank]
         self.counts[rank] = number + 1
         if obj is None:
@@ -240,6 +249,48 @@ class RecordingModel:
     def reduce_scatter(self, x: Any, group: Any = None) -> Any:
         return self._collective("reduce_scatter", x, group)
 
+    def _group_words(self, group: Any, name: str) -> tuple[Any, list[int]]:
+        resolved = self._model._resolve_group(group, name)
+        ranks = [] if group is None else list(resolved.ranks)
+        return resolved, [len(ranks), *ranks]
+
+    def broadcast(self, x: Any, root: int, group: Any = None) -> Any:
+        return self._rooted(BROADCAST, "broadcast", x, root, group)
+
+    def reduce(self, x: Any, root: int, group: Any = None) -> Any:
+        return self._rooted(REDUCE, "reduce", x, root, group)
+
+    def _rooted(self, op: int, name: str, x: Any, root: int, group: Any) -> Any:
+        resolved, words = self._group_words(group, name)
+        work = getattr(self._model, name)(None if x is None else self._t(x, name), root, resolved)
+        self._emit(op, -1 if x is None else x._number, root, *words)
+        return self._wrap(work)
+
+    def barrier(self, group: Any = None) -> Any:
+        resolved, words = self._group_words(group, "barrier")
+        work = self._model.barrier(resolved)
+        self._emit(BARRIER, *words)
+        return self._wrap(work)
+
+    def all_to_all(self, pieces: Any, group: Any = None, *, expect: Any = None) -> Any:
+        resolved, words = self._group_words(group, "all_to_all")
+        if isinstance(expect, (list, tuple)):  # read twice below: a generator of samples becomes a list
+            expect = [_listed(samples) for samples in expect]
+        if not isinstance(pieces, (list, tuple)):
+            return self._model.all_to_all(pieces, resolved, expect=expect)  # refused there, with its message
+        work = self._model.all_to_all([None if p is None else self._t(p, "all_to_all") for p in pieces], resolved,
+                                      expect=expect)
+        words += [len(pieces), *(-1 if p is None else p._number for p in pieces)]
+        if expect is None:
+            words.append(0)
+        else:  # (checked by the op: one entry per member, each None or samples)
+            words.append(1)
+            for samples in expect:
+                spans = [] if samples is None else _intervals(samples_mask(samples, self._model.global_batch_size))
+                words += [len(spans) // 2, *spans]
+        self._emit(ALL_TO_ALL, *words)
+        return self._wrap(work)
+
     def send(self, x: Any, dst: int) -> Any:
         work = self._model.send(self._t(x, "send"), dst)
         self._emit(SEND, x._number, dst)
@@ -272,6 +323,16 @@ class RecordingModel:
         out = self._model.pipe_extra(what, tp_size=tp_size)
         self._emit(EXTRA, PIPE_EXTRAS.index(what), tp_size)
         return self._wrap(out)
+
+
+def _listed(samples: Any) -> Any:
+    """Samples that can be read twice (the op refuses what is not samples, with its message)."""
+    if samples is None or isinstance(samples, (range, list, tuple)):
+        return samples
+    try:
+        return list(samples)
+    except TypeError:
+        return samples
 
 
 def _intervals(mask: int) -> list[int]:

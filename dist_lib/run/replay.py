@@ -28,7 +28,7 @@ from dist_lib.comm.collectives import Work
 from dist_lib.errors import SimulationError
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.model.handle import PIPE_EXTRAS
-from dist_lib.run.recording import ADD, ALL_GATHER, ALL_REDUCE, AWAIT, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
+from dist_lib.run.recording import ADD, ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AWAIT, BARRIER, BROADCAST, REDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
 from dist_lib.output.result import Result
 from dist_lib.run.simulator import simulate
 from dist_lib.tensors import WeightGrad
@@ -141,7 +141,12 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             if get(1).__class__ is not Work:
                 raise fail(f"handle {program[i + 1]} is not a Work")
             i += 2
-            append(await table[program[i - 1]])
+            result = await table[program[i - 1]]
+            if result.__class__ is list:  # an all_to_all's pieces: a handle each
+                extend(result)
+            else:
+                append(result)
+            del result
             continue
         elif op in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER):
             k = program[i + 2] if i + 2 < n else -1
@@ -149,6 +154,9 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
                 raise fail(f"group size {k} is not in 0..{world} or runs past the program's end")
             append(getattr(model, OPCODES[op])(get(1), None if k == 0 else program[i + 3:i + 3 + k].tolist()))
             i += 3 + k
+            continue
+        elif op in (BROADCAST, REDUCE, BARRIER, ALL_TO_ALL):
+            i = _other_collective(model, program, i, n, table, world, batch, get, small, fail)
             continue
         elif op == ADD:  # (the recorder emits it for WeightGrad + WeightGrad only: `Handle.__add__`)
             for k in (1, 2):  # (no local keeps a tensor: a reference here would delay its free)
@@ -202,6 +210,56 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
         else:
             raise fail(f"unknown opcode {op}")
         i += 1 + arity  # type: ignore[operator]
+
+
+def _other_collective(model: Any, program: array, i: int, n: int, table: list, world: int, batch: int, get: Any,
+                      small: Any, fail: Any) -> int:
+    """Run the broadcast, reduce, barrier or all_to_all entry at word `i`; the index of the next entry."""
+    op = program[i]
+    at = i + 1
+    x = root = None
+    if op in (BROADCAST, REDUCE):
+        if at + 1 >= n:
+            raise fail("the program ends inside this entry")
+        x = None if program[at] == -1 else get(1)
+        root = small(2)
+        at += 2
+
+    def count(at: int, most: int, what: str) -> int:
+        k = program[at] if at < n else -1
+        if not 0 <= k <= most or at + k >= n:
+            raise fail(f"{what} {k} is not in 0..{most} or runs past the program's end")
+        return k
+
+    k = count(at, world, "group size")
+    group = None if k == 0 else program[at + 1:at + 1 + k].tolist()
+    at += 1 + k
+    if op == BARRIER:
+        table.append(model.barrier(group))
+        return at
+    if op != ALL_TO_ALL:
+        table.append(getattr(model, OPCODES[op])(x, root, group))
+        return at
+    members = count(at, world, "piece count")
+    pieces = []
+    for j in range(members):
+        h = program[at + 1 + j]
+        pieces.append(None if h == -1 else get(at + 1 + j - i))
+    at += 1 + members
+    if at >= n or program[at] not in (0, 1):
+        raise fail("the expect flag is not 0 or 1, or the program ends before it")
+    expect = None
+    if program[at] == 1:
+        expect = []
+        at += 1
+        for _ in range(members):
+            c = count(at, batch, "interval count")
+            expect.append(None if c == 0 else _samples(program, at, n, batch, fail))
+            at += 1 + 2 * c
+    else:
+        at += 1
+    table.append(model.all_to_all(pieces, group, expect=expect))
+    return at
 
 
 def _samples(program: array, at: int, n: int, batch: int, fail: Any) -> range | list[int]:

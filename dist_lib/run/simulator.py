@@ -18,12 +18,16 @@ from dist_lib.model.correctness import HandedIn, check_final_weights, check_kept
 from dist_lib.comm.collectives import unfinished
 from dist_lib.engine.core import Engine
 from dist_lib.run.file_import import beside, import_hint
+from dist_lib.run.folding import expand_books, plan_fold
+from dist_lib.comm.groups import FoldBroken
+from dist_lib.hardware.replicas import Fold
 from dist_lib.errors import (DeadlockError, IncorrectStepError, OutOfMemoryError, ResourceError, SpecError,
                              StrategyError)
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.reserve import memory_reserve as read_reserve
 from dist_lib.memory.tracker import RankLog, cycle_collector_paused, format_bytes, slot_records
 from dist_lib.model.handle import Model
+from dist_lib.model.experts import ExpertBooks, MoEModel
 from dist_lib.output.result import PerRank, Result
 from dist_lib.specs import shown
 from dist_lib.run.split import Coordinator
@@ -47,7 +51,8 @@ _FILE_MODULE = "_strategy_"  # the prefix of the module name a strategy file out
 def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DEFAULT_CLUSTER,
              workload: Workload | str | Path = DEFAULT_WORKLOAD, global_batch_size: int = DEFAULT_GLOBAL_BATCH,
              *, check: bool = True, enforce_memory: bool = True, start_order_seed: int | None = None,
-             workers: int = 1, worker_ranks: Any = None, memory_reserve: Any = None, **options: Any) -> Result:
+             workers: int = 1, worker_ranks: Any = None, fold: bool = True, memory_reserve: Any = None,
+             **options: Any) -> Result:
     """Run `strategy` (an `async def train(model, **options)`, or a path to a file defining one) on
     every rank. Extra keywords go to the strategy. With `check=True` an incorrect step raises
     `IncorrectStepError`; with `check=False` it is reported in `result.correct` / `result.problems`.
@@ -70,7 +75,7 @@ def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DE
         with interrupt_at_once():
             return asyncio.run(simulate_async(strategy, cluster, workload, global_batch_size, check=check,
                                               enforce_memory=enforce_memory, start_order_seed=start_order_seed,
-                                              workers=workers, worker_ranks=worker_ranks,
+                                              workers=workers, worker_ranks=worker_ranks, fold=fold,
                                               memory_reserve=memory_reserve, **options))
     finally:
         _OWN_LOOP.reset(own)
@@ -80,7 +85,7 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
                          workload: Workload | str | Path = DEFAULT_WORKLOAD,
                          global_batch_size: int = DEFAULT_GLOBAL_BATCH, *, check: bool = True,
                          enforce_memory: bool = True, start_order_seed: int | None = None,
-                         workers: int = 1, worker_ranks: Any = None, memory_reserve: Any = None,
+                         workers: int = 1, worker_ranks: Any = None, fold: bool = True, memory_reserve: Any = None,
                          **options: Any) -> Result:
     """`simulate` for callers that already run an event loop."""
     train, name = load_strategy(strategy)
@@ -88,7 +93,7 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     cluster = Cluster.load(cluster)
     workload = Workload.load(workload)
     check_global_batch(global_batch_size)
-    for flag, value in (("check", check), ("enforce_memory", enforce_memory)):
+    for flag, value in (("check", check), ("enforce_memory", enforce_memory), ("fold", fold)):
         if not isinstance(value, bool):
             raise SpecError(f"{flag} must be True or False, got {shown(value)}")
     if start_order_seed is not None and (isinstance(start_order_seed, bool) or not isinstance(start_order_seed, int)):
@@ -99,9 +104,21 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
         raise SpecError("worker_ranks names the ranks of the second process: give it with workers=2")
     theirs = choose_worker_ranks(cluster, worker_ranks) if workers == 2 else []
     reserve = read_reserve(memory_reserve, "memory_reserve")
-    engine = Engine(cluster, workload, global_batch_size, enforce_memory, reserve)
+    folded = plan_fold(train, cluster, global_batch_size, options) if fold and workload.moe is None else None
+    if folded is not None:
+        try:
+            return await _run_folded(train, name, folded, workload, global_batch_size, check, enforce_memory,
+                                     start_order_seed, options, reserve)
+        except (ResourceError, IncorrectStepError):
+            raise
+        except Exception:  # a broken fold, or an error: the unfolded step says what it is, in its own words
+            pass
+    engine = Engine(cluster, workload, global_batch_size, enforce_memory, memory_reserve=reserve)
     engine.cancel_is_strategys = _OWN_LOOP.get()
-    models = [Model(engine, r) for r in range(cluster.world_size)]
+    if workload.moe is not None and workers != 1:
+        raise SpecError(f"workers=2: a step of the mixture-of-experts workload {workload.name} runs in one process")
+    books = ExpertBooks(engine) if workload.moe is not None else None
+    models = [Model(engine, r) if books is None else MoEModel(engine, r, books) for r in range(cluster.world_size)]
     order = list(range(cluster.world_size))
     if start_order_seed is not None:
         random.Random(start_order_seed).shuffle(order)
@@ -114,10 +131,40 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
                 await engine.run(make, order)
                 if engine.instant_transfers:  # (else the engine numbered the op ids in that order already)
                     engine.events.renumber()
-                return _finish(engine, options, name, check, _books(engine, range(cluster.world_size)), enforce_memory)
+                return _finish(engine, options, name, check, _books(engine, range(cluster.world_size)),
+                               books.problems() if books is not None else [], enforce_memory=enforce_memory)
             return _finish(engine, options, name, check, await _run_split(engine, make, order, theirs),
-                           enforce_memory)
+                           enforce_memory=enforce_memory)
     except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
+        raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
+                            f"while checking the step and building its result") from None
+    finally:
+        engine.release()
+
+
+async def _run_folded(train: Strategy, name: str, fold: Fold, workload: Workload, global_batch_size: int,
+                      check: bool, enforce_memory: bool, start_order_seed: int | None, options: dict[str, Any],
+                      reserve: Any = None) -> Result:
+    """The step with only replica 0 running (`run/folding.py`); raises `FoldBroken` when a representative
+    did what its replicas would not do alike."""
+    cluster = fold.cluster
+    engine = Engine(cluster, workload, global_batch_size, enforce_memory, fold=fold, memory_reserve=reserve)
+    engine.cancel_is_strategys = _OWN_LOOP.get()
+    models = {rank: Model(engine, rank) for rank in fold.reps}
+    order = list(fold.reps)
+    if start_order_seed is not None:
+        random.Random(start_order_seed).shuffle(order)
+    engine.finished = cluster.world_size - len(order)  # the other replicas: never blocked, never to wait for
+    try:
+        with cycle_collector_paused():
+            await engine.run(lambda rank: train(models[rank], **options), order)
+            if fold.broken:
+                raise FoldBroken(fold.broken)
+            if engine.instant_transfers:
+                engine.events.renumber()
+            books = expand_books(_books(engine, fold.reps), fold, global_batch_size)
+            return _finish(engine, options, name, check, books, fold=fold, enforce_memory=enforce_memory)
+    except MemoryError:
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
                             f"while checking the step and building its result") from None
     finally:
@@ -207,9 +254,9 @@ async def _run_split(engine: Engine, make: Callable, order: list[int], theirs: l
 
 
 def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, books: Books,
-            enforce_memory: bool = True) -> Result:
-    """After every rank returned: the leftovers check, the reserve's check, the end-of-step check and the
-    result."""
+            expert_problems: list[str] = (), fold: Fold | None = None, enforce_memory: bool = True) -> Result:
+    """After every rank returned: the leftovers check, the runtime reserve's check, the end-of-step check and
+    the result."""
     if books.leftovers:
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
                             + "\n  ".join(books.leftovers))
@@ -220,6 +267,7 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, boo
     problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
     if not problems:  # (else what is missing is already named, layer by layer)
         problems = check_kept(books.loaded, finals)
+    problems = problems + list(expert_problems)  # a mixture of experts' routed experts (`model.experts`)
     engine.events.pack()
     workload = engine.workload
     result = Result(
@@ -229,7 +277,8 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, boo
         model_flops=workload.model_flops_per_sample() * engine.global_batch_size,
         hardware_flops=sum(books.flops), correct=not problems, problems=problems, raw_events=engine.events,
         timelines=PerRank(logs, RankLog.timeline), memory_log=PerRank(logs, RankLog.entries), strategy=name,
-        memory_reserve=reserve, communicators=books.communicators)
+        representatives=None if fold is None else fold.rep_of, memory_reserve=reserve,
+        communicators=books.communicators)
     result.final_weights = finals
     if problems and check:
         raise IncorrectStepError(f"{name}: the step is not a correct training step:\n  " + "\n  ".join(problems))
