@@ -378,3 +378,89 @@ class Tokens(Tensor):
 
     def _describe(self) -> str:
         return f", experts {describe_mask(self.experts)}, {self.stage}" + (", with stash" if self._stash else "")
+
+
+# ---- context parallelism: a rank holds part of each sample's sequence ----------------------------------
+
+class ContextActivation(Activation):
+    """The hidden states of `samples` on context-parallel rank `cp_rank` of `cp_size`: its share of each
+    sample's sequence, s/cp tokens, load-balanced for the causal mask as Megatron-Core cuts it (the sequence
+    in 2 cp chunks; rank r holds chunks r and 2 cp - 1 - r). A subclass rather than a field of `Activation`,
+    so that every other tensor and op keeps its layout and its C fast path; the context ops
+    (`model.context_ops`) take it."""
+
+    __slots__ = ("cp_rank", "cp_size")
+    _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "cp_rank", "cp_size", "_stash")
+    _defaults = (1, 1, 0, 1, None)
+
+    def _describe(self) -> str:
+        return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
+
+
+class ContextActivationGrad(ActivationGrad):
+    """The gradient of a `ContextActivation`: the same sequence part of the same samples."""
+
+    __slots__ = ("cp_rank", "cp_size")
+    _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "gathers", "cp_rank", "cp_size")
+    _defaults = (1, 1, (), 0, 1)
+
+    def _describe(self) -> str:
+        return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
+
+
+CONTEXT_HIDDEN = (ContextActivation, ContextActivationGrad)
+
+
+class ContextWeightGrad(WeightGrad):
+    """A layer's weight gradient from the sequence parts `seq_parts` (a bit mask out of `cp_size`) of
+    `samples`: what a context-parallel rank's backward yields. Only the sum over every sequence part is a
+    sample's gradient, so the context-parallel ranks of a replica reduce it together, as Megatron-Core folds
+    CP into the data-parallel group of its gradient reduction (dp x cp ranks); the sum of all parts is a
+    plain `WeightGrad`, and `update` takes nothing less."""
+
+    __slots__ = ("seq_parts", "cp_size")
+    kind = "weight_grad (sequence parts)"
+    _args = WeightGrad._args + ("seq_parts", "cp_size")
+
+    def _describe(self) -> str:
+        return f", sequence parts {describe_mask(self.seq_parts)} of {self.cp_size}" + super()._describe()
+
+    def __add__(self, other: ContextWeightGrad) -> ContextWeightGrad:
+        """Accumulate the gradients of disjoint samples from the same sequence parts, as `WeightGrad + WeightGrad`."""
+        if other.__class__ is not ContextWeightGrad:
+            return NotImplemented
+        problem = None
+        if (other.rank, other.layer, other.shards, other.num_shards, other.tp_rank, other.tp_size, other.nbytes) != \
+                (self.rank, self.layer, self.shards, self.num_shards, self.tp_rank, self.tp_size, self.nbytes):
+            problem = f"cannot add {other!r} to {self!r}: rank, layer and shards must match"
+        elif (other.seq_parts, other.cp_size) != (self.seq_parts, self.cp_size):
+            problem = f"cannot add {other!r} to {self!r}: they come from different sequence parts"
+        elif (other._base or other)._mem is not (self._base or self)._mem:
+            problem = f"gradients of two steps: {self!r} and {other!r}"
+        elif self.samples & other.samples:
+            problem = (f"samples {describe_mask(self.samples & other.samples)} would be counted twice "
+                       f"in the gradient of layer {self.layer}")
+        if problem:
+            from dist_lib.errors import TensorError
+            raise TensorError(f"rank {self.rank} WeightGrad + WeightGrad (layer {self.layer}): {problem}")
+        return ContextWeightGrad(self, 0, self.rank, self.layer, self.samples | other.samples, self.shards,
+                                 self.num_shards, self.tp_rank, self.tp_size, self.seq_parts, self.cp_size)
+
+
+class KVBlock(Tensor):
+    """The keys and values of layer `layer` for the sequence parts `parts` (a bit mask out of `cp_size`) of
+    `samples` (with TP, of this rank's heads: TP slice `tp_rank` of `tp_size`), as ring attention passes them
+    from rank to rank or an all-gather collects them; `grad` marks the gradient of such a block (dK, dV) on
+    its way back to the rank that owns it. It feeds only the context ops; its bytes and transfers matter."""
+
+    __slots__ = ("parts", "cp_size", "tp_rank", "tp_size", "grad")
+    kind = "kv block"
+    code = ACTIVATION  # memory.KINDS index
+
+    _args = ("rank", "layer", "samples", "parts", "cp_size", "tp_rank", "tp_size", "grad")
+    _defaults = (False,)
+
+    def _describe(self) -> str:
+        what = ", gradient" if self.grad else ""
+        tp = f", tp {self.tp_rank}/{self.tp_size}" if self.tp_size > 1 else ""
+        return f", sequence parts {describe_mask(self.parts)} of {self.cp_size}{tp}{what}"

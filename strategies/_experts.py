@@ -3,11 +3,10 @@ group's ranks (the all-to-all of dispatch and combine)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dist_lib import Model
+from dist_lib import Model, Work
 
 from ._layout import microbatches, replica_samples
 
@@ -24,6 +23,9 @@ class ExpertLayout:
     moe_layers: tuple[int, ...]
     microbatches: tuple[range, ...]
     per_rank: int
+    global_batch: int
+    world: int
+    microbatch_size: int
 
     @classmethod
     def build(cls, model: Model, ep: int | None, microbatch_size: int) -> ExpertLayout:
@@ -45,28 +47,23 @@ class ExpertLayout:
                    expert_dp_group=tuple(range(index, world, ep)),
                    my_experts=range(index * per_rank, (index + 1) * per_rank),
                    moe_layers=tuple(layer for layer in range(model.num_layers) if moe.is_moe(layer)),
-                   microbatches=tuple(microbatches(first, count, microbatch_size)), per_rank=per_rank)
+                   microbatches=tuple(microbatches(first, count, microbatch_size)), per_rank=per_rank,
+                   global_batch=model.global_batch_size, world=world, microbatch_size=microbatch_size)
+
+    def samples_of(self, peer: int, index: int) -> range:
+        """The samples of microbatch `index` of EP peer `peer` (its own replica's share, cut the same way)."""
+        first, count = replica_samples(self.global_batch, self.world, peer)
+        return list(microbatches(first, count, self.microbatch_size))[index]
 
     def experts_of(self, peer: int) -> range:
         i = self.ep_group.index(peer)
         return range(i * self.per_rank, (i + 1) * self.per_rank)
 
 
-def exchange(model: Model, pieces: Sequence, group: Sequence[int]) -> asyncio.Future:
-    """Send `pieces[i]` to `group[i]` and receive one piece from each, in group order: the all-to-all of a
-    dispatch or a combine, as NCCL runs it (grouped sends and receives; each pair's message on its own
-    channel, sharing the links). Returns an awaitable of the received pieces (this rank's own piece stays)."""
-    me = model.rank
-    sends = [model.send(piece, peer) for piece, peer in zip(pieces, group) if peer != me]
-    receives = [model.recv(peer) if peer != me else None for peer in group]
-    own = [piece for piece, peer in zip(pieces, group) if peer == me]
-
-    async def finish() -> list:
-        received = []
-        for work in receives:
-            received.append(own[0] if work is None else await work)
-        for work in sends:
-            await work
-        return received
-
-    return finish()
+def exchange(model: Model, pieces: Sequence, group: Sequence[int], *, samples: Sequence,
+             experts: Sequence) -> Work:
+    """The all-to-all of a dispatch or a combine: `pieces[i]` goes to `group[i]`, and this rank receives, from
+    each member j, the tokens of `samples[j]` for the experts `experts[j]` (checked at the op, so a token sent
+    to the wrong expert rank fails there). Returns the work; awaiting it gives the received pieces in group
+    order. NCCL runs it as grouped sends and receives, each pair's message sharing the links."""
+    return model.all_to_all(list(pieces), list(group), expect=list(samples), expect_experts=list(experts))

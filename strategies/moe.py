@@ -31,7 +31,11 @@ async def train(model: Model, *, ep: int | None = None, microbatch_size: int = 1
     weights = {layer: model.load_weights(layer) for layer in range(model.num_layers)}
     experts = {layer: model.load_experts(layer, layout.my_experts) for layer in layout.moe_layers}
     grads, expert_grads = {}, {}
-    for samples in layout.microbatches:
+    group, mine = list(layout.ep_group), list(layout.my_experts)
+    for index, samples in enumerate(layout.microbatches):
+        theirs = [layout.samples_of(peer, index) for peer in group]  # what each peer's tokens are
+        to_experts = {"samples": theirs, "experts": [mine] * len(group)}  # tokens arriving at my experts
+        from_experts = {"samples": [samples] * len(group), "experts": [layout.experts_of(p) for p in group]}
         x, kept = model.get_input_activation(samples), {}
         for layer in range(model.num_layers):  # forward
             if layer not in experts:
@@ -42,12 +46,12 @@ async def train(model: Model, *, ep: int | None = None, microbatch_size: int = 1
             if model.moe.shared_experts and not overlap_shared:
                 model.shared_experts(layer, routed, weights[layer][0])
             sending = [model.dispatch(routed, layout.experts_of(peer)) for peer in layout.ep_group]
-            arriving = exchange(model, sending, layout.ep_group)
+            arriving = exchange(model, sending, group, **to_experts)
             if model.moe.shared_experts and overlap_shared:  # beside the dispatch, as DeepSeek-V3 does
                 model.shared_experts(layer, routed, weights[layer][0])
             tokens = await arriving
             outputs = model.expert_forward(layer, tokens, experts[layer][0])
-            returned = await exchange(model, outputs, layout.ep_group)
+            returned = await exchange(model, outputs, group, **from_experts)
             kept[layer] = (x, (routed, tokens))
             x = model.combine(routed, returned)
         grad = model.loss(x)
@@ -58,14 +62,14 @@ async def train(model: Model, *, ep: int | None = None, microbatch_size: int = 1
             else:
                 routed, tokens = moe
                 cut = [model.combine_backward(routed, grad, layout.experts_of(peer)) for peer in layout.ep_group]
-                output_grads = await exchange(model, cut, layout.ep_group)
+                output_grads = await exchange(model, cut, group, **to_experts)
                 input_grads = []
                 for piece, piece_grad in zip(tokens, output_grads):
                     expert_grad, input_grad = model.expert_backward(layer, piece, piece_grad, experts[layer][0])
                     input_grads.append(input_grad)
                     total = expert_grads.get(layer)
                     expert_grads[layer] = expert_grad if total is None else total + expert_grad
-                returned = await exchange(model, input_grads, layout.ep_group)
+                returned = await exchange(model, input_grads, group, **from_experts)
                 weight_grad, grad_in = model.route_backward(layer, x, grad, routed, returned, weights[layer][0])
             total = grads.get(layer)
             grads[layer] = weight_grad if total is None else total + weight_grad

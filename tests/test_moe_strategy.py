@@ -8,7 +8,7 @@ import re
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dist_lib import IncorrectStepError, StrategyError, TensorError, simulate
+from dist_lib import CollectiveMismatchError, IncorrectStepError, StrategyError, TensorError, simulate
 from dist_lib.workload.routing import expert_loads
 from dist_lib import Workload
 
@@ -23,8 +23,9 @@ def test_mixtral_over_two_nodes_with_ep8_is_correct_and_traced():
     r = run(ep=8)
     assert r.correct
     ops = {e.op for e in r.events}
-    assert {"route", "dispatch", "expert_forward", "combine", "send", "recv", "expert_backward",
+    assert {"route", "dispatch", "expert_forward", "combine", "all_to_all", "expert_backward",
             "route_backward", "update_experts"} <= ops
+    assert not {"send", "recv"} & ops  # the token exchange is the all-to-all
     # uniform routing: a one-sample microbatch sends each of the 8 experts 2 x 4096 / 8 = 1024 tokens, and rank
     # 0's one expert takes the first microbatch of each of its 8 EP peers at once: 8192
     first = next(e for e in r.events if e.op == "expert_forward" and e.rank == 0)
@@ -79,7 +80,7 @@ def test_random_small_moe_configurations_are_correct_and_order_independent(exper
 CHEATS = {
     "skips_combine": ("x = routed", "forward"),
     "wrong_rank": ("sending = [model.dispatch(routed, layout.experts_of(peer)) for peer in layout.ep_group]",
-                   "wrong rank"),
+                   "wrong expert rank"),
     "gradient_twice": ("expert_grads[layer] = expert_grad if total is None else total + expert_grad", "twice"),
     "whole_layer_forward": ("routed = model.route(layer, x, weights[layer][0])", "mixture-of-experts layer"),
 }
@@ -103,9 +104,9 @@ def test_expert_mistakes_are_caught_at_the_op(cheat, tmp_path):
                                 "routed = model.forward(layer, x, weights[layer][0])")
     path = tmp_path / f"{cheat}.py"
     path.write_text(source)
-    with pytest.raises((TensorError, StrategyError, IncorrectStepError)) as caught:
+    with pytest.raises((TensorError, StrategyError, IncorrectStepError, CollectiveMismatchError)) as caught:
         simulate(str(path), cluster="1x4xA100-80GB", workload=MIXTRAL, global_batch_size=4, ep=4)
     message = str(caught.value)
-    assert re.search({"skips_combine": r"route|forward|combine", "wrong_rank": "wrong rank",
+    assert re.search({"skips_combine": r"route|forward|combine", "wrong_rank": "all_to_all #0 .* wrong expert rank",
                       "gradient_twice": "counted twice", "whole_layer_forward": "mixture-of-experts layer"}[cheat],
                      message), message

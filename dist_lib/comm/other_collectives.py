@@ -50,7 +50,7 @@ class OtherCollective(Collective):
 
 
 def issue_other(engine: Engine, state: RankState, op: str, given: Any, group: Group, root: int | None = None,
-                expect: list[int] | None = None) -> Work:
+                expect: list[tuple[int | None, int | None]] | None = None) -> Work:
     """Issue `op` on `group` for `state`'s rank with its (checked) input `given`."""
     rank = state.rank
     pos = group.index.get(rank)

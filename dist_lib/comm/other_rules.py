@@ -10,7 +10,8 @@
   routed to k experts does); it receives, from each member j, a copy of what j addressed to it. A member
   may say what it expects from each member (`expect`, per member the samples or None), and the pieces
   addressed to it must be exactly those: a piece sent to the wrong member, or of other samples, is a
-  `CollectiveMismatchError` naming both ranks. The pieces of one all-to-all are tensors of one kind and
+  `CollectiveMismatchError` naming both ranks; for MoE token pieces it may also say the experts each
+  piece must hold (`expect_experts`), so a token sent to the wrong expert rank is caught there. The pieces of one all-to-all are tensors of one kind and
   layer, on every member.
 """
 
@@ -137,7 +138,15 @@ def combine_other(coll: Collective, inputs: list[Any], expect: list[Any]) -> tup
     for i, wanted in enumerate(expect):
         if wanted is None:
             continue
-        for j, (mask, piece) in enumerate(zip(wanted, received[i])):
+        for j, ((mask, experts), piece) in enumerate(zip(wanted, received[i])):
+            if experts is not None and getattr(piece, "experts", None) != experts:
+                what = "nothing" if piece is None else f"{piece!r}"
+                raise CollectiveMismatchError(
+                    f"{coll}: rank {ranks[i]} expects from rank {ranks[j]} the tokens of experts "
+                    f"{describe_mask(experts)}, but rank {ranks[j]} addressed {what} to it (piece {i} of its list): "
+                    f"tokens sent to the wrong expert rank")
+            if mask is None:
+                continue
             got = 0 if piece is None else piece.samples
             if got != mask or (mask == 0 and piece is not None):
                 what = "nothing" if piece is None else f"{piece!r} (samples {describe_mask(got)})"

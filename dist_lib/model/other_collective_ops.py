@@ -55,21 +55,26 @@ class OtherCollectiveOps:
         return issue_other(self._engine, self._state, "barrier", None, resolved)
 
     def all_to_all(self, pieces: list, group: Group | Iterable[int] | None = None, *,
-                   expect: list | None = None) -> Work:
+                   expect: list | None = None, expect_experts: list | None = None) -> Work:
         """Exchange pieces with every member of `group`: `pieces[j]` (a tensor of this rank, or None) goes to
         the group's j-th member; sizes may differ. Awaiting the work returns a list whose j-th entry is a copy
         of what member j addressed here (or None), allocated when the exchange ends. All pieces are tensors
         of one kind and layer (e.g. the rows of an activation cut with `split_samples`, which `join_samples`
         puts together again). `expect`, optional, says what this rank must receive: per member, the sample
         indices (a range or iterable) or None for nothing; a member that addresses anything else here is a
-        `CollectiveMismatchError` at the op."""
+        `CollectiveMismatchError` at the op. `expect_experts`, optional, does the same for the token pieces of
+        an MoE layer (`Tokens`): per member, the experts its piece must hold (or None, unchecked), so a token
+        sent to the rank of other experts is caught here."""
         resolved = self._resolve_group(group, "all_to_all")  # type: ignore[attr-defined]
         if isinstance(pieces, (list, tuple)):
             for t in pieces:
                 self._check_given(t, f"rank {self.rank} all_to_all")  # type: ignore[attr-defined]
         given = check_pieces(pieces, resolved, self.rank)
-        return issue_other(self._engine, self._state, "all_to_all", given, resolved,
-                           expect=None if expect is None else self._expected(expect, resolved))
+        samples = None if expect is None else self._expected(expect, resolved)
+        experts = None if expect_experts is None else self._expected_experts(expect_experts, resolved)
+        wanted = None if samples is None and experts is None else list(zip(
+            samples or [None] * resolved.size, experts or [None] * resolved.size))
+        return issue_other(self._engine, self._state, "all_to_all", given, resolved, expect=wanted)
 
     def _expected(self, expect: Any, group: Group) -> list[int]:
         """`expect` as one samples mask per member (0: nothing)."""
@@ -86,4 +91,33 @@ class OtherCollectiveOps:
                 masks.append(samples_mask(samples, self.global_batch_size))
             except (TypeError, ValueError) as exc:
                 raise TensorError(f"{where}: expect[{j}] (from rank {group.ranks[j]}): {exc}") from None
+        return masks
+
+    def _expected_experts(self, expect: Any, group: Group) -> list[int | None]:
+        """`expect_experts` as one experts mask per member (None: unchecked)."""
+        where = f"rank {self.rank} all_to_all"
+        count = getattr(getattr(self, "moe", None), "experts", 0)
+        if not count:
+            raise TensorError(f"{where}: expect_experts is for the token pieces of a mixture-of-experts workload")
+        if not isinstance(expect, (list, tuple)) or len(expect) != group.size:
+            raise TensorError(f"{where}: expect_experts is a list of {group.size} entries (the experts, or None, of "
+                              f"the piece each member of group {list(group.ranks)} sends here), got {expect!r}")
+        masks: list[int | None] = []
+        for j, experts in enumerate(expect):
+            if experts is None:
+                masks.append(None)
+                continue
+            mask = 0
+            try:
+                for e in experts:
+                    if e.__class__ is not int or not 0 <= e < count or mask >> e & 1:
+                        raise ValueError
+                    mask |= 1 << e
+            except (TypeError, ValueError):
+                raise TensorError(f"{where}: expect_experts[{j}] (from rank {group.ranks[j]}) must be distinct expert "
+                                  f"numbers in 0..{count - 1}, got {experts!r}") from None
+            if not mask:
+                raise TensorError(f"{where}: expect_experts[{j}] (from rank {group.ranks[j]}) names no expert; give "
+                                  f"None to leave it unchecked")
+            masks.append(mask)
         return masks

@@ -281,17 +281,24 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     of it)."""
     sp = _Space(cluster, workload, memory_reserve)
     L = workload.num_layers
-    orders = space.orders(cluster, budget)
+    # a search by cost, or within a budget, weighs renting part of each device type too
+    rent = objective == "cost" or budget is not None
+    orders = space.orders(cluster, budget, rent=rent)
     if not orders:
-        # a plan uses all the GPUs of a type or none, so the least it can cost is the cheapest type's whole
+        # the least a plan can cost: the cheapest type's one node (renting), or all its nodes
         cost: dict[str, list[float]] = {}
         for node in cluster.nodes:
             gpus_price = cost.setdefault(node.device.name, [0, 0.0])
+            if rent and gpus_price[0]:
+                gpus_price[:] = min(gpus_price, [node.gpus, node.gpus * node.device.price_per_hour],
+                                    key=lambda g: g[1])
+                continue
             gpus_price[0] += node.gpus
             gpus_price[1] += node.gpus * node.device.price_per_hour
         name, (gpus, dollars) = min(cost.items(), key=lambda item: item[1][1])
-        return [], [f"no device type's GPUs fit the budget of ${budget:.2f}/h (a plan uses every GPU of each "
-                    f"type it uses, and the cheapest type's, {gpus:g} x {name}, cost ${dollars:.2f}/h)"]
+        what = "one node of the cheapest type" if rent else "every GPU of each type it uses, and the cheapest type's"
+        return [], [f"no device type's GPUs fit the budget of ${budget:.2f}/h (a plan uses at least {what}, "
+                    f"{gpus:g} x {name}, at ${dollars:.2f}/h)"]
     why = {"memory": 0, "batch": 0}
     # Branch and bound: a lower bound of each (grouping, microbatch size) orders the work, and the work
     # stops where the bound exceeds the best estimate so far by more than the estimate's error could hide.
