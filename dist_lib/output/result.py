@@ -139,13 +139,13 @@ class Result:
         return fractions.index(max(fractions))
 
     def fullest_text(self) -> str:
-        """The fullest GPU in a few words: `rank 9 (V100-32GB): 27.31 GiB of 32.00 GiB, 85 %`."""
+        """The fullest GPU in a few words: `rank 9 (V100-32GB): 25.10 + 2.90 reserve of 32.00 GiB, 88 %`."""
         r = self.fullest_rank
         device = self.cluster.device_of(r)
         reserve = "" if self.memory_reserve is None else \
-            f" with a {format_bytes(device.memory_bytes - self.usable_memory(r))} runtime reserve"
-        return (f"rank {r} ({device.name}): {format_bytes(self.memory_bytes[r])} of "
-                f"{format_bytes(device.memory_bytes)}{reserve}, {self.memory_fraction(r) * 100:.0f} %")
+            f" + {(device.memory_bytes - self.usable_memory(r)) / 2**30:.2f} reserve"
+        return (f"rank {r} ({device.name}): {self.memory_bytes[r] / 2**30:.2f}{reserve} of "
+                f"{device.memory_bytes / 2**30:.2f} GiB, {self.memory_fraction(r) * 100:.0f} %")
 
     @property
     def peak_flops(self) -> float:
