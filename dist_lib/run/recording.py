@@ -359,7 +359,7 @@ _intervals = mask_intervals  # a samples mask as flat [start, stop, start, stop,
 
 
 def record(strategy: Any, cluster: Any, workload: Any, global_batch_size: int, *, enforce_memory: bool = True,
-           **options: Any) -> tuple[Any, list[array]]:
+           memory_reserve: Any = None, **options: Any) -> tuple[Any, list[array]]:
     """Simulate `strategy` (as `simulate` does, with `check=False`) and return its result and its program."""
     from dist_lib.hardware.cluster import Cluster
     from dist_lib.run.simulator import check_options, load_strategy, simulate
@@ -372,7 +372,8 @@ def record(strategy: Any, cluster: Any, workload: Any, global_batch_size: int, *
         await train((RecordingMoEModel if isinstance(model, MoEModel) else RecordingModel)(model, recorder), **options)
 
     try:
-        result = simulate(recorded, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory)
+        result = simulate(recorded, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory,
+                          memory_reserve=memory_reserve)
     finally:
         recorder.open = False
     result.strategy = name

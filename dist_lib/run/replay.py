@@ -55,7 +55,7 @@ class ReplayTimeout(SimulationError):
 
 
 def replay(programs: list[array], cluster: Cluster | str, workload: Workload | str, global_batch_size: int, *,
-           enforce_memory: bool = True, deadline_s: float | None = None) -> Result:
+           enforce_memory: bool = True, deadline_s: float | None = None, memory_reserve: Any = None) -> Result:
     """The result of re-executing `programs` (one per rank). Raises `ProgramError` for a malformed
     program, `SimulationError` for a well-formed one the simulator rejects (as `simulate` would)."""
     cluster = Cluster.load(cluster)
@@ -70,7 +70,8 @@ def replay(programs: list[array], cluster: Cluster | str, workload: Workload | s
         await _run(model, programs[model.rank], table, deadline)
 
     try:
-        result = simulate(interpret, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory)
+        result = simulate(interpret, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory,
+                          memory_reserve=memory_reserve)
     except (ProgramError, ReplayTimeout):
         raise
     except SimulationError:  # found by the end-of-step checks, which may run past the deadline
