@@ -59,13 +59,16 @@ def add_profile_parser(sub: Any) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from dist_lib.hardware.profile_writer import write_profiles
+    if not args.workload:
+        raise InputError("profile: --workload is required (the model whose layers are measured, or with "
+                         "--from-trace the traced model's shape)")
     if args.from_trace:
+        if len(args.tp) > 1 or len(args.microbatch) > 1:
+            raise InputError("profile --from-trace: a trace is one step: give the one --tp and --microbatch it ran")
         from dist_lib.hardware.kineto import import_trace
-        step = import_trace(args.from_trace, device_type=args.device_type or "CPU")
-        steps = [step]
+        steps = [import_trace(args.from_trace, Workload.load(args.workload), tp=args.tp[0], batch=args.microbatch[0],
+                              device_type=args.device_type)]
     else:
-        if not args.workload:
-            raise InputError("profile: --workload is required (the model whose layers are measured)")
         from dist_lib.hardware.profiling import measure
         workload = Workload.load(args.workload)
         steps = []
