@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from dist_lib.errors import SpecError
+from dist_lib.run.simulator import DEFAULT_GLOBAL_BATCH
 from dist_lib.specs import whole
 from dist_lib.workload.transformer import MAX_GLOBAL_BATCH, Workload
 
@@ -84,4 +85,35 @@ def cmd_profile(args: argparse.Namespace) -> int:
     shape = f",{args.workload}" if args.workload else ""
     print(f"use them with --workload profiles:{args.out}{shape} on a cluster whose devices are "
           f"{steps[0].device_type}")
+    return 0
+
+
+def add_chakra_parser(sub: Any, default_cluster: str, default_workload: str, batch_type: Any) -> None:
+    parser = sub.add_parser("export-chakra", help="simulate a step and write it as Chakra execution traces "
+                                                  "(one file per rank, for ASTRA-sim)")
+    parser.add_argument("file", help="the strategy file or a built-in strategy's name")
+    parser.add_argument("--cluster", default=default_cluster, help=f"cluster spec or file (default {default_cluster})")
+    parser.add_argument("--workload", default=default_workload,
+                        help=f"workload spec or file (default {default_workload})")
+    parser.add_argument("--batch", type=batch_type, default=DEFAULT_GLOBAL_BATCH,
+                        help=f"global batch size (default {DEFAULT_GLOBAL_BATCH})")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a strategy option (repeatable)")
+    parser.add_argument("--out", default="traces/chakra", help="the folder to write (default traces/chakra)")
+    parser.add_argument("--prefix", default="step", help="file names <prefix>.<rank>.et (default step)")
+
+
+def cmd_export_chakra(args: argparse.Namespace, strategy_path: Any) -> int:
+    """Simulate in this process (the strategy is trusted: a built-in one or your own), unfolded so that every
+    rank has its events, write the traces, and replay them as a check."""
+    from dist_lib import Cluster, simulate
+    from dist_lib.output.chakra import SCHEMA, read_chakra, write_chakra
+    from dist_lib.output.chakra_replay import replay
+
+    from .scenario import parse_set
+    result = simulate(str(strategy_path), Cluster.load(args.cluster), args.workload, args.batch, fold=False,
+                      **parse_set(args.set))
+    paths = write_chakra(result, args.out, args.prefix)
+    replayed = replay(read_chakra(args.out, args.prefix)).end
+    print(f"wrote {len(paths)} Chakra traces {args.out}/{args.prefix}.<rank>.et and comm_groups.json ({SCHEMA})")
+    print(f"step {result.time_s * 1e3:.6f} ms simulated, {replayed * 1e3:.6f} ms replayed from the traces")
     return 0
