@@ -291,8 +291,11 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     # a search by cost, or within a budget, weighs renting part of each device type too
     rent = objective == "cost" or budget is not None
     orders = space.orders(cluster, budget, rent=rent)
-    if rules is not None:
+    if rules is not None and orders:
         orders = [o for o in orders if rules.order_ok(o.ranks, cluster)]
+        if not orders:
+            return [], [f"no plan {rules.name} runs: every mix of the cluster's device types has nodes of different "
+                        f"GPU counts, and its launcher starts the same number of processes on every node"]
     if not orders:
         # the least a plan can cost: the cheapest type's one node (renting), or all its nodes
         cost: dict[str, list[float]] = {}
