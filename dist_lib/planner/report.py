@@ -80,11 +80,13 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
         lines.append(Text(f"{i:>2}  {schedule:<15} {f'{plan.microbatches}x{plan.microbatch_size}':>7} "
                           f"{c.estimate * 1e3:>9.2f} {simulated:>9} {free:>11} {mfu:>8} {c.dollars_per_step:>8.5f}"))
         detail = f"    stages {layout(c, cluster)}; layers {'/'.join(str(s.layers) for s in plan.stages)}"
-        if search.framework != "any":  # the per-GPU micro batch and the accumulation, as the framework names them
-            detail += "; " + batch_settings(plan, search.framework, sum(s.layers for s in plan.stages))
         if c.simulated is None and c.error:
             detail += f"; {c.error}"
         lines.append(Text(detail, style="dim"))
+        if search.framework != "any":  # the per-GPU micro batch and the accumulation, as the framework names them
+            lines.append(Text(f"    {NAMES[search.framework]}: "
+                              f"{batch_settings(plan, search.framework, sum(s.layers for s in plan.stages))}",
+                              style="dim"))
     lines.append(Text("stages: dp x tp and device of each; sel./full: selective or full recompute; Z1: ZeRO-1; used "
                       "MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)", style="dim"))
     if search.framework != "any":
