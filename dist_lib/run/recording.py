@@ -17,7 +17,7 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     LOAD layer shard num_shards tp_rank tp_size   -> weight, optimizer state
     INPUT k (start stop) x k                      -> activation (samples: k half-open intervals)
     FORWARD layer act weight flags                -> activation (flags: 1 stash, 2 selective recompute,
-                                                     4 sequence parallel)
+                                                     4 sequence parallel, 8 / 16 FP8 delayed / tensorwise)
     BACKWARD layer act grad weight                -> weight gradient, activation gradient
     BACKWARD_INPUT / BACKWARD_WEIGHT (the same)   -> activation gradient / weight gradient
     LOSS act tp_rank tp_size                      -> activation gradient (its TP slice of the LM head)
@@ -54,6 +54,8 @@ from dist_lib.model.handle import PIPE_EXTRAS
 from dist_lib.run.recording_context import CONTEXT_OPCODES, ContextOpsRecording
 from dist_lib.run.recording_experts import EXPERT_OPCODES, EXPERT_QUERIES, ExpertOpsRecording, mask_intervals
 from dist_lib.tensors import samples_mask
+
+FP8_FLAGS = {"": 0, "delayed": 8, "tensorwise": 16}  # a forward's FP8 recipe in its flags (`costs.fp8`)
 
 (LOAD, INPUT, FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS, UPDATE, FINAL, ALL_REDUCE, ALL_GATHER,
  REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP, TIED, EXTRA, BROADCAST, REDUCE, BARRIER,
@@ -224,11 +226,13 @@ class RecordingModel(ContextOpsRecording):
         return self._wrap(act)
 
     def forward(self, layer: int, act: Any, weight: Any, *, stash: bool = True,
-                selective_recompute: bool = False, sequence_parallel: bool = False) -> Any:
+                selective_recompute: bool = False, sequence_parallel: bool = False, fp8: str = "") -> Any:
         out = self._model.forward(layer, self._t(act, "forward"), self._t(weight, "forward"), stash=stash,
-                                  selective_recompute=selective_recompute, sequence_parallel=sequence_parallel)
+                                  selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
+                                  fp8=fp8)
         self._emit(FORWARD, layer, act._number, weight._number,
-                   (1 if stash else 0) | (2 if selective_recompute else 0) | (4 if sequence_parallel else 0))
+                   (1 if stash else 0) | (2 if selective_recompute else 0) | (4 if sequence_parallel else 0)
+                   | FP8_FLAGS[fp8])
         return self._wrap(out)
 
     def _backward(self, op: int, name: str, layer: int, act: Any, grad: Any, weight: Any) -> Any:

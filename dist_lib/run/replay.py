@@ -28,7 +28,7 @@ from dist_lib.comm.collectives import Work
 from dist_lib.errors import SimulationError
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.model.handle import PIPE_EXTRAS
-from dist_lib.run.recording import ADD, ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AWAIT, BARRIER, BROADCAST, REDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
+from dist_lib.run.recording import FP8_FLAGS, ADD, ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AWAIT, BARRIER, BROADCAST, REDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
 from dist_lib.output.result import Result
 from dist_lib.run.recording_context import FIRST_CONTEXT_OPCODE
 from dist_lib.run.recording_experts import FIRST_EXPERT_OPCODE
@@ -37,6 +37,8 @@ from dist_lib.run.replay_experts import run_expert_op
 from dist_lib.run.simulator import simulate
 from dist_lib.tensors import ContextWeightGrad, ExpertGrad, WeightGrad
 from dist_lib.workload.transformer import Workload
+
+FP8_RECIPE_OF_FLAGS = {bit: recipe for recipe, bit in FP8_FLAGS.items()}
 
 MAX_FIELD = 1 << 16  # shard, shard count, TP rank and degree: far above any cluster, far below a huge mask
 CHECK_EVERY = 4096  # entries between deadline checks
@@ -134,11 +136,11 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             continue
         if op == FORWARD:
             flags = program[i + 4]
-            if not 0 <= flags <= 7:
-                raise fail(f"flags {flags} are not a combination of 1 (stash), 2 (selective recompute) and 4 "
-                           f"(sequence parallel)")
+            if not 0 <= flags <= 23:
+                raise fail(f"flags {flags} are not a combination of 1 (stash), 2 (selective recompute), 4 "
+                           f"(sequence parallel) and one of 8 and 16 (FP8 delayed or tensorwise)")
             append(model.forward(small(1), get(2), get(3), stash=bool(flags & 1), selective_recompute=bool(flags & 2),
-                                 sequence_parallel=bool(flags & 4)))
+                                 sequence_parallel=bool(flags & 4), fp8=FP8_RECIPE_OF_FLAGS[flags & 24]))
         elif op == BACKWARD:
             extend(model.backward(small(1), get(2), get(3), get(4)))
         elif op == AWAIT:
