@@ -4,6 +4,7 @@ with that twin on against off (`DIST_SANDBOX_C_OFF=<twin>`, the other twins on).
     python benchmarks/accelerator.py                    # the table in docs/explanation/accelerator.md
     python benchmarks/accelerator.py --repeat 3 --configs ddp,1f1b
     python benchmarks/accelerator.py --twins drive,p2p
+    python benchmarks/accelerator.py --twins events+drive --no-pure   # two twins off together
 
 Every run is a fresh process (the twins are installed at import). For each configuration and twin, one
 round runs the step with every twin on and with that twin off, one after the other, and takes the ratio of
@@ -102,18 +103,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="rounds of on/off pairs; the median ratio counts")
     parser.add_argument("--configs", default=",".join(key for key, _, _ in CONFIGS),
                         help=f"which configurations, comma-separated ({', '.join(key for key, _, _ in CONFIGS)})")
-    parser.add_argument("--twins", default=",".join(TWINS), help=f"which twins, comma-separated ({', '.join(TWINS)})")
+    parser.add_argument("--twins", default=",".join(TWINS),
+                        help=f"which twins, comma-separated ({', '.join(TWINS)}); a+b switches a and b off together")
+    parser.add_argument("--no-pure", action="store_true", help="leave out the row against pure Python")
     args = parser.parse_args()
     configs = [c for c in CONFIGS if c[0] in args.configs.split(",")]
     twins = [t for t in args.twins.split(",") if t]
-    if not configs or set(twins) - set(TWINS):
+    if not configs or {name for t in twins for name in t.split("+")} - set(TWINS):
         sys.exit(f"--configs {args.configs} --twins {args.twins}: choose from {[c[0] for c in CONFIGS]} and {TWINS}")
     if unserved():
         sys.exit(f"benchmarks/accelerator.py: FILES does not say which twin {', '.join(unserved())} serve")
     from dist_lib.native import EXTENSION
     if EXTENSION is None:
         sys.exit("the C accelerator is not built (or DIST_SANDBOX_PURE_PYTHON is set): nothing to compare")
-    switches = {twin: {"DIST_SANDBOX_C_OFF": twin} for twin in twins} | {"all": {"DIST_SANDBOX_PURE_PYTHON": "1"}}
+    switches = {twin: {"DIST_SANDBOX_C_OFF": twin.replace("+", ",")} for twin in twins}
+    if not args.no_pure:
+        switches["all"] = {"DIST_SANDBOX_PURE_PYTHON": "1"}
     ratios: dict[tuple[str, str], list[float]] = {(t, key): [] for t in switches for key, _, _ in configs}
     on_cpu: dict[str, list[float]] = {key: [] for key, _, _ in configs}
     events: dict[str, int] = {}
@@ -132,7 +137,7 @@ def main() -> None:
                 events[key] = on["events"]
             print(f"  round done: {label}", file=sys.stderr, flush=True)
     print(f"speed-up with the twin on against off (the other twins on): median of {max(1, args.repeat)} on/off pairs "
-          f"of CPU seconds, each run a fresh process, on a shared machine (expect a few % of noise)")
+          f"of CPU seconds, each run a fresh process, on a shared machine (one pair can be off by a quarter; medians move by several %)")
     print()
     for key, label, _ in configs:
         print(f"- {key}: {label}: {events[key]:,} events, {statistics.median(on_cpu[key]):.2f} CPU s with every twin on")
@@ -141,8 +146,8 @@ def main() -> None:
     print(header)
     print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
     for name in switches:
-        files = FILES.get(name, ("every file",))
-        count = lines(FILES[name]) if name in FILES else sum(lines(f) for f in FILES.values())
+        files = ("every file",) if name == "all" else tuple(f for t in name.split("+") for f in FILES[t])
+        count = sum(lines(f) for f in FILES.values()) if name == "all" else lines(files)
         label = "all (vs pure Python)" if name == "all" else name
         cells = " | ".join(f"{statistics.median(ratios[(name, key)]):>6.2f}x" for key, _, _ in configs)
         print(f"| {label:<20} | {', '.join(files):<50} | {count:>5} | {cells} |")
