@@ -2,7 +2,7 @@
 the measurements.
 
     python benchmarks/fidelity.py                      # every set (the large Narayanan rows take long)
-    python benchmarks/fidelity.py --sets korthikanti   # or narayanan, amp, zerobubble, table4; comma-separated
+    python benchmarks/fidelity.py --sets korthikanti   # or narayanan, amp, zerobubble, table4, megatron_core
     python benchmarks/fidelity.py --max-ranks 600      # skip rows with more simulated ranks than this
     python benchmarks/fidelity.py --sets narayanan --rows 76B,145B   # only these rows
     python benchmarks/fidelity.py --calibrate          # every constant set from one published point
@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import megatron_pipeline  # noqa: E402
+from benchmarks.fidelity_h100 import print_megatron_core  # noqa: E402
 from benchmarks.published import (AMP_BATCH, AMP_CLUSTER, AMP_GPT2, AMP_HET_CLUSTER,  # noqa: E402
                                   AMP_LAYER_FORWARD_MS, GPT_22B, KORTHIKANTI_TABLE5, NARAYANAN_TABLE1,
                                   ZB_BUBBLE_RATES, ZB_BUBBLE_SCHEDULES, ZB_MODELS, ZB_PROFILED_MS,
@@ -75,14 +76,15 @@ def calibrate_a100(target_forward: float = TABLE4[0][3]) -> float:
     return min(candidates, key=lambda e: abs(table4(replace(A100, max_efficiency=e))[0][2] - target_forward))
 
 
-def calibrate_gemm(device: Device, size: int, achieved_flops: float, clock_peak: float | None = None) -> float:
-    """The `max_efficiency` (two decimals) at which a size^3 GEMM runs at `achieved_flops`, on a device
-    whose peak at the measured clock is `clock_peak` (the catalog's if None)."""
+def calibrate_gemm(device: Device, size: int | tuple[int, int, int], achieved_flops: float,
+                   clock_peak: float | None = None) -> float:
+    """The `max_efficiency` (two decimals) at which a size^3 (or M x N x K) GEMM runs at `achieved_flops`, on a
+    device whose peak at the measured clock is `clock_peak` (the catalog's if None)."""
     device = replace(device, peak_flops=clock_peak or device.peak_flops)
-    target = 2 * size**3 / achieved_flops
+    m, n, k = (size, size, size) if isinstance(size, int) else size
+    target = 2 * m * n * k / achieved_flops
     candidates = [round(0.2 + i / 100, 2) for i in range(81)]
-    return min(candidates, key=lambda e: abs(costs.gemm_time(replace(device, max_efficiency=e), size, size, size)
-                                                  - target))
+    return min(candidates, key=lambda e: abs(costs.gemm_time(replace(device, max_efficiency=e), m, n, k) - target))
 
 
 def _amp_kernels(name: str, tp: int) -> float:
@@ -122,6 +124,10 @@ def calibrate() -> dict[str, float]:
     return {"A100-80GB max_efficiency": calibrate_a100(),
             "V100 max_efficiency": calibrate_gemm(DEVICES["V100-16GB"], 8192, 101e12, clock_peak=112e12),
             "T4 max_efficiency": calibrate_gemm(DEVICES["T4"], 4096, 24e12),
+            # best whole-GEMM bf16 rates (S. Bekman, Machine Learning Engineering, MAMF table)
+            "H100 (and H200) max_efficiency": calibrate_gemm(DEVICES["H100-80GB"], (2048, 2048, 13312), 794.5e12),
+            "B200 max_efficiency": calibrate_gemm(DEVICES["B200-180GB"], (1792, 16128, 3072), 1745e12),
+            "MI300X max_efficiency": calibrate_gemm(DEVICES["MI300X-192GB"], (10240, 15360, 8192), 668.4e12),
             "AMP kernel time scale": calibrate_kernel_time_scale(),
             "AMP framework overhead per layer pass (s)": calibrate_framework_overhead(),
             "AMP extra overhead per TP layer pass (s)": calibrate_tp_overhead()}
@@ -437,8 +443,8 @@ def print_zerobubble(rows: set[str] | None = None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibrate", action="store_true", help="print every constant set from one published point")
-    parser.add_argument("--sets", default="table4,korthikanti,narayanan,amp,zerobubble",
-                        help="comma-separated: table4, korthikanti, narayanan, amp, zerobubble")
+    parser.add_argument("--sets", default="table4,korthikanti,narayanan,amp,zerobubble,megatron_core",
+                        help="comma-separated: table4, korthikanti, narayanan, amp, zerobubble, megatron_core")
     parser.add_argument("--max-ranks", type=int, default=10**6, help="skip rows with more ranks than this")
     parser.add_argument("--rows", default="", help="comma-separated model names (e.g. 22B,175B) to run alone")
     args = parser.parse_args()
@@ -448,7 +454,7 @@ def main() -> None:
         return
     sets = {s.strip() for s in args.sets.split(",")}
     rows = {r.strip() for r in args.rows.split(",") if r.strip()} or None
-    unknown = sets - {"table4", "korthikanti", "narayanan", "amp", "zerobubble"}
+    unknown = sets - {"table4", "korthikanti", "narayanan", "amp", "zerobubble", "megatron_core"}
     if unknown:
         parser.error(f"unknown set(s) {', '.join(sorted(unknown))}")
     if "table4" in sets:
@@ -468,6 +474,9 @@ def main() -> None:
         print()
     if "zerobubble" in sets:
         print_zerobubble(rows)
+        print()
+    if "megatron_core" in sets:  # H100, held out (benchmarks/fidelity_h100.py)
+        print_megatron_core(args.max_ranks, rows)
 
 
 if __name__ == "__main__":

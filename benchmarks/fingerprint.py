@@ -5,6 +5,10 @@ rank's memory log (sizes and kinds of each allocation and free, at their times).
     python benchmarks/fingerprint.py --save before.json      # on the old code
     python benchmarks/fingerprint.py --compare before.json   # on the new code: lists every difference
 
+Each configuration also runs folded (`simulate(..., fold=True)`, the default), which must give the same
+figures, memory logs and events of the ranks that ran (`fold_differences`); the saved fingerprints are the
+unfolded step's.
+
 Each configuration runs in this process (the memory logs and events are compared exactly, so the order
 in which configurations run does not matter).
 """
@@ -45,7 +49,8 @@ CONFIGS: list[tuple[str, str, str, str, int, dict]] = [
 
 def fingerprint(strategy: str, cluster: str, workload: str, batch: int, options: dict) -> dict:
     from dist_lib import simulate
-    result = simulate(ROOT / strategy, cluster, workload, batch, **options)  # wherever it is run from
+    result = simulate(ROOT / strategy, cluster, workload, batch, fold=False, **options)  # wherever it is run from
+    folded = simulate(ROOT / strategy, cluster, workload, batch, **options)
     events = hashlib.sha256()
     for event in result.raw_events:
         events.update(repr(tuple(event)).encode())
@@ -55,7 +60,32 @@ def fingerprint(strategy: str, cluster: str, workload: str, batch: int, options:
     for rank, (signed_bytes, _buffer_ids, kinds) in enumerate(result.memory_log):  # ids are addresses
         memory.update(repr((rank, list(signed_bytes), list(kinds))).encode())
     return {"time_s": repr(result.time_s), "peaks": result.memory_bytes, "events": len(result.raw_events),
-            "events_sha": events.hexdigest()[:16], "memory_sha": memory.hexdigest()[:16]}
+            "events_sha": events.hexdigest()[:16], "memory_sha": memory.hexdigest()[:16],
+            "fold": fold_differences(result, folded)}
+
+
+def fold_differences(full, folded) -> list[str]:
+    """What a folded step (`simulate(..., fold=True)`) gives otherwise than the full one: its figures, every
+    rank's memory log, the handed-in weights, and every event of the ranks that ran, but for the op ids (which
+    number the other replicas' ops too). Empty when they agree, or when the step did not fold."""
+    if folded.representatives is None:
+        return []
+    differ = [f"{key}: {getattr(full, key)!r} -> {getattr(folded, key)!r}"
+              for key in ("time_s", "rank_times", "memory_bytes", "mfu", "hfu", "bubble_fraction", "correct",
+                          "problems", "final_weights") if getattr(full, key) != getattr(folded, key)]
+    for rank in range(full.cluster.world_size):
+        if list(map(list, full.timelines[rank])) != list(map(list, folded.timelines[rank])) or \
+                [list(a) for a in full.memory_log[rank][::2]] != [list(a) for a in folded.memory_log[rank][::2]]:
+            differ.append(f"rank {rank}: memory log")
+            break
+    ran = set(folded.representatives)
+
+    def ops(result) -> list[tuple]:
+        return sorted(e[:10] + e[11:] for e in result.raw_events if e[0] in ran)
+
+    if ops(full) != ops(folded):
+        differ.append("events of the ranks that ran")
+    return differ
 
 
 def main() -> None:
@@ -68,13 +98,15 @@ def main() -> None:
         got[name] = fingerprint(strategy, cluster, workload, batch, options)
         f = got[name]
         print(f"{name:<45} {float(f['time_s']) * 1e3:>10.4f} ms {max(f['peaks']) / 2**20:>9.1f} MiB "
-              f"{f['events']:>7} events  {f['events_sha']} {f['memory_sha']}", flush=True)
+              f"{f['events']:>7} events  {f['events_sha']} {f['memory_sha']}"
+              + (f"  FOLDED DIFFERS: {'; '.join(f['fold'])}" if f["fold"] else ""), flush=True)
     if args.save:
         args.save.write_text(json.dumps(got, indent=1))
     if args.compare:
         before = json.loads(args.compare.read_text())
         differ = [f"{name}: {key} {before[name][key]!r} -> {got[name][key]!r}"
                   for name in before for key in before[name] if got.get(name, {}).get(key) != before[name][key]]
+        differ += [f"{name}: folded: {line}" for name in got for line in got[name]["fold"]]
         print("\n".join(differ) if differ else f"all {len(before)} fingerprints identical")
         sys.exit(1 if differ else 0)
 

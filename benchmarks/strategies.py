@@ -29,6 +29,7 @@ RUNS = [
     ("hybrid", {"dp": 2, "pp": 2, "tp": 2, "microbatch_size": 1, "schedule": "interleaved"}),
     ("hetero", {"dp": 4, "pp": 2, "microbatch_size": 1}),
     ("planned", {}),  # no plan: the planner's best estimate
+    ("moe", {"ep": 4}),  # a mixture-of-experts workload only (--workload mixtral-8x7b:layers=2)
 ]
 
 

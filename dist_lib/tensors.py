@@ -293,3 +293,174 @@ class Stash(Buffer):
 
     _args = ("tp_rank", "tp_size", "recompute", "input_done")
     _defaults = ("none", False)
+
+
+# ---- mixture of experts: the routed experts' weights and the tokens' round trip ----------------------
+
+class ExpertWeight(Weight):
+    """16-bit weights of the routed experts `experts` (a bit mask over an MoE layer's experts) of `layer`;
+    the rest of the layer (attention, router, shared experts) is the layer's `Weight`."""
+
+    __slots__ = ("experts",)
+    kind = "expert weight"
+    _args = Weight._args + ("experts",)
+
+    def _describe(self) -> str:
+        return f", experts {describe_mask(self.experts)}" + super()._describe()
+
+
+class ExpertOptState(ExpertWeight):
+    """fp32 master weights, momentum and variance of the routed experts `experts` of a layer."""
+
+    __slots__ = ()
+    kind = "expert optimizer"
+    code = OPTIMIZER  # memory.KINDS index
+
+
+class ExpertGrad(WeightGrad):
+    """Gradient of the routed experts `experts` of a layer, from the tokens of `samples` routed to them."""
+
+    __slots__ = ("experts",)
+    kind = "expert weight_grad"
+    _args = WeightGrad._args + ("experts",)
+
+    def __add__(self, other: ExpertGrad) -> ExpertGrad:
+        """Accumulate the gradients of disjoint samples' tokens, as `WeightGrad + WeightGrad`."""
+        if other.__class__ is not ExpertGrad:
+            return NotImplemented
+        problem = None
+        if other.rank != self.rank or other.layer != self.layer or other.experts != self.experts:
+            problem = f"cannot add {other!r} to {self!r}: rank, layer and experts must match"
+        elif (other._base or other)._mem is not (self._base or self)._mem:
+            problem = f"gradients of two steps: {self!r} and {other!r}"
+        elif self.samples & other.samples:
+            problem = (f"the tokens of samples {describe_mask(self.samples & other.samples)} would be counted twice "
+                       f"in the gradient of experts {describe_mask(self.experts)}")
+        if problem:
+            from dist_lib.errors import TensorError
+            raise TensorError(f"rank {self.rank} ExpertGrad + ExpertGrad (layer {self.layer}): {problem}")
+        return ExpertGrad(self, 0, self.rank, self.layer, self.samples | other.samples, self.shards,
+                          self.num_shards, self.tp_rank, self.tp_size, self.experts)
+
+
+class Routed(Tensor):
+    """The output of an MoE layer's dense part (attention, router, shared experts) for `samples`, on the
+    tokens' own rank: hidden states whose routed experts have not run yet (`Model.route`). Only `combine`
+    with every expert's output makes the layer's output `Activation`; `combined` once it has. `shared`:
+    whether the shared experts have run (`MoEModel.shared_experts`)."""
+
+    __slots__ = ("combined", "shared", "dispatched", "grads_sent")
+    kind = "routed"
+    code = ACTIVATION  # memory.KINDS index
+
+    # `dispatched`, `grads_sent`: masks of the experts whose tokens (whose output gradients) have left
+    _args = ("rank", "layer", "samples", "combined", "shared", "dispatched", "grads_sent")
+    _defaults = (False, False, 0, 0)
+
+
+TOKEN_STAGES = ("dispatched", "expert output", "output grad", "input grad")
+
+
+class Tokens(Tensor):
+    """The hidden states (or gradients) of the tokens of `samples` that MoE layer `layer` routed to the
+    experts `experts`, at one `stage` of their round trip (`TOKEN_STAGES`): "dispatched" to the experts
+    (after `expert_forward` it carries the experts' stash), "expert output" back from them, "output grad"
+    (the gradient of that output) going to the experts, and "input grad" the experts' input gradient coming
+    back. Its bytes are the token slots of the dispatch buffer, padded to the capacity when there is one."""
+
+    __slots__ = ("experts", "stage", "_stash")
+    _released_first = ("_stash",)
+    kind = "tokens"
+    code = ACTIVATION  # memory.KINDS index
+
+    _args = ("rank", "layer", "samples", "experts", "stage", "_stash")
+    _defaults = (None,)
+
+    def _describe(self) -> str:
+        return f", experts {describe_mask(self.experts)}, {self.stage}" + (", with stash" if self._stash else "")
+
+
+# ---- context parallelism: a rank holds part of each sample's sequence ----------------------------------
+
+class ContextActivation(Activation):
+    """The hidden states of `samples` on context-parallel rank `cp_rank` of `cp_size`: its share of each
+    sample's sequence, s/cp tokens, load-balanced for the causal mask as Megatron-Core cuts it (the sequence
+    in 2 cp chunks; rank r holds chunks r and 2 cp - 1 - r). A subclass rather than a field of `Activation`,
+    so that every other tensor and op keeps its layout and its C fast path; the context ops
+    (`model.context_ops`) take it."""
+
+    __slots__ = ("cp_rank", "cp_size")
+    _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "cp_rank", "cp_size", "_stash")
+    _defaults = (1, 1, 0, 1, None)
+
+    def _describe(self) -> str:
+        return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
+
+
+class ContextActivationGrad(ActivationGrad):
+    """The gradient of a `ContextActivation`: the same sequence part of the same samples."""
+
+    __slots__ = ("cp_rank", "cp_size")
+    _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "gathers", "cp_rank", "cp_size")
+    _defaults = (1, 1, (), 0, 1)
+
+    def _describe(self) -> str:
+        return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
+
+
+CONTEXT_HIDDEN = (ContextActivation, ContextActivationGrad)
+
+
+class ContextWeightGrad(WeightGrad):
+    """A layer's weight gradient from the sequence parts `seq_parts` (a bit mask out of `cp_size`) of
+    `samples`: what a context-parallel rank's backward yields. Only the sum over every sequence part is a
+    sample's gradient, so the context-parallel ranks of a replica reduce it together, as Megatron-Core folds
+    CP into the data-parallel group of its gradient reduction (dp x cp ranks); the sum of all parts is a
+    plain `WeightGrad`, and `update` takes nothing less."""
+
+    __slots__ = ("seq_parts", "cp_size")
+    kind = "weight_grad (sequence parts)"
+    _args = WeightGrad._args + ("seq_parts", "cp_size")
+
+    def _describe(self) -> str:
+        return f", sequence parts {describe_mask(self.seq_parts)} of {self.cp_size}" + super()._describe()
+
+    def __add__(self, other: ContextWeightGrad) -> ContextWeightGrad:
+        """Accumulate the gradients of disjoint samples from the same sequence parts, as `WeightGrad + WeightGrad`."""
+        if other.__class__ is not ContextWeightGrad:
+            return NotImplemented
+        problem = None
+        if (other.rank, other.layer, other.shards, other.num_shards, other.tp_rank, other.tp_size, other.nbytes) != \
+                (self.rank, self.layer, self.shards, self.num_shards, self.tp_rank, self.tp_size, self.nbytes):
+            problem = f"cannot add {other!r} to {self!r}: rank, layer and shards must match"
+        elif (other.seq_parts, other.cp_size) != (self.seq_parts, self.cp_size):
+            problem = f"cannot add {other!r} to {self!r}: they come from different sequence parts"
+        elif (other._base or other)._mem is not (self._base or self)._mem:
+            problem = f"gradients of two steps: {self!r} and {other!r}"
+        elif self.samples & other.samples:
+            problem = (f"samples {describe_mask(self.samples & other.samples)} would be counted twice "
+                       f"in the gradient of layer {self.layer}")
+        if problem:
+            from dist_lib.errors import TensorError
+            raise TensorError(f"rank {self.rank} WeightGrad + WeightGrad (layer {self.layer}): {problem}")
+        return ContextWeightGrad(self, 0, self.rank, self.layer, self.samples | other.samples, self.shards,
+                                 self.num_shards, self.tp_rank, self.tp_size, self.seq_parts, self.cp_size)
+
+
+class KVBlock(Tensor):
+    """The keys and values of layer `layer` for the sequence parts `parts` (a bit mask out of `cp_size`) of
+    `samples` (with TP, of this rank's heads: TP slice `tp_rank` of `tp_size`), as ring attention passes them
+    from rank to rank or an all-gather collects them; `grad` marks the gradient of such a block (dK, dV) on
+    its way back to the rank that owns it. It feeds only the context ops; its bytes and transfers matter."""
+
+    __slots__ = ("parts", "cp_size", "tp_rank", "tp_size", "grad")
+    kind = "kv block"
+    code = ACTIVATION  # memory.KINDS index
+
+    _args = ("rank", "layer", "samples", "parts", "cp_size", "tp_rank", "tp_size", "grad")
+    _defaults = (False,)
+
+    def _describe(self) -> str:
+        what = ", gradient" if self.grad else ""
+        tp = f", tp {self.tp_rank}/{self.tp_size}" if self.tp_size > 1 else ""
+        return f", sequence parts {describe_mask(self.parts)} of {self.cp_size}{tp}{what}"

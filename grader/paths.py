@@ -46,3 +46,13 @@ def output_path(text: str, flag: str, *, folder: bool, example: str = "trace.jso
 def builtin_names() -> list[str]:
     """The built-in strategies' names (strategies/*.py but the helpers led by `_`)."""
     return sorted(p.stem for p in BUILTIN_STRATEGIES.glob("*.py") if not p.name.startswith("_"))
+
+
+def trains_dense(path: Path) -> bool:
+    """Whether a built-in strategy trains dense models (all but those that declare `TRAINS = "..."`, read
+    from the file without importing it)."""
+    import ast
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TRAINS" for t in node.targets):
+            return False
+    return True

@@ -75,12 +75,13 @@ def _memory(plt: Any, result: Any, path: Path) -> None:
         xs = [t * 1e3 for t in times] + [result.time_s * 1e3]
         ys = [v / 2**30 for v in values] + [values[-1] / 2**30]
         ax.step(xs, ys, where="post", linewidth=1, label=f"rank {rank}" if world <= 16 else None)
-    peak = result.peak_memory_rank
-    capacity = result.cluster.device_of(peak).memory_bytes / 2**30
-    ax.axhline(capacity, color="red", linestyle="--", linewidth=1, label=f"capacity of rank {peak}")
+    peak = result.fullest_rank  # by share of its capacity: on a mixed cluster not always the most bytes
+    capacity = result.usable_memory(peak) / 2**30
+    ax.axhline(capacity, color="red", linestyle="--", linewidth=1,
+               label=f"{'usable memory' if result.memory_reserve is not None else 'capacity'} of rank {peak}")
     ax.set_xlabel("time (ms)")
     ax.set_ylabel("live memory (GiB)")
-    ax.set_title(f"memory per rank: peak {result.peak_memory_bytes / 2**30:.2f} GiB on rank {peak}")
+    ax.set_title(f"memory per rank: fullest GPU {result.fullest_text()}")
     ax.legend(fontsize=7, ncol=4, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -113,6 +113,8 @@ def print_run(console: Console, row: dict[str, Any], result: Any | None, schedul
         console.print(f"  step time     {row['time_s'] * 1e3:.2f} ms")
         console.print(f"  peak memory   {row['peak_memory_bytes'] / 2**30:.2f} GiB on rank {row['peak_memory_rank']}"
                       + (f" (of {cap / 2**30:.0f} GiB)" if cap else ""))
+        if row.get("fullest"):
+            console.print(f"  fullest GPU   {literal(row['fullest'])}", highlight=False)
         console.print(f"  MFU / HFU     {row['mfu'] * 100:.1f} % / {row['hfu'] * 100:.1f} %")
     if row["time_s"] is not None:
         console.print(f"  bubble        {row['bubble_fraction'] * 100:.1f} % of compute idle")

@@ -12,7 +12,10 @@ Every check raises `ValueError` with a message that names the option to change.
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
+
+from dist_lib import ReplicaGrid
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,17 @@ class Layout:
                 raise ValueError(f"tp={tp}: TP group of ranks {first}..{first + tp - 1} spans nodes "
                                  f"{sorted(nodes)}; choose a tp that divides the GPUs per node")
             start += node.gpus
+
+
+def declared_grid(train, world_size: int, options: dict) -> ReplicaGrid:
+    """The replica grid a strategy of this layout declares for folding (`dist_lib/run/folding.py`): its
+    `dp`, `pp` and `tp` options, or their defaults in `train`'s signature (`pp=None`: one stage per rank).
+    Its replicas run one program over block `replica` of the global batch (`replica_samples`)."""
+    defaults = {name: p.default for name, p in inspect.signature(train).parameters.items()}
+    pick = lambda name, default: options.get(name, defaults.get(name, default))  # noqa: E731
+    pp = pick("pp", 1)
+    layout = Layout.build(world_size, pick("dp", None), world_size if pp is None else pp, pick("tp", 1))
+    return ReplicaGrid(layout.dp, layout.tp)
 
 
 def _positive_int(name: str, value: object) -> None:

@@ -10,7 +10,9 @@ from dist_lib import Model
 
 from dist_lib.costs import compute as costs
 
-from dist_lib.costs import network
+from dist_lib.costs import context, network
+from dist_lib.costs.fp8 import check_recipe
+from dist_lib.errors import SpecError
 
 from ._layout import Layout, check_chunks, check_partition, even_partition, microbatches, replica_samples
 from dist_lib.schedules.actions import Action, check_schedule
@@ -24,13 +26,21 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                recompute: bool = False, selective_recompute: bool = False,
                sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
                scatter_gather: bool = True, async_tp_allreduce: bool = True,
-               tied_embeddings: bool = False, attention_mask_messages: bool = False) -> StagePlan:
-    """This rank's part of a dp x pp x tp run with an even (or the given) layer partition."""
+               tied_embeddings: bool = False, attention_mask_messages: bool = False, cp: int = 1,
+               kv_exchange: str = "ring", fp8: str | None = None) -> StagePlan:
+    """This rank's part of a dp x pp x tp run with an even (or the given) layer partition; with `cp` > 1,
+    of a dp x pp x cp x tp run (`context_layout`)."""
+    if cp != 1:
+        return context_plan(model, schedule, microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp, cp=cp,
+                            chunks=chunks, partition=partition, kv_exchange=kv_exchange,
+                            overlap_grad_reduce=overlap_grad_reduce, tied_embeddings=tied_embeddings)
     layout = Layout.build(model.world_size, dp, pp, tp)
     check_chunks(chunks)
     check_modes(model.workload, tp, recompute, selective_recompute, sequence_parallel)
     if tp > 1:
         layout.check_tp_in_node(model.cluster)
+    if fp8 is not None:
+        check_recipe(model.device, fp8)
     replica, stage, tp_rank = layout.coords(model.rank)
     first, count = replica_samples(model.global_batch_size, layout.dp, replica)
     mbs = microbatches(first, count, microbatch_size)
@@ -59,7 +69,56 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                      tp_rank=tp_rank, recompute=recompute, selective_recompute=selective_recompute,
                      sequence_parallel=sequence_parallel, overlap_grad_reduce=overlap_grad_reduce,
                      scatter_gather=scatter_gather, async_tp_allreduce=async_tp_allreduce,
-                     tied_embeddings=tied_embeddings, attention_mask_messages=attention_mask_messages)
+                     tied_embeddings=tied_embeddings, attention_mask_messages=attention_mask_messages, fp8=fp8 or "")
+
+
+def context_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: int, tp: int, dp: int | None,
+                 cp: int, chunks: int, partition: Sequence | None, kv_exchange: str, overlap_grad_reduce: bool,
+                 tied_embeddings: bool) -> StagePlan:
+    """A dp x pp x cp x tp run, ranks laid out as Megatron-Core orders them (TP fastest, then CP, then DP, then
+    PP): rank = ((stage * dp + replica) * cp + cp_rank) * tp + tp_rank, so a CP group is the cp ranks of one
+    replica and stage with one TP rank. The layout is the 3D one with cp x tp ranks in the place of tp. A
+    layer's gradient is reduced over the dp x cp ranks of its stage and TP slice (Megatron-Core's
+    data-parallel group with context parallelism, `get_data_parallel_group(with_context_parallel=True)`)."""
+    check_context(model.workload, tp, cp, kv_exchange)
+    if model.world_size % (pp * tp * cp) or (dp is not None and dp * pp * tp * cp != model.world_size):
+        raise ValueError(f"layout dp={dp} x pp={pp} x cp={cp} x tp={tp} does not fill the cluster's "
+                         f"{model.world_size} ranks; choose degrees whose product is {model.world_size}")
+    layout = Layout.build(model.world_size, dp, pp, tp * cp)
+    check_chunks(chunks)
+    if tp > 1:
+        Layout(layout.dp * cp, pp, tp).check_tp_in_node(model.cluster)
+    replica, stage, inner = layout.coords(model.rank)
+    cp_rank, tp_rank = divmod(inner, tp)
+    first, count = replica_samples(model.global_batch_size, layout.dp, replica)
+    mbs = microbatches(first, count, microbatch_size)
+    parts = pp * chunks
+    blocks = check_partition(partition, model.num_layers, parts) if partition is not None else \
+        even_partition(model.num_layers, parts, "pp" if chunks == 1 else "pp x chunks")
+    grad_ranks = [layout.rank(d, stage, c * tp + tp_rank) for d in range(layout.dp) for c in range(cp)]
+    return StagePlan(stage=stage, stage_ranks=layout.stage_ranks(model.rank),
+                     chunks=[blocks[c * pp + stage] for c in range(chunks)], microbatches=mbs,
+                     actions=checked_schedule(schedule, stage, pp, len(mbs), chunks),
+                     dp_group=lambda layer: grad_ranks,
+                     tp_group=[layout.rank(replica, stage, cp_rank * tp + t) for t in range(tp)], tp_rank=tp_rank,
+                     overlap_grad_reduce=overlap_grad_reduce, scatter_gather=False, tied_embeddings=tied_embeddings,
+                     cp_group=[layout.rank(replica, stage, c * tp + tp_rank) for c in range(cp)], cp_rank=cp_rank,
+                     kv_exchange=kv_exchange)
+
+
+def check_context(workload, tp: int, cp: int, kv_exchange: str) -> None:
+    """What context parallelism needs: a whole cp, a known exchange, heads that split over tp, a sequence that
+    cuts into 2 cp chunks (Megatron-Core's load-balanced causal split), a dense workload with no profile."""
+    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
+        raise ValueError(f"cp must be a whole number >= 1, got {cp!r}")
+    if kv_exchange not in ("ring", "all_gather"):
+        raise ValueError(f"kv_exchange must be 'ring' or 'all_gather', got {kv_exchange!r}")
+    if workload.tp_problem(tp):
+        raise ValueError(workload.tp_problem(tp))
+    try:
+        context.block_workload(workload, cp)
+    except SpecError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def check_modes(workload, tp: int, recompute: bool, selective_recompute: bool, sequence_parallel: bool) -> None:

@@ -12,7 +12,7 @@ microbatch of activations.
 
 from __future__ import annotations
 
-from dist_lib import Model
+from dist_lib import Model, ReplicaGrid
 
 from ._layout import microbatches, replica_samples
 
@@ -65,3 +65,9 @@ async def train(model: Model, *, microbatch_size: int = 4, bucket_mb: float = 25
         work, reduced[layer] = reduced[layer], None
         new_weight, _ = model.update(layer, await work, weight, opt_state)
         model.set_final_weight(layer, new_weight)
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options) -> ReplicaGrid:
+    """Every rank is a replica running one program over its share of the batch: they fold
+    (`dist_lib/run/folding.py`)."""
+    return ReplicaGrid(world_size)

@@ -32,6 +32,7 @@ from dist_lib import Model
 
 from dist_lib.schedules.actions import Action
 from ._pipeline import run_stage
+from ._layout import declared_grid
 from ._plan import build_plan
 
 
@@ -71,3 +72,8 @@ async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None
     plan = build_plan(model, schedule, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       partition=partition, recompute=recompute)
     await run_stage(model, plan)
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options):
+    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`)."""
+    return declared_grid(train, world_size, options)

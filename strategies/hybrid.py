@@ -1,44 +1,30 @@
 """Hybrid 3D parallelism: data x pipeline x tensor parallel, as Megatron-LM lays it out.
 
-Shoeybi et al. 2019 (Megatron-LM tensor parallelism) and Narayanan et al. 2021 ("Efficient Large-Scale
-Language Model Training on GPU Clusters Using Megatron-LM", the PTD-P layout). Ranks form a
-(pp, dp, tp) grid with TP fastest, so each TP group of `tp` consecutive ranks sits inside a node:
-every layer's forward and backward ends in two all-reduces of b*s*h activations in the TP group. Each
-of the `dp` replicas runs a pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b or
-interleaved with `chunks` per rank, or `deepspeed`: DeepSpeed's lock-step 1F1B with blocking messages)
-over its share of the batch, and layer gradients are all-reduced
-across replicas as soon as a stage's last microbatch has passed. Bubble: the schedule's,
-(p - 1) / (m + p - 1) for gpipe and 1f1b, divided by `chunks` for interleaved. Memory per rank: model
-state 16 bytes x parameters / (pp x tp) plus the schedule's in-flight activations (the TP stash
-formula); `recompute=True` keeps only layer inputs and runs each forward again before its backward;
-`selective_recompute=True` keeps everything but the attention core's softmax and dropout, which each
-backward re-runs (Korthikanti et al. 2022, sec. 5); `sequence_parallel=True` splits each TP layer's
-layernorms, dropouts and residual adds along the sequence, and their stash with them (same paper, sec. 4.2.2).
-As in Megatron-LM, the LM head is vocabulary-parallel over the TP group, each backward all-reduces its
-input gradient while the weight-gradient GEMMs run, and a recomputed forward repeats its TP all-reduces.
-Pipeline messages go as Megatron-LM sends them: each TP rank sends 1/t of the activation (or gradient) and
-the next stage's TP group all-gathers the pieces (Narayanan et al. 2021, sec. 4.1); `scatter_gather=False`
-sends the whole message from every TP rank. With `schedule="deepspeed"` they go as DeepSpeed 0.3's engine sends
-them (`_Stage.message`): an activation as partition metadata plus the 1/t piece, gathered on arrival, a gradient
-whole from every TP rank, and the sender re-gathers its own output before each gradient comes in;
-`attention_mask_messages=True` adds the 16-bit s x s attention mask to every activation message, as
-Megatron-LM v1.1.5's GPT2ModelPipe passes it between DeepSpeed stages. Each backward all-reduces its input
-gradient while the weight-gradient GEMMs run (Megatron-LM since September 2021); `async_tp_allreduce=False`
-all-reduces it after the backward, as earlier versions did. With sequence parallelism each layer's backward
-all-gathers its output gradient twice before the row-parallel GEMMs, exposed (Korthikanti et al. 2022, sec. 4.2.2).
-`overlap_grad_reduce=False` all-reduces the gradients only after the pipeline flush (Megatron-LM's local
-DDP of 2021, DeepSpeed's pipeline engine) instead of as each layer's last microbatch passes.
-`tied_embeddings=True`: the LM head shares the input embedding, so after the schedule the first and last
-stage all-reduce its V/t x h gradient before the data-parallel reduction (`Model.tied_embedding_grad`).
+Shoeybi et al. 2019 (tensor parallelism) and Narayanan et al. 2021 (the PTD-P layout): ranks form a
+(pp, dp, tp) grid with TP fastest, so each TP group sits inside a node; each of the `dp` replicas runs a
+pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b, interleaved, or DeepSpeed's lock-step
+`deepspeed`), and layer gradients are all-reduced across replicas as soon as a stage's last microbatch has
+passed. With `cp` > 1, each replica's stages run context-parallel (`_context.py`: Megatron-Core's ring
+attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`); with a
+mixture-of-experts workload, `ep` lays expert-parallel groups over the replicas of each stage (EP x PP x DP,
+`_expert_stage.py`); `distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `fp8`
+runs the linear layers' GEMMs in FP8, and `framework` takes a framework's defaults (`_frameworks.py`). Every
+option, its source and its effect: docs/reference/strategies.md, "hybrid's options".
 """
 
 from __future__ import annotations
 
+import inspect
+
 from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
-from ._pipeline import run_stage
+from ._context import run_context_stage
+from ._expert_stage import ExpertPlan, check_expert_modes, run_expert_stage
+from ._layout import Layout, declared_grid
 from ._plan import build_plan
+from ._frameworks import framework_defaults
+from ._sharded import run_sharded_stage
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
              "deepspeed": deepspeed_1f1b.schedule}
@@ -48,13 +34,27 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
                 selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
                 scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
-                tied_embeddings: bool = False, attention_mask_messages: bool = False) -> None:
+                tied_embeddings: bool = False, attention_mask_messages: bool = False, cp: int = 1,
+                kv_exchange: str = "ring", ep: int | None = None, distributed_optimizer: bool = False,
+                overlap_param_gather: bool = False, fsdp: bool = False,
+                replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
+                framework: str | None = None) -> None:
+    if framework is not None:  # the framework's defaults for the options left at hybrid's own (`_frameworks`)
+        given = {k: v for k, v in locals().items() if k in _DEFAULTS and v != _DEFAULTS[k]}
+        await train(model, **{**_DEFAULTS, **framework_defaults(framework, given, tp)})
+        return
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if attention_mask_messages and schedule != "deepspeed":
         raise ValueError(f"attention_mask_messages=True needs schedule='deepspeed' (DeepSpeed's engine sends the "
                          f"mask between stages; Megatron-LM's schedules rebuild it on each stage), got "
                          f"schedule={schedule!r}")
+    if cp != 1 and (schedule == "deepspeed" or recompute or selective_recompute or sequence_parallel):
+        raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, without recompute, "
+                         f"selective_recompute or sequence_parallel (not modelled together yet)")
+    sharding = check_sharding(distributed_optimizer, fsdp, overlap_param_gather, replicate, reshard_after_forward)
+    if cp != 1 and (sharding != "none" or fp8 is not None):
+        raise ValueError(f"cp={cp} runs without distributed_optimizer, fsdp and fp8 (not modelled together yet)")
     if chunks is None:
         chunks = 2 if schedule == "interleaved" else 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
@@ -62,5 +62,55 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
-                      attention_mask_messages=attention_mask_messages)
-    await run_stage(model, plan)
+                      attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange, fp8=fp8)
+    if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
+        if cp != 1 or sharding != "none" or fp8 is not None:
+            raise ValueError("experts (ep) run without cp, distributed_optimizer, fsdp and fp8 (not modelled "
+                             "together yet)")
+        check_expert_modes((("recompute", recompute), ("selective_recompute", selective_recompute),
+                            ("sequence_parallel", sequence_parallel)))
+        layout = Layout.build(model.world_size, dp, pp, tp)
+        await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size))
+        return
+    if cp != 1:
+        await run_context_stage(model, plan)
+        return
+    options = {}
+    if sharding == "optimizer":
+        options = dict(overlap_param_gather=overlap_param_gather)
+    elif sharding == "full":
+        options = dict(replicate=replicate, reshard_after_forward=reshard_after_forward)
+    await run_sharded_stage(model, plan, sharding, **options)
+
+
+_DEFAULTS = {name: p.default for name, p in inspect.signature(train).parameters.items()
+             if p.kind is p.KEYWORD_ONLY and name != "framework"}
+
+
+def check_sharding(distributed_optimizer: bool, fsdp: bool, overlap_param_gather: bool, replicate: int,
+                   reshard_after_forward: bool | None) -> str:
+    """The data-parallel sharding the options ask for (`_sharded.SHARDINGS`), or a ValueError naming the
+    option that contradicts another."""
+    if distributed_optimizer and fsdp:
+        raise ValueError("distributed_optimizer=True and fsdp=True exclude each other (ZeRO-1 keeps the weights "
+                         "whole, FSDP shards them); choose one")
+    if overlap_param_gather and not distributed_optimizer:
+        raise ValueError("overlap_param_gather=True needs distributed_optimizer=True (Megatron-LM gathers the "
+                         "updated parameter shards only with --use-distributed-optimizer)")
+    if isinstance(replicate, bool) or not isinstance(replicate, int) or replicate < 1:
+        raise ValueError(f"replicate must be a whole number >= 1, got {replicate!r}")
+    if (replicate != 1 or reshard_after_forward is not None) and not fsdp:
+        raise ValueError("replicate and reshard_after_forward are FSDP's options: set fsdp=True")
+    if reshard_after_forward not in (None, True, False):
+        raise ValueError(f"reshard_after_forward must be True, False or None (torchtitan's default), "
+                         f"got {reshard_after_forward!r}")
+    return "optimizer" if distributed_optimizer else "full" if fsdp else "none"
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options):
+    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`).
+    Not with sharded data parallelism (each replica holds its own shard) or a framework, which may shard; nor
+    with context parallelism, whose replicas' gradients are reduced with the CP ranks' (dp x cp)."""
+    if options.get("cp", 1) != 1 or options.get("distributed_optimizer") or options.get("fsdp") or options.get("framework") is not None:
+        return None
+    return declared_grid(train, world_size, options)

@@ -20,6 +20,7 @@ from dist_lib import Model
 
 from dist_lib.schedules.actions import Action
 from ._megatron_exchange import ExchangeOrder, exchange_choice
+from ._layout import declared_grid
 from ._plan import build_plan
 
 
@@ -172,3 +173,8 @@ async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None
     plan = build_plan(model, schedule_fn, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       chunks=chunks, partition=partition, recompute=recompute)
     await run(model, plan)
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options):
+    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`)."""
+    return declared_grid(train, world_size, options)

@@ -14,6 +14,7 @@ from dist_lib import Model
 from dist_lib.schedules.actions import Action
 from dist_lib.schedules.one_f_one_b import schedule
 from ._megatron_exchange import ExchangeOrder, exchange_choice
+from ._layout import declared_grid
 from ._plan import build_plan
 
 
@@ -59,3 +60,8 @@ async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None
     plan = build_plan(model, schedule_fn, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       partition=partition, recompute=recompute)
     await run(model, plan)
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options):
+    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`)."""
+    return declared_grid(train, world_size, options)

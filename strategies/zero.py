@@ -14,7 +14,7 @@ data-parallel world of 1 and skip the gathers' work): the step is plain training
 
 from __future__ import annotations
 
-from dist_lib import Model
+from dist_lib import Model, ReplicaGrid
 
 from ._layout import microbatches, replica_samples
 
@@ -154,3 +154,9 @@ async def _fully_sharded(model: Model, batches: list[range]) -> None:
         new_shard, _ = model.update(layer, await shards.pop(layer), weight, opt_state)
         del weight, opt_state
         model.set_final_weight(layer, new_shard)
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options) -> ReplicaGrid:
+    """Every rank is a replica running one program over its share of the batch: they fold
+    (`dist_lib/run/folding.py`)."""
+    return ReplicaGrid(world_size)

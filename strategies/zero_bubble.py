@@ -54,6 +54,7 @@ from dist_lib.schedules.posted import with_posted_receives
 
 from ._early_receives import run_posted_stage
 from dist_lib.schedules.actions import Action
+from ._layout import declared_grid
 from ._plan import build_plan
 from dist_lib.schedules.zero_bubble import checked_options, zb_orders
 
@@ -154,3 +155,8 @@ async def train(model: Model, *, microbatch_size: int = 1, pp: int | None = None
     plan = build_plan(model, zb_h1, microbatch_size=microbatch_size, pp=model.world_size if pp is None else pp,
                       partition=partition, recompute=recompute)
     await run_posted_stage(model, plan)
+
+
+def replica_grid(world_size: int, global_batch_size: int, **options):
+    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`)."""
+    return declared_grid(train, world_size, options)

@@ -36,7 +36,7 @@ AMPLIFIED_MIB = 100  # the forged program: far more to replay than the 1 GiB the
 SUITE = f"""
 name = "classroom"
 [limits]
-timeout_s = 30
+timeout_s = 90  # room for the amplifier to exhaust its memory first on a loaded machine
 address_space_GiB = 1
 [[scenarios]]
 name = "toy2"

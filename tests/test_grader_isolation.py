@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -242,8 +243,10 @@ def test_a_run_reads_nothing_but_its_own_files(board):
     outcome = run_isolated(copies / "cheats" / "read_classmates.py", scenario, Limits(timeout_s=60), confine=False)
     assert outcome.status == "failed" and "READ_OUTSIDE" in outcome.message, outcome.message
     leaked = json.loads(outcome.message.split("READ_OUTSIDE", 1)[1].rsplit(" (at read_classmates.py", 1)[0])
-    assert sorted(leaked["classmates"]) == sorted(p.name for p in CHEATS if p.stem != "read_classmates")
-    assert leaked["copied"] == (copies / "cheats" / leaked["classmates"][0]).read_text()[:60]
+    classmates = sorted(p.name for p in CHEATS if p.stem != "read_classmates")
+    assert leaked["classmates"] == len(classmates)
+    assert leaked["names_sha256"] == hashlib.sha256("\n".join(classmates).encode()).hexdigest()[:16]
+    assert leaked["copied"] == (copies / "cheats" / leaked["first"]).read_text()[:60]
     assert str(ROOT / "tests" / "submissions" / "honest.py") in leaked["files"]
     if ROOT / "traces" in out.parents:
         assert str(out / "results.jsonl") in leaked["found"]

@@ -16,12 +16,18 @@ from dist_lib.run.recording import (ADD, ALL_REDUCE, AWAIT, DROP, FORWARD, INPUT
                                 record)
 from dist_lib.run.replay import ProgramError, ReplayTimeout, replay
 from dist_lib.workload.transformer import Workload
+from grader.paths import trains_dense
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER, WORKLOAD, BATCH = "2x2xA100-80GB", "toy:layers=4", 8
 BUILTIN = sorted(p for p in (ROOT / "strategies").glob("*.py") if not p.name.startswith("_"))
+# the strategies that train mixtures of experts (they declare it: `grader.paths.trains_dense`) take this one:
+# top-2 of 4 experts with a shared expert, skewed routing, every other layer an MoE layer
+MOE_WORKLOAD = ("toy:layers=4,hidden=256,heads=4,seq=128,experts=4,top_k=2,expert_ffn_hidden=512,moe_every=2,"
+                "dense_ffn_hidden=512,shared_experts=1,routing=zipf:1.2")
 OPTIONS = {"ddp": {"microbatch_size": 1}, "zero": {"microbatch_size": 1}, "interleaved": {"pp": 2},
-           "hybrid": {"pp": 2, "tp": 2, "selective_recompute": True, "tied_embeddings": True}}
+           "hybrid": {"pp": 2, "tp": 2, "selective_recompute": True, "tied_embeddings": True},
+           "moe": {"ep": 2, "microbatch_size": 1}}
 HONEST = str(ROOT / "tests" / "submissions" / "honest.py")
 
 
@@ -37,10 +43,11 @@ def _same(a, b) -> None:
 @pytest.mark.parametrize("path", BUILTIN, ids=lambda p: p.stem)
 def test_replay_of_every_builtin_strategy_is_the_run_itself(path):
     options = OPTIONS.get(path.stem, {})
-    direct = simulate(str(path), CLUSTER, WORKLOAD, BATCH, **options)
-    recorded, programs = record(str(path), CLUSTER, WORKLOAD, BATCH, **options)
+    workload = WORKLOAD if trains_dense(path) else MOE_WORKLOAD
+    direct = simulate(str(path), CLUSTER, workload, BATCH, fold=False, **options)  # replay runs every rank
+    recorded, programs = record(str(path), CLUSTER, workload, BATCH, **options)
     _same(recorded, direct)
-    _same(replay(programs, CLUSTER, WORKLOAD, BATCH), direct)
+    _same(replay(programs, CLUSTER, workload, BATCH), direct)
 
 
 def test_deepspeeds_partitioned_messages_and_attention_masks_replay():
@@ -123,7 +130,7 @@ def test_forged_programs_fail_as_the_program_deserves(honest):
     (lambda es: es.append([FORWARD, 0, 1]), "ends inside this entry"),
     (lambda es: es.append([ALL_REDUCE, 0, 9, 0, 1]), "group size 9"),
     (lambda es: es.insert(0, [LOAD, 0, 2**40, 2**41, 0, 1]), "out of range"),
-    (lambda es: es.insert(9, [FORWARD, 0, 8, 0, 8]), "flags 8"),
+    (lambda es: es.insert(9, [FORWARD, 0, 8, 0, 24]), "flags 24"),
     (lambda es: es.insert(9, [AWAIT, 8]), "handle 8 is not a Work"),
     (lambda es: es.insert(0, [INPUT, 1, 5, 99]), "not an interval of the global batch"),
     # a weight plus its optimizer state: a TypeError of the simulator's once, a `crashed` row
@@ -252,25 +259,57 @@ def test_every_model_op_is_recorded():
     """A Model op the recorder does not know would run unrecorded and be missing from the replay: each
     public method is either recorded or named as deciding nothing."""
     from dist_lib.model.handle import Model
-    from dist_lib.run.recording import UNRECORDED_OPS, RecordingModel
+    from dist_lib.run.recording import REFUSED_OPS, UNRECORDED_OPS, RecordingModel
     ops = {n for n in dir(Model) if not n.startswith("_") and callable(getattr(Model, n))}
     recorded = {n for n in vars(RecordingModel) if not n.startswith("_")}
-    assert ops - set(UNRECORDED_OPS) == recorded
+    assert ops - set(UNRECORDED_OPS) - set(REFUSED_OPS) == recorded and set(REFUSED_OPS) <= ops
     def parameters(cls, name):  # past `self` (positional-only on the C twins of the hot ops)
         return [(p.name, p.kind, p.default) for p in inspect.signature(getattr(cls, name)).parameters.values()][1:]
 
     for name in recorded:  # and each takes exactly what the op takes, keywords and defaults included
         assert parameters(RecordingModel, name) == parameters(Model, name), name
+    from dist_lib.model.experts import MoEModel  # and a mixture-of-experts rank's ops
+    from dist_lib.run.recording import RecordingMoEModel
+    from dist_lib.run.recording_experts import ExpertOpsRecording
+    ops = {n for n in dir(MoEModel) if not n.startswith("_") and callable(getattr(MoEModel, n))} - ops
+    recorded = {n for n in vars(ExpertOpsRecording) if not n.startswith("_")}
+    assert ops - set(UNRECORDED_OPS) == recorded
+    for name in recorded:
+        assert parameters(RecordingMoEModel, name) == parameters(MoEModel, name), name
+
+
+def test_a_recorded_moe_program_is_checked_as_untrusted_data():
+    """Edits of an MoE program: experts outside the workload's are malformed; a dispatch to experts the
+    receiving rank does not hold fails at the op, as the strategy would have."""
+    from dist_lib.run.recording_experts import DISPATCH, LOAD_EXPERTS
+    _, programs = record("strategies/moe.py", CLUSTER, MOE_WORKLOAD, BATCH, ep=2)
+
+    def edit(old: list[int], new: list[int]) -> list[array]:
+        edited = [array("q", p) for p in programs]
+        words = edited[0].tolist()
+        at = next(k for k in range(len(words)) if words[k:k + len(old)] == old)
+        words[at:at + len(old)] = new
+        edited[0] = array("q", words)
+        return edited
+
+    # rank 0 holds experts 0-1 of layer 0 (ep=2 over 4 experts): load experts 0..8 instead
+    with pytest.raises(ProgramError, match="rank 0 .*load_experts.*experts 0..9"):
+        replay(edit([LOAD_EXPERTS, 0, 1, 0, 2], [LOAD_EXPERTS, 0, 1, 0, 9]), CLUSTER, MOE_WORKLOAD, BATCH)
+    # rank 0 cuts its routed tokens (handle 13) for experts 2-3 first, 0-1 second, and sends each piece to the
+    # member at its place in the group: rank 0's experts get the tokens of rank 1's, caught at the all-to-all
+    swapped = edit([DISPATCH, 13, 1, 0, 2, DISPATCH, 13, 1, 2, 4], [DISPATCH, 13, 1, 2, 4, DISPATCH, 13, 1, 0, 2])
+    with pytest.raises(SimulationError, match="all_to_all #0 .*wrong expert rank"):
+        replay(swapped, CLUSTER, MOE_WORKLOAD, BATCH)
 
 
 def test_an_op_the_recorder_does_not_know_is_refused(monkeypatch):
     from dist_lib.model.handle import Model
-    monkeypatch.setattr(Model, "broadcast", lambda self, x: x, raising=False)
+    monkeypatch.setattr(Model, "scatter", lambda self, x: x, raising=False)
 
     async def train(model):
-        model.broadcast(None)
+        model.scatter(None)
 
-    with pytest.raises(TensorError, match="broadcast: this op is not recorded"):
+    with pytest.raises(TensorError, match="scatter: this op is not recorded"):
         record(train, "1xA100-80GB", WORKLOAD, BATCH)
 
 
@@ -361,3 +400,12 @@ def test_a_rows_error_text_and_problems_are_capped():
     assert capped(text) == "x" * MAX_ERROR_CHARS + "\n... (cut here: 123 more characters)"
     assert capped("short") == "short"
     assert capped_list([f"p{i}" for i in range(25)]) == [f"p{i}" for i in range(20)] + ["... and 5 more"]
+
+
+def test_a_graded_run_is_refused_context_parallelism_at_the_op(tmp_path):
+    """Context parallelism's ops are not recorded yet: a graded program that calls one fails there, naming it,
+    instead of replaying without it."""
+    path = tmp_path / "uses_cp.py"
+    path.write_text("async def train(model):\n    model.context_input(range(1), 0, 2)\n")
+    with pytest.raises(SimulationError, match="context_input: this op is not recorded"):
+        record(str(path), CLUSTER, WORKLOAD, BATCH)

@@ -74,7 +74,7 @@ def test_node_nics_in_toml_exclude_a_per_gpu_nic_and_default_to_the_inter_node_f
 
 @pytest.mark.parametrize("spec, message", [
     ("", "expected terms"),
-    ("2x8xB200", "unknown device 'B200'"),
+    ("2x8xB300", "unknown device 'B300'"),
     ("0x8xA100-80GB", "nodes: must be a whole number from 1 to 131072"),
     ("2x8xA100-80GB:inter=fast", "expected a number"),
     ("2x8xA100-80GB:speed=3", "expected inter=GBps"),

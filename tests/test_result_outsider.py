@@ -35,7 +35,8 @@ _cache: dict[str, object] = {}
 def run(name: str):
     if name not in _cache:
         strategy, cluster, workload, batch, options = RUNS[name]
-        _cache[name] = simulate(f"strategies/{strategy}.py", cluster, workload, batch, **options)
+        # every rank's events, to check each field against (a folded step logs only its representatives')
+        _cache[name] = simulate(f"strategies/{strategy}.py", cluster, workload, batch, fold=False, **options)
     return _cache[name]
 
 

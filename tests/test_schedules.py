@@ -82,7 +82,7 @@ def test_a_backward_joining_samples_follows_every_backward_of_the_next_layer_for
 def test_invariant_checker_catches_overlapping_compute():
     result = testing.run(testing.Setup("ddp", "1x2xA100-80GB", "toy:layers=2", 2, {"microbatch_size": 1}))
     events = list(result.raw_events)
-    k = next(k for k, e in enumerate(events) if e[1] == "backward" and e[0] == 1)
+    k = next(k for k, e in enumerate(events) if e[1] == "backward" and e[0] == 0)
     e = events[k]
     events[k] = e[:3] + (e[3] - 1e-3,) + e[4:]  # start 1 ms earlier: overlaps the op before it
     result.raw_events, result._events = events, None

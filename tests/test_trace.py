@@ -42,7 +42,7 @@ def test_trace_is_valid_and_labelled(tmp_path):
 
 
 def test_ddp_trace_separates_compute_and_collectives():
-    result = simulate("strategies/ddp.py", "1x4xA100-80GB", "toy:layers=3", 8, microbatch_size=1)
+    result = simulate("strategies/ddp.py", "1x4xA100-80GB", "toy:layers=3", 8, microbatch_size=1, fold=False)
     trace = chrome_trace(result)
     assert validate_trace(trace) == []
     collective = [e for e in trace["traceEvents"] if e.get("cat") == "all_reduce"]
@@ -52,7 +52,7 @@ def test_ddp_trace_separates_compute_and_collectives():
 def test_each_communicator_is_a_thread_of_its_own():
     # hybrid TP 2 x DP 2 on 4 ranks: TP groups {0, 1}, {2, 3} and DP groups {0, 2}, {1, 3}; their
     # collectives may overlap in time, so each rank shows one thread per group it belongs to
-    result = simulate("strategies/hybrid.py", "1x4xA100-80GB", "toy:layers=2", 8, tp=2, pp=1, dp=2)
+    result = simulate("strategies/hybrid.py", "1x4xA100-80GB", "toy:layers=2", 8, tp=2, pp=1, dp=2, fold=False)
     trace = chrome_trace(result)
     assert validate_trace(trace) == []
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]

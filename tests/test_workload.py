@@ -66,7 +66,10 @@ def test_an_unknown_field_of_a_workload_file_lists_every_field_the_file_takes(tm
     with pytest.raises(SpecError) as caught:
         Workload.load(path)
     assert str(caught.value) == (f"{path}: unknown field 'layer' (known: preset, name, layers, hidden, heads, seq, "
-                                 f"vocab, bytes_per_element, grad_bytes_per_element, framework_overhead_us, "
-                                 f"tp_overhead_us, kernel_time_scale)")
+                                 f"vocab, bytes_per_element, grad_bytes_per_element, kv_heads, head_dim, ffn_hidden, "
+                                 f"framework_overhead_us, tp_overhead_us, kernel_time_scale, mlp, norm, position, "
+                                 f"attention, tied_embeddings, bias, dropout, parallel_block, experts, top_k, "
+                                 f"expert_ffn_hidden, shared_experts, shared_ffn_hidden, dense_ffn_hidden, moe_every, "
+                                 f"first_dense, capacity_factor, router, mla, routing, routing_seed)")
     with pytest.raises(SpecError, match=r"unknown field 'layer' \(known: layers, hidden,"):
         Workload.load("gpt-1.3b:layer=4")  # a spec string takes no preset or name among its overrides

@@ -30,7 +30,8 @@ from typing import Any
 
 from dist_lib.costs import network
 # (the C twins look up Group, Collective and Tensor in this module)
-from dist_lib.comm.groups import COLLECTIVES, Collective, CrossGroup, Group  # noqa: F401
+from dist_lib.comm.groups import COLLECTIVES, Collective, CrossGroup, FoldedGroup, Group  # noqa: F401
+from dist_lib.comm.folding import mirrored_works
 from dist_lib.comm.rules import Reduced, check_match, combine, explain_input, unfit
 from dist_lib.engine.core import Engine
 from dist_lib.engine.rank_state import SHOWN, WAKE_ME, RankState, more
@@ -241,6 +242,8 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
         _resolve_ready(engine, coll)
     elif group.__class__ is CrossGroup and coll.issued == group.local:
         engine.partition.joined(coll)
+    elif group.__class__ is FoldedGroup and coll.issued == group.local:
+        _resolve_folded(engine, coll)
     return work
 
 
@@ -252,6 +255,23 @@ def _resolve_ready(engine: Engine, coll: Collective) -> None:
     works: list[Work] = coll.works  # type: ignore[assignment]
     coll.results, coll.nbytes, coll.label = combine(engine, coll, [w.input for w in works])
     coll.duration = collective_duration(engine, coll)
+    del group.pending[coll.seq]
+    if group.busy:
+        group.ready.append(coll)
+    else:
+        _start(engine, coll)
+
+
+def _resolve_folded(engine: Engine, coll: Collective) -> None:
+    """`_resolve_ready` for a collective spanning folded replicas, once its representatives issued it: the
+    other replicas' inputs are mirrored from theirs (`folding.py`) for the rules and the cost; only the
+    representatives' works go on."""
+    group: FoldedGroup = coll.group  # type: ignore[assignment]
+    works = coll.works = mirrored_works(engine, coll)
+    results, coll.nbytes, coll.label = combine(engine, coll, [w.input for w in works])
+    coll.duration = collective_duration(engine, coll)
+    coll.works = [works[i] for i in group.positions]
+    coll.results = [results[i] for i in group.positions]
     del group.pending[coll.seq]
     if group.busy:
         group.ready.append(coll)
@@ -279,13 +299,17 @@ def _start(engine: Engine, coll: Collective) -> None:
     group = coll.group
     group.busy = True
     start = max(max(w.issue for w in coll.works), group.free)  # type: ignore[union-attr]
-    engine.schedule(Transfer(start, coll.duration, group.usage, _finish, coll, (0, group.ranks, coll.seq)))
+    # (a broadcast, reduce, barrier or all-to-all, `other_collectives.py`, names the links it crosses)
+    usage = group.usage if coll.__class__ is Collective else coll.usage
+    engine.schedule(Transfer(start, coll.duration, usage, _finish, coll, (0, group.ranks, coll.seq)))
 
 
 def _finish(engine: Engine, transfer: Transfer) -> None:
     """`coll` ended (its end is final): each member's Work completes, its event is logged, its waiting rank
     wakes; the stream releases the buffers and takes the next collective queued on the group."""
     coll: Collective = transfer.owner
+    if coll.__class__ is not Collective:  # a broadcast, reduce, barrier or all-to-all: `other_collectives.py`
+        return coll.finish(engine, transfer)
     group, start, end = coll.group, transfer.start, transfer.end
     works: list[Work] = coll.works  # type: ignore[assignment]
     first = works[0].input

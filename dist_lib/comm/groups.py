@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from dist_lib.engine.core import Engine
 
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+# every collective op's name: these three (`collectives.py`), then broadcast, reduce, barrier and all_to_all
+# (`other_collectives.py`)
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier", "all_to_all")
 
 
 class Group:
@@ -83,12 +85,51 @@ def get_group(engine: Engine, ranks: Any, where: str = "group") -> Group:
         if not key:
             raise TensorError(f"{where}: a group needs at least one rank")
         cluster = engine.cluster
+        if engine.fold is not None:
+            group = engine.groups[key] = folded_group(engine.fold, cluster, key)
+            return group
         local = engine.partition.local_members(key) if engine.partition is not None else len(key)
         group = engine.groups[key] = (Group if local == len(key) or not local else CrossGroup)(
             key, cluster.ring_link(key), cluster.topology(key), cluster.collective_usage(key))
         if group.__class__ is CrossGroup:
             group.local = local
     return group
+
+
+class FoldedGroup(Group):
+    """A group spanning folded replicas (`hardware/replicas.py`): some positions of the representative
+    replica and the same positions of every other. It looks whole to the strategy (ranks, size, index);
+    only its `local` representatives issue, and the collective resolves once they have, with the other
+    replicas' inputs mirrored from theirs (`comm/folding.py`)."""
+
+    __slots__ = ("local", "positions")
+
+
+def folded_group(fold: Any, cluster: Any, key: tuple[int, ...]) -> Group:
+    """The group of `key` in a folded step: inside the representative replica, a group whose transfers load
+    the folded links once per replica; spanning the replicas alike, a `FoldedGroup` whose transfers load
+    them once; without a representative, a group no rank here can issue on. Anything else would make a
+    replica differ from its representative: the fold is broken and the step runs unfolded
+    (`run/folding.py`)."""
+    usage = cluster.collective_usage(key)
+    link, topology = cluster.ring_link(key), cluster.topology(key)
+    positions = [i for i, r in enumerate(key) if r in fold.rep_set]
+    if len(positions) == len(key):
+        return Group(key, link, topology, fold.usage(usage, fold.copies))
+    if not positions:
+        return Group(key, link, topology, usage)
+    if not fold.spans_replicas(key):
+        fold.broken = f"a group of ranks {list(key)} neither stays in one replica nor spans them alike"
+        raise FoldBroken(fold.broken)
+    group = FoldedGroup(key, link, topology, fold.usage(usage, 1))
+    group.local = len(positions)
+    group.positions = positions
+    return group
+
+
+class FoldBroken(Exception):
+    """A representative did what its replicas would not do alike: the folded step is abandoned and run
+    again unfolded (`run/folding.py`)."""
 
 
 class Collective:

@@ -13,6 +13,7 @@ from typing import Any
 
 from dist_lib.costs import network
 from dist_lib.comm.collectives import Work, _Pending
+from dist_lib.comm.groups import FoldBroken
 from dist_lib.engine.core import Engine
 from dist_lib.engine.rank_state import RankState
 from dist_lib.errors import TensorError
@@ -53,8 +54,15 @@ def _channel(engine: Engine, src: int, dst: int) -> Channel:
     if channel is None:
         cluster = engine.cluster
         cross = engine.partition is not None and engine.partition.local_members((src, dst)) == 1
+        usage = cluster.p2p_usage(src, dst)
+        fold = engine.fold
+        if fold is not None:  # folded replicas (`hardware/replicas.py`): a message inside replica 0 stands for one per replica
+            if src not in fold.rep_set or dst not in fold.rep_set:
+                fold.broken = f"rank {src} sends to rank {dst}, across the replicas"
+                raise FoldBroken(fold.broken)
+            usage = fold.usage(usage, fold.copies)
         channel = by_dst[dst] = engine.channels[(src, dst)] = (CrossChannel if cross else Channel)(
-            src, dst, cluster.p2p_link(src, dst), cluster.p2p_usage(src, dst))
+            src, dst, cluster.p2p_link(src, dst), usage)
     return channel
 
 

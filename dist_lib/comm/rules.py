@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dist_lib.errors import CollectiveMismatchError, TensorError
-from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, Tensor, Weight, WeightGrad, describe_mask, full_mask
+from dist_lib.tensors import CONTEXT_HIDDEN, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationGrad, ContextWeightGrad, KVBlock, OptState, Tensor, Weight, WeightGrad, describe_mask, full_mask
 
 if TYPE_CHECKING:
     from dist_lib.comm.groups import Collective, Group
@@ -34,6 +34,18 @@ class Reduced:
     def materialize(self, t: Tensor) -> Tensor:
         if t.__class__ is WeightGrad:
             return WeightGrad(t, 0, t.rank, t.layer, self.samples, t.shards, t.num_shards, t.tp_rank, t.tp_size)
+        if t.__class__ is ContextWeightGrad:  # `tp_parts` of `tp_size` hold the sequence parts summed
+            if self.tp_parts == full_mask(self.tp_size):  # every part: a sample's whole gradient
+                return WeightGrad(t, 0, t.rank, t.layer, self.samples, t.shards, t.num_shards, t.tp_rank, t.tp_size)
+            return ContextWeightGrad(t, 0, t.rank, t.layer, self.samples, t.shards, t.num_shards, t.tp_rank,
+                                     t.tp_size, self.tp_parts, self.tp_size)
+        if t.__class__ in CONTEXT_HIDDEN:  # a sequence part's TP partial sums (after `gathers`, if a gradient)
+            extra = ((),) if t.__class__ is ContextActivationGrad else ()
+            return t.__class__(t, 0, t.rank, t.layer, t.samples, self.tp_parts, self.tp_size, *extra, t.cp_rank,
+                               t.cp_size)
+        if isinstance(t, WeightGrad):  # an ExpertGrad: the same, of its experts
+            return t.__class__(t, 0, t.rank, t.layer, self.samples, t.shards, t.num_shards, t.tp_rank, t.tp_size,
+                               t.experts)
         return t.__class__(t, 0, t.rank, t.layer, t.samples, self.tp_parts, self.tp_size)
 
 
@@ -41,11 +53,16 @@ def unfit(op: str, t: Tensor) -> bool:
     """Can `op` not take `t`? (`explain_input` says why.)"""
     cls = t.__class__
     if op == "all_reduce":
-        return cls is Weight or cls is OptState or ((cls is Activation or cls is ActivationGrad) and not t.is_partial)
+        return cls is Weight or cls is OptState or ((cls is Activation or cls is ActivationGrad) and not t.is_partial) \
+            or cls is KVBlock or (cls in CONTEXT_HIDDEN and not t.is_partial)
     if op == "all_gather":
         if cls is ActivationSlice or cls is ActivationGradSlice:
             return False
+        if cls is KVBlock:  # a CP rank's keys and values (Llama 3's all-gather)
+            return t.grad or t.parts == full_mask(t.cp_size)
         return not (cls is Weight or cls is OptState or cls is WeightGrad) or t.is_complete
+    if cls is KVBlock:  # the gradients of every rank's keys and values, each summed at its owner
+        return not t.grad or t.parts != full_mask(t.cp_size)
     return cls is not WeightGrad or not t.is_complete
 
 
@@ -92,35 +109,13 @@ def combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[lis
     the bytes its cost is based on, and a label."""
     op, ranks, works = coll.op, coll.group.ranks, coll.works
     head = coll  # formatted only in an error message
-    if isinstance(inputs[0], (Weight, OptState, WeightGrad)):
-        if len({(t.tp_rank, t.tp_size) for t in inputs}) > 1:
-            slices = {r: (t.tp_rank, t.tp_size) for r, t in zip(ranks, inputs)}
-            raise CollectiveMismatchError(f"{head}: members hold different tensor-parallel slices "
-                                          f"{slices}; reduce within one TP slice")
-    first = inputs[0]
     if op == "all_reduce":
-        if isinstance(first, WeightGrad):
-            samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
-                                      "a sample's gradient would be counted twice")
-            shards = {(t.shards, t.num_shards) for t in inputs}
-            if len(shards) > 1:
-                raise CollectiveMismatchError(f"{head}: members hold different ZeRO shards; "
-                                              f"all-reduce the same shard on every member")
-            return [Reduced(samples)] * len(inputs), first.nbytes, first.kind
-        # tensor-parallel partial sums of one activation (or its gradient)
-        if len({t.samples for t in inputs}) > 1:
-            raise CollectiveMismatchError(f"{head}: partial sums of different samples "
-                                          f"{ {r: describe_mask(t.samples) for r, t in zip(ranks, inputs)} }")
-        if len({t.tp_size for t in inputs}) > 1:  # (a part of 2 and a part of 64 are not halves of one sum)
-            raise CollectiveMismatchError(f"{head}: partial sums of different tensor-parallel degrees "
-                                          f"{ {r: t.tp_size for r, t in zip(ranks, inputs)} }; all-reduce the "
-                                          f"parts of one TP split")
-        parts = _disjoint_union(head, "tensor-parallel parts", ranks, [t.tp_parts for t in inputs],
-                                "a partial sum would be added twice")
-        tp_size = first.tp_size
-        if parts == full_mask(tp_size):
-            parts, tp_size = 1, 1
-        return [Reduced(first.samples, parts, tp_size)] * len(inputs), first.nbytes, f"{first.kind} (TP partial sums)"
+        reduced, nbytes, label = summed(coll, inputs)
+        return [reduced] * len(inputs), nbytes, label
+    _same_tp_slice(coll, inputs)
+    first = inputs[0]
+    if first.__class__ is KVBlock:
+        return _kv_blocks(coll, op, inputs)
     if op == "all_gather" and first.__class__ in (ActivationSlice, ActivationGradSlice):
         if len({t.samples for t in inputs}) > 1 or len({t.tp_size for t in inputs}) > 1:
             raise CollectiveMismatchError(f"{head}: TP pieces of different samples or piece counts: "
@@ -152,6 +147,96 @@ def combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[lis
     for i, out in enumerate(results):
         out.samples, out.shards, out.num_shards = samples, 1 << i, p
     return results, first.nbytes, first.kind
+
+
+def _same_tp_slice(head: Collective, inputs: list[Tensor]) -> None:
+    """Members reducing or gathering a layer's parameters (or their gradients) hold one TP slice."""
+    if isinstance(inputs[0], (Weight, OptState, WeightGrad)):
+        if len({(t.tp_rank, t.tp_size) for t in inputs}) > 1:
+            slices = {r: (t.tp_rank, t.tp_size) for r, t in zip(head.group.ranks, inputs)}
+            raise CollectiveMismatchError(f"{head}: members hold different tensor-parallel slices "
+                                          f"{slices}; reduce within one TP slice")
+
+
+def summed(coll: Collective, inputs: list[Tensor]) -> tuple[Reduced, int, str]:
+    """What the members' inputs to a sum (an all-reduce, or a reduce to one root) add up to, the bytes the
+    cost is based on, and a label: gradients of disjoint samples, or TP partial sums of one split."""
+    head, ranks = coll, coll.group.ranks  # (the collective is formatted only in an error message)
+    _same_tp_slice(coll, inputs)
+    first = inputs[0]
+    if first.__class__ is ContextWeightGrad:
+        return _summed_sequence_parts(coll, inputs)
+    if isinstance(first, WeightGrad):
+        samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
+                                  "a sample's gradient would be counted twice")
+        if len({getattr(t, "experts", None) for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: members hold gradients of different experts "
+                                          f"{ {r: describe_mask(getattr(t, 'experts', 0)) for r, t in zip(ranks, inputs)} }; "
+                                          f"reduce an expert's gradient among the ranks that hold that expert")
+        shards = {(t.shards, t.num_shards) for t in inputs}
+        if len(shards) > 1:
+            raise CollectiveMismatchError(f"{head}: members hold different ZeRO shards; "
+                                          f"all-reduce the same shard on every member")
+        return Reduced(samples), first.nbytes, first.kind
+    # tensor-parallel partial sums of one activation (or its gradient)
+    if len({t.samples for t in inputs}) > 1:
+        raise CollectiveMismatchError(f"{head}: partial sums of different samples "
+                                      f"{ {r: describe_mask(t.samples) for r, t in zip(ranks, inputs)} }")
+    if len({t.tp_size for t in inputs}) > 1:  # (a part of 2 and a part of 64 are not halves of one sum)
+        raise CollectiveMismatchError(f"{head}: partial sums of different tensor-parallel degrees "
+                                      f"{ {r: t.tp_size for r, t in zip(ranks, inputs)} }; all-reduce the "
+                                      f"parts of one TP split")
+    parts = _disjoint_union(head, "tensor-parallel parts", ranks, [t.tp_parts for t in inputs],
+                            "a partial sum would be added twice")
+    tp_size = first.tp_size
+    if parts == full_mask(tp_size):
+        parts, tp_size = 1, 1
+    return Reduced(first.samples, parts, tp_size), first.nbytes, f"{first.kind} (TP partial sums)"
+
+
+def _summed_sequence_parts(coll: Collective, inputs: list[Tensor]) -> tuple[Reduced, int, str]:
+    """Gradients of (samples x sequence parts) rectangles: no sample's part may be counted twice, and the sum
+    must be whole rectangle again (the union of the samples, each with the union of the parts), as the
+    all-reduce over dp x cp ranks of Megatron-Core makes it. The `Reduced` carries the parts in `tp_parts`."""
+    head, ranks = coll, coll.group.ranks
+    first = inputs[0]
+    if len({(t.cp_size, t.shards, t.num_shards) for t in inputs}) > 1:
+        raise CollectiveMismatchError(f"{head}: members hold gradients of different ZeRO shards or CP splits "
+                                      f"{ {r: t for r, t in zip(ranks, inputs)} }")
+    samples, parts, area = 0, 0, 0
+    for k, t in enumerate(inputs):
+        for other, o in zip(ranks[:k], inputs[:k]):
+            if t.samples & o.samples and t.seq_parts & o.seq_parts:
+                raise CollectiveMismatchError(
+                    f"{head}: ranks {other} and {ranks[k]} both hold the gradient of samples "
+                    f"{describe_mask(t.samples & o.samples)}, sequence parts {describe_mask(t.seq_parts & o.seq_parts)}; "
+                    f"a sample's gradient would be counted twice")
+        samples, parts = samples | t.samples, parts | t.seq_parts
+        area += t.samples.bit_count() * t.seq_parts.bit_count()
+    if area != samples.bit_count() * parts.bit_count():
+        raise CollectiveMismatchError(f"{head}: the members' gradients cover some samples with fewer sequence parts "
+                                      f"than others { {r: t for r, t in zip(ranks, inputs)} }; reduce every CP rank "
+                                      f"of each data-parallel replica together (dp x cp)")
+    return Reduced(samples, parts, first.cp_size), first.nbytes, f"{first.kind}"
+
+
+def _kv_blocks(coll: Collective, op: str, inputs: list[Tensor]) -> tuple[list[Any], int, str]:
+    """Llama 3's context parallelism: the CP ranks all-gather their key/value blocks (each its own part) and
+    reduce-scatter their gradients (each keeps its own part, the sum of every rank's)."""
+    head, ranks, first = coll, coll.group.ranks, inputs[0]
+    if len({(t.layer, t.samples, t.cp_size, t.tp_rank, t.tp_size) for t in inputs}) > 1 \
+            or first.cp_size != len(inputs):
+        raise CollectiveMismatchError(f"{head}: key/value blocks of different layers, samples or CP splits, or a "
+                                      f"group that is not the CP group: { {r: t for r, t in zip(ranks, inputs)} }")
+    results = [w.result for w in coll.works]  # allocated at issue
+    if op == "all_gather":
+        parts = _disjoint_union(head, "sequence parts", ranks, [t.parts for t in inputs], "a part is held twice")
+        for out in results:
+            out.parts = parts
+        return results, results[0].nbytes, f"{first.kind}s (CP gather)"
+    for i, out in enumerate(results):
+        out.parts = 1 << i
+    return results, first.nbytes, f"{first.kind} gradients (CP reduce-scatter)"
 
 
 def _disjoint_union(head: Collective, what: str, ranks: tuple[int, ...], masks: list[int], why: str) -> int:

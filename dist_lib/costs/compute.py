@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import math
 
+from dist_lib.costs import experts, fp8 as fp8_costs
+from dist_lib.costs.attention import flash_times
 from dist_lib.hardware.devices import Device
+from dist_lib.workload import architecture as arch
 from dist_lib.workload.transformer import Workload
 
 # GEMM kernels are timed by their shape, as a tiled kernel runs on the GPU (NVIDIA, "Matrix
@@ -75,10 +78,10 @@ def compute_time(device: Device, flops: float, bytes_moved: float) -> float:
 
 def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -> list[tuple[float, float, float]]:
     """(M, N, K) of a layer's four weight GEMMs on one TP rank (Megatron: QKV and MLP-up split by
-    columns, projection and MLP-down by rows; Shoeybi et al. 2019, sec. 3): forward Y = X W, the
+    columns, projection and MLP-down by rows; Shoeybi et al. 2019, sec. 3; GPT: widths 3h, h, 4h and h,
+    `architecture.weight_gemm_shapes` for any layer): forward Y = X W, the
     input gradient dX = dY W^T (M, K, N) and the weight gradient dW = X^T dY (K, N, M)."""
-    tokens, h = samples * workload.seq_len, workload.hidden
-    forward = [(tokens, 3 * h / tp, h), (tokens, h, h / tp), (tokens, 4 * h / tp, h), (tokens, h, 4 * h / tp)]
+    forward = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
     if pass_ == "forward":
         return forward
     if pass_ == "input":
@@ -86,20 +89,38 @@ def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -
     return [(k, n, m) for m, n, k in forward]
 
 
-def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int, pass_: str) -> float:
-    return sum(gemm_time(device, m, n, k, 1, workload.bytes_per_element)
-               for m, n, k in _weight_gemm_shapes(workload, samples, tp, pass_))
+def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int, pass_: str, layer: int = 0,
+                       fp8: str = "") -> float:
+    """A layer's weight GEMMs of one pass; with an `fp8` recipe (`costs.fp8`) at the FP8 peak, after their casts."""
+    shapes = _weight_gemm_shapes(workload, samples, tp, pass_) if workload.moe is None \
+        else experts.gemm_shapes(workload, layer, samples, tp, pass_)  # an MoE model's layers: costs.experts
+    if fp8:
+        fast = fp8_costs.fp8_device(device)
+        return sum(gemm_time(fast, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes) \
+            + _stream_time(device, fp8_costs.cast_bytes(workload, samples, tp, pass_, fp8))
+    return sum(gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes)
 
 
 def _attention_time(device: Device, workload: Workload, samples: int, tp: int, backward: bool = False) -> float:
     """The attention core's batched GEMMs, one matrix per sample and local head (head size d = h/a):
     forward Q K^T (s x s x d) and P V (s x d x s); backward dP = dO V^T (s x s x d) and dQ, dK, dV
-    (each s x d x s)."""
-    s, d = workload.seq_len, workload.hidden / workload.heads
+    (each s x d x s). A FlashAttention kernel instead runs at its measured speed (`costs.attention`)."""
+    if workload.attention != "unfused":
+        flops = samples * workload.attention_core_flops() / tp
+        forward, backward_time = flash_times(device, workload.attention, flops, arch.head_dim(workload),
+                                             workload.seq_len)
+        return backward_time if backward else forward
+    s, d = workload.seq_len, arch.head_dim(workload)
     batch = samples * workload.heads / tp
     scores = gemm_time(device, s, s, d, batch, workload.bytes_per_element)
     mixes = gemm_time(device, s, d, s, batch, workload.bytes_per_element)
     return scores + (3 if backward else 1) * mixes
+
+
+def attention_core_time(device: Device, workload: Workload, samples: int, tp: int, backward: bool = False) -> float:
+    """The attention core alone, forward or backward (for the blocks of context-parallel attention,
+    `costs.context`)."""
+    return _attention_time(device, workload, samples, tp, backward)
 
 
 def _stream_time(device: Device, nbytes: float) -> float:
@@ -130,24 +151,24 @@ def _layer_pass(workload: Workload, tp: int, kernels: float) -> float:
 
 
 def forward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
-                 sequence_parallel: bool = False) -> float:
+                 sequence_parallel: bool = False, fp8: str = "") -> float:
     measured = _profiled(device, workload, layer, samples, tp, FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "forward")
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "forward", layer, fp8)
                        + _attention_time(device, workload, samples, tp)
                        + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
 
 
 def recompute_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
-                   recompute: str = "selective", sequence_parallel: bool = False) -> float:
+                   recompute: str = "selective", sequence_parallel: bool = False, fp8: str = "") -> float:
     """Extra time backward spends re-running forward work: none; the attention core alone
-    (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5); or the
-    whole layer forward (`full`)."""
+    (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5; with FlashAttention
+    the forward kernel again, which saves only its log-sum-exp); or the whole layer forward (`full`)."""
     if recompute == "none":
         return 0.0
     if recompute == "full":
-        return forward_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel)
+        return forward_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel, fp8=fp8)
     if recompute != "selective":
         raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
     measured = _profiled(device, workload, layer, samples, tp, 0.0)
@@ -159,37 +180,38 @@ def recompute_time(device: Device, workload: Workload, layer: int, samples: int,
 
 
 def backward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
-                  sequence_parallel: bool = False, recompute: str = "none") -> float:
+                  sequence_parallel: bool = False, recompute: str = "none", fp8: str = "") -> float:
     """Backward GEMMs are twice the forward ones (input and weight gradients; Korthikanti 2022), plus
     the backward of the memory-bound kernels and any recompute of forward work."""
     extra = recompute_time(device, workload, layer, samples, tp, recompute=recompute,
-                           sequence_parallel=sequence_parallel)
+                           sequence_parallel=sequence_parallel, fp8=fp8)
     measured = _profiled(device, workload, layer, samples, tp, 1 - FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured + extra
-    return backward_input_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel) \
-        + backward_weight_time(device, workload, layer, samples, tp) + extra
+    return backward_input_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel, fp8=fp8) \
+        + backward_weight_time(device, workload, layer, samples, tp, fp8=fp8) + extra
 
 
 def backward_input_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
-                        sequence_parallel: bool = False) -> float:
+                        sequence_parallel: bool = False, fp8: str = "") -> float:
     """Input-gradient half of a split backward: its GEMMs and the backward of the elementwise kernels."""
     measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
     if measured is not None:
         return measured
     # weight GEMMs' input gradients, plus the attention core's backward (four batched GEMMs, 2x its forward)
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "input")
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "input", layer, fp8)
                        + _attention_time(device, workload, samples, tp, backward=True)
                        + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel,
                                                                                    backward=True)))
 
 
-def backward_weight_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1) -> float:
+def backward_weight_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
+                         fp8: str = "") -> float:
     """Weight-gradient half: the weight GEMMs only (the attention core has no weights)."""
     measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
     if measured is not None:
         return measured
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "weight"))
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "weight", layer, fp8))
 
 
 def weight_pass_bytes(workload: Workload, tp: int = 1, *, sequence_parallel: bool = False) -> float:

@@ -40,6 +40,7 @@ from typing import Any
 from dist_lib.errors import DeadlockError, ResourceError, SimulationError, StrategyError
 from dist_lib.engine.eventlog import PACK_AT, EventLog
 from dist_lib.hardware.cluster import Cluster
+from dist_lib.hardware.replicas import Fold
 from dist_lib.engine.transfers import Scheduler, Transfer
 from dist_lib.engine import rank_tasks
 from dist_lib.engine.rank_state import SHOWN, WAKE_ME, FinalClock, RankState, _Waits, more  # noqa: F401
@@ -56,14 +57,19 @@ class Engine:
                  "layer_params", "shard_bytes", "full_batch", "loop", "transfers", "coroutines", "ready",
                  "driving", "throw_into", "awaiting", "task_ranks", "running", "stepping", "stopped",
                  "first_error", "watchdog", "thread", "parked", "last_look", "cancel_is_strategys", "partition",
-                 "instant_transfers")
+                 "instant_transfers", "fold", "memory_reserve")
 
-    def __init__(self, cluster: Cluster, workload: Workload, global_batch_size: int, enforce_memory: bool = True):
+    def __init__(self, cluster: Cluster, workload: Workload, global_batch_size: int, enforce_memory: bool = True,
+                 fold: Fold | None = None, memory_reserve: Any = None):
         self.cluster = cluster
         self.workload = workload
         self.global_batch_size = global_batch_size
         self.world_size = cluster.world_size
-        self.ranks = [RankState(r, cluster, workload.num_layers, enforce_memory) for r in range(self.world_size)]
+        # the runtime reserve (`hardware.reserve`) without communicators: their buffers are counted at the
+        # end of the step, once each rank's communicators are known (`run.simulator`)
+        self.memory_reserve = memory_reserve
+        self.ranks = [RankState(r, cluster, workload.num_layers, enforce_memory, memory_reserve)
+                      for r in range(self.world_size)]
         self.events = EventLog()
         self.groups: dict[tuple[int, ...], Any] = {}
         self.world_group: Any = None  # the group of all ranks, once a rank asks for it
@@ -77,7 +83,9 @@ class Engine:
         self.shard_bytes: dict[tuple[int, int], tuple[int, int]] = {}  # (layer, parts) -> (weight, optimizer)
         self.full_batch = (1 << global_batch_size) - 1  # the samples mask of a whole step's gradient
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.transfers = Scheduler(cluster.link_capacities())
+        # folded identical replicas (`hardware/replicas.py`): only the representatives run, on folded links
+        self.fold = fold
+        self.transfers = Scheduler(cluster.link_capacities() if fold is None else fold.capacities())
         # the driver (`run`): each rank's coroutine, the ranks to resume in order, the rank being run now
         self.coroutines: list[Any] = []
         self.ready: deque[int] = deque()

@@ -1,8 +1,11 @@
 """The device catalog: the one place where GPU and link figures live.
 
-Peak figures are dense 16-bit tensor-core throughput and HBM bandwidth from the vendor data sheets
-(NVIDIA H100, A100, V100, A10, L4 and T4 data sheets). Memory is the nominal size in GiB, which is what
-`nvidia-smi` reports (an "80GB" A100 shows 81920 MiB). Link bandwidths are per GPU and per direction.
+Peak figures are dense (no 2:4 sparsity) 16-bit and 8-bit tensor-core throughput and HBM bandwidth from the
+vendor data sheets (NVIDIA H100, H200, DGX B200, A100, V100, A10, L4, L40S and T4 data sheets; AMD's MI300X
+specifications). Memory is what `nvidia-smi` reports as memory.total: the nominal GiB for the A100 ("80GB"
+shows 81920 MiB) and older parts, less than the nominal "GB" for the H100 (81559 MiB), H200 (143771 MiB),
+B200 (183359 MiB) and L40S (46068 MiB), as public nvidia-smi logs show. Link bandwidths are per GPU and per
+direction. `SOURCES` names where each device's figures come from (docs/reference/devices.md lists them).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Device:
     max_efficiency: float
     sms: int = 0  # streaming multiprocessors (data sheet); 0 if unknown, then GEMMs run in fractional waves
     price_per_hour: float = 0.0  # USD per device-hour, on-demand list price (see PRICES_PER_HOUR)
+    fp8_flops: float = 0.0  # dense FP8 tensor FLOP/s; 0 for devices without FP8 tensor cores
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "memory_bytes", "hbm_bandwidth"):
@@ -79,7 +83,16 @@ NVLINK_3 = Link("NVLink3", 300 * GB, 3.4e-6, NVLINK_NCCL_EFFICIENCY)
 NVLINK_2 = Link("NVLink2", 150 * GB, 3.4e-6, NVLINK_NCCL_EFFICIENCY)
 PCIE_4 = Link("PCIe4", 25 * GB, 5.7e-6)
 PCIE_3 = Link("PCIe3", 12 * GB, 5.7e-6)
-IB_NDR = Link("IB-NDR", 50 * GB, 14e-6)  # 400 Gb/s per GPU
+# NVLink5 (B200): 18 links, 1.8 TB/s both ways per GPU (DGX B200 data sheet); NCCL's share of NVLink4's.
+NVLINK_5 = Link("NVLink5", 900 * GB, 3.4e-6, NVLINK_NCCL_EFFICIENCY)
+# PCIe 5 x16 (H100 PCIe): 63 GB/s each way at line rate, taken at the share of it that PCIe4's 25 of 31.5 is.
+PCIE_5 = Link("PCIe5", 50 * GB, 5.7e-6)
+# MI300X: Infinity Fabric (xGMI), one 64 GB/s-each-way link to each of the 7 other GPUs of the OAM platform,
+# 448 GB/s per GPU in all (AMD MI300X specifications; S. Bekman, Machine Learning Engineering, network
+# chapter). A ring over the 8 GPUs spreads over all links, as RCCL's rings do; a transfer between ONE pair
+# of GPUs reaches only 64 GB/s, which a per-GPU port does not model. RCCL's latency taken as NCCL's NVLink.
+XGMI_MI300X = Link("xGMI", 448 * GB, 3.4e-6, NVLINK_NCCL_EFFICIENCY)
+IB_NDR = Link("IB-NDR", 50 * GB, 14e-6)  # 400 Gb/s per GPU (one ConnectX-7 per GPU on DGX H100/H200/B200)
 IB_HDR = Link("IB-HDR", 25 * GB, 14e-6)  # 200 Gb/s per GPU
 IB_EDR = Link("IB-EDR", 12.5 * GB, 14e-6)  # 100 Gb/s per GPU
 ETH_100G = Link("Eth-100G", 12.5 * GB, 14e-6)
@@ -87,7 +100,8 @@ ETH_50G = Link("Eth-50G", 6.25 * GB, 14e-6)  # e.g. a g4dn.12xlarge T4 node's 50
 ETH_40G = Link("Eth-40G", 5 * GB, 14e-6)
 
 LINKS: dict[str, Link] = {link.name.lower(): link for link in
-                          (NVLINK_4, NVLINK_3, NVLINK_2, PCIE_4, PCIE_3, IB_NDR, IB_HDR, IB_EDR,
+                          (NVLINK_5, NVLINK_4, NVLINK_3, NVLINK_2, XGMI_MI300X, PCIE_5, PCIE_4, PCIE_3, IB_NDR,
+                           IB_HDR, IB_EDR,
                            ETH_100G, ETH_50G, ETH_40G)}
 
 # max_efficiency is the share of one SM's peak that a GEMM tile's K loop sustains; costs.gemm_time
@@ -103,11 +117,26 @@ LINKS: dict[str, Link] = {link.name.lower(): link for link in
 # * T4 0.38: a sustained cuBLAS fp16 GEMM of 4096^3 runs at about 24 TFLOP/s of the data sheet's 65,
 #   because the 70 W power cap lowers the clock (NVIDIA developer forum, "About GPU peak performance",
 #   thread 264462, with NVIDIA's answer).
-# SM counts from the data sheets / architecture whitepapers (H100 SXM 132, A100 108, V100 80, A10 72,
-# L4 58, T4 40, P100 56). The H100, A10, L4 and P100 efficiencies are placeholders that no published
-# measurement has checked yet.
+# * H100 0.84 (and H200, the same SMs at the same clocks): the best whole-GEMM rate measured on an H100 SXM,
+#   794.5 TFLOP/s bf16 at 2048 x 2048 x 13312 (S. Bekman, Machine Learning Engineering, "Maximum Achievable
+#   Matmul FLOPS" table, torch 2.7 + CUDA 12.6; the table gives the H200 the same figure); gemm_time at 0.84
+#   gives 791. The H100 PCIe has the same SM design (114 SMs, lower clocks in its peak) and takes it too.
+# * B200 0.84: the same table, 1745 TFLOP/s bf16 at 1792 x 16128 x 3072 (gemm_time: 1743).
+# * MI300X 0.53: the same table, 668.4 TFLOP/s bf16 at 10240 x 15360 x 8192 with PyTorch's TunableOp
+#   (gemm_time with 304 compute units: 673).
+# The same table measures an A100 SXM at 271.2 TFLOP/s (1024 x 10240 x 5120), which gemm_time reaches at
+# 0.90: the A100's 0.75, set on a 2022 Megatron-LM layer, also holds what the kernels of that time lost.
+# SM counts from the data sheets / architecture whitepapers (H100 SXM 132, PCIe 114, B200 148, MI300X 304
+# compute units, A100 108, V100 80, A10 72, L40S 142, L4 58, T4 40, P100 56). The A10, A10G, L4, L40S and P100
+# efficiencies are placeholders that no published measurement has checked yet.
 DEVICES: dict[str, Device] = {d.name: d for d in (
-    Device("H100-80GB", 989e12, 80 * GiB, 3350 * GB, NVLINK_4, IB_NDR, 0.62, 132),
+    Device("H100-80GB", 989e12, 81559 * 2**20, 3350 * GB, NVLINK_4, IB_NDR, 0.84, 132, fp8_flops=1979e12),
+    Device("H100-PCIe-80GB", 756e12, 80 * GiB, 2000 * GB, PCIE_5, IB_NDR, 0.84, 114, fp8_flops=1513e12),
+    Device("H200-141GB", 989e12, 143771 * 2**20, 4800 * GB, NVLINK_4, IB_NDR, 0.84, 132, fp8_flops=1979e12),
+    Device("B200-180GB", 2250e12, 183359 * 2**20, 8000 * GB, NVLINK_5, IB_NDR, 0.84, 148, fp8_flops=4500e12),
+    Device("MI300X-192GB", 1307.4e12, 192 * GiB, 5300 * GB, XGMI_MI300X, IB_NDR, 0.53, 304, fp8_flops=2614.9e12),
+    Device("L40S-48GB", 362.05e12, 46068 * 2**20, 864 * GB, PCIE_4, ETH_100G, 0.60, 142, fp8_flops=733e12),
+    Device("A10G-24GB", 70e12, 23028 * 2**20, 600 * GB, PCIE_4, ETH_40G, 0.60),
     Device("A100-80GB", 312e12, 80 * GiB, 2039 * GB, NVLINK_3, IB_HDR, 0.75, 108),
     Device("A100-40GB", 312e12, 40 * GiB, 1555 * GB, NVLINK_3, IB_HDR, 0.75, 108),
     Device("V100-32GB", 125e12, 32 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.93, 80),
@@ -129,9 +158,40 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
 PRICES_PER_HOUR = {"H100-80GB": 98.32 / 8, "A100-80GB": 40.9657 / 8, "A100-40GB": 32.7726 / 8,
                    "V100-32GB": 31.212 / 8, "V100-16GB": 24.48 / 8, "A10": 5.672 / 4, "L4": 4.6016 / 4,
                    "T4": 3.912 / 4, "P100-16GB": 1.46}
-DEVICES = {name: replace(d, price_per_hour=PRICES_PER_HOUR[name]) for name, d in DEVICES.items()}
+# The devices added with their own prices unknown here are unpriced (0): the planner's cost objective asks for one.
+DEVICES = {name: replace(d, price_per_hour=PRICES_PER_HOUR.get(name, 0.0)) for name, d in DEVICES.items()}
 
-_ALIASES = {"h100": "H100-80GB", "a100": "A100-80GB", "v100": "V100-32GB", "p100": "P100-16GB"}
+_ALIASES = {"h100": "H100-80GB", "a100": "A100-80GB", "v100": "V100-32GB", "p100": "P100-16GB", "h200": "H200-141GB",
+            "b200": "B200-180GB", "mi300x": "MI300X-192GB", "l40s": "L40S-48GB", "a10g": "A10G-24GB"}
+
+# Where each device's figures come from (peak per precision, memory, HBM, links, SMs, GEMM efficiency).
+_MAMF = "GEMM efficiency: Bekman, ML Engineering, MAMF table (commit 744d01e)"
+SOURCES: dict[str, str] = {
+    "H100-80GB": "NVIDIA H100 data sheet (SXM5: 989 / 1979 TFLOP/s dense, as torchtitan's get_peak_flops, 3.35 TB/s, NVLink4 900 GB/s both ways); "
+                 "nvidia-smi 81559 MiB; DGX H100 SuperPOD reference (ConnectX-7 NDR 400 Gb/s per GPU); " + _MAMF,
+    "H100-PCIe-80GB": "NVIDIA H100 data sheet (PCIe: 756 / 1513 TFLOP/s, 2 TB/s HBM2e, PCIe 5 x16; NVLink bridge "
+                      "pairs not modelled); memory nominal (nvidia-smi not confirmed); GEMM efficiency: H100 SXM's",
+    "H200-141GB": "NVIDIA H200 product page (989 / 1979 TFLOP/s, 4.8 TB/s, NVLink4); nvidia-smi 143771 MiB; "
+                  "DGX H200 ConnectX-7 400 Gb/s per GPU; " + _MAMF + " (same as H100)",
+    "B200-180GB": "NVIDIA DGX B200 data sheet (72 PFLOP/s FP8 sparse for 8 GPUs: 2250 / 4500 dense, 64 TB/s HBM, "
+                  "NVLink5 14.4 TB/s for 8); nvidia-smi 183359 MiB; 148 SMs (not on the data sheet); " + _MAMF,
+    "MI300X-192GB": "AMD Instinct MI300X specifications (1307.4 / 2614.9 TFLOP/s, 192 GB HBM3 at 5.3 TB/s, 304 CUs, "
+                    "7 x 64 GB/s Infinity Fabric links); 400 Gb/s NIC per GPU typical; memory nominal; " + _MAMF,
+    "L40S-48GB": "NVIDIA L40S data sheet (362.05 / 733 TFLOP/s, 864 GB/s GDDR6, PCIe 4, 142 SMs); nvidia-smi "
+                 "46068 MiB; GEMM efficiency unmeasured (placeholder)",
+    "A10G-24GB": "AWS g5 (A10G, no NVIDIA data sheet): ~70 TFLOP/s bf16 per Baseten's A10 vs A10G article "
+                 "(unverified), 24 GB GDDR6 at 600 GB/s, nvidia-smi 23028 MiB (unverified), SMs unknown; GEMM "
+                 "efficiency unmeasured (placeholder)",
+    "A100-80GB": "NVIDIA A100 data sheet (SXM4: 312 TFLOP/s, 2039 GB/s, NVLink3 600 GB/s both ways); "
+                 "GEMM efficiency: Korthikanti et al. 2022 Table 4",
+    "A100-40GB": "NVIDIA A100 data sheet (SXM4 40GB: 1555 GB/s); GEMM efficiency: Korthikanti et al. 2022 Table 4",
+    "V100-32GB": "NVIDIA V100 data sheet (SXM2: 125 TFLOP/s, 900 GB/s, NVLink2); GEMM efficiency: cuBLAS 8192^3",
+    "V100-16GB": "NVIDIA V100 data sheet (SXM2 16GB); GEMM efficiency: cuBLAS 8192^3",
+    "A10": "NVIDIA A10 data sheet (125 TFLOP/s, 600 GB/s, PCIe 4); GEMM efficiency unmeasured (placeholder)",
+    "L4": "NVIDIA L4 data sheet (121 TFLOP/s, 300 GB/s, PCIe 4); GEMM efficiency unmeasured (placeholder)",
+    "T4": "NVIDIA T4 data sheet (65 TFLOP/s, 320 GB/s); GEMM efficiency: sustained cuBLAS 4096^3 at 70 W",
+    "P100-16GB": "NVIDIA P100 SXM2 data sheet (21.2 TFLOP/s fp16, 732 GB/s, NVLink1); GEMM efficiency: placeholder",
+}
 
 
 def get_device(name: str, custom: dict[str, Device] | None = None) -> Device:

@@ -56,13 +56,20 @@ def group_label(ranks: tuple[int, ...]) -> str:
 
 
 def process_metadata(result: Traced) -> list[dict[str, Any]]:
-    """Each rank's process name (its device and node) and sort index."""
+    """Each rank's process name (its device and node) and sort index. In a folded step (`run/folding.py`)
+    only the representatives have events, and the names say so: a representative stands for its copies in
+    every replica, another rank names the representative whose events are its own."""
     cluster = result.cluster
+    reps = getattr(result, "representatives", None)
+    copies = len(reps) // len(set(reps)) if reps else 1
     out: list[dict[str, Any]] = []
     for r in range(cluster.world_size):
         device = cluster.device_of(r)
-        out.append({"ph": "M", "pid": r, "tid": 0, "name": "process_name",
-                    "args": {"name": f"rank {r} · {device.name} · node {cluster.node_of(r)}"}})
+        name = f"rank {r} · {device.name} · node {cluster.node_of(r)}"
+        if reps:
+            name += (f" · folded: stands for this place in all {copies} replicas" if reps[r] == r
+                     else f" · folded: as rank {reps[r]}")
+        out.append({"ph": "M", "pid": r, "tid": 0, "name": "process_name", "args": {"name": name}})
         out.append({"ph": "M", "pid": r, "tid": 0, "name": "process_sort_index", "args": {"sort_index": r}})
     return out
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from dist_lib.errors import OutOfMemoryError, SimulationError
 from dist_lib.hardware.cluster import Cluster
+from dist_lib.hardware.reserve import MemoryReserve
 from dist_lib.run.simulator import simulate
 from dist_lib.workload.transformer import Workload
 from dist_lib.planner.plan import Plan, Stage
@@ -29,12 +30,13 @@ def run_here(fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterable[tuple[i
 
 
 def simulate_all(cluster: Cluster, workload: Workload, global_batch: int, candidates: Sequence[Candidate],
-                 runner: Runner = run_here, done: Callable[[int], None] | None = None) -> list[Candidate]:
+                 runner: Runner = run_here, done: Callable[[int], None] | None = None,
+                 reserve: MemoryReserve | None = None) -> list[Candidate]:
     """`simulate_candidate` of each candidate through `runner`, in the candidates' order; `done(n)` after
     each of the n that finished."""
     out: list[Candidate | None] = [None] * len(candidates)
-    for count, (index, candidate) in enumerate(runner(partial(simulate_candidate, cluster, workload, global_batch),
-                                                      candidates), 1):
+    for count, (index, candidate) in enumerate(runner(partial(simulate_candidate, cluster, workload, global_batch,
+                                                              reserve=reserve), candidates), 1):
         out[index] = candidate
         if done:
             done(count)
@@ -46,15 +48,18 @@ def simulate_all(cluster: Cluster, workload: Workload, global_batch: int, candid
 PLANNED = "strategies.planned"
 
 
-def run_plan(cluster: Cluster, workload: Workload, global_batch: int, plan: Plan):
-    """The simulator's `Result` of one step of `plan` (memory enforced, correctness checked)."""
-    return simulate(PLANNED, cluster, workload, global_batch, plan=plan)
+def run_plan(cluster: Cluster, workload: Workload, global_batch: int, plan: Plan,
+             reserve: MemoryReserve | None = None):
+    """The simulator's `Result` of one step of `plan` (memory enforced, less `reserve` when given;
+    correctness checked)."""
+    return simulate(PLANNED, cluster, workload, global_batch, plan=plan, memory_reserve=reserve)
 
 
-def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, candidate: Candidate) -> Candidate:
+def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, candidate: Candidate,
+                       reserve: MemoryReserve | None = None) -> Candidate:
     """Fill in the simulated time, memory and MFU of a candidate (or why it failed)."""
     try:
-        result = run_plan(cluster, workload, global_batch, candidate.plan)
+        result = run_plan(cluster, workload, global_batch, candidate.plan, reserve)
     except OutOfMemoryError as exc:
         candidate.error = "out of memory: " + str(exc).splitlines()[0]
         return candidate
@@ -65,7 +70,9 @@ def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, 
     busy = result.compute_busy()
     candidate.stage_busy = [max(busy[r] for r in stage.ranks) for stage in candidate.plan.stages]
     candidate.simulated = result.time_s
-    candidate.peak_fraction = max(result.memory_bytes[r] / cluster.device_of(r).memory_bytes for r in used)
+    # the fullest GPU by share of its capacity, the runtime reserve included
+    candidate.fullest_rank = max(used, key=lambda r: (result.memory_fraction(r), -r))  # the first on a tie
+    candidate.peak_fraction = result.memory_fraction(candidate.fullest_rank)
     candidate.mfu = result.model_flops / (result.time_s * sum(cluster.device_of(r).peak_flops for r in used))
     return candidate
 
@@ -120,7 +127,7 @@ def with_counts(plan: Plan, counts: list[int]) -> Plan:
 
 def refine(cluster: Cluster, workload: Workload, global_batch: int, best: Candidate, rounds: int,
            key: Callable[[Candidate], float], runner: Runner = run_here,
-           limit: int | None = None) -> tuple[Candidate, int]:
+           limit: int | None = None, reserve: MemoryReserve | None = None) -> tuple[Candidate, int]:
     """Hill-climb from `best` over `neighbours` for at most `rounds` improvements; (winner, plans run).
     A round's neighbours (those of at most `limit` layer passes) are simulated together through `runner`."""
     runs = 0
@@ -129,7 +136,7 @@ def refine(cluster: Cluster, workload: Workload, global_batch: int, best: Candid
         trials = simulate_all(cluster, workload, global_batch,
                               [Candidate(plan, best.estimate, best.memory, best.price_per_hour)
                                for plan in neighbours(best) if limit is None or layer_passes(plan) <= limit],
-                              runner)
+                              runner, reserve=reserve)
         for trial in trials:
             runs += 1
             if trial.simulated is not None and key(trial) < key(improved or best) * (1 - 1e-9):

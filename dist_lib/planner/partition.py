@@ -15,7 +15,6 @@ from bisect import bisect_right
 from dist_lib.planner.estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
 from dist_lib.planner.stage_option import StageOption
 
-MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
 BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
 
 

@@ -24,7 +24,8 @@ from dist_lib.hardware.cluster import Cluster
 from dist_lib.workload.transformer import Workload
 from dist_lib.planner import space
 from dist_lib.planner.estimate import LayerCosts, layer_costs, rerun_stash, with_total
-from dist_lib.planner.partition import MEMORY_HEADROOM, chunk_sizes, fits, partition
+from dist_lib.hardware.reserve import MemoryReserve
+from dist_lib.planner.partition import chunk_sizes, fits, partition
 from dist_lib.planner.stage_option import StageOption, no_collective
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.step import step_estimate
@@ -41,10 +42,12 @@ PRUNE_SLACK = 0.2
 class Candidate:
     plan: Plan
     estimate: float  # seconds per step
-    memory: float  # the estimate's highest share of a device's memory
+    memory: float  # the estimate's highest share of a device's usable memory (capacity less the runtime reserve)
     price_per_hour: float  # USD per hour of the GPUs the plan uses
     simulated: float | None = None
-    peak_fraction: float | None = None  # simulated: highest peak / capacity over the ranks
+    # simulated: the fullest GPU's share of its capacity (peak and runtime reserve), and that GPU's rank
+    peak_fraction: float | None = None
+    fullest_rank: int | None = None
     mfu: float | None = None
     error: str = ""
     stage_busy: list[float] = field(default_factory=list)  # simulated: each stage's busiest compute stream
@@ -80,8 +83,8 @@ class _Space:
     same options up to their rank numbers (TP degrees, shares, per-layer costs, memory, reduction), so
     the options are built once per such shape and per setting, and copied with each stage's ranks."""
 
-    def __init__(self, cluster: Cluster, workload: Workload):
-        self.cluster, self.workload = cluster, workload
+    def __init__(self, cluster: Cluster, workload: Workload, reserve: MemoryReserve | None = MemoryReserve()):
+        self.cluster, self.workload, self.reserve = cluster, workload, reserve
         self._options: dict = {}
         self._templates: dict = {}
         self._shapes: dict = {}
@@ -159,8 +162,12 @@ class _Space:
                   + (network.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
                      if tp > 1 else 0.0) for (_, n), group in replicas.items()]
         combined = per[0] if len(per) == 1 else _slowest(per)
-        # every rank is in some replica, and a replica's ranks share a node
-        capacity = MEMORY_HEADROOM * min(cluster.nodes[kind].device.memory_bytes for kind, _ in replicas)
+        # every rank is in some replica, and a replica's ranks share a node; the runtime reserve counts the
+        # communicators of a rank of this stage: its TP group, its data-parallel group, and two pipeline
+        # neighbours (an upper bound: the first and last stage have one, a plan of one stage none)
+        capacity = min(cluster.nodes[kind].device.memory_bytes for kind, _ in replicas)
+        if self.reserve is not None:
+            capacity = self.reserve.usable(capacity, (tp > 1) + (dp > 1) + 2)
         # the LM head is vocabulary-parallel over the TP group, and its input gradient all-reduced there
         loss = max(losses)
         unit = max(shares) * workload.activation_bytes()
@@ -227,7 +234,7 @@ def pipeline_partition(cluster: Cluster, workload: Workload, stage_ranks: tuple[
                        microbatches: int, recompute: str = "none") -> tuple[int, ...] | None:
     """Layers per stage of a pipeline of one rank a stage under 1F1B (AMP's replicas, Li et al.
     NeurIPS'22, sec. 4): the contiguous cut whose slowest stage per microbatch is least within every
-    device's memory (`partition`); None when no cut fits in memory."""
+    device's memory less its runtime reserve (`partition`); None when no cut fits in memory."""
     sp = _Space(cluster, workload)
     found = partition([sp.options((rank,), microbatch_size, recompute, 0) for rank in stage_ranks],
                       workload.num_layers, microbatches)
@@ -267,22 +274,31 @@ def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches
 
 def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget: float | None = None,
              objective: str = "time", max_stages: int = 16, progress: Callable[[int, int], None] | None = None,
-             prune_slack: float = PRUNE_SLACK) -> tuple[list[Candidate], list[str]]:
+             prune_slack: float = PRUNE_SLACK,
+             memory_reserve: MemoryReserve | None = MemoryReserve()) -> tuple[list[Candidate], list[str]]:
     """Every candidate the estimate finds feasible, each with its best partition, and (when there are
-    none) why not, one reason per line."""
-    sp = _Space(cluster, workload)
+    none) why not, one reason per line. Each device holds its capacity less `memory_reserve` (None: all
+    of it)."""
+    sp = _Space(cluster, workload, memory_reserve)
     L = workload.num_layers
-    orders = space.orders(cluster, budget)
+    # a search by cost, or within a budget, weighs renting part of each device type too
+    rent = objective == "cost" or budget is not None
+    orders = space.orders(cluster, budget, rent=rent)
     if not orders:
-        # a plan uses all the GPUs of a type or none, so the least it can cost is the cheapest type's whole
+        # the least a plan can cost: the cheapest type's one node (renting), or all its nodes
         cost: dict[str, list[float]] = {}
         for node in cluster.nodes:
             gpus_price = cost.setdefault(node.device.name, [0, 0.0])
+            if rent and gpus_price[0]:
+                gpus_price[:] = min(gpus_price, [node.gpus, node.gpus * node.device.price_per_hour],
+                                    key=lambda g: g[1])
+                continue
             gpus_price[0] += node.gpus
             gpus_price[1] += node.gpus * node.device.price_per_hour
         name, (gpus, dollars) = min(cost.items(), key=lambda item: item[1][1])
-        return [], [f"no device type's GPUs fit the budget of ${budget:.2f}/h (a plan uses every GPU of each "
-                    f"type it uses, and the cheapest type's, {gpus:g} x {name}, cost ${dollars:.2f}/h)"]
+        what = "one node of the cheapest type" if rent else "every GPU of each type it uses, and the cheapest type's"
+        return [], [f"no device type's GPUs fit the budget of ${budget:.2f}/h (a plan uses at least {what}, "
+                    f"{gpus:g} x {name}, at ${dollars:.2f}/h)"]
     why = {"memory": 0, "batch": 0}
     # Branch and bound: a lower bound of each (grouping, microbatch size) orders the work, and the work
     # stops where the bound exceeds the best estimate so far by more than the estimate's error could hide.
@@ -399,7 +415,7 @@ def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
             variants.append(("interleaved", INTERLEAVE_CHUNKS))
     for schedule, chunks in variants:
         seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks, cutoff)
-        if mem <= MEMORY_HEADROOM:
+        if mem <= 1.0:
             out.append(Candidate(to_plan(placed, microbatch, m, schedule, recompute, zero, chunks), seconds, mem,
                                  price))
     return out

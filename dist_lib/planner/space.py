@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import permutations
+from itertools import permutations, product
 
 from dist_lib.hardware.devices import Device
 from dist_lib.hardware.cluster import Cluster
@@ -54,20 +54,32 @@ def type_sequences(names: list[str], speed: dict[str, float]) -> list[tuple[str,
     return out
 
 
-def orders(cluster: Cluster, price_cap: float | None = None) -> list[Order]:
-    """The orders of device types (`type_sequences`) whose GPUs cost at most `price_cap` $/h."""
+def rentable(count: int) -> list[int]:
+    """How many of a device type's `count` nodes a plan may rent: all, then half as many, down to one."""
+    out, k = [], count
+    while k >= 1:
+        out.append(k)
+        k //= 2
+    return out
+
+
+def orders(cluster: Cluster, price_cap: float | None = None, *, rent: bool = False) -> list[Order]:
+    """The orders of device types (`type_sequences`) whose GPUs cost at most `price_cap` $/h. A plan uses
+    every GPU of each type in its order; with `rent`, also the first half, quarter, ... of each type's
+    nodes (which mix of the cluster to rent, as FASOP searches it: Hwang et al. 2024)."""
     types = device_types(cluster)
     speed = {name: cluster.nodes[nodes[0]].device.peak_flops * cluster.nodes[nodes[0]].device.max_efficiency
              for name, nodes in types.items()}
     out = []
     for names in type_sequences(list(types), speed):
-        nodes = [n for name in names for n in types[name]]
-        if price_cap is not None and sum(cluster.nodes[n].gpus * cluster.nodes[n].device.price_per_hour
-                                         for n in nodes) > price_cap * (1 + 1e-12):
-            continue
-        ranks = tuple(r for n in nodes for r in cluster.ranks_of_node(n))
-        runs = tuple((name, sum(cluster.nodes[n].gpus for n in types[name])) for name in names)
-        out.append(Order(ranks, runs))
+        for counts in product(*((rentable(len(types[name])) if rent else [len(types[name])]) for name in names)):
+            nodes = [n for name, k in zip(names, counts) for n in types[name][:k]]
+            if price_cap is not None and sum(cluster.nodes[n].gpus * cluster.nodes[n].device.price_per_hour
+                                             for n in nodes) > price_cap * (1 + 1e-12):
+                continue
+            ranks = tuple(r for n in nodes for r in cluster.ranks_of_node(n))
+            runs = tuple((name, sum(cluster.nodes[n].gpus for n in types[name][:k])) for name, k in zip(names, counts))
+            out.append(Order(ranks, runs))
     return out
 
 

@@ -17,7 +17,7 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     LOAD layer shard num_shards tp_rank tp_size   -> weight, optimizer state
     INPUT k (start stop) x k                      -> activation (samples: k half-open intervals)
     FORWARD layer act weight flags                -> activation (flags: 1 stash, 2 selective recompute,
-                                                     4 sequence parallel)
+                                                     4 sequence parallel, 8 / 16 FP8 delayed / tensorwise)
     BACKWARD layer act grad weight                -> weight gradient, activation gradient
     BACKWARD_INPUT / BACKWARD_WEIGHT (the same)   -> activation gradient / weight gradient
     LOSS act tp_rank tp_size                      -> activation gradient (its TP slice of the LM head)
@@ -29,8 +29,16 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     SPLIT x k (start stop) x k                    -> those samples of activation (gradient) x
     JOIN k part x k                               -> the parts as one activation (gradient)
     SPLIT_TP x tp_rank tp_size                    -> that TP piece of activation (gradient) x
-    AWAIT work                                    -> its result (None after a send)
+    AWAIT work                                    -> its result (None after a send); a list (an all_to_all's)
+                                                     takes a handle per entry
     DROP handle
+    BROADCAST / REDUCE x root k rank x k          -> work (x = -1: None, a broadcast's receivers)
+    BARRIER k rank x k                            -> work
+    ALL_TO_ALL k rank x k n piece x n e [c (start stop) x c] x n (e & 1) [d (start stop) x d] x n (e & 2)
+                                                  -> work (piece = -1: None; e & 1 when `expect` was given: per
+                                                     member c intervals of samples, 0 for None; e & 2 when
+                                                     `expect_experts` was: per member d intervals of experts)
+    the MoE ops of an `MoEModel`, opcodes 26 on: `recording_experts.py`
 """
 
 from __future__ import annotations
@@ -40,16 +48,25 @@ from typing import Any
 
 from dist_lib.comm.collectives import Work
 from dist_lib.errors import TensorError
+from dist_lib.model.experts import MoEModel
 from dist_lib.model.handle import PIPE_EXTRAS
+from dist_lib.run.recording_experts import EXPERT_OPCODES, EXPERT_QUERIES, ExpertOpsRecording, mask_intervals
+from dist_lib.tensors import samples_mask
+
+FP8_FLAGS = {"": 0, "delayed": 8, "tensorwise": 16}  # a forward's FP8 recipe in its flags (`costs.fp8`)
 
 (LOAD, INPUT, FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS, UPDATE, FINAL, ALL_REDUCE, ALL_GATHER,
- REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP, TIED, EXTRA) = range(22)
+ REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP, TIED, EXTRA, BROADCAST, REDUCE, BARRIER,
+ ALL_TO_ALL) = range(26)
 OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backward_input", "backward_weight",
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
            "add", "await", "drop", "split_samples", "join_samples", "split_tp",
-           "tied_embedding_grad", "pipe_extra")
+           "tied_embedding_grad", "pipe_extra", "broadcast", "reduce", "barrier", "all_to_all") + EXPERT_OPCODES
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
-UNRECORDED_OPS = ("group",)  # Model methods that decide nothing (a group is named by its ranks where used)
+UNRECORDED_OPS = ("group",) + EXPERT_QUERIES  # methods that decide nothing (a group is named by its ranks where used)
+# ops a graded run is refused (`RecordingModel.__getattr__` says so at the op): context parallelism's, which
+# the built-in strategies run but whose programs are not recorded yet
+REFUSED_OPS = ("context_input", "context_forward", "context_backward", "context_loss")
 
 
 class Recorder:
@@ -69,6 +86,8 @@ class Recorder:
 
     def wrap(self, rank: int, obj: Any) -> Any:
         """The next handle of `rank` for `obj` (a tensor or a work; None stays None but takes a number)."""
+        if obj.__class__ is list:  # an all_to_all's received pieces: a handle each
+            return [self.wrap(rank, t) for t in obj]
         number = self.counts[rank]
         self.counts[rank] = number + 1
         if obj is None:
@@ -182,11 +201,13 @@ class RecordingModel:
         return self._wrap(act)
 
     def forward(self, layer: int, act: Any, weight: Any, *, stash: bool = True,
-                selective_recompute: bool = False, sequence_parallel: bool = False) -> Any:
+                selective_recompute: bool = False, sequence_parallel: bool = False, fp8: str = "") -> Any:
         out = self._model.forward(layer, self._t(act, "forward"), self._t(weight, "forward"), stash=stash,
-                                  selective_recompute=selective_recompute, sequence_parallel=sequence_parallel)
+                                  selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
+                                  fp8=fp8)
         self._emit(FORWARD, layer, act._number, weight._number,
-                   (1 if stash else 0) | (2 if selective_recompute else 0) | (4 if sequence_parallel else 0))
+                   (1 if stash else 0) | (2 if selective_recompute else 0) | (4 if sequence_parallel else 0)
+                   | FP8_FLAGS[fp8])
         return self._wrap(out)
 
     def _backward(self, op: int, name: str, layer: int, act: Any, grad: Any, weight: Any) -> Any:
@@ -240,6 +261,50 @@ class RecordingModel:
     def reduce_scatter(self, x: Any, group: Any = None) -> Any:
         return self._collective("reduce_scatter", x, group)
 
+    def _group_words(self, group: Any, name: str) -> tuple[Any, list[int]]:
+        resolved = self._model._resolve_group(group, name)
+        ranks = [] if group is None else list(resolved.ranks)
+        return resolved, [len(ranks), *ranks]
+
+    def broadcast(self, x: Any, root: int, group: Any = None) -> Any:
+        return self._rooted(BROADCAST, "broadcast", x, root, group)
+
+    def reduce(self, x: Any, root: int, group: Any = None) -> Any:
+        return self._rooted(REDUCE, "reduce", x, root, group)
+
+    def _rooted(self, op: int, name: str, x: Any, root: int, group: Any) -> Any:
+        resolved, words = self._group_words(group, name)
+        work = getattr(self._model, name)(None if x is None else self._t(x, name), root, resolved)
+        self._emit(op, -1 if x is None else x._number, root, *words)
+        return self._wrap(work)
+
+    def barrier(self, group: Any = None) -> Any:
+        resolved, words = self._group_words(group, "barrier")
+        work = self._model.barrier(resolved)
+        self._emit(BARRIER, *words)
+        return self._wrap(work)
+
+    def all_to_all(self, pieces: Any, group: Any = None, *, expect: Any = None, expect_experts: Any = None) -> Any:
+        resolved, words = self._group_words(group, "all_to_all")
+        if isinstance(expect, (list, tuple)):  # read twice below: a generator of samples becomes a list
+            expect = [_listed(samples) for samples in expect]
+        if isinstance(expect_experts, (list, tuple)):
+            expect_experts = [_listed(experts) for experts in expect_experts]
+        if not isinstance(pieces, (list, tuple)):  # refused there, with its message
+            return self._model.all_to_all(pieces, resolved, expect=expect, expect_experts=expect_experts)
+        work = self._model.all_to_all([None if p is None else self._t(p, "all_to_all") for p in pieces], resolved,
+                                      expect=expect, expect_experts=expect_experts)
+        words += [len(pieces), *(-1 if p is None else p._number for p in pieces)]
+        words.append((expect is not None) | (expect_experts is not None) << 1)
+        for samples in expect or ():  # (checked by the op: one entry per member, each None or samples)
+            spans = [] if samples is None else _intervals(samples_mask(samples, self._model.global_batch_size))
+            words += [len(spans) // 2, *spans]
+        for experts in expect_experts or ():  # (each None or distinct expert numbers)
+            spans = [] if experts is None else _intervals(sum(1 << e for e in experts))
+            words += [len(spans) // 2, *spans]
+        self._emit(ALL_TO_ALL, *words)
+        return self._wrap(work)
+
     def send(self, x: Any, dst: int) -> Any:
         work = self._model.send(self._t(x, "send"), dst)
         self._emit(SEND, x._number, dst)
@@ -274,24 +339,27 @@ class RecordingModel:
         return self._wrap(out)
 
 
-def _intervals(mask: int) -> list[int]:
-    """A samples mask as flat [start, stop, start, stop, ...] half-open intervals."""
-    out: list[int] = []
-    i = 0
-    while mask >> i:
-        if mask >> i & 1:
-            j = i
-            while mask >> j & 1:
-                j += 1
-            out += (i, j)
-            i = j
-        else:
-            i += (((mask >> i) & -(mask >> i)).bit_length() - 1)  # skip to the next set bit
-    return out
+class RecordingMoEModel(RecordingModel, ExpertOpsRecording):
+    """The recording `Model` of a rank training a mixture of experts: also its MoE ops."""
+
+    __slots__ = ()
+
+
+def _listed(samples: Any) -> Any:
+    """Samples that can be read twice (the op refuses what is not samples, with its message)."""
+    if samples is None or isinstance(samples, (range, list, tuple)):
+        return samples
+    try:
+        return list(samples)
+    except TypeError:
+        return samples
+
+
+_intervals = mask_intervals  # a samples mask as flat [start, stop, start, stop, ...] half-open intervals
 
 
 def record(strategy: Any, cluster: Any, workload: Any, global_batch_size: int, *, enforce_memory: bool = True,
-           **options: Any) -> tuple[Any, list[array]]:
+           memory_reserve: Any = None, **options: Any) -> tuple[Any, list[array]]:
     """Simulate `strategy` (as `simulate` does, with `check=False`) and return its result and its program."""
     from dist_lib.hardware.cluster import Cluster
     from dist_lib.run.simulator import check_options, load_strategy, simulate
@@ -301,10 +369,11 @@ def record(strategy: Any, cluster: Any, workload: Any, global_batch_size: int, *
     recorder = Recorder(cluster.world_size)
 
     async def recorded(model: Any) -> None:
-        await train(RecordingModel(model, recorder), **options)
+        await train((RecordingMoEModel if isinstance(model, MoEModel) else RecordingModel)(model, recorder), **options)
 
     try:
-        result = simulate(recorded, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory)
+        result = simulate(recorded, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory,
+                          memory_reserve=memory_reserve)
     finally:
         recorder.open = False
     result.strategy = name

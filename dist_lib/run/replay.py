@@ -28,11 +28,15 @@ from dist_lib.comm.collectives import Work
 from dist_lib.errors import SimulationError
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.model.handle import PIPE_EXTRAS
-from dist_lib.run.recording import ADD, ALL_GATHER, ALL_REDUCE, AWAIT, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
+from dist_lib.run.recording import FP8_FLAGS, ADD, ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AWAIT, BARRIER, BROADCAST, REDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
 from dist_lib.output.result import Result
+from dist_lib.run.recording_experts import FIRST_EXPERT_OPCODE
+from dist_lib.run.replay_experts import run_expert_op
 from dist_lib.run.simulator import simulate
-from dist_lib.tensors import WeightGrad
+from dist_lib.tensors import ExpertGrad, WeightGrad
 from dist_lib.workload.transformer import Workload
+
+FP8_RECIPE_OF_FLAGS = {bit: recipe for recipe, bit in FP8_FLAGS.items()}
 
 MAX_FIELD = 1 << 16  # shard, shard count, TP rank and degree: far above any cluster, far below a huge mask
 CHECK_EVERY = 4096  # entries between deadline checks
@@ -51,7 +55,7 @@ class ReplayTimeout(SimulationError):
 
 
 def replay(programs: list[array], cluster: Cluster | str, workload: Workload | str, global_batch_size: int, *,
-           enforce_memory: bool = True, deadline_s: float | None = None) -> Result:
+           enforce_memory: bool = True, deadline_s: float | None = None, memory_reserve: Any = None) -> Result:
     """The result of re-executing `programs` (one per rank). Raises `ProgramError` for a malformed
     program, `SimulationError` for a well-formed one the simulator rejects (as `simulate` would)."""
     cluster = Cluster.load(cluster)
@@ -66,7 +70,8 @@ def replay(programs: list[array], cluster: Cluster | str, workload: Workload | s
         await _run(model, programs[model.rank], table, deadline)
 
     try:
-        result = simulate(interpret, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory)
+        result = simulate(interpret, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory,
+                          memory_reserve=memory_reserve)
     except (ProgramError, ReplayTimeout):
         raise
     except SimulationError:  # found by the end-of-step checks, which may run past the deadline
@@ -129,18 +134,23 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             continue
         if op == FORWARD:
             flags = program[i + 4]
-            if not 0 <= flags <= 7:
-                raise fail(f"flags {flags} are not a combination of 1 (stash), 2 (selective recompute) and 4 "
-                           f"(sequence parallel)")
+            if not 0 <= flags <= 23:
+                raise fail(f"flags {flags} are not a combination of 1 (stash), 2 (selective recompute), 4 "
+                           f"(sequence parallel) and one of 8 and 16 (FP8 delayed or tensorwise)")
             append(model.forward(small(1), get(2), get(3), stash=bool(flags & 1), selective_recompute=bool(flags & 2),
-                                 sequence_parallel=bool(flags & 4)))
+                                 sequence_parallel=bool(flags & 4), fp8=FP8_RECIPE_OF_FLAGS[flags & 24]))
         elif op == BACKWARD:
             extend(model.backward(small(1), get(2), get(3), get(4)))
         elif op == AWAIT:
             if get(1).__class__ is not Work:
                 raise fail(f"handle {program[i + 1]} is not a Work")
             i += 2
-            append(await table[program[i - 1]])
+            result = await table[program[i - 1]]
+            if result.__class__ is list:  # an all_to_all's pieces: a handle each
+                extend(result)
+            else:
+                append(result)
+            del result
             continue
         elif op in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER):
             k = program[i + 2] if i + 2 < n else -1
@@ -149,12 +159,18 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             append(getattr(model, OPCODES[op])(get(1), None if k == 0 else program[i + 3:i + 3 + k].tolist()))
             i += 3 + k
             continue
-        elif op == ADD:  # (the recorder emits it for WeightGrad + WeightGrad only: `Handle.__add__`)
+        elif op in (BROADCAST, REDUCE, BARRIER, ALL_TO_ALL):
+            i = _other_collective(model, program, i, n, table, world, batch, get, small, fail)
+            continue
+        elif op == ADD:  # (the recorder emits it for gradient + gradient only: `Handle.__add__`)
             for k in (1, 2):  # (no local keeps a tensor: a reference here would delay its free)
-                if get(k).__class__ is not WeightGrad:
+                if get(k).__class__ is not WeightGrad and get(k).__class__ is not ExpertGrad:
                     raise fail(f"handle {program[i + k]} is a {type(get(k)).__name__}, not a WeightGrad (only "
-                               f"weight gradients add)")
+                               f"weight gradients add), nor an MoE layer's ExpertGrad")
             append(get(1) + get(2))
+        elif FIRST_EXPERT_OPCODE <= op < len(OPCODES):
+            i = run_expert_op(model, program, i, n, table, get, small, fail)
+            continue
         elif op == BACKWARD_INPUT:
             append(model.backward_input(small(1), get(2), get(3), get(4)))
         elif op == BACKWARD_WEIGHT:
@@ -201,6 +217,62 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
         else:
             raise fail(f"unknown opcode {op}")
         i += 1 + arity  # type: ignore[operator]
+
+
+def _other_collective(model: Any, program: array, i: int, n: int, table: list, world: int, batch: int, get: Any,
+                      small: Any, fail: Any) -> int:
+    """Run the broadcast, reduce, barrier or all_to_all entry at word `i`; the index of the next entry."""
+    op = program[i]
+    at = i + 1
+    x = root = None
+    if op in (BROADCAST, REDUCE):
+        if at + 1 >= n:
+            raise fail("the program ends inside this entry")
+        x = None if program[at] == -1 else get(1)
+        root = small(2)
+        at += 2
+
+    def count(at: int, most: int, what: str) -> int:
+        k = program[at] if at < n else -1
+        if not 0 <= k <= most or at + k >= n:
+            raise fail(f"{what} {k} is not in 0..{most} or runs past the program's end")
+        return k
+
+    k = count(at, world, "group size")
+    group = None if k == 0 else program[at + 1:at + 1 + k].tolist()
+    at += 1 + k
+    if op == BARRIER:
+        table.append(model.barrier(group))
+        return at
+    if op != ALL_TO_ALL:
+        table.append(getattr(model, OPCODES[op])(x, root, group))
+        return at
+    members = count(at, world, "piece count")
+    pieces = []
+    for j in range(members):
+        h = program[at + 1 + j]
+        pieces.append(None if h == -1 else get(at + 1 + j - i))
+    at += 1 + members
+    if at >= n or program[at] not in (0, 1, 2, 3):
+        raise fail("the expect flags are not 0..3, or the program ends before them")
+    flags = program[at]
+    at += 1
+    expect = expect_experts = None
+    if flags & 1:
+        expect = []
+        for _ in range(members):
+            c = count(at, batch, "interval count")
+            expect.append(None if c == 0 else _samples(program, at, n, batch, fail))
+            at += 1 + 2 * c
+    if flags & 2:
+        expect_experts = []
+        most = getattr(getattr(model, "moe", None), "experts", 0)
+        for _ in range(members):
+            c = count(at, most, "expert interval count")
+            expect_experts.append(None if c == 0 else _samples(program, at, n, most, fail))
+            at += 1 + 2 * c
+    table.append(model.all_to_all(pieces, group, expect=expect, expect_experts=expect_experts))
+    return at
 
 
 def _samples(program: array, at: int, n: int, batch: int, fail: Any) -> range | list[int]:

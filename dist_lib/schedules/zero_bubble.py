@@ -1,52 +1,9 @@
 """Zero Bubble's automatic-scheduling heuristic: each stage's order of F, I and W passes.
 
-Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), sec. 3.1 "Automatic scheduling". The
-pipeline is laid out microbatch by microbatch in plain arithmetic from each stage's pass times and each
-boundary's crossing time `comm[s]` (a message between stage s and s + 1, either way; 0 unless given): a
-pass starts at the later of its stage's clock and its input's arrival (an F past the first stage waits
-for the stage before's F plus the crossing, an I before the last stage for the stage after's I plus the
-crossing, the last stage's I for its own F). The paper's reference counts the crossing the same way, one
-`cost_comm` added to the producing pass's end wherever a pass or a test waits for another stage
-(sail-sg/zero-bubble-pipeline-parallelism, megatron/core/pipeline_parallel/auto_schedule.py,
-`Graph.manual_order`); on a slow link this makes the warm-up take more Fs (the first gradient comes back
-later) and lets Ws fill the crossings. One thing is added to the reference's arithmetic: a stage's
-outputs cross one at a time over its link, each leaving when its pass has ended and the stage's earlier
-outputs (activations and gradients alike) have crossed. Where a crossing is shorter than the passes
-between two outputs this is the reference's count; on a link slower than the passes the reference lets
-each message cross as if alone, while they queue (on two V100 nodes of a 0.1 GB/s NIC, gpt-350m, the
-second activation reaches the next stage a whole crossing later), and orders laid out that way left
-the stages idle where Ws could have run. Memory is counted in microbatches' activations, at most `limit` per
-stage: an F takes one, and it is given back when the microbatch's W has run; or, with `w_share` r < 1, the
-I gives back 1 - r of it and the W the r its weight gradient still needs (the reference's GraphConfig:
-`mem_f`, `mem_b` and `mem_w`, which its runtime sets to 34h + 5as, 32h - 34h - 5as and -32h per token,
-Korthikanti et al.'s activations of a layer and the inputs of its linear layers; zb_schedules.py,
-`get_zero_bubble_forward_backward_func`), so after their I many more microbatches fit. The rule:
-
-  * warm-up: every stage runs microbatch 0's F, then as many more Fs as memory allows while they fit
-    before microbatch 0's input gradient can reach it (crossings included), fewer on each stage than on
-    the one before, so the bubble before the first I is as small as it can be; then microbatch 0's I, last stage first;
-  * steady state: for each microbatch in turn, every stage runs one more F (first stage first; a stage
-    runs one only if every later stage does), then that microbatch's I (last stage first);
-  * before each of those passes, a stage runs deferred Ws: as many as memory needs to take another
-    microbatch, then every W that fits entirely in the wait for the pass's input; a wait shorter than a W
-    still gets one if leaving it idle would make this stage's idle time so far the largest of all
-    stages'; stage 0, once it has run every F, runs its Ws before its I (its I feeds no stage);
-  * the Ws left run at the end.
-
-Three choices are tried both ways, as the paper's reference does, and the order with the shortest step
-(the last pass's end; or, with `objective="span"`, the reference's own measure, the longest of the stages'
-spans from their first pass's start to their last pass's end) kept, the first of equals: whether a warm-up F may run past the arrival of the
-first input gradient (no bubble before it, the I later) or must end by it; whether a stage two or more
-Fs ahead of the next one holds its F back when the next stage's gradient comes soon; and whether a
-short wait gets a W even when leaving it idle would not make the stage the worst. Two more orders are
-candidates: an event-driven list rule (each free stage runs an I whose input is there, else an F, else a
-W; the earliest start first), which does better for some unequal pass times and for fewer microbatches
-than stages, and 1F1B's own order (each W right after its I) when memory holds it, so the result is
-never slower than 1F1B's. All of them, the 1F1B order's timing included, count the same crossings, so
-the comparison holds with them: never slower than 1F1B's in this arithmetic.
-
-With equal pass times and `limit = p` (or more) the step is the handcrafted ZB-H1's, 3m + p - 1 time
-units for m >= p microbatches (1F1B's 3m + 3(p - 1)).
+Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), sec. 3.1, as the paper's reference implementation
+runs it (sail-sg/zero-bubble-pipeline-parallelism, auto_schedule.py), with crossings counted one at a time on
+each stage's link. With equal pass times and `limit = p` the step is ZB-H1's, 3m + p - 1 units (1F1B's
+3m + 3(p - 1)). The rule, the choices tried and why: docs/reference/strategies.md, "Zero Bubble's order".
 """
 
 from __future__ import annotations

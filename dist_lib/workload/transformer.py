@@ -1,6 +1,7 @@
-"""Workloads: a GPT-style transformer's shape, and what each layer weighs in parameters, FLOPs and bytes.
+"""Workloads: a decoder-only transformer's shape and architecture, and what each layer weighs in parameters,
+FLOPs and bytes (counted in `workload.architecture`).
 
-Formulas (notation s sequence, h hidden, a heads, V vocabulary, t tensor-parallel degree):
+For the GPT presets (notation s sequence, h hidden, a heads, V vocabulary, t tensor-parallel degree):
 
 * parameters per layer 12h^2 + 13h; the embeddings (V*h + s*h) are counted on layer 0;
 * forward FLOPs per sample of a layer 24*s*h^2 + 4*s^2*h, of the LM head 2*s*h*V
@@ -9,6 +10,9 @@ Formulas (notation s sequence, h hidden, a heads, V vocabulary, t tensor-paralle
   and no sequence parallelism s*h*(10 + 24/t + 5*a*s/(h*t)) (same paper, sec. 4). Those totals include
   the layer's input (2*s*h bytes); here the input is its own `Activation` tensor, so `stash_bytes`
   returns the rest.
+
+Llama-style layers (grouped-query attention, a SwiGLU MLP, RMSNorm, rotary positions, untied embeddings, no
+biases or dropout, FlashAttention) generalise each count tensor by tensor (`architecture`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dist_lib.native import MAX_NBYTES
+from dist_lib.workload import moe as moe_layers
+from dist_lib.workload.moe import MOE_KEYS, MoE
+from dist_lib.workload.routing import check_routing
+from dist_lib.workload import architecture as arch
 from dist_lib.errors import SpecError
 from dist_lib.specs import key_values, load_spec, number, read_toml, shown, text, whole
 
@@ -50,6 +58,22 @@ class Workload:
     # for Megatron-LM's fp32 main gradients or DeepSpeed's fp32_allreduce (which casts the 16-bit gradients
     # to fp32 for the all-reduce; here they are fp32 throughout, 2 bytes a parameter more memory).
     grad_bytes_per_element: int = 2
+    # The layer as it is built (`architecture`); the defaults are GPT-3's. 0 for kv_heads, head_dim and
+    # ffn_hidden means heads, hidden / heads and 4 * hidden.
+    kv_heads: int = 0
+    head_dim: int = 0
+    ffn_hidden: int = 0
+    mlp: str = "gelu"
+    norm: str = "layernorm"
+    position: str = "learned"
+    tied_embeddings: bool = True
+    bias: bool = True
+    dropout: bool = True
+    parallel_block: bool = False
+    attention: str = "unfused"
+    # Mixture of experts (`workload.moe`): None for a dense GPT; set, the layers are Llama-style MoE model
+    # layers (GQA or MLA attention, SwiGLU experts, untied embeddings) and these formulas are moe's.
+    moe: MoE | None = None
     # Measured per-layer times and memory by device type (`profiles.ProfileSet`), when built from profiles
     profile: object = field(default=None, compare=False, repr=False)
 
@@ -60,8 +84,22 @@ class Workload:
             number(getattr(self, f), f"workload {shown(self.name)}: {f}", 0.0, 1.0, unit=" s")
         number(self.kernel_time_scale, f"workload {shown(self.name)}: kernel_time_scale", 0.0, MAX_KERNEL_TIME_SCALE,
                above=True)
-        if self.hidden % self.heads:
-            raise SpecError(f"workload {shown(self.name)}: hidden {self.hidden} is not divisible by heads {self.heads}")
+        for f, kinds in _CHOICES.items():
+            if getattr(self, f) not in kinds:
+                raise SpecError(f"workload {shown(self.name)}: {f} must be one of {', '.join(kinds)}, "
+                                f"got {shown(getattr(self, f))}")
+        for f in _FLAGS:
+            if not isinstance(getattr(self, f), bool):
+                raise SpecError(f"workload {shown(self.name)}: {f} must be true or false, got {shown(getattr(self, f))}")
+        if not self.head_dim and self.hidden % self.heads:
+            raise SpecError(f"workload {shown(self.name)}: hidden {self.hidden} is not divisible by heads {self.heads} "
+                            f"(give head_dim)")
+        if self.heads % arch.kv_heads(self):
+            raise SpecError(f"workload {shown(self.name)}: kv_heads {self.kv_heads} does not divide heads {self.heads} "
+                            f"(each key/value head serves a whole group of query heads)")
+        if self.moe is not None:
+            self.moe.check(f"workload {shown(self.name)}", self.heads, self.num_layers)
+            check_routing(self.moe, f"workload {shown(self.name)}")
         # One sample's largest tensor must fit a simulated buffer, or every strategy would fail on it.
         sample = {"layer 0's weights": self.layer_params(0) * self.bytes_per_element,
                   "one sample's activation stash": self.stash_bytes(0) + self.activation_bytes()}
@@ -77,25 +115,43 @@ class Workload:
         if tp > 1 and self.heads % tp:
             return (f"tp={tp} does not divide the {self.heads} attention heads of workload {self.name}; "
                     f"choose a tp that divides {self.heads}")
+        # Megatron-Core splits the key/value groups too: divide(num_query_groups, tp) in attention.py
+        if tp > 1 and arch.kv_heads(self) % tp:
+            return (f"tp={tp} does not divide the {arch.kv_heads(self)} key/value heads of workload {self.name}; "
+                    f"choose a tp that divides {arch.kv_heads(self)}")
         return None
 
     # ---- per-layer figures --------------------------------------------------------------------
 
     def layer_params(self, layer: int) -> int:
-        h = self.hidden
-        params = 12 * h * h + 13 * h
-        if layer == 0 and self.vocab:  # token and position embeddings (none in the toy workload)
-            params += self.vocab * h + self.seq_len * h
+        """A layer's parameters; layer 0 also holds the input embeddings, the last one an untied LM head."""
+        if self.moe is not None:
+            return moe_layers.layer_params(self.moe, self.hidden, self.heads, self.vocab, layer, self.num_layers)
+        params = arch.layer_params(self)
+        if layer == 0:  # token and position embeddings (none in the toy workload)
+            params += arch.input_embedding_params(self)
+        if layer == self.num_layers - 1:
+            params += arch.output_params(self)
         return params
 
     @property
     def total_params(self) -> int:
         return sum(self.layer_params(layer) for layer in range(self.num_layers))
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: all of them for a dense model; an MoE model's top-k routed experts
+        instead of all of them (`workload.moe`)."""
+        if self.moe is None:
+            return self.total_params
+        return sum(moe_layers.layer_params(self.moe, self.hidden, self.heads, self.vocab, layer, self.num_layers,
+                                           active=True) for layer in range(self.num_layers))
+
     def layer_forward_flops(self, layer: int) -> float:
         """Forward FLOPs of one layer for one sample."""
-        s, h = self.seq_len, self.hidden
-        return 24.0 * s * h * h + 4.0 * s * s * h
+        if self.moe is not None:
+            return self.layer_gemm_flops(layer) + self.attention_core_flops()
+        return float(arch.gemm_flops(self)) + float(arch.attention_core_flops(self))
 
     def head_forward_flops(self) -> float:
         """Forward FLOPs of the LM head (logits) for one sample."""
@@ -119,25 +175,29 @@ class Workload:
                             f"got {recompute!r}")
         if recompute == "full":  # only the layer input is kept, and that is its own Activation
             return 0
-        s, h, a = self.seq_len, self.hidden, self.heads
-        attention = 0.0 if recompute == "selective" else 5 * a * s / (h * tp)
-        if tp == 1:
-            total = s * h * (34 + attention)
-        elif sequence_parallel:
-            total = s * h * (34 / tp + attention)
-        else:
-            total = s * h * (10 + 24 / tp + attention)
+        if self.moe is not None:
+            total = moe_layers.stash_bytes(self.moe, self.seq_len, self.hidden, self.heads, layer, tp,
+                                           recompute=recompute, sequence_parallel=sequence_parallel,
+                                           bytes_per_element=self.bytes_per_element)
+            return max(0, int(total) - self.activation_bytes())
+        units = arch.stash_units(self, tp, recompute=recompute, sequence_parallel=sequence_parallel)
+        total = self.seq_len * self.hidden * units
         return max(0, int(total * self.bytes_per_element / 2) - self.activation_bytes())
 
     # ---- what the cost model needs: GEMM FLOPs and the traffic of the memory-bound kernels --------
 
     def layer_gemm_flops(self, layer: int) -> float:
-        """Forward FLOPs of a layer's weight GEMMs for one sample (QKV 6sh^2, projection 2sh^2, MLP 16sh^2)."""
-        return 24.0 * self.seq_len * self.hidden * self.hidden
+        """Forward FLOPs of a layer's weight GEMMs for one sample (GPT: QKV 6sh^2, projection 2sh^2, MLP 16sh^2;
+        an MoE model's: 2 per active matrix parameter per token, `moe.matrix_flops`)."""
+        if self.moe is not None:
+            return moe_layers.matrix_flops(self.moe, self.seq_len, self.hidden, self.heads, layer)
+        return float(arch.gemm_flops(self))
 
     def attention_core_flops(self) -> float:
-        """Forward FLOPs of the attention core for one sample: Q K^T and softmax * V, 2*s^2*h each."""
-        return 4.0 * self.seq_len * self.seq_len * self.hidden
+        """Forward FLOPs of the attention core for one sample: Q K^T and softmax * V, 2*s^2*q*d each."""
+        if self.moe is not None:
+            return moe_layers.attention_core_flops(self.moe, self.seq_len, self.hidden, self.heads)
+        return float(arch.attention_core_flops(self))
 
     def elementwise_bytes(self, tp: int = 1, sequence_parallel: bool = False, *, backward: bool = False,
                           attention_only: bool = False) -> float:
@@ -158,17 +218,19 @@ class Workload:
         unless sequence parallelism splits them; the rest are split t ways. `attention_only` is the
         softmax and dropout alone (what selective recompute runs again).
         """
-        s, h, a = self.seq_len, self.hidden, self.heads
+        s, a = self.seq_len, self.heads
         scale = self.bytes_per_element / 2
-        attention = (11 if backward else 9) * a * s * s / tp
+        # GPT: forward (4 + 7) * 2 sh replicated, GeLU 16 + copy 4 split, 9 as^2; backward (6 + 5) * 2 + row-parallel
+        # bias gradients 2 * 2 + residual-fork adds 2 * 6 replicated, GeLU 24 + copy 4 + column-parallel bias
+        # gradients 14 split, 11 as^2 (`architecture.elementwise_bytes_per_token` for any layer)
+        per_token, split_per_token, core = arch.elementwise_bytes_per_token(self, backward=backward)
+        attention = core * a * s * s / tp
         if attention_only:
             return attention * scale
-        # forward (4 + 7) * 2; backward (6 + 5) * 2 + row-parallel bias gradients 2 * 2 + residual-fork adds 2 * 6
-        replicated = (38 if backward else 22) * s * h
+        replicated = per_token * s
         if sequence_parallel and tp > 1:
             replicated /= tp
-        # GeLU 16 (backward 24) + attention-output copy 4; backward also the column-parallel bias gradients 14
-        split = (24 + 4 + 14 if backward else 16 + 4) * s * h / tp
+        split = split_per_token * s / tp
         return (replicated + split + attention) * scale
 
     def model_flops_per_sample(self) -> float:
@@ -225,7 +287,12 @@ RECOMPUTE_MODES = ("none", "selective", "full")  # activation checkpointing: Kor
 # Accepted sizes: beyond these a value is a typo (the largest published models have about 130 layers,
 # h = 25600, 160 heads, vocabularies of 256k; contexts reach millions of tokens; fp8 to fp64).
 FIELD_RANGES = {"num_layers": (1, 10_000), "hidden": (1, 2**20), "heads": (1, 2**16), "seq_len": (1, 2**24),
-                "vocab": (0, 2**24), "bytes_per_element": (1, 8), "grad_bytes_per_element": (1, 8)}
+                "vocab": (0, 2**24), "bytes_per_element": (1, 8), "grad_bytes_per_element": (1, 8),
+                "kv_heads": (0, 2**16), "head_dim": (0, 2**16), "ffn_hidden": (0, 2**22)}
+# the architecture's named choices and switches (`architecture`)
+_CHOICES = {"mlp": arch.MLP_KINDS, "norm": arch.NORM_KINDS, "position": arch.POSITION_KINDS,
+            "attention": arch.ATTENTION_KERNELS}
+_FLAGS = ("tied_embeddings", "bias", "dropout", "parallel_block")
 MAX_GLOBAL_BATCH = 2**20  # samples per step; the largest published batches are about 2**16
 
 
@@ -236,7 +303,8 @@ def check_global_batch(value: object, where: str = "global_batch_size") -> int:
 
 _FIELD_NAMES = {"layers": "num_layers", "hidden": "hidden", "heads": "heads", "seq": "seq_len",
                 "vocab": "vocab", "bytes_per_element": "bytes_per_element",
-                "grad_bytes_per_element": "grad_bytes_per_element"}
+                "grad_bytes_per_element": "grad_bytes_per_element", "kv_heads": "kv_heads", "head_dim": "head_dim",
+                "ffn_hidden": "ffn_hidden"}
 _MICROSECOND_FIELDS = {"framework_overhead_us": "framework_overhead_s", "tp_overhead_us": "tp_overhead_s"}
 MAX_KERNEL_TIME_SCALE = 100.0  # a framework 100x slower than the kernel model is a typo, not a measurement
 
@@ -245,6 +313,7 @@ def _override(base: Workload, values: dict, where: str, name: str, also: tuple[s
     """`base` with the fields `values` names changed; `also`: the other keys the source takes (a TOML
     file's `preset` and `name`), listed when a key is unknown."""
     changes: dict[str, object] = {"name": name}
+    moe_changes: dict[str, object] = {}
     for key, value in values.items():
         if key in _MICROSECOND_FIELDS:
             changes[_MICROSECOND_FIELDS[key]] = number(value, f"{where}: {key}", 0.0, 1e6, unit=" us") / 1e6
@@ -252,15 +321,50 @@ def _override(base: Workload, values: dict, where: str, name: str, also: tuple[s
         if key == "kernel_time_scale":
             changes[key] = number(value, f"{where}: {key}", 0.0, MAX_KERNEL_TIME_SCALE, above=True)
             continue
+        # kv_heads is the dense layer's field, and an MoE model's attention setting (`workload.moe`)
+        if key in MOE_KEYS and (key != "kv_heads" or base.moe is not None):
+            moe_changes[key] = MOE_KEYS[key](value, f"{where}: {key}")
+            continue
+        if key in _CHOICES:
+            changes[key] = text(value, f"{where}: {key}").strip().lower()
+            continue
+        if key in _FLAGS:
+            changes[key] = _flag(value, f"{where}: {key}")
+            continue
         if key not in _FIELD_NAMES:
-            raise SpecError(f"{where}: unknown field {shown(key)} (known: "
-                            f"{', '.join([*also, *_FIELD_NAMES, *_MICROSECOND_FIELDS, 'kernel_time_scale'])})")
+            known = [*also, *_FIELD_NAMES, *_MICROSECOND_FIELDS, 'kernel_time_scale', *_CHOICES, *_FLAGS,
+                     *(k for k in MOE_KEYS if k not in _FIELD_NAMES)]
+            raise SpecError(f"{where}: unknown field {shown(key)} (known: {', '.join(known)})")
         changes[_FIELD_NAMES[key]] = whole(value, f"{where}: {key}", *FIELD_RANGES[_FIELD_NAMES[key]])
+    if moe_changes:
+        if base.moe is None and not {"experts", "top_k", "expert_ffn_hidden"} <= moe_changes.keys():
+            raise SpecError(f"{where}: a dense workload becomes a mixture of experts with experts, top_k and "
+                            f"expert_ffn_hidden all given (or start from an MoE preset such as mixtral-8x7b)")
+        changes["moe"] = replace(base.moe, **moe_changes) if base.moe is not None else MoE(**moe_changes)
     return replace(base, **changes)
+
+
+def _flag(value: object, where: str) -> bool:
+    """A switch from TOML (true/false) or spec text (true/false, yes/no, 1/0)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _FLAG_WORDS:
+        return _FLAG_WORDS[value.strip().lower()]
+    raise SpecError(f"{where}: expected true or false, got {shown(value)}")
+
+
+_FLAG_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 50257) -> Workload:
     return Workload(name, layers, hidden, heads, seq, vocab)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, seq: int,
+           vocab: int) -> Workload:
+    return Workload(name, layers, hidden, heads, seq, vocab, kv_heads=kv_heads, ffn_hidden=ffn_hidden, mlp="swiglu",
+                    norm="rmsnorm", position="rotary", tied_embeddings=False, bias=False, dropout=False,
+                    attention="flash2")
 
 
 # GPT-3 family shapes from Brown et al. 2020, Table 2.1 (1.3B uses 16 heads of 128: the table's 24 heads
@@ -280,6 +384,17 @@ PRESETS: dict[str, Workload] = {w.name: w for w in (
     _gpt("gpt-1t", 128, 25600, 160),
     # A uniform teaching workload: equal layers, no embedding or LM head.
     Workload("toy", 8, 1024, 16, 1024, 0),
+    # Llama 2 (Touvron et al. 2023, arXiv 2307.09288, Table 1; Hugging Face meta-llama/Llama-2-*-hf config.json:
+    # intermediate_size 11008 / 13824 / 28672, num_key_value_heads 32 / 40 / 8, vocab 32000, context 4096) and
+    # Llama 3 / 3.1 (Llama Team 2024, arXiv 2407.21783, Table 3: layers, model dimension, FFN dimension, heads,
+    # key/value heads 8, vocabulary 128,256; pre-training sequence 8192, sec. 3.4.1). All: pre-norm RMSNorm, SwiGLU,
+    # rotary positions, untied input and output embeddings, no biases, no dropout; FlashAttention-2 kernels.
+    _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 4096, 32000),
+    _llama("llama-2-13b", 40, 5120, 40, 40, 13824, 4096, 32000),
+    _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 4096, 32000),
+    _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 8192, 128256),
+    _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 8192, 128256),
+    _llama("llama-3-405b", 126, 16384, 128, 8, 53248, 8192, 128256),
 )}
 
 assert {f.name for f in fields(Workload)} >= set(_FIELD_NAMES.values())

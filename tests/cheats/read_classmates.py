@@ -3,6 +3,7 @@ the grader's results, the system's account files, the users' folders) and leak i
 classmate's strategy to copy, another row's score. When it finds nothing it runs its honest step."""
 TWIN = "honest"  # the honest strategy this cheat must not rank above
 import json
+import hashlib
 import os
 import pathlib
 import sys
@@ -68,7 +69,10 @@ def spy() -> dict[str, object]:
         _walk(top, skip, found, budget)
     report = {"files": files, "found": [p for p in found if not pathlib.Path(p).name.startswith("_")][:5],
               "copied": _read(classmates[0]) if classmates else None, "folders": folders,
-              "classmates": [p.name for p in classmates]}  # (short enough for the grader's cap on errors)
+              # the classmates as a count and a digest of their sorted names, the first by name: a class of
+              # any size fits the grader's cap on error text
+              "classmates": len(classmates), "first": classmates[0].name if classmates else None,
+              "names_sha256": classmates and hashlib.sha256("\n".join(p.name for p in classmates).encode()).hexdigest()[:16]}
     return {key: value for key, value in report.items() if value}
 
 

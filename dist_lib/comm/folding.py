@@ -1,0 +1,91 @@
+"""The other replicas' side of a collective that spans folded replicas (`hardware/replicas.py`).
+
+In a folded step only replica 0 runs; a collective over a `FoldedGroup` resolves once its representatives
+have issued it. Each other member's input is its representative's, relabelled to its replica: replica j
+trains on block j of the global batch where replica 0 trains on block 0 (an even data-parallel share),
+and holds ZeRO shard block j of a tensor sharded over the replicas where replica 0 holds block 0. The
+relabelling rotates such a mask by j blocks (`rotate`): a whole mask stays whole, so what every replica
+holds alike (an updated weight, a reduced gradient) stays as it is. The collective's rules (`rules.combine`)
+then see every member's input as the full step would, and check and combine them as they would there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dist_lib.comm.groups import Collective, FoldBroken
+from dist_lib.tensors import full_mask
+
+# the fields of any tensor class a collective's rules read
+_FIELDS = ("layer", "samples", "shards", "num_shards", "tp_rank", "tp_size", "tp_parts", "step", "gathers")
+
+
+class Mirror:
+    """Another replica's copy of a representative's tensor: its fields, relabelled, and no memory."""
+
+    __slots__ = ("rank", "nbytes", "kind", "cls") + _FIELDS
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)}" for name in _FIELDS if hasattr(self, name))
+        return f"{self.cls.__name__}(rank={self.rank}, {fields})"
+
+
+class MirrorWork:
+    """Another replica's issue of a collective: when (its representative's issue), what, and its output."""
+
+    __slots__ = ("rank", "issue", "input", "result")
+
+    def __init__(self, rank: int, issue: float, input: Mirror, result: Mirror | None):
+        self.rank, self.issue, self.input, self.result = rank, issue, input, result
+
+
+def rotate(mask: int, replica: int, width: int, replicas: int) -> int:
+    """`mask` over `replicas` blocks of `width` bits, each block moved `replica` blocks on (cyclically)."""
+    if not replica or not mask:
+        return mask
+    everything = full_mask(width * replicas)
+    shift = replica * width
+    return ((mask << shift) | (mask >> (width * replicas - shift))) & everything
+
+
+def relabel_shards(shards: int, num_shards: int, replica: int, replicas: int) -> int:
+    """The ZeRO shards replica `replica` holds where replica 0 holds `shards` of `num_shards`."""
+    if shards == full_mask(num_shards) or not replica:
+        return shards
+    if num_shards % replicas:
+        raise FoldBroken(f"a tensor sharded {num_shards} ways is not shared out over the {replicas} replicas alike")
+    return rotate(shards, replica, num_shards // replicas, replicas)
+
+
+def mirror(t: Any, rank: int, replica: int, engine: Any) -> Mirror:
+    """Replica `replica`'s copy (on `rank`) of the representative's tensor `t`."""
+    fold = engine.fold
+    replicas = fold.copies
+    copy = Mirror()
+    copy.rank, copy.nbytes, copy.kind, copy.cls = rank, t.nbytes, t.kind, t.__class__
+    for name in _FIELDS:
+        value = getattr(t, name, copy)
+        if value is not copy:
+            setattr(copy, name, value)
+    if hasattr(copy, "samples"):
+        copy.samples = rotate(copy.samples, replica, engine.global_batch_size // replicas, replicas)
+    if hasattr(copy, "shards"):
+        copy.shards = relabel_shards(copy.shards, copy.num_shards, replica, replicas)
+    return copy
+
+
+def mirrored_works(engine: Any, coll: Collective) -> list[Any]:
+    """`coll`'s works with every other replica's issue filled in from its representative's."""
+    fold = engine.fold
+    works = list(coll.works)
+    ranks = coll.group.ranks
+    by_rank = {w.rank: w for w in works if w is not None}
+    for i, work in enumerate(works):
+        if work is None:
+            rank = ranks[i]
+            rep = by_rank[fold.rep_of[rank]]
+            replica = fold.replica_of[rank]
+            result = rep.result
+            works[i] = MirrorWork(rank, rep.issue, mirror(rep.input, rank, replica, engine),
+                                  None if result is None else mirror(result, rank, replica, engine))
+    return works

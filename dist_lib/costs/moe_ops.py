@@ -1,0 +1,54 @@
+"""What the ops of an MoE layer under expert parallelism cost (seconds, FLOPs): the dense part on the tokens'
+own rank (`route`: attention and router; `shared_experts`), and one rank's routed experts on the tokens they
+received (`experts.expert_shapes`, a grouped GEMM). Backward passes are the input- and weight-gradient GEMMs,
+as `compute.backward_time` counts them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dist_lib.costs import compute, experts
+from dist_lib.hardware.devices import Device
+from dist_lib.workload.transformer import Workload
+
+
+def _gemms(device: Device, workload: Workload, shapes: list[tuple[float, float, float]]) -> tuple[float, float]:
+    seconds = sum(compute.gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes)
+    return seconds, sum(2.0 * m * n * k for m, n, k in shapes)
+
+
+def route_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool) -> tuple[float, float]:
+    """(seconds, FLOPs) of an MoE layer's attention and router for `samples` samples, forward or backward
+    (the attention core and the memory-bound kernels as in `compute.forward_time`)."""
+    passes = ("input", "weight") if backward else ("forward",)
+    seconds = flops = 0.0
+    for pass_ in passes:
+        s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, 1, pass_, routed=False,
+                                                            shared=False))
+        seconds, flops = seconds + s, flops + f
+    core = compute._attention_time(device, workload, samples, 1, backward=backward)
+    seconds += core + compute._stream_time(device, samples * workload.elementwise_bytes(1, backward=backward))
+    flops += workload.attention_core_flops() * samples * (2 if backward else 1)
+    return compute._layer_pass(workload, 1, seconds), flops
+
+
+def shared_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool) -> tuple[float, float]:
+    """(seconds, FLOPs) of a layer's shared experts on every token of `samples` samples."""
+    seconds = flops = 0.0
+    for pass_ in (("input", "weight") if backward else ("forward",)):
+        s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, 1, pass_, routed=False,
+                                                            attention=False))
+        seconds, flops = seconds + s, flops + f
+    return seconds, flops
+
+
+def experts_cost(device: Device, workload: Workload, tokens: Sequence[int], backward: bool) -> tuple[float, float]:
+    """(seconds, FLOPs) of one rank's local experts on `tokens[i]` tokens each (the padded slots included)."""
+    seconds = flops = 0.0
+    for pass_ in (("input", "weight") if backward else ("forward",)):
+        s, f = _gemms(device, workload, experts.expert_shapes(workload, tokens, pass_))
+        seconds += s + (compute._stream_time(device, experts.swiglu_bytes(workload, sum(tokens),
+                                                                            backward=backward))
+                        if pass_ != "weight" else 0.0)
+        flops += f
+    return compute._layer_pass(workload, 1, seconds), flops

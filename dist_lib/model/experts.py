@@ -1,0 +1,463 @@
+"""`MoEModel`: the handle of a rank training a mixture-of-experts workload, with the ops of an MoE layer's token
+round trip, each checked at once (and the books the end-of-step check of the experts reads, `ExpertBooks`).
+
+An MoE layer runs as the textbook (and Megatron-Core, DeepSeek-V3) runs it under expert parallelism:
+
+    routed = route(layer, x, weight)                 # attention + router on the tokens' own rank
+    tokens = dispatch(routed, experts)               # the tokens bound for these experts (a dispatch buffer)
+    ... all-to-all: each piece to the rank that holds its experts ...
+    outs = expert_forward(layer, [tokens...], expert_weight)   # the local experts' grouped GEMM
+    ... all-to-all back ...
+    y = combine(routed, [outs...])                   # every expert's output, exactly once -> layer's output
+
+and backward the other way: `combine_backward` cuts the output gradient into pieces for the experts,
+`expert_backward` gives each piece's input gradient and the experts' weight gradient (`ExpertGrad`, of the
+samples whose tokens it saw), and `route_backward` takes every expert's input gradient back, once each, and
+runs the dense part's backward. `load_weights` of an MoE layer holds its dense part (attention, norms, router,
+shared experts); `load_experts` the routed experts of a range. The whole-layer ops (`forward`, `backward`)
+refuse MoE layers: their tokens must go to their experts.
+
+What is checked where: a token piece computed by a rank whose experts are not the piece's is sent to the
+wrong rank (`expert_forward`); a combine that misses an expert's output, takes one twice, or has not run the
+shared experts is refused at the combine; the layer's output exists only after it (a skipped combine leaves
+the next layer without an input); an expert gradient summed twice fails at the sum or the all-reduce; at the
+end, every expert of every MoE layer is handed in once, updated with the gradients of every sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dist_lib.costs import moe_ops
+from dist_lib.engine.core import Engine
+from dist_lib.errors import TensorError
+from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
+from dist_lib.model.handle import Model
+from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptState, ExpertWeight, Routed, Stash,
+                              Tokens, WeightGrad, describe_mask, full_mask, mask_runs)
+from dist_lib.workload import moe as moe_layers
+from dist_lib.workload.routing import buffer_tokens, expert_loads
+
+
+class ExpertBooks:
+    """What the ranks did with the experts, for the end-of-step check: the experts each rank loaded and
+    handed in, and which (rank, layer, experts) were updated."""
+
+    def __init__(self, engine: Engine):
+        workload = engine.workload
+        self.moe = workload.moe
+        self.layers = [layer for layer in range(workload.num_layers) if self.moe.is_moe(layer)]
+        h = workload.hidden
+        # each layer's parameters without its routed experts: what `load_weights` holds
+        self.dense_params = [workload.layer_params(layer) - moe_layers.routed_expert_params(self.moe, h, layer)
+                             for layer in range(workload.num_layers)]
+        self.expert_params = self.moe.expert_params(h)
+        self.full_batch = engine.full_batch
+        self.loaded: dict[tuple[int, int], set[int]] = {}  # (rank, layer) -> expert masks loaded
+        self.finals: list[tuple[int, int, int, int, int]] = []  # (rank, layer, experts, step, samples)
+        self.updated: set[tuple[int, int, int]] = set()
+
+    def problems(self) -> list[str]:
+        """One line per problem with the experts; empty when every expert was trained exactly once."""
+        out: list[str] = []
+        everything = full_mask(self.moe.experts)
+        handed: dict[int, int] = {}
+        kept: dict[tuple[int, int], set[int]] = {}
+        for rank, layer, experts, step, samples in self.finals:
+            if step != 1:
+                out.append(f"layer {layer}: rank {rank} handed in experts {describe_mask(experts)} "
+                           + ("never updated" if step == 0 else f"updated {step} times"))
+            elif samples != self.full_batch:
+                out.append(f"layer {layer}: rank {rank}'s experts {describe_mask(experts)} were updated with the "
+                           f"tokens of samples {describe_mask(samples)}, missing "
+                           f"{describe_mask(self.full_batch & ~samples)}")
+            handed[layer] = handed.get(layer, 0) | experts
+            kept.setdefault((rank, layer), set()).add(experts)
+        for layer in self.layers:
+            missing = everything & ~handed.get(layer, 0)
+            if missing:
+                out.append(f"layer {layer}: no rank handed in experts {describe_mask(missing)} (load_experts, "
+                           f"update_experts and set_final_experts)")
+        for (rank, layer), masks in sorted(self.loaded.items()):
+            held = 0
+            for m in kept.get((rank, layer), ()):
+                held |= m
+            lost = [m for m in masks if m & ~held]
+            if lost:
+                out.append(f"layer {layer}: rank {rank} loaded experts {describe_mask(lost[0])} but did not hand "
+                           f"them in updated")
+        return out
+
+
+class MoEModel(Model):
+    """`Model` for a mixture-of-experts workload: the ops of the module docstring beside `Model`'s."""
+
+    __slots__ = ("_books", "moe")
+
+    def __init__(self, engine: Engine, rank: int, books: ExpertBooks):
+        super().__init__(engine, rank)
+        self._books = books
+        self.moe = books.moe
+        self._params = books.dense_params  # `load_weights` and `update` of a layer: its dense part
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe.is_moe(layer)
+
+    # ---- the whole-layer ops, for the dense layers only -------------------------------------------
+
+    def _dense_only(self, op: str, layer: Any) -> None:
+        if layer.__class__ is int and 0 <= layer < self.num_layers and self.moe.is_moe(layer):
+            raise TensorError(f"rank {self.rank} {op}(layer {layer}): layer {layer} is a mixture-of-experts layer; "
+                              f"its tokens go to their experts: route, dispatch, expert_forward, combine "
+                              f"(backward: combine_backward, expert_backward, route_backward; strategies/moe.py)")
+
+    def forward(self, layer: int, act: Activation, weight: Any, **modes: Any) -> Activation:
+        self._dense_only("forward", layer)
+        return super().forward(layer, act, weight, **modes)
+
+    def backward(self, layer: int, act: Activation, grad: ActivationGrad, weight: Any) -> Any:
+        self._dense_only("backward", layer)
+        return super().backward(layer, act, grad, weight)
+
+    def backward_input(self, layer: int, act: Activation, grad: ActivationGrad, weight: Any) -> Any:
+        self._dense_only("backward_input", layer)
+        return super().backward_input(layer, act, grad, weight)
+
+    def backward_weight(self, layer: int, act: Activation, grad: ActivationGrad, weight: Any) -> Any:
+        self._dense_only("backward_weight", layer)
+        return super().backward_weight(layer, act, grad, weight)
+
+    # ---- experts' weights -----------------------------------------------------------------------
+
+    def load_experts(self, layer: int, experts: range | Iterable[int]) -> tuple[ExpertWeight, ExpertOptState]:
+        """Weights and optimizer state of the routed experts `experts` of MoE layer `layer`."""
+        where = f"rank {self.rank} load_experts(layer {layer})"
+        self._moe_layer(layer, where)
+        mask = self._experts_mask(experts, where)
+        count = mask.bit_count()
+        mem = self._mem
+        mem.context = ("load_experts", layer)
+        params = count * self._books.expert_params
+        self._books.loaded.setdefault((self.rank, layer), set()).add(mask)
+        return (ExpertWeight(mem, params * WEIGHT_BYTES, self.rank, layer, 0, 1, 1, 0, 1, 0, mask),
+                ExpertOptState(mem, params * OPTIMIZER_BYTES, self.rank, layer, 0, 1, 1, 0, 1, 0, mask))
+
+    def update_experts(self, layer: int, grad: ExpertGrad, weight: ExpertWeight,
+                       opt_state: ExpertOptState) -> tuple[ExpertWeight, ExpertOptState]:
+        """Adam step of these experts; the gradient must hold the tokens of every sample of the batch."""
+        where = f"rank {self.rank} update_experts(layer {layer})"
+        for name, t, cls in (("grad", grad, ExpertGrad), ("weight", weight, ExpertWeight),
+                             ("opt_state", opt_state, ExpertOptState)):
+            if type(t) is not cls:
+                raise TensorError(f"{where}: {name} must be an {cls.__name__}, got {t!r}")
+            self._check_own(t, where)
+            if t.layer != layer or t.experts != opt_state.experts:
+                raise TensorError(f"{where}: {name} {t!r} is not layer {layer}'s experts "
+                                  f"{describe_mask(opt_state.experts)}")
+        if grad.samples != self._full_batch:
+            raise TensorError(f"{where}: the gradient holds the tokens of samples {describe_mask(grad.samples)} "
+                              f"but not {describe_mask(self._full_batch & ~grad.samples)}; all_reduce it over the "
+                              f"ranks that hold the same experts (the expert-data-parallel group) first")
+        key = (self.rank, layer, opt_state.experts)
+        if key in self._books.updated or weight.step:
+            raise TensorError(f"{where}: experts {describe_mask(opt_state.experts)} were already updated")
+        self._books.updated.add(key)
+        params = opt_state.experts.bit_count() * self._books.expert_params
+        from dist_lib.costs.compute import ADAM_BYTES_PER_PARAM, update_time
+        self._advance("update_experts", layer, self._full_batch, update_time(self.device, params), 0.0,
+                      int(params * ADAM_BYTES_PER_PARAM))
+        mask = opt_state.experts
+        return (ExpertWeight(weight, 0, self.rank, layer, 1, 1, 1, 0, 1, self._full_batch, mask),
+                ExpertOptState(opt_state, 0, self.rank, layer, 1, 1, 1, 0, 1, self._full_batch, mask))
+
+    def set_final_experts(self, layer: int, weight: ExpertWeight) -> None:
+        """Hand in this rank's updated experts of `layer` for the end-of-step check."""
+        where = f"rank {self.rank} set_final_experts(layer {layer})"
+        if type(weight) is not ExpertWeight or weight.layer != layer:
+            raise TensorError(f"{where}: expected layer {layer}'s ExpertWeight, got {weight!r}")
+        self._check_own(weight, where)
+        self._books.finals.append((self.rank, layer, weight.experts, weight.step, weight.samples))
+
+    # ---- forward: route, dispatch, experts, combine ------------------------------------------
+
+    def expert_loads(self, layer: int, samples: range) -> tuple[int, ...]:
+        """Tokens each expert of `layer` receives from the microbatch `samples` (`workload.routing`)."""
+        return expert_loads(self.moe, layer, samples.start if isinstance(samples, range) else min(samples),
+                            len(samples) * self.workload.seq_len)
+
+    def route(self, layer: int, act: Activation, weight: Any) -> Routed:
+        """An MoE layer's attention and router on `act` (its stash kept on `act`, as `forward` keeps it)."""
+        where = f"rank {self.rank} route(layer {layer})"
+        self._moe_layer(layer, where)
+        self._check_compute("route", layer, act, weight, layer)
+        if act.has_stash:
+            raise TensorError(f"{where}: {act!r} already carries layer {layer}'s stash; route each input once")
+        n = act.samples.bit_count()
+        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, backward=False)
+        self._advance("route", layer, act.samples, seconds, flops)
+        mem = self._mem
+        mem.context = ("route", layer)
+        act._stash = Stash(mem, n * self._dense_stash(layer), 0, 1, "none")
+        return Routed(mem, n * self._act_bytes, self.rank, layer, act.samples)
+
+    def shared_experts(self, layer: int, routed: Routed, weight: Any) -> None:
+        """The shared experts on every token of `routed` (DeepSeek runs them while the dispatch is in flight)."""
+        where = f"rank {self.rank} shared_experts(layer {layer})"
+        self._check_routed(routed, layer, where)
+        if not self.moe.shared_experts:
+            raise TensorError(f"{where}: workload {self.workload.name} has no shared experts")
+        if routed.shared:
+            raise TensorError(f"{where}: the shared experts already ran on samples {describe_mask(routed.samples)}")
+        seconds, flops = moe_ops.shared_cost(self.device, self.workload, layer, routed.samples.bit_count(), False)
+        self._advance("shared_experts", layer, routed.samples, seconds, flops)
+        routed.shared = True
+
+    def dispatch(self, routed: Routed, experts: range | Iterable[int]) -> Tokens:
+        """The dispatch buffer of the tokens of `routed` bound for `experts` (a permutation: an HBM copy)."""
+        layer = routed.layer if isinstance(routed, Routed) else "?"
+        where = f"rank {self.rank} dispatch(layer {layer})"
+        self._check_routed(routed, layer, where)
+        mask = self._experts_mask(experts, where)
+        if routed.dispatched & mask:
+            raise TensorError(f"{where}: the tokens of samples {describe_mask(routed.samples)} for experts "
+                              f"{describe_mask(routed.dispatched & mask)} were already dispatched; each token goes "
+                              f"to each of its experts once")
+        routed.dispatched |= mask
+        return self._tokens("dispatch", routed.layer, routed.samples, mask, "dispatched")
+
+    def expert_forward(self, layer: int, pieces: Sequence[Tokens], weight: ExpertWeight) -> list[Tokens]:
+        """The local experts on the tokens dispatched to them (one grouped GEMM over every piece), the stash
+        kept on each piece; returns each piece's expert output, in order."""
+        where = f"rank {self.rank} expert_forward(layer {layer})"
+        self._check_experts_weight(weight, layer, where)
+        pieces = list(pieces)
+        seen = 0
+        for t in pieces:
+            self._check_tokens(t, layer, "dispatched", where)
+            if t.experts != weight.experts:
+                raise TensorError(f"{where}: {t!r} holds tokens for experts {describe_mask(t.experts)}, but this "
+                                  f"rank holds experts {describe_mask(weight.experts)}: they were dispatched to the "
+                                  f"wrong rank")
+            if t._stash is not None:
+                raise TensorError(f"{where}: {t!r} already went through its experts")
+            if seen & t.samples:
+                raise TensorError(f"{where}: samples {describe_mask(seen & t.samples)} appear in two pieces")
+            seen |= t.samples
+        if not pieces:
+            raise TensorError(f"{where}: no token pieces given")
+        tokens = self._local_tokens(layer, pieces, weight.experts)
+        seconds, flops = moe_ops.experts_cost(self.device, self.workload, tokens, backward=False)
+        self._advance("expert_forward", layer, seen, seconds, flops, detail=_counts(weight.experts, tokens))
+        mem = self._mem
+        mem.context = ("expert_forward", layer)
+        per_token = self._expert_stash_per_token()
+        outs = []
+        for t in pieces:
+            t._stash = Stash(mem, self._slots(layer, t.samples, t.experts) * per_token, 0, 1, "none")
+            outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output"))
+        return outs
+
+    def combine(self, routed: Routed, pieces: Sequence[Tokens]) -> Activation:
+        """The layer's output for the samples of `routed`: every expert's output for its tokens, exactly once
+        each (and the shared experts' output), weighted by the router and summed with the residual."""
+        layer = routed.layer if isinstance(routed, Routed) else "?"
+        where = f"rank {self.rank} combine(layer {layer})"
+        self._check_routed(routed, layer, where)
+        back = self._cover(pieces, routed, "expert output", where, "output")
+        if back != routed.dispatched:
+            raise TensorError(f"{where}: experts {describe_mask(routed.dispatched & ~back)}'s outputs for samples "
+                              f"{describe_mask(routed.samples)} were dispatched but did not come back")
+        if self.moe.shared_experts and not routed.shared:
+            raise TensorError(f"{where}: the shared experts have not run on samples {describe_mask(routed.samples)} "
+                              f"(shared_experts)")
+        routed.combined = True
+        nbytes = sum(t.nbytes for t in pieces)
+        from dist_lib.costs.compute import compute_time
+        self._advance("combine", layer, routed.samples, compute_time(self.device, 0.0, 2.0 * nbytes), 0.0, nbytes)
+        self._mem.context = ("combine", layer)
+        return Activation(self._mem, routed.samples.bit_count() * self._act_bytes, self.rank, layer + 1,
+                          routed.samples)
+
+    # ---- backward ------------------------------------------------------------------------------
+
+    def combine_backward(self, routed: Routed, grad: ActivationGrad, experts: range | Iterable[int]) -> Tokens:
+        """The gradient of the expert outputs of `experts` for the tokens of `routed`, to send to them."""
+        layer = routed.layer if isinstance(routed, Routed) else "?"
+        where = f"rank {self.rank} combine_backward(layer {layer})"
+        self._check_routed(routed, layer, where, combined=True)
+        if type(grad) is not ActivationGrad or grad.layer != layer + 1 or grad.samples != routed.samples \
+                or grad.is_partial:
+            raise TensorError(f"{where}: expected the complete ActivationGrad of layer {layer + 1} for samples "
+                              f"{describe_mask(routed.samples)}, got {grad!r}")
+        self._check_own(grad, where)
+        mask = self._experts_mask(experts, where)
+        if routed.grads_sent & mask or mask & ~routed.dispatched:
+            raise TensorError(f"{where}: experts {describe_mask(mask)}: their output gradient was already cut, or "
+                              f"their tokens were never dispatched")
+        routed.grads_sent |= mask
+        return self._tokens("combine_backward", layer, routed.samples, mask, "output grad")
+
+    def expert_backward(self, layer: int, tokens: Tokens, grad: Tokens,
+                        weight: ExpertWeight) -> tuple[ExpertGrad, Tokens]:
+        """The local experts' backward for one piece: their weight gradient from these tokens and the
+        tokens' input gradient (consumes the stash `expert_forward` left on `tokens`)."""
+        where = f"rank {self.rank} expert_backward(layer {layer})"
+        self._check_experts_weight(weight, layer, where)
+        self._check_tokens(tokens, layer, "dispatched", where)
+        self._check_tokens(grad, layer, "output grad", where)
+        if tokens._stash is None:
+            raise TensorError(f"{where}: {tokens!r} carries no stash: expert_forward has not run on it, or its "
+                              f"backward already did")
+        if (grad.samples, grad.experts) != (tokens.samples, tokens.experts) or tokens.experts != weight.experts:
+            raise TensorError(f"{where}: gradient {grad!r}, tokens {tokens!r} and weight {weight!r} must be of the "
+                              f"same samples and experts")
+        counts = self._local_tokens(layer, [tokens], weight.experts)
+        seconds, flops = moe_ops.experts_cost(self.device, self.workload, counts, backward=True)
+        self._advance("expert_backward", layer, tokens.samples, seconds, flops, detail=_counts(weight.experts, counts))
+        tokens._stash = None
+        mem = self._mem
+        mem.context = ("expert_backward", layer)
+        params = weight.experts.bit_count() * self._books.expert_params
+        nbytes = int(params * WEIGHT_BYTES * self.workload.grad_bytes_per_element / self.workload.bytes_per_element)
+        return (ExpertGrad(mem, nbytes, self.rank, layer, tokens.samples, 1, 1, 0, 1, weight.experts),
+                Tokens(mem, tokens.nbytes, self.rank, layer, tokens.samples, tokens.experts, "input grad"))
+
+    def route_backward(self, layer: int, act: Activation, grad: ActivationGrad, routed: Routed,
+                       pieces: Sequence[Tokens], weight: Any) -> tuple[WeightGrad, ActivationGrad]:
+        """The dense part's backward (router, attention, shared experts) once every expert's input gradient
+        for these tokens is back, exactly once each; consumes the stash `route` left on `act`."""
+        where = f"rank {self.rank} route_backward(layer {layer})"
+        self._check_routed(routed, layer, where, combined=True)
+        self._check_compute("route_backward", layer, act, weight, layer)
+        if act.samples != routed.samples or act._stash is None:
+            raise TensorError(f"{where}: {act!r} is not the routed input of samples {describe_mask(routed.samples)} "
+                              f"with its stash")
+        if type(grad) is not ActivationGrad or grad.layer != layer + 1 or grad.samples != act.samples:
+            raise TensorError(f"{where}: expected layer {layer + 1}'s ActivationGrad of samples "
+                              f"{describe_mask(act.samples)}, got {grad!r}")
+        back = self._cover(pieces, routed, "input grad", where, "input gradient")
+        if back != routed.dispatched:
+            raise TensorError(f"{where}: experts {describe_mask(routed.dispatched & ~back)} have not returned the "
+                              f"input gradient of samples {describe_mask(routed.samples)}")
+        n = act.samples.bit_count()
+        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, backward=True)
+        if self.moe.shared_experts:
+            more = moe_ops.shared_cost(self.device, self.workload, layer, n, True)
+            seconds, flops = seconds + more[0], flops + more[1]
+        self._advance("route_backward", layer, act.samples, seconds, flops)
+        act._stash = None
+        self._mem.context = ("route_backward", layer)
+        return self._weight_grad(layer, act, weight), self._activation_grad(act, weight)
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _moe_layer(self, layer: Any, where: str) -> None:
+        self._check_layer(layer, where)
+        if not self.moe.is_moe(layer):
+            raise TensorError(f"{where}: layer {layer} is a dense layer; forward and backward it")
+
+    def _experts_mask(self, experts: Any, where: str) -> int:
+        try:
+            items = list(experts)
+        except TypeError:
+            items = [None]
+        mask = 0
+        for e in items:
+            if e.__class__ is not int or not 0 <= e < self.moe.experts or mask >> e & 1:
+                raise TensorError(f"{where}: experts must be distinct expert numbers in 0..{self.moe.experts - 1}, "
+                                  f"got {experts!r}")
+            mask |= 1 << e
+        if not mask:
+            raise TensorError(f"{where}: no experts given")
+        return mask
+
+    def _check_routed(self, routed: Any, layer: Any, where: str, *, combined: bool = False) -> None:
+        if type(routed) is not Routed:
+            raise TensorError(f"{where}: expected the Routed tensor route() returned, got {routed!r}")
+        self._check_own(routed, where)
+        if routed.combined and not combined:
+            raise TensorError(f"{where}: the tokens of samples {describe_mask(routed.samples)} were already combined")
+        if combined and not routed.combined:
+            raise TensorError(f"{where}: layer {layer}'s output for samples {describe_mask(routed.samples)} was "
+                              f"never combined")
+
+    def _check_tokens(self, t: Any, layer: int, stage: str, where: str) -> None:
+        if type(t) is not Tokens or t.stage != stage or t.layer != layer:
+            raise TensorError(f"{where}: expected layer {layer}'s {stage} tokens, got {t!r}")
+        self._check_own(t, where)
+
+    def _check_experts_weight(self, weight: Any, layer: int, where: str) -> None:
+        self._moe_layer(layer, where)
+        if type(weight) is not ExpertWeight or weight.layer != layer:
+            raise TensorError(f"{where}: expected layer {layer}'s ExpertWeight (load_experts), got {weight!r}")
+        self._check_own(weight, where)
+
+    def _cover(self, pieces: Sequence[Tokens], routed: Routed, stage: str, where: str, what: str) -> int:
+        """The experts whose `stage` pieces for the samples of `routed` are given, each exactly once."""
+        back = 0
+        for t in pieces:
+            self._check_tokens(t, routed.layer, stage, where)
+            if t.samples != routed.samples:
+                raise TensorError(f"{where}: {t!r} is not of samples {describe_mask(routed.samples)}")
+            if back & t.experts:
+                raise TensorError(f"{where}: the {what} of experts {describe_mask(back & t.experts)} for samples "
+                                  f"{describe_mask(routed.samples)} came back twice")
+            back |= t.experts
+        return back
+
+    def _slots(self, layer: int, samples: int, experts: int) -> int:
+        """Token slots of the dispatch buffer of `samples`' tokens for `experts`, microbatch by microbatch
+        (each run of samples is one microbatch of the routing)."""
+        seq = self.workload.seq_len
+        chosen = [e for e in range(self.moe.experts) if experts >> e & 1]
+        total = 0
+        for first, stop in mask_runs(samples):
+            loads = expert_loads(self.moe, layer, first, (stop - first) * seq)
+            total += buffer_tokens(self.moe, loads, chosen, (stop - first) * seq)
+        return total
+
+    def _local_tokens(self, layer: int, pieces: Sequence[Tokens], experts: int) -> list[int]:
+        """Token slots each local expert computes over these pieces (padded to the capacity when one is set)."""
+        seq = self.workload.seq_len
+        counts = [0] * experts.bit_count()
+        chosen = [e for e in range(self.moe.experts) if experts >> e & 1]
+        for t in pieces:
+            for first, stop in mask_runs(t.samples):
+                loads = expert_loads(self.moe, layer, first, (stop - first) * seq)
+                cap = self.moe.capacity((stop - first) * seq)
+                for i, e in enumerate(chosen):
+                    counts[i] += cap or loads[e]
+        return counts
+
+    def _tokens(self, op: str, layer: int, samples: int, experts: int, stage: str) -> Tokens:
+        nbytes = self._slots(layer, samples, experts) * self.workload.hidden * self.workload.bytes_per_element
+        from dist_lib.costs.compute import compute_time
+        self._advance(op, layer, samples, compute_time(self.device, 0.0, 2.0 * nbytes), 0.0, nbytes)
+        self._mem.context = (op, layer)
+        return Tokens(self._mem, nbytes, self.rank, layer, samples, experts, stage)
+
+    def _dense_stash(self, layer: int) -> int:
+        """One sample's stash of the dense part: the layer's stash without the routed experts' (which the
+        expert ranks keep with the tokens they computed)."""
+        w = self.workload
+        experts = w.seq_len * self.moe.top_k * self._expert_stash_per_token()
+        return max(0, w.stash_bytes(layer) - experts)
+
+    def _expert_stash_per_token(self) -> int:
+        """A routed token's stash in one expert: its input (h), gate and up outputs (2f) and their product (f)."""
+        return (self.workload.hidden + 3 * self.moe.expert_ffn_hidden) * self.workload.bytes_per_element
+
+    def _advance(self, op: str, layer: int, samples: int, seconds: float, flops: float, nbytes: int = 0,
+                 detail: str = "") -> None:
+        state = self._state
+        start = state.clock
+        state.clock = end = start + seconds
+        state.flops += flops
+        self._events.append((self.rank, op, "compute", start, end, layer, samples, nbytes, flops, None, 0, detail))
+
+
+def _counts(experts: int, tokens: Sequence[int]) -> str:
+    """The trace's detail of an expert op: tokens per local expert."""
+    chosen = [e for e in range(experts.bit_length()) if experts >> e & 1]
+    return "tokens per expert: " + ", ".join(f"{e}: {n}" for e, n in zip(chosen, tokens))

@@ -1,0 +1,123 @@
+"""`Model.broadcast`, `Model.reduce`, `Model.barrier` and `Model.all_to_all`: the collectives beside
+all_reduce, all_gather and reduce_scatter (what they do: `comm/other_rules.py`; their time and memory:
+`comm/other_collectives.py`). A mixin of `Model`; the C accelerator has no twin of them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from dist_lib.comm.collectives import Work
+from dist_lib.comm.groups import Group
+from dist_lib.comm.other_collectives import issue_other
+from dist_lib.comm.other_rules import check_pieces, check_rooted
+from dist_lib.errors import TensorError
+from dist_lib.tensors import samples_mask
+
+if TYPE_CHECKING:
+    from dist_lib.engine.core import Engine
+    from dist_lib.engine.rank_state import RankState
+
+
+class OtherCollectiveOps:
+    """The ops of this module, on a `Model` (which supplies the engine, the rank and group resolution)."""
+
+    __slots__ = ()
+    _engine: Engine
+    _state: RankState
+    rank: int
+    global_batch_size: int
+
+    def broadcast(self, x: Any, root: int, group: Group | Iterable[int] | None = None) -> Work:
+        """Send the root's tensor to every member of `group` (default: all ranks). The root (a rank of the
+        group) gives `x`; every other member passes None and, awaiting the work, gets a copy of it (allocated
+        on the receiver when the broadcast ends). Costs n/B over NCCL's pipelined ring."""
+        where = f"rank {self.rank} broadcast"
+        self._check_given(x, where)  # type: ignore[attr-defined]
+        resolved = self._resolve_group(group, "broadcast")  # type: ignore[attr-defined]
+        check_rooted("broadcast", x, root, resolved, self.rank)
+        return issue_other(self._engine, self._state, "broadcast", x, resolved, root)
+
+    def reduce(self, x: Any, root: int, group: Group | Iterable[int] | None = None) -> Work:
+        """Sum what every member of `group` gives (gradients of disjoint samples, or TP partial sums, as for
+        all_reduce) onto the root, in place: the root's work returns the sum, the others' return None.
+        Costs n/B over NCCL's pipelined ring."""
+        where = f"rank {self.rank} reduce"
+        self._check_given(x, where)  # type: ignore[attr-defined]
+        resolved = self._resolve_group(group, "reduce")  # type: ignore[attr-defined]
+        check_rooted("reduce", x, root, resolved, self.rank)
+        return issue_other(self._engine, self._state, "reduce", x, resolved, root)
+
+    def barrier(self, group: Group | Iterable[int] | None = None) -> Work:
+        """A work that ends once every member of `group` issued it (and the group's earlier ops ended);
+        it returns None. Costs the all-reduce of one float32, as PyTorch's NCCL barrier runs it."""
+        resolved = self._resolve_group(group, "barrier")  # type: ignore[attr-defined]
+        return issue_other(self._engine, self._state, "barrier", None, resolved)
+
+    def all_to_all(self, pieces: list, group: Group | Iterable[int] | None = None, *,
+                   expect: list | None = None, expect_experts: list | None = None) -> Work:
+        """Exchange pieces with every member of `group`: `pieces[j]` (a tensor of this rank, or None) goes to
+        the group's j-th member; sizes may differ. Awaiting the work returns a list whose j-th entry is a copy
+        of what member j addressed here (or None), allocated when the exchange ends. All pieces are tensors
+        of one kind and layer (e.g. the rows of an activation cut with `split_samples`, which `join_samples`
+        puts together again). `expect`, optional, says what this rank must receive: per member, the sample
+        indices (a range or iterable) or None for nothing; a member that addresses anything else here is a
+        `CollectiveMismatchError` at the op. `expect_experts`, optional, does the same for the token pieces of
+        an MoE layer (`Tokens`): per member, the experts its piece must hold (or None, unchecked), so a token
+        sent to the rank of other experts is caught here."""
+        resolved = self._resolve_group(group, "all_to_all")  # type: ignore[attr-defined]
+        if isinstance(pieces, (list, tuple)):
+            for t in pieces:
+                self._check_given(t, f"rank {self.rank} all_to_all")  # type: ignore[attr-defined]
+        given = check_pieces(pieces, resolved, self.rank)
+        samples = None if expect is None else self._expected(expect, resolved)
+        experts = None if expect_experts is None else self._expected_experts(expect_experts, resolved)
+        wanted = None if samples is None and experts is None else list(zip(
+            samples or [None] * resolved.size, experts or [None] * resolved.size))
+        return issue_other(self._engine, self._state, "all_to_all", given, resolved, expect=wanted)
+
+    def _expected(self, expect: Any, group: Group) -> list[int]:
+        """`expect` as one samples mask per member (0: nothing)."""
+        where = f"rank {self.rank} all_to_all"
+        if not isinstance(expect, (list, tuple)) or len(expect) != group.size:
+            raise TensorError(f"{where}: expect is a list of {group.size} entries (the samples, or None, this rank "
+                              f"receives from each member of group {list(group.ranks)}), got {expect!r}")
+        masks = []
+        for j, samples in enumerate(expect):
+            if samples is None:
+                masks.append(0)
+                continue
+            try:
+                masks.append(samples_mask(samples, self.global_batch_size))
+            except (TypeError, ValueError) as exc:
+                raise TensorError(f"{where}: expect[{j}] (from rank {group.ranks[j]}): {exc}") from None
+        return masks
+
+    def _expected_experts(self, expect: Any, group: Group) -> list[int | None]:
+        """`expect_experts` as one experts mask per member (None: unchecked)."""
+        where = f"rank {self.rank} all_to_all"
+        count = getattr(getattr(self, "moe", None), "experts", 0)
+        if not count:
+            raise TensorError(f"{where}: expect_experts is for the token pieces of a mixture-of-experts workload")
+        if not isinstance(expect, (list, tuple)) or len(expect) != group.size:
+            raise TensorError(f"{where}: expect_experts is a list of {group.size} entries (the experts, or None, of "
+                              f"the piece each member of group {list(group.ranks)} sends here), got {expect!r}")
+        masks: list[int | None] = []
+        for j, experts in enumerate(expect):
+            if experts is None:
+                masks.append(None)
+                continue
+            mask = 0
+            try:
+                for e in experts:
+                    if e.__class__ is not int or not 0 <= e < count or mask >> e & 1:
+                        raise ValueError
+                    mask |= 1 << e
+            except (TypeError, ValueError):
+                raise TensorError(f"{where}: expect_experts[{j}] (from rank {group.ranks[j]}) must be distinct expert "
+                                  f"numbers in 0..{count - 1}, got {experts!r}") from None
+            if not mask:
+                raise TensorError(f"{where}: expect_experts[{j}] (from rank {group.ranks[j]}) names no expert; give "
+                                  f"None to leave it unchecked")
+            masks.append(mask)
+        return masks

@@ -1,0 +1,90 @@
+"""Folding a step's identical data-parallel replicas: whether it is exact, and the full step's books from the
+representatives'.
+
+Folding is exact when three things hold (`plan_fold`):
+
+* the hardware is alike for every replica: `Fold.build` (`hardware/replicas.py`) checks that every node is
+  the same and that the nodes cut the replica grid evenly, so that the cluster's symmetries take any
+  replica to any other;
+* the replicas run one program, relabelled: the strategy *declares* its replica grid for the options given,
+  with a module-level `replica_grid(world_size, global_batch_size, **options)` returning a
+  `ReplicaGrid(dp, tp)` (or None when its replicas differ: per-replica shares, a layout of its own).
+  Declaring it is a promise that replica j does what replica 0 does, with block j of the global batch (an
+  even share) and block j of any ZeRO shards spread over the replicas where replica 0 has block 0, and that
+  its ranks meet other replicas only in collectives over the same positions of every replica. The
+  built-in data-parallel strategies declare it (their layouts are `strategies/_layout.py`'s);
+* the representatives keep that promise as far as the simulator can see: a group that neither stays in
+  replica 0 nor spans every replica alike, a message across replicas, or a ZeRO sharding that is not
+  spread over the replicas breaks the fold (`FoldBroken`), and the step runs again unfolded. So does any
+  error, so that errors read exactly as the full step's do.
+
+The representatives' books then stand for every replica's (`expand_books`): the same times, peaks and
+FLOPs, and the weights each handed in and loaded relabelled to its replica (`comm/folding.py`), so that the
+end-of-step check sees every rank's records, as the full step would give them.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from dist_lib.comm.folding import relabel_shards, rotate
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.hardware.replicas import Fold, ReplicaGrid
+
+
+def declared_grid(train: Any, world_size: int, global_batch_size: int, options: dict[str, Any]) -> ReplicaGrid | None:
+    """The replica grid `train`'s strategy declares for these options (its module's `replica_grid`), or
+    None when it declares none, declares None, or cannot say (its options are wrong: the step will say why)."""
+    declare = getattr(train, "replica_grid", None)
+    if declare is None:
+        declare = getattr(sys.modules.get(getattr(train, "__module__", "") or ""), "replica_grid", None)
+    if not callable(declare):
+        return None
+    try:
+        grid = declare(world_size, global_batch_size, **options)
+    except Exception:  # (the strategy's own checks raise the real error when the step runs)
+        return None
+    return grid if isinstance(grid, ReplicaGrid) else None
+
+
+def plan_fold(train: Any, cluster: Cluster, global_batch_size: int, options: dict[str, Any]) -> Fold | None:
+    """The fold of this step's replicas when it is exact (see the module docstring), else None."""
+    grid = declared_grid(train, cluster.world_size, global_batch_size, options)
+    if grid is None or global_batch_size % max(grid.dp, 1):
+        return None
+    fold, _ = Fold.build(cluster, grid)
+    return fold
+
+
+def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
+    """The whole step's `Books` from the representatives' (in `fold.reps` order): each rank's from its
+    representative's, with what it handed in and loaded relabelled to its replica."""
+    world = fold.cluster.world_size
+    at = {rep: i for i, rep in enumerate(fold.reps)}
+    source = [at[fold.rep_of[r]] for r in range(world)]
+    replicas, width = fold.copies, global_batch_size // fold.copies
+    by_rep: dict[int, list[tuple]] = {}
+    for record in books.finals:
+        by_rep.setdefault(record[0], []).append(record)
+    finals: list[tuple] = []
+    loaded: list[list] = []
+    for r in range(world):
+        j, rep = fold.replica_of[r], fold.rep_of[r]
+        if not j:
+            finals += by_rep.get(rep, [])
+            loaded.append(books.loaded[source[r]])
+            continue
+        for (_, layer, step, samples, shards, num_shards, tp_rank, tp_size) in by_rep.get(rep, []):
+            finals.append((r, layer, step, rotate(samples, j, width, replicas),
+                           relabel_shards(shards, num_shards, j, replicas), num_shards, tp_rank, tp_size))
+        loaded.append([(layer, relabel_shards(shards, num_shards, j, replicas), num_shards, tp_rank, tp_size)
+                       for layer, shards, num_shards, tp_rank, tp_size in books.loaded[source[r]]])
+
+    def spread(values: list) -> list:
+        return [values[i] for i in source]
+
+    # a replica's communicators are its representative's: the groups the representative joined name every
+    # member (`simulator.communicator_counts`)
+    return type(books)(books.leftovers, spread(books.logs), loaded, finals, spread(books.times),
+                       spread(books.peaks), spread(books.flops), spread(books.communicators))

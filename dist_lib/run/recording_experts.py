@@ -1,0 +1,137 @@
+"""The recorded ops of a mixture-of-experts rank (`MoEModel`): their opcodes and the mixin that records them.
+
+They extend the program format of `recording.py` (opcodes after its own; `replay_experts.py` runs them).
+Experts are written as the half-open intervals of the expert numbers the op took (read from its result, so
+a range and a list of the same experts record alike):
+
+    LOAD_EXPERTS layer c (start stop) x c              -> expert weight, expert optimizer state
+    UPDATE_EXPERTS layer grad weight opt               -> expert weight, expert optimizer state
+    FINAL_EXPERTS layer weight                         -> (nothing)
+    ROUTE layer act weight                             -> routed
+    SHARED_EXPERTS layer routed weight                 -> (nothing)
+    DISPATCH routed c (start stop) x c                 -> tokens
+    EXPERT_FORWARD layer weight k piece x k            -> k expert outputs (a handle each)
+    COMBINE routed k piece x k                         -> activation
+    COMBINE_BACKWARD routed grad c (start stop) x c    -> tokens (the output gradient for those experts)
+    EXPERT_BACKWARD layer tokens grad weight           -> expert gradient, tokens (input gradient)
+    ROUTE_BACKWARD layer act grad routed weight k piece x k -> weight gradient, activation gradient
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXPERT_OPCODES = ("load_experts", "update_experts", "set_final_experts", "route", "shared_experts", "dispatch",
+                  "expert_forward", "combine", "combine_backward", "expert_backward", "route_backward")
+FIRST_EXPERT_OPCODE = 26  # after recording.py's own
+(LOAD_EXPERTS, UPDATE_EXPERTS, FINAL_EXPERTS, ROUTE, SHARED_EXPERTS, DISPATCH, EXPERT_FORWARD, COMBINE,
+ COMBINE_BACKWARD, EXPERT_BACKWARD, ROUTE_BACKWARD) = range(FIRST_EXPERT_OPCODE, FIRST_EXPERT_OPCODE + 11)
+EXPERT_QUERIES = ("expert_loads", "is_moe_layer")  # MoEModel methods that only answer (they decide nothing)
+
+
+def mask_intervals(mask: int) -> list[int]:
+    """A mask of samples or experts as flat [start, stop, start, stop, ...] half-open intervals."""
+    out: list[int] = []
+    i = 0
+    while mask >> i:
+        if mask >> i & 1:
+            j = i
+            while mask >> j & 1:
+                j += 1
+            out += (i, j)
+            i = j
+        else:
+            i += (((mask >> i) & -(mask >> i)).bit_length() - 1)  # skip to the next set bit
+    return out
+
+
+class ExpertOpsRecording:
+    """The MoE ops of a `RecordingModel` (which supplies `_model`, `_emit`, `_wrap` and `_t`)."""
+
+    __slots__ = ()
+    _model: Any  # and RecordingModel's _emit, _wrap and _t
+
+    def _experts_words(self, mask: int) -> list[int]:
+        spans = mask_intervals(mask)
+        return [len(spans) // 2, *spans]
+
+    def _pieces(self, pieces: Any, where: str) -> tuple[list, list] | None:
+        """The handles given (read once, a generator too) and the tensors behind them; None when `pieces` is
+        not iterable (the op refuses it, with its message)."""
+        try:
+            handles = list(pieces)
+        except TypeError:
+            return None
+        return handles, [self._t(p, where) for p in handles]  # type: ignore[attr-defined]
+
+    def load_experts(self, layer: int, experts: Any) -> tuple[Any, Any]:
+        weight, opt = self._model.load_experts(layer, experts)
+        self._emit(LOAD_EXPERTS, layer, *self._experts_words(weight.experts))
+        return self._wrap(weight), self._wrap(opt)
+
+    def update_experts(self, layer: int, grad: Any, weight: Any, opt_state: Any) -> tuple[Any, Any]:
+        out = self._model.update_experts(layer, self._t(grad, "update_experts"), self._t(weight, "update_experts"),
+                                         self._t(opt_state, "update_experts"))
+        self._emit(UPDATE_EXPERTS, layer, grad._number, weight._number, opt_state._number)
+        return self._wrap(out[0]), self._wrap(out[1])
+
+    def set_final_experts(self, layer: int, weight: Any) -> None:
+        self._model.set_final_experts(layer, self._t(weight, "set_final_experts"))
+        self._emit(FINAL_EXPERTS, layer, weight._number)
+
+    def route(self, layer: int, act: Any, weight: Any) -> Any:
+        out = self._model.route(layer, self._t(act, "route"), self._t(weight, "route"))
+        self._emit(ROUTE, layer, act._number, weight._number)
+        return self._wrap(out)
+
+    def shared_experts(self, layer: int, routed: Any, weight: Any) -> None:
+        self._model.shared_experts(layer, self._t(routed, "shared_experts"), self._t(weight, "shared_experts"))
+        self._emit(SHARED_EXPERTS, layer, routed._number, weight._number)
+
+    def dispatch(self, routed: Any, experts: Any) -> Any:
+        out = self._model.dispatch(self._t(routed, "dispatch"), experts)
+        self._emit(DISPATCH, routed._number, *self._experts_words(out.experts))
+        return self._wrap(out)
+
+    def expert_forward(self, layer: int, pieces: Any, weight: Any) -> list:
+        listed = self._pieces(pieces, "expert_forward")
+        if listed is None:
+            return self._model.expert_forward(layer, pieces, weight)  # refused there, with its message
+        handles, given = listed
+        outs = self._model.expert_forward(layer, given, self._t(weight, "expert_forward"))
+        self._emit(EXPERT_FORWARD, layer, weight._number, len(handles), *(p._number for p in handles))
+        return self._wrap(outs)
+
+    def combine(self, routed: Any, pieces: Any) -> Any:
+        listed = self._pieces(pieces, "combine")
+        if listed is None:
+            return self._model.combine(routed, pieces)
+        handles, given = listed
+        out = self._model.combine(self._t(routed, "combine"), given)
+        self._emit(COMBINE, routed._number, len(handles), *(p._number for p in handles))
+        return self._wrap(out)
+
+    def combine_backward(self, routed: Any, grad: Any, experts: Any) -> Any:
+        out = self._model.combine_backward(self._t(routed, "combine_backward"), self._t(grad, "combine_backward"),
+                                           experts)
+        self._emit(COMBINE_BACKWARD, routed._number, grad._number, *self._experts_words(out.experts))
+        return self._wrap(out)
+
+    def expert_backward(self, layer: int, tokens: Any, grad: Any, weight: Any) -> tuple[Any, Any]:
+        out = self._model.expert_backward(layer, self._t(tokens, "expert_backward"), self._t(grad, "expert_backward"),
+                                          self._t(weight, "expert_backward"))
+        self._emit(EXPERT_BACKWARD, layer, tokens._number, grad._number, weight._number)
+        return self._wrap(out[0]), self._wrap(out[1])
+
+    def route_backward(self, layer: int, act: Any, grad: Any, routed: Any, pieces: Any,
+                       weight: Any) -> tuple[Any, Any]:
+        listed = self._pieces(pieces, "route_backward")
+        if listed is None:
+            return self._model.route_backward(layer, act, grad, routed, pieces, weight)
+        handles, given = listed
+        where = "route_backward"
+        out = self._model.route_backward(layer, self._t(act, where), self._t(grad, where), self._t(routed, where),
+                                         given, self._t(weight, where))
+        self._emit(ROUTE_BACKWARD, layer, act._number, grad._number, routed._number, weight._number, len(handles),
+                   *(p._number for p in handles))
+        return self._wrap(out[0]), self._wrap(out[1])

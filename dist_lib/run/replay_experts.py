@@ -1,0 +1,84 @@
+"""Replay of the MoE ops of a recorded program (their format: `recording_experts.py`), checked as untrusted
+data as `replay.py` checks the rest: operand counts, handles defined and live, expert intervals inside the
+workload's experts. The `MoEModel` ops then check what the program does with them."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, Callable
+
+from dist_lib.run.recording_experts import (COMBINE, COMBINE_BACKWARD, DISPATCH, EXPERT_BACKWARD, EXPERT_FORWARD,
+                                            FINAL_EXPERTS, LOAD_EXPERTS, ROUTE, ROUTE_BACKWARD, SHARED_EXPERTS,
+                                            UPDATE_EXPERTS)
+
+# operands after the opcode, for the fixed-size entries
+EXPERT_ARITY = {UPDATE_EXPERTS: 4, FINAL_EXPERTS: 2, ROUTE: 3, SHARED_EXPERTS: 3, EXPERT_BACKWARD: 4}
+
+
+def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: Callable[[int], Any],
+                  small: Callable[[int], int], fail: Callable[[str], Exception]) -> int:
+    """Run the MoE entry at word `i` on `model`; the index of the next entry. `get(k)` is the live object of
+    the handle in operand k, `small(k)` operand k as a bounded integer, `fail(why)` the `ProgramError`."""
+    op = program[i]
+    if not hasattr(model, "moe"):
+        raise fail(f"workload {model.workload.name} has no experts")
+    arity = EXPERT_ARITY.get(op)
+    if arity is not None:
+        if i + arity >= n:
+            raise fail("the program ends inside this entry")
+        if op == UPDATE_EXPERTS:
+            table.extend(model.update_experts(small(1), get(2), get(3), get(4)))
+        elif op == FINAL_EXPERTS:
+            model.set_final_experts(small(1), get(2))
+        elif op == ROUTE:
+            table.append(model.route(small(1), get(2), get(3)))
+        elif op == SHARED_EXPERTS:
+            model.shared_experts(small(1), get(2), get(3))
+        else:
+            table.extend(model.expert_backward(small(1), get(2), get(3), get(4)))
+        return i + 1 + arity
+    count = model.moe.experts
+
+    def experts(at: int) -> tuple[list[int], int]:
+        """The experts named at word `at` (a count c, then c intervals) and the index past them."""
+        c = program[at] if at < n else -1
+        if not 1 <= c <= count or at + 2 * c >= n:
+            raise fail(f"expert interval count {c} is not in 1..{count} or runs past the program's end")
+        out: list[int] = []
+        for k in range(c):
+            start, stop = program[at + 1 + 2 * k], program[at + 2 + 2 * k]
+            if not 0 <= start < stop <= count:
+                raise fail(f"experts {start}..{stop} are not an interval of the {count} experts")
+            out.extend(range(start, stop))
+        return out, at + 1 + 2 * c
+
+    def handles(at: int) -> tuple[list[Any], int]:
+        """The k handles named at word `at` (a count k, then k handles) and the index past them."""
+        k = program[at] if at < n else -1
+        if not 0 <= k <= len(table) or at + k >= n:
+            raise fail(f"piece count {k} is not in 0..{len(table)} or runs past the program's end")
+        return [get(at + 1 + j - i) for j in range(k)], at + 1 + k
+
+    if op == LOAD_EXPERTS:
+        if i + 1 >= n:
+            raise fail("the program ends inside this entry")
+        chosen, at = experts(i + 2)
+        table.extend(model.load_experts(small(1), chosen))
+    elif op == DISPATCH:
+        chosen, at = experts(i + 2)
+        table.append(model.dispatch(get(1), chosen))
+    elif op == COMBINE_BACKWARD:
+        chosen, at = experts(i + 3)
+        table.append(model.combine_backward(get(1), get(2), chosen))
+    elif op == EXPERT_FORWARD:
+        pieces, at = handles(i + 3)
+        table.extend(model.expert_forward(small(1), pieces, get(2)))
+    elif op == COMBINE:
+        pieces, at = handles(i + 2)
+        table.append(model.combine(get(1), pieces))
+    elif op == ROUTE_BACKWARD:
+        pieces, at = handles(i + 6)
+        table.extend(model.route_backward(small(1), get(2), get(3), get(4), pieces, get(5)))
+    else:
+        raise fail(f"unknown opcode {op}")
+    return at

@@ -1,0 +1,206 @@
+"""Mixture-of-experts layers: the field set (`MoE`) and what an MoE model's layers weigh in parameters and FLOPs.
+
+A layer of an MoE model is attention followed either by a dense SwiGLU MLP or by an MoE block: a router
+(a linear map h -> E), E routed experts, each a SwiGLU MLP of width f (three h x f matrices), of which each
+token uses its top k, and optionally shared experts every token passes through (DeepSeek-AI 2024,
+"DeepSeek-V3 Technical Report", arXiv 2412.19437, sec. 2.1.2). Which layers are MoE follows Megatron-Core's
+`--moe-layer-freq N` (one MoE layer every N, counting from the first) after `first_dense` dense layers
+(DeepSeek-V3's `first_k_dense_replace`).
+
+The models these presets describe are Llama-style, so the field set also carries the attention shape
+they use: grouped-query attention with `kv_heads` key/value heads (Ainslie et al. 2023), or DeepSeek's
+multi-head latent attention (`mla`: q LoRA rank, KV LoRA rank, per-head no-RoPE and RoPE query/key
+dims, value head dim; arXiv 2412.19437 sec. 2.1.1), RMSNorm (one h-vector per norm) and untied input and
+output embeddings, no biases.
+
+Counted as the papers count them: total parameters hold every expert, active parameters the k routed
+experts a token uses (plus everything else, embeddings included: Mixtral's 12.9 B); model FLOPs are
+2 x active matrix parameters per token forward plus the attention core, 3x forward for a step (the
+6 N_active D rule with attention; Megatron-LM's `num_floating_point_operations` counts MoE layers the same
+way, with the router's top-k times the expert FFN).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dist_lib.errors import SpecError
+from dist_lib.specs import number, shown, text, whole
+
+ROUTERS = ("softmax", "sigmoid")  # Mixtral: softmax over the top-k logits; DeepSeek-V3: sigmoid scores
+MAX_EXPERTS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class MoE:
+    """The MoE fields of a workload (see the module docstring). `capacity_factor` 0 means dropless: an
+    expert takes every token routed to it; c > 0 pads (and caps) each expert's buffer at c x the mean
+    load, tokens x k / E (Fedus et al. 2022, "Switch Transformers", sec. 2.2)."""
+
+    experts: int
+    top_k: int
+    expert_ffn_hidden: int
+    shared_experts: int = 0
+    shared_ffn_hidden: int = 0  # 0: the routed experts' width
+    dense_ffn_hidden: int = 0  # the SwiGLU width of the dense layers (0: there are none)
+    moe_every: int = 1  # one MoE layer every N (Megatron-Core --moe-layer-freq)
+    first_dense: int = 0  # leading dense layers (DeepSeek-V3 first_k_dense_replace)
+    capacity_factor: float = 0.0
+    router: str = "softmax"
+    kv_heads: int = 0  # 0: as many as the attention heads (MHA)
+    mla: tuple[int, int, int, int, int] | None = None  # (q_lora, kv_lora, qk_nope, qk_rope, v_head)
+    routing: str = "uniform"  # how tokens spread over experts (`workload.routing`)
+    routing_seed: int = 0
+
+    def check(self, where: str, heads: int, layers: int) -> None:
+        whole(self.experts, f"{where}: experts", 1, MAX_EXPERTS, exact=True)
+        whole(self.top_k, f"{where}: top_k", 1, self.experts, exact=True)
+        whole(self.expert_ffn_hidden, f"{where}: expert_ffn_hidden", 1, 2**20, exact=True)
+        whole(self.shared_experts, f"{where}: shared_experts", 0, 64, exact=True)
+        whole(self.shared_ffn_hidden, f"{where}: shared_ffn_hidden", 0, 2**20, exact=True)
+        whole(self.dense_ffn_hidden, f"{where}: dense_ffn_hidden", 0, 2**20, exact=True)
+        whole(self.moe_every, f"{where}: moe_every", 1, 10_000, exact=True)
+        whole(self.first_dense, f"{where}: first_dense", 0, layers, exact=True)
+        number(self.capacity_factor, f"{where}: capacity_factor", 0.0, 1000.0)
+        if 0 < self.capacity_factor < 1:
+            raise SpecError(f"{where}: capacity_factor {self.capacity_factor:g} would drop tokens even under "
+                            f"uniform routing; use 0 (dropless) or at least 1")
+        if self.router not in ROUTERS:
+            raise SpecError(f"{where}: router must be one of {', '.join(ROUTERS)}, got {shown(self.router)}")
+        whole(self.kv_heads, f"{where}: kv_heads", 0, heads, exact=True)
+        if self.kv_heads and heads % self.kv_heads:
+            raise SpecError(f"{where}: kv_heads {self.kv_heads} does not divide the {heads} attention heads")
+        if self.mla is not None:
+            for name, value in zip(MLA_PARTS, self.mla):
+                whole(value, f"{where}: mla {name}", 1, 2**20, exact=True)
+        whole(self.routing_seed, f"{where}: routing_seed", 0, 2**63 - 1, exact=True)
+        if not any(self.is_moe(layer) for layer in range(layers)):
+            raise SpecError(f"{where}: no layer is an MoE layer (first_dense {self.first_dense} of {layers})")
+        if self.dense_ffn_hidden == 0 and any(not self.is_moe(layer) for layer in range(layers)):
+            raise SpecError(f"{where}: some layers are dense; give their width as dense_ffn_hidden")
+
+    def is_moe(self, layer: int) -> bool:
+        """Is `layer` an MoE layer: past the first dense ones, one in every `moe_every` (Megatron-Core's
+        pattern `i % freq == 0`)."""
+        return layer >= self.first_dense and (layer - self.first_dense) % self.moe_every == 0
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_ffn_hidden or self.expert_ffn_hidden
+
+    def expert_params(self, hidden: int) -> int:
+        """Parameters of one routed expert: a SwiGLU MLP's gate, up and down matrices."""
+        return 3 * hidden * self.expert_ffn_hidden
+
+    def capacity(self, tokens: int) -> int:
+        """Tokens one expert's buffer holds for `tokens` routed tokens: c x tokens x k / E rounded up
+        (dropless: no cap, see `routing.expert_loads`)."""
+        if not self.capacity_factor:
+            return 0
+        return math.ceil(self.capacity_factor * tokens * self.top_k / self.experts)
+
+
+MLA_PARTS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+# ---- what an MoE model's layers weigh ------------------------------------------------------------
+
+def attention_params(moe: MoE, hidden: int, heads: int) -> int:
+    """Weights of one attention block, no biases. GQA: W_q and W_o are h x h, W_k and W_v h x (kv x d).
+    MLA (arXiv 2412.19437, eqs. 1-11): the query down- and up-projections with the norm between, the joint
+    KV down-projection (kv_lora + the shared RoPE key), its norm, the K/V up-projection and W_o."""
+    if moe.mla is not None:
+        q_lora, kv_lora, nope, rope, v = moe.mla
+        return (hidden * q_lora + q_lora + q_lora * heads * (nope + rope)
+                + hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v) + heads * v * hidden)
+    d = hidden // heads
+    kv = moe.kv_heads or heads
+    return 2 * hidden * hidden + 2 * hidden * kv * d
+
+
+def ffn_params(moe: MoE, hidden: int, layer: int, *, active: bool = False) -> int:
+    """Weights of a layer's feed-forward block: the dense SwiGLU, or the router, the routed experts (all,
+    or the top-k a token uses when `active`) and the shared experts."""
+    if not moe.is_moe(layer):
+        return 3 * hidden * moe.dense_ffn_hidden
+    routed = moe.top_k if active else moe.experts
+    return hidden * moe.experts + routed * moe.expert_params(hidden) + moe.shared_experts * 3 * hidden * moe.shared_width
+
+
+def routed_expert_params(moe: MoE, hidden: int, layer: int) -> int:
+    """Weights of the routed experts of a layer (0 for a dense one): what expert parallelism splits."""
+    return moe.experts * moe.expert_params(hidden) if moe.is_moe(layer) else 0
+
+
+def layer_params(moe: MoE, hidden: int, heads: int, vocab: int, layer: int, num_layers: int, *,
+                 active: bool = False) -> int:
+    """A layer's parameters: attention, two RMSNorms, the feed-forward block; the input embedding on the
+    first layer, the final norm and the untied output embedding on the last."""
+    params = attention_params(moe, hidden, heads) + 2 * hidden + ffn_params(moe, hidden, layer, active=active)
+    if layer == 0:
+        params += vocab * hidden
+    if layer == num_layers - 1:
+        params += hidden + vocab * hidden
+    return params
+
+
+def attention_core_flops(moe: MoE, seq: int, hidden: int, heads: int) -> float:
+    """Forward FLOPs of one sample's attention core: Q K^T over the query/key head dim and P V over the value
+    head dim, 2 s^2 per element of each (4 s^2 h for MHA/GQA, whose heads together are h wide)."""
+    if moe.mla is not None:
+        _, _, nope, rope, v = moe.mla
+        return 2.0 * seq * seq * heads * (nope + rope + v)
+    return 4.0 * seq * seq * hidden
+
+
+def matrix_flops(moe: MoE, seq: int, hidden: int, heads: int, layer: int) -> float:
+    """Forward FLOPs of one sample's weight GEMMs in a layer: 2 per active matrix parameter per token
+    (the norms are elementwise, not GEMMs)."""
+    return 2.0 * seq * (attention_params(moe, hidden, heads) + ffn_params(moe, hidden, layer, active=True))
+
+
+def parse_mla(value: object, where: str) -> tuple[int, int, int, int, int]:
+    """`"1536/512/128/64/128"` or a list of five whole numbers: (q_lora, kv_lora, qk_nope, qk_rope, v_head)."""
+    parts = value if isinstance(value, list) else text(value, where).split("/")
+    if len(parts) != len(MLA_PARTS):
+        raise SpecError(f"{where}: mla takes {len(MLA_PARTS)} numbers ({'/'.join(MLA_PARTS)}), got {shown(value)}")
+    return tuple(whole(p, f"{where}: mla {name}", 1, 2**20) for name, p in zip(MLA_PARTS, parts))  # type: ignore
+
+
+# spec / TOML key -> (field, reader)
+def _whole_reader(low: int, high: int):
+    return lambda value, where: whole(value, where, low, high)
+
+
+MOE_KEYS = {
+    "experts": _whole_reader(1, MAX_EXPERTS), "top_k": _whole_reader(1, MAX_EXPERTS),
+    "expert_ffn_hidden": _whole_reader(1, 2**20), "shared_experts": _whole_reader(0, 64),
+    "shared_ffn_hidden": _whole_reader(0, 2**20), "dense_ffn_hidden": _whole_reader(0, 2**20),
+    "moe_every": _whole_reader(1, 10_000), "first_dense": _whole_reader(0, 10_000),
+    "capacity_factor": lambda value, where: number(value, where, 0.0, 1000.0),
+    "router": text, "kv_heads": _whole_reader(0, 2**16), "mla": parse_mla,
+    "routing": text, "routing_seed": _whole_reader(0, 2**63 - 1),
+}
+
+
+def stash_bytes(moe: MoE, seq: int, hidden: int, heads: int, layer: int, tp: int, *, recompute: str,
+                sequence_parallel: bool, bytes_per_element: int) -> float:
+    """One sample's stash of a layer of an MoE model, the layer input included (as `Workload.stash_bytes`
+    counts before taking it off). Attention and norms as Korthikanti et al. 2022, Table 2, counts them
+    without the MLP's 19sh: 15sh + 5as^2 (the 15sh split t ways as the paper splits its 34sh); then per
+    token, for each routed expert it uses and each shared expert, a SwiGLU's input (2h bytes), gate and up
+    outputs (4f) and their product (2f), which its backward reads."""
+    s, h, a = seq, hidden, heads
+    core = 0.0 if recompute == "selective" else 5 * a * s / (h * tp)
+    if tp == 1:
+        attention = s * h * (15 + core)
+    elif sequence_parallel:
+        attention = s * h * (15 / tp + core)
+    else:
+        attention = s * h * (15 * 10 / 34 + 15 * 24 / (34 * tp) + core)
+    if moe.is_moe(layer):
+        ffn = moe.top_k * (2 * h + 6 * moe.expert_ffn_hidden) + moe.shared_experts * (2 * h + 6 * moe.shared_width)
+    else:
+        ffn = (2 * h + 6 * moe.dense_ffn_hidden) / tp  # a dense MLP splits over TP as Megatron's does
+    return (attention + s * ffn) * bytes_per_element / 2

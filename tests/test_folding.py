@@ -1,0 +1,214 @@
+"""Folding identical data-parallel replicas (`simulate(..., fold=True)`, `dist_lib/run/folding.py`): a folded
+step gives the full step's results exactly, and never folds what is not alike."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from dist_lib import ReplicaGrid, simulate
+from dist_lib.comm.folding import relabel_shards, rotate
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.hardware.replicas import Fold
+
+FIGURES = ("time_s", "rank_times", "memory_bytes", "mfu", "hfu", "bubble_fraction", "correct", "problems",
+           "final_weights", "hardware_flops")
+
+
+def assert_same(full, folded) -> None:
+    """Every figure, every rank's memory timeline, and the events of the ranks that ran (op ids aside: they
+    number the other replicas' ops too)."""
+    for key in FIGURES:
+        assert getattr(folded, key) == getattr(full, key), key
+    for rank in range(full.cluster.world_size):
+        assert [list(a) for a in folded.timelines[rank]] == [list(a) for a in full.timelines[rank]], rank
+    ran = set(folded.representatives)
+
+    def ops(result):
+        return sorted(e[:10] + e[11:] for e in result.raw_events if e[0] in ran)
+
+    assert ops(folded) == ops(full)
+
+
+def both(strategy, cluster, workload, batch, **options):
+    full = simulate(strategy, cluster, workload, batch, fold=False, check=False, **options)
+    folded = simulate(strategy, cluster, workload, batch, check=False, **options)
+    return full, folded
+
+
+# ---- the relabelling of masks ---------------------------------------------------------------------
+
+def test_rotate_moves_block_zero_to_block_j_and_keeps_whole_masks():
+    assert rotate(0b0011, 1, 2, 2) == 0b1100
+    assert rotate(0b000011, 2, 2, 3) == 0b110000
+    assert rotate(0b111111, 2, 2, 3) == 0b111111
+    assert rotate(0b010001, 1, 2, 3) == 0b000101  # block 2 wraps round to block 0
+
+
+def test_relabel_shards_of_a_tensor_sharded_over_the_replicas():
+    assert relabel_shards(0b0001, 4, 3, 4) == 0b1000
+    assert relabel_shards(0b1111, 4, 3, 4) == 0b1111  # whole: the same everywhere
+
+
+# ---- the hardware's symmetry ----------------------------------------------------------------------
+
+def test_fold_of_a_grid_with_two_replicas_per_node():
+    """tp 4 on nodes of 8: a node holds two replicas of a stage; dp 4, pp 2 on 4 nodes."""
+    cluster = Cluster.parse("4x8xA100-80GB:nics=1x25")
+    fold, why = Fold.build(cluster, ReplicaGrid(dp=4, tp=4))
+    assert why == "" and fold.reps == [0, 1, 2, 3, 16, 17, 18, 19]
+    assert fold.rep_of[13] == 1 and fold.replica_of[13] == 3
+    world = 32
+    # a stage spans 2 nodes: their shared NICs are one orbit of 2, the node of rank 0 stands for both
+    assert fold.canon[4 * world + 2 * 1] == 4 * world and fold.orbit[4 * world] == 2
+    # a message of rank 0 wanting 10 bytes/s of its node's NIC stands for 4 replicas' messages: 40 over 2 NICs
+    assert fold.usage(((4 * world, 10),), fold.copies) == ((4 * world, 40),)
+    assert fold.capacities()[4 * world] == 2 * cluster.link_capacities()[4 * world]
+
+
+@pytest.mark.parametrize("spec, grid, why", [
+    ("1x4xA100-80GB+1x4xV100-32GB", ReplicaGrid(8), "the nodes differ"),
+    ("2x8xA100-80GB:inter=50+1x8xA100-80GB", ReplicaGrid(24), "the nodes differ"),
+    ("3x4xA100-80GB", ReplicaGrid(dp=3, tp=2), "cut the stages"),
+    ("1x8xA100-80GB", ReplicaGrid(1), "one replica"),
+])
+def test_no_fold_where_the_replicas_are_not_alike(spec, grid, why):
+    fold, reason = Fold.build(Cluster.parse(spec), grid)
+    assert fold is None and why in reason
+
+
+# ---- folded and full steps agree ------------------------------------------------------------------
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "deepspeed")
+
+
+@st.composite
+def hybrid_configs(draw):
+    dp = draw(st.integers(2, 16))
+    tp = draw(st.sampled_from([1, 2, 4]))
+    pp = draw(st.sampled_from([1, 2, 4]))
+    schedule = draw(st.sampled_from(SCHEDULES))
+    chunks = 2 if schedule == "interleaved" else 1
+    gpus = draw(st.sampled_from([g for g in (2, 4, 8) if g % tp == 0]))
+    world = dp * pp * tp
+    nics = draw(st.sampled_from(["", ":nics=1x25"]))
+    microbatches = draw(st.integers(1, 3)) * pp
+    options = dict(dp=dp, pp=pp, tp=tp, schedule=schedule, recompute=draw(st.booleans()),
+                   overlap_grad_reduce=draw(st.booleans()))
+    cluster = f"{world // gpus}x{gpus}xA100-80GB{nics}" if world % gpus == 0 else f"{world}xA100-80GB{nics}"
+    return cluster, f"toy:layers={pp * chunks * 2}", dp * microbatches, options
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hybrid_configs())
+def test_folded_hybrid_steps_are_the_full_steps(config):
+    cluster, workload, batch, options = config
+    full, folded = both("strategies.hybrid", cluster, workload, batch, **options)
+    if folded.representatives is None:  # (the nodes cut the grid unevenly: not folded, the same run)
+        assert Fold.build(Cluster.parse(cluster), ReplicaGrid(options["dp"], options["tp"]))[0] is None
+        return
+    assert full.representatives is None and len(set(folded.representatives)) * options["dp"] == full.cluster.world_size
+    assert_same(full, folded)
+
+
+@settings(max_examples=10, deadline=None)
+@given(dp=st.integers(2, 16), stage=st.sampled_from([1, 2, 3]), nics=st.sampled_from(["", ":nics=1x10"]))
+def test_folded_zero_steps_are_the_full_steps(dp, stage, nics):
+    cluster = f"{dp // 2}x2xA100-80GB{nics}" if dp % 2 == 0 else f"{dp}xA100-80GB{nics}"
+    full, folded = both("strategies.zero", cluster, "toy:layers=4", 2 * dp, stage=stage, microbatch_size=1)
+    assert folded.representatives is not None
+    assert_same(full, folded)
+
+
+@pytest.mark.parametrize("strategy, options", [
+    ("strategies.ddp", {"microbatch_size": 1, "bucket_mb": 0.5}),
+    ("strategies.one_f_one_b", {"pp": 2}),
+    ("strategies.zero_bubble", {"pp": 2}),
+    ("strategies.interleaved", {"pp": 2, "chunks": 2}),
+])
+def test_folded_data_parallel_strategies(strategy, options):
+    full, folded = both(strategy, "2x4xV100-16GB:nics=1x1.25", "toy:layers=4", 16, **options)
+    assert folded.representatives is not None
+    assert_same(full, folded)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dp", [32, 64])
+def test_folded_large_hybrid_step(dp):
+    full, folded = both("strategies.hybrid", f"{dp}x8xA100-80GB:nics=4x50", "toy:layers=8", dp * 4,
+                        tp=4, pp=2, schedule="interleaved")
+    assert_same(full, folded)
+
+
+# ---- what never folds ------------------------------------------------------------------------------
+
+def test_heterogeneous_clusters_and_per_replica_shares_never_fold():
+    mixed = simulate("strategies.ddp", "1x4xA100-80GB+1x4xV100-32GB", "toy:layers=4", 16, microbatch_size=1)
+    assert mixed.representatives is None
+    shares = simulate("strategies.hetero", "1x4xA100-80GB+1x4xT4", "toy:layers=8", 16, dp=2, pp=4)
+    assert shares.representatives is None
+    planned = simulate("strategies.planned", "2x4xA100-80GB", "toy:layers=8", 16)
+    assert planned.representatives is None
+    unfolded = simulate("strategies.ddp", "2x4xA100-80GB", "toy:layers=4", 16, microbatch_size=1, fold=False)
+    assert unfolded.representatives is None
+
+
+async def _undeclared(model, microbatch_size: int = 1):
+    from strategies import ddp
+    await ddp.train(model, microbatch_size=microbatch_size)
+
+
+def test_a_strategy_that_declares_nothing_does_not_fold():
+    assert simulate(_undeclared, "2x4xA100-80GB", "toy:layers=4", 16).representatives is None
+
+
+async def _skips_layer_zero(model):
+    """DDP that hands in layer 0 without updating it: an incorrect step, the same verdict folded or not."""
+    rank, n = model.rank, model.world_size
+    weights = [model.load_weights(layer) for layer in range(model.num_layers)]
+    share = model.global_batch_size // n
+    x = model.get_input_activation(range(rank * share, (rank + 1) * share))
+    inputs = []
+    for layer, (w, _) in enumerate(weights):
+        inputs.append(x)
+        x = model.forward(layer, x, w)
+    grad = model.loss(x)
+    for layer in reversed(range(model.num_layers)):
+        w, opt = weights[layer]
+        wg, grad = model.backward(layer, inputs.pop(), grad, w)
+        if layer:
+            new, _ = model.update(layer, await model.all_reduce(wg), w, opt)
+            model.set_final_weight(layer, new)
+        else:
+            model.set_final_weight(layer, w)
+
+
+_skips_layer_zero.replica_grid = lambda world_size, batch, **options: ReplicaGrid(world_size)
+
+
+def test_an_incorrect_step_has_the_same_verdict_folded():
+    full, folded = both(_skips_layer_zero, "2x4xA100-80GB", "toy:layers=3", 16)
+    assert folded.representatives is not None
+    assert not full.correct and full.problems[0] == "layer 0: rank 0 handed in a weight that was never updated"
+    assert len(full.problems) == 8
+    assert_same(full, folded)
+
+
+async def _sends_across(model):
+    """Declares folding, then sends from replica 0 to replica 1: the fold breaks and the step runs unfolded."""
+    from strategies import ddp
+    if model.rank == 0:
+        await model.send(model.get_input_activation([0]), 1)
+    elif model.rank == 1:
+        await model.recv(0)
+    await ddp.train(model, microbatch_size=1)
+
+
+_sends_across.replica_grid = lambda world_size, batch, **options: ReplicaGrid(world_size)
+
+
+def test_a_broken_promise_runs_unfolded_with_the_full_results():
+    full, folded = both(_sends_across, "2x4xA100-80GB", "toy:layers=3", 16)
+    assert folded.representatives is None
+    for key in FIGURES:
+        assert getattr(folded, key) == getattr(full, key), key
