@@ -8,7 +8,7 @@ strategies on a cluster, or search for a breaking config or the best plan.
     dist-sandbox check FILE|NAME [--examples N]
     dist-sandbox plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
                       [--budget USD_PER_HOUR] [--simulation-limit PASSES] [--memory-headroom SPEC]
-                      [--out plan.json] [--plot pareto.png]
+                      [--framework any|megatron|torchtitan|deepspeed] [--out plan.json] [--plot pareto.png]
                       [--jobs N] [--ray [ADDRESS]]
     dist-sandbox compare [--cluster SPEC] [--workload SPEC] [--batch N] [--only NAME,...] [--json]
     dist-sandbox profile --workload SPEC [--device cpu|cuda] [--tp N] [--microbatch M] [--out DIR]
@@ -34,6 +34,7 @@ from rich.console import Console
 
 from dist_lib import SpecError
 from dist_lib.planner.api import SIMULATION_LIMIT
+from dist_lib.planner.framework_rules import CHOICES as FRAMEWORK_CHOICES
 from dist_lib.run.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 from dist_lib.specs import number, whole
 from dist_lib.workload.transformer import MAX_GLOBAL_BATCH
@@ -133,6 +134,9 @@ def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
                           f"(microbatches x each stage's GPUs x its layers; default {SIMULATION_LIMIT:,}); larger "
                           "ones keep their estimate")
     add_headroom_option(planning)
+    planning.add_argument("--framework", choices=FRAMEWORK_CHOICES, default="any",
+                          help="search only plans this framework runs, simulated as its exported settings run "
+                               "(default any: every plan, mixed stage widths and uneven shares included)")
     planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
     planning.add_argument("--plot", default="traces/pareto.png", help="Pareto plot PNG (default traces/pareto.png)")
     add_backend_options(planning, jobs_type=_ranged(1, MAX_JOBS, integer=True))

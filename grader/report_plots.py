@@ -39,17 +39,23 @@ def _schedule(plt: Any, result: Any, path: Path) -> None:
         rank, op, stream, start, end = e[:5]
         key = op if stream == "compute" else stream
         bars.setdefault((rank, key), []).append((start * 1e3, (end - start) * 1e3))
+    # a folded step has events for its representatives only: each other rank ran as its representative did
+    representatives = getattr(result, "representatives", None) or range(world)
     seen = set()
-    for (rank, key), spans in bars.items():
-        comm = key in ("collective", "p2p")
-        y = rank + (0.05 if comm else -0.4)
-        label = _plain(LABELS.get(key, key.replace("_", " "))) if key not in seen else None  # compat logs
-        # load_weights too
-        seen.add(key)
-        ax.broken_barh(spans, (y, 0.35), facecolors=COLOURS.get(key, "grey"), label=label)
+    for rank in range(world):
+        for (owner, key), spans in bars.items():
+            if owner != representatives[rank]:
+                continue
+            comm = key in ("collective", "p2p")
+            y = rank + (0.05 if comm else -0.4)
+            label = _plain(LABELS.get(key, key.replace("_", " "))) if key not in seen else None  # compat logs
+            # load_weights too
+            seen.add(key)
+            ax.broken_barh(spans, (y, 0.35), facecolors=COLOURS.get(key, "grey"), label=label)
     ax.set_ylim(world, -1)
     ax.set_yticks(range(world))
-    ax.set_yticklabels([f"{r} {result.cluster.device_of(r).name}" for r in range(world)],
+    ax.set_yticklabels([f"{r}{'' if representatives[r] == r else f'={representatives[r]}'} "
+                        f"{result.cluster.device_of(r).name}" for r in range(world)],
                        fontsize=max(4, 9 - world // 16))
     ax.set_xlabel("time (ms)")
     ax.set_title(_plain(f"{result.strategy} on {result.cluster.name}, {result.workload.name}, batch "

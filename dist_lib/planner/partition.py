@@ -141,6 +141,23 @@ class _MemoryReach:
         return lo
 
 
+def fixed_partition(stages: list[list[StageOption]], counts: tuple[int, ...], microbatches: int,
+                    memory: bool = True) -> tuple[float, list[tuple[int, StageOption]]] | None:
+    """`partition`'s answer for a split given in advance (DeepSpeed's uniform one): each stage's fastest
+    option for its block, with the slowest stage's time per microbatch; None when it does not fit."""
+    placed, start = [], 0
+    for options, n in zip(stages, counts):
+        placed.append((n, min(options, key=lambda o: _block_time(o, start, n))))
+        start += n
+    if memory and not fits(placed, microbatches):
+        return None
+    start, slowest = 0, 0.0
+    for s, (n, o) in enumerate(placed):
+        slowest = max(slowest, _block_time(o, start, n) + (o.loss if s == len(placed) - 1 else 0.0))
+        start += n
+    return slowest, placed
+
+
 def fits(placed: list[tuple[int, StageOption]], microbatches: int, schedule: str = "1f1b") -> bool:
     """Whether every stage of a placed partition fits its memory, as `partition` counts it."""
     pp, start = len(placed), 0

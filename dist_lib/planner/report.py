@@ -10,6 +10,7 @@ from rich.text import Text
 
 from dist_lib.errors import SpecError
 from dist_lib.hardware.cluster import Cluster
+from dist_lib.planner.framework_rules import NAMES, batch_settings
 from dist_lib.planner.search import Candidate, Search
 
 
@@ -82,8 +83,15 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
         if c.simulated is None and c.error:
             detail += f"; {c.error}"
         lines.append(Text(detail, style="dim"))
+        if search.framework != "any":  # the per-GPU micro batch and the accumulation, as the framework names them
+            lines.append(Text(f"    {NAMES[search.framework]}: "
+                              f"{batch_settings(plan, search.framework, sum(s.layers for s in plan.stages))}",
+                              style="dim"))
     lines.append(Text("stages: dp x tp and device of each; sel./full: selective or full recompute; Z1: ZeRO-1; used "
                       "MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)", style="dim"))
+    if search.framework != "any":
+        lines.append(Text(f"plans {NAMES[search.framework]} runs, each simulated as its exported settings run "
+                          f"(python -m grader run --from {search.framework})", style="dim"))
     lines.append(Text("fullest GPU: the GPU whose memory is fullest at the simulated peak, by share of its capacity, "
                       "runtime reserve included", style="dim"))
     return Group(*lines)

@@ -39,6 +39,7 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
                                                      member c intervals of samples, 0 for None; e & 2 when
                                                      `expect_experts` was: per member d intervals of experts)
     the MoE ops of an `MoEModel`, opcodes 26 on: `recording_experts.py`
+    the context-parallel ops, opcodes 37 on: `recording_context.py`
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from dist_lib.comm.collectives import Work
 from dist_lib.errors import TensorError
 from dist_lib.model.experts import MoEModel
 from dist_lib.model.handle import PIPE_EXTRAS
+from dist_lib.run.recording_context import CONTEXT_OPCODES, ContextOpsRecording
 from dist_lib.run.recording_experts import EXPERT_OPCODES, EXPERT_QUERIES, ExpertOpsRecording, mask_intervals
 from dist_lib.tensors import samples_mask
 
@@ -61,28 +63,50 @@ FP8_FLAGS = {"": 0, "delayed": 8, "tensorwise": 16}  # a forward's FP8 recipe in
 OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backward_input", "backward_weight",
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
            "add", "await", "drop", "split_samples", "join_samples", "split_tp",
-           "tied_embedding_grad", "pipe_extra", "broadcast", "reduce", "barrier", "all_to_all") + EXPERT_OPCODES
+           "tied_embedding_grad", "pipe_extra", "broadcast", "reduce", "barrier", "all_to_all") + EXPERT_OPCODES + CONTEXT_OPCODES
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
 UNRECORDED_OPS = ("group",) + EXPERT_QUERIES  # methods that decide nothing (a group is named by its ranks where used)
-# ops a graded run is refused (`RecordingModel.__getattr__` says so at the op): context parallelism's, which
-# the built-in strategies run but whose programs are not recorded yet
-REFUSED_OPS = ("context_input", "context_forward", "context_backward", "context_loss")
 
 
 class Recorder:
     """Every rank's program as it is decided. Closed once the step is over: what a strategy drops after
     that (a module-level list emptied at exit) is not part of the step."""
 
-    __slots__ = ("programs", "counts", "open")
+    __slots__ = ("programs", "counts", "open", "busy", "held")
 
     def __init__(self, world_size: int):
         self.programs = [array("q") for _ in range(world_size)]
         self.counts = [0] * world_size  # handles numbered so far on each rank
         self.open = True
+        self.busy: list[str | None] = [None] * world_size  # the context op in flight on each rank
+        self.held: list[array | None] = [None] * world_size  # its rank's program meanwhile
 
     def emit(self, rank: int, *words: int) -> None:
         if self.open:
+            if self.busy[rank] is not None:
+                raise TensorError(f"rank {rank} {_name(words[0])}: {self.busy[rank]} is still in flight on this "
+                                  f"rank; a graded run records a context op as one decision, so the rank may do "
+                                  f"nothing else until it returns (await it first)")
             self.programs[rank].extend(words)
+
+    def begin(self, rank: int, op: str) -> None:
+        """A context op (a coroutine that messages and awaits inside) starts on `rank`: until `finish`, the
+        rank's drops go aside, to follow the op's entry, and any other op of the rank is refused."""
+        if self.busy[rank] is not None:
+            raise TensorError(f"rank {rank} {op}: {self.busy[rank]} is still in flight on this rank; a graded run "
+                              f"records a context op as one decision, so await it before starting another")
+        self.busy[rank] = op
+        self.held[rank] = self.programs[rank]
+        self.programs[rank] = array("q")  # where `Handle.__del__` writes the drops meanwhile
+
+    def finish(self, rank: int, entry: tuple[int, ...]) -> None:
+        """The context op begun on `rank` returned (its `entry`) or failed (no entry): record it, then the
+        drops made while it ran."""
+        dropped, self.programs[rank] = self.programs[rank], self.held[rank]  # type: ignore[assignment]
+        self.held[rank] = self.busy[rank] = None
+        if self.open:
+            self.programs[rank].extend(entry)
+            self.programs[rank].extend(dropped)
 
     def wrap(self, rank: int, obj: Any) -> Any:
         """The next handle of `rank` for `obj` (a tensor or a work; None stays None but takes a number)."""
@@ -159,8 +183,9 @@ def _target(x: Any, rank: int, where: str) -> Any:
     return x
 
 
-class RecordingModel:
-    """The `Model` a recorded strategy drives: the same ops, recorded, with handles for tensors."""
+class RecordingModel(ContextOpsRecording):
+    """The `Model` a recorded strategy drives: the same ops, recorded, with handles for tensors (context
+    parallelism's from the mixin)."""
 
     __slots__ = ("_model", "_recorder", "_rank")
 
@@ -353,6 +378,10 @@ def _listed(samples: Any) -> Any:
         return list(samples)
     except TypeError:
         return samples
+
+
+def _name(op: int) -> str:
+    return OPCODES[op] if 0 <= op < len(OPCODES) else f"opcode {op}"
 
 
 _intervals = mask_intervals  # a samples mask as flat [start, stop, start, stop, ...] half-open intervals
