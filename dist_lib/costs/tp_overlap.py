@@ -1,6 +1,8 @@
 """Tensor-parallel communication overlapped with the GEMMs it feeds or drains (Megatron-Core's
 `--tp-comm-overlap`, Transformer Engine's userbuffers; torchtitan's async TP is the same idea).
 
+Megatron-LM requires sequence parallelism for it (megatron/training/arguments.py `validate_args`: "Tensor
+parallel communication/GEMM overlap can happen only when sequence parallelism is enabled").
 With sequence parallelism each TP linear layer of a forward is an all-gather of its sequence-split input
 before a column-parallel GEMM (QKV, MLP up) or a reduce-scatter of its output after a row-parallel GEMM
 (attention projection, MLP down). Transformer Engine splits each pair into chunks and pipelines them
