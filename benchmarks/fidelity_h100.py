@@ -14,14 +14,14 @@ Every setting the table does not state was chosen before the first run, and is r
   repository's H100 plot cuDNN's causal forward at head size 128 is within 11 % of FlashAttention-3's from 2k
   tokens on, and far above FlashAttention-2's);
 * microbatch 1; no recompute; sequence parallelism wherever TP > 1 (Megatron requires it for --tp-comm-overlap);
-  the gradient all-reduce overlapped with the backward; the backward's TP communication beside its weight-gradient
-  GEMMs (the nearest to --tp-comm-overlap that `hybrid` expresses); plain 1F1B (no interleaving stated);
+  the gradient all-reduce overlapped with the backward; --tp-comm-overlap as `hybrid`'s `tp_comm_overlap` wherever
+  TP > 1 (the table's legend states it for every row; at TP 1 there is no TP collective to overlap); plain 1F1B
+  (no interleaving stated);
   fp32 gradients (Megatron accumulates and reduces bf16 runs' gradients in fp32);
 * DGX H100 nodes: 8 GPUs on NVLink4 and one 400 Gb/s NIC per GPU (the catalog's H100-80GB).
 * the distributed optimizer with the parameter all-gather overlapped with the forward (`hybrid`'s
   `distributed_optimizer=True, overlap_param_gather=True`: gradients reduce-scattered, each rank steps 1/48 of
   the optimizer state, and the updated shards are all-gathered layer by layer ahead of each forward).
-Not expressible and left out: the overlap of TP communication with the GEMMs themselves (--tp-comm-overlap).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ MEGATRON_CORE_R080 = [
 def plan(run: WeakScalingRun) -> dict:
     return dict(dp=run.dp, pp=run.pp, tp=run.tp, microbatch_size=1, schedule="1f1b", recompute=False,
                 selective_recompute=False, sequence_parallel=run.tp > 1, overlap_grad_reduce=True,
-                async_tp_allreduce=True, distributed_optimizer=True, overlap_param_gather=True)
+                async_tp_allreduce=True, distributed_optimizer=True, overlap_param_gather=True,
+                tp_comm_overlap=run.tp > 1)
 
 
 def predict(run: WeakScalingRun):

@@ -11,6 +11,9 @@ strategies on a cluster, or search for a breaking config or the best plan.
                       [--framework any|megatron|torchtitan|deepspeed] [--out plan.json] [--plot pareto.png]
                       [--jobs N] [--ray [ADDRESS]]
     dist-sandbox compare [--cluster SPEC] [--workload SPEC] [--batch N] [--only NAME,...] [--json]
+    dist-sandbox profile --workload SPEC [--device cpu|cuda] [--tp N] [--microbatch M] [--out DIR]
+    dist-sandbox profile --from-trace FILE --workload SPEC [--out DIR]
+    dist-sandbox export-chakra FILE|NAME [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--out DIR]
 
 FILE is resolved from the current folder; NAME is a built-in strategy (`ddp`, `hybrid`, ...: strategies/).
 
@@ -139,6 +142,9 @@ def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
     add_backend_options(planning, jobs_type=_ranged(1, MAX_JOBS, integer=True))
     from .launch_cli import add_export_parser
     add_export_parser(sub, DEFAULT_CLUSTER, DEFAULT_WORKLOAD)
+    from .profile_cli import add_chakra_parser, add_profile_parser
+    add_profile_parser(sub)
+    add_chakra_parser(sub, DEFAULT_CLUSTER, DEFAULT_WORKLOAD, _ranged(1, MAX_GLOBAL_BATCH, integer=True))
     from .compare import add_compare_parser
     add_compare_parser(sub, _ranged(1, MAX_GLOBAL_BATCH, integer=True))
     return parser
@@ -162,6 +168,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m grader") -> int:
         if args.command == "export":
             from .launch_cli import cmd_export
             return cmd_export(args)
+        if args.command == "profile":
+            from .profile_cli import cmd_profile
+            return cmd_profile(args)
+        if args.command == "export-chakra":
+            from .profile_cli import cmd_export_chakra
+            return cmd_export_chakra(args, strategy_file(args.file))
         if args.command == "check":
             from .check import cmd_check
             return cmd_check(str(strategy_file(args.file)), args.examples, args.seed, console)

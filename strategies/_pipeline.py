@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dist_lib import Model, Work
+from dist_lib.comm.tp_overlap import overlap_layer_collectives
 from dist_lib.tensors import range_mask
 
 from dist_lib.schedules.actions import EXCHANGES, MESSAGES, POSTS, Action
@@ -77,6 +78,9 @@ class StagePlan:
     cp_group: Sequence[int] = ()
     cp_rank: int = 0
     kv_exchange: str = "ring"
+    # Megatron-Core's --tp-comm-overlap (Transformer Engine's userbuffers): the layer's TP collectives
+    # pipelined with the GEMMs they feed and drain, charged what the GEMMs leave exposed (`costs.tp_overlap`)
+    tp_comm_overlap: bool = False
 
 
 
@@ -132,6 +136,9 @@ class _Stage:
             self.modes["fp8"] = plan.fp8
         # sharded weights gathered before use (`_sharded.ParamGathers`), or None: each layer's weight is whole
         self.gathers = None
+        if plan.tp_comm_overlap and self.tp_group is not None:
+            for size in {len(samples) for samples in plan.microbatches}:
+                overlap_layer_collectives(self.tp_group, model.device, model.workload, size)
 
     def load(self, layer: int) -> tuple:
         """(weight, optimizer state) this rank keeps for `layer`: its TP slice, whole."""

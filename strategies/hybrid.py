@@ -8,7 +8,8 @@ passed. With `cp` > 1, each replica's stages run context-parallel (`_context.py`
 attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`); with a
 mixture-of-experts workload, `ep` lays expert-parallel groups over the replicas of each stage (EP x PP x DP,
 `_expert_stage.py`); `distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `fp8`
-runs the linear layers' GEMMs in FP8, and `framework` takes a framework's defaults (`_frameworks.py`). Every
+runs the linear layers' GEMMs in FP8, `tp_comm_overlap` pipelines the TP collectives with the GEMMs
+(`costs/tp_overlap.py`), and `framework` takes a framework's defaults (`_frameworks.py`). Every
 option, its source and its effect: docs/reference/strategies.md, "hybrid's options".
 """
 
@@ -38,7 +39,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 kv_exchange: str = "ring", ep: int | None = None, distributed_optimizer: bool = False,
                 overlap_param_gather: bool = False, fsdp: bool = False,
                 replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
-                framework: str | None = None) -> None:
+                tp_comm_overlap: bool = False, framework: str | None = None) -> None:
     if framework is not None:  # the framework's defaults for the options left at hybrid's own (`_frameworks`)
         given = {k: v for k, v in locals().items() if k in _DEFAULTS and v != _DEFAULTS[k]}
         await train(model, **{**_DEFAULTS, **framework_defaults(framework, given, tp)})
@@ -55,6 +56,9 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
     sharding = check_sharding(distributed_optimizer, fsdp, overlap_param_gather, replicate, reshard_after_forward)
     if cp != 1 and (sharding != "none" or fp8 is not None):
         raise ValueError(f"cp={cp} runs without distributed_optimizer, fsdp and fp8 (not modelled together yet)")
+    if tp_comm_overlap and tp > 1 and (not sequence_parallel or cp != 1):
+        raise ValueError(f"tp_comm_overlap=True with tp={tp} needs sequence_parallel=True and cp=1 (Megatron-LM "
+                         f"asserts --tp-comm-overlap only with --sequence-parallel)")
     if chunks is None:
         chunks = 2 if schedule == "interleaved" else 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
@@ -63,6 +67,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
                       attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange, fp8=fp8)
+    plan.tp_comm_overlap = tp_comm_overlap
     if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
         if cp != 1 or sharding != "none" or fp8 is not None:
             raise ValueError("experts (ep) run without cp, distributed_optimizer, fsdp and fp8 (not modelled "

@@ -334,8 +334,8 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps):
     def update(self, layer: int, grad: WeightGrad, weight: Weight, opt_state: OptState) -> tuple[Weight, OptState]:
         """Adam step on the shard `opt_state` holds; the gradient must cover the whole global batch."""
         rank = self.rank
-        shards, num_shards, tp_rank, tp = opt_state.shards, opt_state.num_shards, opt_state.tp_rank, \
-            opt_state.tp_size
+        shards, num_shards, tp_rank, tp = (opt_state.shards, opt_state.num_shards, opt_state.tp_rank, opt_state.tp_size) \
+            if opt_state.__class__ is OptState else (0, 0, -1, -1)  # (anything else is explained below)
         if layer.__class__ is not int or grad.__class__ is not WeightGrad or weight.__class__ is not Weight \
                 or opt_state.__class__ is not OptState or grad.rank != rank or weight.rank != rank \
                 or opt_state.rank != rank or grad.layer != layer or weight.layer != layer \

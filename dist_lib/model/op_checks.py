@@ -37,9 +37,11 @@ class OpChecks:
             raise TensorError(f"{where}: the gradient {grad!r} holds only sequence parts "
                               f"{describe_mask(grad.seq_parts)} of {grad.cp_size}; all_reduce it over the "
                               f"context-parallel ranks of each replica too (the dp x cp group) before the update")
-        for name, t, cls in (("grad", grad, WeightGrad), ("weight", weight, Weight), ("opt_state", opt_state, OptState)):
+        given = (("grad", grad, WeightGrad), ("weight", weight, Weight), ("opt_state", opt_state, OptState))
+        for name, t, cls in given:  # every kind first: the checks below read the optimizer state's fields
             if type(t) is not cls:
                 raise TensorError(f"{where}: {name} must be a {cls.__name__}, got {t!r}")
+        for name, t, cls in given:
             self._check_own(t, where)
             if t.layer != layer:
                 raise TensorError(f"{where}: {name} is {t!r}, not layer {layer}")

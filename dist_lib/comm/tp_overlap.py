@@ -1,0 +1,33 @@
+"""A TP group whose layer collectives overlap the GEMMs (Megatron-Core's `--tp-comm-overlap`): the group's
+cost table takes, for the layer's collectives, only what the GEMMs leave exposed (`costs.tp_overlap`).
+
+The engine charges a layer's compute and then its TP collective on the group's stream; a group's durations
+are computed once per (op, bytes, layer pair) and kept in `Group.costs`, which the Python and the C paths
+both read. Entering the overlapped durations there before the first collective makes every later layer
+collective of that size on the group cost its exposed remainder: the forward's all-reduce pair (standing for
+the two all-gathers and two reduce-scatters of a sequence-parallel layer) and the backward's all-gathers of
+the output gradient before the row-parallel GEMMs.
+"""
+
+from __future__ import annotations
+
+from dist_lib.comm.groups import Group
+from dist_lib.costs.tp_overlap import backward_gather_exposed_time, forward_exposed_time
+from dist_lib.hardware.devices import Device
+from dist_lib.workload.transformer import Workload
+
+# the sequence-parallel backward all-gathers its output gradient in two calls per layer
+# (`strategies/_pipeline._gather_sequence_parallel_grad`), each keyed like a layer's pair of collectives
+BACKWARD_GATHER_CALLS = 2
+
+
+def overlap_layer_collectives(group: Group, device: Device, workload: Workload, samples: int) -> None:
+    """Make `group`'s layer collectives of `samples`-sample microbatches cost what their GEMMs leave exposed.
+    Call before the group's first collective."""
+    tp, topo = group.size, group.topology
+    if tp <= 1 or topo is None:
+        return
+    nbytes = samples * workload.activation_bytes()
+    group.costs[("all_reduce", nbytes, True)] = forward_exposed_time(device, workload, samples, tp, topo)
+    group.costs[("all_gather", nbytes, True)] = \
+        backward_gather_exposed_time(device, workload, samples, tp, topo) / BACKWARD_GATHER_CALLS

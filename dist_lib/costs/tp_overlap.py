@@ -1,0 +1,74 @@
+"""Tensor-parallel communication overlapped with the GEMMs it feeds or drains (Megatron-Core's
+`--tp-comm-overlap`, Transformer Engine's userbuffers; torchtitan's async TP is the same idea).
+
+Megatron-LM requires sequence parallelism for it (megatron/training/arguments.py `validate_args`: "Tensor
+parallel communication/GEMM overlap can happen only when sequence parallelism is enabled").
+With sequence parallelism each TP linear layer of a forward is an all-gather of its sequence-split input
+before a column-parallel GEMM (QKV, MLP up) or a reduce-scatter of its output after a row-parallel GEMM
+(attention projection, MLP down). Transformer Engine splits each pair into chunks and pipelines them
+(NVIDIA/TransformerEngine, transformer_engine/pytorch/module/base.py `initialize_ub`, default methods):
+
+* `ring_exchange` for qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad: the all-gather as tp - 1 point-to-point
+  steps of one chunk each, the GEMM in tp chunks, chunk i's GEMM beside the step that brings chunk i+1;
+  the last chunk's GEMM runs alone:  T = (t - 1) max(g/t, c/(t - 1)) + g/t;
+* `pipeline` (num_splits 4) for proj_fprop, fc2_fprop: the GEMM in 4 chunks, each chunk's reduce-scatter
+  beside the next chunk's GEMM; the first GEMM chunk and the last reduce-scatter run alone:
+  T = g/4 + 3 max(g/4, c/4) + c/4;
+* `bulk` for qkv_dgrad, fc1_dgrad, qkv_wgrad, fc1_wgrad: the backward's re-gather and reduce-scatter beside
+  the input- and weight-gradient GEMMs, which the engine already runs side by side (`async_tp_allreduce`).
+
+So a collective c overlapped with a GEMM g costs max(c, g) plus its unhidden first or last chunk, instead of
+c + g. The engine charges a layer's compute and then its TP collective; with the overlap the collective
+keeps only what the GEMMs do not hide, `exposed = T - g` summed over the layer's pairs.
+"""
+
+from __future__ import annotations
+
+from dist_lib.costs.compute import gemm_time
+from dist_lib.costs.network import collective_time
+from dist_lib.hardware.devices import Device
+from dist_lib.hardware.topology import Topology
+from dist_lib.workload import architecture as arch
+from dist_lib.workload.transformer import Workload
+
+PIPELINE_SPLITS = 4  # Transformer Engine's default num_splits for the `pipeline` reduce-scatter overlap
+
+
+def ring_exchange_time(gemm: float, comm: float, tp: int) -> float:
+    """An all-gather over tp ranks as tp - 1 chunk exchanges, each beside one of the GEMM's tp chunks."""
+    if tp <= 1:
+        return gemm + comm
+    return (tp - 1) * max(gemm / tp, comm / (tp - 1)) + gemm / tp
+
+
+def pipelined_time(gemm: float, comm: float, splits: int = PIPELINE_SPLITS) -> float:
+    """A GEMM in `splits` chunks, each chunk's reduce-scatter beside the next chunk's GEMM."""
+    return gemm / splits + (splits - 1) * max(gemm / splits, comm / splits) + comm / splits
+
+
+def _gemms(device: Device, workload: Workload, samples: int, tp: int, backward: bool) -> list[float]:
+    """Seconds of the layer's four weight GEMMs (QKV, projection, MLP up, MLP down) on one TP rank: the
+    forward GEMMs, or with `backward` the input-gradient GEMMs."""
+    shapes = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
+    if backward:
+        shapes = [(m, k, n) for m, n, k in shapes]
+    return [gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes]
+
+
+def forward_exposed_time(device: Device, workload: Workload, samples: int, tp: int, topo: Topology) -> float:
+    """What a layer forward's TP communication still costs after its GEMMs: the all-gathers before QKV
+    and MLP up by ring exchange, the reduce-scatters after the projection and MLP down pipelined."""
+    nbytes = samples * workload.activation_bytes()
+    gather, scatter = collective_time("all_gather", nbytes, topo), collective_time("reduce_scatter", nbytes, topo)
+    qkv, proj, up, down = _gemms(device, workload, samples, tp, backward=False)
+    return (ring_exchange_time(qkv, gather, tp) - qkv + pipelined_time(proj, scatter) - proj
+            + ring_exchange_time(up, gather, tp) - up + pipelined_time(down, scatter) - down)
+
+
+def backward_gather_exposed_time(device: Device, workload: Workload, samples: int, tp: int,
+                                 topo: Topology) -> float:
+    """What the backward's all-gathers of the output gradient before the two row-parallel input-gradient
+    GEMMs (proj_dgrad, fc2_dgrad) still cost, each by ring exchange beside its GEMM."""
+    gather = collective_time("all_gather", samples * workload.activation_bytes(), topo)
+    _, proj, _, down = _gemms(device, workload, samples, tp, backward=True)
+    return ring_exchange_time(proj, gather, tp) - proj + ring_exchange_time(down, gather, tp) - down

@@ -1,0 +1,74 @@
+"""Megatron-Core's --tp-comm-overlap (`costs/tp_overlap.py`, hybrid's `tp_comm_overlap`): a TP collective
+pipelined with its GEMM costs max(comm, GEMM) plus the unhidden chunk, and nothing else changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_lib import simulate
+from dist_lib.comm.tp_overlap import overlap_layer_collectives
+from dist_lib.costs import compute
+from dist_lib.errors import StrategyError
+from dist_lib.costs.network import collective_time
+from dist_lib.costs.tp_overlap import pipelined_time, ring_exchange_time
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.workload.transformer import Workload
+
+SMALL = Workload("small", 4, 4096, 32, 2048, 32000)
+
+
+def test_chunked_overlap_formulas_by_hand():
+    # ring exchange over 4 ranks: 3 steps of max(4/4, 6/3) = 2, then the last GEMM chunk 1
+    assert ring_exchange_time(4.0, 6.0, 4) == pytest.approx(7.0)
+    # compute-bound: the exchange hides entirely, the GEMM's time is all that is left
+    assert ring_exchange_time(8.0, 3.0, 4) == pytest.approx(8.0)
+    # pipelined reduce-scatter in 4 splits: first GEMM chunk 2, 3 x max(2, 1), last reduce-scatter chunk 1
+    assert pipelined_time(8.0, 4.0) == pytest.approx(9.0)
+    assert ring_exchange_time(4.0, 6.0, 1) == 10.0  # no TP group: nothing to overlap
+
+
+def _one_layer_forward(overlap: bool):
+    async def train(model, **_):
+        group = model.group([0, 1])
+        if overlap:
+            overlap_layer_collectives(group, model.device, model.workload, 1)
+        weight, _ = model.load_weights(0, tp_rank=model.rank, tp_size=2)
+        x = model.forward(0, model.get_input_activation(range(1)), weight, sequence_parallel=True)
+        await model.all_reduce(x, group)
+    return train
+
+
+def test_one_layer_forward_with_and_without_overlap_as_hand_derived():
+    cluster = Cluster.parse("1x2xH100-80GB")
+    device = cluster.device_of(0)
+    topo = cluster.topology((0, 1))
+    forward = compute.forward_time(device, SMALL, 0, 1, 2, sequence_parallel=True)
+    n = SMALL.activation_bytes()  # b s h at 16 bits, b = 1
+    gather, scatter = collective_time("all_gather", n, topo), collective_time("reduce_scatter", n, topo)
+    # without: the layer's compute, then its two all-reduces (attention, MLP)
+    plain = simulate(_one_layer_forward(False), cluster, SMALL, 1, check=False).time_s
+    assert plain == pytest.approx(forward + 2 * collective_time("all_reduce", n, topo), rel=1e-9)
+    # with: QKV and MLP-up behind their all-gathers as max(g/2, c) + g/2 (t = 2), projection and MLP-down
+    # before their reduce-scatters as g/4 + 3 max(g/4, c/4) + c/4; what exceeds the GEMMs is exposed
+    s, h = SMALL.seq_len, SMALL.hidden
+    qkv, proj, up, down = (compute.gemm_time(device, s, 3 * h / 2, h), compute.gemm_time(device, s, h, h / 2),
+                           compute.gemm_time(device, s, 4 * h / 2, h), compute.gemm_time(device, s, h, 4 * h / 2))
+    exposed = sum(max(g / 2, gather) + g / 2 - g for g in (qkv, up)) \
+        + sum(g / 4 + 3 * max(g / 4, scatter / 4) + scatter / 4 - g for g in (proj, down))
+    overlapped = simulate(_one_layer_forward(True), cluster, SMALL, 1, check=False).time_s
+    assert overlapped == pytest.approx(forward + exposed, rel=1e-9)
+    assert overlapped < plain
+
+
+def test_hybrid_with_overlap_runs_correct_and_faster():
+    options = dict(dp=1, pp=2, tp=2, microbatch_size=1, sequence_parallel=True)
+    base = simulate("strategies/hybrid.py", "1x4xH100-80GB", SMALL, 4, **options)
+    fast = simulate("strategies/hybrid.py", "1x4xH100-80GB", SMALL, 4, tp_comm_overlap=True, **options)
+    assert base.correct and fast.correct
+    assert fast.time_s < base.time_s
+    assert fast.peak_memory_bytes == base.peak_memory_bytes
+
+
+def test_tp_comm_overlap_needs_sequence_parallelism():
+    with pytest.raises(StrategyError, match="tp_comm_overlap=True with tp=2 needs sequence_parallel=True"):
+        simulate("strategies/hybrid.py", "1x2xH100-80GB", SMALL, 2, dp=1, pp=1, tp=2, tp_comm_overlap=True)
