@@ -1,9 +1,9 @@
-"""Builds the optional C accelerator: the memory bookkeeping (`dist_lib/_buffers.c`), the hottest ops
-(`dist_lib/_ops.c`, `dist_lib/_weight_ops.c`, `dist_lib/_comm_ops.c`), the resolution, start and end of
-collectives and what awaiting one does (`dist_lib/_comm_resolve.c`, `dist_lib/_comm_end.c`,
-`dist_lib/_work.c`), the point-to-point message path
-(`dist_lib/_p2p_ops.c`), the event log's packing (`dist_lib/_events.c`), the transfer scheduler
-(`dist_lib/_transfers.c`) and the engine's block/wake path (`dist_lib/_drive.c`), one extension module.
+"""Builds the optional C accelerator, one extension module (`dist_lib._buffers`) from `dist_lib/native/`: a
+file per group of twins, named after what it mirrors (`_buffers.c` the memory bookkeeping, `_events.c` the event
+log's packing, `_transfers.c` the transfer scheduler, `_tensor_ops.c` the compute and weight ops, `_comm.c`
+the collectives from issue to await, `_p2p.c` the point-to-point message path, `_drive.c` the engine's
+block/wake path), the helpers they share (`_common.c`, `_common.h`) and the module's one table of their entry
+points (`_module.c`).
 
 What each of these gains is measured by `benchmarks/accelerator.py` (docs/explanation/accelerator.md), with
 `DIST_SANDBOX_C_OFF` switching single twins off. Everything else is in pyproject.toml. Without a C compiler the build goes on and `dist_lib/memory/buffers.py`

@@ -5,6 +5,7 @@ with that twin on against off (`DIST_SANDBOX_C_OFF=<twin>`, the other twins on).
     python benchmarks/accelerator.py --repeat 3 --configs ddp,1f1b
     python benchmarks/accelerator.py --twins drive,p2p
     python benchmarks/accelerator.py --twins events+drive --no-pure   # two twins off together
+    python benchmarks/accelerator.py --files                          # each twin's C files and lines only
 
 Every run is a fresh process (the twins are installed at import). For each configuration and twin, one
 round runs the step with every twin on and with that twin off, one after the other, and takes the ratio of
@@ -66,27 +67,61 @@ CONFIGS = [
     ("zero3", "ZeRO-3, 1024 ranks x 48 layers, 1 microbatch each (strategies/zero.py)", zero3_call(1024, 48, 1)),
 ]
 
-# Which C files serve which twin (`dist_lib/native/`); headers go with the twins that include them.
+# Which C files serve which twin (`dist_lib/native/`). A file two twins share holds each in its part, from
+# the line `/* ==== <twin> ` to the next such line, and a twin's lines are its part's; the helpers every
+# twin uses and the module's table (`SHARED`) are counted only in the row of every twin.
 FILES = {
-    "buffers": ("_buffers.c", "_buffers.h"),
+    "buffers": ("_buffers.c",),
     "events": ("_events.c",),
     "transfers": ("_transfers.c",),
-    "ops": ("_ops.c", "_ops.h"),
-    "weight_ops": ("_weight_ops.c",),
-    "comm": ("_comm_ops.c", "_comm_resolve.c", "_comm_end.c", "_work.c", "_comm.h"),
-    "p2p": ("_p2p_ops.c",),
+    "ops": ("_tensor_ops.c",),
+    "weight_ops": ("_tensor_ops.c",),
+    "comm": ("_comm.c",),
+    "p2p": ("_p2p.c",),
     "drive": ("_drive.c",),
 }
+SHARED = ("_common.c", "_common.h", "_module.c")
 
 
 def unserved() -> list[str]:
-    """C files of dist_lib/native/ that no twin of `FILES` names (the table would leave them out)."""
-    named = {name for names in FILES.values() for name in names}
+    """C files of dist_lib/native/ that no twin of `FILES` and no entry of `SHARED` names (the table would leave
+    them out)."""
+    named = {name for names in FILES.values() for name in names} | set(SHARED)
     return sorted(p.name for p in NATIVE.glob("_*.[ch]") if p.name not in named)
 
 
-def lines(names: tuple[str, ...]) -> int:
-    return sum(len((NATIVE / name).read_text().splitlines()) for name in names if (NATIVE / name).exists())
+def file_lines(name: str) -> list[str]:
+    path = NATIVE / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def twin_lines(twin: str) -> int:
+    """The lines of the twin's files; of a file it shares with another twin, those of its own part."""
+    count = 0
+    for name in FILES[twin]:
+        text = file_lines(name)
+        if sum(name in names for names in FILES.values()) == 1:
+            count += len(text)
+            continue
+        starts = [i for i, line in enumerate(text) if line.startswith("/* ==== ")]
+        mine = [i for i in starts if text[i].startswith(f"/* ==== {twin} ")]
+        if len(mine) != 1:
+            sys.exit(f"benchmarks/accelerator.py: {name} has no part `/* ==== {twin} ` of its own")
+        count += min([i for i in starts if i > mine[0]] + [len(text)]) - mine[0]
+    return count
+
+
+def every_line() -> int:
+    """The lines of every C file the table names (each file once)."""
+    return sum(len(file_lines(name)) for name in {*SHARED, *(n for names in FILES.values() for n in names)})
+
+
+def files_table() -> None:
+    """Each twin's files and lines, and the whole (`--files`: no step is run)."""
+    for twin in FILES:
+        print(f"| {twin:<20} | {', '.join(FILES[twin]):<50} | {twin_lines(twin):>5} |")
+    print(f"| {'shared':<20} | {', '.join(SHARED):<50} | {sum(len(file_lines(n)) for n in SHARED):>5} |")
+    print(f"| {'all':<20} | {'every file':<50} | {every_line():>5} |")
 
 
 def run(call: dict, env: dict[str, str]) -> dict:
@@ -106,13 +141,17 @@ def main() -> None:
     parser.add_argument("--twins", default=",".join(TWINS),
                         help=f"which twins, comma-separated ({', '.join(TWINS)}); a+b switches a and b off together")
     parser.add_argument("--no-pure", action="store_true", help="leave out the row against pure Python")
+    parser.add_argument("--files", action="store_true", help="only list each twin's C files and lines (runs no step)")
     args = parser.parse_args()
+    if unserved():
+        sys.exit(f"benchmarks/accelerator.py: FILES does not say which twin {', '.join(unserved())} serve")
+    if args.files:
+        files_table()
+        return
     configs = [c for c in CONFIGS if c[0] in args.configs.split(",")]
     twins = [t for t in args.twins.split(",") if t]
     if not configs or {name for t in twins for name in t.split("+")} - set(TWINS):
         sys.exit(f"--configs {args.configs} --twins {args.twins}: choose from {[c[0] for c in CONFIGS]} and {TWINS}")
-    if unserved():
-        sys.exit(f"benchmarks/accelerator.py: FILES does not say which twin {', '.join(unserved())} serve")
     from dist_lib.native import EXTENSION
     if EXTENSION is None:
         sys.exit("the C accelerator is not built (or DIST_SANDBOX_PURE_PYTHON is set): nothing to compare")
@@ -146,8 +185,8 @@ def main() -> None:
     print(header)
     print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
     for name in switches:
-        files = ("every file",) if name == "all" else tuple(f for t in name.split("+") for f in FILES[t])
-        count = sum(lines(f) for f in FILES.values()) if name == "all" else lines(files)
+        files = ("every file",) if name == "all" else tuple(dict.fromkeys(f for t in name.split("+") for f in FILES[t]))
+        count = every_line() if name == "all" else sum(twin_lines(t) for t in name.split("+"))
         label = "all (vs pure Python)" if name == "all" else name
         cells = " | ".join(f"{statistics.median(ratios[(name, key)]):>6.2f}x" for key, _, _ in configs)
         print(f"| {label:<20} | {', '.join(files):<50} | {count:>5} | {cells} |")

@@ -1,5 +1,5 @@
-"""The C collective path (`_comm_ops.c`: a member's issue; `_comm_resolve.c`: its resolution;
-`_comm_end.c`: its start and end on its group's stream; `_work.c`: awaiting it) against its Python twins
+"""The C collective path (`_comm.c`: a member's issue, its resolution, its start and end on its group's
+stream, awaiting it) against its Python twins
 in `comm/collectives.py` and `model/handle.py`, on randomized collective patterns over several groups: TP partial sums of
 activations and gradients, TP-piece gathers, gradient all-reduces, ZeRO gathers and reduce-scatters,
 awaited at once, later or never, with mismatches (different ops, layers, samples, TP slices, overlapping

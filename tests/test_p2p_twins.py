@@ -1,4 +1,4 @@
-"""The C message path (`_p2p_ops.c`: `Model.send`, `Model.recv` and the end of a message) against its Python
+"""The C message path (`_p2p.c`: `Model.send`, `Model.recv` and the end of a message) against its Python
 twin in `comm/p2p.py` and `model/handle.py`, on randomized message patterns: the same events, memory books, received
 tensors and rank times, and for a faulty pattern the same exception and message."""
 

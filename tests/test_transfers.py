@@ -47,7 +47,7 @@ def test_a_transfer_moves_at_the_share_of_its_most_loaded_link():
     assert ends == [pytest.approx(3.0), pytest.approx(2.0), pytest.approx(3.0), pytest.approx(3.0)]
 
 
-# ---- the C twins (dist_lib/_transfers.c) against the Python specification ----------------------------
+# ---- the C twins (dist_lib/native/_transfers.c) against the Python specification ----------------------------
 
 def _c_twins():
     try:

@@ -379,8 +379,8 @@ def unfinished(engine: Engine) -> list[str]:
     return problems
 
 
-# The Python twins of what the C accelerator replaces in this module (`_comm_resolve.c`, `_comm_end.c`),
-# kept as the specification and the fallback for anything off the common case. Installing the C ops adds
-# the Python `Model.all_reduce`, `all_gather`, `reduce_scatter` (`_comm_ops.c`) and `Work._complete`
-# (`_work.c`), so that tests can run either implementation.
+# The Python twins of what the C accelerator (`native/_comm.c`) replaces in this module, kept as the
+# specification and the fallback for anything off the common case. Installing the C ops adds the Python
+# `Model.all_reduce`, `all_gather`, `reduce_scatter` and `Work._complete`, so that tests can run either
+# implementation.
 PYTHON_TWINS = {"_resolve_ready": _resolve_ready, "_start": _start, "_finish": _finish}

@@ -2,8 +2,8 @@
 members issued the same op on like tensors (`check_match`), and what the members' inputs combine into
 (`combine`): gradients of disjoint samples sum, TP partial sums of one split add up to the whole, ZeRO
 shards and TP pieces gather, a whole gradient reduce-scatters into shards. Anything else is a
-`TensorError` or `CollectiveMismatchError` naming the ranks and tensors (`_comm_resolve.c` and
-`_comm_ops.c` are the C twins of the common cases).
+`TensorError` or `CollectiveMismatchError` naming the ranks and tensors (`native/_comm.c` has the C
+twins of the common cases).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def install_c_twins() -> None:
     """Put the C twins on their classes (a no-op without the C accelerator); those `DIST_SANDBOX_C_OFF` names
     stay in Python."""
     if twin("ops") is not None:
-        twin("ops").install(
+        twin("ops").install_ops(
             Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT,
             {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, Model.backward_input,
                                              Model.backward_weight, WeightGrad.__add__)})

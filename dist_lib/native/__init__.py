@@ -1,5 +1,6 @@
 """The optional C accelerator: one extension module (`dist_lib._buffers`) built from the C files beside this
-one (`_*.c`, `_*.h`), each the twin of a Python function or class that stays its specification.
+one (`_*.c`, `_*.h`: a file per group of twins, each the twin of Python functions or classes that stay its
+specification, the helpers they share, and `_module.c`, the table of each twin's one entry point).
 
 `EXTENSION` is the loaded module, or None to run everything in Python (`DIST_SANDBOX_PURE_PYTHON=1`, no C
 compiler at install time, or an extension built from other sources than these). `twin(name)` is the module

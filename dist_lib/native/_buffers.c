@@ -9,11 +9,10 @@
  * alive and logs nothing itself. `memory/buffers.py` is the pure-Python twin with the same semantics; its
  * docstrings are the specification, and `memory/tracker.py` takes this module when it was built.
  */
-#include "_buffers.h"
+#include "_common.h"
 
 PyTypeObject AllocLogType;
 PyTypeObject BufferType;
-static PyObject *str_clock, *str_code, *str_args, *str_defaults, *str_frombytes, *array_type;
 
 /* What a Buffer subclass's constructor needs, looked up once per class: its kind code, and the slots
  * that `_args` names with their offsets, so the fields are stored without running Python code. */
@@ -517,37 +516,52 @@ PyTypeObject BufferType = {
     .tp_getset = Buffer_getset,
 };
 
-/* ---- module -------------------------------------------------------------------------------------- */
+/* ---- the records of what was handed in ----------------------------------------------------------- */
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_buffers",
-                                    "Buffers and allocation logs in C (see memory/buffers.py).", -1, NULL};
-
-PyMODINIT_FUNC PyInit__buffers(void) {
-    str_clock = PyUnicode_InternFromString("clock");
-    str_code = PyUnicode_InternFromString("code");
-    str_args = PyUnicode_InternFromString("_args");
-    str_defaults = PyUnicode_InternFromString("_defaults");
-    str_frombytes = PyUnicode_InternFromString("frombytes");
-    PyObject *array_module = PyImport_ImportModule("array");
-    if (!array_module) return NULL;
-    array_type = PyObject_GetAttrString(array_module, "array");
-    Py_DECREF(array_module);
-    if (!array_type || PyType_Ready(&AllocLogType) < 0 || PyType_Ready(&BufferType) < 0) return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (!m) return NULL;
-    if (ops_init(m) < 0 || weight_ops_init(m) < 0 || comm_ops_init(m) < 0 || p2p_ops_init(m) < 0 ||
-        events_init(m) < 0 || transfers_init(m) < 0 ||
-        drive_init(m) < 0) { Py_DECREF(m); return NULL; }
-    Py_INCREF(&AllocLogType);
-    Py_INCREF(&BufferType);
-#ifndef SOURCE_HASH
-#define SOURCE_HASH "" /* built without setup.py: memory/tracker.py treats it as stale */
-#endif
-    if (PyModule_AddObject(m, "AllocLog", (PyObject *)&AllocLogType) < 0 ||
-        PyModule_AddObject(m, "Buffer", (PyObject *)&BufferType) < 0 ||
-        PyModule_AddStringConstant(m, "SOURCE_HASH", SOURCE_HASH) < 0) {
-        Py_DECREF(m);
+/* slot_records(objects, cls, names): the named slots of each object (all of class `cls`) as tuples.
+ * A tuple of ints is untracked by the cycle collector, as CPython does on its first pass over one: a
+ * step's records are tens of thousands of tuples, and the first collection after the step would
+ * otherwise visit each. */
+PyObject *slot_records(PyObject *module, PyObject *args) {
+    PyObject *objects, *cls, *names;
+    if (!PyArg_ParseTuple(args, "O!O!O!:slot_records", &PyList_Type, &objects, &PyType_Type, &cls, &PyTuple_Type,
+                          &names))
         return NULL;
+    Py_ssize_t width = PyTuple_GET_SIZE(names), count = PyList_GET_SIZE(objects);
+    Py_ssize_t offsets[16];
+    if (width > 16) return PyErr_Format(PyExc_ValueError, "slot_records: at most 16 names, got %zd", width);
+    for (Py_ssize_t i = 0; i < width; i++) {
+        const char *name = PyUnicode_Check(PyTuple_GET_ITEM(names, i)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i))
+                                                                         : NULL;
+        if (!name) return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_TypeError, "slot_records: names are strings");
+        if (slot_offset(cls, name, &offsets[i]) < 0) return NULL;
     }
-    return m;
+    PyObject *out = PyList_New(count);
+    if (!out) return NULL;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *obj = PyList_GET_ITEM(objects, k);
+        if (Py_TYPE(obj) != (PyTypeObject *)cls) {
+            PyErr_Format(PyExc_TypeError, "slot_records: item %zd is a %s, not a %s", k, Py_TYPE(obj)->tp_name,
+                         ((PyTypeObject *)cls)->tp_name);
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *record = PyTuple_New(width);
+        if (!record) { Py_DECREF(out); return NULL; }
+        int atoms = 1;
+        for (Py_ssize_t i = 0; i < width; i++) {
+            PyObject *value = SLOT(obj, offsets[i]);
+            if (!value) {
+                PyErr_Format(PyExc_AttributeError, "slot_records: item %zd has no %R", k, PyTuple_GET_ITEM(names, i));
+                Py_DECREF(record);
+                Py_DECREF(out);
+                return NULL;
+            }
+            atoms &= PyLong_CheckExact(value);
+            PyTuple_SET_ITEM(record, i, Py_NewRef(value));
+        }
+        if (atoms) PyObject_GC_UnTrack(record);
+        PyList_SET_ITEM(out, k, record);
+    }
+    return out;
 }

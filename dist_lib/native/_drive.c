@@ -8,7 +8,7 @@
  * task, a rank to resume with an error, a future to complete, books that are not the Python classes') goes
  * to the Python method, which stays the specification.
  */
-#include "_comm.h"
+#include "_common.h"
 
 static struct {
     PyTypeObject *Engine, *RankState, *Work, *EventLog;
@@ -311,7 +311,22 @@ static PyMethodDef wake_def = {"wake", (PyCFunction)wake, METH_O, NULL};
 static PyMethodDef drive_def = {"_drive", (PyCFunction)drive, METH_NOARGS, NULL};
 static PyMethodDef await_def = {"__await__", (PyCFunction)work_await, METH_NOARGS, NULL};
 
-static PyObject *install_drive(PyObject *module, PyObject *args) {
+/* The names and constants the twin reads, made once, by the first install. */
+static int drive_names(void) {
+    if (D.s_pack) return 0;
+    struct { PyObject **out; const char *text; } strings[] = {
+        {&D.s_pack, "pack"}, {&D.s_advance, "advance"}, {&D.s_append, "append"}, {&D.s_popleft, "popleft"},
+        {&D.s_block_direct, "block_direct"}, {&D.s_complete, "_complete"}, {&D.s_rank_returned, "_rank_returned"},
+        {&D.s_rank_failed, "_rank_failed"}, {&D.s_await_foreign, "_await_foreign"}, {&D.s_step_name, "_step"},
+    };
+    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
+        if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
+    if (!(D.minus_one = PyLong_FromLong(-1)) || PyType_Ready(&AwaiterType) < 0) return -1;
+    return 0;
+}
+
+PyObject *install_drive(PyObject *module, PyObject *args) {
+    if (drive_names() < 0) return NULL;
     PyObject *Engine, *RankState, *Work, *EventLog, *wake_me, *twins, *docs;
     Py_ssize_t pack_at;
     if (!PyArg_ParseTuple(args, "O!O!O!O!OnO!O!:install_drive", &PyType_Type, &Engine, &PyType_Type, &RankState,
@@ -345,20 +360,3 @@ static PyObject *install_drive(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyMethodDef drive_methods[] = {
-    {"install_drive", install_drive, METH_VARARGS,
-     "install_drive(Engine, RankState, Work, EventLog, WAKE_ME, PACK_AT, twins, docs): put the C Engine.wake, "
-     "Engine._drive and Work.__await__ in place; the Python methods go to `twins` and stay their fallback."},
-    {NULL}};
-
-int drive_init(PyObject *module) {
-    struct { PyObject **out; const char *text; } strings[] = {
-        {&D.s_pack, "pack"}, {&D.s_advance, "advance"}, {&D.s_append, "append"}, {&D.s_popleft, "popleft"},
-        {&D.s_block_direct, "block_direct"}, {&D.s_complete, "_complete"}, {&D.s_rank_returned, "_rank_returned"},
-        {&D.s_rank_failed, "_rank_failed"}, {&D.s_await_foreign, "_await_foreign"}, {&D.s_step_name, "_step"},
-    };
-    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
-        if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
-    if (!(D.minus_one = PyLong_FromLong(-1)) || PyType_Ready(&AwaiterType) < 0) return -1;
-    return PyModule_AddFunctions(module, drive_methods);
-}

@@ -6,7 +6,7 @@
  * path appends to, so the two can take turns. An event with a field of an unexpected type makes
  * `pack_events` return False with nothing appended to the columns; Python then packs the batch.
  */
-#include "_buffers.h"
+#include "_common.h"
 
 typedef struct {
     PyObject *op, *stream, *detail, *peers; /* strong references; op == NULL marks an empty slot */
@@ -22,7 +22,6 @@ typedef struct {
     Py_ssize_t cap, used;
 } KindIndex;
 
-static PyObject *str_frombytes;
 
 static void KindIndex_dealloc(KindIndex *self) {
     for (Py_ssize_t i = 0; i < self->cap; i++) {
@@ -42,7 +41,7 @@ static Py_ssize_t KindIndex_len(KindIndex *self) { return self->used; }
 
 static PySequenceMethods KindIndex_as_sequence = {.sq_length = (lenfunc)KindIndex_len};
 
-static PyTypeObject KindIndexType = {
+PyTypeObject KindIndexType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dist_lib._buffers.KindIndex",
     .tp_doc = "KindIndex(): codes of event kinds by value (peers by identity), for `pack_events`.",
@@ -144,7 +143,7 @@ static int extend_column(PyObject *column, const void *buf, Py_ssize_t nbytes) {
     return r ? 0 : -1;
 }
 
-static PyObject *pack_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+PyObject *pack_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 9 || !PyList_CheckExact(args[0]) || Py_TYPE(args[1]) != &KindIndexType ||
         !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) != 7 || !PyList_CheckExact(args[7])) {
         PyErr_SetString(PyExc_TypeError,
@@ -197,20 +196,4 @@ off:
 done:
     PyMem_Free(block);
     return result;
-}
-
-static PyMethodDef events_methods[] = {
-    {"pack_events", (PyCFunction)(void (*)(void))pack_events, METH_FASTCALL,
-     "pack_events(recent, index, table, rank, kind, start, end, samples, op_id): move the recent event "
-     "tuples into the columns, as EventLog.pack does; False (nothing moved) if an event is off the fast path."},
-    {NULL}};
-
-int events_init(PyObject *module) {
-    if (!(str_frombytes = PyUnicode_InternFromString("frombytes")) || PyType_Ready(&KindIndexType) < 0) return -1;
-    Py_INCREF(&KindIndexType);
-    if (PyModule_AddObject(module, "KindIndex", (PyObject *)&KindIndexType) < 0) {
-        Py_DECREF(&KindIndexType);
-        return -1;
-    }
-    return PyModule_AddFunctions(module, events_methods);
 }

@@ -14,7 +14,7 @@
  * The build turns off floating-point contraction (setup.py), so `(now - since) * speed` is rounded
  * before it is subtracted, as in Python.
  */
-#include "_buffers.h"
+#include "_common.h"
 
 #define EXACT_DOUBLE_INT (1LL << 53) /* ints up to this convert to double exactly */
 
@@ -35,7 +35,6 @@ typedef struct {
     unsigned long long mark;  /* the scheduler's pass that last reprojected it (`_reproject_all`'s set) */
 } Transfer;
 
-static PyTypeObject TransferType;
 
 static PyObject *transfer_make(PyTypeObject *type, PyObject *start_obj, PyObject *duration_obj, PyObject *usage,
                                PyObject *finish, PyObject *owner, PyObject *key) {
@@ -163,7 +162,7 @@ static PyMemberDef Transfer_members[] = {
     {"seq", T_LONGLONG, offsetof(Transfer, seq), 0, "its order of arrival at the scheduler"},
     {NULL}};
 
-static PyTypeObject TransferType = {
+PyTypeObject TransferType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dist_lib._buffers.Transfer",
     .tp_doc = "Transfer(start, duration, usage, finish, owner, key)\n--\n\n"
@@ -624,7 +623,7 @@ static PyGetSetDef Scheduler_getset[] = {
     {"load", (getter)Scheduler_load, NULL, "bytes/s wanted by the transfers in flight on each link (a copy)", NULL},
     {NULL}};
 
-static PyTypeObject SchedulerType = {
+PyTypeObject SchedulerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "dist_lib._buffers.Scheduler",
     .tp_doc = "Scheduler(capacity)\n--\n\nTransfers waiting to start and in flight, advanced in virtual time order.",
@@ -638,11 +637,3 @@ static PyTypeObject SchedulerType = {
     .tp_members = Scheduler_members,
     .tp_getset = Scheduler_getset,
 };
-
-int transfers_init(PyObject *module) {
-    if (PyType_Ready(&TransferType) < 0 || PyType_Ready(&SchedulerType) < 0) return -1;
-    if (PyModule_AddObjectRef(module, "Transfer", (PyObject *)&TransferType) < 0 ||
-        PyModule_AddObjectRef(module, "Scheduler", (PyObject *)&SchedulerType) < 0)
-        return -1;
-    return 0;
-}

@@ -1,7 +1,7 @@
 /* C twins of the point-to-point message path: `Model.send` and `Model.recv` (`p2p.issue_send`,
  * `p2p.issue_recv` with `_match` and `_start`) and `p2p._finish` (a message's end).
  *
- * As in `_ops.c`, the common valid call is handled exactly as the Python does it (same checks, same Work
+ * As in `_tensor_ops.c`, the common valid call is handled exactly as the Python does it (same checks, same Work
  * fields, same channel books, the same pairing and start, the same events, wake-ups and frees in the same
  * order), and every other call goes to the Python, which stays the specification: a keyword, a peer or
  * tensor that fails a check (errors are always Python's), the first message on a new channel (Python opens
@@ -9,7 +9,7 @@
  * to finish, so the Python starts from the same state. Transfers are made and scheduled through their
  * Python-visible names (`p2p.Transfer`, `Engine.schedule`), whichever implementation those have.
  */
-#include "_ops.h"
+#include "_common.h"
 
 enum { SEND, RECV };
 
@@ -402,7 +402,23 @@ static int get_attr(PyObject *module, const char *name, int is_type, PyObject **
     return 0;
 }
 
-static PyObject *install_p2p_ops(PyObject *module, PyObject *args) {
+/* The names and constants the twin reads, made once, by the first install. */
+static int p2p_names(void) {
+    if (P.s_send) return 0;
+    struct { PyObject **out; const char *text; } strings[] = {
+        {&P.s_send, "send"}, {&P.s_recv, "recv"}, {&P.s_p2p, "p2p"}, {&P.s_schedule, "schedule"},
+        {&P.s_wake, "wake"}, {&P.s_owner, "owner"}, {&P.s_start, "start"}, {&P.s_end, "end"},
+        {&P.s_next_op_id, "next_op_id"}, {&P.s_ranks, "ranks"}, {&P.s_events, "events"}, {&P.s_recent, "recent"},
+        {&P.s_kind, "kind"}, {&P.s_channels_from, "channels_from"},
+    };
+    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
+        if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
+    if (!(P.zero_float = PyFloat_FromDouble(0.0)) || !(P.one = PyLong_FromLong(1))) return -1;
+    return 0;
+}
+
+PyObject *install_p2p_ops(PyObject *module, PyObject *args) {
+    if (p2p_names() < 0) return NULL;
     PyObject *Model, *RankState, *MemoryTracker, *p2p, *comm, *tensors, *docs;
     if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!:install_p2p_ops", &PyType_Type, &Model, &PyType_Type, &RankState,
                           &PyType_Type, &MemoryTracker, &PyModule_Type, &p2p, &PyModule_Type, &comm, &PyModule_Type,
@@ -462,21 +478,3 @@ fail:
     return NULL;
 }
 
-static PyMethodDef p2p_ops_methods[] = {
-    {"install_p2p_ops", install_p2p_ops, METH_VARARGS,
-     "install_p2p_ops(Model, RankState, MemoryTracker, p2p, comm, tensors, docs): put the C send and recv on "
-     "Model and the C finish of a message in p2p._finish; the Python stays their fallback."},
-    {NULL}};
-
-int p2p_ops_init(PyObject *module) {
-    struct { PyObject **out; const char *text; } strings[] = {
-        {&P.s_send, "send"}, {&P.s_recv, "recv"}, {&P.s_p2p, "p2p"}, {&P.s_schedule, "schedule"},
-        {&P.s_wake, "wake"}, {&P.s_owner, "owner"}, {&P.s_start, "start"}, {&P.s_end, "end"},
-        {&P.s_next_op_id, "next_op_id"}, {&P.s_ranks, "ranks"}, {&P.s_events, "events"}, {&P.s_recent, "recent"},
-        {&P.s_kind, "kind"}, {&P.s_channels_from, "channels_from"},
-    };
-    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
-        if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
-    if (!(P.zero_float = PyFloat_FromDouble(0.0)) || !(P.one = PyLong_FromLong(1))) return -1;
-    return PyModule_AddFunctions(module, p2p_ops_methods);
-}

@@ -1,15 +1,21 @@
-/* The hottest ops in C: `Model.forward`, `Model.backward`, its two halves `Model.backward_input` and
+/* The twins of the tensor ops of `Model` (`model/handle.py`), two twins that `DIST_SANDBOX_C_OFF` switches
+ * apart: `ops` (forward, the backward ops, the gradient sum), installed by `install_ops`, and `weight_ops`
+ * (load_weights, update, set_final_weight), installed by `install_weight_ops`. */
+#include "_common.h"
+
+/* ==== ops ========================================================================================= */
+
+/* `ops`: the hottest ops in C: `Model.forward`, `Model.backward`, its two halves `Model.backward_input` and
  * `Model.backward_weight`, and `WeightGrad.__add__`.
  *
  * Each handles the common, valid case exactly as the Python method in `model/handle.py` / `tensors.py` does
  * (same checks, same costs, same event, same allocations in the same order) and hands every other call
  * (a keyword it does not know, a first use of a shape, any error) to that Python method, which stays the
- * specification. `install` puts them on the classes; the tests run the whole suite both ways and
+ * specification. `install_ops` puts them on the classes; the tests run the whole suite both ways and
  * compare a step's books entry by entry, and the backward ops' errors message by message.
  */
-#include "_ops.h"
 
-/* Slot offsets, classes and constants, resolved once by `install`. */
+/* Slot offsets, classes and constants, resolved once by `install_ops`. */
 static struct {
     PyTypeObject *Activation, *ActivationGrad, *Weight, *WeightGrad, *Stash;
     PyObject *py_forward, *py_backward, *py_backward_input, *py_backward_weight, *py_add; /* the Python twins */
@@ -28,110 +34,6 @@ static struct {
     PyObject *s_forward, *s_backward, *s_backward_input, *s_backward_weight, *s_compute, *s_recompute, *s_empty,
         *s_none, *s_stash, *s_selective, *s_cost, *s_events, *s_pack, *s_selective_mode, *zero, *one;
 } K;
-
-/* ---- small helpers -------------------------------------------------------------------------------- */
-
-/* The C functions behind `int.bit_count` and `int.bit_length` (METH_NOARGS), found once by `ops_init`:
- * calling them directly skips the method lookup and the call machinery, which a mask wider than 64 bits
- * (a step of more than 64 samples) would otherwise pay on every compute op. */
-static PyCFunction int_bit_count, int_bit_length;
-
-/* An int method's result as a long, or -1 (never raises). */
-static long int_method(PyObject *x, PyCFunction method) {
-    PyObject *r = method(x, NULL);
-    long v = r ? PyLong_AsLong(r) : -1;
-    Py_XDECREF(r);
-    if (v == -1) PyErr_Clear();
-    return v;
-}
-
-/* An int's digits, where this build knows CPython's layout of them (30-bit digits since 3.11's
- * `cpython/longintrepr.h`; the sign and count moved into `lv_tag` in 3.12): the digits' popcount is a
- * mask's bit count without building an int. Other versions ask `int.bit_count`. */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
-#define MASK_DIGITS(x) (((PyLongObject *)(x))->ob_digit)
-#define MASK_NDIGITS(x) Py_SIZE(x) /* negative for a negative int */
-#elif PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000 && PYLONG_BITS_IN_DIGIT == 30
-#define MASK_DIGITS(x) (((PyLongObject *)(x))->long_value.ob_digit)
-#define MASK_NDIGITS(x) \
-    ((((PyLongObject *)(x))->long_value.lv_tag & 3) == 2 ? -1 : (Py_ssize_t)(((PyLongObject *)(x))->long_value.lv_tag >> 3))
-#endif
-
-/* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). Where the digits
- * can be read, they are counted directly: asking for an unsigned long long first would raise (and clear)
- * an OverflowError for every mask of a step of more than 64 samples. */
-long mask_bit_count(PyObject *mask) {
-    if (!mask || !PyLong_CheckExact(mask)) return -1;
-#ifdef MASK_DIGITS
-    Py_ssize_t ndigits = MASK_NDIGITS(mask);
-    if (ndigits >= 0) {
-        const digit *d = MASK_DIGITS(mask);
-        long count = 0;
-        Py_ssize_t i = 0;
-        for (; i + 1 < ndigits; i += 2) /* two 30-bit digits per 64-bit popcount */
-            count += __builtin_popcountll((unsigned long long)d[i] | (unsigned long long)d[i + 1] << 30);
-        if (i < ndigits) count += __builtin_popcountll(d[i]);
-        return count;
-    }
-#else
-    unsigned long long v = PyLong_AsUnsignedLongLong(mask);
-    if (v != (unsigned long long)-1 || !PyErr_Occurred()) return __builtin_popcountll(v);
-    PyErr_Clear(); /* negative, or wider than 64 bits (a step of more than 64 samples) */
-#endif
-    return int_method(mask, int_bit_count);
-}
-
-/* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
-int is_full_mask(PyObject *mask, long n) {
-    if (n < 1 || !mask || !PyLong_CheckExact(mask)) return 0;
-    if (n <= 62) return small_int(mask, -1) == (1L << n) - 1;
-    return int_method(mask, int_bit_length) == n && mask_bit_count(mask) == n;
-}
-
-/* The C function of the METH_NOARGS method `name` of int; -1 with TypeError if it has none. */
-static int int_c_method(const char *name, PyCFunction *out) {
-    PyObject *descr = PyObject_GetAttrString((PyObject *)&PyLong_Type, name);
-    if (!descr) return -1;
-    int ok = Py_IS_TYPE(descr, &PyMethodDescr_Type) &&
-             (((PyMethodDescrObject *)descr)->d_method->ml_flags & (METH_NOARGS | METH_VARARGS | METH_FASTCALL |
-                                                                    METH_KEYWORDS | METH_O)) == METH_NOARGS;
-    if (ok) *out = ((PyMethodDescrObject *)descr)->d_method->ml_meth;
-    Py_DECREF(descr);
-    if (!ok) PyErr_Format(PyExc_TypeError, "int.%s is not a C method without arguments", name);
-    return ok ? 0 : -1;
-}
-
-/* Call the Python twin with self first. It re-checks everything, so a failed comparison on the way here
- * (an exception set) is dropped: the twin meets and reports the same problem. */
-int append_event(PyObject *events, PyObject *const *fields) {
-    PyObject *event = PyTuple_New(12);
-    if (!event) return -1;
-    for (int i = 0; i < 12; i++) PyTuple_SET_ITEM(event, i, Py_NewRef(fields[i]));
-    int failed = PyList_Append(events, event);
-    Py_DECREF(event);
-    return failed;
-}
-
-PyObject *take_op_id(PyObject *engine, PyObject *next_op_id) {
-    PyObject *last = PyObject_GetAttr(engine, next_op_id), *one = last ? PyLong_FromLong(1) : NULL;
-    PyObject *id = one ? PyNumber_Add(last, one) : NULL;
-    Py_XDECREF(last);
-    Py_XDECREF(one);
-    if (id && PyObject_SetAttr(engine, next_op_id, id) < 0) Py_CLEAR(id);
-    return id;
-}
-
-PyObject *fallback(PyObject *twin, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    PyErr_Clear();
-    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) + 1;
-    PyObject *small[8], **stack = total <= 8 ? small : PyMem_Malloc(total * sizeof(PyObject *));
-    if (!stack) return PyErr_NoMemory();
-    stack[0] = self;
-    for (Py_ssize_t i = 1; i < total; i++) stack[i] = args[i - 1];
-    PyObject *out = PyObject_Vectorcall(twin, stack, nargs + 1, kwnames);
-    if (stack != small) PyMem_Free(stack);
-    return out;
-}
 
 /* (seconds, FLOPs, stash bytes) of a compute op: the model's cost cache, else `Model._cost`.
  * Returns a new reference to the cached tuple. */
@@ -479,30 +381,6 @@ slow:
 
 /* ---- install ------------------------------------------------------------------------------------- */
 
-int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out) {
-    PyObject *descr = PyObject_GetAttrString(cls, name);
-    if (!descr) return -1;
-    int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
-    if (ok) *out = ((PyMemberDescrObject *)descr)->d_member->offset;
-    Py_DECREF(descr);
-    if (!ok) PyErr_Format(PyExc_TypeError, "%R.%s is not a slot", cls, name);
-    return ok ? 0 : -1;
-}
-
-int same_layout(PyObject *const *siblings, int nsiblings, const char *const *names, const Py_ssize_t *want,
-                int nnames) {
-    for (int c = 0; c < nsiblings; c++)
-        for (int i = 0; i < nnames; i++) {
-            Py_ssize_t offset;
-            if (slot_offset(siblings[c], names[i], &offset) < 0) return -1;
-            if (offset != want[i]) {
-                PyErr_Format(PyExc_TypeError, "%R.%s is not laid out like its sibling's", siblings[c], names[i]);
-                return -1;
-            }
-        }
-    return 0;
-}
-
 static PyMethodDef forward_def = {"forward", (PyCFunction)(void (*)(void))fast_forward, METH_FASTCALL | METH_KEYWORDS,
                                   NULL};
 static PyMethodDef backward_def = {"backward", (PyCFunction)(void (*)(void))fast_backward,
@@ -513,46 +391,30 @@ static PyMethodDef backward_weight_def = {"backward_weight", (PyCFunction)(void 
                                           METH_FASTCALL | METH_KEYWORDS, NULL};
 static PyMethodDef add_def = {"__add__", (PyCFunction)(void (*)(void))fast_add, METH_FASTCALL | METH_KEYWORDS, NULL};
 
-/* Put `def` on `cls`, keeping the Python method there as the twin; `docs[name]` (its signature and
- * docstring, kept alive by the caller) becomes the C method's. */
-int load_classes(PyObject *module, const char *where, const ClassRef *refs, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        PyObject *cls = PyObject_GetAttrString(module, refs[i].name);
-        if (!cls) return -1;
-        if (!PyType_Check(cls)) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a class", where, refs[i].name);
-            Py_DECREF(cls);
-            return -1;
-        }
-        Py_XSETREF(*refs[i].out, (PyTypeObject *)cls);
-    }
+/* The names and constants the twin reads, made once, by the first install. */
+static int ops_names(void) {
+    if (K.s_forward) return 0;
+    struct { PyObject **out; const char *text; } strings[] = {
+        {&K.s_forward, "forward"}, {&K.s_backward, "backward"}, {&K.s_backward_input, "backward_input"},
+        {&K.s_backward_weight, "backward_weight"}, {&K.s_compute, "compute"},
+        {&K.s_recompute, "recompute"}, {&K.s_empty, ""}, {&K.s_none, "none"}, {&K.s_stash, "stash"},
+        {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"},
+        {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_selective_mode, "selective"},
+    };
+    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
+        if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
+    K.zero = PyLong_FromLong(0);
+    K.one = PyLong_FromLong(1);
+    if (!K.zero || !K.one) return -1;
     return 0;
 }
 
-int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin, PyObject *docs) {
-    PyObject *python = PyObject_GetAttrString(cls, def->ml_name);
-    if (!python) return -1;
-    if (!PyFunction_Check(python)) {
-        Py_DECREF(python);
-        PyErr_Format(PyExc_TypeError, "%R.%s is not a Python function (installed twice?)", cls, def->ml_name);
-        return -1;
-    }
-    PyObject *doc = PyDict_GetItemString(docs, def->ml_name);
-    if (doc && PyUnicode_Check(doc)) def->ml_doc = PyUnicode_AsUTF8(doc);
-    if (PyErr_Occurred()) { Py_DECREF(python); return -1; }
-    Py_XSETREF(*twin, python);
-    PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cls, def);
-    if (!descr) return -1;
-    int r = PyObject_SetAttrString(cls, def->ml_name, descr);
-    Py_DECREF(descr);
-    return r;
-}
-
-static PyObject *install(PyObject *module, PyObject *args) {
+PyObject *install_ops(PyObject *module, PyObject *args) {
+    if (ops_names() < 0) return NULL;
     PyObject *Model, *RankState, *MemoryTracker, *Activation, *ActivationGrad, *Weight, *WeightGrad, *Stash;
     PyObject *docs;
     Py_ssize_t pack_at;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!nO!:install", &PyType_Type, &Model, &PyType_Type, &RankState,
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!nO!:install_ops", &PyType_Type, &Model, &PyType_Type, &RankState,
                           &PyType_Type, &MemoryTracker, &PyType_Type, &Activation, &PyType_Type, &ActivationGrad,
                           &PyType_Type, &Weight, &PyType_Type, &WeightGrad, &PyType_Type, &Stash, &pack_at, &PyDict_Type, &docs))
         return NULL;
@@ -609,26 +471,259 @@ static PyObject *install(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyMethodDef ops_methods[] = {
-    {"install", install, METH_VARARGS,
-     "install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, pack_at, docs): "
-     "put the C forward, backward, backward_input, backward_weight and WeightGrad.__add__ on the classes; the "
-     "Python methods stay as their fallback for every case off the fast path."},
-    {NULL}};
+/* ==== weight_ops ================================================================================== */
 
-int ops_init(PyObject *module) {
+/* `weight_ops`: C twins of the per-layer weight ops: `Model.load_weights`, `Model.update` and
+ * `Model.set_final_weight`.
+ *
+ * As `ops` does, each handles the common valid call exactly as the Python method in `model/handle.py` does
+ * (same checks, cost-cache key, event and allocations) and hands every other call to that method, which
+ * stays the specification: a keyword it does not know, a first use of a size or cost, an update that
+ * allocates (a weight holding other ZeRO shards than its optimizer state), a layer's second shard
+ * (`op_checks._first_time` then keeps a set), and any error. Nothing is changed before the fast path is
+ * sure to finish, so the Python method starts from the same state.
+ */
+
+/* Slot offsets, classes and constants, resolved once by `install_weight_ops`. */
+static struct {
+    PyTypeObject *Weight, *OptState, *WeightGrad;
+    PyObject *py_load, *py_update, *py_final; /* the Python twins */
+    PyObject *docs;
+    /* Model */
+    Py_ssize_t m_state, m_mem, m_events, m_cache, m_rank, m_num_layers, m_shard_sizes, m_full_batch;
+    /* RankState and MemoryTracker */
+    Py_ssize_t s_clock, s_updated, s_handed, s_final_weights, s_loaded, mem_context;
+    /* Weight, OptState and WeightGrad share these offsets (checked by `install_weight_ops`) */
+    Py_ssize_t rank, layer, step, shards, num_shards, tp_rank, tp_size, samples;
+    PyObject *s_load, *s_update, *s_compute, *s_empty, *s_shard, *s_num_shards, *s_tp_rank, *s_tp_size, *zero,
+        *one, *zero_float;
+} W;
+
+/* `op_checks._shard_key(shards, num_shards, tp_rank)` for the ranges where C computes it as Python does;
+ * NULL without an exception elsewhere (the caller takes the slow path). */
+static PyObject *shard_key(PyObject *shards, PyObject *num_shards, PyObject *tp_rank) {
+    long n = small_int(num_shards, -1), s = small_int(shards, -1), t = small_int(tp_rank, -1);
+    if (n == 1) return Py_NewRef(tp_rank);
+    if (n < 1 || n >= 1L << 16 || s < 0 || s >= 1L << 31 || t < 0 || t >= 1L << 16) return NULL;
+    return PyLong_FromUnsignedLongLong(((unsigned long long)s << 16 | (unsigned long long)n) << 16 |
+                                       (unsigned long long)t);
+}
+
+/* Is `layer`'s entry of `seen` (RankState.updated or .handed) still empty? When it is taken (the Python
+ * `_first_time` decides then) or off the list, no. */
+static int first_time(PyObject *seen, long layer) {
+    return PyList_CheckExact(seen) && layer >= 0 && layer < PyList_GET_SIZE(seen) &&
+           PyList_GET_ITEM(seen, layer) == Py_None;
+}
+
+/* t holds every parameter of the optimizer state's shards (`op_checks._covers`), for masks that fit a long. */
+static int covers(PyObject *t, long opt_shards, long opt_num_shards) {
+    long n = small_int(SLOT(t, W.num_shards), -1), s = small_int(SLOT(t, W.shards), -1);
+    if (n < 1 || n > 62 || s < 0) return 0;
+    return s == (1L << n) - 1 || (n == opt_num_shards && (s & opt_shards) == opt_shards);
+}
+
+/* ---- load_weights -------------------------------------------------------------------------------- */
+
+static PyObject *fast_load_weights(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    /* layer, shard=0, num_shards=1, *, tp_rank=0, tp_size=1 */
+    PyObject *given[5] = {NULL, W.zero, W.one, W.zero, W.one};
+    PyObject *names[5] = {NULL, W.s_shard, W.s_num_shards, W.s_tp_rank, W.s_tp_size};
+    if (nargs < 1 || nargs > 3) goto slow;
+    for (Py_ssize_t i = 0; i < nargs; i++) given[i] = args[i];
+    for (Py_ssize_t k = 0; kwnames && k < PyTuple_GET_SIZE(kwnames); k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int i = 1;
+        while (i < 5 && names[i] != name) i++;
+        if (i == 5 || i < nargs) goto slow; /* unknown, not interned, or given twice: Python says which */
+        given[i] = args[nargs + k];
+    }
+    PyObject *layer = given[0], *shard = given[1], *num_shards = given[2], *tp_rank = given[3], *tp = given[4];
+    long layer_v = small_int(layer, -1), shard_v = small_int(shard, -1), n = small_int(num_shards, -1);
+    long t = small_int(tp_rank, -1), tp_v = small_int(tp, -1);
+    if (!PyLong_CheckExact(layer) || layer_v < 0 || layer_v >= small_int(SLOT(self, W.m_num_layers), 0) ||
+        shard_v < 0 || shard_v >= n || shard_v > 62 || t < 0 || t >= tp_v || tp_v > 1L << 20 || n > 1L << 20)
+        goto slow;
+    PyObject *parts = PyLong_FromLong(tp_v * n);
+    if (!parts) return NULL;
+    PyObject *key = PyTuple_Pack(2, layer, parts);
+    Py_DECREF(parts);
+    if (!key) return NULL;
+    PyObject *sizes = PyDict_GetItemWithError(SLOT(self, W.m_shard_sizes), key);
+    Py_DECREF(key);
+    if (!sizes || !PyTuple_CheckExact(sizes) || PyTuple_GET_SIZE(sizes) != 2) {
+        if (PyErr_Occurred()) return NULL;
+        goto slow; /* the first time for this (layer, parts): Python computes and caches the sizes */
+    }
+    long long weight_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 0));
+    long long optimizer_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 1));
+    if (PyErr_Occurred()) return NULL;
+    AllocLog *mem = (AllocLog *)SLOT(self, W.m_mem);
+    PyObject *context = PyTuple_Pack(2, W.s_load, layer);
+    if (!context) return NULL;
+    Py_XSETREF(SLOT(mem, W.mem_context), context);
+    PyObject *shards = PyLong_FromLong(1L << shard_v);
+    if (!shards) return NULL;
+    PyObject *load = PyTuple_Pack(5, layer, shards, num_shards, tp_rank, tp); /* RankState.loaded */
+    if (!load || PyList_Append(SLOT(SLOT(self, W.m_state), W.s_loaded), load) < 0) {
+        Py_XDECREF(load);
+        Py_DECREF(shards);
+        return NULL;
+    }
+    Py_DECREF(load);
+    PyObject *fields[8] = {SLOT(self, W.m_rank), layer, W.zero, shards, num_shards, tp_rank, tp, W.zero};
+    PyObject *weight = buffer_alloc(W.Weight, mem, weight_bytes, fields, 8), *result = NULL;
+    PyObject *opt = weight ? buffer_alloc(W.OptState, mem, optimizer_bytes, fields, 8) : NULL;
+    if (opt) result = PyTuple_Pack(2, weight, opt);
+    Py_DECREF(shards);
+    Py_XDECREF(weight);
+    Py_XDECREF(opt);
+    return result;
+slow:
+    return fallback(W.py_load, self, args, nargs, kwnames);
+}
+
+/* ---- update -------------------------------------------------------------------------------------- */
+
+static PyObject *fast_update(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs != 4 || kwnames) goto slow;
+    PyObject *layer = args[0], *grad = args[1], *weight = args[2], *opt = args[3], *rank = SLOT(self, W.m_rank);
+    if (!PyLong_CheckExact(layer) || Py_TYPE(grad) != W.WeightGrad || Py_TYPE(weight) != W.Weight ||
+        Py_TYPE(opt) != W.OptState)
+        goto slow;
+    PyObject *shards = SLOT(opt, W.shards), *num_shards = SLOT(opt, W.num_shards);
+    PyObject *tp_rank = SLOT(opt, W.tp_rank), *tp = SLOT(opt, W.tp_size), *full = SLOT(self, W.m_full_batch);
+    long layer_v = small_int(layer, -1), n = small_int(num_shards, -1), s = small_int(shards, -1);
+    PyObject *state = SLOT(self, W.m_state);
+    PyObject *updated = SLOT(state, W.s_updated);
+    if (layer_v < 0 || n < 1 || n > 62 || s < 0 || !tp || !full || !first_time(updated, layer_v)) goto slow;
+    PyObject *const tensors[3] = {grad, weight, opt};
+    for (int i = 0; i < 3; i++)
+        if (int_eq(SLOT(tensors[i], W.rank), rank) != 1 || int_eq(SLOT(tensors[i], W.layer), layer) != 1 ||
+            buffer_log(tensors[i]) != SLOT(self, W.m_mem))
+            goto slow;
+    if (int_eq(SLOT(grad, W.tp_rank), tp_rank) != 1 || int_eq(SLOT(weight, W.tp_rank), tp_rank) != 1 ||
+        int_eq(SLOT(grad, W.tp_size), tp) != 1 || int_eq(SLOT(weight, W.tp_size), tp) != 1 ||
+        !covers(grad, s, n) || !covers(weight, s, n) || small_int(SLOT(weight, W.step), -1) != 0 ||
+        small_int(SLOT(opt, W.step), -1) != 0 || int_eq(SLOT(grad, W.samples), full) != 1 ||
+        /* updated in place: the weight holds the optimizer state's shards (else Python allocates) */
+        int_eq(SLOT(weight, W.shards), shards) != 1 || int_eq(SLOT(weight, W.num_shards), num_shards) != 1)
+        goto slow;
+    PyObject *key_shard = shard_key(shards, num_shards, tp_rank);
+    if (!key_shard) goto slow;
+    PyObject *held = PyLong_FromLong(__builtin_popcountl(s));
+    PyObject *cost_key = held ? PyTuple_Pack(5, W.s_update, layer, held, num_shards, tp) : NULL;
+    Py_XDECREF(held);
+    PyObject *cost = cost_key ? PyDict_GetItemWithError(SLOT(self, W.m_cache), cost_key) : NULL;
+    Py_XDECREF(cost_key);
+    if (!cost || !PyTuple_CheckExact(cost) || PyTuple_GET_SIZE(cost) != 2) {
+        Py_DECREF(key_shard);
+        if (PyErr_Occurred()) return NULL;
+        goto slow; /* the first update of this shape on this device type: Python computes the cost */
+    }
+    PyObject *start = SLOT(state, W.s_clock);
+    double duration = PyFloat_AsDouble(PyTuple_GET_ITEM(cost, 0));
+    double start_s = start ? PyFloat_AsDouble(start) : -1.0;
+    PyObject *end = PyErr_Occurred() || !start ? NULL : PyFloat_FromDouble(start_s + duration);
+    PyObject *items[12] = {rank, W.s_update, W.s_compute, start, end, layer, full, PyTuple_GET_ITEM(cost, 1),
+                           W.zero_float, Py_None, W.zero, W.s_empty};
+    if (!end || append_event(SLOT(self, W.m_events), items) < 0) {
+        Py_XDECREF(end);
+        Py_DECREF(key_shard);
+        return NULL;
+    }
+    PyList_SetItem(updated, layer_v, key_shard); /* steals `key_shard` */
+    Py_SETREF(SLOT(state, W.s_clock), end);      /* the event holds its own reference */
+    PyObject *fields[8] = {rank, layer, W.one, shards, num_shards, tp_rank, tp, full};
+    PyObject *new_weight = buffer_view(W.Weight, weight, fields, 8), *result = NULL;
+    PyObject *new_opt = new_weight ? buffer_view(W.OptState, opt, fields, 8) : NULL;
+    if (new_opt) result = PyTuple_Pack(2, new_weight, new_opt);
+    Py_XDECREF(new_weight);
+    Py_XDECREF(new_opt);
+    return result;
+slow:
+    return fallback(W.py_update, self, args, nargs, kwnames);
+}
+
+/* ---- set_final_weight ---------------------------------------------------------------------------- */
+
+static PyObject *fast_set_final_weight(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames) {
+    if (nargs != 2 || kwnames) goto slow;
+    PyObject *layer = args[0], *weight = args[1], *state = SLOT(self, W.m_state);
+    PyObject *handed = SLOT(state, W.s_handed), *finals = SLOT(state, W.s_final_weights);
+    long layer_v = small_int(layer, -1);
+    if (!PyLong_CheckExact(layer) || Py_TYPE(weight) != W.Weight || !finals || !PyList_CheckExact(finals) ||
+        !first_time(handed, layer_v) || int_eq(SLOT(weight, W.rank), SLOT(self, W.m_rank)) != 1 ||
+        int_eq(SLOT(weight, W.layer), layer) != 1 || buffer_log(weight) != SLOT(self, W.m_mem))
+        goto slow;
+    PyObject *key = shard_key(SLOT(weight, W.shards), SLOT(weight, W.num_shards), SLOT(weight, W.tp_rank));
+    if (!key) goto slow;
+    if (PyList_Append(finals, weight) < 0) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyList_SetItem(handed, layer_v, key); /* steals `key` */
+    Py_RETURN_NONE;
+slow:
+    return fallback(W.py_final, self, args, nargs, kwnames);
+}
+
+/* ---- install ------------------------------------------------------------------------------------- */
+
+static PyMethodDef load_def = {"load_weights", (PyCFunction)(void (*)(void))fast_load_weights,
+                               METH_FASTCALL | METH_KEYWORDS, NULL};
+static PyMethodDef update_def = {"update", (PyCFunction)(void (*)(void))fast_update, METH_FASTCALL | METH_KEYWORDS,
+                                 NULL};
+static PyMethodDef final_def = {"set_final_weight", (PyCFunction)(void (*)(void))fast_set_final_weight,
+                                METH_FASTCALL | METH_KEYWORDS, NULL};
+
+/* The names and constants the twin reads, made once, by the first install. */
+static int weight_ops_names(void) {
+    if (W.s_load) return 0;
     struct { PyObject **out; const char *text; } strings[] = {
-        {&K.s_forward, "forward"}, {&K.s_backward, "backward"}, {&K.s_backward_input, "backward_input"},
-        {&K.s_backward_weight, "backward_weight"}, {&K.s_compute, "compute"},
-        {&K.s_recompute, "recompute"}, {&K.s_empty, ""}, {&K.s_none, "none"}, {&K.s_stash, "stash"},
-        {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"},
-        {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_selective_mode, "selective"},
+        {&W.s_load, "load_weights"}, {&W.s_update, "update"}, {&W.s_compute, "compute"}, {&W.s_empty, ""},
+        {&W.s_shard, "shard"}, {&W.s_num_shards, "num_shards"}, {&W.s_tp_rank, "tp_rank"},
+        {&W.s_tp_size, "tp_size"},
     };
     for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
         if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
-    if (int_c_method("bit_count", &int_bit_count) < 0 || int_c_method("bit_length", &int_bit_length) < 0) return -1;
-    K.zero = PyLong_FromLong(0);
-    K.one = PyLong_FromLong(1);
-    if (!K.zero || !K.one) return -1;
-    return PyModule_AddFunctions(module, ops_methods);
+    if (!(W.zero = PyLong_FromLong(0)) || !(W.one = PyLong_FromLong(1)) || !(W.zero_float = PyFloat_FromDouble(0.0)))
+        return -1;
+    return 0;
 }
+
+PyObject *install_weight_ops(PyObject *module, PyObject *args) {
+    if (weight_ops_names() < 0) return NULL;
+    PyObject *Model, *RankState, *MemoryTracker, *Weight, *OptState, *WeightGrad, *docs;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!:install_weight_ops", &PyType_Type, &Model, &PyType_Type,
+                          &RankState, &PyType_Type, &MemoryTracker, &PyType_Type, &Weight, &PyType_Type, &OptState,
+                          &PyType_Type, &WeightGrad, &PyDict_Type, &docs))
+        return NULL;
+    struct { PyObject *cls; const char *name; Py_ssize_t *out; } slots[] = {
+        {Model, "_state", &W.m_state}, {Model, "_mem", &W.m_mem}, {Model, "_events", &W.m_events},
+        {Model, "_cache", &W.m_cache}, {Model, "rank", &W.m_rank}, {Model, "num_layers", &W.m_num_layers},
+        {Model, "_shard_sizes", &W.m_shard_sizes}, {Model, "_full_batch", &W.m_full_batch},
+        {RankState, "clock", &W.s_clock}, {RankState, "updated", &W.s_updated}, {RankState, "handed", &W.s_handed},
+        {RankState, "final_weights", &W.s_final_weights}, {RankState, "loaded", &W.s_loaded}, {MemoryTracker, "context", &W.mem_context},
+        {Weight, "rank", &W.rank}, {Weight, "layer", &W.layer}, {Weight, "step", &W.step},
+        {Weight, "shards", &W.shards}, {Weight, "num_shards", &W.num_shards}, {Weight, "tp_rank", &W.tp_rank},
+        {Weight, "tp_size", &W.tp_size}, {Weight, "samples", &W.samples},
+    };
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
+        if (slot_offset(slots[i].cls, slots[i].name, slots[i].out) < 0) return NULL;
+    const char *shared[] = {"rank", "layer", "shards", "num_shards", "tp_rank", "tp_size", "samples"};
+    Py_ssize_t want[] = {W.rank, W.layer, W.shards, W.num_shards, W.tp_rank, W.tp_size, W.samples};
+    PyObject *siblings[] = {OptState, WeightGrad};
+    if (same_layout(siblings, 2, shared, want, 7) < 0) return NULL;
+    PyObject *given[] = {Weight, OptState, WeightGrad};
+    PyTypeObject **types[] = {&W.Weight, &W.OptState, &W.WeightGrad};
+    for (int i = 0; i < 3; i++) Py_XSETREF(*types[i], (PyTypeObject *)Py_NewRef(given[i]));
+    Py_XSETREF(W.docs, Py_NewRef(docs));
+    if (replace_method(Model, &load_def, &W.py_load, W.docs) < 0 ||
+        replace_method(Model, &update_def, &W.py_update, W.docs) < 0 ||
+        replace_method(Model, &final_def, &W.py_final, W.docs) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+

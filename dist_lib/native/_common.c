@@ -1,0 +1,188 @@
+/* What every twin's install and fast paths share: ints read as sample masks, events appended to a
+ * rank's log, the call to a Python twin, and reading classes' slots and putting C methods on them.
+ * `common_ready` makes their state once, when the module is made (`_module.c`). */
+#include "_common.h"
+
+PyObject *str_clock, *str_code, *str_args, *str_defaults, *str_frombytes, *array_type;
+
+/* ---- ints and events ------------------------------------------------------------------------------ */
+
+/* The C functions behind `int.bit_count` and `int.bit_length` (METH_NOARGS), found once by `common_ready`:
+ * calling them directly skips the method lookup and the call machinery, which a mask wider than 64 bits
+ * (a step of more than 64 samples) would otherwise pay on every compute op. */
+static PyCFunction int_bit_count, int_bit_length;
+
+/* An int method's result as a long, or -1 (never raises). */
+static long int_method(PyObject *x, PyCFunction method) {
+    PyObject *r = method(x, NULL);
+    long v = r ? PyLong_AsLong(r) : -1;
+    Py_XDECREF(r);
+    if (v == -1) PyErr_Clear();
+    return v;
+}
+
+/* An int's digits, where this build knows CPython's layout of them (30-bit digits since 3.11's
+ * `cpython/longintrepr.h`; the sign and count moved into `lv_tag` in 3.12): the digits' popcount is a
+ * mask's bit count without building an int. Other versions ask `int.bit_count`. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+#define MASK_DIGITS(x) (((PyLongObject *)(x))->ob_digit)
+#define MASK_NDIGITS(x) Py_SIZE(x) /* negative for a negative int */
+#elif PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000 && PYLONG_BITS_IN_DIGIT == 30
+#define MASK_DIGITS(x) (((PyLongObject *)(x))->long_value.ob_digit)
+#define MASK_NDIGITS(x) \
+    ((((PyLongObject *)(x))->long_value.lv_tag & 3) == 2 ? -1 : (Py_ssize_t)(((PyLongObject *)(x))->long_value.lv_tag >> 3))
+#endif
+
+/* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). Where the digits
+ * can be read, they are counted directly: asking for an unsigned long long first would raise (and clear)
+ * an OverflowError for every mask of a step of more than 64 samples. */
+long mask_bit_count(PyObject *mask) {
+    if (!mask || !PyLong_CheckExact(mask)) return -1;
+#ifdef MASK_DIGITS
+    Py_ssize_t ndigits = MASK_NDIGITS(mask);
+    if (ndigits >= 0) {
+        const digit *d = MASK_DIGITS(mask);
+        long count = 0;
+        Py_ssize_t i = 0;
+        for (; i + 1 < ndigits; i += 2) /* two 30-bit digits per 64-bit popcount */
+            count += __builtin_popcountll((unsigned long long)d[i] | (unsigned long long)d[i + 1] << 30);
+        if (i < ndigits) count += __builtin_popcountll(d[i]);
+        return count;
+    }
+#else
+    unsigned long long v = PyLong_AsUnsignedLongLong(mask);
+    if (v != (unsigned long long)-1 || !PyErr_Occurred()) return __builtin_popcountll(v);
+    PyErr_Clear(); /* negative, or wider than 64 bits (a step of more than 64 samples) */
+#endif
+    return int_method(mask, int_bit_count);
+}
+
+/* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
+int is_full_mask(PyObject *mask, long n) {
+    if (n < 1 || !mask || !PyLong_CheckExact(mask)) return 0;
+    if (n <= 62) return small_int(mask, -1) == (1L << n) - 1;
+    return int_method(mask, int_bit_length) == n && mask_bit_count(mask) == n;
+}
+
+/* The C function of the METH_NOARGS method `name` of int; -1 with TypeError if it has none. */
+static int int_c_method(const char *name, PyCFunction *out) {
+    PyObject *descr = PyObject_GetAttrString((PyObject *)&PyLong_Type, name);
+    if (!descr) return -1;
+    int ok = Py_IS_TYPE(descr, &PyMethodDescr_Type) &&
+             (((PyMethodDescrObject *)descr)->d_method->ml_flags & (METH_NOARGS | METH_VARARGS | METH_FASTCALL |
+                                                                    METH_KEYWORDS | METH_O)) == METH_NOARGS;
+    if (ok) *out = ((PyMethodDescrObject *)descr)->d_method->ml_meth;
+    Py_DECREF(descr);
+    if (!ok) PyErr_Format(PyExc_TypeError, "int.%s is not a C method without arguments", name);
+    return ok ? 0 : -1;
+}
+
+int append_event(PyObject *events, PyObject *const *fields) {
+    PyObject *event = PyTuple_New(12);
+    if (!event) return -1;
+    for (int i = 0; i < 12; i++) PyTuple_SET_ITEM(event, i, Py_NewRef(fields[i]));
+    int failed = PyList_Append(events, event);
+    Py_DECREF(event);
+    return failed;
+}
+
+PyObject *take_op_id(PyObject *engine, PyObject *next_op_id) {
+    PyObject *last = PyObject_GetAttr(engine, next_op_id), *one = last ? PyLong_FromLong(1) : NULL;
+    PyObject *id = one ? PyNumber_Add(last, one) : NULL;
+    Py_XDECREF(last);
+    Py_XDECREF(one);
+    if (id && PyObject_SetAttr(engine, next_op_id, id) < 0) Py_CLEAR(id);
+    return id;
+}
+
+/* Call the Python twin with self first. It re-checks everything, so a failed comparison on the way here
+ * (an exception set) is dropped: the twin meets and reports the same problem. */
+PyObject *fallback(PyObject *twin, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyErr_Clear();
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) + 1;
+    PyObject *small[8], **stack = total <= 8 ? small : PyMem_Malloc(total * sizeof(PyObject *));
+    if (!stack) return PyErr_NoMemory();
+    stack[0] = self;
+    for (Py_ssize_t i = 1; i < total; i++) stack[i] = args[i - 1];
+    PyObject *out = PyObject_Vectorcall(twin, stack, nargs + 1, kwnames);
+    if (stack != small) PyMem_Free(stack);
+    return out;
+}
+
+/* ---- classes and methods ------------------------------------------------------------------------- */
+
+int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out) {
+    PyObject *descr = PyObject_GetAttrString(cls, name);
+    if (!descr) return -1;
+    int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+    if (ok) *out = ((PyMemberDescrObject *)descr)->d_member->offset;
+    Py_DECREF(descr);
+    if (!ok) PyErr_Format(PyExc_TypeError, "%R.%s is not a slot", cls, name);
+    return ok ? 0 : -1;
+}
+
+int same_layout(PyObject *const *siblings, int nsiblings, const char *const *names, const Py_ssize_t *want,
+                int nnames) {
+    for (int c = 0; c < nsiblings; c++)
+        for (int i = 0; i < nnames; i++) {
+            Py_ssize_t offset;
+            if (slot_offset(siblings[c], names[i], &offset) < 0) return -1;
+            if (offset != want[i]) {
+                PyErr_Format(PyExc_TypeError, "%R.%s is not laid out like its sibling's", siblings[c], names[i]);
+                return -1;
+            }
+        }
+    return 0;
+}
+
+int load_classes(PyObject *module, const char *where, const ClassRef *refs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        PyObject *cls = PyObject_GetAttrString(module, refs[i].name);
+        if (!cls) return -1;
+        if (!PyType_Check(cls)) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a class", where, refs[i].name);
+            Py_DECREF(cls);
+            return -1;
+        }
+        Py_XSETREF(*refs[i].out, (PyTypeObject *)cls);
+    }
+    return 0;
+}
+
+/* Put `def` on `cls`, keeping the Python method there as the twin; `docs[name]` (its signature and
+ * docstring, kept alive by the caller) becomes the C method's. */
+int replace_method(PyObject *cls, PyMethodDef *def, PyObject **twin, PyObject *docs) {
+    PyObject *python = PyObject_GetAttrString(cls, def->ml_name);
+    if (!python) return -1;
+    if (!PyFunction_Check(python)) {
+        Py_DECREF(python);
+        PyErr_Format(PyExc_TypeError, "%R.%s is not a Python function (installed twice?)", cls, def->ml_name);
+        return -1;
+    }
+    PyObject *doc = PyDict_GetItemString(docs, def->ml_name);
+    if (doc && PyUnicode_Check(doc)) def->ml_doc = PyUnicode_AsUTF8(doc);
+    if (PyErr_Occurred()) { Py_DECREF(python); return -1; }
+    Py_XSETREF(*twin, python);
+    PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cls, def);
+    if (!descr) return -1;
+    int r = PyObject_SetAttrString(cls, def->ml_name, descr);
+    Py_DECREF(descr);
+    return r;
+}
+
+/* ---- once ---------------------------------------------------------------------------------------- */
+
+int common_ready(void) {
+    struct { PyObject **out; const char *text; } strings[] = {
+        {&str_clock, "clock"}, {&str_code, "code"}, {&str_args, "_args"}, {&str_defaults, "_defaults"},
+        {&str_frombytes, "frombytes"},
+    };
+    for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
+        if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
+    PyObject *array_module = PyImport_ImportModule("array");
+    if (!array_module) return -1;
+    array_type = PyObject_GetAttrString(array_module, "array");
+    Py_DECREF(array_module);
+    if (!array_type) return -1;
+    return int_c_method("bit_count", &int_bit_count) < 0 || int_c_method("bit_length", &int_bit_length) < 0 ? -1 : 0;
+}
