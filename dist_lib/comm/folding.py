@@ -2,7 +2,8 @@
 
 In a folded step only replica 0 runs; a collective over a `FoldedGroup` resolves once its representatives
 have issued it. Each other member's input is its representative's, relabelled to its replica: replica j
-trains on block j of the global batch where replica 0 trains on block 0 (an even data-parallel share),
+trains on block j of the global batch where replica 0 trains on block 0 (an even data-parallel share), or
+on block j of every microbatch where the grid cuts each microbatch among the replicas,
 and holds ZeRO shard block j of a tensor sharded over the replicas where replica 0 holds block 0. The
 relabelling rotates such a mask by j blocks (`rotate`): a whole mask stays whole, so what every replica
 holds alike (an updated weight, a reduced gradient) stays as it is. The collective's rules (`rules.combine`)
@@ -11,6 +12,7 @@ then see every member's input as the full step would, and check and combine them
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from dist_lib.comm.groups import Collective, FoldBroken
@@ -39,13 +41,30 @@ class MirrorWork:
         self.rank, self.issue, self.input, self.result = rank, issue, input, result
 
 
-def rotate(mask: int, replica: int, width: int, replicas: int) -> int:
-    """`mask` over `replicas` blocks of `width` bits, each block moved `replica` blocks on (cyclically)."""
+def rotate(mask: int, replica: int, width: int, replicas: int, periods: int = 1) -> int:
+    """`mask` over `periods` runs of `replicas` blocks of `width` bits, each block moved `replica` blocks on
+    within its run (cyclically)."""
     if not replica or not mask:
         return mask
-    everything = full_mask(width * replicas)
+    period = width * replicas
     shift = replica * width
-    return ((mask << shift) | (mask >> (width * replicas - shift))) & everything
+    if periods == 1:
+        return ((mask << shift) | (mask >> (period - shift))) & full_mask(period)
+    stay = _moving_up(period, shift, periods)
+    return ((mask & stay) << shift) | ((mask & ~stay) >> (period - shift))
+
+
+@lru_cache(maxsize=256)
+def _moving_up(period: int, shift: int, periods: int) -> int:
+    """The bits of each run of `period` that a rotation by `shift` moves up within the run."""
+    return full_mask(period * periods) // full_mask(period) * full_mask(period - shift)
+
+
+def relabel_samples(mask: int, replica: int, fold: Any, global_batch_size: int) -> int:
+    """The samples replica `replica` holds where its representative holds `mask`: block j of the global
+    batch, or of every microbatch when the grid cuts each microbatch among the replicas."""
+    period = fold.grid.microbatch or global_batch_size
+    return rotate(mask, replica, period // fold.copies, fold.copies, global_batch_size // period)
 
 
 def relabel_shards(shards: int, num_shards: int, replica: int, replicas: int) -> int:
@@ -68,7 +87,7 @@ def mirror(t: Any, rank: int, replica: int, engine: Any) -> Mirror:
         if value is not copy:
             setattr(copy, name, value)
     if hasattr(copy, "samples"):
-        copy.samples = rotate(copy.samples, replica, engine.global_batch_size // replicas, replicas)
+        copy.samples = relabel_samples(copy.samples, replica, fold, engine.global_batch_size)
     if hasattr(copy, "shards"):
         copy.shards = relabel_shards(copy.shards, copy.num_shards, replica, replicas)
     return copy
