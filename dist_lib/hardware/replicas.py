@@ -85,6 +85,7 @@ class Fold:
             if c != link:
                 self.orbit[c] += 1
         self.rep_set = frozenset(self.reps)
+        self.relabelled: dict[tuple[int, int], int] = {}  # (samples, replica) -> its relabelled samples
 
     @classmethod
     def build(cls, cluster: Cluster, grid: ReplicaGrid) -> tuple[Fold | None, str]:

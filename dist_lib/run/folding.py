@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from dist_lib.comm.folding import relabel_samples, relabel_shards
+from dist_lib.comm.folding import relabel_shards, relabelled_samples
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.replicas import Fold, ReplicaGrid
 
@@ -78,7 +78,7 @@ def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
             loaded.append(books.loaded[source[r]])
             continue
         for (_, layer, step, samples, shards, num_shards, tp_rank, tp_size) in by_rep.get(rep, []):
-            finals.append((r, layer, step, relabel_samples(samples, j, fold, global_batch_size),
+            finals.append((r, layer, step, relabelled_samples(samples, j, fold, global_batch_size),
                            relabel_shards(shards, num_shards, j, replicas), num_shards, tp_rank, tp_size))
         loaded.append([(layer, relabel_shards(shards, num_shards, j, replicas), num_shards, tp_rank, tp_size)
                        for layer, shards, num_shards, tp_rank, tp_size in books.loaded[source[r]]])
