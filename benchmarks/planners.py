@@ -88,7 +88,7 @@ FRONTIER = [("16,384 GPUs: 512x8 H100 + 512x8 A100 + 1024x8 V100", "512x8xH100-8
 def end_to_end_table(rows: list[tuple[str, str, str, int]]) -> None:
     """`plan()` with its defaults (the best 10 estimates simulated in order until the next cannot win, the
     winner refined on the simulator), timed whole, and how much of it each phase took."""
-    print("| cluster | workload, batch | best plan | simulated step | plans simulated | estimate (wall / CPU) | "
+    print("| cluster | workload, batch | best plan | simulated step | finalists simulated | estimate (wall / CPU) | "
           "end to end (wall / CPU) |")
     print("|---|---|---|---|---|---|---|")
     for name, spec, workload, batch in rows:
@@ -105,7 +105,7 @@ def end_to_end_table(rows: list[tuple[str, str, str, int]]) -> None:
         ran = sum(c.simulated is not None for c in found.simulated)
         simulated = f"{found.best.simulated * 1e3:.1f} ms" if found.best.simulated is not None else "not simulated"
         print(f"| {name} | {workload}, {batch} | {found.best.plan.describe()} | {simulated} | "
-              f"{ran}{' + refinement' if found.refined_from else ''} | {est_wall:.1f} s / {est_cpu:.1f} s | "
+              f"{ran}{', refined' if found.refined_from else ''} | {est_wall:.1f} s / {est_cpu:.1f} s | "
               f"{took:.1f} s / {cpu:.1f} s |", flush=True)
 
 
