@@ -5,7 +5,8 @@ collectives and what awaiting one does (`dist_lib/_comm_resolve.c`, `dist_lib/_c
 (`dist_lib/_p2p_ops.c`), the event log's packing (`dist_lib/_events.c`), the transfer scheduler
 (`dist_lib/_transfers.c`) and the engine's block/wake path (`dist_lib/_drive.c`), one extension module.
 
-Everything else is in pyproject.toml. Without a C compiler the build goes on and `dist_lib/memory/buffers.py`
+What each of these gains is measured by `benchmarks/accelerator.py` (docs/explanation/accelerator.md), with
+`DIST_SANDBOX_C_OFF` switching single twins off. Everything else is in pyproject.toml. Without a C compiler the build goes on and `dist_lib/memory/buffers.py`
 does the same work in Python, more slowly.
 """
 

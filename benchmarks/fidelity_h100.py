@@ -18,8 +18,10 @@ Every setting the table does not state was chosen before the first run, and is r
   GEMMs (the nearest to --tp-comm-overlap that `hybrid` expresses); plain 1F1B (no interleaving stated);
   fp32 gradients (Megatron accumulates and reduces bf16 runs' gradients in fp32);
 * DGX H100 nodes: 8 GPUs on NVLink4 and one 400 Gb/s NIC per GPU (the catalog's H100-80GB).
-Not expressible and left out: the distributed optimizer's reduce-scatter and all-gather (a plain all-reduce is
-run), and the overlap of TP communication with the GEMMs themselves.
+* the distributed optimizer with the parameter all-gather overlapped with the forward (`hybrid`'s
+  `distributed_optimizer=True, overlap_param_gather=True`: gradients reduce-scattered, each rank steps 1/48 of
+  the optimizer state, and the updated shards are all-gathered layer by layer ahead of each forward).
+Not expressible and left out: the overlap of TP communication with the GEMMs themselves (--tp-comm-overlap).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ MEGATRON_CORE_R080 = [
 def plan(run: WeakScalingRun) -> dict:
     return dict(dp=run.dp, pp=run.pp, tp=run.tp, microbatch_size=1, schedule="1f1b", recompute=False,
                 selective_recompute=False, sequence_parallel=run.tp > 1, overlap_grad_reduce=True,
-                async_tp_allreduce=True)
+                async_tp_allreduce=True, distributed_optimizer=True, overlap_param_gather=True)
 
 
 def predict(run: WeakScalingRun):

@@ -6,6 +6,7 @@ from dist_lib.comm.groups import Group
 from dist_lib.hardware.devices import DEVICES, Device, Link, get_device
 from dist_lib.errors import CollectiveMismatchError, DeadlockError, IncorrectStepError, OutOfMemoryError, ResourceError, SimulationError, SpecError, StrategyError, TensorError
 from dist_lib.hardware.cluster import Cluster, Node
+from dist_lib.hardware.reserve import MemoryReserve
 from dist_lib.hardware.replicas import ReplicaGrid
 from dist_lib.model.handle import Model
 from dist_lib.output.result import Event, Result
@@ -17,8 +18,9 @@ from dist_lib.workload.transformer import PRESETS, Workload
 
 __all__ = [
     "Activation", "ActivationGrad", "Cluster", "CollectiveMismatchError", "DEVICES", "DeadlockError", "Device",
-    "Event", "Group", "IncorrectStepError", "Link", "Model", "Node", "OptState", "OutOfMemoryError", "PRESETS",
-    "ReplicaGrid", "ResourceError", "Result", "SimulationError", "SpecError", "StrategyError", "TensorError", "Weight",
+    "Event", "Group", "IncorrectStepError", "Link", "MemoryReserve", "Model", "Node", "OptState", "OutOfMemoryError",
+    "PRESETS", "ReplicaGrid", "ResourceError", "Result", "SimulationError", "SpecError", "StrategyError", "TensorError",
+    "Weight",
     "WeightGrad", "Work", "Workload", "get_device", "plan", "simulate", "simulate_async", "validate_trace",
 ]
 

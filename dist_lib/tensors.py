@@ -150,6 +150,8 @@ class WeightGrad(_Sharded):
         problem = None
         if other.rank != self.rank:
             problem = f"gradients live on ranks {self.rank} and {other.rank}; send or all-reduce them instead"
+        elif other.__class__ is ContextWeightGrad:
+            problem = _PART_OF_SEQUENCE.format(other=other, self=self)
         elif (other.layer, other.shards, other.num_shards, other.tp_rank, other.tp_size) != \
                 (self.layer, self.shards, self.num_shards, self.tp_rank, self.tp_size):
             problem = f"cannot add {other!r} to {self!r}: layer and shards must match"
@@ -428,7 +430,11 @@ class ContextWeightGrad(WeightGrad):
     def __add__(self, other: ContextWeightGrad) -> ContextWeightGrad:
         """Accumulate the gradients of disjoint samples from the same sequence parts, as `WeightGrad + WeightGrad`."""
         if other.__class__ is not ContextWeightGrad:
-            return NotImplemented
+            if other.__class__ is not WeightGrad:
+                return NotImplemented
+            from dist_lib.errors import TensorError
+            raise TensorError(f"rank {self.rank} WeightGrad + WeightGrad (layer {self.layer}): "
+                              + _PART_OF_SEQUENCE.format(other=other, self=self))
         problem = None
         if (other.rank, other.layer, other.shards, other.num_shards, other.tp_rank, other.tp_size, other.nbytes) != \
                 (self.rank, self.layer, self.shards, self.num_shards, self.tp_rank, self.tp_size, self.nbytes):
@@ -445,6 +451,10 @@ class ContextWeightGrad(WeightGrad):
             raise TensorError(f"rank {self.rank} WeightGrad + WeightGrad (layer {self.layer}): {problem}")
         return ContextWeightGrad(self, 0, self.rank, self.layer, self.samples | other.samples, self.shards,
                                  self.num_shards, self.tp_rank, self.tp_size, self.seq_parts, self.cp_size)
+
+
+_PART_OF_SEQUENCE = ("cannot add {other!r} to {self!r}: a gradient of some sequence parts is no sample's gradient "
+                     "until the CP ranks all-reduce it")
 
 
 class KVBlock(Tensor):

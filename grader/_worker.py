@@ -54,7 +54,8 @@ def execute(job: dict[str, Any]) -> dict[str, Any]:
         if accepted is not None:
             options = {k: v for k, v in options.items() if k in accepted}
     _, programs = record(train, scenario["cluster"], scenario["workload"], scenario["global_batch"],
-                         enforce_memory=scenario["enforce_memory"], **options)
+                         enforce_memory=scenario["enforce_memory"],
+                         memory_reserve=scenario.get("memory_reserve"), **options)
     size = 8 * sum(len(p) for p in programs)
     if job.get("file_bytes") and size > job["file_bytes"]:
         raise _TooLarge(f"the recorded program takes {size / 2**20:.1f} MiB, over the {job['file_bytes'] / 2**20:.0f} "

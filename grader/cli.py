@@ -3,10 +3,12 @@ strategies on a cluster, or search for a breaking config or the best plan.
 
     dist-sandbox                                   # every built-in strategy on the default suite
     dist-sandbox run FILE|NAME [--cluster SPEC] [--workload SPEC] [--batch N] [--set k=v ...] [--json]
+                     [--memory-headroom SPEC]
     dist-sandbox leaderboard PATH... [--suite SUITE.toml] [--jobs N] [--ray [ADDRESS]] [--out DIR] [--trusted]
     dist-sandbox check FILE|NAME [--examples N]
     dist-sandbox plan [--cluster SPEC] [--workload SPEC] [--batch N] [--top K] [--objective time|cost]
-                      [--budget USD_PER_HOUR] [--simulation-limit PASSES] [--out plan.json] [--plot pareto.png]
+                      [--budget USD_PER_HOUR] [--simulation-limit PASSES] [--memory-headroom SPEC]
+                      [--framework any|megatron|torchtitan|deepspeed] [--out plan.json] [--plot pareto.png]
                       [--jobs N] [--ray [ADDRESS]]
     dist-sandbox compare [--cluster SPEC] [--workload SPEC] [--batch N] [--only NAME,...] [--json]
 
@@ -29,6 +31,7 @@ from rich.console import Console
 
 from dist_lib import SpecError
 from dist_lib.planner.api import SIMULATION_LIMIT
+from dist_lib.planner.framework_rules import CHOICES as FRAMEWORK_CHOICES
 from dist_lib.run.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 from dist_lib.specs import number, whole
 from dist_lib.workload.transformer import MAX_GLOBAL_BATCH
@@ -36,6 +39,7 @@ from dist_lib.workload.transformer import MAX_GLOBAL_BATCH
 from .paths import BUILTIN_STRATEGIES, builtin_names, output_path, trains_dense
 from .errors import InputError
 from .jobs import add_backend_options, backend_from_args
+from .memory_headroom import add_headroom_option, headroom
 from .runner import Limits
 from .scenario import Scenario, parse_set
 
@@ -83,6 +87,7 @@ def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
                      help="wall-clock seconds (default 300)")
     run.add_argument("--no-plots", action="store_true", help="write no .schedule.png and .memory.png")
     run.add_argument("--no-enforce-memory", action="store_true", help="report memory instead of failing on OOM")
+    add_headroom_option(run)
     run.add_argument("--api", choices=("puzzles", "lab"), help="run a file written for another API")
     run.add_argument("--function", help="the function to run with --api")
     run.add_argument("--timing", choices=("original", "unit", "real"),
@@ -125,6 +130,10 @@ def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
                           metavar="PASSES", help="simulate only plans of at most this many layer passes a step "
                           f"(microbatches x each stage's GPUs x its layers; default {SIMULATION_LIMIT:,}); larger "
                           "ones keep their estimate")
+    add_headroom_option(planning)
+    planning.add_argument("--framework", choices=FRAMEWORK_CHOICES, default="any",
+                          help="search only plans this framework runs, simulated as its exported settings run "
+                               "(default any: every plan, mixed stage widths and uneven shares included)")
     planning.add_argument("--out", default="plan.json", help="where to write the best plan (default plan.json)")
     planning.add_argument("--plot", default="traces/pareto.png", help="Pareto plot PNG (default traces/pareto.png)")
     add_backend_options(planning, jobs_type=_ranged(1, MAX_JOBS, integer=True))
@@ -219,16 +228,22 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     scenario = Scenario(name="run", cluster=DEFAULT_CLUSTER if args.cluster is None else args.cluster,
                         workload=DEFAULT_WORKLOAD if args.workload is None else args.workload,
                         global_batch=DEFAULT_GLOBAL_BATCH if args.batch is None else args.batch,
-                        options=options, enforce_memory=not args.no_enforce_memory, given=tuple(given))
+                        options=options, enforce_memory=not args.no_enforce_memory, given=tuple(given),
+                        memory_reserve=None if args.api or (reserve := headroom(args.memory_headroom)) is None
+                        else reserve.to_dict())
     scenario.load()
     from .grade import grade_run
     trace = str(output_path(args.trace, "--trace", folder=False)) if args.trace is not None \
         else str(default_trace(path))
     from .runner import sandbox_problem
-    row, result = grade_run(str(path), scenario.to_dict(), {"timeout_s": args.timeout,
-                                                             "address_space_bytes": Limits().address_space_bytes},
-                            trace, plots=not args.no_plots, api=args.api, function=args.function,
-                            confine=sandbox_problem() is None)  # your own file: the sandbox only if it is here
+    from .trusted_run import is_builtin, run_trusted
+    if is_builtin(path) and not args.api:  # the project's own code: simulated here, without a program cap
+        row, result = run_trusted(path, scenario, trace, not args.no_plots)
+    else:
+        row, result = grade_run(str(path), scenario.to_dict(), {"timeout_s": args.timeout,
+                                                                 "address_space_bytes": Limits().address_space_bytes},
+                                trace, plots=not args.no_plots, api=args.api, function=args.function,
+                                confine=sandbox_problem() is None)  # your own file: the sandbox only if it is here
     if row["status"] == "bad_input":
         raise InputError(row["error"].splitlines()[0])
     if args.api:
@@ -240,8 +255,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                   file=sys.stderr)
     elif args.json:
         keys = ("strategy", "cluster", "workload", "global_batch", "status", "error", "time_s", "peak_memory_bytes",
-                "peak_memory_rank", "memory_bytes", "mfu", "hfu", "bubble_fraction", "correct", "problems", "trace",
-                "plots")
+                "peak_memory_rank", "memory_bytes", "fullest_rank", "memory_fraction", "mfu", "hfu", "bubble_fraction",
+                "correct", "problems", "trace", "plots")
         # every figure of a native run comes from the grader's replay of its recorded program
         print(json.dumps({**{k: row.get(k) for k in keys}, "verified": row["time_s"] is not None}))
     else:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dist_lib import Cluster, Workload
-from dist_lib.planner.partition import MEMORY_HEADROOM, partition
+from dist_lib.planner.partition import partition
 from dist_lib.planner.search import _Space, to_plan
 from dist_lib.planner.space import divisors
 from dist_lib.planner.step import step_estimate
@@ -106,7 +106,7 @@ def search(strategy: str, cluster: Cluster, workload: Workload, batch: int) -> F
                 continue
             seconds, share = step_estimate(cluster, workload, placed, m, schedule, chunks)
             summary = _summary(dp, pp, tp, b, schedule, chunks, recompute, family.zero)
-            if share > MEMORY_HEADROOM:
+            if share > 1.0:  # (of each GPU's capacity less its runtime reserve)
                 if leanest is None or share < leanest[0]:
                     leanest = (share, summary)
                 continue
@@ -119,7 +119,7 @@ def search(strategy: str, cluster: Cluster, workload: Workload, batch: int) -> F
         what = family.what or strategy
         if leanest is not None:
             reason = (f"no {what} layout fits in memory: the leanest ({leanest[1]}) needs about "
-                      f"{leanest[0]:.1f} times its fullest GPU's memory (planner estimate)")
+                      f"{leanest[0]:.1f} times its fullest GPU's memory less the runtime reserve (planner estimate)")
         else:
             reason = (f"no {what} layout: the global batch of {batch} does not split over its replicas, or "
                       f"{workload.num_layers} layers do not fill its stages")

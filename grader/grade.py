@@ -45,7 +45,8 @@ def _replayed(outcome: Outcome, scenario: Scenario, cluster: Any, workload: Any,
     from dist_lib.run.replay import replay
     result, status, error = _replay_row(
         lambda: replay(outcome.programs or [], cluster, workload, scenario.global_batch,
-                       enforce_memory=scenario.enforce_memory, deadline_s=deadline - time.monotonic()), limits)
+                       enforce_memory=scenario.enforce_memory, deadline_s=deadline - time.monotonic(),
+                       memory_reserve=scenario.memory_reserve), limits)
     if result is None:
         return result, status, error
     accepted = (outcome.header or {}).get("options")
@@ -209,9 +210,10 @@ def _fill(row: dict[str, Any], result: Any, scenario: Scenario, trace_path: str 
                 "mfu": result.mfu, "hfu": result.hfu, "bubble_fraction": result.bubble_fraction,
                 "correct": result.correct, "problems": result.problems, "options": result.options,
                 "memory_capacity_bytes": result.cluster.device_of(result.peak_memory_rank).memory_bytes,
-                # the fullest GPU's share of its memory: on a mixed cluster not always the one with most bytes
-                "memory_fraction": max(b / result.cluster.device_of(r).memory_bytes
-                                       for r, b in enumerate(result.memory_bytes))})
+                # the fullest GPU's share of its memory (the runtime reserve included when the run has one):
+                # on a mixed cluster not always the one with most bytes
+                "memory_fraction": result.memory_fraction(result.fullest_rank),
+                "fullest_rank": result.fullest_rank, "fullest": result.fullest_text()})
     row["status"] = "ok" if result.correct else "incorrect"
     if not result.correct:
         row["error"] = "incorrect step: " + "; ".join(result.problems[:3])

@@ -14,13 +14,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dist_lib import Cluster, SpecError, Workload
 from dist_lib.planner import plan
 from dist_lib.planner.evaluate import Runner
+from dist_lib.planner.framework_rules import runners_note
+from dist_lib.planner.framework_run import launch_cluster
 from dist_lib.planner.report import check_plot_path, front, plot_pareto, table
 from dist_lib.run.simulator import DEFAULT_CLUSTER, DEFAULT_GLOBAL_BATCH, DEFAULT_WORKLOAD
 
 from .paths import output_path
 from .errors import InputError
+from .memory_headroom import headroom
 from .jobs import Backend, JobFailed, backend_from_args, parallelism, run_jobs, session
 from .report_terminal import literal
+
+# where `plan --framework X` suggests writing X's settings (beside the plan file)
+SETTINGS_SUFFIX = {"megatron": ".megatron.args", "torchtitan": ".torchtitan.toml", "deepspeed": ".deepspeed.json"}
 
 
 def _runner(backend: Backend) -> Runner:
@@ -42,6 +48,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
             raise InputError(str(exc)) from None
         output_path(args.plot, "--plot", folder=False, example="pareto.png")
     backend = backend_from_args(args)
+    reserve = headroom(args.memory_headroom)
     cluster_text, workload_text = args.cluster or DEFAULT_CLUSTER, args.workload or DEFAULT_WORKLOAD
     try:
         cluster = Cluster.load(cluster_text)
@@ -59,12 +66,15 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
             with session(backend):
                 search = plan(cluster, workload, batch, top=args.top, objective=args.objective, budget=args.budget,
                               progress=progress, runner=_runner(backend), width=parallelism(backend),
-                              simulation_limit=args.simulation_limit)
+                              simulation_limit=args.simulation_limit, memory_reserve=reserve,
+                              framework=args.framework)
     except SpecError as exc:
         raise InputError(str(exc).splitlines()[0]) from None
     console.print(table(search, cluster))
     for note in search.notes:
         console.print(literal(note))
+    if args.framework == "any":  # which runtime executes the winner
+        console.print(literal("best plan " + runners_note(search.best.plan, cluster, workload)))
     if search.order_pairs:
         console.print(f"estimate vs simulator: {search.order_disagreements} of {search.order_pairs} pairs of "
                       f"simulated plans ordered differently")
@@ -78,14 +88,35 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.plot:
         note = plot_pareto(search, args.plot)
         console.print(literal(note or f"Pareto plot: {args.plot}"))
-    try:
-        search.best.plan.save(args.out)
+    from dist_lib.planner.hardware import hardware_of
+    try:  # with the hardware it was made for: each node's device and ranks
+        replace(search.best.plan, hardware=hardware_of(cluster)).save(args.out)
     except OSError as exc:
         raise InputError(f"--out {args.out}: cannot be written ({exc.strerror})") from None
     # the cluster and workload as given: a file's path, or a spec with its link options, runs the same
     # cluster again, where the cluster's name or the workload's would not
     # `planned` is the built-in strategy by name, found from any folder
-    run = shlex.join([*getattr(args, "prog", "python -m grader").split(), "run", "planned", "--set", f"plan={args.out}",
-                      "--cluster", cluster_text, "--workload", workload_text, "--batch", str(batch)])
+    # paths made absolute, so that the line runs from any folder
+    from pathlib import Path
+
+    from dist_lib.specs import absolute_spec
+    run = shlex.join([*getattr(args, "prog", "python -m grader").split(), "run", "planned", "--set",
+                      f"plan={Path(args.out).resolve()}", "--cluster", absolute_spec(cluster_text),
+                      "--workload", absolute_spec(workload_text), "--batch", str(batch),
+                      *(["--memory-headroom", args.memory_headroom] if args.memory_headroom != "default" else [])])
+    if args.framework != "any":  # the framework's own settings, and their run here: the step the table shows
+        prog = shlex.split(getattr(args, "prog", "python -m grader"))
+        settings = Path(args.out).with_suffix(SETTINGS_SUFFIX[args.framework]).resolve()
+        launched = launch_cluster(search.best.plan, cluster)
+        # the plan's nodes in launch order: the cluster's spec where the launch keeps its nodes as they are
+        spec = absolute_spec(cluster_text) if launched == cluster else launched.name
+        if Cluster.load(spec) != launched:  # nodes with their own links: no spec string names them in order
+            spec = "CLUSTER_IN_HOSTFILE_ORDER"
+        run = shlex.join([*prog, "export", str(Path(args.out).resolve()), "--to", args.framework, "--cluster",
+                          absolute_spec(cluster_text), "--workload", absolute_spec(workload_text), "--out",
+                          str(settings)]) + " && " + shlex.join(
+            [*prog, "run", "--from", args.framework, str(settings), "--cluster", spec, "--workload",
+             absolute_spec(workload_text),
+             *(["--memory-headroom", args.memory_headroom] if args.memory_headroom != "default" else [])])
     console.print(literal(f"best plan: {search.best.plan.describe()} -> {args.out}  (run it: {run})"), soft_wrap=True)
     return 0

@@ -39,17 +39,23 @@ def _schedule(plt: Any, result: Any, path: Path) -> None:
         rank, op, stream, start, end = e[:5]
         key = op if stream == "compute" else stream
         bars.setdefault((rank, key), []).append((start * 1e3, (end - start) * 1e3))
+    # a folded step has events for its representatives only: each other rank ran as its representative did
+    representatives = getattr(result, "representatives", None) or range(world)
     seen = set()
-    for (rank, key), spans in bars.items():
-        comm = key in ("collective", "p2p")
-        y = rank + (0.05 if comm else -0.4)
-        label = _plain(LABELS.get(key, key.replace("_", " "))) if key not in seen else None  # compat logs
-        # load_weights too
-        seen.add(key)
-        ax.broken_barh(spans, (y, 0.35), facecolors=COLOURS.get(key, "grey"), label=label)
+    for rank in range(world):
+        for (owner, key), spans in bars.items():
+            if owner != representatives[rank]:
+                continue
+            comm = key in ("collective", "p2p")
+            y = rank + (0.05 if comm else -0.4)
+            label = _plain(LABELS.get(key, key.replace("_", " "))) if key not in seen else None  # compat logs
+            # load_weights too
+            seen.add(key)
+            ax.broken_barh(spans, (y, 0.35), facecolors=COLOURS.get(key, "grey"), label=label)
     ax.set_ylim(world, -1)
     ax.set_yticks(range(world))
-    ax.set_yticklabels([f"{r} {result.cluster.device_of(r).name}" for r in range(world)],
+    ax.set_yticklabels([f"{r}{'' if representatives[r] == r else f'={representatives[r]}'} "
+                        f"{result.cluster.device_of(r).name}" for r in range(world)],
                        fontsize=max(4, 9 - world // 16))
     ax.set_xlabel("time (ms)")
     ax.set_title(_plain(f"{result.strategy} on {result.cluster.name}, {result.workload.name}, batch "
@@ -75,12 +81,13 @@ def _memory(plt: Any, result: Any, path: Path) -> None:
         xs = [t * 1e3 for t in times] + [result.time_s * 1e3]
         ys = [v / 2**30 for v in values] + [values[-1] / 2**30]
         ax.step(xs, ys, where="post", linewidth=1, label=f"rank {rank}" if world <= 16 else None)
-    peak = result.peak_memory_rank
-    capacity = result.cluster.device_of(peak).memory_bytes / 2**30
-    ax.axhline(capacity, color="red", linestyle="--", linewidth=1, label=f"capacity of rank {peak}")
+    peak = result.fullest_rank  # by share of its capacity: on a mixed cluster not always the most bytes
+    capacity = result.usable_memory(peak) / 2**30
+    ax.axhline(capacity, color="red", linestyle="--", linewidth=1,
+               label=f"{'usable memory' if result.memory_reserve is not None else 'capacity'} of rank {peak}")
     ax.set_xlabel("time (ms)")
     ax.set_ylabel("live memory (GiB)")
-    ax.set_title(f"memory per rank: peak {result.peak_memory_bytes / 2**30:.2f} GiB on rank {peak}")
+    ax.set_title(f"memory per rank: fullest GPU {result.fullest_text()}")
     ax.legend(fontsize=7, ncol=4, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

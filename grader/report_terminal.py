@@ -68,9 +68,11 @@ def schedule_view(result: Any, width: int = 72) -> Table:
     table.add_column("rank", justify="right")
     table.add_column("timeline", no_wrap=True)
     table.add_column("peak memory", justify="right", no_wrap=True)
+    # a folded step has events for its representatives only: each other rank ran as its representative did
+    representatives = getattr(result, "representatives", None) or range(world)
     for rank in range(world):
         line = Text()
-        for cell in busy[rank]:
+        for cell in busy[representatives[rank]]:
             compute = {k: v for k, v in cell.items() if k != "comm"}
             if compute and max(compute.values()) >= bucket * 0.25:
                 key = max(compute, key=compute.get)
@@ -81,7 +83,10 @@ def schedule_view(result: Any, width: int = 72) -> Table:
             char, style = CELLS[key]
             line.append(char, style=style)
         bar = "█" * round(6 * peaks[rank] / top)
-        table.add_row(str(rank), line, f"{peaks[rank] / 2**30:6.2f} GiB {bar:<6}")
+        label = str(rank) if representatives[rank] == rank else f"{rank}={representatives[rank]}"
+        table.add_row(label, line, f"{peaks[rank] / 2**30:6.2f} GiB {bar:<6}")
+    if representatives is not None and any(r != rep for r, rep in enumerate(representatives)):
+        table.caption = "r=k: rank r is a folded replica of rank k (identical replicas, simulated once)"
     return table
 
 
@@ -113,6 +118,8 @@ def print_run(console: Console, row: dict[str, Any], result: Any | None, schedul
         console.print(f"  step time     {row['time_s'] * 1e3:.2f} ms")
         console.print(f"  peak memory   {row['peak_memory_bytes'] / 2**30:.2f} GiB on rank {row['peak_memory_rank']}"
                       + (f" (of {cap / 2**30:.0f} GiB)" if cap else ""))
+        if row.get("fullest"):
+            console.print(f"  fullest GPU   {literal(row['fullest'])}", highlight=False)
         console.print(f"  MFU / HFU     {row['mfu'] * 100:.1f} % / {row['hfu'] * 100:.1f} %")
     if row["time_s"] is not None:
         console.print(f"  bubble        {row['bubble_fraction'] * 100:.1f} % of compute idle")

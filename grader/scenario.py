@@ -7,6 +7,7 @@ parent rebuilds the `Cluster` and `Workload` from it itself and never trusts the
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ class Scenario:
     strict_options: bool = True
     memory_limit_bytes: float | None = None  # per rank; above it the run fails (suites)
     enforce_memory: bool = True
+    # the runtime reserve (`dist_lib.hardware.reserve`) as a dict, or None: tensors may fill each GPU (suites)
+    memory_reserve: dict[str, Any] | None = None
     # which of cluster, workload and batch the user named: a puzzles or lab file sets up its own ranks
     # and model, so only those are passed on to it
     given: tuple[str, ...] = ("cluster", "workload", "batch")
@@ -47,11 +50,15 @@ class Scenario:
         # the sandbox's user may not reach the file (a private /tmp, a 0700 home folder). It is checked
         # against the run here too, where a mistake can still name the file.
         if isinstance(self.options.get("plan"), str):
+            from dist_lib.planner.hardware import fit_to
             from dist_lib.planner.plan import Plan
             path = os.path.expanduser(self.options["plan"])
             cluster, workload = self.load()
             try:
                 plan = Plan.load(path)
+                plan, note = fit_to(plan, cluster, f"plan file {path}")
+                if note:
+                    print(f"note: {note}", file=sys.stderr)
                 plan.check(cluster.world_size, workload.num_layers, self.global_batch, cluster,
                            source=f"plan file {path}", workload=workload)
             except SpecError as exc:

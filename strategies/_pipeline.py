@@ -70,6 +70,8 @@ class StagePlan:
     # stage's 16-bit 1 x 1 x s x s attention mask as well (`Model.pipe_extra`); schedules that place their
     # own messages only
     attention_mask_messages: bool = False
+    # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise"; `costs.fp8`), or ""
+    fp8: str = ""
     # context parallelism (`_context.py`): the ranks holding the other sequence parts of this rank's samples
     # (this rank at position `cp_rank`), and how a layer's attention gets their keys and values
     cp_group: Sequence[int] = ()
@@ -92,7 +94,7 @@ class _Stage:
 
     __slots__ = ("model", "plan", "pp", "virtual", "virtuals", "tp", "tp_group", "scatter_gather", "weights", "left",
                  "grads", "reduced", "kept", "loss_grads", "deferred", "sends", "local", "explicit", "arrived",
-                 "outbox", "partitioned_outputs", "modes")
+                 "outbox", "partitioned_outputs", "modes", "gathers")
 
     def __init__(self, model: Model, plan: StagePlan):
         self.model, self.plan = model, plan
@@ -126,6 +128,10 @@ class _Stage:
         self.modes = {"selective_recompute": plan.selective_recompute}
         if plan.sequence_parallel:
             self.modes["sequence_parallel"] = True
+        if plan.fp8:
+            self.modes["fp8"] = plan.fp8
+        # sharded weights gathered before use (`_sharded.ParamGathers`), or None: each layer's weight is whole
+        self.gathers = None
 
     def load(self, layer: int) -> tuple:
         """(weight, optimizer state) this rank keeps for `layer`: its TP slice, whole."""
@@ -321,10 +327,14 @@ class _Stage:
         else:
             x = await self._receive_from(k - 1, layers.start, plan.microbatches[mb], "activation")
         weights, stash, modes, tp_group, kept = self.weights, not plan.recompute, self.modes, self.tp_group, self.kept
-        forward = model.forward
+        forward, gathers = model.forward, self.gathers
         for layer in layers:
             kept[layer][mb] = x
-            x = forward(layer, x, weights[layer][0], stash=stash, **modes)
+            if gathers is None:
+                x = forward(layer, x, weights[layer][0], stash=stash, **modes)
+            else:  # the layer's weight gathered whole first (the next one's gather prefetched)
+                x = forward(layer, x, await gathers.get(layer, layers, False), stash=stash, **modes)
+                gathers.after_forward(layer)
             if tp_group is not None:
                 x = await model.all_reduce(x, tp_group)
         if k == self.virtual - 1:
@@ -350,8 +360,10 @@ class _Stage:
         tp_group, weights, recompute, kept = self.tp_group, self.weights, plan.recompute, self.kept
         gather_grad = plan.sequence_parallel and tp_group is not None
         async_reduce = tp_group is not None and plan.async_tp_allreduce
+        gathers = self.gathers
         for layer in reversed(layers):
-            x, weight = kept[layer].pop(mb), weights[layer][0]
+            x = kept[layer].pop(mb)
+            weight = weights[layer][0] if gathers is None else await gathers.get(layer, layers, True)
             if recompute:
                 # rebuild the stash; the output is not needed again, but the re-run forward repeats its
                 # TP all-reduces (Megatron-LM checkpoints whole layers, communication included)
@@ -375,6 +387,9 @@ class _Stage:
                 self._accumulate(layer, weight_grad)
                 del weight_grad
             del x
+            if gathers is not None:
+                del weight
+                gathers.after_backward(layer, self.left[layer] == 0)
             if tp_group is not None and (split or not async_reduce):
                 # after the backward GEMMs (Megatron-LM before September 2021: autograd all-reduces the
                 # input gradient once the column-parallel layer's backward has run)

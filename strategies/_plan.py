@@ -11,6 +11,7 @@ from dist_lib import Model
 from dist_lib.costs import compute as costs
 
 from dist_lib.costs import context, network
+from dist_lib.costs.fp8 import check_recipe
 from dist_lib.errors import SpecError
 
 from ._layout import Layout, check_chunks, check_partition, even_partition, microbatches, replica_samples
@@ -26,7 +27,7 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
                scatter_gather: bool = True, async_tp_allreduce: bool = True,
                tied_embeddings: bool = False, attention_mask_messages: bool = False, cp: int = 1,
-               kv_exchange: str = "ring") -> StagePlan:
+               kv_exchange: str = "ring", fp8: str | None = None) -> StagePlan:
     """This rank's part of a dp x pp x tp run with an even (or the given) layer partition; with `cp` > 1,
     of a dp x pp x cp x tp run (`context_layout`)."""
     if cp != 1:
@@ -38,6 +39,8 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
     check_modes(model.workload, tp, recompute, selective_recompute, sequence_parallel)
     if tp > 1:
         layout.check_tp_in_node(model.cluster)
+    if fp8 is not None:
+        check_recipe(model.device, fp8)
     replica, stage, tp_rank = layout.coords(model.rank)
     first, count = replica_samples(model.global_batch_size, layout.dp, replica)
     mbs = microbatches(first, count, microbatch_size)
@@ -66,7 +69,7 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
                      tp_rank=tp_rank, recompute=recompute, selective_recompute=selective_recompute,
                      sequence_parallel=sequence_parallel, overlap_grad_reduce=overlap_grad_reduce,
                      scatter_gather=scatter_gather, async_tp_allreduce=async_tp_allreduce,
-                     tied_embeddings=tied_embeddings, attention_mask_messages=attention_mask_messages)
+                     tied_embeddings=tied_embeddings, attention_mask_messages=attention_mask_messages, fp8=fp8 or "")
 
 
 def context_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: int, tp: int, dp: int | None,

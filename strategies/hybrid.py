@@ -7,19 +7,24 @@ pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b, interleaved, or
 passed. With `cp` > 1, each replica's stages run context-parallel (`_context.py`: Megatron-Core's ring
 attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`); with a
 mixture-of-experts workload, `ep` lays expert-parallel groups over the replicas of each stage (EP x PP x DP,
-`_expert_stage.py`). Every option, its source and its effect: docs/reference/strategies.md, "hybrid's options".
+`_expert_stage.py`); `distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `fp8`
+runs the linear layers' GEMMs in FP8, and `framework` takes a framework's defaults (`_frameworks.py`). Every
+option, its source and its effect: docs/reference/strategies.md, "hybrid's options".
 """
 
 from __future__ import annotations
+
+import inspect
 
 from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._context import run_context_stage
 from ._expert_stage import ExpertPlan, check_expert_modes, run_expert_stage
-from ._pipeline import run_stage
 from ._layout import Layout, declared_grid
 from ._plan import build_plan
+from ._frameworks import framework_defaults
+from ._sharded import run_sharded_stage
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
              "deepspeed": deepspeed_1f1b.schedule}
@@ -30,7 +35,14 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
                 scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
                 tied_embeddings: bool = False, attention_mask_messages: bool = False, cp: int = 1,
-                kv_exchange: str = "ring", ep: int | None = None) -> None:
+                kv_exchange: str = "ring", ep: int | None = None, distributed_optimizer: bool = False,
+                overlap_param_gather: bool = False, fsdp: bool = False,
+                replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
+                framework: str | None = None) -> None:
+    if framework is not None:  # the framework's defaults for the options left at hybrid's own (`_frameworks`)
+        given = {k: v for k, v in locals().items() if k in _DEFAULTS and v != _DEFAULTS[k]}
+        await train(model, **{**_DEFAULTS, **framework_defaults(framework, given, tp)})
+        return
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if attention_mask_messages and schedule != "deepspeed":
@@ -40,6 +52,9 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
     if cp != 1 and (schedule == "deepspeed" or recompute or selective_recompute or sequence_parallel):
         raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, without recompute, "
                          f"selective_recompute or sequence_parallel (not modelled together yet)")
+    sharding = check_sharding(distributed_optimizer, fsdp, overlap_param_gather, replicate, reshard_after_forward)
+    if cp != 1 and (sharding != "none" or fp8 is not None):
+        raise ValueError(f"cp={cp} runs without distributed_optimizer, fsdp and fp8 (not modelled together yet)")
     if chunks is None:
         chunks = 2 if schedule == "interleaved" else 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
@@ -47,21 +62,55 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
-                      attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange)
+                      attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange, fp8=fp8)
     if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
-        if cp != 1:
-            raise ValueError("cp > 1 with experts (ep) is not modelled: run a mixture of experts with cp=1")
+        if cp != 1 or sharding != "none" or fp8 is not None:
+            raise ValueError("experts (ep) run without cp, distributed_optimizer, fsdp and fp8 (not modelled "
+                             "together yet)")
         check_expert_modes((("recompute", recompute), ("selective_recompute", selective_recompute),
                             ("sequence_parallel", sequence_parallel)))
         layout = Layout.build(model.world_size, dp, pp, tp)
         await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size))
         return
-    await (run_context_stage(model, plan) if cp != 1 else run_stage(model, plan))
+    if cp != 1:
+        await run_context_stage(model, plan)
+        return
+    options = {}
+    if sharding == "optimizer":
+        options = dict(overlap_param_gather=overlap_param_gather)
+    elif sharding == "full":
+        options = dict(replicate=replicate, reshard_after_forward=reshard_after_forward)
+    await run_sharded_stage(model, plan, sharding, **options)
+
+
+_DEFAULTS = {name: p.default for name, p in inspect.signature(train).parameters.items()
+             if p.kind is p.KEYWORD_ONLY and name != "framework"}
+
+
+def check_sharding(distributed_optimizer: bool, fsdp: bool, overlap_param_gather: bool, replicate: int,
+                   reshard_after_forward: bool | None) -> str:
+    """The data-parallel sharding the options ask for (`_sharded.SHARDINGS`), or a ValueError naming the
+    option that contradicts another."""
+    if distributed_optimizer and fsdp:
+        raise ValueError("distributed_optimizer=True and fsdp=True exclude each other (ZeRO-1 keeps the weights "
+                         "whole, FSDP shards them); choose one")
+    if overlap_param_gather and not distributed_optimizer:
+        raise ValueError("overlap_param_gather=True needs distributed_optimizer=True (Megatron-LM gathers the "
+                         "updated parameter shards only with --use-distributed-optimizer)")
+    if isinstance(replicate, bool) or not isinstance(replicate, int) or replicate < 1:
+        raise ValueError(f"replicate must be a whole number >= 1, got {replicate!r}")
+    if (replicate != 1 or reshard_after_forward is not None) and not fsdp:
+        raise ValueError("replicate and reshard_after_forward are FSDP's options: set fsdp=True")
+    if reshard_after_forward not in (None, True, False):
+        raise ValueError(f"reshard_after_forward must be True, False or None (torchtitan's default), "
+                         f"got {reshard_after_forward!r}")
+    return "optimizer" if distributed_optimizer else "full" if fsdp else "none"
 
 
 def replica_grid(world_size: int, global_batch_size: int, **options):
     """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`).
-    With context parallelism the replicas' gradients are reduced with the CP ranks' (dp x cp): no folding."""
-    if options.get("cp", 1) != 1:
+    Not with sharded data parallelism (each replica holds its own shard) or a framework, which may shard; nor
+    with context parallelism, whose replicas' gradients are reduced with the CP ranks' (dp x cp)."""
+    if options.get("cp", 1) != 1 or options.get("distributed_optimizer") or options.get("fsdp") or options.get("framework") is not None:
         return None
     return declared_grid(train, world_size, options)

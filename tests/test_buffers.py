@@ -414,7 +414,7 @@ def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():
     from dist_lib.tensors import WeightGrad
 
     assert list(inspect.signature(Model.forward).parameters) == ["self", "layer", "act", "weight", "stash",
-                                                                 "selective_recompute", "sequence_parallel"]
+                                                                 "selective_recompute", "sequence_parallel", "fp8"]
     for op in (Model.backward, Model.backward_input, Model.backward_weight):
         assert list(inspect.signature(op).parameters) == ["self", "layer", "act", "grad", "weight"]
     assert list(inspect.signature(WeightGrad.__add__).parameters) == ["self", "other"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import types
 
@@ -47,3 +49,30 @@ def test_the_built_extension_carries_the_hash_of_the_sources_beside_it():
         pytest.skip("the C accelerator was not built")
     assert _buffers.SOURCE_HASH == source_hash() and len(source_hash()) == 64
     assert native.ACCELERATED == (native.EXTENSION is _buffers)
+
+
+def test_the_developer_switch_names_twins_and_buffers_takes_the_ops_on_it_along():
+    assert native.twins_off(None) == frozenset() == native.twins_off(" , ")
+    assert native.twins_off("drive, p2p") == {"drive", "p2p"}
+    assert native.twins_off("buffers") == {"buffers", "ops", "weight_ops", "comm", "p2p"}
+    with pytest.raises(ValueError, match="unknown twin drives, ops2; the twins are buffers, events"):
+        native.twins_off("drives,ops2,events")
+
+
+def test_a_twin_switched_off_runs_in_python_and_the_others_in_c():
+    """Each switch, in a fresh process: its twin's classes or methods are the Python ones, another's C."""
+    if native.EXTENSION is None:
+        pytest.skip("the C accelerator was not built")
+    probe = ("from dist_lib.model.handle import Model; from dist_lib.engine import core, eventlog, transfers;"
+             "from dist_lib.memory import tracker;"
+             "print(tracker.Buffer.__module__, eventlog.pack_events is None, transfers.Scheduler.__module__,"
+             "type(Model.forward).__name__, type(Model.update).__name__, type(Model.all_reduce).__name__,"
+             "type(Model.send).__name__, type(core.Engine.wake).__name__)")
+    c = ["dist_lib._buffers", "False", "dist_lib._buffers"] + ["method_descriptor"] * 5
+    python = ["dist_lib.memory.buffers", "True", "dist_lib.engine.transfers"] + ["function"] * 5
+    env = {k: v for k, v in os.environ.items() if k != "DIST_SANDBOX_PURE_PYTHON"}
+    for i, twin in enumerate(native.TWINS):
+        out = subprocess.run([sys.executable, "-c", probe], env={**env, "DIST_SANDBOX_C_OFF": twin},
+                             capture_output=True, text=True, check=True).stdout.split()
+        off = {i} | ({native.TWINS.index(t) for t in native.NEED_C_BUFFERS} if twin == "buffers" else set())
+        assert out == [python[j] if j in off else c[j] for j in range(len(c))], twin

@@ -212,3 +212,20 @@ def test_a_broken_promise_runs_unfolded_with_the_full_results():
     assert folded.representatives is None
     for key in FIGURES:
         assert getattr(folded, key) == getattr(full, key), key
+
+
+def test_the_terminal_schedule_draws_a_folded_replica_as_its_representative():
+    """A folded step has events for its representatives only; the schedule shows each other rank busy as
+    its representative was (`1=0`), never idle, and says why under the table."""
+    from rich.console import Console
+
+    from grader.report_terminal import schedule_view
+    result = simulate("strategies/ddp.py", "1x4xA100-80GB", "toy:layers=4", 8, microbatch_size=1)
+    assert result.representatives == [0, 0, 0, 0]
+    console = Console(width=100, record=True)
+    console.print(schedule_view(result, 40))
+    text = console.export_text()
+    rows = {line.split()[0]: line.split()[1] for line in text.splitlines()
+            if line.strip() and line.split()[0] in ("0", "1=0", "2=0", "3=0")}
+    assert len(rows) == 4 and len(set(rows.values())) == 1 and set(rows["0"]) != {"·"}
+    assert "rank r is a folded replica of rank k" in text

@@ -50,6 +50,19 @@ def test_replay_of_every_builtin_strategy_is_the_run_itself(path):
     _same(replay(programs, CLUSTER, workload, BATCH), direct)
 
 
+@pytest.mark.parametrize("options", [{"pp": 1, "tp": 2, "cp": 2}, {"pp": 2, "cp": 2, "kv_exchange": "all_gather"}],
+                         ids=["tp2-cp2-ring", "pp2-cp2-all_gather"])
+def test_replay_of_context_parallel_hybrid_is_the_run_itself(options):
+    """Context parallelism's ops (ring attention's messages, the all-gather and reduce-scatter of keys and values,
+    issued inside the ops) replay to the same step."""
+    path = str(ROOT / "strategies" / "hybrid.py")
+    direct = simulate(path, CLUSTER, WORKLOAD, BATCH, fold=False, **options)
+    assert any(e.detail == "context-parallel" for e in direct.events)
+    recorded, programs = record(path, CLUSTER, WORKLOAD, BATCH, **options)
+    _same(recorded, direct)
+    _same(replay(programs, CLUSTER, WORKLOAD, BATCH), direct)
+
+
 def test_deepspeeds_partitioned_messages_and_attention_masks_replay():
     options = {"pp": 2, "tp": 2, "schedule": "deepspeed", "attention_mask_messages": True}
     direct = simulate("strategies/hybrid.py", CLUSTER, WORKLOAD, BATCH, **options)
@@ -130,7 +143,7 @@ def test_forged_programs_fail_as_the_program_deserves(honest):
     (lambda es: es.append([FORWARD, 0, 1]), "ends inside this entry"),
     (lambda es: es.append([ALL_REDUCE, 0, 9, 0, 1]), "group size 9"),
     (lambda es: es.insert(0, [LOAD, 0, 2**40, 2**41, 0, 1]), "out of range"),
-    (lambda es: es.insert(9, [FORWARD, 0, 8, 0, 8]), "flags 8"),
+    (lambda es: es.insert(9, [FORWARD, 0, 8, 0, 24]), "flags 24"),
     (lambda es: es.insert(9, [AWAIT, 8]), "handle 8 is not a Work"),
     (lambda es: es.insert(0, [INPUT, 1, 5, 99]), "not an interval of the global batch"),
     # a weight plus its optimizer state: a TypeError of the simulator's once, a `crashed` row
@@ -259,10 +272,12 @@ def test_every_model_op_is_recorded():
     """A Model op the recorder does not know would run unrecorded and be missing from the replay: each
     public method is either recorded or named as deciding nothing."""
     from dist_lib.model.handle import Model
-    from dist_lib.run.recording import REFUSED_OPS, UNRECORDED_OPS, RecordingModel
+    from dist_lib.run.recording import UNRECORDED_OPS, RecordingModel
+    from dist_lib.run.recording_context import ContextOpsRecording
     ops = {n for n in dir(Model) if not n.startswith("_") and callable(getattr(Model, n))}
-    recorded = {n for n in vars(RecordingModel) if not n.startswith("_")}
-    assert ops - set(UNRECORDED_OPS) - set(REFUSED_OPS) == recorded and set(REFUSED_OPS) <= ops
+    recorded = {n for n in [*vars(RecordingModel), *vars(ContextOpsRecording)] if not n.startswith("_")}
+    assert ops - set(UNRECORDED_OPS) == recorded
+    assert {"context_input", "context_forward", "context_backward", "context_loss"} <= recorded
     def parameters(cls, name):  # past `self` (positional-only on the C twins of the hot ops)
         return [(p.name, p.kind, p.default) for p in inspect.signature(getattr(cls, name)).parameters.values()][1:]
 
@@ -400,12 +415,3 @@ def test_a_rows_error_text_and_problems_are_capped():
     assert capped(text) == "x" * MAX_ERROR_CHARS + "\n... (cut here: 123 more characters)"
     assert capped("short") == "short"
     assert capped_list([f"p{i}" for i in range(25)]) == [f"p{i}" for i in range(20)] + ["... and 5 more"]
-
-
-def test_a_graded_run_is_refused_context_parallelism_at_the_op(tmp_path):
-    """Context parallelism's ops are not recorded yet: a graded program that calls one fails there, naming it,
-    instead of replaying without it."""
-    path = tmp_path / "uses_cp.py"
-    path.write_text("async def train(model):\n    model.context_input(range(1), 0, 2)\n")
-    with pytest.raises(SimulationError, match="context_input: this op is not recorded"):
-        record(str(path), CLUSTER, WORKLOAD, BATCH)

@@ -28,7 +28,7 @@ def test_the_estimate_counts_a_layers_gradient_twice_while_microbatches_accumula
     cluster, workload = Cluster.load("1xA100-80GB"), Workload.load(ONE_LAYER)
     params = workload.layer_params(0)
     capacity = cluster.device_of(0).memory_bytes
-    candidates, _ = generate(cluster, workload, 2)
+    candidates, _ = generate(cluster, workload, 2, memory_reserve=None)  # shares of the whole device
     two = next(c for c in candidates if c.plan.microbatches == 2 and c.plan.recompute == "none")
     peak = run_plan(cluster, workload, 2, two.plan).memory_bytes[0]
     assert peak >= 18 * params  # weight 2 + gradient 2 + optimizer 12, and the second gradient 2
@@ -39,16 +39,16 @@ def test_the_estimate_counts_a_layers_gradient_twice_while_microbatches_accumula
 
 
 def test_on_a_device_the_accumulated_gradient_overflows_the_estimate_only_plan_runs():
-    """2.5 GiB: the state of one layer and the embedding (2.29 GiB) fits with one microbatch of two but
-    not with the second gradient copy of two microbatches of one (2.58 GiB). The estimate once chose
-    the latter, which the simulator then refused for memory."""
-    cluster = _device(2.6)
-    found = plan(cluster, ONE_LAYER, 2, top=0)
+    """2.5 GiB (no runtime reserve): the state of one layer and the embedding (2.29 GiB) fits with one
+    microbatch of two but not with the second gradient copy of two microbatches of one (2.58 GiB). The
+    estimate once chose the latter, which the simulator then refused for memory. 2.3 GiB holds neither."""
+    cluster = _device(2.5)
+    found = plan(cluster, ONE_LAYER, 2, top=0, memory_reserve=None)
     assert found.best.plan.microbatches == 1
     result = simulate("strategies/planned.py", cluster, ONE_LAYER, 2, plan=found.best.plan)
     assert result.memory_bytes[0] <= found.best.memory * cluster.device_of(0).memory_bytes
     with pytest.raises(SpecError, match="no plan fits in memory"):
-        plan(_device(2.5), ONE_LAYER, 2, top=0)
+        plan(_device(2.3), ONE_LAYER, 2, top=0, memory_reserve=None)
 
 
 def test_a_memory_refusal_shows_sizes_that_compare_as_they_read():
@@ -63,13 +63,14 @@ def test_a_memory_refusal_shows_sizes_that_compare_as_they_read():
         plan(_device(2.2), ONE_LAYER, 2, top=0)
 
 
-def test_a_budget_no_device_type_meets_names_the_cheapest_types_whole_price():
-    """A plan uses all GPUs of a type or none: under $10/h four A100-80GB ($5.12/h each) do not fit,
-    though one of them would, and the refusal says what the cheapest type costs in all."""
+def test_a_budget_no_node_meets_names_the_cheapest_node_and_its_price():
+    """Within a budget a plan may rent part of a type, but whole nodes: under $10/h a node of four A100-80GB
+    ($5.12/h each) does not fit, though one of its GPUs would, and the refusal says what the cheapest node
+    costs; of two T4 nodes one is the least a plan can rent."""
     with pytest.raises(SpecError) as caught:
         plan("1x4xA100-80GB", "gpt-350m", 16, budget=10)
-    assert "cheapest type's, 4 x A100-80GB, cost $20.48/h" in str(caught.value)
-    with pytest.raises(SpecError, match=r"cheapest type's, 4 x T4, cost \$"):
+    assert "at least one node of the cheapest type, 4 x A100-80GB, at $20.48/h" in str(caught.value)
+    with pytest.raises(SpecError, match=r"one node of the cheapest type, 2 x T4, at \$"):
         plan("1x4xA100-80GB+2x2xT4", "gpt-350m", 16, budget=1)
 
 

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from dist_lib import SpecError, StrategyError, simulate
+from dist_lib import SpecError, StrategyError, TensorError, simulate
 
 
 def write(tmp_path, name, source):
@@ -164,3 +164,16 @@ def test_a_task_of_a_task_is_its_ranks_and_other_exceptions_in_tasks_stay_themse
 
     with pytest.raises(StrategyError, match=r"^rank 0: SystemExit: bye \(at test_strategy_mistakes.py:\d+ in die\)$"):
         simulate(train, "2xA100-80GB", "toy:layers=1", 2)
+
+
+def test_an_update_given_an_activation_for_the_optimizer_state_names_it():
+    """Any tensor but an OptState in the optimizer state's place is one TensorError naming the argument, not
+    an AttributeError from reading the fields an OptState has."""
+    async def train(model):
+        w, _ = model.load_weights(0)
+        x = model.get_input_activation(range(model.global_batch_size))
+        g, _ = model.backward(0, x, model.loss(model.forward(0, x, w)), w)
+        model.update(0, g, w, x)
+
+    with pytest.raises(TensorError, match=r"update\(layer 0\): opt_state must be a OptState, got Activation"):
+        simulate(train, "1xA100-80GB", "toy:layers=1", 1)

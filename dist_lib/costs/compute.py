@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from dist_lib.costs import experts
+from dist_lib.costs import experts, fp8 as fp8_costs
 from dist_lib.costs.attention import flash_times
 from dist_lib.hardware.devices import Device
 from dist_lib.workload import architecture as arch
@@ -89,9 +89,15 @@ def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -
     return [(k, n, m) for m, n, k in forward]
 
 
-def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int, pass_: str, layer: int = 0) -> float:
+def _weight_gemms_time(device: Device, workload: Workload, samples: int, tp: int, pass_: str, layer: int = 0,
+                       fp8: str = "") -> float:
+    """A layer's weight GEMMs of one pass; with an `fp8` recipe (`costs.fp8`) at the FP8 peak, after their casts."""
     shapes = _weight_gemm_shapes(workload, samples, tp, pass_) if workload.moe is None \
         else experts.gemm_shapes(workload, layer, samples, tp, pass_)  # an MoE model's layers: costs.experts
+    if fp8:
+        fast = fp8_costs.fp8_device(device)
+        return sum(gemm_time(fast, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes) \
+            + _stream_time(device, fp8_costs.cast_bytes(workload, samples, tp, pass_, fp8))
     return sum(gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes)
 
 
@@ -145,24 +151,24 @@ def _layer_pass(workload: Workload, tp: int, kernels: float) -> float:
 
 
 def forward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
-                 sequence_parallel: bool = False) -> float:
+                 sequence_parallel: bool = False, fp8: str = "") -> float:
     measured = _profiled(device, workload, layer, samples, tp, FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "forward", layer)
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "forward", layer, fp8)
                        + _attention_time(device, workload, samples, tp)
                        + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel)))
 
 
 def recompute_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
-                   recompute: str = "selective", sequence_parallel: bool = False) -> float:
+                   recompute: str = "selective", sequence_parallel: bool = False, fp8: str = "") -> float:
     """Extra time backward spends re-running forward work: none; the attention core alone
     (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5; with FlashAttention
     the forward kernel again, which saves only its log-sum-exp); or the whole layer forward (`full`)."""
     if recompute == "none":
         return 0.0
     if recompute == "full":
-        return forward_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel)
+        return forward_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel, fp8=fp8)
     if recompute != "selective":
         raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
     measured = _profiled(device, workload, layer, samples, tp, 0.0)
@@ -174,37 +180,38 @@ def recompute_time(device: Device, workload: Workload, layer: int, samples: int,
 
 
 def backward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
-                  sequence_parallel: bool = False, recompute: str = "none") -> float:
+                  sequence_parallel: bool = False, recompute: str = "none", fp8: str = "") -> float:
     """Backward GEMMs are twice the forward ones (input and weight gradients; Korthikanti 2022), plus
     the backward of the memory-bound kernels and any recompute of forward work."""
     extra = recompute_time(device, workload, layer, samples, tp, recompute=recompute,
-                           sequence_parallel=sequence_parallel)
+                           sequence_parallel=sequence_parallel, fp8=fp8)
     measured = _profiled(device, workload, layer, samples, tp, 1 - FORWARD_SHARE_OF_PROFILE)
     if measured is not None:
         return measured + extra
-    return backward_input_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel) \
-        + backward_weight_time(device, workload, layer, samples, tp) + extra
+    return backward_input_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel, fp8=fp8) \
+        + backward_weight_time(device, workload, layer, samples, tp, fp8=fp8) + extra
 
 
 def backward_input_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
-                        sequence_parallel: bool = False) -> float:
+                        sequence_parallel: bool = False, fp8: str = "") -> float:
     """Input-gradient half of a split backward: its GEMMs and the backward of the elementwise kernels."""
     measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
     if measured is not None:
         return measured
     # weight GEMMs' input gradients, plus the attention core's backward (four batched GEMMs, 2x its forward)
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "input", layer)
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "input", layer, fp8)
                        + _attention_time(device, workload, samples, tp, backward=True)
                        + _stream_time(device, samples * workload.elementwise_bytes(tp, sequence_parallel,
                                                                                    backward=True)))
 
 
-def backward_weight_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1) -> float:
+def backward_weight_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
+                         fp8: str = "") -> float:
     """Weight-gradient half: the weight GEMMs only (the attention core has no weights)."""
     measured = _profiled(device, workload, layer, samples, tp, (1 - FORWARD_SHARE_OF_PROFILE) / 2)
     if measured is not None:
         return measured
-    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "weight", layer))
+    return _layer_pass(workload, tp, _weight_gemms_time(device, workload, samples, tp, "weight", layer, fp8))
 
 
 def weight_pass_bytes(workload: Workload, tp: int = 1, *, sequence_parallel: bool = False) -> float:

@@ -6,28 +6,42 @@ through here, so that a plan is scored with the durations its simulation will ru
 from __future__ import annotations
 
 from dist_lib.costs import compute as costs
+from dist_lib.costs.fp8 import RECIPES as FP8_RECIPES
 from dist_lib.hardware.devices import Device
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
 from dist_lib.workload.transformer import Workload
 
 # What a forward's stash tells its backward about how to time it (the `recompute` field of a Stash, a
 # compute event's detail, a cost-cache key): whether backward re-runs the attention core (selective
-# recompute) and whether the layer runs sequence-parallel.
+# recompute), whether the layer runs sequence-parallel, and whether its linear layers run in FP8 and with
+# which scaling recipe (`costs.fp8`).
 SELECTIVE, SEQUENCE_PARALLEL = "selective", "sequence-parallel"
 
-COMPUTE_MODES = {(False, False): "none", (True, False): SELECTIVE, (False, True): SEQUENCE_PARALLEL,
-                 (True, True): f"{SELECTIVE}, {SEQUENCE_PARALLEL}"}
+
+def _mode_name(selective: bool, sp: bool, fp8: str) -> str:
+    parts = [SELECTIVE] * selective + [SEQUENCE_PARALLEL] * sp + [f"fp8 {fp8}"] * bool(fp8)
+    return ", ".join(parts) or "none"
+
+
+COMPUTE_MODES = {(sel, sp, fp8): _mode_name(sel, sp, fp8) for sel in (False, True) for sp in (False, True)
+                 for fp8 in ("", *FP8_RECIPES)}
 _MODE_FLAGS = {mode: flags for flags, mode in COMPUTE_MODES.items()}
 # the modes of a layer that ran sequence-parallel (its backward's output gradient must be gathered first)
-SEQUENCE_PARALLEL_MODES = frozenset(mode for (_, sp), mode in COMPUTE_MODES.items() if sp)
+SEQUENCE_PARALLEL_MODES = frozenset(mode for (_, sp, _), mode in COMPUTE_MODES.items() if sp)
 
 
-def compute_mode(selective_recompute: bool, sequence_parallel: bool) -> str:
-    return COMPUTE_MODES[selective_recompute, sequence_parallel]
+def compute_mode(selective_recompute: bool, sequence_parallel: bool, fp8: str = "") -> str:
+    return COMPUTE_MODES[selective_recompute, sequence_parallel, fp8]
 
 
-def parse_mode(mode: str) -> tuple[bool, bool]:
-    """(selective recompute, sequence parallel) of a compute mode; ValueError for anything else."""
+def weight_pass_mode(mode: str) -> str:
+    """The compute mode of a weight-gradient pass after a forward in `mode`: it re-runs nothing and splits
+    nothing along the sequence, so only an FP8 recipe carries over ("none" otherwise)."""
+    return mode if mode == "none" else COMPUTE_MODES[False, False, parse_mode(mode)[2]]
+
+
+def parse_mode(mode: str) -> tuple[bool, bool, str]:
+    """(selective recompute, sequence parallel, FP8 recipe or "") of a compute mode; ValueError for anything else."""
     try:
         return _MODE_FLAGS[mode]
     except KeyError:
@@ -39,7 +53,7 @@ def forward_stash_bytes(device: Device, workload: Workload, layer: int, n: int, 
     its input."""
     profile = workload.profile
     if profile is None:
-        selective, sequence_parallel = parse_mode(mode)
+        selective, sequence_parallel, _ = parse_mode(mode)  # FP8 linear layers: stash counted in 16 bits
         return n * workload.stash_bytes(layer, tp, recompute="selective" if selective else "none",
                                         sequence_parallel=sequence_parallel)
     # measured memory; a profile does not split out what selective recompute drops
@@ -52,7 +66,7 @@ def input_pass_stash_bytes(device: Device, workload: Workload, layer: int, n: in
     """Bytes the stash of a forward of `n` samples in compute mode `mode` keeps after the layer's
     input-gradient pass (`Model.backward_input`) until its weight-gradient pass (`costs.split_stash_bytes`).
     A measured profile gives the stash as one figure: it keeps the same share of it as the formulas do."""
-    selective, sequence_parallel = parse_mode(mode)
+    selective, sequence_parallel, _ = parse_mode(mode)
     kept = n * costs.split_stash_bytes(workload, tp, sequence_parallel=sequence_parallel)
     if workload.profile is None:
         return kept
@@ -67,17 +81,18 @@ def compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int
     """(seconds, FLOPs) of a compute op on `n` samples at TP degree `tp`, in a compute `mode`:
     a backward (or its input half) after a selective-recompute forward first re-runs the attention core
     (Korthikanti et al. 2022, sec. 5); a sequence-parallel layer splits its replicated elementwise work."""
-    selective, sp = parse_mode(mode)
+    selective, sp, fp8 = parse_mode(mode)
     recompute = "selective" if selective else "none"
     if op == "forward":
-        duration = costs.forward_time(device, workload, layer, n, tp, sequence_parallel=sp)
+        duration = costs.forward_time(device, workload, layer, n, tp, sequence_parallel=sp, fp8=fp8)
     elif op == "backward":
-        duration = costs.backward_time(device, workload, layer, n, tp, recompute=recompute, sequence_parallel=sp)
+        duration = costs.backward_time(device, workload, layer, n, tp, recompute=recompute, sequence_parallel=sp,
+                                       fp8=fp8)
     elif op == "backward_input":
-        duration = costs.backward_input_time(device, workload, layer, n, tp, sequence_parallel=sp) \
-            + costs.recompute_time(device, workload, layer, n, tp, recompute=recompute, sequence_parallel=sp)
+        duration = costs.backward_input_time(device, workload, layer, n, tp, sequence_parallel=sp, fp8=fp8) \
+            + costs.recompute_time(device, workload, layer, n, tp, recompute=recompute, sequence_parallel=sp, fp8=fp8)
     elif op == "backward_weight":
-        duration = costs.backward_weight_time(device, workload, layer, n, tp)
+        duration = costs.backward_weight_time(device, workload, layer, n, tp, fp8=fp8)
     else:
         duration = costs.loss_time(device, workload, n, tp)
     flops_op = "forward" if op == "forward" else op  # a forward's mode names what its backward re-runs

@@ -57,15 +57,19 @@ class Engine:
                  "layer_params", "shard_bytes", "full_batch", "loop", "transfers", "coroutines", "ready",
                  "driving", "throw_into", "awaiting", "task_ranks", "running", "stepping", "stopped",
                  "first_error", "watchdog", "thread", "parked", "last_look", "cancel_is_strategys", "partition",
-                 "instant_transfers", "fold")
+                 "instant_transfers", "fold", "memory_reserve")
 
     def __init__(self, cluster: Cluster, workload: Workload, global_batch_size: int, enforce_memory: bool = True,
-                 fold: Fold | None = None):
+                 fold: Fold | None = None, memory_reserve: Any = None):
         self.cluster = cluster
         self.workload = workload
         self.global_batch_size = global_batch_size
         self.world_size = cluster.world_size
-        self.ranks = [RankState(r, cluster, workload.num_layers, enforce_memory) for r in range(self.world_size)]
+        # the runtime reserve (`hardware.reserve`) without communicators: their buffers are counted at the
+        # end of the step, once each rank's communicators are known (`run.simulator`)
+        self.memory_reserve = memory_reserve
+        self.ranks = [RankState(r, cluster, workload.num_layers, enforce_memory, memory_reserve)
+                      for r in range(self.world_size)]
         self.events = EventLog()
         self.groups: dict[tuple[int, ...], Any] = {}
         self.world_group: Any = None  # the group of all ranks, once a rank asks for it

@@ -19,10 +19,11 @@ from array import array
 from collections.abc import Iterator, Sequence
 from itertools import chain
 
-from dist_lib.native import EXTENSION
+from dist_lib.native import twin
 
-if EXTENSION is not None:  # `pack` in C for the common case; the Python below is its specification and fallback
-    KindIndex, pack_events = EXTENSION.KindIndex, EXTENSION.pack_events
+_C = twin("events")
+if _C is not None:  # `pack` in C for the common case; the Python below is its specification and fallback
+    KindIndex, pack_events = _C.KindIndex, _C.pack_events
 else:
     KindIndex = pack_events = None
 

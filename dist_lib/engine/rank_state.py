@@ -40,14 +40,18 @@ class RankState:
     __slots__ = ("rank", "device", "clock", "comm_end", "p2p_end", "memory", "waiting",
                  "finished", "flops", "final_weights", "handed", "updated", "forwarded", "node", "loaded")
 
-    def __init__(self, rank: int, cluster: Cluster, num_layers: int, enforce_memory: bool):
+    def __init__(self, rank: int, cluster: Cluster, num_layers: int, enforce_memory: bool, reserve: Any = None):
         self.rank = rank
         self.device = cluster.device_of(rank)
         self.node = cluster.node_of(rank)
         self.clock = 0.0  # compute stream
         self.comm_end = 0.0  # the latest end of a collective (awaited or not); each group has its stream
         self.p2p_end = 0.0  # the latest end of a send or recv (awaited or not)
-        self.memory = MemoryTracker(rank, self.device.name, self.device.memory_bytes, self, enforce_memory)
+        capacity, name = self.device.memory_bytes, self.device.name
+        if reserve is not None:  # (the out-of-memory message names the device and the bytes left for tensors)
+            capacity = reserve.usable(capacity)
+            name = f"{name} of {self.device.memory_bytes / 2**30:.2f} GiB less its runtime reserve"
+        self.memory = MemoryTracker(rank, name, capacity, self, enforce_memory)
         self.waiting: list[Any] = []  # works this rank is blocked on
         self.finished = False
         self.flops = 0.0  # executed, including recompute (HFU)

@@ -32,7 +32,7 @@ from typing import Any
 
 
 from dist_lib.costs import network
-from dist_lib.native import EXTENSION
+from dist_lib.native import twin
 
 
 class Transfer:
@@ -180,5 +180,6 @@ def _seq(transfer: Transfer) -> int:
 
 
 PythonTransfer, PythonScheduler = Transfer, Scheduler  # the specification, whichever twin runs
-if EXTENSION is not None:  # else (not built, stale, or DIST_SANDBOX_PURE_PYTHON): the classes above
-    Scheduler, Transfer = EXTENSION.Scheduler, EXTENSION.Transfer  # type: ignore[misc]  # noqa: F811
+_C = twin("transfers")
+if _C is not None:  # else (not built, stale, switched off, or DIST_SANDBOX_PURE_PYTHON): the classes above
+    Scheduler, Transfer = _C.Scheduler, _C.Transfer  # type: ignore[misc]  # noqa: F811

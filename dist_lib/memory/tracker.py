@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from itertools import accumulate
 from typing import NamedTuple, Protocol
 
-from dist_lib.native import EXTENSION
+from dist_lib.native import twin
 from dist_lib.memory.buffers import KIND_MASK, decode, expand_runs
 from dist_lib.errors import OutOfMemoryError
 
@@ -35,10 +35,11 @@ def cycle_collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-if EXTENSION is None:  # the same semantics in Python
+_C = twin("buffers")
+if _C is None:  # the same semantics in Python
     from dist_lib.memory.buffers import AllocLog, Buffer, slot_records
 else:
-    AllocLog, Buffer, slot_records = EXTENSION.AllocLog, EXTENSION.Buffer, EXTENSION.slot_records
+    AllocLog, Buffer, slot_records = _C.AllocLog, _C.Buffer, _C.slot_records
 
 KINDS = ("weight", "optimizer", "weight_grad", "activation", "activation_grad", "stash")
 WEIGHT, OPTIMIZER, WEIGHT_GRAD, ACTIVATION, ACTIVATION_GRAD, STASH = range(len(KINDS))

@@ -17,7 +17,7 @@ from dist_lib.engine.rank_state import RankState
 from dist_lib.memory.tracker import MemoryTracker
 from dist_lib import tensors
 from dist_lib.model.handle import Model
-from dist_lib.native import ACCELERATED
+from dist_lib.native import twin
 from dist_lib.tensors import Activation, ActivationGrad, OptState, Stash, Weight, WeightGrad
 
 
@@ -34,22 +34,28 @@ PYTHON_P2P: dict[str, Any] = {}
 
 
 def install_c_twins() -> None:
-    """Put the C twins on their classes (a no-op without the C accelerator)."""
-    if not ACCELERATED:
-        return
-    from dist_lib._buffers import install, install_comm_ops, install_drive, install_p2p_ops, install_weight_ops
-
-    install(Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT,
-            {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, Model.backward_input, Model.backward_weight,
-                                             WeightGrad.__add__)})
-    install_weight_ops(Model, RankState, MemoryTracker, Weight, OptState, WeightGrad,
-                       {m.__name__: _c_doc(m) for m in (Model.load_weights, Model.update, Model.set_final_weight)})
-    install_comm_ops(Model, RankState, MemoryTracker, comm, Weight, OptState, WeightGrad,
-                     {m.__name__: _c_doc(m) for m in (Model.all_reduce, Model.all_gather, Model.reduce_scatter)})
-    # the message path: p2p._finish becomes the C finish too (Python-started messages use it as well)
-    PYTHON_P2P.update(send=Model.send, recv=Model.recv, _finish=p2p._finish)
-    install_p2p_ops(Model, RankState, MemoryTracker, p2p, comm, tensors,
-                    {m.__name__: _c_doc(m) for m in (Model.send, Model.recv)})
-    # the engine's block/wake path: Engine.wake, Engine._drive and Work.__await__
-    install_drive(Engine, RankState, Work, EventLog, _engine.WAKE_ME, PACK_AT, _engine.PYTHON_TWINS,
-                  {m.__name__: _c_doc(m) for m in (Engine.wake, Engine._drive, Work.__await__)})
+    """Put the C twins on their classes (a no-op without the C accelerator); those `DIST_SANDBOX_C_OFF` names
+    stay in Python."""
+    if twin("ops") is not None:
+        twin("ops").install(
+            Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT,
+            {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, Model.backward_input,
+                                             Model.backward_weight, WeightGrad.__add__)})
+    if twin("weight_ops") is not None:
+        twin("weight_ops").install_weight_ops(
+            Model, RankState, MemoryTracker, Weight, OptState, WeightGrad,
+            {m.__name__: _c_doc(m) for m in (Model.load_weights, Model.update, Model.set_final_weight)})
+    if twin("comm") is not None:
+        twin("comm").install_comm_ops(
+            Model, RankState, MemoryTracker, comm, Weight, OptState, WeightGrad,
+            {m.__name__: _c_doc(m) for m in (Model.all_reduce, Model.all_gather, Model.reduce_scatter)})
+    if twin("p2p") is not None:
+        # the message path: p2p._finish becomes the C finish too (Python-started messages use it as well)
+        PYTHON_P2P.update(send=Model.send, recv=Model.recv, _finish=p2p._finish)
+        twin("p2p").install_p2p_ops(Model, RankState, MemoryTracker, p2p, comm, tensors,
+                                    {m.__name__: _c_doc(m) for m in (Model.send, Model.recv)})
+    if twin("drive") is not None:
+        # the engine's block/wake path: Engine.wake, Engine._drive and Work.__await__
+        twin("drive").install_drive(
+            Engine, RankState, Work, EventLog, _engine.WAKE_ME, PACK_AT, _engine.PYTHON_TWINS,
+            {m.__name__: _c_doc(m) for m in (Engine.wake, Engine._drive, Work.__await__)})

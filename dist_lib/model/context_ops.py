@@ -206,7 +206,7 @@ class ContextOps:
             raise TensorError(f"{where}: expected the complete Weight (or TP slice) of layer {layer}, got {weight!r}")
         self._check_own(act, where)  # type: ignore[attr-defined]
         self._check_own(weight, where)  # type: ignore[attr-defined]
-        resolved = self._resolve_group(group, "context")  # type: ignore[attr-defined]
+        resolved = self._resolve_group(group, where.split(" ", 2)[2])  # type: ignore[attr-defined]
         cp = act.cp_size
         if resolved.size != cp or resolved.ranks[act.cp_rank] != self.rank:
             raise TensorError(f"{where}: group {list(resolved.ranks)} is not this activation's CP group: it must "

@@ -21,7 +21,7 @@ from dist_lib.errors import TensorError
 from dist_lib.engine.eventlog import PACK_AT
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
-from dist_lib.costs.ops import compute_cost, compute_mode, forward_stash_bytes, input_pass_stash_bytes
+from dist_lib.costs.ops import weight_pass_mode, compute_cost, compute_mode, forward_stash_bytes, input_pass_stash_bytes
 from dist_lib.model.op_checks import OpChecks, _covers, _first_time, _shard_key, buffer_log
 from dist_lib.model.other_collective_ops import OtherCollectiveOps
 from dist_lib.model.context_ops import ContextOps
@@ -117,18 +117,17 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps):
     # ---- compute ------------------------------------------------------------------------------
 
     def forward(self, layer: int, act: Activation, weight: Weight, *, stash: bool = True,
-                selective_recompute: bool = False, sequence_parallel: bool = False) -> Activation:
-        """Run `layer` on `act`; keeps the stash backward needs on `act` unless `stash=False`
-        (activation checkpointing: backward will need this forward run again first).
-        `selective_recompute=True` keeps the stash without the attention core's softmax and dropout
-        (the 5as/ht term of Korthikanti et al. 2022, Table 2), which backward then re-runs.
-        `sequence_parallel=True` (with a TP slice of the weight): the layernorms, dropouts and residual
-        adds run on 1/t of the sequence and their stash is split t ways (Korthikanti et al. 2022, sec. 4.2.2);
-        the stash remembers it, so the backward is timed the same way."""
+                selective_recompute: bool = False, sequence_parallel: bool = False, fp8: str = "") -> Activation:
+        """Run `layer` on `act`; keeps the stash backward needs on `act` unless `stash=False` (activation
+        checkpointing: backward will need this forward run again first). `selective_recompute=True` keeps the
+        stash without the attention core's softmax and dropout (the 5as/ht term of Korthikanti et al. 2022,
+        Table 2), which backward then re-runs. `sequence_parallel=True` (with a TP slice of the weight): the
+        layernorms, dropouts and residual adds run on 1/t of the sequence and their stash is split t ways (same
+        paper, sec. 4.2.2); the stash remembers it, so the backward is timed the same way. `fp8` ("delayed",
+        "tensorwise"): the linear layers' GEMMs run in FP8 with that scaling recipe (`costs.fp8`), backward too."""
         rank = self.rank
-        for name, value in (("selective_recompute", selective_recompute), ("sequence_parallel", sequence_parallel)):
-            if value is not False and value is not True:
-                raise TensorError(f"rank {rank} forward(layer {layer}): {name} must be True or False, got {value!r}")
+        if fp8 != "" or selective_recompute.__class__ is not bool or sequence_parallel.__class__ is not bool:
+            self._check_modes(layer, selective_recompute, sequence_parallel, fp8)
         mem = self._mem
         if act.__class__ is not Activation or weight.__class__ is not Weight or act.rank != rank \
                 or weight.rank != rank or act.layer != layer or weight.layer != layer or act.tp_size != 1 \
@@ -148,7 +147,7 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps):
         if not recompute:
             masks[layer] = before | samples if before else samples  # shares the mask when it can
         n = samples.bit_count()
-        mode = compute_mode(selective_recompute, sequence_parallel)
+        mode = compute_mode(selective_recompute, sequence_parallel, fp8)
         duration, flops, stash_bytes = self._cache.get(("forward", layer, n, tp, mode)) \
             or self._cost("forward", layer, n, tp, mode)
         start = state.clock
@@ -194,8 +193,8 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps):
 
     def backward_weight(self, layer: int, act: Activation, grad: ActivationGrad, weight: Weight) -> WeightGrad:
         """Second half of a split backward: the weight gradient; consumes the stash."""
-        self._check_backward("backward_weight", layer, act, grad, weight, need_input_done=True)
-        self._compute("backward_weight", layer, act.samples, weight.tp_size)
+        mode = weight_pass_mode(self._check_backward("backward_weight", layer, act, grad, weight, True).recompute)
+        self._compute("backward_weight", layer, act.samples, weight.tp_size, mode)
         act._stash = None
         self._mem.context = ("backward_weight", layer)
         return self._weight_grad(layer, act, weight)
@@ -335,8 +334,8 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps):
     def update(self, layer: int, grad: WeightGrad, weight: Weight, opt_state: OptState) -> tuple[Weight, OptState]:
         """Adam step on the shard `opt_state` holds; the gradient must cover the whole global batch."""
         rank = self.rank
-        shards, num_shards, tp_rank, tp = opt_state.shards, opt_state.num_shards, opt_state.tp_rank, \
-            opt_state.tp_size
+        shards, num_shards, tp_rank, tp = (opt_state.shards, opt_state.num_shards, opt_state.tp_rank, opt_state.tp_size) \
+            if opt_state.__class__ is OptState else (0, 0, -1, -1)  # (anything else is explained below)
         if layer.__class__ is not int or grad.__class__ is not WeightGrad or weight.__class__ is not Weight \
                 or opt_state.__class__ is not OptState or grad.rank != rank or weight.rank != rank \
                 or opt_state.rank != rank or grad.layer != layer or weight.layer != layer \

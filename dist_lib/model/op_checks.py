@@ -7,7 +7,7 @@ from typing import Any
 
 from dist_lib.engine.core import Engine
 from dist_lib.errors import TensorError
-from dist_lib.costs.ops import SEQUENCE_PARALLEL_MODES
+from dist_lib.costs.ops import FP8_RECIPES, SEQUENCE_PARALLEL_MODES
 from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextWeightGrad, OptState, Stash, Tensor, Weight, WeightGrad, describe_mask
 
 
@@ -37,9 +37,11 @@ class OpChecks:
             raise TensorError(f"{where}: the gradient {grad!r} holds only sequence parts "
                               f"{describe_mask(grad.seq_parts)} of {grad.cp_size}; all_reduce it over the "
                               f"context-parallel ranks of each replica too (the dp x cp group) before the update")
-        for name, t, cls in (("grad", grad, WeightGrad), ("weight", weight, Weight), ("opt_state", opt_state, OptState)):
+        given = (("grad", grad, WeightGrad), ("weight", weight, Weight), ("opt_state", opt_state, OptState))
+        for name, t, cls in given:  # every kind first: the checks below read the optimizer state's fields
             if type(t) is not cls:
                 raise TensorError(f"{where}: {name} must be a {cls.__name__}, got {t!r}")
+        for name, t, cls in given:
             self._check_own(t, where)
             if t.layer != layer:
                 raise TensorError(f"{where}: {name} is {t!r}, not layer {layer}")
@@ -127,6 +129,20 @@ class OpChecks:
         if stash.recompute in SEQUENCE_PARALLEL_MODES and not need_input_done and stash.tp_size > 1:
             self._check_sequence_parallel_grad(op, layer, grad, stash.tp_size)
         return stash
+
+    def _check_modes(self, layer: int, selective_recompute: Any, sequence_parallel: Any, fp8: Any) -> None:
+        """A forward's modes: switches True or False; `fp8` a known scaling recipe (`costs.fp8`), or "" (16-bit),
+        on a device with FP8 tensor cores."""
+        where = f"rank {self.rank} forward(layer {layer})"
+        for name, value in (("selective_recompute", selective_recompute), ("sequence_parallel", sequence_parallel)):
+            if value is not False and value is not True:
+                raise TensorError(f"{where}: {name} must be True or False, got {value!r}")
+        if fp8 == "":
+            return
+        if fp8.__class__ is not str or fp8 not in FP8_RECIPES:
+            raise TensorError(f"{where}: fp8 must be one of {', '.join(FP8_RECIPES)} or \"\" (16-bit), got {fp8!r}")
+        if not self.device.fp8_flops:
+            raise TensorError(f"{where}: fp8={fp8!r} on {self.device.name}, which has no FP8 tensor cores")
 
     def _check_sequence_parallel_grad(self, op: str, layer: int, grad: ActivationGrad, tp: int) -> None:
         """A layer that ran sequence-parallel over `tp` TP ranks holds 1/tp of its output gradient's sequence;

@@ -2,7 +2,9 @@
 one (`_*.c`, `_*.h`), each the twin of a Python function or class that stays its specification.
 
 `EXTENSION` is the loaded module, or None to run everything in Python (`DIST_SANDBOX_PURE_PYTHON=1`, no C
-compiler at install time, or an extension built from other sources than these).
+compiler at install time, or an extension built from other sources than these). `twin(name)` is the module
+for one twin, or None when that twin is switched off: `DIST_SANDBOX_C_OFF=drive,p2p` (names in `TWINS`) runs
+those in Python and the rest in C, to measure what each twin gains (`benchmarks/accelerator.py`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,31 @@ def load_extension(module_name: str = "dist_lib._buffers", sources: str | None =
     return extension
 
 
+# The twins, as they are installed: `buffers` (memory.tracker's Buffer and AllocLog), `events`
+# (engine.eventlog's packing), `transfers` (engine.transfers' Scheduler and Transfer), and the methods
+# `model.accelerated.install_c_twins` puts on their classes.
+TWINS = ("buffers", "events", "transfers", "ops", "weight_ops", "comm", "p2p", "drive")
+# the twins that make and read tensors as C buffers: off with `buffers`
+NEED_C_BUFFERS = ("ops", "weight_ops", "comm", "p2p")
+
+
+def twins_off(value: str | None) -> frozenset[str]:
+    """The twins `DIST_SANDBOX_C_OFF` (a comma-separated list of `TWINS`) switches off, with those that need
+    a switched-off twin."""
+    names = frozenset(name.strip() for name in (value or "").split(",") if name.strip())
+    unknown = sorted(names - set(TWINS))
+    if unknown:
+        raise ValueError(f"DIST_SANDBOX_C_OFF: unknown twin {', '.join(unknown)}; the twins are {', '.join(TWINS)}")
+    return names | frozenset(NEED_C_BUFFERS) if "buffers" in names else names
+
 
 EXTENSION = load_extension()
 ACCELERATED = EXTENSION is not None  # the C buffers, and the C twins of the hottest ops
+C_OFF = twins_off(os.environ.get("DIST_SANDBOX_C_OFF"))
+
+
+def twin(name: str) -> Any:
+    """The extension if the twin `name` runs in C, else None (not built, or switched off)."""
+    if name not in TWINS:
+        raise ValueError(f"{name!r} is not one of the C twins {TWINS}")
+    return None if name in C_OFF else EXTENSION

@@ -436,7 +436,13 @@ static PyObject *fast_backward_weight(PyObject *self, PyObject *const *args, Py_
     BackwardCall b;
     if (!backward_call(self, args, nargs, kwnames, Py_True, 1, &b))
         return fallback(K.py_backward_weight, self, args, nargs, kwnames);
-    /* the weight-gradient GEMMs re-run nothing: compute mode "none" whatever the forward's */
+    /* the weight-gradient GEMMs re-run nothing: compute mode "none" whatever the forward's, unless its linear
+     * layers ran in FP8 (`costs.ops.weight_pass_mode`): the Python twin takes those */
+    static PyObject *fp8_word = NULL;
+    if (!fp8_word && !(fp8_word = PyUnicode_InternFromString("fp8"))) return NULL;
+    int fp8 = PyUnicode_Contains(b.recompute, fp8_word);
+    if (fp8 < 0) return NULL;
+    if (fp8) return fallback(K.py_backward_weight, self, args, nargs, kwnames);
     if (backward_compute(self, K.s_backward_weight, &b, K.s_none) < 0) return NULL;
     Py_SETREF(SLOT(b.act, K.a_stash), Py_NewRef(Py_None)); /* consumes the stash */
     if (set_context(SLOT(self, K.m_mem), K.s_backward_weight, b.layer) < 0) return NULL;

@@ -93,6 +93,10 @@ class Result:
     memory_log: Sequence[tuple[array, array, array]] = field(default_factory=list, repr=False)
     # what each rank handed in: (rank, layer, step, samples, shards, num_shards, tp_rank, tp_size)
     final_weights: list[tuple[int, ...]] = field(default_factory=list, repr=False)
+    # the runtime reserve the step ran with (`hardware.reserve.MemoryReserve`, None: off), and the
+    # communicators each rank belongs to (what the reserve's NCCL buffers count)
+    memory_reserve: Any = field(default=None, repr=False)
+    communicators: list[int] = field(default_factory=list, repr=False)
     # folded replicas (`run/folding.py`): per rank, the rank whose events stand for it (None: every rank ran)
     representatives: list[int] | None = field(default=None, repr=False)
     _events: list[Event] | None = field(default=None, repr=False)
@@ -112,6 +116,36 @@ class Result:
     @property
     def peak_memory_rank(self) -> int:
         return self.memory_bytes.index(self.peak_memory_bytes)
+
+    def usable_memory(self, rank: int) -> int:
+        """Bytes of tensors `rank`'s GPU holds: its capacity, less the runtime reserve when there is one."""
+        capacity = self.cluster.device_of(rank).memory_bytes
+        if self.memory_reserve is None:
+            return capacity
+        communicators = self.communicators[rank] if rank < len(self.communicators) else 0
+        return self.memory_reserve.usable(capacity, communicators)
+
+    def memory_fraction(self, rank: int) -> float:
+        """Share of `rank`'s GPU its step takes at its peak: tensors, and the runtime reserve when there is
+        one (what `nvidia-smi` would show of a real run)."""
+        capacity = self.cluster.device_of(rank).memory_bytes
+        return (self.memory_bytes[rank] + capacity - self.usable_memory(rank)) / capacity
+
+    @property
+    def fullest_rank(self) -> int:
+        """The rank whose GPU is fullest by share of its capacity (on a mixed cluster not always the rank of
+        the most bytes: a 32 GB GPU at 30 GB is fuller than an 80 GB one at 60 GB); the first on a tie."""
+        fractions = [self.memory_fraction(r) for r in range(len(self.memory_bytes))]
+        return fractions.index(max(fractions))
+
+    def fullest_text(self) -> str:
+        """The fullest GPU in a few words: `rank 9 (V100-32GB): 25.10 + 2.90 reserve of 32.00 GiB, 88 %`."""
+        r = self.fullest_rank
+        device = self.cluster.device_of(r)
+        reserve = "" if self.memory_reserve is None else \
+            f" + {(device.memory_bytes - self.usable_memory(r)) / 2**30:.2f} reserve"
+        return (f"rank {r} ({device.name}): {self.memory_bytes[r] / 2**30:.2f}{reserve} of "
+                f"{device.memory_bytes / 2**30:.2f} GiB, {self.memory_fraction(r) * 100:.0f} %")
 
     @property
     def peak_flops(self) -> float:
@@ -183,6 +217,7 @@ class Result:
             f"step time     {self.time_s * 1e3:.2f} ms",
             f"peak memory   {format_bytes(self.peak_memory_bytes)} on rank {peak} "
             f"({self.cluster.device_of(peak).name}, {format_bytes(self.cluster.device_of(peak).memory_bytes)})",
+            f"fullest GPU   {self.fullest_text()}",
             f"MFU / HFU     {self.mfu * 100:.1f} % / {self.hfu * 100:.1f} %",
             f"bubble        {self.bubble_fraction * 100:.1f} % of compute idle",
             f"correct       {'yes' if self.correct else 'NO: ' + '; '.join(self.problems[:3])}",
@@ -198,7 +233,9 @@ class Result:
                 "world_size": self.cluster.world_size, "global_batch_size": self.global_batch_size,
                 "options": _json_ready(self.options), "time_s": self.time_s, "rank_times": list(self.rank_times),
                 "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_rank": self.peak_memory_rank,
-                "memory_bytes": list(self.memory_bytes),
+                "memory_bytes": list(self.memory_bytes), "fullest_rank": self.fullest_rank,
+                "fullest_fraction": self.memory_fraction(self.fullest_rank),
+                "memory_reserve": None if self.memory_reserve is None else self.memory_reserve.to_dict(),
                 "peak_memory_by_kind": dict(self.memory_by_kind[self.peak_memory_rank]),
                 "model_flops": self.model_flops, "hardware_flops": self.hardware_flops,
                 "peak_flops": self.peak_flops, "mfu": self.mfu, "hfu": self.hfu,

@@ -11,8 +11,10 @@ from typing import Any
 
 from dist_lib.errors import SpecError
 from dist_lib.hardware.cluster import Cluster
+from dist_lib.hardware.reserve import memory_reserve as read_reserve
 from dist_lib.workload.transformer import Workload, check_global_batch
 from dist_lib.planner.evaluate import Runner, layer_passes, refine, run_here, simulate_all
+from dist_lib.planner import framework_rules
 from dist_lib.planner.search import PRUNE_SLACK, Candidate, Search, generate
 
 OBJECTIVES = ("time", "cost")
@@ -27,15 +29,20 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
          top: int = 10, objective: str = "time", budget: float | None = None, refine_rounds: int = 8,
          max_stages: int = 16, progress: Callable[[str, int, int], None] | None = None,
          runner: Runner = run_here, width: int = 1, prune_slack: float = PRUNE_SLACK,
-         simulation_limit: int = SIMULATION_LIMIT) -> Search:
+         simulation_limit: int = SIMULATION_LIMIT, memory_reserve: Any = True, framework: str = "any") -> Search:
     """Search plans for one training step: every candidate estimated, the best `top` by the estimate
     simulated, the winner refined on the simulator. `objective` ranks by step time or by dollars per
     step; `budget` (USD per hour) leaves out device mixes that cost more. `top=0` trusts the estimate
     alone (no simulation). `runner` runs the simulations, `width` at a time (default: one after another in
     this process). The estimate skips groupings whose lower bound is `prune_slack` above the best estimate
     so far, and pipelines of more than `max_stages` stages. A plan of more than `simulation_limit` layer
-    passes a step is not simulated: its estimate stands, and `Search.notes` says so. Raises `SpecError`
-    with one line when no plan fits."""
+    passes a step is not simulated: its estimate stands, and `Search.notes` says so. `memory_reserve` is
+    what a real run's runtime keeps of each GPU (`hardware.reserve`; True: the cited default, None or
+    "off": none), left out of every device in the estimate and in the simulations. `framework`
+    ("megatron", "torchtitan", "deepspeed") searches only the plans that framework runs, each simulated as
+    its settings run (`framework_rules`, `framework_run`); "any" (the default) every plan. Raises
+    `SpecError` with one line when no plan fits."""
+    framework_rules.rules(framework)  # a known framework, or one line naming the choices
     if objective not in OBJECTIVES:
         raise SpecError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     for name, value, low in (("top", top, 0), ("refine_rounds", refine_rounds, 0), ("width", width, 1)):
@@ -53,6 +60,7 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     if isinstance(simulation_limit, bool) or not isinstance(simulation_limit, int) or simulation_limit < 1:
         raise SpecError(f"simulation_limit must be a whole number >= 1, got {simulation_limit!r}")
     cluster, workload = Cluster.load(cluster), Workload.load(workload)
+    reserve = read_reserve(memory_reserve, "memory_reserve")
     if runner is run_here and _loop_running():
         runner = _in_a_thread  # (a notebook's cell runs in an event loop, which `simulate` cannot share)
     if objective == "cost" or budget is not None:
@@ -61,7 +69,8 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     started = time.perf_counter()
     report = (lambda i, n: progress("estimate", i, n)) if progress else None
     candidates, reasons = generate(cluster, workload, global_batch_size, budget=budget, objective=objective,
-                                   max_stages=max_stages, progress=report, prune_slack=prune_slack)
+                                   max_stages=max_stages, progress=report, prune_slack=prune_slack,
+                                   memory_reserve=reserve, framework=framework)
     if not candidates:
         raise SpecError(reasons[0])
 
@@ -75,14 +84,15 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     skipped = [c for c in chosen if layer_passes(c.plan) > simulation_limit]
     for c in skipped:
         c.error = "not simulated: too large"
-    simulated = _simulate_in_order(cluster, workload, global_batch_size, within, objective, runner, width, progress)
+    simulated = _simulate_in_order(cluster, workload, global_batch_size, within, objective, runner, width, progress,
+                                   reserve, framework)
     ran = [c for c in simulated if c.simulated is not None]
     if within and not ran and not skipped:
         raise SpecError(f"no plan fits: the {len(chosen)} best estimates all fail in the simulator "
                         f"({chosen[0].error})")
     # a plan too large to simulate competes with its estimate
     best = min(ran + skipped, key=key) if ran or skipped else candidates[0]
-    search = Search(candidates, simulated + skipped, best, estimated, 0.0)
+    search = Search(candidates, simulated + skipped, best, estimated, 0.0, framework=framework)
     if skipped:
         largest = max(layer_passes(c.plan) for c in skipped)
         search.notes.append(
@@ -91,8 +101,11 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
             f"{simulation_limit:,} (a pass simulates in about 5 to 25 us; --simulation-limit raises it): their "
             f"times are the estimate's")
     if best.simulated is not None and refine_rounds:
+        # within the framework's own layer splits: DeepSpeed's is fixed (uniform)
+        keep = None if framework == "any" else \
+            (lambda p: not framework_rules.why_not(p, framework, cluster, workload))
         refined, _ = refine(cluster, workload, global_batch_size, best, refine_rounds, key, runner,
-                            limit=simulation_limit)
+                            limit=simulation_limit, reserve=reserve, keep=keep, framework=framework)
         if refined is not best:
             search.refined_from, search.best = best, refined
     search.order_pairs, search.order_disagreements = _disagreements(ran)
@@ -128,7 +141,8 @@ def _check_prices(cluster: Cluster, needs: str) -> None:
 
 def _simulate_in_order(cluster: Cluster, workload: Workload, global_batch: int, chosen: list[Candidate],
                        objective: str, runner: Runner, width: int,
-                       progress: Callable[[str, int, int], None] | None) -> list[Candidate]:
+                       progress: Callable[[str, int, int], None] | None,
+                       reserve: Any = None, framework: str | None = None) -> list[Candidate]:
     """The chosen candidates simulated in estimate order, stopping once even an estimate as wrong as the
     worst seen so far could not make the next one win (step time only). `width` candidates are simulated
     at a time through `runner`, and their results are taken in order under the same rule, so the
@@ -144,7 +158,8 @@ def _simulate_in_order(cluster: Cluster, workload: Workload, global_batch: int, 
     while position < len(chosen) and not hopeless(chosen[position]):
         if progress:
             progress("simulate", position, len(chosen))
-        batch = simulate_all(cluster, workload, global_batch, chosen[position:position + max(1, width)], runner)
+        batch = simulate_all(cluster, workload, global_batch, chosen[position:position + max(1, width)], runner,
+                             reserve=reserve, framework=framework)
         for candidate in batch:
             if candidate is not batch[0] and hopeless(candidate):
                 return simulated

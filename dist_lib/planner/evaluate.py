@@ -13,8 +13,10 @@ from typing import Any
 
 from dist_lib.errors import OutOfMemoryError, SimulationError
 from dist_lib.hardware.cluster import Cluster
+from dist_lib.hardware.reserve import MemoryReserve
 from dist_lib.run.simulator import simulate
 from dist_lib.workload.transformer import Workload
+from dist_lib.planner.framework_run import framework_run
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.search import Candidate
 
@@ -29,11 +31,13 @@ def run_here(fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterable[tuple[i
 
 
 def simulate_all(cluster: Cluster, workload: Workload, global_batch: int, candidates: Sequence[Candidate],
-                 runner: Runner = run_here, done: Callable[[int], None] | None = None) -> list[Candidate]:
+                 runner: Runner = run_here, done: Callable[[int], None] | None = None,
+                 reserve: MemoryReserve | None = None, framework: str | None = None) -> list[Candidate]:
     """`simulate_candidate` of each candidate through `runner`, in the candidates' order; `done(n)` after
     each of the n that finished."""
     out: list[Candidate | None] = [None] * len(candidates)
-    for count, (index, candidate) in enumerate(runner(partial(simulate_candidate, cluster, workload, global_batch),
+    for count, (index, candidate) in enumerate(runner(partial(simulate_candidate, cluster, workload, global_batch,
+                                                              reserve=reserve, framework=framework),
                                                       candidates), 1):
         out[index] = candidate
         if done:
@@ -46,15 +50,22 @@ def simulate_all(cluster: Cluster, workload: Workload, global_batch: int, candid
 PLANNED = "strategies.planned"
 
 
-def run_plan(cluster: Cluster, workload: Workload, global_batch: int, plan: Plan):
-    """The simulator's `Result` of one step of `plan` (memory enforced, correctness checked)."""
-    return simulate(PLANNED, cluster, workload, global_batch, plan=plan)
+def run_plan(cluster: Cluster, workload: Workload, global_batch: int, plan: Plan,
+             reserve: MemoryReserve | None = None):
+    """The simulator's `Result` of one step of `plan` (memory enforced, less `reserve` when given;
+    correctness checked)."""
+    return simulate(PLANNED, cluster, workload, global_batch, plan=plan, memory_reserve=reserve)
 
 
-def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, candidate: Candidate) -> Candidate:
-    """Fill in the simulated time, memory and MFU of a candidate (or why it failed)."""
+def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, candidate: Candidate,
+                       reserve: MemoryReserve | None = None, framework: str | None = None) -> Candidate:
+    """Fill in the simulated time, memory and MFU of a candidate (or why it failed); with a `framework`
+    (not "any"), the step as that framework runs the plan (`framework_run`)."""
     try:
-        result = run_plan(cluster, workload, global_batch, candidate.plan)
+        if framework in (None, "any"):
+            result, rank_of = run_plan(cluster, workload, global_batch, candidate.plan, reserve), None
+        else:
+            result, rank_of = framework_run(cluster, workload, global_batch, candidate.plan, framework, reserve)
     except OutOfMemoryError as exc:
         candidate.error = "out of memory: " + str(exc).splitlines()[0]
         return candidate
@@ -62,10 +73,14 @@ def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, 
         candidate.error = str(exc).splitlines()[0]
         return candidate
     used = candidate.plan.ranks
+    # the result's rank of each cluster rank (the framework's launch renumbers the plan's ranks)
+    own = {r: r for r in used} if rank_of is None else {r: g for g, r in enumerate(rank_of)}
     busy = result.compute_busy()
-    candidate.stage_busy = [max(busy[r] for r in stage.ranks) for stage in candidate.plan.stages]
+    candidate.stage_busy = [max(busy[own[r]] for r in stage.ranks) for stage in candidate.plan.stages]
     candidate.simulated = result.time_s
-    candidate.peak_fraction = max(result.memory_bytes[r] / cluster.device_of(r).memory_bytes for r in used)
+    # the fullest GPU by share of its capacity, the runtime reserve included
+    candidate.fullest_rank = max(used, key=lambda r: (result.memory_fraction(own[r]), -r))  # the first on a tie
+    candidate.peak_fraction = result.memory_fraction(own[candidate.fullest_rank])
     candidate.mfu = result.model_flops / (result.time_s * sum(cluster.device_of(r).peak_flops for r in used))
     return candidate
 
@@ -120,16 +135,19 @@ def with_counts(plan: Plan, counts: list[int]) -> Plan:
 
 def refine(cluster: Cluster, workload: Workload, global_batch: int, best: Candidate, rounds: int,
            key: Callable[[Candidate], float], runner: Runner = run_here,
-           limit: int | None = None) -> tuple[Candidate, int]:
+           limit: int | None = None, reserve: MemoryReserve | None = None,
+           keep: Callable[[Plan], bool] | None = None, framework: str | None = None) -> tuple[Candidate, int]:
     """Hill-climb from `best` over `neighbours` for at most `rounds` improvements; (winner, plans run).
-    A round's neighbours (those of at most `limit` layer passes) are simulated together through `runner`."""
+    A round's neighbours (those of at most `limit` layer passes, and that `keep` keeps) are simulated
+    together through `runner` (as `framework` runs them, given one)."""
     runs = 0
     for _ in range(rounds):
         improved = None
         trials = simulate_all(cluster, workload, global_batch,
                               [Candidate(plan, best.estimate, best.memory, best.price_per_hour)
-                               for plan in neighbours(best) if limit is None or layer_passes(plan) <= limit],
-                              runner)
+                               for plan in neighbours(best) if (limit is None or layer_passes(plan) <= limit)
+                               and (keep is None or keep(plan))],
+                              runner, reserve=reserve, framework=framework)
         for trial in trials:
             runs += 1
             if trial.simulated is not None and key(trial) < key(improved or best) * (1 - 1e-9):

@@ -191,4 +191,5 @@ def uniform_split(num_layers: int, parts: int) -> tuple[int, ...]:
     return tuple(size + (i < extra) for i in range(parts))
 
 
-_NAMES = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed"}
+NAMES = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed"}
+_NAMES = NAMES

@@ -15,7 +15,6 @@ from bisect import bisect_right
 from dist_lib.planner.estimate import TRANSIENT_ACTIVATIONS, LayerCosts, in_flight
 from dist_lib.planner.stage_option import StageOption
 
-MEMORY_HEADROOM = 0.92  # of each device, for buffers the estimate does not count
 BOUND_TOLERANCE = 1e-3  # relative: finer than the estimate's own error, and ten probes fewer than 1e-6
 
 
@@ -140,6 +139,23 @@ class _MemoryReach:
                 hi = mid - 1
         self.fitting[start] = self.ends[start] = lo
         return lo
+
+
+def fixed_partition(stages: list[list[StageOption]], counts: tuple[int, ...], microbatches: int,
+                    memory: bool = True) -> tuple[float, list[tuple[int, StageOption]]] | None:
+    """`partition`'s answer for a split given in advance (DeepSpeed's uniform one): each stage's fastest
+    option for its block, with the slowest stage's time per microbatch; None when it does not fit."""
+    placed, start = [], 0
+    for options, n in zip(stages, counts):
+        placed.append((n, min(options, key=lambda o: _block_time(o, start, n))))
+        start += n
+    if memory and not fits(placed, microbatches):
+        return None
+    start, slowest = 0, 0.0
+    for s, (n, o) in enumerate(placed):
+        slowest = max(slowest, _block_time(o, start, n) + (o.loss if s == len(placed) - 1 else 0.0))
+        start += n
+    return slowest, placed
 
 
 def fits(placed: list[tuple[int, StageOption]], microbatches: int, schedule: str = "1f1b") -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,9 @@ class Plan:
     schedule: str = "1f1b"
     recompute: str = "none"
     zero: int = 0  # 1: each stage's optimizer state sharded over its replicas (Rajbhandari et al. 2020)
+    # the hardware the plan was made for: (node, device, first rank, last rank) of each node (`hardware.py`);
+    # None: not recorded (then any cluster of the right size runs it). Not part of the plan's identity.
+    hardware: tuple[tuple[int, str, int, int], ...] | None = field(default=None, compare=False)
 
     @property
     def chunks(self) -> int:
@@ -87,6 +90,10 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        if self.hardware is None:
+            del data["hardware"]
+        else:
+            data["hardware"] = [list(entry) for entry in self.hardware]
         data["stages"] = list(data["stages"])
         for stage in data["stages"]:
             stage["ranks"], stage["shares"] = list(stage["ranks"]), list(stage["shares"])
@@ -97,14 +104,17 @@ class Plan:
         """JSON with one line per stage."""
         data = self.to_dict()
         stages = ",\n".join("  " + json.dumps(stage) for stage in data.pop("stages"))
+        hardware = data.pop("hardware", None)
         rest = "".join(f',\n {json.dumps(k)}: {json.dumps(v)}' for k, v in data.items())
+        if hardware is not None:  # one line a node
+            rest += ',\n "hardware": [\n' + ",\n".join("  " + json.dumps(e) for e in hardware) + "\n ]"
         Path(path).write_text(f'{{\n "stages": [\n{stages}\n ]{rest}\n}}\n')
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "<plan>") -> Plan:
         if not isinstance(data, dict):
             raise SpecError(f"{source}: a plan is a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"stages", "microbatch_size", "microbatches", "schedule", "recompute", "zero"}
+        unknown = set(data) - {"stages", "microbatch_size", "microbatches", "schedule", "recompute", "zero", "hardware"}
         if unknown:
             raise SpecError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")
         missing = [name for name in ("stages", "microbatch_size", "microbatches") if name not in data]
@@ -128,7 +138,8 @@ class Plan:
                                tuple(_ints(stage["shares"], f"{where}.shares", 1))))
         return cls(tuple(built), _int(data.get("microbatch_size"), f"{source}: microbatch_size", 1),
                    _int(data.get("microbatches"), f"{source}: microbatches", 1), data.get("schedule", "1f1b"),
-                   data.get("recompute", "none"), _int(data.get("zero", 0), f"{source}: zero", 0))
+                   data.get("recompute", "none"), _int(data.get("zero", 0), f"{source}: zero", 0),
+                   _hardware(data.get("hardware"), f"{source}: hardware"))
 
     @classmethod
     def load(cls, plan: Plan | dict | str | Path) -> Plan:
@@ -159,6 +170,13 @@ class Plan:
 
     # ---- validation ---------------------------------------------------------------------------
 
+    def _foreign(self, cluster: Any) -> bool:
+        """Whether the plan recorded hardware that `cluster` is not (node by node)."""
+        if not self.hardware:
+            return False
+        from dist_lib.planner.hardware import mismatch
+        return bool(mismatch(self.hardware, cluster))
+
     def _check_types(self, source: str) -> None:
         """What `from_dict` checks of a file, for a `Plan` built in Python: whole numbers where the plan
         counts ranks, layers and samples (a share of 0 or a tp of "2" would fail deep inside the run)."""
@@ -184,6 +202,11 @@ class Plan:
         """Raise `SpecError` naming the field (after `source`, e.g. the plan's file) when this plan cannot
         run on the world, model and batch (and, given the workload, split its attention heads)."""
         self._check_types(source)
+        if cluster is not None and self._foreign(cluster):
+            from dist_lib.planner.hardware import mismatch
+            raise SpecError(f"{source}: made for other hardware: {mismatch(self.hardware, cluster)}; plan on this "
+                            f"cluster again, or run it with `python -m grader run planned --set plan=FILE`, which "
+                            f"remaps a plan whose nodes the cluster lists in another order")
         if self.schedule not in SCHEDULES:
             raise SpecError(f"{source}: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.recompute not in RECOMPUTE:
@@ -211,7 +234,7 @@ class Plan:
                                 f"replicas >= 1 sample, {self.microbatch_size} in all (the microbatch size)")
             if len(stage.blocks) != self.chunks:
                 raise SpecError(f"{where}.blocks: every stage needs {self.chunks} block(s), one per chunk")
-            if cluster is not None and stage.tp > 1:
+            if cluster is not None and stage.tp > 1 and not self._foreign(cluster):
                 for d in range(stage.dp):
                     nodes = {cluster.node_of(r) for r in stage.replica_ranks(d)}
                     if len(nodes) > 1:
@@ -231,6 +254,16 @@ class Plan:
                             f"the {len(self.stages)} stages")
         if self.schedule != "interleaved" and self.chunks != 1:
             raise SpecError(f"{source}: schedule {self.schedule} runs one block per stage; use interleaved")
+
+
+def _hardware(value: Any, where: str) -> tuple[tuple[int, str, int, int], ...] | None:
+    """A plan file's `hardware`: None, or [node, device, first rank, last rank] of each node."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or any(
+            not isinstance(e, list) or len(e) != 4 or not isinstance(e[1], str) for e in value):
+        raise SpecError(f"{where} must list [node, device, first rank, last rank] of each node, got {shown(value)}")
+    return tuple((_int(e[0], where, 0), e[1], _int(e[2], where, 0), _int(e[3], where, 0)) for e in value)
 
 
 def _int(value: Any, where: str, low: int) -> int:

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from dist_lib.errors import SpecError
 from dist_lib.hardware.cluster import Cluster
+from dist_lib.planner.framework_rules import NAMES, batch_settings
 from dist_lib.planner.search import Candidate, Search
 
 
@@ -65,23 +66,34 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
                    key=lambda c: (c.simulated is None, c.seconds))[:rows]
     ran = sum(not c.error.startswith("not simulated") for c in search.simulated)  # failures included
     lines = [Text(f"plans ({search.estimated_count} estimated, {ran} simulated, {search.seconds:.1f} s)", style="bold"),
-             Text(f"{'#':>2}  {'schedule':<15} {'m x b':>7} {'est. ms':>9} {'sim. ms':>9} {'free mem':>8} "
+             Text(f"{'#':>2}  {'schedule':<15} {'m x b':>7} {'est. ms':>9} {'sim. ms':>9} {'fullest GPU':>11} "
                   f"{'used MFU':>8} {'$/step':>8}", style="bold")]
+    short = short_names(cluster)
     for i, c in enumerate(shown, 1):
         plan = c.plan
         schedule = " ".join(v for v in (SHORT.get(plan.schedule, plan.schedule), RECOMPUTE.get(plan.recompute, ""),
                                          "Z1" if plan.zero else "") if v)
         simulated = f"{c.simulated * 1e3:.2f}" if c.simulated is not None else "-"
-        free = f"{(1 - c.peak_fraction) * 100:.0f} %" if c.peak_fraction is not None else "-"
+        free = "-" if c.peak_fraction is None else \
+            f"{short[cluster.device_of(c.fullest_rank).name][:6]} {c.peak_fraction * 100:.0f}%"
         mfu = f"{c.mfu * 100:.1f} %" if c.mfu is not None else "-"
         lines.append(Text(f"{i:>2}  {schedule:<15} {f'{plan.microbatches}x{plan.microbatch_size}':>7} "
-                          f"{c.estimate * 1e3:>9.2f} {simulated:>9} {free:>8} {mfu:>8} {c.dollars_per_step:>8.5f}"))
+                          f"{c.estimate * 1e3:>9.2f} {simulated:>9} {free:>11} {mfu:>8} {c.dollars_per_step:>8.5f}"))
         detail = f"    stages {layout(c, cluster)}; layers {'/'.join(str(s.layers) for s in plan.stages)}"
         if c.simulated is None and c.error:
             detail += f"; {c.error}"
         lines.append(Text(detail, style="dim"))
+        if search.framework != "any":  # the per-GPU micro batch and the accumulation, as the framework names them
+            lines.append(Text(f"    {NAMES[search.framework]}: "
+                              f"{batch_settings(plan, search.framework, sum(s.layers for s in plan.stages))}",
+                              style="dim"))
     lines.append(Text("stages: dp x tp and device of each; sel./full: selective or full recompute; Z1: ZeRO-1; used "
                       "MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)", style="dim"))
+    if search.framework != "any":
+        lines.append(Text(f"plans {NAMES[search.framework]} runs, each simulated as its exported settings run "
+                          f"(python -m grader run --from {search.framework})", style="dim"))
+    lines.append(Text("fullest GPU: the GPU whose memory is fullest at the simulated peak, by share of its capacity, "
+                      "runtime reserve included", style="dim"))
     return Group(*lines)
 
 

@@ -24,7 +24,9 @@ from dist_lib.hardware.cluster import Cluster
 from dist_lib.workload.transformer import Workload
 from dist_lib.planner import space
 from dist_lib.planner.estimate import LayerCosts, layer_costs, rerun_stash, with_total
-from dist_lib.planner.partition import MEMORY_HEADROOM, chunk_sizes, fits, partition
+from dist_lib.hardware.reserve import MemoryReserve
+from dist_lib.planner import framework_rules
+from dist_lib.planner.partition import chunk_sizes, fits, fixed_partition, partition
 from dist_lib.planner.stage_option import StageOption, no_collective
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.step import step_estimate
@@ -41,10 +43,12 @@ PRUNE_SLACK = 0.2
 class Candidate:
     plan: Plan
     estimate: float  # seconds per step
-    memory: float  # the estimate's highest share of a device's memory
+    memory: float  # the estimate's highest share of a device's usable memory (capacity less the runtime reserve)
     price_per_hour: float  # USD per hour of the GPUs the plan uses
     simulated: float | None = None
-    peak_fraction: float | None = None  # simulated: highest peak / capacity over the ranks
+    # simulated: the fullest GPU's share of its capacity (peak and runtime reserve), and that GPU's rank
+    peak_fraction: float | None = None
+    fullest_rank: int | None = None
     mfu: float | None = None
     error: str = ""
     stage_busy: list[float] = field(default_factory=list)  # simulated: each stage's busiest compute stream
@@ -71,6 +75,7 @@ class Search:
     order_pairs: int = 0
     refined_from: Candidate | None = None
     notes: list[str] = field(default_factory=list)
+    framework: str = "any"  # the framework whose plans were searched ("any": every plan)
 
 
 class _Space:
@@ -80,8 +85,10 @@ class _Space:
     same options up to their rank numbers (TP degrees, shares, per-layer costs, memory, reduction), so
     the options are built once per such shape and per setting, and copied with each stage's ranks."""
 
-    def __init__(self, cluster: Cluster, workload: Workload):
-        self.cluster, self.workload = cluster, workload
+    def __init__(self, cluster: Cluster, workload: Workload, reserve: MemoryReserve | None = MemoryReserve(),
+                 even: bool = False):
+        # even: every replica takes the same share of a microbatch (a framework's one micro batch per GPU)
+        self.cluster, self.workload, self.reserve, self.even = cluster, workload, reserve, even
         self._options: dict = {}
         self._templates: dict = {}
         self._shapes: dict = {}
@@ -135,7 +142,8 @@ class _Space:
             if template is None:
                 found = self._templates[shape_key] = [self._option(ranks, tp, microbatch, recompute, zero)
                                                       for tp in space.tp_options(self.cluster, ranks, self.workload)
-                                                      if len(ranks) // tp <= microbatch]
+                                                      if len(ranks) // tp <= microbatch
+                                                      and not (self.even and microbatch % (len(ranks) // tp))]
             else:
                 found = [replace(o, ranks=ranks) for o in template]
             self._options[key] = found
@@ -144,7 +152,7 @@ class _Space:
     def _option(self, ranks, tp, microbatch, recompute, zero) -> StageOption:
         cluster, workload = self.cluster, self.workload
         dp = len(ranks) // tp
-        shares = space.shares(cluster, workload, ranks, tp, microbatch)
+        shares = (microbatch // dp,) * dp if self.even else space.shares(cluster, workload, ranks, tp, microbatch)
         replicas, keys = {}, []
         for d in range(dp):
             first = ranks[d * tp]
@@ -159,8 +167,12 @@ class _Space:
                   + (network.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
                      if tp > 1 else 0.0) for (_, n), group in replicas.items()]
         combined = per[0] if len(per) == 1 else _slowest(per)
-        # every rank is in some replica, and a replica's ranks share a node
-        capacity = MEMORY_HEADROOM * min(cluster.nodes[kind].device.memory_bytes for kind, _ in replicas)
+        # every rank is in some replica, and a replica's ranks share a node; the runtime reserve counts the
+        # communicators of a rank of this stage: its TP group, its data-parallel group, and two pipeline
+        # neighbours (an upper bound: the first and last stage have one, a plan of one stage none)
+        capacity = min(cluster.nodes[kind].device.memory_bytes for kind, _ in replicas)
+        if self.reserve is not None:
+            capacity = self.reserve.usable(capacity, (tp > 1) + (dp > 1) + 2)
         # the LM head is vocabulary-parallel over the TP group, and its input gradient all-reduced there
         loss = max(losses)
         unit = max(shares) * workload.activation_bytes()
@@ -227,7 +239,7 @@ def pipeline_partition(cluster: Cluster, workload: Workload, stage_ranks: tuple[
                        microbatches: int, recompute: str = "none") -> tuple[int, ...] | None:
     """Layers per stage of a pipeline of one rank a stage under 1F1B (AMP's replicas, Li et al.
     NeurIPS'22, sec. 4): the contiguous cut whose slowest stage per microbatch is least within every
-    device's memory (`partition`); None when no cut fits in memory."""
+    device's memory less its runtime reserve (`partition`); None when no cut fits in memory."""
     sp = _Space(cluster, workload)
     found = partition([sp.options((rank,), microbatch_size, recompute, 0) for rank in stage_ranks],
                       workload.num_layers, microbatches)
@@ -267,14 +279,23 @@ def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches
 
 def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget: float | None = None,
              objective: str = "time", max_stages: int = 16, progress: Callable[[int, int], None] | None = None,
-             prune_slack: float = PRUNE_SLACK) -> tuple[list[Candidate], list[str]]:
+             prune_slack: float = PRUNE_SLACK, memory_reserve: MemoryReserve | None = MemoryReserve(),
+             framework: str | None = None) -> tuple[list[Candidate], list[str]]:
     """Every candidate the estimate finds feasible, each with its best partition, and (when there are
-    none) why not, one reason per line."""
-    sp = _Space(cluster, workload)
+    none) why not, one reason per line. Each device holds its capacity less `memory_reserve` (None: all
+    of it). With a `framework` (`framework_rules`), only plans it runs: stages of one width and TP degree,
+    even shares, its schedules, memory settings and layer splits."""
+    rules = framework_rules.rules(framework)
+    sp = _Space(cluster, workload, memory_reserve, even=rules is not None)
     L = workload.num_layers
     # a search by cost, or within a budget, weighs renting part of each device type too
     rent = objective == "cost" or budget is not None
     orders = space.orders(cluster, budget, rent=rent)
+    if rules is not None and orders:
+        orders = [o for o in orders if rules.order_ok(o.ranks, cluster)]
+        if not orders:
+            return [], [f"no plan {rules.name} runs: every mix of the cluster's device types has nodes of different "
+                        f"GPU counts, and its launcher starts the same number of processes on every node"]
     if not orders:
         # the least a plan can cost: the cheapest type's one node (renting), or all its nodes
         cost: dict[str, list[float]] = {}
@@ -293,13 +314,26 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     why = {"memory": 0, "batch": 0}
     # Branch and bound: a lower bound of each (grouping, microbatch size) orders the work, and the work
     # stops where the bound exceeds the best estimate so far by more than the estimate's error could hide.
-    def bounded(stages: tuple, microbatch: int, price: float) -> tuple | None:
-        """(bound, price, stages, microbatch, free options) of a layout and microbatch size; None where
-        some stage has no option (the batch does not split over its replicas)."""
+    def bounded(stages: tuple, microbatch: int, price: float) -> list[tuple]:
+        """(bound, price, stages, microbatch, free options, TP degree) of a layout and microbatch size: one
+        entry, or with a framework one per TP degree every stage may take (TP None: any, stage by stage);
+        none where some stage has no option (the batch does not split over its replicas)."""
         free = [sp.options(ranks, microbatch, "none", 0) for ranks in stages]
+        if rules is not None and all(free):
+            common = set.intersection(*({o.tp for o in options} for options in free))
+            out = []
+            for tp in sorted(t for t in common if rules.tp_ok(t, len(stages))):
+                out += [e for e in bound_of(stages, microbatch, price, [[o for o in options if o.tp == tp]
+                                                                         for options in free], tp)]
+            if not out:
+                why["batch"] += 1
+            return out
         if not all(free):
             why["batch"] += 1
-            return None
+            return []
+        return bound_of(stages, microbatch, price, free, None)
+
+    def bound_of(stages: tuple, microbatch: int, price: float, free: list, tp: int | None) -> list[tuple]:
         # every stage s runs n_s layers of at least u_s seconds within the bound T, so
         # L = sum n_s <= T * sum 1/u_s, and the step takes at least m * T plus the fill, which
         # is the sum of the other stages' times (1F1B), at least a third of it with ZB-H1 or
@@ -307,18 +341,23 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         fastest = [min(o.costs.per_layer for o in options) for options in free]
         slowest_stage = L / sum(1 / u for u in fastest)
         bound = (global_batch // microbatch) * slowest_stage + max(0.0, L * min(fastest) - slowest_stage) / 3
-        return bound * (price if objective == "cost" else 1.0), price, stages, microbatch, free
+        return [(bound * (price if objective == "cost" else 1.0), price, stages, microbatch, free, tp)]
 
     work: list[tuple] = []
     thin: list[tuple] = []  # pipelines of fewer microbatches than half their stages
     for order in orders:
         price = sum(cluster.device_of(r).price_per_hour for r in order.ranks)
-        for stages in space.layouts(order, L, max_stages):
+        for stages in space.layouts(order, L, max_stages, mixed_widths=rules is None):
             for microbatch in space.divisors(global_batch):
                 if len(stages) > 1 and global_batch // microbatch < len(stages) // 2:
                     thin.append((stages, microbatch, price))  # a pipeline needs microbatches to fill it
-                elif (entry := bounded(stages, microbatch, price)) is not None:
-                    work.append(entry)
+                else:
+                    work += bounded(stages, microbatch, price)
+    def split(options: list[list[StageOption]], m: int, memory: bool = True):
+        """The best layer partition, or the framework's own fixed split (DeepSpeed's uniform)."""
+        counts = rules.fixed_split(L, len(options)) if rules is not None else None
+        return partition(options, L, m, memory=memory) if counts is None else fixed_partition(options, counts, m, memory)
+
     out: list[Candidate] = []
     incumbent = float("inf")
     done = 0  # entries looked at, for the progress display
@@ -327,28 +366,31 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         """Add the candidates of `entries` in the order of their bounds, until a bound cannot win."""
         nonlocal incumbent, done
         entries.sort(key=lambda w: w[0])
-        for i, (bound, price, stages, microbatch, free) in enumerate(entries):
+        for i, (bound, price, stages, microbatch, free, tp) in enumerate(entries):
             if progress is not None and (done + i) % 64 == 0:
                 progress(done + i, done + len(entries))
             if bound > incumbent * (1 + prune_slack):
                 break
             m = global_batch // microbatch
-            unconstrained = partition(free, L, m, memory=False)
+            unconstrained = split(free, m, memory=False)
             weight = price if objective == "cost" else 1.0
             if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
                 continue  # even without memory limits its slowest stage makes it lose
             for recompute, zero in MEMORY_CONFIGS:
+                if rules is not None and not rules.memory_ok(recompute, zero, len(stages)):
+                    continue
                 if (recompute, zero) == MEMORY_CONFIGS[0] and fits(unconstrained[1], m):
                     found = unconstrained  # the same options, and memory does not bind: the same partition
                 else:
-                    found = partition([sp.options(ranks, microbatch, recompute, zero) for ranks in stages], L, m)
+                    found = split([[o for o in sp.options(ranks, microbatch, recompute, zero) if tp in (None, o.tp)]
+                                   for ranks in stages], m)
                 if found is None:
                     why["memory"] += 1
                     continue
                 # a ZB-H1 plan is played out only if its floor could beat the best so far (`step.py`);
                 # an unpruned search (infinite slack) plays out every one
                 new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
-                                 incumbent / weight if prune_slack < float("inf") else float("inf"))
+                                 incumbent / weight if prune_slack < float("inf") else float("inf"), rules)
                 for c in new:
                     incumbent = min(incumbent, c.estimate * weight)
                 out.extend(new)
@@ -360,7 +402,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     if not out:
         # the thin pipelines, only where nothing else gives a plan (4 T4s, 7 heads and a batch of 1: the
         # one plan is four stages of one microbatch)
-        explore([e for e in (bounded(*t) for t in thin) if e is not None])
+        explore([e for t in thin for e in bounded(*t)])
     if progress is not None:
         progress(done, done)
     reasons = []
@@ -388,11 +430,14 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             reasons.append(f"no plan: a global batch of {global_batch} cannot give every data-parallel replica a "
                            f"sample, or {L} layers cannot fill the stages (a plan uses every GPU of each device "
                            f"type it uses; to leave some idle, plan on a cluster without them)")
+    if rules is not None and reasons:
+        reasons = [f"no plan {rules.name} runs (stages of one width and TP degree, one micro batch per GPU, its "
+                   f"schedules): {reasons[0]}; --framework any searches heterogeneous plans too"]
     return out, reasons
 
 
 def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
-               cutoff: float = float("inf")) -> list[Candidate]:
+               cutoff: float = float("inf"), rules: framework_rules.Rules | None = None) -> list[Candidate]:
     """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit. ZB-H1 is
     left out under full recompute: its deferred weight-gradient pass needs the rebuilt stashes, so every
     layer's stash lives from the input-gradient pass to W, which the estimate does not count."""
@@ -404,9 +449,13 @@ def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
             variants.append(("zero-bubble", 1))
         if m % pp == 0 and all(n >= INTERLEAVE_CHUNKS for n, _ in placed):
             variants.append(("interleaved", INTERLEAVE_CHUNKS))
+    if rules is not None:  # the framework's schedules; every plan checked as its export checks it
+        variants = [(s, c) for s, c in variants if pp == 1 or rules.schedule_ok(s)]
     for schedule, chunks in variants:
+        plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks)
+        if rules is not None and framework_rules.why_not(plan, rules.framework, cluster, workload):
+            continue
         seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks, cutoff)
-        if mem <= MEMORY_HEADROOM:
-            out.append(Candidate(to_plan(placed, microbatch, m, schedule, recompute, zero, chunks), seconds, mem,
-                                 price))
+        if mem <= 1.0:
+            out.append(Candidate(plan, seconds, mem, price))
     return out

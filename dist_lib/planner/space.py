@@ -87,15 +87,16 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(order: Order, num_layers: int, max_stages: int) -> list[tuple[tuple[int, ...], ...]]:
-    """Stage rank groups: equal widths over the whole order, and type by type with per-type widths
-    (each type cut into a power-of-two number of stages, as Metis' device groups are)."""
+def layouts(order: Order, num_layers: int, max_stages: int,
+            mixed_widths: bool = True) -> list[tuple[tuple[int, ...], ...]]:
+    """Stage rank groups: equal widths over the whole order, and (with `mixed_widths`) type by type with
+    per-type widths (each type cut into a power-of-two number of stages, as Metis' device groups are)."""
     ranks, found = order.ranks, set()
     for pp in divisors(len(ranks)):
         if pp <= min(num_layers, max_stages):
             w = len(ranks) // pp
             found.add(tuple(ranks[i * w:(i + 1) * w] for i in range(pp)))
-    if len(order.runs) > 1:
+    if mixed_widths and len(order.runs) > 1:
         splits: list[list[tuple[tuple[int, ...], ...]]] = []
         start = 0
         for _, count in order.runs:

@@ -13,7 +13,7 @@ from dist_lib.hardware.cluster import Cluster
 from dist_lib.workload.transformer import Workload
 from dist_lib.planner.contention import one_f_one_b_orders, play_ends, shared_links, zero_bubble_floor, zero_bubble_posted
 from dist_lib.planner.messages import crossing_seconds, scatters, schedule_crossing
-from dist_lib.planner.partition import MEMORY_HEADROOM, block_memory, chunk_sizes
+from dist_lib.planner.partition import block_memory, chunk_sizes
 from dist_lib.planner.stage_option import StageOption
 from dist_lib.planner.playout import one_f_one_b_pipeline, play_interleaved
 from dist_lib.planner.stagger import boundary_seconds, slack
@@ -49,7 +49,7 @@ def step_estimate(cluster: Cluster, workload: Workload, placed: list[tuple[int, 
         forwards.append(forward)
         backs.append(backward)
         weights.append(c.weight[stop] - c.weight[start])
-        mem = max(mem, block_memory(o, start, stop, s, pp, m, schedule, chunks) / o.capacity * MEMORY_HEADROOM)
+        mem = max(mem, block_memory(o, start, stop, s, pp, m, schedule, chunks) / o.capacity)
         start = stop
     # An activation and a gradient cross each boundary per microbatch; interleaved, once per chunk, and
     # from the last stage back to the first between chunks. A message moves only once its receiver asks

@@ -86,5 +86,7 @@ def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
     def spread(values: list) -> list:
         return [values[i] for i in source]
 
+    # a replica's communicators are its representative's: the groups the representative joined name every
+    # member (`simulator.communicator_counts`)
     return type(books)(books.leftovers, spread(books.logs), loaded, finals, spread(books.times),
-                       spread(books.peaks), spread(books.flops))
+                       spread(books.peaks), spread(books.flops), spread(books.communicators))

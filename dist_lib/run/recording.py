@@ -17,7 +17,7 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     LOAD layer shard num_shards tp_rank tp_size   -> weight, optimizer state
     INPUT k (start stop) x k                      -> activation (samples: k half-open intervals)
     FORWARD layer act weight flags                -> activation (flags: 1 stash, 2 selective recompute,
-                                                     4 sequence parallel)
+                                                     4 sequence parallel, 8 / 16 FP8 delayed / tensorwise)
     BACKWARD layer act grad weight                -> weight gradient, activation gradient
     BACKWARD_INPUT / BACKWARD_WEIGHT (the same)   -> activation gradient / weight gradient
     LOSS act tp_rank tp_size                      -> activation gradient (its TP slice of the LM head)
@@ -39,6 +39,7 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
                                                      member c intervals of samples, 0 for None; e & 2 when
                                                      `expect_experts` was: per member d intervals of experts)
     the MoE ops of an `MoEModel`, opcodes 26 on: `recording_experts.py`
+    the context-parallel ops, opcodes 37 on: `recording_context.py`
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ from dist_lib.comm.collectives import Work
 from dist_lib.errors import TensorError
 from dist_lib.model.experts import MoEModel
 from dist_lib.model.handle import PIPE_EXTRAS
+from dist_lib.run.recording_context import CONTEXT_OPCODES, ContextOpsRecording
 from dist_lib.run.recording_experts import EXPERT_OPCODES, EXPERT_QUERIES, ExpertOpsRecording, mask_intervals
 from dist_lib.tensors import samples_mask
+
+FP8_FLAGS = {"": 0, "delayed": 8, "tensorwise": 16}  # a forward's FP8 recipe in its flags (`costs.fp8`)
 
 (LOAD, INPUT, FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS, UPDATE, FINAL, ALL_REDUCE, ALL_GATHER,
  REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP, TIED, EXTRA, BROADCAST, REDUCE, BARRIER,
@@ -59,28 +63,50 @@ from dist_lib.tensors import samples_mask
 OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backward_input", "backward_weight",
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
            "add", "await", "drop", "split_samples", "join_samples", "split_tp",
-           "tied_embedding_grad", "pipe_extra", "broadcast", "reduce", "barrier", "all_to_all") + EXPERT_OPCODES
+           "tied_embedding_grad", "pipe_extra", "broadcast", "reduce", "barrier", "all_to_all") + EXPERT_OPCODES + CONTEXT_OPCODES
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
 UNRECORDED_OPS = ("group",) + EXPERT_QUERIES  # methods that decide nothing (a group is named by its ranks where used)
-# ops a graded run is refused (`RecordingModel.__getattr__` says so at the op): context parallelism's, which
-# the built-in strategies run but whose programs are not recorded yet
-REFUSED_OPS = ("context_input", "context_forward", "context_backward", "context_loss")
 
 
 class Recorder:
     """Every rank's program as it is decided. Closed once the step is over: what a strategy drops after
     that (a module-level list emptied at exit) is not part of the step."""
 
-    __slots__ = ("programs", "counts", "open")
+    __slots__ = ("programs", "counts", "open", "busy", "held")
 
     def __init__(self, world_size: int):
         self.programs = [array("q") for _ in range(world_size)]
         self.counts = [0] * world_size  # handles numbered so far on each rank
         self.open = True
+        self.busy: list[str | None] = [None] * world_size  # the context op in flight on each rank
+        self.held: list[array | None] = [None] * world_size  # its rank's program meanwhile
 
     def emit(self, rank: int, *words: int) -> None:
         if self.open:
+            if self.busy[rank] is not None:
+                raise TensorError(f"rank {rank} {_name(words[0])}: {self.busy[rank]} is still in flight on this "
+                                  f"rank; a graded run records a context op as one decision, so the rank may do "
+                                  f"nothing else until it returns (await it first)")
             self.programs[rank].extend(words)
+
+    def begin(self, rank: int, op: str) -> None:
+        """A context op (a coroutine that messages and awaits inside) starts on `rank`: until `finish`, the
+        rank's drops go aside, to follow the op's entry, and any other op of the rank is refused."""
+        if self.busy[rank] is not None:
+            raise TensorError(f"rank {rank} {op}: {self.busy[rank]} is still in flight on this rank; a graded run "
+                              f"records a context op as one decision, so await it before starting another")
+        self.busy[rank] = op
+        self.held[rank] = self.programs[rank]
+        self.programs[rank] = array("q")  # where `Handle.__del__` writes the drops meanwhile
+
+    def finish(self, rank: int, entry: tuple[int, ...]) -> None:
+        """The context op begun on `rank` returned (its `entry`) or failed (no entry): record it, then the
+        drops made while it ran."""
+        dropped, self.programs[rank] = self.programs[rank], self.held[rank]  # type: ignore[assignment]
+        self.held[rank] = self.busy[rank] = None
+        if self.open:
+            self.programs[rank].extend(entry)
+            self.programs[rank].extend(dropped)
 
     def wrap(self, rank: int, obj: Any) -> Any:
         """The next handle of `rank` for `obj` (a tensor or a work; None stays None but takes a number)."""
@@ -157,8 +183,9 @@ def _target(x: Any, rank: int, where: str) -> Any:
     return x
 
 
-class RecordingModel:
-    """The `Model` a recorded strategy drives: the same ops, recorded, with handles for tensors."""
+class RecordingModel(ContextOpsRecording):
+    """The `Model` a recorded strategy drives: the same ops, recorded, with handles for tensors (context
+    parallelism's from the mixin)."""
 
     __slots__ = ("_model", "_recorder", "_rank")
 
@@ -199,11 +226,13 @@ class RecordingModel:
         return self._wrap(act)
 
     def forward(self, layer: int, act: Any, weight: Any, *, stash: bool = True,
-                selective_recompute: bool = False, sequence_parallel: bool = False) -> Any:
+                selective_recompute: bool = False, sequence_parallel: bool = False, fp8: str = "") -> Any:
         out = self._model.forward(layer, self._t(act, "forward"), self._t(weight, "forward"), stash=stash,
-                                  selective_recompute=selective_recompute, sequence_parallel=sequence_parallel)
+                                  selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
+                                  fp8=fp8)
         self._emit(FORWARD, layer, act._number, weight._number,
-                   (1 if stash else 0) | (2 if selective_recompute else 0) | (4 if sequence_parallel else 0))
+                   (1 if stash else 0) | (2 if selective_recompute else 0) | (4 if sequence_parallel else 0)
+                   | FP8_FLAGS[fp8])
         return self._wrap(out)
 
     def _backward(self, op: int, name: str, layer: int, act: Any, grad: Any, weight: Any) -> Any:
@@ -351,11 +380,15 @@ def _listed(samples: Any) -> Any:
         return samples
 
 
+def _name(op: int) -> str:
+    return OPCODES[op] if 0 <= op < len(OPCODES) else f"opcode {op}"
+
+
 _intervals = mask_intervals  # a samples mask as flat [start, stop, start, stop, ...] half-open intervals
 
 
 def record(strategy: Any, cluster: Any, workload: Any, global_batch_size: int, *, enforce_memory: bool = True,
-           **options: Any) -> tuple[Any, list[array]]:
+           memory_reserve: Any = None, **options: Any) -> tuple[Any, list[array]]:
     """Simulate `strategy` (as `simulate` does, with `check=False`) and return its result and its program."""
     from dist_lib.hardware.cluster import Cluster
     from dist_lib.run.simulator import check_options, load_strategy, simulate
@@ -368,7 +401,8 @@ def record(strategy: Any, cluster: Any, workload: Any, global_batch_size: int, *
         await train((RecordingMoEModel if isinstance(model, MoEModel) else RecordingModel)(model, recorder), **options)
 
     try:
-        result = simulate(recorded, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory)
+        result = simulate(recorded, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory,
+                          memory_reserve=memory_reserve)
     finally:
         recorder.open = False
     result.strategy = name

@@ -28,17 +28,22 @@ from dist_lib.comm.collectives import Work
 from dist_lib.errors import SimulationError
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.model.handle import PIPE_EXTRAS
-from dist_lib.run.recording import ADD, ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AWAIT, BARRIER, BROADCAST, REDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
+from dist_lib.run.recording import FP8_FLAGS, ADD, ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AWAIT, BARRIER, BROADCAST, REDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
 from dist_lib.output.result import Result
+from dist_lib.run.recording_context import FIRST_CONTEXT_OPCODE
 from dist_lib.run.recording_experts import FIRST_EXPERT_OPCODE
+from dist_lib.run.replay_context import run_context_op
 from dist_lib.run.replay_experts import run_expert_op
 from dist_lib.run.simulator import simulate
-from dist_lib.tensors import ExpertGrad, WeightGrad
+from dist_lib.tensors import ContextWeightGrad, ExpertGrad, WeightGrad
 from dist_lib.workload.transformer import Workload
+
+FP8_RECIPE_OF_FLAGS = {bit: recipe for recipe, bit in FP8_FLAGS.items()}
 
 MAX_FIELD = 1 << 16  # shard, shard count, TP rank and degree: far above any cluster, far below a huge mask
 CHECK_EVERY = 4096  # entries between deadline checks
 _DROPPED = object()
+_ADDED = (WeightGrad, ExpertGrad, ContextWeightGrad)  # the gradients that add (each to its own kind)
 # operands after the opcode, for the fixed-size entries
 _ARITY = {LOAD: 5, FORWARD: 4, BACKWARD: 4, BACKWARD_INPUT: 4, BACKWARD_WEIGHT: 4, LOSS: 3, UPDATE: 4, FINAL: 2,
           SEND: 2, RECV: 1, ADD: 2, AWAIT: 1, DROP: 1, SPLIT_TP: 3, TIED: 2, EXTRA: 2}
@@ -53,7 +58,7 @@ class ReplayTimeout(SimulationError):
 
 
 def replay(programs: list[array], cluster: Cluster | str, workload: Workload | str, global_batch_size: int, *,
-           enforce_memory: bool = True, deadline_s: float | None = None) -> Result:
+           enforce_memory: bool = True, deadline_s: float | None = None, memory_reserve: Any = None) -> Result:
     """The result of re-executing `programs` (one per rank). Raises `ProgramError` for a malformed
     program, `SimulationError` for a well-formed one the simulator rejects (as `simulate` would)."""
     cluster = Cluster.load(cluster)
@@ -68,7 +73,8 @@ def replay(programs: list[array], cluster: Cluster | str, workload: Workload | s
         await _run(model, programs[model.rank], table, deadline)
 
     try:
-        result = simulate(interpret, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory)
+        result = simulate(interpret, cluster, workload, global_batch_size, check=False, enforce_memory=enforce_memory,
+                          memory_reserve=memory_reserve)
     except (ProgramError, ReplayTimeout):
         raise
     except SimulationError:  # found by the end-of-step checks, which may run past the deadline
@@ -131,11 +137,11 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             continue
         if op == FORWARD:
             flags = program[i + 4]
-            if not 0 <= flags <= 7:
-                raise fail(f"flags {flags} are not a combination of 1 (stash), 2 (selective recompute) and 4 "
-                           f"(sequence parallel)")
+            if not 0 <= flags <= 23:
+                raise fail(f"flags {flags} are not a combination of 1 (stash), 2 (selective recompute), 4 "
+                           f"(sequence parallel) and one of 8 and 16 (FP8 delayed or tensorwise)")
             append(model.forward(small(1), get(2), get(3), stash=bool(flags & 1), selective_recompute=bool(flags & 2),
-                                 sequence_parallel=bool(flags & 4)))
+                                 sequence_parallel=bool(flags & 4), fp8=FP8_RECIPE_OF_FLAGS[flags & 24]))
         elif op == BACKWARD:
             extend(model.backward(small(1), get(2), get(3), get(4)))
         elif op == AWAIT:
@@ -161,12 +167,19 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             continue
         elif op == ADD:  # (the recorder emits it for gradient + gradient only: `Handle.__add__`)
             for k in (1, 2):  # (no local keeps a tensor: a reference here would delay its free)
-                if get(k).__class__ is not WeightGrad and get(k).__class__ is not ExpertGrad:
+                if get(k).__class__ not in _ADDED:
                     raise fail(f"handle {program[i + k]} is a {type(get(k)).__name__}, not a WeightGrad (only "
-                               f"weight gradients add), nor an MoE layer's ExpertGrad")
-            append(get(1) + get(2))
-        elif FIRST_EXPERT_OPCODE <= op < len(OPCODES):
+                               f"weight gradients add), nor an MoE layer's ExpertGrad, nor a ContextWeightGrad")
+            try:
+                append(get(1) + get(2))
+            except TypeError:  # (two kinds that do not add: each __add__ returned NotImplemented)
+                raise fail(f"a {type(get(1)).__name__} and a {type(get(2)).__name__} do not add") from None
+        elif FIRST_EXPERT_OPCODE <= op < FIRST_CONTEXT_OPCODE:
             i = run_expert_op(model, program, i, n, table, get, small, fail)
+            continue
+        elif FIRST_CONTEXT_OPCODE <= op < len(OPCODES):
+            i = await run_context_op(model, program, i, n, table, get, small, fail,
+                                     lambda at: _samples(program, at, n, batch, fail))
             continue
         elif op == BACKWARD_INPUT:
             append(model.backward_input(small(1), get(2), get(3), get(4)))

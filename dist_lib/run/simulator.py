@@ -21,9 +21,11 @@ from dist_lib.run.file_import import beside, import_hint
 from dist_lib.run.folding import expand_books, plan_fold
 from dist_lib.comm.groups import FoldBroken
 from dist_lib.hardware.replicas import Fold
-from dist_lib.errors import DeadlockError, IncorrectStepError, ResourceError, SpecError, StrategyError
+from dist_lib.errors import (DeadlockError, IncorrectStepError, OutOfMemoryError, ResourceError, SpecError,
+                             StrategyError)
 from dist_lib.hardware.cluster import Cluster
-from dist_lib.memory.tracker import RankLog, cycle_collector_paused, slot_records
+from dist_lib.hardware.reserve import memory_reserve as read_reserve
+from dist_lib.memory.tracker import RankLog, cycle_collector_paused, format_bytes, slot_records
 from dist_lib.model.handle import Model
 from dist_lib.model.experts import ExpertBooks, MoEModel
 from dist_lib.output.result import PerRank, Result
@@ -49,14 +51,19 @@ _FILE_MODULE = "_strategy_"  # the prefix of the module name a strategy file out
 def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DEFAULT_CLUSTER,
              workload: Workload | str | Path = DEFAULT_WORKLOAD, global_batch_size: int = DEFAULT_GLOBAL_BATCH,
              *, check: bool = True, enforce_memory: bool = True, start_order_seed: int | None = None,
-             workers: int = 1, worker_ranks: Any = None, fold: bool = True, **options: Any) -> Result:
+             workers: int = 1, worker_ranks: Any = None, fold: bool = True, memory_reserve: Any = None,
+             **options: Any) -> Result:
     """Run `strategy` (an `async def train(model, **options)`, or a path to a file defining one) on
     every rank. Extra keywords go to the strategy. With `check=True` an incorrect step raises
     `IncorrectStepError`; with `check=False` it is reported in `result.correct` / `result.problems`.
     `start_order_seed` shuffles the order in which ranks start (results must not change). `workers=2`
     runs the ranks in two processes with the results of one (`split.py`): `worker_ranks` (whole nodes; by
     default the second half of the nodes) in the second. Choose replicas: the two processes run side by
-    side when their ranks meet only in collectives."""
+    side when their ranks meet only in collectives. `memory_reserve` (off by default: tensors may fill
+    each device, as the step's figures have always been counted) keeps back what a real run's runtime
+    holds of every GPU (`hardware.reserve`: True or "default" for the cited figures, a `MemoryReserve`, or
+    text such as "fragmentation=0.15"): a rank whose peak exceeds what is left is out of memory, and the
+    result names the fullest GPU by the share of its capacity it uses, reserve included."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -68,7 +75,8 @@ def simulate(strategy: Strategy | str | Path, cluster: Cluster | str | Path = DE
         with interrupt_at_once():
             return asyncio.run(simulate_async(strategy, cluster, workload, global_batch_size, check=check,
                                               enforce_memory=enforce_memory, start_order_seed=start_order_seed,
-                                              workers=workers, worker_ranks=worker_ranks, fold=fold, **options))
+                                              workers=workers, worker_ranks=worker_ranks, fold=fold,
+                                              memory_reserve=memory_reserve, **options))
     finally:
         _OWN_LOOP.reset(own)
 
@@ -77,7 +85,8 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
                          workload: Workload | str | Path = DEFAULT_WORKLOAD,
                          global_batch_size: int = DEFAULT_GLOBAL_BATCH, *, check: bool = True,
                          enforce_memory: bool = True, start_order_seed: int | None = None,
-                         workers: int = 1, worker_ranks: Any = None, fold: bool = True, **options: Any) -> Result:
+                         workers: int = 1, worker_ranks: Any = None, fold: bool = True, memory_reserve: Any = None,
+                         **options: Any) -> Result:
     """`simulate` for callers that already run an event loop."""
     train, name = load_strategy(strategy)
     check_options(train, options, name)
@@ -94,16 +103,17 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
     if worker_ranks is not None and workers != 2:
         raise SpecError("worker_ranks names the ranks of the second process: give it with workers=2")
     theirs = choose_worker_ranks(cluster, worker_ranks) if workers == 2 else []
+    reserve = read_reserve(memory_reserve, "memory_reserve")
     folded = plan_fold(train, cluster, global_batch_size, options) if fold and workload.moe is None else None
     if folded is not None:
         try:
             return await _run_folded(train, name, folded, workload, global_batch_size, check, enforce_memory,
-                                     start_order_seed, options)
+                                     start_order_seed, options, reserve)
         except (ResourceError, IncorrectStepError):
             raise
         except Exception:  # a broken fold, or an error: the unfolded step says what it is, in its own words
             pass
-    engine = Engine(cluster, workload, global_batch_size, enforce_memory)
+    engine = Engine(cluster, workload, global_batch_size, enforce_memory, memory_reserve=reserve)
     engine.cancel_is_strategys = _OWN_LOOP.get()
     if workload.moe is not None and workers != 1:
         raise SpecError(f"workers=2: a step of the mixture-of-experts workload {workload.name} runs in one process")
@@ -122,8 +132,9 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
                 if engine.instant_transfers:  # (else the engine numbered the op ids in that order already)
                     engine.events.renumber()
                 return _finish(engine, options, name, check, _books(engine, range(cluster.world_size)),
-                               books.problems() if books is not None else [])
-            return _finish(engine, options, name, check, await _run_split(engine, make, order, theirs))
+                               books.problems() if books is not None else [], enforce_memory=enforce_memory)
+            return _finish(engine, options, name, check, await _run_split(engine, make, order, theirs),
+                           enforce_memory=enforce_memory)
     except MemoryError:  # between ranks (a rank's own is reported by the engine, with the rank)
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
                             f"while checking the step and building its result") from None
@@ -132,11 +143,12 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
 
 
 async def _run_folded(train: Strategy, name: str, fold: Fold, workload: Workload, global_batch_size: int,
-                      check: bool, enforce_memory: bool, start_order_seed: int | None, options: dict[str, Any]) -> Result:
+                      check: bool, enforce_memory: bool, start_order_seed: int | None, options: dict[str, Any],
+                      reserve: Any = None) -> Result:
     """The step with only replica 0 running (`run/folding.py`); raises `FoldBroken` when a representative
     did what its replicas would not do alike."""
     cluster = fold.cluster
-    engine = Engine(cluster, workload, global_batch_size, enforce_memory, fold=fold)
+    engine = Engine(cluster, workload, global_batch_size, enforce_memory, fold=fold, memory_reserve=reserve)
     engine.cancel_is_strategys = _OWN_LOOP.get()
     models = {rank: Model(engine, rank) for rank in fold.reps}
     order = list(fold.reps)
@@ -151,7 +163,7 @@ async def _run_folded(train: Strategy, name: str, fold: Fold, workload: Workload
             if engine.instant_transfers:
                 engine.events.renumber()
             books = expand_books(_books(engine, fold.reps), fold, global_batch_size)
-            return _finish(engine, options, name, check, books, fold=fold)
+            return _finish(engine, options, name, check, books, fold=fold, enforce_memory=enforce_memory)
     except MemoryError:
         raise ResourceError(f"MemoryError: the simulation of {cluster.world_size} ranks ran out of real memory "
                             f"while checking the step and building its result") from None
@@ -170,6 +182,7 @@ class Books(NamedTuple):
     times: list[float]  # when each rank's last op ended, awaited or not
     peaks: list[int]
     flops: list[float]
+    communicators: list[int]  # groups of two or more ranks, and peers it sends to or receives from
 
     def join(self, ours: list[int], other: Books, theirs: list[int]) -> Books:
         """The books of a split step's two halves, rank by rank."""
@@ -181,7 +194,7 @@ class Books(NamedTuple):
 
         finals = sorted(self.finals + other.finals, key=lambda record: record[0])
         return Books(self.leftovers + other.leftovers, merged("logs"), merged("loaded"), finals, merged("times"),
-                     merged("peaks"), merged("flops"))
+                     merged("peaks"), merged("flops"), merged("communicators"))
 
 
 def _books(engine: Engine, ranks: Any) -> Books:
@@ -192,7 +205,24 @@ def _books(engine: Engine, ranks: Any) -> Books:
         loaded=[s.loaded for s in states], finals=_take_final_weights(states),
         # a rank's step ends with its last op, awaited or not: compute, collective or point-to-point
         times=[max(s.clock, s.comm_end, s.p2p_end) for s in states],
-        peaks=[s.memory.peak for s in states], flops=[s.flops for s in states])
+        peaks=[s.memory.peak for s in states], flops=[s.flops for s in states],
+        communicators=communicator_counts(engine, ranks))
+
+
+def communicator_counts(engine: Engine, ranks: Any) -> list[int]:
+    """The NCCL communicators each of `ranks` belongs to in a real run: one per group of two or more ranks it
+    is a member of (a PyTorch process group), and one per rank it sends to or receives from (PyTorch's
+    ProcessGroupNCCL makes a communicator of two ranks for each such pair)."""
+    counts = [0] * engine.world_size
+    for key in engine.groups:
+        if len(key) > 1:
+            for r in key:
+                counts[r] += 1
+    peers: set[tuple[int, int]] = {(min(src, dst), max(src, dst)) for src, dst in engine.channels if src != dst}
+    for pair in peers:
+        for r in pair:
+            counts[r] += 1
+    return [counts[r] for r in ranks]
 
 
 async def _run_split(engine: Engine, make: Callable, order: list[int], theirs: list[int]) -> Books:
@@ -224,11 +254,15 @@ async def _run_split(engine: Engine, make: Callable, order: list[int], theirs: l
 
 
 def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, books: Books,
-            expert_problems: list[str] = (), fold: Fold | None = None) -> Result:
-    """After every rank returned: the leftovers check, the end-of-step check and the result."""
+            expert_problems: list[str] = (), fold: Fold | None = None, enforce_memory: bool = True) -> Result:
+    """After every rank returned: the leftovers check, the runtime reserve's check, the end-of-step check and
+    the result."""
     if books.leftovers:
         raise DeadlockError("the step ended with communication that never completed (it would hang on a GPU):\n  "
                             + "\n  ".join(books.leftovers))
+    reserve = engine.memory_reserve
+    if reserve is not None and enforce_memory:
+        check_reserve(engine.cluster, reserve, books.peaks, books.communicators)
     finals, logs = books.finals, books.logs
     problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
     if not problems:  # (else what is missing is already named, layer by layer)
@@ -243,11 +277,29 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, boo
         model_flops=workload.model_flops_per_sample() * engine.global_batch_size,
         hardware_flops=sum(books.flops), correct=not problems, problems=problems, raw_events=engine.events,
         timelines=PerRank(logs, RankLog.timeline), memory_log=PerRank(logs, RankLog.entries), strategy=name,
-        representatives=None if fold is None else fold.rep_of)
+        representatives=None if fold is None else fold.rep_of, memory_reserve=reserve,
+        communicators=books.communicators)
     result.final_weights = finals
     if problems and check:
         raise IncorrectStepError(f"{name}: the step is not a correct training step:\n  " + "\n  ".join(problems))
     return result
+
+
+def check_reserve(cluster: Cluster, reserve: Any, peaks: list[int], communicators: list[int]) -> None:
+    """Raise `OutOfMemoryError` for the fullest rank whose peak does not fit beside the runtime reserve of
+    its communicators (the step ran within the reserve of none: its communicators are known only now)."""
+    over = [(peaks[r] / max(1, reserve.usable(cluster.device_of(r).memory_bytes, communicators[r])), r)
+            for r in range(len(peaks))
+            if peaks[r] > reserve.usable(cluster.device_of(r).memory_bytes, communicators[r])]
+    if over:
+        _, r = max(over, key=lambda item: (item[0], -item[1]))  # the fullest, the first on a tie
+        device = cluster.device_of(r)
+        raise OutOfMemoryError(
+            f"rank {r} ({device.name}, {format_bytes(device.memory_bytes)}): out of memory in a real run: peak "
+            f"{format_bytes(peaks[r])} of tensors, but {reserve.describe(device.memory_bytes, communicators[r])} "
+            f"leave {format_bytes(reserve.usable(device.memory_bytes, communicators[r]))} "
+            f"({peaks[r] - reserve.usable(device.memory_bytes, communicators[r]):,} bytes short)"
+            + (f" ({len(over) - 1} more rank(s) over)" if len(over) > 1 else ""))
 
 
 def _take_final_weights(states: list) -> list[tuple]:

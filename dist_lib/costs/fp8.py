@@ -1,0 +1,79 @@
+"""FP8 linear layers: their GEMMs at the device's FP8 tensor-core peak, and the casts that feed them.
+
+What runs in FP8 is what Transformer Engine (Megatron-Core's `--fp8-format hybrid`) and torchao's float8
+training (torchtitan's `float8` converter) put there: the weight GEMMs of the linear layers, forward (fprop),
+input gradient (dgrad) and weight gradient (wgrad), E4M3 inputs and weights, E5M2 or E4M3 gradients,
+16-bit outputs, fp32 accumulation. The attention core stays in 16 bits (TE's `DotProductAttention` unless
+`fp8_dpa`; torchao converts `nn.Linear` only), and so do the LM head (torchtitan's llama3 configurations filter
+it out, `filter_fqns=["lm_head"]` in torchtitan/models/llama3/config_registry.py), the norms and the optimizer.
+
+Every FP8 GEMM needs its operands cast first, a memory-bound kernel: read the 16-bit tensor, write its
+FP8 copy and, since Hopper's FP8 tensor cores take only the "TN" layout, the transposed FP8 copy the
+other GEMM of the pair reads (TE's fused `cast_transpose`; NVIDIA Transformer Engine docs, "Using FP8 with
+Transformer Engine", and cuBLASLt's FP8 layout requirement). Per linear layer and pass:
+
+* forward: the input (tokens x K) and the weight (K x N): read 2, write 1 + 1 bytes an element;
+* backward: the output gradient (tokens x N), the same 4 bytes an element. Transformer Engine saves the FP8
+  copies for the backward; torchao saves the 16-bit input and weight (`matmul_with_hp_or_float8_args`) and
+  casts them again there: the weight for the input-gradient GEMM, the input for the weight-gradient GEMM.
+
+The scales: with delayed scaling (TE's `DelayedScaling`, Megatron's default recipe) a tensor's scale comes
+from the amax history of earlier steps and the cast kernel records this step's amax as it goes: no extra
+pass. With dynamic tensorwise scaling (torchao's default `tensorwise` recipe, torchtitan) the amax of the
+tensor is computed first, one more 2-byte read per element (torchao docs, "float8 training": "dynamic
+scaling ... compute amax, then cast"). The weight is cast at every forward (torchao; TE caches it across
+the microbatches of a step with `is_first_microbatch`, which this model does not credit).
+
+Memory is counted as in 16 bits: TE's FP8 copies of the saved linear inputs (1 byte an element where the
+16-bit stash counts 2) and of the cached weights (2 bytes a parameter with the transpose, once a step)
+are not modelled; torchao keeps nothing in FP8 between passes.
+
+GEMM speed: the catalog's per-SM tile efficiency (`Device.max_efficiency`, set on bf16 GEMMs) over
+`Device.fp8_flops`. A cuBLASLt E4M3 8192^3 GEMM with bf16 output was measured at 1,608.6 TFLOP/s mean over
+16 H100 SXM GPUs (81 % of the 1,979 dense FP8 peak; d-robotics test_gpu_scripts,
+reports_cublaslt_fp8_crosscheck_20260524.md), the same share of peak as the bf16 GEMMs the H100 efficiency
+was set on (794.5 of 989 TFLOP/s, 80 %).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+from dist_lib.hardware.devices import Device
+from dist_lib.workload import architecture as arch
+from dist_lib.workload.transformer import Workload
+
+RECIPES = ("delayed", "tensorwise")  # TE's delayed scaling; torchao's dynamic tensorwise scaling
+# bytes of HBM traffic per element cast: read 16 bits, write the FP8 copy and its transpose
+CAST_BYTES = 2 + 1 + 1
+# what dynamic scaling adds: the amax pass reads the 16-bit tensor once more
+AMAX_BYTES = {"delayed": 0, "tensorwise": 2}
+
+
+def check_recipe(device: Device, recipe: str) -> None:
+    """A ValueError naming the problem: an unknown recipe, or a device without FP8 tensor cores."""
+    if recipe not in RECIPES:
+        raise ValueError(f"fp8 must be one of {', '.join(RECIPES)} (or None), got {recipe!r}")
+    if not device.fp8_flops:
+        raise ValueError(f"fp8={recipe!r}: {device.name} has no FP8 tensor cores (its catalog entry gives no FP8 "
+                         f"peak); run it without fp8")
+
+
+@lru_cache(maxsize=64)
+def fp8_device(device: Device) -> Device:
+    """`device` as its FP8 tensor cores see it: the FP8 peak, the same tile efficiency."""
+    return replace(device, peak_flops=device.fp8_flops)
+
+
+def cast_bytes(workload: Workload, samples: int, tp: int, pass_: str, recipe: str) -> float:
+    """HBM bytes of the casts one layer pass of `samples` samples on a TP rank runs (`pass_`: forward,
+    input or weight; the weight-gradient GEMM reuses the transposed copies the other two made)."""
+    per_element = CAST_BYTES + AMAX_BYTES[recipe]
+    shapes = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
+    again = recipe == "tensorwise"  # torchao casts the saved 16-bit input and weight again in backward
+    if pass_ == "forward":
+        return per_element * sum(m * k + k * n for m, n, k in shapes)
+    if pass_ == "input":
+        return per_element * sum(m * n + (k * n if again else 0) for m, n, k in shapes)
+    return per_element * sum(m * k for m, n, k in shapes) if again else 0.0

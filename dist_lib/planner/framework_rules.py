@@ -1,0 +1,109 @@
+"""What a training framework runs, as limits on the plan search (`plan(..., framework=...)`).
+
+Megatron-LM, torchtitan and DeepSpeed lay ranks out as one (pp, dp, tp) grid (`launch.Launch`): every stage
+has the same width and TP degree, every GPU the same micro batch, and each framework has its own schedules
+and sharding (`launch.SCHEDULES`, `Launch.from_plan`). `Rules` restates those limits so that the search
+generates only plans inside them (stages of one width, one TP degree, even shares, the framework's schedules
+and memory settings, DeepSpeed's uniform layer split), and `why_not` runs the very checks `export` runs, so a
+plan the search keeps always exports. Uneven layer splits stay where the framework has them: Megatron-LM's
+`--pipeline-model-parallel-layout` and torchtitan's `module_fqns_per_model_part`; DeepSpeed's
+`PipelineModule(partition_method='uniform')` gives the first `L % p` stages one layer more
+(`launch.uniform_split`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dist_lib.errors import SpecError
+from dist_lib.planner.launch import FRAMEWORKS, NAMES, SCHEDULES, Launch, uniform_split
+from dist_lib.planner.plan import Plan
+
+ANY = "any"
+CHOICES = (ANY, *FRAMEWORKS)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The plans one framework runs, as the search asks: which schedules, memory settings, TP degrees and
+    layer splits."""
+
+    framework: str
+
+    @property
+    def name(self) -> str:
+        return NAMES[self.framework]
+
+    def schedule_ok(self, schedule: str) -> bool:
+        """A plan schedule (pipelines of two or more stages) the framework runs: `launch.SCHEDULES`."""
+        return schedule in SCHEDULES[self.framework]
+
+    def memory_ok(self, recompute: str, zero: int, stages: int) -> bool:
+        """torchtitan shards only with FSDP (no ZeRO-1); DeepSpeed has no selective recompute, and whole-layer
+        checkpointing is a config key only in its pipeline engine (`Launch.from_plan`)."""
+        if self.framework == "torchtitan":
+            return zero == 0
+        if self.framework == "deepspeed":
+            return recompute == "none" or (recompute == "full" and stages > 1)
+        return True
+
+    def tp_ok(self, tp: int, stages: int) -> bool:
+        """DeepSpeed's pipeline engine takes TP from the model's own code, not from its config (`export`)."""
+        return not (self.framework == "deepspeed" and tp > 1 and stages > 1)
+
+    def fixed_split(self, num_layers: int, stages: int) -> tuple[int, ...] | None:
+        """The layers of each stage when the framework has no explicit split (DeepSpeed's uniform), else None."""
+        return uniform_split(num_layers, stages) if self.framework == "deepspeed" else None
+
+    def order_ok(self, ranks: tuple[int, ...], cluster: Any) -> bool:
+        """torchrun and DeepSpeed's launcher start the same number of processes on every node."""
+        return len({cluster.nodes[cluster.node_of(r)].gpus for r in ranks}) == 1
+
+
+def rules(framework: str | None) -> Rules | None:
+    """The rules of `framework`; None for "any" (every plan, heterogeneous ones included)."""
+    if framework is None or framework == ANY:
+        return None
+    if framework not in FRAMEWORKS:
+        raise SpecError(f"framework must be one of {', '.join(CHOICES)}, got {framework!r}")
+    return Rules(framework)
+
+
+def why_not(plan: Plan, framework: str, cluster: Any, workload: Any) -> str:
+    """'' when `framework` runs `plan` (it exports, node order included), else why not, in one line."""
+    from dist_lib.planner.export import export
+    try:
+        export(plan, framework, workload, cluster)
+    except SpecError as exc:
+        return str(exc).splitlines()[0]
+    return ""
+
+
+def runners(plan: Plan, cluster: Any, workload: Any) -> list[str]:
+    """The frameworks that run `plan` as it is."""
+    return [f for f in FRAMEWORKS if not why_not(plan, f, cluster, workload)]
+
+
+def batch_settings(plan: Plan, framework: str, num_layers: int) -> str:
+    """The per-GPU micro batch and the accumulation steps as `framework` names them."""
+    launch = Launch.from_plan(plan, framework, num_layers)
+    micro, steps, total = launch.micro_batch_size, launch.microbatches, launch.global_batch_size
+    if framework == "megatron":
+        return f"--micro-batch-size {micro} --global-batch-size {total} ({steps} microbatches)"
+    if framework == "torchtitan":
+        if launch.pp > 1:
+            return f"local_batch_size {micro * steps}, pipeline_parallel_microbatch_size {micro}"
+        return f"local_batch_size {micro}, global_batch_size {total} ({steps} accumulation steps)"
+    return f"train_micro_batch_size_per_gpu {micro}, gradient_accumulation_steps {steps}"
+
+
+def runners_note(plan: Plan, cluster: Any, workload: Any) -> str:
+    """Which runtime executes the best plan of an unrestricted search, in one line."""
+    found = runners(plan, cluster, workload)
+    if found:
+        return (f"runs as it is in {', '.join(NAMES[f] for f in found)} (python -m grader export PLAN --to "
+                f"{found[0]})")
+    reason = why_not(plan, "megatron", cluster, workload).removeprefix("plan: ")
+    return (f"no framework runs this plan as it is ({reason}): it needs a heterogeneous runtime such as Metis' or "
+            f"FlashFlex's; --framework megatron, torchtitan or deepspeed plans for one")
