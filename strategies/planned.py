@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dist_lib import Model, planner
+from dist_lib import Model, ReplicaGrid, planner
 from dist_lib.tensors import range_mask
 from dist_lib.planner.messages import schedule_crossing
 from dist_lib.planner.plan import Plan, Stage
@@ -72,6 +72,24 @@ async def train(model: Model, *, plan=None) -> None:
                            recompute=plan.recompute == "full", selective_recompute=plan.recompute == "selective")
     runner = _PostedPlannedStage if plan.schedule == "zero-bubble" else _PlannedStage
     await runner(model, stage_plan, plan, replica).run()
+
+
+def replica_grid(world_size: int, global_batch_size: int, *, plan=None) -> ReplicaGrid | None:
+    """The plan's replicas as one grid (`dist_lib.run.folding`): when every stage has the same number of
+    replicas and cuts every microbatch evenly among them, replica j of each stage runs replica 0's program
+    on block j of each microbatch, and exchanges messages only with replica j of its neighbours. Else
+    (uneven shares, stages of different widths, no plan given) None: the step runs rank for rank."""
+    if plan is None:
+        return None
+    plan = Plan.load(plan)
+    dp = plan.stages[0].dp
+    if dp < 2 or plan.microbatch_size % dp:
+        return None
+    share = plan.microbatch_size // dp
+    if any(stage.dp != dp or set(stage.shares) != {share} for stage in plan.stages):
+        return None
+    return ReplicaGrid(dp, stages=tuple((stage.ranks, stage.tp) for stage in plan.stages),
+                       microbatch=plan.microbatch_size)
 
 
 _ESTIMATED: dict = {}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dist_lib import DEVICES, Cluster, SpecError, Workload, plan
+from dist_lib import DEVICES, Cluster, SpecError, Workload, plan, simulate
 from dist_lib.planner import Plan, Stage, space
-from dist_lib.planner.evaluate import run_plan
+from dist_lib.planner.evaluate import PLANNED, run_plan
 
 
 def compositions(layers: int, parts: int):
@@ -345,7 +345,7 @@ def test_the_estimate_charges_zero_ones_weight_all_gather_after_the_backward():
     reduce-scatter on the same group: nothing overlaps it. Four T4s on two nodes behind one 10 Gb/s NIC
     each, one stage of four replicas: the estimate hid the all-gather behind the backward with the
     reduce-scatter and came out 22 % fast."""
-    from dist_lib.planner.evaluate import run_plan
+    from dist_lib.planner.evaluate import PLANNED, run_plan
     from dist_lib.planner.step import step_estimate
     from dist_lib.planner.search import _Space, to_plan
 
@@ -385,7 +385,8 @@ def test_the_tensor_ranks_gradient_rings_share_a_nodes_nic_in_the_estimate():
     assert option.reduce(n) == pytest.approx(2 * alone)
     placed = [(workload.num_layers, option)]
     seconds, _ = step_estimate(cluster, workload, placed, 4, "1f1b", 1)
-    result = run_plan(cluster, workload, 8, to_plan(placed, 2, 4, "1f1b", "selective", 0))
+    # every rank's events: rank for rank (folded, rank 2's replica would not run)
+    result = simulate(PLANNED, cluster, workload, 8, plan=to_plan(placed, 2, 4, "1f1b", "selective", 0), fold=False)
     reductions = [e for e in result.events if e.op == "all_reduce" and e.peers == (0, 2)]
     assert len(reductions) == 2 * workload.num_layers  # rank 0 and rank 2 record each layer's
     assert all(e.duration == pytest.approx(2 * alone) for e in reductions if e.layer > 0)

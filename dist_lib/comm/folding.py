@@ -2,7 +2,8 @@
 
 In a folded step only replica 0 runs; a collective over a `FoldedGroup` resolves once its representatives
 have issued it. Each other member's input is its representative's, relabelled to its replica: replica j
-trains on block j of the global batch where replica 0 trains on block 0 (an even data-parallel share),
+trains on block j of the global batch where replica 0 trains on block 0 (an even data-parallel share), or
+on block j of every microbatch where the grid cuts each microbatch among the replicas,
 and holds ZeRO shard block j of a tensor sharded over the replicas where replica 0 holds block 0. The
 relabelling rotates such a mask by j blocks (`rotate`): a whole mask stays whole, so what every replica
 holds alike (an updated weight, a reduced gradient) stays as it is. The collective's rules (`rules.combine`)
@@ -11,6 +12,7 @@ then see every member's input as the full step would, and check and combine them
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from dist_lib.comm.groups import Collective, FoldBroken
@@ -39,38 +41,83 @@ class MirrorWork:
         self.rank, self.issue, self.input, self.result = rank, issue, input, result
 
 
-def rotate(mask: int, replica: int, width: int, replicas: int) -> int:
-    """`mask` over `replicas` blocks of `width` bits, each block moved `replica` blocks on (cyclically)."""
+def rotate(mask: int, replica: int, width: int, replicas: int, periods: int = 1) -> int:
+    """`mask` over `periods` runs of `replicas` blocks of `width` bits, each block moved `replica` blocks on
+    within its run (cyclically)."""
     if not replica or not mask:
         return mask
-    everything = full_mask(width * replicas)
+    period = width * replicas
     shift = replica * width
-    return ((mask << shift) | (mask >> (width * replicas - shift))) & everything
+    if periods == 1:
+        return ((mask << shift) | (mask >> (period - shift))) & full_mask(period)
+    stay = _moving_up(period, shift, periods)
+    return ((mask & stay) << shift) | ((mask & ~stay) >> (period - shift))
+
+
+@lru_cache(maxsize=256)
+def _moving_up(period: int, shift: int, periods: int) -> int:
+    """The bits of each run of `period` that a rotation by `shift` moves up within the run."""
+    return full_mask(period * periods) // full_mask(period) * full_mask(period - shift)
+
+
+def relabel_samples(mask: int, replica: int, fold: Any, global_batch_size: int) -> int:
+    """The samples replica `replica` holds where its representative holds `mask`: block j of the global
+    batch, or of every microbatch when the grid cuts each microbatch among the replicas."""
+    period = fold.grid.microbatch or global_batch_size
+    return rotate(mask, replica, period // fold.copies, fold.copies, global_batch_size // period)
+
+
+def relabelled_samples(mask: int, replica: int, fold: Any, global_batch_size: int) -> int:
+    """`relabel_samples`, remembered by the fold: a step relabels the same few masks for every replica."""
+    key = (mask, replica)
+    found = fold.relabelled.get(key)
+    if found is None:
+        found = fold.relabelled[key] = relabel_samples(mask, replica, fold, global_batch_size)
+    return found
 
 
 def relabel_shards(shards: int, num_shards: int, replica: int, replicas: int) -> int:
     """The ZeRO shards replica `replica` holds where replica 0 holds `shards` of `num_shards`."""
-    if shards == full_mask(num_shards) or not replica:
+    if not replica or shards == 1 == num_shards or shards == full_mask(num_shards):
         return shards
     if num_shards % replicas:
         raise FoldBroken(f"a tensor sharded {num_shards} ways is not shared out over the {replicas} replicas alike")
     return rotate(shards, replica, num_shards // replicas, replicas)
 
 
-def mirror(t: Any, rank: int, replica: int, engine: Any) -> Mirror:
-    """Replica `replica`'s copy (on `rank`) of the representative's tensor `t`."""
-    fold = engine.fold
-    replicas = fold.copies
-    copy = Mirror()
-    copy.rank, copy.nbytes, copy.kind, copy.cls = rank, t.nbytes, t.kind, t.__class__
+_ABSENT = object()
+
+
+def _template(t: Any) -> tuple:
+    """What every mirror of `t` copies: (nbytes, kind, class, the fields kept as they are, samples, shards),
+    samples and shards None where `t` has none; worked out once per collective and representative."""
+    kept, samples, shards = [], None, None
     for name in _FIELDS:
-        value = getattr(t, name, copy)
-        if value is not copy:
-            setattr(copy, name, value)
-    if hasattr(copy, "samples"):
-        copy.samples = rotate(copy.samples, replica, engine.global_batch_size // replicas, replicas)
-    if hasattr(copy, "shards"):
-        copy.shards = relabel_shards(copy.shards, copy.num_shards, replica, replicas)
+        value = getattr(t, name, _ABSENT)
+        if value is _ABSENT:
+            continue
+        if name == "samples":
+            samples = value
+        elif name == "shards":
+            shards = value
+        else:
+            kept.append((name, value))
+    return t.nbytes, t.kind, t.__class__, kept, samples, shards
+
+
+def mirror(t: Any, rank: int, replica: int, engine: Any, template: tuple | None = None) -> Mirror:
+    """Replica `replica`'s copy (on `rank`) of the representative's tensor `t` (whose `_template` may be
+    given)."""
+    fold = engine.fold
+    nbytes, kind, cls, kept, samples, shards = template or _template(t)
+    copy = Mirror()
+    copy.rank, copy.nbytes, copy.kind, copy.cls = rank, nbytes, kind, cls
+    for name, value in kept:
+        setattr(copy, name, value)
+    if samples is not None:
+        copy.samples = relabelled_samples(samples, replica, fold, engine.global_batch_size)
+    if shards is not None:
+        copy.shards = relabel_shards(shards, copy.num_shards, replica, fold.copies)
     return copy
 
 
@@ -80,12 +127,17 @@ def mirrored_works(engine: Any, coll: Collective) -> list[Any]:
     works = list(coll.works)
     ranks = coll.group.ranks
     by_rank = {w.rank: w for w in works if w is not None}
+    templates: dict[int, tuple] = {}
+    rep_of, replica_of = fold.rep_of, fold.replica_of
     for i, work in enumerate(works):
         if work is None:
             rank = ranks[i]
-            rep = by_rank[fold.rep_of[rank]]
-            replica = fold.replica_of[rank]
+            rep = by_rank[rep_of[rank]]
+            replica = replica_of[rank]
             result = rep.result
-            works[i] = MirrorWork(rank, rep.issue, mirror(rep.input, rank, replica, engine),
-                                  None if result is None else mirror(result, rank, replica, engine))
+            made = templates.get(rep.rank)
+            if made is None:
+                made = templates[rep.rank] = (_template(rep.input), None if result is None else _template(result))
+            works[i] = MirrorWork(rank, rep.issue, mirror(rep.input, rank, replica, engine, made[0]),
+                                  None if result is None else mirror(result, rank, replica, engine, made[1]))
     return works

@@ -15,6 +15,10 @@ for a transfer inside replica 0, once for one that spans the replicas. The folde
 link per orbit with the orbit's summed capacity, and charges each transfer its summed demand there: the
 share capacity / load is the same ratio of the same whole numbers scaled by the orbit's size, hence the
 same float, and every end is the full simulation's to the bit (`engine/transfers.py`).
+
+A pipeline whose stages differ (device types, TP degrees: a plan's) folds the same way when each stage's
+nodes are alike and hold whole replicas, and the stages' replicas a node nest (`_stages_alike`): the
+symmetries then permute the replicas of every stage at once.
 """
 
 from __future__ import annotations
@@ -27,10 +31,25 @@ from dist_lib.hardware.cluster import Cluster
 @dataclass(frozen=True)
 class ReplicaGrid:
     """`dp` replicas of a (stage, tp_rank) grid laid out as Megatron-LM does (TP fastest, then the replica,
-    then the stage). What a strategy declares when its replicas run one program (`run/folding.py`)."""
+    then the stage). What a strategy declares when its replicas run one program (`run/folding.py`).
+
+    A pipeline whose stages have their own ranks and TP degrees (a plan's, `strategies/planned.py`) gives
+    them as `stages`: each stage's ranks, in ascending order, hold `dp` replicas of its `tp` consecutive
+    ranks (`tp` is then unused; ranks in no stage are idle). Replica j trains on block j of the global batch
+    where replica 0 trains on block 0; with `microbatch`, on block j of every `microbatch` samples (each
+    microbatch cut evenly among the replicas)."""
 
     dp: int
     tp: int = 1
+    stages: tuple[tuple[tuple[int, ...], int], ...] = ()
+    microbatch: int = 0
+
+    def layout(self, world: int) -> list[tuple[tuple[int, ...], int]]:
+        """Each stage's (ranks, tp): the declared stages, or Megatron-LM's grid over `world` ranks."""
+        if self.stages:
+            return [(tuple(ranks), tp) for ranks, tp in self.stages]
+        block = self.dp * self.tp
+        return [(tuple(range(s * block, (s + 1) * block)), self.tp) for s in range(world // block)]
 
 
 class Fold:
@@ -40,30 +59,33 @@ class Fold:
         self.cluster = cluster
         self.grid = grid
         self.copies = grid.dp  # replicas each representative stands for
-        world, dp, tp = cluster.world_size, grid.dp, grid.tp
-        self.block = dp * tp  # ranks of one pipeline stage
-        # rank -> (its replica, the representative it mirrors)
-        self.replica_of = [r // tp % dp for r in range(world)]
-        self.rep_of = [r - self.replica_of[r] * tp for r in range(world)]
-        self.reps = [r for r in range(world) if self.replica_of[r] == 0]
+        world = cluster.world_size
+        # rank -> (its replica, the representative it mirrors); idle ranks stand for themselves
+        self.replica_of = [0] * world
+        self.rep_of = list(range(world))
+        for ranks, tp in grid.layout(world):
+            for i, r in enumerate(ranks):
+                self.replica_of[r] = i // tp
+                self.rep_of[r] = ranks[i % tp]
+        self.reps = [r for r in range(world) if self.rep_of[r] == r]
         self.broken = why_not  # set when a representative does what a replica would not (then not folded)
-        gpus = cluster.nodes[0].gpus
         nodes = len(cluster.nodes)
-        node_orbit = self.block // gpus if self.block % gpus == 0 else 1
-        links = 4 * world + 2 * nodes
-        self.canon = list(range(links))
-        self.orbit = [1] * links
+        canon = list(range(4 * world + 2 * nodes))
         for r in range(world):
-            rep = self.rep_of[r]
             for d in range(4):
-                self.canon[4 * r + d] = 4 * rep + d
-                self.orbit[4 * r + d] = dp
+                canon[4 * r + d] = 4 * self.rep_of[r] + d
+        # a node's shared NICs fold onto those of the node holding its ranks' representatives
         for n in range(nodes):
-            home = cluster.node_of(self.rep_of[n * gpus])
+            home = cluster.node_of(self.rep_of[cluster.ranks_of_node(n)[0]])
             for d in range(2):
-                self.canon[4 * world + 2 * n + d] = 4 * world + 2 * home + d
-                self.orbit[4 * world + 2 * n + d] = node_orbit
+                canon[4 * world + 2 * n + d] = 4 * world + 2 * home + d
+        self.canon = canon
+        self.orbit = [1] * len(canon)  # links per orbit, counted on the orbit's canonical link
+        for link, c in enumerate(canon):
+            if c != link:
+                self.orbit[c] += 1
         self.rep_set = frozenset(self.reps)
+        self.relabelled: dict[tuple[int, int], int] = {}  # (samples, replica) -> its relabelled samples
 
     @classmethod
     def build(cls, cluster: Cluster, grid: ReplicaGrid) -> tuple[Fold | None, str]:
@@ -73,6 +95,9 @@ class Fold:
         dp, tp, world = grid.dp, grid.tp, cluster.world_size
         if dp < 2:
             return None, "one replica"
+        if grid.stages:
+            why = _stages_alike(cluster, grid)
+            return (None, why) if why else (cls(cluster, grid), "")
         if tp < 1 or world % (dp * tp):
             return None, f"dp={dp} x tp={tp} does not tile the {world} ranks"
         first = cluster.nodes[0]
@@ -108,3 +133,42 @@ class Fold:
             return False
         positions = {self.rep_of[r] for r in ranks}
         return len(ranks) == len(positions) * self.copies
+
+
+def _stages_alike(cluster: Cluster, grid: ReplicaGrid) -> str:
+    """Why the declared stages' replicas are not provably alike on `cluster`, or "" when they are.
+
+    Each stage must sit on nodes alike, either inside one node or on whole nodes of its own that each hold
+    whole replicas, consecutive ones, `gpus / tp` of them. A permutation of the replicas that keeps every
+    such block on one node is then a symmetry of the cluster (its nodes' devices, ports and NICs, and the
+    links between them, which depend on the two nodes alone). The blocks' sizes must divide one another,
+    so that the blocks nest and those permutations take any replica to any other."""
+    dp, world = grid.dp, cluster.world_size
+    seen: set[int] = set()
+    per_node: set[int] = set()
+    for s, (ranks, tp) in enumerate(grid.stages):
+        where = f"stage {s}"
+        if tp < 1 or len(ranks) != dp * tp:
+            return f"{where}: {len(ranks)} ranks are not {dp} replicas of tp={tp}"
+        if list(ranks) != sorted(set(ranks)) or ranks[0] < 0 or ranks[-1] >= world or seen & set(ranks):
+            return f"{where}: its ranks are not ascending, distinct ranks of the cluster"
+        seen |= set(ranks)
+        nodes = sorted({cluster.node_of(r) for r in ranks})
+        if any(cluster.nodes[n] != cluster.nodes[nodes[0]] for n in nodes):
+            return f"{where}: the nodes differ (devices, links or NICs)"
+        if len(nodes) == 1:
+            continue
+        gpus = cluster.nodes[nodes[0]].gpus
+        if gpus % tp or any(len(cluster.ranks_of_node(n)) != len(set(cluster.ranks_of_node(n)) & set(ranks))
+                            for n in nodes):
+            return f"{where}: the nodes of {gpus} GPUs cut the stage's replicas of tp={tp} unevenly"
+        block = gpus // tp
+        for j in range(dp):
+            held = {cluster.node_of(r) for r in ranks[j * tp:(j + 1) * tp]}
+            if held != {nodes[j // block]}:
+                return f"{where}: replica {j} is not on its node"
+        per_node.add(block)
+    sizes = sorted(per_node)
+    if any(b % a for a, b in zip(sizes, sizes[1:])):
+        return f"the stages hold {', '.join(map(str, sizes))} replicas a node, which do not nest"
+    return ""

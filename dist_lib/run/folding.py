@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from dist_lib.comm.folding import relabel_shards, rotate
+from dist_lib.comm.folding import relabel_shards, relabelled_samples
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.replicas import Fold, ReplicaGrid
 
@@ -53,6 +53,8 @@ def plan_fold(train: Any, cluster: Cluster, global_batch_size: int, options: dic
     grid = declared_grid(train, cluster.world_size, global_batch_size, options)
     if grid is None or global_batch_size % max(grid.dp, 1):
         return None
+    if grid.microbatch and (global_batch_size % grid.microbatch or grid.microbatch % grid.dp):
+        return None
     fold, _ = Fold.build(cluster, grid)
     return fold
 
@@ -63,7 +65,7 @@ def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
     world = fold.cluster.world_size
     at = {rep: i for i, rep in enumerate(fold.reps)}
     source = [at[fold.rep_of[r]] for r in range(world)]
-    replicas, width = fold.copies, global_batch_size // fold.copies
+    replicas = fold.copies
     by_rep: dict[int, list[tuple]] = {}
     for record in books.finals:
         by_rep.setdefault(record[0], []).append(record)
@@ -76,7 +78,7 @@ def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
             loaded.append(books.loaded[source[r]])
             continue
         for (_, layer, step, samples, shards, num_shards, tp_rank, tp_size) in by_rep.get(rep, []):
-            finals.append((r, layer, step, rotate(samples, j, width, replicas),
+            finals.append((r, layer, step, relabelled_samples(samples, j, fold, global_batch_size),
                            relabel_shards(shards, num_shards, j, replicas), num_shards, tp_rank, tp_size))
         loaded.append([(layer, relabel_shards(shards, num_shards, j, replicas), num_shards, tp_rank, tp_size)
                        for layer, shards, num_shards, tp_rank, tp_size in books.loaded[source[r]]])
