@@ -51,12 +51,7 @@ class _ContextStage(_Stage):
     async def backward(self, chunk: int, mb: int, split: bool) -> None:
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
-        if k == self.virtual - 1:
-            grad = self.loss_grads.pop(mb)
-            if self.tp_group is not None:  # sum the head's vocabulary slices' input gradients
-                grad = await model.all_reduce(grad, self.tp_group)
-        else:
-            grad = await self._receive_from(k + 1, layers.stop, plan.microbatches[mb], "activation gradient")
+        grad = await self._output_grad(chunk, mb)
         for layer in reversed(layers):
             x = self.kept[layer].pop(mb)
             weight_grad, grad = await model.context_backward(layer, x, grad, self.weights[layer][0], self.cp_group,

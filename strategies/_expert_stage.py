@@ -94,12 +94,7 @@ class _ExpertStage(_Stage):
     async def forward(self, chunk: int, mb: int) -> None:
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
-        if k == 0:
-            x = model.get_input_activation(plan.microbatches[mb])
-        elif self.explicit:
-            x = self.arrived.pop(("activation", chunk, mb))
-        else:
-            x = await self._receive_from(k - 1, layers.start, plan.microbatches[mb], "activation")
+        x = await self._input(chunk, mb)
         for layer in layers:
             if layer in self.experts:
                 x = await self._moe_forward(layer, x, mb)
@@ -134,12 +129,7 @@ class _ExpertStage(_Stage):
                              f"choose a schedule without one")
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
-        if k == self.virtual - 1:
-            grad = self.loss_grads.pop(mb)
-        elif self.explicit:
-            grad = self.arrived.pop(("activation gradient", chunk, mb))
-        else:
-            grad = await self._receive_from(k + 1, layers.stop, plan.microbatches[mb], "activation gradient")
+        grad = await self._output_grad(chunk, mb)  # (no TP with experts: the loss's gradient as it is)
         for layer in reversed(layers):
             if layer in self.experts:
                 weight_grad, grad_in = await self._moe_backward(layer, grad, mb)

@@ -324,15 +324,33 @@ class _Stage:
                          f"{samples.start}..{samples.stop - 1} from rank {src}, got {x!r}; the schedules of "
                          f"neighbouring stages disagree")
 
+    async def _input(self, chunk: int, mb: int) -> Any:
+        """What a forward of (chunk, mb) starts from: the microbatch's samples on the first stage, else the
+        activation the stage before sent."""
+        plan, k = self.plan, self.virtuals[chunk]
+        if k == 0:
+            return self.model.get_input_activation(plan.microbatches[mb])
+        if self.explicit:
+            return self.arrived.pop(("activation", chunk, mb))
+        return await self._receive_from(k - 1, plan.chunks[chunk].start, plan.microbatches[mb], "activation")
+
+    async def _output_grad(self, chunk: int, mb: int) -> Any:
+        """What a backward of (chunk, mb) starts from: the loss's gradient on the last stage (its vocabulary
+        slices' input gradients summed over TP), else the gradient the stage after sent."""
+        plan, k = self.plan, self.virtuals[chunk]
+        if k == self.virtual - 1:
+            grad = self.loss_grads.pop(mb)
+            if self.tp_group is not None:
+                grad = await self.model.all_reduce(grad, self.tp_group)
+            return grad
+        if self.explicit:
+            return self.arrived.pop(("activation gradient", chunk, mb))
+        return await self._receive_from(k + 1, plan.chunks[chunk].stop, plan.microbatches[mb], "activation gradient")
+
     async def forward(self, chunk: int, mb: int) -> None:
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
-        if k == 0:
-            x = model.get_input_activation(plan.microbatches[mb])
-        elif self.explicit:
-            x = self.arrived.pop(("activation", chunk, mb))
-        else:
-            x = await self._receive_from(k - 1, layers.start, plan.microbatches[mb], "activation")
+        x = await self._input(chunk, mb)
         weights, stash, modes, tp_group, kept = self.weights, not plan.recompute, self.modes, self.tp_group, self.kept
         forward, gathers = model.forward, self.gathers
         for layer in layers:
@@ -355,14 +373,7 @@ class _Stage:
     async def backward(self, chunk: int, mb: int, split: bool) -> None:
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
-        if k == self.virtual - 1:
-            grad = self.loss_grads.pop(mb)
-            if self.tp_group is not None:  # sum the head's vocabulary slices' input gradients
-                grad = await model.all_reduce(grad, self.tp_group)
-        elif self.explicit:
-            grad = self.arrived.pop(("activation gradient", chunk, mb))
-        else:
-            grad = await self._receive_from(k + 1, layers.stop, plan.microbatches[mb], "activation gradient")
+        grad = await self._output_grad(chunk, mb)
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
         tp_group, weights, recompute, kept = self.tp_group, self.weights, plan.recompute, self.kept
         gather_grad = plan.sequence_parallel and tp_group is not None
