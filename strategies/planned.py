@@ -69,7 +69,8 @@ async def train(model: Model, *, plan=None) -> None:
     stage_plan = StagePlan(stage=s, stage_ranks=[st.ranks[0] for st in plan.stages], chunks=chunks,
                            microbatches=mbs, actions=actions, dp_group=lambda layer: dp_ranks,
                            tp_group=list(stage.replica_ranks(replica)), tp_rank=tp_rank,
-                           recompute=plan.recompute == "full", selective_recompute=plan.recompute == "selective")
+                           recompute=plan.recompute == "full", selective_recompute=plan.recompute == "selective",
+                           fp8=plan.fp8)
     runner = _PostedPlannedStage if plan.schedule == "zero-bubble" else _PlannedStage
     await runner(model, stage_plan, plan, replica).run()
 

@@ -37,7 +37,7 @@ from dist_lib.costs import network
 from dist_lib.hardware.topology import Topology
 from dist_lib.hardware.devices import Device
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
-from dist_lib.costs.ops import compute_cost, forward_stash_bytes
+from dist_lib.costs.ops import compute_cost, compute_mode, forward_stash_bytes
 from dist_lib.workload.transformer import Workload
 
 # Buffers an in-flight microbatch needs beside the stashes: the received input, the output being sent
@@ -70,22 +70,24 @@ class LayerCosts:
 
 @lru_cache(maxsize=None)
 def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_topo: Topology | None,
-                recompute: str, zero_dp: int) -> LayerCosts:
+                recompute: str, zero_dp: int, fp8: str = "") -> LayerCosts:
     """Per-layer costs of a replica of `tp` ranks on `device` running `samples` samples a microbatch.
-    `tp_topo` is its TP group's topology (None for tp 1); `zero_dp` shards the optimizer state."""
+    `tp_topo` is its TP group's topology (None for tp 1); `zero_dp` shards the optimizer state; `fp8` runs
+    the linear layers' GEMMs in FP8 with that recipe, as the simulator's compute modes charge them."""
     act = samples * workload.activation_bytes()
     # a layer's TP partial sums are two all-reduces of b*s*h (attention and MLP; Shoeybi et al. 2019), as
     # the simulator charges them
     tp_comm = 2 * network.collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
-    mode = "selective" if recompute == "selective" else "none"
+    mode = compute_mode(recompute == "selective", False, fp8)
+    plain = compute_mode(False, False, fp8)  # the forward's and the weight-gradient pass's mode
     fwd, bwd, wgt, state, acts, grads, upd, shards, hidden = [], [], [], [], [], [], [], [], []
     for layer in range(workload.num_layers):
         if layer > 1 and workload.profile is None:  # the cost model's layers after the first are alike
             for column in (fwd, bwd, wgt, state, acts, grads, upd, shards, hidden):
                 column.append(column[-1])
             continue
-        f = _cost(device, workload, "forward", layer, samples, tp, "none")
-        w = _cost(device, workload, "backward_weight", layer, samples, tp, "none")
+        f = _cost(device, workload, "forward", layer, samples, tp, plain)
+        w = _cost(device, workload, "backward_weight", layer, samples, tp, plain)
         if tp > 1:
             # the input gradient's all-reduces run beside the weight-gradient GEMMs (Megatron-LM's
             # asynchronous TP all-reduce, as strategies/_pipeline.py runs it); ZB-H1's split backward

@@ -74,6 +74,8 @@ def megatron_args(launch: Launch, workload: Any) -> str:
         if on:
             args.append((flag, None))
     args += _precision_megatron(workload)
+    if launch.fp8:  # Transformer Engine: E4M3 forward, E5M2 gradients; the scaling recipe
+        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", launch.fp8)]
     h = workload.hidden
     args += [("--num-layers", workload.num_layers), ("--hidden-size", h), ("--num-attention-heads", workload.heads),
              ("--ffn-hidden-size", 4 * h), ("--seq-length", workload.seq_len),
@@ -101,7 +103,8 @@ def torchtitan_toml(launch: Launch, workload: Any) -> str:
     lines = ["# torchtitan v0.2.2 job config (torchtitan/config/job_config.py)",
              f"# model: {workload.num_layers} layers, hidden {workload.hidden}, {workload.heads} heads, ffn "
              f"{4 * workload.hidden}, vocab {workload.vocab}; torchtitan reads these from the flavor's model args",
-             "[model]", 'name = "llama3"', f"flavor = {json.dumps(workload.name)}", "",
+             "[model]", 'name = "llama3"', f"flavor = {json.dumps(workload.name)}",
+             *(['converters = ["quantize.linear.float8"]'] if launch.fp8 else []), "",
              "[training]", f"local_batch_size = {local}", f"global_batch_size = {launch.global_batch_size}",
              f"seq_len = {workload.seq_len}",
              f'mixed_precision_param = "{"bfloat16" if workload.bytes_per_element == 2 else "float32"}"', "",
@@ -115,6 +118,8 @@ def torchtitan_toml(launch: Launch, workload: Any) -> str:
     lines += ["", "[activation_checkpoint]", f'mode = "{launch.recompute}"']
     if launch.recompute == "selective":
         lines.append('selective_ac_option = "op"')
+    if launch.fp8:  # torchao float8 training; the LM head ("output") stays in 16 bits
+        lines += ["", "[quantize.linear.float8]", f'recipe_name = "{launch.fp8}"', 'filter_fqns = ["output"]']
     return "\n".join(lines) + "\n"
 
 

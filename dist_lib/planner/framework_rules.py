@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dist_lib.errors import SpecError
-from dist_lib.planner.launch import FRAMEWORKS, NAMES, SCHEDULES, Launch, uniform_split
+from dist_lib.planner.launch import FP8_RECIPES, FRAMEWORKS, NAMES, SCHEDULES, Launch, uniform_split
 from dist_lib.planner.plan import Plan
 
 ANY = "any"
@@ -55,6 +55,12 @@ class Rules:
     def fixed_split(self, num_layers: int, stages: int) -> tuple[int, ...] | None:
         """The layers of each stage when the framework has no explicit split (DeepSpeed's uniform), else None."""
         return uniform_split(num_layers, stages) if self.framework == "deepspeed" else None
+
+    def fp8_recipe(self, cluster: Any) -> str:
+        """The FP8 scaling recipe the framework trains with (`launch.FP8_RECIPES`: Megatron-LM's default
+        delayed scaling, torchtitan's tensorwise), when every GPU of `cluster` has FP8 tensor cores; else ""."""
+        recipes = FP8_RECIPES[self.framework]
+        return recipes[0] if recipes and all(node.device.fp8_flops for node in cluster.nodes) else ""
 
     def order_ok(self, ranks: tuple[int, ...], cluster: Any) -> bool:
         """torchrun and DeepSpeed's launcher start the same number of processes on every node."""

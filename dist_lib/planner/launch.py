@@ -27,6 +27,11 @@ FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 SCHEDULES = {"megatron": ("1f1b", "interleaved"), "torchtitan": ("gpipe", "1f1b", "interleaved"),
              "deepspeed": ("1f1b",)}
 
+# The FP8 scaling recipes (`costs.fp8.RECIPES`) each framework's FP8 training runs: Megatron-LM's
+# `--fp8-recipe` delayed (its default) or tensorwise (Transformer Engine); torchtitan's float8 converter,
+# torchao's dynamic tensorwise scaling (`recipe_name` "tensorwise"); none exported for DeepSpeed.
+FP8_RECIPES = {"megatron": ("delayed", "tensorwise"), "torchtitan": ("tensorwise",), "deepspeed": ()}
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -46,6 +51,7 @@ class Launch:
     overlap_grad_reduce: bool = True
     layers: tuple[int, ...] | None = None  # layers of each block, chunk-major; None: an even split
     notes: tuple[str, ...] = field(default=(), compare=False)
+    fp8: str = ""  # the linear layers' GEMMs in FP8 with this scaling recipe (`costs.fp8`), or "": 16-bit
 
     @property
     def microbatches(self) -> int:
@@ -122,6 +128,10 @@ class Launch:
         if framework == "deepspeed" and plan.recompute == "full" and pp == 1:
             raise SpecError("plan: recompute 'full' without pipeline stages has no DeepSpeed config key "
                             "(it is deepspeed.checkpointing in the model's code)")
+        if plan.fp8 and plan.fp8 not in FP8_RECIPES[framework]:
+            raise SpecError(f"plan: fp8 {plan.fp8!r} has no {name} setting"
+                            + (f" (it runs {' or '.join(FP8_RECIPES[framework])} scaling)" if FP8_RECIPES[framework]
+                               else " (no FP8 training setting is exported for it)"))
         sequence_parallel = framework == "torchtitan" and first.tp > 1
         if sequence_parallel:
             notes.append("torchtitan's tensor parallelism always runs sequence parallelism (SequenceParallel on "
@@ -131,7 +141,7 @@ class Launch:
                          "as Megatron-LM's attention-core recompute (Korthikanti et al. 2022)")
         return cls(framework, first.tp, pp, first.dp, first.shares[0], plan.global_batch_size, schedule,
                    plan.chunks, plan.recompute, plan.zero, sequence_parallel, True, None if even else sizes,
-                   tuple(notes))
+                   tuple(notes), plan.fp8)
 
     def to_plan(self, num_layers: int) -> Plan:
         """The plan this launch runs, on ranks 0.. in the framework's order."""
@@ -142,10 +152,13 @@ class Launch:
         stages = tuple(Stage(tuple(range(s * width, (s + 1) * width)), self.tp,
                              tuple(blocks[c * self.pp + s] for c in range(self.chunks)), (self.micro_batch_size,) * self.dp)
                        for s in range(self.pp))
-        return Plan(stages, self.micro_batch_size * self.dp, self.microbatches, self.schedule, self.recompute, self.zero)
+        return Plan(stages, self.micro_batch_size * self.dp, self.microbatches, self.schedule, self.recompute, self.zero,
+                    self.fp8)
 
     def strategy(self, num_layers: int) -> tuple[str, dict[str, Any]]:
         """(built-in strategy, its options) that runs this launch as the framework does."""
+        if self.zero >= 2 and self.fp8:
+            raise SpecError(f"{_NAMES[self.framework]} run: fp8 with zero={self.zero} (FSDP) is not simulated")
         if self.zero >= 2:
             return "zero", {"stage": self.zero, "microbatch_size": self.micro_batch_size}
         if self.zero == 1:
@@ -161,6 +174,8 @@ class Launch:
                 options[key] = value
         if self.layers is not None:
             options["partition"] = list(self.layers)
+        if self.fp8:
+            options["fp8"] = self.fp8
         return "hybrid", options
 
 

@@ -30,11 +30,11 @@ _MEGATRON = {"--tensor-model-parallel-size": "int", "--pipeline-model-parallel-s
              "--seq-length": "int", "--max-position-embeddings": "int", "--vocab-size": "int",
              "--tokenizer-type": "str", "--context-parallel-size": "int", "--expert-model-parallel-size": "int",
              "--num-query-groups": "int", "--group-query-attention": "flag", "--swiglu": "flag",
-             "--fp8-format": "str", "--decoder-first-pipeline-num-layers": "int",
+             "--fp8-format": "str", "--fp8-recipe": "str", "--decoder-first-pipeline-num-layers": "int",
              "--decoder-last-pipeline-num-layers": "int", "--use-torch-fsdp2": "flag", "--use-megatron-fsdp": "flag"}
 # Flags whose setting the simulation cannot honour, with what would be needed (unless at the value given).
 _MEGATRON_REFUSED = {"--context-parallel-size": 1, "--expert-model-parallel-size": 1, "--group-query-attention": None,
-                     "--swiglu": None, "--fp8-format": None, "--decoder-first-pipeline-num-layers": None,
+                     "--swiglu": None, "--decoder-first-pipeline-num-layers": None,
                      "--decoder-last-pipeline-num-layers": None, "--use-torch-fsdp2": None, "--use-megatron-fsdp": None}
 
 
@@ -110,13 +110,27 @@ def from_megatron(args: str | list[str], workload: Workload | None = None, world
                     "interleaved" if chunks > 1 else "1f1b", chunks, recompute,
                     1 if seen.get("--use-distributed-optimizer") else 0, bool(seen.get("--sequence-parallel")),
                     bool(seen.get("--overlap-grad-reduce")), layers if layers and len(set(layers)) > 1 else None)
+    launch = replace(launch, fp8=_megatron_fp8(seen, source))
     launch.check(workload.num_layers, source)
     return Imported(launch, workload, tuple(ignored))
 
 
+def _megatron_fp8(seen: dict[str, Any], source: str) -> str:
+    """The FP8 recipe of `--fp8-format hybrid` with `--fp8-recipe` (megatron-core's default: delayed), or ""."""
+    if "--fp8-format" not in seen:
+        return ""
+    if seen["--fp8-format"] != "hybrid":
+        raise SpecError(f"{source}: --fp8-format {seen['--fp8-format']} is not simulated (hybrid: E4M3 forward, "
+                        f"E5M2 gradients)")
+    recipe = seen.get("--fp8-recipe", "delayed")
+    if recipe not in ("delayed", "tensorwise"):
+        raise SpecError(f"{source}: --fp8-recipe {recipe} is not simulated (delayed or tensorwise)")
+    return recipe
+
+
 _WHY = {"--context-parallel-size": "no context parallelism", "--expert-model-parallel-size": "dense models only",
         "--group-query-attention": "multi-head attention (a GPT's 12h^2 parameters a layer)",
-        "--swiglu": "a GPT's 4h GeLU MLP", "--fp8-format": "16-bit GEMMs (no fp8 cost model)",
+        "--swiglu": "a GPT's 4h GeLU MLP",
         "--decoder-first-pipeline-num-layers": "even splits or --pipeline-model-parallel-layout",
         "--decoder-last-pipeline-num-layers": "even splits or --pipeline-model-parallel-layout",
         "--use-torch-fsdp2": "ZeRO-1 (--use-distributed-optimizer) with pipelines",
@@ -182,8 +196,7 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
     for key, allowed in (("context_parallel_degree", 1), ("expert_parallel_degree", 1)):
         if par.get(key, allowed) != allowed:
             raise SpecError(f"{source}: parallelism.{key} = {par[key]} is not simulated")
-    if data.get("model", {}).get("converters"):
-        raise SpecError(f"{source}: model.converters {data['model']['converters']} (fp8/mx) is not simulated")
+    fp8 = _torchtitan_fp8(data, source)
     if "seq_len" in train:
         workload = replace(workload, seq_len=_whole(train["seq_len"], f"{source}: training.seq_len"))
     tp, pp = (_whole(par.get(k, 1), f"{source}: parallelism.{k}") for k in ("tensor_parallel_degree",
@@ -207,6 +220,9 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
         if tp > 1 or pp > 1 or replicate > 1:
             raise SpecError(f"{source}: parallelism.data_parallel_shard_degree = {shard} (FSDP) with tensor, pipeline "
                             f"or replicated parallelism is not simulated; FSDP runs alone (the zero strategy, stage 3)")
+        if fp8:
+            raise SpecError(f"{source}: model.converters float8 with FSDP (data_parallel_shard_degree {shard}) is "
+                            f"not simulated")
         launch = Launch("torchtitan", 1, 1, dp, local, global_batch, recompute=mode, zero=3)
         launch.check(workload.num_layers, source)
         return Imported(launch, workload, ())
@@ -226,9 +242,24 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
             raise SpecError(f"{source}: training.local_batch_size {local} is not a multiple of "
                             f"parallelism.pipeline_parallel_microbatch_size {micro}")
         layers, chunks = _torchtitan_layers(par, pp, schedule, workload.num_layers, source)
-    launch = Launch("torchtitan", tp, pp, dp, micro, global_batch, schedule, chunks, mode, 0, tp > 1, True, layers)
+    launch = Launch("torchtitan", tp, pp, dp, micro, global_batch, schedule, chunks, mode, 0, tp > 1, True, layers,
+                    fp8=fp8)
     launch.check(workload.num_layers, source)
     return Imported(launch, workload, ())
+
+
+def _torchtitan_fp8(data: dict, source: str) -> str:
+    """"tensorwise" for torchtitan's float8 converter (torchao's dynamic tensorwise scaling), "" for none;
+    `SpecError` for another converter or recipe."""
+    converters = data.get("model", {}).get("converters") or []
+    if not converters:
+        return ""
+    if converters not in (["quantize.linear.float8"], ["float8"]):
+        raise SpecError(f"{source}: model.converters {converters} is not simulated (only [\"quantize.linear.float8\"])")
+    recipe = data.get("quantize", {}).get("linear", {}).get("float8", {}).get("recipe_name") or "tensorwise"
+    if recipe != "tensorwise":
+        raise SpecError(f"{source}: quantize.linear.float8.recipe_name = {recipe!r} is not simulated (tensorwise)")
+    return "tensorwise"
 
 
 def _torchtitan_layers(par: dict, pp: int, schedule: str, num_layers: int, source: str

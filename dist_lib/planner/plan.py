@@ -22,6 +22,8 @@ from dist_lib.specs import shown
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1)
+# "" (16-bit GEMMs) or an FP8 scaling recipe for the linear layers' GEMMs (`costs.fp8.RECIPES`)
+FP8_CHOICES = ("", "delayed", "tensorwise")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,8 @@ class Plan:
     schedule: str = "1f1b"
     recompute: str = "none"
     zero: int = 0  # 1: each stage's optimizer state sharded over its replicas (Rajbhandari et al. 2020)
+    # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise"; `costs.fp8`), or ""
+    fp8: str = ""
     # the hardware the plan was made for: (node, device, first rank, last rank) of each node (`hardware.py`);
     # None: not recorded (then any cluster of the right size runs it). Not part of the plan's identity.
     hardware: tuple[tuple[int, str, int, int], ...] | None = field(default=None, compare=False)
@@ -82,14 +86,16 @@ class Plan:
     def describe(self) -> str:
         """One line: each stage as dp x tp and its layer count, then the microbatching and options."""
         stages = "+".join(f"{s.dp}x{s.tp}:{s.layers}L" for s in self.stages)
-        extra = "".join(f" {k}={v}" for k, v in (("recompute", self.recompute), ("zero", self.zero))
-                        if v not in ("none", 0))
+        extra = "".join(f" {k}={v}" for k, v in (("recompute", self.recompute), ("zero", self.zero),
+                                                 ("fp8", self.fp8)) if v not in ("none", 0, ""))
         return f"{stages}  {self.microbatches}x{self.microbatch_size} {self.schedule}{extra}"
 
     # ---- JSON ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        if not self.fp8:  # 16-bit: the field left out, so files read the same as before it existed
+            del data["fp8"]
         if self.hardware is None:
             del data["hardware"]
         else:
@@ -114,11 +120,12 @@ class Plan:
     def from_dict(cls, data: Any, source: str = "<plan>") -> Plan:
         if not isinstance(data, dict):
             raise SpecError(f"{source}: a plan is a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"stages", "microbatch_size", "microbatches", "schedule", "recompute", "zero", "hardware"}
+        unknown = set(data) - {"stages", "microbatch_size", "microbatches", "schedule", "recompute", "zero", "fp8",
+                                   "hardware"}
         if unknown:
             raise SpecError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")
         missing = [name for name in ("stages", "microbatch_size", "microbatches") if name not in data]
-        if missing:  # (schedule, recompute and zero have defaults)
+        if missing:  # (schedule, recompute, zero and fp8 have defaults)
             raise SpecError(f"{source}: missing field(s) {', '.join(missing)}")
         stages = data.get("stages")
         if not isinstance(stages, list) or not stages:
@@ -139,7 +146,7 @@ class Plan:
         return cls(tuple(built), _int(data.get("microbatch_size"), f"{source}: microbatch_size", 1),
                    _int(data.get("microbatches"), f"{source}: microbatches", 1), data.get("schedule", "1f1b"),
                    data.get("recompute", "none"), _int(data.get("zero", 0), f"{source}: zero", 0),
-                   _hardware(data.get("hardware"), f"{source}: hardware"))
+                   data.get("fp8", ""), _hardware(data.get("hardware"), f"{source}: hardware"))
 
     @classmethod
     def load(cls, plan: Plan | dict | str | Path) -> Plan:
@@ -213,6 +220,9 @@ class Plan:
             raise SpecError(f"{source}: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in ZERO_STAGES:
             raise SpecError(f"{source}: zero must be 0 or 1, got {self.zero!r}")
+        if self.fp8.__class__ is not str or self.fp8 not in FP8_CHOICES:
+            raise SpecError(f"{source}: fp8 must be one of {', '.join(map(repr, FP8_CHOICES))} ('': 16-bit GEMMs), "
+                            f"got {self.fp8!r}")
         if self.global_batch_size != global_batch_size:
             raise SpecError(f"{source}: microbatch_size {self.microbatch_size} x microbatches {self.microbatches} = "
                             f"{self.global_batch_size}, but the global batch is {global_batch_size}")
@@ -254,6 +264,11 @@ class Plan:
                             f"the {len(self.stages)} stages")
         if self.schedule != "interleaved" and self.chunks != 1:
             raise SpecError(f"{source}: schedule {self.schedule} runs one block per stage; use interleaved")
+        if self.fp8 and cluster is not None and not self._foreign(cluster):
+            lacking = sorted({cluster.device_of(r).name for r in self.ranks if not cluster.device_of(r).fp8_flops})
+            if lacking:
+                raise SpecError(f"{source}: fp8 {self.fp8!r}, but {', '.join(lacking)} has no FP8 tensor cores; "
+                                f"plan without fp8")
 
 
 def _hardware(value: Any, where: str) -> tuple[tuple[int, str, int, int], ...] | None:

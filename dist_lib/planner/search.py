@@ -133,14 +133,15 @@ class _Space:
             self._shapes[ranks] = found
         return found
 
-    def options(self, ranks: tuple[int, ...], microbatch: int, recompute: str, zero: int) -> list[StageOption]:
-        key = (ranks, microbatch, recompute, zero)
+    def options(self, ranks: tuple[int, ...], microbatch: int, recompute: str, zero: int,
+                fp8: str = "") -> list[StageOption]:
+        key = (ranks, microbatch, recompute, zero, fp8)
         found = self._options.get(key)
         if found is None:
-            shape_key = (self.shape(ranks), microbatch, recompute, zero)
+            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8)
             template = self._templates.get(shape_key)
             if template is None:
-                found = self._templates[shape_key] = [self._option(ranks, tp, microbatch, recompute, zero)
+                found = self._templates[shape_key] = [self._option(ranks, tp, microbatch, recompute, zero, fp8)
                                                       for tp in space.tp_options(self.cluster, ranks, self.workload)
                                                       if len(ranks) // tp <= microbatch
                                                       and not (self.even and microbatch % (len(ranks) // tp))]
@@ -149,7 +150,7 @@ class _Space:
             self._options[key] = found
         return found
 
-    def _option(self, ranks, tp, microbatch, recompute, zero) -> StageOption:
+    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="") -> StageOption:
         cluster, workload = self.cluster, self.workload
         dp = len(ranks) // tp
         shares = (microbatch // dp,) * dp if self.even else space.shares(cluster, workload, ranks, tp, microbatch)
@@ -161,7 +162,7 @@ class _Space:
             keys.append((kind, shares[d]))
             replicas.setdefault(keys[-1], ranks[d * tp:(d + 1) * tp])
         per = [layer_costs(cluster.device_of(group[0]), workload, n, tp,
-                           self.topology(group) if tp > 1 else None, recompute, dp if zero else 1)
+                           self.topology(group) if tp > 1 else None, recompute, dp if zero else 1, fp8)
                for (_, n), group in replicas.items()]
         losses = [costs.loss_time(cluster.device_of(group[0]), workload, n, tp)
                   + (network.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
@@ -261,7 +262,7 @@ def pipeline_stage_seconds(cluster: Cluster, workload: Workload, stage_ranks: tu
 
 
 def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches: int, schedule: str,
-            recompute: str, zero: int, chunks: int = 1) -> Plan:
+            recompute: str, zero: int, chunks: int = 1, fp8: str = "") -> Plan:
     """The `Plan` of a placed partition; with chunks, each stage's layers are cut into that many
     blocks in Megatron's interleaved order (virtual stage c * p + s)."""
     pp = len(placed)
@@ -274,7 +275,7 @@ def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches
             blocks[s].append((start, start + parts[s][c]))
             start += parts[s][c]
     stages = tuple(Stage(o.ranks, o.tp, tuple(blocks[s]), o.shares) for s, (_, o) in enumerate(placed))
-    return Plan(stages, microbatch, microbatches, schedule, recompute, zero)
+    return Plan(stages, microbatch, microbatches, schedule, recompute, zero, fp8)
 
 
 def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget: float | None = None,
@@ -286,6 +287,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     of it). With a `framework` (`framework_rules`), only plans it runs: stages of one width and TP degree,
     even shares, its schedules, memory settings and layer splits."""
     rules = framework_rules.rules(framework)
+    # a framework's FP8 linear layers, searched beside 16-bit ones where every GPU has FP8 tensor cores
+    fp8_choices = ("",) + ((rules.fp8_recipe(cluster),) if rules is not None and rules.fp8_recipe(cluster) else ())
     sp = _Space(cluster, workload, memory_reserve, even=rules is not None)
     L = workload.num_layers
     # a search by cost, or within a budget, weighs renting part of each device type too
@@ -339,6 +342,9 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         # is the sum of the other stages' times (1F1B), at least a third of it with ZB-H1 or
         # interleaving: sum_s n_s u_s >= L min u_s
         fastest = [min(o.costs.per_layer for o in options) for options in free]
+        for fp8 in fp8_choices[1:]:  # the bound holds for the faster of 16-bit and FP8 GEMMs
+            fastest = [min([u] + [o.costs.per_layer for o in sp.options(ranks, microbatch, "none", 0, fp8)
+                                  if tp in (None, o.tp)]) for u, ranks in zip(fastest, stages)]
         slowest_stage = L / sum(1 / u for u in fastest)
         bound = (global_batch // microbatch) * slowest_stage + max(0.0, L * min(fastest) - slowest_stage) / 3
         return [(bound * (price if objective == "cost" else 1.0), price, stages, microbatch, free, tp)]
@@ -362,6 +368,34 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     incumbent = float("inf")
     done = 0  # entries looked at, for the progress display
 
+    def _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent):
+        """The candidates of one entry with the linear layers' GEMMs in one precision; the new incumbent."""
+        unconstrained = split(plain, m, memory=False)
+        weight = price if objective == "cost" else 1.0
+        if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
+            return incumbent  # even without memory limits its slowest stage makes it lose
+        for recompute, zero in MEMORY_CONFIGS:
+            if rules is not None and not rules.memory_ok(recompute, zero, len(stages)):
+                continue
+            if (recompute, zero) == MEMORY_CONFIGS[0] and fits(unconstrained[1], m):
+                found = unconstrained  # the same options, and memory does not bind: the same partition
+            else:
+                found = split([[o for o in sp.options(ranks, microbatch, recompute, zero, fp8) if tp in (None, o.tp)]
+                               for ranks in stages], m)
+            if found is None:
+                why["memory"] += 1
+                continue
+            # a ZB-H1 plan is played out only if its floor could beat the best so far (`step.py`);
+            # an unpruned search (infinite slack) plays out every one
+            new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
+                             incumbent / weight if prune_slack < float("inf") else float("inf"), rules, fp8)
+            for c in new:
+                incumbent = min(incumbent, c.estimate * weight)
+            out.extend(new)
+            if found[0] <= unconstrained[0] * (1 + 1e-6):
+                break  # memory did not bind: the slower settings cannot win
+        return incumbent
+
     def explore(entries: list[tuple]) -> None:
         """Add the candidates of `entries` in the order of their bounds, until a bound cannot win."""
         nonlocal incumbent, done
@@ -372,30 +406,10 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             if bound > incumbent * (1 + prune_slack):
                 break
             m = global_batch // microbatch
-            unconstrained = split(free, m, memory=False)
-            weight = price if objective == "cost" else 1.0
-            if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
-                continue  # even without memory limits its slowest stage makes it lose
-            for recompute, zero in MEMORY_CONFIGS:
-                if rules is not None and not rules.memory_ok(recompute, zero, len(stages)):
-                    continue
-                if (recompute, zero) == MEMORY_CONFIGS[0] and fits(unconstrained[1], m):
-                    found = unconstrained  # the same options, and memory does not bind: the same partition
-                else:
-                    found = split([[o for o in sp.options(ranks, microbatch, recompute, zero) if tp in (None, o.tp)]
-                                   for ranks in stages], m)
-                if found is None:
-                    why["memory"] += 1
-                    continue
-                # a ZB-H1 plan is played out only if its floor could beat the best so far (`step.py`);
-                # an unpruned search (infinite slack) plays out every one
-                new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
-                                 incumbent / weight if prune_slack < float("inf") else float("inf"), rules)
-                for c in new:
-                    incumbent = min(incumbent, c.estimate * weight)
-                out.extend(new)
-                if found[0] <= unconstrained[0] * (1 + 1e-6):
-                    break  # memory did not bind: the slower settings cannot win
+            for fp8 in fp8_choices:
+                plain = free if not fp8 else [[o for o in sp.options(ranks, microbatch, "none", 0, fp8)
+                                               if tp in (None, o.tp)] for ranks in stages]
+                incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent)
         done += len(entries)
 
     explore(work)
@@ -437,7 +451,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
 
 
 def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
-               cutoff: float = float("inf"), rules: framework_rules.Rules | None = None) -> list[Candidate]:
+               cutoff: float = float("inf"), rules: framework_rules.Rules | None = None,
+               fp8: str = "") -> list[Candidate]:
     """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit. ZB-H1 is
     left out under full recompute: its deferred weight-gradient pass needs the rebuilt stashes, so every
     layer's stash lives from the input-gradient pass to W, which the estimate does not count."""
@@ -452,7 +467,7 @@ def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
     if rules is not None:  # the framework's schedules; every plan checked as its export checks it
         variants = [(s, c) for s, c in variants if pp == 1 or rules.schedule_ok(s)]
     for schedule, chunks in variants:
-        plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks)
+        plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks, fp8)
         if rules is not None and framework_rules.why_not(plan, rules.framework, cluster, workload):
             continue
         seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks, cutoff)
