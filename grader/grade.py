@@ -80,7 +80,7 @@ def _compat_graded(outcome: Outcome, scenario: Scenario, cluster: Any, workload:
 def _replay_row(run: Any, limits: Limits) -> tuple[Any, str, str]:
     """(result, "", "") of `run()`, a replay of a recorded program (native or `--api`: both raise
     `dist_lib.run.replay`'s errors), or (None, status, one-line reason)."""
-    from dist_lib import SimulationError
+    from dist_lib import ResourceError, SimulationError
     from dist_lib.run.replay import ProgramError, ReplayTimeout
     try:
         return run(), "", ""
@@ -88,6 +88,8 @@ def _replay_row(run: Any, limits: Limits) -> tuple[Any, str, str]:
         return None, "invalid", f"the recorded program is malformed: {exc}"
     except ReplayTimeout as exc:
         return None, "timeout", f"{_too_long(limits)} ({exc})"
+    except ResourceError as exc:  # the simulator's own word for real memory running out: as a MemoryError below
+        return None, "invalid", f"the recorded program exhausted the grader while replaying ({exc})"
     except SimulationError as exc:
         return None, "failed", f"{type(exc).__name__}: {exc}"
     except (MemoryError, RecursionError) as exc:

@@ -415,3 +415,21 @@ def test_a_rows_error_text_and_problems_are_capped():
     assert capped(text) == "x" * MAX_ERROR_CHARS + "\n... (cut here: 123 more characters)"
     assert capped("short") == "short"
     assert capped_list([f"p{i}" for i in range(25)]) == [f"p{i}" for i in range(20)] + ["... and 5 more"]
+
+
+def test_a_replay_that_runs_the_grader_out_of_real_memory_is_an_invalid_row():
+    """Wherever a replay runs out of the grader's real memory, as a MemoryError or as the simulator's own
+    ResourceError for it (raised while it checks the step), the row is `invalid`, never an ordinary failure."""
+    from dist_lib import ResourceError
+    from grader.grade import _replay_row
+    from grader.runner import Limits
+
+    def out_of_memory():
+        raise ResourceError("MemoryError: the simulation of 2 ranks ran out of real memory while checking the step")
+
+    def memory_error():
+        raise MemoryError
+
+    for run in (out_of_memory, memory_error):
+        result, status, error = _replay_row(run, Limits())
+        assert (result, status) == (None, "invalid") and "exhausted the grader" in error
