@@ -1,7 +1,8 @@
 """Frameworks as named behaviours: what a training stack does by default, as `hybrid`'s option defaults.
 
 A run names the framework it assumes (`hybrid` option `framework`); its record below sets the defaults of
-the options the framework decides, and an option the run passes itself wins. Each fact cites the code of
+the options the framework decides, and an option the run sets to a value other than hybrid's own default
+wins (hybrid cannot tell an option passed at its default from one left out: that one takes the framework's). Each fact cites the code of
 that framework; none is a correction fitted to a measurement. What the workload carries instead (which
 attention kernel runs, gradient width) is listed under `workload`, for the user to set on the workload.
 """
