@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.fidelity_torchtitan import DEVICE, TORCHTITAN, plan, predict, torchtitan_split
+from benchmarks.fidelity_torchtitan import DEVICE, TORCHTITAN, plan, predict, torchtitan_split, workload
 from dist_lib.hardware.devices import DEVICES, GB
 
 ROWS = {run.name: run for run in TORCHTITAN}
@@ -56,7 +56,7 @@ def test_a_pipelined_fsdp_tp_fp8_row_runs_correct():
     options = plan(run)
     from dist_lib import simulate
     from benchmarks.fidelity_torchtitan import HYBRID
-    result = simulate(HYBRID, f"{run.gpus // 8}x8x{DEVICE}", f"{run.model}:seq={run.seq}", run.fsdp * run.local_batch,
+    result = simulate(HYBRID, f"{run.gpus // 8}x8x{DEVICE}", workload(run), run.fsdp * run.local_batch,
                       check=True, enforce_memory=False, **options)
     assert result.correct
     assert predict(run).time_s == pytest.approx(result.time_s)
