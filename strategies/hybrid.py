@@ -50,12 +50,10 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
         raise ValueError(f"attention_mask_messages=True needs schedule='deepspeed' (DeepSpeed's engine sends the "
                          f"mask between stages; Megatron-LM's schedules rebuild it on each stage), got "
                          f"schedule={schedule!r}")
-    if cp != 1 and (schedule == "deepspeed" or recompute or selective_recompute or sequence_parallel):
-        raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, without recompute, "
-                         f"selective_recompute or sequence_parallel (not modelled together yet)")
+    if cp != 1 and (schedule == "deepspeed" or sequence_parallel):
+        raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, without sequence_parallel "
+                         f"(not modelled together yet)")
     sharding = check_sharding(distributed_optimizer, fsdp, overlap_param_gather, replicate, reshard_after_forward)
-    if cp != 1 and (sharding != "none" or fp8 is not None):
-        raise ValueError(f"cp={cp} runs without distributed_optimizer, fsdp and fp8 (not modelled together yet)")
     if tp_comm_overlap and tp > 1 and (not sequence_parallel or cp != 1):
         raise ValueError(f"tp_comm_overlap=True with tp={tp} needs sequence_parallel=True and cp=1 (Megatron-LM "
                          f"asserts --tp-comm-overlap only with --sequence-parallel)")
@@ -77,14 +75,14 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
         layout = Layout.build(model.world_size, dp, pp, tp)
         await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size))
         return
-    if cp != 1:
-        await run_context_stage(model, plan)
-        return
     options = {}
     if sharding == "optimizer":
         options = dict(overlap_param_gather=overlap_param_gather)
-    elif sharding == "full":
+    elif sharding == "full":  # (with cp, HSDP's replicate groups are whole replicas: dp x cp / replicate ranks)
         options = dict(replicate=replicate, reshard_after_forward=reshard_after_forward)
+    if cp != 1:
+        await run_context_stage(model, plan, sharding, **options)
+        return
     await run_sharded_stage(model, plan, sharding, **options)
 
 

@@ -38,7 +38,7 @@ from dist_lib.engine.rank_state import SHOWN, WAKE_ME, RankState, more
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import AllocLog
 # (the C twins load WeightGrad, Reduced and the activation classes from this module)
-from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, Tensor, WeightGrad  # noqa: F401
+from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextWeightGrad, Tensor, WeightGrad  # noqa: F401
 from dist_lib.engine.transfers import Transfer
 
 class Work:
@@ -225,6 +225,9 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
                                         tensor.gathers + (group.size,))
             else:
                 result = tensor.whole(state.memory, nbytes, rank, tensor.layer, tensor.samples)
+        elif tensor.__class__ is ContextWeightGrad:  # a shard of the whole gradient (`rules._scattered_parts`)
+            result = WeightGrad(state.memory, tensor.nbytes // group.size, rank, tensor.layer, tensor.samples, 1, 1,
+                                tensor.tp_rank, tensor.tp_size)
         else:
             nbytes = tensor.nbytes * group.size if op == "all_gather" else tensor.nbytes // group.size
             result = clone(tensor, rank, state.memory, nbytes)
