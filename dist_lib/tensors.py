@@ -297,6 +297,17 @@ class Stash(Buffer):
     _defaults = ("none", False)
 
 
+class FP8WeightCache(Buffer):
+    """What Transformer Engine keeps of a layer's TP slice between passes once its linear layers have run in FP8
+    with delayed scaling: the FP8 weight, its transpose and the scaling state (`costs.fp8.persistent_bytes`).
+    Made by the layer's first FP8 forward on the rank; it lives to the end of the step, as TE's workspaces do."""
+
+    __slots__ = ("layer", "tp_rank", "tp_size")
+    code = WEIGHT  # memory.KINDS index
+
+    _args = ("layer", "tp_rank", "tp_size")
+
+
 # ---- mixture of experts: the routed experts' weights and the tokens' round trip ----------------------
 
 class ExpertWeight(Weight):

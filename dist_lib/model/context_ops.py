@@ -73,7 +73,8 @@ class ContextOps:
         if fp8 != "" or selective_recompute is not False or stash.__class__ is not bool:
             if stash.__class__ is not bool:
                 raise TensorError(f"{where}: stash must be True or False, got {stash!r}")
-            self._check_modes(layer, selective_recompute, False, fp8, "context_forward")  # type: ignore[attr-defined]
+            self._forward_modes(layer, weight, selective_recompute, False, fp8,  # type: ignore[attr-defined]
+                               "context_forward")
         mode = compute_mode(selective_recompute, False, fp8)
         samples, cp, i = act.samples, act.cp_size, act.cp_rank
         tp_rank, tp = weight.tp_rank, weight.tp_size
