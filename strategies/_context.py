@@ -6,8 +6,9 @@ gradient, which covers this rank's sequence part only, is reduced over the dp x 
 and TP slice (`_plan.context_plan`). With TP, each layer's output and input gradient are all-reduced in the
 TP group after the layer; pipeline messages carry a rank's own sequence part whole (no scatter-gather).
 
-The modes of a plain stage carry over: FP8 linear layers and selective recompute are the layer's compute
-mode; full recompute keeps only each layer's input and re-runs the layer's forward, its K/V exchange and TP
+The modes of a plain stage carry over: FP8 linear layers, selective recompute and sequence parallelism (the
+norms and dropouts of a CP rank's s/cp tokens split over its TP group, whose backward all-gathers the output
+gradient twice, as without CP) are the layer's compute mode; full recompute keeps only each layer's input and re-runs the layer's forward, its K/V exchange and TP
 all-reduce included, before the backward (Megatron-Core recomputes the whole `TransformerLayer`, CP
 attention included). With `distributed_optimizer` or `fsdp` the data-parallel state is sharded over the
 dp x cp ranks (`_sharded.ShardedStage`): Megatron-Core's distributed optimizer shards over
@@ -50,6 +51,8 @@ class _ContextPasses:
         self.context_modes = {"kv_exchange": plan.kv_exchange}
         if plan.selective_recompute:
             self.context_modes["selective_recompute"] = True
+        if plan.sequence_parallel and len(plan.tp_group) > 1:
+            self.context_modes["sequence_parallel"] = True
         if plan.fp8:
             self.context_modes["fp8"] = plan.fp8
 
@@ -92,6 +95,8 @@ class _ContextPasses:
                 if self.tp_group is not None:
                     await model.all_reduce(out, self.tp_group)
                 del out
+            if "sequence_parallel" in modes:
+                grad = await self._gather_sequence_parallel_grad(grad)
             weight_grad, grad = await model.context_backward(layer, x, grad, weight, self.cp_group,
                                                              kv_exchange=plan.kv_exchange)
             del x, weight

@@ -34,7 +34,8 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
         return context_plan(model, schedule, microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp, cp=cp,
                             chunks=chunks, partition=partition, kv_exchange=kv_exchange,
                             overlap_grad_reduce=overlap_grad_reduce, tied_embeddings=tied_embeddings,
-                            recompute=recompute, selective_recompute=selective_recompute, fp8=fp8)
+                            recompute=recompute, selective_recompute=selective_recompute,
+                            sequence_parallel=sequence_parallel, fp8=fp8)
     layout = Layout.build(model.world_size, dp, pp, tp)
     check_chunks(chunks)
     check_modes(model.workload, tp, recompute, selective_recompute, sequence_parallel)
@@ -76,7 +77,7 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
 def context_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: int, tp: int, dp: int | None,
                  cp: int, chunks: int, partition: Sequence | None, kv_exchange: str, overlap_grad_reduce: bool,
                  tied_embeddings: bool, recompute: bool = False, selective_recompute: bool = False,
-                 fp8: str | None = None) -> StagePlan:
+                 sequence_parallel: bool = False, fp8: str | None = None) -> StagePlan:
     """A dp x pp x cp x tp run, ranks laid out as Megatron-Core orders them (TP fastest, then CP, then DP, then
     PP): rank = ((stage * dp + replica) * cp + cp_rank) * tp + tp_rank, so a CP group is the cp ranks of one
     replica and stage with one TP rank. The layout is the 3D one with cp x tp ranks in the place of tp. A
@@ -84,6 +85,9 @@ def context_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: 
     data-parallel group with context parallelism, `get_data_parallel_group(with_context_parallel=True)`)."""
     check_context(model.workload, tp, cp, kv_exchange)
     check_modes(model.workload, tp, recompute, selective_recompute, False)
+    if sequence_parallel and tp > 1 and (model.workload.seq_len // cp) % tp:
+        raise ValueError(f"sequence_parallel=True with cp={cp}, tp={tp}: a CP rank's {model.workload.seq_len // cp} "
+                         f"tokens do not split into {tp} equal pieces; choose a tp that divides seq_len / cp")
     if fp8 is not None:
         check_recipe(model.device, fp8)
     if model.world_size % (pp * tp * cp) or (dp is not None and dp * pp * tp * cp != model.world_size):
@@ -109,7 +113,7 @@ def context_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: 
                      overlap_grad_reduce=overlap_grad_reduce, scatter_gather=False, tied_embeddings=tied_embeddings,
                      cp_group=[layout.rank(replica, stage, c * tp + tp_rank) for c in range(cp)], cp_rank=cp_rank,
                      kv_exchange=kv_exchange, recompute=recompute, selective_recompute=selective_recompute,
-                     fp8=fp8 or "")
+                     sequence_parallel=sequence_parallel, fp8=fp8 or "")
 
 
 def check_context(workload, tp: int, cp: int, kv_exchange: str) -> None:

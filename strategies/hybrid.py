@@ -50,9 +50,8 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
         raise ValueError(f"attention_mask_messages=True needs schedule='deepspeed' (DeepSpeed's engine sends the "
                          f"mask between stages; Megatron-LM's schedules rebuild it on each stage), got "
                          f"schedule={schedule!r}")
-    if cp != 1 and (schedule == "deepspeed" or sequence_parallel):
-        raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, without sequence_parallel "
-                         f"(not modelled together yet)")
+    if cp != 1 and schedule == "deepspeed":
+        raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, not {schedule!r}")
     sharding = check_sharding(distributed_optimizer, fsdp, overlap_param_gather, replicate, reshard_after_forward)
     if tp_comm_overlap and tp > 1 and (not sequence_parallel or cp != 1):
         raise ValueError(f"tp_comm_overlap=True with tp={tp} needs sequence_parallel=True and cp=1 (Megatron-LM "

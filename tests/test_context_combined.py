@@ -114,12 +114,43 @@ def test_selective_recompute_with_cp_reruns_each_blocks_attention_before_its_gra
         duration(plain, "backward", "context-parallel"), rel=1e-9)
 
 
-def test_cp_with_sequence_parallel_is_refused_in_one_line():
-    with pytest.raises(StrategyError, match="cp=2 runs .* without sequence_parallel"):
-        hybrid(tp=2, pp=1, cp=2, sequence_parallel=True)
+def _stash_of_one_forward(sequence_parallel: bool) -> int:
+    """Layer 0's forward of one sample on each of 4 ranks (cp=2 x tp=2, TP fastest): the stash it keeps."""
+    async def train(model, **_):
+        cp_rank, tp_rank = divmod(model.rank, 2)
+        weight, _ = model.load_weights(0, tp_rank=tp_rank, tp_size=2)
+        x = model.context_input(range(1), cp_rank, 2)
+        out = await model.context_forward(0, x, weight, [tp_rank, 2 + tp_rank], sequence_parallel=sequence_parallel)
+        del x, out
+    return simulate(train, "1x4xH100-80GB", LLAMA, 1, check=False).memory_by_kind[0]["stash"]
 
 
-@pytest.mark.parametrize("options", [dict(fsdp=True, fp8="delayed", recompute=True),
+def test_sequence_parallel_with_cp_splits_the_norms_stash_over_tp():
+    """Korthikanti et al. 2022, Table 2: sequence parallelism splits the replicated part of the stash t ways.
+    llama-3-8b has two RMSNorms a layer and no dropout: their inputs and outputs are 8 bytes a token per h,
+    of which t = 2 keeps half, over a CP rank's s/cp = 4096 tokens: 4 x 4096 x 4096 bytes less a sample."""
+    workload = Workload.parse(LLAMA)
+    saved = 8 * (workload.seq_len // 2) * workload.hidden // 2
+    assert saved == 67_108_864
+    assert _stash_of_one_forward(False) - _stash_of_one_forward(True) == saved
+
+
+def test_sequence_parallel_with_cp_gathers_the_output_gradient_twice_a_layer():
+    """torchtitan's layout on one node (FSDP, TP 2 with sequence parallelism, CP 2, Float8): correct, and each
+    layer's backward of each of the 4 microbatches all-gathers its s/cp-token output gradient twice in the TP
+    group (rank 0 with rank 1), which plain TP does not."""
+    result = hybrid(tp=2, pp=1, cp=2, framework="torchtitan", fp8="tensorwise")
+    assert result.correct
+    assert result.time_s == hybrid(tp=2, pp=1, cp=2, fsdp=True, sequence_parallel=True, fp8="tensorwise").time_s
+    gathers = [e for e in result.events if e.rank == 0 and e.layer == 1 and e.op == "all_gather"
+               and e.peers == (0, 1)]
+    assert len(gathers) == 2 * 4
+    assert {e.nbytes for e in gathers} == {Workload.parse(LLAMA).activation_bytes() // 2}
+    with pytest.raises(StrategyError, match="a CP rank's 4098 tokens do not split into 4 equal pieces"):
+        hybrid("llama-3-8b:layers=2,seq=8196", tp=4, pp=1, cp=2, sequence_parallel=True)
+
+
+@pytest.mark.parametrize("options", [dict(fsdp=True, fp8="delayed", recompute=True, sequence_parallel=True),
                                      dict(distributed_optimizer=True, selective_recompute=True)])
 def test_a_graded_run_of_cp_with_sharding_and_modes_replays_to_itself(options):
     """The grader records the step and replays it: the forward's modes travel in its entry (`recording_context`),

@@ -20,7 +20,7 @@ from dist_lib.comm.collectives import Work
 from dist_lib.comm.groups import Group
 from dist_lib.comm.p2p import issue_recv, issue_send
 from dist_lib.costs import context as cp_costs
-from dist_lib.costs.ops import compute_mode
+from dist_lib.costs.ops import SEQUENCE_PARALLEL_MODES, compute_mode
 from dist_lib.errors import SpecError, TensorError
 from dist_lib.tensors import (ContextActivation, ContextActivationGrad, ContextWeightGrad, KVBlock, Stash, Weight,
                               full_mask, samples_mask)
@@ -61,21 +61,23 @@ class ContextOps:
 
     async def context_forward(self, layer: int, act: ContextActivation, weight: Weight,
                               group: Group | Iterable[int], *, kv_exchange: str = "ring", stash: bool = True,
-                              selective_recompute: bool = False, fp8: str = "") -> ContextActivation:
+                              selective_recompute: bool = False, sequence_parallel: bool = False,
+                              fp8: str = "") -> ContextActivation:
         """Run `layer` on this rank's sequence part; the attention takes every CP rank's keys and values over
         `group` (the CP group, its i-th rank holding part i): `kv_exchange="ring"` passes them around in
         cp - 1 exchanges, each overlapped with the attention of the block at hand; `"all_gather"` gathers
         them all first. Keeps the stash on `act` unless `stash=False` (full recompute: run it again, exchange
-        included, before the backward); `selective_recompute` and `fp8` as for `forward`. With a TP slice of
-        the weight, returns a partial sum."""
+        included, before the backward); `selective_recompute`, `sequence_parallel` (of the s/cp tokens over
+        the TP group) and `fp8` as for `forward`. With a TP slice of the weight, returns a partial sum."""
         where = f"rank {self.rank} context_forward(layer {layer})"
         group = self._check_context(where, layer, act, weight, group, kv_exchange)
-        if fp8 != "" or selective_recompute is not False or stash.__class__ is not bool:
+        if fp8 != "" or selective_recompute is not False or sequence_parallel is not False \
+                or stash.__class__ is not bool:
             if stash.__class__ is not bool:
                 raise TensorError(f"{where}: stash must be True or False, got {stash!r}")
-            self._forward_modes(layer, weight, selective_recompute, False, fp8,  # type: ignore[attr-defined]
-                               "context_forward")
-        mode = compute_mode(selective_recompute, False, fp8)
+            self._forward_modes(layer, weight, selective_recompute, sequence_parallel, fp8,  # type: ignore
+                                "context_forward")
+        mode = compute_mode(selective_recompute, sequence_parallel, fp8)
         samples, cp, i = act.samples, act.cp_size, act.cp_rank
         tp_rank, tp = weight.tp_rank, weight.tp_size
         n = samples.bit_count()
@@ -128,6 +130,8 @@ class ContextOps:
             raise TensorError(f"{where}: {act!r} carries no stash; run context_forward on it first (again, with "
                               f"stash=True, after a forward with stash=False)")
         tp_rank, tp = weight.tp_rank, weight.tp_size
+        if act._stash.recompute in SEQUENCE_PARALLEL_MODES:  # (the output gradient gathered twice in the TP group)
+            self._check_sequence_parallel_grad("context_backward", layer, grad, tp)  # type: ignore[attr-defined]
         n = samples.bit_count()
         rest, block, flops, _, kv_bytes = self._context_cost("backward", layer, n, tp, cp, act._stash.recompute)
         self._charge("backward", layer, samples, rest, flops * (1 - _block_share(self.workload, layer)),

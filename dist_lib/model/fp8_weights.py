@@ -1,5 +1,5 @@
 """What a forward's FP8 mode keeps beside its stash: Transformer Engine's FP8 copy of each layer's weights
-(`costs.fp8.persistent_bytes`, `tensors.FP8WeightCache`), made by the layer's first FP8 forward with delayed
+(`costs.fp8.persistent_bytes`, `FP8WeightCache`), made by the layer's first FP8 forward with delayed
 scaling on a rank and kept to the end of the step. A mixin of `Model` (whose forward and `context_forward`
 check their modes through `_forward_modes`); torchao's tensorwise scaling keeps nothing."""
 
@@ -8,7 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 from dist_lib.costs import fp8 as fp8_costs
-from dist_lib.tensors import FP8WeightCache, Weight
+from dist_lib.memory.tracker import WEIGHT, Buffer
+from dist_lib.tensors import Weight
+
+
+class FP8WeightCache(Buffer):
+    """What Transformer Engine keeps of a layer's TP slice between passes once its linear layers have run in FP8
+    with delayed scaling: the FP8 weight, its transpose and the scaling state (`costs.fp8.persistent_bytes`).
+    Made by the layer's first FP8 forward on the rank; it lives to the end of the step, as TE's workspaces do."""
+
+    __slots__ = ("layer", "tp_rank", "tp_size")
+    code = WEIGHT  # memory.KINDS index
+
+    _args = ("layer", "tp_rank", "tp_size")
 
 
 class FP8Weights:
