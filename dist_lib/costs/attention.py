@@ -12,8 +12,8 @@ mask, backward 2.5 times the forward (it recomputes the scores), forward + backw
 
 FlashAttention-3's backward is not given point by point; the paper reports it 1.5-1.75x faster than
 FlashAttention-2's, and the lower end is taken. A device without a measurement of its own uses the fraction of
-peak its reference device reaches (`REFERENCE`): the H200 and H100 PCIe run the H100's kernels, the A100 40GB the
-A100 80GB's.
+peak its reference device reaches (`REFERENCE`): the H200, H100 PCIe and H100 HBM2e run the H100's kernels, the A100
+40GB the A100 80GB's.
 
 The B200's FlashAttention-2 figures are NVIDIA's own measurement of flash-attn 2.7.4.post1 on one B200
 (NVIDIA/cudnn-frontend, benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv,
@@ -47,6 +47,7 @@ MEASURED: dict[tuple[str, str, str, int], tuple[float, ...]] = {
     ("flash2", "bwd", "B200-180GB", 128): (81.393, 104.860, 198.845, 273.484, 318.004, 336.635),
 }
 REFERENCE = {"H100-80GB": "H100-80GB", "H200-141GB": "H100-80GB", "H100-PCIe-80GB": "H100-80GB",
+             "H100-HBM2e-96GB": "H100-80GB",
              "A100-80GB": "A100-80GB", "A100-40GB": "A100-80GB", "B200-180GB": "B200-180GB"}
 REFERENCE_PEAK = {"H100-80GB": 989e12, "A100-80GB": 312e12, "B200-180GB": 2250e12}
 HOPPER = ("H100-80GB",)  # the references whose devices run FlashAttention-3 (sm90)
