@@ -19,6 +19,7 @@ from typing import Any
 
 from dist_lib.errors import SpecError
 from dist_lib.planner.launch import Launch, node_order
+from dist_lib.planner.moe_launch import ffn_hidden, megatron_moe_args
 from dist_lib.planner.plan import Plan
 
 
@@ -78,8 +79,12 @@ def megatron_args(launch: Launch, workload: Any) -> str:
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", launch.fp8)]
     h = workload.hidden
     args += [("--num-layers", workload.num_layers), ("--hidden-size", h), ("--num-attention-heads", workload.heads),
-             ("--ffn-hidden-size", 4 * h), ("--seq-length", workload.seq_len),
+             ("--ffn-hidden-size", ffn_hidden(workload) if workload.moe else 4 * h), ("--seq-length", workload.seq_len),
              ("--max-position-embeddings", workload.seq_len)]
+    if workload.moe is not None:  # the experts and EP (`moe_launch`); the layer as the MoE presets describe it
+        args += megatron_moe_args(workload, launch.ep) + [
+            ("--normalization", "RMSNorm"), ("--position-embedding-type", "rope"),
+            ("--untie-embeddings-and-output-weights", None), ("--disable-bias-linear", None)]
     if workload.vocab:
         args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", workload.vocab)]
     return " \\\n".join(flag if value is None else f"{flag} {_shell(value)}" for flag, value in args) + "\n"

@@ -76,6 +76,37 @@ def rules(framework: str | None) -> Rules | None:
     return Rules(framework)
 
 
+def moe_refusal(framework: str | None, workload: Any) -> str:
+    """'' when the search can plan `workload`'s experts for `framework` (Megatron-LM's
+    `--expert-model-parallel-size`, and "any", whose MoE plans run in Megatron-LM's layout as `hybrid` runs
+    experts), else why not, in one line."""
+    if framework == "deepspeed":
+        return (f"no plan DeepSpeed runs for {workload.name}'s experts: DeepSpeed-MoE sets expert parallelism "
+                f"(ep_size) in the model's code (deepspeed.moe.layer.MoE), not in its config; --framework megatron "
+                f"plans one")
+    if framework == "torchtitan":
+        return (f"no plan torchtitan runs for {workload.name}'s experts is exported: torchtitan v0.2.2's MoE "
+                f"models (llama4, deepseek_v3) are not described here; --framework megatron plans one")
+    return ""
+
+
+def with_experts(framework: str | None, workload: Any) -> tuple[Rules | None, str]:
+    """(the rules a search for `workload` keeps to, '' or why no plan): an MoE workload's plans run as hybrid
+    runs experts (EP x PP x DP), in Megatron-LM's layout, also when the search is for "any" framework."""
+    found = rules(framework)
+    if workload.moe is None:
+        return found, ""
+    return found or Rules("megatron"), moe_refusal(framework, workload)
+
+
+def experts_reason(reasons: list[str], workload: Any) -> list[str]:
+    """Why no plan fits, told right for an MoE workload, whose plans run without recompute or ZeRO."""
+    if workload.moe is None or not reasons:
+        return reasons
+    return [reasons[0].replace("full recompute and ZeRO-1", "every ep (an MoE plan runs without recompute or "
+                               "ZeRO: strategies/_expert_stage.py)")]
+
+
 def why_not(plan: Plan, framework: str, cluster: Any, workload: Any) -> str:
     """'' when `framework` runs `plan` (it exports, node order included), else why not, in one line."""
     from dist_lib.planner.export import export

@@ -52,6 +52,7 @@ class Launch:
     layers: tuple[int, ...] | None = None  # layers of each block, chunk-major; None: an even split
     notes: tuple[str, ...] = field(default=(), compare=False)
     fp8: str = ""  # the linear layers' GEMMs in FP8 with this scaling recipe (`costs.fp8`), or "": 16-bit
+    ep: int = 1  # expert parallelism (an MoE workload): EP groups of `ep` data-parallel ranks (Megatron-Core)
 
     @property
     def microbatches(self) -> int:
@@ -132,6 +133,9 @@ class Launch:
             raise SpecError(f"plan: fp8 {plan.fp8!r} has no {name} setting"
                             + (f" (it runs {' or '.join(FP8_RECIPES[framework])} scaling)" if FP8_RECIPES[framework]
                                else " (no FP8 training setting is exported for it)"))
+        if plan.ep > 1 and framework == "deepspeed":
+            raise SpecError(f"plan: ep={plan.ep} has no DeepSpeed config key (DeepSpeed-MoE takes ep_size in the "
+                            f"model's code, deepspeed.moe.layer.MoE)")
         sequence_parallel = framework == "torchtitan" and first.tp > 1
         if sequence_parallel:
             notes.append("torchtitan's tensor parallelism always runs sequence parallelism (SequenceParallel on "
@@ -141,7 +145,7 @@ class Launch:
                          "as Megatron-LM's attention-core recompute (Korthikanti et al. 2022)")
         return cls(framework, first.tp, pp, first.dp, first.shares[0], plan.global_batch_size, schedule,
                    plan.chunks, plan.recompute, plan.zero, sequence_parallel, True, None if even else sizes,
-                   tuple(notes), plan.fp8)
+                   tuple(notes), plan.fp8, plan.ep)
 
     def to_plan(self, num_layers: int) -> Plan:
         """The plan this launch runs, on ranks 0.. in the framework's order."""
@@ -153,7 +157,7 @@ class Launch:
                              tuple(blocks[c * self.pp + s] for c in range(self.chunks)), (self.micro_batch_size,) * self.dp)
                        for s in range(self.pp))
         return Plan(stages, self.micro_batch_size * self.dp, self.microbatches, self.schedule, self.recompute, self.zero,
-                    self.fp8)
+                    self.fp8, self.ep)
 
     def strategy(self, num_layers: int) -> tuple[str, dict[str, Any]]:
         """(built-in strategy, its options) that runs this launch as the framework does."""
@@ -176,6 +180,8 @@ class Launch:
             options["partition"] = list(self.layers)
         if self.fp8:
             options["fp8"] = self.fp8
+        if self.ep > 1:
+            options["ep"] = self.ep
         return "hybrid", options
 
 

@@ -30,6 +30,7 @@ from dist_lib.planner.partition import chunk_sizes, fits, fixed_partition, parti
 from dist_lib.planner.stage_option import StageOption, no_collective
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.step import step_estimate
+from dist_lib.planner.options_cost import ep_choices, ep_groups, expert_reductions, moe_layer_costs
 
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
 MEMORY_CONFIGS = (("none", 0), ("none", 1), ("selective", 0), ("selective", 1), ("full", 0), ("full", 1))
@@ -134,23 +135,24 @@ class _Space:
         return found
 
     def options(self, ranks: tuple[int, ...], microbatch: int, recompute: str, zero: int,
-                fp8: str = "") -> list[StageOption]:
-        key = (ranks, microbatch, recompute, zero, fp8)
+                fp8: str = "", ep: int = 1) -> list[StageOption]:
+        key = (ranks, microbatch, recompute, zero, fp8, ep)
         found = self._options.get(key)
         if found is None:
-            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8)
+            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8, ep)
             template = self._templates.get(shape_key)
             if template is None:
-                found = self._templates[shape_key] = [self._option(ranks, tp, microbatch, recompute, zero, fp8)
+                moe = self.workload.moe is not None  # an MoE stage runs tp=1 (`strategies/_expert_stage.py`)
+                found = self._templates[shape_key] = [self._option(ranks, tp, microbatch, recompute, zero, fp8, ep)
                                                       for tp in space.tp_options(self.cluster, ranks, self.workload)
-                                                      if len(ranks) // tp <= microbatch
+                                                      if len(ranks) // tp <= microbatch and not (moe and tp > 1)
                                                       and not (self.even and microbatch % (len(ranks) // tp))]
             else:
                 found = [replace(o, ranks=ranks) for o in template]
             self._options[key] = found
         return found
 
-    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="") -> StageOption:
+    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="", ep=1) -> StageOption:
         cluster, workload = self.cluster, self.workload
         dp = len(ranks) // tp
         shares = (microbatch // dp,) * dp if self.even else space.shares(cluster, workload, ranks, tp, microbatch)
@@ -161,9 +163,14 @@ class _Space:
             kind = self._node_kind[cluster.node_of(first)]
             keys.append((kind, shares[d]))
             replicas.setdefault(keys[-1], ranks[d * tp:(d + 1) * tp])
-        per = [layer_costs(cluster.device_of(group[0]), workload, n, tp,
-                           self.topology(group) if tp > 1 else None, recompute, dp if zero else 1, fp8)
-               for (_, n), group in replicas.items()]
+        expert_grads = None
+        if workload.moe is not None:  # experts over EP groups of the replicas (`options_cost`); tp is 1
+            per, expert_grads = map(list, zip(*(moe_layer_costs(cluster, workload, n, ep_groups(ranks, ep))
+                                                for (_, n) in replicas)))
+        else:
+            per = [layer_costs(cluster.device_of(group[0]), workload, n, tp,
+                               self.topology(group) if tp > 1 else None, recompute, dp if zero else 1, fp8)
+                   for (_, n), group in replicas.items()]
         losses = [costs.loss_time(cluster.device_of(group[0]), workload, n, tp)
                   + (network.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
                      if tp > 1 else 0.0) for (_, n), group in replicas.items()]
@@ -194,9 +201,12 @@ class _Space:
         gather = max(network.collective_time("all_gather", n * workload.activation_bytes(), self.topology(group))
                      for (_, n), group in replicas.items()) if tp > 1 else 0.0
         per_layer: dict[float, float] = {}  # alike layers have one gradient size
-        reduced = tuple(accumulate((per_layer[g] if g in per_layer else per_layer.setdefault(g, reduce(g))
-                                    for g in (b - a for a, b in zip(combined.grad_bytes, combined.grad_bytes[1:]))),
-                                   initial=0.0))
+        if expert_grads is not None:  # the dense part over dp, each expert over the dp/ep replicas holding it
+            reduced = expert_reductions(self.topology, ranks, ep, reduce, combined.grad_bytes, expert_grads[0])
+        else:
+            reduced = tuple(accumulate((per_layer[g] if g in per_layer else per_layer.setdefault(g, reduce(g))
+                                        for g in (b - a for a, b in zip(combined.grad_bytes, combined.grad_bytes[1:]))),
+                                       initial=0.0))
         return StageOption(ranks, tp, shares, combined, capacity, loss, unit, reduce, rerun, gather, regather,
                            reduced, workload.profile is None, *self._per_replica(replicas, keys, per, losses))
 
@@ -262,7 +272,7 @@ def pipeline_stage_seconds(cluster: Cluster, workload: Workload, stage_ranks: tu
 
 
 def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches: int, schedule: str,
-            recompute: str, zero: int, chunks: int = 1, fp8: str = "") -> Plan:
+            recompute: str, zero: int, chunks: int = 1, fp8: str = "", ep: int = 1) -> Plan:
     """The `Plan` of a placed partition; with chunks, each stage's layers are cut into that many
     blocks in Megatron's interleaved order (virtual stage c * p + s)."""
     pp = len(placed)
@@ -275,7 +285,7 @@ def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches
             blocks[s].append((start, start + parts[s][c]))
             start += parts[s][c]
     stages = tuple(Stage(o.ranks, o.tp, tuple(blocks[s]), o.shares) for s, (_, o) in enumerate(placed))
-    return Plan(stages, microbatch, microbatches, schedule, recompute, zero, fp8)
+    return Plan(stages, microbatch, microbatches, schedule, recompute, zero, fp8, ep)
 
 
 def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget: float | None = None,
@@ -286,9 +296,13 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     none) why not, one reason per line. Each device holds its capacity less `memory_reserve` (None: all
     of it). With a `framework` (`framework_rules`), only plans it runs: stages of one width and TP degree,
     even shares, its schedules, memory settings and layer splits."""
-    rules = framework_rules.rules(framework)
+    rules, refusal = framework_rules.with_experts(framework, workload)  # (experts: Megatron-LM's layout)
+    if refusal:
+        return [], [refusal]
+    memory_configs = MEMORY_CONFIGS[:1] if workload.moe is not None else MEMORY_CONFIGS
     # a framework's FP8 linear layers, searched beside 16-bit ones where every GPU has FP8 tensor cores
-    fp8_choices = ("",) + ((rules.fp8_recipe(cluster),) if rules is not None and rules.fp8_recipe(cluster) else ())
+    fp8_choices = ("",) + ((rules.fp8_recipe(cluster),) if rules is not None and rules.fp8_recipe(cluster)
+                           and workload.moe is None else ())
     sp = _Space(cluster, workload, memory_reserve, even=rules is not None)
     L = workload.num_layers
     # a search by cost, or within a budget, weighs renting part of each device type too
@@ -368,19 +382,19 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     incumbent = float("inf")
     done = 0  # entries looked at, for the progress display
 
-    def _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent):
+    def _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent, ep=1):
         """The candidates of one entry with the linear layers' GEMMs in one precision; the new incumbent."""
         unconstrained = split(plain, m, memory=False)
         weight = price if objective == "cost" else 1.0
         if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
             return incumbent  # even without memory limits its slowest stage makes it lose
-        for recompute, zero in MEMORY_CONFIGS:
+        for recompute, zero in memory_configs:
             if rules is not None and not rules.memory_ok(recompute, zero, len(stages)):
                 continue
-            if (recompute, zero) == MEMORY_CONFIGS[0] and fits(unconstrained[1], m):
+            if (recompute, zero) == memory_configs[0] and fits(unconstrained[1], m):
                 found = unconstrained  # the same options, and memory does not bind: the same partition
             else:
-                found = split([[o for o in sp.options(ranks, microbatch, recompute, zero, fp8) if tp in (None, o.tp)]
+                found = split([[o for o in sp.options(ranks, microbatch, recompute, zero, fp8, ep) if tp in (None, o.tp)]
                                for ranks in stages], m)
             if found is None:
                 why["memory"] += 1
@@ -388,7 +402,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             # a ZB-H1 plan is played out only if its floor could beat the best so far (`step.py`);
             # an unpruned search (infinite slack) plays out every one
             new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
-                             incumbent / weight if prune_slack < float("inf") else float("inf"), rules, fp8)
+                             incumbent / weight if prune_slack < float("inf") else float("inf"), rules, fp8, ep)
             for c in new:
                 incumbent = min(incumbent, c.estimate * weight)
             out.extend(new)
@@ -410,6 +424,12 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                 plain = free if not fp8 else [[o for o in sp.options(ranks, microbatch, "none", 0, fp8)
                                                if tp in (None, o.tp)] for ranks in stages]
                 incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent)
+            # an MoE workload's expert-parallel degrees past 1 (ep=1, just explored, bounds them: its
+            # all-to-alls are local copies)
+            for ep in ep_choices(workload, len(stages[0]) // (tp or 1))[1:]:
+                plain = [[o for o in sp.options(ranks, microbatch, "none", 0, "", ep) if tp in (None, o.tp)]
+                         for ranks in stages]
+                incumbent = _explore_precision(plain, "", m, stages, microbatch, price, tp, incumbent, ep)
         done += len(entries)
 
     explore(work)
@@ -444,15 +464,16 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             reasons.append(f"no plan: a global batch of {global_batch} cannot give every data-parallel replica a "
                            f"sample, or {L} layers cannot fill the stages (a plan uses every GPU of each device "
                            f"type it uses; to leave some idle, plan on a cluster without them)")
+    reasons = framework_rules.experts_reason(reasons, workload)
     if rules is not None and reasons:
         reasons = [f"no plan {rules.name} runs (stages of one width and TP degree, one micro batch per GPU, its "
-                   f"schedules): {reasons[0]}; --framework any searches heterogeneous plans too"]
+                   f"schedules): {reasons[0]}" + ("; --framework any searches heterogeneous plans too" if workload.moe is None else "")]
     return out, reasons
 
 
 def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
                cutoff: float = float("inf"), rules: framework_rules.Rules | None = None,
-               fp8: str = "") -> list[Candidate]:
+               fp8: str = "", ep: int = 1) -> list[Candidate]:
     """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit. ZB-H1 is
     left out under full recompute: its deferred weight-gradient pass needs the rebuilt stashes, so every
     layer's stash lives from the input-gradient pass to W, which the estimate does not count."""
@@ -460,14 +481,14 @@ def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
     pp = len(placed)
     variants = [("1f1b", 1)]
     if pp > 1:
-        if recompute != "full":
+        if recompute != "full" and workload.moe is None:  # (an MoE layer's backward is not split)
             variants.append(("zero-bubble", 1))
         if m % pp == 0 and all(n >= INTERLEAVE_CHUNKS for n, _ in placed):
             variants.append(("interleaved", INTERLEAVE_CHUNKS))
     if rules is not None:  # the framework's schedules; every plan checked as its export checks it
         variants = [(s, c) for s, c in variants if pp == 1 or rules.schedule_ok(s)]
     for schedule, chunks in variants:
-        plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks, fp8)
+        plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks, fp8, ep)
         if rules is not None and framework_rules.why_not(plan, rules.framework, cluster, workload):
             continue
         seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks, cutoff)
