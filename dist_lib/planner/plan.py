@@ -91,7 +91,8 @@ class Plan:
         """One line: each stage as dp x tp and its layer count, then the microbatching and options."""
         stages = "+".join(f"{s.dp}x{s.tp}:{s.layers}L" for s in self.stages)
         extra = "".join(f" {k}={v}" for k, v in (("recompute", self.recompute), ("zero", self.zero),
-                                                 ("fp8", self.fp8), ("ep", self.ep)) if v not in ("none", 0, "", 1))
+                                                 ("fp8", self.fp8)) if v not in ("none", 0, ""))
+        extra += f" ep={self.ep}" if self.ep != 1 else ""
         return f"{stages}  {self.microbatches}x{self.microbatch_size} {self.schedule}{extra}"
 
     # ---- JSON ---------------------------------------------------------------------------------
