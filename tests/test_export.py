@@ -127,7 +127,8 @@ def test_plans_a_framework_cannot_run_are_refused(plan, framework, message):
 
 @pytest.mark.parametrize("reader,message", [
     (lambda: from_megatron("--micro-batch-size 1 --swiglu", GPT, 16), "--swiglu is not simulated"),
-    (lambda: from_megatron("--micro-batch-size 1 --context-parallel-size 2", GPT, 16), "--context-parallel-size 2"),
+    (lambda: from_megatron("--micro-batch-size 1 --expert-model-parallel-size 2", GPT, 16),
+     "--expert-model-parallel-size 2 is not simulated"),
     (lambda: from_megatron("--micro-batch-size 1 --ffn-hidden-size 5000", GPT, 16), "--ffn-hidden-size 5000"),
     (lambda: from_megatron("--tensor-model-parallel-size 3 --micro-batch-size 1", GPT, 16), "groups of 3"),
     (lambda: from_megatron("--global-batch-size 64", GPT, 16), "--micro-batch-size is missing"),

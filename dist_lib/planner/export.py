@@ -61,6 +61,8 @@ def megatron_args(launch: Launch, workload: Any) -> str:
     """Megatron-LM's command-line arguments, one flag a line."""
     args: list[tuple[str, Any]] = [("--tensor-model-parallel-size", launch.tp),
                                    ("--pipeline-model-parallel-size", launch.pp)]
+    if launch.cp > 1:
+        args.append(("--context-parallel-size", launch.cp))
     if launch.layers is not None:
         args.append(("--pipeline-model-parallel-layout", megatron_layout(launch.layers)))
     elif launch.chunks > 1:

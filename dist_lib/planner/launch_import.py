@@ -35,7 +35,7 @@ _MEGATRON = {"--tensor-model-parallel-size": "int", "--pipeline-model-parallel-s
              "--decoder-last-pipeline-num-layers": "int", "--use-torch-fsdp2": "flag", "--use-megatron-fsdp": "flag",
              **MOE_FLAGS}
 # Flags whose setting the simulation cannot honour, with what would be needed (unless at the value given).
-_MEGATRON_REFUSED = {"--context-parallel-size": 1, "--expert-model-parallel-size": 1, "--group-query-attention": None,
+_MEGATRON_REFUSED = {"--expert-model-parallel-size": 1, "--group-query-attention": None,
                      "--swiglu": None, "--decoder-first-pipeline-num-layers": None,
                      "--decoder-last-pipeline-num-layers": None, "--use-torch-fsdp2": None, "--use-megatron-fsdp": None}
 
@@ -114,13 +114,16 @@ def from_megatron(args: str | list[str], workload: Workload | None = None, world
     micro = seen.get("--micro-batch-size")
     if micro is None or micro < 1:
         raise SpecError(f"{source}: --micro-batch-size is missing (a whole number >= 1)")
-    world = _world(workload, tp * pp, source, world_size)
-    dp = world // (tp * pp)
+    cp = seen.get("--context-parallel-size", 1)
+    if cp < 1:
+        raise SpecError(f"{source}: --context-parallel-size must be a whole number >= 1, got {cp}")
+    world = _world(workload, tp * pp * cp, source, world_size)
+    dp = world // (tp * pp * cp)
     launch = Launch("megatron", tp, pp, dp, micro, seen.get("--global-batch-size", micro * dp),
                     "interleaved" if chunks > 1 else "1f1b", chunks, recompute,
                     1 if seen.get("--use-distributed-optimizer") else 0, bool(seen.get("--sequence-parallel")),
                     bool(seen.get("--overlap-grad-reduce")), layers if layers and len(set(layers)) > 1 else None)
-    launch = replace(launch, fp8=_megatron_fp8(seen, source), ep=ep)
+    launch = replace(launch, fp8=_megatron_fp8(seen, source), ep=ep, cp=cp)
     launch.check(workload.num_layers, source)
     return Imported(launch, workload, tuple(ignored))
 
@@ -138,7 +141,7 @@ def _megatron_fp8(seen: dict[str, Any], source: str) -> str:
     return recipe
 
 
-_WHY = {"--context-parallel-size": "no context parallelism", "--expert-model-parallel-size": "experts only with an MoE workload: give one, e.g. mixtral-8x7b",
+_WHY = {"--expert-model-parallel-size": "experts only with an MoE workload: give one, e.g. mixtral-8x7b",
         "--group-query-attention": "multi-head attention (a GPT's 12h^2 parameters a layer)",
         "--swiglu": "a GPT's 4h GeLU MLP",
         "--decoder-first-pipeline-num-layers": "even splits or --pipeline-model-parallel-layout",
