@@ -40,10 +40,13 @@ class Rules:
         return schedule in SCHEDULES[self.framework]
 
     def memory_ok(self, recompute: str, zero: int, stages: int) -> bool:
-        """torchtitan shards only with FSDP (no ZeRO-1); DeepSpeed has no selective recompute, and whole-layer
-        checkpointing is a config key only in its pipeline engine (`Launch.from_plan`)."""
+        """torchtitan shards only with FSDP (no ZeRO-1; searched in plans of one stage, where torchtitan
+        reshards each block after its forward); DeepSpeed has no selective recompute, and whole-layer
+        checkpointing is a config key only in its pipeline engine (`Launch.from_plan`); FSDP is torchtitan's."""
         if self.framework == "torchtitan":
-            return zero == 0
+            return zero == 0 or zero == 3 and stages == 1
+        if zero == 3:
+            return False
         if self.framework == "deepspeed":
             return recompute == "none" or (recompute == "full" and stages > 1)
         return True
@@ -65,6 +68,18 @@ class Rules:
     def order_ok(self, ranks: tuple[int, ...], cluster: Any) -> bool:
         """torchrun and DeepSpeed's launcher start the same number of processes on every node."""
         return len({cluster.nodes[cluster.node_of(r)].gpus for r in ranks}) == 1
+
+
+def settings(rules: Rules | None, workload: Any, cluster: Any, configs: tuple) -> tuple[tuple, tuple[str, ...]]:
+    """(the (recompute, zero) settings a search weighs, in order; its GEMM precisions): torchtitan's sharding is
+    FSDP (zero 3) where the others have ZeRO-1; an MoE workload runs without either (`_expert_stage.py`); a
+    framework's FP8 recipe beside 16 bits where every GPU has FP8 tensor cores (not with experts)."""
+    if workload.moe is not None:
+        return configs[:1], ("",)
+    if rules is not None and rules.framework == "torchtitan":
+        configs = tuple((recompute, 3 if zero else 0) for recompute, zero in configs)
+    recipe = rules.fp8_recipe(cluster) if rules is not None else ""
+    return configs, ("",) + ((recipe,) if recipe else ())
 
 
 def rules(framework: str | None) -> Rules | None:

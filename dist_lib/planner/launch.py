@@ -121,7 +121,11 @@ class Launch:
             raise SpecError(f"plan: layer split {list(sizes)} is not DeepSpeed's partition_method='uniform' "
                             f"split {list(uniform_split(num_layers, pp))}; DeepSpeed's PipelineModule takes no "
                             f"explicit list of layers per stage")
-        if framework == "torchtitan" and plan.zero:
+        if plan.zero == 3 and framework != "torchtitan":
+            raise SpecError(f"plan: zero=3 (FSDP) is exported for torchtitan only (data_parallel_shard_degree)")
+        if plan.zero == 3 and pp > 1:
+            raise SpecError("plan: zero=3 (FSDP) with pipeline stages is not simulated as torchtitan runs it")
+        if framework == "torchtitan" and plan.zero == 1:
             raise SpecError("plan: zero=1 (optimizer state sharded) has no torchtitan setting: torchtitan "
                             "shards with FSDP (data_parallel_shard_degree), which also shards weights and gradients")
         if framework == "deepspeed" and plan.recompute == "selective":
@@ -154,7 +158,7 @@ class Launch:
 
     def to_plan(self, num_layers: int) -> Plan:
         """The plan this launch runs, on ranks 0.. in the framework's order."""
-        if self.zero not in (0, 1) or self.sequence_parallel or self.schedule == "deepspeed":
+        if self.zero not in (0, 1, 3) or self.sequence_parallel or self.schedule == "deepspeed":
             raise SpecError(f"{_NAMES[self.framework]} run: zero={self.zero}, sequence parallelism or DeepSpeed's "
                             f"schedule have no plan field; run it with `strategy()`")
         blocks, width = self.blocks(num_layers), self.dp * self.cp * self.tp
@@ -168,7 +172,7 @@ class Launch:
         """(built-in strategy, its options) that runs this launch as the framework does."""
         if self.zero >= 2 and self.fp8:
             raise SpecError(f"{_NAMES[self.framework]} run: fp8 with zero={self.zero} (FSDP) is not simulated")
-        if self.zero >= 2:
+        if self.zero >= 2 and self.tp == self.pp == 1 and self.recompute == "none":  # (zero has no recompute)
             return "zero", {"stage": self.zero, "microbatch_size": self.micro_batch_size}
         if self.zero == 1:
             return "planned", {"plan": self.to_plan(num_layers)}
@@ -188,6 +192,8 @@ class Launch:
         for key in ("ep", "cp"):
             if getattr(self, key) > 1:
                 options[key] = getattr(self, key)
+        if self.zero == 3:  # FSDP beside TP (torchtitan's FSDP2 over the data-parallel ranks): hybrid's fsdp
+            options["fsdp"] = True
         return "hybrid", options
 
 

@@ -235,13 +235,14 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
         raise SpecError(f"{source}: activation_checkpoint.selective_ac_option = {ac.get('selective_ac_option', '2')!r} "
                         f"(every n-th layer) is not simulated; use \"op\" or mode \"full\"")
     if shard > 1:
-        if tp > 1 or pp > 1 or replicate > 1:
-            raise SpecError(f"{source}: parallelism.data_parallel_shard_degree = {shard} (FSDP) with tensor, pipeline "
-                            f"or replicated parallelism is not simulated; FSDP runs alone (the zero strategy, stage 3)")
+        if pp > 1 or replicate > 1:
+            raise SpecError(f"{source}: parallelism.data_parallel_shard_degree = {shard} (FSDP) with pipeline or "
+                            f"replicated parallelism is not simulated; FSDP runs alone (the zero strategy, stage 3) or "
+                            f"with tensor parallelism (hybrid's fsdp)")
         if fp8:
             raise SpecError(f"{source}: model.converters float8 with FSDP (data_parallel_shard_degree {shard}) is "
                             f"not simulated")
-        launch = Launch("torchtitan", 1, 1, dp, local, global_batch, recompute=mode, zero=3)
+        launch = Launch("torchtitan", tp, 1, dp, local, global_batch, recompute=mode, zero=3, sequence_parallel=tp > 1)
         launch.check(workload.num_layers, source)
         return Imported(launch, workload, ())
     schedule, chunks, micro, layers = "1f1b", 1, local, None

@@ -32,6 +32,7 @@ over the dp x cp ranks of a TP slice.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from itertools import accumulate
 
@@ -257,3 +258,33 @@ def context_layer_costs(device, workload: Workload, samples: int, tp: int, cp: i
         for column, value in zip(columns, row):
             column.append(value)
     return with_total(*(tuple(accumulate(x, initial=0.0)) for x in columns))
+
+
+def fsdp_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, recompute: str, fp8: str,
+                reduction) -> StageOption | None:
+    """A stage of one pipeline stage under FSDP as torchtitan applies it (`fully_shard` per block, hybrid's
+    `fsdp`, `strategies/_sharded.py`): the ZeRO-1 option (gradients reduce-scattered after a layer's last
+    microbatch, 1/dp of the optimizer state) with the 16-bit weights sharded too, each layer all-gathered
+    before its forward and, resharded after it (torchtitan's default without pipelining), again before its
+    backward, the next layer's gather prefetched, so a pass takes the longer of its compute and its gather;
+    the gradient accumulates whole until it is reduce-scattered, and two layers' whole weights (the one at
+    hand and the one prefetched) are held at once. None where it shards nothing (one replica) or with FP8
+    (hybrid runs FSDP in 16 bits)."""
+    dp = len(ranks) // tp
+    if dp == 1 or fp8:
+        return None
+    o = space._option(ranks, tp, microbatch, recompute, 1, fp8)
+    c = o.costs
+    columns: list[list[float]] = [[] for _ in range(9)]
+    for layer in range(len(c.forward) - 1):
+        grad = c.grad_bytes[layer + 1] - c.grad_bytes[layer]  # the layer's 16-bit bytes on this TP rank
+        gather = o.regather(grad)
+        row = [b - a for a, b in ((getattr(c, name)[layer], getattr(c, name)[layer + 1])
+                                  for name in LayerCosts.__slots__[:-1])]
+        row[0], row[1] = max(row[0], gather), max(row[1], gather)
+        row[3] -= grad * (1 - 1 / dp)  # weights 2/dp instead of 2 bytes a parameter
+        for column, value in zip(columns, row):
+            column.append(value)
+    costs = with_total(*(tuple(accumulate(x, initial=0.0)) for x in columns))
+    held = 2 * max(b - a for a, b in zip(c.grad_bytes, c.grad_bytes[1:]))
+    return replace(o, costs=costs, regather=no_collective, rerun=o.rerun + held)

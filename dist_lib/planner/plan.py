@@ -21,7 +21,7 @@ from dist_lib.specs import shown
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
-ZERO_STAGES = (0, 1)
+ZERO_STAGES = (0, 1, 3)  # 3: FSDP (torchtitan's data_parallel_shard_degree; hybrid's fsdp)
 # "" (16-bit GEMMs) or an FP8 scaling recipe for the linear layers' GEMMs (`costs.fp8.RECIPES`)
 FP8_CHOICES = ("", "delayed", "tensorwise")
 
@@ -64,7 +64,7 @@ class Plan:
     microbatches: int
     schedule: str = "1f1b"
     recompute: str = "none"
-    zero: int = 0  # 1: each stage's optimizer state sharded over its replicas (Rajbhandari et al. 2020)
+    zero: int = 0  # 1: each stage's optimizer state sharded over its replicas (Rajbhandari et al. 2020); 3: FSDP
     # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise"; `costs.fp8`), or ""
     fp8: str = ""
     # expert parallelism of a mixture-of-experts workload: each stage's replicas form EP groups of `ep`
@@ -235,7 +235,7 @@ class Plan:
         if self.recompute not in RECOMPUTE:
             raise SpecError(f"{source}: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in ZERO_STAGES:
-            raise SpecError(f"{source}: zero must be 0 or 1, got {self.zero!r}")
+            raise SpecError(f"{source}: zero must be 0, 1 or 3, got {self.zero!r}")
         if self.fp8.__class__ is not str or self.fp8 not in FP8_CHOICES:
             raise SpecError(f"{source}: fp8 must be one of {', '.join(map(repr, FP8_CHOICES))} ('': 16-bit GEMMs), "
                             f"got {self.fp8!r}")

@@ -142,18 +142,20 @@ class _Space:
             shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8, ep, cp)
             template = self._templates.get(shape_key)
             if template is None:
-                found = self._templates[shape_key] = [
+                found = self._templates[shape_key] = [o for o in (
                     self._option(ranks, tp, microbatch, recompute, zero, fp8) if ep == cp == 1 and not self.workload.moe
                     else options_cost.stage_option(self, ranks, tp, microbatch, ep, cp, _Reduction)
                     for tp in space.tp_options(self.cluster, ranks, self.workload)
-                    if options_cost.width_ok(self.workload, len(ranks), tp, cp, microbatch, self.even)]
+                    if options_cost.width_ok(self.workload, len(ranks), tp, cp, microbatch, self.even)) if o is not None]
             else:
                 found = [replace(o, ranks=ranks) for o in template]
             self._options[key] = found
         return found
 
-    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="") -> StageOption:
+    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="") -> StageOption | None:
         cluster, workload = self.cluster, self.workload
+        if zero == 3:  # FSDP (torchtitan's): weights and gradients sharded too, gathered a layer at a time
+            return options_cost.fsdp_option(self, ranks, tp, microbatch, recompute, fp8, _Reduction)
         dp = len(ranks) // tp
         shares = (microbatch // dp,) * dp if self.even else space.shares(cluster, workload, ranks, tp, microbatch)
         replicas, keys = {}, []
@@ -291,10 +293,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     rules, refusal = framework_rules.with_experts(framework, workload)  # (experts: Megatron-LM's layout)
     if refusal:
         return [], [refusal]
-    memory_configs = MEMORY_CONFIGS[:1] if workload.moe is not None else MEMORY_CONFIGS
-    # a framework's FP8 linear layers, searched beside 16-bit ones where every GPU has FP8 tensor cores
-    fp8_choices = ("",) + ((rules.fp8_recipe(cluster),) if rules is not None and rules.fp8_recipe(cluster)
-                           and workload.moe is None else ())
+    # the (recompute, zero) settings, and a framework's FP8 linear layers beside 16-bit ones where it has them
+    memory_configs, fp8_choices = framework_rules.settings(rules, workload, cluster, MEMORY_CONFIGS)
     sp = _Space(cluster, workload, memory_reserve, even=rules is not None)
     L = workload.num_layers
     # a search by cost, or within a budget, weighs renting part of each device type too
@@ -366,9 +366,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                     thin.append((stages, microbatch, price))  # a pipeline needs microbatches to fill it
                 else:
                     work += bounded(stages, microbatch, price)
-                    # context parallelism: entries of their own (a microbatch too small for dp replicas of
-                    # the whole sequence may split over cp ranks' parts of it)
-                    for cp in options_cost.cp_choices(workload, rules, len(stages[0])):
+                    for cp in options_cost.cp_choices(workload, rules, len(stages[0])):  # entries of their own
                         work += bounded(stages, microbatch, price, cp)
     def split(options: list[list[StageOption]], m: int, memory: bool = True):
         """The best layer partition, or the framework's own fixed split (DeepSpeed's uniform)."""
@@ -391,8 +389,9 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             if (recompute, zero) == memory_configs[0] and fits(unconstrained[1], m):
                 found = unconstrained  # the same options, and memory does not bind: the same partition
             else:
-                found = split([[o for o in sp.options(ranks, microbatch, recompute, zero, fp8, ep, cp) if tp in (None, o.tp)]
-                               for ranks in stages], m)
+                options = [[o for o in sp.options(ranks, microbatch, recompute, zero, fp8, ep, cp) if tp in (None, o.tp)]
+                           for ranks in stages]
+                found = split(options, m) if all(options) else None  # (FSDP: none where it shards nothing)
             if found is None:
                 why["memory"] += 1
                 continue
