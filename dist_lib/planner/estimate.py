@@ -82,8 +82,7 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
     plain = compute_mode(False, False, fp8)  # the forward's and the weight-gradient pass's mode
     fwd, bwd, wgt, state, acts, grads, upd, shards, hidden = [], [], [], [], [], [], [], [], []
     for layer in range(workload.num_layers):
-        # the cost model's layers between the first and the last are alike (the last holds an untied LM head)
-        if 1 < layer < workload.num_layers - 1 and workload.profile is None:
+        if layer > 1 and workload.profile is None:  # the cost model's layers after the first are alike
             for column in (fwd, bwd, wgt, state, acts, grads, upd, shards, hidden):
                 column.append(column[-1])
             continue
