@@ -7,7 +7,8 @@ held-out H100 rows and the A100 rows they are compared with.
 
 The busiest rank's compute events are summed by op; a layer pass's time is split into its GEMMs, attention core and
 elementwise kernels in the proportions `dist_lib.costs.compute` builds it from (one layer, one microbatch, the
-run's TP, sequence parallelism, recompute and FP8 recipe), and the LM head's into its three GEMMs and the
+run's TP, sequence parallelism, recompute and FP8 recipe; with FP8 the GEMM column holds the casts' traffic too),
+and the LM head's into its three GEMMs and the
 cross-entropy and final layernorm traffic. `exposed` is the step less the busiest rank's compute. `needed` is what the
 measured step leaves for the compute if the exposed communication were right: measured - exposed.
 """
