@@ -98,7 +98,7 @@ class _Stage:
 
     __slots__ = ("model", "plan", "pp", "virtual", "virtuals", "tp", "tp_group", "scatter_gather", "weights", "left",
                  "grads", "reduced", "kept", "loss_grads", "deferred", "sends", "local", "explicit", "arrived",
-                 "outbox", "partitioned_outputs", "modes", "gathers")
+                 "outbox", "partitioned_outputs", "modes", "gathers", "settling")
 
     def __init__(self, model: Model, plan: StagePlan):
         self.model, self.plan = model, plan
@@ -136,6 +136,7 @@ class _Stage:
             self.modes["fp8"] = plan.fp8
         # sharded weights gathered before use (`_sharded.ParamGathers`), or None: each layer's weight is whole
         self.gathers = None
+        self.settling = False  # a sharded stage that settles earlier reductions after each layer (`_sharded`)
         if plan.tp_comm_overlap and self.tp_group is not None:
             for size in {len(samples) for samples in plan.microbatches}:
                 overlap_layer_collectives(self.tp_group, model.device, model.workload, size)
@@ -415,6 +416,8 @@ class _Stage:
             if gathers is not None:
                 del weight
                 gathers.after_backward(layer, self.left[layer] == 0)
+                if self.settling:
+                    await self.settle()  # type: ignore[attr-defined]
             if tp_group is not None and (split or not async_reduce):
                 # after the backward GEMMs (Megatron-LM before September 2021: autograd all-reduces the
                 # input gradient once the column-parallel layer's backward has run)
