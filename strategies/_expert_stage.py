@@ -12,6 +12,18 @@ Each MoE layer of a forward is the round trip of `strategies/moe.py`: route, dis
 the EP group, the shared experts during the dispatch (DeepSeek-V3, sec. 3.2.2), the local experts, the
 all-to-all back, combine; its backward the same the other way. Every replica of a stage runs the same
 schedule, so the EP peers reach each layer's all-to-all of each microbatch in the same order.
+
+With tensor parallelism (`tp` > 1, sequence-parallel as Megatron-Core requires of MoE with TP), the expert
+grid is Megatron-Core's (megatron/core/parallel_state.py, `initialize_model_parallel`: the expert rank
+generator of order tp-ep-dp over the same ranks as the dense one, with expert-TP x EP x expert-DP = the
+ranks of a stage): with expert TP 1, the EP groups are `ep` consecutive ranks of the stage's dp x tp, TP
+ranks included, each holding its own sequence part of its replica's tokens (`dist_lib/model/expert_parts.py`).
+An MoE layer on TP rank t: the attention on its TP slice, whose partial output the TP group reduce-scatters
+along the sequence (an all-to-all of the pieces, then `reduce_routed`), the round trip of part t's tokens
+over the EP group, and the all-gather of the combined parts in the TP group (the next layer's
+sequence-parallel all-gather; at a stage's end, the scatter-gather message's pieces as they are). Backward:
+each TP rank cuts its part of the output gradient, and the dense part's input gradient is all-reduced in the
+TP group as a dense layer's.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dist_lib import Model, Work
+from dist_lib.tensors import spread_mask
 
 from ._layout import Layout, microbatches, replica_samples
 from ._pipeline import StagePlan, _Stage
@@ -27,35 +40,40 @@ from ._pipeline import StagePlan, _Stage
 
 @dataclass(frozen=True)
 class ExpertPlan:
-    """Where this rank's experts and EP peers are, in a (pp, dp, tp=1) layout."""
+    """Where this rank's experts and EP peers are, in a (pp, dp, tp) layout with expert TP 1."""
 
     ep_group: tuple[int, ...]  # the ranks that exchange tokens, in the order of the experts they hold
     expert_dp_group: tuple[int, ...]  # the ranks that hold this rank's experts
     my_experts: range
     per_rank: int
     peer_microbatches: tuple[tuple[range, ...], ...]  # each EP peer's microbatches, in group order
+    peer_parts: tuple[int, ...] = ()  # each EP peer's sequence part (its TP rank), with tp > 1
+    tp: int = 1
 
     @classmethod
-    def build(cls, model: Model, layout: Layout, ep: int, microbatch_size: int) -> ExpertPlan:
+    def build(cls, model: Model, layout: Layout, ep: int, microbatch_size: int, etp: int = 1) -> ExpertPlan:
         moe = getattr(model, "moe", None)
         if moe is None:
             raise ValueError(f"ep={ep!r}: workload {model.workload.name} has no experts; ep= is for mixtures of "
                              f"experts (try mixtral-8x7b)")
-        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or layout.dp % ep or moe.experts % ep:
-            raise ValueError(f"ep={ep!r} must be a whole number dividing both dp={layout.dp} (the EP groups are laid "
-                             f"over the data-parallel replicas) and the {moe.experts} experts")
-        if layout.tp > 1:
-            raise ValueError(f"ep={ep} with tp={layout.tp}: the MoE layers have no tensor-parallel split (neither "
-                             f"attention nor expert TP); use tp=1 with ep")
-        replica, stage, _ = layout.coords(model.rank)
-        first_replica, index = replica - replica % ep, replica % ep
+        tp, ranks = layout.tp, layout.dp * layout.tp  # a stage's ranks, in the dense grid's order (TP fastest)
+        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or ranks % ep or moe.experts % ep:
+            over = f"dp={layout.dp}" if tp == 1 else f"dp x tp = {ranks}"
+            raise ValueError(f"ep={ep!r} must be a whole number dividing both {over} (the EP groups are laid "
+                             f"over the ranks of a pipeline stage) and the {moe.experts} experts")
+        check_etp(etp, tp)
+        replica, stage, tp_rank = layout.coords(model.rank)
+        at = replica * tp + tp_rank  # this rank's place among its stage's ranks
+        first, index = at - at % ep, at % ep
         per_rank = moe.experts // ep
-        peers = range(first_replica, first_replica + ep)
-        return cls(ep_group=tuple(layout.rank(r, stage) for r in peers),
-                   expert_dp_group=tuple(layout.rank(r, stage) for r in range(index, layout.dp, ep)),
+        peers = range(first, first + ep)
+        base = layout.rank(0, stage)
+        return cls(ep_group=tuple(base + i for i in peers),
+                   expert_dp_group=tuple(base + i for i in range(index, ranks, ep)),
                    my_experts=range(index * per_rank, (index + 1) * per_rank), per_rank=per_rank,
-                   peer_microbatches=tuple(microbatches(*replica_samples(model.global_batch_size, layout.dp, r),
-                                                        microbatch_size) for r in peers))
+                   peer_microbatches=tuple(microbatches(*replica_samples(model.global_batch_size, layout.dp, i // tp),
+                                                        microbatch_size) for i in peers),
+                   peer_parts=tuple(i % tp for i in peers), tp=tp)
 
     def experts_of(self, i: int) -> range:
         """The experts of the i-th member of the EP group."""
@@ -85,32 +103,49 @@ class _ExpertStage(_Stage):
         ep = len(self.peers)
         mine = list(experts.my_experts)
         # what each all-to-all must deliver here, per microbatch: from each peer, its tokens for my experts
-        # (dispatch, output gradient), or my tokens back from its experts (expert output, input gradient)
-        self.to_experts = [{"expect": [peer[mb] for peer in experts.peer_microbatches], "expect_experts": [mine] * ep}
-                           for mb in range(len(plan.microbatches))]
-        self.from_experts = [{"expect": [samples] * ep, "expect_experts": [experts.experts_of(i) for i in range(ep)]}
+        # (dispatch, output gradient), or my tokens back from its experts (expert output, input gradient); under
+        # TP the pieces hold sequence parts, which the op's sample check does not name (combine checks them)
+        tp = experts.tp
+        self.to_experts = [{"expect": [peer[mb] for peer in experts.peer_microbatches] if tp == 1 else None,
+                            "expect_experts": [mine] * ep} for mb in range(len(plan.microbatches))]
+        self.from_experts = [{"expect": [samples] * ep if tp == 1 else None,
+                              "expect_experts": [experts.experts_of(i) for i in range(ep)]}
                              for samples in plan.microbatches]
 
     async def forward(self, chunk: int, mb: int) -> None:
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
         x = await self._input(chunk, mb)
+        tp_group, modes = self.tp_group, self.modes
         for layer in layers:
             if layer in self.experts:
                 x = await self._moe_forward(layer, x, mb)
+                if tp_group is not None and not (layer == layers[-1] and self._sends_piece(k)):
+                    x = await model.all_gather(x, tp_group)  # the parts whole again, for the next layer
             else:
                 self.kept[layer][mb] = x
-                x = model.forward(layer, x, self.weights[layer][0])
+                x = model.forward(layer, x, self.weights[layer][0], **modes)
+                if tp_group is not None:
+                    x = await model.all_reduce(x, tp_group)
         if k == self.virtual - 1:
-            self.loss_grads[mb] = model.loss(x)
+            self.loss_grads[mb] = model.loss(x, tp_rank=plan.tp_rank, tp_size=self.tp)
         elif self.explicit:
             self.outbox[("activation", chunk, mb)] = x
+        elif x.tp_size > 1:  # this TP rank's part of an MoE layer's output: the scatter-gather piece itself
+            self.sends.append(model.send(x, self._peer(k + 1)))
         else:
             self._send_to(x, k + 1, "activation")
+
+    def _sends_piece(self, k: int) -> bool:
+        """Does virtual stage k hand its output on as this TP rank's piece (scatter-gather to another rank)?"""
+        return (self.scatter_gather and not self.explicit and k < self.virtual - 1
+                and self._peer(k + 1) != self.model.rank)
 
     async def _moe_forward(self, layer: int, x, mb: int):
         model, weight = self.model, self.weights[layer][0]
         routed = model.route(layer, x, weight)
+        if self.tp_group is not None:  # the attention output reduce-scattered along the sequence
+            routed = model.reduce_routed(await model.all_to_all(routed, self.plan.tp_group))
         sending = [model.dispatch(routed, self.expert_plan.experts_of(i)) for i in range(len(self.peers))]
         arriving = model.all_to_all(sending, self.peers, **self.to_experts[mb])
         del sending
@@ -129,23 +164,43 @@ class _ExpertStage(_Stage):
                              f"choose a schedule without one")
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
-        grad = await self._output_grad(chunk, mb)  # (no TP with experts: the loss's gradient as it is)
+        grad = await self._output_grad(chunk, mb)
+        tp_group = self.tp_group
         for layer in reversed(layers):
             if layer in self.experts:
                 weight_grad, grad_in = await self._moe_backward(layer, grad, mb)
+                self._accumulate(layer, weight_grad)
+                del weight_grad
+                if tp_group is not None:  # the dense part's partial input gradient, as a dense layer's
+                    grad_in = await model.all_reduce(grad_in, tp_group)
             else:
-                weight_grad, grad_in = model.backward(layer, self.kept[layer].pop(mb), grad, self.weights[layer][0])
-            self._accumulate(layer, weight_grad)
-            del weight_grad
+                grad_in = await self._dense_backward(layer, grad, mb)
             grad = grad_in
         if k > 0 and self.explicit:
             self.outbox[("activation gradient", chunk, mb)] = grad
         elif k > 0:
             self._send_to(grad, k - 1, "activation gradient")
 
+    async def _dense_backward(self, layer: int, grad, mb: int):
+        """A dense layer's backward, its TP collectives as `_Stage.backward` runs them (sequence-parallel
+        all-gathers of the output gradient, the input gradient all-reduced beside the weight gradient)."""
+        model, x, weight = self.model, self.kept[layer].pop(mb), self.weights[layer][0]
+        if self.tp_group is None:
+            weight_grad, grad_in = model.backward(layer, x, grad, weight)
+            self._accumulate(layer, weight_grad)
+            return grad_in
+        if self.plan.sequence_parallel:
+            grad = await self._gather_sequence_parallel_grad(grad)
+        reducing = model.all_reduce(model.backward_input(layer, x, grad, weight), self.tp_group)
+        self._accumulate(layer, model.backward_weight(layer, x, grad, weight))
+        return await reducing
+
     async def _moe_backward(self, layer: int, grad, mb: int):
         model, (x, routed, tokens) = self.model, self.kept[layer].pop(mb)
-        cut = [model.combine_backward(routed, grad, self.expert_plan.experts_of(i)) for i in range(len(self.peers))]
+        # under TP, this rank's sequence part of the output gradient
+        piece = grad if self.tp_group is None else model.split_tp(grad, self.plan.tp_rank, self.tp)
+        cut = [model.combine_backward(routed, piece, self.expert_plan.experts_of(i)) for i in range(len(self.peers))]
+        del piece
         output_grads = await model.all_to_all(cut, self.peers, **self.to_experts[mb])
         del cut
         input_grads = []
@@ -180,9 +235,37 @@ class _ExpertStage(_Stage):
             model.set_final_experts(layer, new_weight)
 
 
+def check_etp(etp: object, tp: int) -> None:
+    """Expert tensor parallelism: Megatron-Core's `--expert-tensor-parallel-size`, which defaults to the TP
+    size when unset (megatron/training/arguments.py and megatron/core/model_parallel_config.py,
+    `if expert_tensor_parallel_size is None: ... = tensor_model_parallel_size`); recent MoE recipes set it
+    to 1 (Megatron-Core MoE README, "Recommended to set to 1 for fine-grained MoE models"). Only 1 is
+    modelled: each rank holds its experts whole."""
+    if isinstance(etp, bool) or not isinstance(etp, int) or etp < 1:
+        raise ValueError(f"etp must be a whole number >= 1 (the expert tensor-parallel size), got {etp!r}")
+    if etp != 1:
+        default = f" (Megatron-Core's default when unset: the TP size, tp={tp})" if etp == tp else ""
+        raise ValueError(f"etp={etp}{default}: splitting each expert over {etp} ranks (expert tensor parallelism) "
+                         f"is not modelled yet; set etp=1 (--expert-tensor-parallel-size 1): the attention stays "
+                         f"split over tp={tp} and each expert whole on its EP rank")
+
+
+def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None:
+    """The options an MoE stage does not cover, refused by name; sequence parallelism required with TP, as
+    Megatron-Core's `MoELayer.forward` requires it (megatron/core/transformer/moe/moe_layer.py)."""
+    given = dict(options)
+    if tp > 1 and not given.get("sequence_parallel"):
+        raise ValueError(f"tp={tp} with a mixture-of-experts workload needs sequence_parallel=True (Megatron-Core "
+                         f"refuses MoE with TP without sequence parallelism: each TP rank routes its part of the "
+                         f"sequence)")
+    if tp == 1 and given.get("sequence_parallel"):
+        raise ValueError("sequence_parallel=True needs tp > 1 (it splits the sequence over the TP ranks)")
+    check_expert_modes([(name, value) for name, value in options if name != "sequence_parallel"])
+
+
 def check_expert_modes(options: Sequence[tuple[str, object]]) -> None:
     """The pipeline options an MoE stage does not cover, refused by name."""
     for name, value in options:
         if value:
             raise ValueError(f"{name}={value!r} is not covered with a mixture-of-experts workload (its MoE layers "
-                             f"keep their stash and run without tensor parallelism); leave {name} off")
+                             f"keep their stash: no recompute of the token round trip yet); leave {name} off")

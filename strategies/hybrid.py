@@ -21,7 +21,7 @@ from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._context import run_context_stage
-from ._expert_stage import ExpertPlan, check_expert_modes, run_expert_stage
+from ._expert_stage import ExpertPlan, check_expert_options, run_expert_stage
 from ._layout import Layout, declared_grid
 from ._plan import build_plan
 from ._frameworks import framework_defaults
@@ -39,7 +39,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 kv_exchange: str = "ring", ep: int | None = None, distributed_optimizer: bool = False,
                 overlap_param_gather: bool = False, fsdp: bool = False,
                 replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
-                tp_comm_overlap: bool = False, framework: str | None = None) -> None:
+                tp_comm_overlap: bool = False, framework: str | None = None, etp: int | None = None) -> None:
     if framework is not None:  # the framework's defaults for the options left at hybrid's own (`_frameworks`)
         given = {k: v for k, v in locals().items() if k in _DEFAULTS and v != _DEFAULTS[k]}
         await train(model, **{**_DEFAULTS, **framework_defaults(framework, given, tp)})
@@ -72,11 +72,15 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
         if cp != 1 or sharding != "none" or fp8 is not None:
             raise ValueError("experts (ep) run without cp, distributed_optimizer, fsdp and fp8 (not modelled "
                              "together yet)")
-        check_expert_modes((("recompute", recompute), ("selective_recompute", selective_recompute),
-                            ("sequence_parallel", sequence_parallel)))
+        check_expert_options(tp, (("recompute", recompute), ("selective_recompute", selective_recompute),
+                                  ("sequence_parallel", sequence_parallel)))
         layout = Layout.build(model.world_size, dp, pp, tp)
-        await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size))
+        await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size,
+                                                             tp if etp is None else etp))
         return
+    if etp is not None:
+        raise ValueError(f"etp={etp!r} is the experts' tensor-parallel size; workload {model.workload.name} has no "
+                         f"experts")
     if cp != 1:
         await run_context_stage(model, plan)
         return

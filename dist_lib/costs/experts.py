@@ -21,12 +21,15 @@ PASSES = ("forward", "input", "weight")
 
 
 def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: str, *,
-                routed: bool = True, shared: bool = True, attention: bool = True) -> list[tuple[float, float, float]]:
+                routed: bool = True, shared: bool = True, attention: bool = True,
+                sequence_parallel: bool = False) -> list[tuple[float, float, float]]:
     """(M, N, K) of a layer's weight GEMMs on one TP rank for `samples` samples, in the pass `pass_`
     ("forward", "input" gradient, "weight" gradient; as `compute._weight_gemm_shapes`). Attention is one
     GEMM per projection's parameters (its QKV/MLA projections split by columns over TP, W_o by rows); the
     routed experts, when `routed`, one GEMM over the k x tokens they receive under uniform routing (with
-    all experts local, a grouped GEMM does the same work)."""
+    all experts local, a grouped GEMM does the same work). With `sequence_parallel` the router, which is
+    not split over TP, runs on this rank's 1/tp of the sequence (Megatron-Core routes the sequence-parallel
+    part each TP rank holds)."""
     moe, h = workload.moe, workload.hidden
     tokens = samples * workload.seq_len
     params = moe_layers.attention_params(moe, h, workload.heads)
@@ -36,7 +39,7 @@ def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: st
         forward += [(tokens, 2 * f / tp, h), (tokens, h, f / tp)]
     else:
         if attention:
-            forward.append((tokens, moe.experts, h))  # the router
+            forward.append((tokens / tp if sequence_parallel else tokens, moe.experts, h))  # the router
         if moe.shared_experts and shared:
             f = moe.shared_experts * moe.shared_width
             forward += [(tokens, 2 * f / tp, h), (tokens, h, f / tp)]

@@ -17,26 +17,32 @@ def _gemms(device: Device, workload: Workload, shapes: list[tuple[float, float, 
     return seconds, sum(2.0 * m * n * k for m, n, k in shapes)
 
 
-def route_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool) -> tuple[float, float]:
+def route_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool,
+               tp: int = 1) -> tuple[float, float]:
     """(seconds, FLOPs) of an MoE layer's attention and router for `samples` samples, forward or backward
-    (the attention core and the memory-bound kernels as in `compute.forward_time`)."""
+    (the attention core and the memory-bound kernels as in `compute.forward_time`), on one of `tp` TP ranks:
+    attention split over TP as in a dense layer, sequence-parallel (Megatron-Core runs MoE with TP only with
+    sequence parallelism), the router on this rank's sequence part."""
     passes = ("input", "weight") if backward else ("forward",)
     seconds = flops = 0.0
     for pass_ in passes:
-        s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, 1, pass_, routed=False,
-                                                            shared=False))
+        s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, tp, pass_, routed=False,
+                                                            shared=False, sequence_parallel=tp > 1))
         seconds, flops = seconds + s, flops + f
-    core = compute._attention_time(device, workload, samples, 1, backward=backward)
-    seconds += core + compute._stream_time(device, samples * workload.elementwise_bytes(1, backward=backward))
-    flops += workload.attention_core_flops() * samples * (2 if backward else 1)
-    return compute._layer_pass(workload, 1, seconds), flops
+    core = compute._attention_time(device, workload, samples, tp, backward=backward)
+    seconds += core + compute._stream_time(device, samples * workload.elementwise_bytes(tp, tp > 1,
+                                                                                       backward=backward))
+    flops += workload.attention_core_flops() * samples * (2 if backward else 1) / tp
+    return compute._layer_pass(workload, tp, seconds), flops
 
 
-def shared_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool) -> tuple[float, float]:
-    """(seconds, FLOPs) of a layer's shared experts on every token of `samples` samples."""
+def shared_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool,
+                tp: int = 1) -> tuple[float, float]:
+    """(seconds, FLOPs) of a layer's shared experts on every token of `samples` samples (their width split
+    over `tp` TP ranks, as Megatron-Core's shared experts are)."""
     seconds = flops = 0.0
     for pass_ in (("input", "weight") if backward else ("forward",)):
-        s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, 1, pass_, routed=False,
+        s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, tp, pass_, routed=False,
                                                             attention=False))
         seconds, flops = seconds + s, flops + f
     return seconds, flops

@@ -33,11 +33,12 @@ from dist_lib.costs import moe_ops
 from dist_lib.engine.core import Engine
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
+from dist_lib.model.expert_parts import ExpertParts
 from dist_lib.model.handle import Model
 from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptState, ExpertWeight, Routed, Stash,
-                              Tokens, WeightGrad, describe_mask, full_mask, mask_runs)
+                              Tokens, WeightGrad, collapse_mask, describe_mask, full_mask)
 from dist_lib.workload import moe as moe_layers
-from dist_lib.workload.routing import buffer_tokens, expert_loads
+from dist_lib.workload.routing import expert_loads
 
 
 class ExpertBooks:
@@ -90,8 +91,9 @@ class ExpertBooks:
         return out
 
 
-class MoEModel(Model):
-    """`Model` for a mixture-of-experts workload: the ops of the module docstring beside `Model`'s."""
+class MoEModel(ExpertParts, Model):
+    """`Model` for a mixture-of-experts workload: the ops of the module docstring beside `Model`'s (under
+    tensor parallelism, with those of `ExpertParts`)."""
 
     __slots__ = ("_books", "moe")
 
@@ -155,9 +157,11 @@ class MoEModel(Model):
             if t.layer != layer or t.experts != opt_state.experts:
                 raise TensorError(f"{where}: {name} {t!r} is not layer {layer}'s experts "
                                   f"{describe_mask(opt_state.experts)}")
-        if grad.samples != self._full_batch:
-            raise TensorError(f"{where}: the gradient holds the tokens of samples {describe_mask(grad.samples)} "
-                              f"but not {describe_mask(self._full_batch & ~grad.samples)}; all_reduce it over the "
+        complete, parts, missing = self._expert_grad_complete(grad.samples)
+        if not complete:
+            held = "samples" if parts == 1 else f"sample parts (sample s part j is s * {parts} + j)"
+            raise TensorError(f"{where}: the gradient holds the tokens of {held} {describe_mask(grad.samples)} "
+                              f"but not {describe_mask(missing)}; all_reduce it over the "
                               f"ranks that hold the same experts (the expert-data-parallel group) first")
         key = (self.rank, layer, opt_state.experts)
         if key in self._books.updated or weight.step:
@@ -186,13 +190,16 @@ class MoEModel(Model):
         return expert_loads(self.moe, layer, samples.start if isinstance(samples, range) else min(samples),
                             len(samples) * self.workload.seq_len)
 
-    def route(self, layer: int, act: Activation, weight: Any) -> Routed:
-        """An MoE layer's attention and router on `act` (its stash kept on `act`, as `forward` keeps it)."""
+    def route(self, layer: int, act: Activation, weight: Any) -> Routed | list[Routed]:
+        """An MoE layer's attention and router on `act` (its stash kept on `act`, as `forward` keeps it).
+        With a TP slice of the weight: one partial piece per sequence part (`ExpertParts`)."""
         where = f"rank {self.rank} route(layer {layer})"
         self._moe_layer(layer, where)
         self._check_compute("route", layer, act, weight, layer)
         if act.has_stash:
             raise TensorError(f"{where}: {act!r} already carries layer {layer}'s stash; route each input once")
+        if weight.tp_size > 1:
+            return self._route_tp(layer, act, weight)
         n = act.samples.bit_count()
         seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, backward=False)
         self._advance("route", layer, act.samples, seconds, flops)
@@ -209,8 +216,9 @@ class MoEModel(Model):
             raise TensorError(f"{where}: workload {self.workload.name} has no shared experts")
         if routed.shared:
             raise TensorError(f"{where}: the shared experts already ran on samples {describe_mask(routed.samples)}")
-        seconds, flops = moe_ops.shared_cost(self.device, self.workload, layer, routed.samples.bit_count(), False)
-        self._advance("shared_experts", layer, routed.samples, seconds, flops)
+        seconds, flops = moe_ops.shared_cost(self.device, self.workload, layer, routed.samples.bit_count(), False,
+                                             tp=routed.parts)
+        self._advance("shared_experts", layer, collapse_mask(routed.samples, routed.parts), seconds, flops)
         routed.shared = True
 
     def dispatch(self, routed: Routed, experts: range | Iterable[int]) -> Tokens:
@@ -224,7 +232,7 @@ class MoEModel(Model):
                               f"{describe_mask(routed.dispatched & mask)} were already dispatched; each token goes "
                               f"to each of its experts once")
         routed.dispatched |= mask
-        return self._tokens("dispatch", routed.layer, routed.samples, mask, "dispatched")
+        return self._tokens("dispatch", routed.layer, routed.samples, mask, "dispatched", routed.parts)
 
     def expert_forward(self, layer: int, pieces: Sequence[Tokens], weight: ExpertWeight) -> list[Tokens]:
         """The local experts on the tokens dispatched to them (one grouped GEMM over every piece), the stash
@@ -233,8 +241,11 @@ class MoEModel(Model):
         self._check_experts_weight(weight, layer, where)
         pieces = list(pieces)
         seen = 0
+        parts = pieces[0].parts if pieces and type(pieces[0]) is Tokens else 1
         for t in pieces:
             self._check_tokens(t, layer, "dispatched", where)
+            if t.parts != parts:
+                raise TensorError(f"{where}: {t!r} and {pieces[0]!r} split their samples into different sequence parts")
             if t.experts != weight.experts:
                 raise TensorError(f"{where}: {t!r} holds tokens for experts {describe_mask(t.experts)}, but this "
                                   f"rank holds experts {describe_mask(weight.experts)}: they were dispatched to the "
@@ -248,19 +259,21 @@ class MoEModel(Model):
             raise TensorError(f"{where}: no token pieces given")
         tokens = self._local_tokens(layer, pieces, weight.experts)
         seconds, flops = moe_ops.experts_cost(self.device, self.workload, tokens, backward=False)
-        self._advance("expert_forward", layer, seen, seconds, flops, detail=_counts(weight.experts, tokens))
+        self._advance("expert_forward", layer, collapse_mask(seen, parts), seconds, flops,
+                      detail=_counts(weight.experts, tokens))
         mem = self._mem
         mem.context = ("expert_forward", layer)
         per_token = self._expert_stash_per_token()
         outs = []
         for t in pieces:
-            t._stash = Stash(mem, self._slots(layer, t.samples, t.experts) * per_token, 0, 1, "none")
-            outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output"))
+            t._stash = Stash(mem, self._slots(layer, t.samples, t.experts, parts) * per_token, 0, 1, "none")
+            outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output", parts))
         return outs
 
     def combine(self, routed: Routed, pieces: Sequence[Tokens]) -> Activation:
         """The layer's output for the samples of `routed`: every expert's output for its tokens, exactly once
-        each (and the shared experts' output), weighted by the router and summed with the residual."""
+        each (and the shared experts' output), weighted by the router and summed with the residual (under
+        TP, this rank's sequence part of it: a TP piece, `ExpertParts._combined`)."""
         layer = routed.layer if isinstance(routed, Routed) else "?"
         where = f"rank {self.rank} combine(layer {layer})"
         self._check_routed(routed, layer, where)
@@ -274,10 +287,10 @@ class MoEModel(Model):
         routed.combined = True
         nbytes = sum(t.nbytes for t in pieces)
         from dist_lib.costs.compute import compute_time
-        self._advance("combine", layer, routed.samples, compute_time(self.device, 0.0, 2.0 * nbytes), 0.0, nbytes)
+        self._advance("combine", layer, collapse_mask(routed.samples, routed.parts),
+                      compute_time(self.device, 0.0, 2.0 * nbytes), 0.0, nbytes)
         self._mem.context = ("combine", layer)
-        return Activation(self._mem, routed.samples.bit_count() * self._act_bytes, self.rank, layer + 1,
-                          routed.samples)
+        return self._combined(routed)
 
     # ---- backward ------------------------------------------------------------------------------
 
@@ -286,17 +299,13 @@ class MoEModel(Model):
         layer = routed.layer if isinstance(routed, Routed) else "?"
         where = f"rank {self.rank} combine_backward(layer {layer})"
         self._check_routed(routed, layer, where, combined=True)
-        if type(grad) is not ActivationGrad or grad.layer != layer + 1 or grad.samples != routed.samples \
-                or grad.is_partial:
-            raise TensorError(f"{where}: expected the complete ActivationGrad of layer {layer + 1} for samples "
-                              f"{describe_mask(routed.samples)}, got {grad!r}")
-        self._check_own(grad, where)
+        self._check_output_grad(routed, grad, where)
         mask = self._experts_mask(experts, where)
         if routed.grads_sent & mask or mask & ~routed.dispatched:
             raise TensorError(f"{where}: experts {describe_mask(mask)}: their output gradient was already cut, or "
                               f"their tokens were never dispatched")
         routed.grads_sent |= mask
-        return self._tokens("combine_backward", layer, routed.samples, mask, "output grad")
+        return self._tokens("combine_backward", layer, routed.samples, mask, "output grad", routed.parts)
 
     def expert_backward(self, layer: int, tokens: Tokens, grad: Tokens,
                         weight: ExpertWeight) -> tuple[ExpertGrad, Tokens]:
@@ -314,14 +323,16 @@ class MoEModel(Model):
                               f"same samples and experts")
         counts = self._local_tokens(layer, [tokens], weight.experts)
         seconds, flops = moe_ops.experts_cost(self.device, self.workload, counts, backward=True)
-        self._advance("expert_backward", layer, tokens.samples, seconds, flops, detail=_counts(weight.experts, counts))
+        self._advance("expert_backward", layer, collapse_mask(tokens.samples, tokens.parts), seconds, flops,
+                      detail=_counts(weight.experts, counts))
         tokens._stash = None
         mem = self._mem
         mem.context = ("expert_backward", layer)
         params = weight.experts.bit_count() * self._books.expert_params
         nbytes = int(params * WEIGHT_BYTES * self.workload.grad_bytes_per_element / self.workload.bytes_per_element)
         return (ExpertGrad(mem, nbytes, self.rank, layer, tokens.samples, 1, 1, 0, 1, weight.experts),
-                Tokens(mem, tokens.nbytes, self.rank, layer, tokens.samples, tokens.experts, "input grad"))
+                Tokens(mem, tokens.nbytes, self.rank, layer, tokens.samples, tokens.experts, "input grad",
+                       tokens.parts))
 
     def route_backward(self, layer: int, act: Activation, grad: ActivationGrad, routed: Routed,
                        pieces: Sequence[Tokens], weight: Any) -> tuple[WeightGrad, ActivationGrad]:
@@ -330,20 +341,25 @@ class MoEModel(Model):
         where = f"rank {self.rank} route_backward(layer {layer})"
         self._check_routed(routed, layer, where, combined=True)
         self._check_compute("route_backward", layer, act, weight, layer)
-        if act.samples != routed.samples or act._stash is None:
-            raise TensorError(f"{where}: {act!r} is not the routed input of samples {describe_mask(routed.samples)} "
+        samples, p = collapse_mask(routed.samples, routed.parts), routed.parts
+        if act.samples != samples or act._stash is None:
+            raise TensorError(f"{where}: {act!r} is not the routed input of samples {describe_mask(samples)} "
                               f"with its stash")
-        if type(grad) is not ActivationGrad or grad.layer != layer + 1 or grad.samples != act.samples:
-            raise TensorError(f"{where}: expected layer {layer + 1}'s ActivationGrad of samples "
+        if type(grad) is not ActivationGrad or grad.layer != layer + 1 or grad.samples != act.samples \
+                or grad.is_partial:
+            raise TensorError(f"{where}: expected layer {layer + 1}'s complete ActivationGrad of samples "
                               f"{describe_mask(act.samples)}, got {grad!r}")
+        if (weight.tp_size, weight.tp_rank) != (p, self._part_of(routed) if p > 1 else 0):
+            raise TensorError(f"{where}: {weight!r} is not the TP slice that routed sequence part "
+                              f"{self._part_of(routed) if p > 1 else 0} of {p}")
         back = self._cover(pieces, routed, "input grad", where, "input gradient")
         if back != routed.dispatched:
             raise TensorError(f"{where}: experts {describe_mask(routed.dispatched & ~back)} have not returned the "
                               f"input gradient of samples {describe_mask(routed.samples)}")
         n = act.samples.bit_count()
-        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, backward=True)
+        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, True, tp=p)
         if self.moe.shared_experts:
-            more = moe_ops.shared_cost(self.device, self.workload, layer, n, True)
+            more = moe_ops.shared_cost(self.device, self.workload, layer, n, True, tp=p)
             seconds, flops = seconds + more[0], flops + more[1]
         self._advance("route_backward", layer, act.samples, seconds, flops)
         act._stash = None
@@ -376,6 +392,9 @@ class MoEModel(Model):
         if type(routed) is not Routed:
             raise TensorError(f"{where}: expected the Routed tensor route() returned, got {routed!r}")
         self._check_own(routed, where)
+        if routed.is_partial:
+            raise TensorError(f"{where}: {routed!r} holds TP partial sums of the attention output; all_to_all "
+                              f"route()'s pieces in the TP group and reduce_routed them first")
         if routed.combined and not combined:
             raise TensorError(f"{where}: the tokens of samples {describe_mask(routed.samples)} were already combined")
         if combined and not routed.combined:
@@ -406,36 +425,13 @@ class MoEModel(Model):
             back |= t.experts
         return back
 
-    def _slots(self, layer: int, samples: int, experts: int) -> int:
-        """Token slots of the dispatch buffer of `samples`' tokens for `experts`, microbatch by microbatch
-        (each run of samples is one microbatch of the routing)."""
-        seq = self.workload.seq_len
-        chosen = [e for e in range(self.moe.experts) if experts >> e & 1]
-        total = 0
-        for first, stop in mask_runs(samples):
-            loads = expert_loads(self.moe, layer, first, (stop - first) * seq)
-            total += buffer_tokens(self.moe, loads, chosen, (stop - first) * seq)
-        return total
-
-    def _local_tokens(self, layer: int, pieces: Sequence[Tokens], experts: int) -> list[int]:
-        """Token slots each local expert computes over these pieces (padded to the capacity when one is set)."""
-        seq = self.workload.seq_len
-        counts = [0] * experts.bit_count()
-        chosen = [e for e in range(self.moe.experts) if experts >> e & 1]
-        for t in pieces:
-            for first, stop in mask_runs(t.samples):
-                loads = expert_loads(self.moe, layer, first, (stop - first) * seq)
-                cap = self.moe.capacity((stop - first) * seq)
-                for i, e in enumerate(chosen):
-                    counts[i] += cap or loads[e]
-        return counts
-
-    def _tokens(self, op: str, layer: int, samples: int, experts: int, stage: str) -> Tokens:
-        nbytes = self._slots(layer, samples, experts) * self.workload.hidden * self.workload.bytes_per_element
+    def _tokens(self, op: str, layer: int, samples: int, experts: int, stage: str, parts: int) -> Tokens:
+        nbytes = self._slots(layer, samples, experts, parts) * self.workload.hidden * self.workload.bytes_per_element
         from dist_lib.costs.compute import compute_time
-        self._advance(op, layer, samples, compute_time(self.device, 0.0, 2.0 * nbytes), 0.0, nbytes)
+        self._advance(op, layer, collapse_mask(samples, parts), compute_time(self.device, 0.0, 2.0 * nbytes), 0.0,
+                      nbytes)
         self._mem.context = (op, layer)
-        return Tokens(self._mem, nbytes, self.rank, layer, samples, experts, stage)
+        return Tokens(self._mem, nbytes, self.rank, layer, samples, experts, stage, parts)
 
     def _dense_stash(self, layer: int) -> int:
         """One sample's stash of the dense part: the layer's stash without the routed experts' (which the

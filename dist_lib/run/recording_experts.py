@@ -15,6 +15,9 @@ a range and a list of the same experts record alike):
     COMBINE_BACKWARD routed grad c (start stop) x c    -> tokens (the output gradient for those experts)
     EXPERT_BACKWARD layer tokens grad weight           -> expert gradient, tokens (input gradient)
     ROUTE_BACKWARD layer act grad routed weight k piece x k -> weight gradient, activation gradient
+    REDUCE_ROUTED k piece x k                          -> routed (after the context ops' opcodes)
+
+Under TP, ROUTE yields one handle per sequence part (its pieces, in order).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ EXPERT_OPCODES = ("load_experts", "update_experts", "set_final_experts", "route"
 FIRST_EXPERT_OPCODE = 26  # after recording.py's own
 (LOAD_EXPERTS, UPDATE_EXPERTS, FINAL_EXPERTS, ROUTE, SHARED_EXPERTS, DISPATCH, EXPERT_FORWARD, COMBINE,
  COMBINE_BACKWARD, EXPERT_BACKWARD, ROUTE_BACKWARD) = range(FIRST_EXPERT_OPCODE, FIRST_EXPERT_OPCODE + 11)
+# the MoE op added after the context ops (`recording_context.CONTEXT_OPCODES`, 4 of them), so that the
+# earlier opcodes keep their numbers
+EXPERT_TP_OPCODES = ("reduce_routed",)
+REDUCE_ROUTED = FIRST_EXPERT_OPCODE + 11 + 4
 EXPERT_QUERIES = ("expert_loads", "is_moe_layer")  # MoEModel methods that only answer (they decide nothing)
 
 
@@ -82,6 +89,15 @@ class ExpertOpsRecording:
     def route(self, layer: int, act: Any, weight: Any) -> Any:
         out = self._model.route(layer, self._t(act, "route"), self._t(weight, "route"))
         self._emit(ROUTE, layer, act._number, weight._number)
+        return self._wrap(out)
+
+    def reduce_routed(self, pieces: Any) -> Any:
+        listed = self._pieces(pieces, "reduce_routed")
+        if listed is None:
+            return self._model.reduce_routed(pieces)
+        handles, given = listed
+        out = self._model.reduce_routed(given)
+        self._emit(REDUCE_ROUTED, len(handles), *(p._number for p in handles))
         return self._wrap(out)
 
     def shared_experts(self, layer: int, routed: Any, weight: Any) -> None:

@@ -8,8 +8,8 @@ from array import array
 from typing import Any, Callable
 
 from dist_lib.run.recording_experts import (COMBINE, COMBINE_BACKWARD, DISPATCH, EXPERT_BACKWARD, EXPERT_FORWARD,
-                                            FINAL_EXPERTS, LOAD_EXPERTS, ROUTE, ROUTE_BACKWARD, SHARED_EXPERTS,
-                                            UPDATE_EXPERTS)
+                                            FINAL_EXPERTS, LOAD_EXPERTS, REDUCE_ROUTED, ROUTE, ROUTE_BACKWARD,
+                                            SHARED_EXPERTS, UPDATE_EXPERTS)
 
 # operands after the opcode, for the fixed-size entries
 EXPERT_ARITY = {UPDATE_EXPERTS: 4, FINAL_EXPERTS: 2, ROUTE: 3, SHARED_EXPERTS: 3, EXPERT_BACKWARD: 4}
@@ -31,7 +31,8 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         elif op == FINAL_EXPERTS:
             model.set_final_experts(small(1), get(2))
         elif op == ROUTE:
-            table.append(model.route(small(1), get(2), get(3)))
+            out = model.route(small(1), get(2), get(3))
+            table.extend(out) if out.__class__ is list else table.append(out)  # under TP: a piece per part
         elif op == SHARED_EXPERTS:
             model.shared_experts(small(1), get(2), get(3))
         else:
@@ -76,6 +77,9 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
     elif op == COMBINE:
         pieces, at = handles(i + 2)
         table.append(model.combine(get(1), pieces))
+    elif op == REDUCE_ROUTED:
+        pieces, at = handles(i + 1)
+        table.append(model.reduce_routed(pieces))
     elif op == ROUTE_BACKWARD:
         pieces, at = handles(i + 6)
         table.extend(model.route_backward(small(1), get(2), get(3), get(4), pieces, get(5)))
