@@ -77,45 +77,6 @@ def full_mask(n: int) -> int:
     return (1 << n) - 1
 
 
-def spread_mask(mask: int, parts: int, part: int) -> int:
-    """The tokens of sequence part `part` of `parts` of the samples of `mask`, as a mask over sample parts:
-    bit `s * parts + part` for each sample s (with one part, the mask itself). MoE token pieces under tensor
-    parallelism carry such masks: each TP rank holds one sequence part of its microbatch's tokens."""
-    if parts == 1:
-        return mask
-    out = 0
-    for first, stop in mask_runs(mask):
-        for s in range(first, stop):
-            out |= 1 << (s * parts + part)
-    return out
-
-
-def collapse_mask(mask: int, parts: int) -> int:
-    """The samples any of whose sequence parts a mask over sample parts holds (`spread_mask` undone)."""
-    if parts == 1:
-        return mask
-    out = 0
-    for first, stop in mask_runs(mask):
-        for bit in range(first, stop):
-            out |= 1 << (bit // parts)
-    return out
-
-
-def part_runs(mask: int, parts: int) -> list[tuple[int, int, int]]:
-    """A mask over sample parts as (first sample, stop sample, part) runs: the samples of each run hold the
-    same sequence part (with one part, the runs of the mask)."""
-    if parts == 1:
-        return [(a, b, 0) for a, b in mask_runs(mask)]
-    out = []
-    for part in range(parts):
-        lane = 0
-        for first, stop in mask_runs(mask):
-            for bit in range(first, stop):
-                if bit % parts == part:
-                    lane |= 1 << (bit // parts)
-        out += [(a, b, part) for a, b in mask_runs(lane)]
-    return out
-
 
 class Tensor(Buffer):
     """Base of every symbolic tensor: the rank that holds it, its layer, its samples, and (as a `Buffer`)
@@ -390,7 +351,7 @@ class Routed(Tensor):
     tokens' own rank: hidden states whose routed experts have not run yet (`Model.route`). Only `combine`
     with every expert's output makes the layer's output `Activation`; `combined` once it has. `shared`:
     whether the shared experts have run (`MoEModel.shared_experts`). Under tensor parallelism (`parts` > 1)
-    it holds one sequence part of each sample (`samples` is then a mask over sample parts, `spread_mask`),
+    it holds one sequence part of each sample (`samples` is then a mask over sample parts, `model.expert_parts.spread_mask`),
     and `tp_parts` the TP ranks whose partial sums it holds: complete when all `parts` of them."""
 
     __slots__ = ("combined", "shared", "dispatched", "grads_sent", "parts", "tp_parts")
@@ -421,7 +382,7 @@ class Tokens(Tensor):
     (after `expert_forward` it carries the experts' stash), "expert output" back from them, "output grad"
     (the gradient of that output) going to the experts, and "input grad" the experts' input gradient coming
     back. Its bytes are the token slots of the dispatch buffer, padded to the capacity when there is one.
-    Under tensor parallelism (`parts` > 1) `samples` is a mask over sample parts (`spread_mask`)."""
+    Under tensor parallelism (`parts` > 1) `samples` is a mask over sample parts (`model.expert_parts.spread_mask`)."""
 
     __slots__ = ("experts", "stage", "_stash", "parts")
     _released_first = ("_stash",)

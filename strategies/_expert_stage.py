@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dist_lib import Model, Work
-from dist_lib.tensors import spread_mask
 
 from ._layout import Layout, microbatches, replica_samples
 from ._pipeline import StagePlan, _Stage

@@ -16,7 +16,7 @@ megatron/core/transformer/moe/token_dispatcher.py). Here, on TP rank t of p:
 and backward: `combine_backward` takes piece t of the output gradient (`split_tp`); `route_backward` the whole
 gradient and returns this TP rank's weight-gradient slice and a partial input gradient (all-reduced in the TP
 group, as a dense layer's). Token pieces and expert gradients then hold masks over sample parts
-(`tensors.spread_mask`): bit s * p + t for sample s's part t, so that the experts' gradient is complete only
+(`spread_mask`): bit s * p + t for sample s's part t, so that the experts' gradient is complete only
 with every part of every sample.
 """
 
@@ -28,9 +28,49 @@ from typing import Any
 from dist_lib.costs import moe_ops
 from dist_lib.costs.compute import compute_time
 from dist_lib.errors import TensorError
-from dist_lib.tensors import (Activation, ActivationGradSlice, ActivationSlice, Routed, Stash, collapse_mask,
-                              describe_mask, full_mask, part_runs, spread_mask)
+from dist_lib.tensors import (Activation, ActivationGradSlice, ActivationSlice, Routed, Stash, describe_mask,
+                              full_mask, mask_runs)
 from dist_lib.workload.routing import buffer_tokens, expert_loads
+
+
+def spread_mask(mask: int, parts: int, part: int) -> int:
+    """The tokens of sequence part `part` of `parts` of the samples of `mask`, as a mask over sample parts:
+    bit `s * parts + part` for each sample s (with one part, the mask itself). MoE token pieces under tensor
+    parallelism carry such masks: each TP rank holds one sequence part of its microbatch's tokens."""
+    if parts == 1:
+        return mask
+    out = 0
+    for first, stop in mask_runs(mask):
+        for s in range(first, stop):
+            out |= 1 << (s * parts + part)
+    return out
+
+
+def collapse_mask(mask: int, parts: int) -> int:
+    """The samples any of whose sequence parts a mask over sample parts holds (`spread_mask` undone)."""
+    if parts == 1:
+        return mask
+    out = 0
+    for first, stop in mask_runs(mask):
+        for bit in range(first, stop):
+            out |= 1 << (bit // parts)
+    return out
+
+
+def part_runs(mask: int, parts: int) -> list[tuple[int, int, int]]:
+    """A mask over sample parts as (first sample, stop sample, part) runs: the samples of each run hold the
+    same sequence part (with one part, the runs of the mask)."""
+    if parts == 1:
+        return [(a, b, 0) for a, b in mask_runs(mask)]
+    out = []
+    for part in range(parts):
+        lane = 0
+        for first, stop in mask_runs(mask):
+            for bit in range(first, stop):
+                if bit % parts == part:
+                    lane |= 1 << (bit // parts)
+        out += [(a, b, part) for a, b in mask_runs(lane)]
+    return out
 
 
 class ExpertParts:

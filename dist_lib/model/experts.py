@@ -33,10 +33,10 @@ from dist_lib.costs import moe_ops
 from dist_lib.engine.core import Engine
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
-from dist_lib.model.expert_parts import ExpertParts
+from dist_lib.model.expert_parts import ExpertParts, collapse_mask
 from dist_lib.model.handle import Model
 from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptState, ExpertWeight, Routed, Stash,
-                              Tokens, WeightGrad, collapse_mask, describe_mask, full_mask)
+                              Tokens, WeightGrad, describe_mask, full_mask)
 from dist_lib.workload import moe as moe_layers
 from dist_lib.workload.routing import expert_loads
 
