@@ -351,7 +351,8 @@ class Routed(Tensor):
     tokens' own rank: hidden states whose routed experts have not run yet (`Model.route`). Only `combine`
     with every expert's output makes the layer's output `Activation`; `combined` once it has. `shared`:
     whether the shared experts have run (`MoEModel.shared_experts`). Under tensor parallelism (`parts` > 1)
-    it holds one sequence part of each sample (`samples` is then a mask over sample parts, `model.expert_parts.spread_mask`),
+    it holds one sequence part of each sample (`samples` is then a mask over sample parts,
+    `model.expert_parts.spread_mask`),
     and `tp_parts` the TP ranks whose partial sums it holds: complete when all `parts` of them."""
 
     __slots__ = ("combined", "shared", "dispatched", "grads_sent", "parts", "tp_parts")
