@@ -383,18 +383,22 @@ class Tokens(Tensor):
     (after `expert_forward` it carries the experts' stash), "expert output" back from them, "output grad"
     (the gradient of that output) going to the experts, and "input grad" the experts' input gradient coming
     back. Its bytes are the token slots of the dispatch buffer, padded to the capacity when there is one.
-    Under tensor parallelism (`parts` > 1) `samples` is a mask over sample parts (`model.expert_parts.spread_mask`)."""
+    Under tensor parallelism (`parts` > 1) `samples` is a mask over sample parts (`model.expert_parts.spread_mask`);
+    an expert-TP shard's output is a partial sum (`tp_parts` of `tp_size`) that `combine` sums."""
 
-    __slots__ = ("experts", "stage", "_stash", "parts")
+    __slots__ = ("experts", "stage", "_stash", "parts", "tp_parts", "tp_size")
     _released_first = ("_stash",)
     kind = "tokens"
     code = ACTIVATION  # memory.KINDS index
 
-    _args = ("rank", "layer", "samples", "experts", "stage", "parts", "_stash")
-    _defaults = (1, None)
+    # `tp_parts` of `tp_size`: the expert-TP shards whose partial sums an expert output or input gradient holds
+    _args = ("rank", "layer", "samples", "experts", "stage", "parts", "tp_parts", "tp_size", "_stash")
+    _defaults = (1, 1, 1, None)
 
     def _describe(self) -> str:
         parts = f", sequence parts of {self.parts}" if self.parts > 1 else ""
+        if self.tp_size > 1:
+            parts += f", expert-TP partial {describe_mask(self.tp_parts)} of {self.tp_size}"
         return (f", experts {describe_mask(self.experts)}, {self.stage}{parts}"
                 + (", with stash" if self._stash else ""))
 

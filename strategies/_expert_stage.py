@@ -39,15 +39,18 @@ from ._pipeline import StagePlan, _Stage
 
 @dataclass(frozen=True)
 class ExpertPlan:
-    """Where this rank's experts and EP peers are, in a (pp, dp, tp) layout with expert TP 1."""
+    """Where this rank's experts and exchange peers are, in a (pp, dp, tp) layout with expert TP `etp`:
+    Megatron-Core's expert grid (order tp-ep-dp over a stage's ranks, expert TP fastest)."""
 
-    ep_group: tuple[int, ...]  # the ranks that exchange tokens, in the order of the experts they hold
-    expert_dp_group: tuple[int, ...]  # the ranks that hold this rank's experts
+    ep_group: tuple[int, ...]  # the ranks that exchange tokens (EP positions x expert-TP shards), in order
+    expert_dp_group: tuple[int, ...]  # the ranks that hold this rank's experts (and expert-TP shard)
     my_experts: range
     per_rank: int
-    peer_microbatches: tuple[tuple[range, ...], ...]  # each EP peer's microbatches, in group order
-    peer_parts: tuple[int, ...] = ()  # each EP peer's sequence part (its TP rank), with tp > 1
+    peer_microbatches: tuple[tuple[range, ...], ...]  # each exchange peer's microbatches, in group order
+    peer_parts: tuple[int, ...] = ()  # each exchange peer's sequence part (its TP rank), with tp > 1
     tp: int = 1
+    etp: int = 1
+    etp_rank: int = 0
 
     @classmethod
     def build(cls, model: Model, layout: Layout, ep: int, microbatch_size: int, etp: int = 1) -> ExpertPlan:
@@ -56,27 +59,34 @@ class ExpertPlan:
             raise ValueError(f"ep={ep!r}: workload {model.workload.name} has no experts; ep= is for mixtures of "
                              f"experts (try mixtral-8x7b)")
         tp, ranks = layout.tp, layout.dp * layout.tp  # a stage's ranks, in the dense grid's order (TP fastest)
-        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or ranks % ep or moe.experts % ep:
+        check_etp(etp, moe.expert_ffn_hidden)
+        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or ranks % (ep * etp) or moe.experts % ep:
             over = f"dp={layout.dp}" if tp == 1 else f"dp x tp = {ranks}"
+            over += f" (with etp={etp}: {ranks} / etp)" if etp > 1 else ""
             raise ValueError(f"ep={ep!r} must be a whole number dividing both {over} (the EP groups are laid "
                              f"over the ranks of a pipeline stage) and the {moe.experts} experts")
-        check_etp(etp, tp)
         replica, stage, tp_rank = layout.coords(model.rank)
         at = replica * tp + tp_rank  # this rank's place among its stage's ranks
-        first, index = at - at % ep, at % ep
+        block = ep * etp  # the ranks that exchange tokens: every EP position, each expert-TP shard
+        first, position, etp_rank = at - at % block, at // etp % ep, at % etp
         per_rank = moe.experts // ep
-        peers = range(first, first + ep)
+        peers = range(first, first + block)
         base = layout.rank(0, stage)
         return cls(ep_group=tuple(base + i for i in peers),
-                   expert_dp_group=tuple(base + i for i in range(index, ranks, ep)),
-                   my_experts=range(index * per_rank, (index + 1) * per_rank), per_rank=per_rank,
+                   expert_dp_group=tuple(base + i for i in range(position * etp + etp_rank, ranks, block)),
+                   my_experts=range(position * per_rank, (position + 1) * per_rank), per_rank=per_rank,
                    peer_microbatches=tuple(microbatches(*replica_samples(model.global_batch_size, layout.dp, i // tp),
                                                         microbatch_size) for i in peers),
-                   peer_parts=tuple(i % tp for i in peers), tp=tp)
+                   peer_parts=tuple(i % tp for i in peers), tp=tp, etp=etp, etp_rank=etp_rank)
 
     def experts_of(self, i: int) -> range:
-        """The experts of the i-th member of the EP group."""
-        return range(i * self.per_rank, (i + 1) * self.per_rank)
+        """The experts of the i-th member of the exchange group (of EP position i // etp)."""
+        position = i // self.etp
+        return range(position * self.per_rank, (position + 1) * self.per_rank)
+
+    def to_each(self, pieces: list) -> list:
+        """The pieces for each EP position, to each of its expert-TP shards (the same tokens to each)."""
+        return [pieces[i // self.etp] for i in range(len(pieces) * self.etp)]
 
 
 def run_expert_stage(model: Model, plan: StagePlan, experts: ExpertPlan):
@@ -94,7 +104,8 @@ class _ExpertStage(_Stage):
         self.expert_plan = experts
         super().__init__(model, plan)
         moe_layers = [layer for chunk in plan.chunks for layer in chunk if model.is_moe_layer(layer)]
-        self.experts = {layer: model.load_experts(layer, experts.my_experts) for layer in moe_layers}
+        shard = dict(tp_rank=experts.etp_rank, tp_size=experts.etp) if experts.etp > 1 else {}
+        self.experts = {layer: model.load_experts(layer, experts.my_experts, **shard) for layer in moe_layers}
         self.expert_grads: dict = {}
         self.expert_left = {layer: len(plan.microbatches) for layer in self.experts}
         self.expert_reduced: dict = {}
@@ -145,8 +156,9 @@ class _ExpertStage(_Stage):
         routed = model.route(layer, x, weight)
         if self.tp_group is not None:  # the attention output reduce-scattered along the sequence
             routed = model.reduce_routed(await model.all_to_all(routed, self.plan.tp_group))
-        sending = [model.dispatch(routed, self.expert_plan.experts_of(i)) for i in range(len(self.peers))]
-        arriving = model.all_to_all(sending, self.peers, **self.to_experts[mb])
+        plan = self.expert_plan
+        sending = [model.dispatch(routed, plan.experts_of(i)) for i in range(0, len(self.peers), plan.etp)]
+        arriving = model.all_to_all(plan.to_each(sending), self.peers, **self.to_experts[mb])
         del sending
         if model.moe.shared_experts:  # beside the dispatch, as DeepSeek-V3 does
             model.shared_experts(layer, routed, weight)
@@ -198,9 +210,10 @@ class _ExpertStage(_Stage):
         model, (x, routed, tokens) = self.model, self.kept[layer].pop(mb)
         # under TP, this rank's sequence part of the output gradient
         piece = grad if self.tp_group is None else model.split_tp(grad, self.plan.tp_rank, self.tp)
-        cut = [model.combine_backward(routed, piece, self.expert_plan.experts_of(i)) for i in range(len(self.peers))]
+        plan = self.expert_plan
+        cut = [model.combine_backward(routed, piece, plan.experts_of(i)) for i in range(0, len(self.peers), plan.etp)]
         del piece
-        output_grads = await model.all_to_all(cut, self.peers, **self.to_experts[mb])
+        output_grads = await model.all_to_all(plan.to_each(cut), self.peers, **self.to_experts[mb])
         del cut
         input_grads = []
         for piece, piece_grad in zip(tokens, output_grads):
@@ -234,19 +247,15 @@ class _ExpertStage(_Stage):
             model.set_final_experts(layer, new_weight)
 
 
-def check_etp(etp: object, tp: int) -> None:
+def check_etp(etp: object, width: int) -> None:
     """Expert tensor parallelism: Megatron-Core's `--expert-tensor-parallel-size`, which defaults to the TP
     size when unset (megatron/training/arguments.py and megatron/core/model_parallel_config.py,
     `if expert_tensor_parallel_size is None: ... = tensor_model_parallel_size`); recent MoE recipes set it
-    to 1 (Megatron-Core MoE README, "Recommended to set to 1 for fine-grained MoE models"). Only 1 is
-    modelled: each rank holds its experts whole."""
+    to 1 (Megatron-Core MoE README: "Recommended to set to 1 for fine-grained MoE models")."""
     if isinstance(etp, bool) or not isinstance(etp, int) or etp < 1:
         raise ValueError(f"etp must be a whole number >= 1 (the expert tensor-parallel size), got {etp!r}")
-    if etp != 1:
-        default = f" (Megatron-Core's default when unset: the TP size, tp={tp})" if etp == tp else ""
-        raise ValueError(f"etp={etp}{default}: splitting each expert over {etp} ranks (expert tensor parallelism) "
-                         f"is not modelled yet; set etp=1 (--expert-tensor-parallel-size 1): the attention stays "
-                         f"split over tp={tp} and each expert whole on its EP rank")
+    if width % etp:
+        raise ValueError(f"etp={etp}: the experts' width {width} does not split into {etp} equal parts")
 
 
 def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None:

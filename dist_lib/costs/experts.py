@@ -53,9 +53,12 @@ def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: st
     return [(k, n, m) for m, n, k in forward]
 
 
-def expert_shapes(workload: Workload, tokens: Sequence[int], pass_: str) -> list[tuple[float, float, float]]:
-    """(M, N, K) of the grouped GEMM of the local experts that received `tokens[i]` tokens each."""
-    h, f = workload.hidden, workload.moe.expert_ffn_hidden
+def expert_shapes(workload: Workload, tokens: Sequence[int], pass_: str,
+                  etp: int = 1) -> list[tuple[float, float, float]]:
+    """(M, N, K) of the grouped GEMM of the local experts that received `tokens[i]` tokens each; on an
+    expert-TP shard of `etp`, gate/up split by columns and down by rows (Megatron-Core's `TEGroupedMLP`:
+    fc1 column-parallel, fc2 row-parallel over the expert tensor-parallel group)."""
+    h, f = workload.hidden, workload.moe.expert_ffn_hidden // etp
     shapes: list[tuple[float, float, float]] = []
     for n in tokens:
         if n:
@@ -67,9 +70,10 @@ def expert_shapes(workload: Workload, tokens: Sequence[int], pass_: str) -> list
     return [(k, n, m) for m, n, k in shapes]
 
 
-def swiglu_bytes(workload: Workload, tokens: int, *, backward: bool = False) -> float:
-    """HBM traffic of the experts' SwiGLU on `tokens` routed tokens (see the module docstring)."""
-    return tokens * workload.moe.expert_ffn_hidden * (5 if backward else 3) * workload.bytes_per_element
+def swiglu_bytes(workload: Workload, tokens: int, *, backward: bool = False, etp: int = 1) -> float:
+    """HBM traffic of the experts' SwiGLU on `tokens` routed tokens (see the module docstring), on one of
+    `etp` expert-TP shards."""
+    return tokens * (workload.moe.expert_ffn_hidden // etp) * (5 if backward else 3) * workload.bytes_per_element
 
 
 def expert_flops(workload: Workload, tokens: int) -> float:

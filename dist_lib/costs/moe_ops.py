@@ -48,13 +48,15 @@ def shared_cost(device: Device, workload: Workload, layer: int, samples: int, ba
     return seconds, flops
 
 
-def experts_cost(device: Device, workload: Workload, tokens: Sequence[int], backward: bool) -> tuple[float, float]:
-    """(seconds, FLOPs) of one rank's local experts on `tokens[i]` tokens each (the padded slots included)."""
+def experts_cost(device: Device, workload: Workload, tokens: Sequence[int], backward: bool,
+                 etp: int = 1) -> tuple[float, float]:
+    """(seconds, FLOPs) of one rank's local experts on `tokens[i]` tokens each (the padded slots included),
+    on one of `etp` expert-TP shards of them."""
     seconds = flops = 0.0
     for pass_ in (("input", "weight") if backward else ("forward",)):
-        s, f = _gemms(device, workload, experts.expert_shapes(workload, tokens, pass_))
+        s, f = _gemms(device, workload, experts.expert_shapes(workload, tokens, pass_, etp))
         seconds += s + (compute._stream_time(device, experts.swiglu_bytes(workload, sum(tokens),
-                                                                            backward=backward))
+                                                                            backward=backward, etp=etp))
                         if pass_ != "weight" else 0.0)
         flops += f
-    return compute._layer_pass(workload, 1, seconds), flops
+    return compute._layer_pass(workload, etp, seconds), flops

@@ -1,5 +1,5 @@
 """`MoEModel`: the handle of a rank training a mixture-of-experts workload, with the ops of an MoE layer's token
-round trip, each checked at once (and the books the end-of-step check of the experts reads, `ExpertBooks`).
+round trip, each checked at once (the books the end-of-step check of the experts reads: `expert_books.py`).
 
 An MoE layer runs as the textbook (and Megatron-Core, DeepSeek-V3) runs it under expert parallelism:
 
@@ -31,6 +31,7 @@ from typing import Any
 
 from dist_lib.costs import moe_ops
 from dist_lib.engine.core import Engine
+from dist_lib.model.expert_books import ExpertBooks
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
 from dist_lib.model.expert_parts import ExpertParts, collapse_mask
@@ -39,56 +40,6 @@ from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptS
                               Tokens, WeightGrad, describe_mask, full_mask)
 from dist_lib.workload import moe as moe_layers
 from dist_lib.workload.routing import expert_loads
-
-
-class ExpertBooks:
-    """What the ranks did with the experts, for the end-of-step check: the experts each rank loaded and
-    handed in, and which (rank, layer, experts) were updated."""
-
-    def __init__(self, engine: Engine):
-        workload = engine.workload
-        self.moe = workload.moe
-        self.layers = [layer for layer in range(workload.num_layers) if self.moe.is_moe(layer)]
-        h = workload.hidden
-        # each layer's parameters without its routed experts: what `load_weights` holds
-        self.dense_params = [workload.layer_params(layer) - moe_layers.routed_expert_params(self.moe, h, layer)
-                             for layer in range(workload.num_layers)]
-        self.expert_params = self.moe.expert_params(h)
-        self.full_batch = engine.full_batch
-        self.loaded: dict[tuple[int, int], set[int]] = {}  # (rank, layer) -> expert masks loaded
-        self.finals: list[tuple[int, int, int, int, int]] = []  # (rank, layer, experts, step, samples)
-        self.updated: set[tuple[int, int, int]] = set()
-
-    def problems(self) -> list[str]:
-        """One line per problem with the experts; empty when every expert was trained exactly once."""
-        out: list[str] = []
-        everything = full_mask(self.moe.experts)
-        handed: dict[int, int] = {}
-        kept: dict[tuple[int, int], set[int]] = {}
-        for rank, layer, experts, step, samples in self.finals:
-            if step != 1:
-                out.append(f"layer {layer}: rank {rank} handed in experts {describe_mask(experts)} "
-                           + ("never updated" if step == 0 else f"updated {step} times"))
-            elif samples != self.full_batch:
-                out.append(f"layer {layer}: rank {rank}'s experts {describe_mask(experts)} were updated with the "
-                           f"tokens of samples {describe_mask(samples)}, missing "
-                           f"{describe_mask(self.full_batch & ~samples)}")
-            handed[layer] = handed.get(layer, 0) | experts
-            kept.setdefault((rank, layer), set()).add(experts)
-        for layer in self.layers:
-            missing = everything & ~handed.get(layer, 0)
-            if missing:
-                out.append(f"layer {layer}: no rank handed in experts {describe_mask(missing)} (load_experts, "
-                           f"update_experts and set_final_experts)")
-        for (rank, layer), masks in sorted(self.loaded.items()):
-            held = 0
-            for m in kept.get((rank, layer), ()):
-                held |= m
-            lost = [m for m in masks if m & ~held]
-            if lost:
-                out.append(f"layer {layer}: rank {rank} loaded experts {describe_mask(lost[0])} but did not hand "
-                           f"them in updated")
-        return out
 
 
 class MoEModel(ExpertParts, Model):
@@ -132,18 +83,20 @@ class MoEModel(ExpertParts, Model):
 
     # ---- experts' weights -----------------------------------------------------------------------
 
-    def load_experts(self, layer: int, experts: range | Iterable[int]) -> tuple[ExpertWeight, ExpertOptState]:
-        """Weights and optimizer state of the routed experts `experts` of MoE layer `layer`."""
+    def load_experts(self, layer: int, experts: range | Iterable[int], *, tp_rank: int = 0,
+                     tp_size: int = 1) -> tuple[ExpertWeight, ExpertOptState]:
+        """Weights and optimizer state of the routed experts `experts` of MoE layer `layer`; with `tp_size` > 1,
+        expert-TP shard `tp_rank` of each (1/tp_size of its width, `ExpertParts`)."""
         where = f"rank {self.rank} load_experts(layer {layer})"
         self._moe_layer(layer, where)
         mask = self._experts_mask(experts, where)
-        count = mask.bit_count()
+        self._check_expert_shard(tp_rank, tp_size, where)
         mem = self._mem
         mem.context = ("load_experts", layer)
-        params = count * self._books.expert_params
+        params = mask.bit_count() * self._books.expert_params // tp_size
         self._books.loaded.setdefault((self.rank, layer), set()).add(mask)
-        return (ExpertWeight(mem, params * WEIGHT_BYTES, self.rank, layer, 0, 1, 1, 0, 1, 0, mask),
-                ExpertOptState(mem, params * OPTIMIZER_BYTES, self.rank, layer, 0, 1, 1, 0, 1, 0, mask))
+        return (ExpertWeight(mem, params * WEIGHT_BYTES, self.rank, layer, 0, 1, 1, tp_rank, tp_size, 0, mask),
+                ExpertOptState(mem, params * OPTIMIZER_BYTES, self.rank, layer, 0, 1, 1, tp_rank, tp_size, 0, mask))
 
     def update_experts(self, layer: int, grad: ExpertGrad, weight: ExpertWeight,
                        opt_state: ExpertOptState) -> tuple[ExpertWeight, ExpertOptState]:
@@ -154,9 +107,11 @@ class MoEModel(ExpertParts, Model):
             if type(t) is not cls:
                 raise TensorError(f"{where}: {name} must be an {cls.__name__}, got {t!r}")
             self._check_own(t, where)
-            if t.layer != layer or t.experts != opt_state.experts:
+            if t.layer != layer or t.experts != opt_state.experts \
+                    or (t.tp_rank, t.tp_size) != (opt_state.tp_rank, opt_state.tp_size):
                 raise TensorError(f"{where}: {name} {t!r} is not layer {layer}'s experts "
-                                  f"{describe_mask(opt_state.experts)}")
+                                  f"{describe_mask(opt_state.experts)} (expert-TP shard {opt_state.tp_rank} of "
+                                  f"{opt_state.tp_size})")
         complete, parts, missing = self._expert_grad_complete(grad.samples)
         if not complete:
             held = "samples" if parts == 1 else f"sample parts (sample s part j is s * {parts} + j)"
@@ -167,13 +122,14 @@ class MoEModel(ExpertParts, Model):
         if key in self._books.updated or weight.step:
             raise TensorError(f"{where}: experts {describe_mask(opt_state.experts)} were already updated")
         self._books.updated.add(key)
-        params = opt_state.experts.bit_count() * self._books.expert_params
+        params = opt_state.experts.bit_count() * self._books.expert_params // opt_state.tp_size
         from dist_lib.costs.compute import ADAM_BYTES_PER_PARAM, update_time
         self._advance("update_experts", layer, self._full_batch, update_time(self.device, params), 0.0,
                       int(params * ADAM_BYTES_PER_PARAM))
         mask = opt_state.experts
-        return (ExpertWeight(weight, 0, self.rank, layer, 1, 1, 1, 0, 1, self._full_batch, mask),
-                ExpertOptState(opt_state, 0, self.rank, layer, 1, 1, 1, 0, 1, self._full_batch, mask))
+        tp = (opt_state.tp_rank, opt_state.tp_size)
+        return (ExpertWeight(weight, 0, self.rank, layer, 1, 1, 1, *tp, self._full_batch, mask),
+                ExpertOptState(opt_state, 0, self.rank, layer, 1, 1, 1, *tp, self._full_batch, mask))
 
     def set_final_experts(self, layer: int, weight: ExpertWeight) -> None:
         """Hand in this rank's updated experts of `layer` for the end-of-step check."""
@@ -181,7 +137,8 @@ class MoEModel(ExpertParts, Model):
         if type(weight) is not ExpertWeight or weight.layer != layer:
             raise TensorError(f"{where}: expected layer {layer}'s ExpertWeight, got {weight!r}")
         self._check_own(weight, where)
-        self._books.finals.append((self.rank, layer, weight.experts, weight.step, weight.samples))
+        self._books.finals.append((self.rank, layer, weight.experts, weight.step, weight.samples, weight.tp_rank,
+                                   weight.tp_size))
 
     # ---- forward: route, dispatch, experts, combine ------------------------------------------
 
@@ -258,16 +215,18 @@ class MoEModel(ExpertParts, Model):
         if not pieces:
             raise TensorError(f"{where}: no token pieces given")
         tokens = self._local_tokens(layer, pieces, weight.experts)
-        seconds, flops = moe_ops.experts_cost(self.device, self.workload, tokens, backward=False)
+        seconds, flops = moe_ops.experts_cost(self.device, self.workload, tokens, backward=False, etp=weight.tp_size)
         self._advance("expert_forward", layer, collapse_mask(seen, parts), seconds, flops,
                       detail=_counts(weight.experts, tokens))
         mem = self._mem
         mem.context = ("expert_forward", layer)
-        per_token = self._expert_stash_per_token()
+        per_token = self._expert_stash_per_token(weight.tp_size)
+        shard = (1 << weight.tp_rank, weight.tp_size)  # an expert-TP shard's output: a partial sum
         outs = []
         for t in pieces:
-            t._stash = Stash(mem, self._slots(layer, t.samples, t.experts, parts) * per_token, 0, 1, "none")
-            outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output", parts))
+            t._stash = Stash(mem, self._slots(layer, t.samples, t.experts, parts) * per_token, weight.tp_rank,
+                             weight.tp_size, "none")
+            outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output", parts, *shard))
         return outs
 
     def combine(self, routed: Routed, pieces: Sequence[Tokens]) -> Activation:
@@ -318,21 +277,23 @@ class MoEModel(ExpertParts, Model):
         if tokens._stash is None:
             raise TensorError(f"{where}: {tokens!r} carries no stash: expert_forward has not run on it, or its "
                               f"backward already did")
-        if (grad.samples, grad.experts) != (tokens.samples, tokens.experts) or tokens.experts != weight.experts:
+        if (grad.samples, grad.experts) != (tokens.samples, tokens.experts) or tokens.experts != weight.experts \
+                or (tokens._stash.tp_rank, tokens._stash.tp_size) != (weight.tp_rank, weight.tp_size):
             raise TensorError(f"{where}: gradient {grad!r}, tokens {tokens!r} and weight {weight!r} must be of the "
-                              f"same samples and experts")
+                              f"same samples and experts (and expert-TP shard)")
         counts = self._local_tokens(layer, [tokens], weight.experts)
-        seconds, flops = moe_ops.experts_cost(self.device, self.workload, counts, backward=True)
+        seconds, flops = moe_ops.experts_cost(self.device, self.workload, counts, backward=True, etp=weight.tp_size)
         self._advance("expert_backward", layer, collapse_mask(tokens.samples, tokens.parts), seconds, flops,
                       detail=_counts(weight.experts, counts))
         tokens._stash = None
         mem = self._mem
         mem.context = ("expert_backward", layer)
-        params = weight.experts.bit_count() * self._books.expert_params
+        params = weight.experts.bit_count() * self._books.expert_params // weight.tp_size
         nbytes = int(params * WEIGHT_BYTES * self.workload.grad_bytes_per_element / self.workload.bytes_per_element)
-        return (ExpertGrad(mem, nbytes, self.rank, layer, tokens.samples, 1, 1, 0, 1, weight.experts),
+        shard = (weight.tp_rank, weight.tp_size)
+        return (ExpertGrad(mem, nbytes, self.rank, layer, tokens.samples, 1, 1, *shard, weight.experts),
                 Tokens(mem, tokens.nbytes, self.rank, layer, tokens.samples, tokens.experts, "input grad",
-                       tokens.parts))
+                       tokens.parts, 1 << weight.tp_rank, weight.tp_size))
 
     def route_backward(self, layer: int, act: Activation, grad: ActivationGrad, routed: Routed,
                        pieces: Sequence[Tokens], weight: Any) -> tuple[WeightGrad, ActivationGrad]:
@@ -401,6 +362,16 @@ class MoEModel(ExpertParts, Model):
             raise TensorError(f"{where}: layer {layer}'s output for samples {describe_mask(routed.samples)} was "
                               f"never combined")
 
+    def _check_expert_shard(self, tp_rank: Any, tp_size: Any, where: str) -> None:
+        """An expert-TP shard: the experts' width splits into `tp_size` equal parts (Megatron-Core splits
+        each expert's fc1 by columns and fc2 by rows over the expert tensor-parallel group)."""
+        if tp_size.__class__ is not int or tp_rank.__class__ is not int or tp_size < 1 or not 0 <= tp_rank < tp_size:
+            raise TensorError(f"{where}: tp_rank={tp_rank!r}, tp_size={tp_size!r} is not an expert-TP shard; need "
+                              f"whole numbers with 0 <= tp_rank < tp_size")
+        if self.moe.expert_ffn_hidden % tp_size:
+            raise TensorError(f"{where}: the experts' width {self.moe.expert_ffn_hidden} does not split into "
+                              f"tp_size={tp_size} equal parts")
+
     def _check_tokens(self, t: Any, layer: int, stage: str, where: str) -> None:
         if type(t) is not Tokens or t.stage != stage or t.layer != layer:
             raise TensorError(f"{where}: expected layer {layer}'s {stage} tokens, got {t!r}")
@@ -413,16 +384,29 @@ class MoEModel(ExpertParts, Model):
         self._check_own(weight, where)
 
     def _cover(self, pieces: Sequence[Tokens], routed: Routed, stage: str, where: str, what: str) -> int:
-        """The experts whose `stage` pieces for the samples of `routed` are given, each exactly once."""
+        """The experts whose `stage` pieces for the samples of `routed` are given, each exactly once (under
+        expert TP, the partial sum of each of its shards exactly once)."""
         back = 0
+        shards: dict[int, int] = {}  # experts -> the expert-TP shards whose partial sums came back
         for t in pieces:
             self._check_tokens(t, routed.layer, stage, where)
             if t.samples != routed.samples:
                 raise TensorError(f"{where}: {t!r} is not of samples {describe_mask(routed.samples)}")
-            if back & t.experts:
-                raise TensorError(f"{where}: the {what} of experts {describe_mask(back & t.experts)} for samples "
+            held = shards.get(t.experts, 0)
+            if back & t.experts or held & t.tp_parts:
+                raise TensorError(f"{where}: the {what} of experts {describe_mask(t.experts)} for samples "
                                   f"{describe_mask(routed.samples)} came back twice")
-            back |= t.experts
+            if t.tp_size == 1:
+                back |= t.experts
+                continue
+            shards[t.experts] = held = held | t.tp_parts
+            if held == full_mask(t.tp_size):
+                back |= t.experts
+        for experts, held in shards.items():
+            if not back & experts:
+                raise TensorError(f"{where}: the {what} of experts {describe_mask(experts)} for samples "
+                                  f"{describe_mask(routed.samples)} came back from expert-TP shards "
+                                  f"{describe_mask(held)} only; every shard's partial sum is needed")
         return back
 
     def _tokens(self, op: str, layer: int, samples: int, experts: int, stage: str, parts: int) -> Tokens:
@@ -440,9 +424,10 @@ class MoEModel(ExpertParts, Model):
         experts = w.seq_len * self.moe.top_k * self._expert_stash_per_token()
         return max(0, w.stash_bytes(layer) - experts)
 
-    def _expert_stash_per_token(self) -> int:
-        """A routed token's stash in one expert: its input (h), gate and up outputs (2f) and their product (f)."""
-        return (self.workload.hidden + 3 * self.moe.expert_ffn_hidden) * self.workload.bytes_per_element
+    def _expert_stash_per_token(self, etp: int = 1) -> int:
+        """A routed token's stash in one expert: its input (h), gate and up outputs (2f) and their product (f);
+        on an expert-TP shard, 1/etp of the last three."""
+        return (self.workload.hidden + 3 * self.moe.expert_ffn_hidden // etp) * self.workload.bytes_per_element
 
     def _advance(self, op: str, layer: int, samples: int, seconds: float, flops: float, nbytes: int = 0,
                  detail: str = "") -> None:
