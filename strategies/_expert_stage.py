@@ -16,8 +16,13 @@ schedule, so the EP peers reach each layer's all-to-all of each microbatch in th
 With tensor parallelism (`tp` > 1, sequence-parallel as Megatron-Core requires of MoE with TP), the expert
 grid is Megatron-Core's (megatron/core/parallel_state.py, `initialize_model_parallel`: the expert rank
 generator of order tp-ep-dp over the same ranks as the dense one, with expert-TP x EP x expert-DP = the
-ranks of a stage): with expert TP 1, the EP groups are `ep` consecutive ranks of the stage's dp x tp, TP
-ranks included, each holding its own sequence part of its replica's tokens (`dist_lib/model/expert_parts.py`).
+ranks of a stage): the ranks that exchange tokens are `ep x etp` consecutive ranks of the stage's dp x tp,
+TP ranks included, each holding its own sequence part of its replica's tokens (`dist_lib/model/expert_parts.py`);
+with expert TP `etp` > 1 each EP position's experts are split over `etp` consecutive ranks (gate/up by
+columns, down by rows), each receiving that position's tokens and returning partial outputs that combine
+sums. (Megatron-Core's dispatcher sends each token once over the EP group and all-gathers over the expert-TP
+group, then reduce-scatters back; here one all-to-all carries each token to every shard and back: the same
+bytes per rank, on the links between the EP peers rather than inside the expert-TP group.)
 An MoE layer on TP rank t: the attention on its TP slice, whose partial output the TP group reduce-scatters
 along the sequence (an all-to-all of the pieces, then `reduce_routed`), the round trip of part t's tokens
 over the EP group, and the all-gather of the combined parts in the TP group (the next layer's
