@@ -158,7 +158,8 @@ class _ExpertStage(_Stage):
 
     async def _moe_forward(self, layer: int, x, mb: int):
         model, weight = self.model, self.weights[layer][0]
-        routed = model.route(layer, x, weight)
+        fp8 = self.plan.fp8
+        routed = model.route(layer, x, weight, fp8=fp8)
         if self.tp_group is not None:  # the attention output reduce-scattered along the sequence
             routed = model.reduce_routed(await model.all_to_all(routed, self.plan.tp_group))
         plan = self.expert_plan
@@ -166,9 +167,9 @@ class _ExpertStage(_Stage):
         arriving = model.all_to_all(plan.to_each(sending), self.peers, **self.to_experts[mb])
         del sending
         if model.moe.shared_experts:  # beside the dispatch, as DeepSeek-V3 does
-            model.shared_experts(layer, routed, weight)
+            model.shared_experts(layer, routed, weight, fp8=fp8)
         tokens = await arriving
-        outputs = model.expert_forward(layer, tokens, self.experts[layer][0])
+        outputs = model.expert_forward(layer, tokens, self.experts[layer][0], fp8=fp8)
         returned = await model.all_to_all(outputs, self.peers, **self.from_experts[mb])
         del outputs
         self.kept[layer][mb] = (x, routed, tokens)
@@ -278,7 +279,12 @@ def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None
 
 def check_expert_modes(options: Sequence[tuple[str, object]]) -> None:
     """The pipeline options an MoE stage does not cover, refused by name."""
+    why = {"recompute": "its MoE layers keep their stash: no recompute of the token round trip yet",
+           "selective_recompute": "its MoE layers keep their stash: no recompute of the token round trip yet",
+           "cp": "context parallelism and experts are not modelled together yet",
+           "distributed_optimizer": "the experts' optimizer states are not sharded yet",
+           "fsdp": "the experts' weights are not sharded yet"}
     for name, value in options:
         if value:
-            raise ValueError(f"{name}={value!r} is not covered with a mixture-of-experts workload (its MoE layers "
-                             f"keep their stash: no recompute of the token round trip yet); leave {name} off")
+            raise ValueError(f"{name}={value!r} is not covered with a mixture-of-experts workload "
+                             f"({why.get(name, 'not modelled yet')}); leave {name} off")

@@ -69,11 +69,9 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange, fp8=fp8)
     plan.tp_comm_overlap = tp_comm_overlap
     if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
-        if cp != 1 or sharding != "none" or fp8 is not None:
-            raise ValueError("experts (ep) run without cp, distributed_optimizer, fsdp and fp8 (not modelled "
-                             "together yet)")
         check_expert_options(tp, (("recompute", recompute), ("selective_recompute", selective_recompute),
-                                  ("sequence_parallel", sequence_parallel)))
+                                  ("sequence_parallel", sequence_parallel), ("cp", cp != 1 and cp),
+                                  ("distributed_optimizer", distributed_optimizer), ("fsdp", fsdp)))
         layout = Layout.build(model.world_size, dp, pp, tp)
         await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size,
                                                              tp if etp is None else etp))

@@ -21,7 +21,7 @@ PASSES = ("forward", "input", "weight")
 
 
 def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: str, *,
-                routed: bool = True, shared: bool = True, attention: bool = True,
+                routed: bool = True, shared: bool = True, attention: bool = True, router: bool = True,
                 sequence_parallel: bool = False) -> list[tuple[float, float, float]]:
     """(M, N, K) of a layer's weight GEMMs on one TP rank for `samples` samples, in the pass `pass_`
     ("forward", "input" gradient, "weight" gradient; as `compute._weight_gemm_shapes`). Attention is one
@@ -38,7 +38,7 @@ def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: st
         f = moe.dense_ffn_hidden
         forward += [(tokens, 2 * f / tp, h), (tokens, h, f / tp)]
     else:
-        if attention:
+        if attention and router:
             forward.append((tokens / tp if sequence_parallel else tokens, moe.experts, h))  # the router
         if moe.shared_experts and shared:
             f = moe.shared_experts * moe.shared_width

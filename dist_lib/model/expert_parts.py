@@ -27,6 +27,7 @@ from typing import Any
 
 from dist_lib.costs import moe_ops
 from dist_lib.costs.compute import compute_time
+from dist_lib.costs.fp8 import RECIPES
 from dist_lib.errors import TensorError
 from dist_lib.tensors import (Activation, ActivationGradSlice, ActivationSlice, Routed, Stash, describe_mask,
                               full_mask, mask_runs)
@@ -73,6 +74,11 @@ def part_runs(mask: int, parts: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def stash_fp8(stash: Stash) -> str:
+    """The FP8 recipe an MoE op's forward ran with, which its stash remembers for the backward ("": 16-bit)."""
+    return stash.recompute if stash.recompute in RECIPES else ""
+
+
 class ExpertParts:
     """The sequence-part side of `MoEModel` (which supplies the rank's state, books and `_advance`)."""
 
@@ -85,16 +91,27 @@ class ExpertParts:
     _act_bytes: int
     _full_batch: int
 
-    def _route_tp(self, layer: int, act: Activation, weight: Any) -> list[Routed]:
+    def _fp8(self, op: str, layer: int, fp8: Any) -> str:
+        """An MoE op's `fp8`: "" (16-bit) or a known recipe, on a device with FP8 tensor cores."""
+        if fp8 == "":
+            return ""
+        where = f"rank {self.rank} {op}(layer {layer})"
+        if fp8.__class__ is not str or fp8 not in RECIPES:
+            raise TensorError(f"{where}: fp8 must be one of {', '.join(RECIPES)} or \"\" (16-bit), got {fp8!r}")
+        if not self.device.fp8_flops:
+            raise TensorError(f"{where}: fp8={fp8!r} on {self.device.name}, which has no FP8 tensor cores")
+        return fp8
+
+    def _route_tp(self, layer: int, act: Activation, weight: Any, fp8: str) -> list[Routed]:
         """`route` with a TP slice of the weight: the attention on 1/p of its width, the router on this
         rank's sequence part; one partial piece per sequence part, to reduce-scatter in the TP group."""
         p, t = weight.tp_size, weight.tp_rank
         n = act.samples.bit_count()
-        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, False, tp=p)
+        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, False, tp=p, fp8=fp8)
         self._advance("route", layer, act.samples, seconds, flops)  # type: ignore[attr-defined]
         mem = self._mem
         mem.context = ("route", layer)
-        act._stash = Stash(mem, n * self._dense_stash(layer) // p, t, p, "none")  # type: ignore[attr-defined]
+        act._stash = Stash(mem, n * self._dense_stash(layer) // p, t, p, fp8 or "none")  # type: ignore[attr-defined]
         return [Routed(mem, n * self._act_bytes // p, self.rank, layer, spread_mask(act.samples, p, j), False,
                        False, 0, 0, p, 1 << t) for j in range(p)]
 

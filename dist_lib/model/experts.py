@@ -34,7 +34,7 @@ from dist_lib.engine.core import Engine
 from dist_lib.model.expert_books import ExpertBooks
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
-from dist_lib.model.expert_parts import ExpertParts, collapse_mask
+from dist_lib.model.expert_parts import ExpertParts, collapse_mask, stash_fp8
 from dist_lib.model.handle import Model
 from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptState, ExpertWeight, Routed, Stash,
                               Tokens, WeightGrad, describe_mask, full_mask)
@@ -147,34 +147,38 @@ class MoEModel(ExpertParts, Model):
         return expert_loads(self.moe, layer, samples.start if isinstance(samples, range) else min(samples),
                             len(samples) * self.workload.seq_len)
 
-    def route(self, layer: int, act: Activation, weight: Any) -> Routed | list[Routed]:
+    def route(self, layer: int, act: Activation, weight: Any, *, fp8: str = "") -> Routed | list[Routed]:
         """An MoE layer's attention and router on `act` (its stash kept on `act`, as `forward` keeps it).
-        With a TP slice of the weight: one partial piece per sequence part (`ExpertParts`)."""
+        With a TP slice of the weight: one partial piece per sequence part (`ExpertParts`). `fp8`: the
+        attention's linear layers in FP8 with that recipe (`costs.fp8`), backward too."""
         where = f"rank {self.rank} route(layer {layer})"
         self._moe_layer(layer, where)
         self._check_compute("route", layer, act, weight, layer)
         if act.has_stash:
             raise TensorError(f"{where}: {act!r} already carries layer {layer}'s stash; route each input once")
+        fp8 = self._fp8("route", layer, fp8)
         if weight.tp_size > 1:
-            return self._route_tp(layer, act, weight)
+            return self._route_tp(layer, act, weight, fp8)
         n = act.samples.bit_count()
-        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, backward=False)
+        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, False, fp8=fp8)
         self._advance("route", layer, act.samples, seconds, flops)
         mem = self._mem
         mem.context = ("route", layer)
-        act._stash = Stash(mem, n * self._dense_stash(layer), 0, 1, "none")
+        act._stash = Stash(mem, n * self._dense_stash(layer), 0, 1, fp8 or "none")
         return Routed(mem, n * self._act_bytes, self.rank, layer, act.samples)
 
-    def shared_experts(self, layer: int, routed: Routed, weight: Any) -> None:
-        """The shared experts on every token of `routed` (DeepSeek runs them while the dispatch is in flight)."""
+    def shared_experts(self, layer: int, routed: Routed, weight: Any, *, fp8: str = "") -> None:
+        """The shared experts on every token of `routed` (DeepSeek runs them while the dispatch is in flight);
+        in FP8 with `fp8` (their backward runs in `route_backward`, in the mode `route` was given)."""
         where = f"rank {self.rank} shared_experts(layer {layer})"
+        fp8 = self._fp8("shared_experts", layer, fp8)
         self._check_routed(routed, layer, where)
         if not self.moe.shared_experts:
             raise TensorError(f"{where}: workload {self.workload.name} has no shared experts")
         if routed.shared:
             raise TensorError(f"{where}: the shared experts already ran on samples {describe_mask(routed.samples)}")
         seconds, flops = moe_ops.shared_cost(self.device, self.workload, layer, routed.samples.bit_count(), False,
-                                             tp=routed.parts)
+                                             tp=routed.parts, fp8=fp8)
         self._advance("shared_experts", layer, collapse_mask(routed.samples, routed.parts), seconds, flops)
         routed.shared = True
 
@@ -191,10 +195,13 @@ class MoEModel(ExpertParts, Model):
         routed.dispatched |= mask
         return self._tokens("dispatch", routed.layer, routed.samples, mask, "dispatched", routed.parts)
 
-    def expert_forward(self, layer: int, pieces: Sequence[Tokens], weight: ExpertWeight) -> list[Tokens]:
+    def expert_forward(self, layer: int, pieces: Sequence[Tokens], weight: ExpertWeight, *,
+                       fp8: str = "") -> list[Tokens]:
         """The local experts on the tokens dispatched to them (one grouped GEMM over every piece), the stash
-        kept on each piece; returns each piece's expert output, in order."""
+        kept on each piece; returns each piece's expert output, in order. `fp8`: the grouped GEMM in FP8
+        with that recipe, its backward too."""
         where = f"rank {self.rank} expert_forward(layer {layer})"
+        fp8 = self._fp8("expert_forward", layer, fp8)
         self._check_experts_weight(weight, layer, where)
         pieces = list(pieces)
         seen = 0
@@ -215,7 +222,7 @@ class MoEModel(ExpertParts, Model):
         if not pieces:
             raise TensorError(f"{where}: no token pieces given")
         tokens = self._local_tokens(layer, pieces, weight.experts)
-        seconds, flops = moe_ops.experts_cost(self.device, self.workload, tokens, backward=False, etp=weight.tp_size)
+        seconds, flops = moe_ops.experts_cost(self.device, self.workload, tokens, False, etp=weight.tp_size, fp8=fp8)
         self._advance("expert_forward", layer, collapse_mask(seen, parts), seconds, flops,
                       detail=_counts(weight.experts, tokens))
         mem = self._mem
@@ -225,7 +232,7 @@ class MoEModel(ExpertParts, Model):
         outs = []
         for t in pieces:
             t._stash = Stash(mem, self._slots(layer, t.samples, t.experts, parts) * per_token, weight.tp_rank,
-                             weight.tp_size, "none")
+                             weight.tp_size, fp8 or "none")
             outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output", parts, *shard))
         return outs
 
@@ -282,7 +289,8 @@ class MoEModel(ExpertParts, Model):
             raise TensorError(f"{where}: gradient {grad!r}, tokens {tokens!r} and weight {weight!r} must be of the "
                               f"same samples and experts (and expert-TP shard)")
         counts = self._local_tokens(layer, [tokens], weight.experts)
-        seconds, flops = moe_ops.experts_cost(self.device, self.workload, counts, backward=True, etp=weight.tp_size)
+        seconds, flops = moe_ops.experts_cost(self.device, self.workload, counts, True, etp=weight.tp_size,
+                                              fp8=stash_fp8(tokens._stash))
         self._advance("expert_backward", layer, collapse_mask(tokens.samples, tokens.parts), seconds, flops,
                       detail=_counts(weight.experts, counts))
         tokens._stash = None
@@ -318,9 +326,10 @@ class MoEModel(ExpertParts, Model):
             raise TensorError(f"{where}: experts {describe_mask(routed.dispatched & ~back)} have not returned the "
                               f"input gradient of samples {describe_mask(routed.samples)}")
         n = act.samples.bit_count()
-        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, True, tp=p)
+        fp8 = stash_fp8(act._stash)
+        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, True, tp=p, fp8=fp8)
         if self.moe.shared_experts:
-            more = moe_ops.shared_cost(self.device, self.workload, layer, n, True, tp=p)
+            more = moe_ops.shared_cost(self.device, self.workload, layer, n, True, tp=p, fp8=fp8)
             seconds, flops = seconds + more[0], flops + more[1]
         self._advance("route_backward", layer, act.samples, seconds, flops)
         act._stash = None

@@ -7,17 +7,18 @@ a range and a list of the same experts record alike):
     LOAD_EXPERTS layer c (start stop) x c tp_rank tp_size -> expert weight, expert optimizer state
     UPDATE_EXPERTS layer grad weight opt               -> expert weight, expert optimizer state
     FINAL_EXPERTS layer weight                         -> (nothing)
-    ROUTE layer act weight                             -> routed
-    SHARED_EXPERTS layer routed weight                 -> (nothing)
+    ROUTE layer act weight fp8                         -> routed
+    SHARED_EXPERTS layer routed weight fp8             -> (nothing)
     DISPATCH routed c (start stop) x c                 -> tokens
-    EXPERT_FORWARD layer weight k piece x k            -> k expert outputs (a handle each)
+    EXPERT_FORWARD layer weight fp8 k piece x k        -> k expert outputs (a handle each)
     COMBINE routed k piece x k                         -> activation
     COMBINE_BACKWARD routed grad c (start stop) x c    -> tokens (the output gradient for those experts)
     EXPERT_BACKWARD layer tokens grad weight           -> expert gradient, tokens (input gradient)
     ROUTE_BACKWARD layer act grad routed weight k piece x k -> weight gradient, activation gradient
     REDUCE_ROUTED k piece x k                          -> routed (after the context ops' opcodes)
 
-Under TP, ROUTE yields one handle per sequence part (its pieces, in order).
+Under TP, ROUTE yields one handle per sequence part (its pieces, in order). `fp8` is the op's FP8 recipe as
+its index in `FP8_RECIPES` (0: 16-bit).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ FIRST_EXPERT_OPCODE = 26  # after recording.py's own
 # earlier opcodes keep their numbers
 EXPERT_TP_OPCODES = ("reduce_routed",)
 REDUCE_ROUTED = FIRST_EXPERT_OPCODE + 11 + 4
-EXPERT_QUERIES = ("expert_loads", "is_moe_layer")  # MoEModel methods that only answer (they decide nothing)
+EXPERT_QUERIES = ("expert_loads", "is_moe_layer")
+FP8_RECIPES = ("", "delayed", "tensorwise")  # an MoE op's `fp8`, recorded as its index  # MoEModel methods that only answer (they decide nothing)
 
 
 def mask_intervals(mask: int) -> list[int]:
@@ -86,9 +88,9 @@ class ExpertOpsRecording:
         self._model.set_final_experts(layer, self._t(weight, "set_final_experts"))
         self._emit(FINAL_EXPERTS, layer, weight._number)
 
-    def route(self, layer: int, act: Any, weight: Any) -> Any:
-        out = self._model.route(layer, self._t(act, "route"), self._t(weight, "route"))
-        self._emit(ROUTE, layer, act._number, weight._number)
+    def route(self, layer: int, act: Any, weight: Any, *, fp8: str = "") -> Any:
+        out = self._model.route(layer, self._t(act, "route"), self._t(weight, "route"), fp8=fp8)
+        self._emit(ROUTE, layer, act._number, weight._number, FP8_RECIPES.index(fp8))
         return self._wrap(out)
 
     def reduce_routed(self, pieces: Any) -> Any:
@@ -100,22 +102,24 @@ class ExpertOpsRecording:
         self._emit(REDUCE_ROUTED, len(handles), *(p._number for p in handles))
         return self._wrap(out)
 
-    def shared_experts(self, layer: int, routed: Any, weight: Any) -> None:
-        self._model.shared_experts(layer, self._t(routed, "shared_experts"), self._t(weight, "shared_experts"))
-        self._emit(SHARED_EXPERTS, layer, routed._number, weight._number)
+    def shared_experts(self, layer: int, routed: Any, weight: Any, *, fp8: str = "") -> None:
+        self._model.shared_experts(layer, self._t(routed, "shared_experts"), self._t(weight, "shared_experts"),
+                                   fp8=fp8)
+        self._emit(SHARED_EXPERTS, layer, routed._number, weight._number, FP8_RECIPES.index(fp8))
 
     def dispatch(self, routed: Any, experts: Any) -> Any:
         out = self._model.dispatch(self._t(routed, "dispatch"), experts)
         self._emit(DISPATCH, routed._number, *self._experts_words(out.experts))
         return self._wrap(out)
 
-    def expert_forward(self, layer: int, pieces: Any, weight: Any) -> list:
+    def expert_forward(self, layer: int, pieces: Any, weight: Any, *, fp8: str = "") -> list:
         listed = self._pieces(pieces, "expert_forward")
         if listed is None:
-            return self._model.expert_forward(layer, pieces, weight)  # refused there, with its message
+            return self._model.expert_forward(layer, pieces, weight, fp8=fp8)  # refused there, with its message
         handles, given = listed
-        outs = self._model.expert_forward(layer, given, self._t(weight, "expert_forward"))
-        self._emit(EXPERT_FORWARD, layer, weight._number, len(handles), *(p._number for p in handles))
+        outs = self._model.expert_forward(layer, given, self._t(weight, "expert_forward"), fp8=fp8)
+        self._emit(EXPERT_FORWARD, layer, weight._number, FP8_RECIPES.index(fp8), len(handles),
+                   *(p._number for p in handles))
         return self._wrap(outs)
 
     def combine(self, routed: Any, pieces: Any) -> Any:

@@ -8,11 +8,11 @@ from array import array
 from typing import Any, Callable
 
 from dist_lib.run.recording_experts import (COMBINE, COMBINE_BACKWARD, DISPATCH, EXPERT_BACKWARD, EXPERT_FORWARD,
-                                            FINAL_EXPERTS, LOAD_EXPERTS, REDUCE_ROUTED, ROUTE, ROUTE_BACKWARD,
-                                            SHARED_EXPERTS, UPDATE_EXPERTS)
+                                            FINAL_EXPERTS, FP8_RECIPES, LOAD_EXPERTS, REDUCE_ROUTED, ROUTE,
+                                            ROUTE_BACKWARD, SHARED_EXPERTS, UPDATE_EXPERTS)
 
 # operands after the opcode, for the fixed-size entries
-EXPERT_ARITY = {UPDATE_EXPERTS: 4, FINAL_EXPERTS: 2, ROUTE: 3, SHARED_EXPERTS: 3, EXPERT_BACKWARD: 4}
+EXPERT_ARITY = {UPDATE_EXPERTS: 4, FINAL_EXPERTS: 2, ROUTE: 4, SHARED_EXPERTS: 4, EXPERT_BACKWARD: 4}
 
 
 def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: Callable[[int], Any],
@@ -22,6 +22,13 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
     op = program[i]
     if not hasattr(model, "moe"):
         raise fail(f"workload {model.workload.name} has no experts")
+    def fp8(k: int) -> str:
+        """Operand k as an FP8 recipe."""
+        code = program[i + k]
+        if not 0 <= code < len(FP8_RECIPES):
+            raise fail(f"FP8 recipe code {code} is not in 0..{len(FP8_RECIPES) - 1}")
+        return FP8_RECIPES[code]
+
     arity = EXPERT_ARITY.get(op)
     if arity is not None:
         if i + arity >= n:
@@ -31,10 +38,10 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         elif op == FINAL_EXPERTS:
             model.set_final_experts(small(1), get(2))
         elif op == ROUTE:
-            out = model.route(small(1), get(2), get(3))
+            out = model.route(small(1), get(2), get(3), fp8=fp8(4))
             table.extend(out) if out.__class__ is list else table.append(out)  # under TP: a piece per part
         elif op == SHARED_EXPERTS:
-            model.shared_experts(small(1), get(2), get(3))
+            model.shared_experts(small(1), get(2), get(3), fp8=fp8(4))
         else:
             table.extend(model.expert_backward(small(1), get(2), get(3), get(4)))
         return i + 1 + arity
@@ -75,8 +82,10 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         chosen, at = experts(i + 3)
         table.append(model.combine_backward(get(1), get(2), chosen))
     elif op == EXPERT_FORWARD:
-        pieces, at = handles(i + 3)
-        table.extend(model.expert_forward(small(1), pieces, get(2)))
+        if i + 3 >= n:
+            raise fail("the program ends inside this entry")
+        pieces, at = handles(i + 4)
+        table.extend(model.expert_forward(small(1), pieces, get(2), fp8=fp8(3)))
     elif op == COMBINE:
         pieces, at = handles(i + 2)
         table.append(model.combine(get(1), pieces))
