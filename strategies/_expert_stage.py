@@ -131,15 +131,15 @@ class _ExpertStage(_Stage):
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
         x = await self._input(chunk, mb)
-        tp_group, modes = self.tp_group, self.modes
+        tp_group, modes, stash = self.tp_group, self.modes, not plan.recompute
         for layer in layers:
             if layer in self.experts:
-                x = await self._moe_forward(layer, x, mb)
+                x = await self._moe_forward(layer, x, mb, stash)
                 if tp_group is not None and not (layer == layers[-1] and self._sends_piece(k)):
                     x = await model.all_gather(x, tp_group)  # the parts whole again, for the next layer
             else:
                 self.kept[layer][mb] = x
-                x = model.forward(layer, x, self.weights[layer][0], **modes)
+                x = model.forward(layer, x, self.weights[layer][0], stash=stash, **modes)
                 if tp_group is not None:
                     x = await model.all_reduce(x, tp_group)
         if k == self.virtual - 1:
@@ -156,10 +156,13 @@ class _ExpertStage(_Stage):
         return (self.scatter_gather and not self.explicit and k < self.virtual - 1
                 and self._peer(k + 1) != self.model.rank)
 
-    async def _moe_forward(self, layer: int, x, mb: int):
+    async def _moe_forward(self, layer: int, x, mb: int, stash: bool = True):
+        """An MoE layer's forward: the token round trip, its stash kept (unless `stash` is off: full recompute
+        keeps only the input, and runs this again before the backward, all-to-alls included, as Megatron-LM's
+        checkpointed layers do)."""
         model, weight = self.model, self.weights[layer][0]
         fp8 = self.plan.fp8
-        routed = model.route(layer, x, weight, fp8=fp8)
+        routed = model.route(layer, x, weight, fp8=fp8, stash=stash, selective_recompute=self.plan.selective_recompute)
         if self.tp_group is not None:  # the attention output reduce-scattered along the sequence
             routed = model.reduce_routed(await model.all_to_all(routed, self.plan.tp_group))
         plan = self.expert_plan
@@ -169,10 +172,10 @@ class _ExpertStage(_Stage):
         if model.moe.shared_experts:  # beside the dispatch, as DeepSeek-V3 does
             model.shared_experts(layer, routed, weight, fp8=fp8)
         tokens = await arriving
-        outputs = model.expert_forward(layer, tokens, self.experts[layer][0], fp8=fp8)
+        outputs = model.expert_forward(layer, tokens, self.experts[layer][0], fp8=fp8, stash=stash)
         returned = await model.all_to_all(outputs, self.peers, **self.from_experts[mb])
         del outputs
-        self.kept[layer][mb] = (x, routed, tokens)
+        self.kept[layer][mb] = (x, routed, tokens) if stash else x
         return model.combine(routed, returned)
 
     async def backward(self, chunk: int, mb: int, split: bool) -> None:
@@ -202,6 +205,11 @@ class _ExpertStage(_Stage):
         """A dense layer's backward, its TP collectives as `_Stage.backward` runs them (sequence-parallel
         all-gathers of the output gradient, the input gradient all-reduced beside the weight gradient)."""
         model, x, weight = self.model, self.kept[layer].pop(mb), self.weights[layer][0]
+        if self.plan.recompute:  # the forward again first, its TP all-reduce included (as `_Stage.backward`)
+            out = model.forward(layer, x, weight, **self.modes)
+            if self.tp_group is not None:
+                await model.all_reduce(out, self.tp_group)
+            del out
         if self.tp_group is None:
             weight_grad, grad_in = model.backward(layer, x, grad, weight)
             self._accumulate(layer, weight_grad)
@@ -213,6 +221,8 @@ class _ExpertStage(_Stage):
         return await reducing
 
     async def _moe_backward(self, layer: int, grad, mb: int):
+        if self.plan.recompute:  # the forward again first, with its stash
+            await self._moe_forward(layer, self.kept[layer].pop(mb), mb)
         model, (x, routed, tokens) = self.model, self.kept[layer].pop(mb)
         # under TP, this rank's sequence part of the output gradient
         piece = grad if self.tp_group is None else model.split_tp(grad, self.plan.tp_rank, self.tp)
@@ -274,14 +284,13 @@ def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None
                          f"sequence)")
     if tp == 1 and given.get("sequence_parallel"):
         raise ValueError("sequence_parallel=True needs tp > 1 (it splits the sequence over the TP ranks)")
-    check_expert_modes([(name, value) for name, value in options if name != "sequence_parallel"])
+    check_expert_modes([(name, value) for name, value in options
+                        if name not in ("sequence_parallel", "recompute", "selective_recompute")])
 
 
 def check_expert_modes(options: Sequence[tuple[str, object]]) -> None:
     """The pipeline options an MoE stage does not cover, refused by name."""
-    why = {"recompute": "its MoE layers keep their stash: no recompute of the token round trip yet",
-           "selective_recompute": "its MoE layers keep their stash: no recompute of the token round trip yet",
-           "cp": "context parallelism and experts are not modelled together yet",
+    why = {"cp": "context parallelism and experts are not modelled together yet",
            "distributed_optimizer": "the experts' optimizer states are not sharded yet",
            "fsdp": "the experts' weights are not sharded yet"}
     for name, value in options:

@@ -58,6 +58,12 @@ def route_cost(device: Device, workload: Workload, layer: int, samples: int, bac
     return compute._layer_pass(workload, tp, seconds), flops
 
 
+def core_recompute(device: Device, workload: Workload, samples: int, tp: int = 1) -> float:
+    """The attention core's forward again, before the backward of a layer whose stash left it out
+    (selective recompute, Korthikanti et al. 2022, sec. 5)."""
+    return compute._attention_time(device, workload, samples, tp)
+
+
 def shared_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool,
                 tp: int = 1, fp8: str = "") -> tuple[float, float]:
     """(seconds, FLOPs) of a layer's shared experts on every token of `samples` samples (their width split

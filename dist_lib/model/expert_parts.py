@@ -74,9 +74,15 @@ def part_runs(mask: int, parts: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def mode_fp8(mode: str) -> str:
+    """The FP8 recipe in an MoE op's mode ("": 16-bit)."""
+    last = mode.rpartition("+")[2]
+    return last if last in RECIPES else ""
+
+
 def stash_fp8(stash: Stash) -> str:
-    """The FP8 recipe an MoE op's forward ran with, which its stash remembers for the backward ("": 16-bit)."""
-    return stash.recompute if stash.recompute in RECIPES else ""
+    """The FP8 recipe an MoE op's forward ran with, which its stash remembers for the backward."""
+    return mode_fp8(stash.recompute)
 
 
 class ExpertParts:
@@ -102,16 +108,30 @@ class ExpertParts:
             raise TensorError(f"{where}: fp8={fp8!r} on {self.device.name}, which has no FP8 tensor cores")
         return fp8
 
-    def _route_tp(self, layer: int, act: Activation, weight: Any, fp8: str) -> list[Routed]:
-        """`route` with a TP slice of the weight: the attention on 1/p of its width, the router on this
-        rank's sequence part; one partial piece per sequence part, to reduce-scatter in the TP group."""
+    def _route_mode(self, layer: int, fp8: Any, stash: Any, selective: Any) -> str:
+        """The mode a route's stash remembers: "none", "selective", an FP8 recipe, or "selective+<recipe>"."""
+        fp8 = self._fp8("route", layer, fp8)
+        for name, value in (("stash", stash), ("selective_recompute", selective)):
+            if value is not True and value is not False:
+                raise TensorError(f"rank {self.rank} route(layer {layer}): {name} must be True or False, got "
+                                  f"{value!r}")
+        return "+".join(m for m in ("selective" if selective else "", fp8) if m) or "none"
+
+    def _route(self, layer: int, act: Activation, weight: Any, mode: str, stash: bool) -> Routed | list[Routed]:
+        """`route`'s work: the attention (on 1/p of its width on a TP slice of p) and the router (on this
+        rank's sequence part); the stash `mode` names. With TP, one partial piece per sequence part, to
+        reduce-scatter in the TP group."""
         p, t = weight.tp_size, weight.tp_rank
         n = act.samples.bit_count()
-        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, False, tp=p, fp8=fp8)
+        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, False, tp=p, fp8=mode_fp8(mode))
         self._advance("route", layer, act.samples, seconds, flops)  # type: ignore[attr-defined]
         mem = self._mem
         mem.context = ("route", layer)
-        act._stash = Stash(mem, n * self._dense_stash(layer) // p, t, p, fp8 or "none")  # type: ignore[attr-defined]
+        if stash:
+            act._stash = Stash(mem, n * self._dense_stash(layer, p, mode.startswith("selective")),  # type: ignore
+                               t, p, mode)
+        if p == 1:
+            return Routed(mem, n * self._act_bytes, self.rank, layer, act.samples)
         return [Routed(mem, n * self._act_bytes // p, self.rank, layer, spread_mask(act.samples, p, j), False,
                        False, 0, 0, p, 1 << t) for j in range(p)]
 

@@ -147,25 +147,19 @@ class MoEModel(ExpertParts, Model):
         return expert_loads(self.moe, layer, samples.start if isinstance(samples, range) else min(samples),
                             len(samples) * self.workload.seq_len)
 
-    def route(self, layer: int, act: Activation, weight: Any, *, fp8: str = "") -> Routed | list[Routed]:
+    def route(self, layer: int, act: Activation, weight: Any, *, fp8: str = "", stash: bool = True,
+              selective_recompute: bool = False) -> Routed | list[Routed]:
         """An MoE layer's attention and router on `act` (its stash kept on `act`, as `forward` keeps it).
         With a TP slice of the weight: one partial piece per sequence part (`ExpertParts`). `fp8`: the
-        attention's linear layers in FP8 with that recipe (`costs.fp8`), backward too."""
+        attention's linear layers in FP8 with that recipe (`costs.fp8`), backward too. `stash=False` (full
+        recompute): no stash, and the backward needs the layer's forward run again first;
+        `selective_recompute`: the stash without the attention core's, which `route_backward` re-runs."""
         where = f"rank {self.rank} route(layer {layer})"
         self._moe_layer(layer, where)
         self._check_compute("route", layer, act, weight, layer)
         if act.has_stash:
             raise TensorError(f"{where}: {act!r} already carries layer {layer}'s stash; route each input once")
-        fp8 = self._fp8("route", layer, fp8)
-        if weight.tp_size > 1:
-            return self._route_tp(layer, act, weight, fp8)
-        n = act.samples.bit_count()
-        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, False, fp8=fp8)
-        self._advance("route", layer, act.samples, seconds, flops)
-        mem = self._mem
-        mem.context = ("route", layer)
-        act._stash = Stash(mem, n * self._dense_stash(layer), 0, 1, fp8 or "none")
-        return Routed(mem, n * self._act_bytes, self.rank, layer, act.samples)
+        return self._route(layer, act, weight, self._route_mode(layer, fp8, stash, selective_recompute), stash)
 
     def shared_experts(self, layer: int, routed: Routed, weight: Any, *, fp8: str = "") -> None:
         """The shared experts on every token of `routed` (DeepSeek runs them while the dispatch is in flight);
@@ -196,12 +190,15 @@ class MoEModel(ExpertParts, Model):
         return self._tokens("dispatch", routed.layer, routed.samples, mask, "dispatched", routed.parts)
 
     def expert_forward(self, layer: int, pieces: Sequence[Tokens], weight: ExpertWeight, *,
-                       fp8: str = "") -> list[Tokens]:
+                       fp8: str = "", stash: bool = True) -> list[Tokens]:
         """The local experts on the tokens dispatched to them (one grouped GEMM over every piece), the stash
-        kept on each piece; returns each piece's expert output, in order. `fp8`: the grouped GEMM in FP8
-        with that recipe, its backward too."""
+        kept on each piece (not with `stash=False`: full recompute runs the layer again before its
+        backward); returns each piece's expert output, in order. `fp8`: the grouped GEMM in FP8 with that
+        recipe, its backward too."""
         where = f"rank {self.rank} expert_forward(layer {layer})"
         fp8 = self._fp8("expert_forward", layer, fp8)
+        if stash is not True and stash is not False:
+            raise TensorError(f"{where}: stash must be True or False, got {stash!r}")
         self._check_experts_weight(weight, layer, where)
         pieces = list(pieces)
         seen = 0
@@ -231,8 +228,9 @@ class MoEModel(ExpertParts, Model):
         shard = (1 << weight.tp_rank, weight.tp_size)  # an expert-TP shard's output: a partial sum
         outs = []
         for t in pieces:
-            t._stash = Stash(mem, self._slots(layer, t.samples, t.experts, parts) * per_token, weight.tp_rank,
-                             weight.tp_size, fp8 or "none")
+            if stash:
+                t._stash = Stash(mem, self._slots(layer, t.samples, t.experts, parts) * per_token, weight.tp_rank,
+                                 weight.tp_size, fp8 or "none")
             outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output", parts, *shard))
         return outs
 
@@ -328,6 +326,9 @@ class MoEModel(ExpertParts, Model):
         n = act.samples.bit_count()
         fp8 = stash_fp8(act._stash)
         seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, True, tp=p, fp8=fp8)
+        if act._stash.recompute.startswith("selective"):  # the attention core again first
+            seconds, flops = seconds + moe_ops.core_recompute(self.device, self.workload, n, p), \
+                flops + self.workload.attention_core_flops() * n / p
         if self.moe.shared_experts:
             more = moe_ops.shared_cost(self.device, self.workload, layer, n, True, tp=p, fp8=fp8)
             seconds, flops = seconds + more[0], flops + more[1]
@@ -426,12 +427,14 @@ class MoEModel(ExpertParts, Model):
         self._mem.context = (op, layer)
         return Tokens(self._mem, nbytes, self.rank, layer, samples, experts, stage, parts)
 
-    def _dense_stash(self, layer: int) -> int:
-        """One sample's stash of the dense part: the layer's stash without the routed experts' (which the
-        expert ranks keep with the tokens they computed)."""
+    def _dense_stash(self, layer: int, tp: int = 1, selective: bool = False) -> int:
+        """One sample's stash of the dense part on one of `tp` (sequence-parallel) TP ranks: the layer's
+        stash without the routed experts' (which the expert ranks keep with the tokens they computed), and
+        without the attention core's under selective recompute."""
         w = self.workload
         experts = w.seq_len * self.moe.top_k * self._expert_stash_per_token()
-        return max(0, w.stash_bytes(layer) - experts)
+        return max(0, w.stash_bytes(layer, tp, recompute="selective" if selective else "none",
+                                    sequence_parallel=tp > 1) - experts)
 
     def _expert_stash_per_token(self, etp: int = 1) -> int:
         """A routed token's stash in one expert: its input (h), gate and up outputs (2f) and their product (f);

@@ -7,10 +7,10 @@ a range and a list of the same experts record alike):
     LOAD_EXPERTS layer c (start stop) x c tp_rank tp_size -> expert weight, expert optimizer state
     UPDATE_EXPERTS layer grad weight opt               -> expert weight, expert optimizer state
     FINAL_EXPERTS layer weight                         -> (nothing)
-    ROUTE layer act weight fp8                         -> routed
+    ROUTE layer act weight modes                       -> routed
     SHARED_EXPERTS layer routed weight fp8             -> (nothing)
     DISPATCH routed c (start stop) x c                 -> tokens
-    EXPERT_FORWARD layer weight fp8 k piece x k        -> k expert outputs (a handle each)
+    EXPERT_FORWARD layer weight modes k piece x k      -> k expert outputs (a handle each)
     COMBINE routed k piece x k                         -> activation
     COMBINE_BACKWARD routed grad c (start stop) x c    -> tokens (the output gradient for those experts)
     EXPERT_BACKWARD layer tokens grad weight           -> expert gradient, tokens (input gradient)
@@ -18,7 +18,8 @@ a range and a list of the same experts record alike):
     REDUCE_ROUTED k piece x k                          -> routed (after the context ops' opcodes)
 
 Under TP, ROUTE yields one handle per sequence part (its pieces, in order). `fp8` is the op's FP8 recipe as
-its index in `FP8_RECIPES` (0: 16-bit).
+its index in `FP8_RECIPES` (0: 16-bit); `modes` the same plus `NO_STASH` for stash=False and `SELECTIVE` for
+selective_recompute=True.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ FIRST_EXPERT_OPCODE = 26  # after recording.py's own
 EXPERT_TP_OPCODES = ("reduce_routed",)
 REDUCE_ROUTED = FIRST_EXPERT_OPCODE + 11 + 4
 EXPERT_QUERIES = ("expert_loads", "is_moe_layer")
-FP8_RECIPES = ("", "delayed", "tensorwise")  # an MoE op's `fp8`, recorded as its index  # MoEModel methods that only answer (they decide nothing)
+FP8_RECIPES = ("", "delayed", "tensorwise")  # an MoE op's `fp8`, recorded as its index
+NO_STASH, SELECTIVE = 4, 8  # flags beside it  # MoEModel methods that only answer (they decide nothing)
 
 
 def mask_intervals(mask: int) -> list[int]:
@@ -88,9 +90,12 @@ class ExpertOpsRecording:
         self._model.set_final_experts(layer, self._t(weight, "set_final_experts"))
         self._emit(FINAL_EXPERTS, layer, weight._number)
 
-    def route(self, layer: int, act: Any, weight: Any, *, fp8: str = "") -> Any:
-        out = self._model.route(layer, self._t(act, "route"), self._t(weight, "route"), fp8=fp8)
-        self._emit(ROUTE, layer, act._number, weight._number, FP8_RECIPES.index(fp8))
+    def route(self, layer: int, act: Any, weight: Any, *, fp8: str = "", stash: bool = True,
+              selective_recompute: bool = False) -> Any:
+        out = self._model.route(layer, self._t(act, "route"), self._t(weight, "route"), fp8=fp8, stash=stash,
+                                selective_recompute=selective_recompute)
+        self._emit(ROUTE, layer, act._number, weight._number, FP8_RECIPES.index(fp8) + (0 if stash else NO_STASH)
+                   + (SELECTIVE if selective_recompute else 0))
         return self._wrap(out)
 
     def reduce_routed(self, pieces: Any) -> Any:
@@ -112,13 +117,14 @@ class ExpertOpsRecording:
         self._emit(DISPATCH, routed._number, *self._experts_words(out.experts))
         return self._wrap(out)
 
-    def expert_forward(self, layer: int, pieces: Any, weight: Any, *, fp8: str = "") -> list:
+    def expert_forward(self, layer: int, pieces: Any, weight: Any, *, fp8: str = "", stash: bool = True) -> list:
         listed = self._pieces(pieces, "expert_forward")
-        if listed is None:
-            return self._model.expert_forward(layer, pieces, weight, fp8=fp8)  # refused there, with its message
+        if listed is None:  # refused there, with its message
+            return self._model.expert_forward(layer, pieces, weight, fp8=fp8, stash=stash)
         handles, given = listed
-        outs = self._model.expert_forward(layer, given, self._t(weight, "expert_forward"), fp8=fp8)
-        self._emit(EXPERT_FORWARD, layer, weight._number, FP8_RECIPES.index(fp8), len(handles),
+        outs = self._model.expert_forward(layer, given, self._t(weight, "expert_forward"), fp8=fp8, stash=stash)
+        self._emit(EXPERT_FORWARD, layer, weight._number, FP8_RECIPES.index(fp8) + (0 if stash else NO_STASH),
+                   len(handles),
                    *(p._number for p in handles))
         return self._wrap(outs)
 

@@ -8,8 +8,8 @@ from array import array
 from typing import Any, Callable
 
 from dist_lib.run.recording_experts import (COMBINE, COMBINE_BACKWARD, DISPATCH, EXPERT_BACKWARD, EXPERT_FORWARD,
-                                            FINAL_EXPERTS, FP8_RECIPES, LOAD_EXPERTS, REDUCE_ROUTED, ROUTE,
-                                            ROUTE_BACKWARD, SHARED_EXPERTS, UPDATE_EXPERTS)
+                                            FINAL_EXPERTS, FP8_RECIPES, LOAD_EXPERTS, NO_STASH, REDUCE_ROUTED,
+                                            ROUTE, ROUTE_BACKWARD, SELECTIVE, SHARED_EXPERTS, UPDATE_EXPERTS)
 
 # operands after the opcode, for the fixed-size entries
 EXPERT_ARITY = {UPDATE_EXPERTS: 4, FINAL_EXPERTS: 2, ROUTE: 4, SHARED_EXPERTS: 4, EXPERT_BACKWARD: 4}
@@ -22,12 +22,17 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
     op = program[i]
     if not hasattr(model, "moe"):
         raise fail(f"workload {model.workload.name} has no experts")
-    def fp8(k: int) -> str:
-        """Operand k as an FP8 recipe."""
+    def modes(k: int, allowed: int = 0) -> dict:
+        """Operand k as an op's modes: its FP8 recipe, and the flags `allowed` of NO_STASH and SELECTIVE."""
         code = program[i + k]
-        if not 0 <= code < len(FP8_RECIPES):
-            raise fail(f"FP8 recipe code {code} is not in 0..{len(FP8_RECIPES) - 1}")
-        return FP8_RECIPES[code]
+        if not 0 <= code < 16 or code & 3 >= len(FP8_RECIPES) or code & ~3 & ~allowed:
+            raise fail(f"mode code {code} is not an FP8 recipe index with the flags this op takes")
+        out: dict = {"fp8": FP8_RECIPES[code & 3]}
+        if allowed & NO_STASH:
+            out["stash"] = not code & NO_STASH
+        if allowed & SELECTIVE:
+            out["selective_recompute"] = bool(code & SELECTIVE)
+        return out
 
     arity = EXPERT_ARITY.get(op)
     if arity is not None:
@@ -38,10 +43,10 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         elif op == FINAL_EXPERTS:
             model.set_final_experts(small(1), get(2))
         elif op == ROUTE:
-            out = model.route(small(1), get(2), get(3), fp8=fp8(4))
+            out = model.route(small(1), get(2), get(3), **modes(4, NO_STASH | SELECTIVE))
             table.extend(out) if out.__class__ is list else table.append(out)  # under TP: a piece per part
         elif op == SHARED_EXPERTS:
-            model.shared_experts(small(1), get(2), get(3), fp8=fp8(4))
+            model.shared_experts(small(1), get(2), get(3), **modes(4))
         else:
             table.extend(model.expert_backward(small(1), get(2), get(3), get(4)))
         return i + 1 + arity
@@ -85,7 +90,7 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         if i + 3 >= n:
             raise fail("the program ends inside this entry")
         pieces, at = handles(i + 4)
-        table.extend(model.expert_forward(small(1), pieces, get(2), fp8=fp8(3)))
+        table.extend(model.expert_forward(small(1), pieces, get(2), **modes(3, NO_STASH)))
     elif op == COMBINE:
         pieces, at = handles(i + 2)
         table.append(model.combine(get(1), pieces))

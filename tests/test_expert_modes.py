@@ -1,7 +1,9 @@
-"""FP8 with experts (hybrid's `fp8` with an MoE workload): the attention's linear layers, the shared experts and
-the routed experts' grouped GEMM at the device's FP8 peak after their casts, as Transformer Engine runs
-Megatron-Core's MoE layers; the router stays 16-bit. Costs derived by hand, steps correct and replayable,
-refused by name where the device has no FP8."""
+"""FP8 and activation recompute with experts. FP8 (hybrid's `fp8` with an MoE workload): the attention's
+linear layers, the shared experts and the routed experts' grouped GEMM at the device's FP8 peak after their
+casts, as Transformer Engine runs Megatron-Core's MoE layers; the router stays 16-bit. Recompute: full
+recompute keeps each layer's input only and runs an MoE layer's whole forward again before its backward, its
+all-to-alls included (Megatron-LM's checkpointed layers); selective recompute re-runs the attention core.
+Costs derived by hand, steps correct and replayable, refused by name where the device has no FP8."""
 
 from __future__ import annotations
 
@@ -69,3 +71,42 @@ def test_fp8_with_experts_on_a_device_without_fp8_is_refused_by_name():
     from dist_lib import StrategyError
     with pytest.raises((ValueError, StrategyError), match="fp8='delayed': A100-80GB has no FP8 tensor cores"):
         simulate(HYBRID, "1x8xA100-80GB", TOY, 8, pp=2, ep=2, fp8="delayed")
+
+
+def test_full_recompute_runs_every_forward_again_all_to_alls_included():
+    """No recompute: each rank does 1 forward + 2 backward units of work, so full recompute's extra forward
+    is exactly a third more FLOPs. Per MoE layer and microbatch a TP rank runs 5 all-to-alls (the attention
+    output's reduce-scatter, dispatch, combine, output and input gradients); recompute repeats the first 3."""
+    options = dict(pp=2, tp=2, ep=2, sequence_parallel=True)
+    plain = simulate(HYBRID, "1x8xH100-80GB", TOY, 4, **options)
+    full = simulate(HYBRID, "1x8xH100-80GB", TOY, 4, recompute=True, **options)
+    assert plain.correct and full.correct, full.problems
+    assert full.hardware_flops == plain.hardware_flops * 4 / 3
+    count = lambda r: sum(1 for e in r.events if e.op == "all_to_all")  # noqa: E731
+    assert count(plain) == 5 * 2 * 8 and count(full) == 8 * 2 * 8  # 2 MoE layers x 1 microbatch, 8 ranks
+    assert full.time_s > plain.time_s
+
+
+def test_selective_recompute_re_runs_the_attention_core_and_keeps_less():
+    """The core's forward, 4 s^2 h FLOPs a sample (Q K^T and P V: 2 s^2 h each), once more per layer and
+    sample: 4 x 128^2 x 256 x 8 samples x 4 layers more."""
+    plain = simulate(HYBRID, "1x8xH100-80GB", TOY, 8, pp=2, ep=2)
+    selective = simulate(HYBRID, "1x8xH100-80GB", TOY, 8, pp=2, ep=2, selective_recompute=True)
+    assert selective.correct
+    assert selective.hardware_flops - plain.hardware_flops == 4 * 128 ** 2 * 256 * 8 * 4
+    assert max(selective.memory_bytes) < max(plain.memory_bytes)
+
+
+def test_recompute_lowers_mixtrals_peak_and_replays():
+    workload, options = "mixtral-8x7b:layers=8", dict(pp=2, ep=8, tp=2, sequence_parallel=True, etp=1)
+    plain = simulate(HYBRID, "2x8xH100-80GB", workload, 16, **options)
+    full = simulate(HYBRID, "2x8xH100-80GB", workload, 16, recompute=True, **options)
+    assert full.correct and max(full.memory_bytes) < 0.6 * max(plain.memory_bytes)
+    for mode in (dict(recompute=True), dict(selective_recompute=True)):
+        small = dict(pp=2, tp=2, ep=2, sequence_parallel=True, **mode)
+        direct = simulate(HYBRID, "1x8xH100-80GB", TOY, 4, **small)
+        recorded, programs = record(HYBRID, "1x8xH100-80GB", TOY, 4, **small)
+        again = replay(programs, "1x8xH100-80GB", TOY, 4)
+        for r in (recorded, again):
+            assert (r.time_s, r.rank_times, r.memory_bytes, r.correct) == \
+                (direct.time_s, direct.rank_times, direct.memory_bytes, True)
