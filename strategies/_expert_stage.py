@@ -95,7 +95,8 @@ class ExpertPlan:
 
 
 def run_expert_stage(model: Model, plan: StagePlan, experts: ExpertPlan):
-    """This rank's part of the pipeline with expert-parallel MoE layers, to await."""
+    """This rank's part of the pipeline with expert-parallel MoE layers, to await (with the distributed
+    optimizer: `_expert_sharded.run_sharded_expert_stage`)."""
     return _ExpertStage(model, plan, experts).run()
 
 
@@ -109,8 +110,7 @@ class _ExpertStage(_Stage):
         self.expert_plan = experts
         super().__init__(model, plan)
         moe_layers = [layer for chunk in plan.chunks for layer in chunk if model.is_moe_layer(layer)]
-        shard = dict(tp_rank=experts.etp_rank, tp_size=experts.etp) if experts.etp > 1 else {}
-        self.experts = {layer: model.load_experts(layer, experts.my_experts, **shard) for layer in moe_layers}
+        self.experts = {layer: self.load_experts(layer) for layer in moe_layers}
         self.expert_grads: dict = {}
         self.expert_left = {layer: len(plan.microbatches) for layer in self.experts}
         self.expert_reduced: dict = {}
@@ -126,6 +126,12 @@ class _ExpertStage(_Stage):
         self.from_experts = [{"expect": [samples] * ep if tp == 1 else None,
                               "expect_experts": [experts.experts_of(i) for i in range(ep)]}
                              for samples in plan.microbatches]
+
+    def load_experts(self, layer: int) -> tuple:
+        """(weights, optimizer state) of this rank's experts of `layer` (its expert-TP shard of them)."""
+        plan = self.expert_plan
+        shard = dict(tp_rank=plan.etp_rank, tp_size=plan.etp) if plan.etp > 1 else {}
+        return self.model.load_experts(layer, plan.my_experts, **shard)
 
     async def forward(self, chunk: int, mb: int) -> None:
         model, plan = self.model, self.plan
@@ -291,7 +297,7 @@ def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None
 def check_expert_modes(options: Sequence[tuple[str, object]]) -> None:
     """The pipeline options an MoE stage does not cover, refused by name."""
     why = {"cp": "context parallelism and experts are not modelled together yet",
-           "distributed_optimizer": "the experts' optimizer states are not sharded yet",
+           "overlap_param_gather": "the updated shards are gathered after the step",
            "fsdp": "the experts' weights are not sharded yet"}
     for name, value in options:
         if value:

@@ -21,7 +21,8 @@ from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._context import run_context_stage
-from ._expert_stage import ExpertPlan, check_expert_options, run_expert_stage
+from ._expert_sharded import run_sharded_expert_stage
+from ._expert_stage import ExpertPlan, check_expert_options
 from ._layout import Layout, declared_grid
 from ._plan import build_plan
 from ._frameworks import framework_defaults
@@ -71,10 +72,11 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
     if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
         check_expert_options(tp, (("recompute", recompute), ("selective_recompute", selective_recompute),
                                   ("sequence_parallel", sequence_parallel), ("cp", cp != 1 and cp),
-                                  ("distributed_optimizer", distributed_optimizer), ("fsdp", fsdp)))
+                                  ("overlap_param_gather", overlap_param_gather), ("fsdp", fsdp)))
         layout = Layout.build(model.world_size, dp, pp, tp)
-        await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size,
-                                                             tp if etp is None else etp))
+        await run_sharded_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep,
+                                                                     microbatch_size, tp if etp is None else etp),
+                                       sharding)
         return
     if etp is not None:
         raise ValueError(f"etp={etp!r} is the experts' tensor-parallel size; workload {model.workload.name} has no "

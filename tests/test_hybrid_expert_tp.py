@@ -215,18 +215,20 @@ def test_a_recorded_tp_moe_program_replays_to_the_same_result():
             (direct.time_s, direct.rank_times, direct.memory_bytes, direct.correct)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(experts=st.sampled_from([2, 4, 8]), top_k=st.integers(1, 2), ep=st.sampled_from([1, 2, 4, 8]),
        etp=st.sampled_from([1, 2]), pp=st.sampled_from([1, 2]), shared=st.integers(0, 1), zipf=st.booleans(),
-       schedule=st.sampled_from(["1f1b", "gpipe", "interleaved", "deepspeed"]), seed=st.integers(0, 3))
+       schedule=st.sampled_from(["1f1b", "gpipe", "interleaved", "deepspeed"]), seed=st.integers(0, 3),
+       modes=st.sampled_from([{}, {"distributed_optimizer": True}, {"recompute": True},
+                              {"selective_recompute": True, "distributed_optimizer": True}]))
 def test_random_small_tp_moe_configurations_are_correct_and_order_independent(experts, top_k, ep, etp, pp, shared,
-                                                                              zipf, schedule, seed):
+                                                                              zipf, schedule, seed, modes):
     dp = 8 // (2 * pp)
     if experts % ep or (dp * 2) % (ep * etp):
         ep = 1
     workload = toy(experts, top_k, shared, "zipf:1.3" if zipf else "uniform", seed)
     results = [simulate(HYBRID, "2x4xA100-80GB", workload, 2 * dp, pp=pp, ep=ep, schedule=schedule,
-                        start_order_seed=order, **{**TP_MOE, "etp": etp}) for order in (None, 7)]
+                        start_order_seed=order, **{**TP_MOE, "etp": etp}, **modes) for order in (None, 7)]
     assert all(r.correct for r in results), results[0].problems
     a, b = results
     assert (a.time_s, a.rank_times, a.memory_bytes) == (b.time_s, b.rank_times, b.memory_bytes)

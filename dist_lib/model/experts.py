@@ -83,20 +83,24 @@ class MoEModel(ExpertParts, Model):
 
     # ---- experts' weights -----------------------------------------------------------------------
 
-    def load_experts(self, layer: int, experts: range | Iterable[int], *, tp_rank: int = 0,
-                     tp_size: int = 1) -> tuple[ExpertWeight, ExpertOptState]:
+    def load_experts(self, layer: int, experts: range | Iterable[int], *, tp_rank: int = 0, tp_size: int = 1,
+                     shard: int = 0, num_shards: int = 1) -> tuple[ExpertWeight, ExpertOptState]:
         """Weights and optimizer state of the routed experts `experts` of MoE layer `layer`; with `tp_size` > 1,
-        expert-TP shard `tp_rank` of each (1/tp_size of its width, `ExpertParts`)."""
+        expert-TP shard `tp_rank` of each (1/tp_size of its width, `ExpertParts`); with `num_shards` > 1, ZeRO
+        shard `shard` of that (the distributed optimizer's, over the expert-data-parallel group)."""
         where = f"rank {self.rank} load_experts(layer {layer})"
         self._moe_layer(layer, where)
         mask = self._experts_mask(experts, where)
         self._check_expert_shard(tp_rank, tp_size, where)
+        if shard.__class__ is not int or num_shards.__class__ is not int or not 0 <= shard < num_shards:
+            raise TensorError(f"{where}: shard={shard!r}, num_shards={num_shards!r} is not a ZeRO shard")
         mem = self._mem
         mem.context = ("load_experts", layer)
-        params = mask.bit_count() * self._books.expert_params // tp_size
+        params = mask.bit_count() * self._books.expert_params / tp_size / num_shards
         self._books.loaded.setdefault((self.rank, layer), set()).add(mask)
-        return (ExpertWeight(mem, params * WEIGHT_BYTES, self.rank, layer, 0, 1, 1, tp_rank, tp_size, 0, mask),
-                ExpertOptState(mem, params * OPTIMIZER_BYTES, self.rank, layer, 0, 1, 1, tp_rank, tp_size, 0, mask))
+        place = (1 << shard, num_shards, tp_rank, tp_size, 0, mask)
+        return (ExpertWeight(mem, int(params * WEIGHT_BYTES), self.rank, layer, 0, *place),
+                ExpertOptState(mem, int(params * OPTIMIZER_BYTES), self.rank, layer, 0, *place))
 
     def update_experts(self, layer: int, grad: ExpertGrad, weight: ExpertWeight,
                        opt_state: ExpertOptState) -> tuple[ExpertWeight, ExpertOptState]:
@@ -118,18 +122,29 @@ class MoEModel(ExpertParts, Model):
             raise TensorError(f"{where}: the gradient holds the tokens of {held} {describe_mask(grad.samples)} "
                               f"but not {describe_mask(missing)}; all_reduce it over the "
                               f"ranks that hold the same experts (the expert-data-parallel group) first")
-        key = (self.rank, layer, opt_state.experts)
+        shards, num = opt_state.shards, opt_state.num_shards
+        for name, t in (("grad", grad), ("weight", weight)):  # whole, or holding the optimizer state's shard
+            if t.num_shards != 1 and (t.num_shards != num or t.shards & shards != shards):
+                raise TensorError(f"{where}: {name} {t!r} does not hold the optimizer state's shard "
+                                  f"{describe_mask(shards)} of {num}; reduce_scatter the gradient over the "
+                                  f"expert-data-parallel group")
+        key = (self.rank, layer, opt_state.experts, shards)
         if key in self._books.updated or weight.step:
             raise TensorError(f"{where}: experts {describe_mask(opt_state.experts)} were already updated")
         self._books.updated.add(key)
-        params = opt_state.experts.bit_count() * self._books.expert_params // opt_state.tp_size
+        params = opt_state.experts.bit_count() * self._books.expert_params / opt_state.tp_size * shards.bit_count() \
+            / num
         from dist_lib.costs.compute import ADAM_BYTES_PER_PARAM, update_time
         self._advance("update_experts", layer, self._full_batch, update_time(self.device, params), 0.0,
                       int(params * ADAM_BYTES_PER_PARAM))
-        mask = opt_state.experts
-        tp = (opt_state.tp_rank, opt_state.tp_size)
-        return (ExpertWeight(weight, 0, self.rank, layer, 1, 1, 1, *tp, self._full_batch, mask),
-                ExpertOptState(opt_state, 0, self.rank, layer, 1, 1, 1, *tp, self._full_batch, mask))
+        place = (shards, num, opt_state.tp_rank, opt_state.tp_size, self._full_batch, opt_state.experts)
+        if (weight.shards, weight.num_shards) == (shards, num):
+            buffer, nbytes = weight, 0  # updated in place
+        else:  # the updated shard of a whole 16-bit weight, to all_gather (the distributed optimizer)
+            buffer, nbytes = self._mem, int(params * WEIGHT_BYTES)
+            buffer.context = ("update_experts", layer)
+        return (ExpertWeight(buffer, nbytes, self.rank, layer, 1, *place),
+                ExpertOptState(opt_state, 0, self.rank, layer, 1, *place))
 
     def set_final_experts(self, layer: int, weight: ExpertWeight) -> None:
         """Hand in this rank's updated experts of `layer` for the end-of-step check."""
@@ -137,6 +152,9 @@ class MoEModel(ExpertParts, Model):
         if type(weight) is not ExpertWeight or weight.layer != layer:
             raise TensorError(f"{where}: expected layer {layer}'s ExpertWeight, got {weight!r}")
         self._check_own(weight, where)
+        if not weight.is_complete:
+            raise TensorError(f"{where}: {weight!r} is a ZeRO shard; all_gather the updated shards over the "
+                              f"expert-data-parallel group and hand in the whole")
         self._books.finals.append((self.rank, layer, weight.experts, weight.step, weight.samples, weight.tp_rank,
                                    weight.tp_size))
 

@@ -4,7 +4,7 @@ They extend the program format of `recording.py` (opcodes after its own; `replay
 Experts are written as the half-open intervals of the expert numbers the op took (read from its result, so
 a range and a list of the same experts record alike):
 
-    LOAD_EXPERTS layer c (start stop) x c tp_rank tp_size -> expert weight, expert optimizer state
+    LOAD_EXPERTS layer c (start stop) x c tp_rank tp_size shard num_shards -> expert weight, optimizer state
     UPDATE_EXPERTS layer grad weight opt               -> expert weight, expert optimizer state
     FINAL_EXPERTS layer weight                         -> (nothing)
     ROUTE layer act weight modes                       -> routed
@@ -75,9 +75,11 @@ class ExpertOpsRecording:
             return None
         return handles, [self._t(p, where) for p in handles]  # type: ignore[attr-defined]
 
-    def load_experts(self, layer: int, experts: Any, *, tp_rank: int = 0, tp_size: int = 1) -> tuple[Any, Any]:
-        weight, opt = self._model.load_experts(layer, experts, tp_rank=tp_rank, tp_size=tp_size)
-        self._emit(LOAD_EXPERTS, layer, *self._experts_words(weight.experts), tp_rank, tp_size)
+    def load_experts(self, layer: int, experts: Any, *, tp_rank: int = 0, tp_size: int = 1, shard: int = 0,
+                     num_shards: int = 1) -> tuple[Any, Any]:
+        weight, opt = self._model.load_experts(layer, experts, tp_rank=tp_rank, tp_size=tp_size, shard=shard,
+                                               num_shards=num_shards)
+        self._emit(LOAD_EXPERTS, layer, *self._experts_words(weight.experts), tp_rank, tp_size, shard, num_shards)
         return self._wrap(weight), self._wrap(opt)
 
     def update_experts(self, layer: int, grad: Any, weight: Any, opt_state: Any) -> tuple[Any, Any]:

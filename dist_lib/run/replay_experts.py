@@ -76,10 +76,11 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         if i + 1 >= n:
             raise fail("the program ends inside this entry")
         chosen, at = experts(i + 2)
-        if at + 1 >= n:
+        if at + 3 >= n:
             raise fail("the program ends inside this entry")
-        table.extend(model.load_experts(small(1), chosen, tp_rank=small(at - i), tp_size=small(at + 1 - i)))
-        at += 2
+        table.extend(model.load_experts(small(1), chosen, tp_rank=small(at - i), tp_size=small(at + 1 - i),
+                                        shard=small(at + 2 - i), num_shards=small(at + 3 - i)))
+        at += 4
     elif op == DISPATCH:
         chosen, at = experts(i + 2)
         table.append(model.dispatch(get(1), chosen))
