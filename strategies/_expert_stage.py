@@ -52,7 +52,6 @@ class ExpertPlan:
     my_experts: range
     per_rank: int
     peer_microbatches: tuple[tuple[range, ...], ...]  # each exchange peer's microbatches, in group order
-    peer_parts: tuple[int, ...] = ()  # each exchange peer's sequence part (its TP rank), with tp > 1
     tp: int = 1
     etp: int = 1
     etp_rank: int = 0
@@ -82,7 +81,7 @@ class ExpertPlan:
                    my_experts=range(position * per_rank, (position + 1) * per_rank), per_rank=per_rank,
                    peer_microbatches=tuple(microbatches(*replica_samples(model.global_batch_size, layout.dp, i // tp),
                                                         microbatch_size) for i in peers),
-                   peer_parts=tuple(i % tp for i in peers), tp=tp, etp=etp, etp_rank=etp_rank)
+                   tp=tp, etp=etp, etp_rank=etp_rank)
 
     def experts_of(self, i: int) -> range:
         """The experts of the i-th member of the exchange group (of EP position i // etp)."""

@@ -38,7 +38,6 @@ from dist_lib.model.expert_parts import ExpertParts, collapse_mask, stash_fp8
 from dist_lib.model.handle import Model
 from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptState, ExpertWeight, Routed, Stash,
                               Tokens, WeightGrad, describe_mask, full_mask)
-from dist_lib.workload import moe as moe_layers
 from dist_lib.workload.routing import expert_loads
 
 
