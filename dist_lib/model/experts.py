@@ -380,7 +380,7 @@ class MoEModel(ExpertParts, Model):
         if type(routed) is not Routed:
             raise TensorError(f"{where}: expected the Routed tensor route() returned, got {routed!r}")
         self._check_own(routed, where)
-        if routed.is_partial:
+        if routed.tp_parts != full_mask(routed.parts):
             raise TensorError(f"{where}: {routed!r} holds TP partial sums of the attention output; all_to_all "
                               f"route()'s pieces in the TP group and reduce_routed them first")
         if routed.combined and not combined:
