@@ -297,7 +297,8 @@ def check_expert_modes(options: Sequence[tuple[str, object]]) -> None:
     """The pipeline options an MoE stage does not cover, refused by name."""
     why = {"cp": "context parallelism and experts are not modelled together yet",
            "overlap_param_gather": "the updated shards are gathered after the step",
-           "fsdp": "the experts' weights are not sharded yet"}
+           "fsdp": "the experts' weights are not sharded yet",
+           "tp_comm_overlap": "the MoE layers' TP exchanges are not pipelined with their GEMMs"}
     for name, value in options:
         if value:
             raise ValueError(f"{name}={value!r} is not covered with a mixture-of-experts workload "
