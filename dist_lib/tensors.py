@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from typing import Any
 
 from dist_lib.memory.tracker import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, Buffer
 
@@ -410,7 +411,29 @@ class ContextActivationGrad(ActivationGrad):
         return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
 
 
+class ContextActivationGradSlice(ActivationGradSlice):
+    """A TP piece of a `ContextActivationGrad`: sequence parallelism inside a CP rank cuts its s/cp tokens
+    t ways, and the backward all-gathers the pieces in the TP group into the CP part's gradient again."""
+
+    __slots__ = ("cp_rank", "cp_size")
+    kind = "activation_grad slice"
+    whole = ContextActivationGrad
+
+    _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "gathers", "cp_rank", "cp_size")
+    _defaults = (1, 1, (), 0, 1)
+
+    def _describe(self) -> str:
+        return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
+
+
 CONTEXT_HIDDEN = (ContextActivation, ContextActivationGrad)
+SLICES[ContextActivationGrad] = ContextActivationGradSlice
+
+
+def cp_part(x: Any) -> tuple:
+    """(cp_rank, cp_size) of a context-parallel hidden state or gradient, () of any other: what its TP
+    pieces carry beside the fields of a plain one."""
+    return (x.cp_rank, x.cp_size) if x.__class__ in CONTEXT_HIDDEN else ()
 
 
 class ContextWeightGrad(WeightGrad):
