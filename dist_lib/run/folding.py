@@ -20,7 +20,9 @@ Folding is exact when three things hold (`plan_fold`):
 
 The representatives' books then stand for every replica's (`expand_books`): the same times, peaks and
 FLOPs, and the weights each handed in and loaded relabelled to its replica (`comm/folding.py`), so that the
-end-of-step check sees every rank's records, as the full step would give them.
+end-of-step check sees every rank's records, as the full step would give them. (Where no piece is
+relabelled, a replica's loaded records are its representative's own list, and the check of what each rank
+kept reads the representatives first: `check_kept_folded`.)
 """
 
 from __future__ import annotations
