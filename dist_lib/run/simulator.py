@@ -27,7 +27,8 @@ from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.reserve import memory_reserve as read_reserve
 from dist_lib.memory.tracker import RankLog, cycle_collector_paused, format_bytes, slot_records
 from dist_lib.model.handle import Model
-from dist_lib.model.experts import ExpertBooks, MoEModel
+from dist_lib.model.expert_books import ExpertBooks
+from dist_lib.model.experts import MoEModel
 from dist_lib.output.result import PerRank, Result
 from dist_lib.specs import shown
 from dist_lib.run.split import Coordinator
