@@ -6,11 +6,12 @@ pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b, interleaved, or
 `deepspeed`), and layer gradients are all-reduced across replicas as soon as a stage's last microbatch has
 passed. With `cp` > 1, each replica's stages run context-parallel (`_context.py`: Megatron-Core's ring
 attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`); with a
-mixture-of-experts workload, `ep` lays expert-parallel groups over the replicas of each stage (EP x PP x DP,
-`_expert_stage.py`); `distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `fp8`
-runs the linear layers' GEMMs in FP8, `tp_comm_overlap` pipelines the TP collectives with the GEMMs
-(`costs/tp_overlap.py`), and `framework` takes a framework's defaults (`_frameworks.py`). Every
-option, its source and its effect: docs/reference/strategies.md, "hybrid's options".
+mixture-of-experts workload, `ep` and `etp` lay Megatron-Core's expert grid over the ranks of each stage (EP x
+ETP x PP x DP beside TP, `_expert_stage.py`; the distributed optimizer's `_expert_sharded.py`);
+`distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `fp8` runs the linear layers'
+GEMMs in FP8, `tp_comm_overlap` pipelines the TP collectives with the GEMMs (`costs/tp_overlap.py`), and
+`framework` takes a framework's defaults (`_frameworks.py`). Every option, its source and its effect:
+docs/reference/strategies.md, "hybrid's options".
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._context import run_context_stage
-from ._expert_stage import ExpertPlan, check_expert_modes, run_expert_stage
+from ._expert_sharded import run_sharded_expert_stage
+from ._expert_stage import ExpertPlan, check_expert_options
 from ._layout import Layout, declared_grid
 from ._plan import build_plan
 from ._frameworks import DECIDED, framework_defaults
@@ -38,7 +40,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 ep: int | None = None, distributed_optimizer: bool | None = None,
                 overlap_param_gather: bool | None = None, fsdp: bool | None = None,
                 replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
-                tp_comm_overlap: bool = False, framework: str | None = None) -> None:
+                tp_comm_overlap: bool = False, framework: str | None = None, etp: int | None = None) -> None:
     # the options a framework decides default to None, "not given" (`_frameworks.DECIDED`): the run's value,
     # else the framework's, else hybrid's own default
     chosen = framework_defaults(framework, {k: v for k, v in locals().items() if k in DECIDED}, tp)
@@ -66,14 +68,18 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange, fp8=fp8)
     plan.tp_comm_overlap = tp_comm_overlap
     if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
-        if cp != 1 or sharding != "none" or fp8 is not None:
-            raise ValueError("experts (ep) run without cp, distributed_optimizer, fsdp and fp8 (not modelled "
-                             "together yet)")
-        check_expert_modes((("recompute", recompute), ("selective_recompute", selective_recompute),
-                            ("sequence_parallel", sequence_parallel)))
+        check_expert_options(tp, (("recompute", recompute), ("selective_recompute", selective_recompute),
+                                  ("sequence_parallel", sequence_parallel), ("cp", cp != 1 and cp),
+                                  ("overlap_param_gather", overlap_param_gather), ("fsdp", fsdp),
+                                  ("tp_comm_overlap", tp_comm_overlap)))
         layout = Layout.build(model.world_size, dp, pp, tp)
-        await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size))
+        await run_sharded_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep,
+                                                                     microbatch_size, tp if etp is None else etp),
+                                       sharding)
         return
+    if etp is not None:
+        raise ValueError(f"etp={etp!r} is the experts' tensor-parallel size; workload {model.workload.name} has no "
+                         f"experts")
     options = {}
     if sharding == "optimizer":
         options = dict(overlap_param_gather=overlap_param_gather)

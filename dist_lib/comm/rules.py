@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dist_lib.errors import CollectiveMismatchError, TensorError
-from dist_lib.tensors import CONTEXT_HIDDEN, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationGrad, ContextActivationGradSlice, ContextWeightGrad, KVBlock, OptState, Tensor, Weight, WeightGrad, cp_part, describe_mask, full_mask
+from dist_lib.tensors import CONTEXT_HIDDEN, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationGrad, ContextActivationGradSlice, ContextWeightGrad, ExpertGrad, ExpertWeight, KVBlock, OptState, Tensor, Weight, WeightGrad, cp_part, describe_mask, full_mask
 
 if TYPE_CHECKING:
     from dist_lib.comm.groups import Collective, Group
@@ -60,11 +60,12 @@ def unfit(op: str, t: Tensor) -> bool:
             return False
         if cls is KVBlock:  # a CP rank's keys and values (Llama 3's all-gather)
             return t.grad or t.parts == full_mask(t.cp_size)
-        return not (cls is Weight or cls is OptState or cls is WeightGrad) or t.is_complete
+        return not (cls is Weight or cls is OptState or cls is WeightGrad or cls is ExpertWeight) or t.is_complete
     if cls is KVBlock:  # the gradients of every rank's keys and values, each summed at its owner
         return not t.grad or t.parts != full_mask(t.cp_size)
-    # a layer's gradient, or a CP rank's sequence parts of it (sharded over dp x cp: `_scattered_parts`)
-    return (cls is not WeightGrad and cls is not ContextWeightGrad) or not t.is_complete
+    # a layer's gradient, a CP rank's sequence parts of it (sharded over dp x cp: `_scattered_parts`), or an
+    # expert's (the distributed optimizer's, over the expert-data-parallel group)
+    return (cls is not WeightGrad and cls is not ContextWeightGrad and cls is not ExpertGrad) or not t.is_complete
 
 
 def explain_input(op: str, t: Any, group: Group, rank: int) -> None:
@@ -115,6 +116,11 @@ def combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[lis
         return [reduced] * len(inputs), nbytes, label
     _same_tp_slice(coll, inputs)
     first = inputs[0]
+    if first.__class__ is ExpertGrad or first.__class__ is ExpertWeight:  # the distributed optimizer's experts
+        if len({t.experts for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: members hold different experts "
+                                          f"{ {r: describe_mask(t.experts) for r, t in zip(ranks, inputs)} }; "
+                                          f"{op} an expert's tensors among the ranks that hold that expert")
     if first.__class__ is KVBlock:
         return _kv_blocks(coll, op, inputs)
     if op == "all_gather" and first.__class__ in (ActivationSlice, ActivationGradSlice, ContextActivationGradSlice):

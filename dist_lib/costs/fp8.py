@@ -80,8 +80,13 @@ def fp8_device(device: Device) -> Device:
 def cast_bytes(workload: Workload, samples: int, tp: int, pass_: str, recipe: str) -> float:
     """HBM bytes of the casts one layer pass of `samples` samples on a TP rank runs (`pass_`: forward,
     input or weight; the weight-gradient GEMM reuses the transposed copies the other two made)."""
+    return shapes_cast_bytes(arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp), pass_, recipe)
+
+
+def shapes_cast_bytes(shapes: list[tuple[float, float, float]], pass_: str, recipe: str) -> float:
+    """HBM bytes of the casts feeding the FP8 GEMMs whose forward shapes (M, N, K) are `shapes`, in one pass
+    (as `cast_bytes`; an MoE layer's attention and expert GEMMs give theirs, `costs.moe_ops`)."""
     per_element = CAST_BYTES + AMAX_BYTES[recipe]
-    shapes = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
     again = recipe == "tensorwise"  # torchao casts the saved 16-bit input and weight again in backward
     if pass_ == "forward":
         return per_element * sum(m * k + k * n for m, n, k in shapes)
