@@ -40,7 +40,8 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 ep: int | None = None, distributed_optimizer: bool | None = None,
                 overlap_param_gather: bool | None = None, fsdp: bool | None = None,
                 replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
-                tp_comm_overlap: bool = False, framework: str | None = None, etp: int | None = None) -> None:
+                tp_comm_overlap: bool = False, framework: str | None = None, etp: int | None = None,
+                moe_dispatcher: str = "alltoall") -> None:
     # the options a framework decides default to None, "not given" (`_frameworks.DECIDED`): the run's value,
     # else the framework's, else hybrid's own default
     chosen = framework_defaults(framework, {k: v for k, v in locals().items() if k in DECIDED}, tp)
@@ -74,9 +75,13 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                                   ("tp_comm_overlap", tp_comm_overlap)))
         layout = Layout.build(model.world_size, dp, pp, tp)
         await run_sharded_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep,
-                                                                     microbatch_size, tp if etp is None else etp),
+                                                                     microbatch_size, tp if etp is None else etp,
+                                                                     moe_dispatcher),
                                        sharding)
         return
+    if moe_dispatcher != "alltoall":
+        raise ValueError(f"moe_dispatcher={moe_dispatcher!r} says how an MoE layer's tokens reach their experts; "
+                         f"workload {model.workload.name} has no experts")
     if etp is not None:
         raise ValueError(f"etp={etp!r} is the experts' tensor-parallel size; workload {model.workload.name} has no "
                          f"experts")
