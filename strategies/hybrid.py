@@ -7,7 +7,8 @@ pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b, interleaved, or
 passed. With `cp` > 1, each replica's stages run context-parallel (`_context.py`: Megatron-Core's ring
 attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`); with a
 mixture-of-experts workload, `ep` and `etp` lay Megatron-Core's expert grid over the ranks of each stage (EP x
-ETP x PP x DP beside TP, `_expert_stage.py`; the distributed optimizer's `_expert_sharded.py`);
+ETP x PP x DP beside TP, `_expert_stage.py`; the distributed optimizer's `_expert_sharded.py`;
+`moe_dispatcher` the token dispatch, flat or hierarchical as DeepEP/HybridEP);
 `distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `fp8` runs the linear layers'
 GEMMs in FP8, `tp_comm_overlap` pipelines the TP collectives with the GEMMs (`costs/tp_overlap.py`), and
 `framework` takes a framework's defaults (`_frameworks.py`). Every option, its source and its effect:

@@ -12,7 +12,7 @@ import pytest
 from dist_lib import Cluster, simulate
 from dist_lib.costs.hierarchical_dispatch import relay_of, relayed_all_to_all_cost, relayed_flows
 from dist_lib.costs.other_collectives import all_to_all_cost
-from dist_lib.errors import StrategyError
+from dist_lib.errors import CollectiveMismatchError, StrategyError
 from dist_lib.run.recording import record
 from dist_lib.run.replay import replay
 from dist_lib.workload.moe import MoE
@@ -147,3 +147,32 @@ def test_a_recorded_program_replays_with_its_dispatcher():
 def test_wrong_dispatcher_options_are_refused_by_name(workload, options, message):
     with pytest.raises(StrategyError, match=message):
         simulate(HYBRID, CLUSTER, workload, 8, **options)
+
+
+MIXED = '''
+from strategies import moe
+
+
+class OneRankDeepEP:
+    """The model, but its all-to-alls name the DeepEP dispatcher."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def all_to_all(self, *args, **kwargs):
+        return self._model.all_to_all(*args, dispatcher="deepep", **kwargs)
+
+
+async def train(model, **options):
+    await moe.train(OneRankDeepEP(model) if model.rank == 0 else model, **options)
+'''
+
+
+def test_members_naming_different_dispatchers_are_a_mismatch_naming_both(tmp_path):
+    path = tmp_path / "mixed.py"
+    path.write_text(MIXED)
+    with pytest.raises(CollectiveMismatchError, match=r"rank 0 dispatches with 'deepep' but rank 1 with 'alltoall'"):
+        simulate(str(path), CLUSTER, TOY.format(routing="uniform"), 8, ep=8)
