@@ -176,3 +176,15 @@ def test_members_naming_different_dispatchers_are_a_mismatch_naming_both(tmp_pat
     path.write_text(MIXED)
     with pytest.raises(CollectiveMismatchError, match=r"rank 0 dispatches with 'deepep' but rank 1 with 'alltoall'"):
         simulate(str(path), CLUSTER, TOY.format(routing="uniform"), 8, ep=8)
+
+
+@pytest.mark.parametrize("options", [dict(tp=2, sequence_parallel=True, ep=4, etp=2),
+                                     dict(tp=2, sequence_parallel=True, ep=8, etp=1)])
+def test_with_tensor_and_expert_tensor_parallelism_across_nodes_the_step_is_correct_and_shorter(options):
+    """The exchange group spans both nodes (ep x etp = 8 ranks); each sequence part's tokens cross once per
+    node, forwarded to every expert-TP shard there."""
+    workload = TOY.format(routing="zipf:1.2") + ",shared_experts=1"
+    flat = simulate(HYBRID, CLUSTER, workload, 16, pp=1, **options)
+    hier = simulate(HYBRID, CLUSTER, workload, 16, pp=1, moe_dispatcher="hybridep", **options)
+    assert flat.correct and hier.correct, hier.problems
+    assert hier.time_s < flat.time_s
