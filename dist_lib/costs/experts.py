@@ -29,8 +29,9 @@ def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: st
     all experts local, a grouped GEMM does the same work)."""
     moe, h = workload.moe, workload.hidden
     tokens = samples * workload.seq_len
-    params = moe_layers.attention_params(moe, h, workload.heads)
-    forward = [(tokens, (params - h * h) / h / tp, h), (tokens, h, h / tp)] if attention else []  # in, W_o
+    params = moe_layers.attention_matrix_params(moe, h, workload.heads, workload.head_dim)
+    out = moe_layers.attention_output_width(moe, h, workload.heads, workload.head_dim)  # W_o's input width
+    forward = [(tokens, (params - out * h) / h / tp, h), (tokens, h, out / tp)] if attention else []  # in, W_o
     if not moe.is_moe(layer):
         f = moe.dense_ffn_hidden
         forward += [(tokens, 2 * f / tp, h), (tokens, h, f / tp)]

@@ -1,14 +1,23 @@
 """What the ops of an MoE layer under expert parallelism cost (seconds, FLOPs): the dense part on the tokens'
 own rank (`route`: attention and router; `shared_experts`), and one rank's routed experts on the tokens they
 received (`experts.expert_shapes`, a grouped GEMM). Backward passes are the input- and weight-gradient GEMMs,
-as `compute.backward_time` counts them."""
+as `compute.backward_time` counts them.
+
+`route`'s memory-bound kernels are the layer's norms, residual adds, rotary embedding and attention-output
+copy (`Workload.elementwise_bytes`) without the activation of a dense MLP, which an MoE layer does not have:
+its experts' SwiGLU traffic is `experts.swiglu_bytes`, counted where the experts run. A sliding-window layer
+(`MoE.sliding_window`) runs its FlashAttention kernel over the band's FLOPs at the kernel's measured rate for
+a sequence as long as the window (`attention.flash_times` clamps to its shortest measured sequence, 512
+tokens: a 128-key band gets that rate)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from dist_lib.costs import compute, experts
+from dist_lib.costs.attention import flash_times
 from dist_lib.hardware.devices import Device
+from dist_lib.workload import architecture as arch
 from dist_lib.workload.transformer import Workload
 
 
@@ -26,10 +35,30 @@ def route_cost(device: Device, workload: Workload, layer: int, samples: int, bac
         s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, 1, pass_, routed=False,
                                                             shared=False))
         seconds, flops = seconds + s, flops + f
-    core = compute._attention_time(device, workload, samples, 1, backward=backward)
-    seconds += core + compute._stream_time(device, samples * workload.elementwise_bytes(1, backward=backward))
-    flops += workload.attention_core_flops() * samples * (2 if backward else 1)
+    core = _attention_core_time(device, workload, layer, samples, backward)
+    elementwise = workload.elementwise_bytes(1, backward=backward) - samples_mlp_activation_bytes(workload, backward)
+    seconds += core + compute._stream_time(device, samples * elementwise)
+    flops += workload.attention_core_flops(layer) * samples * (2 if backward else 1)
     return compute._layer_pass(workload, 1, seconds), flops
+
+
+def samples_mlp_activation_bytes(workload: Workload, backward: bool) -> float:
+    """One sample's HBM traffic of a dense MLP's activation, which `Workload.elementwise_bytes` counts for a
+    dense layer (`architecture.elementwise_bytes_per_token`: SwiGLU 6f forward, 10f backward; GeLU 4f, 6f)
+    and an MoE layer does not run."""
+    f = arch.ffn_hidden(workload)
+    per_token = (10 if backward else 6) * f if workload.mlp == "swiglu" else (6 if backward else 4) * f
+    return workload.seq_len * per_token * workload.bytes_per_element / 2
+
+
+def _attention_core_time(device: Device, workload: Workload, layer: int, samples: int, backward: bool) -> float:
+    """The attention core of `layer`: the whole causal prefix, or a sliding window's band."""
+    window = workload.moe.window(layer, workload.seq_len)
+    if window >= workload.seq_len or workload.attention == "unfused":
+        return compute._attention_time(device, workload, samples, 1, backward=backward)
+    forward, backward_time = flash_times(device, workload.attention, samples * workload.attention_core_flops(layer),
+                                         arch.head_dim(workload), window)
+    return backward_time if backward else forward
 
 
 def shared_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool) -> tuple[float, float]:
