@@ -12,6 +12,7 @@ tokens: a 128-key band gets that rate)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from dist_lib.costs import compute, experts
@@ -71,11 +72,25 @@ def shared_cost(device: Device, workload: Workload, layer: int, samples: int, ba
     return seconds, flops
 
 
+def grouped_gemms(device: Device, workload: Workload, shapes: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(seconds, FLOPs) of one grouped GEMM over `shapes`: a grouped kernel (CUTLASS's grouped GEMM, which
+    Transformer Engine's GroupedLinear and Megatron-Core's `--moe-grouped-gemm` run) schedules the tiles of
+    every group over the SMs together, so groups of one shape are timed as one batch of tiles
+    (`compute.gemm_time`'s batch), whose waves fill the SMs that one small expert's GEMM leaves idle
+    (NVIDIA CUTLASS docs, "Grouped GEMM"). Groups of distinct shapes (skewed routing) are timed batch by batch."""
+    seconds = flops = 0.0
+    for (m, n, k), count in Counter(shapes).items():
+        seconds += compute.gemm_time(device, m, n, k, count, workload.bytes_per_element)
+        flops += 2.0 * m * n * k * count
+    return seconds, flops
+
+
 def experts_cost(device: Device, workload: Workload, tokens: Sequence[int], backward: bool) -> tuple[float, float]:
-    """(seconds, FLOPs) of one rank's local experts on `tokens[i]` tokens each (the padded slots included)."""
+    """(seconds, FLOPs) of one rank's local experts on `tokens[i]` tokens each (the padded slots included),
+    as one grouped GEMM a pass (`grouped_gemms`)."""
     seconds = flops = 0.0
     for pass_ in (("input", "weight") if backward else ("forward",)):
-        s, f = _gemms(device, workload, experts.expert_shapes(workload, tokens, pass_))
+        s, f = grouped_gemms(device, workload, experts.expert_shapes(workload, tokens, pass_))
         seconds += s + (compute._stream_time(device, experts.swiglu_bytes(workload, sum(tokens),
                                                                             backward=backward))
                         if pass_ != "weight" else 0.0)
