@@ -1,0 +1,63 @@
+"""The Megatron-Bridge MoE fidelity set (benchmarks/fidelity_moe.py): its rows as published, the options each
+becomes, and which rows hybrid can express (decided on a small probe; the full runs are the benchmark's)."""
+
+import pytest
+
+from benchmarks.fidelity_moe import (ROWS, BridgeRow, expressible, options, partition, refusal, run)
+from dist_lib.errors import StrategyError
+
+
+def _row(container, model):
+    return next(r for r in ROWS if r.container == container and r.model == model)
+
+
+def test_the_published_rows_and_the_step_time_they_imply():
+    gpt_oss = _row("26.04.01", "gpt-oss-120b")
+    assert (gpt_oss.gpus, gpt_oss.gbs, gpt_oss.pp, gpt_oss.ep, gpt_oss.dp) == (64, 1280, 4, 8, 16)
+    assert gpt_oss.measured_s == pytest.approx(1280 * 4096 / (5824 * 64))  # 14.07 s
+    qwen = _row("26.04.01", "qwen3-235b-a22b")
+    assert (qwen.tp, qwen.pp, qwen.vp, qwen.ep, qwen.dp) == (2, 8, 4, 32, 16)
+    assert {r.container for r in ROWS} == {"26.04.01", "26.02"} and len(ROWS) == 6
+
+
+def test_options_follow_the_row():
+    plan = options(_row("26.04.01", "qwen3-235b-a22b"))
+    assert plan["schedule"] == "interleaved" and plan["chunks"] == 4 and plan["fp8"] == "tensorwise"
+    assert plan["sequence_parallel"] and plan["distributed_optimizer"] and plan["overlap_param_gather"]
+    # 94 layers + embedding + loss = 96 places of 3 over 32 blocks (account_for_*_in_pipeline_split)
+    assert plan["partition"] == [2] + [3] * 30 + [2] and sum(plan["partition"]) == 94
+    gpt_oss = options(_row("26.04.01", "gpt-oss-120b"))
+    assert gpt_oss["schedule"] == "1f1b" and "fp8" not in gpt_oss and "partition" not in gpt_oss
+    assert partition(_row("26.04.01", "qwen3-30b-a3b"), 48) is None
+
+
+def test_refusal_reads_the_strategys_reason_and_nothing_else():
+    refused = StrategyError("rank 0: ValueError: ep=3 must divide dp (at _expert_stage.py:50 in build)")
+    assert refusal(refused) == "ep=3 must divide dp"
+    assert refusal(StrategyError("rank 0: KeyError: 'x' (at a.py:1 in f)")) is None
+
+
+def test_a_row_hybrid_cannot_lay_out_is_listed_with_its_reason():
+    odd = BridgeRow("test", "qwen3-30b-a3b", 16, "BF16", 64, 1, 4096, 1, 1, None, 3, 1000.0, 1.0)
+    outcome = run(odd)
+    assert outcome.time_s is None and "ep=3" in outcome.refused
+
+
+def test_gpt_oss_is_expressible_or_substituted_with_ddp_only():
+    plan, refused, substituted = expressible(_row("26.04.01", "gpt-oss-120b"))
+    assert plan is not None
+    if substituted is None:  # hybrid takes the distributed optimizer with experts
+        assert refused is None and plan["distributed_optimizer"]
+    else:
+        assert "distributed_optimizer" in refused and not plan["distributed_optimizer"]
+        assert {k: v for k, v in plan.items() if k not in ("distributed_optimizer", "overlap_param_gather")} == \
+            {k: v for k, v in options(_row("26.04.01", "gpt-oss-120b")).items()
+             if k not in ("distributed_optimizer", "overlap_param_gather")}
+
+
+def test_an_fp8_row_is_run_as_published_or_refused_with_hybrids_reason():
+    plan, refused, substituted = expressible(_row("26.04.01", "qwen3-30b-a3b"))
+    if plan is None:
+        assert refused and substituted is None
+    else:
+        assert plan.get("fp8") == "tensorwise"
