@@ -56,7 +56,7 @@ Folding of identical data-parallel replicas is not taken for mixtures of experts
 runs every rank.
 
     python benchmarks/fidelity.py --sets moe_bridge
-    python benchmarks/fidelity_moe.py --containers 26.04.01 --rows gpt-oss-120b
+    python benchmarks/fidelity_moe.py --containers 26.04.01 --rows gpt-oss-120b --breakdown
 """
 
 from __future__ import annotations
@@ -254,8 +254,23 @@ def recompute_share(row: BridgeRow, step_s: float) -> float:
     return per_token * tokens * layers / get_device("H100-80GB").hbm_bandwidth / step_s
 
 
+def breakdown(outcome: Outcome) -> str:
+    """Milliseconds per MoE layer and microbatch of each op on the last rank (the last pipeline stage, which also
+    runs the LM head and the loss), compute and communication apart, as `--breakdown` prints it."""
+    result, row = outcome.result, outcome.row
+    rank = row.gpus - 1
+    totals: dict[str, float] = {}
+    for event in result.events:
+        if event.rank == rank:
+            key = event.op if event.stream == "compute" else f"{event.op} (comm)"
+            totals[key] = totals.get(key, 0.0) + event.duration
+    passes = (row.gbs // row.dp // row.mbs) * -(-workload(row).num_layers // row.pp)
+    return ", ".join(f"{op} {1e3 * seconds / passes:.2f}" for op, seconds in sorted(totals.items(), key=lambda kv: -kv[1])
+                     if 1e3 * seconds / passes >= 0.005)
+
+
 def print_moe_bridge(containers: tuple[str, ...] = CONTAINERS, models: set[str] | None = None,
-                     max_ranks: int = 10**6) -> dict:
+                     max_ranks: int = 10**6, show_breakdown: bool = False) -> dict:
     """Run the set and print one line per row; returns {container: [relative errors of the rows run]}."""
     print(f"Megatron-Bridge MoE pre-training, DGX-H100, seq 4096 ({SOURCE}); simulate(hybrid)")
     print(f"{'container':>9} {'model':>16} {'GPUs':>4} {'prec':>4} {'TP':>2} {'PP':>2} {'VP':>3} {'EP':>3} "
@@ -286,6 +301,8 @@ def print_moe_bridge(containers: tuple[str, ...] = CONTAINERS, models: set[str] 
                              f" of the step")
             print(f"{head} {outcome.time_s:>9.2f} {100 * error:>+6.1f}% {simulated:>9.0f} "
                   f"{time.perf_counter() - started:>4.0f}s" + (f"  ({'; '.join(notes)})" if notes else ""), flush=True)
+            if show_breakdown:
+                print(f"{'':>9} ms per layer and microbatch on rank {row.gpus - 1}: {breakdown(outcome)}", flush=True)
     for container, errs in errors.items():
         print(f"{container}: mean |error| {100 * sum(map(abs, errs)) / len(errs):.1f} %, max |error| "
               f"{100 * max(map(abs, errs)):.1f} % over {len(errs)} of "
@@ -298,13 +315,14 @@ def main() -> None:
     parser.add_argument("--containers", default=",".join(CONTAINERS), help="comma-separated: 26.04.01, 26.02")
     parser.add_argument("--rows", default="", help="comma-separated presets (e.g. gpt-oss-120b) to run alone")
     parser.add_argument("--max-ranks", type=int, default=10**6, help="skip rows with more GPUs than this")
+    parser.add_argument("--breakdown", action="store_true", help="print each op's time per layer and microbatch")
     args = parser.parse_args()
     containers = tuple(c.strip() for c in args.containers.split(",") if c.strip())
     unknown = set(containers) - set(CONTAINERS)
     if unknown:
         parser.error(f"unknown container(s) {', '.join(sorted(unknown))} (known: {', '.join(CONTAINERS)})")
     models = {r.strip() for r in args.rows.split(",") if r.strip()} or None
-    print_moe_bridge(containers, models, args.max_ranks)
+    print_moe_bridge(containers, models, args.max_ranks, args.breakdown)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ the routed experts' grouped GEMM on the tokens one rank's experts received.
 
 The experts of one rank run as one grouped GEMM (Megatron-Core's `--moe-grouped-gemm`; DeepSeek-V3's
 kernels likewise): each local expert e multiplies its n_e tokens by its gate/up (h x 2f) and down (f x h)
-matrices, each timed by the GEMM roofline of its shape (`compute.gemm_time`), plus the SwiGLU's elementwise
+matrices, the experts' GEMMs of one shape timed together as one batch of tiles (`moe_ops.grouped_gemms`,
+`compute.gemm_time`), plus the SwiGLU's elementwise
 traffic (read 2f, write f per token, 16-bit; its backward reads 3f and writes 2f). The slowest EP rank
 is the one whose experts received the most tokens: the imbalance of `workload.routing` shows up here.
 """
