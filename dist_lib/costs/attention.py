@@ -12,7 +12,7 @@ mask, backward 2.5 times the forward (it recomputes the scores), forward + backw
 
 FlashAttention-3's backward is not given point by point; the paper reports it 1.5-1.75x faster than
 FlashAttention-2's, and the lower end is taken. A device without a measurement of its own uses the fraction of
-peak its reference device reaches (`REFERENCE`): the H200 and H100 PCIe run the H100's kernels, the A100 40GB the
+peak its reference device reaches (`REFERENCE`): the H200, H100 PCIe and H100 HBM2e run the H100's kernels, the A100 40GB the
 A100 80GB's. Any other device has no published figure: asking for a flash kernel there is an error.
 """
 
@@ -36,6 +36,7 @@ MEASURED: dict[tuple[str, str, str, int], tuple[float, ...]] = {
     ("flash3", "fwd", "H100-80GB", 128): (292, 423, 521, 579, 602, 616),
 }
 REFERENCE = {"H100-80GB": "H100-80GB", "H200-141GB": "H100-80GB", "H100-PCIe-80GB": "H100-80GB",
+             "H100-HBM2e-96GB": "H100-80GB",
              "A100-80GB": "A100-80GB", "A100-40GB": "A100-80GB"}
 REFERENCE_PEAK = {"H100-80GB": 989e12, "A100-80GB": 312e12}
 FLASH3_BACKWARD_SPEEDUP = 1.5  # Shah et al. 2024, sec. 4.1: backward 1.5-1.75x FlashAttention-2's
