@@ -20,9 +20,9 @@ perf_recipes/_common.py, are the hints; they are later than the containers and a
   (`moe_router_force_load_balancing = True` in every recipe);
 * the token dispatcher: an all-to-all over the EP group and back, each MoE layer's experts of a rank as one
   grouped GEMM, the permutation an HBM copy (hybrid's MoE layers, `strategies/_expert_stage.py`); the recipes
-  name `alltoall` (Qwen3-235B, GPT-OSS's base recipe) and HybridEP (Qwen3-30B FP8), and overlap the EP
-  all-to-all with other microbatches' compute (`overlap_moe_expert_parallel_comm`) in the Qwen3 recipes, which
-  hybrid does not do: its all-to-alls are exposed;
+  name `alltoall` (Qwen3-235B, GPT-OSS's base recipe) and HybridEP (Qwen3-30B FP8); the Qwen3-235B recipe
+  overlaps the EP all-to-all with another microbatch's compute (`moe_a2a_overlap`,
+  `overlap_moe_expert_parallel_comm`), which hybrid does not do: its all-to-alls are exposed;
 * attention: `flash3`, standing for Transformer Engine's cuDNN fused attention, as benchmarks/fidelity_h100.py
   argues;
 * gradients reduced in 16 bits (`grad_bytes_per_element=2`): `_benchmark_common` sets `grad_reduce_in_fp32 =
@@ -30,7 +30,8 @@ perf_recipes/_common.py, are the hints; they are later than the containers and a
 * the distributed optimizer with the gradient reduce-scatter overlapped with the backward and the parameter
   all-gather with the forward (`distributed_optimizer=True, overlap_param_gather=True, overlap_grad_reduce=True`):
   FSDP 0 on the page is DDP, and the recipes' DDP settings are `use_distributed_optimizer = True`,
-  `overlap_grad_reduce = True`, `overlap_param_gather = True`;
+  `overlap_grad_reduce = True`, `overlap_param_gather = True` (the Qwen3-235B recipe overlaps the parameter
+  all-gather with the optimizer step instead, which hybrid does not offer);
 * FP8 rows: `fp8="tensorwise"`, the recipes' `fp8_cs` (Transformer Engine's current scaling: amax then cast,
   as torchao's tensorwise recipe counts it, `costs/fp8.py`);
 * TP > 1: sequence parallelism (the Qwen3-235B recipe sets it), no TP communication overlap
