@@ -15,7 +15,8 @@ checkpoints and the papers); registered beside the GPT presets of `workload.tran
   query heads of head_dim 128 (wider than h / heads), 4 KV heads, 128 experts of moe_intermediate_size 768 and
   1536, top-8, no shared experts, every layer MoE, QK-norm, no biases, vocabulary 151936, untied embeddings.
   Published (model cards) 30.5 B total / 3.3 B activated and 235 B / 22 B; the cards' non-embedding totals,
-  29.9 B and 234 B, match too.
+  29.9 B and 234 B, match too. The active counts from config.json, 3.353 B and 22.19 B, are 1.6 % and 0.9 %
+  above the cards' two-digit figures: within the cards' rounding only if they truncate.
 * `gpt-oss-120b`, `gpt-oss-20b`: OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", sec. 2.1 and Table 1,
   and openai/gpt-oss-120b, gpt-oss-20b config.json: 36 and 24 layers of h = 2880, 64 query heads of head_dim
   64, 8 KV heads, 128 and 32 experts of intermediate_size 2880, top-4, biases on attention, router and experts
