@@ -61,3 +61,14 @@ def test_an_fp8_row_is_run_as_published_or_refused_with_hybrids_reason():
         assert refused and substituted is None
     else:
         assert plan.get("fp8") == "tensorwise"
+
+
+def test_recompute_share_of_gpt_oss_by_hand():
+    from benchmarks.fidelity_moe import recompute_share
+    from dist_lib.hardware.devices import get_device
+    row = _row("26.04.01", "gpt-oss-120b")
+    per_token = 2 * (2 * 2880) * 2 + 4 * 3 * 2880 * 2  # two RMSNorms (read and write h), 4 experts' SwiGLU (2f + f)
+    tokens = 1280 // 16 * 4096  # one replica's tokens
+    expected = per_token * tokens * 9 / get_device("H100-80GB").hbm_bandwidth  # 9 layers a stage
+    assert recompute_share(row, 1.0) == pytest.approx(expected)
+    assert recompute_share(row, 9.9) == pytest.approx(0.008, abs=0.0005)  # the ~0.8 % the table prints
