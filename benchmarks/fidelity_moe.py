@@ -35,7 +35,8 @@ perf_recipes/_common.py, are the hints; they are later than the containers and a
 * FP8 rows: `fp8="tensorwise"`, the recipes' `fp8_cs` (Transformer Engine's current scaling: amax then cast,
   as torchao's tensorwise recipe counts it, `costs/fp8.py`);
 * TP > 1: sequence parallelism (the Qwen3-235B recipe sets it), no TP communication overlap
-  (`tp_comm_overlap=False` in that recipe);
+  (`tp_comm_overlap=False` in that recipe), experts not split over TP (`etp=1`: the Qwen3-235B base recipe's
+  `expert_tensor_parallel_size = 1`), so the 32-way EP group spans the dp x tp = 32 ranks of a stage;
 * VP > 1: the interleaved schedule with VP chunks per stage; Qwen3-235B's 94 layers over PP 8 x VP 4 = 32
   blocks as Megatron-Core splits them with `account_for_embedding_in_pipeline_split` and
   `account_for_loss_in_pipeline_split` (the Qwen3 MoE recipes set both): the embedding and the loss each take
@@ -47,12 +48,14 @@ perf_recipes/_common.py, are the hints; they are later than the containers and a
   printed beside the row.
 
 Rows `hybrid` refuses as configured are printed "not expressible: <the strategy's reason>" and left out of the
-error figures; nothing is substituted silently. A row whose only refusal is the distributed optimizer with
-experts runs again with plain DDP (gradient all-reduce overlapped with the backward) and is marked
-"substituted": on a ring, an all-reduce moves the bytes of a reduce-scatter plus an all-gather, both overlapped
-with compute in either case, and the Adam step on a rank's whole state instead of 1/dp of it is memory-bound
-(GPT-OSS-120B at PP 4, EP 8: about 4 B parameters a rank, tens of milliseconds against a step of seconds), so the
-substitution is a stated approximation, not a tuning.
+error figures; nothing is substituted silently. Two substitutions, each marked "substituted" in the row, are
+made when the refusal is about them alone, in this order: the updated parameter shards all-gathered after the
+step rather than overlapped with the next forward (`overlap_param_gather=False`; its time is then exposed and
+counted in the step: for GPT-OSS-120B about 7 GB of expert weights over a 2-rank expert-data-parallel group,
+some 0.1 s of a 10 s step); then plain DDP in place of the distributed optimizer (gradient all-reduce
+overlapped with the backward: on a ring an all-reduce moves the bytes of a reduce-scatter plus an all-gather,
+and the Adam step runs on a rank's whole state instead of 1/dp of it, memory-bound, tens of milliseconds).
+They are stated approximations, not tunings.
 Folding of identical data-parallel replicas is not taken for mixtures of experts (`run.simulator`), so each row
 runs every rank.
 
@@ -156,6 +159,8 @@ def options(row: BridgeRow, layers: int | None = None) -> dict:
                 sequence_parallel=row.tp > 1, tp_comm_overlap=False)
     if row.vp:
         plan["chunks"] = row.vp
+    if row.tp > 1:
+        plan["etp"] = 1
     split = partition(row, layers or workload(row).num_layers)
     if split is not None:
         plan["partition"] = split
@@ -164,12 +169,19 @@ def options(row: BridgeRow, layers: int | None = None) -> dict:
     return plan
 
 
-SUBSTITUTABLE = "distributed_optimizer"  # the one refusal a stated substitution answers (module docstring)
+# The stated substitutions (module docstring), in the order they are tried: (a word of the refusal that calls
+# for it, what the row is then marked with, the plan it makes).
+SUBSTITUTIONS = (
+    ("overlap_param_gather", "parameter all-gather after the step",
+     lambda plan: {**plan, "overlap_param_gather": False}),
+    ("distributed_optimizer", "DDP for the distributed optimizer",
+     lambda plan: {**plan, "distributed_optimizer": False, "overlap_param_gather": False}),
+)
 
 
 def ddp(plan: dict) -> dict:
     """The plan with plain DDP in place of the distributed optimizer."""
-    return {**plan, "distributed_optimizer": False, "overlap_param_gather": False}
+    return SUBSTITUTIONS[1][2](plan)
 
 
 def refusal(error: StrategyError) -> str | None:
@@ -209,26 +221,30 @@ def _refused(row: BridgeRow, plan: dict, layers: int | None, global_batch: int) 
 def expressible(row: BridgeRow) -> tuple[dict | None, str | None, str | None]:
     """(the plan to run or None, why the row as published is refused, the substitution the plan makes), decided
     on the probe's size: one layer per pipeline block and pp microbatches a replica (what the interleaved
-    schedule needs at least), refused exactly when the full row is. When the row is refused for more than the
-    distributed optimizer, the remaining reasons are found by taking away the refused settings one at a time
-    (distributed optimizer, then FP8), for the report only."""
+    schedule needs at least), refused exactly when the full row is. The substitutions of `SUBSTITUTIONS` are
+    tried in order while the refusal names them; when the row is still refused, FP8 is taken away too, for the
+    report only (an FP8 row is never run in 16 bits)."""
     layers, batch = row.pp * (row.vp or 1), row.dp * row.mbs * row.pp
     plan = options(row, layers)
     first = _refused(row, plan, layers, batch)
     if first is None:
         return options(row), None, None
-    second = _refused(row, ddp(plan), layers, batch)
-    if second is None and SUBSTITUTABLE in first:
-        return ddp(options(row)), first, "DDP for the distributed optimizer"
-    reasons = [first]
-    if second is not None and second != first:
-        reasons.append(f"with DDP: {second}")
+    reasons, reason, tried = [first], first, plan
+    for word, label, substitute in SUBSTITUTIONS:
+        if word not in reason:
+            continue
+        tried = substitute(plan)
+        reason = _refused(row, tried, layers, batch)
+        if reason is None:
+            return substitute(options(row)), first, label
+        if reason not in reasons:
+            reasons.append(f"with {label}: {reason}")
     if "fp8" in plan:
-        third = _refused(row, {k: v for k, v in ddp(plan).items() if k != "fp8"}, layers, batch)
-        if third is None:  # FP8 is what remains refused
-            reasons = [f"FP8 with experts: {second or first}"]
-        elif third not in (first, second):
-            reasons.append(f"with DDP and without FP8 too: {third}")
+        without = _refused(row, {k: v for k, v in tried.items() if k != "fp8"}, layers, batch)
+        if without is None:
+            reasons = [f"FP8 with experts: {reason}"]
+        elif without not in reason:
+            reasons.append(f"without FP8 too: {without}")
     return None, "; ".join(reasons), None
 
 

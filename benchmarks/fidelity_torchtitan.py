@@ -37,7 +37,11 @@ Every setting the sources do not state was chosen before the first run, and is r
   expressible (nor is Korthikanti's selective recompute a stand-in for it);
 * pipelining: the split torchtitan generates when no split points are given (`torchtitan_split`), with one stage
   per rank for 1F1B and two for Interleaved 1F1B, embedding on the first stage and the head on the last;
-* context parallelism with FSDP and Float8 (Tables 2 and 6) is refused by `hybrid` today: not expressible.
+* context parallelism as `cp` with `kv_exchange="all_gather"`: PyTorch's context-parallel SDPA with the causal
+  load balancing of 2 cp chunks, its keys and values all-gathered (torchtitan's default
+  `--experimental.context_parallel_rotate_method allgather`, torchtitan/config_manager.py, late 2024); FSDP sharded
+  over dp x cp as torchtitan's `dp_shard_cp` mesh does. With async TP (Table 6) it is refused by `hybrid`
+  (`tp_comm_overlap` needs cp = 1): not expressible.
 The simulated figure is the step of `simulate` (no memory enforcement: the memory column is printed beside the
 measured one as a check, not scored); `busy` is the busiest rank's compute time in the simulated step (s), the
 rest of the step being communication that compute did not hide and pipeline bubbles.
@@ -95,8 +99,8 @@ class TorchtitanRun:
 
     def not_expressible(self) -> str | None:
         """Why `hybrid` cannot run this row as published (None if it can)."""
-        if self.cp > 1:
-            return "context parallelism with FSDP and Float8 is refused by hybrid (not modelled together yet)"
+        if self.cp > 1 and self.async_tp:
+            return "async TP with context parallelism is refused by hybrid (tp_comm_overlap needs cp=1)"
         if not self.compile:
             return "eager PyTorch (no torch.compile) runs unfused elementwise kernels one by one: not modelled"
         if self.ac == "op":
@@ -165,6 +169,8 @@ def plan(run: TorchtitanRun) -> dict:
     """hybrid's options for a torchtitan run (see the module docstring for every unstated choice)."""
     options = dict(framework="torchtitan", dp=run.fsdp, pp=run.pp, tp=run.tp, microbatch_size=run.local_batch,
                    schedule=run.schedule, recompute=run.ac == "full", fp8=run.fp8, tp_comm_overlap=run.async_tp)
+    if run.cp > 1:  # FSDP shards over dp x cp (torchtitan's dp_shard_cp mesh), as hybrid's fsdp does with cp
+        options.update(cp=run.cp, kv_exchange="all_gather")
     if run.pp > 1:  # microbatches = stages (`pipeline_parallel_microbatches` default); 2 stages a rank if looped
         chunks = 2 if run.schedule == "interleaved" else 1
         options.update(microbatch_size=run.local_batch // run.pp, chunks=chunks,

@@ -24,6 +24,7 @@ def test_options_follow_the_row():
     plan = options(_row("26.04.01", "qwen3-235b-a22b"))
     assert plan["schedule"] == "interleaved" and plan["chunks"] == 4 and plan["fp8"] == "tensorwise"
     assert plan["sequence_parallel"] and plan["distributed_optimizer"] and plan["overlap_param_gather"]
+    assert plan["etp"] == 1  # the recipe's expert_tensor_parallel_size: EP 32 over the dp x tp = 32 ranks of a stage
     # 94 layers + embedding + loss = 96 places of 3 over 32 blocks (account_for_*_in_pipeline_split)
     assert plan["partition"] == [2] + [3] * 30 + [2] and sum(plan["partition"]) == 94
     gpt_oss = options(_row("26.04.01", "gpt-oss-120b"))
@@ -43,16 +44,18 @@ def test_a_row_hybrid_cannot_lay_out_is_listed_with_its_reason():
     assert outcome.time_s is None and "ep=3" in outcome.refused
 
 
-def test_gpt_oss_is_expressible_or_substituted_with_ddp_only():
+def test_gpt_oss_runs_as_published_or_with_a_stated_substitution_only():
+    published = options(_row("26.04.01", "gpt-oss-120b"))
     plan, refused, substituted = expressible(_row("26.04.01", "gpt-oss-120b"))
     assert plan is not None
-    if substituted is None:  # hybrid takes the distributed optimizer with experts
-        assert refused is None and plan["distributed_optimizer"]
-    else:
-        assert "distributed_optimizer" in refused and not plan["distributed_optimizer"]
-        assert {k: v for k, v in plan.items() if k not in ("distributed_optimizer", "overlap_param_gather")} == \
-            {k: v for k, v in options(_row("26.04.01", "gpt-oss-120b")).items()
-             if k not in ("distributed_optimizer", "overlap_param_gather")}
+    if substituted is None:
+        assert refused is None and plan == published
+    else:  # only the optimizer's settings differ, and the refusal named the one substituted
+        label = {"parameter all-gather after the step": "overlap_param_gather",
+                 "DDP for the distributed optimizer": "distributed_optimizer"}[substituted]
+        assert label in refused
+        changed = {k for k in published if plan[k] != published[k]}
+        assert changed <= {"distributed_optimizer", "overlap_param_gather"} and changed
 
 
 def test_an_fp8_row_is_run_as_published_or_refused_with_hybrids_reason():

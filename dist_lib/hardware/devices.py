@@ -158,10 +158,11 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
 # pricing, us-east-1 (aws.amazon.com/ec2/pricing/on-demand): p5.48xlarge 8 x H100 $98.32; p4de.24xlarge
 # 8 x A100-80GB $40.9657; p4d.24xlarge 8 x A100-40GB $32.7726; p3dn.24xlarge 8 x V100-32GB $31.212;
 # p3.16xlarge 8 x V100-16GB $24.48; g5.12xlarge 4 x A10G $5.672; g6.12xlarge 4 x L4 $4.6016;
-# g4dn.12xlarge 4 x T4 $3.912. P100: Google Cloud's on-demand GPU price, $1.46 per GPU-hour.
+# g4dn.12xlarge 4 x T4 $3.912. P100: Google Cloud's on-demand GPU price, $1.46 per GPU-hour. The g5's GPU is the
+# A10G, which is priced from it; the A10 (not offered on AWS) takes the same price as its nearest sibling.
 PRICES_PER_HOUR = {"H100-80GB": 98.32 / 8, "A100-80GB": 40.9657 / 8, "A100-40GB": 32.7726 / 8,
-                   "V100-32GB": 31.212 / 8, "V100-16GB": 24.48 / 8, "A10": 5.672 / 4, "L4": 4.6016 / 4,
-                   "T4": 3.912 / 4, "P100-16GB": 1.46}
+                   "V100-32GB": 31.212 / 8, "V100-16GB": 24.48 / 8, "A10": 5.672 / 4, "A10G-24GB": 5.672 / 4,
+                   "L4": 4.6016 / 4, "T4": 3.912 / 4, "P100-16GB": 1.46}
 # The devices added with their own prices unknown here are unpriced (0): the planner's cost objective asks for one.
 DEVICES = {name: replace(d, price_per_hour=PRICES_PER_HOUR.get(name, 0.0)) for name, d in DEVICES.items()}
 
