@@ -110,5 +110,5 @@ def test_megatron_arguments_that_do_not_describe_the_workload_are_refused():
         from_megatron(text.replace("--num-experts 8", "--num-experts 16"), workload, 16)
     with pytest.raises(SpecError, match="--moe-token-dispatcher-type allgather is not simulated"):
         from_megatron(text.replace("alltoall", "allgather"), workload, 16)
-    with pytest.raises(SpecError, match="--expert-model-parallel-size 8 is not simulated .*MoE workload"):
+    with pytest.raises(SpecError, match=f"--expert-model-parallel-size {best.ep} is not simulated .*MoE workload"):
         from_megatron(text, Workload.load("gpt-1.3b:layers=4"), 16)
