@@ -284,14 +284,23 @@ def _switch(value: object, where: str) -> bool:
 
 
 def stash_bytes(moe: MoE, seq: int, hidden: int, heads: int, layer: int, tp: int, *, recompute: str,
-                sequence_parallel: bool, bytes_per_element: int) -> float:
+                sequence_parallel: bool, bytes_per_element: int, attention: str = "unfused",
+                dropout: bool = True) -> float:
     """One sample's stash of a layer of an MoE model, the layer input included (as `Workload.stash_bytes`
     counts before taking it off). Attention and norms as Korthikanti et al. 2022, Table 2, counts them
     without the MLP's 19sh: 15sh + 5as^2 (the 15sh split t ways as the paper splits its 34sh); then per
     token, for each routed expert it uses and each shared expert, a SwiGLU's input (2h bytes), gate and up
-    outputs (4f) and their product (2f), which its backward reads."""
+    outputs (4f) and their product (2f), which its backward reads. The attention core's part follows the
+    kernel as a dense layer's does (`architecture.stash_units`): unfused, the softmax output, its dropout
+    mask and the dropout output (5as; 2as without dropout); FlashAttention keeps only its fp32
+    log-sum-exp, 4 bytes a head (Dao 2023, Algorithm 1)."""
     s, h, a = seq, hidden, heads
-    core = 0.0 if recompute == "selective" else 5 * a * s / (h * tp)
+    if recompute == "selective":
+        core = 0.0
+    elif attention == "unfused":
+        core = (5 if dropout else 2) * a * s / (h * tp)
+    else:
+        core = 4 * a / (h * tp)
     if tp == 1:
         attention = s * h * (15 + core)
     elif sequence_parallel:

@@ -182,7 +182,8 @@ class Workload:
         if self.moe is not None:
             total = moe_layers.stash_bytes(self.moe, self.seq_len, self.hidden, self.heads, layer, tp,
                                            recompute=recompute, sequence_parallel=sequence_parallel,
-                                           bytes_per_element=self.bytes_per_element)
+                                           bytes_per_element=self.bytes_per_element, attention=self.attention,
+                                           dropout=self.dropout)
             return max(0, int(total) - self.activation_bytes())
         units = arch.stash_units(self, tp, recompute=recompute, sequence_parallel=sequence_parallel)
         total = self.seq_len * self.hidden * units
