@@ -32,6 +32,7 @@ from dist_lib.costs import network
 from dist_lib.hardware.devices import Link
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.workload.transformer import Workload
+from dist_lib.planner.independent import components, one_of_each
 from dist_lib.planner.sharing import Job, PerCluster, Usage, play
 from dist_lib.planner.stage_option import StageOption
 
@@ -64,14 +65,20 @@ def routes(sender: StageShape, receiver: StageShape) -> Iterator[tuple[int, int,
     (ranks_s, ts, shares_s), (ranks_r, tr, shares_r) = sender, receiver
     piece = ts if ts == tr > 1 else 1
     starts = list(accumulate(shares_r, initial=0))
-    lo = 0
+    lo, first, last = 0, 0, len(shares_r)
     for r, share in enumerate(shares_s):
         hi = lo + share
-        for e in range(len(shares_r)):
+        # the receivers overlapping lo..hi follow one another, from the first that ends past lo (both
+        # stages' shares run over the microbatch in order: a walk, not a scan of every receiver)
+        while first < last and starts[first + 1] <= lo:
+            first += 1
+        e = first
+        while e < last and starts[e] < hi:
             samples = min(hi, starts[e + 1]) - max(lo, starts[e])
             if samples > 0:
                 for j in range(tr):
                     yield ranks_s[r * ts + j % ts], ranks_r[e * tr + j], samples, piece
+            e += 1
         lo = hi
 
 
@@ -180,8 +187,11 @@ def steady_crossing_seconds(cluster: Cluster, workload: Workload, sender: StageO
     key = (sample_bytes, *ready)  # the same stagger recurs: replicas that drift away, equal blocks
     seconds = pattern.seconds.get(key)
     if seconds is None:
-        seconds = pattern.seconds[key] = staggered_drain(pattern.chains, pattern.senders, ready,
-                                                         _for_cluster(cluster)[0], sample_bytes)
+        capacity = _for_cluster(cluster)[0]
+        kept = one_of_each(pattern.parts(capacity), pattern.senders, ready)
+        seconds = pattern.seconds[key] = staggered_drain([pattern.chains[i] for i in kept],
+                                                         [pattern.senders[i] for i in kept], ready, capacity,
+                                                         sample_bytes)
     return seconds
 
 
@@ -198,7 +208,9 @@ def crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, 
     pattern, sample_bytes = _pattern(cluster, workload, sender, receiver)
     seconds = pattern.seconds.get(sample_bytes)
     if seconds is None:
-        seconds = pattern.seconds[sample_bytes] = drain(pattern.chains, capacity, sample_bytes)
+        # one set of each class of alike sets of chains that share no link (`independent.py`): the same end
+        seconds = pattern.seconds[sample_bytes] = drain([pattern.chains[i] for i in pattern.representatives(capacity)],
+                                                        capacity, sample_bytes)
     seen[id(sender), id(receiver)] = (sender, receiver, workload, seconds)
     return seconds
 
@@ -246,6 +258,18 @@ class _Pattern:
     usage: Usage | None = None  # `crossing_usage`
     feeds: tuple[tuple[int, ...], ...] | None = None  # `feeds`
     sides: tuple[frozenset[int], frozenset[int]] | None = None  # `crossing_sides`
+    found: list[tuple[int, tuple[int, ...]]] | None = None  # `independent.components` of the chains
+    kept: list[int] | None = None  # the chains of one component of each class
+
+    def parts(self, capacity: Sequence[int]) -> list[tuple[int, tuple[int, ...]]]:
+        if self.found is None:
+            self.found = components(self.chains, capacity)
+        return self.found
+
+    def representatives(self, capacity: Sequence[int]) -> list[int]:
+        if self.kept is None:
+            self.kept = one_of_each(self.parts(capacity))
+        return self.kept
 
 
 def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[_Pattern, float]:
