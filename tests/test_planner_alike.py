@@ -1,21 +1,18 @@
 """The estimate's shortcuts that must not change a figure, bit for bit: a crossing played with one set of
-each class of alike link-disjoint messages (`planner.independent`), a play with its alike links named once
-(`sharing.merged_links`), and the receivers a sending replica overlaps found by a walk (`messages.routes`)."""
+each class of alike link-disjoint messages (`planner.independent`), and the receivers a sending replica
+overlaps found by a walk (`messages.routes`)."""
 
 from __future__ import annotations
 
 from itertools import accumulate
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dist_lib import Cluster, Workload
-from dist_lib.planner import sharing
 from dist_lib.planner.independent import components, one_of_each
 from dist_lib.planner.messages import _pattern, drain, routes, staggered_drain
 from dist_lib.planner.search import _Space
-from dist_lib.planner.sharing import Job, merged_links, play
 
 
 def _every_route(sender, receiver):
@@ -107,36 +104,3 @@ def test_one_set_of_each_class_ends_when_all_do(crossing):
     kept = one_of_each(found, senders, ready)
     assert staggered_drain([chains[i] for i in kept], [senders[i] for i in kept], ready, capacity, 1.0) == \
         staggered_drain(chains, senders, ready, capacity, 1.0)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.1, 5.0), st.lists(st.tuples(st.integers(0, 9), st.sampled_from([1, 2, 3])),
-                                                         min_size=1, max_size=8, unique_by=lambda p: p[0]),
-                          st.floats(0.0, 3.0)), min_size=1, max_size=8),
-       st.lists(st.sampled_from([2, 3, 4]), min_size=10, max_size=10))
-def test_naming_alike_links_once_leaves_every_end(spec, capacity):
-    """Random jobs on 10 links: the ends with alike links merged are the ends without (a play below the
-    merging threshold, `MERGED_LINKS`), bit for bit."""
-    jobs = [Job(seconds, tuple(usage), start) for seconds, usage, start in spec]
-    threshold = sharing.MERGED_LINKS
-    try:
-        sharing.MERGED_LINKS = 1 << 30
-        plain = play(jobs, capacity)
-        merged = play(merged_links(jobs, capacity), capacity)
-    finally:
-        sharing.MERGED_LINKS = threshold
-    assert merged == plain
-
-
-def test_a_reduction_over_many_alike_nics_names_one():
-    """Two jobs: one of 1 s wants 6 NICs alike (2 B/s on each, of 3), the other, of 0.5 s, 3 of them: the
-    links both want are one class, the others another; each job keeps one link of each class it crosses.
-    On the shared links 4 B/s are asked of 3: both move at 3/4, the short one ends at 0.5 / 0.75 = 2/3 s,
-    and the long one, with 0.5 s left alone, at 2/3 + 0.5 = 7/6 s."""
-    capacity = [3] * 6
-    jobs = [Job(1.0, tuple((link, 2) for link in range(6))), Job(0.5, tuple((link, 2) for link in range(3)))]
-    merged = merged_links(jobs, capacity)
-    assert merged[0].usage == ((0, 2), (3, 2)) and merged[1].usage == ((0, 2),)
-    ends = play(jobs, capacity)
-    assert ends == play(merged, capacity)
-    assert ends == [pytest.approx(7 / 6, rel=1e-12), pytest.approx(2 / 3, rel=1e-12)]

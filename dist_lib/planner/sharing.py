@@ -44,8 +44,6 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
     is worked out: such jobs are settled at once, in the order their waits end, and only the transfers
     step through time (a pipeline play-out has a pass of every stage beside a few crossings that share a
     NIC)."""
-    if any(len(job.usage) > MERGED_LINKS for job in jobs):
-        jobs = merged_links(jobs, capacity)
     ends = [0.0] * len(jobs)
     followers: dict[int, list[int]] = {}
     waiting = [len(job.after) for job in jobs]  # jobs each still waits for
@@ -123,30 +121,6 @@ def play(jobs: Sequence[Job], capacity: Sequence[int]) -> list[float]:
             release(k, ends[k])
         settle()  # what they release starts no earlier than now
     return ends
-
-
-# a play whose jobs name more links than this merges its alike links first (`merged_links`)
-MERGED_LINKS = 4
-
-
-def merged_links(jobs: Sequence[Job], capacity: Sequence[int]) -> list[Job]:
-    """`jobs` with each set of alike links named once: links of one capacity that the same jobs ask the
-    same rates of always carry the same load, so they give every job on them the same share, and a job's
-    speed, its share of its most loaded link, is the same with one of them as with all. A stage's
-    gradient reductions want every NIC of its replicas, hundreds of links alike."""
-    users: dict[int, list] = {}
-    for k, job in enumerate(jobs):
-        for link, rate in job.usage:
-            users.setdefault(link, []).append((k, rate))
-    kept: set[int] = set()
-    seen: set = set()
-    for link, by in users.items():
-        key = (capacity[link], *by)
-        if key not in seen:
-            seen.add(key)
-            kept.add(link)
-    return [job._replace(usage=tuple(pair for pair in job.usage if pair[0] in kept))
-            if len(job.usage) > 1 else job for job in jobs]
 
 
 T = TypeVar("T")
