@@ -104,3 +104,24 @@ def test_one_set_of_each_class_ends_when_all_do(crossing):
     kept = one_of_each(found, senders, ready)
     assert staggered_drain([chains[i] for i in kept], [senders[i] for i in kept], ready, capacity, 1.0) == \
         staggered_drain(chains, senders, ready, capacity, 1.0)
+
+
+def test_crossings_placed_alike_share_their_seconds_and_take_them():
+    """On 4 nodes of 8 H100s, two stages of 4 TP-2 replicas on nodes 0 and 1 cross as stages of the same
+    widths on nodes 2 and 3: the same messages between ranks in the same places on nodes alike, so one
+    shape, whose seconds each crossing's own play gives to the bit; the same stages on nodes 1 and 2 sit
+    alike too. Stages that each straddle two nodes (ranks 4 to 11 into 12 to 19) have another shape."""
+    cluster, workload = Cluster.load("4x8xH100-80GB"), Workload.load("gpt-1.3b:layers=4")
+    sp = _Space(cluster, workload)
+
+    def option(first: int, tp: int):
+        return next(o for o in sp.options(tuple(range(first, first + 8)), 8, "none", 0) if o.tp == tp)
+
+    capacity = cluster.link_capacities()
+    first, sample_bytes = _pattern(cluster, workload, option(0, 2), option(8, 4))
+    for a, b in ((16, 24), (8, 16)):
+        other, _ = _pattern(cluster, workload, option(a, 2), option(b, 4))
+        assert other.seconds is first.seconds and other.chains != first.chains
+        assert drain(other.chains, capacity, sample_bytes) == drain(first.chains, capacity, sample_bytes)
+    apart, _ = _pattern(cluster, workload, option(4, 2), option(12, 4))  # each stage on two nodes
+    assert apart.seconds is not first.seconds
