@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dist_lib import Cluster, Workload
 from dist_lib.planner.independent import components, one_of_each
-from dist_lib.planner.messages import _pattern, drain, routes, staggered_drain
+from dist_lib.planner.messages import _pattern, drain, feeds, routes, staggered_drain
 from dist_lib.planner.search import _Space
 
 
@@ -125,3 +125,18 @@ def test_crossings_placed_alike_share_their_seconds_and_take_them():
         assert drain(other.chains, capacity, sample_bytes) == drain(first.chains, capacity, sample_bytes)
     apart, _ = _pattern(cluster, workload, option(4, 2), option(12, 4))  # each stage on two nodes
     assert apart.seconds is not first.seconds
+
+
+def test_feeds_are_the_replicas_whose_samples_overlap():
+    """Stage a: an A100 node and a T4 node (uneven shares by speed); stage b: 2 replicas of TP 2. Each
+    receiving replica takes the messages of the sending replicas its samples overlap, as its chains say."""
+    cluster, workload = Cluster.load("1x4xA100-80GB+1x4xT4+1x4xV100-32GB"), Workload.load("gpt-350m:layers=4")
+    sp = _Space(cluster, workload)
+    a = next(o for o in sp.options(tuple(range(8)), 16, "none", 0) if o.tp == 1)
+    b = next(o for o in sp.options(tuple(range(8, 12)), 16, "none", 0) if o.tp == 2)
+    assert len(set(a.shares)) > 1
+    pattern, _ = _pattern(cluster, workload, a, b)
+    by_chains: list[set[int]] = [set(), set()]
+    for senders, replica in zip(pattern.senders, pattern.receivers):
+        by_chains[replica].update(senders)
+    assert feeds(cluster, workload, a, b) == tuple(tuple(sorted(s)) for s in by_chains)

@@ -169,10 +169,13 @@ def feeds(cluster: Cluster, workload: Workload, sender: StageOption, receiver: S
     """Per receiving replica, the sending replicas whose messages it takes."""
     pattern, _ = _pattern(cluster, workload, sender, receiver)
     if pattern.feeds is None:
-        out: list[set[int]] = [set() for _ in range(len(receiver.ranks) // receiver.tp)]
-        for by, replica in zip(pattern.senders, pattern.receivers):
-            out[replica].update(by)
-        pattern.feeds = tuple(tuple(sorted(s)) for s in out)
+        # every TP rank of a receiving replica takes a message of each sending replica whose samples
+        # overlap its own (`routes`): the replicas' samples alone say which
+        out: list[list[int]] = [[] for _ in range(len(receiver.ranks) // receiver.tp)]
+        for r, e, _, _ in routes((tuple(range(len(sender.shares))), 1, sender.shares),
+                                 (tuple(range(len(receiver.shares))), 1, receiver.shares)):
+            out[e].append(r)
+        pattern.feeds = tuple(map(tuple, out))
     return pattern.feeds
 
 
