@@ -17,6 +17,9 @@ shared machine falls on every row alike), best of `--repeat`:
   data-parallel step is often written. It declares no replica grid, so it never folds; the same file with
   the one-line declaration is the last row.
 
+`engine_phases.py` runs the same rows in CPU seconds, which a shared machine's load moves less, and
+splits each into the ranks' run, the event log's packing and the step's end.
+
 The ratio is the row's wall time over the bare loop's. A folded step does not do the bare loop's work
 (it runs one replica in 1024), so its ratio is below 1: the engine's own speed is the unfolded rows'.
 """

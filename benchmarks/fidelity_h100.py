@@ -89,7 +89,7 @@ def predict(run: WeakScalingRun):
 def print_megatron_core(max_ranks: int, rows: set[str] | None = None) -> list[float]:
     print("Megatron-Core r0.8.0 weak scaling (NVIDIA/Megatron-LM README), H100, seq 4096, DP 48; simulate(hybrid)")
     print(f"{'model':>5} {'GPUs':>5} {'TP':>3} {'PP':>3} {'TFLOP/s':>8} {'measured':>9} {'simulated':>9} {'error':>7} "
-          f"{'sim TFLOP/s':>11} {'wall':>6}")
+          f"{'sim TFLOP/s':>11} {'busy':>5} {'wall':>6}")
     errors = []
     for run in MEGATRON_CORE_R080:
         if rows and run.name not in rows:
@@ -104,6 +104,7 @@ def print_megatron_core(max_ranks: int, rows: set[str] | None = None) -> list[fl
         errors.append(error)
         simulated_tflops = run.tflops_per_gpu * run.measured_s / result.time_s
         print(f"{head} {result.time_s:>9.2f} {100 * error:>+6.1f}% {simulated_tflops:>11.1f} "
+              f"{max(result.compute_busy()):>5.2f} "
               f"{time.perf_counter() - started:>5.0f}s", flush=True)
     if errors:
         mean = 100 * sum(map(abs, errors)) / len(errors)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from typing import Any
 
 from dist_lib.memory.tracker import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, Buffer
 
@@ -346,40 +347,41 @@ class ExpertGrad(WeightGrad):
 
 
 class Routed(Tensor):
-    """The output of an MoE layer's dense part (attention, router, shared experts) for `samples`, on the
-    tokens' own rank: hidden states whose routed experts have not run yet (`Model.route`). Only `combine`
-    with every expert's output makes the layer's output `Activation`; `combined` once it has. `shared`:
-    whether the shared experts have run (`MoEModel.shared_experts`)."""
+    """The output of an MoE layer's dense part (attention, router, shared experts) for `samples`, on the tokens'
+    own rank: hidden states whose routed experts have not run yet (`Model.route`). Only `combine` with every
+    expert's output makes the layer's output `Activation`; `combined` once it has. `shared`: whether the shared
+    experts have run. Under TP, one of `parts` sequence parts, the sums of TP ranks `tp_parts` (`expert_parts`)."""
 
-    __slots__ = ("combined", "shared", "dispatched", "grads_sent")
+    __slots__ = ("combined", "shared", "dispatched", "grads_sent", "parts", "tp_parts")
     kind = "routed"
     code = ACTIVATION  # memory.KINDS index
 
     # `dispatched`, `grads_sent`: masks of the experts whose tokens (whose output gradients) have left
-    _args = ("rank", "layer", "samples", "combined", "shared", "dispatched", "grads_sent")
-    _defaults = (False, False, 0, 0)
+    _args = ("rank", "layer", "samples", "combined", "shared", "dispatched", "grads_sent", "parts", "tp_parts")
+    _defaults = (False, False, 0, 0, 1, 1)
 
 
 TOKEN_STAGES = ("dispatched", "expert output", "output grad", "input grad")
 
 
 class Tokens(Tensor):
-    """The hidden states (or gradients) of the tokens of `samples` that MoE layer `layer` routed to the
-    experts `experts`, at one `stage` of their round trip (`TOKEN_STAGES`): "dispatched" to the experts
-    (after `expert_forward` it carries the experts' stash), "expert output" back from them, "output grad"
-    (the gradient of that output) going to the experts, and "input grad" the experts' input gradient coming
-    back. Its bytes are the token slots of the dispatch buffer, padded to the capacity when there is one."""
+    """The hidden states (or gradients) of the tokens of `samples` that MoE layer `layer` routed to the experts
+    `experts`, at one `stage` of their round trip (`TOKEN_STAGES`): "dispatched" to the experts (after `expert_forward`
+    it carries the experts' stash), "expert output" back from them, "output grad" (the gradient of that output) going
+    to the experts, "input grad" coming back. Its bytes are the dispatch buffer's token slots (padded to the capacity
+    if any). Under TP, `samples` is over sample parts (of `parts`); an expert-TP output sums shards `tp_parts`."""
 
-    __slots__ = ("experts", "stage", "_stash")
+    __slots__ = ("experts", "stage", "_stash", "parts", "tp_parts", "tp_size")
     _released_first = ("_stash",)
     kind = "tokens"
     code = ACTIVATION  # memory.KINDS index
 
-    _args = ("rank", "layer", "samples", "experts", "stage", "_stash")
-    _defaults = (None,)
+    _args = ("rank", "layer", "samples", "experts", "stage", "parts", "tp_parts", "tp_size", "_stash")
+    _defaults = (1, 1, 1, None)
 
     def _describe(self) -> str:
-        return f", experts {describe_mask(self.experts)}, {self.stage}" + (", with stash" if self._stash else "")
+        tp = f", expert-TP partial {describe_mask(self.tp_parts)} of {self.tp_size}" if self.tp_size > 1 else ""
+        return f", experts {describe_mask(self.experts)}, {self.stage}{tp}" + (", with stash" if self._stash else "")
 
 
 # ---- context parallelism: a rank holds part of each sample's sequence ----------------------------------
@@ -410,7 +412,29 @@ class ContextActivationGrad(ActivationGrad):
         return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
 
 
+class ContextActivationGradSlice(ActivationGradSlice):
+    """A TP piece of a `ContextActivationGrad`: sequence parallelism inside a CP rank cuts its s/cp tokens
+    t ways, and the backward all-gathers the pieces in the TP group into the CP part's gradient again."""
+
+    __slots__ = ("cp_rank", "cp_size")
+    kind = "activation_grad slice"
+    whole = ContextActivationGrad
+
+    _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "gathers", "cp_rank", "cp_size")
+    _defaults = (1, 1, (), 0, 1)
+
+    def _describe(self) -> str:
+        return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
+
+
 CONTEXT_HIDDEN = (ContextActivation, ContextActivationGrad)
+SLICES[ContextActivationGrad] = ContextActivationGradSlice
+
+
+def cp_part(x: Any) -> tuple:
+    """(cp_rank, cp_size) of a context-parallel hidden state or gradient, () of any other: what its TP
+    pieces carry beside the fields of a plain one."""
+    return (x.cp_rank, x.cp_size) if x.__class__ in CONTEXT_HIDDEN else ()
 
 
 class ContextWeightGrad(WeightGrad):

@@ -12,6 +12,23 @@ Each MoE layer of a forward is the round trip of `strategies/moe.py`: route, dis
 the EP group, the shared experts during the dispatch (DeepSeek-V3, sec. 3.2.2), the local experts, the
 all-to-all back, combine; its backward the same the other way. Every replica of a stage runs the same
 schedule, so the EP peers reach each layer's all-to-all of each microbatch in the same order.
+
+With tensor parallelism (`tp` > 1, sequence-parallel as Megatron-Core requires of MoE with TP), the expert
+grid is Megatron-Core's (megatron/core/parallel_state.py, `initialize_model_parallel`: the expert rank
+generator of order tp-ep-dp over the same ranks as the dense one, with expert-TP x EP x expert-DP = the
+ranks of a stage): the ranks that exchange tokens are `ep x etp` consecutive ranks of the stage's dp x tp,
+TP ranks included, each holding its own sequence part of its replica's tokens (`dist_lib/model/expert_parts.py`);
+with expert TP `etp` > 1 each EP position's experts are split over `etp` consecutive ranks (gate/up by
+columns, down by rows), each receiving that position's tokens and returning partial outputs that combine
+sums. (Megatron-Core's dispatcher sends each token once over the EP group and all-gathers over the expert-TP
+group, then reduce-scatters back; here one all-to-all carries each token to every shard and back: the same
+bytes per rank, on the links between the EP peers rather than inside the expert-TP group.)
+An MoE layer on TP rank t: the attention on its TP slice, whose partial output the TP group reduce-scatters
+along the sequence (an all-to-all of the pieces, then `reduce_routed`), the round trip of part t's tokens
+over the EP group, and the all-gather of the combined parts in the TP group (the next layer's
+sequence-parallel all-gather; at a stage's end, the scatter-gather message's pieces as they are). Backward:
+each TP rank cuts its part of the output gradient, and the dense part's input gradient is all-reduced in the
+TP group as a dense layer's.
 """
 
 from __future__ import annotations
@@ -27,43 +44,58 @@ from ._pipeline import StagePlan, _Stage
 
 @dataclass(frozen=True)
 class ExpertPlan:
-    """Where this rank's experts and EP peers are, in a (pp, dp, tp=1) layout."""
+    """Where this rank's experts and exchange peers are, in a (pp, dp, tp) layout with expert TP `etp`:
+    Megatron-Core's expert grid (order tp-ep-dp over a stage's ranks, expert TP fastest)."""
 
-    ep_group: tuple[int, ...]  # the ranks that exchange tokens, in the order of the experts they hold
-    expert_dp_group: tuple[int, ...]  # the ranks that hold this rank's experts
+    ep_group: tuple[int, ...]  # the ranks that exchange tokens (EP positions x expert-TP shards), in order
+    expert_dp_group: tuple[int, ...]  # the ranks that hold this rank's experts (and expert-TP shard)
     my_experts: range
     per_rank: int
-    peer_microbatches: tuple[tuple[range, ...], ...]  # each EP peer's microbatches, in group order
+    peer_microbatches: tuple[tuple[range, ...], ...]  # each exchange peer's microbatches, in group order
+    tp: int = 1
+    etp: int = 1
+    etp_rank: int = 0
 
     @classmethod
-    def build(cls, model: Model, layout: Layout, ep: int, microbatch_size: int) -> ExpertPlan:
+    def build(cls, model: Model, layout: Layout, ep: int, microbatch_size: int, etp: int = 1) -> ExpertPlan:
         moe = getattr(model, "moe", None)
         if moe is None:
             raise ValueError(f"ep={ep!r}: workload {model.workload.name} has no experts; ep= is for mixtures of "
                              f"experts (try mixtral-8x7b)")
-        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or layout.dp % ep or moe.experts % ep:
-            raise ValueError(f"ep={ep!r} must be a whole number dividing both dp={layout.dp} (the EP groups are laid "
-                             f"over the data-parallel replicas) and the {moe.experts} experts")
-        if layout.tp > 1:
-            raise ValueError(f"ep={ep} with tp={layout.tp}: the MoE layers have no tensor-parallel split (neither "
-                             f"attention nor expert TP); use tp=1 with ep")
-        replica, stage, _ = layout.coords(model.rank)
-        first_replica, index = replica - replica % ep, replica % ep
+        tp, ranks = layout.tp, layout.dp * layout.tp  # a stage's ranks, in the dense grid's order (TP fastest)
+        check_etp(etp, moe.expert_ffn_hidden)
+        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or ranks % (ep * etp) or moe.experts % ep:
+            over = f"dp={layout.dp}" if tp == 1 else f"dp x tp = {ranks}"
+            over += f" (with etp={etp}: {ranks} / etp)" if etp > 1 else ""
+            raise ValueError(f"ep={ep!r} must be a whole number dividing both {over} (the EP groups are laid "
+                             f"over the ranks of a pipeline stage) and the {moe.experts} experts")
+        replica, stage, tp_rank = layout.coords(model.rank)
+        at = replica * tp + tp_rank  # this rank's place among its stage's ranks
+        block = ep * etp  # the ranks that exchange tokens: every EP position, each expert-TP shard
+        first, position, etp_rank = at - at % block, at // etp % ep, at % etp
         per_rank = moe.experts // ep
-        peers = range(first_replica, first_replica + ep)
-        return cls(ep_group=tuple(layout.rank(r, stage) for r in peers),
-                   expert_dp_group=tuple(layout.rank(r, stage) for r in range(index, layout.dp, ep)),
-                   my_experts=range(index * per_rank, (index + 1) * per_rank), per_rank=per_rank,
-                   peer_microbatches=tuple(microbatches(*replica_samples(model.global_batch_size, layout.dp, r),
-                                                        microbatch_size) for r in peers))
+        peers = range(first, first + block)
+        base = layout.rank(0, stage)
+        return cls(ep_group=tuple(base + i for i in peers),
+                   expert_dp_group=tuple(base + i for i in range(position * etp + etp_rank, ranks, block)),
+                   my_experts=range(position * per_rank, (position + 1) * per_rank), per_rank=per_rank,
+                   peer_microbatches=tuple(microbatches(*replica_samples(model.global_batch_size, layout.dp, i // tp),
+                                                        microbatch_size) for i in peers),
+                   tp=tp, etp=etp, etp_rank=etp_rank)
 
     def experts_of(self, i: int) -> range:
-        """The experts of the i-th member of the EP group."""
-        return range(i * self.per_rank, (i + 1) * self.per_rank)
+        """The experts of the i-th member of the exchange group (of EP position i // etp)."""
+        position = i // self.etp
+        return range(position * self.per_rank, (position + 1) * self.per_rank)
+
+    def to_each(self, pieces: list) -> list:
+        """The pieces for each EP position, to each of its expert-TP shards (the same tokens to each)."""
+        return [pieces[i // self.etp] for i in range(len(pieces) * self.etp)]
 
 
 def run_expert_stage(model: Model, plan: StagePlan, experts: ExpertPlan):
-    """This rank's part of the pipeline with expert-parallel MoE layers, to await."""
+    """This rank's part of the pipeline with expert-parallel MoE layers, to await (with the distributed
+    optimizer: `_expert_sharded.run_sharded_expert_stage`)."""
     return _ExpertStage(model, plan, experts).run()
 
 
@@ -77,7 +109,7 @@ class _ExpertStage(_Stage):
         self.expert_plan = experts
         super().__init__(model, plan)
         moe_layers = [layer for chunk in plan.chunks for layer in chunk if model.is_moe_layer(layer)]
-        self.experts = {layer: model.load_experts(layer, experts.my_experts) for layer in moe_layers}
+        self.experts = {layer: self.load_experts(layer) for layer in moe_layers}
         self.expert_grads: dict = {}
         self.expert_left = {layer: len(plan.microbatches) for layer in self.experts}
         self.expert_reduced: dict = {}
@@ -85,42 +117,70 @@ class _ExpertStage(_Stage):
         ep = len(self.peers)
         mine = list(experts.my_experts)
         # what each all-to-all must deliver here, per microbatch: from each peer, its tokens for my experts
-        # (dispatch, output gradient), or my tokens back from its experts (expert output, input gradient)
-        self.to_experts = [{"expect": [peer[mb] for peer in experts.peer_microbatches], "expect_experts": [mine] * ep}
-                           for mb in range(len(plan.microbatches))]
-        self.from_experts = [{"expect": [samples] * ep, "expect_experts": [experts.experts_of(i) for i in range(ep)]}
+        # (dispatch, output gradient), or my tokens back from its experts (expert output, input gradient); under
+        # TP the pieces hold sequence parts, which the op's sample check does not name (combine checks them)
+        tp = experts.tp
+        self.to_experts = [{"expect": [peer[mb] for peer in experts.peer_microbatches] if tp == 1 else None,
+                            "expect_experts": [mine] * ep} for mb in range(len(plan.microbatches))]
+        self.from_experts = [{"expect": [samples] * ep if tp == 1 else None,
+                              "expect_experts": [experts.experts_of(i) for i in range(ep)]}
                              for samples in plan.microbatches]
+
+    def load_experts(self, layer: int) -> tuple:
+        """(weights, optimizer state) of this rank's experts of `layer` (its expert-TP shard of them)."""
+        plan = self.expert_plan
+        shard = dict(tp_rank=plan.etp_rank, tp_size=plan.etp) if plan.etp > 1 else {}
+        return self.model.load_experts(layer, plan.my_experts, **shard)
 
     async def forward(self, chunk: int, mb: int) -> None:
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
         x = await self._input(chunk, mb)
+        tp_group, modes, stash = self.tp_group, self.modes, not plan.recompute
         for layer in layers:
             if layer in self.experts:
-                x = await self._moe_forward(layer, x, mb)
+                x = await self._moe_forward(layer, x, mb, stash)
+                if tp_group is not None and not (layer == layers[-1] and self._sends_piece(k)):
+                    x = await model.all_gather(x, tp_group)  # the parts whole again, for the next layer
             else:
                 self.kept[layer][mb] = x
-                x = model.forward(layer, x, self.weights[layer][0])
+                x = model.forward(layer, x, self.weights[layer][0], stash=stash, **modes)
+                if tp_group is not None:
+                    x = await model.all_reduce(x, tp_group)
         if k == self.virtual - 1:
-            self.loss_grads[mb] = model.loss(x)
+            self.loss_grads[mb] = model.loss(x, tp_rank=plan.tp_rank, tp_size=self.tp)
         elif self.explicit:
             self.outbox[("activation", chunk, mb)] = x
+        elif x.tp_size > 1:  # this TP rank's part of an MoE layer's output: the scatter-gather piece itself
+            self.sends.append(model.send(x, self._peer(k + 1)))
         else:
             self._send_to(x, k + 1, "activation")
 
-    async def _moe_forward(self, layer: int, x, mb: int):
+    def _sends_piece(self, k: int) -> bool:
+        """Does virtual stage k hand its output on as this TP rank's piece (scatter-gather to another rank)?"""
+        return (self.scatter_gather and not self.explicit and k < self.virtual - 1
+                and self._peer(k + 1) != self.model.rank)
+
+    async def _moe_forward(self, layer: int, x, mb: int, stash: bool = True):
+        """An MoE layer's forward: the token round trip, its stash kept (unless `stash` is off: full recompute
+        keeps only the input, and runs this again before the backward, all-to-alls included, as Megatron-LM's
+        checkpointed layers do)."""
         model, weight = self.model, self.weights[layer][0]
-        routed = model.route(layer, x, weight)
-        sending = [model.dispatch(routed, self.expert_plan.experts_of(i)) for i in range(len(self.peers))]
-        arriving = model.all_to_all(sending, self.peers, **self.to_experts[mb])
+        fp8 = self.plan.fp8
+        routed = model.route(layer, x, weight, fp8=fp8, stash=stash, selective_recompute=self.plan.selective_recompute)
+        if self.tp_group is not None:  # the attention output reduce-scattered along the sequence
+            routed = model.reduce_routed(await model.all_to_all(routed, self.plan.tp_group))
+        plan = self.expert_plan
+        sending = [model.dispatch(routed, plan.experts_of(i)) for i in range(0, len(self.peers), plan.etp)]
+        arriving = model.all_to_all(plan.to_each(sending), self.peers, **self.to_experts[mb])
         del sending
         if model.moe.shared_experts:  # beside the dispatch, as DeepSeek-V3 does
-            model.shared_experts(layer, routed, weight)
+            model.shared_experts(layer, routed, weight, fp8=fp8)
         tokens = await arriving
-        outputs = model.expert_forward(layer, tokens, self.experts[layer][0])
+        outputs = model.expert_forward(layer, tokens, self.experts[layer][0], fp8=fp8, stash=stash)
         returned = await model.all_to_all(outputs, self.peers, **self.from_experts[mb])
         del outputs
-        self.kept[layer][mb] = (x, routed, tokens)
+        self.kept[layer][mb] = (x, routed, tokens) if stash else x
         return model.combine(routed, returned)
 
     async def backward(self, chunk: int, mb: int, split: bool) -> None:
@@ -129,24 +189,52 @@ class _ExpertStage(_Stage):
                              f"choose a schedule without one")
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
-        grad = await self._output_grad(chunk, mb)  # (no TP with experts: the loss's gradient as it is)
+        grad = await self._output_grad(chunk, mb)
+        tp_group = self.tp_group
         for layer in reversed(layers):
             if layer in self.experts:
                 weight_grad, grad_in = await self._moe_backward(layer, grad, mb)
+                self._accumulate(layer, weight_grad)
+                del weight_grad
+                if tp_group is not None:  # the dense part's partial input gradient, as a dense layer's
+                    grad_in = await model.all_reduce(grad_in, tp_group)
             else:
-                weight_grad, grad_in = model.backward(layer, self.kept[layer].pop(mb), grad, self.weights[layer][0])
-            self._accumulate(layer, weight_grad)
-            del weight_grad
+                grad_in = await self._dense_backward(layer, grad, mb)
             grad = grad_in
         if k > 0 and self.explicit:
             self.outbox[("activation gradient", chunk, mb)] = grad
         elif k > 0:
             self._send_to(grad, k - 1, "activation gradient")
 
+    async def _dense_backward(self, layer: int, grad, mb: int):
+        """A dense layer's backward, its TP collectives as `_Stage.backward` runs them (sequence-parallel
+        all-gathers of the output gradient, the input gradient all-reduced beside the weight gradient)."""
+        model, x, weight = self.model, self.kept[layer].pop(mb), self.weights[layer][0]
+        if self.plan.recompute:  # the forward again first, its TP all-reduce included (as `_Stage.backward`)
+            out = model.forward(layer, x, weight, **self.modes)
+            if self.tp_group is not None:
+                await model.all_reduce(out, self.tp_group)
+            del out
+        if self.tp_group is None:
+            weight_grad, grad_in = model.backward(layer, x, grad, weight)
+            self._accumulate(layer, weight_grad)
+            return grad_in
+        if self.plan.sequence_parallel:
+            grad = await self._gather_sequence_parallel_grad(grad)
+        reducing = model.all_reduce(model.backward_input(layer, x, grad, weight), self.tp_group)
+        self._accumulate(layer, model.backward_weight(layer, x, grad, weight))
+        return await reducing
+
     async def _moe_backward(self, layer: int, grad, mb: int):
+        if self.plan.recompute:  # the forward again first, with its stash
+            await self._moe_forward(layer, self.kept[layer].pop(mb), mb)
         model, (x, routed, tokens) = self.model, self.kept[layer].pop(mb)
-        cut = [model.combine_backward(routed, grad, self.expert_plan.experts_of(i)) for i in range(len(self.peers))]
-        output_grads = await model.all_to_all(cut, self.peers, **self.to_experts[mb])
+        # under TP, this rank's sequence part of the output gradient
+        piece = grad if self.tp_group is None else model.split_tp(grad, self.plan.tp_rank, self.tp)
+        plan = self.expert_plan
+        cut = [model.combine_backward(routed, piece, plan.experts_of(i)) for i in range(0, len(self.peers), plan.etp)]
+        del piece
+        output_grads = await model.all_to_all(plan.to_each(cut), self.peers, **self.to_experts[mb])
         del cut
         input_grads = []
         for piece, piece_grad in zip(tokens, output_grads):
@@ -180,9 +268,38 @@ class _ExpertStage(_Stage):
             model.set_final_experts(layer, new_weight)
 
 
+def check_etp(etp: object, width: int) -> None:
+    """Expert tensor parallelism: Megatron-Core's `--expert-tensor-parallel-size`, which defaults to the TP
+    size when unset (megatron/training/arguments.py and megatron/core/model_parallel_config.py,
+    `if expert_tensor_parallel_size is None: ... = tensor_model_parallel_size`); recent MoE recipes set it
+    to 1 (Megatron-Core MoE README: "Recommended to set to 1 for fine-grained MoE models")."""
+    if isinstance(etp, bool) or not isinstance(etp, int) or etp < 1:
+        raise ValueError(f"etp must be a whole number >= 1 (the expert tensor-parallel size), got {etp!r}")
+    if width % etp:
+        raise ValueError(f"etp={etp}: the experts' width {width} does not split into {etp} equal parts")
+
+
+def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None:
+    """The options an MoE stage does not cover, refused by name; sequence parallelism required with TP, as
+    Megatron-Core's `MoELayer.forward` requires it (megatron/core/transformer/moe/moe_layer.py)."""
+    given = dict(options)
+    if tp > 1 and not given.get("sequence_parallel"):
+        raise ValueError(f"tp={tp} with a mixture-of-experts workload needs sequence_parallel=True (Megatron-Core "
+                         f"refuses MoE with TP without sequence parallelism: each TP rank routes its part of the "
+                         f"sequence)")
+    if tp == 1 and given.get("sequence_parallel"):
+        raise ValueError("sequence_parallel=True needs tp > 1 (it splits the sequence over the TP ranks)")
+    check_expert_modes([(name, value) for name, value in options
+                        if name not in ("sequence_parallel", "recompute", "selective_recompute")])
+
+
 def check_expert_modes(options: Sequence[tuple[str, object]]) -> None:
     """The pipeline options an MoE stage does not cover, refused by name."""
+    why = {"cp": "context parallelism and experts are not modelled together yet",
+           "overlap_param_gather": "the updated shards are gathered after the step",
+           "fsdp": "the experts' weights are not sharded yet",
+           "tp_comm_overlap": "the MoE layers' TP exchanges are not pipelined with their GEMMs"}
     for name, value in options:
         if value:
-            raise ValueError(f"{name}={value!r} is not covered with a mixture-of-experts workload (its MoE layers "
-                             f"keep their stash and run without tensor parallelism); leave {name} off")
+            raise ValueError(f"{name}={value!r} is not covered with a mixture-of-experts workload "
+                             f"({why.get(name, 'not modelled yet')}); leave {name} off")

@@ -1,8 +1,9 @@
 """Frameworks as named behaviours: what a training stack does by default, as `hybrid`'s option defaults.
 
 A run names the framework it assumes (`hybrid` option `framework`); its record below sets the defaults of
-the options the framework decides, and an option the run sets to a value other than hybrid's own default
-wins (hybrid cannot tell an option passed at its default from one left out: that one takes the framework's). Each fact cites the code of
+the options the framework decides (`DECIDED`). Those options default to None in hybrid's signature, "not
+given": an option the run passes always wins, whatever its value, and one it leaves out takes the
+framework's default, or without a framework hybrid's own (`DECIDED`'s values). Each fact cites the code of
 that framework; none is a correction fitted to a measurement. What the workload carries instead (which
 attention kernel runs, gradient width) is listed under `workload`, for the user to set on the workload.
 """
@@ -59,14 +60,27 @@ FRAMEWORKS = {f.name: f for f in (
 )}
 
 
+# the options a framework decides, each with hybrid's own default (used when neither run nor framework sets it)
+DECIDED = dict(schedule="1f1b", sequence_parallel=False, overlap_grad_reduce=True, scatter_gather=True,
+               async_tp_allreduce=True, tied_embeddings=False, distributed_optimizer=False,
+               overlap_param_gather=False, fsdp=False)
+
+
 def framework_defaults(name: str | None, given: dict, tp: int) -> dict:
-    """The options `given` with the framework's defaults filled in where the run gave none; sequence
-    parallelism only where there is a TP group to split."""
-    if name is None:
-        return given
-    if name not in FRAMEWORKS:
+    """Every option of `DECIDED`: the run's value where `given` has one (not None), else the framework's default
+    (sequence parallelism only where there is a TP group to split), else hybrid's own. A value of the wrong
+    type is refused here, since the None default leaves the simulator no type to check it against."""
+    if name is not None and name not in FRAMEWORKS:
         raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)} (or None), got {name!r}")
-    defaults = dict(FRAMEWORKS[name].options)
-    if tp == 1:
-        defaults.pop("sequence_parallel", None)
-    return {**defaults, **given}
+    defaults = dict(DECIDED)
+    if name is not None:
+        defaults.update(FRAMEWORKS[name].options)
+        if tp == 1:
+            defaults["sequence_parallel"] = DECIDED["sequence_parallel"]
+    chosen = {key: defaults[key] if given.get(key) is None else given[key] for key in DECIDED}
+    for key, value in chosen.items():
+        if type(value) is not type(DECIDED[key]):
+            kind = "True or False" if isinstance(DECIDED[key], bool) else "a string"
+            raise ValueError(f"{key} must be {kind} (or None: the framework's default, else "
+                             f"{DECIDED[key]!r}), got {value!r}")
+    return chosen

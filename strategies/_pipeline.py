@@ -98,7 +98,7 @@ class _Stage:
 
     __slots__ = ("model", "plan", "pp", "virtual", "virtuals", "tp", "tp_group", "scatter_gather", "weights", "left",
                  "grads", "reduced", "kept", "loss_grads", "deferred", "sends", "local", "explicit", "arrived",
-                 "outbox", "partitioned_outputs", "modes", "gathers")
+                 "outbox", "partitioned_outputs", "modes", "gathers", "settling")
 
     def __init__(self, model: Model, plan: StagePlan):
         self.model, self.plan = model, plan
@@ -136,6 +136,7 @@ class _Stage:
             self.modes["fp8"] = plan.fp8
         # sharded weights gathered before use (`_sharded.ParamGathers`), or None: each layer's weight is whole
         self.gathers = None
+        self.settling = False  # a sharded stage that settles earlier reductions after each layer (`_sharded`)
         if plan.tp_comm_overlap and self.tp_group is not None:
             for size in {len(samples) for samples in plan.microbatches}:
                 overlap_layer_collectives(self.tp_group, model.device, model.workload, size)
@@ -353,8 +354,12 @@ class _Stage:
         x = await self._input(chunk, mb)
         weights, stash, modes, tp_group, kept = self.weights, not plan.recompute, self.modes, self.tp_group, self.kept
         forward, gathers = model.forward, self.gathers
+        shard = self._checkpoints_shard()
         for layer in layers:
-            kept[layer][mb] = x
+            # with sequence parallelism a checkpointed layer keeps its input as its sequence shard, 2sbh/t bytes
+            # (the layer input lives split along the sequence between layers: Korthikanti et al. 2022, sec. 4.2.2);
+            # whole otherwise, as the layer's own stash leaves the input out
+            kept[layer][mb] = model.split_tp(x, plan.tp_rank, self.tp) if shard else x
             if gathers is None:
                 x = forward(layer, x, weights[layer][0], stash=stash, **modes)
             else:  # the layer's weight gathered whole first (the next one's gather prefetched)
@@ -379,8 +384,11 @@ class _Stage:
         gather_grad = plan.sequence_parallel and tp_group is not None
         async_reduce = tp_group is not None and plan.async_tp_allreduce
         gathers = self.gathers
+        shard = self._checkpoints_shard()
         for layer in reversed(layers):
             x = kept[layer].pop(mb)
+            if shard:  # the checkpointed shard made whole again for the recompute
+                x = await self.model.all_gather(x, tp_group)
             weight = weights[layer][0] if gathers is None else await gathers.get(layer, layers, True)
             if recompute:
                 # rebuild the stash; the output is not needed again, but the re-run forward repeats its
@@ -408,6 +416,8 @@ class _Stage:
             if gathers is not None:
                 del weight
                 gathers.after_backward(layer, self.left[layer] == 0)
+                if self.settling:
+                    await self.settle()  # type: ignore[attr-defined]
             if tp_group is not None and (split or not async_reduce):
                 # after the backward GEMMs (Megatron-LM before September 2021: autograd all-reduces the
                 # input gradient once the column-parallel layer's backward has run)
@@ -417,6 +427,14 @@ class _Stage:
             self.outbox[("activation gradient", chunk, mb)] = grad
         elif k > 0:
             self._send_to(grad, k - 1, "activation gradient")
+
+    def _checkpoints_shard(self) -> bool:
+        """Whether a checkpointed layer input is kept as this TP rank's sequence shard: full recompute with
+        sequence parallelism. The recompute then all-gathers it first; Megatron-LM's layer forward starts from
+        the shard and gathers its layernorm output before the QKV GEMM, the same bytes, so this all-gather is
+        charged on top of the re-run layer's TP collectives (one all-gather of b*s*h more than Megatron-LM
+        moves in the recompute)."""
+        return self.plan.recompute and self.plan.sequence_parallel and self.tp_group is not None
 
     async def _gather_sequence_parallel_grad(self, grad):
         """Megatron-LM's sequence-parallel backward: the output gradient is split along the sequence, and

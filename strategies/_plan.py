@@ -33,7 +33,9 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
     if cp != 1:
         return context_plan(model, schedule, microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp, cp=cp,
                             chunks=chunks, partition=partition, kv_exchange=kv_exchange,
-                            overlap_grad_reduce=overlap_grad_reduce, tied_embeddings=tied_embeddings)
+                            overlap_grad_reduce=overlap_grad_reduce, tied_embeddings=tied_embeddings,
+                            recompute=recompute, selective_recompute=selective_recompute,
+                            sequence_parallel=sequence_parallel, fp8=fp8)
     layout = Layout.build(model.world_size, dp, pp, tp)
     check_chunks(chunks)
     check_modes(model.workload, tp, recompute, selective_recompute, sequence_parallel)
@@ -74,13 +76,20 @@ def build_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: in
 
 def context_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: int, tp: int, dp: int | None,
                  cp: int, chunks: int, partition: Sequence | None, kv_exchange: str, overlap_grad_reduce: bool,
-                 tied_embeddings: bool) -> StagePlan:
+                 tied_embeddings: bool, recompute: bool = False, selective_recompute: bool = False,
+                 sequence_parallel: bool = False, fp8: str | None = None) -> StagePlan:
     """A dp x pp x cp x tp run, ranks laid out as Megatron-Core orders them (TP fastest, then CP, then DP, then
     PP): rank = ((stage * dp + replica) * cp + cp_rank) * tp + tp_rank, so a CP group is the cp ranks of one
     replica and stage with one TP rank. The layout is the 3D one with cp x tp ranks in the place of tp. A
     layer's gradient is reduced over the dp x cp ranks of its stage and TP slice (Megatron-Core's
     data-parallel group with context parallelism, `get_data_parallel_group(with_context_parallel=True)`)."""
     check_context(model.workload, tp, cp, kv_exchange)
+    check_modes(model.workload, tp, recompute, selective_recompute, False)
+    if sequence_parallel and tp > 1 and (model.workload.seq_len // cp) % tp:
+        raise ValueError(f"sequence_parallel=True with cp={cp}, tp={tp}: a CP rank's {model.workload.seq_len // cp} "
+                         f"tokens do not split into {tp} equal pieces; choose a tp that divides seq_len / cp")
+    if fp8 is not None:
+        check_recipe(model.device, fp8)
     if model.world_size % (pp * tp * cp) or (dp is not None and dp * pp * tp * cp != model.world_size):
         raise ValueError(f"layout dp={dp} x pp={pp} x cp={cp} x tp={tp} does not fill the cluster's "
                          f"{model.world_size} ranks; choose degrees whose product is {model.world_size}")
@@ -103,7 +112,8 @@ def context_plan(model: Model, schedule: Schedule, *, microbatch_size: int, pp: 
                      tp_group=[layout.rank(replica, stage, cp_rank * tp + t) for t in range(tp)], tp_rank=tp_rank,
                      overlap_grad_reduce=overlap_grad_reduce, scatter_gather=False, tied_embeddings=tied_embeddings,
                      cp_group=[layout.rank(replica, stage, c * tp + tp_rank) for c in range(cp)], cp_rank=cp_rank,
-                     kv_exchange=kv_exchange)
+                     kv_exchange=kv_exchange, recompute=recompute, selective_recompute=selective_recompute,
+                     sequence_parallel=sequence_parallel, fp8=fp8 or "")
 
 
 def check_context(workload, tp: int, cp: int, kv_exchange: str) -> None:

@@ -86,7 +86,7 @@ class ParamGathers:
 class ShardedStage(_Stage):
     """`_Stage` whose weights and optimizer state are sharded over its DP group (`SHARDINGS`)."""
 
-    __slots__ = ("sharding", "dp_ranks", "shard", "replicate", "overlap_param_gather", "final_gathers")
+    __slots__ = ("sharding", "dp_ranks", "shard", "replicate", "overlap_param_gather", "final_gathers", "in_flight")
 
     def __init__(self, model: Model, plan: StagePlan, sharding: str, *, overlap_param_gather: bool = True,
                  reshard_after_forward: bool | None = None, replicate: int = 1):
@@ -105,7 +105,13 @@ class ShardedStage(_Stage):
         self.shard = self.dp_ranks.index(model.rank)
         self.overlap_param_gather = overlap_param_gather
         self.final_gathers: dict = {}
+        self.in_flight: list[int] = []  # layers whose gradient reduce-scatter was issued and not yet settled
         super().__init__(model, plan)
+        # FSDP2 frees a block's unsharded gradient once its reduce-scatter is done: before the next block's
+        # reduce-scatter, the compute stream waits for the previous one and drops its buffers
+        # (`FSDPParamGroup.post_backward`, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py). The
+        # distributed optimizer keeps its whole gradient buffer to the step anyway.
+        self.settling = sharding == "full" and len(self.dp_ranks) > 1
         if reshard_after_forward is None:  # torchtitan's default: keep the whole weights with pipelining
             reshard_after_forward = len(plan.stage_ranks) == 1
         starts_sharded = sharding == "full" or overlap_param_gather
@@ -132,6 +138,16 @@ class ShardedStage(_Stage):
         grad = self.grads.pop(layer)
         alone = len(self.dp_ranks) == 1 and len(self.replicate) == 1
         self.reduced[layer] = grad if alone else self.reduce(grad, self.dp_ranks)
+        if self.settling:
+            self.in_flight.append(layer)
+
+    async def settle(self) -> None:
+        """Wait for every reduce-scatter issued before the newest one and keep its shard, so that the whole
+        gradient it reduced is freed (FSDP2's wait on the previous block's reduce-scatter)."""
+        in_flight, reduced = self.in_flight, self.reduced
+        while len(in_flight) > 1:
+            layer = in_flight.pop(0)
+            reduced[layer] = await reduced[layer]
 
     async def update_all(self) -> None:
         model, ranks = self.model, self.plan.stage_ranks

@@ -6,25 +6,25 @@ pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b, interleaved, or
 `deepspeed`), and layer gradients are all-reduced across replicas as soon as a stage's last microbatch has
 passed. With `cp` > 1, each replica's stages run context-parallel (`_context.py`: Megatron-Core's ring
 attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`); with a
-mixture-of-experts workload, `ep` lays expert-parallel groups over the replicas of each stage (EP x PP x DP,
-`_expert_stage.py`); `distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `fp8`
-runs the linear layers' GEMMs in FP8, `tp_comm_overlap` pipelines the TP collectives with the GEMMs
-(`costs/tp_overlap.py`), and `framework` takes a framework's defaults (`_frameworks.py`). Every
-option, its source and its effect: docs/reference/strategies.md, "hybrid's options".
+mixture-of-experts workload, `ep` and `etp` lay Megatron-Core's expert grid over the ranks of each stage (EP x
+ETP x PP x DP beside TP, `_expert_stage.py`; the distributed optimizer's `_expert_sharded.py`);
+`distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `fp8` runs the linear layers'
+GEMMs in FP8, `tp_comm_overlap` pipelines the TP collectives with the GEMMs (`costs/tp_overlap.py`), and
+`framework` takes a framework's defaults (`_frameworks.py`). Every option, its source and its effect:
+docs/reference/strategies.md, "hybrid's options".
 """
 
 from __future__ import annotations
-
-import inspect
 
 from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._context import run_context_stage
-from ._expert_stage import ExpertPlan, check_expert_modes, run_expert_stage
+from ._expert_sharded import run_sharded_expert_stage
+from ._expert_stage import ExpertPlan, check_expert_options
 from ._layout import Layout, declared_grid
 from ._plan import build_plan
-from ._frameworks import framework_defaults
+from ._frameworks import DECIDED, framework_defaults
 from ._sharded import run_sharded_stage
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
@@ -32,30 +32,29 @@ SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved
 
 
 async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1, microbatch_size: int = 1,
-                schedule: str = "1f1b", chunks: int | None = None, recompute: bool = False,
-                selective_recompute: bool = False, sequence_parallel: bool = False, overlap_grad_reduce: bool = True,
-                scatter_gather: bool = True, async_tp_allreduce: bool = True, partition=None,
-                tied_embeddings: bool = False, attention_mask_messages: bool = False, cp: int = 1,
-                kv_exchange: str = "ring", ep: int | None = None, distributed_optimizer: bool = False,
-                overlap_param_gather: bool = False, fsdp: bool = False,
+                schedule: str | None = None, chunks: int | None = None, recompute: bool = False,
+                selective_recompute: bool = False, sequence_parallel: bool | None = None,
+                overlap_grad_reduce: bool | None = None, scatter_gather: bool | None = None,
+                async_tp_allreduce: bool | None = None, partition=None, tied_embeddings: bool | None = None,
+                attention_mask_messages: bool = False, cp: int = 1, kv_exchange: str = "ring",
+                ep: int | None = None, distributed_optimizer: bool | None = None,
+                overlap_param_gather: bool | None = None, fsdp: bool | None = None,
                 replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
-                tp_comm_overlap: bool = False, framework: str | None = None) -> None:
-    if framework is not None:  # the framework's defaults for the options left at hybrid's own (`_frameworks`)
-        given = {k: v for k, v in locals().items() if k in _DEFAULTS and v != _DEFAULTS[k]}
-        await train(model, **{**_DEFAULTS, **framework_defaults(framework, given, tp)})
-        return
+                tp_comm_overlap: bool = False, framework: str | None = None, etp: int | None = None) -> None:
+    # the options a framework decides default to None, "not given" (`_frameworks.DECIDED`): the run's value,
+    # else the framework's, else hybrid's own default
+    chosen = framework_defaults(framework, {k: v for k, v in locals().items() if k in DECIDED}, tp)
+    (schedule, sequence_parallel, overlap_grad_reduce, scatter_gather, async_tp_allreduce, tied_embeddings,
+     distributed_optimizer, overlap_param_gather, fsdp) = (chosen[k] for k in DECIDED)  # DECIDED's order
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if attention_mask_messages and schedule != "deepspeed":
         raise ValueError(f"attention_mask_messages=True needs schedule='deepspeed' (DeepSpeed's engine sends the "
                          f"mask between stages; Megatron-LM's schedules rebuild it on each stage), got "
                          f"schedule={schedule!r}")
-    if cp != 1 and (schedule == "deepspeed" or recompute or selective_recompute or sequence_parallel):
-        raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, without recompute, "
-                         f"selective_recompute or sequence_parallel (not modelled together yet)")
+    if cp != 1 and schedule == "deepspeed":
+        raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, not {schedule!r}")
     sharding = check_sharding(distributed_optimizer, fsdp, overlap_param_gather, replicate, reshard_after_forward)
-    if cp != 1 and (sharding != "none" or fp8 is not None):
-        raise ValueError(f"cp={cp} runs without distributed_optimizer, fsdp and fp8 (not modelled together yet)")
     if tp_comm_overlap and tp > 1 and (not sequence_parallel or cp != 1):
         raise ValueError(f"tp_comm_overlap=True with tp={tp} needs sequence_parallel=True and cp=1 (Megatron-LM "
                          f"asserts --tp-comm-overlap only with --sequence-parallel)")
@@ -69,27 +68,27 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange, fp8=fp8)
     plan.tp_comm_overlap = tp_comm_overlap
     if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
-        if cp != 1 or sharding != "none" or fp8 is not None:
-            raise ValueError("experts (ep) run without cp, distributed_optimizer, fsdp and fp8 (not modelled "
-                             "together yet)")
-        check_expert_modes((("recompute", recompute), ("selective_recompute", selective_recompute),
-                            ("sequence_parallel", sequence_parallel)))
+        check_expert_options(tp, (("recompute", recompute), ("selective_recompute", selective_recompute),
+                                  ("sequence_parallel", sequence_parallel), ("cp", cp != 1 and cp),
+                                  ("overlap_param_gather", overlap_param_gather), ("fsdp", fsdp),
+                                  ("tp_comm_overlap", tp_comm_overlap)))
         layout = Layout.build(model.world_size, dp, pp, tp)
-        await run_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep, microbatch_size))
+        await run_sharded_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep,
+                                                                     microbatch_size, tp if etp is None else etp),
+                                       sharding)
         return
-    if cp != 1:
-        await run_context_stage(model, plan)
-        return
+    if etp is not None:
+        raise ValueError(f"etp={etp!r} is the experts' tensor-parallel size; workload {model.workload.name} has no "
+                         f"experts")
     options = {}
     if sharding == "optimizer":
         options = dict(overlap_param_gather=overlap_param_gather)
-    elif sharding == "full":
+    elif sharding == "full":  # (with cp, HSDP's replicate groups are whole replicas: dp x cp / replicate ranks)
         options = dict(replicate=replicate, reshard_after_forward=reshard_after_forward)
+    if cp != 1:
+        await run_context_stage(model, plan, sharding, **options)
+        return
     await run_sharded_stage(model, plan, sharding, **options)
-
-
-_DEFAULTS = {name: p.default for name, p in inspect.signature(train).parameters.items()
-             if p.kind is p.KEYWORD_ONLY and name != "framework"}
 
 
 def check_sharding(distributed_optimizer: bool, fsdp: bool, overlap_param_gather: bool, replicate: int,

@@ -49,3 +49,30 @@ def test_flash_is_faster_than_the_unfused_core_and_only_where_measured():
         costs.forward_time(A100, Workload.parse("llama-3-8b:attention=flash3"), 1, 1)
     with pytest.raises(SpecError, match="no published flash2 speed"):
         costs.forward_time(DEVICES["T4"], flash, 1, 1)
+
+
+def test_flash2_on_a_b200_runs_at_nvidias_published_forward_and_backward_speeds():
+    """NVIDIA's cudnn-frontend benchmark of flash-attn 2.7.4.post1 on a B200 (bf16, causal, head dim 128): at
+    s 8192 the forward ran at 399.925 TFLOP/s and the backward at 318.004 on 2.5 times the forward's FLOPs;
+    at 1024, 154.417 and 104.860. A head dim of 64 has no series of its own there and takes the 128 one."""
+    b200 = DEVICES["B200-180GB"]
+    flops = 4 * 8192**2 * 128 * 32
+    forward, backward = flash_times(b200, "flash2", flops, 128, 8192)
+    assert forward == pytest.approx(flops / 2 / 399.925e12) and backward == pytest.approx(2.5 * flops / 2 / 318.004e12)
+    short = 4 * 1024**2 * 128 * 32
+    assert flash_times(b200, "flash2", short, 128, 1024) == pytest.approx(
+        (short / 2 / 154.417e12, 2.5 * short / 2 / 104.860e12))
+    assert flash_times(b200, "flash2", flops, 64, 8192) == flash_times(b200, "flash2", flops, 128, 8192)
+    assert Workload.parse("llama-3-8b").attention == "flash2"
+    assert costs.forward_time(b200, Workload.parse("llama-3-8b"), 1, 1) > 0
+
+
+@pytest.mark.parametrize("device, kernel, message", [
+    ("B200-180GB", "flash3", "attention=flash3 on B200-180GB: FlashAttention-3 runs on Hopper GPUs only"),
+    ("MI300X-192GB", "flash2", "attention=flash2 on MI300X-192GB: no published flash2 speed for this device"),
+    ("L40S-48GB", "flash2", "attention=flash2 on L40S-48GB: no published flash2 speed"),
+    ("A10G-24GB", "flash3", "attention=flash3 on A10G-24GB: no published flash3 speed"),
+])
+def test_a_flash_kernel_without_a_published_figure_is_one_clear_line(device, kernel, message):
+    with pytest.raises(SpecError, match=message):
+        flash_times(DEVICES[device], kernel, 1e12, 128, 8192)

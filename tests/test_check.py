@@ -68,6 +68,24 @@ def test_a_rank_hands_in_every_part_of_a_layer_it_loaded():
     assert len(check_kept([[whole]] * 30, [])) == 21 and check_kept([[whole]] * 30, [])[-1] == "... and 10 more"
 
 
+def test_a_piece_handed_in_exactly_counts_only_for_its_own_rank_and_layer():
+    """Ranks that hand in exactly the pieces they loaded pass at once; the others are still looked at piece
+    by piece, with the records in any order (a split step's ranks come back interleaved)."""
+    def handed(rank, layer, shards=0b1, num_shards=1):
+        return (rank, layer, 1, 0, shards, num_shards, 0, 1)
+
+    whole = (0, 0b1, 1, 0, 1)
+    # rank 0 exact; rank 1 covers the whole with two shards; rank 2 hands in the same piece of layer 1 only
+    finals = [handed(1, 0, 0b10, 2), handed(0, 0), handed(2, 1), handed(1, 0, 0b01, 2), handed(0, 1)]
+    assert check_kept([[whole], [whole], [whole]], finals) == [
+        "layer 0: rank 2 loaded the whole layer but handed in nothing of it: a rank ends the step holding, "
+        "updated, every weight it loaded (with ZeRO-1/2, all_gather the updated shards and hand in the whole)"]
+    # rank 0's records split in two runs by another rank's: both count
+    assert check_kept([[whole, (1, 0b1, 1, 0, 1)]], [handed(0, 0), handed(1, 1), handed(0, 1)]) == []
+    # a generator of records is read once
+    assert check_kept([[whole]], iter([handed(0, 0)])) == []
+
+
 def test_kept_pieces_are_found_in_time_linear_in_the_records():
     """tests/cheats/slow_kept_check.py's shape, larger: a rank hands in the whole layer and 3000 tiny ZeRO
     pieces of it (shard 0 of 65536, 65535, ...) and loaded 3000 more it never handed in (shard 1 of each).

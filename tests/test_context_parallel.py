@@ -150,8 +150,8 @@ def test_cp_options_are_checked():
         hybrid(tp=2, pp=1, cp=2, kv_exchange="allgather")
     with pytest.raises(StrategyError, match="2 x cp"):
         hybrid(workload="llama-3-8b:layers=2,seq=8190", tp=2, pp=1, cp=2)
-    with pytest.raises(StrategyError, match="recompute"):
-        hybrid(tp=2, pp=1, cp=2, recompute=True)
+    with pytest.raises(StrategyError, match="cp=2 runs with schedule gpipe, 1f1b or interleaved, not 'deepspeed'"):
+        hybrid(tp=2, pp=1, cp=2, schedule="deepspeed")
 
 
 def test_llama_3_8b_on_one_h100_node_with_cp_2_tp_2_runs_correct_within_memory():

@@ -18,6 +18,7 @@ CITED = {
     "MI300X-192GB": (1307.4, 2614.9, 192 * 1024, 5300, 448),  # AMD MI300X specifications: 7 x 64 GB/s
     "L40S-48GB": (362.05, 733, 46068, 864, 25),  # L40S data sheet; nvidia-smi "46068MiB"; PCIe4 as the A10's
     "H100-PCIe-80GB": (756, 1513, 80 * 1024, 2000, 50),  # H100 PCIe data sheet
+    "H100-HBM2e-96GB": (989, 1979, 96 * 1024, 2400, 450),  # torchtitan's Grand Teton H100 (SXM peaks kept)
 }
 
 

@@ -229,3 +229,32 @@ def test_the_terminal_schedule_draws_a_folded_replica_as_its_representative():
             if line.strip() and line.split()[0] in ("0", "1=0", "2=0", "3=0")}
     assert len(rows) == 4 and len(set(rows.values())) == 1 and set(rows["0"]) != {"·"}
     assert "rank r is a folded replica of rank k" in text
+
+
+def test_the_kept_check_of_a_folded_step_checks_the_representatives_first():
+    """`check_kept_folded` gives `check_kept`'s lines: the representatives alone only where every piece is
+    whole (so each replica's records are its representative's), else the whole step."""
+    from types import SimpleNamespace
+
+    from dist_lib.model.correctness import check_kept
+    from dist_lib.run.folding import check_kept_folded
+
+    fold = SimpleNamespace(reps=[0, 1])  # two ranks a replica, four replicas
+    whole = (0, 0b1, 1, 0, 1)
+
+    def handed(rank, layer, shards=0b1, num_shards=1):
+        return (rank, layer, 1, 0b1111, shards, num_shards, 0, 1)
+
+    loaded = [[whole, (1, 0b1, 1, 0, 1)], [whole]] * 4
+    finals = [record for r in range(8) for record in (handed(r, 0), handed(r, 1))]
+    assert check_kept_folded(loaded, finals, fold) == [] == check_kept(loaded, finals)
+    # a representative's problem: every rank's line, as unfolded (rank 1 and its replicas loaded layer 1 too)
+    loaded = [[whole, (1, 0b1, 1, 0, 1)]] * 8
+    finals = [handed(r, 0) for r in range(8)] + [handed(r, 1) for r in range(0, 8, 2)]
+    assert check_kept_folded(loaded, finals, fold) == check_kept(loaded, finals)
+    assert len(check_kept(loaded, finals)) == 4 and "rank 7 loaded" in check_kept(loaded, finals)[-1]
+    # sharded pieces: no shortcut, a replica's own records are read (here one the representatives' do not
+    # account for: rank 6 hands in shard 1 where it loaded shard 0)
+    loaded = [[(0, 0b01, 2, 0, 1)]] * 8
+    finals = [handed(r, 0, 0b01, 2) for r in range(6)] + [handed(6, 0, 0b10, 2), handed(7, 0, 0b01, 2)]
+    assert check_kept_folded(loaded, finals, fold) == check_kept(loaded, finals) != []

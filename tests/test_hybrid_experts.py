@@ -93,8 +93,16 @@ def test_a_recorded_hybrid_moe_program_replays_to_the_same_result():
 @pytest.mark.parametrize("workload, options, message", [
     ("toy:layers=4", {"ep": 2}, "ep=2: workload toy:layers=4 has no experts"),
     (TOY, {"ep": 3}, r"ep=3 must be a whole number dividing both dp=4 .* and the 4 experts"),
-    (TOY, {"ep": 2, "tp": 2}, "ep=2 with tp=2: the MoE layers have no tensor-parallel split"),
-    (TOY, {"ep": 2, "recompute": True}, "recompute=True is not covered with a mixture-of-experts workload"),
+    (TOY, {"ep": 2, "tp": 2}, "tp=2 with a mixture-of-experts workload needs sequence_parallel=True"),
+    (TOY, {"ep": 2, "etp": 3}, "etp=3: the experts' width 512 does not split into 3 equal parts"),
+    (TOY, {"ep": 4, "etp": 2}, r"ep=4 must be a whole number dividing both dp=4 \(with etp=2: 4 / etp\)"),
+    (TOY, {"ep": 2, "tp": 2, "sequence_parallel": True, "etp": 0}, "etp must be a whole number >= 1"),
+    (TOY, {"ep": 2, "sequence_parallel": True}, r"sequence_parallel=True needs tp > 1"),
+    ("toy:layers=4", {"etp": 1}, "etp=1 is the experts' tensor-parallel size; workload toy:layers=4 has no experts"),
+    (TOY, {"ep": 2, "tp": 2, "sequence_parallel": True, "tp_comm_overlap": True},
+     "tp_comm_overlap=True is not covered with a mixture-of-experts workload"),
+    (TOY, {"ep": 2, "cp": 2}, "context parallelism is modelled for dense layers only"),
+    (TOY, {"ep": 2, "fsdp": True}, r"fsdp=True is not covered with a mixture-of-experts workload \(the experts. weights are not sharded yet\)"),
 ])
 def test_what_ep_does_not_cover_is_refused_by_name(workload, options, message):
     from dist_lib import StrategyError

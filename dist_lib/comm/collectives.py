@@ -38,7 +38,7 @@ from dist_lib.engine.rank_state import SHOWN, WAKE_ME, RankState, more
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import AllocLog
 # (the C twins load WeightGrad, Reduced and the activation classes from this module)
-from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, Tensor, WeightGrad  # noqa: F401
+from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationGrad, ContextActivationGradSlice, ContextWeightGrad, Tensor, WeightGrad  # noqa: F401
 from dist_lib.engine.transfers import Transfer
 
 class Work:
@@ -217,7 +217,10 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
     result = None
     if op != "all_reduce":  # the output is allocated now (`combine` fills in its fields)
         state.memory.context = (op, tensor.layer)  # what an out-of-memory error names
-        if tensor.__class__ is ActivationSlice or tensor.__class__ is ActivationGradSlice:
+        if tensor.__class__ is ContextActivationGradSlice:  # the CP part's gradient, gathered once more
+            result = ContextActivationGrad(state.memory, tensor.nbytes * group.size, rank, tensor.layer, tensor.samples,
+                                           1, 1, tensor.gathers + (group.size,), tensor.cp_rank, tensor.cp_size)
+        elif tensor.__class__ is ActivationSlice or tensor.__class__ is ActivationGradSlice:
             # TP pieces gather into the whole activation (or gradient) of their samples
             nbytes = tensor.samples.bit_count() * engine.workload.activation_bytes()
             if tensor.__class__ is ActivationGradSlice:  # a gradient counts the gathers that made it whole
@@ -225,6 +228,9 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
                                         tensor.gathers + (group.size,))
             else:
                 result = tensor.whole(state.memory, nbytes, rank, tensor.layer, tensor.samples)
+        elif tensor.__class__ is ContextWeightGrad:  # a shard of the whole gradient (`rules._scattered_parts`)
+            result = WeightGrad(state.memory, tensor.nbytes // group.size, rank, tensor.layer, tensor.samples, 1, 1,
+                                tensor.tp_rank, tensor.tp_size)
         else:
             nbytes = tensor.nbytes * group.size if op == "all_gather" else tensor.nbytes // group.size
             result = clone(tensor, rank, state.memory, nbytes)

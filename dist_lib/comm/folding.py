@@ -76,9 +76,14 @@ def relabelled_samples(mask: int, replica: int, fold: Any, global_batch_size: in
     return found
 
 
+def shards_stay(shards: int, num_shards: int) -> bool:
+    """Whether every replica holds these shards as they are (the whole tensor, unsharded or all shards)."""
+    return shards == 1 == num_shards or shards == full_mask(num_shards)
+
+
 def relabel_shards(shards: int, num_shards: int, replica: int, replicas: int) -> int:
     """The ZeRO shards replica `replica` holds where replica 0 holds `shards` of `num_shards`."""
-    if not replica or shards == 1 == num_shards or shards == full_mask(num_shards):
+    if not replica or shards_stay(shards, num_shards):
         return shards
     if num_shards % replicas:
         raise FoldBroken(f"a tensor sharded {num_shards} ways is not shared out over the {replicas} replicas alike")

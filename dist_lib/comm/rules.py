@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dist_lib.errors import CollectiveMismatchError, TensorError
-from dist_lib.tensors import CONTEXT_HIDDEN, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationGrad, ContextWeightGrad, KVBlock, OptState, Tensor, Weight, WeightGrad, describe_mask, full_mask
+from dist_lib.tensors import CONTEXT_HIDDEN, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationGrad, ContextActivationGradSlice, ContextWeightGrad, ExpertGrad, ExpertWeight, KVBlock, OptState, Tensor, Weight, WeightGrad, cp_part, describe_mask, full_mask
 
 if TYPE_CHECKING:
     from dist_lib.comm.groups import Collective, Group
@@ -56,14 +56,16 @@ def unfit(op: str, t: Tensor) -> bool:
         return cls is Weight or cls is OptState or ((cls is Activation or cls is ActivationGrad) and not t.is_partial) \
             or cls is KVBlock or (cls in CONTEXT_HIDDEN and not t.is_partial)
     if op == "all_gather":
-        if cls is ActivationSlice or cls is ActivationGradSlice:
+        if cls is ActivationSlice or cls is ActivationGradSlice or cls is ContextActivationGradSlice:
             return False
         if cls is KVBlock:  # a CP rank's keys and values (Llama 3's all-gather)
             return t.grad or t.parts == full_mask(t.cp_size)
-        return not (cls is Weight or cls is OptState or cls is WeightGrad) or t.is_complete
+        return not (cls is Weight or cls is OptState or cls is WeightGrad or cls is ExpertWeight) or t.is_complete
     if cls is KVBlock:  # the gradients of every rank's keys and values, each summed at its owner
         return not t.grad or t.parts != full_mask(t.cp_size)
-    return cls is not WeightGrad or not t.is_complete
+    # a layer's gradient, a CP rank's sequence parts of it (sharded over dp x cp: `_scattered_parts`), or an
+    # expert's (the distributed optimizer's, over the expert-data-parallel group)
+    return (cls is not WeightGrad and cls is not ContextWeightGrad and cls is not ExpertGrad) or not t.is_complete
 
 
 def explain_input(op: str, t: Any, group: Group, rank: int) -> None:
@@ -114,11 +116,17 @@ def combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[lis
         return [reduced] * len(inputs), nbytes, label
     _same_tp_slice(coll, inputs)
     first = inputs[0]
+    if first.__class__ is ExpertGrad or first.__class__ is ExpertWeight:  # the distributed optimizer's experts
+        if len({t.experts for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: members hold different experts "
+                                          f"{ {r: describe_mask(t.experts) for r, t in zip(ranks, inputs)} }; "
+                                          f"{op} an expert's tensors among the ranks that hold that expert")
     if first.__class__ is KVBlock:
         return _kv_blocks(coll, op, inputs)
-    if op == "all_gather" and first.__class__ in (ActivationSlice, ActivationGradSlice):
-        if len({t.samples for t in inputs}) > 1 or len({t.tp_size for t in inputs}) > 1:
-            raise CollectiveMismatchError(f"{head}: TP pieces of different samples or piece counts: "
+    if op == "all_gather" and first.__class__ in (ActivationSlice, ActivationGradSlice, ContextActivationGradSlice):
+        if len({t.samples for t in inputs}) > 1 or len({t.tp_size for t in inputs}) > 1 \
+                or len({(t.__class__, cp_part(t)) for t in inputs}) > 1:
+            raise CollectiveMismatchError(f"{head}: TP pieces of different samples, piece counts or sequence parts: "
                                           f"{ {r: t for r, t in zip(ranks, inputs)} }")
         if first.tp_size != len(inputs):
             raise CollectiveMismatchError(f"{head}: pieces of {first.tp_size} gathered by {len(inputs)} ranks; "
@@ -140,8 +148,11 @@ def combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[lis
             out.shards, out.num_shards = shards, num_shards
         return results, results[0].nbytes, first.kind
     # reduce_scatter: sum complete gradients of disjoint samples, keep shard i on member i
-    samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
-                              "a sample's gradient would be counted twice")
+    if first.__class__ is ContextWeightGrad:
+        samples = _scattered_parts(coll, inputs)
+    else:
+        samples = _disjoint_union(head, "samples", ranks, [t.samples for t in inputs],
+                                  "a sample's gradient would be counted twice")
     p = len(inputs)
     results = [w.result for w in works]  # allocated at issue as copies of the inputs
     for i, out in enumerate(results):
@@ -218,6 +229,19 @@ def _summed_sequence_parts(coll: Collective, inputs: list[Tensor]) -> tuple[Redu
                                       f"than others { {r: t for r, t in zip(ranks, inputs)} }; reduce every CP rank "
                                       f"of each data-parallel replica together (dp x cp)")
     return Reduced(samples, parts, first.cp_size), first.nbytes, f"{first.kind}"
+
+
+def _scattered_parts(coll: Collective, inputs: list[Tensor]) -> int:
+    """The samples a reduce-scatter of CP ranks' sequence parts (`ContextWeightGrad`) sums to: the members
+    must hold every sequence part of each of their samples, as the dp x cp group of Megatron-Core's
+    distributed optimizer and of torchtitan's FSDP mesh (`dp_shard_cp`) does, since each keeps a shard of a
+    whole gradient (a plain `WeightGrad`, allocated so at issue)."""
+    reduced, _, _ = _summed_sequence_parts(coll, inputs)
+    if reduced.tp_parts != full_mask(reduced.tp_size):
+        raise CollectiveMismatchError(f"{coll}: reduce_scatter of sequence parts {describe_mask(reduced.tp_parts)} "
+                                      f"of {reduced.tp_size} only; a shard is of a whole gradient: reduce-scatter "
+                                      f"over every CP rank of each data-parallel replica (dp x cp)")
+    return reduced.samples
 
 
 def _kv_blocks(coll: Collective, op: str, inputs: list[Tensor]) -> tuple[list[Any], int, str]:

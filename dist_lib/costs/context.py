@@ -19,6 +19,12 @@ gradients dK, dV accumulated for each block, which end with one more hop at the 
 `send_recv_kv` and `send_recv_dkv` steps). Llama 3 instead all-gathers the keys and values before the
 attention (Dubey et al. 2024, sec. 3.3.2: all-gather K/V, then compute the local queries' attention; in
 backward, reduce-scatter their gradients); with grouped-query attention K/V are small.
+
+Every compute mode of a plain layer (`costs.ops.COMPUTE_MODES`) runs here too, at s/cp tokens: FP8 linear
+layers (TransformerEngine's CP attention is the 16-bit `DotProductAttention`, the linear layers around it
+are FP8 as without CP), and selective recompute, whose backward re-runs each block's attention core before
+its gradient (Megatron-Core's `--recompute-granularity selective` checkpoints `core_attention`, which is
+where TE's CP ring runs: the recompute of block k happens in step k of the backward ring).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dist_lib.costs import compute as costs
+from dist_lib.costs.ops import parse_mode
 from dist_lib.errors import SpecError
 from dist_lib.hardware.devices import Device
 from dist_lib.workload import architecture as arch
@@ -60,25 +67,36 @@ def attention_block_time(device: Device, workload: Workload, samples: int, tp: i
 
 
 def layer_times(device: Device, workload: Workload, layer: int, samples: int, tp: int, cp: int,
-                backward: bool = False) -> tuple[float, float]:
+                backward: bool = False, mode: str = "none") -> tuple[float, float]:
     """(seconds of everything but the attention blocks, seconds of one attention block) of a CP rank's
-    forward (or backward) of a layer: the layer pass at s/cp tokens less its one block, then cp blocks."""
+    forward (or backward) of a layer in compute mode `mode`: the layer pass at s/cp tokens less its one
+    block, then cp blocks; with selective recompute a backward block re-runs its forward first."""
+    selective, sequence_parallel, fp8 = parse_mode(mode)
     block = block_workload(workload, cp)
     one = attention_block_time(device, workload, samples, tp, cp, backward)
-    whole = costs.backward_time(device, block, layer, samples, tp) if backward \
-        else costs.forward_time(device, block, layer, samples, tp)
+    if backward and selective:
+        one += attention_block_time(device, workload, samples, tp, cp)
+    whole = costs.backward_time(device, block, layer, samples, tp, sequence_parallel=sequence_parallel,
+                                recompute="selective" if selective else "none", fp8=fp8) if backward \
+        else costs.forward_time(device, block, layer, samples, tp, sequence_parallel=sequence_parallel, fp8=fp8)
     return max(0.0, whole - one), one
 
 
-def layer_flops(workload: Workload, op: str, layer: int, samples: int, tp: int, cp: int) -> float:
-    """FLOPs of a CP rank's `op` ("forward", "backward", "loss"): the whole sequence's over cp."""
-    return costs.compute_flops(workload, op, layer, samples, tp) / cp
+def layer_flops(workload: Workload, op: str, layer: int, samples: int, tp: int, cp: int,
+                mode: str = "none") -> float:
+    """FLOPs of a CP rank's `op` ("forward", "backward", "loss"): the whole sequence's over cp (a backward
+    after a selective-recompute forward re-runs the attention core, as without CP)."""
+    selective = parse_mode(mode)[0] and op == "backward"
+    return costs.compute_flops(workload, op, layer, samples, tp, recompute="selective" if selective else "none") / cp
 
 
-def stash_bytes(workload: Workload, layer: int, samples: int, tp: int, cp: int) -> int:
+def stash_bytes(workload: Workload, layer: int, samples: int, tp: int, cp: int, mode: str = "none") -> int:
     """What a CP rank's forward keeps for backward: the layer's stash over cp (Korthikanti et al. 2022,
-    Table 2, at s/cp tokens; the s^2 attention terms as cp blocks of (s/cp)^2)."""
-    return samples * workload.stash_bytes(layer, tp) // cp
+    Table 2, at s/cp tokens; the s^2 attention terms as cp blocks of (s/cp)^2), without the attention core's
+    with selective recompute."""
+    selective, sequence_parallel, _ = parse_mode(mode)
+    return samples * workload.stash_bytes(layer, tp, recompute="selective" if selective else "none",
+                                          sequence_parallel=sequence_parallel) // cp
 
 
 def activation_bytes(workload: Workload, samples: int, cp: int) -> int:

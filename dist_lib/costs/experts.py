@@ -21,12 +21,15 @@ PASSES = ("forward", "input", "weight")
 
 
 def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: str, *,
-                routed: bool = True, shared: bool = True, attention: bool = True) -> list[tuple[float, float, float]]:
+                routed: bool = True, shared: bool = True, attention: bool = True, router: bool = True,
+                sequence_parallel: bool = False) -> list[tuple[float, float, float]]:
     """(M, N, K) of a layer's weight GEMMs on one TP rank for `samples` samples, in the pass `pass_`
     ("forward", "input" gradient, "weight" gradient; as `compute._weight_gemm_shapes`). Attention is one
     GEMM per projection's parameters (its QKV/MLA projections split by columns over TP, W_o by rows); the
     routed experts, when `routed`, one GEMM over the k x tokens they receive under uniform routing (with
-    all experts local, a grouped GEMM does the same work)."""
+    all experts local, a grouped GEMM does the same work). With `sequence_parallel` the router, which is
+    not split over TP, runs on this rank's 1/tp of the sequence (Megatron-Core routes the sequence-parallel
+    part each TP rank holds)."""
     moe, h = workload.moe, workload.hidden
     tokens = samples * workload.seq_len
     params = moe_layers.attention_params(moe, h, workload.heads)
@@ -35,8 +38,8 @@ def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: st
         f = moe.dense_ffn_hidden
         forward += [(tokens, 2 * f / tp, h), (tokens, h, f / tp)]
     else:
-        if attention:
-            forward.append((tokens, moe.experts, h))  # the router
+        if attention and router:
+            forward.append((tokens / tp if sequence_parallel else tokens, moe.experts, h))  # the router
         if moe.shared_experts and shared:
             f = moe.shared_experts * moe.shared_width
             forward += [(tokens, 2 * f / tp, h), (tokens, h, f / tp)]
@@ -50,9 +53,12 @@ def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: st
     return [(k, n, m) for m, n, k in forward]
 
 
-def expert_shapes(workload: Workload, tokens: Sequence[int], pass_: str) -> list[tuple[float, float, float]]:
-    """(M, N, K) of the grouped GEMM of the local experts that received `tokens[i]` tokens each."""
-    h, f = workload.hidden, workload.moe.expert_ffn_hidden
+def expert_shapes(workload: Workload, tokens: Sequence[int], pass_: str,
+                  etp: int = 1) -> list[tuple[float, float, float]]:
+    """(M, N, K) of the grouped GEMM of the local experts that received `tokens[i]` tokens each; on an
+    expert-TP shard of `etp`, gate/up split by columns and down by rows (Megatron-Core's `TEGroupedMLP`:
+    fc1 column-parallel, fc2 row-parallel over the expert tensor-parallel group)."""
+    h, f = workload.hidden, workload.moe.expert_ffn_hidden // etp
     shapes: list[tuple[float, float, float]] = []
     for n in tokens:
         if n:
@@ -64,9 +70,10 @@ def expert_shapes(workload: Workload, tokens: Sequence[int], pass_: str) -> list
     return [(k, n, m) for m, n, k in shapes]
 
 
-def swiglu_bytes(workload: Workload, tokens: int, *, backward: bool = False) -> float:
-    """HBM traffic of the experts' SwiGLU on `tokens` routed tokens (see the module docstring)."""
-    return tokens * workload.moe.expert_ffn_hidden * (5 if backward else 3) * workload.bytes_per_element
+def swiglu_bytes(workload: Workload, tokens: int, *, backward: bool = False, etp: int = 1) -> float:
+    """HBM traffic of the experts' SwiGLU on `tokens` routed tokens (see the module docstring), on one of
+    `etp` expert-TP shards."""
+    return tokens * (workload.moe.expert_ffn_hidden // etp) * (5 if backward else 3) * workload.bytes_per_element
 
 
 def expert_flops(workload: Workload, tokens: int) -> float:

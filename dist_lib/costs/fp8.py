@@ -24,9 +24,16 @@ tensor is computed first, one more 2-byte read per element (torchao docs, "float
 scaling ... compute amax, then cast"). The weight is cast at every forward (torchao; TE caches it across
 the microbatches of a step with `is_first_microbatch`, which this model does not credit).
 
-Memory is counted as in 16 bits: TE's FP8 copies of the saved linear inputs (1 byte an element where the
-16-bit stash counts 2) and of the cached weights (2 bytes a parameter with the transpose, once a step)
-are not modelled; torchao keeps nothing in FP8 between passes.
+Memory (`persistent_bytes`): Transformer Engine keeps, for each linear layer, its weight cast to FP8 and the
+transposed FP8 copy the other GEMM reads, one byte each a parameter, between passes: the module caches them as
+workspaces (`TransformerEngineBaseModule.get_weight_workspace`, `_fp8_workspaces`,
+transformer_engine/pytorch/module/base.py), filled on the first microbatch of a step and reused by the others
+(`is_first_microbatch`; TE user guide, "FP8 weight caching"), and kept from step to step. Beside them each FP8
+tensor of a GEMM (input, weight, output gradient) carries its scaling state (TE's `FP8TensorMeta`): an fp32
+scale, its inverse and an fp32 amax history of `--fp8-amax-history-len` entries (Megatron-LM's default 1,
+megatron/training/arguments.py). torchao's dynamic tensorwise scaling computes its scales in each call and keeps
+no FP8 tensor or history between passes (`hp_tensor_to_float8_dynamic`): nothing. The saved linear inputs are
+still counted in 16 bits (TE saves them in FP8, 1 byte an element where the stash counts 2): not modelled.
 
 GEMM speed: the catalog's per-SM tile efficiency (`Device.max_efficiency`, set on bf16 GEMMs) over
 `Device.fp8_flops`. A cuBLASLt E4M3 8192^3 GEMM with bf16 output was measured at 1,608.6 TFLOP/s mean over
@@ -49,6 +56,10 @@ RECIPES = ("delayed", "tensorwise")  # TE's delayed scaling; torchao's dynamic t
 CAST_BYTES = 2 + 1 + 1
 # what dynamic scaling adds: the amax pass reads the 16-bit tensor once more
 AMAX_BYTES = {"delayed": 0, "tensorwise": 2}
+# Transformer Engine's cached FP8 weight and its transpose: bytes a parameter of the linear layers
+TE_WEIGHT_COPY_BYTES = 2
+# the fp32 scaling state of one FP8 tensor: scale, inverse scale and Megatron-LM's default amax history of 1
+TE_SCALING_BYTES = 4 * (2 + 1)
 
 
 def check_recipe(device: Device, recipe: str) -> None:
@@ -69,11 +80,26 @@ def fp8_device(device: Device) -> Device:
 def cast_bytes(workload: Workload, samples: int, tp: int, pass_: str, recipe: str) -> float:
     """HBM bytes of the casts one layer pass of `samples` samples on a TP rank runs (`pass_`: forward,
     input or weight; the weight-gradient GEMM reuses the transposed copies the other two made)."""
+    return shapes_cast_bytes(arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp), pass_, recipe)
+
+
+def shapes_cast_bytes(shapes: list[tuple[float, float, float]], pass_: str, recipe: str) -> float:
+    """HBM bytes of the casts feeding the FP8 GEMMs whose forward shapes (M, N, K) are `shapes`, in one pass
+    (as `cast_bytes`; an MoE layer's attention and expert GEMMs give theirs, `costs.moe_ops`)."""
     per_element = CAST_BYTES + AMAX_BYTES[recipe]
-    shapes = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
     again = recipe == "tensorwise"  # torchao casts the saved 16-bit input and weight again in backward
     if pass_ == "forward":
         return per_element * sum(m * k + k * n for m, n, k in shapes)
     if pass_ == "input":
         return per_element * sum(m * n + (k * n if again else 0) for m, n, k in shapes)
     return per_element * sum(m * k for m, n, k in shapes) if again else 0.0
+
+
+def persistent_bytes(workload: Workload, tp: int, recipe: str) -> int:
+    """Bytes a TP rank keeps for one layer's FP8 linear layers from its first FP8 forward on: with delayed
+    scaling (Transformer Engine) the FP8 weight and its transpose, and the scaling state of each GEMM's three
+    FP8 tensors; with tensorwise scaling (torchao) nothing."""
+    if recipe != "delayed":
+        return 0
+    shapes = arch.weight_gemm_shapes(workload, 0, tp)  # (M, N, K): the weight is K x N
+    return round(TE_WEIGHT_COPY_BYTES * sum(k * n for _, n, k in shapes)) + 3 * len(shapes) * TE_SCALING_BYTES

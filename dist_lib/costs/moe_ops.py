@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dist_lib.costs import compute, experts
+from dist_lib.costs import compute, experts, fp8 as fp8_costs
 from dist_lib.hardware.devices import Device
 from dist_lib.workload.transformer import Workload
+
+PASSES = {False: ("forward",), True: ("input", "weight")}
 
 
 def _gemms(device: Device, workload: Workload, shapes: list[tuple[float, float, float]]) -> tuple[float, float]:
@@ -17,38 +19,74 @@ def _gemms(device: Device, workload: Workload, shapes: list[tuple[float, float, 
     return seconds, sum(2.0 * m * n * k for m, n, k in shapes)
 
 
-def route_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool) -> tuple[float, float]:
+def _linear(device: Device, workload: Workload, forward: list[tuple[float, float, float]], pass_: str,
+            fp8: str) -> tuple[float, float]:
+    """(seconds, FLOPs) of one pass of the linear layers whose forward GEMMs are `forward`: 16-bit, or with
+    an `fp8` recipe at the device's FP8 peak after their casts (`costs.fp8`, as a dense layer's)."""
+    shapes = forward if pass_ == "forward" else [(m, k, n) for m, n, k in forward] if pass_ == "input" \
+        else [(k, n, m) for m, n, k in forward]
+    if not fp8:
+        return _gemms(device, workload, shapes)
+    seconds, flops = _gemms(fp8_costs.fp8_device(device), workload, shapes)
+    return seconds + compute._stream_time(device, fp8_costs.shapes_cast_bytes(forward, pass_, fp8)), flops
+
+
+def route_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool,
+               tp: int = 1, fp8: str = "") -> tuple[float, float]:
     """(seconds, FLOPs) of an MoE layer's attention and router for `samples` samples, forward or backward
-    (the attention core and the memory-bound kernels as in `compute.forward_time`)."""
-    passes = ("input", "weight") if backward else ("forward",)
+    (the attention core and the memory-bound kernels as in `compute.forward_time`), on one of `tp` TP ranks:
+    attention split over TP as in a dense layer, sequence-parallel (Megatron-Core runs MoE with TP only with
+    sequence parallelism), the router on this rank's sequence part. With `fp8`, the attention's linear layers
+    run in FP8; the router, a plain 16-bit GEMM in Megatron-Core (`TopKRouter`), does not."""
     seconds = flops = 0.0
-    for pass_ in passes:
-        s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, 1, pass_, routed=False,
-                                                            shared=False))
+    for pass_ in PASSES[backward]:
+        if fp8:
+            attention = experts.gemm_shapes(workload, layer, samples, tp, "forward", routed=False, shared=False,
+                                            router=False)
+            s, f = _linear(device, workload, attention, pass_, fp8)
+            r = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, tp, pass_, routed=False,
+                                                             shared=False, sequence_parallel=tp > 1)[len(attention):])
+            s, f = s + r[0], f + r[1]
+        else:
+            s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, tp, pass_, routed=False,
+                                                                shared=False, sequence_parallel=tp > 1))
         seconds, flops = seconds + s, flops + f
-    core = compute._attention_time(device, workload, samples, 1, backward=backward)
-    seconds += core + compute._stream_time(device, samples * workload.elementwise_bytes(1, backward=backward))
-    flops += workload.attention_core_flops() * samples * (2 if backward else 1)
-    return compute._layer_pass(workload, 1, seconds), flops
+    core = compute._attention_time(device, workload, samples, tp, backward=backward)
+    seconds += core + compute._stream_time(device, samples * workload.elementwise_bytes(tp, tp > 1,
+                                                                                       backward=backward))
+    flops += workload.attention_core_flops() * samples * (2 if backward else 1) / tp
+    return compute._layer_pass(workload, tp, seconds), flops
 
 
-def shared_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool) -> tuple[float, float]:
-    """(seconds, FLOPs) of a layer's shared experts on every token of `samples` samples."""
+def core_recompute(device: Device, workload: Workload, samples: int, tp: int = 1) -> float:
+    """The attention core's forward again, before the backward of a layer whose stash left it out
+    (selective recompute, Korthikanti et al. 2022, sec. 5)."""
+    return compute._attention_time(device, workload, samples, tp)
+
+
+def shared_cost(device: Device, workload: Workload, layer: int, samples: int, backward: bool,
+                tp: int = 1, fp8: str = "") -> tuple[float, float]:
+    """(seconds, FLOPs) of a layer's shared experts on every token of `samples` samples (their width split
+    over `tp` TP ranks, as Megatron-Core's shared experts are; in FP8 with `fp8`)."""
     seconds = flops = 0.0
-    for pass_ in (("input", "weight") if backward else ("forward",)):
-        s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, 1, pass_, routed=False,
-                                                            attention=False))
+    forward = experts.gemm_shapes(workload, layer, samples, tp, "forward", routed=False, attention=False)
+    for pass_ in PASSES[backward]:
+        s, f = _linear(device, workload, forward, pass_, fp8)
         seconds, flops = seconds + s, flops + f
     return seconds, flops
 
 
-def experts_cost(device: Device, workload: Workload, tokens: Sequence[int], backward: bool) -> tuple[float, float]:
-    """(seconds, FLOPs) of one rank's local experts on `tokens[i]` tokens each (the padded slots included)."""
+def experts_cost(device: Device, workload: Workload, tokens: Sequence[int], backward: bool,
+                 etp: int = 1, fp8: str = "") -> tuple[float, float]:
+    """(seconds, FLOPs) of one rank's local experts on `tokens[i]` tokens each (the padded slots included),
+    on one of `etp` expert-TP shards of them; with `fp8`, the grouped GEMM in FP8 (Megatron-Core's
+    `TEGroupedMLP` under Transformer Engine's FP8 autocast), its casts counted as a dense layer's."""
     seconds = flops = 0.0
-    for pass_ in (("input", "weight") if backward else ("forward",)):
-        s, f = _gemms(device, workload, experts.expert_shapes(workload, tokens, pass_))
+    forward = experts.expert_shapes(workload, tokens, "forward", etp)
+    for pass_ in PASSES[backward]:
+        s, f = _linear(device, workload, forward, pass_, fp8)
         seconds += s + (compute._stream_time(device, experts.swiglu_bytes(workload, sum(tokens),
-                                                                            backward=backward))
+                                                                            backward=backward, etp=etp))
                         if pass_ != "weight" else 0.0)
         flops += f
-    return compute._layer_pass(workload, 1, seconds), flops
+    return compute._layer_pass(workload, etp, seconds), flops

@@ -133,6 +133,10 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("H100-80GB", 989e12, 81559 * 2**20, 3350 * GB, NVLINK_4, IB_NDR, 0.84, 132, fp8_flops=1979e12),
     Device("H100-PCIe-80GB", 756e12, 80 * GiB, 2000 * GB, PCIE_5, IB_NDR, 0.84, 114, fp8_flops=1513e12),
     Device("H200-141GB", 989e12, 143771 * 2**20, 4800 * GB, NVLINK_4, IB_NDR, 0.84, 132, fp8_flops=1979e12),
+    # Meta's Grand Teton H100 (torchtitan's published H100 runs): the SXM part with 96 GB of HBM2e at 2.4 TB/s and
+    # a 500 W power limit; its true peak is unpublished ("between SXM and NVL"), so the SXM's data-sheet peaks,
+    # SMs and GEMM efficiency are kept (torchtitan's MFU takes 989 TFLOP/s for it too): the power cap is NOT modelled.
+    Device("H100-HBM2e-96GB", 989e12, 96 * GiB, 2400 * GB, NVLINK_4, IB_NDR, 0.84, 132, fp8_flops=1979e12),
     Device("B200-180GB", 2250e12, 183359 * 2**20, 8000 * GB, NVLINK_5, IB_NDR, 0.84, 148, fp8_flops=4500e12),
     Device("MI300X-192GB", 1307.4e12, 192 * GiB, 5300 * GB, XGMI_MI300X, IB_NDR, 0.53, 304, fp8_flops=2614.9e12),
     Device("L40S-48GB", 362.05e12, 46068 * 2**20, 864 * GB, PCIE_4, ETH_100G, 0.60, 142, fp8_flops=733e12),
@@ -154,10 +158,11 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
 # pricing, us-east-1 (aws.amazon.com/ec2/pricing/on-demand): p5.48xlarge 8 x H100 $98.32; p4de.24xlarge
 # 8 x A100-80GB $40.9657; p4d.24xlarge 8 x A100-40GB $32.7726; p3dn.24xlarge 8 x V100-32GB $31.212;
 # p3.16xlarge 8 x V100-16GB $24.48; g5.12xlarge 4 x A10G $5.672; g6.12xlarge 4 x L4 $4.6016;
-# g4dn.12xlarge 4 x T4 $3.912. P100: Google Cloud's on-demand GPU price, $1.46 per GPU-hour.
+# g4dn.12xlarge 4 x T4 $3.912. P100: Google Cloud's on-demand GPU price, $1.46 per GPU-hour. The g5's GPU is the
+# A10G, which is priced from it; the A10 (not offered on AWS) takes the same price as its nearest sibling.
 PRICES_PER_HOUR = {"H100-80GB": 98.32 / 8, "A100-80GB": 40.9657 / 8, "A100-40GB": 32.7726 / 8,
-                   "V100-32GB": 31.212 / 8, "V100-16GB": 24.48 / 8, "A10": 5.672 / 4, "L4": 4.6016 / 4,
-                   "T4": 3.912 / 4, "P100-16GB": 1.46}
+                   "V100-32GB": 31.212 / 8, "V100-16GB": 24.48 / 8, "A10": 5.672 / 4, "A10G-24GB": 5.672 / 4,
+                   "L4": 4.6016 / 4, "T4": 3.912 / 4, "P100-16GB": 1.46}
 # The devices added with their own prices unknown here are unpriced (0): the planner's cost objective asks for one.
 DEVICES = {name: replace(d, price_per_hour=PRICES_PER_HOUR.get(name, 0.0)) for name, d in DEVICES.items()}
 
@@ -173,6 +178,9 @@ SOURCES: dict[str, str] = {
                       "pairs not modelled); memory nominal (nvidia-smi not confirmed); GEMM efficiency: H100 SXM's",
     "H200-141GB": "NVIDIA H200 product page (989 / 1979 TFLOP/s, 4.8 TB/s, NVLink4); nvidia-smi 143771 MiB; "
                   "DGX H200 ConnectX-7 400 Gb/s per GPU; " + _MAMF + " (same as H100)",
+    "H100-HBM2e-96GB": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Grand Teton: H100 96 GB HBM2e "
+                       "2.4 TB/s, 500 W limit, RDMA 400 Gb/s per GPU); memory nominal; peaks, SMs, NVLink4 and GEMM "
+                       "efficiency the H100 SXM's (the 500 W cap's clock is unpublished and not modelled)",
     "B200-180GB": "NVIDIA DGX B200 data sheet (72 PFLOP/s FP8 sparse for 8 GPUs: 2250 / 4500 dense, 64 TB/s HBM, "
                   "NVLink5 14.4 TB/s for 8); nvidia-smi 183359 MiB; 148 SMs (not on the data sheet); " + _MAMF,
     "MI300X-192GB": "AMD Instinct MI300X specifications (1307.4 / 2614.9 TFLOP/s, 192 GB HBM3 at 5.3 TB/s, 304 CUs, "

@@ -20,6 +20,7 @@ from dist_lib.comm.collectives import Work
 from dist_lib.comm.groups import Group
 from dist_lib.comm.p2p import issue_recv, issue_send
 from dist_lib.costs import context as cp_costs
+from dist_lib.costs.ops import SEQUENCE_PARALLEL_MODES, compute_mode
 from dist_lib.errors import SpecError, TensorError
 from dist_lib.tensors import (ContextActivation, ContextActivationGrad, ContextWeightGrad, KVBlock, Stash, Weight,
                               full_mask, samples_mask)
@@ -59,17 +60,28 @@ class ContextOps:
         return ContextActivation(self._mem, nbytes, self.rank, 0, mask, 1, 1, cp_rank, cp_size)
 
     async def context_forward(self, layer: int, act: ContextActivation, weight: Weight,
-                              group: Group | Iterable[int], *, kv_exchange: str = "ring") -> ContextActivation:
+                              group: Group | Iterable[int], *, kv_exchange: str = "ring", stash: bool = True,
+                              selective_recompute: bool = False, sequence_parallel: bool = False,
+                              fp8: str = "") -> ContextActivation:
         """Run `layer` on this rank's sequence part; the attention takes every CP rank's keys and values over
         `group` (the CP group, its i-th rank holding part i): `kv_exchange="ring"` passes them around in
         cp - 1 exchanges, each overlapped with the attention of the block at hand; `"all_gather"` gathers
-        them all first. Keeps the stash on `act`; with a TP slice of the weight, returns a partial sum."""
+        them all first. Keeps the stash on `act` unless `stash=False` (full recompute: run it again, exchange
+        included, before the backward); `selective_recompute`, `sequence_parallel` (of the s/cp tokens over
+        the TP group) and `fp8` as for `forward`. With a TP slice of the weight, returns a partial sum."""
         where = f"rank {self.rank} context_forward(layer {layer})"
         group = self._check_context(where, layer, act, weight, group, kv_exchange)
+        if fp8 != "" or selective_recompute is not False or sequence_parallel is not False \
+                or stash.__class__ is not bool:
+            if stash.__class__ is not bool:
+                raise TensorError(f"{where}: stash must be True or False, got {stash!r}")
+            self._forward_modes(layer, weight, selective_recompute, sequence_parallel, fp8,  # type: ignore
+                                "context_forward")
+        mode = compute_mode(selective_recompute, sequence_parallel, fp8)
         samples, cp, i = act.samples, act.cp_size, act.cp_rank
         tp_rank, tp = weight.tp_rank, weight.tp_size
         n = samples.bit_count()
-        rest, block, flops, stash, kv_bytes = self._context_cost("forward", layer, n, tp, cp)
+        rest, block, flops, stash_bytes, kv_bytes = self._context_cost("forward", layer, n, tp, cp, mode)
         self._charge("forward", layer, samples, rest, flops * (1 - _block_share(self.workload, layer)),
                      "context-parallel")
         block_flops = flops * _block_share(self.workload, layer) / cp
@@ -94,7 +106,8 @@ class ContextOps:
                     del sending, receiving  # (a work holds its result: the block goes with the last reference)
         del kv
         mem.context = ("context_forward", layer)
-        act._stash = Stash(mem, stash, tp_rank, tp)
+        if stash:
+            act._stash = Stash(mem, stash_bytes, tp_rank, tp, mode)
         return ContextActivation(mem, act.nbytes, self.rank, layer + 1, samples, 1 << tp_rank, tp, i, cp)
 
     async def context_backward(self, layer: int, act: ContextActivation, grad: ContextActivationGrad,
@@ -114,11 +127,13 @@ class ContextOps:
                               f"samples and sequence part as {act!r}, got {grad!r}")
         self._check_own(grad, where)  # type: ignore[attr-defined]
         if act._stash is None:
-            raise TensorError(f"{where}: {act!r} carries no stash; run context_forward on it first (context-parallel "
-                              f"layers are not recomputed here)")
+            raise TensorError(f"{where}: {act!r} carries no stash; run context_forward on it first (again, with "
+                              f"stash=True, after a forward with stash=False)")
         tp_rank, tp = weight.tp_rank, weight.tp_size
+        if act._stash.recompute in SEQUENCE_PARALLEL_MODES:  # (the output gradient gathered twice in the TP group)
+            self._check_sequence_parallel_grad("context_backward", layer, grad, tp)  # type: ignore[attr-defined]
         n = samples.bit_count()
-        rest, block, flops, _, kv_bytes = self._context_cost("backward", layer, n, tp, cp)
+        rest, block, flops, _, kv_bytes = self._context_cost("backward", layer, n, tp, cp, act._stash.recompute)
         self._charge("backward", layer, samples, rest, flops * (1 - _block_share(self.workload, layer)),
                      "context-parallel")
         block_flops = flops * _block_share(self.workload, layer) / cp
@@ -214,16 +229,17 @@ class ContextOps:
         self._block_workload(where, cp)
         return resolved
 
-    def _context_cost(self, op: str, layer: int, n: int, tp: int, cp: int) -> tuple[float, float, float, int, int]:
+    def _context_cost(self, op: str, layer: int, n: int, tp: int, cp: int,
+                      mode: str = "none") -> tuple[float, float, float, int, int]:
         """(seconds besides the attention blocks, seconds of one block, FLOPs, stash bytes, key/value block
-        bytes) of a CP rank's forward or backward, once per device type and shape."""
-        key = ("context", op, layer, n, tp, cp)
+        bytes) of a CP rank's forward or backward in compute mode `mode`, once per device type and shape."""
+        key = ("context", op, layer, n, tp, cp, mode)
         cost = self._cache.get(key)
         if cost is None:
             device, workload = self._state.device, self.workload
-            rest, block = cp_costs.layer_times(device, workload, layer, n, tp, cp, op == "backward")
-            cost = self._cache[key] = (rest, block, cp_costs.layer_flops(workload, op, layer, n, tp, cp),
-                                       cp_costs.stash_bytes(workload, layer, n, tp, cp),
+            rest, block = cp_costs.layer_times(device, workload, layer, n, tp, cp, op == "backward", mode)
+            cost = self._cache[key] = (rest, block, cp_costs.layer_flops(workload, op, layer, n, tp, cp, mode),
+                                       cp_costs.stash_bytes(workload, layer, n, tp, cp, mode),
                                        cp_costs.kv_block_bytes(workload, n, tp, cp))
         return cost
 

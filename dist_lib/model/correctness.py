@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from bisect import bisect_right
 from fractions import Fraction
+from itertools import groupby
+from operator import itemgetter
 from typing import NamedTuple
 
 from dist_lib.tensors import describe_mask, full_mask, mask_runs
@@ -120,6 +122,9 @@ class Loaded(NamedTuple):
 
 
 SHOWN = 20  # ranks' problems listed one by one; the rest are counted
+_RANK = itemgetter(0)  # of a `HandedIn` record
+_PIECE = itemgetter(1, 4, 5, 6, 7)  # a `HandedIn` record as the `Loaded` record of what it holds
+_NOTHING: frozenset = frozenset()
 
 
 def check_kept(loaded: Sequence[Iterable[tuple]], finals: Iterable[tuple]) -> list[str]:
@@ -130,12 +135,23 @@ def check_kept(loaded: Sequence[Iterable[tuple]], finals: Iterable[tuple]) -> li
     its own shard would leave the rest of its copy a step behind. Linear in the records: what a rank
     handed in of a layer is merged into spans once, and each piece it loaded is looked up in them (a
     program may load and hand in thousands of pieces of one layer)."""
-    kept: dict[tuple[int, int], list[tuple]] = {}
-    for record in finals:
-        kept.setdefault((record[0], record[1]), []).append(record[4:8])
+    finals = finals if isinstance(finals, (list, tuple)) else list(finals)
+    # The common case first, at C speed: a rank that handed in exactly each piece it loaded (the same
+    # (layer, shards, num_shards, tp_rank, tp_size)) has no problem, whatever else it handed in. Only the
+    # other ranks are looked at piece by piece below.
+    pieces_of: dict[int, set[tuple]] = {}
+    for rank, records in groupby(finals, _RANK):
+        pieces_of.setdefault(rank, set()).update(map(_PIECE, records))
+    kept: dict[tuple[int, int], list[tuple]] | None = None
     problems: list[str] = []
     left = 0
     for rank, loads in enumerate(loaded):
+        if not loads or pieces_of.get(rank, _NOTHING).issuperset(loads):
+            continue
+        if kept is None:
+            kept = {}
+            for record in finals:
+                kept.setdefault((record[0], record[1]), []).append(record[4:8])
         pieces: dict[int, list[tuple]] = {}
         for layer, *piece in loads:
             pieces.setdefault(layer, []).append(tuple(piece))

@@ -1,5 +1,5 @@
 """`MoEModel`: the handle of a rank training a mixture-of-experts workload, with the ops of an MoE layer's token
-round trip, each checked at once (and the books the end-of-step check of the experts reads, `ExpertBooks`).
+round trip, each checked at once (the books the end-of-step check of the experts reads: `expert_books.py`).
 
 An MoE layer runs as the textbook (and Megatron-Core, DeepSeek-V3) runs it under expert parallelism:
 
@@ -31,67 +31,19 @@ from typing import Any
 
 from dist_lib.costs import moe_ops
 from dist_lib.engine.core import Engine
+from dist_lib.model.expert_books import ExpertBooks
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
+from dist_lib.model.expert_parts import ExpertParts, collapse_mask, stash_fp8
 from dist_lib.model.handle import Model
 from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptState, ExpertWeight, Routed, Stash,
-                              Tokens, WeightGrad, describe_mask, full_mask, mask_runs)
-from dist_lib.workload import moe as moe_layers
-from dist_lib.workload.routing import buffer_tokens, expert_loads
+                              Tokens, WeightGrad, describe_mask, full_mask)
+from dist_lib.workload.routing import expert_loads
 
 
-class ExpertBooks:
-    """What the ranks did with the experts, for the end-of-step check: the experts each rank loaded and
-    handed in, and which (rank, layer, experts) were updated."""
-
-    def __init__(self, engine: Engine):
-        workload = engine.workload
-        self.moe = workload.moe
-        self.layers = [layer for layer in range(workload.num_layers) if self.moe.is_moe(layer)]
-        h = workload.hidden
-        # each layer's parameters without its routed experts: what `load_weights` holds
-        self.dense_params = [workload.layer_params(layer) - moe_layers.routed_expert_params(self.moe, h, layer)
-                             for layer in range(workload.num_layers)]
-        self.expert_params = self.moe.expert_params(h)
-        self.full_batch = engine.full_batch
-        self.loaded: dict[tuple[int, int], set[int]] = {}  # (rank, layer) -> expert masks loaded
-        self.finals: list[tuple[int, int, int, int, int]] = []  # (rank, layer, experts, step, samples)
-        self.updated: set[tuple[int, int, int]] = set()
-
-    def problems(self) -> list[str]:
-        """One line per problem with the experts; empty when every expert was trained exactly once."""
-        out: list[str] = []
-        everything = full_mask(self.moe.experts)
-        handed: dict[int, int] = {}
-        kept: dict[tuple[int, int], set[int]] = {}
-        for rank, layer, experts, step, samples in self.finals:
-            if step != 1:
-                out.append(f"layer {layer}: rank {rank} handed in experts {describe_mask(experts)} "
-                           + ("never updated" if step == 0 else f"updated {step} times"))
-            elif samples != self.full_batch:
-                out.append(f"layer {layer}: rank {rank}'s experts {describe_mask(experts)} were updated with the "
-                           f"tokens of samples {describe_mask(samples)}, missing "
-                           f"{describe_mask(self.full_batch & ~samples)}")
-            handed[layer] = handed.get(layer, 0) | experts
-            kept.setdefault((rank, layer), set()).add(experts)
-        for layer in self.layers:
-            missing = everything & ~handed.get(layer, 0)
-            if missing:
-                out.append(f"layer {layer}: no rank handed in experts {describe_mask(missing)} (load_experts, "
-                           f"update_experts and set_final_experts)")
-        for (rank, layer), masks in sorted(self.loaded.items()):
-            held = 0
-            for m in kept.get((rank, layer), ()):
-                held |= m
-            lost = [m for m in masks if m & ~held]
-            if lost:
-                out.append(f"layer {layer}: rank {rank} loaded experts {describe_mask(lost[0])} but did not hand "
-                           f"them in updated")
-        return out
-
-
-class MoEModel(Model):
-    """`Model` for a mixture-of-experts workload: the ops of the module docstring beside `Model`'s."""
+class MoEModel(ExpertParts, Model):
+    """`Model` for a mixture-of-experts workload: the ops of the module docstring beside `Model`'s (under
+    tensor parallelism, with those of `ExpertParts`)."""
 
     __slots__ = ("_books", "moe")
 
@@ -130,18 +82,24 @@ class MoEModel(Model):
 
     # ---- experts' weights -----------------------------------------------------------------------
 
-    def load_experts(self, layer: int, experts: range | Iterable[int]) -> tuple[ExpertWeight, ExpertOptState]:
-        """Weights and optimizer state of the routed experts `experts` of MoE layer `layer`."""
+    def load_experts(self, layer: int, experts: range | Iterable[int], *, tp_rank: int = 0, tp_size: int = 1,
+                     shard: int = 0, num_shards: int = 1) -> tuple[ExpertWeight, ExpertOptState]:
+        """Weights and optimizer state of the routed experts `experts` of MoE layer `layer`; with `tp_size` > 1,
+        expert-TP shard `tp_rank` of each (1/tp_size of its width, `ExpertParts`); with `num_shards` > 1, ZeRO
+        shard `shard` of that (the distributed optimizer's, over the expert-data-parallel group)."""
         where = f"rank {self.rank} load_experts(layer {layer})"
         self._moe_layer(layer, where)
         mask = self._experts_mask(experts, where)
-        count = mask.bit_count()
+        self._check_expert_shard(tp_rank, tp_size, where)
+        if shard.__class__ is not int or num_shards.__class__ is not int or not 0 <= shard < num_shards:
+            raise TensorError(f"{where}: shard={shard!r}, num_shards={num_shards!r} is not a ZeRO shard")
         mem = self._mem
         mem.context = ("load_experts", layer)
-        params = count * self._books.expert_params
+        params = mask.bit_count() * self._books.expert_params / tp_size / num_shards
         self._books.loaded.setdefault((self.rank, layer), set()).add(mask)
-        return (ExpertWeight(mem, params * WEIGHT_BYTES, self.rank, layer, 0, 1, 1, 0, 1, 0, mask),
-                ExpertOptState(mem, params * OPTIMIZER_BYTES, self.rank, layer, 0, 1, 1, 0, 1, 0, mask))
+        place = (1 << shard, num_shards, tp_rank, tp_size, 0, mask)
+        return (ExpertWeight(mem, int(params * WEIGHT_BYTES), self.rank, layer, 0, *place),
+                ExpertOptState(mem, int(params * OPTIMIZER_BYTES), self.rank, layer, 0, *place))
 
     def update_experts(self, layer: int, grad: ExpertGrad, weight: ExpertWeight,
                        opt_state: ExpertOptState) -> tuple[ExpertWeight, ExpertOptState]:
@@ -152,24 +110,40 @@ class MoEModel(Model):
             if type(t) is not cls:
                 raise TensorError(f"{where}: {name} must be an {cls.__name__}, got {t!r}")
             self._check_own(t, where)
-            if t.layer != layer or t.experts != opt_state.experts:
+            if t.layer != layer or t.experts != opt_state.experts \
+                    or (t.tp_rank, t.tp_size) != (opt_state.tp_rank, opt_state.tp_size):
                 raise TensorError(f"{where}: {name} {t!r} is not layer {layer}'s experts "
-                                  f"{describe_mask(opt_state.experts)}")
-        if grad.samples != self._full_batch:
-            raise TensorError(f"{where}: the gradient holds the tokens of samples {describe_mask(grad.samples)} "
-                              f"but not {describe_mask(self._full_batch & ~grad.samples)}; all_reduce it over the "
+                                  f"{describe_mask(opt_state.experts)} (expert-TP shard {opt_state.tp_rank} of "
+                                  f"{opt_state.tp_size})")
+        complete, parts, missing = self._expert_grad_complete(grad.samples)
+        if not complete:
+            held = "samples" if parts == 1 else f"sample parts (sample s part j is s * {parts} + j)"
+            raise TensorError(f"{where}: the gradient holds the tokens of {held} {describe_mask(grad.samples)} "
+                              f"but not {describe_mask(missing)}; all_reduce it over the "
                               f"ranks that hold the same experts (the expert-data-parallel group) first")
-        key = (self.rank, layer, opt_state.experts)
+        shards, num = opt_state.shards, opt_state.num_shards
+        for name, t in (("grad", grad), ("weight", weight)):  # whole, or holding the optimizer state's shard
+            if t.num_shards != 1 and (t.num_shards != num or t.shards & shards != shards):
+                raise TensorError(f"{where}: {name} {t!r} does not hold the optimizer state's shard "
+                                  f"{describe_mask(shards)} of {num}; reduce_scatter the gradient over the "
+                                  f"expert-data-parallel group")
+        key = (self.rank, layer, opt_state.experts, shards)
         if key in self._books.updated or weight.step:
             raise TensorError(f"{where}: experts {describe_mask(opt_state.experts)} were already updated")
         self._books.updated.add(key)
-        params = opt_state.experts.bit_count() * self._books.expert_params
+        params = opt_state.experts.bit_count() * self._books.expert_params / opt_state.tp_size * shards.bit_count() \
+            / num
         from dist_lib.costs.compute import ADAM_BYTES_PER_PARAM, update_time
         self._advance("update_experts", layer, self._full_batch, update_time(self.device, params), 0.0,
                       int(params * ADAM_BYTES_PER_PARAM))
-        mask = opt_state.experts
-        return (ExpertWeight(weight, 0, self.rank, layer, 1, 1, 1, 0, 1, self._full_batch, mask),
-                ExpertOptState(opt_state, 0, self.rank, layer, 1, 1, 1, 0, 1, self._full_batch, mask))
+        place = (shards, num, opt_state.tp_rank, opt_state.tp_size, self._full_batch, opt_state.experts)
+        if (weight.shards, weight.num_shards) == (shards, num):
+            buffer, nbytes = weight, 0  # updated in place
+        else:  # the updated shard of a whole 16-bit weight, to all_gather (the distributed optimizer)
+            buffer, nbytes = self._mem, int(params * WEIGHT_BYTES)
+            buffer.context = ("update_experts", layer)
+        return (ExpertWeight(buffer, nbytes, self.rank, layer, 1, *place),
+                ExpertOptState(opt_state, 0, self.rank, layer, 1, *place))
 
     def set_final_experts(self, layer: int, weight: ExpertWeight) -> None:
         """Hand in this rank's updated experts of `layer` for the end-of-step check."""
@@ -177,7 +151,11 @@ class MoEModel(Model):
         if type(weight) is not ExpertWeight or weight.layer != layer:
             raise TensorError(f"{where}: expected layer {layer}'s ExpertWeight, got {weight!r}")
         self._check_own(weight, where)
-        self._books.finals.append((self.rank, layer, weight.experts, weight.step, weight.samples))
+        if not weight.is_complete:
+            raise TensorError(f"{where}: {weight!r} is a ZeRO shard; all_gather the updated shards over the "
+                              f"expert-data-parallel group and hand in the whole")
+        self._books.finals.append((self.rank, layer, weight.experts, weight.step, weight.samples, weight.tp_rank,
+                                   weight.tp_size))
 
     # ---- forward: route, dispatch, experts, combine ------------------------------------------
 
@@ -186,31 +164,33 @@ class MoEModel(Model):
         return expert_loads(self.moe, layer, samples.start if isinstance(samples, range) else min(samples),
                             len(samples) * self.workload.seq_len)
 
-    def route(self, layer: int, act: Activation, weight: Any) -> Routed:
-        """An MoE layer's attention and router on `act` (its stash kept on `act`, as `forward` keeps it)."""
+    def route(self, layer: int, act: Activation, weight: Any, *, fp8: str = "", stash: bool = True,
+              selective_recompute: bool = False) -> Routed | list[Routed]:
+        """An MoE layer's attention and router on `act` (its stash kept on `act`, as `forward` keeps it).
+        With a TP slice of the weight: one partial piece per sequence part (`ExpertParts`). `fp8`: the
+        attention's linear layers in FP8 with that recipe (`costs.fp8`), backward too. `stash=False` (full
+        recompute): no stash, and the backward needs the layer's forward run again first;
+        `selective_recompute`: the stash without the attention core's, which `route_backward` re-runs."""
         where = f"rank {self.rank} route(layer {layer})"
         self._moe_layer(layer, where)
         self._check_compute("route", layer, act, weight, layer)
         if act.has_stash:
             raise TensorError(f"{where}: {act!r} already carries layer {layer}'s stash; route each input once")
-        n = act.samples.bit_count()
-        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, backward=False)
-        self._advance("route", layer, act.samples, seconds, flops)
-        mem = self._mem
-        mem.context = ("route", layer)
-        act._stash = Stash(mem, n * self._dense_stash(layer), 0, 1, "none")
-        return Routed(mem, n * self._act_bytes, self.rank, layer, act.samples)
+        return self._route(layer, act, weight, self._route_mode(layer, fp8, stash, selective_recompute), stash)
 
-    def shared_experts(self, layer: int, routed: Routed, weight: Any) -> None:
-        """The shared experts on every token of `routed` (DeepSeek runs them while the dispatch is in flight)."""
+    def shared_experts(self, layer: int, routed: Routed, weight: Any, *, fp8: str = "") -> None:
+        """The shared experts on every token of `routed` (DeepSeek runs them while the dispatch is in flight);
+        in FP8 with `fp8` (their backward runs in `route_backward`, in the mode `route` was given)."""
         where = f"rank {self.rank} shared_experts(layer {layer})"
+        fp8 = self._fp8("shared_experts", layer, fp8)
         self._check_routed(routed, layer, where)
         if not self.moe.shared_experts:
             raise TensorError(f"{where}: workload {self.workload.name} has no shared experts")
         if routed.shared:
             raise TensorError(f"{where}: the shared experts already ran on samples {describe_mask(routed.samples)}")
-        seconds, flops = moe_ops.shared_cost(self.device, self.workload, layer, routed.samples.bit_count(), False)
-        self._advance("shared_experts", layer, routed.samples, seconds, flops)
+        seconds, flops = moe_ops.shared_cost(self.device, self.workload, layer, routed.samples.bit_count(), False,
+                                             tp=routed.parts, fp8=fp8)
+        self._advance("shared_experts", layer, collapse_mask(routed.samples, routed.parts), seconds, flops)
         routed.shared = True
 
     def dispatch(self, routed: Routed, experts: range | Iterable[int]) -> Tokens:
@@ -224,17 +204,26 @@ class MoEModel(Model):
                               f"{describe_mask(routed.dispatched & mask)} were already dispatched; each token goes "
                               f"to each of its experts once")
         routed.dispatched |= mask
-        return self._tokens("dispatch", routed.layer, routed.samples, mask, "dispatched")
+        return self._tokens("dispatch", routed.layer, routed.samples, mask, "dispatched", routed.parts)
 
-    def expert_forward(self, layer: int, pieces: Sequence[Tokens], weight: ExpertWeight) -> list[Tokens]:
+    def expert_forward(self, layer: int, pieces: Sequence[Tokens], weight: ExpertWeight, *,
+                       fp8: str = "", stash: bool = True) -> list[Tokens]:
         """The local experts on the tokens dispatched to them (one grouped GEMM over every piece), the stash
-        kept on each piece; returns each piece's expert output, in order."""
+        kept on each piece (not with `stash=False`: full recompute runs the layer again before its
+        backward); returns each piece's expert output, in order. `fp8`: the grouped GEMM in FP8 with that
+        recipe, its backward too."""
         where = f"rank {self.rank} expert_forward(layer {layer})"
+        fp8 = self._fp8("expert_forward", layer, fp8)
+        if stash is not True and stash is not False:
+            raise TensorError(f"{where}: stash must be True or False, got {stash!r}")
         self._check_experts_weight(weight, layer, where)
         pieces = list(pieces)
         seen = 0
+        parts = pieces[0].parts if pieces and type(pieces[0]) is Tokens else 1
         for t in pieces:
             self._check_tokens(t, layer, "dispatched", where)
+            if t.parts != parts:
+                raise TensorError(f"{where}: {t!r} and {pieces[0]!r} split their samples into different sequence parts")
             if t.experts != weight.experts:
                 raise TensorError(f"{where}: {t!r} holds tokens for experts {describe_mask(t.experts)}, but this "
                                   f"rank holds experts {describe_mask(weight.experts)}: they were dispatched to the "
@@ -247,20 +236,25 @@ class MoEModel(Model):
         if not pieces:
             raise TensorError(f"{where}: no token pieces given")
         tokens = self._local_tokens(layer, pieces, weight.experts)
-        seconds, flops = moe_ops.experts_cost(self.device, self.workload, tokens, backward=False)
-        self._advance("expert_forward", layer, seen, seconds, flops, detail=_counts(weight.experts, tokens))
+        seconds, flops = moe_ops.experts_cost(self.device, self.workload, tokens, False, etp=weight.tp_size, fp8=fp8)
+        self._advance("expert_forward", layer, collapse_mask(seen, parts), seconds, flops,
+                      detail=_counts(weight.experts, tokens))
         mem = self._mem
         mem.context = ("expert_forward", layer)
-        per_token = self._expert_stash_per_token()
+        per_token = self._expert_stash_per_token(weight.tp_size)
+        shard = (1 << weight.tp_rank, weight.tp_size)  # an expert-TP shard's output: a partial sum
         outs = []
         for t in pieces:
-            t._stash = Stash(mem, self._slots(layer, t.samples, t.experts) * per_token, 0, 1, "none")
-            outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output"))
+            if stash:
+                t._stash = Stash(mem, self._slots(layer, t.samples, t.experts, parts) * per_token, weight.tp_rank,
+                                 weight.tp_size, fp8 or "none")
+            outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output", parts, *shard))
         return outs
 
     def combine(self, routed: Routed, pieces: Sequence[Tokens]) -> Activation:
         """The layer's output for the samples of `routed`: every expert's output for its tokens, exactly once
-        each (and the shared experts' output), weighted by the router and summed with the residual."""
+        each (and the shared experts' output), weighted by the router and summed with the residual (under
+        TP, this rank's sequence part of it: a TP piece, `ExpertParts._combined`)."""
         layer = routed.layer if isinstance(routed, Routed) else "?"
         where = f"rank {self.rank} combine(layer {layer})"
         self._check_routed(routed, layer, where)
@@ -274,10 +268,10 @@ class MoEModel(Model):
         routed.combined = True
         nbytes = sum(t.nbytes for t in pieces)
         from dist_lib.costs.compute import compute_time
-        self._advance("combine", layer, routed.samples, compute_time(self.device, 0.0, 2.0 * nbytes), 0.0, nbytes)
+        self._advance("combine", layer, collapse_mask(routed.samples, routed.parts),
+                      compute_time(self.device, 0.0, 2.0 * nbytes), 0.0, nbytes)
         self._mem.context = ("combine", layer)
-        return Activation(self._mem, routed.samples.bit_count() * self._act_bytes, self.rank, layer + 1,
-                          routed.samples)
+        return self._combined(routed)
 
     # ---- backward ------------------------------------------------------------------------------
 
@@ -286,17 +280,13 @@ class MoEModel(Model):
         layer = routed.layer if isinstance(routed, Routed) else "?"
         where = f"rank {self.rank} combine_backward(layer {layer})"
         self._check_routed(routed, layer, where, combined=True)
-        if type(grad) is not ActivationGrad or grad.layer != layer + 1 or grad.samples != routed.samples \
-                or grad.is_partial:
-            raise TensorError(f"{where}: expected the complete ActivationGrad of layer {layer + 1} for samples "
-                              f"{describe_mask(routed.samples)}, got {grad!r}")
-        self._check_own(grad, where)
+        self._check_output_grad(routed, grad, where)
         mask = self._experts_mask(experts, where)
         if routed.grads_sent & mask or mask & ~routed.dispatched:
             raise TensorError(f"{where}: experts {describe_mask(mask)}: their output gradient was already cut, or "
                               f"their tokens were never dispatched")
         routed.grads_sent |= mask
-        return self._tokens("combine_backward", layer, routed.samples, mask, "output grad")
+        return self._tokens("combine_backward", layer, routed.samples, mask, "output grad", routed.parts)
 
     def expert_backward(self, layer: int, tokens: Tokens, grad: Tokens,
                         weight: ExpertWeight) -> tuple[ExpertGrad, Tokens]:
@@ -309,19 +299,24 @@ class MoEModel(Model):
         if tokens._stash is None:
             raise TensorError(f"{where}: {tokens!r} carries no stash: expert_forward has not run on it, or its "
                               f"backward already did")
-        if (grad.samples, grad.experts) != (tokens.samples, tokens.experts) or tokens.experts != weight.experts:
+        if (grad.samples, grad.experts) != (tokens.samples, tokens.experts) or tokens.experts != weight.experts \
+                or (tokens._stash.tp_rank, tokens._stash.tp_size) != (weight.tp_rank, weight.tp_size):
             raise TensorError(f"{where}: gradient {grad!r}, tokens {tokens!r} and weight {weight!r} must be of the "
-                              f"same samples and experts")
+                              f"same samples and experts (and expert-TP shard)")
         counts = self._local_tokens(layer, [tokens], weight.experts)
-        seconds, flops = moe_ops.experts_cost(self.device, self.workload, counts, backward=True)
-        self._advance("expert_backward", layer, tokens.samples, seconds, flops, detail=_counts(weight.experts, counts))
+        seconds, flops = moe_ops.experts_cost(self.device, self.workload, counts, True, etp=weight.tp_size,
+                                              fp8=stash_fp8(tokens._stash))
+        self._advance("expert_backward", layer, collapse_mask(tokens.samples, tokens.parts), seconds, flops,
+                      detail=_counts(weight.experts, counts))
         tokens._stash = None
         mem = self._mem
         mem.context = ("expert_backward", layer)
-        params = weight.experts.bit_count() * self._books.expert_params
+        params = weight.experts.bit_count() * self._books.expert_params // weight.tp_size
         nbytes = int(params * WEIGHT_BYTES * self.workload.grad_bytes_per_element / self.workload.bytes_per_element)
-        return (ExpertGrad(mem, nbytes, self.rank, layer, tokens.samples, 1, 1, 0, 1, weight.experts),
-                Tokens(mem, tokens.nbytes, self.rank, layer, tokens.samples, tokens.experts, "input grad"))
+        shard = (weight.tp_rank, weight.tp_size)
+        return (ExpertGrad(mem, nbytes, self.rank, layer, tokens.samples, 1, 1, *shard, weight.experts),
+                Tokens(mem, tokens.nbytes, self.rank, layer, tokens.samples, tokens.experts, "input grad",
+                       tokens.parts, 1 << weight.tp_rank, weight.tp_size))
 
     def route_backward(self, layer: int, act: Activation, grad: ActivationGrad, routed: Routed,
                        pieces: Sequence[Tokens], weight: Any) -> tuple[WeightGrad, ActivationGrad]:
@@ -330,20 +325,29 @@ class MoEModel(Model):
         where = f"rank {self.rank} route_backward(layer {layer})"
         self._check_routed(routed, layer, where, combined=True)
         self._check_compute("route_backward", layer, act, weight, layer)
-        if act.samples != routed.samples or act._stash is None:
-            raise TensorError(f"{where}: {act!r} is not the routed input of samples {describe_mask(routed.samples)} "
+        samples, p = collapse_mask(routed.samples, routed.parts), routed.parts
+        if act.samples != samples or act._stash is None:
+            raise TensorError(f"{where}: {act!r} is not the routed input of samples {describe_mask(samples)} "
                               f"with its stash")
-        if type(grad) is not ActivationGrad or grad.layer != layer + 1 or grad.samples != act.samples:
-            raise TensorError(f"{where}: expected layer {layer + 1}'s ActivationGrad of samples "
+        if type(grad) is not ActivationGrad or grad.layer != layer + 1 or grad.samples != act.samples \
+                or grad.is_partial:
+            raise TensorError(f"{where}: expected layer {layer + 1}'s complete ActivationGrad of samples "
                               f"{describe_mask(act.samples)}, got {grad!r}")
+        if (weight.tp_size, weight.tp_rank) != (p, self._part_of(routed) if p > 1 else 0):
+            raise TensorError(f"{where}: {weight!r} is not the TP slice that routed sequence part "
+                              f"{self._part_of(routed) if p > 1 else 0} of {p}")
         back = self._cover(pieces, routed, "input grad", where, "input gradient")
         if back != routed.dispatched:
             raise TensorError(f"{where}: experts {describe_mask(routed.dispatched & ~back)} have not returned the "
                               f"input gradient of samples {describe_mask(routed.samples)}")
         n = act.samples.bit_count()
-        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, backward=True)
+        fp8 = stash_fp8(act._stash)
+        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, True, tp=p, fp8=fp8)
+        if act._stash.recompute.startswith("selective"):  # the attention core again first
+            seconds, flops = seconds + moe_ops.core_recompute(self.device, self.workload, n, p), \
+                flops + self.workload.attention_core_flops() * n / p
         if self.moe.shared_experts:
-            more = moe_ops.shared_cost(self.device, self.workload, layer, n, True)
+            more = moe_ops.shared_cost(self.device, self.workload, layer, n, True, tp=p, fp8=fp8)
             seconds, flops = seconds + more[0], flops + more[1]
         self._advance("route_backward", layer, act.samples, seconds, flops)
         act._stash = None
@@ -376,11 +380,24 @@ class MoEModel(Model):
         if type(routed) is not Routed:
             raise TensorError(f"{where}: expected the Routed tensor route() returned, got {routed!r}")
         self._check_own(routed, where)
+        if routed.tp_parts != full_mask(routed.parts):
+            raise TensorError(f"{where}: {routed!r} holds TP partial sums of the attention output; all_to_all "
+                              f"route()'s pieces in the TP group and reduce_routed them first")
         if routed.combined and not combined:
             raise TensorError(f"{where}: the tokens of samples {describe_mask(routed.samples)} were already combined")
         if combined and not routed.combined:
             raise TensorError(f"{where}: layer {layer}'s output for samples {describe_mask(routed.samples)} was "
                               f"never combined")
+
+    def _check_expert_shard(self, tp_rank: Any, tp_size: Any, where: str) -> None:
+        """An expert-TP shard: the experts' width splits into `tp_size` equal parts (Megatron-Core splits
+        each expert's fc1 by columns and fc2 by rows over the expert tensor-parallel group)."""
+        if tp_size.__class__ is not int or tp_rank.__class__ is not int or tp_size < 1 or not 0 <= tp_rank < tp_size:
+            raise TensorError(f"{where}: tp_rank={tp_rank!r}, tp_size={tp_size!r} is not an expert-TP shard; need "
+                              f"whole numbers with 0 <= tp_rank < tp_size")
+        if self.moe.expert_ffn_hidden % tp_size:
+            raise TensorError(f"{where}: the experts' width {self.moe.expert_ffn_hidden} does not split into "
+                              f"tp_size={tp_size} equal parts")
 
     def _check_tokens(self, t: Any, layer: int, stage: str, where: str) -> None:
         if type(t) is not Tokens or t.stage != stage or t.layer != layer:
@@ -394,59 +411,52 @@ class MoEModel(Model):
         self._check_own(weight, where)
 
     def _cover(self, pieces: Sequence[Tokens], routed: Routed, stage: str, where: str, what: str) -> int:
-        """The experts whose `stage` pieces for the samples of `routed` are given, each exactly once."""
+        """The experts whose `stage` pieces for the samples of `routed` are given, each exactly once (under
+        expert TP, the partial sum of each of its shards exactly once)."""
         back = 0
+        shards: dict[int, int] = {}  # experts -> the expert-TP shards whose partial sums came back
         for t in pieces:
             self._check_tokens(t, routed.layer, stage, where)
             if t.samples != routed.samples:
                 raise TensorError(f"{where}: {t!r} is not of samples {describe_mask(routed.samples)}")
-            if back & t.experts:
-                raise TensorError(f"{where}: the {what} of experts {describe_mask(back & t.experts)} for samples "
+            held = shards.get(t.experts, 0)
+            if back & t.experts or held & t.tp_parts:
+                raise TensorError(f"{where}: the {what} of experts {describe_mask(t.experts)} for samples "
                                   f"{describe_mask(routed.samples)} came back twice")
-            back |= t.experts
+            if t.tp_size == 1:
+                back |= t.experts
+                continue
+            shards[t.experts] = held = held | t.tp_parts
+            if held == full_mask(t.tp_size):
+                back |= t.experts
+        for experts, held in shards.items():
+            if not back & experts:
+                raise TensorError(f"{where}: the {what} of experts {describe_mask(experts)} for samples "
+                                  f"{describe_mask(routed.samples)} came back from expert-TP shards "
+                                  f"{describe_mask(held)} only; every shard's partial sum is needed")
         return back
 
-    def _slots(self, layer: int, samples: int, experts: int) -> int:
-        """Token slots of the dispatch buffer of `samples`' tokens for `experts`, microbatch by microbatch
-        (each run of samples is one microbatch of the routing)."""
-        seq = self.workload.seq_len
-        chosen = [e for e in range(self.moe.experts) if experts >> e & 1]
-        total = 0
-        for first, stop in mask_runs(samples):
-            loads = expert_loads(self.moe, layer, first, (stop - first) * seq)
-            total += buffer_tokens(self.moe, loads, chosen, (stop - first) * seq)
-        return total
-
-    def _local_tokens(self, layer: int, pieces: Sequence[Tokens], experts: int) -> list[int]:
-        """Token slots each local expert computes over these pieces (padded to the capacity when one is set)."""
-        seq = self.workload.seq_len
-        counts = [0] * experts.bit_count()
-        chosen = [e for e in range(self.moe.experts) if experts >> e & 1]
-        for t in pieces:
-            for first, stop in mask_runs(t.samples):
-                loads = expert_loads(self.moe, layer, first, (stop - first) * seq)
-                cap = self.moe.capacity((stop - first) * seq)
-                for i, e in enumerate(chosen):
-                    counts[i] += cap or loads[e]
-        return counts
-
-    def _tokens(self, op: str, layer: int, samples: int, experts: int, stage: str) -> Tokens:
-        nbytes = self._slots(layer, samples, experts) * self.workload.hidden * self.workload.bytes_per_element
+    def _tokens(self, op: str, layer: int, samples: int, experts: int, stage: str, parts: int) -> Tokens:
+        nbytes = self._slots(layer, samples, experts, parts) * self.workload.hidden * self.workload.bytes_per_element
         from dist_lib.costs.compute import compute_time
-        self._advance(op, layer, samples, compute_time(self.device, 0.0, 2.0 * nbytes), 0.0, nbytes)
+        self._advance(op, layer, collapse_mask(samples, parts), compute_time(self.device, 0.0, 2.0 * nbytes), 0.0,
+                      nbytes)
         self._mem.context = (op, layer)
-        return Tokens(self._mem, nbytes, self.rank, layer, samples, experts, stage)
+        return Tokens(self._mem, nbytes, self.rank, layer, samples, experts, stage, parts)
 
-    def _dense_stash(self, layer: int) -> int:
-        """One sample's stash of the dense part: the layer's stash without the routed experts' (which the
-        expert ranks keep with the tokens they computed)."""
+    def _dense_stash(self, layer: int, tp: int = 1, selective: bool = False) -> int:
+        """One sample's stash of the dense part on one of `tp` (sequence-parallel) TP ranks: the layer's
+        stash without the routed experts' (which the expert ranks keep with the tokens they computed), and
+        without the attention core's under selective recompute."""
         w = self.workload
         experts = w.seq_len * self.moe.top_k * self._expert_stash_per_token()
-        return max(0, w.stash_bytes(layer) - experts)
+        return max(0, w.stash_bytes(layer, tp, recompute="selective" if selective else "none",
+                                    sequence_parallel=tp > 1) - experts)
 
-    def _expert_stash_per_token(self) -> int:
-        """A routed token's stash in one expert: its input (h), gate and up outputs (2f) and their product (f)."""
-        return (self.workload.hidden + 3 * self.moe.expert_ffn_hidden) * self.workload.bytes_per_element
+    def _expert_stash_per_token(self, etp: int = 1) -> int:
+        """A routed token's stash in one expert: its input (h), gate and up outputs (2f) and their product (f);
+        on an expert-TP shard, 1/etp of the last three."""
+        return (self.workload.hidden + 3 * self.moe.expert_ffn_hidden // etp) * self.workload.bytes_per_element
 
     def _advance(self, op: str, layer: int, samples: int, seconds: float, flops: float, nbytes: int = 0,
                  detail: str = "") -> None:

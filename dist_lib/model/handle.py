@@ -25,17 +25,18 @@ from dist_lib.costs.ops import weight_pass_mode, compute_cost, compute_mode, for
 from dist_lib.model.op_checks import OpChecks, _covers, _first_time, _shard_key, buffer_log
 from dist_lib.model.other_collective_ops import OtherCollectiveOps
 from dist_lib.model.context_ops import ContextOps
+from dist_lib.model.fp8_weights import FP8Weights
 from dist_lib.comm.p2p import issue_recv, issue_send
-from dist_lib.tensors import SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, PipeExtra, Stash, Weight, WeightGrad, describe_mask, samples_mask
+from dist_lib.tensors import SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, PipeExtra, Stash, Weight, WeightGrad, cp_part, describe_mask, samples_mask
 from dist_lib.workload.transformer import Workload
 
 
-class Model(OpChecks, OtherCollectiveOps, ContextOps):
+class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights):
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",
                  "global_batch_size", "device", "node", "cluster", "workload", "_world", "_params", "_act_bytes",
-                 "_shard_sizes", "_full_batch")
+                 "_shard_sizes", "_full_batch", "_fp8_weights")
 
     def __init__(self, engine: Engine, rank: int):
         self._engine = engine
@@ -127,7 +128,7 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps):
         "tensorwise"): the linear layers' GEMMs run in FP8 with that scaling recipe (`costs.fp8`), backward too."""
         rank = self.rank
         if fp8 != "" or selective_recompute.__class__ is not bool or sequence_parallel.__class__ is not bool:
-            self._check_modes(layer, selective_recompute, sequence_parallel, fp8)
+            self._forward_modes(layer, weight, selective_recompute, sequence_parallel, fp8)
         mem = self._mem
         if act.__class__ is not Activation or weight.__class__ is not Weight or act.rank != rank \
                 or weight.rank != rank or act.layer != layer or weight.layer != layer or act.tp_size != 1 \
@@ -293,8 +294,8 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps):
             self._explain_split_tp(x, tp_rank, tp_size)  # (one test on the path every message takes)
         mem = self._mem
         mem.context = ("split_tp", x.layer)
-        if cls is ActivationGradSlice:  # the piece remembers the all-gathers that made the gradient whole
-            return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size, x.gathers)
+        if cls is not ActivationSlice:  # a gradient's piece remembers its gathers (and a CP part, its part)
+            return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size, x.gathers, *cp_part(x))
         return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size)
 
     def _explain_split_tp(self, x: Any, tp_rank: Any, tp_size: Any) -> None:

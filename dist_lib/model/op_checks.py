@@ -130,10 +130,11 @@ class OpChecks:
             self._check_sequence_parallel_grad(op, layer, grad, stash.tp_size)
         return stash
 
-    def _check_modes(self, layer: int, selective_recompute: Any, sequence_parallel: Any, fp8: Any) -> None:
+    def _check_modes(self, layer: int, selective_recompute: Any, sequence_parallel: Any, fp8: Any,
+                     op: str = "forward") -> None:
         """A forward's modes: switches True or False; `fp8` a known scaling recipe (`costs.fp8`), or "" (16-bit),
         on a device with FP8 tensor cores."""
-        where = f"rank {self.rank} forward(layer {layer})"
+        where = f"rank {self.rank} {op}(layer {layer})"
         for name, value in (("selective_recompute", selective_recompute), ("sequence_parallel", sequence_parallel)):
             if value is not False and value is not True:
                 raise TensorError(f"{where}: {name} must be True or False, got {value!r}")

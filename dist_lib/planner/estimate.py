@@ -38,6 +38,7 @@ from dist_lib.hardware.topology import Topology
 from dist_lib.hardware.devices import Device
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
 from dist_lib.costs.ops import compute_cost, compute_mode, forward_stash_bytes
+from dist_lib.costs.fp8 import persistent_bytes
 from dist_lib.workload.transformer import Workload
 
 # Buffers an in-flight microbatch needs beside the stashes: the received input, the output being sent
@@ -103,7 +104,8 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
         bwd.append(b)
         wgt.append(w)
         params = workload.layer_params(layer) / tp
-        state.append(params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES / zero_dp))
+        # (with Transformer Engine's FP8 recipe, its FP8 weight copies too: `costs.fp8.persistent_bytes`)
+        state.append(params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES / zero_dp) + persistent_bytes(workload, tp, fp8))
         # ZeRO-1 also holds each layer's reduced gradient shard (2/dp bytes a parameter) until the update
         shards.append(params * WEIGHT_BYTES / zero_dp if zero_dp > 1 else 0.0)
         stash = 0 if recompute == "full" else forward_stash_bytes(device, workload, layer, samples, tp, mode)

@@ -62,10 +62,11 @@ def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, 
     """Fill in the simulated time, memory and MFU of a candidate (or why it failed); with a `framework`
     (not "any"), the step as that framework runs the plan (`framework_run`)."""
     try:
-        if framework in (None, "any"):
+        if framework in (None, "any") and workload.moe is None:
             result, rank_of = run_plan(cluster, workload, global_batch, candidate.plan, reserve), None
-        else:
-            result, rank_of = framework_run(cluster, workload, global_batch, candidate.plan, framework, reserve)
+        else:  # (an MoE plan runs as hybrid's EP x PP x DP, in Megatron-LM's layout)
+            result, rank_of = framework_run(cluster, workload, global_batch, candidate.plan,
+                                            "megatron" if framework in (None, "any") else framework, reserve)
     except OutOfMemoryError as exc:
         candidate.error = "out of memory: " + str(exc).splitlines()[0]
         return candidate

@@ -19,6 +19,7 @@ from typing import Any
 
 from dist_lib.errors import SpecError
 from dist_lib.planner.launch import Launch, node_order
+from dist_lib.planner.moe_launch import ffn_hidden, megatron_moe_args
 from dist_lib.planner.plan import Plan
 
 
@@ -60,6 +61,8 @@ def megatron_args(launch: Launch, workload: Any) -> str:
     """Megatron-LM's command-line arguments, one flag a line."""
     args: list[tuple[str, Any]] = [("--tensor-model-parallel-size", launch.tp),
                                    ("--pipeline-model-parallel-size", launch.pp)]
+    if launch.cp > 1:
+        args.append(("--context-parallel-size", launch.cp))
     if launch.layers is not None:
         args.append(("--pipeline-model-parallel-layout", megatron_layout(launch.layers)))
     elif launch.chunks > 1:
@@ -78,8 +81,12 @@ def megatron_args(launch: Launch, workload: Any) -> str:
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", launch.fp8)]
     h = workload.hidden
     args += [("--num-layers", workload.num_layers), ("--hidden-size", h), ("--num-attention-heads", workload.heads),
-             ("--ffn-hidden-size", 4 * h), ("--seq-length", workload.seq_len),
+             ("--ffn-hidden-size", ffn_hidden(workload) if workload.moe else 4 * h), ("--seq-length", workload.seq_len),
              ("--max-position-embeddings", workload.seq_len)]
+    if workload.moe is not None:  # the experts and EP (`moe_launch`); the layer as the MoE presets describe it
+        args += megatron_moe_args(workload, launch.ep) + [
+            ("--normalization", "RMSNorm"), ("--position-embedding-type", "rope"),
+            ("--untie-embeddings-and-output-weights", None), ("--disable-bias-linear", None)]
     if workload.vocab:
         args += [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", workload.vocab)]
     return " \\\n".join(flag if value is None else f"{flag} {_shell(value)}" for flag, value in args) + "\n"
@@ -108,7 +115,8 @@ def torchtitan_toml(launch: Launch, workload: Any) -> str:
              "[training]", f"local_batch_size = {local}", f"global_batch_size = {launch.global_batch_size}",
              f"seq_len = {workload.seq_len}",
              f'mixed_precision_param = "{"bfloat16" if workload.bytes_per_element == 2 else "float32"}"', "",
-             "[parallelism]", f"data_parallel_replicate_degree = {launch.dp}", "data_parallel_shard_degree = 1",
+             "[parallelism]", f"data_parallel_replicate_degree = {1 if launch.zero == 3 else launch.dp}",
+             f"data_parallel_shard_degree = {launch.dp if launch.zero == 3 else 1}",
              f"tensor_parallel_degree = {launch.tp}", f"pipeline_parallel_degree = {launch.pp}",
              "context_parallel_degree = 1"]
     if pipelined:

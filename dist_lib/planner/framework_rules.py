@@ -40,10 +40,13 @@ class Rules:
         return schedule in SCHEDULES[self.framework]
 
     def memory_ok(self, recompute: str, zero: int, stages: int) -> bool:
-        """torchtitan shards only with FSDP (no ZeRO-1); DeepSpeed has no selective recompute, and whole-layer
-        checkpointing is a config key only in its pipeline engine (`Launch.from_plan`)."""
+        """torchtitan shards only with FSDP (no ZeRO-1; searched in plans of one stage, where torchtitan
+        reshards each block after its forward); DeepSpeed has no selective recompute, and whole-layer
+        checkpointing is a config key only in its pipeline engine (`Launch.from_plan`); FSDP is torchtitan's."""
         if self.framework == "torchtitan":
-            return zero == 0
+            return zero == 0 or zero == 3 and stages == 1
+        if zero == 3:
+            return False
         if self.framework == "deepspeed":
             return recompute == "none" or (recompute == "full" and stages > 1)
         return True
@@ -67,6 +70,18 @@ class Rules:
         return len({cluster.nodes[cluster.node_of(r)].gpus for r in ranks}) == 1
 
 
+def settings(rules: Rules | None, workload: Any, cluster: Any, configs: tuple) -> tuple[tuple, tuple[str, ...]]:
+    """(the (recompute, zero) settings a search weighs, in order; its GEMM precisions): torchtitan's sharding is
+    FSDP (zero 3) where the others have ZeRO-1; an MoE workload runs without either (`_expert_stage.py`); a
+    framework's FP8 recipe beside 16 bits where every GPU has FP8 tensor cores (not with experts)."""
+    if workload.moe is not None:
+        return configs[:1], ("",)
+    if rules is not None and rules.framework == "torchtitan":
+        configs = tuple((recompute, 3 if zero else 0) for recompute, zero in configs)
+    recipe = rules.fp8_recipe(cluster) if rules is not None else ""
+    return configs, ("",) + ((recipe,) if recipe else ())
+
+
 def rules(framework: str | None) -> Rules | None:
     """The rules of `framework`; None for "any" (every plan, heterogeneous ones included)."""
     if framework is None or framework == ANY:
@@ -74,6 +89,37 @@ def rules(framework: str | None) -> Rules | None:
     if framework not in FRAMEWORKS:
         raise SpecError(f"framework must be one of {', '.join(CHOICES)}, got {framework!r}")
     return Rules(framework)
+
+
+def moe_refusal(framework: str | None, workload: Any) -> str:
+    """'' when the search can plan `workload`'s experts for `framework` (Megatron-LM's
+    `--expert-model-parallel-size`, and "any", whose MoE plans run in Megatron-LM's layout as `hybrid` runs
+    experts), else why not, in one line."""
+    if framework == "deepspeed":
+        return (f"no plan DeepSpeed runs for {workload.name}'s experts: DeepSpeed-MoE sets expert parallelism "
+                f"(ep_size) in the model's code (deepspeed.moe.layer.MoE), not in its config; --framework megatron "
+                f"plans one")
+    if framework == "torchtitan":
+        return (f"no plan torchtitan runs for {workload.name}'s experts is exported: torchtitan v0.2.2's MoE "
+                f"models (llama4, deepseek_v3) are not described here; --framework megatron plans one")
+    return ""
+
+
+def with_experts(framework: str | None, workload: Any) -> tuple[Rules | None, str]:
+    """(the rules a search for `workload` keeps to, '' or why no plan): an MoE workload's plans run as hybrid
+    runs experts (EP x PP x DP), in Megatron-LM's layout, also when the search is for "any" framework."""
+    found = rules(framework)
+    if workload.moe is None:
+        return found, ""
+    return found or Rules("megatron"), moe_refusal(framework, workload)
+
+
+def experts_reason(reasons: list[str], workload: Any) -> list[str]:
+    """Why no plan fits, told right for an MoE workload, whose plans run without recompute or ZeRO."""
+    if workload.moe is None or not reasons:
+        return reasons
+    return [reasons[0].replace("full recompute and ZeRO-1", "every ep (an MoE plan runs without recompute or "
+                               "ZeRO: strategies/_expert_stage.py)")]
 
 
 def why_not(plan: Plan, framework: str, cluster: Any, workload: Any) -> str:

@@ -52,6 +52,8 @@ class Launch:
     layers: tuple[int, ...] | None = None  # layers of each block, chunk-major; None: an even split
     notes: tuple[str, ...] = field(default=(), compare=False)
     fp8: str = ""  # the linear layers' GEMMs in FP8 with this scaling recipe (`costs.fp8`), or "": 16-bit
+    ep: int = 1  # expert parallelism (an MoE workload): EP groups of `ep` data-parallel ranks (Megatron-Core)
+    cp: int = 1  # context parallelism: cp ranks hold s/cp tokens each of a replica's samples (Megatron-Core)
 
     @property
     def microbatches(self) -> int:
@@ -60,7 +62,7 @@ class Launch:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
     def blocks(self, num_layers: int) -> list[tuple[int, int]]:
         """(start, stop) of each block, chunk-major."""
@@ -119,7 +121,11 @@ class Launch:
             raise SpecError(f"plan: layer split {list(sizes)} is not DeepSpeed's partition_method='uniform' "
                             f"split {list(uniform_split(num_layers, pp))}; DeepSpeed's PipelineModule takes no "
                             f"explicit list of layers per stage")
-        if framework == "torchtitan" and plan.zero:
+        if plan.zero == 3 and framework != "torchtitan":
+            raise SpecError(f"plan: zero=3 (FSDP) is exported for torchtitan only (data_parallel_shard_degree)")
+        if plan.zero == 3 and pp > 1:
+            raise SpecError("plan: zero=3 (FSDP) with pipeline stages is not simulated as torchtitan runs it")
+        if framework == "torchtitan" and plan.zero == 1:
             raise SpecError("plan: zero=1 (optimizer state sharded) has no torchtitan setting: torchtitan "
                             "shards with FSDP (data_parallel_shard_degree), which also shards weights and gradients")
         if framework == "deepspeed" and plan.recompute == "selective":
@@ -132,6 +138,13 @@ class Launch:
             raise SpecError(f"plan: fp8 {plan.fp8!r} has no {name} setting"
                             + (f" (it runs {' or '.join(FP8_RECIPES[framework])} scaling)" if FP8_RECIPES[framework]
                                else " (no FP8 training setting is exported for it)"))
+        if plan.cp > 1 and framework != "megatron":
+            raise SpecError(f"plan: cp={plan.cp} is not simulated for {name}"
+                            + (" (torchtitan shards its CP ranks with FSDP, which hybrid does not run with cp)"
+                               if framework == "torchtitan" else " (it has no context parallelism)"))
+        if plan.ep > 1 and framework == "deepspeed":
+            raise SpecError(f"plan: ep={plan.ep} has no DeepSpeed config key (DeepSpeed-MoE takes ep_size in the "
+                            f"model's code, deepspeed.moe.layer.MoE)")
         sequence_parallel = framework == "torchtitan" and first.tp > 1
         if sequence_parallel:
             notes.append("torchtitan's tensor parallelism always runs sequence parallelism (SequenceParallel on "
@@ -139,27 +152,27 @@ class Launch:
         if framework == "torchtitan" and plan.recompute == "selective":
             notes.append("torchtitan's selective_ac_option='op' saves matmul and attention outputs; simulated "
                          "as Megatron-LM's attention-core recompute (Korthikanti et al. 2022)")
-        return cls(framework, first.tp, pp, first.dp, first.shares[0], plan.global_batch_size, schedule,
+        return cls(framework, first.tp, pp, first.dp // plan.cp, first.shares[0], plan.global_batch_size, schedule,
                    plan.chunks, plan.recompute, plan.zero, sequence_parallel, True, None if even else sizes,
-                   tuple(notes), plan.fp8)
+                   tuple(notes), plan.fp8, plan.ep, plan.cp)
 
     def to_plan(self, num_layers: int) -> Plan:
         """The plan this launch runs, on ranks 0.. in the framework's order."""
-        if self.zero not in (0, 1) or self.sequence_parallel or self.schedule == "deepspeed":
+        if self.zero not in (0, 1, 3) or self.sequence_parallel or self.schedule == "deepspeed":
             raise SpecError(f"{_NAMES[self.framework]} run: zero={self.zero}, sequence parallelism or DeepSpeed's "
                             f"schedule have no plan field; run it with `strategy()`")
-        blocks, width = self.blocks(num_layers), self.dp * self.tp
+        blocks, width = self.blocks(num_layers), self.dp * self.cp * self.tp
         stages = tuple(Stage(tuple(range(s * width, (s + 1) * width)), self.tp,
                              tuple(blocks[c * self.pp + s] for c in range(self.chunks)), (self.micro_batch_size,) * self.dp)
                        for s in range(self.pp))
         return Plan(stages, self.micro_batch_size * self.dp, self.microbatches, self.schedule, self.recompute, self.zero,
-                    self.fp8)
+                    self.fp8, self.ep, self.cp)
 
     def strategy(self, num_layers: int) -> tuple[str, dict[str, Any]]:
         """(built-in strategy, its options) that runs this launch as the framework does."""
         if self.zero >= 2 and self.fp8:
             raise SpecError(f"{_NAMES[self.framework]} run: fp8 with zero={self.zero} (FSDP) is not simulated")
-        if self.zero >= 2:
+        if self.zero >= 2 and self.tp == self.pp == 1 and self.recompute == "none":  # (zero has no recompute)
             return "zero", {"stage": self.zero, "microbatch_size": self.micro_batch_size}
         if self.zero == 1:
             return "planned", {"plan": self.to_plan(num_layers)}
@@ -176,6 +189,11 @@ class Launch:
             options["partition"] = list(self.layers)
         if self.fp8:
             options["fp8"] = self.fp8
+        for key in ("ep", "cp"):
+            if getattr(self, key) > 1:
+                options[key] = getattr(self, key)
+        if self.zero == 3:  # FSDP beside TP (torchtitan's FSDP2 over the data-parallel ranks): hybrid's fsdp
+            options["fsdp"] = True
         return "hybrid", options
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from dist_lib.errors import SpecError
 from dist_lib.workload.transformer import Workload
 from dist_lib.planner.launch import Launch, uniform_split
+from dist_lib.planner.moe_launch import FLAGS as MOE_FLAGS, ffn_hidden, read_megatron_moe
 
 # Megatron-LM flags read here: flag -> (kind, launch or workload field). Kind "int" takes a number, "str" a
 # word, "flag" none.
@@ -31,11 +32,16 @@ _MEGATRON = {"--tensor-model-parallel-size": "int", "--pipeline-model-parallel-s
              "--tokenizer-type": "str", "--context-parallel-size": "int", "--expert-model-parallel-size": "int",
              "--num-query-groups": "int", "--group-query-attention": "flag", "--swiglu": "flag",
              "--fp8-format": "str", "--fp8-recipe": "str", "--decoder-first-pipeline-num-layers": "int",
-             "--decoder-last-pipeline-num-layers": "int", "--use-torch-fsdp2": "flag", "--use-megatron-fsdp": "flag"}
+             "--decoder-last-pipeline-num-layers": "int", "--use-torch-fsdp2": "flag", "--use-megatron-fsdp": "flag",
+             **MOE_FLAGS}
 # Flags whose setting the simulation cannot honour, with what would be needed (unless at the value given).
-_MEGATRON_REFUSED = {"--context-parallel-size": 1, "--expert-model-parallel-size": 1, "--group-query-attention": None,
+_MEGATRON_REFUSED = {"--expert-model-parallel-size": 1, "--group-query-attention": None,
                      "--swiglu": None, "--decoder-first-pipeline-num-layers": None,
                      "--decoder-last-pipeline-num-layers": None, "--use-torch-fsdp2": None, "--use-megatron-fsdp": None}
+
+
+# Refused flags an MoE workload's arguments carry, checked against it instead (`moe_launch.read_megatron_moe`)
+_MOE_HONOURED = ("--expert-model-parallel-size", "--group-query-attention", "--swiglu")
 
 
 @dataclass(frozen=True)
@@ -78,11 +84,15 @@ def from_megatron(args: str | list[str], workload: Workload | None = None, world
             seen[flag] = int(value)
         else:
             seen[flag] = value
+    moe = workload is not None and workload.moe is not None  # (its flags checked in `moe_launch`)
     for flag, allowed in _MEGATRON_REFUSED.items():
+        if moe and flag in _MOE_HONOURED:
+            continue
         if flag in seen and seen[flag] != allowed:
             raise SpecError(f"{source}: {flag}{'' if seen[flag] is True else ' ' + str(seen[flag])} is not simulated "
                             f"(the built-in strategies run {_WHY[flag]})")
     workload = _megatron_workload(seen, workload, source)
+    ep = read_megatron_moe(seen, workload, source)
     tp, pp = seen.get("--tensor-model-parallel-size", 1), seen.get("--pipeline-model-parallel-size", 1)
     layers, chunks = None, 1
     if "--pipeline-model-parallel-layout" in seen:
@@ -104,13 +114,16 @@ def from_megatron(args: str | list[str], workload: Workload | None = None, world
     micro = seen.get("--micro-batch-size")
     if micro is None or micro < 1:
         raise SpecError(f"{source}: --micro-batch-size is missing (a whole number >= 1)")
-    world = _world(workload, tp * pp, source, world_size)
-    dp = world // (tp * pp)
+    cp = seen.get("--context-parallel-size", 1)
+    if cp < 1:
+        raise SpecError(f"{source}: --context-parallel-size must be a whole number >= 1, got {cp}")
+    world = _world(workload, tp * pp * cp, source, world_size)
+    dp = world // (tp * pp * cp)
     launch = Launch("megatron", tp, pp, dp, micro, seen.get("--global-batch-size", micro * dp),
                     "interleaved" if chunks > 1 else "1f1b", chunks, recompute,
                     1 if seen.get("--use-distributed-optimizer") else 0, bool(seen.get("--sequence-parallel")),
                     bool(seen.get("--overlap-grad-reduce")), layers if layers and len(set(layers)) > 1 else None)
-    launch = replace(launch, fp8=_megatron_fp8(seen, source))
+    launch = replace(launch, fp8=_megatron_fp8(seen, source), ep=ep, cp=cp)
     launch.check(workload.num_layers, source)
     return Imported(launch, workload, tuple(ignored))
 
@@ -128,7 +141,7 @@ def _megatron_fp8(seen: dict[str, Any], source: str) -> str:
     return recipe
 
 
-_WHY = {"--context-parallel-size": "no context parallelism", "--expert-model-parallel-size": "dense models only",
+_WHY = {"--expert-model-parallel-size": "experts only with an MoE workload: give one, e.g. mixtral-8x7b",
         "--group-query-attention": "multi-head attention (a GPT's 12h^2 parameters a layer)",
         "--swiglu": "a GPT's 4h GeLU MLP",
         "--decoder-first-pipeline-num-layers": "even splits or --pipeline-model-parallel-layout",
@@ -148,6 +161,11 @@ def _megatron_workload(seen: dict[str, Any], given: Workload | None, source: str
     else:
         given = replace(given, **{k: seen[f] for k, f in dims.items() if f in seen},
                         **({"vocab": seen["--vocab-size"]} if "--vocab-size" in seen else {}))
+    if given.moe is not None:
+        if seen.get("--ffn-hidden-size", ffn_hidden(given)) != ffn_hidden(given):
+            raise SpecError(f"{source}: --ffn-hidden-size {seen['--ffn-hidden-size']} is not workload {given.name}'s "
+                            f"{ffn_hidden(given)}")
+        return given
     ffn = seen.get("--ffn-hidden-size", 4 * given.hidden)
     if ffn != 4 * given.hidden:
         raise SpecError(f"{source}: --ffn-hidden-size {ffn} is not 4 x --hidden-size {given.hidden} (the GPT layer "
@@ -217,13 +235,14 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
         raise SpecError(f"{source}: activation_checkpoint.selective_ac_option = {ac.get('selective_ac_option', '2')!r} "
                         f"(every n-th layer) is not simulated; use \"op\" or mode \"full\"")
     if shard > 1:
-        if tp > 1 or pp > 1 or replicate > 1:
-            raise SpecError(f"{source}: parallelism.data_parallel_shard_degree = {shard} (FSDP) with tensor, pipeline "
-                            f"or replicated parallelism is not simulated; FSDP runs alone (the zero strategy, stage 3)")
+        if pp > 1 or replicate > 1:
+            raise SpecError(f"{source}: parallelism.data_parallel_shard_degree = {shard} (FSDP) with pipeline or "
+                            f"replicated parallelism is not simulated; FSDP runs alone (the zero strategy, stage 3) or "
+                            f"with tensor parallelism (hybrid's fsdp)")
         if fp8:
             raise SpecError(f"{source}: model.converters float8 with FSDP (data_parallel_shard_degree {shard}) is "
                             f"not simulated")
-        launch = Launch("torchtitan", 1, 1, dp, local, global_batch, recompute=mode, zero=3)
+        launch = Launch("torchtitan", tp, 1, dp, local, global_batch, recompute=mode, zero=3, sequence_parallel=tp > 1)
         launch.check(workload.num_layers, source)
         return Imported(launch, workload, ())
     schedule, chunks, micro, layers = "1f1b", 1, local, None

@@ -21,7 +21,7 @@ from dist_lib.specs import shown
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
-ZERO_STAGES = (0, 1)
+ZERO_STAGES = (0, 1, 3)  # 3: FSDP (torchtitan's data_parallel_shard_degree; hybrid's fsdp)
 # "" (16-bit GEMMs) or an FP8 scaling recipe for the linear layers' GEMMs (`costs.fp8.RECIPES`)
 FP8_CHOICES = ("", "delayed", "tensorwise")
 
@@ -64,9 +64,17 @@ class Plan:
     microbatches: int
     schedule: str = "1f1b"
     recompute: str = "none"
-    zero: int = 0  # 1: each stage's optimizer state sharded over its replicas (Rajbhandari et al. 2020)
+    zero: int = 0  # 1: each stage's optimizer state sharded over its replicas (Rajbhandari et al. 2020); 3: FSDP
     # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise"; `costs.fp8`), or ""
     fp8: str = ""
+    # expert parallelism of a mixture-of-experts workload: each stage's replicas form EP groups of `ep`
+    # consecutive replicas, each holding E/ep routed experts (`strategies/_expert_stage.py`); 1: every replica
+    # holds every expert
+    ep: int = 1
+    # context parallelism: each stage's ranks are dp x cp x tp, TP fastest, then CP, then DP (Megatron-Core's
+    # order); a CP group's cp ranks hold s/cp tokens of their replica's samples (`strategies/_context.py`), and
+    # `shares` has one entry per replica (dp of them)
+    cp: int = 1
     # the hardware the plan was made for: (node, device, first rank, last rank) of each node (`hardware.py`);
     # None: not recorded (then any cluster of the right size runs it). Not part of the plan's identity.
     hardware: tuple[tuple[int, str, int, int], ...] | None = field(default=None, compare=False)
@@ -85,9 +93,10 @@ class Plan:
 
     def describe(self) -> str:
         """One line: each stage as dp x tp and its layer count, then the microbatching and options."""
-        stages = "+".join(f"{s.dp}x{s.tp}:{s.layers}L" for s in self.stages)
+        stages = "+".join(f"{len(s.shares)}x{s.tp}:{s.layers}L" for s in self.stages)
         extra = "".join(f" {k}={v}" for k, v in (("recompute", self.recompute), ("zero", self.zero),
                                                  ("fp8", self.fp8)) if v not in ("none", 0, ""))
+        extra += "".join(f" {k}={v}" for k, v in (("ep", self.ep), ("cp", self.cp)) if v != 1)
         return f"{stages}  {self.microbatches}x{self.microbatch_size} {self.schedule}{extra}"
 
     # ---- JSON ---------------------------------------------------------------------------------
@@ -96,6 +105,9 @@ class Plan:
         data = asdict(self)
         if not self.fp8:  # 16-bit: the field left out, so files read the same as before it existed
             del data["fp8"]
+        for name in ("ep", "cp"):  # likewise without expert or context parallelism
+            if getattr(self, name) == 1:
+                del data[name]
         if self.hardware is None:
             del data["hardware"]
         else:
@@ -121,11 +133,11 @@ class Plan:
         if not isinstance(data, dict):
             raise SpecError(f"{source}: a plan is a JSON object, got {type(data).__name__}")
         unknown = set(data) - {"stages", "microbatch_size", "microbatches", "schedule", "recompute", "zero", "fp8",
-                                   "hardware"}
+                                   "ep", "cp", "hardware"}
         if unknown:
             raise SpecError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")
         missing = [name for name in ("stages", "microbatch_size", "microbatches") if name not in data]
-        if missing:  # (schedule, recompute, zero and fp8 have defaults)
+        if missing:  # (schedule, recompute, zero, fp8, ep and cp have defaults)
             raise SpecError(f"{source}: missing field(s) {', '.join(missing)}")
         stages = data.get("stages")
         if not isinstance(stages, list) or not stages:
@@ -146,7 +158,9 @@ class Plan:
         return cls(tuple(built), _int(data.get("microbatch_size"), f"{source}: microbatch_size", 1),
                    _int(data.get("microbatches"), f"{source}: microbatches", 1), data.get("schedule", "1f1b"),
                    data.get("recompute", "none"), _int(data.get("zero", 0), f"{source}: zero", 0),
-                   data.get("fp8", ""), _hardware(data.get("hardware"), f"{source}: hardware"))
+                   data.get("fp8", ""), _int(data.get("ep", 1), f"{source}: ep", 1),
+                   _int(data.get("cp", 1), f"{source}: cp", 1),
+                   _hardware(data.get("hardware"), f"{source}: hardware"))
 
     @classmethod
     def load(cls, plan: Plan | dict | str | Path) -> Plan:
@@ -203,6 +217,8 @@ class Plan:
             _ints(stage.shares, f"{where}.shares", 1)
         _int(self.microbatch_size, f"{source}: microbatch_size", 1)
         _int(self.microbatches, f"{source}: microbatches", 1)
+        _int(self.ep, f"{source}: ep", 1)
+        _int(self.cp, f"{source}: cp", 1)
 
     def check(self, world_size: int, num_layers: int, global_batch_size: int, cluster: Any = None,
               source: str = "plan", workload: Any = None) -> None:
@@ -219,13 +235,14 @@ class Plan:
         if self.recompute not in RECOMPUTE:
             raise SpecError(f"{source}: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in ZERO_STAGES:
-            raise SpecError(f"{source}: zero must be 0 or 1, got {self.zero!r}")
+            raise SpecError(f"{source}: zero must be 0, 1 or 3, got {self.zero!r}")
         if self.fp8.__class__ is not str or self.fp8 not in FP8_CHOICES:
             raise SpecError(f"{source}: fp8 must be one of {', '.join(map(repr, FP8_CHOICES))} ('': 16-bit GEMMs), "
                             f"got {self.fp8!r}")
         if self.global_batch_size != global_batch_size:
             raise SpecError(f"{source}: microbatch_size {self.microbatch_size} x microbatches {self.microbatches} = "
                             f"{self.global_batch_size}, but the global batch is {global_batch_size}")
+        self._check_experts(source, workload)
         seen: set[int] = set()
         for i, stage in enumerate(self.stages):
             where = f"{source}: stages[{i}]"
@@ -239,8 +256,11 @@ class Plan:
                 if r in seen:
                     raise SpecError(f"{where}.ranks: rank {r} is in two places")
                 seen.add(r)
-            if len(stage.shares) != stage.dp or sum(stage.shares) != self.microbatch_size:
-                raise SpecError(f"{where}.shares: {list(stage.shares)} must give each of its dp={stage.dp} "
+            if len(stage.ranks) % (stage.tp * self.cp):
+                raise SpecError(f"{where}: cp={self.cp} x tp={stage.tp} does not divide its {len(stage.ranks)} ranks")
+            dp = len(stage.ranks) // (stage.tp * self.cp)
+            if len(stage.shares) != dp or sum(stage.shares) != self.microbatch_size:
+                raise SpecError(f"{where}.shares: {list(stage.shares)} must give each of its dp={dp} "
                                 f"replicas >= 1 sample, {self.microbatch_size} in all (the microbatch size)")
             if len(stage.blocks) != self.chunks:
                 raise SpecError(f"{where}.blocks: every stage needs {self.chunks} block(s), one per chunk")
@@ -269,6 +289,32 @@ class Plan:
             if lacking:
                 raise SpecError(f"{source}: fp8 {self.fp8!r}, but {', '.join(lacking)} has no FP8 tensor cores; "
                                 f"plan without fp8")
+
+
+    def _check_experts(self, source: str, workload: Any) -> None:
+        """An MoE plan as `hybrid` runs it (EP x PP x DP): `ep` divides every stage's replicas and the experts,
+        no TP, recompute, ZeRO or FP8 (`strategies/_expert_stage.py`); `ep` > 1 only with experts."""
+        if self.cp != 1 and (self.recompute != "none" or self.zero or self.fp8 or self.schedule == "zero-bubble"
+                             or workload is not None and (workload.moe is not None or workload.profile is not None)
+                             or workload is not None and workload.seq_len % (2 * self.cp)):
+            raise SpecError(f"{source}: cp={self.cp} runs a dense workload timed by formula, its sequence cut into "
+                            f"2 x cp chunks, without recompute, zero, fp8 and the zero-bubble schedule (hybrid's "
+                            f"context-parallel stage, strategies/_context.py)")
+        moe = getattr(workload, "moe", None) if workload is not None else None
+        if moe is None:
+            if self.ep != 1 and workload is not None:
+                raise SpecError(f"{source}: ep={self.ep}, but workload {workload.name} has no experts (ep is for "
+                                f"mixtures of experts; leave it at 1)")
+            return
+        for i, stage in enumerate(self.stages):
+            if stage.tp != 1 or stage.dp % self.ep:
+                raise SpecError(f"{source}: stages[{i}]: an MoE stage runs tp=1 with ep={self.ep} dividing its "
+                                f"dp={stage.dp} replicas, got tp={stage.tp}")
+        if moe.experts % self.ep:
+            raise SpecError(f"{source}: ep={self.ep} does not divide the {moe.experts} experts")
+        if self.recompute != "none" or self.zero or self.fp8 or self.schedule == "zero-bubble":
+            raise SpecError(f"{source}: an MoE plan runs without recompute, zero, fp8 and the zero-bubble schedule "
+                            f"(hybrid's expert stage keeps every stash and runs whole backwards)")
 
 
 def _hardware(value: Any, where: str) -> tuple[tuple[int, str, int, int], ...] | None:

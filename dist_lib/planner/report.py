@@ -72,7 +72,9 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
     for i, c in enumerate(shown, 1):
         plan = c.plan
         schedule = " ".join(v for v in (SHORT.get(plan.schedule, plan.schedule), RECOMPUTE.get(plan.recompute, ""),
-                                         "Z1" if plan.zero else "") if v)
+                                         {1: "Z1", 3: "FSDP"}.get(plan.zero, ""),
+                                         f"ep{plan.ep}" if plan.ep > 1 else "", f"cp{plan.cp}" if plan.cp > 1 else "")
+                              if v)
         simulated = f"{c.simulated * 1e3:.2f}" if c.simulated is not None else "-"
         free = "-" if c.peak_fraction is None else \
             f"{short[cluster.device_of(c.fullest_rank).name][:6]} {c.peak_fraction * 100:.0f}%"

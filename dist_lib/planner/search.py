@@ -30,6 +30,7 @@ from dist_lib.planner.partition import chunk_sizes, fits, fixed_partition, parti
 from dist_lib.planner.stage_option import StageOption, no_collective
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.step import step_estimate
+from dist_lib.planner import options_cost
 
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
 MEMORY_CONFIGS = (("none", 0), ("none", 1), ("selective", 0), ("selective", 1), ("full", 0), ("full", 1))
@@ -134,24 +135,27 @@ class _Space:
         return found
 
     def options(self, ranks: tuple[int, ...], microbatch: int, recompute: str, zero: int,
-                fp8: str = "") -> list[StageOption]:
-        key = (ranks, microbatch, recompute, zero, fp8)
+                fp8: str = "", ep: int = 1, cp: int = 1) -> list[StageOption]:
+        key = (ranks, microbatch, recompute, zero, fp8, ep, cp)
         found = self._options.get(key)
         if found is None:
-            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8)
+            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8, ep, cp)
             template = self._templates.get(shape_key)
             if template is None:
-                found = self._templates[shape_key] = [self._option(ranks, tp, microbatch, recompute, zero, fp8)
-                                                      for tp in space.tp_options(self.cluster, ranks, self.workload)
-                                                      if len(ranks) // tp <= microbatch
-                                                      and not (self.even and microbatch % (len(ranks) // tp))]
+                found = self._templates[shape_key] = [o for o in (
+                    self._option(ranks, tp, microbatch, recompute, zero, fp8) if ep == cp == 1 and not self.workload.moe
+                    else options_cost.stage_option(self, ranks, tp, microbatch, ep, cp, _Reduction)
+                    for tp in space.tp_options(self.cluster, ranks, self.workload)
+                    if options_cost.width_ok(self.workload, len(ranks), tp, cp, microbatch, self.even)) if o is not None]
             else:
                 found = [replace(o, ranks=ranks) for o in template]
             self._options[key] = found
         return found
 
-    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="") -> StageOption:
+    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="") -> StageOption | None:
         cluster, workload = self.cluster, self.workload
+        if zero == 3:  # FSDP (torchtitan's): weights and gradients sharded too, gathered a layer at a time
+            return options_cost.fsdp_option(self, ranks, tp, microbatch, recompute, fp8, _Reduction)
         dp = len(ranks) // tp
         shares = (microbatch // dp,) * dp if self.even else space.shares(cluster, workload, ranks, tp, microbatch)
         replicas, keys = {}, []
@@ -262,7 +266,7 @@ def pipeline_stage_seconds(cluster: Cluster, workload: Workload, stage_ranks: tu
 
 
 def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches: int, schedule: str,
-            recompute: str, zero: int, chunks: int = 1, fp8: str = "") -> Plan:
+            recompute: str, zero: int, chunks: int = 1, fp8: str = "", ep: int = 1, cp: int = 1) -> Plan:
     """The `Plan` of a placed partition; with chunks, each stage's layers are cut into that many
     blocks in Megatron's interleaved order (virtual stage c * p + s)."""
     pp = len(placed)
@@ -275,7 +279,7 @@ def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches
             blocks[s].append((start, start + parts[s][c]))
             start += parts[s][c]
     stages = tuple(Stage(o.ranks, o.tp, tuple(blocks[s]), o.shares) for s, (_, o) in enumerate(placed))
-    return Plan(stages, microbatch, microbatches, schedule, recompute, zero, fp8)
+    return Plan(stages, microbatch, microbatches, schedule, recompute, zero, fp8, ep, cp)
 
 
 def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget: float | None = None,
@@ -286,9 +290,11 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     none) why not, one reason per line. Each device holds its capacity less `memory_reserve` (None: all
     of it). With a `framework` (`framework_rules`), only plans it runs: stages of one width and TP degree,
     even shares, its schedules, memory settings and layer splits."""
-    rules = framework_rules.rules(framework)
-    # a framework's FP8 linear layers, searched beside 16-bit ones where every GPU has FP8 tensor cores
-    fp8_choices = ("",) + ((rules.fp8_recipe(cluster),) if rules is not None and rules.fp8_recipe(cluster) else ())
+    rules, refusal = framework_rules.with_experts(framework, workload)  # (experts: Megatron-LM's layout)
+    if refusal:
+        return [], [refusal]
+    # the (recompute, zero) settings, and a framework's FP8 linear layers beside 16-bit ones where it has them
+    memory_configs, fp8_choices = framework_rules.settings(rules, workload, cluster, MEMORY_CONFIGS)
     sp = _Space(cluster, workload, memory_reserve, even=rules is not None)
     L = workload.num_layers
     # a search by cost, or within a budget, weighs renting part of each device type too
@@ -317,17 +323,17 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     why = {"memory": 0, "batch": 0}
     # Branch and bound: a lower bound of each (grouping, microbatch size) orders the work, and the work
     # stops where the bound exceeds the best estimate so far by more than the estimate's error could hide.
-    def bounded(stages: tuple, microbatch: int, price: float) -> list[tuple]:
-        """(bound, price, stages, microbatch, free options, TP degree) of a layout and microbatch size: one
-        entry, or with a framework one per TP degree every stage may take (TP None: any, stage by stage);
-        none where some stage has no option (the batch does not split over its replicas)."""
-        free = [sp.options(ranks, microbatch, "none", 0) for ranks in stages]
+    def bounded(stages: tuple, microbatch: int, price: float, cp: int = 1) -> list[tuple]:
+        """(bound, price, stages, microbatch, free options, TP degree, CP degree) of a layout and microbatch
+        size: one entry, or with a framework one per TP degree every stage may take (TP None: any, stage by
+        stage); none where some stage has no option (the batch does not split over its replicas)."""
+        free = [sp.options(ranks, microbatch, "none", 0, "", 1, cp) for ranks in stages]
         if rules is not None and all(free):
             common = set.intersection(*({o.tp for o in options} for options in free))
             out = []
             for tp in sorted(t for t in common if rules.tp_ok(t, len(stages))):
                 out += [e for e in bound_of(stages, microbatch, price, [[o for o in options if o.tp == tp]
-                                                                         for options in free], tp)]
+                                                                         for options in free], tp, cp)]
             if not out:
                 why["batch"] += 1
             return out
@@ -336,18 +342,19 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             return []
         return bound_of(stages, microbatch, price, free, None)
 
-    def bound_of(stages: tuple, microbatch: int, price: float, free: list, tp: int | None) -> list[tuple]:
+    def bound_of(stages: tuple, microbatch: int, price: float, free: list, tp: int | None,
+                 cp: int = 1) -> list[tuple]:
         # every stage s runs n_s layers of at least u_s seconds within the bound T, so
         # L = sum n_s <= T * sum 1/u_s, and the step takes at least m * T plus the fill, which
         # is the sum of the other stages' times (1F1B), at least a third of it with ZB-H1 or
         # interleaving: sum_s n_s u_s >= L min u_s
         fastest = [min(o.costs.per_layer for o in options) for options in free]
-        for fp8 in fp8_choices[1:]:  # the bound holds for the faster of 16-bit and FP8 GEMMs
+        for fp8 in fp8_choices[1:] if cp == 1 else ():  # the bound holds for the faster of 16-bit and FP8 GEMMs
             fastest = [min([u] + [o.costs.per_layer for o in sp.options(ranks, microbatch, "none", 0, fp8)
                                   if tp in (None, o.tp)]) for u, ranks in zip(fastest, stages)]
         slowest_stage = L / sum(1 / u for u in fastest)
         bound = (global_batch // microbatch) * slowest_stage + max(0.0, L * min(fastest) - slowest_stage) / 3
-        return [(bound * (price if objective == "cost" else 1.0), price, stages, microbatch, free, tp)]
+        return [(bound * (price if objective == "cost" else 1.0), price, stages, microbatch, free, tp, cp)]
 
     work: list[tuple] = []
     thin: list[tuple] = []  # pipelines of fewer microbatches than half their stages
@@ -359,6 +366,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                     thin.append((stages, microbatch, price))  # a pipeline needs microbatches to fill it
                 else:
                     work += bounded(stages, microbatch, price)
+                    for cp in options_cost.cp_choices(workload, rules, len(stages[0])):  # entries of their own
+                        work += bounded(stages, microbatch, price, cp)
     def split(options: list[list[StageOption]], m: int, memory: bool = True):
         """The best layer partition, or the framework's own fixed split (DeepSpeed's uniform)."""
         counts = rules.fixed_split(L, len(options)) if rules is not None else None
@@ -368,27 +377,28 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     incumbent = float("inf")
     done = 0  # entries looked at, for the progress display
 
-    def _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent):
+    def _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent, ep=1, cp=1):
         """The candidates of one entry with the linear layers' GEMMs in one precision; the new incumbent."""
         unconstrained = split(plain, m, memory=False)
         weight = price if objective == "cost" else 1.0
         if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
             return incumbent  # even without memory limits its slowest stage makes it lose
-        for recompute, zero in MEMORY_CONFIGS:
+        for recompute, zero in memory_configs if cp == 1 else memory_configs[:1]:  # (cp: no recompute, no ZeRO)
             if rules is not None and not rules.memory_ok(recompute, zero, len(stages)):
                 continue
-            if (recompute, zero) == MEMORY_CONFIGS[0] and fits(unconstrained[1], m):
+            if (recompute, zero) == memory_configs[0] and fits(unconstrained[1], m):
                 found = unconstrained  # the same options, and memory does not bind: the same partition
             else:
-                found = split([[o for o in sp.options(ranks, microbatch, recompute, zero, fp8) if tp in (None, o.tp)]
-                               for ranks in stages], m)
+                options = [[o for o in sp.options(ranks, microbatch, recompute, zero, fp8, ep, cp) if tp in (None, o.tp)]
+                           for ranks in stages]
+                found = split(options, m) if all(options) else None  # (FSDP: none where it shards nothing)
             if found is None:
                 why["memory"] += 1
                 continue
             # a ZB-H1 plan is played out only if its floor could beat the best so far (`step.py`);
             # an unpruned search (infinite slack) plays out every one
             new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
-                             incumbent / weight if prune_slack < float("inf") else float("inf"), rules, fp8)
+                             incumbent / weight if prune_slack < float("inf") else float("inf"), rules, fp8, ep, cp)
             for c in new:
                 incumbent = min(incumbent, c.estimate * weight)
             out.extend(new)
@@ -400,16 +410,25 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         """Add the candidates of `entries` in the order of their bounds, until a bound cannot win."""
         nonlocal incumbent, done
         entries.sort(key=lambda w: w[0])
-        for i, (bound, price, stages, microbatch, free, tp) in enumerate(entries):
+        for i, (bound, price, stages, microbatch, free, tp, cp) in enumerate(entries):
             if progress is not None and (done + i) % 64 == 0:
                 progress(done + i, done + len(entries))
             if bound > incumbent * (1 + prune_slack):
                 break
             m = global_batch // microbatch
+            if cp > 1:  # (16-bit, one EP degree: hybrid runs cp without fp8 and experts)
+                incumbent = _explore_precision(free, "", m, stages, microbatch, price, tp, incumbent, 1, cp)
+                continue
             for fp8 in fp8_choices:
                 plain = free if not fp8 else [[o for o in sp.options(ranks, microbatch, "none", 0, fp8)
                                                if tp in (None, o.tp)] for ranks in stages]
                 incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent)
+            # an MoE workload's expert-parallel degrees past 1 (ep=1, just explored, bounds them: its
+            # all-to-alls are local copies)
+            for ep in options_cost.ep_choices(workload, len(stages[0]) // (tp or 1))[1:]:
+                plain = [[o for o in sp.options(ranks, microbatch, "none", 0, "", ep) if tp in (None, o.tp)]
+                         for ranks in stages]
+                incumbent = _explore_precision(plain, "", m, stages, microbatch, price, tp, incumbent, ep)
         done += len(entries)
 
     explore(work)
@@ -444,15 +463,16 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             reasons.append(f"no plan: a global batch of {global_batch} cannot give every data-parallel replica a "
                            f"sample, or {L} layers cannot fill the stages (a plan uses every GPU of each device "
                            f"type it uses; to leave some idle, plan on a cluster without them)")
+    reasons = framework_rules.experts_reason(reasons, workload)
     if rules is not None and reasons:
         reasons = [f"no plan {rules.name} runs (stages of one width and TP degree, one micro batch per GPU, its "
-                   f"schedules): {reasons[0]}; --framework any searches heterogeneous plans too"]
+                   f"schedules): {reasons[0]}" + ("; --framework any searches heterogeneous plans too" if workload.moe is None else "")]
     return out, reasons
 
 
 def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
                cutoff: float = float("inf"), rules: framework_rules.Rules | None = None,
-               fp8: str = "") -> list[Candidate]:
+               fp8: str = "", ep: int = 1, cp: int = 1) -> list[Candidate]:
     """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit. ZB-H1 is
     left out under full recompute: its deferred weight-gradient pass needs the rebuilt stashes, so every
     layer's stash lives from the input-gradient pass to W, which the estimate does not count."""
@@ -460,14 +480,14 @@ def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
     pp = len(placed)
     variants = [("1f1b", 1)]
     if pp > 1:
-        if recompute != "full":
+        if recompute != "full" and workload.moe is None:  # (an MoE layer's backward is not split)
             variants.append(("zero-bubble", 1))
         if m % pp == 0 and all(n >= INTERLEAVE_CHUNKS for n, _ in placed):
             variants.append(("interleaved", INTERLEAVE_CHUNKS))
     if rules is not None:  # the framework's schedules; every plan checked as its export checks it
         variants = [(s, c) for s, c in variants if pp == 1 or rules.schedule_ok(s)]
     for schedule, chunks in variants:
-        plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks, fp8)
+        plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks, fp8, ep, cp)
         if rules is not None and framework_rules.why_not(plan, rules.framework, cluster, workload):
             continue
         seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks, cutoff)

@@ -20,7 +20,9 @@ Folding is exact when three things hold (`plan_fold`):
 
 The representatives' books then stand for every replica's (`expand_books`): the same times, peaks and
 FLOPs, and the weights each handed in and loaded relabelled to its replica (`comm/folding.py`), so that the
-end-of-step check sees every rank's records, as the full step would give them.
+end-of-step check sees every rank's records, as the full step would give them. (Where no piece is
+relabelled, a replica's loaded records are its representative's own list, and the check of what each rank
+kept reads the representatives first: `check_kept_folded`.)
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from dist_lib.comm.folding import relabel_shards, relabelled_samples
+from dist_lib.comm.folding import relabel_shards, relabelled_samples, shards_stay
+from dist_lib.model.correctness import check_kept
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.replicas import Fold, ReplicaGrid
 
@@ -71,6 +74,9 @@ def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
         by_rep.setdefault(record[0], []).append(record)
     finals: list[tuple] = []
     loaded: list[list] = []
+    # a representative whose loaded pieces are all whole (unsharded, or every shard) lends its replicas its
+    # own list of them: relabelled, each would be the same
+    lent = [all(shards_stay(shards, num_shards) for _, shards, num_shards, _, _ in loads) for loads in books.loaded]
     for r in range(world):
         j, rep = fold.replica_of[r], fold.rep_of[r]
         if not j:
@@ -80,6 +86,9 @@ def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
         for (_, layer, step, samples, shards, num_shards, tp_rank, tp_size) in by_rep.get(rep, []):
             finals.append((r, layer, step, relabelled_samples(samples, j, fold, global_batch_size),
                            relabel_shards(shards, num_shards, j, replicas), num_shards, tp_rank, tp_size))
+        if lent[source[r]]:
+            loaded.append(books.loaded[source[r]])
+            continue
         loaded.append([(layer, relabel_shards(shards, num_shards, j, replicas), num_shards, tp_rank, tp_size)
                        for layer, shards, num_shards, tp_rank, tp_size in books.loaded[source[r]]])
 
@@ -90,3 +99,18 @@ def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
     # member (`simulator.communicator_counts`)
     return type(books)(books.leftovers, spread(books.logs), loaded, finals, spread(books.times),
                        spread(books.peaks), spread(books.flops), spread(books.communicators))
+
+
+def check_kept_folded(loaded: list, finals: list[tuple], fold: Fold) -> list[str]:
+    """`check_kept` of a folded step's books (`expand_books`'), the representatives' first. Where every piece
+    a representative loaded or handed in is whole (unsharded, or every shard), each of its replicas loaded
+    and handed in the very same pieces, so the check of a replica's rank is its representative's: when the
+    representatives have no problem, no rank has. Otherwise the whole step is checked, for the lines the
+    full step gives."""
+    reps = set(fold.reps)
+    ours = [record for record in finals if record[0] in reps]
+    if all(shards_stay(record[4], record[5]) for record in ours) and all(
+            shards_stay(shards, num_shards) for r in reps for _, shards, num_shards, _, _ in loaded[r]):
+        if not check_kept([loaded[r] if r in reps else () for r in range(len(loaded))], ours):
+            return []
+    return check_kept(loaded, finals)

@@ -52,7 +52,8 @@ from dist_lib.errors import TensorError
 from dist_lib.model.experts import MoEModel
 from dist_lib.model.handle import PIPE_EXTRAS
 from dist_lib.run.recording_context import CONTEXT_OPCODES, ContextOpsRecording
-from dist_lib.run.recording_experts import EXPERT_OPCODES, EXPERT_QUERIES, ExpertOpsRecording, mask_intervals
+from dist_lib.run.recording_experts import (EXPERT_OPCODES, EXPERT_QUERIES, EXPERT_TP_OPCODES, REDUCE_ROUTED,
+                                            ExpertOpsRecording, mask_intervals)
 from dist_lib.tensors import samples_mask
 
 FP8_FLAGS = {"": 0, "delayed": 8, "tensorwise": 16}  # a forward's FP8 recipe in its flags (`costs.fp8`)
@@ -63,7 +64,9 @@ FP8_FLAGS = {"": 0, "delayed": 8, "tensorwise": 16}  # a forward's FP8 recipe in
 OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backward_input", "backward_weight",
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
            "add", "await", "drop", "split_samples", "join_samples", "split_tp",
-           "tied_embedding_grad", "pipe_extra", "broadcast", "reduce", "barrier", "all_to_all") + EXPERT_OPCODES + CONTEXT_OPCODES
+           "tied_embedding_grad", "pipe_extra", "broadcast", "reduce", "barrier", "all_to_all") + EXPERT_OPCODES + CONTEXT_OPCODES \
+    + EXPERT_TP_OPCODES
+assert OPCODES[REDUCE_ROUTED] == "reduce_routed"
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
 UNRECORDED_OPS = ("group",) + EXPERT_QUERIES  # methods that decide nothing (a group is named by its ranks where used)
 

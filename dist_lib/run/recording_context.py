@@ -8,7 +8,10 @@ They extend the program format of `recording.py` (opcodes after the MoE ops'; `r
                                                                           activation gradient
     CONTEXT_LOSS act tp_rank tp_size                                   -> context activation gradient
 
-`exchange` is the index of `kv_exchange` in `costs.context.KV_EXCHANGES`; the k ranks are the CP group's, in
+`exchange` is the index of `kv_exchange` in `costs.context.KV_EXCHANGES`, plus, for a forward, len(KV_EXCHANGES)
+times its modes (`forward_modes`: 1 for stash=False, 2 for selective_recompute, 4 for sequence_parallel, 8 x the
+FP8 recipe's place in ("", *costs.fp8.RECIPES)), so a forward in the default modes is recorded as before; the k
+ranks are the CP group's, in
 its order. `context_forward` and `context_backward` are coroutines that send and receive key/value blocks and
 await them inside the op: each is one decision of the strategy, recorded as one entry once it returns, and
 replay awaits the same op, which issues the same messages. So that the entry is the whole truth, the rank does
@@ -22,11 +25,27 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dist_lib.costs.context import KV_EXCHANGES
+from dist_lib.costs.fp8 import RECIPES as FP8_RECIPES
 from dist_lib.run.recording_experts import FIRST_EXPERT_OPCODE, EXPERT_OPCODES, mask_intervals
 
 CONTEXT_OPCODES = ("context_input", "context_forward", "context_backward", "context_loss")
 FIRST_CONTEXT_OPCODE = FIRST_EXPERT_OPCODE + len(EXPERT_OPCODES)  # 37, after the MoE ops
 CONTEXT_INPUT, CONTEXT_FORWARD, CONTEXT_BACKWARD, CONTEXT_LOSS = range(FIRST_CONTEXT_OPCODE, FIRST_CONTEXT_OPCODE + 4)
+
+
+FP8_CHOICES = ("", *FP8_RECIPES)
+MODE_COUNT = 8 * len(FP8_CHOICES)  # forward modes 0..MODE_COUNT - 1
+
+
+def forward_modes(stash: bool, selective_recompute: bool, sequence_parallel: bool, fp8: str) -> int:
+    """The modes word of a context forward the op has accepted (so each is a known value)."""
+    return (not stash) + 2 * bool(selective_recompute) + 4 * bool(sequence_parallel) + 8 * FP8_CHOICES.index(fp8)
+
+
+def forward_options(modes: int) -> dict:
+    """The options of `context_forward` a modes word in 0..MODE_COUNT - 1 stands for."""
+    return dict(stash=not modes & 1, selective_recompute=bool(modes & 2), sequence_parallel=bool(modes & 4),
+                fp8=FP8_CHOICES[modes >> 3])
 
 
 class ContextOpsRecording:
@@ -43,14 +62,18 @@ class ContextOpsRecording:
         return self._wrap(act)  # type: ignore[attr-defined]
 
     async def context_forward(self, layer: int, act: Any, weight: Any, group: Any, *,
-                              kv_exchange: str = "ring") -> Any:
+                              kv_exchange: str = "ring", stash: bool = True, selective_recompute: bool = False,
+                              sequence_parallel: bool = False, fp8: str = "") -> Any:
         where = "context_forward"
         resolved = self._model._resolve_group(group, where)
         out = await self._in_flight(where, self._model.context_forward, layer, self._t(act, where),  # type: ignore
-                                    self._t(weight, where), resolved, kv_exchange=kv_exchange)
+                                    self._t(weight, where), resolved, kv_exchange=kv_exchange, stash=stash,
+                                    selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
+                                    fp8=fp8)
+        modes = forward_modes(stash, selective_recompute, sequence_parallel, fp8)
+        exchange = KV_EXCHANGES.index(kv_exchange) + len(KV_EXCHANGES) * modes
         self._recorder.finish(self._rank, (  # type: ignore[attr-defined]
-            CONTEXT_FORWARD, layer, act._number, weight._number, KV_EXCHANGES.index(kv_exchange),
-            len(resolved.ranks), *resolved.ranks))
+            CONTEXT_FORWARD, layer, act._number, weight._number, exchange, len(resolved.ranks), *resolved.ranks))
         return self._wrap(out)  # type: ignore[attr-defined]
 
     async def context_backward(self, layer: int, act: Any, grad: Any, weight: Any, group: Any, *,

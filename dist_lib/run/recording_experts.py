@@ -4,17 +4,22 @@ They extend the program format of `recording.py` (opcodes after its own; `replay
 Experts are written as the half-open intervals of the expert numbers the op took (read from its result, so
 a range and a list of the same experts record alike):
 
-    LOAD_EXPERTS layer c (start stop) x c              -> expert weight, expert optimizer state
+    LOAD_EXPERTS layer c (start stop) x c tp_rank tp_size shard num_shards -> expert weight, optimizer state
     UPDATE_EXPERTS layer grad weight opt               -> expert weight, expert optimizer state
     FINAL_EXPERTS layer weight                         -> (nothing)
-    ROUTE layer act weight                             -> routed
-    SHARED_EXPERTS layer routed weight                 -> (nothing)
+    ROUTE layer act weight modes                       -> routed
+    SHARED_EXPERTS layer routed weight fp8             -> (nothing)
     DISPATCH routed c (start stop) x c                 -> tokens
-    EXPERT_FORWARD layer weight k piece x k            -> k expert outputs (a handle each)
+    EXPERT_FORWARD layer weight modes k piece x k      -> k expert outputs (a handle each)
     COMBINE routed k piece x k                         -> activation
     COMBINE_BACKWARD routed grad c (start stop) x c    -> tokens (the output gradient for those experts)
     EXPERT_BACKWARD layer tokens grad weight           -> expert gradient, tokens (input gradient)
     ROUTE_BACKWARD layer act grad routed weight k piece x k -> weight gradient, activation gradient
+    REDUCE_ROUTED k piece x k                          -> routed (after the context ops' opcodes)
+
+Under TP, ROUTE yields one handle per sequence part (its pieces, in order). `fp8` is the op's FP8 recipe as
+its index in `FP8_RECIPES` (0: 16-bit); `modes` the same plus `NO_STASH` for stash=False and `SELECTIVE` for
+selective_recompute=True.
 """
 
 from __future__ import annotations
@@ -26,7 +31,13 @@ EXPERT_OPCODES = ("load_experts", "update_experts", "set_final_experts", "route"
 FIRST_EXPERT_OPCODE = 26  # after recording.py's own
 (LOAD_EXPERTS, UPDATE_EXPERTS, FINAL_EXPERTS, ROUTE, SHARED_EXPERTS, DISPATCH, EXPERT_FORWARD, COMBINE,
  COMBINE_BACKWARD, EXPERT_BACKWARD, ROUTE_BACKWARD) = range(FIRST_EXPERT_OPCODE, FIRST_EXPERT_OPCODE + 11)
-EXPERT_QUERIES = ("expert_loads", "is_moe_layer")  # MoEModel methods that only answer (they decide nothing)
+# the MoE op added after the context ops (`recording_context.CONTEXT_OPCODES`, 4 of them), so that the
+# earlier opcodes keep their numbers
+EXPERT_TP_OPCODES = ("reduce_routed",)
+REDUCE_ROUTED = FIRST_EXPERT_OPCODE + 11 + 4
+EXPERT_QUERIES = ("expert_loads", "is_moe_layer")
+FP8_RECIPES = ("", "delayed", "tensorwise")  # an MoE op's `fp8`, recorded as its index
+NO_STASH, SELECTIVE = 4, 8  # flags beside it  # MoEModel methods that only answer (they decide nothing)
 
 
 def mask_intervals(mask: int) -> list[int]:
@@ -64,9 +75,11 @@ class ExpertOpsRecording:
             return None
         return handles, [self._t(p, where) for p in handles]  # type: ignore[attr-defined]
 
-    def load_experts(self, layer: int, experts: Any) -> tuple[Any, Any]:
-        weight, opt = self._model.load_experts(layer, experts)
-        self._emit(LOAD_EXPERTS, layer, *self._experts_words(weight.experts))
+    def load_experts(self, layer: int, experts: Any, *, tp_rank: int = 0, tp_size: int = 1, shard: int = 0,
+                     num_shards: int = 1) -> tuple[Any, Any]:
+        weight, opt = self._model.load_experts(layer, experts, tp_rank=tp_rank, tp_size=tp_size, shard=shard,
+                                               num_shards=num_shards)
+        self._emit(LOAD_EXPERTS, layer, *self._experts_words(weight.experts), tp_rank, tp_size, shard, num_shards)
         return self._wrap(weight), self._wrap(opt)
 
     def update_experts(self, layer: int, grad: Any, weight: Any, opt_state: Any) -> tuple[Any, Any]:
@@ -79,27 +92,42 @@ class ExpertOpsRecording:
         self._model.set_final_experts(layer, self._t(weight, "set_final_experts"))
         self._emit(FINAL_EXPERTS, layer, weight._number)
 
-    def route(self, layer: int, act: Any, weight: Any) -> Any:
-        out = self._model.route(layer, self._t(act, "route"), self._t(weight, "route"))
-        self._emit(ROUTE, layer, act._number, weight._number)
+    def route(self, layer: int, act: Any, weight: Any, *, fp8: str = "", stash: bool = True,
+              selective_recompute: bool = False) -> Any:
+        out = self._model.route(layer, self._t(act, "route"), self._t(weight, "route"), fp8=fp8, stash=stash,
+                                selective_recompute=selective_recompute)
+        self._emit(ROUTE, layer, act._number, weight._number, FP8_RECIPES.index(fp8) + (0 if stash else NO_STASH)
+                   + (SELECTIVE if selective_recompute else 0))
         return self._wrap(out)
 
-    def shared_experts(self, layer: int, routed: Any, weight: Any) -> None:
-        self._model.shared_experts(layer, self._t(routed, "shared_experts"), self._t(weight, "shared_experts"))
-        self._emit(SHARED_EXPERTS, layer, routed._number, weight._number)
+    def reduce_routed(self, pieces: Any) -> Any:
+        listed = self._pieces(pieces, "reduce_routed")
+        if listed is None:
+            return self._model.reduce_routed(pieces)
+        handles, given = listed
+        out = self._model.reduce_routed(given)
+        self._emit(REDUCE_ROUTED, len(handles), *(p._number for p in handles))
+        return self._wrap(out)
+
+    def shared_experts(self, layer: int, routed: Any, weight: Any, *, fp8: str = "") -> None:
+        self._model.shared_experts(layer, self._t(routed, "shared_experts"), self._t(weight, "shared_experts"),
+                                   fp8=fp8)
+        self._emit(SHARED_EXPERTS, layer, routed._number, weight._number, FP8_RECIPES.index(fp8))
 
     def dispatch(self, routed: Any, experts: Any) -> Any:
         out = self._model.dispatch(self._t(routed, "dispatch"), experts)
         self._emit(DISPATCH, routed._number, *self._experts_words(out.experts))
         return self._wrap(out)
 
-    def expert_forward(self, layer: int, pieces: Any, weight: Any) -> list:
+    def expert_forward(self, layer: int, pieces: Any, weight: Any, *, fp8: str = "", stash: bool = True) -> list:
         listed = self._pieces(pieces, "expert_forward")
-        if listed is None:
-            return self._model.expert_forward(layer, pieces, weight)  # refused there, with its message
+        if listed is None:  # refused there, with its message
+            return self._model.expert_forward(layer, pieces, weight, fp8=fp8, stash=stash)
         handles, given = listed
-        outs = self._model.expert_forward(layer, given, self._t(weight, "expert_forward"))
-        self._emit(EXPERT_FORWARD, layer, weight._number, len(handles), *(p._number for p in handles))
+        outs = self._model.expert_forward(layer, given, self._t(weight, "expert_forward"), fp8=fp8, stash=stash)
+        self._emit(EXPERT_FORWARD, layer, weight._number, FP8_RECIPES.index(fp8) + (0 if stash else NO_STASH),
+                   len(handles),
+                   *(p._number for p in handles))
         return self._wrap(outs)
 
     def combine(self, routed: Any, pieces: Any) -> Any:

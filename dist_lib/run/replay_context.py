@@ -11,7 +11,8 @@ from array import array
 from typing import Any, Callable
 
 from dist_lib.costs.context import KV_EXCHANGES
-from dist_lib.run.recording_context import CONTEXT_BACKWARD, CONTEXT_FORWARD, CONTEXT_INPUT, CONTEXT_LOSS
+from dist_lib.run.recording_context import (CONTEXT_BACKWARD, CONTEXT_FORWARD, CONTEXT_INPUT, CONTEXT_LOSS,
+                                            MODE_COUNT, forward_options)
 
 # operands after the opcode before the group (forward, backward) or in all (loss)
 CONTEXT_ARITY = {CONTEXT_FORWARD: 4, CONTEXT_BACKWARD: 5, CONTEXT_LOSS: 3}
@@ -37,10 +38,11 @@ async def run_context_op(model: Any, program: array, i: int, n: int, table: list
     if op == CONTEXT_LOSS:
         table.append(model.context_loss(get(1), tp_rank=small(2), tp_size=small(3)))
         return i + 1 + arity
-    exchange = program[i + arity]
-    if not 0 <= exchange < len(KV_EXCHANGES):
-        raise fail(f"key/value exchange {exchange} is not one of 0..{len(KV_EXCHANGES) - 1} "
-                   f"({', '.join(KV_EXCHANGES)})")
+    exchange, modes = divmod(program[i + arity], len(KV_EXCHANGES))[::-1]
+    if not 0 <= program[i + arity] < len(KV_EXCHANGES) * (MODE_COUNT if op == CONTEXT_FORWARD else 1):
+        raise fail(f"key/value exchange {program[i + arity]} is not one of 0..{len(KV_EXCHANGES) - 1} "
+                   f"({', '.join(KV_EXCHANGES)})" + (f", plus {len(KV_EXCHANGES)} x a forward's modes "
+                                                     f"0..{MODE_COUNT - 1}" if op == CONTEXT_FORWARD else ""))
     at = i + arity + 1
     k = program[at] if at < n else -1
     if not 1 <= k <= model.world_size or at + k >= n:
@@ -48,7 +50,7 @@ async def run_context_op(model: Any, program: array, i: int, n: int, table: list
     group = program[at + 1:at + 1 + k].tolist()  # (the op's own group lookup checks the ranks)
     if op == CONTEXT_FORWARD:
         table.append(await model.context_forward(small(1), get(2), get(3), group,
-                                                 kv_exchange=KV_EXCHANGES[exchange]))
+                                                 kv_exchange=KV_EXCHANGES[exchange], **forward_options(modes)))
     else:
         table.extend(await model.context_backward(small(1), get(2), get(3), get(4), group,
                                                   kv_exchange=KV_EXCHANGES[exchange]))

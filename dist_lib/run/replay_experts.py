@@ -8,11 +8,11 @@ from array import array
 from typing import Any, Callable
 
 from dist_lib.run.recording_experts import (COMBINE, COMBINE_BACKWARD, DISPATCH, EXPERT_BACKWARD, EXPERT_FORWARD,
-                                            FINAL_EXPERTS, LOAD_EXPERTS, ROUTE, ROUTE_BACKWARD, SHARED_EXPERTS,
-                                            UPDATE_EXPERTS)
+                                            FINAL_EXPERTS, FP8_RECIPES, LOAD_EXPERTS, NO_STASH, REDUCE_ROUTED,
+                                            ROUTE, ROUTE_BACKWARD, SELECTIVE, SHARED_EXPERTS, UPDATE_EXPERTS)
 
 # operands after the opcode, for the fixed-size entries
-EXPERT_ARITY = {UPDATE_EXPERTS: 4, FINAL_EXPERTS: 2, ROUTE: 3, SHARED_EXPERTS: 3, EXPERT_BACKWARD: 4}
+EXPERT_ARITY = {UPDATE_EXPERTS: 4, FINAL_EXPERTS: 2, ROUTE: 4, SHARED_EXPERTS: 4, EXPERT_BACKWARD: 4}
 
 
 def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: Callable[[int], Any],
@@ -22,6 +22,18 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
     op = program[i]
     if not hasattr(model, "moe"):
         raise fail(f"workload {model.workload.name} has no experts")
+    def modes(k: int, allowed: int = 0) -> dict:
+        """Operand k as an op's modes: its FP8 recipe, and the flags `allowed` of NO_STASH and SELECTIVE."""
+        code = program[i + k]
+        if not 0 <= code < 16 or code & 3 >= len(FP8_RECIPES) or code & ~3 & ~allowed:
+            raise fail(f"mode code {code} is not an FP8 recipe index with the flags this op takes")
+        out: dict = {"fp8": FP8_RECIPES[code & 3]}
+        if allowed & NO_STASH:
+            out["stash"] = not code & NO_STASH
+        if allowed & SELECTIVE:
+            out["selective_recompute"] = bool(code & SELECTIVE)
+        return out
+
     arity = EXPERT_ARITY.get(op)
     if arity is not None:
         if i + arity >= n:
@@ -31,9 +43,10 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         elif op == FINAL_EXPERTS:
             model.set_final_experts(small(1), get(2))
         elif op == ROUTE:
-            table.append(model.route(small(1), get(2), get(3)))
+            out = model.route(small(1), get(2), get(3), **modes(4, NO_STASH | SELECTIVE))
+            table.extend(out) if out.__class__ is list else table.append(out)  # under TP: a piece per part
         elif op == SHARED_EXPERTS:
-            model.shared_experts(small(1), get(2), get(3))
+            model.shared_experts(small(1), get(2), get(3), **modes(4))
         else:
             table.extend(model.expert_backward(small(1), get(2), get(3), get(4)))
         return i + 1 + arity
@@ -63,7 +76,11 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         if i + 1 >= n:
             raise fail("the program ends inside this entry")
         chosen, at = experts(i + 2)
-        table.extend(model.load_experts(small(1), chosen))
+        if at + 3 >= n:
+            raise fail("the program ends inside this entry")
+        table.extend(model.load_experts(small(1), chosen, tp_rank=small(at - i), tp_size=small(at + 1 - i),
+                                        shard=small(at + 2 - i), num_shards=small(at + 3 - i)))
+        at += 4
     elif op == DISPATCH:
         chosen, at = experts(i + 2)
         table.append(model.dispatch(get(1), chosen))
@@ -71,11 +88,16 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         chosen, at = experts(i + 3)
         table.append(model.combine_backward(get(1), get(2), chosen))
     elif op == EXPERT_FORWARD:
-        pieces, at = handles(i + 3)
-        table.extend(model.expert_forward(small(1), pieces, get(2)))
+        if i + 3 >= n:
+            raise fail("the program ends inside this entry")
+        pieces, at = handles(i + 4)
+        table.extend(model.expert_forward(small(1), pieces, get(2), **modes(3, NO_STASH)))
     elif op == COMBINE:
         pieces, at = handles(i + 2)
         table.append(model.combine(get(1), pieces))
+    elif op == REDUCE_ROUTED:
+        pieces, at = handles(i + 1)
+        table.append(model.reduce_routed(pieces))
     elif op == ROUTE_BACKWARD:
         pieces, at = handles(i + 6)
         table.extend(model.route_backward(small(1), get(2), get(3), get(4), pieces, get(5)))

@@ -18,7 +18,7 @@ from dist_lib.model.correctness import HandedIn, check_final_weights, check_kept
 from dist_lib.comm.collectives import unfinished
 from dist_lib.engine.core import Engine
 from dist_lib.run.file_import import beside, import_hint
-from dist_lib.run.folding import expand_books, plan_fold
+from dist_lib.run.folding import check_kept_folded, expand_books, plan_fold
 from dist_lib.comm.groups import FoldBroken
 from dist_lib.hardware.replicas import Fold
 from dist_lib.errors import (DeadlockError, IncorrectStepError, OutOfMemoryError, ResourceError, SpecError,
@@ -27,7 +27,8 @@ from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.reserve import memory_reserve as read_reserve
 from dist_lib.memory.tracker import RankLog, cycle_collector_paused, format_bytes, slot_records
 from dist_lib.model.handle import Model
-from dist_lib.model.experts import ExpertBooks, MoEModel
+from dist_lib.model.expert_books import ExpertBooks
+from dist_lib.model.experts import MoEModel
 from dist_lib.output.result import PerRank, Result
 from dist_lib.specs import shown
 from dist_lib.run.split import Coordinator
@@ -266,7 +267,7 @@ def _finish(engine: Engine, options: dict[str, Any], name: str, check: bool, boo
     finals, logs = books.finals, books.logs
     problems = check_final_weights(finals, engine.workload.num_layers, engine.global_batch_size)
     if not problems:  # (else what is missing is already named, layer by layer)
-        problems = check_kept(books.loaded, finals)
+        problems = check_kept(books.loaded, finals) if fold is None else check_kept_folded(books.loaded, finals, fold)
     problems = problems + list(expert_problems)  # a mixture of experts' routed experts (`model.experts`)
     engine.events.pack()
     workload = engine.workload

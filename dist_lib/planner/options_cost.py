@@ -1,0 +1,290 @@
+"""What the planner's estimate charges for the parallelism options beyond DP x PP x TP: expert parallelism
+(`ep`) of a mixture-of-experts workload, and context parallelism (`cp`) of a dense one.
+
+An MoE layer under EP runs as `strategies/_expert_stage.py` runs it (Megatron-Core's layout: `ep` consecutive
+replicas of a stage form an EP group, each holding E/ep routed experts; its MoE docs, "expert parallelism"):
+
+    forward:  route (attention + router) | dispatch copies | all-to-all || shared experts | local experts'
+              grouped GEMM | all-to-all back | combine copy
+    backward: combine-backward copies | all-to-all | local experts' backward, piece by piece | all-to-all |
+              the dense part's backward (attention, router, shared experts)
+
+Each figure comes from the function the simulator charges the op with (`costs.moe_ops`, `costs.compute`,
+`costs.other_collectives.all_to_all_cost`), so the estimate and the simulation share one cost model. The
+tokens a rank's experts receive follow the workload's routing (`workload.routing.expert_loads`, padded to the
+capacity when one is set); the slowest rank of the group sets the pace, as on a real cluster. Every peer is
+charged the routing of the first microbatch (the simulator draws a skewed routing anew per microbatch, so with
+`zipf` the estimate is of a typical microbatch, not of each). Memory: the dense part's 16 bytes a parameter,
+the local experts' (E/ep of them) likewise, and per microbatch in flight the layer input, the routed copy, the
+dense part's stash, the tokens received and the experts' stash (input, gate and up outputs and their product,
+per routed token). Gradients: the dense part's all-reduced over the stage's dp replicas, each expert's over
+the dp/ep replicas that hold it.
+
+A context-parallel layer runs as `strategies/_context.py` runs it (Megatron-Core's `--context-parallel-size`,
+ranks TP fastest, then CP, then DP): each of a CP group's cp ranks holds s/cp tokens of its replica's samples,
+its GEMMs, stash and hidden states 1/cp of the whole sequence's (`costs.context`); the attention runs cp blocks,
+the key/value blocks passing around the ring in cp - 1 hops, each overlapped with the block at hand, so a
+forward step takes the longer of a block and a hop; the backward passes the key/value blocks and, on the same
+link, their gradients (the longer of a block and the two), and the last gradient hop home is exposed. With TP,
+each layer's output and input gradient are all-reduced in the TP group. The weight gradients are all-reduced
+over the dp x cp ranks of a TP slice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from itertools import accumulate
+
+from dist_lib.costs import compute, moe_ops
+from dist_lib.costs import context as cp_costs
+from dist_lib.costs.network import collective_time, p2p_time
+from dist_lib.costs.ops import compute_cost, forward_stash_bytes
+from dist_lib.costs.other_collectives import all_to_all_cost
+from dist_lib.hardware.cluster import Cluster
+from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
+from dist_lib.planner.estimate import LayerCosts, with_total
+from dist_lib.planner.stage_option import StageOption, no_collective
+from dist_lib.workload import moe as moe_layers
+from dist_lib.workload.routing import expert_loads
+from dist_lib.workload.transformer import Workload
+
+
+def ep_choices(workload: Workload, dp: int) -> tuple[int, ...]:
+    """The expert-parallel degrees a stage of `dp` replicas can take: every divisor of both dp and the
+    number of experts (hybrid's rule; 1 for a dense workload)."""
+    if workload.moe is None:
+        return (1,)
+    return tuple(e for e in range(1, dp + 1) if dp % e == 0 and workload.moe.experts % e == 0)
+
+
+def ep_groups(ranks: tuple[int, ...], ep: int) -> tuple[tuple[int, ...], ...]:
+    """The EP groups of a stage of TP degree 1: each `ep` consecutive replicas."""
+    return tuple(ranks[i:i + ep] for i in range(0, len(ranks), ep))
+
+
+def expert_dp_groups(ranks: tuple[int, ...], ep: int) -> tuple[tuple[int, ...], ...]:
+    """The groups that all-reduce one set of experts' gradients: the replicas at one place in every EP group."""
+    return tuple(ranks[i::ep] for i in range(ep))
+
+
+def routed_slots(workload: Workload, layer: int, samples: int, ep: int) -> tuple[int, ...]:
+    """Token slots each of the `ep` members' experts receive from ONE peer's microbatch of `samples` samples
+    (`routing.expert_loads` of the first microbatch; each expert's load, or its capacity when one is set)."""
+    moe = workload.moe
+    tokens = samples * workload.seq_len
+    loads = expert_loads(moe, layer, 0, tokens)
+    cap = moe.capacity(tokens)
+    per = moe.experts // ep
+    return tuple(sum(cap or loads[e] for e in range(j * per, (j + 1) * per)) for j in range(ep))
+
+
+def _copy(device, nbytes: float) -> float:
+    """A dispatch or combine buffer written from another (`MoEModel._tokens`, `combine`): read and write."""
+    return compute.compute_time(device, 0.0, 2.0 * nbytes)
+
+
+@lru_cache(maxsize=4096)
+def moe_layer_costs(cluster: Cluster, workload: Workload, samples: int, groups: tuple[tuple[int, ...], ...]
+                    ) -> tuple[LayerCosts, tuple[float, ...]]:
+    """(per-layer costs of the slowest replica of a TP-1 stage whose EP groups are `groups`, each layer's
+    routed-expert gradient bytes on one rank) for `samples` samples a replica a microbatch."""
+    w, moe = workload, workload.moe
+    ep = len(groups[0])
+    device = min((cluster.device_of(r) for g in groups for r in g), key=lambda d: d.peak_flops)
+    h, e = w.hidden, w.bytes_per_element
+    act = samples * w.activation_bytes()
+    per_token_stash = (h + 3 * moe.expert_ffn_hidden) * e  # `MoEModel._expert_stash_per_token`
+    expert_params = moe.expert_params(h) * (moe.experts // ep)
+    columns: list[list[float]] = [[] for _ in range(9)]
+    expert_grads: list[float] = []
+    cache: dict = {}
+    for layer in range(w.num_layers):
+        key = (moe.is_moe(layer), layer == 0, layer == w.num_layers - 1, -1 if moe.routing == "uniform" else layer)
+        if key in cache:
+            row, expert_grad = cache[key]
+        else:
+            row, expert_grad = cache[key] = _layer(cluster, w, device, layer, samples, groups, act, per_token_stash,
+                                                   expert_params)
+        for column, value in zip(columns, row):
+            column.append(value)
+        expert_grads.append(expert_grad)
+    costs = with_total(*(tuple(accumulate(x, initial=0.0)) for x in columns))
+    return costs, tuple(expert_grads)
+
+
+def _layer(cluster, w, device, layer, samples, groups, act, per_token_stash, expert_params):
+    """(forward, backward, weight, state, activation, grad bytes, update, shard, hidden) of one layer, and its
+    routed-expert gradient bytes on one rank."""
+    moe, h, e = w.moe, w.hidden, w.bytes_per_element
+    routed = moe_layers.routed_expert_params(moe, h, layer)
+    dense_params = w.layer_params(layer) - routed
+    if not moe.is_moe(layer):
+        f = compute_cost(device, w, "forward", layer, samples, 1, "none")[0]
+        b = compute_cost(device, w, "backward", layer, samples, 1, "none")[0]
+        stash = forward_stash_bytes(device, w, layer, samples, 1, "none")
+        return (f, b, 0.0, dense_params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES), stash + act,
+                dense_params * WEIGHT_BYTES, compute.update_time(device, dense_params), 0.0, 0.0), 0.0
+    ep = len(groups[0])
+    slots = routed_slots(w, layer, samples, ep)  # from one peer to each member
+    piece = [n * h * e for n in slots]
+    # the all-to-all of each EP group, each member sending every other its piece (alone: the groups of a stage
+    # sit apart or are one); the slowest group's
+    sizes = [list(piece) for _ in range(ep)]
+    a2a = max(all_to_all_cost(cluster, g, sizes)[0] for g in groups) if ep > 1 else 0.0
+    mine = max(range(ep), key=lambda j: slots[j])  # the member whose experts receive the most
+    per = moe.experts // ep
+    tokens = samples * w.seq_len
+    loads = expert_loads(moe, layer, 0, tokens)
+    cap = moe.capacity(tokens)
+    local = [cap or loads[x] for x in range(mine * per, (mine + 1) * per)]  # from one peer, per local expert
+    received = ep * slots[mine]
+    sent = sum(slots)
+    route_f = moe_ops.route_cost(device, w, layer, samples, False)[0]
+    route_b = moe_ops.route_cost(device, w, layer, samples, True)[0]
+    shared_f = shared_b = 0.0
+    if moe.shared_experts:
+        shared_f = moe_ops.shared_cost(device, w, layer, samples, False)[0]
+        shared_b = moe_ops.shared_cost(device, w, layer, samples, True)[0]
+    experts_f = moe_ops.experts_cost(device, w, [ep * n for n in local], False)[0]  # one grouped GEMM
+    experts_b = ep * moe_ops.experts_cost(device, w, local, True)[0]  # piece by piece
+    copies = sum(_copy(device, p) for p in piece)
+    forward = route_f + copies + max(a2a, shared_f) + experts_f + a2a + _copy(device, sent * h * e)
+    backward = copies + a2a + experts_b + a2a + route_b + shared_b
+    dense_stash = max(0, w.stash_bytes(layer) - w.seq_len * moe.top_k * per_token_stash)  # `_dense_stash`
+    activation = act + samples * dense_stash + act + received * h * e + received * per_token_stash
+    grad_ratio = w.grad_bytes_per_element / w.bytes_per_element
+    expert_grad = expert_params * WEIGHT_BYTES * grad_ratio
+    params = dense_params + expert_params
+    return (forward, backward, 0.0, params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES), activation,
+            dense_params * WEIGHT_BYTES + expert_grad, compute.update_time(device, params), 0.0, 0.0), expert_grad
+
+
+def expert_reductions(topology, ranks: tuple[int, ...], ep: int, reduce, grad_bytes: tuple[float, ...],
+                      expert_grads: tuple[float, ...]) -> tuple[float, ...]:
+    """Prefix sums over layers of a TP-1 MoE stage's gradient reductions, layer by layer: the dense part
+    (`reduce`, over the stage's replicas) and the local experts' all-reduce over the dp/ep replicas holding
+    them (`_ExpertStage._reduce_experts`); `topology(ranks)` is the stage's cached topology lookup."""
+    holders = len(ranks) // ep
+    expert_topo = topology(ranks[::ep]) if holders > 1 else None
+    out = [0.0]
+    for layer, experts in enumerate(expert_grads):
+        dense = grad_bytes[layer + 1] - grad_bytes[layer] - experts
+        seconds = reduce(dense)
+        if expert_topo is not None and experts:
+            seconds += collective_time("all_reduce", experts, expert_topo)
+        out.append(out[-1] + seconds)
+    return tuple(out)
+
+
+# ---- which degrees a stage may take, and its option -------------------------------------------------------
+
+def cp_choices(workload: Workload, rules, width: int) -> tuple[int, ...]:
+    """Context-parallel degrees past 1 a stage of `width` GPUs may take: in a Megatron-LM search only (hybrid
+    runs cp as Megatron-Core lays it; torchtitan shards with FSDP over its CP ranks, which hybrid does not run
+    with cp), for a dense workload timed by formula, each a divisor of the width that cuts the sequence into
+    2 cp chunks (`costs.context.block_workload`)."""
+    if rules is None or rules.framework != "megatron" or workload.moe is not None or workload.profile is not None:
+        return ()
+    return tuple(c for c in range(2, width + 1) if width % c == 0 and workload.seq_len % (2 * c) == 0)
+
+
+def width_ok(workload: Workload, ranks: int, tp: int, cp: int, microbatch: int, even: bool) -> bool:
+    """Does a stage of `ranks` GPUs take TP degree `tp` with `cp`: whole CP x TP blocks, at least a sample a
+    replica (the same number each, `even`), and no TP with experts (`strategies/_expert_stage.py`)."""
+    if ranks % (tp * cp) or (workload.moe is not None and tp > 1):
+        return False
+    dp = ranks // (tp * cp)
+    return dp <= microbatch and not (even and microbatch % dp)
+
+
+def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: int, cp: int, reduction) -> StageOption:
+    """The option of a stage whose replicas all take the same share (a framework's layout) with experts over
+    EP groups or a context-parallel split; `space` is the search's `_Space` (cluster, workload, reserve and its
+    cached topologies), `reduction` its data-parallel collective timer (`search._Reduction`)."""
+    cluster, workload = space.cluster, space.workload
+    dp = len(ranks) // (tp * cp)
+    share = microbatch // dp
+    device = min((cluster.device_of(r) for r in ranks), key=lambda d: (d.peak_flops, d.memory_bytes))
+    act = share * workload.activation_bytes() // cp
+    tp_topo = space.topology(ranks[:tp]) if tp > 1 else None
+    expert_grads = None
+    if workload.moe is not None:
+        costs, expert_grads = moe_layer_costs(cluster, workload, share, ep_groups(ranks, ep))
+        loss = compute.loss_time(device, workload, share, 1)
+    else:
+        kv = cp_costs.kv_block_bytes(workload, share, tp, cp)
+        ring = ranks[:tp * cp:tp]  # the first replica's CP group (TP rank 0): its slowest neighbour link
+        links = [cluster.p2p_link(a, b) for a, b in zip(ring, ring[1:] + ring[:1])]
+        hop, both = max(p2p_time(kv, link) for link in links), max(p2p_time(2 * kv, link) for link in links)
+        costs = context_layer_costs(device, workload, share, tp, cp, tp_topo, hop, both)
+        loss = cp_costs.loss_time(device, workload, share, tp, cp) + (
+            collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0)
+    capacity = min(cluster.device_of(r).memory_bytes for r in ranks)
+    if space.reserve is not None:  # communicators: TP, CP, data-parallel, two pipeline neighbours
+        capacity = space.reserve.usable(capacity, (tp > 1) + (cp > 1) + (len(ranks) // tp > 1) + 2)
+    dp_topo = space.topology(ranks[::tp]) if len(ranks) // tp > 1 else None  # the dp x cp ranks of a TP slice
+    reduce = no_collective if dp_topo is None else reduction("all_reduce", dp_topo)
+    grads = costs.grad_bytes
+    if expert_grads is not None:
+        reduced = expert_reductions(space.topology, ranks, ep, reduce, grads, expert_grads)
+    else:
+        reduced = tuple(accumulate((reduce(b - a) for a, b in zip(grads, grads[1:])), initial=0.0))
+    return StageOption(ranks, tp, (share,) * dp, costs, capacity, loss, act, reduce, 0.0, 0.0, no_collective,
+                       reduced, workload.profile is None)
+
+
+@lru_cache(maxsize=1024)
+def context_layer_costs(device, workload: Workload, samples: int, tp: int, cp: int, tp_topo, hop: float,
+                        both: float) -> LayerCosts:
+    """Per-layer costs of a CP rank running `samples` samples' s/cp tokens: `hop` is a key/value block's ring
+    hop, `both` a block's and its gradient's together on one link (see the module docstring)."""
+    act = cp_costs.activation_bytes(workload, samples, cp)
+    tp_comm = collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
+    columns: list[list[float]] = [[] for _ in range(9)]
+    for layer in range(workload.num_layers):
+        if 1 < layer < workload.num_layers - 1:  # alike between the first and the last (an untied LM head)
+            for column in columns:
+                column.append(column[-1])
+            continue
+        rest_f, block_f = cp_costs.layer_times(device, workload, layer, samples, tp, cp, False)
+        rest_b, block_b = cp_costs.layer_times(device, workload, layer, samples, tp, cp, True)
+        forward = rest_f + block_f + (cp - 1) * max(block_f, hop) + tp_comm
+        backward = rest_b + block_b + (cp - 1) * max(block_b, both) + hop + tp_comm
+        params = workload.layer_params(layer) / tp
+        row = (forward, backward, 0.0, params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES),
+               cp_costs.stash_bytes(workload, layer, samples, tp, cp) + act, params * WEIGHT_BYTES,
+               compute.update_time(device, params), 0.0, 0.0)
+        for column, value in zip(columns, row):
+            column.append(value)
+    return with_total(*(tuple(accumulate(x, initial=0.0)) for x in columns))
+
+
+def fsdp_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, recompute: str, fp8: str,
+                reduction) -> StageOption | None:
+    """A stage of one pipeline stage under FSDP as torchtitan applies it (`fully_shard` per block, hybrid's
+    `fsdp`, `strategies/_sharded.py`): the ZeRO-1 option (gradients reduce-scattered after a layer's last
+    microbatch, 1/dp of the optimizer state) with the 16-bit weights sharded too, each layer all-gathered
+    before its forward and, resharded after it (torchtitan's default without pipelining), again before its
+    backward, the next layer's gather prefetched, so a pass takes the longer of its compute and its gather;
+    the gradient accumulates whole until it is reduce-scattered, and two layers' whole weights (the one at
+    hand and the one prefetched) are held at once. None where it shards nothing (one replica) or with FP8
+    (hybrid runs FSDP in 16 bits)."""
+    dp = len(ranks) // tp
+    if dp == 1 or fp8:
+        return None
+    o = space._option(ranks, tp, microbatch, recompute, 1, fp8)
+    c = o.costs
+    columns: list[list[float]] = [[] for _ in range(9)]
+    for layer in range(len(c.forward) - 1):
+        grad = c.grad_bytes[layer + 1] - c.grad_bytes[layer]  # the layer's 16-bit bytes on this TP rank
+        gather = o.regather(grad)
+        row = [b - a for a, b in ((getattr(c, name)[layer], getattr(c, name)[layer + 1])
+                                  for name in LayerCosts.__slots__[:-1])]
+        row[0], row[1] = max(row[0], gather), max(row[1], gather)
+        row[3] -= grad * (1 - 1 / dp)  # weights 2/dp instead of 2 bytes a parameter
+        for column, value in zip(columns, row):
+            column.append(value)
+    costs = with_total(*(tuple(accumulate(x, initial=0.0)) for x in columns))
+    held = 2 * max(b - a for a, b in zip(c.grad_bytes, c.grad_bytes[1:]))
+    return replace(o, costs=costs, regather=no_collective, rerun=o.rerun + held)

@@ -1,0 +1,70 @@
+"""torchtitan's published H100 set (benchmarks/fidelity_torchtitan.py): the rows' arithmetic, the plans they run,
+and the device they run on."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.fidelity_torchtitan import DEVICE, TORCHTITAN, plan, predict, torchtitan_split, workload
+from dist_lib.hardware.devices import DEVICES, GB
+
+ROWS = {run.name: run for run in TORCHTITAN}
+
+
+def test_split_is_torchtitans_generated_split():
+    # 126 layers over 8 stages: 15 each, the 6 left over to stages 1-6, the last takes the rest (15)
+    assert torchtitan_split(126, 8) == [15, 16, 16, 16, 16, 16, 16, 15]
+    # over 16 (interleaved, two a rank): 7 each, 14 left over to stages 1-14, the last 7
+    assert torchtitan_split(126, 16) == [7] + [8] * 14 + [7]
+    assert torchtitan_split(32, 8) == [4] * 8
+
+
+def test_measured_step_is_the_steps_tokens_over_the_published_rate():
+    run = ROWS["T4 70B 2D"]  # 32 FSDP ranks x local batch 16 x 8192 tokens, 829 tokens/s on each of 256 GPUs
+    assert run.measured_s == pytest.approx(32 * 16 * 8192 / (829 * 256))
+    cp = ROWS["T2 8B cp2"]  # the CP ranks share a sequence: 4 FSDP ranks x 1 x 65536 tokens over 8 GPUs
+    assert cp.measured_s == pytest.approx(4 * 65536 / (2540 * 8))
+
+
+def test_pipelined_rows_run_stages_microbatches_of_torchtitans_split():
+    options = plan(ROWS["T5 405B interleaved"])
+    assert options["microbatch_size"] == 4 and options["chunks"] == 2  # 32 local samples in 8 microbatches
+    assert options["partition"] == torchtitan_split(126, 16)
+    flat = plan(ROWS["T4 70B 2D+asyncTP"])
+    assert flat["microbatch_size"] == 16 and flat["tp_comm_overlap"] and flat["recompute"]
+    assert flat["framework"] == "torchtitan" and "partition" not in flat
+
+
+def test_context_parallel_rows_run_fsdp_over_dp_x_cp_with_torchtitans_all_gather():
+    """Table 2's FSDP x CP rows: dp = 8 / cp FSDP ranks, each replica's cp ranks sharing its sequences, K/V
+    all-gathered (torchtitan's default rotate method); with async TP (Table 6) CP is not expressible."""
+    options = plan(ROWS["T2 8B cp4"])
+    assert (options["dp"], options["cp"], options["kv_exchange"], options["fp8"]) == (2, 4, "all_gather", "tensorwise")
+    assert ROWS["T2 8B cp4"].not_expressible() is None and "cp" not in plan(ROWS["T2 8B cp1"])
+
+
+def test_rows_hybrid_cannot_run_say_why():
+    assert "async TP with context parallelism" in ROWS["T6 405B cp2"].not_expressible()
+    assert "per-op selective" in ROWS["T1 8B +compile"].not_expressible()
+    assert "eager" in ROWS["T1 8B FSDP"].not_expressible()
+    assert "rowwise" in ROWS["J25 70B rowwise"].not_expressible()
+    assert ROWS["T5 405B 1F1B"].not_expressible() is None
+
+
+def test_the_grand_teton_h100_is_the_sxm_with_its_hbm2e():
+    device, sxm = DEVICES[DEVICE], DEVICES["H100-80GB"]
+    assert device.hbm_bandwidth == 2400 * GB and device.memory_bytes == 96 * 2**30
+    assert (device.peak_flops, device.fp8_flops, device.sms, device.max_efficiency) == \
+        (sxm.peak_flops, sxm.fp8_flops, sxm.sms, sxm.max_efficiency)
+
+
+@pytest.mark.slow
+def test_a_pipelined_fsdp_tp_fp8_row_runs_correct():
+    run = ROWS["T5 405B interleaved"]
+    options = plan(run)
+    from dist_lib import simulate
+    from benchmarks.fidelity_torchtitan import HYBRID
+    result = simulate(HYBRID, f"{run.gpus // 8}x8x{DEVICE}", workload(run), run.fsdp * run.local_batch,
+                      check=True, enforce_memory=False, **options)
+    assert result.correct
+    assert predict(run).time_s == pytest.approx(result.time_s)
