@@ -12,7 +12,7 @@ import pytest
 from dist_lib import Cluster, simulate
 from dist_lib.costs.hierarchical_dispatch import relay_of, relayed_all_to_all_cost, relayed_flows
 from dist_lib.costs.other_collectives import all_to_all_cost
-from dist_lib.errors import CollectiveMismatchError, StrategyError
+from dist_lib.errors import CollectiveMismatchError, StrategyError, TensorError
 from dist_lib.run.recording import record
 from dist_lib.run.replay import replay
 from dist_lib.workload.moe import MoE
@@ -188,3 +188,21 @@ def test_with_tensor_and_expert_tensor_parallelism_across_nodes_the_step_is_corr
     hier = simulate(HYBRID, CLUSTER, workload, 16, pp=1, moe_dispatcher="hybridep", **options)
     assert flat.correct and hier.correct, hier.problems
     assert hier.time_s < flat.time_s
+
+
+BAD_OP = '''
+async def train(model, dispatcher="deepep"):
+    x = model.get_input_activation(range(model.rank, model.rank + 1))
+    await model.all_to_all([x] + [None] * (model.world_size - 1), dispatcher=dispatcher)
+'''
+
+
+@pytest.mark.parametrize("dispatcher, message", [
+    ("deepep", r"rank \d all_to_all: dispatcher='deepep' moves the token pieces of an MoE layer \(Tokens\), not "),
+    ("nccl", r"rank \d all_to_all: dispatcher must be one of 'alltoall', 'deepep', 'hybridep', got 'nccl'"),
+])
+def test_the_op_refuses_a_dispatcher_for_other_tensors_or_an_unknown_one(tmp_path, dispatcher, message):
+    path = tmp_path / "bad.py"
+    path.write_text(BAD_OP)
+    with pytest.raises(TensorError, match=message):
+        simulate(str(path), "2x2xH100-80GB", TOY.format(routing="uniform"), 4, dispatcher=dispatcher)

@@ -12,7 +12,7 @@ from dist_lib.comm.groups import Group
 from dist_lib.comm.other_collectives import issue_other
 from dist_lib.comm.other_rules import check_pieces, check_rooted
 from dist_lib.errors import TensorError
-from dist_lib.tensors import samples_mask
+from dist_lib.tensors import Tokens, samples_mask
 
 if TYPE_CHECKING:
     from dist_lib.engine.core import Engine
@@ -94,9 +94,10 @@ class OtherCollectiveOps:
         if dispatcher == "alltoall":
             return None
         moe = getattr(self, "moe", None)
-        if moe is None or any(t is not None and t.__class__.__name__ != "Tokens" for t in pieces):
-            raise TensorError(f"{where}: dispatcher={dispatcher!r} moves the token pieces of an MoE layer (Tokens); "
-                              f"these pieces are {[t for t in pieces if t is not None][:1]!r}")
+        other = next((t for t in pieces if t is not None and type(t) is not Tokens), None)
+        if moe is None or other is not None:
+            raise TensorError(f"{where}: dispatcher={dispatcher!r} moves the token pieces of an MoE layer (Tokens), "
+                              f"not {other!r}")
         if moe.capacity_factor:
             raise TensorError(f"{where}: dispatcher={dispatcher!r} is dropless (Megatron-Core refuses its flex "
                               f"dispatcher with moe_pad_expert_input_to_capacity); the workload's capacity_factor "
