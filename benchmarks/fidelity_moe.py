@@ -20,7 +20,9 @@ perf_recipes/_common.py, are the hints; they are later than the containers and a
   (`moe_router_force_load_balancing = True` in every recipe);
 * the token dispatcher: an all-to-all over the EP group and back, each MoE layer's experts of a rank as one
   grouped GEMM, the permutation an HBM copy (hybrid's MoE layers, `strategies/_expert_stage.py`); the recipes
-  name `alltoall` (Qwen3-235B, GPT-OSS's base recipe) and HybridEP (Qwen3-30B FP8); the Qwen3-235B recipe
+  name `alltoall` (Qwen3-235B, GPT-OSS's base recipe) and HybridEP (Qwen3-30B), which the Qwen3-30B rows run
+  with (`moe_dispatcher="hybridep"`: each token sent once to each other node holding its experts, forwarded
+  there over NVLink, `FLEX_DISPATCHER` below); the Qwen3-235B recipe
   overlaps the EP all-to-all with another microbatch's compute (`moe_a2a_overlap`,
   `overlap_moe_expert_parallel_comm`), which hybrid does not do: its all-to-alls are exposed;
 * attention: `flash3`, standing for Transformer Engine's cuDNN fused attention, as benchmarks/fidelity_h100.py
@@ -151,6 +153,13 @@ def partition(row: BridgeRow, layers: int) -> list[int] | None:
     return [places - 1] + [places] * (blocks - 2) + [places - 1]
 
 
+# The flex dispatcher backend the recipes name: Megatron-Bridge src/megatron/bridge/perf_recipes/qwen/h100/
+# qwen3_moe.py (067f987), qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config: moe_token_dispatcher_type = "flex",
+# moe_flex_dispatcher_backend = "hybridep" (its bf16 twin in recipes/qwen/h100/qwen3_moe.py likewise). Inside one
+# node (the 26.02 row's EP 8) it costs what the all-to-all costs.
+FLEX_DISPATCHER = {"qwen3-30b-a3b": "hybridep"}
+
+
 def options(row: BridgeRow, layers: int | None = None) -> dict:
     """hybrid's options for the row (the settings of the module docstring)."""
     plan = dict(dp=row.dp, pp=row.pp, tp=row.tp, ep=row.ep, microbatch_size=row.mbs,
@@ -166,6 +175,8 @@ def options(row: BridgeRow, layers: int | None = None) -> dict:
         plan["partition"] = split
     if row.precision == "FP8":
         plan["fp8"] = "tensorwise"
+    if row.model in FLEX_DISPATCHER:
+        plan["moe_dispatcher"] = FLEX_DISPATCHER[row.model]
     return plan
 
 

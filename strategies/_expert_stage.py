@@ -55,15 +55,18 @@ class ExpertPlan:
     tp: int = 1
     etp: int = 1
     etp_rank: int = 0
+    dispatcher: str = "alltoall"  # how tokens cross nodes (`check_dispatcher`)
 
     @classmethod
-    def build(cls, model: Model, layout: Layout, ep: int, microbatch_size: int, etp: int = 1) -> ExpertPlan:
+    def build(cls, model: Model, layout: Layout, ep: int, microbatch_size: int, etp: int = 1,
+              dispatcher: str = "alltoall") -> ExpertPlan:
         moe = getattr(model, "moe", None)
         if moe is None:
             raise ValueError(f"ep={ep!r}: workload {model.workload.name} has no experts; ep= is for mixtures of "
                              f"experts (try mixtral-8x7b)")
         tp, ranks = layout.tp, layout.dp * layout.tp  # a stage's ranks, in the dense grid's order (TP fastest)
         check_etp(etp, moe.expert_ffn_hidden)
+        check_dispatcher(dispatcher, moe)
         if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or ranks % (ep * etp) or moe.experts % ep:
             over = f"dp={layout.dp}" if tp == 1 else f"dp x tp = {ranks}"
             over += f" (with etp={etp}: {ranks} / etp)" if etp > 1 else ""
@@ -81,7 +84,7 @@ class ExpertPlan:
                    my_experts=range(position * per_rank, (position + 1) * per_rank), per_rank=per_rank,
                    peer_microbatches=tuple(microbatches(*replica_samples(model.global_batch_size, layout.dp, i // tp),
                                                         microbatch_size) for i in peers),
-                   tp=tp, etp=etp, etp_rank=etp_rank)
+                   tp=tp, etp=etp, etp_rank=etp_rank, dispatcher=dispatcher)
 
     def experts_of(self, i: int) -> range:
         """The experts of the i-th member of the exchange group (of EP position i // etp)."""
@@ -120,10 +123,11 @@ class _ExpertStage(_Stage):
         # (dispatch, output gradient), or my tokens back from its experts (expert output, input gradient); under
         # TP the pieces hold sequence parts, which the op's sample check does not name (combine checks them)
         tp = experts.tp
+        how = {} if experts.dispatcher == "alltoall" else {"dispatcher": experts.dispatcher}
         self.to_experts = [{"expect": [peer[mb] for peer in experts.peer_microbatches] if tp == 1 else None,
-                            "expect_experts": [mine] * ep} for mb in range(len(plan.microbatches))]
+                            "expect_experts": [mine] * ep, **how} for mb in range(len(plan.microbatches))]
         self.from_experts = [{"expect": [samples] * ep if tp == 1 else None,
-                              "expect_experts": [experts.experts_of(i) for i in range(ep)]}
+                              "expect_experts": [experts.experts_of(i) for i in range(ep)], **how}
                              for samples in plan.microbatches]
 
     def load_experts(self, layer: int) -> tuple:
@@ -277,6 +281,26 @@ def check_etp(etp: object, width: int) -> None:
         raise ValueError(f"etp must be a whole number >= 1 (the expert tensor-parallel size), got {etp!r}")
     if width % etp:
         raise ValueError(f"etp={etp}: the experts' width {width} does not split into {etp} equal parts")
+
+
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
+
+
+def check_dispatcher(dispatcher: object, moe: object) -> None:
+    """hybrid's `moe_dispatcher`: Megatron-Core's token dispatchers (megatron/core/transformer/transformer_config.py):
+    "alltoall" (`--moe-token-dispatcher-type alltoall`), or the flex dispatcher with its DeepEP or HybridEP
+    backend (`--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep`), which send a
+    token once to each other node holding its experts and forward it there over NVLink (DeepSeek-AI 2024,
+    arXiv 2412.19437 sec. 3.2.2; `dist_lib/costs/hierarchical_dispatch.py`). Both backends cost the same here."""
+    if not isinstance(dispatcher, str) or dispatcher not in DISPATCHERS:
+        raise ValueError(f"moe_dispatcher must be one of {', '.join(map(repr, DISPATCHERS))} (Megatron-Core's "
+                         f"alltoall dispatcher, or its flex dispatcher's DeepEP or HybridEP backend), got "
+                         f"{dispatcher!r}")
+    capacity = getattr(moe, "capacity_factor", 0)
+    if dispatcher != "alltoall" and capacity:
+        raise ValueError(f"moe_dispatcher={dispatcher!r} is dropless: Megatron-Core refuses its flex dispatcher "
+                         f"with moe_pad_expert_input_to_capacity; the workload's capacity_factor is {capacity:g} "
+                         f"(use 0, or moe_dispatcher='alltoall')")
 
 
 def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None:

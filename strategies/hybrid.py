@@ -7,7 +7,8 @@ pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b, interleaved, or
 passed. With `cp` > 1, each replica's stages run context-parallel (`_context.py`: Megatron-Core's ring
 attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`); with a
 mixture-of-experts workload, `ep` and `etp` lay Megatron-Core's expert grid over the ranks of each stage (EP x
-ETP x PP x DP beside TP, `_expert_stage.py`; the distributed optimizer's `_expert_sharded.py`);
+ETP x PP x DP beside TP, `_expert_stage.py`; the distributed optimizer's `_expert_sharded.py`;
+`moe_dispatcher` the token dispatch, flat or hierarchical as DeepEP/HybridEP);
 `distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `fp8` runs the linear layers'
 GEMMs in FP8, `tp_comm_overlap` pipelines the TP collectives with the GEMMs (`costs/tp_overlap.py`), and
 `framework` takes a framework's defaults (`_frameworks.py`). Every option, its source and its effect:
@@ -40,7 +41,8 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 ep: int | None = None, distributed_optimizer: bool | None = None,
                 overlap_param_gather: bool | None = None, fsdp: bool | None = None,
                 replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
-                tp_comm_overlap: bool = False, framework: str | None = None, etp: int | None = None) -> None:
+                tp_comm_overlap: bool = False, framework: str | None = None, etp: int | None = None,
+                moe_dispatcher: str = "alltoall") -> None:
     # the options a framework decides default to None, "not given" (`_frameworks.DECIDED`): the run's value,
     # else the framework's, else hybrid's own default
     chosen = framework_defaults(framework, {k: v for k, v in locals().items() if k in DECIDED}, tp)
@@ -74,9 +76,13 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                                   ("tp_comm_overlap", tp_comm_overlap)))
         layout = Layout.build(model.world_size, dp, pp, tp)
         await run_sharded_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep,
-                                                                     microbatch_size, tp if etp is None else etp),
+                                                                     microbatch_size, tp if etp is None else etp,
+                                                                     moe_dispatcher),
                                        sharding)
         return
+    if moe_dispatcher != "alltoall":
+        raise ValueError(f"moe_dispatcher={moe_dispatcher!r} says how an MoE layer's tokens reach their experts; "
+                         f"workload {model.workload.name} has no experts")
     if etp is not None:
         raise ValueError(f"etp={etp!r} is the experts' tensor-parallel size; workload {model.workload.name} has no "
                          f"experts")

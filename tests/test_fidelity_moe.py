@@ -30,6 +30,9 @@ def test_options_follow_the_row():
     gpt_oss = options(_row("26.04.01", "gpt-oss-120b"))
     assert gpt_oss["schedule"] == "1f1b" and "fp8" not in gpt_oss and "partition" not in gpt_oss
     assert partition(_row("26.04.01", "qwen3-30b-a3b"), 48) is None
+    # the Qwen3-30B recipes' flex dispatcher with its HybridEP backend; the others' all-to-all
+    assert options(_row("26.04.01", "qwen3-30b-a3b"))["moe_dispatcher"] == "hybridep"
+    assert "moe_dispatcher" not in gpt_oss
 
 
 def test_refusal_reads_the_strategys_reason_and_nothing_else():

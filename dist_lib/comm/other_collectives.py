@@ -22,10 +22,11 @@ from dist_lib.comm import collectives
 from dist_lib.comm.collectives import Work, _Pending, release
 from dist_lib.comm.groups import Collective, CrossGroup, Group
 from dist_lib.comm.other_rules import combine_other, check_match_other
+from dist_lib.costs.hierarchical_dispatch import relayed_all_to_all_cost
 from dist_lib.costs.other_collectives import all_to_all_cost, barrier_time, rooted_time
 from dist_lib.engine.core import Engine
 from dist_lib.engine.rank_state import RankState
-from dist_lib.errors import TensorError
+from dist_lib.errors import CollectiveMismatchError, TensorError
 from dist_lib.engine.transfers import Transfer
 
 
@@ -33,7 +34,7 @@ class OtherCollective(Collective):
     """The k-th collective on a group when it is a broadcast, reduce, barrier or all-to-all: its root (for
     broadcast and reduce), what each member expects (all-to-all), and the links it crosses."""
 
-    __slots__ = ("root", "expect", "usage", "arrivals")
+    __slots__ = ("root", "expect", "usage", "arrivals", "relays")
 
     def __init__(self, group: Group, seq: int, op: str, root: int | None):
         super().__init__(group, seq, op)
@@ -41,6 +42,7 @@ class OtherCollective(Collective):
         self.expect: list[Any] = [None] * group.size
         self.usage: tuple[tuple[int, int], ...] = group.usage
         self.arrivals: list[bool] = []  # whether each member's result is made on it at the end
+        self.relays: list[Any] = [None] * group.size  # each member's hierarchical dispatcher, if any
 
     def __str__(self) -> str:
         return f"{self.op} #{self.seq} on group {list(self.group.ranks)}"
@@ -50,8 +52,10 @@ class OtherCollective(Collective):
 
 
 def issue_other(engine: Engine, state: RankState, op: str, given: Any, group: Group, root: int | None = None,
-                expect: list[tuple[int | None, int | None]] | None = None) -> Work:
-    """Issue `op` on `group` for `state`'s rank with its (checked) input `given`."""
+                expect: list[tuple[int | None, int | None]] | None = None, relay: Any = None) -> Work:
+    """Issue `op` on `group` for `state`'s rank with its (checked) input `given`. `relay`, for an MoE token
+    all-to-all run by a hierarchical dispatcher: (its name, the distinct-token bytes of a list of token
+    pieces), see `costs.hierarchical_dispatch`."""
     rank = state.rank
     pos = group.index.get(rank)
     if pos is None:
@@ -69,6 +73,7 @@ def issue_other(engine: Engine, state: RankState, op: str, given: Any, group: Gr
     work = Work(engine, rank, op, state.clock, given, coll)
     coll.works[pos] = work
     coll.expect[pos] = expect
+    coll.relays[pos] = relay
     coll.issued += 1
     if coll.first is None:
         coll.first = work
@@ -85,7 +90,12 @@ def _resolve(engine: Engine, coll: OtherCollective) -> None:
     op = coll.op
     if op == "all_to_all":
         sizes = [[0 if t is None else t.nbytes for t in pieces] for pieces in inputs]
-        coll.duration, coll.usage = all_to_all_cost(engine.cluster, group.ranks, sizes)
+        relay = _relay(coll)
+        if relay is None:
+            coll.duration, coll.usage = all_to_all_cost(engine.cluster, group.ranks, sizes)
+        else:
+            coll.duration, coll.usage = relayed_all_to_all_cost(engine.cluster, group.ranks, sizes,
+                                                                _crossing(engine, group, inputs, relay))
         coll.arrivals = [True] * group.size
     else:
         key = (op, nbytes)
@@ -97,12 +107,47 @@ def _resolve(engine: Engine, coll: OtherCollective) -> None:
         root = None if coll.root is None else group.index[coll.root]
         coll.arrivals = [op == "broadcast" and i != root for i in range(group.size)]
     coll.results, coll.nbytes, coll.label = results, nbytes, label
-    coll.expect = []
+    coll.expect, coll.relays = [], []
     del group.pending[coll.seq]
     if group.busy:
         group.ready.append(coll)
     else:
         collectives._start(engine, coll)
+
+
+OUTGOING = ("dispatched", "output grad")  # token stages sent from their owner to the experts (the rest come back)
+
+
+def _relay(coll: OtherCollective) -> Any:
+    """The hierarchical dispatcher every member named, None if none did; members that disagree are a
+    mismatch, named."""
+    names = [None if r is None else r[0] for r in coll.relays]
+    if len(set(names)) > 1:
+        i = next(i for i, n in enumerate(names) if n != names[0])
+        ranks = coll.group.ranks
+        raise CollectiveMismatchError(f"{coll}: rank {ranks[0]} dispatches with {names[0] or 'alltoall'!r} but "
+                                      f"rank {ranks[i]} with {names[i] or 'alltoall'!r}; every member of the "
+                                      f"exchange uses the same dispatcher")
+    return coll.relays[0]
+
+
+def _crossing(engine: Engine, group: Group, inputs: list[Any], relay: Any) -> dict[tuple[int, int], tuple[int, bool]]:
+    """For each member and each other node: the bytes of its distinct tokens the pieces between them carry,
+    and whether they go out from it (`costs.hierarchical_dispatch.relayed_flows`)."""
+    node_of, ranks, distinct = engine.cluster.node_of, group.ranks, relay[1]
+    nodes = [node_of(r) for r in ranks]
+    crossing: dict[tuple[int, int], tuple[int, bool]] = {}
+    for owner in range(len(ranks)):
+        for outgoing in (True, False):
+            by_node: dict[int, list[Any]] = {}
+            for j in range(len(ranks)):
+                t = inputs[owner][j] if outgoing else inputs[j][owner]
+                if nodes[j] != nodes[owner] and t is not None and getattr(t, "stage", None) is not None \
+                        and (t.stage in OUTGOING) == outgoing:
+                    by_node.setdefault(nodes[j], []).append(t)
+            for node, pieces in by_node.items():
+                crossing[(owner, node)] = (distinct(pieces), outgoing)
+    return crossing
 
 
 def _arrive(state: RankState, op: str, result: Any, end: float) -> Any:

@@ -31,7 +31,7 @@ from dist_lib.costs.fp8 import RECIPES
 from dist_lib.errors import TensorError
 from dist_lib.tensors import (Activation, ActivationGradSlice, ActivationSlice, Routed, Stash, describe_mask,
                               full_mask, mask_runs)
-from dist_lib.workload.routing import buffer_tokens, expert_loads
+from dist_lib.workload.routing import buffer_tokens, expert_loads, tokens_reaching
 
 
 def spread_mask(mask: int, parts: int, part: int) -> int:
@@ -212,6 +212,16 @@ class ExpertParts:
             loads, tokens = self._loads(layer, first, stop, parts)
             total += buffer_tokens(self.moe, loads, chosen, tokens)
         return total
+
+    def _distinct_bytes(self, layer: int, samples: int, experts: int, parts: int = 1) -> int:
+        """Bytes of the tokens of `samples` that use at least one of `experts`, each counted once
+        (`routing.tokens_reaching`): what a hierarchical dispatch sends across to the node holding them."""
+        chosen = [e for e in range(self.moe.experts) if experts >> e & 1]
+        total = 0
+        for first, stop, _ in part_runs(samples, parts):
+            loads, tokens = self._loads(layer, first, stop, parts)
+            total += tokens_reaching(self.moe, loads, chosen, tokens)
+        return total * self.workload.hidden * self.workload.bytes_per_element
 
     def _local_tokens(self, layer: int, pieces: Sequence[Any], experts: int) -> list[int]:
         """Token slots each local expert computes over these pieces (padded to the capacity when one is set)."""

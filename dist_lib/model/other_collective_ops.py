@@ -12,11 +12,14 @@ from dist_lib.comm.groups import Group
 from dist_lib.comm.other_collectives import issue_other
 from dist_lib.comm.other_rules import check_pieces, check_rooted
 from dist_lib.errors import TensorError
-from dist_lib.tensors import samples_mask
+from dist_lib.tensors import Tokens, samples_mask
 
 if TYPE_CHECKING:
     from dist_lib.engine.core import Engine
     from dist_lib.engine.rank_state import RankState
+
+
+DISPATCHERS = ("alltoall", "deepep", "hybridep")  # Megatron-Core's alltoall, and its flex dispatcher's backends
 
 
 class OtherCollectiveOps:
@@ -55,7 +58,8 @@ class OtherCollectiveOps:
         return issue_other(self._engine, self._state, "barrier", None, resolved)
 
     def all_to_all(self, pieces: list, group: Group | Iterable[int] | None = None, *,
-                   expect: list | None = None, expect_experts: list | None = None) -> Work:
+                   expect: list | None = None, expect_experts: list | None = None,
+                   dispatcher: str = "alltoall") -> Work:
         """Exchange pieces with every member of `group`: `pieces[j]` (a tensor of this rank, or None) goes to
         the group's j-th member; sizes may differ. Awaiting the work returns a list whose j-th entry is a copy
         of what member j addressed here (or None), allocated when the exchange ends. All pieces are tensors
@@ -64,7 +68,10 @@ class OtherCollectiveOps:
         indices (a range or iterable) or None for nothing; a member that addresses anything else here is a
         `CollectiveMismatchError` at the op. `expect_experts`, optional, does the same for the token pieces of
         an MoE layer (`Tokens`): per member, the experts its piece must hold (or None, unchecked), so a token
-        sent to the rank of other experts is caught here."""
+        sent to the rank of other experts is caught here. `dispatcher`, for the token pieces of an MoE layer:
+        "alltoall" (each piece sent directly, as NCCL's all-to-all does) or "deepep" / "hybridep" (Megatron-Core's
+        flex dispatcher backends: each token crosses to another node once and is forwarded there over NVLink,
+        `costs.hierarchical_dispatch`); the same exchange, on other links."""
         resolved = self._resolve_group(group, "all_to_all")  # type: ignore[attr-defined]
         if isinstance(pieces, (list, tuple)):
             for t in pieces:
@@ -74,7 +81,37 @@ class OtherCollectiveOps:
         experts = None if expect_experts is None else self._expected_experts(expect_experts, resolved)
         wanted = None if samples is None and experts is None else list(zip(
             samples or [None] * resolved.size, experts or [None] * resolved.size))
-        return issue_other(self._engine, self._state, "all_to_all", given, resolved, expect=wanted)
+        relay = self._dispatcher(dispatcher, given)
+        return issue_other(self._engine, self._state, "all_to_all", given, resolved, expect=wanted, relay=relay)
+
+    def _dispatcher(self, dispatcher: Any, pieces: Any) -> Any:
+        """`all_to_all`'s dispatcher as `issue_other` takes it: None for the flat all-to-all, else its name and
+        the distinct-token bytes of a list of token pieces."""
+        where = f"rank {self.rank} all_to_all"
+        if dispatcher not in DISPATCHERS:
+            raise TensorError(f"{where}: dispatcher must be one of {', '.join(map(repr, DISPATCHERS))}, got "
+                              f"{dispatcher!r}")
+        if dispatcher == "alltoall":
+            return None
+        moe = getattr(self, "moe", None)
+        other = next((t for t in pieces if t is not None and type(t) is not Tokens), None)
+        if moe is None or other is not None:
+            raise TensorError(f"{where}: dispatcher={dispatcher!r} moves the token pieces of an MoE layer (Tokens), "
+                              f"not {other!r}")
+        if moe.capacity_factor:
+            raise TensorError(f"{where}: dispatcher={dispatcher!r} is dropless (Megatron-Core refuses its flex "
+                              f"dispatcher with moe_pad_expert_input_to_capacity); the workload's capacity_factor "
+                              f"is {moe.capacity_factor:g}")
+        return dispatcher, self._relayed_bytes
+
+    def _relayed_bytes(self, pieces: list) -> int:
+        """The bytes of the distinct tokens among token pieces of one owner's tokens (`costs.hierarchical_dispatch`)."""
+        samples = experts = 0
+        for t in pieces:
+            samples |= t.samples
+            experts |= t.experts
+        first = pieces[0]
+        return self._distinct_bytes(first.layer, samples, experts, first.parts)  # type: ignore[attr-defined]
 
     def _expected(self, expect: Any, group: Group) -> list[int]:
         """`expect` as one samples mask per member (0: nothing)."""

@@ -51,6 +51,7 @@ from dist_lib.comm.collectives import Work
 from dist_lib.errors import TensorError
 from dist_lib.model.experts import MoEModel
 from dist_lib.model.handle import PIPE_EXTRAS
+from dist_lib.model.other_collective_ops import DISPATCHERS
 from dist_lib.run.recording_context import CONTEXT_OPCODES, ContextOpsRecording
 from dist_lib.run.recording_experts import (EXPERT_OPCODES, EXPERT_QUERIES, EXPERT_TP_OPCODES, REDUCE_ROUTED,
                                             ExpertOpsRecording, mask_intervals)
@@ -312,18 +313,21 @@ class RecordingModel(ContextOpsRecording):
         self._emit(BARRIER, *words)
         return self._wrap(work)
 
-    def all_to_all(self, pieces: Any, group: Any = None, *, expect: Any = None, expect_experts: Any = None) -> Any:
+    def all_to_all(self, pieces: Any, group: Any = None, *, expect: Any = None, expect_experts: Any = None,
+                   dispatcher: Any = "alltoall") -> Any:
         resolved, words = self._group_words(group, "all_to_all")
         if isinstance(expect, (list, tuple)):  # read twice below: a generator of samples becomes a list
             expect = [_listed(samples) for samples in expect]
         if isinstance(expect_experts, (list, tuple)):
             expect_experts = [_listed(experts) for experts in expect_experts]
         if not isinstance(pieces, (list, tuple)):  # refused there, with its message
-            return self._model.all_to_all(pieces, resolved, expect=expect, expect_experts=expect_experts)
+            return self._model.all_to_all(pieces, resolved, expect=expect, expect_experts=expect_experts,
+                                          dispatcher=dispatcher)
         work = self._model.all_to_all([None if p is None else self._t(p, "all_to_all") for p in pieces], resolved,
-                                      expect=expect, expect_experts=expect_experts)
+                                      expect=expect, expect_experts=expect_experts, dispatcher=dispatcher)
         words += [len(pieces), *(-1 if p is None else p._number for p in pieces)]
-        words.append((expect is not None) | (expect_experts is not None) << 1)
+        # flags: bit 0 expect, bit 1 expect_experts, bits 2.. the dispatcher (0: alltoall; checked by the op)
+        words.append((expect is not None) | (expect_experts is not None) << 1 | DISPATCHERS.index(dispatcher) << 2)
         for samples in expect or ():  # (checked by the op: one entry per member, each None or samples)
             spans = [] if samples is None else _intervals(samples_mask(samples, self._model.global_batch_size))
             words += [len(spans) // 2, *spans]

@@ -28,6 +28,7 @@ from dist_lib.comm.collectives import Work
 from dist_lib.errors import SimulationError
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.model.handle import PIPE_EXTRAS
+from dist_lib.model.other_collective_ops import DISPATCHERS
 from dist_lib.run.recording import FP8_FLAGS, ADD, ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AWAIT, BARRIER, BROADCAST, REDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
 from dist_lib.output.result import Result
 from dist_lib.run.recording_context import CONTEXT_OPCODES, FIRST_CONTEXT_OPCODE
@@ -263,8 +264,9 @@ def _other_collective(model: Any, program: array, i: int, n: int, table: list, w
         h = program[at + 1 + j]
         pieces.append(None if h == -1 else get(at + 1 + j - i))
     at += 1 + members
-    if at >= n or program[at] not in (0, 1, 2, 3):
-        raise fail("the expect flags are not 0..3, or the program ends before them")
+    if at >= n or not 0 <= program[at] < 4 * len(DISPATCHERS):
+        raise fail(f"the expect and dispatcher flags are not 0..{4 * len(DISPATCHERS) - 1}, or the program ends "
+                   f"before them")
     flags = program[at]
     at += 1
     expect = expect_experts = None
@@ -281,7 +283,8 @@ def _other_collective(model: Any, program: array, i: int, n: int, table: list, w
             c = count(at, most, "expert interval count")
             expect_experts.append(None if c == 0 else _samples(program, at, n, most, fail))
             at += 1 + 2 * c
-    table.append(model.all_to_all(pieces, group, expect=expect, expect_experts=expect_experts))
+    table.append(model.all_to_all(pieces, group, expect=expect, expect_experts=expect_experts,
+                                  dispatcher=DISPATCHERS[flags >> 2]))
     return at
 
 

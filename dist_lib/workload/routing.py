@@ -16,6 +16,7 @@ only the residual carries them, Fedus et al. 2022 sec. 2.2), and its buffer is p
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -96,3 +97,24 @@ def buffer_tokens(moe: MoE, loads: tuple[int, ...], experts: range | list[int], 
     padded to the capacity (the padding moves and computes like tokens; Fedus et al. 2022)."""
     cap = moe.capacity(tokens)
     return cap * len(experts) if cap else sum(loads[e] for e in experts)
+
+
+def tokens_reaching(moe: MoE, loads: tuple[int, ...], experts: range | list[int], tokens: int) -> int:
+    """Tokens of a microbatch of `tokens` tokens that use at least one of `experts` (their expert loads
+    `loads`): what a hierarchical dispatcher sends once to the node holding those experts (DeepSeek-AI
+    2024, arXiv 2412.19437 sec. 3.2.2). The routing gives each expert's load, not each token's k experts;
+    the count is the expectation when every token's k experts are drawn at random consistent with the
+    loads, rounded to a whole token. `uniform`: each token's experts a uniform k-subset of the E, so a
+    token misses g of them with probability C(E - g, k) / C(E, k) (hypergeometric). Other routings: each
+    expert e taken independently with probability loads[e] / tokens, a miss prod(1 - loads[e] / tokens).
+    Always between the busiest of `experts` and min(tokens, their total load)."""
+    chosen = list(experts)
+    total = sum(loads[e] for e in chosen)
+    if not chosen or not tokens or not total:
+        return 0
+    if moe.routing == "uniform":
+        miss = math.comb(moe.experts - len(chosen), moe.top_k) / math.comb(moe.experts, moe.top_k)
+    else:
+        miss = math.prod(1.0 - loads[e] / tokens for e in chosen)
+    reached = round(tokens * (1.0 - miss))
+    return min(max(reached, max(loads[e] for e in chosen)), tokens, total)
