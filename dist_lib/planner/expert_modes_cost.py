@@ -28,6 +28,7 @@ ZeRO all-gather after the update are charged on the dense data-parallel group's 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from itertools import accumulate
 
@@ -38,7 +39,9 @@ from dist_lib.costs.ops import compute_cost, compute_mode, forward_stash_bytes
 from dist_lib.costs.other_collectives import all_to_all_cost
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
+from dist_lib.planner import options_cost
 from dist_lib.planner.estimate import LayerCosts, with_total
+from dist_lib.planner.plan import Plan
 from dist_lib.planner.stage_option import StageOption, no_collective
 from dist_lib.workload import moe as moe_layers
 from dist_lib.workload.routing import expert_loads
@@ -48,6 +51,21 @@ from dist_lib.workload.transformer import Workload
 def plain(tp: int, recompute: str, zero: int, fp8: str) -> bool:
     """Is this the stage `options_cost.moe_layer_costs` prices (TP 1, no recompute, ZeRO or FP8)?"""
     return tp == 1 and recompute == "none" and not zero and not fp8
+
+
+def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: int, cp: int, recompute: str, zero: int,
+                 fp8: str, reduction) -> StageOption | None:
+    """The option of a stage with experts or context parallelism: `options_cost.stage_option`'s where it
+    prices it (a dense CP stage; an MoE stage of TP 1, 16-bit, without recompute or ZeRO), else `expert_option`
+    (expert TP 1, Megatron-Core's recommendation for MoE models: `_expert_stage.check_etp`)."""
+    if space.workload.moe is not None and not plain(tp, recompute, zero, fp8):
+        return expert_option(space, ranks, tp, microbatch, ep, 1, recompute, zero, fp8, reduction)
+    return options_cost.stage_option(space, ranks, tp, microbatch, ep, cp, reduction)
+
+
+def with_etp(plan: Plan, workload: Workload) -> Plan:
+    """An MoE plan with TP records its expert TP (1, as searched); any other plan is left as it is."""
+    return replace(plan, etp=1) if workload.moe is not None and plan.stages[0].tp > 1 else plan
 
 
 def tp_ok(workload: Workload, tp: int) -> bool:

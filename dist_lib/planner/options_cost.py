@@ -43,7 +43,6 @@ from dist_lib.costs.ops import compute_cost, forward_stash_bytes
 from dist_lib.costs.other_collectives import all_to_all_cost
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
-from dist_lib.planner import expert_modes_cost
 from dist_lib.planner.estimate import LayerCosts, with_total
 from dist_lib.planner.stage_option import StageOption, no_collective
 from dist_lib.workload import moe as moe_layers
@@ -192,9 +191,9 @@ def cp_choices(workload: Workload, rules, width: int) -> tuple[int, ...]:
 
 def width_ok(workload: Workload, ranks: int, tp: int, cp: int, microbatch: int, even: bool) -> bool:
     """Does a stage of `ranks` GPUs take TP degree `tp` with `cp`: whole CP x TP blocks, at least a sample a
-    replica (the same number each, `even`), and with experts a sequence that splits over the TP ranks
-    (`expert_modes_cost.tp_ok`)."""
-    if ranks % (tp * cp) or (workload.moe is not None and not expert_modes_cost.tp_ok(workload, tp)):
+    replica (the same number each, `even`), and with experts a sequence that splits over the TP ranks (each
+    routes its part, sequence-parallel: `expert_modes_cost`)."""
+    if ranks % (tp * cp) or (workload.moe is not None and workload.seq_len % tp):
         return False
     dp = ranks // (tp * cp)
     return dp <= microbatch and not (even and microbatch % dp)
