@@ -114,7 +114,7 @@ def with_experts(framework: str | None, workload: Any) -> tuple[Rules | None, st
 
 
 def experts_reason(reasons: list[str], workload: Any) -> list[str]:
-    """Why no plan fits, told right for an MoE workload, whose plans run without recompute or ZeRO."""
+    """Why no plan fits, told right for an MoE workload (its plans searched with expert TP 1)."""
     if workload.moe is None or not reasons:
         return reasons
     return [reasons[0].replace("full recompute and ZeRO-1", "full recompute, the distributed optimizer and every "
