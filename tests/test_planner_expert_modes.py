@@ -96,3 +96,18 @@ def test_etp_in_the_plan_file_and_in_megatron_arguments():
         from_megatron(text.replace("--expert-tensor-parallel-size 1", "--expert-tensor-parallel-size 5"), workload, 16)
     with pytest.raises(SpecError, match="etp=1, but workload"):
         Plan.from_dict({**data, "ep": 1}).check(16, 4, 64, workload=Workload.load("gpt-1.3b:layers=4"))
+
+
+def test_run_from_megatron_arguments_keeps_the_experts(tmp_path):
+    from grader.launch_cli import settings_run
+    workload, cluster = Workload.load("mixtral-8x7b:layers=4"), Cluster.load(H100)
+    tp_plan = next(c.plan for c in plan(cluster, workload, 64, framework="megatron", top=0).candidates
+                   if c.plan.stages[0].tp > 1)
+    args = tmp_path / "args"
+    args.write_text(export(tp_plan, "megatron", workload, cluster).settings)
+    path, options, spec, batch = settings_run("megatron", str(args), H100, "mixtral-8x7b:layers=4")
+    # the workload as given, experts and all (a dense toy of its dimensions would refuse ep)
+    assert spec == "mixtral-8x7b:layers=4" and batch == 64 and path.name == "hybrid.py"
+    assert options["tp"] == 2 and options["sequence_parallel"] and options["etp"] == 1
+    with pytest.raises(SpecError, match="does not take from them"):
+        settings_run("megatron", str(args), H100, "mixtral-8x7b:layers=4,hidden=2048")
