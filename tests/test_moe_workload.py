@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dist_lib import SpecError, Workload
@@ -76,3 +78,18 @@ def test_toml_keys(tmp_path):
 def test_bad_moe_specs(spec, message):
     with pytest.raises(SpecError, match=message):
         Workload.parse(spec)
+
+
+def test_stash_follows_the_attention_kernel():
+    """An MoE layer's stash by hand (Korthikanti et al. 2022, Table 2 without the MLP: 15sh plus the attention
+    core; per token each routed expert's SwiGLU 2h + 6f): unfused with dropout the core is 5as^2, without
+    dropout 2as^2, and FlashAttention keeps only its fp32 log-sum-exp, 4 bytes a head and token."""
+    s, h, a, k, f = 4096, 4096, 32, 2, 14336
+    experts = s * k * (2 * h + 6 * f)
+    layer_input = 2 * s * h
+    unfused = Workload.parse("mixtral-8x7b")
+    assert unfused.stash_bytes(5) == 15 * s * h + 5 * a * s * s + experts - layer_input
+    flash = replace(unfused, attention="flash2", dropout=False)
+    assert flash.stash_bytes(5) == 15 * s * h + 4 * a * s + experts - layer_input
+    # selective recompute drops the core whatever the kernel
+    assert flash.stash_bytes(5, recompute="selective") == unfused.stash_bytes(5, recompute="selective")

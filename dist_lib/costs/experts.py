@@ -4,7 +4,8 @@ the routed experts' grouped GEMM on the tokens one rank's experts received.
 
 The experts of one rank run as one grouped GEMM (Megatron-Core's `--moe-grouped-gemm`; DeepSeek-V3's
 kernels likewise): each local expert e multiplies its n_e tokens by its gate/up (h x 2f) and down (f x h)
-matrices, each timed by the GEMM roofline of its shape (`compute.gemm_time`), plus the SwiGLU's elementwise
+matrices, the experts' GEMMs of one shape timed together as one batch of tiles (`moe_ops.grouped_gemms`,
+`compute.gemm_time`), plus the SwiGLU's elementwise
 traffic (read 2f, write f per token, 16-bit; its backward reads 3f and writes 2f). The slowest EP rank
 is the one whose experts received the most tokens: the imbalance of `workload.routing` shows up here.
 """
@@ -32,8 +33,9 @@ def gemm_shapes(workload: Workload, layer: int, samples: int, tp: int, pass_: st
     part each TP rank holds)."""
     moe, h = workload.moe, workload.hidden
     tokens = samples * workload.seq_len
-    params = moe_layers.attention_params(moe, h, workload.heads)
-    forward = [(tokens, (params - h * h) / h / tp, h), (tokens, h, h / tp)] if attention else []  # in, W_o
+    params = moe_layers.attention_matrix_params(moe, h, workload.heads, workload.head_dim)
+    out = moe_layers.attention_output_width(moe, h, workload.heads, workload.head_dim)  # W_o's input width
+    forward = [(tokens, (params - out * h) / h / tp, h), (tokens, h, out / tp)] if attention else []  # in, W_o
     if not moe.is_moe(layer):
         f = moe.dense_ffn_hidden
         forward += [(tokens, 2 * f / tp, h), (tokens, h, f / tp)]

@@ -1,14 +1,24 @@
 """What the ops of an MoE layer under expert parallelism cost (seconds, FLOPs): the dense part on the tokens'
 own rank (`route`: attention and router; `shared_experts`), and one rank's routed experts on the tokens they
 received (`experts.expert_shapes`, a grouped GEMM). Backward passes are the input- and weight-gradient GEMMs,
-as `compute.backward_time` counts them."""
+as `compute.backward_time` counts them.
+
+`route`'s memory-bound kernels are the layer's norms, residual adds, rotary embedding and attention-output
+copy (`Workload.elementwise_bytes`) without the activation of a dense MLP, which an MoE layer does not have:
+its experts' SwiGLU traffic is `experts.swiglu_bytes`, counted where the experts run. A sliding-window layer
+(`MoE.sliding_window`) runs its FlashAttention kernel over the band's FLOPs at the kernel's measured rate for
+a sequence as long as the window (`attention.flash_times` clamps to its shortest measured sequence, 512
+tokens: a 128-key band gets that rate)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from dist_lib.costs import compute, experts, fp8 as fp8_costs
+from dist_lib.costs.attention import flash_times
 from dist_lib.hardware.devices import Device
+from dist_lib.workload import architecture as arch
 from dist_lib.workload.transformer import Workload
 
 PASSES = {False: ("forward",), True: ("input", "weight")}
@@ -19,15 +29,30 @@ def _gemms(device: Device, workload: Workload, shapes: list[tuple[float, float, 
     return seconds, sum(2.0 * m * n * k for m, n, k in shapes)
 
 
+def grouped_gemms(device: Device, workload: Workload, shapes: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(seconds, FLOPs) of one grouped GEMM over `shapes`: a grouped kernel (CUTLASS's grouped GEMM, which
+    Transformer Engine's GroupedLinear and Megatron-Core's `--moe-grouped-gemm` run) schedules the tiles of
+    every group over the SMs together, so groups of one shape are timed as one batch of tiles
+    (`compute.gemm_time`'s batch), whose waves fill the SMs that one small expert's GEMM leaves idle
+    (NVIDIA CUTLASS docs, "Grouped GEMM"). Groups of distinct shapes (skewed routing) are timed batch by batch."""
+    seconds = flops = 0.0
+    for (m, n, k), count in Counter(shapes).items():
+        seconds += compute.gemm_time(device, m, n, k, count, workload.bytes_per_element)
+        flops += 2.0 * m * n * k * count
+    return seconds, flops
+
+
 def _linear(device: Device, workload: Workload, forward: list[tuple[float, float, float]], pass_: str,
-            fp8: str) -> tuple[float, float]:
+            fp8: str, grouped: bool = False) -> tuple[float, float]:
     """(seconds, FLOPs) of one pass of the linear layers whose forward GEMMs are `forward`: 16-bit, or with
-    an `fp8` recipe at the device's FP8 peak after their casts (`costs.fp8`, as a dense layer's)."""
+    an `fp8` recipe at the device's FP8 peak after their casts (`costs.fp8`, as a dense layer's); `grouped`:
+    one grouped GEMM (`grouped_gemms`)."""
     shapes = forward if pass_ == "forward" else [(m, k, n) for m, n, k in forward] if pass_ == "input" \
         else [(k, n, m) for m, n, k in forward]
+    timed = grouped_gemms if grouped else _gemms
     if not fp8:
-        return _gemms(device, workload, shapes)
-    seconds, flops = _gemms(fp8_costs.fp8_device(device), workload, shapes)
+        return timed(device, workload, shapes)
+    seconds, flops = timed(fp8_costs.fp8_device(device), workload, shapes)
     return seconds + compute._stream_time(device, fp8_costs.shapes_cast_bytes(forward, pass_, fp8)), flops
 
 
@@ -51,11 +76,33 @@ def route_cost(device: Device, workload: Workload, layer: int, samples: int, bac
             s, f = _gemms(device, workload, experts.gemm_shapes(workload, layer, samples, tp, pass_, routed=False,
                                                                 shared=False, sequence_parallel=tp > 1))
         seconds, flops = seconds + s, flops + f
-    core = compute._attention_time(device, workload, samples, tp, backward=backward)
-    seconds += core + compute._stream_time(device, samples * workload.elementwise_bytes(tp, tp > 1,
-                                                                                       backward=backward))
-    flops += workload.attention_core_flops() * samples * (2 if backward else 1) / tp
+    core = _attention_core_time(device, workload, layer, samples, tp, backward)
+    elementwise = workload.elementwise_bytes(tp, tp > 1, backward=backward) \
+        - samples_mlp_activation_bytes(workload, backward) / tp
+    seconds += core + compute._stream_time(device, samples * elementwise)
+    flops += workload.attention_core_flops(layer) * samples * (2 if backward else 1) / tp
     return compute._layer_pass(workload, tp, seconds), flops
+
+
+def samples_mlp_activation_bytes(workload: Workload, backward: bool) -> float:
+    """One sample's HBM traffic of a dense MLP's activation, which `Workload.elementwise_bytes` counts for a
+    dense layer (`architecture.elementwise_bytes_per_token`: SwiGLU 6f forward, 10f backward; GeLU 4f, 6f;
+    split over TP) and an MoE layer does not run."""
+    f = arch.ffn_hidden(workload)
+    per_token = (10 if backward else 6) * f if workload.mlp == "swiglu" else (6 if backward else 4) * f
+    return workload.seq_len * per_token * workload.bytes_per_element / 2
+
+
+def _attention_core_time(device: Device, workload: Workload, layer: int, samples: int, tp: int,
+                         backward: bool) -> float:
+    """The attention core of `layer` on one of `tp` TP ranks: the whole causal prefix, or a sliding window's band."""
+    window = workload.moe.window(layer, workload.seq_len)
+    if window >= workload.seq_len or workload.attention == "unfused":
+        return compute._attention_time(device, workload, samples, tp, backward=backward)
+    forward, backward_time = flash_times(device, workload.attention,
+                                         samples * workload.attention_core_flops(layer) / tp,
+                                         arch.head_dim(workload), window)
+    return backward_time if backward else forward
 
 
 def core_recompute(device: Device, workload: Workload, samples: int, tp: int = 1) -> float:
@@ -79,12 +126,13 @@ def shared_cost(device: Device, workload: Workload, layer: int, samples: int, ba
 def experts_cost(device: Device, workload: Workload, tokens: Sequence[int], backward: bool,
                  etp: int = 1, fp8: str = "") -> tuple[float, float]:
     """(seconds, FLOPs) of one rank's local experts on `tokens[i]` tokens each (the padded slots included),
-    on one of `etp` expert-TP shards of them; with `fp8`, the grouped GEMM in FP8 (Megatron-Core's
-    `TEGroupedMLP` under Transformer Engine's FP8 autocast), its casts counted as a dense layer's."""
+    on one of `etp` expert-TP shards of them, as one grouped GEMM a pass (`grouped_gemms`); with `fp8`, the
+    grouped GEMM in FP8 (Megatron-Core's `TEGroupedMLP` under Transformer Engine's FP8 autocast), its casts
+    counted as a dense layer's."""
     seconds = flops = 0.0
     forward = experts.expert_shapes(workload, tokens, "forward", etp)
     for pass_ in PASSES[backward]:
-        s, f = _linear(device, workload, forward, pass_, fp8)
+        s, f = _linear(device, workload, forward, pass_, fp8, grouped=True)
         seconds += s + (compute._stream_time(device, experts.swiglu_bytes(workload, sum(tokens),
                                                                             backward=backward, etp=etp))
                         if pass_ != "weight" else 0.0)

@@ -11,7 +11,27 @@ The models these presets describe are Llama-style, so the field set also carries
 they use: grouped-query attention with `kv_heads` key/value heads (Ainslie et al. 2023), or DeepSeek's
 multi-head latent attention (`mla`: q LoRA rank, KV LoRA rank, per-head no-RoPE and RoPE query/key
 dims, value head dim; arXiv 2412.19437 sec. 2.1.1), RMSNorm (one h-vector per norm) and untied input and
-output embeddings, no biases.
+output embeddings, no biases. Per-head sizes other than h / heads come from the workload's `head_dim` (Qwen3:
+32 heads of 128 on h = 2048). Three further features of published MoE models are fields here:
+
+* `qk_norm` (Qwen3; Qwen Team 2025, "Qwen3 Technical Report", arXiv 2505.09388, sec. 2): an RMSNorm over each
+  head's query and key, one head_dim weight vector each, 2 d parameters a layer. Its cost is elementwise:
+  reading and writing the queries and keys once more, 4 (qd + kvd) bytes a token forward and 6 (qd + kvd)
+  backward, as the rotary embedding already costs (`architecture.elementwise_bytes_per_token`). For
+  Qwen3-30B-A3B that is 46 KB a token, 56 us a layer for a 4096-token sample on an H100, against about 10 ms a
+  layer and microbatch of the preset's simulated step at EP 16 (32.3 s over 48 layers and 64 microbatches,
+  BF16): about 0.5 %, left out.
+* `biases` (GPT-OSS; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", sec. 2.1, and openai/gpt-oss-120b
+  config.json `attention_bias: true`): biases on the query, key, value and output projections, the router, and
+  each expert's gate/up (2f) and down (h) projections. Counted in the parameters (the card's totals hold
+  them); their adds are not GEMM FLOPs and are left out, as Megatron-LM's FLOP count leaves them out.
+* `attention_sinks` (GPT-OSS, same card: a learned logit per head in each softmax's denominator): one
+  parameter per head a layer; one more softmax column of s (or 128), left out of time.
+* `sliding_window`, `sliding_every` (GPT-OSS: `sliding_window: 128`, `layer_types` alternating
+  sliding_attention and full_attention from layer 0; the banded pattern of Beltagy et al. 2020,
+  "Longformer"): a windowed layer's queries see at most W keys, so its attention core does W s - W (W - 1) / 2
+  of the s (s + 1) / 2 causal query-key pairs (6 % at s = 4096, W = 128). Counted in FLOPs and time
+  (`attention_core_flops`, `costs.moe_ops`); the projections are unchanged.
 
 Counted as the papers count them: total parameters hold every expert, active parameters the k routed
 experts a token uses (plus everything else, embeddings included: Mixtral's 12.9 B); model FLOPs are
@@ -52,6 +72,11 @@ class MoE:
     mla: tuple[int, int, int, int, int] | None = None  # (q_lora, kv_lora, qk_nope, qk_rope, v_head)
     routing: str = "uniform"  # how tokens spread over experts (`workload.routing`)
     routing_seed: int = 0
+    qk_norm: bool = False  # RMSNorm over each head's query and key (Qwen3)
+    biases: bool = False  # biases on attention, router and expert projections (GPT-OSS)
+    attention_sinks: bool = False  # a learned softmax logit per head (GPT-OSS)
+    sliding_window: int = 0  # keys a windowed layer's query sees (0: every layer attends to the whole prefix)
+    sliding_every: int = 1  # one windowed layer every N, from layer 0 (GPT-OSS: 2)
 
     def check(self, where: str, heads: int, layers: int) -> None:
         whole(self.experts, f"{where}: experts", 1, MAX_EXPERTS, exact=True)
@@ -75,6 +100,14 @@ class MoE:
             for name, value in zip(MLA_PARTS, self.mla):
                 whole(value, f"{where}: mla {name}", 1, 2**20, exact=True)
         whole(self.routing_seed, f"{where}: routing_seed", 0, 2**63 - 1, exact=True)
+        for flag in ("qk_norm", "biases", "attention_sinks"):
+            if not isinstance(getattr(self, flag), bool):
+                raise SpecError(f"{where}: {flag} must be true or false, got {shown(getattr(self, flag))}")
+        whole(self.sliding_window, f"{where}: sliding_window", 0, 2**24, exact=True)
+        whole(self.sliding_every, f"{where}: sliding_every", 1, 10_000, exact=True)
+        if self.mla is not None and (self.qk_norm or self.attention_sinks or self.sliding_window):
+            raise SpecError(f"{where}: qk_norm, attention_sinks and sliding_window are modelled for grouped-query "
+                            f"attention, not with mla")
         if not any(self.is_moe(layer) for layer in range(layers)):
             raise SpecError(f"{where}: no layer is an MoE layer (first_dense {self.first_dense} of {layers})")
         if self.dense_ffn_hidden == 0 and any(not self.is_moe(layer) for layer in range(layers)):
@@ -85,13 +118,23 @@ class MoE:
         pattern `i % freq == 0`)."""
         return layer >= self.first_dense and (layer - self.first_dense) % self.moe_every == 0
 
+    def window(self, layer: int, seq: int) -> int:
+        """Keys a query of `layer` may see at most: the sliding window on a windowed layer, else the sequence."""
+        if self.sliding_window and layer % self.sliding_every == 0:
+            return min(self.sliding_window, seq)
+        return seq
+
     @property
     def shared_width(self) -> int:
         return self.shared_ffn_hidden or self.expert_ffn_hidden
 
     def expert_params(self, hidden: int) -> int:
-        """Parameters of one routed expert: a SwiGLU MLP's gate, up and down matrices."""
-        return 3 * hidden * self.expert_ffn_hidden
+        """Parameters of one routed expert: a SwiGLU MLP's gate, up and down matrices (and their biases)."""
+        return 3 * hidden * self.expert_ffn_hidden + (self.expert_bias_params(hidden) if self.biases else 0)
+
+    def expert_bias_params(self, hidden: int) -> int:
+        """The biases of one routed expert: its gate and up outputs (2f) and its down output (h)."""
+        return 2 * self.expert_ffn_hidden + hidden if self.biases else 0
 
     def capacity(self, tokens: int) -> int:
         """Tokens one expert's buffer holds for `tokens` routed tokens: c x tokens x k / E rounded up
@@ -106,17 +149,48 @@ MLA_PARTS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_di
 
 # ---- what an MoE model's layers weigh ------------------------------------------------------------
 
-def attention_params(moe: MoE, hidden: int, heads: int) -> int:
-    """Weights of one attention block, no biases. GQA: W_q and W_o are h x h, W_k and W_v h x (kv x d).
-    MLA (arXiv 2412.19437, eqs. 1-11): the query down- and up-projections with the norm between, the joint
-    KV down-projection (kv_lora + the shared RoPE key), its norm, the K/V up-projection and W_o."""
+def attention_params(moe: MoE, hidden: int, heads: int, head_dim: int = 0) -> int:
+    """Weights of one attention block. GQA: W_q and W_o are h x (a d), W_k and W_v h x (kv x d), d = `head_dim`
+    or h / a; with `biases` their a d + 2 kv d + h biases, with `qk_norm` two d-vectors, with
+    `attention_sinks` a logit per head. MLA (arXiv 2412.19437, eqs. 1-11): the query down- and
+    up-projections with the norm between, the joint KV down-projection (kv_lora + the shared RoPE key), its
+    norm, the K/V up-projection and W_o."""
     if moe.mla is not None:
         q_lora, kv_lora, nope, rope, v = moe.mla
         return (hidden * q_lora + q_lora + q_lora * heads * (nope + rope)
                 + hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v) + heads * v * hidden)
-    d = hidden // heads
-    kv = moe.kv_heads or heads
-    return 2 * hidden * hidden + 2 * hidden * kv * d
+    return attention_matrix_params(moe, hidden, heads, head_dim) + attention_vector_params(moe, hidden, heads,
+                                                                                          head_dim)
+
+
+def _gqa_widths(moe: MoE, hidden: int, heads: int, head_dim: int) -> tuple[int, int, int]:
+    """(head size d, query width a d, key/value width kv d) of grouped-query attention."""
+    d = head_dim or hidden // heads
+    return d, heads * d, (moe.kv_heads or heads) * d
+
+
+def attention_matrix_params(moe: MoE, hidden: int, heads: int, head_dim: int = 0) -> int:
+    """The weight matrices of one attention block (what its GEMMs multiply by; MLA's as `attention_params`)."""
+    if moe.mla is not None:
+        return attention_params(moe, hidden, heads)
+    _, q, kv = _gqa_widths(moe, hidden, heads, head_dim)
+    return 2 * hidden * q + 2 * hidden * kv
+
+
+def attention_vector_params(moe: MoE, hidden: int, heads: int, head_dim: int = 0) -> int:
+    """Biases, QK-norm weights and sinks of one GQA attention block (none for MLA)."""
+    if moe.mla is not None:
+        return 0
+    d, q, kv = _gqa_widths(moe, hidden, heads, head_dim)
+    return ((q + 2 * kv + hidden) if moe.biases else 0) + (2 * d if moe.qk_norm else 0) \
+        + (heads if moe.attention_sinks else 0)
+
+
+def attention_output_width(moe: MoE, hidden: int, heads: int, head_dim: int = 0) -> int:
+    """Input width of W_o: a d for GQA (h when d = h / a); MLA's kept at h as its GEMM shapes count it."""
+    if moe.mla is not None or not head_dim:
+        return hidden
+    return heads * head_dim
 
 
 def ffn_params(moe: MoE, hidden: int, layer: int, *, active: bool = False) -> int:
@@ -125,7 +199,8 @@ def ffn_params(moe: MoE, hidden: int, layer: int, *, active: bool = False) -> in
     if not moe.is_moe(layer):
         return 3 * hidden * moe.dense_ffn_hidden
     routed = moe.top_k if active else moe.experts
-    return hidden * moe.experts + routed * moe.expert_params(hidden) + moe.shared_experts * 3 * hidden * moe.shared_width
+    router = hidden * moe.experts + (moe.experts if moe.biases else 0)
+    return router + routed * moe.expert_params(hidden) + moe.shared_experts * 3 * hidden * moe.shared_width
 
 
 def routed_expert_params(moe: MoE, hidden: int, layer: int) -> int:
@@ -134,10 +209,11 @@ def routed_expert_params(moe: MoE, hidden: int, layer: int) -> int:
 
 
 def layer_params(moe: MoE, hidden: int, heads: int, vocab: int, layer: int, num_layers: int, *,
-                 active: bool = False) -> int:
+                 active: bool = False, head_dim: int = 0) -> int:
     """A layer's parameters: attention, two RMSNorms, the feed-forward block; the input embedding on the
     first layer, the final norm and the untied output embedding on the last."""
-    params = attention_params(moe, hidden, heads) + 2 * hidden + ffn_params(moe, hidden, layer, active=active)
+    params = attention_params(moe, hidden, heads, head_dim) + 2 * hidden + ffn_params(moe, hidden, layer,
+                                                                                      active=active)
     if layer == 0:
         params += vocab * hidden
     if layer == num_layers - 1:
@@ -145,19 +221,29 @@ def layer_params(moe: MoE, hidden: int, heads: int, vocab: int, layer: int, num_
     return params
 
 
-def attention_core_flops(moe: MoE, seq: int, hidden: int, heads: int) -> float:
+def attention_core_flops(moe: MoE, seq: int, hidden: int, heads: int, head_dim: int = 0,
+                         layer: int | None = None) -> float:
     """Forward FLOPs of one sample's attention core: Q K^T over the query/key head dim and P V over the value
-    head dim, 2 s^2 per element of each (4 s^2 h for MHA/GQA, whose heads together are h wide)."""
+    head dim, 2 s^2 per element of each (4 s^2 a d for MHA/GQA: 4 s^2 h when d = h / a), over the whole
+    s x s matrix as Megatron-LM counts it. A windowed `layer` counts its query-key pairs the same way: twice
+    the W s - W (W - 1) / 2 pairs its causal band holds (the full matrix is twice the causal triangle)."""
     if moe.mla is not None:
         _, _, nope, rope, v = moe.mla
         return 2.0 * seq * seq * heads * (nope + rope + v)
-    return 4.0 * seq * seq * hidden
+    width = heads * head_dim if head_dim else hidden
+    window = seq if layer is None else moe.window(layer, seq)
+    if window >= seq:
+        return 4.0 * seq * seq * width
+    return 4.0 * width * 2 * (window * seq - window * (window - 1) / 2)
 
 
-def matrix_flops(moe: MoE, seq: int, hidden: int, heads: int, layer: int) -> float:
+def matrix_flops(moe: MoE, seq: int, hidden: int, heads: int, layer: int, head_dim: int = 0) -> float:
     """Forward FLOPs of one sample's weight GEMMs in a layer: 2 per active matrix parameter per token
-    (the norms are elementwise, not GEMMs)."""
-    return 2.0 * seq * (attention_params(moe, hidden, heads) + ffn_params(moe, hidden, layer, active=True))
+    (the norms are elementwise, not GEMMs; nor are biases)."""
+    ffn = ffn_params(moe, hidden, layer, active=True)
+    if moe.biases and moe.is_moe(layer):
+        ffn -= moe.experts + moe.top_k * moe.expert_bias_params(hidden)
+    return 2.0 * seq * (attention_matrix_params(moe, hidden, heads, head_dim) + ffn)
 
 
 def parse_mla(value: object, where: str) -> tuple[int, int, int, int, int]:
@@ -181,18 +267,40 @@ MOE_KEYS = {
     "capacity_factor": lambda value, where: number(value, where, 0.0, 1000.0),
     "router": text, "kv_heads": _whole_reader(0, 2**16), "mla": parse_mla,
     "routing": text, "routing_seed": _whole_reader(0, 2**63 - 1),
+    "qk_norm": lambda value, where: _switch(value, where), "biases": lambda value, where: _switch(value, where),
+    "attention_sinks": lambda value, where: _switch(value, where),
+    "sliding_window": _whole_reader(0, 2**24), "sliding_every": _whole_reader(1, 10_000),
 }
 
 
+def _switch(value: object, where: str) -> bool:
+    """A switch from TOML (true/false) or spec text (true/false, yes/no, 1/0)."""
+    if isinstance(value, bool):
+        return value
+    words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+    if isinstance(value, str) and value.strip().lower() in words:
+        return words[value.strip().lower()]
+    raise SpecError(f"{where}: expected true or false, got {shown(value)}")
+
+
 def stash_bytes(moe: MoE, seq: int, hidden: int, heads: int, layer: int, tp: int, *, recompute: str,
-                sequence_parallel: bool, bytes_per_element: int) -> float:
+                sequence_parallel: bool, bytes_per_element: int, attention: str = "unfused",
+                dropout: bool = True) -> float:
     """One sample's stash of a layer of an MoE model, the layer input included (as `Workload.stash_bytes`
     counts before taking it off). Attention and norms as Korthikanti et al. 2022, Table 2, counts them
     without the MLP's 19sh: 15sh + 5as^2 (the 15sh split t ways as the paper splits its 34sh); then per
     token, for each routed expert it uses and each shared expert, a SwiGLU's input (2h bytes), gate and up
-    outputs (4f) and their product (2f), which its backward reads."""
+    outputs (4f) and their product (2f), which its backward reads. The attention core's part follows the
+    kernel as a dense layer's does (`architecture.stash_units`): unfused, the softmax output, its dropout
+    mask and the dropout output (5as; 2as without dropout); FlashAttention keeps only its fp32
+    log-sum-exp, 4 bytes a head (Dao 2023, Algorithm 1)."""
     s, h, a = seq, hidden, heads
-    core = 0.0 if recompute == "selective" else 5 * a * s / (h * tp)
+    if recompute == "selective":
+        core = 0.0
+    elif attention == "unfused":
+        core = (5 if dropout else 2) * a * s / (h * tp)
+    else:
+        core = 4 * a / (h * tp)
     if tp == 1:
         attention = s * h * (15 + core)
     elif sequence_parallel:

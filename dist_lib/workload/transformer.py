@@ -99,6 +99,9 @@ class Workload:
                             f"(each key/value head serves a whole group of query heads)")
         if self.moe is not None:
             self.moe.check(f"workload {shown(self.name)}", self.heads, self.num_layers)
+            if self.moe.sliding_window and self.attention == "unfused":
+                raise SpecError(f"workload {shown(self.name)}: sliding_window is timed for a FlashAttention kernel; "
+                                f"set attention to flash2 or flash3")
             check_routing(self.moe, f"workload {shown(self.name)}")
         # One sample's largest tensor must fit a simulated buffer, or every strategy would fail on it.
         sample = {"layer 0's weights": self.layer_params(0) * self.bytes_per_element,
@@ -126,7 +129,8 @@ class Workload:
     def layer_params(self, layer: int) -> int:
         """A layer's parameters; layer 0 also holds the input embeddings, the last one an untied LM head."""
         if self.moe is not None:
-            return moe_layers.layer_params(self.moe, self.hidden, self.heads, self.vocab, layer, self.num_layers)
+            return moe_layers.layer_params(self.moe, self.hidden, self.heads, self.vocab, layer, self.num_layers,
+                                           head_dim=self.head_dim)
         params = arch.layer_params(self)
         if layer == 0:  # token and position embeddings (none in the toy workload)
             params += arch.input_embedding_params(self)
@@ -145,12 +149,12 @@ class Workload:
         if self.moe is None:
             return self.total_params
         return sum(moe_layers.layer_params(self.moe, self.hidden, self.heads, self.vocab, layer, self.num_layers,
-                                           active=True) for layer in range(self.num_layers))
+                                           active=True, head_dim=self.head_dim) for layer in range(self.num_layers))
 
     def layer_forward_flops(self, layer: int) -> float:
         """Forward FLOPs of one layer for one sample."""
         if self.moe is not None:
-            return self.layer_gemm_flops(layer) + self.attention_core_flops()
+            return self.layer_gemm_flops(layer) + self.attention_core_flops(layer)
         return float(arch.gemm_flops(self)) + float(arch.attention_core_flops(self))
 
     def head_forward_flops(self) -> float:
@@ -178,7 +182,8 @@ class Workload:
         if self.moe is not None:
             total = moe_layers.stash_bytes(self.moe, self.seq_len, self.hidden, self.heads, layer, tp,
                                            recompute=recompute, sequence_parallel=sequence_parallel,
-                                           bytes_per_element=self.bytes_per_element)
+                                           bytes_per_element=self.bytes_per_element, attention=self.attention,
+                                           dropout=self.dropout)
             return max(0, int(total) - self.activation_bytes())
         units = arch.stash_units(self, tp, recompute=recompute, sequence_parallel=sequence_parallel)
         total = self.seq_len * self.hidden * units
@@ -190,13 +195,15 @@ class Workload:
         """Forward FLOPs of a layer's weight GEMMs for one sample (GPT: QKV 6sh^2, projection 2sh^2, MLP 16sh^2;
         an MoE model's: 2 per active matrix parameter per token, `moe.matrix_flops`)."""
         if self.moe is not None:
-            return moe_layers.matrix_flops(self.moe, self.seq_len, self.hidden, self.heads, layer)
+            return moe_layers.matrix_flops(self.moe, self.seq_len, self.hidden, self.heads, layer, self.head_dim)
         return float(arch.gemm_flops(self))
 
-    def attention_core_flops(self) -> float:
-        """Forward FLOPs of the attention core for one sample: Q K^T and softmax * V, 2*s^2*q*d each."""
+    def attention_core_flops(self, layer: int | None = None) -> float:
+        """Forward FLOPs of the attention core for one sample: Q K^T and softmax * V, 2*s^2*q*d each (of `layer`
+        where an MoE model's layers differ: a sliding-window layer's band, `workload.moe`)."""
         if self.moe is not None:
-            return moe_layers.attention_core_flops(self.moe, self.seq_len, self.hidden, self.heads)
+            return moe_layers.attention_core_flops(self.moe, self.seq_len, self.hidden, self.heads, self.head_dim,
+                                                   layer)
         return float(arch.attention_core_flops(self))
 
     def elementwise_bytes(self, tp: int = 1, sequence_parallel: bool = False, *, backward: bool = False,
