@@ -50,12 +50,12 @@ from dist_lib.workload.routing import expert_loads
 from dist_lib.workload.transformer import Workload
 
 
-def ep_choices(workload: Workload, dp: int) -> tuple[int, ...]:
-    """The expert-parallel degrees a stage of `dp` replicas can take: every divisor of both dp and the
-    number of experts (hybrid's rule; 1 for a dense workload)."""
+def ep_choices(workload: Workload, ranks: int) -> tuple[int, ...]:
+    """The expert-parallel degrees a stage of `ranks` GPUs (dp x tp, expert TP 1) can take: every divisor of
+    both and of the number of experts (hybrid's rule, Megatron-Core's expert grid; 1 for a dense workload)."""
     if workload.moe is None:
         return (1,)
-    return tuple(e for e in range(1, dp + 1) if dp % e == 0 and workload.moe.experts % e == 0)
+    return tuple(e for e in range(1, ranks + 1) if ranks % e == 0 and workload.moe.experts % e == 0)
 
 
 def ep_groups(ranks: tuple[int, ...], ep: int) -> tuple[tuple[int, ...], ...]:

@@ -426,7 +426,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                 incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent)
             # an MoE workload's expert-parallel degrees past 1 (ep=1, just explored, bounds them: its
             # all-to-alls are local copies)
-            for ep in options_cost.ep_choices(workload, len(stages[0]) // (tp or 1) if tp == 1 else len(stages[0]))[1:]:
+            for ep in options_cost.ep_choices(workload, len(stages[0]))[1:]:
                 for fp8 in fp8_choices:
                     plain = [[o for o in sp.options(ranks, microbatch, "none", 0, fp8, ep) if tp in (None, o.tp)]
                              for ranks in stages]
