@@ -5,6 +5,7 @@
     python -m benchmarks.planners --bounds     # plus what the pruning bounds cost on small clusters
     python -m benchmarks.planners --end-to-end # only plan() as a user calls it on 1024 GPUs, timed whole
     python -m benchmarks.planners --end-to-end --frontier   # and on 16,384 GPUs
+    python -m benchmarks.planners --end-to-end --growth     # and on 2048, 4096 and 8192 GPUs
 
 For each setting: the peer's chosen plan (the plan the peer chose when run on that setting, as a `Plan`)
 and our planner's best, both run through this sandbox's simulator, and the search wall times (the peers'
@@ -83,6 +84,9 @@ SCALE = [("64 GPUs: 2x8 H100 + 2x8 A100 + 4x8 V100", "2x8xH100-80GB+2x8xA100-80G
 END_TO_END = [SCALE[1]]
 FRONTIER = [("16,384 GPUs: 512x8 H100 + 512x8 A100 + 1024x8 V100", "512x8xH100-80GB+512x8xA100-80GB+1024x8xV100-32GB",
              "gpt-175b", 16384)]
+# the same mix at the sizes between, a sample a GPU: how the search grows
+GROWTH = [(f"{n:,} GPUs: {n // 32}x8 H100 + {n // 32}x8 A100 + {n // 16}x8 V100",
+           f"{n // 32}x8xH100-80GB+{n // 32}x8xA100-80GB+{n // 16}x8xV100-32GB", "gpt-175b", n) for n in (2048, 4096, 8192)]
 
 
 def end_to_end_table(rows: list[tuple[str, str, str, int]]) -> None:
@@ -103,7 +107,8 @@ def end_to_end_table(rows: list[tuple[str, str, str, int]]) -> None:
         took, cpu = time.perf_counter() - started, time.process_time() - cpu
         est_wall, est_cpu = marks.get("simulate", (took, cpu))
         ran = sum(c.simulated is not None for c in found.simulated)
-        simulated = f"{found.best.simulated * 1e3:.1f} ms" if found.best.simulated is not None else "not simulated"
+        simulated = f"{found.best.simulated * 1e3:.1f} ms" if found.best.simulated is not None else \
+            f"not simulated (estimate {found.best.estimate * 1e3:.1f} ms)"
         print(f"| {name} | {workload}, {batch} | {found.best.plan.describe()} | {simulated} | "
               f"{ran}{', refined' if found.refined_from else ''} | {est_wall:.1f} s / {est_cpu:.1f} s | "
               f"{took:.1f} s / {cpu:.1f} s |", flush=True)
@@ -165,9 +170,11 @@ def main() -> None:
     parser.add_argument("--end-to-end", action="store_true",
                         help="only time plan() whole (estimate, simulation of the finalists, refinement) at scale")
     parser.add_argument("--frontier", action="store_true", help="with --end-to-end: also on 16,384 GPUs")
+    parser.add_argument("--growth", action="store_true",
+                        help="with --end-to-end: also on 2048, 4096 and 8192 GPUs of the same mix")
     args = parser.parse_args()
     if args.end_to_end:
-        end_to_end_table(END_TO_END + (FRONTIER if args.frontier else []))
+        end_to_end_table(END_TO_END + (GROWTH if args.growth else []) + (FRONTIER if args.frontier else []))
         return
     print("| setting | peer's plan | peer's plan, simulated | our plan | ours, simulated | speed-up | "
           "peer search | our search (wall / CPU) | estimate misorders | among its best 10 |")

@@ -98,7 +98,8 @@ def test_selective_recompute_re_runs_the_attention_core_and_keeps_less():
 
 
 def test_recompute_lowers_mixtrals_peak_and_replays():
-    workload, options = "mixtral-8x7b:layers=8", dict(pp=2, ep=8, tp=2, sequence_parallel=True, etp=1)
+    # the s^2 softmax stash of unfused attention is what full recompute saves most of
+    workload, options = "mixtral-8x7b:layers=8,attention=unfused,dropout=true", dict(pp=2, ep=8, tp=2, sequence_parallel=True, etp=1)
     plain = simulate(HYBRID, "2x8xH100-80GB", workload, 16, **options)
     full = simulate(HYBRID, "2x8xH100-80GB", workload, 16, recompute=True, **options)
     assert full.correct and max(full.memory_bytes) < 0.6 * max(plain.memory_bytes)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
 from dist_lib.hardware.topology import Topology, ring_bandwidth
@@ -385,6 +386,7 @@ def _custom_device(name: str, spec: dict, where: str) -> Device:
                   price_per_hour=price)
 
 
+@lru_cache(maxsize=4096)  # a few kinds of link meet again and again: a planner's crossing asks once a message
 def _bottleneck(links: tuple[Link, ...]) -> Link:
     slowest = min(links, key=lambda link: link.achieved_bandwidth)
     latency = max(link.latency for link in links)

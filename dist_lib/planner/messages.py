@@ -23,7 +23,6 @@ moving from its own offset on, sharing links only while they overlap.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from itertools import accumulate
 from math import gcd, inf
 from typing import Protocol
@@ -32,6 +31,7 @@ from dist_lib.costs import network
 from dist_lib.hardware.devices import Link
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.workload.transformer import Workload
+from dist_lib.planner.independent import components, one_of_each
 from dist_lib.planner.sharing import Job, PerCluster, Usage, play
 from dist_lib.planner.stage_option import StageOption
 
@@ -64,14 +64,20 @@ def routes(sender: StageShape, receiver: StageShape) -> Iterator[tuple[int, int,
     (ranks_s, ts, shares_s), (ranks_r, tr, shares_r) = sender, receiver
     piece = ts if ts == tr > 1 else 1
     starts = list(accumulate(shares_r, initial=0))
-    lo = 0
+    lo, first, last = 0, 0, len(shares_r)
     for r, share in enumerate(shares_s):
         hi = lo + share
-        for e in range(len(shares_r)):
+        # the receivers overlapping lo..hi follow one another, from the first that ends past lo (both
+        # stages' shares run over the microbatch in order: a walk, not a scan of every receiver)
+        while first < last and starts[first + 1] <= lo:
+            first += 1
+        e = first
+        while e < last and starts[e] < hi:
             samples = min(hi, starts[e + 1]) - max(lo, starts[e])
             if samples > 0:
                 for j in range(tr):
                     yield ranks_s[r * ts + j % ts], ranks_r[e * tr + j], samples, piece
+            e += 1
         lo = hi
 
 
@@ -163,10 +169,13 @@ def feeds(cluster: Cluster, workload: Workload, sender: StageOption, receiver: S
     """Per receiving replica, the sending replicas whose messages it takes."""
     pattern, _ = _pattern(cluster, workload, sender, receiver)
     if pattern.feeds is None:
-        out: list[set[int]] = [set() for _ in range(len(receiver.ranks) // receiver.tp)]
-        for by, replica in zip(pattern.senders, pattern.receivers):
-            out[replica].update(by)
-        pattern.feeds = tuple(tuple(sorted(s)) for s in out)
+        # every TP rank of a receiving replica takes a message of each sending replica whose samples
+        # overlap its own (`routes`): the replicas' samples alone say which
+        out: list[list[int]] = [[] for _ in range(len(receiver.ranks) // receiver.tp)]
+        for r, e, _, _ in routes((tuple(range(len(sender.shares))), 1, sender.shares),
+                                 (tuple(range(len(receiver.shares))), 1, receiver.shares)):
+            out[e].append(r)
+        pattern.feeds = tuple(map(tuple, out))
     return pattern.feeds
 
 
@@ -180,8 +189,11 @@ def steady_crossing_seconds(cluster: Cluster, workload: Workload, sender: StageO
     key = (sample_bytes, *ready)  # the same stagger recurs: replicas that drift away, equal blocks
     seconds = pattern.seconds.get(key)
     if seconds is None:
-        seconds = pattern.seconds[key] = staggered_drain(pattern.chains, pattern.senders, ready,
-                                                         _for_cluster(cluster)[0], sample_bytes)
+        capacity = _for_cluster(cluster)[0]
+        kept = one_of_each(pattern.parts(capacity), pattern.senders, ready)
+        seconds = pattern.seconds[key] = staggered_drain([pattern.chains[i] for i in kept],
+                                                         [pattern.senders[i] for i in kept], ready, capacity,
+                                                         sample_bytes)
     return seconds
 
 
@@ -198,7 +210,9 @@ def crossing_seconds(cluster: Cluster, workload: Workload, sender: StageOption, 
     pattern, sample_bytes = _pattern(cluster, workload, sender, receiver)
     seconds = pattern.seconds.get(sample_bytes)
     if seconds is None:
-        seconds = pattern.seconds[sample_bytes] = drain(pattern.chains, capacity, sample_bytes)
+        # one set of each class of alike sets of chains that share no link (`independent.py`): the same end
+        seconds = pattern.seconds[sample_bytes] = drain([pattern.chains[i] for i in pattern.representatives(capacity)],
+                                                        capacity, sample_bytes)
     seen[id(sender), id(receiver)] = (sender, receiver, workload, seconds)
     return seconds
 
@@ -234,18 +248,78 @@ def crossing_sides(cluster: Cluster, workload: Workload, sender: StageOption,
     return pattern.sides
 
 
-@dataclass(slots=True)
 class _Pattern:
-    """One crossing's messages in units of a share (`_pattern`), and what is worked out from them once."""
+    """One crossing's messages in units of a share (`_pattern`), worked out when first read, and what is
+    worked out from them once. Its seconds are shared by every crossing of the same shape
+    (`_shape`): the same messages between ranks placed alike on nodes alike take the same time."""
 
-    chains: tuple[Chain, ...]  # per receiving rank, the messages it takes in turn
-    links: frozenset[int]  # every link a message crosses
-    senders: tuple[tuple[int, ...], ...]  # per chain, the sending replica of each message
-    receivers: tuple[int, ...]  # per chain, its receiving replica
-    seconds: dict = field(default_factory=dict)  # by bytes a share unit (and the senders' stagger after it)
-    usage: Usage | None = None  # `crossing_usage`
-    feeds: tuple[tuple[int, ...], ...] | None = None  # `feeds`
-    sides: tuple[frozenset[int], frozenset[int]] | None = None  # `crossing_sides`
+    __slots__ = ("source", "built", "seconds", "usage", "feeds", "sides", "found", "kept")
+
+    def __init__(self, source: tuple, seconds: dict):
+        self.source = source  # (cluster, rank pairs' links, key): what `_messages` reads
+        self.built: tuple | None = None
+        self.seconds = seconds  # by bytes a share unit (and the senders' stagger after it)
+        self.usage: Usage | None = None  # `crossing_usage`
+        self.feeds: tuple[tuple[int, ...], ...] | None = None  # `feeds`
+        self.sides: tuple[frozenset[int], frozenset[int]] | None = None  # `crossing_sides`
+        self.found: list[tuple[int, tuple[int, ...]]] | None = None  # `independent.components` of the chains
+        self.kept: list[int] | None = None  # the chains of one component of each class
+
+    @property
+    def chains(self) -> tuple[Chain, ...]:  # per receiving rank, the messages it takes in turn
+        return (self.built or self._build())[0]
+
+    @property
+    def links(self) -> frozenset[int]:  # every link a message crosses
+        return (self.built or self._build())[1]
+
+    @property
+    def senders(self) -> tuple[tuple[int, ...], ...]:  # per chain, the sending replica of each message
+        return (self.built or self._build())[2]
+
+    @property
+    def receivers(self) -> tuple[int, ...]:  # per chain, its receiving replica
+        return (self.built or self._build())[3]
+
+    def _build(self) -> tuple:
+        cluster, pairs, key = self.source
+        chains: dict[int, list] = {}
+        senders: dict[int, list[int]] = {}  # per receiving rank: the sending replica of each piece
+        replica = {rank: k // key[1] for k, rank in enumerate(key[0])}
+        for src, dst, samples in transfers(key[:3], key[3:], 1.0):
+            pair = pairs.get((src, dst))
+            if pair is None:
+                pair = pairs[src, dst] = (cluster.p2p_usage(src, dst), cluster.p2p_link(src, dst))
+            chains.setdefault(dst, []).append((*pair, samples))
+            senders.setdefault(dst, []).append(replica[src])
+        links = frozenset(link for chain in chains.values() for usage, _, _ in chain for link, _ in usage)
+        receiving = {rank: k // key[4] for k, rank in enumerate(key[3])}
+        self.built = (tuple(map(tuple, chains.values())), links, tuple(tuple(v) for v in senders.values()),
+                      tuple(receiving[d] for d in chains))
+        return self.built
+
+    def parts(self, capacity: Sequence[int]) -> list[tuple[int, tuple[int, ...]]]:
+        if self.found is None:
+            self.found = components(self.chains, capacity)
+        return self.found
+
+    def representatives(self, capacity: Sequence[int]) -> list[int]:
+        if self.kept is None:
+            self.kept = one_of_each(self.parts(capacity))
+        return self.kept
+
+
+def _shape(cluster: Cluster, key: tuple, kinds: dict) -> tuple:
+    """A crossing's key with its ranks replaced by where they sit: each rank's node, numbered in order of
+    first appearance over the sender's ranks and then the receiver's, and each such node's kind (`kinds`:
+    node index -> kind). Two crossings of one shape have the same messages (the same routes, between ranks
+    in the same places) on links of the same kinds, a rank's own links or a node's shared NICs renumbered
+    one for one; their plays (`drain`) make the same arithmetic on them."""
+    node_of, local, places = cluster.node_of, {}, []
+    for rank in key[0] + key[3]:
+        node = node_of(rank)
+        places.append(local.setdefault(node, len(local)))
+    return (key[1], key[2], len(key[0]), key[4], key[5], tuple(places), tuple(kinds[node] for node in local))
 
 
 def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver: StageOption) -> tuple[_Pattern, float]:
@@ -257,21 +331,15 @@ def _pattern(cluster: Cluster, workload: Workload, sender: StageOption, receiver
            tuple(n // scale for n in receiver.shares))
     pattern = patterns.get(key)
     if pattern is None:
-        chains: dict[int, list] = {}
-        senders: dict[int, list[int]] = {}  # per receiving rank: the sending replica of each piece
-        replica = {rank: k // sender.tp for k, rank in enumerate(sender.ranks)}
-        for src, dst, samples in transfers(key[:3], key[3:], 1.0):
-            pair = pairs.get((src, dst))
-            if pair is None:
-                pair = pairs[src, dst] = (cluster.p2p_usage(src, dst), cluster.p2p_link(src, dst))
-            chains.setdefault(dst, []).append((*pair, samples))
-            senders.setdefault(dst, []).append(replica[src])
-        links = frozenset(link for chain in chains.values() for usage, _, _ in chain for link, _ in usage)
-        receiving = {rank: k // receiver.tp for k, rank in enumerate(receiver.ranks)}
-        pattern = patterns[key] = _Pattern(tuple(map(tuple, chains.values())), links,
-                                           tuple(tuple(v) for v in senders.values()),
-                                           tuple(receiving[d] for d in chains))
+        shapes, kinds = _shapes(cluster)
+        pattern = patterns[key] = _Pattern((cluster, pairs, key), shapes.setdefault(_shape(cluster, key, kinds), {}))
     return pattern, scale * workload.activation_bytes()
+
+
+def _node_kinds(cluster: Cluster) -> tuple[dict, list[int]]:
+    """({}: seconds by crossing shape, each node's kind: nodes equal in every figure are one kind)."""
+    kinds: dict = {}
+    return {}, [kinds.setdefault(node, len(kinds)) for node in cluster.nodes]
 
 
 # Per cluster: (its link capacities, each crossing's chains, its seconds by bytes a share unit, its links
@@ -281,3 +349,5 @@ _for_cluster: PerCluster[tuple[list[int], dict, dict, dict]] = \
     PerCluster(lambda cluster: (cluster.link_capacities(), {}, {}, {}))
 # Per cluster: `schedule_crossing` by workload and the two stages' shapes
 _schedule_crossings: PerCluster[dict] = PerCluster(lambda cluster: {})
+# Per cluster: seconds by crossing shape (`_shape`), and each node's kind
+_shapes: PerCluster[tuple[dict, list[int]]] = PerCluster(_node_kinds)

@@ -35,12 +35,15 @@ from dist_lib.workload.moe import MoE
 from dist_lib.workload.transformer import PRESETS, Workload
 
 
-def _llama_style(name: str, layers: int, hidden: int, heads: int, head_dim: int, vocab: int, moe: MoE) -> Workload:
+def _llama_style(name: str, layers: int, hidden: int, heads: int, head_dim: int, vocab: int, moe: MoE, *,
+                 attention: str = "flash3") -> Workload:
     """A Llama-style MoE model as Megatron-Core builds it: RMSNorm, SwiGLU experts, rotary positions, untied
-    embeddings, no dropout, FlashAttention (the linear biases of GPT-OSS are `MoE.biases`)."""
+    embeddings, no dropout, FlashAttention (the linear biases of GPT-OSS are `MoE.biases`). The models of
+    2025 name FlashAttention-3 (Hopper); Mixtral and DeepSeek-V3 take FlashAttention-2, which also runs on the
+    A100s and B200s they are planned on."""
     return Workload(name, layers, hidden, heads, 4096, vocab, kv_heads=moe.kv_heads, head_dim=head_dim, mlp="swiglu",
                     norm="rmsnorm", position="rotary", tied_embeddings=False, bias=False, dropout=False,
-                    attention="flash3", moe=moe)
+                    attention=attention, moe=moe)
 
 
 def _gpt_oss(name: str, layers: int, experts: int) -> Workload:
@@ -49,13 +52,13 @@ def _gpt_oss(name: str, layers: int, experts: int) -> Workload:
                             attention_sinks=True, sliding_window=128, sliding_every=2))
 
 MOE_PRESETS: dict[str, Workload] = {w.name: w for w in (
-    Workload("mixtral-8x7b", 32, 4096, 32, 4096, 32000,
-             moe=MoE(experts=8, top_k=2, expert_ffn_hidden=14336, kv_heads=8)),
-    Workload("mixtral-8x22b", 56, 6144, 48, 4096, 32000,
-             moe=MoE(experts=8, top_k=2, expert_ffn_hidden=16384, kv_heads=8)),
-    Workload("deepseek-v3", 61, 7168, 128, 4096, 129280,
-             moe=MoE(experts=256, top_k=8, expert_ffn_hidden=2048, shared_experts=1, dense_ffn_hidden=18432,
-                     first_dense=3, router="sigmoid", mla=(1536, 512, 128, 64, 128))),
+    _llama_style("mixtral-8x7b", 32, 4096, 32, 0, 32000,
+                 MoE(experts=8, top_k=2, expert_ffn_hidden=14336, kv_heads=8), attention="flash2"),
+    _llama_style("mixtral-8x22b", 56, 6144, 48, 0, 32000,
+                 MoE(experts=8, top_k=2, expert_ffn_hidden=16384, kv_heads=8), attention="flash2"),
+    _llama_style("deepseek-v3", 61, 7168, 128, 0, 129280,
+                 MoE(experts=256, top_k=8, expert_ffn_hidden=2048, shared_experts=1, dense_ffn_hidden=18432,
+                     first_dense=3, router="sigmoid", mla=(1536, 512, 128, 64, 128)), attention="flash2"),
     _llama_style("qwen3-30b-a3b", 48, 2048, 32, 128, 151936,
                  MoE(experts=128, top_k=8, expert_ffn_hidden=768, kv_heads=4, qk_norm=True)),
     _llama_style("qwen3-235b-a22b", 94, 4096, 64, 128, 151936,
