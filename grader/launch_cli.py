@@ -59,8 +59,14 @@ def settings_run(framework: str, settings: str, cluster: str, workload: str | No
     else:
         imported = (from_torchtitan if framework == "torchtitan" else from_deepspeed)(text, given, world, source)
     w = imported.workload
-    spec = (f"toy:layers={w.num_layers},hidden={w.hidden},heads={w.heads},seq={w.seq_len},vocab={w.vocab},"
-            f"bytes_per_element={w.bytes_per_element}")
+    if given is not None and w == given:  # the workload as given (a mixture of experts keeps its experts)
+        spec = workload
+    elif w.moe is not None:
+        raise SpecError(f"{source}: the model flags change workload {given.name}'s dimensions, which a mixture of "
+                        f"experts does not take from them; give a workload whose dimensions they state")
+    else:
+        spec = (f"toy:layers={w.num_layers},hidden={w.hidden},heads={w.heads},seq={w.seq_len},vocab={w.vocab},"
+                f"bytes_per_element={w.bytes_per_element}")
     name, options = imported.launch.strategy(w.num_layers)
     if "plan" in options:
         options["plan"] = options["plan"].to_dict()

@@ -42,7 +42,7 @@ class Export:
 
 def export(plan: Plan, framework: str, workload: Any, cluster: Any = None) -> Export:
     """`plan` (checked for `workload` and, given, `cluster`) in `framework`'s settings."""
-    launch = Launch.from_plan(plan, framework, workload.num_layers)
+    launch = Launch.from_plan(plan, framework, workload.num_layers, workload.moe is not None)
     nodes = node_order(plan, cluster) if cluster is not None else None
     gpus = cluster.nodes[nodes[0]].gpus if nodes else None
     settings = {"megatron": megatron_args, "torchtitan": torchtitan_toml, "deepspeed": deepspeed_json}[framework]
@@ -84,7 +84,7 @@ def megatron_args(launch: Launch, workload: Any) -> str:
              ("--ffn-hidden-size", ffn_hidden(workload) if workload.moe else 4 * h), ("--seq-length", workload.seq_len),
              ("--max-position-embeddings", workload.seq_len)]
     if workload.moe is not None:  # the experts and EP (`moe_launch`); the layer as the MoE presets describe it
-        args += megatron_moe_args(workload, launch.ep) + [
+        args += megatron_moe_args(workload, launch.ep, launch.etp) + [
             ("--normalization", "RMSNorm"), ("--position-embedding-type", "rope"),
             ("--untie-embeddings-and-output-weights", None), ("--disable-bias-linear", None)]
     if workload.vocab:

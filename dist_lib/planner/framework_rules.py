@@ -72,10 +72,9 @@ class Rules:
 
 def settings(rules: Rules | None, workload: Any, cluster: Any, configs: tuple) -> tuple[tuple, tuple[str, ...]]:
     """(the (recompute, zero) settings a search weighs, in order; its GEMM precisions): torchtitan's sharding is
-    FSDP (zero 3) where the others have ZeRO-1; an MoE workload runs without either (`_expert_stage.py`); a
-    framework's FP8 recipe beside 16 bits where every GPU has FP8 tensor cores (not with experts)."""
-    if workload.moe is not None:
-        return configs[:1], ("",)
+    FSDP (zero 3) where the others have ZeRO-1; a framework's FP8 recipe beside 16 bits where every GPU has
+    FP8 tensor cores. An MoE workload's plans (Megatron-LM's) take all of them, as hybrid runs experts with
+    recompute, FP8 and the distributed optimizer (`expert_modes_cost`)."""
     if rules is not None and rules.framework == "torchtitan":
         configs = tuple((recompute, 3 if zero else 0) for recompute, zero in configs)
     recipe = rules.fp8_recipe(cluster) if rules is not None else ""
@@ -115,11 +114,11 @@ def with_experts(framework: str | None, workload: Any) -> tuple[Rules | None, st
 
 
 def experts_reason(reasons: list[str], workload: Any) -> list[str]:
-    """Why no plan fits, told right for an MoE workload, whose plans run without recompute or ZeRO."""
+    """Why no plan fits, told right for an MoE workload (its plans searched with expert TP 1)."""
     if workload.moe is None or not reasons:
         return reasons
-    return [reasons[0].replace("full recompute and ZeRO-1", "every ep (an MoE plan runs without recompute or "
-                               "ZeRO: strategies/_expert_stage.py)")]
+    return [reasons[0].replace("full recompute and ZeRO-1", "full recompute, the distributed optimizer and every "
+                               "ep (expert TP 1)")]
 
 
 def why_not(plan: Plan, framework: str, cluster: Any, workload: Any) -> str:

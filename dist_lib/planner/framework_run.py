@@ -25,7 +25,7 @@ def framework_run(cluster: Cluster, workload: Workload, global_batch: int, plan:
                   reserve: Any = None) -> tuple[Any, list[int]]:
     """(the simulator's `Result` of one step of `plan` as `framework` runs it, the cluster rank of each of its
     ranks). Memory enforced, less `reserve` when given; correctness checked."""
-    launch = Launch.from_plan(plan, framework, workload.num_layers)
+    launch = Launch.from_plan(plan, framework, workload.num_layers, workload.moe is not None)
     name, options = launch.strategy(workload.num_layers)
     result = simulate(f"strategies.{name}", launch_cluster(plan, cluster), workload, global_batch,
                       memory_reserve=reserve, **options)

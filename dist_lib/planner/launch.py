@@ -54,6 +54,8 @@ class Launch:
     fp8: str = ""  # the linear layers' GEMMs in FP8 with this scaling recipe (`costs.fp8`), or "": 16-bit
     ep: int = 1  # expert parallelism (an MoE workload): EP groups of `ep` data-parallel ranks (Megatron-Core)
     cp: int = 1  # context parallelism: cp ranks hold s/cp tokens each of a replica's samples (Megatron-Core)
+    etp: int = 0  # expert tensor parallelism (`Plan.etp`; 0: not set, the TP size as Megatron-Core defaults it)
+    experts: bool = False  # an MoE workload's run: hybrid's expert stage, sequence-parallel with TP
 
     @property
     def microbatches(self) -> int:
@@ -90,8 +92,9 @@ class Launch:
     # ---- from and to a plan -------------------------------------------------------------------
 
     @classmethod
-    def from_plan(cls, plan: Plan, framework: str, num_layers: int) -> Launch:
-        """The launch that runs `plan` in `framework`; `SpecError` naming what the framework cannot run."""
+    def from_plan(cls, plan: Plan, framework: str, num_layers: int, experts: bool = False) -> Launch:
+        """The launch that runs `plan` in `framework` (`experts`: of an MoE workload); `SpecError` naming what
+        the framework cannot run."""
         if framework not in FRAMEWORKS:
             raise SpecError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
         name = _NAMES[framework]
@@ -145,8 +148,9 @@ class Launch:
         if plan.ep > 1 and framework == "deepspeed":
             raise SpecError(f"plan: ep={plan.ep} has no DeepSpeed config key (DeepSpeed-MoE takes ep_size in the "
                             f"model's code, deepspeed.moe.layer.MoE)")
-        sequence_parallel = framework == "torchtitan" and first.tp > 1
-        if sequence_parallel:
+        # (Megatron-Core runs MoE layers with TP only sequence-parallel: `_expert_stage.check_expert_options`)
+        sequence_parallel = (framework == "torchtitan" or experts) and first.tp > 1
+        if sequence_parallel and framework == "torchtitan":
             notes.append("torchtitan's tensor parallelism always runs sequence parallelism (SequenceParallel on "
                          "the norms), which the plan does not: the imported run simulates it")
         if framework == "torchtitan" and plan.recompute == "selective":
@@ -154,11 +158,11 @@ class Launch:
                          "as Megatron-LM's attention-core recompute (Korthikanti et al. 2022)")
         return cls(framework, first.tp, pp, first.dp // plan.cp, first.shares[0], plan.global_batch_size, schedule,
                    plan.chunks, plan.recompute, plan.zero, sequence_parallel, True, None if even else sizes,
-                   tuple(notes), plan.fp8, plan.ep, plan.cp)
+                   tuple(notes), plan.fp8, plan.ep, plan.cp, plan.etp, experts)
 
     def to_plan(self, num_layers: int) -> Plan:
         """The plan this launch runs, on ranks 0.. in the framework's order."""
-        if self.zero not in (0, 1, 3) or self.sequence_parallel or self.schedule == "deepspeed":
+        if self.zero not in (0, 1, 3) or self.sequence_parallel and not self.experts or self.schedule == "deepspeed":
             raise SpecError(f"{_NAMES[self.framework]} run: zero={self.zero}, sequence parallelism or DeepSpeed's "
                             f"schedule have no plan field; run it with `strategy()`")
         blocks, width = self.blocks(num_layers), self.dp * self.cp * self.tp
@@ -166,7 +170,7 @@ class Launch:
                              tuple(blocks[c * self.pp + s] for c in range(self.chunks)), (self.micro_batch_size,) * self.dp)
                        for s in range(self.pp))
         return Plan(stages, self.micro_batch_size * self.dp, self.microbatches, self.schedule, self.recompute, self.zero,
-                    self.fp8, self.ep, self.cp)
+                    self.fp8, self.ep, self.cp, self.etp)
 
     def strategy(self, num_layers: int) -> tuple[str, dict[str, Any]]:
         """(built-in strategy, its options) that runs this launch as the framework does."""
@@ -174,7 +178,7 @@ class Launch:
             raise SpecError(f"{_NAMES[self.framework]} run: fp8 with zero={self.zero} (FSDP) is not simulated")
         if self.zero >= 2 and self.tp == self.pp == 1 and self.recompute == "none":  # (zero has no recompute)
             return "zero", {"stage": self.zero, "microbatch_size": self.micro_batch_size}
-        if self.zero == 1:
+        if self.zero == 1 and not self.experts:
             return "planned", {"plan": self.to_plan(num_layers)}
         options: dict[str, Any] = {"tp": self.tp, "pp": self.pp, "dp": self.dp,
                                    "microbatch_size": self.micro_batch_size, "schedule": self.schedule,
@@ -192,6 +196,10 @@ class Launch:
         for key in ("ep", "cp"):
             if getattr(self, key) > 1:
                 options[key] = getattr(self, key)
+        if self.etp:
+            options["etp"] = self.etp
+        if self.zero == 1:  # (experts: hybrid's distributed optimizer, the experts' state over expert-DP)
+            options["distributed_optimizer"] = True
         if self.zero == 3:  # FSDP beside TP (torchtitan's FSDP2 over the data-parallel ranks): hybrid's fsdp
             options["fsdp"] = True
         return "hybrid", options

@@ -17,7 +17,7 @@ from typing import Any
 from dist_lib.errors import SpecError
 from dist_lib.workload.transformer import Workload
 from dist_lib.planner.launch import Launch, uniform_split
-from dist_lib.planner.moe_launch import FLAGS as MOE_FLAGS, ffn_hidden, read_megatron_moe
+from dist_lib.planner.moe_launch import FLAGS as MOE_FLAGS, ffn_hidden, read_etp, read_megatron_moe
 
 # Megatron-LM flags read here: flag -> (kind, launch or workload field). Kind "int" takes a number, "str" a
 # word, "flag" none.
@@ -30,6 +30,7 @@ _MEGATRON = {"--tensor-model-parallel-size": "int", "--pipeline-model-parallel-s
              "--hidden-size": "int", "--num-attention-heads": "int", "--ffn-hidden-size": "int",
              "--seq-length": "int", "--max-position-embeddings": "int", "--vocab-size": "int",
              "--tokenizer-type": "str", "--context-parallel-size": "int", "--expert-model-parallel-size": "int",
+             "--expert-tensor-parallel-size": "int",
              "--num-query-groups": "int", "--group-query-attention": "flag", "--swiglu": "flag",
              "--fp8-format": "str", "--fp8-recipe": "str", "--decoder-first-pipeline-num-layers": "int",
              "--decoder-last-pipeline-num-layers": "int", "--use-torch-fsdp2": "flag", "--use-megatron-fsdp": "flag",
@@ -123,7 +124,8 @@ def from_megatron(args: str | list[str], workload: Workload | None = None, world
                     "interleaved" if chunks > 1 else "1f1b", chunks, recompute,
                     1 if seen.get("--use-distributed-optimizer") else 0, bool(seen.get("--sequence-parallel")),
                     bool(seen.get("--overlap-grad-reduce")), layers if layers and len(set(layers)) > 1 else None)
-    launch = replace(launch, fp8=_megatron_fp8(seen, source), ep=ep, cp=cp)
+    launch = replace(launch, fp8=_megatron_fp8(seen, source), ep=ep, cp=cp,
+                     etp=read_etp(seen, workload, tp, source), experts=workload.moe is not None)
     launch.check(workload.num_layers, source)
     return Imported(launch, workload, tuple(ignored))
 

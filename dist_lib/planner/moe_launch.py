@@ -5,8 +5,9 @@ Flag names read from megatron-core 0.20.0 (NVIDIA/Megatron-LM d98e8a6): `--num-e
 `--moe-shared-expert-intermediate-size`, `--moe-router-score-function`, `--moe-token-dispatcher-type`,
 `--moe-grouped-gemm`, `--moe-expert-capacity-factor`, `--moe-pad-expert-input-to-capacity`, `--num-query-groups`
 and the MLA dimensions are TransformerConfig / MLATransformerConfig fields made into flags
-(core/transformer/transformer_config.py); `--expert-model-parallel-size` is ModelParallelConfig's
-`expert_model_parallel_size`. The all-to-all dispatcher is the one `hybrid`'s expert stage runs (Megatron's
+(core/transformer/transformer_config.py); `--expert-model-parallel-size` and `--expert-tensor-parallel-size` are
+ModelParallelConfig's `expert_model_parallel_size` and `expert_tensor_parallel_size` (core/model_parallel_config.py;
+arguments.py `validate_args` sets the latter to `--tensor-model-parallel-size` when it is not given). The all-to-all dispatcher is the one `hybrid`'s expert stage runs (Megatron's
 default is "allgather"); the grouped GEMM is how `costs.experts` times the local experts.
 """
 
@@ -25,14 +26,17 @@ FLAGS = {"--num-experts": "int", "--moe-router-topk": "int", "--moe-ffn-hidden-s
          "--qk-pos-emb-head-dim": "int", "--v-head-dim": "int"}
 
 
-def megatron_moe_args(workload: Any, ep: int) -> list[tuple[str, Any]]:
-    """The MoE model's and its expert parallelism's flags (value None: a flag without a value)."""
+def megatron_moe_args(workload: Any, ep: int, etp: int = 0) -> list[tuple[str, Any]]:
+    """The MoE model's and its expert parallelism's flags (value None: a flag without a value); `etp` 0: no
+    `--expert-tensor-parallel-size` (the TP size, Megatron-Core's default)."""
     moe = workload.moe
     args: list[tuple[str, Any]] = [("--swiglu", None), ("--num-experts", moe.experts),
                                    ("--moe-router-topk", moe.top_k), ("--moe-ffn-hidden-size", moe.expert_ffn_hidden),
                                    ("--moe-router-score-function", moe.router),
                                    ("--moe-token-dispatcher-type", "alltoall"), ("--moe-grouped-gemm", None),
                                    ("--expert-model-parallel-size", ep)]
+    if etp:
+        args.append(("--expert-tensor-parallel-size", etp))
     if moe.shared_experts:
         args.append(("--moe-shared-expert-intermediate-size", moe.shared_experts * moe.shared_width))
     pattern = layer_pattern(moe, workload.num_layers)
@@ -68,6 +72,25 @@ def layer_pattern(moe: Any, num_layers: int) -> str | None:
     return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
 
 
+def read_etp(seen: dict[str, Any], workload: Any, tp: int, source: str) -> int:
+    """`--expert-tensor-parallel-size` of Megatron-LM arguments `seen` (0 when not given), checked: only with
+    experts, a whole number dividing the experts' width; with TP, `--sequence-parallel` (Megatron-Core refuses
+    MoE layers under TP without it)."""
+    etp = seen.get("--expert-tensor-parallel-size", 0)
+    if workload.moe is None:
+        if etp:
+            raise SpecError(f"{source}: --expert-tensor-parallel-size describes a mixture of experts, but workload "
+                            f"{workload.name} is dense")
+        return 0
+    if "--expert-tensor-parallel-size" in seen and (etp < 1 or workload.moe.expert_ffn_hidden % etp):
+        raise SpecError(f"{source}: --expert-tensor-parallel-size {etp} does not divide the experts' width "
+                        f"{workload.moe.expert_ffn_hidden}")
+    if tp > 1 and not seen.get("--sequence-parallel"):
+        raise SpecError(f"{source}: --tensor-model-parallel-size {tp} with experts needs --sequence-parallel "
+                        f"(Megatron-Core runs MoE layers with TP only sequence-parallel)")
+    return etp
+
+
 def read_megatron_moe(seen: dict[str, Any], workload: Any, source: str) -> int:
     """The expert-parallel size of Megatron-LM arguments `seen`, after checking that their MoE flags describe
     `workload` exactly (a flag that disagrees is one `SpecError` naming it); 1 for a dense workload, whose
@@ -85,7 +108,7 @@ def read_megatron_moe(seen: dict[str, Any], workload: Any, source: str) -> int:
                         f"is not simulated (alltoall: the experts' all-to-all dispatch and combine)")
     expected = {flag: value for flag, value in megatron_moe_args(workload, 1)}
     for flag, value in expected.items():
-        if flag in ("--expert-model-parallel-size", "--moe-token-dispatcher-type"):
+        if flag in ("--expert-model-parallel-size", "--moe-token-dispatcher-type", "--expert-tensor-parallel-size"):
             continue
         have = seen.get(flag)
         want = True if value is None else value

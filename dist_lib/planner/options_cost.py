@@ -50,12 +50,12 @@ from dist_lib.workload.routing import expert_loads
 from dist_lib.workload.transformer import Workload
 
 
-def ep_choices(workload: Workload, dp: int) -> tuple[int, ...]:
-    """The expert-parallel degrees a stage of `dp` replicas can take: every divisor of both dp and the
-    number of experts (hybrid's rule; 1 for a dense workload)."""
+def ep_choices(workload: Workload, ranks: int) -> tuple[int, ...]:
+    """The expert-parallel degrees a stage of `ranks` GPUs (dp x tp, expert TP 1) can take: every divisor of
+    both and of the number of experts (hybrid's rule, Megatron-Core's expert grid; 1 for a dense workload)."""
     if workload.moe is None:
         return (1,)
-    return tuple(e for e in range(1, dp + 1) if dp % e == 0 and workload.moe.experts % e == 0)
+    return tuple(e for e in range(1, ranks + 1) if ranks % e == 0 and workload.moe.experts % e == 0)
 
 
 def ep_groups(ranks: tuple[int, ...], ep: int) -> tuple[tuple[int, ...], ...]:
@@ -191,8 +191,9 @@ def cp_choices(workload: Workload, rules, width: int) -> tuple[int, ...]:
 
 def width_ok(workload: Workload, ranks: int, tp: int, cp: int, microbatch: int, even: bool) -> bool:
     """Does a stage of `ranks` GPUs take TP degree `tp` with `cp`: whole CP x TP blocks, at least a sample a
-    replica (the same number each, `even`), and no TP with experts (`strategies/_expert_stage.py`)."""
-    if ranks % (tp * cp) or (workload.moe is not None and tp > 1):
+    replica (the same number each, `even`), and with experts a sequence that splits over the TP ranks (each
+    routes its part, sequence-parallel: `expert_modes_cost`)."""
+    if ranks % (tp * cp) or (workload.moe is not None and workload.seq_len % tp):
         return False
     dp = ranks // (tp * cp)
     return dp <= microbatch and not (even and microbatch % dp)

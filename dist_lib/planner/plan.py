@@ -75,6 +75,10 @@ class Plan:
     # order); a CP group's cp ranks hold s/cp tokens of their replica's samples (`strategies/_context.py`), and
     # `shares` has one entry per replica (dp of them)
     cp: int = 1
+    # expert tensor parallelism of an MoE plan with TP: each EP position's experts split over `etp` consecutive
+    # ranks (Megatron-Core's `--expert-tensor-parallel-size`); 0: not set, the TP degree (Megatron-Core's
+    # default), as every plan without experts or TP has it
+    etp: int = 0
     # the hardware the plan was made for: (node, device, first rank, last rank) of each node (`hardware.py`);
     # None: not recorded (then any cluster of the right size runs it). Not part of the plan's identity.
     hardware: tuple[tuple[int, str, int, int], ...] | None = field(default=None, compare=False)
@@ -97,6 +101,7 @@ class Plan:
         extra = "".join(f" {k}={v}" for k, v in (("recompute", self.recompute), ("zero", self.zero),
                                                  ("fp8", self.fp8)) if v not in ("none", 0, ""))
         extra += "".join(f" {k}={v}" for k, v in (("ep", self.ep), ("cp", self.cp)) if v != 1)
+        extra += f" etp={self.etp}" if self.etp else ""
         return f"{stages}  {self.microbatches}x{self.microbatch_size} {self.schedule}{extra}"
 
     # ---- JSON ---------------------------------------------------------------------------------
@@ -108,6 +113,8 @@ class Plan:
         for name in ("ep", "cp"):  # likewise without expert or context parallelism
             if getattr(self, name) == 1:
                 del data[name]
+        if not self.etp:
+            del data["etp"]
         if self.hardware is None:
             del data["hardware"]
         else:
@@ -133,7 +140,7 @@ class Plan:
         if not isinstance(data, dict):
             raise SpecError(f"{source}: a plan is a JSON object, got {type(data).__name__}")
         unknown = set(data) - {"stages", "microbatch_size", "microbatches", "schedule", "recompute", "zero", "fp8",
-                                   "ep", "cp", "hardware"}
+                                   "ep", "cp", "etp", "hardware"}
         if unknown:
             raise SpecError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")
         missing = [name for name in ("stages", "microbatch_size", "microbatches") if name not in data]
@@ -159,7 +166,7 @@ class Plan:
                    _int(data.get("microbatches"), f"{source}: microbatches", 1), data.get("schedule", "1f1b"),
                    data.get("recompute", "none"), _int(data.get("zero", 0), f"{source}: zero", 0),
                    data.get("fp8", ""), _int(data.get("ep", 1), f"{source}: ep", 1),
-                   _int(data.get("cp", 1), f"{source}: cp", 1),
+                   _int(data.get("cp", 1), f"{source}: cp", 1), _int(data.get("etp", 0), f"{source}: etp", 0),
                    _hardware(data.get("hardware"), f"{source}: hardware"))
 
     @classmethod
@@ -219,6 +226,7 @@ class Plan:
         _int(self.microbatches, f"{source}: microbatches", 1)
         _int(self.ep, f"{source}: ep", 1)
         _int(self.cp, f"{source}: cp", 1)
+        _int(self.etp, f"{source}: etp", 0)
 
     def check(self, world_size: int, num_layers: int, global_batch_size: int, cluster: Any = None,
               source: str = "plan", workload: Any = None) -> None:
@@ -292,8 +300,9 @@ class Plan:
 
 
     def _check_experts(self, source: str, workload: Any) -> None:
-        """An MoE plan as `hybrid` runs it (EP x PP x DP): `ep` divides every stage's replicas and the experts,
-        no TP, recompute, ZeRO or FP8 (`strategies/_expert_stage.py`); `ep` > 1 only with experts."""
+        """An MoE plan as `hybrid` runs it (Megatron-Core's expert grid, `strategies/_expert_stage.py`): ep x etp
+        divides every stage's dp x tp ranks, `ep` the experts, `etp` the experts' width; no FSDP or zero-bubble
+        schedule; `ep` and `etp` only with experts."""
         if self.cp != 1 and (self.recompute != "none" or self.zero or self.fp8 or self.schedule == "zero-bubble"
                              or workload is not None and (workload.moe is not None or workload.profile is not None)
                              or workload is not None and workload.seq_len % (2 * self.cp)):
@@ -302,19 +311,21 @@ class Plan:
                             f"context-parallel stage, strategies/_context.py)")
         moe = getattr(workload, "moe", None) if workload is not None else None
         if moe is None:
-            if self.ep != 1 and workload is not None:
-                raise SpecError(f"{source}: ep={self.ep}, but workload {workload.name} has no experts (ep is for "
-                                f"mixtures of experts; leave it at 1)")
+            for name, value, plain in (("ep", self.ep, 1), ("etp", self.etp, 0)):
+                if value != plain and workload is not None:
+                    raise SpecError(f"{source}: {name}={value}, but workload {workload.name} has no experts ({name} "
+                                    f"is for mixtures of experts; leave it out)")
             return
         for i, stage in enumerate(self.stages):
-            if stage.tp != 1 or stage.dp % self.ep:
-                raise SpecError(f"{source}: stages[{i}]: an MoE stage runs tp=1 with ep={self.ep} dividing its "
-                                f"dp={stage.dp} replicas, got tp={stage.tp}")
+            etp = self.etp or stage.tp
+            if len(stage.ranks) % (self.ep * etp) or moe.expert_ffn_hidden % etp:
+                raise SpecError(f"{source}: stages[{i}]: ep={self.ep} x etp={etp} must divide its dp x tp = "
+                                f"{len(stage.ranks)} ranks, and etp the experts' width {moe.expert_ffn_hidden}")
         if moe.experts % self.ep:
             raise SpecError(f"{source}: ep={self.ep} does not divide the {moe.experts} experts")
-        if self.recompute != "none" or self.zero or self.fp8 or self.schedule == "zero-bubble":
-            raise SpecError(f"{source}: an MoE plan runs without recompute, zero, fp8 and the zero-bubble schedule "
-                            f"(hybrid's expert stage keeps every stash and runs whole backwards)")
+        if self.zero == 3 or self.schedule == "zero-bubble":
+            raise SpecError(f"{source}: an MoE plan runs without zero=3 (FSDP) and the zero-bubble schedule "
+                            f"(hybrid's expert stage does not shard the experts' weights and runs whole backwards)")
 
 
 def _hardware(value: Any, where: str) -> tuple[tuple[int, str, int, int], ...] | None:

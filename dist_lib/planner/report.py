@@ -73,7 +73,8 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
         plan = c.plan
         schedule = " ".join(v for v in (SHORT.get(plan.schedule, plan.schedule), RECOMPUTE.get(plan.recompute, ""),
                                          {1: "Z1", 3: "FSDP"}.get(plan.zero, ""),
-                                         f"ep{plan.ep}" if plan.ep > 1 else "", f"cp{plan.cp}" if plan.cp > 1 else "")
+                                         f"ep{plan.ep}" if plan.ep > 1 else "", f"cp{plan.cp}" if plan.cp > 1 else "",
+                                         f"etp{plan.etp}" if plan.etp else "")
                               if v)
         simulated = f"{c.simulated * 1e3:.2f}" if c.simulated is not None else "-"
         free = "-" if c.peak_fraction is None else \

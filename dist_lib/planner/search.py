@@ -30,7 +30,7 @@ from dist_lib.planner.partition import chunk_sizes, fits, fixed_partition, parti
 from dist_lib.planner.stage_option import StageOption, no_collective
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.step import step_estimate
-from dist_lib.planner import options_cost
+from dist_lib.planner import expert_modes_cost, options_cost  # (MoE stages beyond TP 1: expert_modes_cost)
 
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
 MEMORY_CONFIGS = (("none", 0), ("none", 1), ("selective", 0), ("selective", 1), ("full", 0), ("full", 1))
@@ -144,7 +144,8 @@ class _Space:
             if template is None:
                 found = self._templates[shape_key] = [o for o in (
                     self._option(ranks, tp, microbatch, recompute, zero, fp8) if ep == cp == 1 and not self.workload.moe
-                    else options_cost.stage_option(self, ranks, tp, microbatch, ep, cp, _Reduction)
+                    else expert_modes_cost.stage_option(self, ranks, tp, microbatch, ep, cp, recompute, zero, fp8,
+                                                        _Reduction)
                     for tp in space.tp_options(self.cluster, ranks, self.workload)
                     if options_cost.width_ok(self.workload, len(ranks), tp, cp, microbatch, self.even)) if o is not None]
             else:
@@ -425,10 +426,11 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                 incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent)
             # an MoE workload's expert-parallel degrees past 1 (ep=1, just explored, bounds them: its
             # all-to-alls are local copies)
-            for ep in options_cost.ep_choices(workload, len(stages[0]) // (tp or 1))[1:]:
-                plain = [[o for o in sp.options(ranks, microbatch, "none", 0, "", ep) if tp in (None, o.tp)]
-                         for ranks in stages]
-                incumbent = _explore_precision(plain, "", m, stages, microbatch, price, tp, incumbent, ep)
+            for ep in options_cost.ep_choices(workload, len(stages[0]))[1:]:
+                for fp8 in fp8_choices:
+                    plain = [[o for o in sp.options(ranks, microbatch, "none", 0, fp8, ep) if tp in (None, o.tp)]
+                             for ranks in stages]
+                    incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent, ep)
         done += len(entries)
 
     explore(work)
@@ -488,6 +490,7 @@ def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
         variants = [(s, c) for s, c in variants if pp == 1 or rules.schedule_ok(s)]
     for schedule, chunks in variants:
         plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks, fp8, ep, cp)
+        plan = expert_modes_cost.with_etp(plan, workload)
         if rules is not None and framework_rules.why_not(plan, rules.framework, cluster, workload):
             continue
         seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks, cutoff)
