@@ -57,33 +57,17 @@ class ShardedExpertStage(_ExpertStage):
         self.expert_reduced[layer] = self.model.reduce_scatter(grad, group) if len(group) > 1 else grad
 
     async def update_all(self) -> None:
-        model, ranks = self.model, self.plan.stage_ranks
-        if self.plan.tied_embeddings and len(ranks) > 1 and model.rank in (ranks[0], ranks[-1]):
-            tied = model.tied_embedding_grad(tp_rank=self.plan.tp_rank, tp_size=len(self.plan.tp_group))
-            await model.all_reduce(tied, (ranks[0], ranks[-1]))
-            del tied
-        if not self.plan.overlap_grad_reduce:
-            for layer in sorted(self.grads, reverse=True):
-                self._reduce(layer)
+        await self.finish_gradients()
+        model = self.model
         gathered: dict = {}
         for layer in sorted(self.weights, reverse=True):  # the dense parts: step the shard, gather the weights
-            grad = self.reduced.pop(layer)
-            if isinstance(grad, Work):
-                grad = await grad
-            weight, opt_state = self.weights.pop(layer)
-            new_weight, _ = model.update(layer, grad, weight, opt_state)
-            del grad, weight, opt_state
+            new_weight, _ = await self.step_layer(model.update, layer, self.reduced, self.weights)
             gathered[("dense", layer)] = model.all_gather(new_weight, self.dp_ranks) if len(self.dp_ranks) > 1 \
                 else new_weight
             del new_weight
         group = self.expert_plan.expert_dp_group
         for layer in sorted(self.experts, reverse=True):  # the experts: the same over the expert-DP group
-            grad = self.expert_reduced.pop(layer)
-            if isinstance(grad, Work):
-                grad = await grad
-            weight, opt_state = self.experts.pop(layer)
-            new_weight, _ = model.update_experts(layer, grad, weight, opt_state)
-            del grad, weight, opt_state
+            new_weight, _ = await self.step_layer(model.update_experts, layer, self.expert_reduced, self.experts)
             gathered[("experts", layer)] = model.all_gather(new_weight, group) if len(group) > 1 else new_weight
             del new_weight
         for (what, layer), weight in gathered.items():

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dist_lib import Model, Work
+from dist_lib import Model
 
 from ._layout import Layout, microbatches, replica_samples
 from ._pipeline import StagePlan, _Stage
@@ -263,12 +263,7 @@ class _ExpertStage(_Stage):
         await super().update_all()
         model = self.model
         for layer in sorted(self.experts, reverse=True):
-            grad = self.expert_reduced.pop(layer)
-            if isinstance(grad, Work):
-                grad = await grad
-            weight, opt_state = self.experts.pop(layer)
-            new_weight, _ = model.update_experts(layer, grad, weight, opt_state)
-            del grad, weight, opt_state
+            new_weight, _ = await self.step_layer(model.update_experts, layer, self.expert_reduced, self.experts)
             model.set_final_experts(layer, new_weight)
 
 

@@ -179,17 +179,35 @@ class _Stage:
         raise ValueError(f"rank {self.model.rank}: the schedule issues Megatron-LM's exchange ({action!r}); run it "
                          f"with _megatron_exchange.run_exchange_stage")
 
-    async def update_all(self) -> None:
-        """After the schedule: each layer's optimizer step on its reduced gradient, then the hand-in."""
-        model = self.model
-        ranks = self.plan.stage_ranks
+    async def finish_gradients(self) -> None:
+        """After the schedule: the tied embeddings' gradient summed between the first and last stage, and
+        the gradient reductions not overlapped with the backward issued, last layer first."""
+        model, ranks = self.model, self.plan.stage_ranks
         if self.plan.tied_embeddings and len(ranks) > 1 and model.rank in (ranks[0], ranks[-1]):
             tied = model.tied_embedding_grad(tp_rank=self.plan.tp_rank, tp_size=len(self.plan.tp_group))
             await model.all_reduce(tied, (ranks[0], ranks[-1]))
             del tied
-        if not self.plan.overlap_grad_reduce:  # after the flush, last layer first
+        if not self.plan.overlap_grad_reduce:
             for layer in sorted(self.grads, reverse=True):
                 self._reduce(layer)
+
+    @staticmethod
+    async def step_layer(update, layer: int, reduced: dict, held: dict) -> tuple[Any, Any]:
+        """One layer's optimizer step (`update`: `Model.update` or `update_experts`) on its reduced gradient,
+        awaited if still in flight; returns what `update` returns. The layer's gradient, weights and state
+        are taken out of `reduced` and `held`, so that only the results outlive the step."""
+        grad = reduced.pop(layer)
+        if isinstance(grad, Work):
+            grad = await grad
+        weight, opt_state = held.pop(layer)
+        updated = update(layer, grad, weight, opt_state)
+        del grad, weight, opt_state  # freed in this order, as the step's memory timeline records them
+        return updated
+
+    async def update_all(self) -> None:
+        """After the schedule: each layer's optimizer step on its reduced gradient, then the hand-in."""
+        await self.finish_gradients()
+        model = self.model
         for layer in sorted(self.weights, reverse=True):
             grad = self.reduced.pop(layer)
             if isinstance(grad, Work):

@@ -150,14 +150,8 @@ class ShardedStage(_Stage):
             reduced[layer] = await reduced[layer]
 
     async def update_all(self) -> None:
-        model, ranks = self.model, self.plan.stage_ranks
-        if self.plan.tied_embeddings and len(ranks) > 1 and model.rank in (ranks[0], ranks[-1]):
-            tied = model.tied_embedding_grad(tp_rank=self.plan.tp_rank, tp_size=len(self.plan.tp_group))
-            await model.all_reduce(tied, (ranks[0], ranks[-1]))
-            del tied
-        if not self.plan.overlap_grad_reduce:
-            for layer in sorted(self.grads, reverse=True):
-                self._reduce(layer)
+        await self.finish_gradients()
+        model = self.model
         hsdp = len(self.replicate) > 1 and len(self.dp_ranks) > 1
         gathered = self.final_gathers
         for layer in sorted(self.weights, reverse=True):
