@@ -35,9 +35,7 @@ class ShardedExpertStage(_ExpertStage):
     def load(self, layer: int) -> tuple:
         """The dense part: its TP slice's 16-bit weights whole, 1/dp of its optimizer state."""
         model, tp, tp_rank = self.model, len(self.plan.tp_group), self.plan.tp_rank
-        weight, _ = model.load_weights(layer, tp_rank=tp_rank, tp_size=tp)
-        _, opt_state = model.load_weights(layer, self.shard, len(self.dp_ranks), tp_rank=tp_rank, tp_size=tp)
-        return weight, opt_state
+        return model.load_sharded_state(layer, self.shard, len(self.dp_ranks), tp_rank=tp_rank, tp_size=tp)
 
     def load_experts(self, layer: int) -> tuple:
         """The experts: 16-bit weights whole, 1/edp of their optimizer state."""

@@ -125,9 +125,7 @@ class ShardedStage(_Stage):
         model = self.model
         if self.sharding == "full" or self.overlap_param_gather:
             return model.load_weights(layer, self.shard, n, tp_rank=tp_rank, tp_size=tp)
-        weight, _ = model.load_weights(layer, tp_rank=tp_rank, tp_size=tp)
-        _, opt_state = model.load_weights(layer, self.shard, n, tp_rank=tp_rank, tp_size=tp)
-        return weight, opt_state
+        return model.load_sharded_state(layer, self.shard, n, tp_rank=tp_rank, tp_size=tp)
 
     def reduce(self, grad, group: Sequence[int]):
         if len(self.dp_ranks) == 1:

@@ -152,9 +152,7 @@ class _PlannedStage(_Stage):
             return super().load(layer)
         tp, tp_rank = len(self.plan.tp_group), self.plan.tp_rank
         shard = self.dp_ranks.index(self.model.rank)
-        weight, _ = self.model.load_weights(layer, tp_rank=tp_rank, tp_size=tp)
-        _, opt_state = self.model.load_weights(layer, shard, len(self.dp_ranks), tp_rank=tp_rank, tp_size=tp)
-        return weight, opt_state
+        return self.model.load_sharded_state(layer, shard, len(self.dp_ranks), tp_rank=tp_rank, tp_size=tp)
 
     def reduce(self, grad, group):
         return self.model.reduce_scatter(grad, group) if self.zero else super().reduce(grad, group)

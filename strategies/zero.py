@@ -32,8 +32,7 @@ async def train(model: Model, *, stage: int = 3, microbatch_size: int = 4) -> No
     # Stages 1 and 2: full 16-bit weights, optimizer state of shard `rank` only.
     weights, opt_states = [], []
     for layer in range(layers):
-        weight, _ = model.load_weights(layer)
-        _, opt_state = model.load_weights(layer, shard=rank, num_shards=n)
+        weight, opt_state = model.load_sharded_state(layer, shard=rank, num_shards=n)
         weights.append(weight)
         opt_states.append(opt_state)
     full_grads: list = [None] * layers  # stage 1 accumulates whole gradients ...

@@ -10,7 +10,7 @@ import pytest
 from dist_lib import StrategyError, Workload, simulate
 from dist_lib.costs import compute as costs
 from dist_lib.hardware.devices import DEVICES
-from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
+from dist_lib.memory.tracker import OPTIMIZER, OPTIMIZER_BYTES, WEIGHT_BYTES
 
 HYBRID = str(Path(__file__).resolve().parent.parent / "strategies" / "hybrid.py")
 SMALL = Workload.parse("gpt-125m:layers=4,vocab=8192")
@@ -106,3 +106,43 @@ def test_hsdp_shards_within_a_replicate_group_and_all_reduces_across():
 def test_sharding_options_that_contradict_name_the_option(options, message):
     with pytest.raises(StrategyError, match=message):
         run(**{"dp": 2, "pp": 2, "tp": 2, **options})
+
+
+def _most_optimizer_state(result, rank):
+    """The most optimizer-state bytes the rank held at any moment of the step (its memory log, in order)."""
+    held = most = 0
+    signed, _, kinds = result.memory_log[rank]
+    for nbytes, kind in zip(signed, kinds):
+        if kind == OPTIMIZER:
+            held += nbytes
+            most = max(most, held)
+    return most
+
+
+def test_the_distributed_optimizer_never_holds_a_whole_layers_optimizer_state():
+    """Loading a layer for the distributed optimizer gives its 16-bit weights whole and one shard of its state
+    (`Model.load_sharded_state`): at no moment does a rank hold more optimizer state than its 1/dp shards, 12
+    bytes a parameter of its stage over tp x dp (a whole layer's state taken and dropped would show here)."""
+    sharded = run(dp=2, pp=2, tp=2, distributed_optimizer=True)
+    for rank in range(8):
+        layers = range(0, 2) if rank < 4 else range(2, 4)
+        assert _most_optimizer_state(sharded, rank) == pytest.approx(
+            stage_params(sharded, rank, layers, 2) / 2 * OPTIMIZER_BYTES, abs=8)
+
+
+def test_zero_1_holds_only_its_shard_of_the_optimizer_state():
+    zero = simulate(str(Path(HYBRID).parent / "zero.py"), "1x4xA100-80GB", SMALL, 16, stage=1)
+    total = sum(SMALL.layer_params(layer) for layer in range(SMALL.num_layers))
+    for rank in range(4):
+        assert _most_optimizer_state(zero, rank) == pytest.approx(total / 4 * OPTIMIZER_BYTES, abs=8 * 4)
+
+
+def test_a_recorded_distributed_optimizer_step_replays_to_the_same_result():
+    from dist_lib.run.recording import record
+    from dist_lib.run.replay import replay
+
+    options = dict(dp=2, pp=2, tp=2, distributed_optimizer=True)
+    recorded, programs = record(HYBRID, "1x8xA100-80GB", SMALL, 16, **options)
+    again = replay(programs, "1x8xA100-80GB", SMALL, 16)
+    assert again.correct and again.time_s == recorded.time_s == run(**options).time_s
+    assert again.memory_bytes == recorded.memory_bytes

@@ -20,18 +20,19 @@ from dist_lib.engine.rank_state import RankState
 from dist_lib.errors import TensorError
 from dist_lib.engine.eventlog import PACK_AT
 from dist_lib.hardware.cluster import Cluster
-from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
+from dist_lib.memory.tracker import WEIGHT_BYTES
 from dist_lib.costs.ops import weight_pass_mode, compute_cost, compute_mode, forward_stash_bytes, input_pass_stash_bytes
 from dist_lib.model.op_checks import OpChecks, _covers, _first_time, _shard_key, buffer_log
 from dist_lib.model.other_collective_ops import OtherCollectiveOps
 from dist_lib.model.context_ops import ContextOps
 from dist_lib.model.fp8_weights import FP8Weights
+from dist_lib.model.state_loads import StateLoads
 from dist_lib.comm.p2p import issue_recv, issue_send
 from dist_lib.tensors import SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, PipeExtra, Stash, Weight, WeightGrad, cp_part, describe_mask, samples_mask
 from dist_lib.workload.transformer import Workload
 
 
-class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights):
+class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights, StateLoads):
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",
@@ -88,22 +89,6 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights):
         self._state.loaded.append((layer, shards, num_shards, tp_rank, tp_size))
         return (Weight(mem, weight_bytes, self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0),
                 OptState(mem, optimizer_bytes, self.rank, layer, 0, shards, num_shards, tp_rank, tp_size, 0))
-
-    def _shard_bytes(self, layer: int, parts: int) -> tuple[int, ...]:
-        """(weight bytes, optimizer bytes[, gradient bytes]) of one of `parts` equal parts of a layer,
-        computed once per step so that every rank's buffers share the same int objects. The gradient's
-        size is listed only where the workload's gradients are wider than its weights (fp32 gradients); the
-        C ops read two-element entries only, so such layers take the Python path."""
-        key = (layer, parts)
-        sizes = self._shard_sizes.get(key)
-        if sizes is None:
-            params = self._params[layer] / parts
-            sizes = (int(params * WEIGHT_BYTES), int(params * OPTIMIZER_BYTES))
-            grad = int(params * WEIGHT_BYTES * self.workload.grad_bytes_per_element / self.workload.bytes_per_element)
-            if grad != sizes[0]:
-                sizes += (grad,)
-            self._shard_sizes[key] = sizes
-        return sizes
 
     def get_input_activation(self, samples: Iterable[int] | range) -> Activation:
         """Embedded inputs for these sample indices of the global batch (a `range` or any iterable)."""

@@ -40,6 +40,7 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
                                                      `expect_experts` was: per member d intervals of experts)
     the MoE ops of an `MoEModel`, opcodes 26 on: `recording_experts.py`
     the context-parallel ops, opcodes 37 on: `recording_context.py`
+    LOAD_SHARDED_STATE layer shard num_shards tp_rank tp_size (42) -> weight (whole), optimizer state (shard)
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backw
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
            "add", "await", "drop", "split_samples", "join_samples", "split_tp",
            "tied_embedding_grad", "pipe_extra", "broadcast", "reduce", "barrier", "all_to_all") + EXPERT_OPCODES + CONTEXT_OPCODES \
-    + EXPERT_TP_OPCODES
+    + EXPERT_TP_OPCODES + ("load_sharded_state",)
 assert OPCODES[REDUCE_ROUTED] == "reduce_routed"
+LOAD_SHARDED_STATE = len(OPCODES) - 1  # 42: added after the MoE and context ops, which keep their numbers
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
 UNRECORDED_OPS = ("group",) + EXPERT_QUERIES  # methods that decide nothing (a group is named by its ranks where used)
 
@@ -221,6 +223,12 @@ class RecordingModel(ContextOpsRecording):
                      tp_size: int = 1) -> tuple[Any, Any]:
         weight, opt = self._model.load_weights(layer, shard, num_shards, tp_rank=tp_rank, tp_size=tp_size)
         self._emit(LOAD, layer, shard, num_shards, tp_rank, tp_size)
+        return self._wrap(weight), self._wrap(opt)
+
+    def load_sharded_state(self, layer: int, shard: int, num_shards: int, *, tp_rank: int = 0,
+                           tp_size: int = 1) -> tuple[Any, Any]:
+        weight, opt = self._model.load_sharded_state(layer, shard, num_shards, tp_rank=tp_rank, tp_size=tp_size)
+        self._emit(LOAD_SHARDED_STATE, layer, shard, num_shards, tp_rank, tp_size)
         return self._wrap(weight), self._wrap(opt)
 
     def get_input_activation(self, samples: Any) -> Any:

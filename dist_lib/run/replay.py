@@ -29,7 +29,7 @@ from dist_lib.errors import SimulationError
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.model.handle import PIPE_EXTRAS
 from dist_lib.model.other_collective_ops import DISPATCHERS
-from dist_lib.run.recording import FP8_FLAGS, ADD, ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AWAIT, BARRIER, BROADCAST, REDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
+from dist_lib.run.recording import FP8_FLAGS, ADD, ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AWAIT, BARRIER, BROADCAST, REDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOAD_SHARDED_STATE, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
 from dist_lib.output.result import Result
 from dist_lib.run.recording_context import CONTEXT_OPCODES, FIRST_CONTEXT_OPCODE
 from dist_lib.run.recording_experts import FIRST_EXPERT_OPCODE, REDUCE_ROUTED
@@ -46,7 +46,7 @@ CHECK_EVERY = 4096  # entries between deadline checks
 _DROPPED = object()
 _ADDED = (WeightGrad, ExpertGrad, ContextWeightGrad)  # the gradients that add (each to its own kind)
 # operands after the opcode, for the fixed-size entries
-_ARITY = {LOAD: 5, FORWARD: 4, BACKWARD: 4, BACKWARD_INPUT: 4, BACKWARD_WEIGHT: 4, LOSS: 3, UPDATE: 4, FINAL: 2,
+_ARITY = {LOAD: 5, LOAD_SHARDED_STATE: 5, FORWARD: 4, BACKWARD: 4, BACKWARD_INPUT: 4, BACKWARD_WEIGHT: 4, LOSS: 3, UPDATE: 4, FINAL: 2,
           SEND: 2, RECV: 1, ADD: 2, AWAIT: 1, DROP: 1, SPLIT_TP: 3, TIED: 2, EXTRA: 2}
 
 
@@ -206,6 +206,8 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             append(model.split_tp(get(1), small(2), small(3)))
         elif op == LOAD:
             extend(model.load_weights(small(1), small(2), small(3), tp_rank=small(4), tp_size=small(5)))
+        elif op == LOAD_SHARDED_STATE:
+            extend(model.load_sharded_state(small(1), small(2), small(3), tp_rank=small(4), tp_size=small(5)))
         elif op == INPUT:
             samples = _samples(program, i + 1, n, batch, fail)
             append(model.get_input_activation(samples))
