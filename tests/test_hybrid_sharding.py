@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_lib import StrategyError, Workload, simulate
+from dist_lib import StrategyError, TensorError, Workload, simulate
 from dist_lib.costs import compute as costs
 from dist_lib.hardware.devices import DEVICES
 from dist_lib.memory.tracker import OPTIMIZER, OPTIMIZER_BYTES, WEIGHT_BYTES
@@ -146,3 +146,12 @@ def test_a_recorded_distributed_optimizer_step_replays_to_the_same_result():
     again = replay(programs, "1x8xA100-80GB", SMALL, 16)
     assert again.correct and again.time_s == recorded.time_s == run(**options).time_s
     assert again.memory_bytes == recorded.memory_bytes
+
+
+def test_a_bad_sharded_state_load_names_its_op_and_argument(tmp_path):
+    strategy = tmp_path / "bad_load.py"
+    strategy.write_text("async def train(model, **options):\n"
+                        "    model.load_sharded_state(0, shard=4, num_shards=4)\n")
+    with pytest.raises(TensorError) as caught:
+        simulate(str(strategy), "1x4xA100-80GB", SMALL, 16)
+    assert "load_sharded_state(layer 0): shard must be in 0..3, got 4" in str(caught.value)

@@ -20,8 +20,9 @@ class OpChecks:
     _engine: Engine
     _mem: Any  # the rank's memory log of this step
 
-    def _explain_load(self, layer: Any, shard: Any, num_shards: Any, tp_rank: Any, tp_size: Any) -> None:
-        where = f"rank {self.rank} load_weights(layer {layer})"
+    def _explain_load(self, layer: Any, shard: Any, num_shards: Any, tp_rank: Any, tp_size: Any,
+                      op: str = "load_weights") -> None:
+        where = f"rank {self.rank} {op}(layer {layer})"
         self._check_layer(layer, where)
         for name, index, count in (("shard", shard, num_shards), ("tp_rank", tp_rank, tp_size)):
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:

@@ -49,7 +49,8 @@ class StateLoads:
         if layer.__class__ is not int or not 0 <= layer < self.num_layers or shard.__class__ is not int \
                 or num_shards.__class__ is not int or not 0 <= shard < num_shards \
                 or tp_rank.__class__ is not int or tp_size.__class__ is not int or not 0 <= tp_rank < tp_size:
-            self._explain_load(layer, shard, num_shards, tp_rank, tp_size)  # type: ignore[attr-defined]
+            self._explain_load(layer, shard, num_shards, tp_rank, tp_size,  # type: ignore[attr-defined]
+                               "load_sharded_state")
         weight_bytes = self._shard_bytes(layer, tp_size)[0]
         optimizer_bytes = self._shard_bytes(layer, tp_size * num_shards)[1]
         mem = self._mem
