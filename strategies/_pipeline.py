@@ -369,7 +369,13 @@ class _Stage:
     async def forward(self, chunk: int, mb: int) -> None:
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
-        x = await self._input(chunk, mb)
+        # (`_input`, written out: a coroutine less for every forward)
+        if k == 0:
+            x = model.get_input_activation(plan.microbatches[mb])
+        elif self.explicit:
+            x = self.arrived.pop(("activation", chunk, mb))
+        else:
+            x = await self._receive_from(k - 1, layers.start, plan.microbatches[mb], "activation")
         weights, stash, modes, tp_group, kept = self.weights, not plan.recompute, self.modes, self.tp_group, self.kept
         forward, gathers = model.forward, self.gathers
         shard = self._checkpoints_shard()
@@ -396,7 +402,10 @@ class _Stage:
     async def backward(self, chunk: int, mb: int, split: bool) -> None:
         model, plan = self.model, self.plan
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
-        grad = await self._output_grad(chunk, mb)
+        if k == self.virtual - 1 or self.explicit:
+            grad = await self._output_grad(chunk, mb)
+        else:  # (`_output_grad`'s commonest case, written out: a coroutine less for every backward)
+            grad = await self._receive_from(k + 1, layers.stop, plan.microbatches[mb], "activation gradient")
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
         tp_group, weights, recompute, kept = self.tp_group, self.weights, plan.recompute, self.kept
         gather_grad = plan.sequence_parallel and tp_group is not None

@@ -12,7 +12,7 @@ def schedule(stage: int, stages: int, microbatches: int, chunks: int = 1) -> lis
     m = microbatches
     warmup = min(stages - stage - 1, m)  # 1. fill the pipeline: later stages need fewer
     actions = [Action("F", 0, i) for i in range(warmup)]
-    for i in range(m - warmup):  # 2. steady state: one forward, one backward
-        actions += [Action("F", 0, warmup + i), Action("B", 0, i)]
+    # 2. steady state: one forward, one backward
+    actions += [pass_ for i in range(m - warmup) for pass_ in (Action("F", 0, warmup + i), Action("B", 0, i))]
     actions += [Action("B", 0, i) for i in range(m - warmup, m)]  # 3. cool-down: drain the backwards
     return actions
