@@ -39,6 +39,7 @@ from benchmarks import megatron_pipeline  # noqa: E402
 from benchmarks.fidelity_h100 import print_megatron_core  # noqa: E402
 from benchmarks.fidelity_moe import print_moe_bridge  # noqa: E402
 from benchmarks.fidelity_torchtitan import print_torchtitan  # noqa: E402
+from benchmarks.gemm_calibration import gemm_efficiencies  # noqa: E402
 from benchmarks.published import (AMP_BATCH, AMP_CLUSTER, AMP_GPT2, AMP_HET_CLUSTER,  # noqa: E402
                                   AMP_LAYER_FORWARD_MS, GPT_22B, KORTHIKANTI_TABLE5, NARAYANAN_TABLE1,
                                   ZB_BUBBLE_RATES, ZB_BUBBLE_SCHEDULES, ZB_MODELS, ZB_PROFILED_MS,
@@ -79,17 +80,6 @@ def calibrate_a100(target_forward: float = TABLE4[0][3]) -> float:
     return min(candidates, key=lambda e: abs(table4(replace(A100, max_efficiency=e))[0][2] - target_forward))
 
 
-def calibrate_gemm(device: Device, size: int | tuple[int, int, int], achieved_flops: float,
-                   clock_peak: float | None = None) -> float:
-    """The `max_efficiency` (two decimals) at which a size^3 (or M x N x K) GEMM runs at `achieved_flops`, on a
-    device whose peak at the measured clock is `clock_peak` (the catalog's if None)."""
-    device = replace(device, peak_flops=clock_peak or device.peak_flops)
-    m, n, k = (size, size, size) if isinstance(size, int) else size
-    target = 2 * m * n * k / achieved_flops
-    candidates = [round(0.2 + i / 100, 2) for i in range(81)]
-    return min(candidates, key=lambda e: abs(costs.gemm_time(replace(device, max_efficiency=e), m, n, k) - target))
-
-
 def _amp_kernels(name: str, tp: int) -> float:
     """GPU seconds of one AMP layer forward at microbatch 1 by the kernel model alone (no host time)."""
     bare = replace(AMP_GPT2, framework_overhead_s=0.0, tp_overhead_s=0.0, kernel_time_scale=1.0)
@@ -125,12 +115,7 @@ def calibrate_tp_overhead() -> float:
 def calibrate() -> dict[str, float]:
     """Every constant set from one published point (see hardware/devices.py and published.py for the sources)."""
     return {"A100-80GB max_efficiency": calibrate_a100(),
-            "V100 max_efficiency": calibrate_gemm(DEVICES["V100-16GB"], 8192, 101e12, clock_peak=112e12),
-            "T4 max_efficiency": calibrate_gemm(DEVICES["T4"], 4096, 24e12),
-            # best whole-GEMM bf16 rates (S. Bekman, Machine Learning Engineering, MAMF table)
-            "H100 (and H200) max_efficiency": calibrate_gemm(DEVICES["H100-80GB"], (2048, 2048, 13312), 794.5e12),
-            "B200 max_efficiency": calibrate_gemm(DEVICES["B200-180GB"], (1792, 16128, 3072), 1745e12),
-            "MI300X max_efficiency": calibrate_gemm(DEVICES["MI300X-192GB"], (10240, 15360, 8192), 668.4e12),
+            **gemm_efficiencies(),
             "AMP kernel time scale": calibrate_kernel_time_scale(),
             "AMP framework overhead per layer pass (s)": calibrate_framework_overhead(),
             "AMP extra overhead per TP layer pass (s)": calibrate_tp_overhead()}

@@ -25,6 +25,8 @@ def test_catalog_constants_are_the_ones_their_published_points_give():
     assert calibrated["A100-80GB max_efficiency"] == fidelity.A100.max_efficiency
     assert calibrated["V100 max_efficiency"] == fidelity.DEVICES["V100-16GB"].max_efficiency
     assert calibrated["T4 max_efficiency"] == fidelity.DEVICES["T4"].max_efficiency
+    for key, name in (("L40S", "L40S-48GB"), ("A10G", "A10G-24GB"), ("L4", "L4"), ("P100", "P100-16GB")):
+        assert calibrated[f"{key} max_efficiency"] == fidelity.DEVICES[name].max_efficiency
     assert calibrated["AMP kernel time scale"] == published.AMP_KERNEL_TIME_SCALE
     assert calibrated["AMP framework overhead per layer pass (s)"] == published.AMP_FRAMEWORK_OVERHEAD_S
     assert calibrated["AMP extra overhead per TP layer pass (s)"] == published.AMP_TP_OVERHEAD_S

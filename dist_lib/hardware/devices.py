@@ -126,9 +126,23 @@ LINKS: dict[str, Link] = {link.name.lower(): link for link in
 #   (gemm_time with 304 compute units: 673).
 # The same table measures an A100 SXM at 271.2 TFLOP/s (1024 x 10240 x 5120), which gemm_time reaches at
 # 0.90: the A100's 0.75, set on a 2022 Megatron-LM layer, also holds what the kernels of that time lost.
+# The table has no L40S, A10G, L4, A10 or P100 row. Those come from one community benchmark, torch.mm on square
+# bf16 matrices of 1024 to 10240 (zzc0721/torch-performance-test-data, test.py; CUDA events over 30 runs after
+# warm-up), which reports each precision's best size; its submitted results are the issues cited:
+# * L40S 0.78: 269.15 TFLOP/s bf16, the best of the five sizes (issue 43, torch 2.8 + CUDA 12.8; the sizes'
+#   own rates are not listed); gemm_time's best of them at 0.78: 268 (at 10240^3).
+# * A10G 1.00: 69.47 TFLOP/s bf16 at 10240^3 (issue 126, torch 2.7 + CUDA 12.8; 66.6 at 8192^3, 62.5 at 4096^3);
+#   gemm_time at 1.00 gives 69.2 (68.0, 62.2): the A10G reaches the whole of the 70 TFLOP/s it is credited with
+#   (a figure from no data sheet), so that peak, not this efficiency, carries the uncertainty.
+# * L4 0.51: 59.40 TFLOP/s bf16 at 8192^3 (issue 120, torch 2.9 + CUDA 12.8), taken like the T4's as the sustained
+#   rate of a 72 W part: its best size, 2048^3, runs at 70.89 for a few milliseconds; gemm_time at 0.51 gives 59.1.
+# * P100 0.45: 8.39 TFLOP/s fp16 on a P100 PCIe, the best of the five sizes (database.md, Kaggle P100, torch 2.6 +
+#   CUDA 12.4): 45 % of the PCIe's 18.7 TFLOP/s, the share the SXM2's 21.2 takes as for the V100 (gemm_time at
+#   0.45 and 18.7: 8.31 at 8192^3). PyTorch's half GEMM accumulates in fp32, which Pascal runs at its fp32 rate.
+# * A10 0.60: a placeholder; no published GEMM rate of an A10 was found (the A10G's above is a different part).
 # SM counts from the data sheets / architecture whitepapers (H100 SXM 132, PCIe 114, B200 148, MI300X 304
-# compute units, A100 108, V100 80, A10 72, L40S 142, L4 58, T4 40, P100 56). The A10, A10G, L4, L40S and P100
-# efficiencies are placeholders that no published measurement has checked yet.
+# compute units, A100 108, V100 80, A10 72, L40S 142, L4 58, T4 40, P100 56); the A10G's 80 is what PyTorch reports
+# on g5 instances (no NVIDIA or AWS document gives it).
 DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("H100-80GB", 989e12, 81559 * 2**20, 3350 * GB, NVLINK_4, IB_NDR, 0.84, 132, fp8_flops=1979e12),
     Device("H100-PCIe-80GB", 756e12, 80 * GiB, 2000 * GB, PCIE_5, IB_NDR, 0.84, 114, fp8_flops=1513e12),
@@ -139,19 +153,19 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("H100-HBM2e-96GB", 989e12, 96 * GiB, 2400 * GB, NVLINK_4, IB_NDR, 0.84, 132, fp8_flops=1979e12),
     Device("B200-180GB", 2250e12, 183359 * 2**20, 8000 * GB, NVLINK_5, IB_NDR, 0.84, 148, fp8_flops=4500e12),
     Device("MI300X-192GB", 1307.4e12, 192 * GiB, 5300 * GB, XGMI_MI300X, IB_NDR, 0.53, 304, fp8_flops=2614.9e12),
-    Device("L40S-48GB", 362.05e12, 46068 * 2**20, 864 * GB, PCIE_4, ETH_100G, 0.60, 142, fp8_flops=733e12),
-    Device("A10G-24GB", 70e12, 23028 * 2**20, 600 * GB, PCIE_4, ETH_40G, 0.60),
+    Device("L40S-48GB", 362.05e12, 46068 * 2**20, 864 * GB, PCIE_4, ETH_100G, 0.78, 142, fp8_flops=733e12),
+    Device("A10G-24GB", 70e12, 23028 * 2**20, 600 * GB, PCIE_4, ETH_40G, 1.00, 80),
     Device("A100-80GB", 312e12, 80 * GiB, 2039 * GB, NVLINK_3, IB_HDR, 0.75, 108),
     Device("A100-40GB", 312e12, 40 * GiB, 1555 * GB, NVLINK_3, IB_HDR, 0.75, 108),
     Device("V100-32GB", 125e12, 32 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.93, 80),
     Device("V100-16GB", 125e12, 16 * GiB, 900 * GB, NVLINK_2, IB_EDR, 0.93, 80),
     Device("A10", 125e12, 24 * GiB, 600 * GB, PCIE_4, ETH_40G, 0.60, 72),
-    Device("L4", 121e12, 24 * GiB, 300 * GB, PCIE_4, ETH_40G, 0.60, 58),
+    Device("L4", 121e12, 24 * GiB, 300 * GB, PCIE_4, ETH_40G, 0.51, 58),
     Device("T4", 65e12, 16 * GiB, 320 * GB, PCIE_3, ETH_50G, 0.38, 40),
     # Tesla P100 SXM2 data sheet: 21.2 TFLOP/s fp16 (no tensor cores), 16 GB HBM2 at 732 GB/s,
     # NVLink 1 four links of 20 GB/s each way; a Metis device type (SamsungLabs/Metis utils.DeviceType).
     Device("P100-16GB", 21.2e12, 16 * GiB, 732 * GB, Link("NVLink1", 80 * GB, 3.4e-6, NVLINK_NCCL_EFFICIENCY),
-           ETH_100G, 0.55, 56),
+           ETH_100G, 0.45, 56),
 )}
 
 # On-demand list prices per GPU-hour: the instance's hourly price over its GPUs, AWS EC2 On-Demand
@@ -160,10 +174,17 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
 # p3.16xlarge 8 x V100-16GB $24.48; g5.12xlarge 4 x A10G $5.672; g6.12xlarge 4 x L4 $4.6016;
 # g4dn.12xlarge 4 x T4 $3.912. P100: Google Cloud's on-demand GPU price, $1.46 per GPU-hour. The g5's GPU is the
 # A10G, which is priced from it; the A10 (not offered on AWS) takes the same price as its nearest sibling.
+# From SkyPilot's price catalog, the same era as the p5's $98.32 (skypilot-org/skypilot-catalog
+# catalogs/v7/aws/vms.csv at 001367d, us-east-1; catalogs/v7/lambda/vms.csv at 1158013):
+# p5en.48xlarge 8 x H200 $84.80 (the p5e has no on-demand price, only capacity blocks);
+# g6e.48xlarge 8 x L40S $30.13118; Lambda gpu_1x_h100_pcie 1 x H100 PCIe $2.49.
+# Unpriced (0): the B200 and MI300X, whose on-demand prices (AWS p6-b200, Azure ND MI300X v5) were not in any
+# stored catalog we could check, and the H100 HBM2e, Meta's Grand Teton part, which no cloud rents.
 PRICES_PER_HOUR = {"H100-80GB": 98.32 / 8, "A100-80GB": 40.9657 / 8, "A100-40GB": 32.7726 / 8,
                    "V100-32GB": 31.212 / 8, "V100-16GB": 24.48 / 8, "A10": 5.672 / 4, "A10G-24GB": 5.672 / 4,
-                   "L4": 4.6016 / 4, "T4": 3.912 / 4, "P100-16GB": 1.46}
-# The devices added with their own prices unknown here are unpriced (0): the planner's cost objective asks for one.
+                   "L4": 4.6016 / 4, "T4": 3.912 / 4, "P100-16GB": 1.46, "H200-141GB": 84.80 / 8,
+                   "L40S-48GB": 30.13118 / 8, "H100-PCIe-80GB": 2.49}
+# The devices without a price are unpriced (0): the planner's cost objective asks for one.
 DEVICES = {name: replace(d, price_per_hour=PRICES_PER_HOUR.get(name, 0.0)) for name, d in DEVICES.items()}
 
 _ALIASES = {"h100": "H100-80GB", "a100": "A100-80GB", "v100": "V100-32GB", "p100": "P100-16GB", "h200": "H200-141GB",
@@ -175,30 +196,40 @@ SOURCES: dict[str, str] = {
     "H100-80GB": "NVIDIA H100 data sheet (SXM5: 989 / 1979 TFLOP/s dense, as torchtitan's get_peak_flops, 3.35 TB/s, NVLink4 900 GB/s both ways); "
                  "nvidia-smi 81559 MiB; DGX H100 SuperPOD reference (ConnectX-7 NDR 400 Gb/s per GPU); " + _MAMF,
     "H100-PCIe-80GB": "NVIDIA H100 data sheet (PCIe: 756 / 1513 TFLOP/s, 2 TB/s HBM2e, PCIe 5 x16; NVLink bridge "
-                      "pairs not modelled); memory nominal (nvidia-smi not confirmed); GEMM efficiency: H100 SXM's",
+                      "pairs not modelled); memory nominal (nvidia-smi not confirmed); GEMM efficiency: H100 SXM's; "
+                      "price: Lambda gpu_1x_h100_pcie $2.49/h (SkyPilot catalog)",
     "H200-141GB": "NVIDIA H200 product page (989 / 1979 TFLOP/s, 4.8 TB/s, NVLink4); nvidia-smi 143771 MiB; "
-                  "DGX H200 ConnectX-7 400 Gb/s per GPU; " + _MAMF + " (same as H100)",
+                  "DGX H200 ConnectX-7 400 Gb/s per GPU; " + _MAMF + " (same as H100); price: AWS p5en.48xlarge "
+                  "$84.80/h for 8 (SkyPilot catalog)",
     "H100-HBM2e-96GB": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Grand Teton: H100 96 GB HBM2e "
                        "2.4 TB/s, 500 W limit, RDMA 400 Gb/s per GPU); memory nominal; peaks, SMs, NVLink4 and GEMM "
-                       "efficiency the H100 SXM's (the 500 W cap's clock is unpublished and not modelled)",
+                       "efficiency the H100 SXM's (the 500 W cap's clock is unpublished and not modelled); unpriced: "
+                       "no cloud rents it",
     "B200-180GB": "NVIDIA DGX B200 data sheet (72 PFLOP/s FP8 sparse for 8 GPUs: 2250 / 4500 dense, 64 TB/s HBM, "
-                  "NVLink5 14.4 TB/s for 8); nvidia-smi 183359 MiB; 148 SMs (not on the data sheet); " + _MAMF,
+                  "NVLink5 14.4 TB/s for 8); nvidia-smi 183359 MiB; 148 SMs (not on the data sheet); " + _MAMF
+                  + "; unpriced: no on-demand price found",
     "MI300X-192GB": "AMD Instinct MI300X specifications (1307.4 / 2614.9 TFLOP/s, 192 GB HBM3 at 5.3 TB/s, 304 CUs, "
-                    "7 x 64 GB/s Infinity Fabric links); 400 Gb/s NIC per GPU typical; memory nominal; " + _MAMF,
+                    "7 x 64 GB/s Infinity Fabric links); 400 Gb/s NIC per GPU typical; memory nominal; " + _MAMF
+                    + "; unpriced: no on-demand price found",
     "L40S-48GB": "NVIDIA L40S data sheet (362.05 / 733 TFLOP/s, 864 GB/s GDDR6, PCIe 4, 142 SMs); nvidia-smi "
-                 "46068 MiB; GEMM efficiency unmeasured (placeholder)",
-    "A10G-24GB": "AWS g5 (A10G, no NVIDIA data sheet): ~70 TFLOP/s bf16 per Baseten's A10 vs A10G article "
-                 "(unverified), 24 GB GDDR6 at 600 GB/s, nvidia-smi 23028 MiB (unverified), SMs unknown; GEMM "
-                 "efficiency unmeasured (placeholder)",
+                 "46068 MiB; GEMM efficiency: torch.mm bf16 best of five squares 269.15 TFLOP/s "
+                 "(zzc0721/torch-performance-test-data issue 43); price: AWS g6e.48xlarge $30.13118/h for 8",
+    "A10G-24GB": "AWS g5 (A10G, no NVIDIA or AWS data sheet): ~70 TFLOP/s bf16 per Baseten's A10 vs A10G "
+                 "article, 24 GB GDDR6 at 600 GB/s; nvidia-smi 23028 MiB and 300 W (public g5.xlarge log); 80 SMs "
+                 "as PyTorch reports on g5; GEMM efficiency: torch.mm bf16 10240^3 69.47 TFLOP/s "
+                 "(zzc0721/torch-performance-test-data issue 126); price: AWS g5.12xlarge",
     "A100-80GB": "NVIDIA A100 data sheet (SXM4: 312 TFLOP/s, 2039 GB/s, NVLink3 600 GB/s both ways); "
                  "GEMM efficiency: Korthikanti et al. 2022 Table 4",
     "A100-40GB": "NVIDIA A100 data sheet (SXM4 40GB: 1555 GB/s); GEMM efficiency: Korthikanti et al. 2022 Table 4",
     "V100-32GB": "NVIDIA V100 data sheet (SXM2: 125 TFLOP/s, 900 GB/s, NVLink2); GEMM efficiency: cuBLAS 8192^3",
     "V100-16GB": "NVIDIA V100 data sheet (SXM2 16GB); GEMM efficiency: cuBLAS 8192^3",
-    "A10": "NVIDIA A10 data sheet (125 TFLOP/s, 600 GB/s, PCIe 4); GEMM efficiency unmeasured (placeholder)",
-    "L4": "NVIDIA L4 data sheet (121 TFLOP/s, 300 GB/s, PCIe 4); GEMM efficiency unmeasured (placeholder)",
+    "A10": "NVIDIA A10 data sheet (125 TFLOP/s, 600 GB/s, PCIe 4); GEMM efficiency: placeholder, no published "
+           "measurement found; price: the A10G's",
+    "L4": "NVIDIA L4 data sheet (121 TFLOP/s, 300 GB/s, PCIe 4); GEMM efficiency: torch.mm bf16 8192^3 59.40 "
+          "TFLOP/s (zzc0721/torch-performance-test-data issue 120)",
     "T4": "NVIDIA T4 data sheet (65 TFLOP/s, 320 GB/s); GEMM efficiency: sustained cuBLAS 4096^3 at 70 W",
-    "P100-16GB": "NVIDIA P100 SXM2 data sheet (21.2 TFLOP/s fp16, 732 GB/s, NVLink1); GEMM efficiency: placeholder",
+    "P100-16GB": "NVIDIA P100 SXM2 data sheet (21.2 TFLOP/s fp16, 732 GB/s, NVLink1); GEMM efficiency: torch.mm "
+                 "fp16 best of five squares 8.39 TFLOP/s on a P100 PCIe (zzc0721/torch-performance-test-data)",
 }
 
 
