@@ -51,9 +51,7 @@ class StagePlan:
     tp_group: Sequence[int] = (0,)
     tp_rank: int = 0
     recompute: bool = False
-    # keep the stash without the attention core (True: Korthikanti et al. 2022), or what torchtitan's per-op
-    # selective checkpointing saves ("op": `workload/per_op_checkpoint.py`)
-    selective_recompute: bool | str = False
+    selective_recompute: bool | str = False  # True: Korthikanti et al. 2022's; "op": torchtitan's per-op policy
     sequence_parallel: bool = False  # TP layers split their elementwise work along the sequence (same paper)
     # all-reduce each layer's gradient as soon as it is complete (PyTorch DDP's buckets), or only after the
     # pipeline flush, as Megatron-LM's local DDP and DeepSpeed's pipeline engine do
