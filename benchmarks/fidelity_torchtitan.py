@@ -37,7 +37,8 @@ Every setting the sources do not state was chosen before the first run, and is r
   count, read in torchtitan 9dec370's parallelize_llama.py and 820504e's llama3/parallelize.py). Chosen before the
   first run of these rows (the first run of T1/T3 "+compile", "+compile+fp8" and J25 8B): the compiled policy,
   keeping only the saved outputs the backward reads (December 2024's list also saves `aten.abs`, dropped in
-  February 2025; compiled, the saved amax makes the abs output unread, so both commits keep the same tensors);
+  February 2025; compiled, the saved amax is taken to leave the abs output unread, so both commits keep the same
+  tensors);
   SDPA's flash backend saving its output and log-sum-exp; with TP the recompute's two all-gathers of the norms'
   outputs charged exposed, also under async TP (whose micro-pipelining may overlap them with the recomputed
   GEMMs: not credited);

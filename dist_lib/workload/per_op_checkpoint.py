@@ -12,9 +12,10 @@ projections, then the SwiGLU MLP `w2(silu(w1 x) * w3 x)`), so the 1st, 3rd, 5th 
 wq, wv, w1 and w2; wk, wo and w3 are run again in backward.
 
 Every saved tensor is counted only where the backward reads it: torchtitan's rows compile each block
-(`torch.compile`), and the compiled backward graph takes from the forward only the values it uses, the
-policy's saved outputs among them, and recomputes the rest from those (PyTorch's min-cut partitioner honours
-the policy's MUST_SAVE / PREFER_RECOMPUTE tags). Per token of a TP rank (t ranks; q = heads x head_dim,
+(`torch.compile`), and the compiled backward graph is taken to keep from the forward only the values it uses,
+the policy's saved outputs among them, recomputing the rest from those (the partitioner following the
+policy's MUST_SAVE / PREFER_RECOMPUTE tags; a modelling assumption, not checked against PyTorch's
+partitioner; eager checkpointing would also hold w2's output and the second reduce-scatter's). Per token of a TP rank (t ranks; q = heads x head_dim,
 kv = kv_heads x head_dim, f the MLP width; 16-bit elements, 2 bytes):
 
 * wq's output q/t and wv's output kv/t (the rotary embedding of q is recomputed from the first; k is wk's,
