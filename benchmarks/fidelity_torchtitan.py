@@ -32,9 +32,16 @@ Every setting the sources do not state was chosen before the first run, and is r
   (the first run of this set left it at 2; corrected to what this docstring stated from the start);
 * Float8: torchao's dynamic tensorwise recipe (`fp8="tensorwise"`, its default); the rowwise recipe is not a recipe
   of `hybrid`: not expressible; async TP as `tp_comm_overlap=True`;
-* full activation checkpointing as `recompute=True`; torchtitan's per-op selective checkpointing (it saves every
-  other matmul output and the attention, recomputing the rest) is not one of `hybrid`'s recompute modes: not
-  expressible (nor is Korthikanti's selective recompute a stand-in for it);
+* full activation checkpointing as `recompute=True`; torchtitan's per-op selective checkpointing as
+  `recompute="op"` (dist_lib/workload/per_op_checkpoint.py: the policy's `_save_list` and its every-other-`aten.mm`
+  count, read in torchtitan 9dec370's parallelize_llama.py and 820504e's llama3/parallelize.py). Chosen before the
+  first run of these rows (the first run of T1/T3 "+compile", "+compile+fp8" and J25 8B): the compiled policy,
+  keeping only the saved outputs the backward reads (December 2024's list also saves `aten.abs`, dropped in
+  February 2025; compiled, the saved amax is taken to leave the abs output unread, so both commits keep the same
+  tensors);
+  SDPA's flash backend saving its output and log-sum-exp; with TP the recompute's two all-gathers of the norms'
+  outputs charged exposed, also under async TP (whose micro-pipelining may overlap them with the recomputed
+  GEMMs: not credited);
 * pipelining: the split torchtitan generates when no split points are given (`torchtitan_split`), with one stage
   per rank for 1F1B and two for Interleaved 1F1B, embedding on the first stage and the head on the last;
 * context parallelism as `cp` with `kv_exchange="all_gather"`: PyTorch's context-parallel SDPA with the causal
@@ -103,8 +110,6 @@ class TorchtitanRun:
             return "async TP with context parallelism is refused by hybrid (tp_comm_overlap needs cp=1)"
         if not self.compile:
             return "eager PyTorch (no torch.compile) runs unfused elementwise kernels one by one: not modelled"
-        if self.ac == "op":
-            return "torchtitan's per-op selective checkpointing is not one of hybrid's recompute modes"
         if self.fp8 == "rowwise":
             return "torchao's rowwise Float8 recipe is not one of hybrid's fp8 recipes"
         return None
@@ -168,7 +173,7 @@ def torchtitan_split(layers: int, stages: int) -> list[int]:
 def plan(run: TorchtitanRun) -> dict:
     """hybrid's options for a torchtitan run (see the module docstring for every unstated choice)."""
     options = dict(framework="torchtitan", dp=run.fsdp, pp=run.pp, tp=run.tp, microbatch_size=run.local_batch,
-                   schedule=run.schedule, recompute=run.ac == "full", fp8=run.fp8, tp_comm_overlap=run.async_tp)
+                   schedule=run.schedule, recompute="op" if run.ac == "op" else run.ac == "full", fp8=run.fp8, tp_comm_overlap=run.async_tp)
     if run.cp > 1:  # FSDP shards over dp x cp (torchtitan's dp_shard_cp mesh), as hybrid's fsdp does with cp
         options.update(cp=run.cp, kv_exchange="all_gather")
     if run.pp > 1:  # microbatches = stages (`pipeline_parallel_microbatches` default); 2 stages a rank if looped

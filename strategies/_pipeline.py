@@ -51,7 +51,7 @@ class StagePlan:
     tp_group: Sequence[int] = (0,)
     tp_rank: int = 0
     recompute: bool = False
-    selective_recompute: bool = False  # keep the stash without the attention core (Korthikanti et al. 2022)
+    selective_recompute: bool | str = False  # True: Korthikanti et al. 2022's; "op": torchtitan's per-op policy
     sequence_parallel: bool = False  # TP layers split their elementwise work along the sequence (same paper)
     # all-reduce each layer's gradient as soon as it is complete (PyTorch DDP's buckets), or only after the
     # pipeline flush, as Megatron-LM's local DDP and DeepSpeed's pipeline engine do
@@ -412,10 +412,13 @@ class _Stage:
         async_reduce = tp_group is not None and plan.async_tp_allreduce
         gathers = self.gathers
         shard = self._checkpoints_shard()
+        regather = gather_grad and plan.selective_recompute == "op"
         for layer in reversed(layers):
             x = kept[layer].pop(mb)
             if shard:  # the checkpointed shard made whole again for the recompute
                 x = await self.model.all_gather(x, tp_group)
+            elif regather:
+                await self._regather_norm_outputs(x)
             weight = weights[layer][0] if gathers is None else await gathers.get(layer, layers, True)
             if recompute:
                 # rebuild the stash; the output is not needed again, but the re-run forward repeats its
@@ -462,6 +465,14 @@ class _Stage:
         charged on top of the re-run layer's TP collectives (one all-gather of b*s*h more than Megatron-LM
         moves in the recompute)."""
         return self.plan.recompute and self.plan.sequence_parallel and self.tp_group is not None
+
+    async def _regather_norm_outputs(self, x) -> None:
+        """torchtitan's per-op selective checkpointing with sequence parallelism: its recompute runs the layer's
+        two all-gathers of the norms' sequence-split outputs again (`all_gather_into_tensor` is not in its
+        `_save_list`; `workload/per_op_checkpoint.py`), b*s*h each, before the backward."""
+        model, tp_rank, tp = self.model, self.plan.tp_rank, self.tp
+        for _ in range(2):
+            await model.all_gather(model.split_tp(x, tp_rank, tp), self.tp_group)
 
     async def _gather_sequence_parallel_grad(self, grad):
         """Megatron-LM's sequence-parallel backward: the output gradient is split along the sequence, and

@@ -13,6 +13,7 @@ from dist_lib.costs import compute as costs
 from dist_lib.costs import context, network
 from dist_lib.costs.fp8 import check_recipe
 from dist_lib.errors import SpecError
+from dist_lib.workload.per_op_checkpoint import problem as per_op_problem
 
 from ._layout import Layout, check_chunks, check_partition, even_partition, microbatches, replica_samples
 from dist_lib.schedules.actions import Action, check_schedule
@@ -139,12 +140,45 @@ def check_modes(workload, tp: int, recompute: bool, selective_recompute: bool, s
     if recompute and selective_recompute:
         raise ValueError("recompute=True and selective_recompute=True exclude each other (full recompute "
                          "already re-runs the attention core); choose one")
+    if selective_recompute == "op":
+        check_per_op(workload, tp, sequence_parallel)
     if workload.tp_problem(tp):
         raise ValueError(workload.tp_problem(tp))
     if sequence_parallel and tp > 1 and workload.seq_len % tp:
         raise ValueError(f"sequence_parallel=True with tp={tp}: the sequence of {workload.seq_len} tokens does not "
                          f"split into {tp} equal pieces; choose a tp that divides {workload.seq_len}, or "
                          f"sequence_parallel=False")
+
+
+def recompute_modes(recompute: bool | str | None, selective_recompute: bool) -> tuple[bool, bool | str]:
+    """hybrid's `recompute` (None or False: nothing, True: the whole layer, or "op": torchtitan's per-op selective
+    checkpointing) and `selective_recompute` as a plan's (full recompute, the forward's `selective_recompute`)."""
+    if recompute is None:
+        return False, selective_recompute
+    if recompute not in (False, True, "op") or recompute.__class__ not in (bool, str):
+        raise ValueError(f"recompute must be True, False or 'op' (torchtitan's per-op selective checkpointing), "
+                         f"got {recompute!r}")
+    if recompute != "op":
+        return recompute, selective_recompute
+    if selective_recompute:
+        raise ValueError("recompute='op' and selective_recompute=True exclude each other (torchtitan's per-op and "
+                         "Korthikanti's selective checkpointing are two policies); choose one")
+    return False, "op"
+
+
+def check_per_op(workload, tp: int, sequence_parallel: bool) -> None:
+    """What per-op selective checkpointing is modelled for (`workload.per_op_checkpoint`): a dense Llama block as
+    torchtitan builds it, its kernels from the cost model (no measured profile), and with TP the sequence
+    parallelism torchtitan's TP plan always applies (without it the row-parallel outputs are all-reduced, an op
+    the policy would run again, which is not modelled)."""
+    why = ("the workload is a mixture of experts" if workload.moe is not None else
+           "the workload has a measured profile, which does not split out the layer's kernels"
+           if workload.profile is not None else per_op_problem(workload))
+    if why is None and tp > 1 and not sequence_parallel:
+        why = f"tp={tp} needs sequence_parallel=True (torchtitan's TP plan always splits the norms' sequence)"
+    if why:
+        raise ValueError(f"recompute='op' (torchtitan's per-op selective checkpointing) is not modelled for "
+                         f"workload {workload.name}: {why}")
 
 
 @functools.lru_cache(maxsize=256)

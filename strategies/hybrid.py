@@ -9,8 +9,9 @@ attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gat
 mixture-of-experts workload, `ep` and `etp` lay Megatron-Core's expert grid over the ranks of each stage (EP x
 ETP x PP x DP beside TP, `_expert_stage.py`; the distributed optimizer's `_expert_sharded.py`;
 `moe_dispatcher` the token dispatch, flat or hierarchical as DeepEP/HybridEP);
-`distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `fp8` runs the linear layers'
-GEMMs in FP8, `tp_comm_overlap` pipelines the TP collectives with the GEMMs (`costs/tp_overlap.py`), and
+`distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `recompute` checkpoints each layer
+whole (True) or as torchtitan's per-op selective policy does ("op", `workload/per_op_checkpoint.py`), `fp8` runs the
+linear layers' GEMMs in FP8, `tp_comm_overlap` pipelines the TP collectives with the GEMMs (`costs/tp_overlap.py`), and
 `framework` takes a framework's defaults (`_frameworks.py`). Every option, its source and its effect:
 docs/reference/strategies.md, "hybrid's options".
 """
@@ -24,7 +25,7 @@ from ._context import run_context_stage
 from ._expert_sharded import run_sharded_expert_stage
 from ._expert_stage import ExpertPlan, check_expert_options
 from ._layout import Layout, declared_grid
-from ._plan import build_plan
+from ._plan import build_plan, recompute_modes
 from ._frameworks import DECIDED, framework_defaults
 from ._sharded import run_sharded_stage
 
@@ -33,7 +34,7 @@ SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved
 
 
 async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1, microbatch_size: int = 1,
-                schedule: str | None = None, chunks: int | None = None, recompute: bool = False,
+                schedule: str | None = None, chunks: int | None = None, recompute: bool | str | None = None,
                 selective_recompute: bool = False, sequence_parallel: bool | None = None,
                 overlap_grad_reduce: bool | None = None, scatter_gather: bool | None = None,
                 async_tp_allreduce: bool | None = None, partition=None, tied_embeddings: bool | None = None,
@@ -57,6 +58,13 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
     if cp != 1 and schedule == "deepspeed":
         raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, not {schedule!r}")
     sharding = check_sharding(distributed_optimizer, fsdp, overlap_param_gather, replicate, reshard_after_forward)
+    # recompute: None or False nothing, True the whole layer, "op" torchtitan's per-op selective checkpointing (the
+    # forwards' selective_recompute mode "op"); None by default, as a bool default would refuse the string
+    recompute, selective_recompute = recompute_modes(recompute, selective_recompute)
+    if selective_recompute == "op" and (cp != 1 or ep is not None or hasattr(model, "moe")):
+        raise ValueError(f"recompute='op' (torchtitan's per-op selective checkpointing) is modelled without context "
+                         f"parallelism and experts; got cp={cp}{', a mixture-of-experts workload' * hasattr(model, 'moe')}"
+                         f"{f', ep={ep}' if ep is not None else ''}")
     if tp_comm_overlap and tp > 1 and (not sequence_parallel or cp != 1):
         raise ValueError(f"tp_comm_overlap=True with tp={tp} needs sequence_parallel=True and cp=1 (Megatron-LM "
                          f"asserts --tp-comm-overlap only with --sequence-parallel)")

@@ -45,10 +45,19 @@ def test_context_parallel_rows_run_fsdp_over_dp_x_cp_with_torchtitans_all_gather
 
 def test_rows_hybrid_cannot_run_say_why():
     assert "async TP with context parallelism" in ROWS["T6 405B cp2"].not_expressible()
-    assert "per-op selective" in ROWS["T1 8B +compile"].not_expressible()
     assert "eager" in ROWS["T1 8B FSDP"].not_expressible()
     assert "rowwise" in ROWS["J25 70B rowwise"].not_expressible()
     assert ROWS["T5 405B 1F1B"].not_expressible() is None
+
+
+def test_per_op_rows_run_torchtitans_per_op_checkpointing():
+    """Table 1's and 3's compiled rows and the June 2025 8B rows checkpoint per op (`recompute="op"`); the eager
+    ones stay not expressible for eager PyTorch, the rowwise ones for the rowwise recipe."""
+    for name in ("T1 8B +compile", "T3 8B +compile+fp8", "J25 8B bf16 asyncTP"):
+        assert ROWS[name].not_expressible() is None and plan(ROWS[name])["recompute"] == "op"
+    assert "eager" in ROWS["T3 8B FSDP"].not_expressible()
+    assert "rowwise" in ROWS["J25 8B rowwise"].not_expressible()
+    assert plan(ROWS["T4 70B 2D"])["recompute"] is True
 
 
 def test_the_grand_teton_h100_is_the_sxm_with_its_hbm2e():

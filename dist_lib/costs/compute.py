@@ -10,6 +10,7 @@ from dist_lib.costs import experts, fp8 as fp8_costs
 from dist_lib.costs.attention import flash_times
 from dist_lib.hardware.devices import Device
 from dist_lib.workload import architecture as arch
+from dist_lib.workload import per_op_checkpoint as per_op
 from dist_lib.workload.transformer import Workload
 
 # GEMM kernels are timed by their shape, as a tiled kernel runs on the GPU (NVIDIA, "Matrix
@@ -164,19 +165,51 @@ def recompute_time(device: Device, workload: Workload, layer: int, samples: int,
                    recompute: str = "selective", sequence_parallel: bool = False, fp8: str = "") -> float:
     """Extra time backward spends re-running forward work: none; the attention core alone
     (`selective`: Q K^T, softmax, dropout, softmax * V; Korthikanti et al. 2022, sec. 5; with FlashAttention
-    the forward kernel again, which saves only its log-sum-exp); or the whole layer forward (`full`)."""
+    the forward kernel again, which saves only its log-sum-exp); or the whole layer forward (`full`); or
+    (`op`, torchtitan's per-op selective checkpointing) the forward GEMMs and memory-bound kernels the policy
+    does not save (`workload.per_op_checkpoint`), timed as the forward times them."""
     if recompute == "none":
         return 0.0
     if recompute == "full":
         return forward_time(device, workload, layer, samples, tp, sequence_parallel=sequence_parallel, fp8=fp8)
+    if recompute == "op":
+        return _per_op_recompute_time(device, workload, samples, tp, sequence_parallel, fp8)
     if recompute != "selective":
-        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+        raise ValueError(f"recompute must be 'none', 'selective', 'full' or 'op', got {recompute!r}")
     measured = _profiled(device, workload, layer, samples, tp, 0.0)
     if measured is not None:  # a profile holds no split of the attention core; charge nothing extra
         return 0.0
     kernels = (_attention_time(device, workload, samples, tp)
                + _stream_time(device, samples * workload.elementwise_bytes(tp, attention_only=True)))
     return workload.kernel_time_scale * kernels
+
+
+def _per_op_recompute_time(device: Device, workload: Workload, samples: int, tp: int, sequence_parallel: bool,
+                           fp8: str) -> float:
+    """The unsaved GEMMs by shape (in FP8: at the FP8 peak, after casting their input and weight again; the
+    saved amax spares the amax pass) and the unsaved memory-bound kernels at HBM bandwidth."""
+    if workload.profile is not None:
+        raise ValueError(f"workload {workload.name}: recompute 'op' needs the layer's kernels, which a measured "
+                         f"profile does not split out")
+    shapes = per_op.recomputed_gemm_shapes(workload, samples * workload.seq_len, tp, sequence_parallel)
+    e = workload.bytes_per_element
+    if fp8:
+        fast = fp8_costs.fp8_device(device)
+        gemms = sum(gemm_time(fast, m, n, k, 1, e) for m, n, k in shapes) + _stream_time(
+            device, fp8_costs.CAST_BYTES * sum(m * k + k * n for m, n, k in shapes))
+    else:
+        gemms = sum(gemm_time(device, m, n, k, 1, e) for m, n, k in shapes)
+    replicated, split = per_op.recomputed_elementwise_bytes_per_token(workload)
+    if sequence_parallel and tp > 1:
+        replicated /= tp
+    streamed = samples * workload.seq_len * (replicated + split / tp) * e / 2
+    return workload.kernel_time_scale * (gemms + _stream_time(device, streamed))
+
+
+def per_op_recompute_flops(workload: Workload, samples: int, tp: int, sequence_parallel: bool) -> float:
+    """FLOPs of the GEMMs per-op checkpointing runs again on one TP rank (2 M N K each)."""
+    return sum(2.0 * m * n * k for m, n, k in per_op.recomputed_gemm_shapes(workload, samples * workload.seq_len,
+                                                                          tp, sequence_parallel))
 
 
 def backward_time(device: Device, workload: Workload, layer: int, samples: int, tp: int = 1, *,
@@ -292,10 +325,11 @@ def grad_average_time(device: Device, params: float) -> float:
 
 
 def compute_flops(workload: Workload, op: str, layer: int, samples: int, tp: int = 1, *,
-                  recompute: str = "none") -> float:
+                  recompute: str = "none", sequence_parallel: bool = False) -> float:
     """The FLOPs an op executes, for HFU (the same figures the durations above are built from).
-    A backward with selective recompute also re-runs the attention core (Korthikanti 2022, Eq. 8);
-    with full recompute the forward is a separate op and counted there."""
+    A backward with selective recompute also re-runs the attention core (Korthikanti 2022, Eq. 8), one with
+    per-op checkpointing (`op`) the GEMMs the policy did not save; with full recompute the forward is a
+    separate op and counted there."""
     if op == "loss":
         return 3 * workload.head_forward_flops() * samples / tp
     share = {"forward": 1.0, "backward": 2.0, "backward_input": BACKWARD_INPUT_SHARE,
@@ -308,6 +342,8 @@ def compute_flops(workload: Workload, op: str, layer: int, samples: int, tp: int
             * samples / tp
     if op in ("backward", "backward_input") and recompute == "selective":
         flops += workload.attention_core_flops() * samples / tp
+    elif op in ("backward", "backward_input") and recompute == "op":
+        flops += per_op_recompute_flops(workload, samples, tp, sequence_parallel)
     return flops
 
 

@@ -12,25 +12,28 @@ from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
 from dist_lib.workload.transformer import Workload
 
 # What a forward's stash tells its backward about how to time it (the `recompute` field of a Stash, a
-# compute event's detail, a cost-cache key): whether backward re-runs the attention core (selective
-# recompute), whether the layer runs sequence-parallel, and whether its linear layers run in FP8 and with
+# compute event's detail, a cost-cache key): what backward re-runs first (the `selective_recompute` value of
+# the forward: False nothing, True the attention core, "op" what torchtitan's per-op selective checkpointing
+# did not save), whether the layer runs sequence-parallel, and whether its linear layers run in FP8 and with
 # which scaling recipe (`costs.fp8`).
-SELECTIVE, SEQUENCE_PARALLEL = "selective", "sequence-parallel"
+SELECTIVE, PER_OP, SEQUENCE_PARALLEL = "selective", "per-op", "sequence-parallel"
+RECOMPUTE_OF = {False: "none", True: "selective", "op": "op"}  # a forward's selective_recompute -> its recompute
 
 
-def _mode_name(selective: bool, sp: bool, fp8: str) -> str:
-    parts = [SELECTIVE] * selective + [SEQUENCE_PARALLEL] * sp + [f"fp8 {fp8}"] * bool(fp8)
+def _mode_name(selective: bool | str, sp: bool, fp8: str) -> str:
+    parts = [{False: "", True: SELECTIVE, "op": PER_OP}[selective]] * bool(selective) + [SEQUENCE_PARALLEL] * sp \
+        + [f"fp8 {fp8}"] * bool(fp8)
     return ", ".join(parts) or "none"
 
 
-COMPUTE_MODES = {(sel, sp, fp8): _mode_name(sel, sp, fp8) for sel in (False, True) for sp in (False, True)
+COMPUTE_MODES = {(sel, sp, fp8): _mode_name(sel, sp, fp8) for sel in (False, True, "op") for sp in (False, True)
                  for fp8 in ("", *FP8_RECIPES)}
 _MODE_FLAGS = {mode: flags for flags, mode in COMPUTE_MODES.items()}
 # the modes of a layer that ran sequence-parallel (its backward's output gradient must be gathered first)
 SEQUENCE_PARALLEL_MODES = frozenset(mode for (_, sp, _), mode in COMPUTE_MODES.items() if sp)
 
 
-def compute_mode(selective_recompute: bool, sequence_parallel: bool, fp8: str = "") -> str:
+def compute_mode(selective_recompute: bool | str, sequence_parallel: bool, fp8: str = "") -> str:
     return COMPUTE_MODES[selective_recompute, sequence_parallel, fp8]
 
 
@@ -40,8 +43,9 @@ def weight_pass_mode(mode: str) -> str:
     return mode if mode == "none" else COMPUTE_MODES[False, False, parse_mode(mode)[2]]
 
 
-def parse_mode(mode: str) -> tuple[bool, bool, str]:
-    """(selective recompute, sequence parallel, FP8 recipe or "") of a compute mode; ValueError for anything else."""
+def parse_mode(mode: str) -> tuple[bool | str, bool, str]:
+    """(selective recompute: False, True or "op"; sequence parallel; FP8 recipe or "") of a compute mode;
+    ValueError for anything else."""
     try:
         return _MODE_FLAGS[mode]
     except KeyError:
@@ -54,7 +58,7 @@ def forward_stash_bytes(device: Device, workload: Workload, layer: int, n: int, 
     profile = workload.profile
     if profile is None:
         selective, sequence_parallel, _ = parse_mode(mode)  # FP8 linear layers: stash counted in 16 bits
-        return n * workload.stash_bytes(layer, tp, recompute="selective" if selective else "none",
+        return n * workload.stash_bytes(layer, tp, recompute=RECOMPUTE_OF[selective],
                                         sequence_parallel=sequence_parallel)
     # measured memory; a profile does not split out what selective recompute drops
     state = workload.layer_params(layer) / tp * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES)
@@ -70,7 +74,7 @@ def input_pass_stash_bytes(device: Device, workload: Workload, layer: int, n: in
     kept = n * costs.split_stash_bytes(workload, tp, sequence_parallel=sequence_parallel)
     if workload.profile is None:
         return kept
-    formula = n * workload.stash_bytes(layer, tp, recompute="selective" if selective else "none",
+    formula = n * workload.stash_bytes(layer, tp, recompute=RECOMPUTE_OF[selective],
                                        sequence_parallel=sequence_parallel)
     measured = forward_stash_bytes(device, workload, layer, n, tp, mode)
     return round(measured * kept / formula) if formula else measured
@@ -80,9 +84,10 @@ def compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int
                   mode: str = "none") -> tuple[float, float]:
     """(seconds, FLOPs) of a compute op on `n` samples at TP degree `tp`, in a compute `mode`:
     a backward (or its input half) after a selective-recompute forward first re-runs the attention core
-    (Korthikanti et al. 2022, sec. 5); a sequence-parallel layer splits its replicated elementwise work."""
+    (Korthikanti et al. 2022, sec. 5), after a per-op checkpointed one what its policy did not save
+    (`workload.per_op_checkpoint`); a sequence-parallel layer splits its replicated elementwise work."""
     selective, sp, fp8 = parse_mode(mode)
-    recompute = "selective" if selective else "none"
+    recompute = RECOMPUTE_OF[selective]
     if op == "forward":
         duration = costs.forward_time(device, workload, layer, n, tp, sequence_parallel=sp, fp8=fp8)
     elif op == "backward":
@@ -97,4 +102,4 @@ def compute_cost(device: Device, workload: Workload, op: str, layer: int, n: int
         duration = costs.loss_time(device, workload, n, tp)
     flops_op = "forward" if op == "forward" else op  # a forward's mode names what its backward re-runs
     return duration, costs.compute_flops(workload, flops_op, layer, n, tp,
-                                         recompute="none" if op == "forward" else recompute)
+                                         recompute="none" if op == "forward" else recompute, sequence_parallel=sp)

@@ -8,6 +8,7 @@ from typing import Any
 from dist_lib.engine.core import Engine
 from dist_lib.errors import TensorError
 from dist_lib.costs.ops import FP8_RECIPES, SEQUENCE_PARALLEL_MODES
+from dist_lib.workload.per_op_checkpoint import problem as per_op_problem
 from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextWeightGrad, OptState, Stash, Tensor, Weight, WeightGrad, describe_mask
 
 
@@ -134,11 +135,23 @@ class OpChecks:
     def _check_modes(self, layer: int, selective_recompute: Any, sequence_parallel: Any, fp8: Any,
                      op: str = "forward") -> None:
         """A forward's modes: switches True or False; `fp8` a known scaling recipe (`costs.fp8`), or "" (16-bit),
-        on a device with FP8 tensor cores."""
+        on a device with FP8 tensor cores. A plain forward also takes `selective_recompute="op"`, torchtitan's
+        per-op selective checkpointing, on a Llama block as torchtitan builds it (`workload.per_op_checkpoint`)."""
         where = f"rank {self.rank} {op}(layer {layer})"
+        if selective_recompute == "op" and selective_recompute.__class__ is str:
+            why = "it is modelled for a plain forward only" if op != "forward" else \
+                "the workload has a measured profile, which does not split out the layer's kernels" \
+                if self.workload.profile is not None else \
+                "the layers are mixture-of-experts layers" if self.workload.moe is not None else \
+                per_op_problem(self.workload)  # type: ignore[attr-defined]
+            if why:
+                raise TensorError(f"{where}: selective_recompute='op' (torchtitan's per-op selective "
+                                  f"checkpointing) is not modelled here: {why}")
+            selective_recompute = False
         for name, value in (("selective_recompute", selective_recompute), ("sequence_parallel", sequence_parallel)):
             if value is not False and value is not True:
-                raise TensorError(f"{where}: {name} must be True or False, got {value!r}")
+                extra = ' or "op"' if name == "selective_recompute" and op == "forward" else ""
+                raise TensorError(f"{where}: {name} must be True or False{extra}, got {value!r}")
         if fp8 == "":
             return
         if fp8.__class__ is not str or fp8 not in FP8_RECIPES:

@@ -17,7 +17,8 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     LOAD layer shard num_shards tp_rank tp_size   -> weight, optimizer state
     INPUT k (start stop) x k                      -> activation (samples: k half-open intervals)
     FORWARD layer act weight flags                -> activation (flags: 1 stash, 2 selective recompute,
-                                                     4 sequence parallel, 8 / 16 FP8 delayed / tensorwise)
+                                                     4 sequence parallel, 8 / 16 FP8 delayed / tensorwise,
+                                                     32 per-op selective checkpointing: selective_recompute="op")
     BACKWARD layer act grad weight                -> weight gradient, activation gradient
     BACKWARD_INPUT / BACKWARD_WEIGHT (the same)   -> activation gradient / weight gradient
     LOSS act tp_rank tp_size                      -> activation gradient (its TP slice of the LM head)
@@ -238,13 +239,13 @@ class RecordingModel(ContextOpsRecording):
         return self._wrap(act)
 
     def forward(self, layer: int, act: Any, weight: Any, *, stash: bool = True,
-                selective_recompute: bool = False, sequence_parallel: bool = False, fp8: str = "") -> Any:
+                selective_recompute: bool | str = False, sequence_parallel: bool = False, fp8: str = "") -> Any:
         out = self._model.forward(layer, self._t(act, "forward"), self._t(weight, "forward"), stash=stash,
                                   selective_recompute=selective_recompute, sequence_parallel=sequence_parallel,
                                   fp8=fp8)
         self._emit(FORWARD, layer, act._number, weight._number,
-                   (1 if stash else 0) | (2 if selective_recompute else 0) | (4 if sequence_parallel else 0)
-                   | FP8_FLAGS[fp8])
+                   (1 if stash else 0) | (32 if selective_recompute == "op" else 2 if selective_recompute else 0)
+                   | (4 if sequence_parallel else 0) | FP8_FLAGS[fp8])
         return self._wrap(out)
 
     def _backward(self, op: int, name: str, layer: int, act: Any, grad: Any, weight: Any) -> Any:

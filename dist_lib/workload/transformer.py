@@ -25,6 +25,7 @@ from dist_lib.workload import moe as moe_layers
 from dist_lib.workload.moe import MOE_KEYS, MoE
 from dist_lib.workload.routing import check_routing
 from dist_lib.workload import architecture as arch
+from dist_lib.workload import per_op_checkpoint as per_op
 from dist_lib.errors import SpecError
 from dist_lib.specs import key_values, load_spec, number, read_toml, shown, text, whole
 
@@ -173,12 +174,24 @@ class Workload:
         with sequence parallelism the 10*s*h replicated part is split too, s*h*(34/t + 5as/(ht));
         selective recompute drops the attention-core term 5as/(ht) (softmax, its dropout mask and
         output are recomputed in backward): s*h*(10 + 24/t), or 34*s*h/t with sequence parallelism.
+        `recompute="op"`: what torchtitan's per-op selective checkpointing keeps (`per_op_checkpoint`).
         """
         if recompute not in RECOMPUTE_MODES:
             raise SpecError(f"workload {shown(self.name)}: recompute must be one of {', '.join(RECOMPUTE_MODES)}, "
                             f"got {recompute!r}")
         if recompute == "full":  # only the layer input is kept, and that is its own Activation
             return 0
+        if recompute == "op":
+            why = "the layers are mixture-of-experts layers" if self.moe is not None else per_op.problem(self)
+            if why:
+                raise SpecError(f"workload {shown(self.name)}: recompute 'op' (torchtitan's per-op selective "
+                                f"checkpointing) counts a Llama block; {why}")
+            # less what of the input the strategy's whole copy holds beyond the shard the checkpoint keeps with
+            # sequence parallelism (the convention of the sequence-parallel stash above; 0 where that is more)
+            per_token = per_op.saved_bytes_per_token(self, tp, sequence_parallel)
+            if sequence_parallel and tp > 1:
+                per_token -= 2 * self.hidden * (1 - 1 / tp)
+            return max(0, int(self.seq_len * per_token * self.bytes_per_element / 2))
         if self.moe is not None:
             total = moe_layers.stash_bytes(self.moe, self.seq_len, self.hidden, self.heads, layer, tp,
                                            recompute=recompute, sequence_parallel=sequence_parallel,
@@ -290,7 +303,8 @@ class Workload:
 
 
 SPEC_SCHEMES: dict[str, object] = {}  # `scheme:argument` workload readers registered by other modules
-RECOMPUTE_MODES = ("none", "selective", "full")  # activation checkpointing: Korthikanti et al. 2022
+# activation checkpointing: Korthikanti et al. 2022; "op", torchtitan's per-op selective checkpointing
+RECOMPUTE_MODES = ("none", "selective", "full", "op")
 # Accepted sizes: beyond these a value is a typo (the largest published models have about 130 layers,
 # h = 25600, 160 heads, vocabularies of 256k; contexts reach millions of tokens; fp8 to fp64).
 FIELD_RANGES = {"num_layers": (1, 10_000), "hidden": (1, 2**20), "heads": (1, 2**16), "seq_len": (1, 2**24),
