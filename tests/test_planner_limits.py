@@ -12,7 +12,8 @@ from rich.console import Console
 
 from dist_lib import Cluster, SpecError, simulate
 from dist_lib.planner import Plan, Stage, plan
-from dist_lib.planner.evaluate import layer_passes
+from dist_lib.planner.evaluate import layer_passes, simulated_passes
+from dist_lib.workload.transformer import Workload
 from dist_lib.planner.report import table
 from grader import cli
 from grader.cli import main
@@ -36,14 +37,33 @@ def test_plans_over_the_simulation_limit_keep_their_estimates():
     assert [c.plan for c in capped.candidates] == [c.plan for c in full.candidates]  # the same estimates
 
 
-def test_a_batch_of_a_million_samples_is_answered_from_the_estimate(tmp_path, capsys):
+def test_a_batch_of_a_million_samples_over_the_limit_is_answered_from_the_estimate(tmp_path, capsys):
+    """Eight alike GPUs fold to one replica, whose 24 layers run 2^20 / (8 x microbatch) microbatches: what the
+    limit counts (`simulated_passes`), an eighth of every GPU's passes. (Under the default limit such plans
+    simulate, in a few seconds to half a minute each.)"""
     out = tmp_path / "plan.json"
-    assert main(["plan", "--cluster", "1x8xA100-80GB", "--workload", "gpt-1.3b", "--batch", "1048576",
-                 "--out", str(out), "--plot", ""]) == 0
+    batch = 2**20
+    assert main(["plan", "--cluster", "1x8xA100-80GB", "--workload", "gpt-1.3b", "--batch", str(batch),
+                 "--out", str(out), "--plot", "", "--simulation-limit", "1000"]) == 0
     printed = capsys.readouterr().out
     assert "10 of the 10 best estimates not simulated" in printed
     saved = Plan.load(out)
-    assert saved.global_batch_size == 1048576 and layer_passes(saved) > 2**20
+    folded = simulated_passes(Cluster.load("1x8xA100-80GB"), Workload.load("gpt-1.3b"), batch, saved)
+    assert saved.global_batch_size == batch and saved.stages[0].dp == 8
+    assert folded == saved.microbatches * 24 == layer_passes(saved) // 8 > 1000
+
+
+def test_a_plan_whose_replicas_fold_counts_one_replica_a_stage():
+    """Two stages of two replicas on alike GPUs fold (`simulate` runs replica 0 of each stage), also when the
+    stages' devices differ; when one stage's two replicas sit on different devices the plan does not fold, and
+    every GPU counts."""
+    two = Plan((Stage((0, 1), 1, ((0, 2),), (1, 1)), Stage((2, 3), 1, ((2, 4),), (1, 1))), 2, 4, "1f1b", "none", 0)
+    workload = Workload.load("toy:layers=4")
+    assert layer_passes(two) == 4 * (2 * 2 + 2 * 2)
+    assert simulated_passes(Cluster.load("1x4xA100-80GB"), workload, 8, two) == 4 * (1 * 2 + 1 * 2)
+    assert simulated_passes(Cluster.load("1x2xA100-80GB+1x2xV100-32GB"), workload, 8, two) == 4 * (1 * 2 + 1 * 2)
+    mixed = Cluster.load("1x1xA100-80GB+1x1xV100-32GB+1x2xA100-80GB")
+    assert simulated_passes(mixed, workload, 8, two) == layer_passes(two)
 
 
 def test_the_simulation_limit_is_an_option_of_the_command(tmp_path, capsys):

@@ -13,15 +13,16 @@ from dist_lib.errors import SpecError
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.reserve import memory_reserve as read_reserve
 from dist_lib.workload.transformer import Workload, check_global_batch
-from dist_lib.planner.evaluate import Runner, layer_passes, refine, run_here, simulate_all
+from dist_lib.planner.evaluate import Runner, refine, run_here, simulate_all, simulated_passes
 from dist_lib.planner import framework_rules
 from dist_lib.planner.search import PRUNE_SLACK, Candidate, Search, generate
 
 OBJECTIVES = ("time", "cost")
-# Layer passes a step (`layer_passes`) of the largest plan the search simulates. The simulator takes about
-# 5 to 25 microseconds of CPU a pass (more on wider stages), so a plan at the limit simulates in about 5 to
-# 25 s; the winner of 1024 GPUs, gpt-175b and a batch of 2048 in README takes 950,272. A larger plan (a
-# batch of a million samples makes 32768 microbatches on 8 GPUs: 6.3 million) keeps its estimate.
+# Layer passes (`simulated_passes`: of one replica a stage when the step folds its replicas, else of every GPU)
+# of the largest plan the search simulates. The simulator takes about 5 to 25 microseconds of CPU a pass (more
+# on wider stages), so a plan at the limit simulates in about 5 to 25 s; the winner of 1024 GPUs, gpt-175b
+# and a batch of 2048 in README runs 950,272 rank for rank and 59,392 folded. A larger plan (a batch of a
+# million samples makes 32768 microbatches on 8 GPUs: 6.3 million) keeps its estimate.
 SIMULATION_LIMIT = 2**20
 
 
@@ -36,7 +37,8 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     alone (no simulation). `runner` runs the simulations, `width` at a time (default: one after another in
     this process). The estimate skips groupings whose lower bound is `prune_slack` above the best estimate
     so far, and pipelines of more than `max_stages` stages. A plan of more than `simulation_limit` layer
-    passes a step is not simulated: its estimate stands, and `Search.notes` says so. `memory_reserve` is
+    passes a step in the simulator (`simulated_passes`: one replica a stage's when its replicas fold) is not
+    simulated: its estimate stands, and `Search.notes` says so. `memory_reserve` is
     what a real run's runtime keeps of each GPU (`hardware.reserve`; True: the cited default, None or
     "off": none), left out of every device in the estimate and in the simulations. `framework`
     ("megatron", "torchtitan", "deepspeed") searches only the plans that framework runs, each simulated as
@@ -80,8 +82,9 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     candidates.sort(key=key)
     estimated = len(candidates)
     chosen = _distinct(candidates, top)
-    within = [c for c in chosen if layer_passes(c.plan) <= simulation_limit]
-    skipped = [c for c in chosen if layer_passes(c.plan) > simulation_limit]
+    passes = {id(c): simulated_passes(cluster, workload, global_batch_size, c.plan, framework) for c in chosen}
+    within = [c for c in chosen if passes[id(c)] <= simulation_limit]
+    skipped = [c for c in chosen if passes[id(c)] > simulation_limit]
     for c in skipped:
         c.error = "not simulated: too large"
     simulated = _simulate_in_order(cluster, workload, global_batch_size, within, objective, runner, width, progress,
@@ -94,10 +97,10 @@ def plan(cluster: Cluster | str | Path, workload: Workload | str | Path, global_
     best = min(ran + skipped, key=key) if ran or skipped else candidates[0]
     search = Search(candidates, simulated + skipped, best, estimated, 0.0, framework=framework)
     if skipped:
-        largest = max(layer_passes(c.plan) for c in skipped)
+        largest = max(passes[id(c)] for c in skipped)
         search.notes.append(
             f"{len(skipped)} of the {len(chosen)} best estimates not simulated: a step of up to {largest:,} layer "
-            f"passes (microbatches x each stage's GPUs x its layers) is above the simulation limit of "
+            f"passes (microbatches x each stage's simulated GPUs x its layers) is above the simulation limit of "
             f"{simulation_limit:,} (a pass simulates in about 5 to 25 us; --simulation-limit raises it): their "
             f"times are the estimate's")
     if best.simulated is not None and refine_rounds:

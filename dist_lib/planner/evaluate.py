@@ -11,12 +11,14 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from dist_lib.errors import OutOfMemoryError, SimulationError
+from dist_lib.errors import OutOfMemoryError, SimulationError, SpecError
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.reserve import MemoryReserve
-from dist_lib.run.simulator import simulate
+from dist_lib.run.folding import plan_fold
+from dist_lib.run.simulator import load_strategy, simulate
 from dist_lib.workload.transformer import Workload
-from dist_lib.planner.framework_run import framework_run
+from dist_lib.planner.framework_run import framework_run, launch_cluster
+from dist_lib.planner.launch import Launch
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.search import Candidate
 
@@ -117,6 +119,27 @@ def layer_passes(plan: Plan) -> int:
     return plan.microbatches * sum(len(stage.ranks) * stage.layers for stage in plan.stages)
 
 
+def simulated_passes(cluster: Cluster, workload: Workload, global_batch: int, plan: Plan,
+                     framework: str | None = None) -> int:
+    """The layer passes the simulation of `plan` runs: one replica a stage's when the step folds its identical
+    replicas (`run.folding.plan_fold`, the simulator's own test, on the strategy and options
+    `simulate_candidate` runs), else every GPU's (`layer_passes`)."""
+    if workload.moe is None:  # (mixtures of experts do not fold)
+        if framework in (None, "any"):
+            strategy, options, on = PLANNED, {"plan": plan}, cluster
+        else:
+            launch = Launch.from_plan(plan, framework, workload.num_layers, False)
+            name, options = launch.strategy(workload.num_layers)
+            strategy, on = f"strategies.{name}", launch_cluster(plan, cluster)
+        try:
+            fold = plan_fold(load_strategy(strategy)[0], on, global_batch, options)
+        except SpecError:  # (a plan its framework cannot run: the simulation says why)
+            fold = None
+        if fold is not None:
+            return plan.microbatches * sum(stage.tp * stage.layers for stage in plan.stages)
+    return layer_passes(plan)
+
+
 def virtual_counts(plan: Plan) -> list[int]:
     """Layers of each block in pipeline order (chunk-major: chunk c of stage s at c x p + s)."""
     return [stop - start for c in range(plan.chunks) for start, stop in (st.blocks[c] for st in plan.stages)]
@@ -139,14 +162,17 @@ def refine(cluster: Cluster, workload: Workload, global_batch: int, best: Candid
            limit: int | None = None, reserve: MemoryReserve | None = None,
            keep: Callable[[Plan], bool] | None = None, framework: str | None = None) -> tuple[Candidate, int]:
     """Hill-climb from `best` over `neighbours` for at most `rounds` improvements; (winner, plans run).
-    A round's neighbours (those of at most `limit` layer passes, and that `keep` keeps) are simulated
+    A round's neighbours (those whose simulation runs at most `limit` layer passes, `simulated_passes`, and
+    that `keep` keeps) are simulated
     together through `runner` (as `framework` runs them, given one)."""
     runs = 0
     for _ in range(rounds):
         improved = None
         trials = simulate_all(cluster, workload, global_batch,
                               [Candidate(plan, best.estimate, best.memory, best.price_per_hour)
-                               for plan in neighbours(best) if (limit is None or layer_passes(plan) <= limit)
+                               for plan in neighbours(best)
+                               if (limit is None or simulated_passes(cluster, workload, global_batch, plan,
+                                                                     framework) <= limit)
                                and (keep is None or keep(plan))],
                               runner, reserve=reserve, framework=framework)
         for trial in trials:
