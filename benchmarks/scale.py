@@ -5,6 +5,7 @@ Each configuration runs in a fresh subprocess so its peak RSS is its own. Usage:
     python benchmarks/scale.py                      # the tables in the README
     python benchmarks/scale.py --quick              # a smaller sweep
     python benchmarks/scale.py --table pipeline     # only the pipeline rows (the 3072-rank step in one process and in two)
+    python benchmarks/scale.py --table long         # 8-stage 1F1B steps of 512 and 4,096 microbatches
     python benchmarks/scale.py --table replicas     # the 1T step with 1, 3 and 6 data-parallel replicas
     python benchmarks/scale.py --table frontier     # folded steps: 1T on 3072 ranks, a 405B shape on 16384
 
@@ -78,6 +79,10 @@ PIPELINES = [
     ("1T, 2 processes", 8, 64, 6, 512, "interleaved", "gpt-1t", True, 2),
 ]
 
+# Long pipelines (the `long` table): an 8-stage 1F1B step of 512 and of 4,096 microbatches, four toy layers a
+# stage: what a simulator's speed on one long op graph per rank comes to, when no replica folds.
+LONG = [(f"1F1B, 8 stages, {m} mb", 1, 8, 1, m, "1f1b", "toy:layers=32", False) for m in (512, 4096)]
+
 # The 1T step with fewer data-parallel replicas (512 ranks each): the replicas do the same work, so a
 # simulator whose cost per op did not grow with the simulated state would take time in proportion
 REPLICAS = [(f"1T, {dp} replica{'s' if dp > 1 else ''}", 8, 64, dp, 512, "interleaved", "gpt-1t", True)
@@ -131,7 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller sweep")
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; the fastest counts")
-    parser.add_argument("--table", choices=("ddp", "pipeline", "replicas", "frontier", "all"), default="all",
+    parser.add_argument("--table", choices=("ddp", "pipeline", "long", "replicas", "frontier", "all"), default="all",
                         help="which rows to run")
     args = parser.parse_args()
     configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1), (1024, 24, 1), (1024, 24, 4), (1024, 96, 1)]
@@ -145,6 +150,8 @@ def main() -> None:
         ddp_table(configs, args.repeat, accelerated)
     if args.table in ("pipeline", "all"):
         pipeline_table(pipelines, args.repeat, accelerated)
+    if args.table == "long":
+        pipeline_table(LONG, args.repeat, accelerated)
     if args.table == "replicas":  # (not in "all": five minutes)
         pipeline_table(REPLICAS, 1, accelerated)
     if args.table == "frontier":  # (not in "all": the unfolded 1T row takes minutes)

@@ -62,3 +62,14 @@ def test_1f1b_of_a_long_pipeline_takes_the_whole_list_path():
         actions = one_f_one_b(stage, 8, 4096)
         assert schedule_actions._plain_schedule_passes(actions, 4096)
         assert actions[:8 - stage - 1] == [Action("F", 0, i) for i in range(8 - stage - 1)]  # warm-up forwards
+
+
+def test_1f1b_orders_by_hand():
+    """PipeDream-Flush on 3 stages, 4 microbatches: stage s warms up with 2 - s forwards, then alternates."""
+    def order(stage: int) -> str:
+        return " ".join(f"{a.kind}{a.mb}" for a in one_f_one_b(stage, 3, 4))
+
+    assert order(0) == "F0 F1 F2 B0 F3 B1 B2 B3"
+    assert order(1) == "F0 F1 B0 F2 B1 F3 B2 B3"
+    assert order(2) == "F0 B0 F1 B1 F2 B2 F3 B3"
+    assert one_f_one_b(0, 8, 2) == [Action("F", 0, 0), Action("F", 0, 1), Action("B", 0, 0), Action("B", 0, 1)]
