@@ -57,9 +57,9 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
     if cp != 1 and schedule == "deepspeed":
         raise ValueError(f"cp={cp} runs with schedule gpipe, 1f1b or interleaved, not {schedule!r}")
     sharding = check_sharding(distributed_optimizer, fsdp, overlap_param_gather, replicate, reshard_after_forward)
-    if tp_comm_overlap and tp > 1 and (not sequence_parallel or cp != 1):
-        raise ValueError(f"tp_comm_overlap=True with tp={tp} needs sequence_parallel=True and cp=1 (Megatron-LM "
-                         f"asserts --tp-comm-overlap only with --sequence-parallel)")
+    if tp_comm_overlap and tp > 1 and not sequence_parallel:
+        raise ValueError(f"tp_comm_overlap=True with tp={tp} needs sequence_parallel=True (Megatron-LM asserts "
+                         f"--tp-comm-overlap only with --sequence-parallel)")
     if chunks is None:
         chunks = 2 if schedule == "interleaved" else 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,
