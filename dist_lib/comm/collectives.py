@@ -38,7 +38,7 @@ from dist_lib.engine.rank_state import SHOWN, WAKE_ME, RankState, more
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import AllocLog
 # (the C twins load WeightGrad, Reduced and the activation classes from this module)
-from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivation, ContextActivationGrad, ContextActivationGradSlice, ContextWeightGrad, Tensor, WeightGrad  # noqa: F401
+from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivation, ContextActivationGrad, ContextActivationGradSlice, ContextActivationSlice, ContextWeightGrad, Tensor, WeightGrad  # noqa: F401
 from dist_lib.engine.transfers import Transfer
 
 class Work:
@@ -220,6 +220,9 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
         if tensor.__class__ is ContextActivationGradSlice:  # the CP part's gradient, gathered once more
             result = ContextActivationGrad(state.memory, tensor.nbytes * group.size, rank, tensor.layer, tensor.samples,
                                            1, 1, tensor.gathers + (group.size,), tensor.cp_rank, tensor.cp_size)
+        elif tensor.__class__ is ContextActivationSlice:  # a checkpointed CP part, whole for its recompute
+            result = ContextActivation(state.memory, tensor.nbytes * group.size, rank, tensor.layer, tensor.samples,
+                                       1, 1, tensor.cp_rank, tensor.cp_size)
         elif tensor.__class__ is ActivationSlice or tensor.__class__ is ActivationGradSlice:
             # TP pieces gather into the whole activation (or gradient) of their samples
             nbytes = tensor.samples.bit_count() * engine.workload.activation_bytes()
