@@ -47,8 +47,8 @@ Every setting the sources do not state was chosen before the first run, and is r
 * context parallelism as `cp` with `kv_exchange="all_gather"`: PyTorch's context-parallel SDPA with the causal
   load balancing of 2 cp chunks, its keys and values all-gathered (torchtitan's default
   `--experimental.context_parallel_rotate_method allgather`, torchtitan/config_manager.py, late 2024); FSDP sharded
-  over dp x cp as torchtitan's `dp_shard_cp` mesh does. With async TP (Table 6) it is refused by `hybrid`
-  (`tp_comm_overlap` needs cp = 1): not expressible.
+  over dp x cp as torchtitan's `dp_shard_cp` mesh does; with async TP (Table 6) each CP rank's TP collectives
+  overlap its s/cp tokens' GEMMs (`comm.tp_overlap`).
 The simulated figure is the step of `simulate` (no memory enforcement: the memory column is printed beside the
 measured one as a check, not scored); `busy` is the busiest rank's compute time in the simulated step (s), the
 rest of the step being communication that compute did not hide and pipeline bubbles.
@@ -106,8 +106,6 @@ class TorchtitanRun:
 
     def not_expressible(self) -> str | None:
         """Why `hybrid` cannot run this row as published (None if it can)."""
-        if self.cp > 1 and self.async_tp:
-            return "async TP with context parallelism is refused by hybrid (tp_comm_overlap needs cp=1)"
         if not self.compile:
             return "eager PyTorch (no torch.compile) runs unfused elementwise kernels one by one: not modelled"
         if self.fp8 == "rowwise":

@@ -20,6 +20,7 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
+from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import ACTIVATION, ACTIVATION_GRAD, OPTIMIZER, STASH, WEIGHT, WEIGHT_GRAD, Buffer
 
 
@@ -141,7 +142,6 @@ class WeightGrad(_Sharded):
     __slots__ = ()
     kind = "weight_grad"
     code = WEIGHT_GRAD  # memory.KINDS index
-
     _args = ("rank", "layer", "samples", "shards", "num_shards", "tp_rank", "tp_size")
 
     def __add__(self, other: WeightGrad) -> WeightGrad:
@@ -166,7 +166,6 @@ class WeightGrad(_Sharded):
             problem = (f"samples {describe_mask(self.samples & other.samples)} would be counted twice "
                        f"in the gradient of layer {self.layer}")
         if problem:
-            from dist_lib.errors import TensorError
             raise TensorError(f"rank {self.rank} WeightGrad + WeightGrad (layer {self.layer}): {problem}")
         return WeightGrad(self, 0, self.rank, self.layer, self.samples | other.samples, self.shards,
                           self.num_shards, self.tp_rank, self.tp_size)
@@ -199,7 +198,6 @@ class Activation(_Hidden):
     _released_first = ("_stash",)  # freed with the activation, the stash is logged first
     kind = "activation"
     code = ACTIVATION  # memory.KINDS index
-
     _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "_stash")
     _defaults = (1, 1, None)
 
@@ -223,7 +221,6 @@ class ActivationGrad(_Hidden):
     __slots__ = ("gathers",)
     kind = "activation_grad"
     code = ACTIVATION_GRAD  # memory.KINDS index
-
     _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "gathers")
     _defaults = (1, 1, ())
 
@@ -279,7 +276,6 @@ class PipeExtra(Tensor):
     __slots__ = ("what",)
     kind = "pipe extra"
     code = ACTIVATION  # memory.KINDS index: it is live where activations are
-
     _args = ("rank", "layer", "samples", "what")
 
     def _describe(self) -> str:
@@ -293,7 +289,6 @@ class Stash(Buffer):
 
     __slots__ = ("tp_rank", "tp_size", "input_done", "recompute")
     code = STASH  # memory.KINDS index
-
     _args = ("tp_rank", "tp_size", "recompute", "input_done")
     _defaults = ("none", False)
 
@@ -340,7 +335,6 @@ class ExpertGrad(WeightGrad):
             problem = (f"the tokens of samples {describe_mask(self.samples & other.samples)} would be counted twice "
                        f"in the gradient of experts {describe_mask(self.experts)}")
         if problem:
-            from dist_lib.errors import TensorError
             raise TensorError(f"rank {self.rank} ExpertGrad + ExpertGrad (layer {self.layer}): {problem}")
         return ExpertGrad(self, 0, self.rank, self.layer, self.samples | other.samples, self.shards,
                           self.num_shards, self.tp_rank, self.tp_size, self.experts)
@@ -375,7 +369,6 @@ class Tokens(Tensor):
     _released_first = ("_stash",)
     kind = "tokens"
     code = ACTIVATION  # memory.KINDS index
-
     _args = ("rank", "layer", "samples", "experts", "stage", "parts", "tp_parts", "tp_size", "_stash")
     _defaults = (1, 1, 1, None)
 
@@ -386,7 +379,17 @@ class Tokens(Tensor):
 
 # ---- context parallelism: a rank holds part of each sample's sequence ----------------------------------
 
-class ContextActivation(Activation):
+class _SequencePart:
+    """What a context-parallel tensor of hidden states adds to its plain class: sequence part `cp_rank` of
+    `cp_size` (slots of each subclass)."""
+
+    __slots__ = ()
+
+    def _describe(self) -> str:
+        return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()  # type: ignore
+
+
+class ContextActivation(_SequencePart, Activation):
     """The hidden states of `samples` on context-parallel rank `cp_rank` of `cp_size`: its share of each
     sample's sequence, s/cp tokens, load-balanced for the causal mask as Megatron-Core cuts it (the sequence
     in 2 cp chunks; rank r holds chunks r and 2 cp - 1 - r). A subclass rather than a field of `Activation`,
@@ -397,38 +400,38 @@ class ContextActivation(Activation):
     _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "cp_rank", "cp_size", "_stash")
     _defaults = (1, 1, 0, 1, None)
 
-    def _describe(self) -> str:
-        return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
 
-
-class ContextActivationGrad(ActivationGrad):
+class ContextActivationGrad(_SequencePart, ActivationGrad):
     """The gradient of a `ContextActivation`: the same sequence part of the same samples."""
 
     __slots__ = ("cp_rank", "cp_size")
     _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "gathers", "cp_rank", "cp_size")
     _defaults = (1, 1, (), 0, 1)
 
-    def _describe(self) -> str:
-        return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
 
-
-class ContextActivationGradSlice(ActivationGradSlice):
+class ContextActivationGradSlice(_SequencePart, ActivationGradSlice):
     """A TP piece of a `ContextActivationGrad`: sequence parallelism inside a CP rank cuts its s/cp tokens
     t ways, and the backward all-gathers the pieces in the TP group into the CP part's gradient again."""
 
     __slots__ = ("cp_rank", "cp_size")
     kind = "activation_grad slice"
     whole = ContextActivationGrad
-
     _args = ("rank", "layer", "samples", "tp_parts", "tp_size", "gathers", "cp_rank", "cp_size")
     _defaults = (1, 1, (), 0, 1)
 
-    def _describe(self) -> str:
-        return f", sequence part {self.cp_rank} of {self.cp_size}" + super()._describe()
+
+class ContextActivationSlice(_SequencePart, ActivationSlice):
+    """A TP piece of a `ContextActivation`: a CP rank's checkpointed layer input kept as its 1/t sequence shard
+    under full recompute with sequence parallelism, as a plain stage keeps it; all-gathered, the CP part again."""
+
+    __slots__ = ("cp_rank", "cp_size")
+    whole = ContextActivation
+    _args = ActivationSlice._args + ("cp_rank", "cp_size")
+    _defaults = (1, 1, 0, 1)
 
 
 CONTEXT_HIDDEN = (ContextActivation, ContextActivationGrad)
-SLICES[ContextActivationGrad] = ContextActivationGradSlice
+SLICES.update({ContextActivation: ContextActivationSlice, ContextActivationGrad: ContextActivationGradSlice})
 
 
 def cp_part(x: Any) -> tuple:
@@ -453,14 +456,12 @@ class ContextWeightGrad(WeightGrad):
 
     def __add__(self, other: ContextWeightGrad) -> ContextWeightGrad:
         """Accumulate the gradients of disjoint samples from the same sequence parts, as `WeightGrad + WeightGrad`."""
-        if other.__class__ is not ContextWeightGrad:
-            if other.__class__ is not WeightGrad:
-                return NotImplemented
-            from dist_lib.errors import TensorError
-            raise TensorError(f"rank {self.rank} WeightGrad + WeightGrad (layer {self.layer}): "
-                              + _PART_OF_SEQUENCE.format(other=other, self=self))
+        if other.__class__ is not ContextWeightGrad and other.__class__ is not WeightGrad:
+            return NotImplemented
         problem = None
-        if (other.rank, other.layer, other.shards, other.num_shards, other.tp_rank, other.tp_size, other.nbytes) != \
+        if other.__class__ is WeightGrad:
+            problem = _PART_OF_SEQUENCE.format(other=other, self=self)
+        elif (other.rank, other.layer, other.shards, other.num_shards, other.tp_rank, other.tp_size, other.nbytes) != \
                 (self.rank, self.layer, self.shards, self.num_shards, self.tp_rank, self.tp_size, self.nbytes):
             problem = f"cannot add {other!r} to {self!r}: rank, layer and shards must match"
         elif (other.seq_parts, other.cp_size) != (self.seq_parts, self.cp_size):
@@ -471,7 +472,6 @@ class ContextWeightGrad(WeightGrad):
             problem = (f"samples {describe_mask(self.samples & other.samples)} would be counted twice "
                        f"in the gradient of layer {self.layer}")
         if problem:
-            from dist_lib.errors import TensorError
             raise TensorError(f"rank {self.rank} WeightGrad + WeightGrad (layer {self.layer}): {problem}")
         return ContextWeightGrad(self, 0, self.rank, self.layer, self.samples | other.samples, self.shards,
                                  self.num_shards, self.tp_rank, self.tp_size, self.seq_parts, self.cp_size)
@@ -490,7 +490,6 @@ class KVBlock(Tensor):
     __slots__ = ("parts", "cp_size", "tp_rank", "tp_size", "grad")
     kind = "kv block"
     code = ACTIVATION  # memory.KINDS index
-
     _args = ("rank", "layer", "samples", "parts", "cp_size", "tp_rank", "tp_size", "grad")
     _defaults = (False,)
 

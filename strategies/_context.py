@@ -8,14 +8,18 @@ TP group after the layer; pipeline messages carry a rank's own sequence part who
 
 The modes of a plain stage carry over: FP8 linear layers, selective recompute and sequence parallelism (the
 norms and dropouts of a CP rank's s/cp tokens split over its TP group, whose backward all-gathers the output
-gradient twice, as without CP) are the layer's compute mode; full recompute keeps only each layer's input and re-runs the layer's forward, its K/V exchange and TP
-all-reduce included, before the backward (Megatron-Core recomputes the whole `TransformerLayer`, CP
-attention included). With `distributed_optimizer` or `fsdp` the data-parallel state is sharded over the
-dp x cp ranks (`_sharded.ShardedStage`): Megatron-Core's distributed optimizer shards over
+gradient twice, as without CP) are the layer's compute mode; full recompute keeps only each layer's input
+(with sequence parallelism, as this TP rank's 1/t piece of it, all-gathered before the recompute, as a plain
+stage keeps its sequence shard) and re-runs the layer's forward, its K/V exchange and TP all-reduce included,
+before the backward (Megatron-Core recomputes the whole `TransformerLayer`, CP attention included). With
+`distributed_optimizer` or `fsdp` the data-parallel state is sharded over the dp x cp ranks
+(`_sharded.ShardedStage`): Megatron-Core's distributed optimizer shards over
 `get_data_parallel_group(with_context_parallel=True)` (megatron/core/optimizer/__init__.py), and torchtitan
 applies `fully_shard` over the flattened `dp_shard_cp` mesh (torchtitan/distributed/parallel_dims.py,
 torchtitan/models/llama3/parallelize.py): the CP ranks of a replica hold different shards of the same
-weights, so each layer's gradient is reduce-scattered over dp x cp and the weights gathered over it.
+weights, so each layer's gradient is reduce-scattered over dp x cp and the weights gathered over it; with
+FSDP each layer's whole gradient is freed once its reduce-scatter is done (FSDP2's post-backward, as
+`_sharded.ShardedStage.settle`).
 """
 
 from __future__ import annotations
@@ -68,8 +72,11 @@ class _ContextPasses:
         else:
             x = await self._receive_from(k - 1, layers.start, plan.microbatches[mb], "activation")
         stash, modes = not plan.recompute, self.context_modes
+        shard = self._checkpoints_shard()
         for layer in layers:
-            self.kept[layer][mb] = x
+            # full recompute with sequence parallelism keeps the layer input as this TP rank's 1/t piece of the
+            # CP part, as a plain stage keeps its sequence shard (Korthikanti et al. 2022, sec. 4.2.2)
+            self.kept[layer][mb] = model.split_tp(x, plan.tp_rank, self.tp) if shard else x
             weight = await self._weight(layer, layers, False)
             x = await model.context_forward(layer, x, weight, self.cp_group, stash=stash, **modes)
             del weight
@@ -87,8 +94,11 @@ class _ContextPasses:
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
         grad = await self._output_grad(chunk, mb)
         modes = self.context_modes
+        shard = self._checkpoints_shard()
         for layer in reversed(layers):
             x = self.kept[layer].pop(mb)
+            if shard:  # the checkpointed piece made whole again for the recompute
+                x = await model.all_gather(x, self.tp_group)
             weight = await self._weight(layer, layers, True)
             if plan.recompute:  # the whole layer again, its K/V exchange and TP all-reduce included
                 out = await model.context_forward(layer, x, weight, self.cp_group, **modes)
@@ -104,6 +114,8 @@ class _ContextPasses:
             del weight_grad
             if self.gathers is not None:
                 self.gathers.after_backward(layer, self.left[layer] == 0)
+                if self.settling:  # FSDP2's post-backward: earlier reduce-scatters done, their whole grads freed
+                    await self.settle()  # type: ignore[attr-defined]
             if self.tp_group is not None:
                 grad = await model.all_reduce(grad, self.tp_group)
         if k > 0:

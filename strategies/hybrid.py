@@ -65,9 +65,9 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
         raise ValueError(f"recompute='op' (torchtitan's per-op selective checkpointing) is modelled without context "
                          f"parallelism and experts; got cp={cp}{', a mixture-of-experts workload' * hasattr(model, 'moe')}"
                          f"{f', ep={ep}' if ep is not None else ''}")
-    if tp_comm_overlap and tp > 1 and (not sequence_parallel or cp != 1):
-        raise ValueError(f"tp_comm_overlap=True with tp={tp} needs sequence_parallel=True and cp=1 (Megatron-LM "
-                         f"asserts --tp-comm-overlap only with --sequence-parallel)")
+    if tp_comm_overlap and tp > 1 and not sequence_parallel:
+        raise ValueError(f"tp_comm_overlap=True with tp={tp} needs sequence_parallel=True (Megatron-LM asserts "
+                         f"--tp-comm-overlap only with --sequence-parallel)")
     if chunks is None:
         chunks = 2 if schedule == "interleaved" else 1
     plan = build_plan(model, SCHEDULES[schedule], microbatch_size=microbatch_size, pp=pp, tp=tp, dp=dp,

@@ -37,17 +37,20 @@ def test_pipelined_rows_run_stages_microbatches_of_torchtitans_split():
 
 def test_context_parallel_rows_run_fsdp_over_dp_x_cp_with_torchtitans_all_gather():
     """Table 2's FSDP x CP rows: dp = 8 / cp FSDP ranks, each replica's cp ranks sharing its sequences, K/V
-    all-gathered (torchtitan's default rotate method); with async TP (Table 6) CP is not expressible."""
+    all-gathered (torchtitan's default rotate method); Table 6's the same with TP 8, PP 8 and async TP."""
     options = plan(ROWS["T2 8B cp4"])
     assert (options["dp"], options["cp"], options["kv_exchange"], options["fp8"]) == (2, 4, "all_gather", "tensorwise")
     assert ROWS["T2 8B cp4"].not_expressible() is None and "cp" not in plan(ROWS["T2 8B cp1"])
+    table6 = plan(ROWS["T6 405B cp4"])
+    assert (table6["dp"], table6["cp"], table6["tp"], table6["pp"], table6["tp_comm_overlap"]) == (2, 4, 8, 8, True)
+    assert ROWS["T6 405B cp4"].not_expressible() is None
 
 
 def test_rows_hybrid_cannot_run_say_why():
-    assert "async TP with context parallelism" in ROWS["T6 405B cp2"].not_expressible()
     assert "eager" in ROWS["T1 8B FSDP"].not_expressible()
     assert "rowwise" in ROWS["J25 70B rowwise"].not_expressible()
     assert ROWS["T5 405B 1F1B"].not_expressible() is None
+    assert ROWS["T6 405B cp2"].not_expressible() is None  # (async TP with context parallelism runs)
 
 
 def test_per_op_rows_run_torchtitans_per_op_checkpointing():

@@ -38,7 +38,7 @@ from dist_lib.engine.rank_state import SHOWN, WAKE_ME, RankState, more
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import AllocLog
 # (the C twins load WeightGrad, Reduced and the activation classes from this module)
-from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationGrad, ContextActivationGradSlice, ContextWeightGrad, Tensor, WeightGrad  # noqa: F401
+from dist_lib.tensors import Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivation, ContextActivationGrad, ContextActivationGradSlice, ContextActivationSlice, ContextWeightGrad, Tensor, WeightGrad  # noqa: F401
 from dist_lib.engine.transfers import Transfer
 
 class Work:
@@ -220,6 +220,9 @@ def issue_collective(engine: Engine, state: RankState, op: str, tensor: Tensor, 
         if tensor.__class__ is ContextActivationGradSlice:  # the CP part's gradient, gathered once more
             result = ContextActivationGrad(state.memory, tensor.nbytes * group.size, rank, tensor.layer, tensor.samples,
                                            1, 1, tensor.gathers + (group.size,), tensor.cp_rank, tensor.cp_size)
+        elif tensor.__class__ is ContextActivationSlice:  # a checkpointed CP part, whole for its recompute
+            result = ContextActivation(state.memory, tensor.nbytes * group.size, rank, tensor.layer, tensor.samples,
+                                       1, 1, tensor.cp_rank, tensor.cp_size)
         elif tensor.__class__ is ActivationSlice or tensor.__class__ is ActivationGradSlice:
             # TP pieces gather into the whole activation (or gradient) of their samples
             nbytes = tensor.samples.bit_count() * engine.workload.activation_bytes()
@@ -289,10 +292,11 @@ def collective_duration(engine: Engine, coll: Collective) -> float:
     """`coll`'s time with its links to itself, once per group and kind of op."""
     group, first = coll.group, coll.works[0].input
     # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h; the LM
-    # head's input gradient (the gradient of the last layer's output) is one.
+    # head's input gradient (the gradient of the last layer's output) is one. A context-parallel layer's
+    # (b*s/cp*h each) are two as well: CP changes the attention's keys and values, not the layer's TP linears.
     cls = first.__class__
-    key = (coll.op, coll.nbytes, cls is Activation
-           or (cls is ActivationGrad and first.layer != engine.workload.num_layers))
+    key = (coll.op, coll.nbytes, cls is Activation or cls is ContextActivation
+           or ((cls is ActivationGrad or cls is ContextActivationGrad) and first.layer != engine.workload.num_layers))
     duration = group.costs.get(key)
     if duration is None:
         duration = group.costs[key] = network.collective_time(coll.op, coll.nbytes, group.topology) * \

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dist_lib.errors import CollectiveMismatchError, TensorError
-from dist_lib.tensors import CONTEXT_HIDDEN, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationGrad, ContextActivationGradSlice, ContextWeightGrad, ExpertGrad, ExpertWeight, KVBlock, OptState, Tensor, Weight, WeightGrad, cp_part, describe_mask, full_mask
+from dist_lib.tensors import CONTEXT_HIDDEN, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationGrad, ContextActivationGradSlice, ContextActivationSlice, ContextWeightGrad, ExpertGrad, ExpertWeight, KVBlock, OptState, Tensor, Weight, WeightGrad, cp_part, describe_mask, full_mask
 
 if TYPE_CHECKING:
     from dist_lib.comm.groups import Collective, Group
@@ -56,7 +56,8 @@ def unfit(op: str, t: Tensor) -> bool:
         return cls is Weight or cls is OptState or ((cls is Activation or cls is ActivationGrad) and not t.is_partial) \
             or cls is KVBlock or (cls in CONTEXT_HIDDEN and not t.is_partial)
     if op == "all_gather":
-        if cls is ActivationSlice or cls is ActivationGradSlice or cls is ContextActivationGradSlice:
+        if cls is ActivationSlice or cls is ActivationGradSlice or cls is ContextActivationGradSlice \
+                or cls is ContextActivationSlice:
             return False
         if cls is KVBlock:  # a CP rank's keys and values (Llama 3's all-gather)
             return t.grad or t.parts == full_mask(t.cp_size)
@@ -123,9 +124,10 @@ def combine(engine: Engine, coll: Collective, inputs: list[Tensor]) -> tuple[lis
                                           f"{op} an expert's tensors among the ranks that hold that expert")
     if first.__class__ is KVBlock:
         return _kv_blocks(coll, op, inputs)
-    if op == "all_gather" and first.__class__ in (ActivationSlice, ActivationGradSlice, ContextActivationGradSlice):
+    if op == "all_gather" and first.__class__ in (ActivationSlice, ActivationGradSlice, ContextActivationGradSlice,
+                                                   ContextActivationSlice):
         if len({t.samples for t in inputs}) > 1 or len({t.tp_size for t in inputs}) > 1 \
-                or len({(t.__class__, cp_part(t)) for t in inputs}) > 1:
+                or len({(t.__class__, getattr(t, "cp_rank", None), getattr(t, "cp_size", None)) for t in inputs}) > 1:
             raise CollectiveMismatchError(f"{head}: TP pieces of different samples, piece counts or sequence parts: "
                                           f"{ {r: t for r, t in zip(ranks, inputs)} }")
         if first.tp_size != len(inputs):

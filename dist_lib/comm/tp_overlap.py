@@ -12,6 +12,7 @@ the output gradient before the row-parallel GEMMs.
 from __future__ import annotations
 
 from dist_lib.comm.groups import Group
+from dist_lib.costs.context import block_workload
 from dist_lib.costs.tp_overlap import backward_gather_exposed_time, forward_exposed_time
 from dist_lib.hardware.devices import Device
 from dist_lib.workload.transformer import Workload
@@ -21,12 +22,23 @@ from dist_lib.workload.transformer import Workload
 BACKWARD_GATHER_CALLS = 2
 
 
-def overlap_layer_collectives(group: Group, device: Device, workload: Workload, samples: int) -> None:
+def overlap_layer_collectives(group: Group, device: Device, workload: Workload, samples: int, cp: int = 1) -> None:
     """Make `group`'s layer collectives of `samples`-sample microbatches cost what their GEMMs leave exposed.
-    Call before the group's first collective."""
+    Call before the group's first collective.
+
+    With context parallelism (`cp` > 1) a rank's layer runs s/cp tokens of each sample: its TP collectives
+    and the GEMMs beside them are those of the s/cp-token workload (`costs.context.block_workload`), and the
+    overlap is the same, since it concerns the linear layers only, not how the attention reaches the other
+    CP ranks' keys and values. Megatron-LM sizes the userbuffers so, (seq_length x micro_batch_size) //
+    context_parallel_size tokens (megatron/training/initialize.py `_initialize_tp_communicators`); torchtitan
+    turns async TP on for the TP mesh alone, whatever the CP degree (torchtitan/distributed/compile.py
+    `_maybe_enable_async_tp`: symmetric memory for the TP group and Inductor's `_micro_pipeline_tp` pass,
+    which fuses each sequence-parallel all-gather and reduce-scatter with its matmul)."""
     tp, topo = group.size, group.topology
     if tp <= 1 or topo is None:
         return
+    if cp > 1:
+        workload = block_workload(workload, cp)
     nbytes = samples * workload.activation_bytes()
     group.costs[("all_reduce", nbytes, True)] = forward_exposed_time(device, workload, samples, tp, topo)
     group.costs[("all_gather", nbytes, True)] = \

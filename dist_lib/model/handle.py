@@ -28,7 +28,7 @@ from dist_lib.model.context_ops import ContextOps
 from dist_lib.model.fp8_weights import FP8Weights
 from dist_lib.model.state_loads import StateLoads
 from dist_lib.comm.p2p import issue_recv, issue_send
-from dist_lib.tensors import SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, OptState, PipeExtra, Stash, Weight, WeightGrad, cp_part, describe_mask, samples_mask
+from dist_lib.tensors import SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationSlice, OptState, PipeExtra, Stash, Weight, WeightGrad, cp_part, describe_mask, samples_mask
 from dist_lib.workload.transformer import Workload
 
 
@@ -279,9 +279,13 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights, StateLoads):
             self._explain_split_tp(x, tp_rank, tp_size)  # (one test on the path every message takes)
         mem = self._mem
         mem.context = ("split_tp", x.layer)
-        if cls is not ActivationSlice:  # a gradient's piece remembers its gathers (and a CP part, its part)
-            return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size, x.gathers, *cp_part(x))
-        return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size)
+        if cls is ActivationSlice:
+            return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size)
+        if cls is ContextActivationSlice:  # a CP part's piece remembers its part
+            return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size, x.cp_rank,
+                       x.cp_size)
+        # a gradient's piece remembers its gathers (and a CP part, its part)
+        return cls(mem, x.nbytes // tp_size, self.rank, x.layer, x.samples, 1 << tp_rank, tp_size, x.gathers, *cp_part(x))
 
     def _explain_split_tp(self, x: Any, tp_rank: Any, tp_size: Any) -> None:
         where = f"rank {self.rank} split_tp"

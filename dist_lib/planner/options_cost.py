@@ -241,7 +241,8 @@ def context_layer_costs(device, workload: Workload, samples: int, tp: int, cp: i
     """Per-layer costs of a CP rank running `samples` samples' s/cp tokens: `hop` is a key/value block's ring
     hop, `both` a block's and its gradient's together on one link (see the module docstring)."""
     act = cp_costs.activation_bytes(workload, samples, cp)
-    tp_comm = collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
+    # two TP all-reduces a layer (attention, MLP), as without CP (`comm.collectives.collective_duration`)
+    tp_comm = 2 * collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
     columns: list[list[float]] = [[] for _ in range(9)]
     for layer in range(workload.num_layers):
         if 1 < layer < workload.num_layers - 1:  # alike between the first and the last (an untied LM head)
