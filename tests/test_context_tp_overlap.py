@@ -79,8 +79,15 @@ def test_cp_with_tp_comm_overlap_hides_each_tp_collective_behind_its_gemm_at_s_o
     # the attention's key/value ring over the CP group is untouched, and so is the memory
     assert durations(fast, "send", "kv block") == durations(plain, "send", "kv block")
     assert fast.peak_memory_bytes == plain.peak_memory_bytes
-    # the step shortens by what the overlap hides: four layers, forward and backward each
-    saved = 4 * 2 * (2 * collective_time("all_reduce", n, topo) - exposed)
+    # the backward's two all-gathers of the sequence-split output gradient, before the projection's and MLP
+    # down's input-gradient GEMMs, run as one ring step beside half of each (tp = 2), as at cp = 1
+    proj_dgrad, down_dgrad = gemm_time(device, tokens, h / 2, h), gemm_time(device, tokens, 4 * h / 2, h)
+    backward_exposed = sum(max(g / 2, gather) + g / 2 - g for g in (proj_dgrad, down_dgrad))
+    assert durations(plain, "all_gather", "activation_grad slices (TP gather)") == {round(gather, 12)}
+    assert sum(durations(fast, "all_gather", "activation_grad slices (TP gather)")) == pytest.approx(backward_exposed / 2)
+    # the step shortens by what the overlap hides: four layers, forward and backward each, and the backward's
+    # two gathers a layer
+    saved = 4 * 2 * (2 * collective_time("all_reduce", n, topo) - exposed) + 4 * (2 * gather - backward_exposed)
     assert plain.time_s - fast.time_s == pytest.approx(saved, rel=1e-6)
 
 

@@ -72,3 +72,20 @@ def test_hybrid_with_overlap_runs_correct_and_faster():
 def test_tp_comm_overlap_needs_sequence_parallelism():
     with pytest.raises(StrategyError, match="tp_comm_overlap=True with tp=2 needs sequence_parallel=True"):
         simulate("strategies/hybrid.py", "1x2xH100-80GB", SMALL, 2, dp=1, pp=1, tp=2, tp_comm_overlap=True)
+
+
+def test_the_backwards_output_gradient_gathers_take_their_overlapped_entry():
+    """hybrid's sequence-parallel backward all-gathers the output gradient twice a layer (`_pipeline`'s
+    `_gather_sequence_parallel_grad`); with the overlap each costs half of what the two ring exchanges beside the
+    projection's and MLP down's input-gradient GEMMs leave exposed (t = 2: max(g/2, c) + g/2 - g each)."""
+    cluster = Cluster.parse("1x2xH100-80GB")
+    device, topo = cluster.device_of(0), cluster.topology((0, 1))
+    s, h = SMALL.seq_len, SMALL.hidden
+    gather = collective_time("all_gather", SMALL.activation_bytes(), topo)
+    dgrads = (compute.gemm_time(device, s, h / 2, h), compute.gemm_time(device, s, 4 * h / 2, h))
+    each = sum(max(g / 2, gather) + g / 2 - g for g in dgrads) / 2
+    options = dict(dp=1, pp=1, tp=2, microbatch_size=1, sequence_parallel=True)
+    for overlap, expected in ((False, gather), (True, each)):
+        result = simulate("strategies/hybrid.py", cluster, SMALL, 1, tp_comm_overlap=overlap, **options)
+        gathers = [e.duration for e in result.events if e.rank == 0 and e.op == "all_gather" and e.layer == 1]
+        assert len(gathers) == 2 and gathers == pytest.approx([expected] * 2, rel=1e-9)

@@ -41,5 +41,7 @@ def overlap_layer_collectives(group: Group, device: Device, workload: Workload, 
         workload = block_workload(workload, cp)
     nbytes = samples * workload.activation_bytes()
     group.costs[("all_reduce", nbytes, True)] = forward_exposed_time(device, workload, samples, tp, topo)
-    group.costs[("all_gather", nbytes, True)] = \
+    # (an all-gather of TP slices is not a layer's pair of collectives: `collectives.collective_duration` keys it
+    # False, as the C path does)
+    group.costs[("all_gather", nbytes, False)] = \
         backward_gather_exposed_time(device, workload, samples, tp, topo) / BACKWARD_GATHER_CALLS
