@@ -131,8 +131,8 @@ def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
                           help="USD per hour the GPUs may cost at most")
     planning.add_argument("--simulation-limit", type=_ranged(1, 2**40, integer=True), default=SIMULATION_LIMIT,
                           metavar="PASSES", help="simulate only plans of at most this many layer passes a step "
-                          f"(microbatches x each stage's GPUs x its layers; default {SIMULATION_LIMIT:,}); larger "
-                          "ones keep their estimate")
+                          f"(microbatches x each stage's simulated GPUs x its layers, one replica a stage when the "
+                          f"replicas fold; default {SIMULATION_LIMIT:,}); larger ones keep their estimate")
     add_headroom_option(planning)
     planning.add_argument("--framework", choices=FRAMEWORK_CHOICES, default="any",
                           help="search only plans this framework runs, simulated as its exported settings run "

@@ -125,16 +125,16 @@ def simulated_passes(cluster: Cluster, workload: Workload, global_batch: int, pl
     replicas (`run.folding.plan_fold`, the simulator's own test, on the strategy and options
     `simulate_candidate` runs), else every GPU's (`layer_passes`)."""
     if workload.moe is None:  # (mixtures of experts do not fold)
-        if framework in (None, "any"):
-            strategy, options, on = PLANNED, {"plan": plan}, cluster
-        else:
-            launch = Launch.from_plan(plan, framework, workload.num_layers, False)
-            name, options = launch.strategy(workload.num_layers)
-            strategy, on = f"strategies.{name}", launch_cluster(plan, cluster)
         try:
+            if framework in (None, "any"):
+                strategy, options, on = PLANNED, {"plan": plan}, cluster
+            else:
+                launch = Launch.from_plan(plan, framework, workload.num_layers, False)
+                name, options = launch.strategy(workload.num_layers)
+                strategy, on = f"strategies.{name}", launch_cluster(plan, cluster)
             fold = plan_fold(load_strategy(strategy)[0], on, global_batch, options)
-        except SpecError:  # (a plan its framework cannot run: the simulation says why)
-            fold = None
+        except SpecError:  # (a plan its framework cannot run, such as DeepSpeed with an uneven layer split: its
+            fold = None    # simulation, if it is tried, says why)
         if fold is not None:
             return plan.microbatches * sum(stage.tp * stage.layers for stage in plan.stages)
     return layer_passes(plan)
