@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from dist_lib import Cluster, SpecError, Workload, simulate
+from dist_lib import Cluster, SpecError, StrategyError, Workload, simulate
 from dist_lib.costs import compute as costs
 from dist_lib.costs import network
 from dist_lib.planner import Plan, Stage, plan
@@ -82,7 +82,7 @@ def test_a_recompute_mode_without_a_framework_setting_is_refused_by_name(framewo
 def test_a_plan_in_op_mode_is_checked_and_runs_through_hybrid():
     with pytest.raises(SpecError, match="recompute 'op' .* workload gpt-1.3b:layers=4: mlp is 'gelu'"):
         grid(2, 4, 1, 4).check(8, 4, 16, CLUSTER, workload=GPT)
-    with pytest.raises(Exception, match="a plan with recompute 'op' runs through hybrid: export it .* --to torchtitan"):
+    with pytest.raises(StrategyError, match="a plan with recompute 'op' runs through hybrid: export it .* --to torchtitan"):
         simulate("strategies.planned", CLUSTER, LLAMA, 16, plan=grid(2, 4, 1, 4))
 
 
