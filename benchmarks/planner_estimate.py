@@ -1,7 +1,7 @@
 """The planner's closed-form estimate beside the simulator, plan by plan, under 1F1B, ZB-H1, full recompute
 and interleaving with selective recompute.
 
-    python -m benchmarks.planner_estimate [SET ...]   (equal, widths, commodity; all three by default)
+    python -m benchmarks.planner_estimate [SET ...]   (equal, widths, commodity; all three by default; per-op)
 
 Three sets of pipelines:
 
@@ -12,7 +12,10 @@ Three sets of pipelines:
   T4 or A10 nodes) and in node layout (per-GPU NICs, one shared NIC a node, two stages on one node,
   a stage over two nodes), with uneven replica shares where a stage mixes device types;
 * a commodity cloud of twelve one-NIC nodes (V100 and T4): the plans its search ranks best, each under
-  its own schedule, many stages' crossings meeting on the nodes' NICs.
+  its own schedule, many stages' crossings meeting on the nodes' NICs;
+* per-op (only when named): torchtitan plans of Llama blocks, two stages of one node each at TP 1, 2 and 4,
+  without recompute, with its per-op selective checkpointing (recompute "op") and with full recompute, each
+  simulated as torchtitan runs it (`planner/framework_run.py`: sequence-parallel with TP).
 
 Prints one row per plan (estimated and simulated step, their ratio, estimated memory share against the
 simulated peak share) and, per set and over both, the mean and largest |estimate / simulated - 1|. The
@@ -36,6 +39,9 @@ SETTINGS = [("toy:layers=4", "2x2xA100-80GB", 8), ("gpt-1.3b:layers=8", "2x2xA10
             ("gpt-350m", "2x4xA100-80GB", 16), ("gpt-1.3b:layers=8", "2x4xV100-32GB:nics=1x1.25", 16)]
 SETS = ("equal", "widths", "commodity")  # equal widths, different widths, a commodity cloud
 VARIANTS = [("1f1b", "none"), ("zero-bubble", "none"), ("1f1b", "full"), ("interleaved", "selective")]
+PER_OP = [("llama-3-8b:layers=4,seq=2048,vocab=32000", "2x4xA100-80GB", 16),
+          ("llama-3-8b:layers=8,seq=4096,vocab=32000", "2x8xH100-80GB", 32)]
+PER_OP_VARIANTS = [("1f1b", "none"), ("1f1b", "op"), ("1f1b", "full")]
 
 FASOP = "1x4xA100-40GB:intra=230:nics=1x5+3x4xA10:intra=16:nics=1x5"  # one 40 Gb/s NIC a node
 BERT = "gpt-350m:seq=512,vocab=30522"
@@ -101,6 +107,11 @@ def _plans():
         yield "widths", name, spec, batch, microbatch, stages, VARIANTS
     for microbatch, stages, schedule in CHOSEN:
         yield "commodity", "gpt-1.3b", COMMODITY, 64, microbatch, stages, [(schedule, "none")]
+    for name, spec, batch in PER_OP:
+        gpus = Cluster.load(spec).nodes[0].gpus
+        for tp in (1, 2, 4):
+            stages = [(tuple(range(gpus)), tp, None), (tuple(range(gpus, 2 * gpus)), tp, None)]
+            yield "per-op", name, spec, batch, 2 * gpus // tp, stages, PER_OP_VARIANTS
 
 
 def rows(sets: Collection[str] = SETS):
@@ -121,7 +132,8 @@ def rows(sets: Collection[str] = SETS):
                 continue
             seconds, memory = step_estimate(cluster, workload, placed, m, schedule, chunks)
             plan = to_plan(placed, microbatch, m, schedule, recompute, 0, chunks)
-            ran = simulate_candidate(cluster, workload, batch, Candidate(plan, seconds, memory, 0.0))
+            ran = simulate_candidate(cluster, workload, batch, Candidate(plan, seconds, memory, 0.0),
+                                     framework="torchtitan" if kind == "per-op" else None)
             if ran.simulated is None:
                 continue  # out of memory in the simulator: nothing to compare
             shape = "+".join(f"{len(r) // tp}x{tp}:{n}L" for n, (r, tp, _) in
@@ -130,13 +142,13 @@ def rows(sets: Collection[str] = SETS):
 
 
 def main(sets: Sequence[str] = ()) -> None:
-    unknown = set(sets) - set(SETS)
+    unknown = set(sets) - {*SETS, "per-op"}
     if unknown:
-        raise SystemExit(f"planner_estimate: unknown set {sorted(unknown)[0]!r} (equal, widths, commodity)")
+        raise SystemExit(f"planner_estimate: unknown set {sorted(unknown)[0]!r} (equal, widths, commodity, per-op)")
     print("| set | workload | cluster | plan | schedule | recompute | estimate | simulated | estimate / simulated "
           "| memory: estimate / simulated peak |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {kind: [] for kind in SETS}
+    errors: dict[str, list[float]] = {kind: [] for kind in (*SETS, "per-op")}
     for kind, name, spec, shape, schedule, recompute, seconds, simulated, memory, peak in rows(sets or SETS):
         errors[kind].append(abs(seconds / simulated - 1))
         print(f"| {kind} | {name} | {spec} | {shape} | {schedule} | {recompute} | {seconds * 1e3:.1f} ms | "

@@ -154,8 +154,8 @@ def _plans(clusters: tuple[str, ...], max_layers: int):
         stages = tuple(Stage(ranks, tp, tuple((bounds[c * pp + i], bounds[c * pp + i + 1]) for c in range(chunks)),
                              tuple(cuts(draw, microbatch, dp)))
                        for i, (ranks, tp, dp) in enumerate(zip(groups, tps, dps)))
-        plan = Plan(stages, microbatch, microbatches, schedule, draw(st.sampled_from(RECOMPUTE)),
-                    draw(st.sampled_from(ZERO_STAGES[:2])))  # (zero 3, FSDP, runs through hybrid, not planned)
+        plan = Plan(stages, microbatch, microbatches, schedule, draw(st.sampled_from(RECOMPUTE[:3])),
+                    draw(st.sampled_from(ZERO_STAGES[:2])))  # (zero 3, FSDP, and recompute 'op' run through hybrid)
         return Setup("planned", spec, f"toy:layers={layers}", microbatch * microbatches, {"plan": plan.to_dict()})
 
     return build()

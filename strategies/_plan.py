@@ -13,7 +13,7 @@ from dist_lib.costs import compute as costs
 from dist_lib.costs import context, network
 from dist_lib.costs.fp8 import check_recipe
 from dist_lib.errors import SpecError
-from dist_lib.workload.per_op_checkpoint import problem as per_op_problem
+from dist_lib.workload.per_op_checkpoint import workload_problem as per_op_problem
 
 from ._layout import Layout, check_chunks, check_partition, even_partition, microbatches, replica_samples
 from dist_lib.schedules.actions import Action, check_schedule
@@ -171,9 +171,7 @@ def check_per_op(workload, tp: int, sequence_parallel: bool) -> None:
     torchtitan builds it, its kernels from the cost model (no measured profile), and with TP the sequence
     parallelism torchtitan's TP plan always applies (without it the row-parallel outputs are all-reduced, an op
     the policy would run again, which is not modelled)."""
-    why = ("the workload is a mixture of experts" if workload.moe is not None else
-           "the workload has a measured profile, which does not split out the layer's kernels"
-           if workload.profile is not None else per_op_problem(workload))
+    why = per_op_problem(workload)
     if why is None and tp > 1 and not sequence_parallel:
         why = f"tp={tp} needs sequence_parallel=True (torchtitan's TP plan always splits the norms' sequence)"
     if why:

@@ -48,9 +48,10 @@ async def train(model: Model, *, plan=None) -> None:
     plan = estimated_plan(model) if plan is None else Plan.load(plan)
     plan.check(model.world_size, model.num_layers, model.global_batch_size, model.cluster, source,
                model.workload)
-    if plan.cp != 1 or plan.zero == 3 or getattr(model, "moe", None) is not None:  # (hybrid runs them)
+    if plan.cp != 1 or plan.zero == 3 or plan.recompute == "op" or getattr(model, "moe", None) is not None:
+        # (hybrid runs them: recompute 'op' with TP beside the sequence parallelism torchtitan always adds)
         what, to = ("cp", "megatron") if plan.cp != 1 else ("zero=3", "torchtitan") if plan.zero == 3 else \
-            ("experts", "megatron")
+            ("recompute 'op'", "torchtitan") if plan.recompute == "op" else ("experts", "megatron")
         raise ValueError(f"{source}: a plan with {what} runs through hybrid: export it (python -m grader export PLAN "
                          f"--to {to}) and run the export with `run --from`")
     where = locate(plan, model.rank)

@@ -79,7 +79,13 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
     # a layer's TP partial sums are two all-reduces of b*s*h (attention and MLP; Shoeybi et al. 2019), as
     # the simulator charges them
     tp_comm = 2 * network.collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
-    mode = compute_mode(recompute == "selective", False, fp8)
+    # torchtitan's per-op checkpointing ("op") runs TP only sequence-parallel (hybrid's rule, torchtitan's TP
+    # plan): at tp > 1 its re-run is timed and its stash counted as that runs them (`_per_op_rerun`), the rest of
+    # the layer without sequence parallelism, as the estimate times every mode
+    split_op = recompute == "op" and tp > 1
+    selective = "op" if recompute == "op" else recompute == "selective"
+    mode = compute_mode(False if split_op else selective, False, fp8)
+    kept = compute_mode(selective, split_op, fp8)  # the mode whose stash the forward keeps
     plain = compute_mode(False, False, fp8)  # the forward's and the weight-gradient pass's mode
     fwd, bwd, wgt, state, acts, grads, upd, shards, hidden = [], [], [], [], [], [], [], [], []
     for layer in range(workload.num_layers):
@@ -94,6 +100,8 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
             # asynchronous TP all-reduce, as strategies/_pipeline.py runs it); ZB-H1's split backward
             # cannot hide them, and adds `hidden` back
             b = _cost(device, workload, "backward_input", layer, samples, tp, mode) + max(w, tp_comm)
+            if split_op:
+                b += _per_op_rerun(device, workload, layer, samples, tp, tp_topo, fp8)
             hidden.append(min(w, tp_comm))
         else:
             b = _cost(device, workload, "backward", layer, samples, tp, mode)
@@ -108,12 +116,21 @@ def layer_costs(device: Device, workload: Workload, samples: int, tp: int, tp_to
         state.append(params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES / zero_dp) + persistent_bytes(workload, tp, fp8))
         # ZeRO-1 also holds each layer's reduced gradient shard (2/dp bytes a parameter) until the update
         shards.append(params * WEIGHT_BYTES / zero_dp if zero_dp > 1 else 0.0)
-        stash = 0 if recompute == "full" else forward_stash_bytes(device, workload, layer, samples, tp, mode)
+        stash = 0 if recompute == "full" else forward_stash_bytes(device, workload, layer, samples, tp, kept)
         acts.append(stash + act)
         grads.append(params * WEIGHT_BYTES)
         upd.append(costs.update_time(device, params / zero_dp))
     return with_total(*(tuple(accumulate(x, initial=0.0))
                         for x in (fwd, bwd, wgt, state, acts, grads, upd, shards, hidden)))
+
+
+def _per_op_rerun(device: Device, workload: Workload, layer: int, samples: int, tp: int, tp_topo: Topology | None,
+                  fp8: str) -> float:
+    """What a sequence-parallel backward after per-op checkpointing runs first, before its gradients
+    (`strategies/_pipeline.py`): the unsaved GEMMs and memory-bound kernels (`costs.recompute_time`, "op") and
+    the two all-gathers of the norms' sequence-split outputs, b*s*h each, in the TP group."""
+    return costs.recompute_time(device, workload, layer, samples, tp, recompute="op", sequence_parallel=True, fp8=fp8) \
+        + 2 * network.collective_time("all_gather", samples * workload.activation_bytes(), tp_topo)
 
 
 @lru_cache(maxsize=None)

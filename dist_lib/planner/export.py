@@ -123,8 +123,9 @@ def torchtitan_toml(launch: Launch, workload: Any) -> str:
         lines += [f'pipeline_parallel_schedule = "{TORCHTITAN_SCHEDULES[launch.schedule]}"',
                   f"pipeline_parallel_microbatch_size = {launch.micro_batch_size}",
                   f"module_fqns_per_model_part = {json.dumps(torchtitan_parts(launch, workload.num_layers))}"]
-    lines += ["", "[activation_checkpoint]", f'mode = "{launch.recompute}"']
-    if launch.recompute == "selective":
+    # recompute "op", torchtitan's per-op policy, is its mode "selective" with selective_ac_option "op"
+    lines += ["", "[activation_checkpoint]", f'mode = "{"selective" if launch.recompute == "op" else launch.recompute}"']
+    if launch.recompute == "op":
         lines.append('selective_ac_option = "op"')
     if launch.fp8:  # torchao float8 training; the LM head ("output") stays in 16 bits
         lines += ["", "[quantize.linear.float8]", f'recipe_name = "{launch.fp8}"', 'filter_fqns = ["output"]']

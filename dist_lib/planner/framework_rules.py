@@ -19,6 +19,7 @@ from typing import Any
 from dist_lib.errors import SpecError
 from dist_lib.planner.launch import FP8_RECIPES, FRAMEWORKS, NAMES, SCHEDULES, Launch, uniform_split
 from dist_lib.planner.plan import Plan
+from dist_lib.workload.per_op_checkpoint import workload_problem as per_op_problem
 
 ANY = "any"
 CHOICES = (ANY, *FRAMEWORKS)
@@ -72,10 +73,15 @@ class Rules:
 
 def settings(rules: Rules | None, workload: Any, cluster: Any, configs: tuple) -> tuple[tuple, tuple[str, ...]]:
     """(the (recompute, zero) settings a search weighs, in order; its GEMM precisions): torchtitan's sharding is
-    FSDP (zero 3) where the others have ZeRO-1; a framework's FP8 recipe beside 16 bits where every GPU has
-    FP8 tensor cores. An MoE workload's plans (Megatron-LM's) take all of them, as hybrid runs experts with
-    recompute, FP8 and the distributed optimizer (`expert_modes_cost`)."""
-    if rules is not None and rules.framework == "torchtitan":
+    FSDP (zero 3) where the others have ZeRO-1, and its selective recompute is the per-op policy ("op",
+    `selective_ac_option = "op"`), weighed where hybrid models it (a dense Llama block timed by formula), where
+    the others' is Megatron-LM's attention core ("selective"); a framework's FP8 recipe beside 16 bits where
+    every GPU has FP8 tensor cores. An MoE workload's plans (Megatron-LM's) take all of them, as hybrid runs
+    experts with recompute, FP8 and the distributed optimizer (`expert_modes_cost`)."""
+    torchtitan = rules is not None and rules.framework == "torchtitan"
+    per_op = torchtitan and per_op_problem(workload) is None
+    configs = tuple(c for c in configs if c[0] != ("selective" if torchtitan else "op") and (c[0] != "op" or per_op))
+    if torchtitan:
         configs = tuple((recompute, 3 if zero else 0) for recompute, zero in configs)
     recipe = rules.fp8_recipe(cluster) if rules is not None else ""
     return configs, ("",) + ((recipe,) if recipe else ())

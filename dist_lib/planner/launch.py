@@ -33,6 +33,20 @@ SCHEDULES = {"megatron": ("1f1b", "interleaved"), "torchtitan": ("gpipe", "1f1b"
 FP8_RECIPES = {"megatron": ("delayed", "tensorwise"), "torchtitan": ("tensorwise",), "deepspeed": ()}
 
 
+# The recompute modes a framework has no setting for, with what it has instead: Megatron-LM's
+# `--recompute-granularity` is full or selective (the attention core, Korthikanti et al. 2022); torchtitan's
+# `activation_checkpoint.mode` is none, full or selective, whose `selective_ac_option = "op"` is the per-op policy
+# (`workload/per_op_checkpoint.py`) and a number every n-th layer whole; DeepSpeed checkpoints whole layers.
+RECOMPUTE_NAMES = {"selective": "Megatron-LM's attention-core recompute, Korthikanti et al. 2022",
+                   "op": "torchtitan's per-op selective activation checkpointing"}
+NO_RECOMPUTE_SETTING = {
+    "megatron": {"op": "--recompute-granularity is full or selective, the attention core alone"},
+    "torchtitan": {"selective": 'its selective_ac_option = "op" is the per-op policy, recompute \'op\', and a '
+                                'number checkpoints every n-th layer whole'},
+    "deepspeed": {mode: "its pipeline engine checkpoints whole layers: activation_checkpoint_interval"
+                  for mode in ("selective", "op")}}
+
+
 @dataclass(frozen=True)
 class Launch:
     """One framework run: a (pp, dp, tp) grid, `chunks` virtual stages a rank, a per-GPU micro batch."""
@@ -131,9 +145,9 @@ class Launch:
         if framework == "torchtitan" and plan.zero == 1:
             raise SpecError("plan: zero=1 (optimizer state sharded) has no torchtitan setting: torchtitan "
                             "shards with FSDP (data_parallel_shard_degree), which also shards weights and gradients")
-        if framework == "deepspeed" and plan.recompute == "selective":
-            raise SpecError("plan: recompute 'selective' has no DeepSpeed setting (its pipeline engine "
-                            "checkpoints whole layers: activation_checkpoint_interval)")
+        if plan.recompute in NO_RECOMPUTE_SETTING[framework]:
+            raise SpecError(f"plan: recompute {plan.recompute!r} ({RECOMPUTE_NAMES[plan.recompute]}) has no {name} "
+                            f"setting ({NO_RECOMPUTE_SETTING[framework][plan.recompute]})")
         if framework == "deepspeed" and plan.recompute == "full" and pp == 1:
             raise SpecError("plan: recompute 'full' without pipeline stages has no DeepSpeed config key "
                             "(it is deepspeed.checkpointing in the model's code)")
@@ -153,9 +167,6 @@ class Launch:
         if sequence_parallel and framework == "torchtitan":
             notes.append("torchtitan's tensor parallelism always runs sequence parallelism (SequenceParallel on "
                          "the norms), which the plan does not: the imported run simulates it")
-        if framework == "torchtitan" and plan.recompute == "selective":
-            notes.append("torchtitan's selective_ac_option='op' saves matmul and attention outputs; simulated "
-                         "as Megatron-LM's attention-core recompute (Korthikanti et al. 2022)")
         return cls(framework, first.tp, pp, first.dp // plan.cp, first.shares[0], plan.global_batch_size, schedule,
                    plan.chunks, plan.recompute, plan.zero, sequence_parallel, True, None if even else sizes,
                    tuple(notes), plan.fp8, plan.ep, plan.cp, plan.etp, experts)
@@ -183,7 +194,7 @@ class Launch:
         options: dict[str, Any] = {"tp": self.tp, "pp": self.pp, "dp": self.dp,
                                    "microbatch_size": self.micro_batch_size, "schedule": self.schedule,
                                    "chunks": self.chunks}
-        for key, value in (("recompute", self.recompute == "full"),
+        for key, value in (("recompute", "op" if self.recompute == "op" else self.recompute == "full"),
                            ("selective_recompute", self.recompute == "selective"),
                            ("sequence_parallel", self.sequence_parallel),
                            ("overlap_grad_reduce", self.overlap_grad_reduce)):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dist_lib.errors import SpecError
+from dist_lib.workload.per_op_checkpoint import workload_problem as per_op_problem
 from dist_lib.workload.transformer import Workload
 from dist_lib.planner.launch import Launch, uniform_split
 from dist_lib.planner.moe_launch import FLAGS as MOE_FLAGS, ffn_hidden, read_etp, read_megatron_moe
@@ -230,12 +231,7 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
     dp = replicate * shard
     global_batch = train.get("global_batch_size", -1)
     global_batch = local * dp if global_batch == -1 else _whole(global_batch, f"{source}: training.global_batch_size")
-    mode = ac.get("mode", "selective")
-    if mode not in ("none", "selective", "full"):
-        raise SpecError(f"{source}: activation_checkpoint.mode = {mode!r} is not simulated (none, selective, full)")
-    if mode == "selective" and str(ac.get("selective_ac_option", "2")) != "op":
-        raise SpecError(f"{source}: activation_checkpoint.selective_ac_option = {ac.get('selective_ac_option', '2')!r} "
-                        f"(every n-th layer) is not simulated; use \"op\" or mode \"full\"")
+    mode = _torchtitan_recompute(ac, workload, source)
     if shard > 1:
         if pp > 1 or replicate > 1:
             raise SpecError(f"{source}: parallelism.data_parallel_shard_degree = {shard} (FSDP) with pipeline or "
@@ -267,6 +263,27 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
                     fp8=fp8)
     launch.check(workload.num_layers, source)
     return Imported(launch, workload, ())
+
+
+def _torchtitan_recompute(ac: dict, workload: Workload, source: str) -> str:
+    """A launch's recompute from torchtitan's [activation_checkpoint]: mode "none" or "full", or "selective" with
+    selective_ac_option "op", the per-op policy (recompute "op", `workload/per_op_checkpoint.py`), on a workload
+    hybrid models it for; selective every n-th layer (a number, "2" by default) is refused."""
+    mode = ac.get("mode", "selective")
+    if mode not in ("none", "selective", "full"):
+        raise SpecError(f"{source}: activation_checkpoint.mode = {mode!r} is not simulated (none, selective, full)")
+    if mode != "selective":
+        return mode
+    option = ac.get("selective_ac_option", "2")
+    if str(option) != "op":
+        raise SpecError(f"{source}: activation_checkpoint.selective_ac_option = {option!r} (every n-th layer) is not "
+                        f"simulated; use \"op\" or mode \"full\"")
+    why = per_op_problem(workload)
+    if why:
+        raise SpecError(f"{source}: activation_checkpoint.selective_ac_option = \"op\" (per-op selective "
+                        f"checkpointing) is simulated for a Llama block as torchtitan builds it; workload "
+                        f"{workload.name}: {why}")
+    return "op"
 
 
 def _torchtitan_fp8(data: dict, source: str) -> str:

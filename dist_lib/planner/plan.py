@@ -18,9 +18,12 @@ from typing import Any
 
 from dist_lib.errors import SpecError
 from dist_lib.specs import shown
+from dist_lib.workload import per_op_checkpoint as per_op
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
-RECOMPUTE = ("none", "selective", "full")
+# "selective": Megatron-LM's attention-core recompute (Korthikanti et al. 2022); "op": torchtitan's per-op
+# selective activation checkpointing (`workload/per_op_checkpoint.py`), which runs through hybrid only
+RECOMPUTE = ("none", "selective", "full", "op")
 ZERO_STAGES = (0, 1, 3)  # 3: FSDP (torchtitan's data_parallel_shard_degree; hybrid's fsdp)
 # "" (16-bit GEMMs) or an FP8 scaling recipe for the linear layers' GEMMs (`costs.fp8.RECIPES`)
 FP8_CHOICES = ("", "delayed", "tensorwise")
@@ -251,6 +254,7 @@ class Plan:
             raise SpecError(f"{source}: microbatch_size {self.microbatch_size} x microbatches {self.microbatches} = "
                             f"{self.global_batch_size}, but the global batch is {global_batch_size}")
         self._check_experts(source, workload)
+        self._check_per_op(source, workload)
         seen: set[int] = set()
         for i, stage in enumerate(self.stages):
             where = f"{source}: stages[{i}]"
@@ -298,6 +302,16 @@ class Plan:
                 raise SpecError(f"{source}: fp8 {self.fp8!r}, but {', '.join(lacking)} has no FP8 tensor cores; "
                                 f"plan without fp8")
 
+
+    def _check_per_op(self, source: str, workload: Any) -> None:
+        """recompute 'op' on what hybrid models it for (`strategies/_plan.check_per_op`): a dense Llama block as
+        torchtitan builds it, timed by formula, without context parallelism."""
+        if self.recompute != "op" or workload is None:
+            return
+        why = per_op.workload_problem(workload)
+        if why:
+            raise SpecError(f"{source}: recompute 'op' (torchtitan's per-op selective activation checkpointing) is "
+                            f"modelled for a Llama block as torchtitan builds it; workload {workload.name}: {why}")
 
     def _check_experts(self, source: str, workload: Any) -> None:
         """An MoE plan as `hybrid` runs it (Megatron-Core's expert grid, `strategies/_expert_stage.py`): ep x etp

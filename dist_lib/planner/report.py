@@ -15,7 +15,7 @@ from dist_lib.planner.search import Candidate, Search
 
 
 SHORT = {"interleaved": "interl.", "zero-bubble": "ZB-H1"}
-RECOMPUTE = {"selective": "sel.", "full": "full"}
+RECOMPUTE = {"selective": "sel.", "full": "full", "op": "op"}
 
 
 def pareto(candidates: list[Candidate]) -> list[Candidate]:
@@ -90,7 +90,8 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
             lines.append(Text(f"    {NAMES[search.framework]}: "
                               f"{batch_settings(plan, search.framework, sum(s.layers for s in plan.stages))}",
                               style="dim"))
-    lines.append(Text("stages: dp x tp and device of each; sel./full: selective or full recompute; Z1: ZeRO-1; used "
+    recompute = "op/full: per-op selective or full" if search.framework == "torchtitan" else "sel./full: selective or full"
+    lines.append(Text(f"stages: dp x tp and device of each; {recompute} recompute; Z1: ZeRO-1; used "
                       "MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)", style="dim"))
     if search.framework != "any":
         lines.append(Text(f"plans {NAMES[search.framework]} runs, each simulated as its exported settings run "

@@ -32,8 +32,9 @@ from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.step import step_estimate
 from dist_lib.planner import expert_modes_cost, options_cost  # (MoE stages beyond TP 1: expert_modes_cost)
 
-# Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list
-MEMORY_CONFIGS = (("none", 0), ("none", 1), ("selective", 0), ("selective", 1), ("full", 0), ("full", 1))
+# Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list;
+# "selective" or (torchtitan's, Llama blocks) "op", never both (`framework_rules.settings`)
+MEMORY_CONFIGS = tuple((r, z) for r in ("none", "selective", "op", "full") for z in (0, 1))
 INTERLEAVE_CHUNKS = 2
 # Candidates whose lower bound is this much above the best estimate are not estimated: the estimate
 # orders simulated plans within about this margin (benchmarks/planners.py prints how often it errs).

@@ -57,6 +57,16 @@ def problem(w: arch.LayerShape) -> str | None:
     return None
 
 
+def workload_problem(w: arch.LayerShape) -> str | None:
+    """Why a workload is not one this module counts (None when it is): a mixture of experts, a measured profile
+    (which does not split out the layer's kernels), or a layer `problem` names."""
+    if getattr(w, "moe", None) is not None:
+        return "the workload is a mixture of experts"
+    if getattr(w, "profile", None) is not None:
+        return "the workload has a measured profile, which does not split out the layer's kernels"
+    return problem(w)
+
+
 def saved_bytes_per_token(w: arch.LayerShape, tp: int, sequence_parallel: bool) -> float:
     """Bytes per token (16-bit elements) a TP rank keeps for a layer's backward, besides the layer's input (which
     the checkpoint keeps as it came in: whole, or with sequence parallelism its 1/t sequence shard)."""
