@@ -49,12 +49,14 @@ def test_one_layer_forward_with_and_without_overlap_as_hand_derived():
     plain = simulate(_one_layer_forward(False), cluster, SMALL, 1, check=False).time_s
     assert plain == pytest.approx(forward + 2 * collective_time("all_reduce", n, topo), rel=1e-9)
     # with: QKV and MLP-up behind their all-gathers as max(g/2, c) + g/2 (t = 2), projection and MLP-down
-    # before their reduce-scatters as g/4 + 3 max(g/4, c/4) + c/4; what exceeds the GEMMs is exposed
+    # before their reduce-scatters as g'/4 + 3 max(g'/4, c/4) + c/4, g' on the 132 - 16 SMs the reduce-scatter's
+    # kernels leave the GEMM (Transformer Engine's default num_sm and SM margin); what exceeds the GEMMs is exposed
+    margin = 132 / (132 - 16)
     s, h = SMALL.seq_len, SMALL.hidden
     qkv, proj, up, down = (compute.gemm_time(device, s, 3 * h / 2, h), compute.gemm_time(device, s, h, h / 2),
                            compute.gemm_time(device, s, 4 * h / 2, h), compute.gemm_time(device, s, h, 4 * h / 2))
     exposed = sum(max(g / 2, gather) + g / 2 - g for g in (qkv, up)) \
-        + sum(g / 4 + 3 * max(g / 4, scatter / 4) + scatter / 4 - g for g in (proj, down))
+        + sum(g * margin / 4 + 3 * max(g * margin / 4, scatter / 4) + scatter / 4 - g for g in (proj, down))
     overlapped = simulate(_one_layer_forward(True), cluster, SMALL, 1, check=False).time_s
     assert overlapped == pytest.approx(forward + exposed, rel=1e-9)
     assert overlapped < plain

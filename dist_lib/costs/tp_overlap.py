@@ -13,7 +13,10 @@ before a column-parallel GEMM (QKV, MLP up) or a reduce-scatter of its output af
   the last chunk's GEMM runs alone:  T = (t - 1) max(g/t, c/(t - 1)) + g/t;
 * `pipeline` (num_splits 4) for proj_fprop, fc2_fprop: the GEMM in 4 chunks, each chunk's reduce-scatter
   beside the next chunk's GEMM; the first GEMM chunk and the last reduce-scatter run alone:
-  T = g/4 + 3 max(g/4, c/4) + c/4;
+  T = g'/4 + 3 max(g'/4, c/4) + c/4, where g' is the GEMM on the SMs its reduce-scatter leaves it: the
+  method's default communication kernel takes 16 SMs with an SM margin the GEMM keeps clear (`num_sm` 16,
+  `set_sm_margin`), so g' = g x SMs / (SMs - 16) on a device whose SM count is known (132 on an H100 SXM:
+  the GEMM chunks run 13.8 % longer). `ring_exchange` takes 1 SM and sets no margin: its GEMM keeps g;
 * `bulk` for qkv_dgrad, fc1_dgrad, qkv_wgrad, fc1_wgrad: the backward's re-gather and reduce-scatter beside
   the input- and weight-gradient GEMMs, which the engine already runs side by side (`async_tp_allreduce`).
 
@@ -32,6 +35,15 @@ from dist_lib.workload import architecture as arch
 from dist_lib.workload.transformer import Workload
 
 PIPELINE_SPLITS = 4  # Transformer Engine's default num_splits for the `pipeline` reduce-scatter overlap
+PIPELINE_COMM_SMS = 16  # its default num_sm for the `pipeline` method, kept clear of the GEMM (set_sm_margin)
+
+
+def with_comm_sms(device: Device, gemm: float) -> float:
+    """`gemm`'s seconds on the SMs a `pipeline` reduce-scatter leaves it (all of them when the SM count is
+    unknown, or too small to spare the communication's)."""
+    if device.sms <= PIPELINE_COMM_SMS:
+        return gemm
+    return gemm * device.sms / (device.sms - PIPELINE_COMM_SMS)
 
 
 def ring_exchange_time(gemm: float, comm: float, tp: int) -> float:
@@ -61,8 +73,8 @@ def forward_exposed_time(device: Device, workload: Workload, samples: int, tp: i
     nbytes = samples * workload.activation_bytes()
     gather, scatter = collective_time("all_gather", nbytes, topo), collective_time("reduce_scatter", nbytes, topo)
     qkv, proj, up, down = _gemms(device, workload, samples, tp, backward=False)
-    return (ring_exchange_time(qkv, gather, tp) - qkv + pipelined_time(proj, scatter) - proj
-            + ring_exchange_time(up, gather, tp) - up + pipelined_time(down, scatter) - down)
+    return (ring_exchange_time(qkv, gather, tp) - qkv + pipelined_time(with_comm_sms(device, proj), scatter) - proj
+            + ring_exchange_time(up, gather, tp) - up + pipelined_time(with_comm_sms(device, down), scatter) - down)
 
 
 def backward_gather_exposed_time(device: Device, workload: Workload, samples: int, tp: int,
