@@ -130,8 +130,10 @@ class _Stage(BlockingMessages):
         self.arrived: dict = {}
         self.outbox: dict = {}
         self.partitioned_outputs: dict = {}  # (chunk, mb) -> this rank's piece of a sent output (DeepSpeed)
-        # forward options: the option is left out when off, so the plain call stays on the fast path
-        self.modes = {"selective_recompute": plan.selective_recompute}
+        # forward options: an option is left out when off, so that a plain stage calls `forward` without keywords
+        self.modes: dict = {}
+        if plan.selective_recompute:
+            self.modes["selective_recompute"] = plan.selective_recompute
         if plan.sequence_parallel:
             self.modes["sequence_parallel"] = True
         if plan.fp8:
@@ -320,13 +322,15 @@ class _Stage(BlockingMessages):
             x = await self._receive_from(k - 1, layers.start, plan.microbatches[mb], "activation")
         weights, stash, modes, tp_group, kept = self.weights, not plan.recompute, self.modes, self.tp_group, self.kept
         forward, gathers = model.forward, self.gathers
-        shard = self._checkpoints_shard()
+        shard, plain = self._checkpoints_shard(), stash and not modes
         for layer in layers:
             # with sequence parallelism a checkpointed layer keeps its input as its sequence shard, 2sbh/t bytes
             # (the layer input lives split along the sequence between layers: Korthikanti et al. 2022, sec. 4.2.2);
             # whole otherwise, as the layer's own stash leaves the input out
             kept[layer][mb] = model.split_tp(x, plan.tp_rank, self.tp) if shard else x
-            if gathers is None:
+            if plain and gathers is None:
+                x = forward(layer, x, weights[layer][0])
+            elif gathers is None:
                 x = forward(layer, x, weights[layer][0], stash=stash, **modes)
             else:  # the layer's weight gathered whole first (the next one's gather prefetched)
                 x = forward(layer, x, await gathers.get(layer, layers, False), stash=stash, **modes)
