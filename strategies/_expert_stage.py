@@ -240,13 +240,13 @@ class _ExpertStage(_Stage):
         del piece
         output_grads = await model.all_to_all(plan.to_each(cut), self.peers, **self.to_experts[mb])
         del cut
-        input_grads = []
-        for piece, piece_grad in zip(tokens, output_grads):
-            expert_grad, input_grad = model.expert_backward(layer, piece, piece_grad, self.experts[layer][0])
-            input_grads.append(input_grad)
-            total = self.expert_grads.get(layer)
-            self.expert_grads[layer] = expert_grad if total is None else total + expert_grad
-        del tokens, output_grads, piece, piece_grad, expert_grad, input_grad
+        # the local experts' backward over every EP peer's piece at once, as their forward ran: one grouped GEMM
+        # a pass (Megatron-Core's TEGroupedMLP backward)
+        expert_grad, input_grads = model.expert_backward(layer, tokens, output_grads, self.experts[layer][0])
+        del tokens, output_grads
+        total = self.expert_grads.get(layer)
+        self.expert_grads[layer] = expert_grad if total is None else total + expert_grad
+        del expert_grad, total
         self.expert_left[layer] -= 1
         if self.expert_left[layer] == 0:  # every local microbatch is in: reduce over the expert-DP group
             self._reduce_experts(layer)
