@@ -61,9 +61,10 @@ class ExpertLayout:
 
 
 def exchange(model: Model, pieces: Sequence, group: Sequence[int], *, samples: Sequence,
-             experts: Sequence) -> Work:
+             experts: Sequence, **how: str) -> Work:
     """The all-to-all of a dispatch or a combine: `pieces[i]` goes to `group[i]`, and this rank receives, from
     each member j, the tokens of `samples[j]` for the experts `experts[j]` (checked at the op, so a token sent
     to the wrong expert rank fails there). Returns the work; awaiting it gives the received pieces in group
-    order. NCCL runs it as grouped sends and receives, each pair's message sharing the links."""
-    return model.all_to_all(list(pieces), list(group), expect=list(samples), expect_experts=list(experts))
+    order. NCCL runs it as grouped sends and receives, each pair's message sharing the links; with
+    `dispatcher=` "deepep" or "hybridep", each token crosses to another node once (`Model.all_to_all`)."""
+    return model.all_to_all(list(pieces), list(group), expect=list(samples), expect_experts=list(experts), **how)
