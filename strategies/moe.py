@@ -16,15 +16,14 @@ Backward runs the same round trip the other way, the experts' backward one EP pe
 piece-wise form of `expert_backward`; `hybrid` runs it as one grouped GEMM over every piece, as Megatron-Core
 does). Options: `ep` (default: the whole node), `microbatch_size` (default 1), `overlap_shared=False` to run
 the shared experts before the dispatch, `moe_dispatcher` how the tokens cross nodes, as `hybrid`'s:
-"alltoall", or the hierarchical "deepep" / "hybridep" (`_expert_stage.check_dispatcher`).
+"alltoall", or the hierarchical "deepep" / "hybridep" (`_experts.check_dispatcher`).
 """
 
 from __future__ import annotations
 
 from dist_lib import Model
 
-from ._expert_stage import check_dispatcher
-from ._experts import ExpertLayout, exchange
+from ._experts import ExpertLayout, check_dispatcher, exchange
 
 TRAINS = "mixtures of experts"  # not dense models: the default suite, which is dense, leaves it out
 
