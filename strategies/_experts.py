@@ -75,10 +75,11 @@ DISPATCHERS = ("alltoall", "deepep", "hybridep")
 
 def check_dispatcher(dispatcher: object, moe: object) -> None:
     """The `moe_dispatcher` of hybrid and moe.py: Megatron-Core's token dispatchers
-    (megatron/core/transformer/transformer_config.py): "alltoall" (`--moe-token-dispatcher-type alltoall`), or the flex dispatcher with its DeepEP or HybridEP
-    backend (`--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep`), which send a
-    token once to each other node holding its experts and forward it there over NVLink (DeepSeek-AI 2024,
-    arXiv 2412.19437 sec. 3.2.2; `dist_lib/costs/hierarchical_dispatch.py`). Both backends cost the same here."""
+    (megatron/core/transformer/transformer_config.py): "alltoall" (`--moe-token-dispatcher-type alltoall`), or
+    the flex dispatcher with its DeepEP or HybridEP backend (`--moe-token-dispatcher-type flex
+    --moe-flex-dispatcher-backend deepep|hybridep`), which send a token once to each other node holding its
+    experts and forward it there over NVLink (DeepSeek-AI 2024, arXiv 2412.19437 sec. 3.2.2;
+    `dist_lib/costs/hierarchical_dispatch.py`). Both backends cost the same here."""
     if not isinstance(dispatcher, str) or dispatcher not in DISPATCHERS:
         raise ValueError(f"moe_dispatcher must be one of {', '.join(map(repr, DISPATCHERS))} (Megatron-Core's "
                          f"alltoall dispatcher, or its flex dispatcher's DeepEP or HybridEP backend), got "
