@@ -154,7 +154,8 @@ class ExpertOpsRecording:
         where = "expert_backward"
         if tokens.__class__ in (list, tuple):  # the grouped form: every piece of one expert_forward
             if grad.__class__ not in (list, tuple):  # refused there, with its message
-                return self._model.expert_backward(layer, [self._t(p, where) for p in tokens], grad, weight)
+                return self._model.expert_backward(layer, [self._t(p, where) for p in tokens], grad,
+                                                   self._t(weight, where))
             out = self._model.expert_backward(layer, [self._t(p, where) for p in tokens],
                                               [self._t(g, where) for g in grad], self._t(weight, where))
             self._emit(EXPERT_BACKWARD_GROUPED, layer, weight._number, len(tokens), *(p._number for p in tokens),

@@ -8,8 +8,9 @@ from array import array
 from typing import Any, Callable
 
 from dist_lib.run.recording_experts import (COMBINE, COMBINE_BACKWARD, DISPATCH, EXPERT_BACKWARD,
-                                            EXPERT_BACKWARD_GROUPED, EXPERT_FORWARD, FINAL_EXPERTS, FP8_RECIPES, LOAD_EXPERTS, NO_STASH, REDUCE_ROUTED,
-                                            ROUTE, ROUTE_BACKWARD, SELECTIVE, SHARED_EXPERTS, UPDATE_EXPERTS)
+                                            EXPERT_BACKWARD_GROUPED, EXPERT_FORWARD, FINAL_EXPERTS, FP8_RECIPES,
+                                            LOAD_EXPERTS, NO_STASH, REDUCE_ROUTED, ROUTE, ROUTE_BACKWARD, SELECTIVE,
+                                            SHARED_EXPERTS, UPDATE_EXPERTS)
 
 # operands after the opcode, for the fixed-size entries
 EXPERT_ARITY = {UPDATE_EXPERTS: 4, FINAL_EXPERTS: 2, ROUTE: 4, SHARED_EXPERTS: 4, EXPERT_BACKWARD: 4}
