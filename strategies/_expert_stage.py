@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from dist_lib import Model
 
+from ._experts import check_dispatcher
 from ._layout import Layout, microbatches, replica_samples
 from ._pipeline import StagePlan, _Stage
 
@@ -240,13 +241,13 @@ class _ExpertStage(_Stage):
         del piece
         output_grads = await model.all_to_all(plan.to_each(cut), self.peers, **self.to_experts[mb])
         del cut
-        input_grads = []
-        for piece, piece_grad in zip(tokens, output_grads):
-            expert_grad, input_grad = model.expert_backward(layer, piece, piece_grad, self.experts[layer][0])
-            input_grads.append(input_grad)
-            total = self.expert_grads.get(layer)
-            self.expert_grads[layer] = expert_grad if total is None else total + expert_grad
-        del tokens, output_grads, piece, piece_grad, expert_grad, input_grad
+        # the local experts' backward over every EP peer's piece at once, as their forward ran: one grouped GEMM
+        # a pass (Megatron-Core's TEGroupedMLP backward)
+        expert_grad, input_grads = model.expert_backward(layer, tokens, output_grads, self.experts[layer][0])
+        del tokens, output_grads
+        total = self.expert_grads.get(layer)
+        self.expert_grads[layer] = expert_grad if total is None else total + expert_grad
+        del expert_grad, total
         self.expert_left[layer] -= 1
         if self.expert_left[layer] == 0:  # every local microbatch is in: reduce over the expert-DP group
             self._reduce_experts(layer)
@@ -276,26 +277,6 @@ def check_etp(etp: object, width: int) -> None:
         raise ValueError(f"etp must be a whole number >= 1 (the expert tensor-parallel size), got {etp!r}")
     if width % etp:
         raise ValueError(f"etp={etp}: the experts' width {width} does not split into {etp} equal parts")
-
-
-DISPATCHERS = ("alltoall", "deepep", "hybridep")
-
-
-def check_dispatcher(dispatcher: object, moe: object) -> None:
-    """hybrid's `moe_dispatcher`: Megatron-Core's token dispatchers (megatron/core/transformer/transformer_config.py):
-    "alltoall" (`--moe-token-dispatcher-type alltoall`), or the flex dispatcher with its DeepEP or HybridEP
-    backend (`--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep`), which send a
-    token once to each other node holding its experts and forward it there over NVLink (DeepSeek-AI 2024,
-    arXiv 2412.19437 sec. 3.2.2; `dist_lib/costs/hierarchical_dispatch.py`). Both backends cost the same here."""
-    if not isinstance(dispatcher, str) or dispatcher not in DISPATCHERS:
-        raise ValueError(f"moe_dispatcher must be one of {', '.join(map(repr, DISPATCHERS))} (Megatron-Core's "
-                         f"alltoall dispatcher, or its flex dispatcher's DeepEP or HybridEP backend), got "
-                         f"{dispatcher!r}")
-    capacity = getattr(moe, "capacity_factor", 0)
-    if dispatcher != "alltoall" and capacity:
-        raise ValueError(f"moe_dispatcher={dispatcher!r} is dropless: Megatron-Core refuses its flex dispatcher "
-                         f"with moe_pad_expert_input_to_capacity; the workload's capacity_factor is {capacity:g} "
-                         f"(use 0, or moe_dispatcher='alltoall')")
 
 
 def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None:

@@ -1,5 +1,5 @@
 """Expert parallelism's layout (EP groups over the data-parallel ranks) and the token exchange between an EP
-group's ranks (the all-to-all of dispatch and combine)."""
+group's ranks (the all-to-all of dispatch and combine, and the dispatcher that runs it)."""
 
 from __future__ import annotations
 
@@ -61,9 +61,31 @@ class ExpertLayout:
 
 
 def exchange(model: Model, pieces: Sequence, group: Sequence[int], *, samples: Sequence,
-             experts: Sequence) -> Work:
+             experts: Sequence, **how: str) -> Work:
     """The all-to-all of a dispatch or a combine: `pieces[i]` goes to `group[i]`, and this rank receives, from
     each member j, the tokens of `samples[j]` for the experts `experts[j]` (checked at the op, so a token sent
     to the wrong expert rank fails there). Returns the work; awaiting it gives the received pieces in group
-    order. NCCL runs it as grouped sends and receives, each pair's message sharing the links."""
-    return model.all_to_all(list(pieces), list(group), expect=list(samples), expect_experts=list(experts))
+    order. NCCL runs it as grouped sends and receives, each pair's message sharing the links; with
+    `dispatcher=` "deepep" or "hybridep", each token crosses to another node once (`Model.all_to_all`)."""
+    return model.all_to_all(list(pieces), list(group), expect=list(samples), expect_experts=list(experts), **how)
+
+
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
+
+
+def check_dispatcher(dispatcher: object, moe: object) -> None:
+    """The `moe_dispatcher` of hybrid and moe.py: Megatron-Core's token dispatchers
+    (megatron/core/transformer/transformer_config.py): "alltoall" (`--moe-token-dispatcher-type alltoall`), or
+    the flex dispatcher with its DeepEP or HybridEP backend (`--moe-token-dispatcher-type flex
+    --moe-flex-dispatcher-backend deepep|hybridep`), which send a token once to each other node holding its
+    experts and forward it there over NVLink (DeepSeek-AI 2024, arXiv 2412.19437 sec. 3.2.2;
+    `dist_lib/costs/hierarchical_dispatch.py`). Both backends cost the same here."""
+    if not isinstance(dispatcher, str) or dispatcher not in DISPATCHERS:
+        raise ValueError(f"moe_dispatcher must be one of {', '.join(map(repr, DISPATCHERS))} (Megatron-Core's "
+                         f"alltoall dispatcher, or its flex dispatcher's DeepEP or HybridEP backend), got "
+                         f"{dispatcher!r}")
+    capacity = getattr(moe, "capacity_factor", 0)
+    if dispatcher != "alltoall" and capacity:
+        raise ValueError(f"moe_dispatcher={dispatcher!r} is dropless: Megatron-Core refuses its flex dispatcher "
+                         f"with moe_pad_expert_input_to_capacity; the workload's capacity_factor is {capacity:g} "
+                         f"(use 0, or moe_dispatcher='alltoall')")

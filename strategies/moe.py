@@ -12,30 +12,35 @@ Per MoE layer and microbatch, forward:
   3. (DeepSeek-V3, sec. 3.2.2) the shared experts run while the dispatch is in flight;
   4. expert compute: the local experts' grouped GEMM on every token that arrived;
   5. combine: the outputs go back (the reverse all-to-all) and are summed into the layer's output.
-Backward runs the same round trip the other way. Options: `ep` (default: the whole node),
-`microbatch_size` (default 1), `overlap_shared=False` to run the shared experts before the dispatch.
+Backward runs the same round trip the other way, the experts' backward one EP peer's piece at a time (the
+piece-wise form of `expert_backward`; `hybrid` runs it as one grouped GEMM over every piece, as Megatron-Core
+does). Options: `ep` (default: the whole node), `microbatch_size` (default 1), `overlap_shared=False` to run
+the shared experts before the dispatch, `moe_dispatcher` how the tokens cross nodes, as `hybrid`'s:
+"alltoall", or the hierarchical "deepep" / "hybridep" (`_experts.check_dispatcher`).
 """
 
 from __future__ import annotations
 
 from dist_lib import Model
 
-from ._experts import ExpertLayout, exchange
+from ._experts import ExpertLayout, check_dispatcher, exchange
 
 TRAINS = "mixtures of experts"  # not dense models: the default suite, which is dense, leaves it out
 
 
 async def train(model: Model, *, ep: int | None = None, microbatch_size: int = 1,
-                overlap_shared: bool = True) -> None:
+                overlap_shared: bool = True, moe_dispatcher: str = "alltoall") -> None:
     layout = ExpertLayout.build(model, ep, microbatch_size)
+    check_dispatcher(moe_dispatcher, model.moe)
+    how = {} if moe_dispatcher == "alltoall" else {"dispatcher": moe_dispatcher}
     weights = {layer: model.load_weights(layer) for layer in range(model.num_layers)}
     experts = {layer: model.load_experts(layer, layout.my_experts) for layer in layout.moe_layers}
     grads, expert_grads = {}, {}
     group, mine = list(layout.ep_group), list(layout.my_experts)
     for index, samples in enumerate(layout.microbatches):
         theirs = [layout.samples_of(peer, index) for peer in group]  # what each peer's tokens are
-        to_experts = {"samples": theirs, "experts": [mine] * len(group)}  # tokens arriving at my experts
-        from_experts = {"samples": [samples] * len(group), "experts": [layout.experts_of(p) for p in group]}
+        to_experts = {"samples": theirs, "experts": [mine] * len(group), **how}  # tokens arriving at my experts
+        from_experts = {"samples": [samples] * len(group), "experts": [layout.experts_of(p) for p in group], **how}
         x, kept = model.get_input_activation(samples), {}
         for layer in range(model.num_layers):  # forward
             if layer not in experts:

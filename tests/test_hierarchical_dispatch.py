@@ -1,4 +1,4 @@
-"""hybrid's `moe_dispatcher`: the hierarchical token dispatch of Megatron-Core's flex dispatcher (DeepEP,
+"""hybrid's `moe_dispatcher` (and strategies/moe.py's): the hierarchical token dispatch of Megatron-Core's flex dispatcher (DeepEP,
 HybridEP; DeepSeek-V3 sec. 3.2.2), each token sent once to each other node holding its experts and forwarded
 there over NVLink, against the flat all-to-all: hand-derived bytes and times on two nodes of four H100s,
 the same correct step, replayed with its dispatcher, and refused by name where it does not apply."""
@@ -117,6 +117,16 @@ def test_hybrid_with_the_hierarchical_dispatcher_is_correct_and_each_exchange_ta
     assert hier.time_s < flat.time_s
     assert {e.nbytes for e in hier.events if e.op == "all_to_all"} == {e.nbytes for e in flat.events
                                                                        if e.op == "all_to_all"}
+
+
+def test_the_textbook_strategy_takes_the_dispatcher_too():
+    """strategies/moe.py with ep=8 over the same ranks sends the same pieces: the same hand times."""
+    workload = TOY.format(routing="uniform")
+    hier = simulate("strategies/moe.py", CLUSTER, workload, 8, ep=8, moe_dispatcher="hybridep")
+    assert hier.correct, hier.problems
+    assert _all_to_alls(hier) == pytest.approx([805 * TOKEN / NIC + 3 * NVLINK_LATENCY + NIC_LATENCY] * 8)
+    with pytest.raises(StrategyError, match=r"moe_dispatcher must be one of 'alltoall', 'deepep', 'hybridep'"):
+        simulate("strategies/moe.py", CLUSTER, workload, 8, ep=8, moe_dispatcher="flex")
 
 
 def test_within_one_node_the_dispatchers_cost_the_same():

@@ -11,8 +11,9 @@ An MoE layer runs as the textbook (and Megatron-Core, DeepSeek-V3) runs it under
     y = combine(routed, [outs...])                   # every expert's output, exactly once -> layer's output
 
 and backward the other way: `combine_backward` cuts the output gradient into pieces for the experts,
-`expert_backward` gives each piece's input gradient and the experts' weight gradient (`ExpertGrad`, of the
-samples whose tokens it saw), and `route_backward` takes every expert's input gradient back, once each, and
+`expert_backward` gives the pieces' input gradients and the experts' weight gradient (`ExpertGrad`, of the
+samples whose tokens it saw; one grouped GEMM over every piece the forward took, or one piece at a time:
+`expert_backward.py`), and `route_backward` takes every expert's input gradient back, once each, and
 runs the dense part's backward. `load_weights` of an MoE layer holds its dense part (attention, norms, router,
 shared experts); `load_experts` the routed experts of a range. The whole-layer ops (`forward`, `backward`)
 refuse MoE layers: their tokens must go to their experts.
@@ -34,6 +35,7 @@ from dist_lib.engine.core import Engine
 from dist_lib.model.expert_books import ExpertBooks
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
+from dist_lib.model.expert_backward import ExpertBackward, expert_counts
 from dist_lib.model.expert_parts import ExpertParts, collapse_mask, stash_fp8
 from dist_lib.model.handle import Model
 from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptState, ExpertWeight, Routed, Stash,
@@ -41,17 +43,18 @@ from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptS
 from dist_lib.workload.routing import expert_loads
 
 
-class MoEModel(ExpertParts, Model):
+class MoEModel(ExpertParts, ExpertBackward, Model):
     """`Model` for a mixture-of-experts workload: the ops of the module docstring beside `Model`'s (under
-    tensor parallelism, with those of `ExpertParts`)."""
+    tensor parallelism, with those of `ExpertParts`; the experts' backward in `ExpertBackward`)."""
 
-    __slots__ = ("_books", "moe")
+    __slots__ = ("_books", "moe", "_groups")
 
     def __init__(self, engine: Engine, rank: int, books: ExpertBooks):
         super().__init__(engine, rank)
         self._books = books
         self.moe = books.moe
         self._params = books.dense_params  # `load_weights` and `update` of a layer: its dense part
+        self._groups: dict[int, dict[int, int]] = {}  # `ExpertBackward`: the pieces of each expert_forward
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe.is_moe(layer)
@@ -238,7 +241,7 @@ class MoEModel(ExpertParts, Model):
         tokens = self._local_tokens(layer, pieces, weight.experts)
         seconds, flops = moe_ops.experts_cost(self.device, self.workload, tokens, False, etp=weight.tp_size, fp8=fp8)
         self._advance("expert_forward", layer, collapse_mask(seen, parts), seconds, flops,
-                      detail=_counts(weight.experts, tokens))
+                      detail=expert_counts(weight.experts, tokens))
         mem = self._mem
         mem.context = ("expert_forward", layer)
         per_token = self._expert_stash_per_token(weight.tp_size)
@@ -249,6 +252,8 @@ class MoEModel(ExpertParts, Model):
                 t._stash = Stash(mem, self._slots(layer, t.samples, t.experts, parts) * per_token, weight.tp_rank,
                                  weight.tp_size, fp8 or "none")
             outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output", parts, *shard))
+        if stash:
+            self._remember_group(pieces)
         return outs
 
     def combine(self, routed: Routed, pieces: Sequence[Tokens]) -> Activation:
@@ -287,36 +292,6 @@ class MoEModel(ExpertParts, Model):
                               f"their tokens were never dispatched")
         routed.grads_sent |= mask
         return self._tokens("combine_backward", layer, routed.samples, mask, "output grad", routed.parts)
-
-    def expert_backward(self, layer: int, tokens: Tokens, grad: Tokens,
-                        weight: ExpertWeight) -> tuple[ExpertGrad, Tokens]:
-        """The local experts' backward for one piece: their weight gradient from these tokens and the
-        tokens' input gradient (consumes the stash `expert_forward` left on `tokens`)."""
-        where = f"rank {self.rank} expert_backward(layer {layer})"
-        self._check_experts_weight(weight, layer, where)
-        self._check_tokens(tokens, layer, "dispatched", where)
-        self._check_tokens(grad, layer, "output grad", where)
-        if tokens._stash is None:
-            raise TensorError(f"{where}: {tokens!r} carries no stash: expert_forward has not run on it, or its "
-                              f"backward already did")
-        if (grad.samples, grad.experts) != (tokens.samples, tokens.experts) or tokens.experts != weight.experts \
-                or (tokens._stash.tp_rank, tokens._stash.tp_size) != (weight.tp_rank, weight.tp_size):
-            raise TensorError(f"{where}: gradient {grad!r}, tokens {tokens!r} and weight {weight!r} must be of the "
-                              f"same samples and experts (and expert-TP shard)")
-        counts = self._local_tokens(layer, [tokens], weight.experts)
-        seconds, flops = moe_ops.experts_cost(self.device, self.workload, counts, True, etp=weight.tp_size,
-                                              fp8=stash_fp8(tokens._stash))
-        self._advance("expert_backward", layer, collapse_mask(tokens.samples, tokens.parts), seconds, flops,
-                      detail=_counts(weight.experts, counts))
-        tokens._stash = None
-        mem = self._mem
-        mem.context = ("expert_backward", layer)
-        params = weight.experts.bit_count() * self._books.expert_params // weight.tp_size
-        nbytes = int(params * WEIGHT_BYTES * self.workload.grad_bytes_per_element / self.workload.bytes_per_element)
-        shard = (weight.tp_rank, weight.tp_size)
-        return (ExpertGrad(mem, nbytes, self.rank, layer, tokens.samples, 1, 1, *shard, weight.experts),
-                Tokens(mem, tokens.nbytes, self.rank, layer, tokens.samples, tokens.experts, "input grad",
-                       tokens.parts, 1 << weight.tp_rank, weight.tp_size))
 
     def route_backward(self, layer: int, act: Activation, grad: ActivationGrad, routed: Routed,
                        pieces: Sequence[Tokens], weight: Any) -> tuple[WeightGrad, ActivationGrad]:
@@ -466,8 +441,3 @@ class MoEModel(ExpertParts, Model):
         state.flops += flops
         self._events.append((self.rank, op, "compute", start, end, layer, samples, nbytes, flops, None, 0, detail))
 
-
-def _counts(experts: int, tokens: Sequence[int]) -> str:
-    """The trace's detail of an expert op: tokens per local expert."""
-    chosen = [e for e in range(experts.bit_length()) if experts >> e & 1]
-    return "tokens per expert: " + ", ".join(f"{e}: {n}" for e, n in zip(chosen, tokens))

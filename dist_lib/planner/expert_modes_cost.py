@@ -11,7 +11,7 @@ the simulator's own cost functions (`costs.moe_ops` with `tp`, `etp` and `fp8`, 
               all-to-all of b*s*h/tp pieces) | dispatch copies | all-to-all over the ep x etp exchange group ||
               shared experts | local experts' grouped GEMM (1/etp of them) | all-to-all back | combine copy |
               all-gather of the parts in the TP group
-    backward: combine-backward copies | all-to-all | local experts' backward, peer by peer | all-to-all |
+    backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all |
               the dense part's backward (attention slice, router, shared experts; with selective recompute the
               attention core again first) | all-reduce of the input gradient in the TP group
 
@@ -153,7 +153,7 @@ def _layer(cluster, w, device, layer, n, tp, ep, etp, groups, tp_group, tp_topo,
         shared_f = moe_ops.shared_cost(device, w, layer, n, False, tp, fp8)[0]
         shared_b = moe_ops.shared_cost(device, w, layer, n, True, tp, fp8)[0]
     experts_f = moe_ops.experts_cost(device, w, [block * x for x in local], False, etp, fp8)[0]
-    experts_b = block * moe_ops.experts_cost(device, w, local, True, etp, fp8)[0]
+    experts_b = moe_ops.experts_cost(device, w, [block * x for x in local], True, etp, fp8)[0]
     copies = sum(_copy(device, p) for p in piece)
     tp_in = tp_out = 0.0
     if tp > 1:  # the attention output reduce-scattered (pieces of act / tp), the parts all-gathered after

@@ -6,7 +6,7 @@ replicas of a stage form an EP group, each holding E/ep routed experts; its MoE 
 
     forward:  route (attention + router) | dispatch copies | all-to-all || shared experts | local experts'
               grouped GEMM | all-to-all back | combine copy
-    backward: combine-backward copies | all-to-all | local experts' backward, piece by piece | all-to-all |
+    backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all |
               the dense part's backward (attention, router, shared experts)
 
 Each figure comes from the function the simulator charges the op with (`costs.moe_ops`, `costs.compute`,
@@ -147,7 +147,7 @@ def _layer(cluster, w, device, layer, samples, groups, act, per_token_stash, exp
         shared_f = moe_ops.shared_cost(device, w, layer, samples, False)[0]
         shared_b = moe_ops.shared_cost(device, w, layer, samples, True)[0]
     experts_f = moe_ops.experts_cost(device, w, [ep * n for n in local], False)[0]  # one grouped GEMM
-    experts_b = ep * moe_ops.experts_cost(device, w, local, True)[0]  # piece by piece
+    experts_b = moe_ops.experts_cost(device, w, [ep * n for n in local], True)[0]  # one grouped GEMM too
     copies = sum(_copy(device, p) for p in piece)
     forward = route_f + copies + max(a2a, shared_f) + experts_f + a2a + _copy(device, sent * h * e)
     backward = copies + a2a + experts_b + a2a + route_b + shared_b

@@ -42,6 +42,7 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     the MoE ops of an `MoEModel`, opcodes 26 on: `recording_experts.py`
     the context-parallel ops, opcodes 37 on: `recording_context.py`
     LOAD_SHARDED_STATE layer shard num_shards tp_rank tp_size (42) -> weight (whole), optimizer state (shard)
+    EXPERT_BACKWARD_GROUPED (43): the grouped expert backward, `recording_experts.py`
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ from dist_lib.model.experts import MoEModel
 from dist_lib.model.handle import PIPE_EXTRAS
 from dist_lib.model.other_collective_ops import DISPATCHERS
 from dist_lib.run.recording_context import CONTEXT_OPCODES, ContextOpsRecording
-from dist_lib.run.recording_experts import (EXPERT_OPCODES, EXPERT_QUERIES, EXPERT_TP_OPCODES, REDUCE_ROUTED,
-                                            ExpertOpsRecording, mask_intervals)
+from dist_lib.run.recording_experts import (EXPERT_BACKWARD_GROUPED, EXPERT_GROUPED_OPCODES, EXPERT_OPCODES,
+                                            EXPERT_QUERIES, EXPERT_TP_OPCODES, REDUCE_ROUTED, ExpertOpsRecording,
+                                            mask_intervals)
 from dist_lib.tensors import samples_mask
 
 FP8_FLAGS = {"": 0, "delayed": 8, "tensorwise": 16}  # a forward's FP8 recipe in its flags (`costs.fp8`)
@@ -68,9 +70,10 @@ OPCODES = ("load_weights", "get_input_activation", "forward", "backward", "backw
            "loss", "update", "set_final_weight", "all_reduce", "all_gather", "reduce_scatter", "send", "recv",
            "add", "await", "drop", "split_samples", "join_samples", "split_tp",
            "tied_embedding_grad", "pipe_extra", "broadcast", "reduce", "barrier", "all_to_all") + EXPERT_OPCODES + CONTEXT_OPCODES \
-    + EXPERT_TP_OPCODES + ("load_sharded_state",)
-assert OPCODES[REDUCE_ROUTED] == "reduce_routed"
-LOAD_SHARDED_STATE = len(OPCODES) - 1  # 42: added after the MoE and context ops, which keep their numbers
+    + EXPERT_TP_OPCODES + ("load_sharded_state",) + EXPERT_GROUPED_OPCODES
+assert OPCODES[REDUCE_ROUTED] == "reduce_routed" and OPCODES[EXPERT_BACKWARD_GROUPED] == "expert_backward"
+LOAD_SHARDED_STATE = 42  # added after the MoE and context ops, which keep their numbers
+assert OPCODES[LOAD_SHARDED_STATE] == "load_sharded_state"
 COLLECTIVE_CODES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}
 UNRECORDED_OPS = ("group",) + EXPERT_QUERIES  # methods that decide nothing (a group is named by its ranks where used)
 

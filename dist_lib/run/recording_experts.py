@@ -16,6 +16,8 @@ a range and a list of the same experts record alike):
     EXPERT_BACKWARD layer tokens grad weight           -> expert gradient, tokens (input gradient)
     ROUTE_BACKWARD layer act grad routed weight k piece x k -> weight gradient, activation gradient
     REDUCE_ROUTED k piece x k                          -> routed (after the context ops' opcodes)
+    EXPERT_BACKWARD_GROUPED layer weight k tokens x k grad x k -> expert gradient, k tokens (input gradients;
+                                                          expert_backward given lists: after LOAD_SHARDED_STATE)
 
 Under TP, ROUTE yields one handle per sequence part (its pieces, in order). `fp8` is the op's FP8 recipe as
 its index in `FP8_RECIPES` (0: 16-bit); `modes` the same plus `NO_STASH` for stash=False and `SELECTIVE` for
@@ -35,6 +37,9 @@ FIRST_EXPERT_OPCODE = 26  # after recording.py's own
 # earlier opcodes keep their numbers
 EXPERT_TP_OPCODES = ("reduce_routed",)
 REDUCE_ROUTED = FIRST_EXPERT_OPCODE + 11 + 4
+# the grouped form of expert_backward, after `recording.LOAD_SHARDED_STATE` (42)
+EXPERT_GROUPED_OPCODES = ("expert_backward",)
+EXPERT_BACKWARD_GROUPED = REDUCE_ROUTED + 2
 EXPERT_QUERIES = ("expert_loads", "is_moe_layer")
 FP8_RECIPES = ("", "delayed", "tensorwise")  # an MoE op's `fp8`, recorded as its index
 NO_STASH, SELECTIVE = 4, 8  # flags beside it  # MoEModel methods that only answer (they decide nothing)
@@ -146,8 +151,17 @@ class ExpertOpsRecording:
         return self._wrap(out)
 
     def expert_backward(self, layer: int, tokens: Any, grad: Any, weight: Any) -> tuple[Any, Any]:
-        out = self._model.expert_backward(layer, self._t(tokens, "expert_backward"), self._t(grad, "expert_backward"),
-                                          self._t(weight, "expert_backward"))
+        where = "expert_backward"
+        if tokens.__class__ in (list, tuple):  # the grouped form: every piece of one expert_forward
+            if grad.__class__ not in (list, tuple):  # refused there, with its message
+                return self._model.expert_backward(layer, [self._t(p, where) for p in tokens], grad,
+                                                   self._t(weight, where))
+            out = self._model.expert_backward(layer, [self._t(p, where) for p in tokens],
+                                              [self._t(g, where) for g in grad], self._t(weight, where))
+            self._emit(EXPERT_BACKWARD_GROUPED, layer, weight._number, len(tokens), *(p._number for p in tokens),
+                       *(g._number for g in grad))
+            return self._wrap(out[0]), self._wrap(out[1])
+        out = self._model.expert_backward(layer, self._t(tokens, where), self._t(grad, where), self._t(weight, where))
         self._emit(EXPERT_BACKWARD, layer, tokens._number, grad._number, weight._number)
         return self._wrap(out[0]), self._wrap(out[1])
 

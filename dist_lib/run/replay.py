@@ -32,7 +32,7 @@ from dist_lib.model.other_collective_ops import DISPATCHERS
 from dist_lib.run.recording import FP8_FLAGS, ADD, ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AWAIT, BARRIER, BROADCAST, REDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, DROP, FINAL, FORWARD, INPUT, JOIN, LOAD, LOAD_SHARDED_STATE, LOSS, OPCODES, RECV, REDUCE_SCATTER, SEND, SPLIT, SPLIT_TP, TIED, EXTRA, UPDATE
 from dist_lib.output.result import Result
 from dist_lib.run.recording_context import CONTEXT_OPCODES, FIRST_CONTEXT_OPCODE
-from dist_lib.run.recording_experts import FIRST_EXPERT_OPCODE, REDUCE_ROUTED
+from dist_lib.run.recording_experts import EXPERT_BACKWARD_GROUPED, FIRST_EXPERT_OPCODE, REDUCE_ROUTED
 from dist_lib.run.replay_context import run_context_op
 from dist_lib.run.replay_experts import run_expert_op
 from dist_lib.run.simulator import simulate
@@ -177,7 +177,7 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
                 append(get(1) + get(2))
             except TypeError:  # (two kinds that do not add: each __add__ returned NotImplemented)
                 raise fail(f"a {type(get(1)).__name__} and a {type(get(2)).__name__} do not add") from None
-        elif FIRST_EXPERT_OPCODE <= op < FIRST_CONTEXT_OPCODE or op == REDUCE_ROUTED:
+        elif FIRST_EXPERT_OPCODE <= op < FIRST_CONTEXT_OPCODE or op in (REDUCE_ROUTED, EXPERT_BACKWARD_GROUPED):
             i = run_expert_op(model, program, i, n, table, get, small, fail)
             continue
         elif FIRST_CONTEXT_OPCODE <= op < FIRST_CONTEXT_OPCODE + len(CONTEXT_OPCODES):

@@ -7,9 +7,10 @@ from __future__ import annotations
 from array import array
 from typing import Any, Callable
 
-from dist_lib.run.recording_experts import (COMBINE, COMBINE_BACKWARD, DISPATCH, EXPERT_BACKWARD, EXPERT_FORWARD,
-                                            FINAL_EXPERTS, FP8_RECIPES, LOAD_EXPERTS, NO_STASH, REDUCE_ROUTED,
-                                            ROUTE, ROUTE_BACKWARD, SELECTIVE, SHARED_EXPERTS, UPDATE_EXPERTS)
+from dist_lib.run.recording_experts import (COMBINE, COMBINE_BACKWARD, DISPATCH, EXPERT_BACKWARD,
+                                            EXPERT_BACKWARD_GROUPED, EXPERT_FORWARD, FINAL_EXPERTS, FP8_RECIPES,
+                                            LOAD_EXPERTS, NO_STASH, REDUCE_ROUTED, ROUTE, ROUTE_BACKWARD, SELECTIVE,
+                                            SHARED_EXPERTS, UPDATE_EXPERTS)
 
 # operands after the opcode, for the fixed-size entries
 EXPERT_ARITY = {UPDATE_EXPERTS: 4, FINAL_EXPERTS: 2, ROUTE: 4, SHARED_EXPERTS: 4, EXPERT_BACKWARD: 4}
@@ -101,6 +102,16 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
     elif op == ROUTE_BACKWARD:
         pieces, at = handles(i + 6)
         table.extend(model.route_backward(small(1), get(2), get(3), get(4), pieces, get(5)))
+    elif op == EXPERT_BACKWARD_GROUPED:
+        pieces, at = handles(i + 3)
+        k = len(pieces)
+        if at + k > n:
+            raise fail("the program ends inside this entry")
+        grads = [get(at + j - i) for j in range(k)]
+        expert_grad, input_grads = model.expert_backward(small(1), pieces, grads, get(2))
+        table.append(expert_grad)
+        table.extend(input_grads)
+        at += k
     else:
         raise fail(f"unknown opcode {op}")
     return at
