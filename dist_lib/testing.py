@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from dist_lib.hardware.cluster import Cluster
+from dist_lib.memory.tracker import KINDS
 from dist_lib.output.result import Result
 from dist_lib.run.simulator import simulate
 from dist_lib.output.trace import validate_trace
@@ -250,3 +251,27 @@ def peak_in_flight(result: Result, rank: int) -> int:
         elif e.op in GRADIENT_OPS:
             live.discard(e.samples)
     return peak
+
+
+def live_bytes_before(result: Result, op: str, kind: str, rank: int = 0) -> int:
+    """Bytes of `kind` (a `memory.tracker.KINDS` name, e.g. "activation") live on `rank` just before its first
+    `op` event starts: what a phase of the step holds, read from the memory log."""
+    start = min(e.start for e in result.events if e.rank == rank and e.op == op)
+    times, _ = result.timelines[rank]
+    deltas, _, kinds = result.memory_log[rank]
+    return sum(d for t, d, k in zip(times, deltas, kinds) if t < start and KINDS[k] == kind)
+
+
+def most_alive(result: Result, kind: str, nbytes: int, rank: int = 0) -> int:
+    """The most buffers of `kind` and of exactly `nbytes` bytes alive at once on `rank` (e.g. whole layer
+    gradients, to see when a sharded step frees them)."""
+    deltas, ids, kinds = result.memory_log[rank]
+    alive: set = set()
+    most = 0
+    for delta, buffer, k in zip(deltas, ids, kinds):
+        if KINDS[k] != kind or abs(delta) != nbytes:
+            continue
+        (alive.add if delta > 0 else alive.discard)(buffer)
+        most = max(most, len(alive))
+    return most
+

@@ -4,8 +4,7 @@ recompute all-gathers it first."""
 
 from __future__ import annotations
 
-from dist_lib import Workload, simulate
-from dist_lib.memory.tracker import KINDS
+from dist_lib import Workload, simulate, testing
 
 LAYERS = 4
 SMALL = Workload.parse(f"gpt-125m:layers={LAYERS},vocab=8192")
@@ -16,12 +15,9 @@ def _run(sequence_parallel: bool):
                     recompute=True, sequence_parallel=sequence_parallel)
 
 
-def _activation_bytes_before_loss(result, rank: int = 0) -> int:
-    """Live activation bytes on `rank` once every layer's forward ran, before the LM head."""
-    loss = min(e.start for e in result.events if e.rank == rank and e.op == "loss")
-    times, _ = result.timelines[rank]
-    deltas, _, kinds = result.memory_log[rank]
-    return sum(d for t, d, k in zip(times, deltas, kinds) if t < loss and KINDS[k] == "activation")
+def _activation_bytes_before_loss(result) -> int:
+    """Live activation bytes on rank 0 once every layer's forward ran, before the LM head."""
+    return testing.live_bytes_before(result, "loss", "activation")
 
 
 def test_full_recompute_with_sequence_parallelism_keeps_each_layer_input_as_its_shard():

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import Workload, simulate
-from dist_lib.memory.tracker import KINDS
+from dist_lib import Workload, simulate, testing
 
 LAYERS = 4
 SMALL = Workload.parse(f"gpt-125m:layers={LAYERS},vocab=8192")
@@ -21,12 +20,9 @@ def _recompute_run(sequence_parallel: bool):
                     recompute=True, sequence_parallel=sequence_parallel)
 
 
-def _activation_bytes_before_loss(result, rank: int = 0) -> int:
-    """Live activation bytes on `rank` once every layer's forward ran, before the LM head."""
-    loss = min(e.start for e in result.events if e.rank == rank and e.op == "loss")
-    times, _ = result.timelines[rank]
-    deltas, _, kinds = result.memory_log[rank]
-    return sum(d for t, d, k in zip(times, deltas, kinds) if t < loss and KINDS[k] == "activation")
+def _activation_bytes_before_loss(result) -> int:
+    """Live activation bytes on rank 0 once every layer's forward ran, before the LM head."""
+    return testing.live_bytes_before(result, "loss", "activation")
 
 
 def test_cp_full_recompute_with_sequence_parallelism_keeps_each_layer_input_as_its_tp_piece():
@@ -59,15 +55,8 @@ def _grad_run(sharding: dict):
                     **sharding)
 
 
-def _most_whole_grads_alive(result, rank: int = 0) -> int:
-    deltas, ids, kinds = result.memory_log[rank]
-    alive, most = set(), 0
-    for delta, buffer, kind in zip(deltas, ids, kinds):
-        if KINDS[kind] != "weight_grad" or abs(delta) != WHOLE_LAYER_GRAD:
-            continue
-        (alive.add if delta > 0 else alive.discard)(buffer)
-        most = max(most, len(alive))
-    return most
+def _most_whole_grads_alive(result) -> int:
+    return testing.most_alive(result, "weight_grad", WHOLE_LAYER_GRAD)
 
 
 def test_cp_fsdp_frees_each_whole_layer_gradient_after_its_reduce_scatter():

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_lib import Workload, simulate
-from dist_lib.memory.tracker import KINDS
+from dist_lib import Workload, simulate, testing
 
 LAYERS = 6
 SMALL = Workload.parse(f"gpt-125m:layers={LAYERS},vocab=8192")
@@ -18,15 +17,8 @@ WHOLE_LAYER_GRAD = 2 * (12 * SMALL.hidden ** 2 + 13 * SMALL.hidden)
 
 def _most_whole_grads_alive(sharding: dict, rank: int = 0) -> int:
     result = simulate("strategies/hybrid.py", "1x2xA100-80GB", SMALL, 2, pp=1, dp=2, microbatch_size=1, **sharding)
-    deltas, ids, kinds = result.memory_log[rank]
-    alive, most = set(), 0
-    for delta, buffer, kind in zip(deltas, ids, kinds):
-        if KINDS[kind] != "weight_grad" or abs(delta) != WHOLE_LAYER_GRAD:
-            continue
-        (alive.add if delta > 0 else alive.discard)(buffer)
-        most = max(most, len(alive))
     assert result.correct
-    return most
+    return testing.most_alive(result, "weight_grad", WHOLE_LAYER_GRAD, rank)
 
 
 def test_fsdp_frees_each_whole_layer_gradient_after_its_reduce_scatter():
