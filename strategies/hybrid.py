@@ -126,9 +126,11 @@ def check_sharding(distributed_optimizer: bool, fsdp: bool, overlap_param_gather
 
 
 def replica_grid(world_size: int, global_batch_size: int, **options):
-    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`).
-    Not with sharded data parallelism (each replica holds its own shard) or a framework, which may shard; nor
-    with context parallelism, whose replicas' gradients are reduced with the CP ranks' (dp x cp)."""
-    if options.get("cp", 1) != 1 or options.get("distributed_optimizer") or options.get("fsdp") or options.get("framework") is not None:
+    """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`),
+    with the distributed optimizer's and FSDP's shards too (replica j holds block j of each, as `run/folding.py`
+    relabels them), and under a framework's defaults. Not with context parallelism, whose replicas' gradients
+    are reduced with the CP ranks' (dp x cp), nor with HSDP (`replicate`), whose shard groups are not the
+    replicas: the simulator would find the fold broken and run the step again unfolded."""
+    if options.get("cp", 1) != 1 or options.get("replicate", 1) != 1:
         return None
     return declared_grid(train, world_size, options)

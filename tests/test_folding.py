@@ -95,11 +95,17 @@ def hybrid_configs(draw):
     microbatches = draw(st.integers(1, 3)) * pp
     options = dict(dp=dp, pp=pp, tp=tp, schedule=schedule, recompute=draw(st.booleans()),
                    overlap_grad_reduce=draw(st.booleans()))
+    # the distributed optimizer's and FSDP's shards: replica j holds block j of each
+    sharding = draw(st.sampled_from(["none", "distributed optimizer", "fsdp"]))
+    if sharding == "distributed optimizer":
+        options.update(distributed_optimizer=True, overlap_param_gather=draw(st.booleans()))
+    elif sharding == "fsdp" and pp == 1:
+        options.update(fsdp=True)
     cluster = f"{world // gpus}x{gpus}xA100-80GB{nics}" if world % gpus == 0 else f"{world}xA100-80GB{nics}"
     return cluster, f"toy:layers={pp * chunks * 2}", dp * microbatches, options
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hybrid_configs())
 def test_folded_hybrid_steps_are_the_full_steps(config):
     cluster, workload, batch, options = config
