@@ -3,7 +3,7 @@ the measurements.
 
     python benchmarks/fidelity.py                      # every set (the large Narayanan rows take long)
     python benchmarks/fidelity.py --sets korthikanti   # or narayanan, amp, zerobubble, table4, megatron_core,
-                                                       # torchtitan, moe_bridge
+                                                       # torchtitan, llama3, moe_bridge
     python benchmarks/fidelity.py --max-ranks 600      # skip rows with more simulated ranks than this
     python benchmarks/fidelity.py --sets narayanan --rows 76B,145B   # only these rows
     python benchmarks/fidelity.py --calibrate          # every constant set from one published point
@@ -39,6 +39,7 @@ from benchmarks import megatron_pipeline  # noqa: E402
 from benchmarks.fidelity_h100 import print_megatron_core  # noqa: E402
 from benchmarks.fidelity_moe import print_moe_bridge  # noqa: E402
 from benchmarks.fidelity_torchtitan import print_torchtitan  # noqa: E402
+from benchmarks.fidelity_llama3 import print_llama3  # noqa: E402
 from benchmarks.gemm_calibration import gemm_efficiencies  # noqa: E402
 from benchmarks.published import (AMP_BATCH, AMP_CLUSTER, AMP_GPT2, AMP_HET_CLUSTER,  # noqa: E402
                                   AMP_LAYER_FORWARD_MS, GPT_22B, KORTHIKANTI_TABLE5, NARAYANAN_TABLE1,
@@ -432,9 +433,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibrate", action="store_true", help="print every constant set from one published point")
     parser.add_argument("--sets",
-                        default="table4,korthikanti,narayanan,amp,zerobubble,megatron_core,torchtitan,moe_bridge",
+                        default="table4,korthikanti,narayanan,amp,zerobubble,megatron_core,torchtitan,llama3,moe_bridge",
                         help="comma-separated: table4, korthikanti, narayanan, amp, zerobubble, megatron_core, "
-                             "torchtitan, moe_bridge")
+                             "torchtitan, llama3, moe_bridge")
     parser.add_argument("--max-ranks", type=int, default=10**6, help="skip rows with more ranks than this")
     parser.add_argument("--rows", default="", help="comma-separated model names (e.g. 22B,175B) to run alone")
     args = parser.parse_args()
@@ -444,7 +445,7 @@ def main() -> None:
         return
     sets = {s.strip() for s in args.sets.split(",")}
     rows = {r.strip() for r in args.rows.split(",") if r.strip()} or None
-    unknown = sets - {"table4", "korthikanti", "narayanan", "amp", "zerobubble", "megatron_core", "torchtitan",
+    unknown = sets - {"table4", "korthikanti", "narayanan", "amp", "zerobubble", "megatron_core", "torchtitan", "llama3",
                       "moe_bridge"}
     if unknown:
         parser.error(f"unknown set(s) {', '.join(sorted(unknown))}")
@@ -471,6 +472,9 @@ def main() -> None:
         print()
     if "torchtitan" in sets:  # H100, held out (benchmarks/fidelity_torchtitan.py)
         print_torchtitan(args.max_ranks, rows)
+        print()
+    if "llama3" in sets:  # H100 at 8,192 and 16,384 GPUs, held out (benchmarks/fidelity_llama3.py)
+        print_llama3(args.max_ranks, rows)
         print()
     if "moe_bridge" in sets:  # H100 mixtures of experts, held out (benchmarks/fidelity_moe.py); --rows: presets
         print_moe_bridge(models=rows, max_ranks=args.max_ranks)
