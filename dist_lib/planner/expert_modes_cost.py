@@ -91,7 +91,7 @@ def expert_layer_costs(cluster: Cluster, workload: Workload, samples: int, tp: i
     routed-expert gradient bytes on one rank, the largest stash a full-recompute backward rebuilds) for
     `samples` samples a replica a microbatch; `dp`, `edp` shard the dense and expert optimizer state (1: not)."""
     device = min((cluster.device_of(r) for g in groups for r in g), key=lambda d: d.peak_flops)
-    tp_group = groups[0][:tp]
+    tp_group = tuple(r for g in groups for r in g)[:tp]  # the stage's first TP group (an exchange group may be smaller)
     tp_topo = cluster.topology(tp_group) if tp > 1 else None
     columns: list[list[float]] = [[] for _ in range(9)]
     expert_grads: list[float] = []
@@ -157,11 +157,14 @@ def _layer(cluster, w, device, layer, n, tp, ep, etp, groups, tp_group, tp_topo,
     copies = sum(_copy(device, p) for p in piece)
     tp_in = tp_out = 0.0
     if tp > 1:  # the attention output reduce-scattered (pieces of act / tp), the parts all-gathered after
-        tp_in = all_to_all_cost(cluster, tp_group, [[act / tp] * tp for _ in range(tp)])[0]
+        tp_in = all_to_all_cost(cluster, tp_group, [[act / tp] * tp for _ in range(tp)])[0] \
+            + compute.compute_time(device, 0.0, (tp + 1.0) * (act // tp))  # `reduce_routed`: tp pieces read, one written
         tp_out = collective_time("all_gather", act, tp_topo)
     forward = route_f + tp_in + copies + max(a2a, shared_f) + experts_f + a2a + _copy(device, sum(slots) * h * e) \
         + tp_out
-    backward = copies + a2a + experts_b + a2a + route_b + shared_b + tp_ar
+    # the dense part's partial input gradient all-reduced in the TP group: the simulator charges an activation
+    # gradient's all-reduce as a dense layer's two (`comm.collectives.collective_duration`)
+    backward = copies + a2a + experts_b + a2a + route_b + shared_b + 2 * tp_ar
     per_token = (h + 3 * moe.expert_ffn_hidden // etp) * e  # `MoEModel._expert_stash_per_token(etp)`
     whole_token = (h + 3 * moe.expert_ffn_hidden) * e
     dense_stash = max(0, w.stash_bytes(layer, tp, recompute="selective" if selective else "none",
@@ -233,5 +236,11 @@ def expert_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: i
     if zero and dp_topo is not None:
         total = grads[-1] or 1.0
         regather = _Gather(dp_topo, (total - sum(expert_grads) + (sum(expert_grads) if edp > 1 else 0.0)) / total)
+    # the experts' optimizer steps, which the stage runs after every dense update (`_expert_stage.update_all`)
+    slowest = min((cluster.device_of(r) for r in ranks), key=lambda d: d.peak_flops)  # (`expert_layer_costs`')
+    experts = [moe.expert_params(workload.hidden) * (moe.experts // ep) / etp if moe.is_moe(layer) else 0.0
+               for layer in range(workload.num_layers)]
+    updates = accumulate((compute.update_time(slowest, x / (edp if zero else 1)) if x else 0.0 for x in experts),
+                         initial=0.0)
     return StageOption(ranks, tp, (share,) * dp, costs, capacity, loss, act, reduce, rerun, 0.0, regather,
-                       tuple(reduced), workload.profile is None)
+                       tuple(reduced), workload.profile is None, expert_updates=tuple(updates))

@@ -41,3 +41,6 @@ class StageOption:
     # empty where every replica costs the same
     replica_costs: tuple[LayerCosts, ...] = ()
     replica_loss: tuple[float, ...] = ()
+    # prefix sums over layers of the routed experts' optimizer steps, which an expert stage runs after every
+    # layer's dense update (`strategies/_expert_stage.update_all`); part of `costs.update`; empty: none apart
+    expert_updates: tuple[float, ...] = ()
