@@ -54,18 +54,31 @@ def plain(tp: int, recompute: str, zero: int, fp8: str) -> bool:
 
 
 def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: int, cp: int, recompute: str, zero: int,
-                 fp8: str, reduction) -> StageOption | None:
+                 fp8: str, reduction, etp: int = 1) -> StageOption | None:
     """The option of a stage with experts or context parallelism: `options_cost.stage_option`'s where it
     prices it (a dense CP stage; an MoE stage of TP 1, 16-bit, without recompute or ZeRO), else `expert_option`
-    (expert TP 1, Megatron-Core's recommendation for MoE models: `_expert_stage.check_etp`)."""
-    if space.workload.moe is not None and not plain(tp, recompute, zero, fp8):
-        return expert_option(space, ranks, tp, microbatch, ep, 1, recompute, zero, fp8, reduction)
+    (expert TP `etp`, dividing tp)."""
+    if space.workload.moe is not None and (etp > 1 or not plain(tp, recompute, zero, fp8)):
+        return expert_option(space, ranks, tp, microbatch, ep, etp, recompute, zero, fp8, reduction)
     return options_cost.stage_option(space, ranks, tp, microbatch, ep, cp, reduction)
 
 
-def with_etp(plan: Plan, workload: Workload) -> Plan:
-    """An MoE plan with TP records its expert TP (1, as searched); any other plan is left as it is."""
-    return replace(plan, etp=1) if workload.moe is not None and plan.stages[0].tp > 1 else plan
+def expert_grids(workload: Workload, width: int) -> tuple[tuple[int, int], ...]:
+    """The (ep, etp) a stage of `width` ranks may take past (1, 1), expert TP 1 first: etp a power of two
+    dividing the experts' width (as TP degrees are powers of two) and ep a divisor of the experts, ep x etp
+    dividing the width (Megatron-Core's expert grid, `_expert_stage.ExpertPlan.build`); an option exists only
+    where etp divides the stage's TP degree (`expert_option`). None for a dense workload."""
+    if workload.moe is None:
+        return ()
+    etps = [t for t in (2**k for k in range(width.bit_length())) if width % t == 0
+            and workload.moe.expert_ffn_hidden % t == 0]
+    return tuple((ep, etp) for etp in etps for ep in options_cost.ep_choices(workload, width // etp)
+                 if (ep, etp) != (1, 1))
+
+
+def with_etp(plan: Plan, workload: Workload, etp: int = 1) -> Plan:
+    """An MoE plan with TP records its expert TP `etp` (as searched); any other plan is left as it is."""
+    return replace(plan, etp=etp) if workload.moe is not None and plan.stages[0].tp > 1 else plan
 
 
 def tp_ok(workload: Workload, tp: int) -> bool:
@@ -199,12 +212,12 @@ def expert_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: i
                   zero: int, fp8: str, reduction) -> StageOption | None:
     """The option of an MoE stage of `ranks` (dp x tp, TP fastest) with EP `ep` over ep x etp exchange groups,
     `recompute`, the distributed optimizer (`zero` 1) and `fp8`; None where the layout does not split
-    (`ExpertPlan.build`'s rule: ep x etp divides the stage's ranks, ep the experts, etp the expert width, and
-    etp at most tp)."""
+    (`ExpertPlan.build`'s rule: ep x etp divides the stage's ranks, ep the experts, etp the expert width; and
+    etp divides tp, the layouts the search weighs: Megatron-Core's default etp = tp, and its recommended 1)."""
     cluster, workload = space.cluster, space.workload
     moe, width = workload.moe, len(ranks)
     dp = width // tp
-    if width % (ep * etp) or moe.experts % ep or moe.expert_ffn_hidden % etp or etp > tp or not tp_ok(workload, tp):
+    if width % (ep * etp) or moe.experts % ep or moe.expert_ffn_hidden % etp or tp % etp or not tp_ok(workload, tp):
         return None
     if zero == 3:
         return None
