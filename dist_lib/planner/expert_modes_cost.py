@@ -8,12 +8,16 @@ the simulator's own cost functions (`costs.moe_ops` with `tp`, `etp` and `fp8`, 
 (sequence parallel, so each TP rank routes its s/tp tokens):
 
     forward:  route (attention slice + router) | reduce-scatter of the attention output in the TP group (an
-              all-to-all of b*s*h/tp pieces) | dispatch copies | all-to-all over the ep x etp exchange group ||
+              all-to-all of b*s*h/tp pieces, then `reduce_routed`) | dispatch copies | all-to-all over the ep x etp
+              exchange group ||
               shared experts | local experts' grouped GEMM (1/etp of them) | all-to-all back | combine copy |
               all-gather of the parts in the TP group
     backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all |
               the dense part's backward (attention slice, router, shared experts; with selective recompute the
-              attention core again first) | all-reduce of the input gradient in the TP group
+              attention core again first) | all-reduce of the input gradient in the TP group (charged twice, as
+              `comm.collectives.collective_duration` charges an activation gradient's)
+    after the last backward: each layer's dense update once its gradient is reduced, then every layer's
+              experts' update (`StageOption.expert_updates`)
 
 Full recompute runs the whole forward again (all-to-alls included) before the backward and keeps only the
 layer input between. Memory per microbatch in flight: the layer input, the routed part, the dense part's
@@ -22,8 +26,10 @@ Model state: 2 + 2 bytes a parameter of weights and gradients, 12 of optimizer s
 dp with the distributed optimizer and the experts' over the expert-data-parallel group (dp x tp / (ep x etp)).
 
 Simplifications: every peer routes as the first microbatch does (as `options_cost`); the TP group's collectives
-run alone (the stage's other TP groups are not counted on shared links); the dense part's and the experts'
-ZeRO all-gather after the update are charged on the dense data-parallel group's topology.
+and the all-to-alls run alone (in the simulation the experts' gradient all-reduce of the layer before shares
+their NVLink ports); the dense part's and the experts' ZeRO all-gather after the update are charged on the
+dense data-parallel group's topology; a dense layer of a mixed model is charged one TP all-reduce a pass where
+the simulator charges two (its backward's beside the weight-gradient GEMMs).
 """
 
 from __future__ import annotations
