@@ -1,7 +1,7 @@
 """The planner's closed-form estimate beside the simulator, plan by plan, under 1F1B, ZB-H1, full recompute
 and interleaving with selective recompute.
 
-    python -m benchmarks.planner_estimate [SET ...]   (equal, widths, commodity; all three by default; per-op)
+    python -m benchmarks.planner_estimate [SET ...]   (equal, widths, commodity; all three by default; per-op, moe)
 
 Three sets of pipelines:
 
@@ -15,7 +15,11 @@ Three sets of pipelines:
   its own schedule, many stages' crossings meeting on the nodes' NICs;
 * per-op (only when named): torchtitan plans of Llama blocks, two stages of one node each at TP 1, 2 and 4,
   without recompute, with its per-op selective checkpointing (recompute "op") and with full recompute, each
-  simulated as torchtitan runs it (`planner/framework_run.py`: sequence-parallel with TP).
+  simulated as torchtitan runs it (`planner/framework_run.py`: sequence-parallel with TP);
+* moe (only when named): Mixtral 8x7B's first four layers on one 8-GPU H100 node, one stage of 8 ranks at
+  TP 2 and 4 (sequence-parallel) with expert-parallel degree ep and expert TP etp (1, or dividing TP), 16-bit
+  without recompute and with selective recompute and the distributed optimizer, each simulated as Megatron-LM
+  runs it (hybrid's expert stage: `strategies/_expert_stage.py`, `_expert_sharded.py`).
 
 Prints one row per plan (estimated and simulated step, their ratio, estimated memory share against the
 simulated peak share) and, per set and over both, the mean and largest |estimate / simulated - 1|. The
@@ -33,6 +37,7 @@ from collections.abc import Collection, Sequence
 from dist_lib import Cluster, Workload
 from dist_lib.planner.evaluate import simulate_candidate
 from dist_lib.planner.step import step_estimate
+from dist_lib.planner.expert_modes_cost import with_etp
 from dist_lib.planner.search import Candidate, _Space, to_plan
 
 SETTINGS = [("toy:layers=4", "2x2xA100-80GB", 8), ("gpt-1.3b:layers=8", "2x2xA100-80GB", 8),
@@ -42,6 +47,9 @@ VARIANTS = [("1f1b", "none"), ("zero-bubble", "none"), ("1f1b", "full"), ("inter
 PER_OP = [("llama-3-8b:layers=4,seq=2048,vocab=32000", "2x4xA100-80GB", 16),
           ("llama-3-8b:layers=8,seq=4096,vocab=32000", "2x8xH100-80GB", 32)]
 PER_OP_VARIANTS = [("1f1b", "none"), ("1f1b", "op"), ("1f1b", "full")]
+MOE = ("mixtral-8x7b:layers=4", "1x8xH100-80GB", 16, 4)  # (workload, cluster, batch, microbatch)
+MOE_GRIDS = [(2, 2, 1), (2, 8, 1), (4, 2, 1), (4, 8, 1), (2, 4, 2), (4, 4, 2), (4, 2, 4)]  # (tp, ep, etp)
+MOE_VARIANTS = [("none", 0), ("selective", 1)]  # (recompute, ZeRO-1: the distributed optimizer)
 
 FASOP = "1x4xA100-40GB:intra=230:nics=1x5+3x4xA10:intra=16:nics=1x5"  # one 40 Gb/s NIC a node
 BERT = "gpt-350m:seq=512,vocab=30522"
@@ -114,9 +122,29 @@ def _plans():
             yield "per-op", name, spec, batch, 2 * gpus // tp, stages, PER_OP_VARIANTS
 
 
+def moe_rows():
+    """The rows of the moe set (`rows`)."""
+    name, spec, batch, microbatch = MOE
+    workload, cluster = Workload.load(name), Cluster.load(spec)
+    options, ranks, m = _Space(cluster, workload), tuple(range(cluster.world_size)), batch // microbatch
+    for tp, ep, etp in MOE_GRIDS:
+        for recompute, zero in MOE_VARIANTS:
+            placed = [(workload.num_layers, next(o for o in options.options(ranks, microbatch, recompute, zero, "",
+                                                                               ep, 1, etp) if o.tp == tp))]
+            seconds, memory = step_estimate(cluster, workload, placed, m, "1f1b", 1)
+            plan = with_etp(to_plan(placed, microbatch, m, "1f1b", recompute, zero, 1, "", ep), workload, etp)
+            ran = simulate_candidate(cluster, workload, batch, Candidate(plan, seconds, memory, 0.0), framework="megatron")
+            if ran.simulated is not None:
+                shape = f"{len(ranks) // tp}x{tp}:{workload.num_layers}L ep={ep} etp={etp}" + (" zero=1" if zero else "")
+                yield "moe", name, spec, f"{shape} {m}x{microbatch}", "1f1b", recompute, seconds, ran.simulated, \
+                    memory, ran.peak_fraction
+
+
 def rows(sets: Collection[str] = SETS):
     """(set, workload, cluster, plan, schedule, recompute, estimate s, simulated s, estimated memory share,
     simulated peak share) of every plan of `sets`."""
+    if "moe" in sets:
+        yield from moe_rows()
     for kind, name, spec, batch, microbatch, stages, variants in _plans():
         if kind not in sets:
             continue
@@ -142,13 +170,13 @@ def rows(sets: Collection[str] = SETS):
 
 
 def main(sets: Sequence[str] = ()) -> None:
-    unknown = set(sets) - {*SETS, "per-op"}
+    unknown = set(sets) - {*SETS, "per-op", "moe"}
     if unknown:
-        raise SystemExit(f"planner_estimate: unknown set {sorted(unknown)[0]!r} (equal, widths, commodity, per-op)")
+        raise SystemExit(f"planner_estimate: unknown set {sorted(unknown)[0]!r} (equal, widths, commodity, per-op, moe)")
     print("| set | workload | cluster | plan | schedule | recompute | estimate | simulated | estimate / simulated "
           "| memory: estimate / simulated peak |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {kind: [] for kind in (*SETS, "per-op")}
+    errors: dict[str, list[float]] = {kind: [] for kind in (*SETS, "per-op", "moe")}
     for kind, name, spec, shape, schedule, recompute, seconds, simulated, memory, peak in rows(sets or SETS):
         errors[kind].append(abs(seconds / simulated - 1))
         print(f"| {kind} | {name} | {spec} | {shape} | {schedule} | {recompute} | {seconds * 1e3:.1f} ms | "

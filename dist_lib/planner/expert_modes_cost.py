@@ -8,12 +8,16 @@ the simulator's own cost functions (`costs.moe_ops` with `tp`, `etp` and `fp8`, 
 (sequence parallel, so each TP rank routes its s/tp tokens):
 
     forward:  route (attention slice + router) | reduce-scatter of the attention output in the TP group (an
-              all-to-all of b*s*h/tp pieces) | dispatch copies | all-to-all over the ep x etp exchange group ||
+              all-to-all of b*s*h/tp pieces, then `reduce_routed`) | dispatch copies | all-to-all over the ep x etp
+              exchange group ||
               shared experts | local experts' grouped GEMM (1/etp of them) | all-to-all back | combine copy |
               all-gather of the parts in the TP group
     backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all |
               the dense part's backward (attention slice, router, shared experts; with selective recompute the
-              attention core again first) | all-reduce of the input gradient in the TP group
+              attention core again first) | all-reduce of the input gradient in the TP group (charged twice, as
+              `comm.collectives.collective_duration` charges an activation gradient's)
+    after the last backward: each layer's dense update once its gradient is reduced, then every layer's
+              experts' update (`StageOption.expert_updates`)
 
 Full recompute runs the whole forward again (all-to-alls included) before the backward and keeps only the
 layer input between. Memory per microbatch in flight: the layer input, the routed part, the dense part's
@@ -22,8 +26,10 @@ Model state: 2 + 2 bytes a parameter of weights and gradients, 12 of optimizer s
 dp with the distributed optimizer and the experts' over the expert-data-parallel group (dp x tp / (ep x etp)).
 
 Simplifications: every peer routes as the first microbatch does (as `options_cost`); the TP group's collectives
-run alone (the stage's other TP groups are not counted on shared links); the dense part's and the experts'
-ZeRO all-gather after the update are charged on the dense data-parallel group's topology.
+and the all-to-alls run alone (in the simulation the experts' gradient all-reduce of the layer before shares
+their NVLink ports); the dense part's and the experts' ZeRO all-gather after the update are charged on the
+dense data-parallel group's topology; a dense layer of a mixed model is charged one TP all-reduce a pass where
+the simulator charges two (its backward's beside the weight-gradient GEMMs).
 """
 
 from __future__ import annotations
@@ -54,18 +60,31 @@ def plain(tp: int, recompute: str, zero: int, fp8: str) -> bool:
 
 
 def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: int, cp: int, recompute: str, zero: int,
-                 fp8: str, reduction) -> StageOption | None:
+                 fp8: str, reduction, etp: int = 1) -> StageOption | None:
     """The option of a stage with experts or context parallelism: `options_cost.stage_option`'s where it
     prices it (a dense CP stage; an MoE stage of TP 1, 16-bit, without recompute or ZeRO), else `expert_option`
-    (expert TP 1, Megatron-Core's recommendation for MoE models: `_expert_stage.check_etp`)."""
-    if space.workload.moe is not None and not plain(tp, recompute, zero, fp8):
-        return expert_option(space, ranks, tp, microbatch, ep, 1, recompute, zero, fp8, reduction)
+    (expert TP `etp`, dividing tp)."""
+    if space.workload.moe is not None and (etp > 1 or not plain(tp, recompute, zero, fp8)):
+        return expert_option(space, ranks, tp, microbatch, ep, etp, recompute, zero, fp8, reduction)
     return options_cost.stage_option(space, ranks, tp, microbatch, ep, cp, reduction)
 
 
-def with_etp(plan: Plan, workload: Workload) -> Plan:
-    """An MoE plan with TP records its expert TP (1, as searched); any other plan is left as it is."""
-    return replace(plan, etp=1) if workload.moe is not None and plan.stages[0].tp > 1 else plan
+def expert_grids(workload: Workload, width: int) -> tuple[tuple[int, int], ...]:
+    """The (ep, etp) a stage of `width` ranks may take past (1, 1), expert TP 1 first: etp a power of two
+    dividing the experts' width (as TP degrees are powers of two) and ep a divisor of the experts, ep x etp
+    dividing the width (Megatron-Core's expert grid, `_expert_stage.ExpertPlan.build`); an option exists only
+    where etp divides the stage's TP degree (`expert_option`). None for a dense workload."""
+    if workload.moe is None:
+        return ()
+    etps = [t for t in (2**k for k in range(width.bit_length())) if width % t == 0
+            and workload.moe.expert_ffn_hidden % t == 0]
+    return tuple((ep, etp) for etp in etps for ep in options_cost.ep_choices(workload, width // etp)
+                 if (ep, etp) != (1, 1))
+
+
+def with_etp(plan: Plan, workload: Workload, etp: int = 1) -> Plan:
+    """An MoE plan with TP records its expert TP `etp` (as searched); any other plan is left as it is."""
+    return replace(plan, etp=etp) if workload.moe is not None and plan.stages[0].tp > 1 else plan
 
 
 def tp_ok(workload: Workload, tp: int) -> bool:
@@ -91,7 +110,7 @@ def expert_layer_costs(cluster: Cluster, workload: Workload, samples: int, tp: i
     routed-expert gradient bytes on one rank, the largest stash a full-recompute backward rebuilds) for
     `samples` samples a replica a microbatch; `dp`, `edp` shard the dense and expert optimizer state (1: not)."""
     device = min((cluster.device_of(r) for g in groups for r in g), key=lambda d: d.peak_flops)
-    tp_group = groups[0][:tp]
+    tp_group = tuple(r for g in groups for r in g)[:tp]  # the stage's first TP group (an exchange group may be smaller)
     tp_topo = cluster.topology(tp_group) if tp > 1 else None
     columns: list[list[float]] = [[] for _ in range(9)]
     expert_grads: list[float] = []
@@ -157,11 +176,14 @@ def _layer(cluster, w, device, layer, n, tp, ep, etp, groups, tp_group, tp_topo,
     copies = sum(_copy(device, p) for p in piece)
     tp_in = tp_out = 0.0
     if tp > 1:  # the attention output reduce-scattered (pieces of act / tp), the parts all-gathered after
-        tp_in = all_to_all_cost(cluster, tp_group, [[act / tp] * tp for _ in range(tp)])[0]
+        tp_in = all_to_all_cost(cluster, tp_group, [[act / tp] * tp for _ in range(tp)])[0] \
+            + compute.compute_time(device, 0.0, (tp + 1.0) * (act // tp))  # `reduce_routed`: tp pieces read, one written
         tp_out = collective_time("all_gather", act, tp_topo)
     forward = route_f + tp_in + copies + max(a2a, shared_f) + experts_f + a2a + _copy(device, sum(slots) * h * e) \
         + tp_out
-    backward = copies + a2a + experts_b + a2a + route_b + shared_b + tp_ar
+    # the dense part's partial input gradient all-reduced in the TP group: the simulator charges an activation
+    # gradient's all-reduce as a dense layer's two (`comm.collectives.collective_duration`)
+    backward = copies + a2a + experts_b + a2a + route_b + shared_b + 2 * tp_ar
     per_token = (h + 3 * moe.expert_ffn_hidden // etp) * e  # `MoEModel._expert_stash_per_token(etp)`
     whole_token = (h + 3 * moe.expert_ffn_hidden) * e
     dense_stash = max(0, w.stash_bytes(layer, tp, recompute="selective" if selective else "none",
@@ -196,12 +218,12 @@ def expert_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: i
                   zero: int, fp8: str, reduction) -> StageOption | None:
     """The option of an MoE stage of `ranks` (dp x tp, TP fastest) with EP `ep` over ep x etp exchange groups,
     `recompute`, the distributed optimizer (`zero` 1) and `fp8`; None where the layout does not split
-    (`ExpertPlan.build`'s rule: ep x etp divides the stage's ranks, ep the experts, etp the expert width, and
-    etp at most tp)."""
+    (`ExpertPlan.build`'s rule: ep x etp divides the stage's ranks, ep the experts, etp the expert width; and
+    etp divides tp, the layouts the search weighs: Megatron-Core's default etp = tp, and its recommended 1)."""
     cluster, workload = space.cluster, space.workload
     moe, width = workload.moe, len(ranks)
     dp = width // tp
-    if width % (ep * etp) or moe.experts % ep or moe.expert_ffn_hidden % etp or etp > tp or not tp_ok(workload, tp):
+    if width % (ep * etp) or moe.experts % ep or moe.expert_ffn_hidden % etp or tp % etp or not tp_ok(workload, tp):
         return None
     if zero == 3:
         return None
@@ -233,5 +255,11 @@ def expert_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: i
     if zero and dp_topo is not None:
         total = grads[-1] or 1.0
         regather = _Gather(dp_topo, (total - sum(expert_grads) + (sum(expert_grads) if edp > 1 else 0.0)) / total)
+    # the experts' optimizer steps, which the stage runs after every dense update (`_expert_stage.update_all`)
+    slowest = min((cluster.device_of(r) for r in ranks), key=lambda d: d.peak_flops)  # (`expert_layer_costs`')
+    experts = [moe.expert_params(workload.hidden) * (moe.experts // ep) / etp if moe.is_moe(layer) else 0.0
+               for layer in range(workload.num_layers)]
+    updates = accumulate((compute.update_time(slowest, x / (edp if zero else 1)) if x else 0.0 for x in experts),
+                         initial=0.0)
     return StageOption(ranks, tp, (share,) * dp, costs, capacity, loss, act, reduce, rerun, 0.0, regather,
-                       tuple(reduced), workload.profile is None)
+                       tuple(reduced), workload.profile is None, expert_updates=tuple(updates))

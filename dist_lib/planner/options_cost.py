@@ -202,7 +202,7 @@ def width_ok(workload: Workload, ranks: int, tp: int, cp: int, microbatch: int, 
 def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: int, cp: int, reduction) -> StageOption:
     """The option of a stage whose replicas all take the same share (a framework's layout) with experts over
     EP groups or a context-parallel split; `space` is the search's `_Space` (cluster, workload, reserve and its
-    cached topologies), `reduction` its data-parallel collective timer (`search._Reduction`)."""
+    cached topologies), `reduction` its data-parallel collective timer (`stage_option.Reduction`)."""
     cluster, workload = space.cluster, space.workload
     dp = len(ranks) // (tp * cp)
     share = microbatch // dp

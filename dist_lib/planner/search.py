@@ -16,7 +16,6 @@ from itertools import accumulate
 import numpy as np
 
 from dist_lib.costs import compute as costs
-
 from dist_lib.costs import network
 
 from dist_lib.hardware.topology import Topology
@@ -27,7 +26,7 @@ from dist_lib.planner.estimate import LayerCosts, layer_costs, rerun_stash, with
 from dist_lib.hardware.reserve import MemoryReserve
 from dist_lib.planner import framework_rules
 from dist_lib.planner.partition import chunk_sizes, fits, fixed_partition, partition
-from dist_lib.planner.stage_option import StageOption, no_collective
+from dist_lib.planner.stage_option import Reduction, StageOption, no_collective
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.step import step_estimate
 from dist_lib.planner import expert_modes_cost, options_cost  # (MoE stages beyond TP 1: expert_modes_cost)
@@ -136,17 +135,17 @@ class _Space:
         return found
 
     def options(self, ranks: tuple[int, ...], microbatch: int, recompute: str, zero: int,
-                fp8: str = "", ep: int = 1, cp: int = 1) -> list[StageOption]:
-        key = (ranks, microbatch, recompute, zero, fp8, ep, cp)
+                fp8: str = "", ep: int = 1, cp: int = 1, etp: int = 1) -> list[StageOption]:
+        key = (ranks, microbatch, recompute, zero, fp8, ep, cp, etp)
         found = self._options.get(key)
         if found is None:
-            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8, ep, cp)
+            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8, ep, cp, etp)
             template = self._templates.get(shape_key)
             if template is None:
                 found = self._templates[shape_key] = [o for o in (
                     self._option(ranks, tp, microbatch, recompute, zero, fp8) if ep == cp == 1 and not self.workload.moe
                     else expert_modes_cost.stage_option(self, ranks, tp, microbatch, ep, cp, recompute, zero, fp8,
-                                                        _Reduction)
+                                                        Reduction, etp)
                     for tp in space.tp_options(self.cluster, ranks, self.workload)
                     if options_cost.width_ok(self.workload, len(ranks), tp, cp, microbatch, self.even)) if o is not None]
             else:
@@ -157,7 +156,7 @@ class _Space:
     def _option(self, ranks, tp, microbatch, recompute, zero, fp8="") -> StageOption | None:
         cluster, workload = self.cluster, self.workload
         if zero == 3:  # FSDP (torchtitan's): weights and gradients sharded too, gathered a layer at a time
-            return options_cost.fsdp_option(self, ranks, tp, microbatch, recompute, fp8, _Reduction)
+            return options_cost.fsdp_option(self, ranks, tp, microbatch, recompute, fp8, Reduction)
         dp = len(ranks) // tp
         shares = (microbatch // dp,) * dp if self.even else space.shares(cluster, workload, ranks, tp, microbatch)
         replicas, keys = {}, []
@@ -192,8 +191,8 @@ class _Space:
             # there they share them as the simulator does
             shared = dp_topo.nodes > 1 and any(cluster.nodes[cluster.node_of(r)].nics for r in ranks)
             slowdown = 1 / self.concurrent_speed([ranks[j::tp] for j in range(tp)]) if tp > 1 and shared else 1.0
-            reduce = _Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, slowdown)
-            regather = _Reduction("all_gather", dp_topo, slowdown) if zero else no_collective
+            reduce = Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, slowdown)
+            regather = Reduction("all_gather", dp_topo, slowdown) if zero else no_collective
         rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
                     for (_, n), group in replicas.items()) if recompute == "full" else 0.0
         # a message that arrives as TP pieces is all-gathered in the receiving replica's TP group
@@ -215,20 +214,6 @@ class _Space:
             return (), ()
         index = {key: k for k, key in enumerate(replicas)}
         return tuple(per[index[key]] for key in keys), tuple(losses[index[key]] for key in keys)
-
-
-class _Reduction:
-    """Seconds of one collective over a stage's replicas on n bytes: the gradients' all-reduce (ZeRO-1:
-    reduce-scatter) beside the backward, or ZeRO-1's all-gather of the updated weights after the update;
-    `slowdown` times its time alone when the stage's other data-parallel groups share its links."""
-
-    __slots__ = ("op", "topo", "slowdown")
-
-    def __init__(self, op: str, topo: Topology, slowdown: float = 1.0):
-        self.op, self.topo, self.slowdown = op, topo, slowdown
-
-    def __call__(self, nbytes: float) -> float:
-        return network.collective_time(self.op, nbytes, self.topo) * self.slowdown
 
 
 def _slowest(per: list[LayerCosts]) -> LayerCosts:
@@ -379,7 +364,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
     incumbent = float("inf")
     done = 0  # entries looked at, for the progress display
 
-    def _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent, ep=1, cp=1):
+    def _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent, ep=1, cp=1, etp=1):
         """The candidates of one entry with the linear layers' GEMMs in one precision; the new incumbent."""
         unconstrained = split(plain, m, memory=False)
         weight = price if objective == "cost" else 1.0
@@ -391,8 +376,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             if (recompute, zero) == memory_configs[0] and fits(unconstrained[1], m):
                 found = unconstrained  # the same options, and memory does not bind: the same partition
             else:
-                options = [[o for o in sp.options(ranks, microbatch, recompute, zero, fp8, ep, cp) if tp in (None, o.tp)]
-                           for ranks in stages]
+                options = [[o for o in sp.options(ranks, microbatch, recompute, zero, fp8, ep, cp, etp)
+                            if tp in (None, o.tp)] for ranks in stages]
                 found = split(options, m) if all(options) else None  # (FSDP: none where it shards nothing)
             if found is None:
                 why["memory"] += 1
@@ -400,7 +385,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             # a ZB-H1 plan is played out only if its floor could beat the best so far (`step.py`);
             # an unpruned search (infinite slack) plays out every one
             new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
-                             incumbent / weight if prune_slack < float("inf") else float("inf"), rules, fp8, ep, cp)
+                             incumbent / weight if prune_slack < float("inf") else float("inf"), rules, fp8, ep, cp,
+                             etp)
             for c in new:
                 incumbent = min(incumbent, c.estimate * weight)
             out.extend(new)
@@ -425,13 +411,15 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                 plain = free if not fp8 else [[o for o in sp.options(ranks, microbatch, "none", 0, fp8)
                                                if tp in (None, o.tp)] for ranks in stages]
                 incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent)
-            # an MoE workload's expert-parallel degrees past 1 (ep=1, just explored, bounds them: its
-            # all-to-alls are local copies)
-            for ep in options_cost.ep_choices(workload, len(stages[0]))[1:]:
+            # an MoE workload's expert grids past ep = etp = 1 (just explored, it bounds them: its all-to-alls are
+            # local copies; `expert_modes_cost.expert_grids`)
+            for ep, etp in expert_modes_cost.expert_grids(workload, len(stages[0])):
                 for fp8 in fp8_choices:
-                    plain = [[o for o in sp.options(ranks, microbatch, "none", 0, fp8, ep) if tp in (None, o.tp)]
-                             for ranks in stages]
-                    incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent, ep)
+                    plain = [[o for o in sp.options(ranks, microbatch, "none", 0, fp8, ep, 1, etp)
+                              if tp in (None, o.tp)] for ranks in stages]
+                    if all(plain):  # (none where etp divides no TP degree the entry takes)
+                        incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent, ep, 1,
+                                                       etp)
         done += len(entries)
 
     explore(work)
@@ -475,7 +463,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
 
 def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
                cutoff: float = float("inf"), rules: framework_rules.Rules | None = None,
-               fp8: str = "", ep: int = 1, cp: int = 1) -> list[Candidate]:
+               fp8: str = "", ep: int = 1, cp: int = 1, etp: int = 1) -> list[Candidate]:
     """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit. ZB-H1 is
     left out under full recompute: its deferred weight-gradient pass needs the rebuilt stashes, so every
     layer's stash lives from the input-gradient pass to W, which the estimate does not count."""
@@ -491,7 +479,7 @@ def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
         variants = [(s, c) for s, c in variants if pp == 1 or rules.schedule_ok(s)]
     for schedule, chunks in variants:
         plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks, fp8, ep, cp)
-        plan = expert_modes_cost.with_etp(plan, workload)
+        plan = expert_modes_cost.with_etp(plan, workload, etp)
         if rules is not None and framework_rules.why_not(plan, rules.framework, cluster, workload):
             continue
         seconds, mem = step_estimate(cluster, workload, placed, m, schedule, chunks, cutoff)

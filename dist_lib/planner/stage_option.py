@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dist_lib.costs import network
+from dist_lib.hardware.topology import Topology
 from dist_lib.planner.estimate import LayerCosts
 
 
@@ -41,3 +43,20 @@ class StageOption:
     # empty where every replica costs the same
     replica_costs: tuple[LayerCosts, ...] = ()
     replica_loss: tuple[float, ...] = ()
+    # prefix sums over layers of the routed experts' optimizer steps, which an expert stage runs after every
+    # layer's dense update (`strategies/_expert_stage.update_all`); part of `costs.update`; empty: none apart
+    expert_updates: tuple[float, ...] = ()
+
+
+class Reduction:
+    """Seconds of one collective over a stage's replicas on n bytes: the gradients' all-reduce (ZeRO-1:
+    reduce-scatter) beside the backward, or ZeRO-1's all-gather of the updated weights after the update;
+    `slowdown` times its time alone when the stage's other data-parallel groups share its links."""
+
+    __slots__ = ("op", "topo", "slowdown")
+
+    def __init__(self, op: str, topo: Topology, slowdown: float = 1.0):
+        self.op, self.topo, self.slowdown = op, topo, slowdown
+
+    def __call__(self, nbytes: float) -> float:
+        return network.collective_time(self.op, nbytes, self.topo) * self.slowdown

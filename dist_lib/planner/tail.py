@@ -46,12 +46,19 @@ def lag(o: StageOption, start: int, stop: int, split: bool = False) -> float:
 def after_reductions(o: StageOption, start: int, stop: int, reduced_by: float) -> float:
     """Seconds from the end of a stage's last backward to the end of its optimizer step when its
     reductions end `reduced_by` seconds after that backward: the last layer's update after them, or
-    every update when they keep ahead; under ZeRO-1 the all-gathers behind both."""
+    every update when they keep ahead (an expert stage's experts' updates after all of the dense ones);
+    under ZeRO-1 the all-gathers behind both."""
     c = o.costs
     updates = c.update[stop] - c.update[start]
     if o.reduce is no_collective:
         return updates  # one replica: nothing to reduce
-    done = max(reduced_by + c.update[start + 1] - c.update[start], updates)
+    if o.expert_updates:  # the dense updates in turn, each once reduced, then every layer's experts' update
+        e = o.expert_updates
+        experts = e[stop] - e[start]
+        done = max(reduced_by + c.update[start + 1] - c.update[start] - (e[start + 1] - e[start]),
+                   updates - experts) + experts
+    else:
+        done = max(reduced_by + c.update[start + 1] - c.update[start], updates)
     if o.regather is no_collective:
         return done
     grads = c.grad_bytes[stop] - c.grad_bytes[start]
