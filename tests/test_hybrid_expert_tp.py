@@ -232,3 +232,23 @@ def test_random_small_tp_moe_configurations_are_correct_and_order_independent(ex
     assert all(r.correct for r in results), results[0].problems
     a, b = results
     assert (a.time_s, a.rank_times, a.memory_bytes) == (b.time_s, b.rank_times, b.memory_bytes)
+
+
+def test_an_moe_layers_input_gradient_is_one_tp_all_reduce_a_dense_layers_two():
+    """With TP (sequence-parallel, expert TP 1) an MoE layer's experts send their tokens back by all-to-all and
+    have no TP collective: its input gradient is its attention's one all-reduce; a dense layer's is two
+    (attention and MLP). Layers 0 and 2 of this toy are MoE (`moe_every=2`), 1 and 3 dense."""
+    from dist_lib.costs.network import collective_time
+    from dist_lib.hardware.cluster import Cluster
+    workload = TOY.format(experts=4, top_k=2, shared=0, routing="uniform", seed=0)
+    # (the gradients reduced after the flush, so that no data-parallel reduction shares the NVLink with them)
+    result = simulate(HYBRID, "1x4xA100-80GB", workload, 4, dp=2, pp=1, ep=2, microbatch_size=1,
+                      overlap_grad_reduce=False, **TP_MOE)
+    assert result.correct
+    one = collective_time("all_reduce", 128 * 256 * 2, Cluster.parse("1x4xA100-80GB").topology((0, 1)))
+    durations: dict = {}
+    for e in result.events:  # (an input gradient's layer is the layer it enters: layer L's backward gives L)
+        if e.rank == 0 and e.op == "all_reduce" and e.detail == "activation_grad (TP partial sums)":
+            durations.setdefault(e.layer, set()).add(round(e.duration, 15))
+    assert durations[0] == durations[2] == {round(one, 15)}  # MoE layers
+    assert durations[1] == durations[3] == {round(2 * one, 15)}  # dense layers

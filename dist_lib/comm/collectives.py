@@ -294,9 +294,14 @@ def collective_duration(engine: Engine, coll: Collective) -> float:
     # Megatron TP: a layer's partial sums are two all-reduces (attention and MLP), each of b*s*h; the LM
     # head's input gradient (the gradient of the last layer's output) is one. A context-parallel layer's
     # (b*s/cp*h each) are two as well: CP changes the attention's keys and values, not the layer's TP linears.
+    # An MoE layer's input gradient is one, its attention's: its experts' tokens come back by all-to-all, with
+    # no TP collective of their own (Megatron-Core's MoE layer with sequence parallelism; its forward is the
+    # attention's reduce-scatter and one all-gather, `_expert_stage`).
     cls = first.__class__
+    workload = engine.workload
     key = (coll.op, coll.nbytes, cls is Activation or cls is ContextActivation
-           or ((cls is ActivationGrad or cls is ContextActivationGrad) and first.layer != engine.workload.num_layers))
+           or ((cls is ActivationGrad or cls is ContextActivationGrad) and first.layer != workload.num_layers
+               and not (workload.moe is not None and workload.moe.is_moe(first.layer))))
     duration = group.costs.get(key)
     if duration is None:
         duration = group.costs[key] = network.collective_time(coll.op, coll.nbytes, group.topology) * \

@@ -535,7 +535,7 @@ static struct {
     Py_ssize_t h_samples, h_layer, h_tp_parts, h_tp_size;
     /* collective_rules.Reduced */
     Py_ssize_t r_samples, r_tp_parts, r_tp_size;
-    PyObject *s_kind, *s_workload, *s_num_layers, *s_partial_sums, *s_gather, *one;
+    PyObject *s_kind, *s_workload, *s_num_layers, *s_moe, *s_partial_sums, *s_gather, *one;
 } R;
 
 /* The union of the members' masks at `offset` if no two overlap (a new reference); NULL without an exception
@@ -633,8 +633,16 @@ static int combine(PyObject *engine, PyObject *coll, PyObject **results, PyObjec
         }
         if (type == R.Activation) {
             *pair = 1;
-        } else { /* the LM head's input gradient is one all-reduce, a layer's two */
+        } else { /* the LM head's input gradient is one all-reduce, a layer's two (an MoE layer's: Python) */
             PyObject *workload = PyObject_GetAttr(engine, R.s_workload);
+            PyObject *moe = workload ? PyObject_GetAttr(workload, R.s_moe) : NULL;
+            if (!moe || moe != Py_None) {
+                Py_XDECREF(moe);
+                Py_XDECREF(workload);
+                Py_XDECREF(reduced);
+                return PyErr_Occurred() ? -1 : 0;
+            }
+            Py_DECREF(moe);
             PyObject *layers = workload ? PyObject_GetAttr(workload, R.s_num_layers) : NULL;
             Py_XDECREF(workload);
             int last = layers ? int_eq(SLOT(first, R.h_layer), layers) : -1;
@@ -753,7 +761,7 @@ static PyMethodDef resolve_def = {"_resolve_ready", (PyCFunction)(void (*)(void)
 static int install_comm_resolve(PyObject *comm) {
     if (!R.s_kind) {
         struct { PyObject **out; const char *text; } strings[] = {
-            {&R.s_kind, "kind"}, {&R.s_workload, "workload"}, {&R.s_num_layers, "num_layers"},
+            {&R.s_kind, "kind"}, {&R.s_workload, "workload"}, {&R.s_num_layers, "num_layers"}, {&R.s_moe, "moe"},
             {&R.s_partial_sums, " (TP partial sums)"}, {&R.s_gather, "s (TP gather)"},
             {&R.all_reduce, "all_reduce"}, {&R.all_gather, "all_gather"},
         };

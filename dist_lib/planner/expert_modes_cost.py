@@ -14,8 +14,8 @@ the simulator's own cost functions (`costs.moe_ops` with `tp`, `etp` and `fp8`, 
               all-gather of the parts in the TP group
     backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all |
               the dense part's backward (attention slice, router, shared experts; with selective recompute the
-              attention core again first) | all-reduce of the input gradient in the TP group (charged twice, as
-              `comm.collectives.collective_duration` charges an activation gradient's)
+              attention core again first) | all-reduce of the input gradient in the TP group (one: the attention's,
+              `comm.collectives.collective_duration`)
     after the last backward: each layer's dense update once its gradient is reduced, then every layer's
               experts' update (`StageOption.expert_updates`)
 
@@ -181,9 +181,9 @@ def _layer(cluster, w, device, layer, n, tp, ep, etp, groups, tp_group, tp_topo,
         tp_out = collective_time("all_gather", act, tp_topo)
     forward = route_f + tp_in + copies + max(a2a, shared_f) + experts_f + a2a + _copy(device, sum(slots) * h * e) \
         + tp_out
-    # the dense part's partial input gradient all-reduced in the TP group: the simulator charges an activation
-    # gradient's all-reduce as a dense layer's two (`comm.collectives.collective_duration`)
-    backward = copies + a2a + experts_b + a2a + route_b + shared_b + 2 * tp_ar
+    # the dense part's partial input gradient all-reduced in the TP group: one all-reduce, the attention's (an
+    # MoE layer's experts have no TP collective: `comm.collectives.collective_duration`)
+    backward = copies + a2a + experts_b + a2a + route_b + shared_b + tp_ar
     per_token = (h + 3 * moe.expert_ffn_hidden // etp) * e  # `MoEModel._expert_stash_per_token(etp)`
     whole_token = (h + 3 * moe.expert_ffn_hidden) * e
     dense_stash = max(0, w.stash_bytes(layer, tp, recompute="selective" if selective else "none",
