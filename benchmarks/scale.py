@@ -7,7 +7,7 @@ Each configuration runs in a fresh subprocess so its peak RSS is its own. Usage:
     python benchmarks/scale.py --table pipeline     # only the pipeline rows (the 3072-rank step in one process and in two)
     python benchmarks/scale.py --table long         # 8-stage 1F1B steps of 512 and 4,096 microbatches
     python benchmarks/scale.py --table replicas     # the 1T step with 1, 3 and 6 data-parallel replicas
-    python benchmarks/scale.py --table frontier     # folded steps: 1T on 3072 ranks, a 405B shape on 16384
+    python benchmarks/scale.py --table frontier     # folded steps: 1T on 3072 ranks, Llama 3 405B on 16384
 
 The engine's rows (ddp, pipeline, replicas) run every rank (`fold=False`): they measure the engine. The
 frontier rows fold identical data-parallel replicas (`simulate(..., fold=True)`, the default), with the same
@@ -90,30 +90,28 @@ REPLICAS = [(f"1T, {dp} replica{'s' if dp > 1 else ''}", 8, 64, dp, 512, "interl
 
 
 # Folded steps (the frontier table): Megatron-LM's 1T configuration as above, folded and not (in two
-# processes, the faster unfolded run); and a GPT of Llama 3 405B's shape (Llama Team 2024, "The Llama 3
-# Herd of Models", Tables 3 and 4, sec. 3.3.2: 126 layers, hidden 16384, 128 heads, vocabulary 128,000,
-# sequence 8192, 16 sequences per replica; TP 8 x PP 16 x DP 128 on 16,384 H100s, one layer fewer on the
-# first and last stages) with GPT's MLP (4h) where Llama has SwiGLU, 1F1B with full recompute and sequence
-# parallelism.
-LLAMA_405B_SHAPE = "gpt-175b:layers=126,hidden=16384,heads=128,seq=8192,vocab=128000"
+# processes, the faster unfolded run); and Llama 3 405B's 16,384-GPU layout (Llama Team 2024, "The Llama 3 Herd
+# of Models", Table 4, sec. 3.3: TP 8 x PP 16 x DP 128 on H100s, 16 sequences of 8,192 tokens a replica, FSDP
+# without resharding after the forward, one layer fewer on the first and last stages, interleaved), as
+# `benchmarks/fidelity_llama3.py` runs it: memory is reported, not enforced.
+LLAMA_405B = "llama-3-405b:grad_bytes_per_element=4"  # (FP32 gradient reduce-scatters, sec. 3.3)
 FRONTIER = [
     ("1T folded", 8, 64, 6, 512, "interleaved", "gpt-1t", True, 1, True),
     ("1T unfolded, 2 procs", 8, 64, 6, 512, "interleaved", "gpt-1t", True, 2),
-    ("405B shape folded", 8, 16, 128, 16, "1f1b", LLAMA_405B_SHAPE, True, 1, True),
+    ("Llama 3 405B folded", 8, 16, 128, 16, "interleaved", LLAMA_405B, False, 1, True),
 ]
 
 
 def pipeline_call(tp: int, pp: int, dp: int, microbatches: int, schedule: str, workload: str, recompute: bool,
                   workers: int = 1, fold: bool = False) -> dict:
     ranks = tp * pp * dp
-    device = "H100-80GB" if workload == LLAMA_405B_SHAPE else "A100-80GB"
+    device = "H100-80GB" if workload == LLAMA_405B else "A100-80GB"
     cluster = f"{ranks // 8}x8x{device}" if ranks >= 8 else f"1x{ranks}x{device}"  # (as `ddp_call`)
     options = {"microbatch_size": 1, "tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "recompute": recompute,
                "fold": fold}
-    if workload == LLAMA_405B_SHAPE:
-        # (its 16 bytes x 3.2e9 parameters of model state per rank fill 80 GB without the optimizer sharding Llama 3 used,
-        # which hybrid.py does not model: memory is reported, not enforced)
-        options.update(sequence_parallel=True, partition=[7] + [8] * 14 + [7], enforce_memory=False)
+    if workload == LLAMA_405B:  # Table 4's options (`fidelity_llama3.Llama3Run.options`), with these degrees
+        from benchmarks.fidelity_llama3 import LLAMA3_TABLE4
+        options.update({k: v for k, v in LLAMA3_TABLE4[1].options().items() if k not in options})
     if workers == 2:  # the second half of the replicas in the second process
         options.update(workers=2, worker_ranks=replica_ranks(tp, pp, dp, range(dp // 2, dp)))
     return {"strategy": "strategies/hybrid.py", "cluster": cluster, "workload": workload,
