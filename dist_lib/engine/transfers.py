@@ -108,18 +108,43 @@ class Scheduler:
                 self.now = start
                 self._begin(transfer)
                 continue
-            end = ends[0][0]
-            self.now = end
-            done: list[Transfer] = []
-            while ends and ends[0][0] == end:
-                _, _, version, transfer = heapq.heappop(ends)
-                if version == transfer.version:
-                    transfer.end = end
-                    transfer.version = -1  # ended: not to be projected again
-                    done.append(transfer)
-            for transfer in done:
-                self._leave(transfer)
-            return done
+            return self._end_first()
+
+    def completions_until(self, horizon: float) -> list[Transfer]:
+        """`next_completions`, but never past `horizon`: the starts before it are begun and the transfers
+        that end first are returned if they end at or before it; else nothing (`now` stays at or before it,
+        and starts at `horizon` itself stay waiting). What one half of a split step completes on its own
+        while a transfer between the halves is due to start at `horizon` (`run/split.py`): up to that start
+        the half's links carry its own transfers only. (No C twin: a split step gives such a half this
+        class.)"""
+        waiting, ends = self.waiting, self.ends
+        while True:
+            while ends and ends[0][2] != ends[0][3].version:  # superseded projections
+                heapq.heappop(ends)
+            if waiting and waiting[0][0] < horizon and (not ends or waiting[0][0] < ends[0][0]):
+                start, _, transfer = heapq.heappop(waiting)
+                self.now = start
+                self._begin(transfer)
+                continue
+            if not ends or ends[0][0] > horizon:
+                return []
+            return self._end_first()
+
+    def _end_first(self) -> list[Transfer]:
+        """End the transfers whose (current) projected end is the earliest; now moves to it."""
+        ends = self.ends
+        end = ends[0][0]
+        self.now = end
+        done: list[Transfer] = []
+        while ends and ends[0][0] == end:
+            _, _, version, transfer = heapq.heappop(ends)
+            if version == transfer.version:
+                transfer.end = end
+                transfer.version = -1  # ended: not to be projected again
+                done.append(transfer)
+        for transfer in done:
+            self._leave(transfer)
+        return done
 
     def _begin(self, transfer: Transfer) -> None:
         load, on_link = self.load, self.on_link
