@@ -110,18 +110,21 @@ class Scheduler:
                 continue
             return self._end_first()
 
-    def completions_until(self, horizon: float) -> list[Transfer]:
-        """`next_completions`, but never past `horizon`: the starts before it are begun and the transfers
-        that end first are returned if they end at or before it; else nothing (`now` stays at or before it,
-        and starts at `horizon` itself stay waiting). What one half of a split step completes on its own
-        while a transfer between the halves is due to start at `horizon` (`run/split.py`): up to that start
-        the half's links carry its own transfers only. (No C twin: a split step gives such a half this
-        class.)"""
+    def completions_until(self, horizon: float, barred: bytes = b"") -> list[Transfer]:
+        """`next_completions`, but never past `horizon` nor onto a barred link (`barred[link]` nonzero): the
+        starts before `horizon` are begun, unless one wants a barred link (then it and everything after it
+        stay as they are), and the transfers that end first are returned if they end at or before
+        `horizon`; else nothing (`now` stays at or before both). What one half of a split step completes
+        on its own while the transfers between the halves are held apart (`run/split_parting.py`): those in
+        flight on the barred links end at `horizon` at the earliest, the others start there at the
+        earliest, and until then this half's links carry its own transfers only."""
         waiting, ends = self.waiting, self.ends
         while True:
             while ends and ends[0][2] != ends[0][3].version:  # superseded projections
                 heapq.heappop(ends)
             if waiting and waiting[0][0] < horizon and (not ends or waiting[0][0] < ends[0][0]):
+                if barred and any(barred[link] for link, _ in waiting[0][2].usage):
+                    return []
                 start, _, transfer = heapq.heappop(waiting)
                 self.now = start
                 self._begin(transfer)

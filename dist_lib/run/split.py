@@ -91,6 +91,7 @@ class _Half:
         self.alone = True  # completing its own transfers on its own scheduler (`run_alone`)
         self.apart = False  # the halves parted since this half last heard from the other
         self.horizon: float | None = None  # after the halves parted again: the end of running alone (`split_parting`)
+        self.barred = b""  # and the links to leave alone meanwhile
 
     def crossed(self) -> bool:
         """Has a rank here issued a collective or message between the halves?"""
@@ -108,11 +109,11 @@ class _Half:
         `horizon`, the earliest start of a transfer between them."""
         engine = self.engine
         transfers = engine.transfers
-        horizon = self.horizon
+        horizon, barred = self.horizon, self.barred
         while engine.blocked + engine.finished == engine.world_size:
             if self.crossed():
                 break
-            done = transfers.next_completions() if horizon is None else transfers.completions_until(horizon)
+            done = transfers.next_completions() if horizon is None else transfers.completions_until(horizon, barred)
             if not done:
                 break
             engine.complete(done)
@@ -192,9 +193,9 @@ class Coordinator(_Half):
         while engine.blocked + engine.finished == engine.world_size:
             if self.peer_running:
                 self._take_report()
-            until = split_parting.horizon(self)
-            if until is not None:
-                split_parting.part(self, until)
+            parting = split_parting.horizon(self)
+            if parting is not None:
+                split_parting.part(self, *parting)
                 if self.run_alone():
                     return
                 continue
@@ -208,10 +209,7 @@ class Coordinator(_Half):
     def run_alone(self) -> bool:
         if super().run_alone():
             return True
-        add = self.engine.transfers.add  # (lock step again: the transfers between the halves rejoin the rest)
-        for transfer in self.held:
-            add(transfer)
-        self.held = []
+        split_parting.rejoin(self)
         return False
 
     def cross_groups(self) -> list:

@@ -23,48 +23,72 @@ import math
 from typing import Any
 
 from dist_lib.comm.groups import CrossGroup
-from dist_lib.engine.transfers import PythonScheduler
+from dist_lib.engine.transfers import PythonScheduler as Scheduler  # (until the C twin has completions_until)
 
 
-def horizon(coordinator: Any) -> float | None:
+ENABLED = True
+"""Whether the halves part again at all (False: lock step from the first crossing to the end, as before
+this look-ahead; the tests compare both)."""
+
+
+def horizon(coordinator: Any) -> tuple[float, bytes] | None:
     """Both halves blocked, the worker's issues all known: the instant up to which the halves may part
-    (`math.inf` when no transfer between them is scheduled), or None when they may not, or when parting
-    would not spare a round trip (no transfer of the worker's ends or starts before it)."""
+    (`math.inf` when nothing between them is scheduled) and the links they must leave alone (a byte a
+    link, nonzero for those of the transfers between them in flight); None when they may not part, or
+    when parting would not spare a round trip (no transfer of the worker's ends or starts before it)."""
     c = coordinator
     engine = c.engine
-    if c.peer_finished or c.instant or engine.instant_transfers or c.waiting_local or c.waiting_remote:
+    if not ENABLED or c.peer_finished or c.instant or engine.instant_transfers or c.waiting_local or \
+            c.waiting_remote or any(c.remote_ends.values()):
         return None
-    if any(c.remote_ends.values()):
-        return None
-    cross = c.cross_groups()
-    if any(group.pending or group.ready for group in cross):
+    if any(group.pending for group in c.cross_groups()):  # (issued by some members here: not resolved)
         return None
     for channel in c.cross_channels():
-        if channel.sends or channel.recvs or channel.ready:
+        if channel.sends or channel.recvs:  # (a message between the halves not paired yet)
             return None
-    pending = engine.transfers.pending()
-    until = math.inf
+    scheduler = engine.transfers
+    pending = scheduler.pending()
+    until, barred, cross = math.inf, None, c.CROSS
     for transfer in pending:
-        if transfer.finish is c.CROSS:
-            if transfer.version != 0:  # in flight: its end depends on both halves' loads
-                return None
-            until = min(until, transfer.start)
-    if until <= engine.transfers.now:
+        if transfer.finish is cross:
+            if transfer.version == 0:
+                until = min(until, transfer.start)
+                continue
+            until = min(until, transfer.end)  # (its projection stands while no load on its links changes)
+            if barred is None:
+                barred = bytearray(len(scheduler.capacity))
+            for link, _ in transfer.usage:
+                barred[link] = 1
+    if until <= scheduler.now:
         return None
-    never = c.NEVER
-    for transfer in pending:  # (projections: a start may delay an end, which is safe either way)
-        if transfer.finish is never and (transfer.end <= until if transfer.version else transfer.start < until):
-            return until
+    if barred is not None:
+        for transfer in pending:  # (a transfer of a half in flight on those links: its end and theirs are tied)
+            if transfer.version > 0 and transfer.finish is not cross and \
+                    any(barred[link] for link, _ in transfer.usage):
+                return None
+    # the worker's first event (ends before starts at one instant, starts in the order they came) must be
+    # one it can take alone: an end by `until`, or a start before it on links not barred (projections: a
+    # start may delay an end, and then the worker stops having begun it, which is progress too)
+    first, never = (math.inf, 2, 0, False), c.NEVER
+    for transfer in pending:
+        if transfer.finish is never:
+            event = (transfer.end, 0, transfer.seq, False) if transfer.version else \
+                (transfer.start, 1, transfer.seq, barred is not None and any(barred[link] for link, _ in transfer.usage))
+            if event < first:
+                first = event
+    if (first[0] < until or first[0] == until and first[1] == 0) and not first[3]:
+        return until, b"" if barred is None else bytes(barred)
     return None
 
 
-def part(coordinator: Any, until: float) -> None:
+def part(coordinator: Any, until: float, barred: bytes) -> None:
     """The first half's side: keep its own transfers (on a new scheduler, each with its progress), hold the
-    transfers between the halves until it rejoins, and send the worker its own and the horizon."""
+    transfers between the halves until it rejoins (`rejoin`), and send the worker its own, the horizon
+    and the barred links."""
     c = coordinator
     engine = c.engine
     old = engine.transfers
-    scheduler = PythonScheduler(old.capacity)
+    scheduler = Scheduler(old.capacity)
     scheduler.now = old.now
     theirs, held = [], []
     for transfer in old.pending():  # (in the order they were added: the order starts at one instant keep)
@@ -78,18 +102,31 @@ def part(coordinator: Any, until: float) -> None:
         else:
             scheduler.adopt(transfer)
     engine.transfers = scheduler
-    c.held, c.horizon, c.alone, c.joining, c.peer_running, c.apart = held, until, True, False, True, True
+    c.held, c.horizon, c.barred = held, until, barred
+    c.alone, c.joining, c.peer_running, c.apart = True, False, True, True
     c.parts += 1
-    c.conn.send(("part", until, old.now, theirs))
+    c.conn.send(("part", until, barred, old.now, theirs))
+
+
+def rejoin(coordinator: Any) -> None:
+    """Lock step again: the transfers between the halves join the first half's scheduler as they were (no
+    load on their links changed meanwhile: the halves left those links alone)."""
+    scheduler = coordinator.engine.transfers
+    for transfer in coordinator.held:
+        if transfer.version == 0:
+            scheduler.add(transfer)
+        else:
+            scheduler.adopt(transfer)
+    coordinator.held = []
 
 
 def take_back(worker: Any, message: tuple) -> None:
     """The worker's side of `part`: its transfers, with their progress, on a scheduler of its own again;
     its op ids from its own count again (`EventLog.renumber` orders them after the step)."""
-    _, until, now, theirs = message
+    _, until, barred, now, theirs = message
     engine = worker.engine
     made = worker.outbox.transfers
-    scheduler = PythonScheduler(worker.capacity)
+    scheduler = Scheduler(worker.capacity)
     scheduler.now = now
     for number, start, left, speed, since, end, version in theirs:
         transfer = made.pop(number)
@@ -101,7 +138,7 @@ def take_back(worker: Any, message: tuple) -> None:
             scheduler.adopt(transfer)
     engine.transfers = scheduler
     engine.next_op_id = worker.own_op_id
-    worker.horizon, worker.alone, worker.apart = until, True, True
+    worker.horizon, worker.barred, worker.alone, worker.apart = until, barred, True, True
 
 
 def cross_groups(engine: Any) -> list:
