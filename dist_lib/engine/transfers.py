@@ -117,7 +117,10 @@ class Scheduler:
         `horizon`; else nothing (`now` stays at or before both). What one half of a split step completes
         on its own while the transfers between the halves are held apart (`run/split_parting.py`): those in
         flight on the barred links end at `horizon` at the earliest, the others start there at the
-        earliest, and until then this half's links carry its own transfers only."""
+        earliest, and until then this half's links carry its own transfers only. `next_completions` is this
+        with an infinite horizon and nothing barred (the C twin runs both so)."""
+        if barred and len(barred) != len(self.capacity):
+            raise ValueError(f"completions_until: barred has {len(barred)} bytes for {len(self.capacity)} links")
         waiting, ends = self.waiting, self.ends
         while True:
             while ends and ends[0][2] != ends[0][3].version:  # superseded projections

@@ -14,7 +14,6 @@ of its ranks issues something between the halves, whichever comes first; then th
 discrete-event simulation (Chandy & Misra 1979, "Distributed simulation: a case study in design and
 verification of distributed programs"), with the known start of the next joining transfer as the bound.
 
-The halves then hold Python schedulers (the C one has no `completions_until`): the same ends to the bit.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import math
 from typing import Any
 
 from dist_lib.comm.groups import CrossGroup
-from dist_lib.engine.transfers import PythonScheduler as Scheduler  # (until the C twin has completions_until)
+from dist_lib.engine.transfers import Scheduler
 
 
 ENABLED = True
