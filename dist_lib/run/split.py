@@ -7,7 +7,8 @@ one process would, for as long as no rank in it has issued a collective or messa
 Each half numbers the op ids of what it completes alone on its own; they are numbered again after the
 step in the order one process gives them (`EventLog.renumber`).
 
-Then the two go on in lock step, and the first process (the coordinator) keeps the step's one transfer
+Then the two go on in lock step, parting again wherever nothing joins them for a while
+(`split_parting.py`), and the first process (the coordinator) keeps the step's one transfer
 scheduler: the second (the worker, `split_worker.py`) hands it every transfer of its own not ended, those in flight with
 their progress (`Scheduler.adopt`), and reports each of its quiescences, with the transfers its ranks
 made since. Between two quiescences every unfinished rank runs to its next wait whatever the others do
@@ -106,7 +107,7 @@ class _Half:
         whole nodes and share no link, and what joins the halves cannot start before both issued it: a
         collective between them starts after its last member's issue, which comes after the quiescence at
         which this half stops running alone. After the halves parted again (`split_parting.py`), only up to
-        `horizon`, the earliest start of a transfer between them."""
+        `horizon` (the earliest end or start of a transfer between them) and not onto `barred` links."""
         engine = self.engine
         transfers = engine.transfers
         horizon, barred = self.horizon, self.barred

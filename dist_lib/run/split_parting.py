@@ -1,19 +1,28 @@
 """Conservative look-ahead for a step in two processes (`split.py`): when the two halves may part again
-after running in lock step, each completing its own transfers on its own until a given instant.
+after running in lock step, each completing its own transfers on its own up to a common instant.
 
 In lock step every completion that holds one of the second process's transfers costs a round trip. But
-the halves share no link, and only what joins them (a collective or message between the halves) couples
-their transfers. When nothing joining them is in flight or waiting to be resolved, every transfer between
-the halves that has been resolved waits for a start already known, the earliest of them `horizon`, and
-the transfers each half holds move on links that only its own transfers share until then. So at such a
-quiescence (both halves blocked, everything each issued known to the first) the first hands the second
-its transfers with their progress and both run alone again, as before the first crossing, up to
-`horizon` (`Scheduler.completions_until`: the ends at or before it, the starts before it), or until one
-of its ranks issues something between the halves, whichever comes first; then they go on in lock step
-(the second hands its transfers over again). This is the lower-bound reasoning of conservative parallel
-discrete-event simulation (Chandy & Misra 1979, "Distributed simulation: a case study in design and
-verification of distributed programs"), with the known start of the next joining transfer as the bound.
+the halves share no link: only what joins them (a collective or message between the halves) ties their
+transfers together, and a transfer's speed depends only on the loads of its own links. So at a
+quiescence in lock step (both halves blocked, all they issued known to the first) where no op between
+the halves waits for members, the first process holds the transfers between the halves apart: those in
+flight bar their links to both halves, and their projected ends stand as long as no load on those links
+changes; those scheduled start at known instants. The earliest of these ends and starts is the
+`horizon`. Until it, each half's links not barred carry only its own transfers, and no rank of either
+half can issue anything sooner than its own clock: so the first hands the second its transfers with
+their progress, and each completes its own alone (`Scheduler.completions_until`: the ends at or before
+the horizon, the starts before it on links not barred), until the horizon, a start on a barred link, or
+a rank of its own issuing something between the halves; then they go on in lock step, the second
+handing its transfers over again and the held ones rejoining the first's scheduler as they were. This is
+the lower-bound reasoning of conservative parallel discrete-event simulation (Chandy & Misra 1979,
+"Distributed simulation: a case study in design and verification of distributed programs"; Fujimoto
+1990, "Parallel discrete event simulation", for look-ahead), with the next end or start of a transfer
+between the halves as the bound.
 
+Parting needs the second process's first event to be one it can take alone (else it would stop at once
+and the two would part again at the same state forever). Each half numbers the op ids of what it
+completes alone on its own (`EventLog.renumber` orders them after the step); with a transfer of zero
+duration in the step (op ids ordered by issue there) the halves do not part.
 """
 
 from __future__ import annotations

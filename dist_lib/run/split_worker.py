@@ -66,15 +66,18 @@ class Worker(_Half):
         engine.transfers = outbox
 
     def drain(self) -> None:
-        if self.alone:
-            self.run_alone()
-            self._hand_over()
         while True:
+            if self.alone:
+                self.run_alone()
+                self._hand_over()
             self._report(True)
             message = self._answer()
             if message[0] == "end":
                 return
-            self._apply(message)
+            if message[0] == "part":  # (the first parts only with a second that has ranks running: not here)
+                split_parting.take_back(self, message)
+            else:
+                self._apply(message)
 
     def joined(self, coll: Collective) -> None:
         self.issues.append(_joined_record(coll))
