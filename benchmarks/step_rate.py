@@ -4,6 +4,7 @@ slices of the step's events.
     python benchmarks/step_rate.py                       # the 1T step cut to one replica (512 ranks)
     python benchmarks/step_rate.py --dp 6                # the full 3072-rank 1T step
     python benchmarks/step_rate.py --dp 6 --workers 2    # the same in two processes, three replicas each
+    python benchmarks/step_rate.py --dp 2 --microbatches 64 --workers 2 --no-parting   # lock step once joined
     python benchmarks/step_rate.py --tp 1 --pp 8 --dp 1 --microbatches 512 --workload toy:layers=32 --schedule 1f1b
 
 The step is `scale.py`'s pipeline row (`strategies/hybrid.py`, microbatch 1). Time is sampled whenever
@@ -39,6 +40,9 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=10)
     parser.add_argument("--workers", type=int, choices=(1, 2), default=1,
                         help="processes; with 2, the second runs the second half of the replicas")
+    parser.add_argument("--no-parting", action="store_true",
+                        help="with --workers 2: lock step from the first collective between the halves to the end "
+                             "(dist_lib/run/split_parting.py off)")
     args = parser.parse_args()
     if args.slices < 1:
         parser.error(f"--slices {args.slices}: give at least 1")
@@ -58,20 +62,41 @@ def main() -> None:
     eventlog.EventLog.pack = timed_pack  # type: ignore[method-assign]
     call = pipeline_call(args.tp, args.pp, args.dp, args.microbatches, args.schedule, args.workload,
                          not args.no_recompute)
+    trips = [0, 0]  # (reports the first process waited for, times the halves parted)
     if args.workers == 2:
+        from dist_lib.run import split, split_parting
+
+        take, part = split.Coordinator._take_report, split_parting.part
+
+        def counted_take(coordinator: split.Coordinator) -> None:
+            trips[0] += 1
+            take(coordinator)
+
+        def counted_part(*given: object) -> None:
+            trips[1] += 1
+            part(*given)
+
+        split.Coordinator._take_report = counted_take  # type: ignore[method-assign]
+        split_parting.part = counted_part
+        split_parting.ENABLED = not args.no_parting
         call["options"]["workers"] = 2
         call["options"]["worker_ranks"] = replica_ranks(args.tp, args.pp, args.dp, range(args.dp // 2, args.dp))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         result = simulate(call["strategy"], call["cluster"], call["workload"], call["batch"], **call["options"])
     except SimulationError as error:
         sys.exit(f"the step failed: {error}")
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     eventlog.EventLog.pack = pack  # type: ignore[method-assign]
     events = len(result.raw_events)
     samples = [(start, 0, samples[0][2] if samples else resident_mib())] + samples
     if args.workers == 2:  # (the packs timed are the first process's: its own events until the step ends)
-        print(f"two processes: {len(samples)} packs timed in the first")
+        import resource
+
+        child = resource.getrusage(resource.RUSAGE_CHILDREN)  # (the second process, ended and waited for)
+        print(f"two processes: {len(samples)} packs timed in the first; {trips[0]:,} reports of the second "
+              f"waited for, {trips[1]:,} partings; CPU {cpu:.1f} s in the first, "
+              f"{child.ru_utime + child.ru_stime:.1f} s in the second")
     print(f"{call['cluster']} {call['workload']} tp {args.tp} pp {args.pp} dp {args.dp}, "
           f"{args.microbatches} microbatches: {events:,} events in {wall:.1f} s ({events / wall:,.0f} ops/s)")
     print(f"{'slice':>5} {'events':>12} {'wall s':>8} {'ops/s':>10} {'RSS MiB':>8}")

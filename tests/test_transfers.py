@@ -227,3 +227,60 @@ def test_a_handover_between_schedulers_ends_every_transfer_as_one_scheduler_does
 @given(case=two_halves())
 def test_the_c_scheduler_hands_over_as_the_python_one(case):
     assert repr(_handover(_c_twins(), *case)) == repr(_handover((PythonTransfer, PythonScheduler), *case))
+
+
+# ---- a split step's parting (run/split_parting.py): completions never past a horizon nor onto barred links
+
+def _paused(twins, capacity, transfers, pauses):
+    """Add `transfers`, then for each (offset, barred links) of `pauses` take completions up to `now` +
+    offset with those links barred, each until it returns nothing; then run to the end. Returns each
+    transfer's fields and every round's (instant, keys)."""
+    transfer_type, scheduler_type = twins
+    scheduler = scheduler_type(list(capacity))
+    made = [transfer_type(start, duration, usage, None, None, (n,)) for n, (start, duration, usage) in
+            enumerate(transfers)]
+    for transfer in made:
+        scheduler.add(transfer)
+    seen = []
+    for offset, links in pauses:
+        barred = bytes(1 if link in links else 0 for link in range(len(capacity))) if links else b""
+        horizon = scheduler.now + offset
+        while done := scheduler.completions_until(horizon, barred):
+            assert scheduler.now <= horizon
+            seen.append((scheduler.now, [t.key for t in done]))
+        assert scheduler.now <= horizon
+    while done := scheduler.next_completions():
+        seen.append((scheduler.now, [t.key for t in done]))
+    return [(t.start, t.end, t.left, t.speed, t.since, t.version) for t in made], seen
+
+
+@st.composite
+def paused_runs(draw):
+    capacity, halves, _ = draw(two_halves())
+    pauses = st.tuples(st.sampled_from([0.0, 0.25, 1.0, float("inf")]) | st.floats(0.0, 4.0),
+                       st.sets(st.integers(0, len(capacity) - 1), max_size=2))
+    return capacity, halves[0] + halves[1], draw(st.lists(pauses, max_size=4))
+
+
+@pytest.mark.parametrize("twins", TWINS)
+@settings(max_examples=150, deadline=None)
+@given(case=paused_runs())
+def test_completions_paused_at_a_horizon_or_a_barred_link_end_every_transfer_as_without(twins, case):
+    """Stopping at a horizon or before a start on a barred link only pauses the run: every end, and every
+    batch of ends, is the run's without pauses."""
+    capacity, transfers, pauses = case
+    assert _paused(twins, capacity, transfers, pauses) == _paused(twins, capacity, transfers, [])
+
+
+@needs_c
+@settings(max_examples=100, deadline=None)
+@given(case=paused_runs())
+def test_the_c_scheduler_pauses_as_the_python_one(case):
+    assert repr(_paused(_c_twins(), *case)) == repr(_paused((PythonTransfer, PythonScheduler), *case))
+
+
+@pytest.mark.parametrize("twins", TWINS)
+def test_completions_until_names_a_barred_mask_of_the_wrong_length(twins):
+    _, scheduler_type = twins
+    with pytest.raises(ValueError, match="barred has 1 bytes for 2 links"):
+        scheduler_type([1, 1]).completions_until(1.0, b"\x01")

@@ -108,18 +108,49 @@ class Scheduler:
                 self.now = start
                 self._begin(transfer)
                 continue
-            end = ends[0][0]
-            self.now = end
-            done: list[Transfer] = []
-            while ends and ends[0][0] == end:
-                _, _, version, transfer = heapq.heappop(ends)
-                if version == transfer.version:
-                    transfer.end = end
-                    transfer.version = -1  # ended: not to be projected again
-                    done.append(transfer)
-            for transfer in done:
-                self._leave(transfer)
-            return done
+            return self._end_first()
+
+    def completions_until(self, horizon: float, barred: bytes = b"") -> list[Transfer]:
+        """`next_completions`, but never past `horizon` nor onto a barred link (`barred[link]` nonzero): the
+        starts before `horizon` are begun, unless one wants a barred link (then it and everything after it
+        stay as they are), and the transfers that end first are returned if they end at or before
+        `horizon`; else nothing (`now` stays at or before both). What one half of a split step completes
+        on its own while the transfers between the halves are held apart (`run/split_parting.py`): those in
+        flight on the barred links end at `horizon` at the earliest, the others start there at the
+        earliest, and until then this half's links carry its own transfers only. `next_completions` is this
+        with an infinite horizon and nothing barred (the C twin runs both so)."""
+        if barred and len(barred) != len(self.capacity):
+            raise ValueError(f"completions_until: barred has {len(barred)} bytes for {len(self.capacity)} links")
+        waiting, ends = self.waiting, self.ends
+        while True:
+            while ends and ends[0][2] != ends[0][3].version:  # superseded projections
+                heapq.heappop(ends)
+            if waiting and waiting[0][0] < horizon and (not ends or waiting[0][0] < ends[0][0]):
+                if barred and any(barred[link] for link, _ in waiting[0][2].usage):
+                    return []
+                start, _, transfer = heapq.heappop(waiting)
+                self.now = start
+                self._begin(transfer)
+                continue
+            if not ends or ends[0][0] > horizon:
+                return []
+            return self._end_first()
+
+    def _end_first(self) -> list[Transfer]:
+        """End the transfers whose (current) projected end is the earliest; now moves to it."""
+        ends = self.ends
+        end = ends[0][0]
+        self.now = end
+        done: list[Transfer] = []
+        while ends and ends[0][0] == end:
+            _, _, version, transfer = heapq.heappop(ends)
+            if version == transfer.version:
+                transfer.end = end
+                transfer.version = -1  # ended: not to be projected again
+                done.append(transfer)
+        for transfer in done:
+            self._leave(transfer)
+        return done
 
     def _begin(self, transfer: Transfer) -> None:
         load, on_link = self.load, self.on_link

@@ -484,15 +484,22 @@ static PyObject *Scheduler_add(Scheduler *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Scheduler_next_completions(Scheduler *self, PyObject *Py_UNUSED(ignored)) {
+/* `next_completions` never past `horizon` nor onto a link with a nonzero byte in `barred` (NULL: none):
+ * `Scheduler.completions_until` in transfers.py, which `next_completions` is with an infinite horizon. */
+static PyObject *run_until(Scheduler *self, double horizon, const unsigned char *barred) {
     Heap *waiting = &self->waiting, *ends = &self->ends;
     for (;;) {
         while (ends->size && ends->items[0].version != ends->items[0].transfer->version) {
             Entry stale = heap_pop(ends); /* a superseded projection */
             Py_DECREF(stale.transfer);
         }
-        if (!ends->size && !waiting->size) return PyList_New(0);
-        if (waiting->size && (!ends->size || waiting->items[0].at < ends->items[0].at)) {
+        if (waiting->size && waiting->items[0].at < horizon &&
+            (!ends->size || waiting->items[0].at < ends->items[0].at)) {
+            if (barred) {
+                Transfer *next = waiting->items[0].transfer;
+                for (Py_ssize_t i = 0; i < next->nuses; i++)
+                    if (barred[next->uses[i].link]) return PyList_New(0);
+            }
             Entry first = heap_pop(waiting);
             self->now = first.at;
             int status = begin(self, first.transfer);
@@ -500,6 +507,7 @@ static PyObject *Scheduler_next_completions(Scheduler *self, PyObject *Py_UNUSED
             if (status < 0) return NULL;
             continue;
         }
+        if (!ends->size || ends->items[0].at > horizon) return PyList_New(0);
         double end = ends->items[0].at;
         self->now = end;
         PyObject *done = PyList_New(0);
@@ -525,6 +533,25 @@ static PyObject *Scheduler_next_completions(Scheduler *self, PyObject *Py_UNUSED
             }
         return done;
     }
+}
+
+static PyObject *Scheduler_next_completions(Scheduler *self, PyObject *Py_UNUSED(ignored)) {
+    return run_until(self, Py_HUGE_VAL, NULL);
+}
+
+static PyObject *Scheduler_completions_until(Scheduler *self, PyObject *args) {
+    double horizon;
+    Py_buffer barred = {0};
+    if (!PyArg_ParseTuple(args, "d|y*:completions_until", &horizon, &barred)) return NULL;
+    if (barred.buf && barred.len && barred.len != self->nlinks) {
+        PyErr_Format(PyExc_ValueError, "completions_until: barred has %zd bytes for %zd links", barred.len,
+                     self->nlinks);
+        PyBuffer_Release(&barred);
+        return NULL;
+    }
+    PyObject *done = run_until(self, horizon, barred.len ? (const unsigned char *)barred.buf : NULL);
+    if (barred.buf) PyBuffer_Release(&barred);
+    return done;
 }
 
 static PyObject *Scheduler_adopt(Scheduler *self, PyObject *arg) {
@@ -610,6 +637,9 @@ static PyMethodDef Scheduler_methods[] = {
     {"next_completions", (PyCFunction)Scheduler_next_completions, METH_NOARGS,
      "next_completions($self, /)\n--\n\nAdvance to the earliest end of a transfer and return every transfer that "
      "ends then (empty when nothing is left). Starts at that same instant are taken after the ends."},
+    {"completions_until", (PyCFunction)Scheduler_completions_until, METH_VARARGS,
+     "completions_until($self, horizon, barred=b'', /)\n--\n\nnext_completions, but never past `horizon` nor onto "
+     "a link whose byte in `barred` is nonzero; nothing when the next end comes later."},
     {NULL}};
 
 static PyMemberDef Scheduler_members[] = {

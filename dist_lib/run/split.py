@@ -7,7 +7,8 @@ one process would, for as long as no rank in it has issued a collective or messa
 Each half numbers the op ids of what it completes alone on its own; they are numbered again after the
 step in the order one process gives them (`EventLog.renumber`).
 
-Then the two go on in lock step, and the first process (the coordinator) keeps the step's one transfer
+Then the two go on in lock step, parting again wherever nothing joins them for a while
+(`split_parting.py`), and the first process (the coordinator) keeps the step's one transfer
 scheduler: the second (the worker, `split_worker.py`) hands it every transfer of its own not ended, those in flight with
 their progress (`Scheduler.adopt`), and reports each of its quiescences, with the transfers its ranks
 made since. Between two quiescences every unfinished rank runs to its next wait whatever the others do
@@ -37,6 +38,7 @@ from dist_lib.comm.groups import Collective, CrossGroup
 from dist_lib.comm.rules import Reduced, check_match, combine
 from dist_lib.errors import DeadlockError, SimulationError
 from dist_lib.engine.transfers import Transfer
+from dist_lib.run import split_parting
 from dist_lib.run.worker_process import Link
 
 
@@ -88,6 +90,9 @@ class _Half:
         engine.finished = engine.world_size - len(ranks)  # (the other half's: a quiescence here is this half's)
         self.issued_there: dict[tuple, set] = {}  # for a deadlock's description: see `issued_here`
         self.alone = True  # completing its own transfers on its own scheduler (`run_alone`)
+        self.apart = False  # the halves parted since this half last heard from the other
+        self.horizon: float | None = None  # after the halves parted again: the end of running alone (`split_parting`)
+        self.barred = b""  # and the links to leave alone meanwhile
 
     def crossed(self) -> bool:
         """Has a rank here issued a collective or message between the halves?"""
@@ -101,13 +106,15 @@ class _Half:
         Exact because a transfer's speed depends on its own links alone (`engine/transfers.py`), the halves are
         whole nodes and share no link, and what joins the halves cannot start before both issued it: a
         collective between them starts after its last member's issue, which comes after the quiescence at
-        which this half stops running alone."""
+        which this half stops running alone. After the halves parted again (`split_parting.py`), only up to
+        `horizon` (the earliest end or start of a transfer between them) and not onto `barred` links."""
         engine = self.engine
         transfers = engine.transfers
+        horizon, barred = self.horizon, self.barred
         while engine.blocked + engine.finished == engine.world_size:
             if self.crossed():
                 break
-            done = transfers.next_completions()
+            done = transfers.next_completions() if horizon is None else transfers.completions_until(horizon, barred)
             if not done:
                 break
             engine.complete(done)
@@ -140,8 +147,9 @@ class _Half:
         return [r for r in missing if r not in there]
 
     def receive(self) -> Any:
+        spin, self.apart = not self.apart, False  # (after parting, the other half may run alone for long)
         try:
-            message = self.conn.recv()
+            message = self.conn.recv(spin)
         except (EOFError, OSError):
             raise SimulationError("the other process of this workers=2 step ended without a word (killed, or "
                                   "out of memory?)") from None
@@ -163,27 +171,61 @@ class Coordinator(_Half):
         self.waiting_remote: dict[tuple, tuple] = {}  # (group, seq) -> what the worker's members issued
         self.remote_ends: dict[tuple, deque] = {}  # (src, dst) -> the worker's sends or receives not yet paired
         self.joining = False  # a rank here issued something between the halves (`crossed`)
+        self.instant = False  # the worker made a transfer of zero duration (no parting then: `split_parting`)
+        self.held: list = []  # transfers between the halves, while the halves run apart (`split_parting.part`)
+        self.parts = 0  # times the halves parted again
+        self._crossing: tuple = (-1, [], [])  # (groups and channels seen, cross groups, cross channels)
 
     # ---- the quiescences of both halves ----
 
     def crossed(self) -> bool:
         return self.joining
 
+    CROSS: Any = None  # (`_cross` and `_never` for `split_parting`, set below)
+    NEVER: Any = None
+
     def advance(self) -> None:
         """Both halves blocked: complete the earliest transfers until one wakes a rank here; none left
-        while a rank waits is a deadlock."""
+        while a rank waits is a deadlock. Where nothing joins the halves for a while, part again
+        (`split_parting.py`)."""
         engine = self.engine
         if self.alone and self.run_alone():
             return
         while engine.blocked + engine.finished == engine.world_size:
             if self.peer_running:
                 self._take_report()
+            parting = split_parting.horizon(self)
+            if parting is not None:
+                split_parting.part(self, *parting)
+                if self.run_alone():
+                    return
+                continue
             done = engine.transfers.next_completions()
             if not done:
                 if engine.blocked == 0 and self.peer_finished:
                     return
                 raise DeadlockError(self._describe_deadlock())
             self._complete(done)
+
+    def run_alone(self) -> bool:
+        if super().run_alone():
+            return True
+        split_parting.rejoin(self)
+        return False
+
+    def cross_groups(self) -> list:
+        """The groups with members in both halves, and the channels between them (as of the last call that
+        found new ones)."""
+        engine = self.engine
+        seen = len(engine.groups) + len(engine.channels)
+        if self._crossing[0] != seen:
+            channels = [ch for ch in engine.channels.values() if self.mine[ch.src] != self.mine[ch.dst]]
+            self._crossing = (seen, split_parting.cross_groups(engine), channels)
+        return self._crossing[1]
+
+    def cross_channels(self) -> list:
+        self.cross_groups()
+        return self._crossing[2]
 
     def drain(self) -> None:
         """Every rank here returned: serve the worker until its ranks return too and nothing is in flight."""
@@ -200,11 +242,14 @@ class Coordinator(_Half):
             now, flying = handover
             scheduler.now = min(scheduler.now, now)  # (nothing here touches their links: see `run_alone`)
             for number, start, left, u, key, speed, since, end, version in flying:
+                self.instant = self.instant or start == end
                 transfer = Transfer(start, left, usage[u], _never, _Shipped(number), key)
                 transfer.speed, transfer.since, transfer.end, transfer.version = speed, since, end, version
                 scheduler.adopt(transfer)
         add = scheduler.add
         for number, start, left, u, key in transfers:
+            if left == 0.0:
+                self.instant = True
             add(Transfer(start, left, usage[u], _never, _Shipped(number), key))
         for record in issues:
             if record[0] == "send" or record[0] == "recv":
@@ -415,3 +460,6 @@ def _never(engine: Any, transfer: Any) -> None:  # pragma: no cover - finished b
 
 def _key(transfer: Any) -> tuple:
     return transfer.key
+
+
+Coordinator.CROSS, Coordinator.NEVER = staticmethod(_cross), staticmethod(_never)

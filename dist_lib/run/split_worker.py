@@ -9,6 +9,7 @@ from dist_lib.comm import p2p
 from dist_lib.comm.rules import Reduced
 from dist_lib.comm.collectives import _values, release
 from dist_lib.comm.groups import Collective
+from dist_lib.run import split_parting
 from dist_lib.run.split import _describe, _Half, _member_done, _pending
 from dist_lib.run.worker_process import Link
 
@@ -24,19 +25,28 @@ class Worker(_Half):
         self.handover: tuple | None = None
         self.issues: list[tuple] = []  # what its ranks issued of collectives and messages between the halves
         engine.next_op_id = FIRST_WORKER_OP_ID
+        self.own_op_id = FIRST_WORKER_OP_ID  # its own count when it last handed over (`split_parting.take_back`)
+        self.capacity: list[int] = []  # the links' capacities, for a scheduler of its own again
 
     def crossed(self) -> bool:
         return bool(self.issues)
 
     def advance(self) -> None:
         engine = self.engine
-        if self.alone:
-            if self.run_alone():
+        while True:
+            if self.alone:
+                if self.run_alone():
+                    return
+                self._hand_over()
+            while engine.blocked + engine.finished == engine.world_size:
+                self._report(False)
+                message = self._answer()
+                if message[0] == "part":  # the halves part again (`split_parting.py`)
+                    split_parting.take_back(self, message)
+                    break
+                self._apply(message)
+            else:
                 return
-            self._hand_over()
-        while engine.blocked + engine.finished == engine.world_size:
-            self._report(False)
-            self._apply(self._answer())
 
     def _hand_over(self) -> None:
         """Give the coordinator every transfer here not ended, in flight with its progress (reported with
@@ -52,18 +62,22 @@ class Worker(_Half):
                 flying.append((number, transfer.start, transfer.left, u, transfer.key, transfer.speed, transfer.since,
                                transfer.end, transfer.version))
         self.handover = (scheduler.now, flying)
+        self.own_op_id, self.capacity = engine.next_op_id, scheduler.capacity
         engine.transfers = outbox
 
     def drain(self) -> None:
-        if self.alone:
-            self.run_alone()
-            self._hand_over()
         while True:
+            if self.alone:
+                self.run_alone()
+                self._hand_over()
             self._report(True)
             message = self._answer()
             if message[0] == "end":
                 return
-            self._apply(message)
+            if message[0] == "part":  # (the first parts only with a second that has ranks running: not here)
+                split_parting.take_back(self, message)
+            else:
+                self._apply(message)
 
     def joined(self, coll: Collective) -> None:
         self.issues.append(_joined_record(coll))

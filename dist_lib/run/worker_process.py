@@ -81,7 +81,8 @@ class Link:
         for raw in raws:
             self.sock.sendall(raw)
 
-    def recv(self) -> Any:
+    def recv(self, spin: bool = True) -> Any:
+        """The next message; without `spin`, sleep until it comes at once (an answer not expected soon)."""
         sock = self.sock
         head = b""
         deadline = 0.0
@@ -90,9 +91,9 @@ class Link:
                 head = sock.recv(_LENGTH.size, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 now = perf_counter()
-                if not deadline:
+                if spin and not deadline:
                     deadline = now + SPIN_S
-                elif now > deadline:
+                elif not spin or now > deadline:
                     head = sock.recv(_LENGTH.size)  # sleep until it comes
                     if not head:
                         raise EOFError
