@@ -128,9 +128,11 @@ def check_sharding(distributed_optimizer: bool, fsdp: bool, overlap_param_gather
 def replica_grid(world_size: int, global_batch_size: int, **options):
     """Its replicas run one program, each over its share of the batch: they fold (`_layout.declared_grid`),
     with the distributed optimizer's and FSDP's shards too (replica j holds block j of each, as `run/folding.py`
-    relabels them), and under a framework's defaults. Not with context parallelism, whose replicas' gradients
-    are reduced with the CP ranks' (dp x cp), nor with HSDP (`replicate`), whose shard groups are not the
-    replicas: the simulator would find the fold broken and run the step again unfolded."""
-    if options.get("cp", 1) != 1 or options.get("replicate", 1) != 1:
+    relabels them), and under a framework's defaults. With context parallelism a replica's stage is its cp x tp
+    ranks (TP fastest, as `context_plan` lays them out), and its gradients' groups of dp x cp ranks take the
+    same positions in every replica. Not with HSDP (`replicate`), whose shard groups are not the replicas: the
+    simulator would find the fold broken and run the step again unfolded."""
+    if options.get("replicate", 1) != 1:
         return None
-    return declared_grid(train, world_size, options)
+    cp = options.get("cp", 1)
+    return declared_grid(train, world_size, dict(options, tp=options.get("tp", 1) * cp) if cp != 1 else options)

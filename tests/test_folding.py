@@ -95,6 +95,11 @@ def hybrid_configs(draw):
     microbatches = draw(st.integers(1, 3)) * pp
     options = dict(dp=dp, pp=pp, tp=tp, schedule=schedule, recompute=draw(st.booleans()),
                    overlap_grad_reduce=draw(st.booleans()))
+    # context parallelism: a replica's stage is its cp x tp ranks
+    cp = draw(st.sampled_from([1, 2])) if gpus % (2 * tp) == 0 and schedule != "deepspeed" else 1
+    if cp > 1:
+        options.update(cp=cp)
+        world *= cp
     # the distributed optimizer's and FSDP's shards: replica j holds block j of each
     sharding = draw(st.sampled_from(["none", "distributed optimizer", "fsdp"]))
     if sharding == "distributed optimizer":
@@ -111,7 +116,8 @@ def test_folded_hybrid_steps_are_the_full_steps(config):
     cluster, workload, batch, options = config
     full, folded = both("strategies.hybrid", cluster, workload, batch, **options)
     if folded.representatives is None:  # (the nodes cut the grid unevenly: not folded, the same run)
-        assert Fold.build(Cluster.parse(cluster), ReplicaGrid(options["dp"], options["tp"]))[0] is None
+        width = options["tp"] * options.get("cp", 1)
+        assert Fold.build(Cluster.parse(cluster), ReplicaGrid(options["dp"], width))[0] is None
         return
     assert full.representatives is None and len(set(folded.representatives)) * options["dp"] == full.cluster.world_size
     assert_same(full, folded)

@@ -19,7 +19,8 @@ from dist_lib.comm.groups import Collective, FoldBroken
 from dist_lib.tensors import full_mask
 
 # the fields of any tensor class a collective's rules read
-_FIELDS = ("layer", "samples", "shards", "num_shards", "tp_rank", "tp_size", "tp_parts", "step", "gathers")
+_FIELDS = ("layer", "samples", "shards", "num_shards", "tp_rank", "tp_size", "tp_parts", "step", "gathers", "cp_rank",
+           "cp_size", "seq_parts")
 
 
 class Mirror:
