@@ -23,8 +23,8 @@ Not stated, and chosen before the first run:
   (FlashAttention-2); no TP communication overlap; no activation recompute, with memory reported and not
   enforced (the paper does not say how the activations fit; the simulated peak is printed as a check);
 * context parallelism (the CP row) as `hybrid`'s ring exchange of keys and values.
-The CP row's replicas do not fold (context parallelism declares no replica grid), so it runs every one of its
-16,384 ranks: `--max-ranks` skips it by default in `fidelity.py` runs that bound the ranks.
+Every row folds its replicas to one (with context parallelism a replica's stage is its cp x tp ranks): the CP
+row runs 2,048 ranks, its 8 replicas' one.
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ LLAMA3_TABLE4 = [Llama3Run(8192, 1, 8192, 430.0), Llama3Run(16384, 1, 8192, 400.
 
 
 def print_llama3(max_ranks: int = 10**6, rows: set | None = None) -> dict:
-    """Simulate each row of Table 4 (up to `max_ranks` ranks rank for rank: a row that folds runs one replica)
-    and print measured against simulated; returns the errors."""
+    """Simulate each row of Table 4 whose one replica has at most `max_ranks` ranks (each row folds to one
+    replica) and print measured against simulated; returns the errors."""
     print("Llama 3 405B pre-training (Llama Team 2024, Table 4), H100, TP 8 x PP 16; simulate(hybrid)")
     print(f"{'row':<18} {'DP':>4} {'CP':>3}  TFLOP/s  measured simulated   error sim TFLOP/s  GiB   wall")
     errors = []
@@ -92,9 +92,9 @@ def print_llama3(max_ranks: int = 10**6, rows: set | None = None) -> dict:
         if rows and run.name not in rows:
             continue
         head = f"{run.name:<18} {run.dp:>4} {run.cp:>3} {run.tflops_per_gpu:>8.0f} {run.measured_s:>9.2f}"
-        unfolded = run.cp > 1  # (context parallelism declares no replica grid: every rank runs)
-        if unfolded and run.gpus > max_ranks:
-            print(f"{head}   skipped   ({run.gpus} ranks rank for rank > --max-ranks {max_ranks})")
+        ran = run.gpus // run.dp  # (one replica's ranks: every row folds)
+        if ran > max_ranks:
+            print(f"{head}   skipped   ({ran} ranks of one replica > --max-ranks {max_ranks})")
             continue
         started = time.perf_counter()
         result = simulate(HYBRID, f"{run.gpus // 8}x8xH100-80GB", run.workload, run.sequences, **run.options())
