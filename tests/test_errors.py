@@ -304,8 +304,11 @@ def test_ctrl_c_stops_a_rank_that_never_awaits(tmp_path, call):
     the course-lab mode's ranks are asyncio tasks, and the same loop never gives the event loop control."""
     strategy = tmp_path / "spin.py"
     strategy.write_text(SPINNING)
+    # (the child starts with Ctrl-C's default action even when this run was started in the background, where the
+    # shell hands its children an ignored SIGINT)
     child = subprocess.Popen([sys.executable, "-c", call.format(path=str(strategy))], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert child.stdout.readline() == "spinning\n"
         child.send_signal(signal.SIGINT)
@@ -324,8 +327,12 @@ def test_simulate_puts_back_the_interrupt_handler_it_found():
     async def train(model):
         pass
 
-    run(train)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    found = signal.signal(signal.SIGINT, signal.default_int_handler)  # (as an interactive run has it)
+    try:
+        run(train)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, found)
 
 
 def test_a_memory_error_while_simulating_is_a_resource_error_not_the_strategys():
