@@ -1,7 +1,8 @@
 """Predict published iteration times through `simulate()` and the built-in strategies; print them beside
 the measurements.
 
-    python benchmarks/fidelity.py                      # every set (the large Narayanan rows take long)
+    python benchmarks/fidelity.py                      # every set (the large Narayanan rows and Llama 3's
+                                                       # context-parallel row take long)
     python benchmarks/fidelity.py --sets korthikanti   # or narayanan, amp, zerobubble, table4, megatron_core,
                                                        # torchtitan, llama3, moe_bridge
     python benchmarks/fidelity.py --max-ranks 600      # skip rows with more simulated ranks than this
