@@ -10,6 +10,8 @@ Stated in the paper (sec. 3.3) and used as stated:
 * the model: the `llama-3-405b` preset (126 layers, hidden 16384, 128 heads, 8 key/value heads, FFN 53248,
   vocabulary 128,256); sequence 8,192 (131,072 for the CP row); batch 16M tokens: 32 sequences a data-parallel
   group at 8,192 GPUs, 16 at 16,384;
+* context parallelism (the CP row) by all-gather: each CP rank all-gathers the keys and values and computes the
+  attention of its own query chunk (`kv_exchange="all_gather"`), over 2 cp load-balanced chunks of the sequence;
 * the hardware: H100 SXM 80 GB at 700 W, 8 a server on NVLink, 400 Gb/s per GPU between servers (RoCE): the
   catalog's `H100-80GB`;
 * data parallelism as FSDP, sharding weights, gradients and optimizer state, without resharding after the forward
@@ -21,8 +23,9 @@ Not stated, and chosen before the first run:
 * the interleaved schedule's virtual stages: 2 a rank (`chunks=2`), the split 3 + 30 x 4 + 3 layers;
 * microbatches of one sequence; sequence parallelism with TP; the attention kernel of the preset
   (FlashAttention-2); no TP communication overlap; no activation recompute, with memory reported and not
-  enforced (the paper does not say how the activations fit; the simulated peak is printed as a check);
-* context parallelism (the CP row) as `hybrid`'s ring exchange of keys and values.
+  enforced (the paper does not say how the activations fit; the simulated peak is printed as a check).
+  (The context-parallel row was first set up with `hybrid`'s ring exchange, against the paper's all-gather; it
+  had not finished a run, and was set to the paper's method before it did.)
 Every row folds its replicas to one (with context parallelism a replica's stage is its cp x tp ranks): the CP
 row runs 2,048 ranks, its 8 replicas' one.
 """
@@ -74,7 +77,7 @@ class Llama3Run:
                        partition=[3] + [4] * 30 + [3], sequence_parallel=True, fsdp=True,
                        reshard_after_forward=False, enforce_memory=False)
         if self.cp > 1:
-            options["cp"] = self.cp
+            options.update(cp=self.cp, kv_exchange="all_gather")
         return options
 
 

@@ -21,6 +21,8 @@ def test_layouts_are_table_4s():
         assert len(options["partition"]) == run.pp * options["chunks"] and sum(options["partition"]) == 126
         assert options["fsdp"] and options["reshard_after_forward"] is False
         assert run.workload.grad_bytes_per_element == 4 and run.workload.seq_len == run.seq
+        # the paper's context parallelism all-gathers the keys and values (sec. 3.3.2)
+        assert options.get("kv_exchange") == ("all_gather" if run.cp > 1 else None)
 
 
 def test_the_measured_step_is_the_batch_flops_over_the_published_rate():
