@@ -23,7 +23,6 @@ each row, its phases from that round). Columns:
 
 from __future__ import annotations
 
-import argparse
 import gc
 import sys
 import time
@@ -32,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.engine_ratio import bare_loop, blocking_ddp, blocking_ddp_declared  # noqa: E402
+from benchmarks.engine_ratio import (bare_loop, bare_program, blocking_ddp, blocking_ddp_declared,  # noqa: E402
+                                     step_options)
 from dist_lib import simulate  # noqa: E402
 from dist_lib.engine import eventlog  # noqa: E402
 from dist_lib.engine.core import Engine  # noqa: E402
@@ -146,14 +146,8 @@ def strategy_alone(train, ranks: int, layers: int, **options) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=96)
-    parser.add_argument("--repeat", type=int, default=3, help="rounds; each row shows its fastest (default 3)")
-    args = parser.parse_args()
+    args, cluster, workload = step_options(__doc__.splitlines()[0])
     ranks, layers = args.ranks, args.layers
-    cluster = f"{ranks // 8}x8xA100-80GB" if ranks % 8 == 0 else f"{ranks}xA100-80GB"
-    workload = f"toy:layers={layers}"
     from strategies.ddp import train as ddp_train
 
     ddp = str(ROOT / "strategies" / "ddp.py")
@@ -165,11 +159,7 @@ def main() -> None:
     ]
     alone = [("project's DDP, strategy alone", ddp_train, {"microbatch_size": 1}),
              ("user's blocking DDP, strategy alone", blocking_ddp, {})]
-    reference = simulate(ddp, cluster, workload, ranks, fold=False, microbatch_size=1)
-    mine = [e for e in reference.raw_events if e[0] == 0]
-    program = [(e[1], e[5]) for e in mine]
-    table = {(e[1], e[5]): e[4] - e[3] for e in mine}
-    del reference, mine
+    program, table, _ = bare_program(cluster, workload, ranks)
 
     clock = _Clock()
     clock.install()

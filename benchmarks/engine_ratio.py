@@ -90,15 +90,31 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def step_options(description: str) -> tuple[argparse.Namespace, str, str]:
+    """(the command line: --ranks, --layers, --repeat; the cluster; the workload) of a DDP step of toy layers on
+    A100 nodes of 8, as this script and `engine_phases.py` set it."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=96)
     parser.add_argument("--repeat", type=int, default=3, help="rounds; each row shows its fastest (default 3)")
     args = parser.parse_args()
+    cluster = f"{args.ranks // 8}x8xA100-80GB" if args.ranks % 8 == 0 else f"{args.ranks}xA100-80GB"
+    return args, cluster, f"toy:layers={args.layers}"
+
+
+def bare_program(cluster: str, workload: str, ranks: int) -> tuple[list, dict, int]:
+    """The bare loop's program and cost table (rank 0's ops of the project's DDP step, in order, and their
+    durations) and the step's number of events."""
+    reference = simulate("strategies/ddp.py", cluster, workload, ranks, fold=False, microbatch_size=1)
+    mine = [e for e in reference.raw_events if e[0] == 0]
+    program = [(e[1], e[5]) for e in mine]
+    assert len(program) * ranks == len(reference.raw_events), "every rank of a DDP step records the same ops"
+    return program, {(e[1], e[5]): e[4] - e[3] for e in mine}, len(reference.raw_events)
+
+
+def main() -> None:
+    args, cluster, workload = step_options(__doc__.splitlines()[0])
     ranks, layers = args.ranks, args.layers
-    cluster = f"{ranks // 8}x8xA100-80GB" if ranks % 8 == 0 else f"{ranks}xA100-80GB"
-    workload = f"toy:layers={layers}"
 
     def run(strategy, fold: bool, **options):
         return lambda: simulate(strategy, cluster, workload, ranks, fold=fold, **options)
@@ -109,14 +125,7 @@ def main() -> None:
         ("user's blocking DDP, rank for rank", run(blocking_ddp, False)),
         ("user's blocking DDP, folded (declared)", run(blocking_ddp_declared, True)),
     ]
-    # the bare loop's program and cost table: rank 0's ops of the full step, in order, and their durations
-    reference = simulate("strategies/ddp.py", cluster, workload, ranks, fold=False, microbatch_size=1)
-    mine = [e for e in reference.raw_events if e[0] == 0]
-    program = [(e[1], e[5]) for e in mine]
-    table = {(e[1], e[5]): e[4] - e[3] for e in mine}
-    events = len(reference.raw_events)
-    assert len(program) * ranks == events, "every rank of a DDP step records the same ops"
-    del reference, mine
+    program, table, events = bare_program(cluster, workload, ranks)
 
     best: dict[str, float] = {}
     ops: dict[str, int] = {}

@@ -256,7 +256,10 @@ def peak_in_flight(result: Result, rank: int) -> int:
 def live_bytes_before(result: Result, op: str, kind: str, rank: int = 0) -> int:
     """Bytes of `kind` (a `memory.tracker.KINDS` name, e.g. "activation") live on `rank` just before its first
     `op` event starts: what a phase of the step holds, read from the memory log."""
-    start = min(e.start for e in result.events if e.rank == rank and e.op == op)
+    starts = [e.start for e in result.events if e.rank == rank and e.op == op]
+    if not starts:
+        raise ValueError(f"live_bytes_before: rank {rank} has no {op!r} event in this step")
+    start = min(starts)
     times, _ = result.timelines[rank]
     deltas, _, kinds = result.memory_log[rank]
     return sum(d for t, d, k in zip(times, deltas, kinds) if t < start and KINDS[k] == kind)

@@ -17,8 +17,7 @@ from dist_lib.hardware.reserve import MemoryReserve
 from dist_lib.run.folding import plan_fold
 from dist_lib.run.simulator import load_strategy, simulate
 from dist_lib.workload.transformer import Workload
-from dist_lib.planner.framework_run import framework_run, launch_cluster
-from dist_lib.planner.launch import Launch
+from dist_lib.planner.framework_run import framework_call, framework_run
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.search import Candidate
 
@@ -59,16 +58,26 @@ def run_plan(cluster: Cluster, workload: Workload, global_batch: int, plan: Plan
     return simulate(PLANNED, cluster, workload, global_batch, plan=plan, memory_reserve=reserve)
 
 
+def _runs_as_planned(workload: Workload, framework: str | None) -> bool:
+    """Whether a candidate runs as `planned` (any framework, a dense model), else as its framework's launch
+    (an MoE plan as Megatron-LM's, hybrid's EP x PP x DP)."""
+    return framework in (None, "any") and workload.moe is None
+
+
+def _launch_framework(framework: str | None) -> str:
+    return "megatron" if framework in (None, "any") else framework
+
+
 def simulate_candidate(cluster: Cluster, workload: Workload, global_batch: int, candidate: Candidate,
                        reserve: MemoryReserve | None = None, framework: str | None = None) -> Candidate:
     """Fill in the simulated time, memory and MFU of a candidate (or why it failed); with a `framework`
     (not "any"), the step as that framework runs the plan (`framework_run`)."""
     try:
-        if framework in (None, "any") and workload.moe is None:
+        if _runs_as_planned(workload, framework):
             result, rank_of = run_plan(cluster, workload, global_batch, candidate.plan, reserve), None
-        else:  # (an MoE plan runs as hybrid's EP x PP x DP, in Megatron-LM's layout)
+        else:
             result, rank_of = framework_run(cluster, workload, global_batch, candidate.plan,
-                                            "megatron" if framework in (None, "any") else framework, reserve)
+                                            _launch_framework(framework), reserve)
     except OutOfMemoryError as exc:
         candidate.error = "out of memory: " + str(exc).splitlines()[0]
         return candidate
@@ -126,12 +135,8 @@ def simulated_passes(cluster: Cluster, workload: Workload, global_batch: int, pl
     `simulate_candidate` runs), else every GPU's (`layer_passes`)."""
     if workload.moe is None:  # (mixtures of experts do not fold)
         try:
-            if framework in (None, "any"):
-                strategy, options, on = PLANNED, {"plan": plan}, cluster
-            else:
-                launch = Launch.from_plan(plan, framework, workload.num_layers, False)
-                name, options = launch.strategy(workload.num_layers)
-                strategy, on = f"strategies.{name}", launch_cluster(plan, cluster)
+            strategy, on, options = (PLANNED, cluster, {"plan": plan}) if _runs_as_planned(workload, framework) \
+                else framework_call(cluster, workload, plan, _launch_framework(framework))
             fold = plan_fold(load_strategy(strategy)[0], on, global_batch, options)
         except SpecError:  # (a plan its framework cannot run, such as DeepSpeed with an uneven layer split: its
             fold = None    # simulation, if it is tried, says why)

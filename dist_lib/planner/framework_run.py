@@ -21,12 +21,17 @@ def launch_cluster(plan: Plan, cluster: Cluster) -> Cluster:
     return Cluster(tuple(cluster.nodes[n] for n in node_order(plan, cluster)))
 
 
+def framework_call(cluster: Cluster, workload: Workload, plan: Plan, framework: str) -> tuple[str, Cluster, dict]:
+    """(strategy, cluster, options) of `plan` as `framework` runs it: the built-in strategy `run --from` runs, on
+    the plan's nodes in launch order. Raises `SpecError` for a plan the framework cannot launch."""
+    launch = Launch.from_plan(plan, framework, workload.num_layers, workload.moe is not None)
+    name, options = launch.strategy(workload.num_layers)
+    return f"strategies.{name}", launch_cluster(plan, cluster), options
+
+
 def framework_run(cluster: Cluster, workload: Workload, global_batch: int, plan: Plan, framework: str,
                   reserve: Any = None) -> tuple[Any, list[int]]:
     """(the simulator's `Result` of one step of `plan` as `framework` runs it, the cluster rank of each of its
     ranks). Memory enforced, less `reserve` when given; correctness checked."""
-    launch = Launch.from_plan(plan, framework, workload.num_layers, workload.moe is not None)
-    name, options = launch.strategy(workload.num_layers)
-    result = simulate(f"strategies.{name}", launch_cluster(plan, cluster), workload, global_batch,
-                      memory_reserve=reserve, **options)
-    return result, plan.ranks
+    strategy, on, options = framework_call(cluster, workload, plan, framework)
+    return simulate(strategy, on, workload, global_batch, memory_reserve=reserve, **options), plan.ranks
