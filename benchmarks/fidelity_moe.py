@@ -58,8 +58,9 @@ some 0.1 s of a 10 s step); then plain DDP in place of the distributed optimizer
 overlapped with the backward: on a ring an all-reduce moves the bytes of a reduce-scatter plus an all-gather,
 and the Adam step runs on a rank's whole state instead of 1/dp of it, memory-bound, tens of milliseconds).
 They are stated approximations, not tunings.
-Folding of identical data-parallel replicas is not taken for mixtures of experts (`run.simulator`), so each row
-runs every rank.
+Rows fold their identical replicas where that is exact (`run/folding.py`): an EP group of replicas folds as one
+wider replica when routing is uniform and TP is 1 (GPT-OSS-120B: 16 replicas a stage, EP 8, two folded
+replicas); rows with TP (Qwen3-235B) run every rank.
 
     python benchmarks/fidelity.py --sets moe_bridge
     python benchmarks/fidelity_moe.py --containers 26.04.01 --rows gpt-oss-120b --breakdown

@@ -18,6 +18,8 @@ docs/reference/strategies.md, "hybrid's options".
 
 from __future__ import annotations
 
+import math
+
 from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
@@ -130,9 +132,25 @@ def replica_grid(world_size: int, global_batch_size: int, **options):
     with the distributed optimizer's and FSDP's shards too (replica j holds block j of each, as `run/folding.py`
     relabels them), and under a framework's defaults. With context parallelism a replica's stage is its cp x tp
     ranks (TP fastest, as `context_plan` lays them out), and its gradients' groups of dp x cp ranks take the
-    same positions in every replica. Not with HSDP (`replicate`), whose shard groups are not the replicas: the
-    simulator would find the fold broken and run the step again unfolded."""
+    same positions in every replica. With experts (`ep`), the replicas that exchange tokens fold as one: a folded
+    replica is the least run of a stage's ranks that holds whole EP groups (ep x etp ranks) and whole TP groups,
+    and the expert-data-parallel groups take the same positions in every such run (`_expert_stage.ExpertPlan`);
+    without TP (with it, the experts' token masks are over sequence parts: not folded).
+    Not with HSDP (`replicate`), whose shard groups are not the replicas: the simulator would find the fold
+    broken and run the step again unfolded."""
     if options.get("replicate", 1) != 1:
         return None
-    cp = options.get("cp", 1)
-    return declared_grid(train, world_size, dict(options, tp=options.get("tp", 1) * cp) if cp != 1 else options)
+    tp, cp = options.get("tp", 1), options.get("cp", 1)
+    if cp != 1:
+        return declared_grid(train, world_size, dict(options, tp=tp * cp))
+    ep, etp = options.get("ep"), options.get("etp")
+    if ep is None and etp is None:
+        return declared_grid(train, world_size, options)
+    if tp != 1:  # (the experts' gradients then hold masks over sequence parts, which the fold does not relabel)
+        return None
+    width = math.lcm((ep or 1) * (tp if etp is None else etp), tp)  # ranks of a stage a folded replica holds
+    dp = options.get("dp")
+    if dp is not None and (dp * tp) % width:
+        return None
+    return declared_grid(train, world_size, dict(options, tp=width,
+                                                 dp=None if dp is None else dp * tp // width))

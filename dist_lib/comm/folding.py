@@ -18,9 +18,10 @@ from typing import Any
 from dist_lib.comm.groups import Collective, FoldBroken
 from dist_lib.tensors import full_mask
 
-# the fields of any tensor class a collective's rules read
+# the fields of any tensor class a collective's rules read (an expert's gradient or weight names its experts,
+# which the replicas at the same place of every folded replica hold alike)
 _FIELDS = ("layer", "samples", "shards", "num_shards", "tp_rank", "tp_size", "tp_parts", "step", "gathers", "cp_rank",
-           "cp_size", "seq_parts")
+           "cp_size", "seq_parts", "experts")
 
 
 class Mirror:

@@ -96,6 +96,9 @@ def _resolve(engine: Engine, coll: OtherCollective) -> None:
         else:
             coll.duration, coll.usage = relayed_all_to_all_cost(engine.cluster, group.ranks, sizes,
                                                                 _crossing(engine, group, inputs, relay))
+        fold = engine.fold
+        if fold is not None:  # (inside the representative replica: once per replica, as its group's ring)
+            coll.usage = fold.usage(coll.usage, fold.copies)
         coll.arrivals = [True] * group.size
     else:
         key = (op, nbytes)

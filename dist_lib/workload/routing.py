@@ -57,6 +57,14 @@ def _shares(routing: str, experts: int, where: str = "routing") -> tuple[float, 
     raise SpecError(f"{where}: routing must be uniform, zipf:S or measured:w1/.../wE, got {shown(routing)}")
 
 
+def alike_in_every_replica(moe: MoE) -> bool:
+    """Whether every data-parallel replica's microbatches route alike: uniform and measured shares do not
+    depend on the microbatch; zipf draws its ranking per microbatch (from its first sample), so replicas that
+    train on different samples load their experts differently and cannot stand for one another
+    (`run/folding.py`)."""
+    return moe.routing.partition(":")[0] != "zipf"
+
+
 def shares(moe: MoE, layer: int, first_sample: int) -> np.ndarray:
     """Each expert's share of a microbatch's routed tokens (sums to 1)."""
     fixed = _shares(moe.routing, moe.experts)
