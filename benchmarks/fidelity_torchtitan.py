@@ -11,11 +11,13 @@ at 2.4 TB/s and a 500 W power limit (not the stock 700 W SXM5).
 
 Every setting the sources do not state was chosen before the first run, and is recorded here:
 * the device: the catalog's `H100-HBM2e-96GB` (the benchmark file's HBM figures; the SXM's data-sheet peaks, SMs
-  and GEMM efficiency, since the 500 W part's clock is unpublished and torchtitan itself takes 989 TFLOP/s for
-  its MFU). The power cap is therefore not modelled: where it lowers the clock the simulation runs fast. The
-  benchmark file says the true peak lies "between SXM and NVL"; the `NVL peak` column runs each row again on the
-  same device at the H100 NVL's data-sheet peaks (835.5 / 1670.5 TFLOP/s dense BF16 / FP8: the data sheet's
-  1,671 / 3,341 with sparsity, halved), the other end of that stated range, everything else unchanged;
+  and GEMM efficiency, torchtitan itself taking 989 TFLOP/s for its MFU). The first runs of this set left the
+  500 W power limit out; it is now a fact of the device: the tensor clock the limit leaves, 0.896 of the SXM5's,
+  interpolated between the SXM5's (700 W) and the NVL's (400 W) data-sheet peaks (`devices.hopper_clock_share`),
+  scales the GEMM and attention kernels. The benchmark file says the true peak lies "between SXM and NVL"; the
+  `NVL peak` column runs each row again on the same device at the H100 NVL's data-sheet peaks (835.5 / 1670.5
+  TFLOP/s dense BF16 / FP8: the data sheet's 1,671 / 3,341 with sparsity, halved) at that full clock, the low end
+  of that stated range, everything else unchanged;
 * the model presets `llama-3-8b/70b/405b` (Llama 3.1 has the same shapes), sequence 8192 (the train configs'
   `seq_len`; the June 2025 study does not state it), FlashAttention-2 for `F.scaled_dot_product_attention`
   (the preset's kernel; which backend PyTorch picked is not stated);
@@ -190,7 +192,7 @@ def cluster(run: TorchtitanRun, nvl_peak: bool = False) -> Cluster | str:
     """Grand Teton hosts of 8; with `nvl_peak` the same device at the H100 NVL's peaks (the stated range's low end)."""
     if not nvl_peak:
         return f"{run.gpus // 8}x8x{DEVICE}"
-    device = replace(DEVICES[DEVICE], peak_flops=NVL_PEAKS[0], fp8_flops=NVL_PEAKS[1])
+    device = replace(DEVICES[DEVICE], peak_flops=NVL_PEAKS[0], fp8_flops=NVL_PEAKS[1], sustained_clock=1.0)
     return Cluster(tuple(Node(device, 8, device.intra_link, device.inter_link) for _ in range(run.gpus // 8)))
 
 
