@@ -80,3 +80,13 @@ def test_a_pipelined_fsdp_tp_fp8_row_runs_correct():
                       check=True, enforce_memory=False, **options)
     assert result.correct
     assert predict(run).time_s == pytest.approx(result.time_s)
+
+
+def test_the_h200_row_is_t3s_run_on_a_700_w_part():
+    """Trainy's H200 run (torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md, 4 hosts): 8B, local
+    batch 2 of 8,192 tokens, 10,938 tokens/s per GPU, so a step of 2 x 8192 / 10938 = 1.498 s; the same plan as
+    T3's compiled Float8 row, on the catalog's H200 at its data-sheet clock."""
+    run, t3 = ROWS["W25 8B H200 fp8"], ROWS["T3 8B +compile+fp8"]
+    assert run.device == "H200-141GB" and DEVICES[run.device].sustained_clock == 1.0
+    assert run.measured_s == pytest.approx(2 * 8192 / 10938)
+    assert plan(run) == {**plan(t3), "dp": 32} and workload(run) == workload(t3)

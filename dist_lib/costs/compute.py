@@ -56,7 +56,7 @@ def gemm_time(device: Device, m: int, n: int, k: int, batch: int = 1, bytes_per_
     # unknown SM count: no wave quantization, every SM busy to the end
     waves = math.ceil(tiles / sms) if sms else tiles / _NOMINAL_SMS
     slots = sms or _NOMINAL_SMS
-    per_sm = device.peak_flops / slots
+    per_sm = device.tensor_flops / slots  # at the clock the power limit leaves (`Device.sustained_clock`)
     tile_flops = 2.0 * GEMM_TILE_LONG * GEMM_TILE_SHORT * k
     tile_store = min(tiles, slots) * GEMM_TILE_LONG * GEMM_TILE_SHORT * bytes_per_element / device.hbm_bandwidth
     tiled = waves * (tile_flops / (per_sm * device.max_efficiency) + tile_store)
@@ -74,7 +74,7 @@ def compute_time(device: Device, flops: float, bytes_moved: float) -> float:
     the HBM traffic, whichever is slower (Williams et al. 2009)."""
     if flops <= 0:
         return bytes_moved / device.hbm_bandwidth
-    return max(flops / (device.peak_flops * device.max_efficiency), bytes_moved / device.hbm_bandwidth)
+    return max(flops / (device.tensor_flops * device.max_efficiency), bytes_moved / device.hbm_bandwidth)
 
 
 def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -> list[tuple[float, float, float]]:
