@@ -105,11 +105,7 @@ class TorchtitanRun:
         return self.tokens_per_step / (self.tokens_per_s_per_gpu * self.gpus)
 
     def not_expressible(self) -> str | None:
-        """Why `hybrid` cannot run this row as published (None if it can)."""
-        if not self.compile:
-            return "eager PyTorch (no torch.compile) runs unfused elementwise kernels one by one: not modelled"
-        if self.fp8 == "rowwise":
-            return "torchao's rowwise Float8 recipe is not one of hybrid's fp8 recipes"
+        """Why `hybrid` cannot run this row as published (None if it can: every row now)."""
         return None
 
 
@@ -182,8 +178,9 @@ def plan(run: TorchtitanRun) -> dict:
 
 
 def workload(run: TorchtitanRun) -> str:
-    """The preset at the run's sequence, its gradients reduced in fp32 (torchtitan's `mixed_precision_reduce`)."""
-    return f"{run.model}:seq={run.seq},grad_bytes_per_element=4"
+    """The preset at the run's sequence, its gradients reduced in fp32 (torchtitan's `mixed_precision_reduce`);
+    without torch.compile, eager PyTorch's unfused kernels (`kernels=eager`, `workload/eager_kernels.py`)."""
+    return f"{run.model}:seq={run.seq},grad_bytes_per_element=4" + ("" if run.compile else ",kernels=eager")
 
 
 def cluster(run: TorchtitanRun, nvl_peak: bool = False) -> Cluster | str:

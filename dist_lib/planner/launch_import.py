@@ -287,7 +287,8 @@ def _torchtitan_recompute(ac: dict, workload: Workload, source: str) -> str:
 
 
 def _torchtitan_fp8(data: dict, source: str) -> str:
-    """"tensorwise" for torchtitan's float8 converter (torchao's dynamic tensorwise scaling), "" for none;
+    """"tensorwise" for torchtitan's float8 converter (torchao's dynamic tensorwise scaling, its default), or its
+    `recipe_name` "rowwise"; "" for none;
     `SpecError` for another converter or recipe."""
     converters = data.get("model", {}).get("converters") or []
     if not converters:
@@ -295,9 +296,10 @@ def _torchtitan_fp8(data: dict, source: str) -> str:
     if converters not in (["quantize.linear.float8"], ["float8"]):
         raise SpecError(f"{source}: model.converters {converters} is not simulated (only [\"quantize.linear.float8\"])")
     recipe = data.get("quantize", {}).get("linear", {}).get("float8", {}).get("recipe_name") or "tensorwise"
-    if recipe != "tensorwise":
-        raise SpecError(f"{source}: quantize.linear.float8.recipe_name = {recipe!r} is not simulated (tensorwise)")
-    return "tensorwise"
+    if recipe not in ("tensorwise", "rowwise"):
+        raise SpecError(f"{source}: quantize.linear.float8.recipe_name = {recipe!r} is not simulated (tensorwise "
+                        f"or rowwise)")
+    return recipe
 
 
 def _torchtitan_layers(par: dict, pp: int, schedule: str, num_layers: int, source: str

@@ -26,7 +26,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full", "op")
 ZERO_STAGES = (0, 1, 3)  # 3: FSDP (torchtitan's data_parallel_shard_degree; hybrid's fsdp)
 # "" (16-bit GEMMs) or an FP8 scaling recipe for the linear layers' GEMMs (`costs.fp8.RECIPES`)
-FP8_CHOICES = ("", "delayed", "tensorwise")
+FP8_CHOICES = ("", "delayed", "tensorwise", "rowwise")
 
 
 @dataclass(frozen=True, slots=True)
