@@ -4,14 +4,18 @@ GEMMs; refused for a layer the count is not about; simulated and replayed like a
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from dist_lib import Workload, simulate
+from dist_lib import Cluster, Workload, simulate
 from dist_lib.costs import compute as costs
 from dist_lib.errors import SpecError
 from dist_lib.hardware.devices import DEVICES
+from dist_lib.planner import plan
+from dist_lib.planner.export import export
+from dist_lib.planner.launch_import import from_torchtitan
 from dist_lib.run.recording import record
 from dist_lib.run.replay import replay
 from dist_lib.workload import per_op_checkpoint as per_op
@@ -79,3 +83,20 @@ def test_an_eager_run_is_slower_and_the_grader_replays_it():
     _, programs = record(HYBRID, cluster, eager_work, 8, **options)
     replayed = replay(programs, cluster, eager_work, 8)
     assert replayed.correct and replayed.time_s == eager.time_s
+
+
+def test_torchtitan_export_says_compile_and_the_import_reads_it_back():
+    """torchtitan v0.2.2's `[compile] enable` (config/job_config.py, default false): on for fused kernels, off for
+    eager ones; read back as the workload's kernels, and refused off for a layer the eager count is not about."""
+    cluster = Cluster.load("1x8xH100-80GB")
+    for kernels in ("fused", "eager"):
+        workload = Workload.load(f"llama-3-8b:layers=4,kernels={kernels}")
+        best = plan(cluster, workload, 32, framework="torchtitan", top=0).best.plan
+        text = export(best, "torchtitan", workload, cluster).settings
+        assert tomllib.loads(text)["compile"] == {"enable": kernels == "fused", "components": ["model", "loss"]}
+        assert from_torchtitan(text, Workload.load("llama-3-8b:layers=4"), 8).workload.kernels == kernels
+    config = {"compile": {"enable": True, "components": ["loss"]}, "activation_checkpoint": {"mode": "none"}}
+    assert from_torchtitan(config, Workload.load("llama-3-8b:layers=4"), 8).workload.kernels == "eager"
+    with pytest.raises(SpecError, match="compile without the model .* workload gpt-125m: mlp is 'gelu'"):
+        from_torchtitan({"compile": {"enable": False}, "activation_checkpoint": {"mode": "none"}},
+                        Workload.load("gpt-125m"), 8)
