@@ -187,7 +187,8 @@ def recompute_time(device: Device, workload: Workload, layer: int, samples: int,
 def _per_op_recompute_time(device: Device, workload: Workload, samples: int, tp: int, sequence_parallel: bool,
                            fp8: str) -> float:
     """The unsaved GEMMs by shape (in FP8: at the FP8 peak, after casting their input and weight again; the
-    saved tensorwise amax spares the amax pass, `costs.fp8.recompute_cast_bytes`) and the unsaved memory-bound kernels at HBM bandwidth."""
+    saved tensorwise amax spares the amax pass, `costs.fp8.recompute_cast_bytes`) and the unsaved memory-bound
+    kernels at HBM bandwidth."""
     if workload.profile is not None:
         raise ValueError(f"workload {workload.name}: recompute 'op' needs the layer's kernels, which a measured "
                          f"profile does not split out")

@@ -17,8 +17,8 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     LOAD layer shard num_shards tp_rank tp_size   -> weight, optimizer state
     INPUT k (start stop) x k                      -> activation (samples: k half-open intervals)
     FORWARD layer act weight flags                -> activation (flags: 1 stash, 2 selective recompute,
-                                                     4 sequence parallel, 8 / 16 / 24 FP8 delayed / tensorwise / rowwise,
-                                                     32 per-op selective checkpointing: selective_recompute="op")
+                                                     4 sequence parallel, 8 / 16 / 24 FP8 delayed /
+                                                     tensorwise / rowwise, 32 per-op selective checkpointing: selective_recompute="op")
     BACKWARD layer act grad weight                -> weight gradient, activation gradient
     BACKWARD_INPUT / BACKWARD_WEIGHT (the same)   -> activation gradient / weight gradient
     LOSS act tp_rank tp_size                      -> activation gradient (its TP slice of the LM head)
