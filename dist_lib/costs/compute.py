@@ -187,7 +187,8 @@ def recompute_time(device: Device, workload: Workload, layer: int, samples: int,
 def _per_op_recompute_time(device: Device, workload: Workload, samples: int, tp: int, sequence_parallel: bool,
                            fp8: str) -> float:
     """The unsaved GEMMs by shape (in FP8: at the FP8 peak, after casting their input and weight again; the
-    saved amax spares the amax pass) and the unsaved memory-bound kernels at HBM bandwidth."""
+    saved tensorwise amax spares the amax pass, `costs.fp8.recompute_cast_bytes`) and the unsaved memory-bound
+    kernels at HBM bandwidth."""
     if workload.profile is not None:
         raise ValueError(f"workload {workload.name}: recompute 'op' needs the layer's kernels, which a measured "
                          f"profile does not split out")
@@ -196,7 +197,7 @@ def _per_op_recompute_time(device: Device, workload: Workload, samples: int, tp:
     if fp8:
         fast = fp8_costs.fp8_device(device)
         gemms = sum(gemm_time(fast, m, n, k, 1, e) for m, n, k in shapes) + _stream_time(
-            device, fp8_costs.CAST_BYTES * sum(m * k + k * n for m, n, k in shapes))
+            device, fp8_costs.recompute_cast_bytes(shapes, fp8))
     else:
         gemms = sum(gemm_time(device, m, n, k, 1, e) for m, n, k in shapes)
     replicated, split = per_op.recomputed_elementwise_bytes_per_token(workload)
