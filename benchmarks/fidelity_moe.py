@@ -59,8 +59,8 @@ overlapped with the backward: on a ring an all-reduce moves the bytes of a reduc
 and the Adam step runs on a rank's whole state instead of 1/dp of it, memory-bound, tens of milliseconds).
 They are stated approximations, not tunings.
 Rows fold their identical replicas where that is exact (`run/folding.py`): an EP group of replicas folds as one
-wider replica when routing is uniform and TP is 1 (GPT-OSS-120B: 16 replicas a stage, EP 8, two folded
-replicas); rows with TP (Qwen3-235B) run every rank.
+wider replica when routing is uniform (GPT-OSS-120B: 16 replicas a stage, EP 8, two folded replicas); rows whose
+EP group spans a stage's every rank (Qwen3-235B: EP 32 over dp x tp = 32) run every rank.
 
     python benchmarks/fidelity.py --sets moe_bridge
     python benchmarks/fidelity_moe.py --containers 26.04.01 --rows gpt-oss-120b --breakdown

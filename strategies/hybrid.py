@@ -18,6 +18,7 @@ docs/reference/strategies.md, "hybrid's options".
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from dist_lib import Model
@@ -135,7 +136,7 @@ def replica_grid(world_size: int, global_batch_size: int, **options):
     same positions in every replica. With experts (`ep`), the replicas that exchange tokens fold as one: a folded
     replica is the least run of a stage's ranks that holds whole EP groups (ep x etp ranks) and whole TP groups,
     and the expert-data-parallel groups take the same positions in every such run (`_expert_stage.ExpertPlan`);
-    without TP (with it, the experts' token masks are over sequence parts: not folded).
+    under TP the experts' gradients hold masks over the tp sequence parts of each sample (`ReplicaGrid.parts`).
     Not with HSDP (`replicate`), whose shard groups are not the replicas: the simulator would find the fold
     broken and run the step again unfolded."""
     if options.get("replicate", 1) != 1:
@@ -146,11 +147,9 @@ def replica_grid(world_size: int, global_batch_size: int, **options):
     ep, etp = options.get("ep"), options.get("etp")
     if ep is None and etp is None:
         return declared_grid(train, world_size, options)
-    if tp != 1:  # (the experts' gradients then hold masks over sequence parts, which the fold does not relabel)
-        return None
     width = math.lcm((ep or 1) * (tp if etp is None else etp), tp)  # ranks of a stage a folded replica holds
     dp = options.get("dp")
     if dp is not None and (dp * tp) % width:
         return None
-    return declared_grid(train, world_size, dict(options, tp=width,
-                                                 dp=None if dp is None else dp * tp // width))
+    grid = declared_grid(train, world_size, dict(options, tp=width, dp=None if dp is None else dp * tp // width))
+    return dataclasses.replace(grid, parts=tp)  # (under TP, the experts' gradients hold sequence parts apart)
