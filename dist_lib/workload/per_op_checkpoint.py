@@ -47,15 +47,9 @@ RECOMPUTED_MATMULS = ("wk", "wo", "w3")
 
 def problem(w: arch.LayerShape) -> str | None:
     """Why the policy's count of a layer is not this module's (None when it is): a Llama block as torchtitan
-    builds it, and a FlashAttention kernel (SDPA's flash or memory-efficient backend)."""
-    needs = {"mlp": "swiglu", "norm": "rmsnorm", "position": "rotary", "bias": False, "dropout": False,
-             "parallel_block": False}
-    for name, value in needs.items():
-        if getattr(w, name) != value:
-            return f"{name} is {getattr(w, name)!r}, where torchtitan's Llama block has {value!r}"
-    if w.attention == "unfused":
-        return "attention is 'unfused', where torchtitan's SDPA runs a FlashAttention kernel (flash2 or flash3)"
-    return None
+    builds it, and a FlashAttention kernel (SDPA's flash or memory-efficient backend): the block the eager
+    kernels are counted for too (`eager_kernels.problem`)."""
+    return eager_kernels.problem(w)
 
 
 def workload_problem(w: arch.LayerShape) -> str | None:
