@@ -272,12 +272,14 @@ def run(row: BridgeRow) -> Outcome:
 def recompute_share(row: BridgeRow, step_s: float) -> float:
     """What recomputing the two RMSNorms and the experts' SwiGLU of every layer in the backward (GPT-OSS's
     recipe) would add, as a share of the simulated step: their forward HBM traffic (a norm reads and writes h
-    a token, the SwiGLU reads 2f and writes f per routed token, 16-bit) at the device's bandwidth, for the layers
-    and microbatches of the busiest stage."""
+    a token; the SwiGLU reads 2f and writes f per routed token, and the clamp before it, which runs inside the
+    recomputed function, `experts.clamp_bytes`; 16-bit) at the device's bandwidth, for the layers and
+    microbatches of the busiest stage."""
+    from dist_lib.costs import experts
     from dist_lib.hardware.devices import get_device
     w = workload(row)
     moe = w.moe
-    per_token = 2 * (2 * w.hidden) * 2 + moe.top_k * 3 * moe.expert_ffn_hidden * 2
+    per_token = 2 * (2 * w.hidden) * 2 + experts.swiglu_bytes(w, moe.top_k) + experts.clamp_bytes(w, moe.top_k)
     tokens = row.gbs // row.dp * row.seq
     layers = -(-w.num_layers // row.pp)
     return per_token * tokens * layers / get_device("H100-80GB").hbm_bandwidth / step_s

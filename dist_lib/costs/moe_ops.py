@@ -128,13 +128,23 @@ def experts_cost(device: Device, workload: Workload, tokens: Sequence[int], back
     """(seconds, FLOPs) of one rank's local experts on `tokens[i]` tokens each (the padded slots included),
     on one of `etp` expert-TP shards of them, as one grouped GEMM a pass (`grouped_gemms`); with `fp8`, the
     grouped GEMM in FP8 (Megatron-Core's `TEGroupedMLP` under Transformer Engine's FP8 autocast), its casts
-    counted as a dense layer's."""
+    counted as a dense layer's. The memory-bound kernels around it (`experts.memory_bound_bytes`) run at HBM
+    bandwidth in the forward and in the input-gradient pass."""
     seconds = flops = 0.0
     forward = experts.expert_shapes(workload, tokens, "forward", etp)
     for pass_ in PASSES[backward]:
         s, f = _linear(device, workload, forward, pass_, fp8, grouped=True)
-        seconds += s + (compute._stream_time(device, experts.swiglu_bytes(workload, sum(tokens),
-                                                                            backward=backward, etp=etp))
+        seconds += s + (compute._stream_time(device, experts.memory_bound_bytes(workload, tokens,
+                                                                                  backward=backward, etp=etp))
                         if pass_ != "weight" else 0.0)
         flops += f
     return compute._layer_pass(workload, etp, seconds), flops
+
+
+def unpermute_backward(device: Device, nbytes: float) -> float:
+    """The backward of the dispatch's permutation on the tokens' own rank: each copy's input gradient (`nbytes`
+    of returned pieces) gathered back to its token and summed over its experts, as many bytes read and written
+    as the dispatch copied (`MoEModel.dispatch`). Megatron-Core's `permute` is an autograd function whose
+    backward is the unpermutation (megatron/core/transformer/moe/moe_utils.py `permute`, fused: Transformer
+    Engine's `moe_permute` with `moe_permute_fusion`)."""
+    return compute._stream_time(device, 2.0 * nbytes)

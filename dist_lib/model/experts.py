@@ -295,7 +295,8 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
     def route_backward(self, layer: int, act: Activation, grad: ActivationGrad, routed: Routed,
                        pieces: Sequence[Tokens], weight: Any) -> tuple[WeightGrad, ActivationGrad]:
         """The dense part's backward (router, attention, shared experts) once every expert's input gradient
-        for these tokens is back, exactly once each; consumes the stash `route` left on `act`."""
+        for these tokens is back, exactly once each, after the dispatch's own backward gathers those gradients
+        back to their tokens (`moe_ops.unpermute_backward`); consumes the stash `route` left on `act`."""
         where = f"rank {self.rank} route_backward(layer {layer})"
         self._check_routed(routed, layer, where, combined=True)
         self._check_compute("route_backward", layer, act, weight, layer)
@@ -323,6 +324,7 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
         if self.moe.shared_experts:
             more = self._priced(moe_ops.shared_cost, layer, n, True, p, fp8)
             seconds, flops = seconds + more[0], flops + more[1]
+        seconds += moe_ops.unpermute_backward(self.device, sum(t.nbytes for t in pieces))
         self._advance("route_backward", layer, act.samples, seconds, flops)
         act._stash = None
         self._mem.context = ("route_backward", layer)

@@ -32,6 +32,9 @@ output embeddings, no biases. Per-head sizes other than h / heads come from the 
   "Longformer"): a windowed layer's queries see at most W keys, so its attention core does W s - W (W - 1) / 2
   of the s (s + 1) / 2 causal query-key pairs (6 % at s = 4096, W = 128). Counted in FLOPs and time
   (`attention_core_flops`, `costs.moe_ops`); the projections are unchanged.
+* `swiglu_limit` (GPT-OSS: config.json `swiglu_limit: 7.0`; Megatron-Bridge's GPT-OSS bridge sets
+  `activation_func_clamp_value = 7.0`): the experts' gate and up outputs are clamped before the GLU. No
+  parameter and no FLOP; its time is HBM traffic (`experts.clamp_bytes`).
 
 Counted as the papers count them: total parameters hold every expert, active parameters the k routed
 experts a token uses (plus everything else, embeddings included: Mixtral's 12.9 B); model FLOPs are
@@ -77,6 +80,7 @@ class MoE:
     attention_sinks: bool = False  # a learned softmax logit per head (GPT-OSS)
     sliding_window: int = 0  # keys a windowed layer's query sees (0: every layer attends to the whole prefix)
     sliding_every: int = 1  # one windowed layer every N, from layer 0 (GPT-OSS: 2)
+    swiglu_limit: float = 0.0  # the experts' gate/up outputs clamped to this before the GLU (GPT-OSS: 7; 0: none)
 
     def check(self, where: str, heads: int, layers: int) -> None:
         whole(self.experts, f"{where}: experts", 1, MAX_EXPERTS, exact=True)
@@ -105,6 +109,7 @@ class MoE:
                 raise SpecError(f"{where}: {flag} must be true or false, got {shown(getattr(self, flag))}")
         whole(self.sliding_window, f"{where}: sliding_window", 0, 2**24, exact=True)
         whole(self.sliding_every, f"{where}: sliding_every", 1, 10_000, exact=True)
+        number(self.swiglu_limit, f"{where}: swiglu_limit", 0.0, 1e6)
         if self.mla is not None and (self.qk_norm or self.attention_sinks or self.sliding_window):
             raise SpecError(f"{where}: qk_norm, attention_sinks and sliding_window are modelled for grouped-query "
                             f"attention, not with mla")
@@ -270,6 +275,7 @@ MOE_KEYS = {
     "qk_norm": lambda value, where: _switch(value, where), "biases": lambda value, where: _switch(value, where),
     "attention_sinks": lambda value, where: _switch(value, where),
     "sliding_window": _whole_reader(0, 2**24), "sliding_every": _whole_reader(1, 10_000),
+    "swiglu_limit": lambda value, where: number(value, where, 0.0, 1e6),
 }
 
 
