@@ -19,14 +19,21 @@ perf_recipes/_common.py, are the hints; they are later than the containers and a
 * routing uniform (`routing="uniform"`, dropless): the footnote's force-balanced, token-dropless runs
   (`moe_router_force_load_balancing = True` in every recipe);
 * the token dispatcher: an all-to-all over the EP group and back, each MoE layer's experts of a rank as one
-  grouped GEMM, the permutation an HBM copy (hybrid's MoE layers, `strategies/_expert_stage.py`); the recipes
+  grouped GEMM, the permutation an HBM copy and its backward another, the received tokens sorted into the
+  local experts' order and back around the grouped GEMM (hybrid's MoE layers, `strategies/_expert_stage.py`;
+  the memory-bound kernels of `costs/experts.py`, `memory_bound_bytes`, each citing Megatron-Core); the recipes
   name `alltoall` (Qwen3-235B, GPT-OSS's base recipe) and HybridEP (Qwen3-30B), which the Qwen3-30B rows run
   with (`moe_dispatcher="hybridep"`: each token sent once to each other node holding its experts, forwarded
   there over NVLink, `FLEX_DISPATCHER` below); the Qwen3-235B recipe
   overlaps the EP all-to-all with another microbatch's compute (`moe_a2a_overlap`,
   `overlap_moe_expert_parallel_comm`), which hybrid does not do: its all-to-alls are exposed;
 * attention: `flash3`, standing for Transformer Engine's cuDNN fused attention, as benchmarks/fidelity_h100.py
-  argues;
+  argues (GPT-OSS's learnable softmax rules FlashAttention out, and cuDNN's fused attention takes it in BF16:
+  Transformer Engine's `get_attention_backend`, "Filter: Softmax type");
+* GPT-OSS's experts as the Bridge's GPT-OSS provider builds them (src/megatron/bridge/models/gpt_oss/
+  gpt_oss_bridge.py: `activation_func_clamp_value = 7.0`, `add_bias_linear = True`,
+  `bias_activation_fusion = True`): the preset's `swiglu_limit=7` clamp before the fused activation, and the
+  down projection's bias added expert by expert after the grouped GEMM (`TEGroupedMLP._apply_bias`);
 * gradients reduced in 16 bits (`grad_bytes_per_element=2`): `_benchmark_common` sets `grad_reduce_in_fp32 =
   False` for every performance recipe;
 * the distributed optimizer with the gradient reduce-scatter overlapped with the backward and the parameter
