@@ -12,15 +12,14 @@ they use: grouped-query attention with `kv_heads` key/value heads (Ainslie et al
 multi-head latent attention (`mla`: q LoRA rank, KV LoRA rank, per-head no-RoPE and RoPE query/key
 dims, value head dim; arXiv 2412.19437 sec. 2.1.1), RMSNorm (one h-vector per norm) and untied input and
 output embeddings, no biases. Per-head sizes other than h / heads come from the workload's `head_dim` (Qwen3:
-32 heads of 128 on h = 2048). Three further features of published MoE models are fields here:
+32 heads of 128 on h = 2048). Further features of published MoE models are fields here:
 
 * `qk_norm` (Qwen3; Qwen Team 2025, "Qwen3 Technical Report", arXiv 2505.09388, sec. 2): an RMSNorm over each
   head's query and key, one head_dim weight vector each, 2 d parameters a layer. Its cost is elementwise:
   reading and writing the queries and keys once more, 4 (qd + kvd) bytes a token forward and 6 (qd + kvd)
-  backward, as the rotary embedding already costs (`architecture.elementwise_bytes_per_token`). For
-  Qwen3-30B-A3B that is 46 KB a token, 56 us a layer for a 4096-token sample on an H100, against about 10 ms a
-  layer and microbatch of the preset's simulated step at EP 16 (32.3 s over 48 layers and 64 microbatches,
-  BF16): about 0.5 %, left out.
+  backward, as the rotary embedding already costs (`architecture.elementwise_bytes_per_token`), timed in
+  `route` and its backward (`costs.moe_ops.qk_norm_bytes`). For Qwen3-30B-A3B that is 46 KB a token, 56 us a
+  layer for a 4096-token sample on an H100.
 * `biases` (GPT-OSS; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", sec. 2.1, and openai/gpt-oss-120b
   config.json `attention_bias: true`): biases on the query, key, value and output projections, the router, and
   each expert's gate/up (2f) and down (h) projections. Counted in the parameters (the card's totals hold
