@@ -89,7 +89,9 @@ def local_permutation_bytes(workload: Workload, tokens: Sequence[int]) -> float:
     Transformer Engine's fused `moe_sort_chunks_by_index` with `moe_permute_fusion`; megatron/core/transformer/
     moe/token_dispatcher.py, moe_utils.py); the flex dispatchers permute the received tokens into expert
     order after the exchange and back before it (`_HybridEPManager.dispatch`'s permute unless
-    `moe_permute_fusion_into_hybridep`, `_DeepepManager.get_permuted_hidden_states_by_experts`)."""
+    `moe_permute_fusion_into_hybridep`, `_DeepepManager.get_permuted_hidden_states_by_experts`). HybridEP with
+    that fusion on (Megatron-Bridge's BF16 Qwen3-30B-A3B H100 recipe sets it; its FP8 recipe does not) does
+    the sort inside its exchange kernels, which this charges all the same: the dispatcher is not an input here."""
     if len(tokens) < 2:
         return 0.0
     return 4.0 * sum(tokens) * workload.hidden * workload.bytes_per_element
