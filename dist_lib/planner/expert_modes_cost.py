@@ -13,8 +13,9 @@ the simulator's own cost functions (`costs.moe_ops` with `tp`, `etp` and `fp8`, 
               shared experts | local experts' grouped GEMM (1/etp of them) | all-to-all back | combine copy |
               all-gather of the parts in the TP group
     backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all |
-              the dispatch's backward (`moe_ops.unpermute_backward`) | the dense part's backward (attention slice, router, shared experts; with selective recompute the
-              attention core again first) | all-reduce of the input gradient in the TP group (one: the attention's,
+              the dispatch's backward (`moe_ops.unpermute_backward`) | the dense part's backward (attention
+              slice, router, shared experts; with selective recompute the attention core again first) |
+              all-reduce of the input gradient in the TP group (one: the attention's,
               `comm.collectives.collective_duration`)
     after the last backward: each layer's dense update once its gradient is reduced, then every layer's
               experts' update (`StageOption.expert_updates`)
