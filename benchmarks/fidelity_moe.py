@@ -76,6 +76,7 @@ EP group spans a stage's every rank (Qwen3-235B: EP 32 over dp x tp = 32) run ev
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -268,12 +269,22 @@ def expressible(row: BridgeRow) -> tuple[dict | None, str | None, str | None]:
 
 
 def run(row: BridgeRow) -> Outcome:
-    """Simulate the row: its time, or why hybrid cannot express it."""
-    plan, refused, substituted = expressible(row)
-    if plan is None:
-        return Outcome(row, refused=refused)
-    result = _simulate(row, plan, None, row.gbs)
-    return Outcome(row, result.time_s, substituted=substituted, result=result)
+    """Simulate the row: its time, or why hybrid cannot express it. Rows of two containers with the same layout
+    (model, GPUs, precision, batch, parallelism) are one simulation, run once (`_LAYOUTS`)."""
+    layout = dataclasses.astuple(dataclasses.replace(row, container="", tokens_per_s_per_gpu=0.0, tflops_per_gpu=0.0))
+    done = _LAYOUTS.get(layout)
+    if done is None:
+        plan, refused, substituted = expressible(row)
+        if plan is None:
+            done = Outcome(row, refused=refused)
+        else:
+            result = _simulate(row, plan, None, row.gbs)
+            done = Outcome(row, result.time_s, substituted=substituted, result=result)
+        _LAYOUTS[layout] = done
+    return dataclasses.replace(done, row=row)
+
+
+_LAYOUTS: dict[tuple, Outcome] = {}  # the outcome of each layout simulated in this process
 
 
 def recompute_share(row: BridgeRow, step_s: float) -> float:
