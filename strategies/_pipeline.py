@@ -100,7 +100,7 @@ class _Stage(BlockingMessages):
 
     __slots__ = ("model", "plan", "pp", "virtual", "virtuals", "tp", "tp_group", "scatter_gather", "weights", "left",
                  "grads", "reduced", "kept", "loss_grads", "deferred", "sends", "local", "explicit", "arrived",
-                 "outbox", "partitioned_outputs", "modes", "gathers", "settling")
+                 "outbox", "partitioned_outputs", "modes", "gathers", "settling", "runs")
 
     def __init__(self, model: Model, plan: StagePlan):
         self.model, self.plan = model, plan
@@ -118,6 +118,9 @@ class _Stage(BlockingMessages):
         # schedule's own ints, shared by the ranks of a stage: an entry per microbatch in flight and no key
         # object of its own, which matters at hundreds of microbatches in flight on thousands of ranks)
         self.kept: dict[int, dict[int, object]] = {layer: {} for layer in self.weights}
+        # (chunk, mb) -> the inputs of the chunk's layers, where a plain forward ran them as one run
+        # (`Model.forward_layers`), for the backward's run; in place of their entries in `kept`
+        self.runs: dict[tuple[int, int], list] = {}
         self.loss_grads: dict = {}  # microbatch -> gradient of the loss (on the last virtual stage)
         self.deferred: dict = {}  # (chunk, mb) -> [(layer, input, output grad)] awaiting W
         # sends in flight, to await before the step ends (a send's stream lets go of its tensor when it
@@ -168,7 +171,7 @@ class _Stage(BlockingMessages):
                 self.post(action)
             else:  # "I": the input-gradient half of a split backward
                 await backward(chunk, mb, True)
-            while sends and sends[0].done:
+            while sends and sends[0].end is not None:  # (`Work.done`, without the property's call)
                 sends.popleft()
         await self.update_all()
         for work in self.sends:
@@ -323,6 +326,11 @@ class _Stage(BlockingMessages):
         weights, stash, modes, tp_group, kept = self.weights, not plan.recompute, self.modes, self.tp_group, self.kept
         forward, gathers = model.forward, self.gathers
         shard, plain = self._checkpoints_shard(), stash and not modes
+        if plain and gathers is None and tp_group is None:  # the chunk's layers in one run, inputs kept with it
+            xs = model.forward_layers(layers, x, weights)
+            x = xs.pop()
+            self.runs[chunk, mb] = xs
+            layers = ()
         for layer in layers:
             # with sequence parallelism a checkpointed layer keeps its input as its sequence shard, 2sbh/t bytes
             # (the layer input lives split along the sequence between layers: Korthikanti et al. 2022, sec. 4.2.2);
@@ -354,6 +362,22 @@ class _Stage(BlockingMessages):
             grad = await self._receive_from(k + 1, layers.stop, plan.microbatches[mb], "activation gradient")
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
         tp_group, weights, recompute, kept = self.tp_group, self.weights, plan.recompute, self.kept
+        run = self.runs.pop((chunk, mb), None)
+        if run is not None:
+            left = self.left
+            if not split and min(map(left.__getitem__, layers), default=2) > 1:
+                # the chunk's plain backward as one run: no layer's gradient completes in it, so no reduction
+                # starts between its ops (forward_layers ran only where nothing else runs between them)
+                run.append(grad)
+                del grad
+                grad = model.backward_layers(layers, run, weights, self.grads)
+                for layer in layers:
+                    left[layer] -= 1
+                layers = ()
+            else:  # one op at a time, from `kept`
+                for layer, x in zip(layers, run):
+                    kept[layer][mb] = x
+                del run, x
         gather_grad = plan.sequence_parallel and tp_group is not None
         async_reduce = tp_group is not None and plan.async_tp_allreduce
         gathers = self.gathers

@@ -27,12 +27,13 @@ from dist_lib.model.other_collective_ops import OtherCollectiveOps
 from dist_lib.model.context_ops import ContextOps
 from dist_lib.model.fp8_weights import FP8Weights
 from dist_lib.model.state_loads import StateLoads
+from dist_lib.model.layer_runs import LayerRuns
 from dist_lib.comm.p2p import issue_recv, issue_send
 from dist_lib.tensors import SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationSlice, OptState, PipeExtra, Stash, Weight, WeightGrad, cp_part, describe_mask, samples_mask
 from dist_lib.workload.transformer import Workload
 
 
-class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights, StateLoads):
+class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights, StateLoads, LayerRuns):
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",
