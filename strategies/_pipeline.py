@@ -100,7 +100,7 @@ class _Stage(BlockingMessages):
 
     __slots__ = ("model", "plan", "pp", "virtual", "virtuals", "tp", "tp_group", "scatter_gather", "weights", "left",
                  "grads", "reduced", "kept", "loss_grads", "deferred", "sends", "local", "explicit", "arrived",
-                 "outbox", "partitioned_outputs", "modes", "gathers", "settling", "runs")
+                 "outbox", "partitioned_outputs", "modes", "gathers", "settling", "runs", "layer_runs")
 
     def __init__(self, model: Model, plan: StagePlan):
         self.model, self.plan = model, plan
@@ -121,6 +121,7 @@ class _Stage(BlockingMessages):
         # (chunk, mb) -> the inputs of the chunk's layers, where a plain forward ran them as one run
         # (`Model.forward_layers`), for the backward's run; in place of their entries in `kept`
         self.runs: dict[tuple[int, int], list] = {}
+        self.layer_runs: bool | None = None  # whether chunks run as runs of layers (`_runs_layers`), once asked
         self.loss_grads: dict = {}  # microbatch -> gradient of the loss (on the last virtual stage)
         self.deferred: dict = {}  # (chunk, mb) -> [(layer, input, output grad)] awaiting W
         # sends in flight, to await before the step ends (a send's stream lets go of its tensor when it
@@ -323,28 +324,31 @@ class _Stage(BlockingMessages):
             x = self.arrived.pop(("activation", chunk, mb))
         else:
             x = await self._receive_from(k - 1, layers.start, plan.microbatches[mb], "activation")
-        weights, stash, modes, tp_group, kept = self.weights, not plan.recompute, self.modes, self.tp_group, self.kept
-        forward, gathers = model.forward, self.gathers
-        shard, plain = self._checkpoints_shard(), stash and not modes
-        if plain and gathers is None and tp_group is None:  # the chunk's layers in one run, inputs kept with it
-            xs = model.forward_layers(layers, x, weights)
+        runs = self.layer_runs
+        if runs is None:
+            runs = self.layer_runs = self._runs_layers()
+        if runs:  # the chunk's layers in one run, their inputs kept with it for the backward's run
+            xs = model.forward_layers(layers, x, self.weights)
             x = xs.pop()
             self.runs[chunk, mb] = xs
-            layers = ()
-        for layer in layers:
-            # with sequence parallelism a checkpointed layer keeps its input as its sequence shard, 2sbh/t bytes
-            # (the layer input lives split along the sequence between layers: Korthikanti et al. 2022, sec. 4.2.2);
-            # whole otherwise, as the layer's own stash leaves the input out
-            kept[layer][mb] = model.split_tp(x, plan.tp_rank, self.tp) if shard else x
-            if plain and gathers is None:
-                x = forward(layer, x, weights[layer][0])
-            elif gathers is None:
-                x = forward(layer, x, weights[layer][0], stash=stash, **modes)
-            else:  # the layer's weight gathered whole first (the next one's gather prefetched)
-                x = forward(layer, x, await gathers.get(layer, layers, False), stash=stash, **modes)
-                gathers.after_forward(layer)
-            if tp_group is not None:
-                x = await model.all_reduce(x, tp_group)
+        else:
+            weights, stash, modes, kept = self.weights, not plan.recompute, self.modes, self.kept
+            forward, gathers, tp_group = model.forward, self.gathers, self.tp_group
+            shard, plain = self._checkpoints_shard(), stash and not modes
+            for layer in layers:
+                # with sequence parallelism a checkpointed layer keeps its input as its sequence shard, 2sbh/t
+                # bytes (the layer input lives split along the sequence between layers: Korthikanti et al. 2022,
+                # sec. 4.2.2); whole otherwise, as the layer's own stash leaves the input out
+                kept[layer][mb] = model.split_tp(x, plan.tp_rank, self.tp) if shard else x
+                if plain and gathers is None:
+                    x = forward(layer, x, weights[layer][0])
+                elif gathers is None:
+                    x = forward(layer, x, weights[layer][0], stash=stash, **modes)
+                else:  # the layer's weight gathered whole first (the next one's gather prefetched)
+                    x = forward(layer, x, await gathers.get(layer, layers, False), stash=stash, **modes)
+                    gathers.after_forward(layer)
+                if tp_group is not None:
+                    x = await model.all_reduce(x, tp_group)
         if k == self.virtual - 1:
             # vocabulary-parallel LM head: each TP rank its V/t logits (Megatron-LM)
             self.loss_grads[mb] = model.loss(x, tp_rank=plan.tp_rank, tp_size=self.tp)
@@ -360,24 +364,29 @@ class _Stage(BlockingMessages):
             grad = await self._output_grad(chunk, mb)
         else:  # (`_output_grad`'s commonest case, written out: a coroutine less for every backward)
             grad = await self._receive_from(k + 1, layers.stop, plan.microbatches[mb], "activation gradient")
-        deferred = self.deferred.setdefault((chunk, mb), []) if split else None
-        tp_group, weights, recompute, kept = self.tp_group, self.weights, plan.recompute, self.kept
-        run = self.runs.pop((chunk, mb), None)
+        run = self.runs.pop((chunk, mb), None) if self.layer_runs else None
         if run is not None:
             left = self.left
-            if not split and min(map(left.__getitem__, layers), default=2) > 1:
+            # every backward of a chunk (and every W of a split one) sums a gradient into each of its layers, so
+            # they all have as many microbatches left: one layer's count is the chunk's
+            if not split and (not layers or left[layers.start] > 1):
                 # the chunk's plain backward as one run: no layer's gradient completes in it, so no reduction
                 # starts between its ops (forward_layers ran only where nothing else runs between them)
                 run.append(grad)
                 del grad
-                grad = model.backward_layers(layers, run, weights, self.grads)
+                grad = model.backward_layers(layers, run, self.weights, self.grads)
                 for layer in layers:
                     left[layer] -= 1
-                layers = ()
-            else:  # one op at a time, from `kept`
-                for layer, x in zip(layers, run):
-                    kept[layer][mb] = x
-                del run, x
+                if k > 0 and self.explicit:
+                    self.outbox[("activation gradient", chunk, mb)] = grad
+                elif k > 0:
+                    self._send_to(grad, k - 1, "activation gradient")
+                return
+            for layer, x in zip(layers, run):  # one op at a time, from `kept`
+                self.kept[layer][mb] = x
+            del run, x
+        deferred = self.deferred.setdefault((chunk, mb), []) if split else None
+        tp_group, weights, recompute, kept = self.tp_group, self.weights, plan.recompute, self.kept
         gather_grad = plan.sequence_parallel and tp_group is not None
         async_reduce = tp_group is not None and plan.async_tp_allreduce
         gathers = self.gathers
@@ -427,6 +436,14 @@ class _Stage(BlockingMessages):
             self.outbox[("activation gradient", chunk, mb)] = grad
         elif k > 0:
             self._send_to(grad, k - 1, "activation gradient")
+
+    def _runs_layers(self) -> bool:
+        """Whether a chunk's forward runs its layers as one run (`Model.forward_layers`), and its backward may:
+        nothing runs between its layers' ops (no TP collectives, weight gathers or settling reductions) and
+        each is the plain op (no recompute, no compute modes). Asked at the first forward, once a subclass's
+        constructor has set the gathers."""
+        return not (self.plan.recompute or self.modes or self.gathers is not None or self.tp_group is not None
+                    or self.settling)
 
     def _checkpoints_shard(self) -> bool:
         """Whether a checkpointed layer input is kept as this TP rank's sequence shard: full recompute with
