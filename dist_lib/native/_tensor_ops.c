@@ -43,7 +43,7 @@ static struct {
  * and sample count by value. A cost cache's entries are written once (`Model._cost` fills a missing key and
  * never replaces one), so a remembered entry is what the dict holds; a step's ops repeat a handful of keys, and
  * this skips building, hashing and comparing a five-item tuple key for each op. */
-#define COST_MEMO 64
+#define COST_MEMO 1024 /* a power of two */
 static struct {
     PyObject *cache, *op, *tp, *mode, *cost; /* strong references, or NULL */
     long layer, n;
@@ -57,8 +57,10 @@ static PyObject *op_cost(PyObject *self, PyObject *op, PyObject *layer, long n, 
     PyObject *cache = SLOT(self, K.m_cache);
     long layer_v = PyLong_CheckExact(layer) ? small_int(layer, -1) : -1;
     if (!cache || layer_v < 0) return op_cost_lookup(self, op, layer, n, tp, mode);
-    size_t slot = ((size_t)layer_v * 31u + (size_t)n * 7u + ((uintptr_t)op >> 4) + ((uintptr_t)mode >> 4) +
-                   ((uintptr_t)tp >> 4)) % COST_MEMO;
+    uint64_t h = (uint64_t)layer_v * 0x9E3779B97F4A7C15ULL ^ (uint64_t)n * 0xC2B2AE3D27D4EB4FULL ^
+                 ((uintptr_t)op >> 4) * 0x165667B19E3779F9ULL ^ ((uintptr_t)mode >> 4) * 0x27D4EB2F165667C5ULL ^
+                 ((uintptr_t)tp >> 4);
+    size_t slot = (size_t)(h ^ h >> 29 ^ h >> 47) & (COST_MEMO - 1);
     if (cost_memo[slot].cache == cache && cost_memo[slot].op == op && cost_memo[slot].tp == tp &&
         cost_memo[slot].mode == mode && cost_memo[slot].layer == layer_v && cost_memo[slot].n == n)
         return Py_NewRef(cost_memo[slot].cost);
