@@ -125,14 +125,7 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights, StateLoads, La
         samples = act.samples
         tp_rank, tp = weight.tp_rank, weight.tp_size
         # a forward of samples this layer (and TP slice) has already seen on this rank is a recompute
-        forwarded = state.forwarded
-        masks = forwarded[tp_rank] if tp_rank < len(forwarded) else None
-        if masks is None:
-            masks = state.forward_slice(tp_rank)
-        before = masks[layer]
-        recompute = before & samples == samples
-        if not recompute:
-            masks[layer] = before | samples if before else samples  # shares the mask when it can
+        recompute = state.seen_before(tp_rank, layer, samples)
         n = samples.bit_count()
         mode = compute_mode(selective_recompute, sequence_parallel, fp8)
         duration, flops, stash_bytes = self._cache.get(("forward", layer, n, tp, mode)) \

@@ -204,19 +204,48 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     long long out_bytes = activation_bytes(self, n);
     if (out_bytes < 0) goto slow;
 
-    /* a forward of samples this layer (and TP slice) has already seen on this rank is a recompute */
+    /* a forward of samples this layer (and TP slice) has already seen on this rank is a recompute
+       (`RankState.seen_before`: what the layer has forwarded is a mask, or [first, stop] of one run of samples) */
     PyObject *before = PyList_GET_ITEM(masks, layer_v);
-    PyObject *seen = PyNumber_And(before, samples);
-    if (!seen) return NULL;
-    int recompute = PyObject_RichCompareBool(seen, samples, Py_EQ);
-    Py_DECREF(seen);
-    if (recompute < 0) return NULL;
-    if (!recompute) {
-        int any = PyObject_IsTrue(before);
-        if (any < 0) return NULL;
-        PyObject *now = any ? PyNumber_Or(before, samples) : Py_NewRef(samples);
-        if (!now) return NULL;
-        PyList_SetItem(masks, layer_v, now); /* steals `now` */
+    long first, stop;
+    if (!mask_bounds(samples, &first, &stop)) goto slow;
+    int one_run = n == stop - first, recompute;
+    if (PyList_CheckExact(before)) {
+        long run_first = PyList_GET_SIZE(before) == 2 ? small_int(PyList_GET_ITEM(before, 0), -1) : -1;
+        long run_stop = PyList_GET_SIZE(before) == 2 ? small_int(PyList_GET_ITEM(before, 1), -1) : -1;
+        if (run_first < 0 || run_stop < 0) goto slow;
+        if (run_first <= first && stop <= run_stop) {
+            recompute = 1;
+        } else if (one_run && first == run_stop) { /* the next samples after the run: the run goes on */
+            PyObject *now = PyLong_FromLong(stop);
+            if (!now) return NULL;
+            PyList_SetItem(before, 1, now); /* steals `now` */
+            recompute = 0;
+        } else {
+            goto slow; /* the run becomes a mask again: the Python twin builds it */
+        }
+    } else if (PyLong_CheckExact(before) && Py_SIZE(before) == 0 && one_run) {
+        PyObject *run = PyList_New(2), *a = PyLong_FromLong(first), *b = PyLong_FromLong(stop);
+        if (!run || !a || !b) { Py_XDECREF(run); Py_XDECREF(a); Py_XDECREF(b); return NULL; }
+        PyList_SET_ITEM(run, 0, a);
+        PyList_SET_ITEM(run, 1, b);
+        PyList_SetItem(masks, layer_v, run); /* steals `run` */
+        recompute = 0;
+    } else if (PyLong_CheckExact(before)) {
+        PyObject *seen = PyNumber_And(before, samples);
+        if (!seen) return NULL;
+        recompute = PyObject_RichCompareBool(seen, samples, Py_EQ);
+        Py_DECREF(seen);
+        if (recompute < 0) return NULL;
+        if (!recompute) {
+            int any = PyObject_IsTrue(before);
+            if (any < 0) return NULL;
+            PyObject *now = any ? PyNumber_Or(before, samples) : Py_NewRef(samples);
+            if (!now) return NULL;
+            PyList_SetItem(masks, layer_v, now); /* steals `now` */
+        }
+    } else {
+        goto slow;
     }
     PyObject *cost = op_cost(self, K.s_forward, layer, n, tp, mode);
     if (!cost) return NULL;
