@@ -144,10 +144,22 @@ static int run_compute(PyObject *self, PyObject *op, PyObject *layer, PyObject *
     return 0;
 }
 
-/* mem.context = (op, layer): what an out-of-memory message names. */
+/* mem.context = (op, layer): what an out-of-memory message names. The pairs are kept by the identity of the
+ * op's name and the layer's value (the op names are the twin's own strings), and shared between ops: a context
+ * is only read, by value, when a rank runs out of memory. */
+#define CONTEXT_MEMO 512 /* a power of two */
+static PyObject *context_memo[CONTEXT_MEMO];
+
 static int set_context(PyObject *mem, PyObject *op, PyObject *layer) {
-    PyObject *context = PyTuple_Pack(2, op, layer);
-    if (!context) return -1;
+    long layer_v = PyLong_CheckExact(layer) ? small_int(layer, -1) : -1;
+    size_t slot = (size_t)(((uintptr_t)op >> 4) * 31u + (size_t)layer_v) & (CONTEXT_MEMO - 1);
+    PyObject *context = layer_v >= 0 ? context_memo[slot] : NULL;
+    if (context && PyTuple_GET_ITEM(context, 0) == op && small_int(PyTuple_GET_ITEM(context, 1), -1) == layer_v) {
+        Py_INCREF(context);
+    } else {
+        if (!(context = PyTuple_Pack(2, op, layer))) return -1;
+        if (layer_v >= 0) Py_XSETREF(context_memo[slot], Py_NewRef(context));
+    }
     Py_XSETREF(SLOT(mem, K.mem_context), context);
     return 0;
 }
