@@ -27,8 +27,7 @@ The schedule files (gpipe, one_f_one_b, interleaved, zero_bubble, ...) build eac
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Coroutine, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -39,52 +38,7 @@ from dist_lib.tensors import range_mask
 from dist_lib.schedules.actions import EXCHANGES, MESSAGES, POSTS, Action
 
 from ._blocking_messages import BlockingMessages
-
-
-@dataclass
-class StagePlan:
-    """What one rank needs to run its part of a pipeline replica."""
-
-    stage: int  # this rank's pipeline stage
-    stage_ranks: Sequence[int]  # rank of each stage of this replica (same TP slice)
-    chunks: Sequence[range]  # layers of this rank's chunks; chunk c is virtual stage c * pp + stage
-    microbatches: Sequence[range]  # this replica's microbatches (global sample indices)
-    actions: Sequence[Action]
-    dp_group: Callable[[int], Sequence[int]]  # layer -> ranks that all-reduce its gradient
-    tp_group: Sequence[int] = (0,)
-    tp_rank: int = 0
-    recompute: bool = False
-    selective_recompute: bool | str = False  # True: Korthikanti et al. 2022's; "op": torchtitan's per-op policy
-    sequence_parallel: bool = False  # TP layers split their elementwise work along the sequence (same paper)
-    # all-reduce each layer's gradient as soon as it is complete (PyTorch DDP's buckets), or only after the
-    # pipeline flush, as Megatron-LM's local DDP and DeepSpeed's pipeline engine do
-    overlap_grad_reduce: bool = True
-    # with TP, send 1/t of each pipeline message from each TP rank and all-gather it on arrival (Megatron-LM's
-    # scatter-gather optimization, on by default; Narayanan et al. 2021, sec. 4.1), rather than the whole
-    # message from every TP rank
-    scatter_gather: bool = True
-    # with TP, all-reduce each backward's input gradient while the weight-gradient GEMMs run (Megatron-LM's
-    # async_tensor_model_parallel_allreduce, on by default since commit 3f65246 of 2 September 2021), or
-    # after the whole backward, as Megatron-LM did before (the version Narayanan et al. 2021 measured)
-    async_tp_allreduce: bool = True
-    # the LM head shares the input embedding: after the schedule the first and last stage all-reduce its
-    # gradient (Megatron-LM's embedding group, DeepSpeed's tied-weight reduction) before the data-parallel one
-    tied_embeddings: bool = False
-    # DeepSpeed's engine with Megatron-LM v1.1.5's GPT2ModelPipe: every activation message carries the
-    # stage's 16-bit 1 x 1 x s x s attention mask as well (`Model.pipe_extra`); schedules that place their
-    # own messages only
-    attention_mask_messages: bool = False
-    # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise"; `costs.fp8`), or ""
-    fp8: str = ""
-    # context parallelism (`_context.py`): the ranks holding the other sequence parts of this rank's samples
-    # (this rank at position `cp_rank`), and how a layer's attention gets their keys and values
-    cp_group: Sequence[int] = ()
-    cp_rank: int = 0
-    kv_exchange: str = "ring"
-    # Megatron-Core's --tp-comm-overlap (Transformer Engine's userbuffers): the layer's TP collectives
-    # pipelined with the GEMMs they feed and drain, charged what the GEMMs leave exposed (`costs.tp_overlap`)
-    tp_comm_overlap: bool = False
-
+from ._stage_plan import StagePlan
 
 
 def run_stage(model: Model, plan: StagePlan) -> Coroutine[Any, Any, None]:
@@ -101,7 +55,7 @@ class _Stage(BlockingMessages):
 
     __slots__ = ("model", "plan", "pp", "virtual", "virtuals", "tp", "tp_group", "scatter_gather", "weights", "left",
                  "grads", "reduced", "kept", "loss_grads", "deferred", "sends", "local", "explicit", "arrived",
-                 "outbox", "partitioned_outputs", "modes", "gathers", "settling", "runs", "layer_runs")
+                 "outbox", "partitioned_outputs", "modes", "gathers", "settling", "runs", "layer_runs", "direct")
 
     def __init__(self, model: Model, plan: StagePlan):
         self.model, self.plan = model, plan
@@ -111,6 +65,9 @@ class _Stage(BlockingMessages):
         self.tp = tp = len(plan.tp_group)
         self.tp_group = model.group(plan.tp_group) if tp > 1 else None
         self.scatter_gather = plan.scatter_gather and tp > 1
+        # a pass receives its input as `_receive_from` does, written out, when there is nothing to gather and the
+        # method is not a subclass's own: a coroutine less for each message
+        self.direct = not self.scatter_gather and type(self)._receive_from is _Stage._receive_from
         self.weights = {layer: self.load(layer) for chunk in plan.chunks for layer in chunk}
         self.left = {layer: len(plan.microbatches) for layer in self.weights}
         self.grads: dict = {}
@@ -324,6 +281,11 @@ class _Stage(BlockingMessages):
             x = model.get_input_activation(plan.microbatches[mb])
         elif self.explicit:
             x = self.arrived.pop(("activation", chunk, mb))
+        elif self.direct:
+            src, wanted = plan.stage_ranks[(k - 1) % self.pp], plan.microbatches[mb]
+            x = self.local["activation"].pop(0) if src == model.rank else await model.recv(src)
+            if x.layer != layers.start or x.samples != range_mask(wanted.start, wanted.stop):
+                self._unexpected(x, src, layers.start, wanted, "activation")
         else:
             x = await self._receive_from(k - 1, layers.start, plan.microbatches[mb], "activation")
         runs = self.layer_runs
@@ -364,6 +326,11 @@ class _Stage(BlockingMessages):
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
         if k == self.virtual - 1 or self.explicit:
             grad = await self._output_grad(chunk, mb)
+        elif self.direct:  # (`_output_grad`'s commonest case, its `_receive_from` too, written out)
+            src, wanted = plan.stage_ranks[(k + 1) % self.pp], plan.microbatches[mb]
+            grad = self.local["activation gradient"].pop(0) if src == model.rank else await model.recv(src)
+            if grad.layer != layers.stop or grad.samples != range_mask(wanted.start, wanted.stop):
+                self._unexpected(grad, src, layers.stop, wanted, "activation gradient")
         else:  # (`_output_grad`'s commonest case, written out: a coroutine less for every backward)
             grad = await self._receive_from(k + 1, layers.stop, plan.microbatches[mb], "activation gradient")
         run = self.runs.pop((chunk, mb), None) if self.layer_runs else None
