@@ -353,7 +353,7 @@ class _Stage(BlockingMessages):
                 return
             for layer, x in zip(layers, run):  # one op at a time, from `kept`
                 self.kept[layer][mb] = x
-            del run, x
+            run = x = None  # (an empty chunk binds no x)
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
         tp_group, weights, recompute, kept = self.tp_group, self.weights, plan.recompute, self.kept
         gather_grad = plan.sequence_parallel and tp_group is not None
