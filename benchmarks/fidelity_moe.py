@@ -19,14 +19,21 @@ perf_recipes/_common.py, are the hints; they are later than the containers and a
 * routing uniform (`routing="uniform"`, dropless): the footnote's force-balanced, token-dropless runs
   (`moe_router_force_load_balancing = True` in every recipe);
 * the token dispatcher: an all-to-all over the EP group and back, each MoE layer's experts of a rank as one
-  grouped GEMM, the permutation an HBM copy (hybrid's MoE layers, `strategies/_expert_stage.py`); the recipes
+  grouped GEMM, the permutation an HBM copy and its backward another, the received tokens sorted into the
+  local experts' order and back around the grouped GEMM (hybrid's MoE layers, `strategies/_expert_stage.py`;
+  the memory-bound kernels of `costs/experts.py`, `memory_bound_bytes`, each citing Megatron-Core); the recipes
   name `alltoall` (Qwen3-235B, GPT-OSS's base recipe) and HybridEP (Qwen3-30B), which the Qwen3-30B rows run
   with (`moe_dispatcher="hybridep"`: each token sent once to each other node holding its experts, forwarded
   there over NVLink, `FLEX_DISPATCHER` below); the Qwen3-235B recipe
   overlaps the EP all-to-all with another microbatch's compute (`moe_a2a_overlap`,
   `overlap_moe_expert_parallel_comm`), which hybrid does not do: its all-to-alls are exposed;
 * attention: `flash3`, standing for Transformer Engine's cuDNN fused attention, as benchmarks/fidelity_h100.py
-  argues;
+  argues (GPT-OSS's learnable softmax rules FlashAttention out, and cuDNN's fused attention takes it in BF16:
+  Transformer Engine's `get_attention_backend`, "Filter: Softmax type");
+* GPT-OSS's experts as the Bridge's GPT-OSS provider builds them (src/megatron/bridge/models/gpt_oss/
+  gpt_oss_bridge.py: `activation_func_clamp_value = 7.0`, `add_bias_linear = True`,
+  `bias_activation_fusion = True`): the preset's `swiglu_limit=7` clamp before the fused activation, and the
+  down projection's bias added expert by expert after the grouped GEMM (`TEGroupedMLP._apply_bias`);
 * gradients reduced in 16 bits (`grad_bytes_per_element=2`): `_benchmark_common` sets `grad_reduce_in_fp32 =
   False` for every performance recipe;
 * the distributed optimizer with the gradient reduce-scatter overlapped with the backward and the parameter
@@ -58,8 +65,9 @@ some 0.1 s of a 10 s step); then plain DDP in place of the distributed optimizer
 overlapped with the backward: on a ring an all-reduce moves the bytes of a reduce-scatter plus an all-gather,
 and the Adam step runs on a rank's whole state instead of 1/dp of it, memory-bound, tens of milliseconds).
 They are stated approximations, not tunings.
-Folding of identical data-parallel replicas is not taken for mixtures of experts (`run.simulator`), so each row
-runs every rank.
+Rows fold their identical replicas where that is exact (`run/folding.py`): an EP group of replicas folds as one
+wider replica when routing is uniform (GPT-OSS-120B: 16 replicas a stage, EP 8, two folded replicas); rows whose
+EP group spans a stage's every rank (Qwen3-235B: EP 32 over dp x tp = 32) run every rank.
 
     python benchmarks/fidelity.py --sets moe_bridge
     python benchmarks/fidelity_moe.py --containers 26.04.01 --rows gpt-oss-120b --breakdown
@@ -271,12 +279,14 @@ def run(row: BridgeRow) -> Outcome:
 def recompute_share(row: BridgeRow, step_s: float) -> float:
     """What recomputing the two RMSNorms and the experts' SwiGLU of every layer in the backward (GPT-OSS's
     recipe) would add, as a share of the simulated step: their forward HBM traffic (a norm reads and writes h
-    a token, the SwiGLU reads 2f and writes f per routed token, 16-bit) at the device's bandwidth, for the layers
-    and microbatches of the busiest stage."""
+    a token; the SwiGLU reads 2f and writes f per routed token, and the clamp before it, which runs inside the
+    recomputed function, `experts.clamp_bytes`; 16-bit) at the device's bandwidth, for the layers and
+    microbatches of the busiest stage."""
+    from dist_lib.costs import experts
     from dist_lib.hardware.devices import get_device
     w = workload(row)
     moe = w.moe
-    per_token = 2 * (2 * w.hidden) * 2 + moe.top_k * 3 * moe.expert_ffn_hidden * 2
+    per_token = 2 * (2 * w.hidden) * 2 + experts.swiglu_bytes(w, moe.top_k) + experts.clamp_bytes(w, moe.top_k)
     tokens = row.gbs // row.dp * row.seq
     layers = -(-w.num_layers // row.pp)
     return per_token * tokens * layers / get_device("H100-80GB").hbm_bandwidth / step_s

@@ -7,21 +7,33 @@ Sources (tokens/s per GPU, torchtitan's own count: the tokens of a step over its
 * `benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md` (torchtitan 820504e, 2025-06-13), vanilla and async TP;
 * `docs/performance.md` as of August 2024, 405B on 128 H100 with FSDP 16 x TP 8.
 All on Meta's Grand Teton hosts: 8 H100 per host on NVLink, RDMA 400 Gb/s per GPU, and H100s with 96 GB of HBM2e
-at 2.4 TB/s and a 500 W power limit (not the stock 700 W SXM5).
+at 2.4 TB/s and a 500 W power limit (not the stock 700 W SXM5). One more row, from the same folder, ran elsewhere:
+* `benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md` (torchtitan e7c0cae, June 2025): 8B on 4 and 8 hosts of
+  8 H200 (the catalog's `H200-141GB`, its data sheet's 700 W), compile + Float8, local batch 2, the 8B train
+  config's per-op selective checkpointing; the 4-host row (10,938 tokens/s per GPU) is taken. It is T3's run on a
+  700 W part with twice the HBM bandwidth, which sets the power limit apart from the rest of the gap. Its Float8
+  FSDP all-gather (`enable_fsdp_float8_all_gather`) is charged in bf16, as `hybrid`'s FSDP gathers;
 
 Every setting the sources do not state was chosen before the first run, and is recorded here:
 * the device: the catalog's `H100-HBM2e-96GB` (the benchmark file's HBM figures; the SXM's data-sheet peaks, SMs
-  and GEMM efficiency, since the 500 W part's clock is unpublished and torchtitan itself takes 989 TFLOP/s for
-  its MFU). The power cap is therefore not modelled: where it lowers the clock the simulation runs fast. The
-  benchmark file says the true peak lies "between SXM and NVL"; the `NVL peak` column runs each row again on the
-  same device at the H100 NVL's data-sheet peaks (835.5 / 1670.5 TFLOP/s dense BF16 / FP8: the data sheet's
-  1,671 / 3,341 with sparsity, halved), the other end of that stated range, everything else unchanged;
+  and GEMM efficiency, torchtitan itself taking 989 TFLOP/s for its MFU). The first runs of this set left the
+  500 W power limit out; it is now a fact of the device: the tensor clock the limit leaves, 0.896 of the SXM5's,
+  interpolated between the SXM5's (700 W) and the NVL's (400 W) data-sheet peaks (`devices.hopper_clock_share`),
+  scales the GEMM and attention kernels. The benchmark file says the true peak lies "between SXM and NVL"; the
+  `NVL peak` column runs each row again on the same device at the H100 NVL's data-sheet peaks (835.5 / 1670.5
+  TFLOP/s dense BF16 / FP8: the data sheet's 1,671 / 3,341 with sparsity, halved) at that full clock, the low end
+  of that stated range, everything else unchanged;
 * the model presets `llama-3-8b/70b/405b` (Llama 3.1 has the same shapes), sequence 8192 (the train configs'
   `seq_len`; the June 2025 study does not state it), FlashAttention-2 for `F.scaled_dot_product_attention`
   (the preset's kernel; which backend PyTorch picked is not stated);
 * `torch.compile`: the simulator's per-kernel traffic is that of fused norm, activation and residual kernels
   (one read and one write per tensor, `Workload.elementwise_bytes`), what Inductor's fusion gives; the eager rows
-  (no compile) run PyTorch's unfused kernels one by one, which is not modelled: not expressible;
+  (no compile: Tables 1 and 3's plain rows, and August 2024's bf16 row, taken as eager since its table lists no
+  optimization, although that month's 405B train config sets `compile = true`) run eager PyTorch's unfused kernels
+  one by one, the workload's `kernels=eager` (`dist_lib/workload/eager_kernels.py`: the ops of torchtitan's Llama
+  block and their autograd formulas, counted before the first run of these rows). Eager PyTorch's host time
+  (Python and autograd issuing dozens of kernels a layer pass) is not charged: the eager rows' microbatches are
+  16,384 tokens, whose layer kernels take milliseconds, behind which asynchronous launches hide the host's work;
 * the batch: torchtitan (at these commits) has no gradient accumulation, so without pipelining the local batch is
   one microbatch; with pipelining the microbatches are the number of stages (`pipeline_parallel_microbatches`
   default), each local_batch / pp samples;
@@ -30,8 +42,9 @@ Every setting the sources do not state was chosen before the first run, and is r
   (strategies/_frameworks.py); bf16 parameters and fp32 gradient reduction (torchtitan's default
   `mixed_precision_reduce = "float32"`), which the framework record leaves to the workload: `grad_bytes_per_element=4`
   (the first run of this set left it at 2; corrected to what this docstring stated from the start);
-* Float8: torchao's dynamic tensorwise recipe (`fp8="tensorwise"`, its default); the rowwise recipe is not a recipe
-  of `hybrid`: not expressible; async TP as `tp_comm_overlap=True`;
+* Float8: torchao's dynamic tensorwise recipe (`fp8="tensorwise"`, its default); the June 2025 rowwise rows
+  (`--float8.recipe_name rowwise`) as `fp8="rowwise"` (`dist_lib/costs/fp8.py`: all three GEMMs in FP8, each operand
+  cast per row for each GEMM, the rowwise GEMM timed as the tensorwise one); async TP as `tp_comm_overlap=True`;
 * full activation checkpointing as `recompute=True`; torchtitan's per-op selective checkpointing as
   `recompute="op"` (dist_lib/workload/per_op_checkpoint.py: the policy's `_save_list` and its every-other-`aten.mm`
   count, read in torchtitan 9dec370's parallelize_llama.py and 820504e's llama3/parallelize.py). Chosen before the
@@ -74,6 +87,7 @@ SEQ = 8192
 DEC_2024 = "llama3_h100_202412_torchtitan.md"
 JUN_2025 = "asyncTP_llama3_h100_2025-06_torchtitan.md"
 AUG_2024 = "docs/performance.md (Aug 2024)"
+H200_2025 = "llama3-8b_h200_202506_trainy-whitefiber.md"
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,7 @@ class TorchtitanRun:
     fp8: str | None = None  # None, "tensorwise" or "rowwise"
     async_tp: bool = False
     schedule: str = "1f1b"
+    device: str = DEVICE  # the catalog's device; every row but the H200 one ran on Grand Teton
 
     @property
     def tokens_per_step(self) -> int:
@@ -103,14 +118,6 @@ class TorchtitanRun:
     @property
     def measured_s(self) -> float:
         return self.tokens_per_step / (self.tokens_per_s_per_gpu * self.gpus)
-
-    def not_expressible(self) -> str | None:
-        """Why `hybrid` cannot run this row as published (None if it can)."""
-        if not self.compile:
-            return "eager PyTorch (no torch.compile) runs unfused elementwise kernels one by one: not modelled"
-        if self.fp8 == "rowwise":
-            return "torchao's rowwise Float8 recipe is not one of hybrid's fp8 recipes"
-        return None
 
 
 TORCHTITAN = [
@@ -156,6 +163,9 @@ TORCHTITAN = [
     TorchtitanRun("A24 405B fp8", AUG_2024, "llama-3-405b", 128, 16, 8, 2, 177, fp8="tensorwise"),
     TorchtitanRun("A24 405B fp8+asyncTP", AUG_2024, "llama-3-405b", 128, 16, 8, 2, 185, fp8="tensorwise",
                   async_tp=True),
+    # Trainy on WhiteFiber, June 2025: 8B on 32 H200 (4 hosts), FSDP 32, local batch 2, per-op SAC, compile + Float8
+    TorchtitanRun("W25 8B H200 fp8", H200_2025, "llama-3-8b", 32, 32, 1, 2, 10938, 47.96, ac="op", fp8="tensorwise",
+                  device="H200-141GB"),
 ]
 
 
@@ -182,15 +192,16 @@ def plan(run: TorchtitanRun) -> dict:
 
 
 def workload(run: TorchtitanRun) -> str:
-    """The preset at the run's sequence, its gradients reduced in fp32 (torchtitan's `mixed_precision_reduce`)."""
-    return f"{run.model}:seq={run.seq},grad_bytes_per_element=4"
+    """The preset at the run's sequence, its gradients reduced in fp32 (torchtitan's `mixed_precision_reduce`);
+    without torch.compile, eager PyTorch's unfused kernels (`kernels=eager`, `workload/eager_kernels.py`)."""
+    return f"{run.model}:seq={run.seq},grad_bytes_per_element=4" + ("" if run.compile else ",kernels=eager")
 
 
 def cluster(run: TorchtitanRun, nvl_peak: bool = False) -> Cluster | str:
     """Grand Teton hosts of 8; with `nvl_peak` the same device at the H100 NVL's peaks (the stated range's low end)."""
     if not nvl_peak:
-        return f"{run.gpus // 8}x8x{DEVICE}"
-    device = replace(DEVICES[DEVICE], peak_flops=NVL_PEAKS[0], fp8_flops=NVL_PEAKS[1])
+        return f"{run.gpus // 8}x8x{run.device}"
+    device = replace(DEVICES[DEVICE], peak_flops=NVL_PEAKS[0], fp8_flops=NVL_PEAKS[1], sustained_clock=1.0)
     return Cluster(tuple(Node(device, 8, device.intra_link, device.inter_link) for _ in range(run.gpus // 8)))
 
 
@@ -200,8 +211,8 @@ def predict(run: TorchtitanRun, nvl_peak: bool = False) -> Result:
 
 
 def print_torchtitan(max_ranks: int, rows: set[str] | None = None) -> list[float]:
-    print(f"torchtitan's published Llama 3.1 runs on Grand Teton H100 ({DEVICE}); simulate(hybrid, "
-          f"framework='torchtitan')")
+    print(f"torchtitan's published Llama 3.1 runs on Grand Teton H100 ({DEVICE}; W25 on H200-141GB); "
+          f"simulate(hybrid, framework='torchtitan')")
     print(f"{'row':<24} {'GPUs':>4} {'FSDP':>4} {'TP':>2} {'PP':>2} {'TPS/GPU':>8} {'measured':>9} {'simulated':>9} "
           f"{'error':>7} {'sim TPS':>8} {'busy':>5} {'GiB':>5} {'sim GiB':>7} {'NVL peak':>8} {'wall':>6}")
     errors, nvl_errors = [], []
@@ -210,10 +221,6 @@ def print_torchtitan(max_ranks: int, rows: set[str] | None = None) -> list[float
             continue
         head = (f"{run.name:<24} {run.gpus:>4} {run.fsdp:>4} {run.tp:>2} {run.pp:>2} {run.tokens_per_s_per_gpu:>8.1f} "
                 f"{run.measured_s:>9.2f}")
-        reason = run.not_expressible()
-        if reason:
-            print(f"{head} not expressible: {reason}", flush=True)
-            continue
         if run.gpus > max_ranks:
             print(f"{head} {'skipped':>9}   ({run.gpus} ranks > --max-ranks {max_ranks})", flush=True)
             continue
@@ -221,11 +228,14 @@ def print_torchtitan(max_ranks: int, rows: set[str] | None = None) -> list[float
         result = predict(run)
         error = result.time_s / run.measured_s - 1
         errors.append(error)
-        nvl_errors.append(predict(run, nvl_peak=True).time_s / run.measured_s - 1)
+        nvl = f"{'-':>8}"  # the NVL's peaks stand in for Grand Teton's part only
+        if run.device == DEVICE:
+            nvl_errors.append(predict(run, nvl_peak=True).time_s / run.measured_s - 1)
+            nvl = f"{100 * nvl_errors[-1]:>+7.1f}%"
         mem = f"{run.mem_gib:>5.1f}" if run.mem_gib else f"{'-':>5}"
         print(f"{head} {result.time_s:>9.2f} {100 * error:>+6.1f}% "
               f"{run.tokens_per_step / (result.time_s * run.gpus):>8.1f} {max(result.compute_busy()):>5.2f} {mem} "
-              f"{result.peak_memory_bytes / 2**30:>7.1f} {100 * nvl_errors[-1]:>+7.1f}% "
+              f"{result.peak_memory_bytes / 2**30:>7.1f} {nvl} "
               f"{time.perf_counter() - started:>5.0f}s", flush=True)
     for label, errs in (("", errors), (" at the NVL peak", nvl_errors)):
         if errs:

@@ -93,7 +93,7 @@ def rows() -> list[tuple[str, float, object, Device, Workload, int, int, bool, s
     for run in fidelity_torchtitan.TORCHTITAN:
         if run.name == "T2 8B cp1":
             out.append((f"torchtitan {run.name}", run.measured_s, lambda run=run: fidelity_torchtitan.predict(run),
-                        DEVICES[fidelity_torchtitan.DEVICE], Workload.parse(fidelity_torchtitan.workload(run)),
+                        DEVICES[run.device], Workload.parse(fidelity_torchtitan.workload(run)),
                         run.local_batch, run.tp, run.tp > 1, "full" if run.ac == "full" else "none", run.fp8 or ""))
     from benchmarks.fidelity import predict_megatron  # (fidelity imports this set's neighbours; import late)
     for run in KORTHIKANTI_TABLE5:

@@ -42,7 +42,8 @@ class StagePlan:
     # stage's 16-bit 1 x 1 x s x s attention mask as well (`Model.pipe_extra`); schedules that place their
     # own messages only
     attention_mask_messages: bool = False
-    # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise"; `costs.fp8`), or ""
+    # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise", "rowwise"; `costs.fp8`),
+    # or ""
     fp8: str = ""
     # context parallelism (`_context.py`): the ranks holding the other sequence parts of this rank's samples
     # (this rank at position `cp_rank`), and how a layer's attention gets their keys and values

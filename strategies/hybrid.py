@@ -18,6 +18,9 @@ docs/reference/strategies.md, "hybrid's options".
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from dist_lib import Model
 
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
@@ -130,9 +133,23 @@ def replica_grid(world_size: int, global_batch_size: int, **options):
     with the distributed optimizer's and FSDP's shards too (replica j holds block j of each, as `run/folding.py`
     relabels them), and under a framework's defaults. With context parallelism a replica's stage is its cp x tp
     ranks (TP fastest, as `context_plan` lays them out), and its gradients' groups of dp x cp ranks take the
-    same positions in every replica. Not with HSDP (`replicate`), whose shard groups are not the replicas: the
-    simulator would find the fold broken and run the step again unfolded."""
+    same positions in every replica. With experts (`ep`), the replicas that exchange tokens fold as one: a folded
+    replica is the least run of a stage's ranks that holds whole EP groups (ep x etp ranks) and whole TP groups,
+    and the expert-data-parallel groups take the same positions in every such run (`_expert_stage.ExpertPlan`);
+    under TP the experts' gradients hold masks over the tp sequence parts of each sample (`ReplicaGrid.parts`).
+    Not with HSDP (`replicate`), whose shard groups are not the replicas: the simulator would find the fold
+    broken and run the step again unfolded."""
     if options.get("replicate", 1) != 1:
         return None
-    cp = options.get("cp", 1)
-    return declared_grid(train, world_size, dict(options, tp=options.get("tp", 1) * cp) if cp != 1 else options)
+    tp, cp = options.get("tp", 1), options.get("cp", 1)
+    if cp != 1:
+        return declared_grid(train, world_size, dict(options, tp=tp * cp))
+    ep, etp = options.get("ep"), options.get("etp")
+    if ep is None and etp is None:
+        return declared_grid(train, world_size, options)
+    width = math.lcm((ep or 1) * (tp if etp is None else etp), tp)  # ranks of a stage a folded replica holds
+    dp = options.get("dp")
+    if dp is not None and (dp * tp) % width:
+        return None
+    grid = declared_grid(train, world_size, dict(options, tp=width, dp=None if dp is None else dp * tp // width))
+    return dataclasses.replace(grid, parts=tp)  # (under TP, the experts' gradients hold sequence parts apart)

@@ -81,8 +81,8 @@ def _forged(programs, words: dict[int, int] | None = None, cut: int | None = Non
     ({8: 2**20}, None, ProgramError, r"entry at word 6 \(context_input\): operand 1048576 is out of range"),
     ({9: 9}, None, ProgramError, r"\(context_input\): interval count 9 is not in 1..8"),
     ({11: 9}, None, ProgramError, r"samples 0..9 are not an interval of the global batch"),
-    ({16: 48}, None, ProgramError, r"entry at word 12 \(context_forward\): key/value exchange 48 is not one of "
-                                   r"0..1 \(ring, all_gather\), plus 2 x a forward's modes 0..23"),
+    ({16: 64}, None, ProgramError, r"entry at word 12 \(context_forward\): key/value exchange 64 is not one of "
+                                   r"0..1 \(ring, all_gather\), plus 2 x a forward's modes 0..31"),
     ({16: 2 * 16}, None, TensorError, r"context_forward\(layer 0\): fp8='tensorwise' on A100-80GB, which "
                                               r"has no FP8 tensor cores"),  # a forged FP8 forward on an A100
     ({29: 2}, None, ProgramError, r"\(context_backward\): key/value exchange 2 is not one of 0..1 \(ring, "

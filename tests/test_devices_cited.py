@@ -82,3 +82,31 @@ def test_the_new_prices_are_the_cited_instances(name):
 
 def test_short_names_of_the_new_devices():
     assert get_device("b200").name == "B200-180GB" and get_device("MI300X").name == "MI300X-192GB"
+
+
+def test_hopper_clock_share_lies_between_the_two_data_sheets():
+    """The SXM5 at 700 W and the NVL at 400 W give their own data-sheet peaks (989.4 and 835.5 TFLOP/s, the same
+    132 SMs); 500 W is a third of the way up: (835.5 + 153.9 / 3) / 989.4 = 0.8963."""
+    from dist_lib.hardware.devices import hopper_clock_share
+    assert hopper_clock_share(700) == 1.0 and hopper_clock_share(1000) == 1.0
+    assert hopper_clock_share(400) * 989.4 == pytest.approx(835.5)
+    assert hopper_clock_share(500) == pytest.approx((835.5 + (989.4 - 835.5) / 3) / 989.4)
+    assert hopper_clock_share(500) == pytest.approx(0.8963, abs=1e-4)
+    with pytest.raises(Exception, match="below the 400 W"):
+        hopper_clock_share(300)
+
+
+def test_the_500_w_grand_teton_h100_runs_tensor_core_work_at_its_capped_clock():
+    """Its power limit scales what the tensor cores do, not what HBM moves, and not the MFU denominator."""
+    capped, sxm = DEVICES["H100-HBM2e-96GB"], DEVICES["H100-80GB"]
+    assert capped.power_limit_w == 500 and capped.peak_flops == sxm.peak_flops
+    flops = 1e15
+    assert costs.compute_time(capped, flops, 0.0) == pytest.approx(flops / (989e12 * 0.8963 * 0.84), rel=1e-4)
+    assert costs.compute_time(capped, 0.0, 2.4e12) == pytest.approx(1.0)  # 2.4 TB at 2.4 TB/s: untouched
+    # a compute-bound GEMM's tile math slows by the clock share; the same part at full clock is the SXM's
+    full = replace(capped, sustained_clock=1.0)
+    m = n = k = 8192
+    ratio = costs.gemm_time(capped, m, n, k) / costs.gemm_time(full, m, n, k)
+    assert 1 < ratio < 1 / 0.8963 + 1e-9
+    with pytest.raises(Exception, match="sustained_clock"):
+        replace(sxm, sustained_clock=0.0)

@@ -3,6 +3,8 @@ step gives the full step's results exactly, and never folds what is not alike.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -150,6 +152,90 @@ def test_folded_large_hybrid_step(dp):
     full, folded = both("strategies.hybrid", f"{dp}x8xA100-80GB:nics=4x50", "toy:layers=8", dp * 4,
                         tp=4, pp=2, schedule="interleaved")
     assert_same(full, folded)
+
+
+# ---- mixtures of experts: the replicas that exchange tokens fold as one ------------------------------
+
+MOE = ("toy:layers=4,hidden=256,heads=4,seq=128,experts={experts},top_k={top_k},expert_ffn_hidden=512,"
+       "moe_every=2,dense_ffn_hidden=512,shared_experts={shared},routing={routing}")
+
+
+@st.composite
+def moe_configs(draw):
+    experts = draw(st.sampled_from([2, 4, 8]))
+    pp = draw(st.sampled_from([1, 2]))
+    gpus = draw(st.sampled_from([2, 4, 8]))
+    tp = draw(st.sampled_from([1, 2]))
+    ep = draw(st.sampled_from([e for e in (1, 2, 4) if experts % e == 0]))
+    etp = draw(st.sampled_from(sorted({1, tp, 2})))
+    dp = ep * draw(st.integers(2, 4))
+    world = dp * tp * pp
+    weights = "/".join(str(1 + i % 3) for i in range(experts))
+    routing = draw(st.sampled_from(["uniform", f"measured:{weights}"]))
+    options = dict(pp=pp, dp=dp, ep=ep, schedule=draw(st.sampled_from(["1f1b", "gpipe", "interleaved"])))
+    if tp > 1:  # (sequence-parallel, as Megatron-Core runs experts under TP: their token masks hold the parts)
+        options.update(tp=tp, sequence_parallel=True)
+    if etp != tp and (dp * tp) % (ep * etp) == 0:
+        options.update(etp=etp)
+    if draw(st.booleans()):
+        options.update(distributed_optimizer=True)
+    workload = MOE.format(experts=experts, top_k=draw(st.integers(1, 2)), shared=draw(st.integers(0, 1)),
+                          routing=routing)
+    cluster = f"{world // gpus}x{gpus}xA100-80GB" if world % gpus == 0 else f"{world}xA100-80GB"
+    return cluster, workload, dp * pp * draw(st.integers(1, 2)), options
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(moe_configs())
+def test_folded_moe_steps_are_the_full_steps(config):
+    """A folded replica holds the ep x etp ranks of a stage that exchange tokens and whole TP groups
+    (`hybrid.replica_grid`); its all-to-alls load the folded links once per replica, and the
+    expert-data-parallel all-reduces span the folded replicas alike (under TP, their gradients' masks over
+    sample parts relabelled part by part)."""
+    cluster, workload, batch, options = config
+    full, folded = both("strategies.hybrid", cluster, workload, batch, **options)
+    assert full.correct, full.problems
+    tp = options.get("tp", 1)
+    width = math.lcm(options["ep"] * options.get("etp", tp), tp)
+    copies = options["dp"] * tp // width
+    if folded.representatives is None:  # (the nodes cut the grid unevenly: not folded, the same run)
+        assert Fold.build(Cluster.parse(cluster), ReplicaGrid(copies, width))[0] is None
+        return
+    assert len(set(folded.representatives)) * copies == full.cluster.world_size
+    assert_same(full, folded)
+
+
+def test_moe_steps_whose_replicas_route_differently_do_not_fold():
+    """zipf draws each microbatch's expert ranking from its first sample, so replicas load their experts
+    differently: not folded. Under TP they fold, the experts' gradients' masks over sample parts relabelled
+    part by part."""
+    zipf = MOE.format(experts=4, top_k=2, shared=0, routing="zipf:1.2")
+    assert simulate("strategies.hybrid", "2x4xA100-80GB", zipf, 16, pp=2, ep=2).representatives is None
+    uniform = MOE.format(experts=4, top_k=2, shared=0, routing="uniform")
+    folded = simulate("strategies.hybrid", "2x4xA100-80GB", uniform, 16, pp=2, ep=2)
+    # 8 ranks, pp=2: dp=4 replicas a stage, EP groups of 2 replicas: two folded replicas of 2 ranks a stage
+    assert sorted(set(folded.representatives)) == [0, 1, 4, 5]
+    # 16 ranks, pp=2, tp=2: dp=4, EP groups of 2 replicas x 2 TP ranks (etp = tp): two folded replicas of 4
+    # ranks a stage
+    under_tp = simulate("strategies.hybrid", "4x4xA100-80GB", uniform, 16, pp=2, ep=2, tp=2, sequence_parallel=True)
+    assert sorted(set(under_tp.representatives)) == [0, 1, 2, 3, 8, 9, 10, 11]
+
+
+def test_an_moe_step_that_drops_an_expert_update_reads_as_the_full_step(monkeypatch):
+    """A problem with the representatives' experts runs the step again unfolded, for the full step's lines."""
+    from dist_lib.model.experts import MoEModel
+    real = MoEModel.set_final_experts
+
+    def skip_rank_one(self, layer, weight):
+        if self.rank != 1:
+            real(self, layer, weight)
+
+    monkeypatch.setattr(MoEModel, "set_final_experts", skip_rank_one)
+    workload = MOE.format(experts=4, top_k=2, shared=0, routing="uniform")
+    full, folded = both("strategies.hybrid", "2x4xA100-80GB", workload, 16, pp=2, ep=2)
+    assert not full.correct and folded.representatives is None
+    # rank 1 holds experts 2-3 of replica 1 (EP groups of replicas 0-1 and 2-3 a stage); rank 3 its copy
+    assert folded.problems == full.problems == ["layer 0: rank 1 loaded experts 2-3 but did not hand them in updated"]
 
 
 # ---- what never folds ------------------------------------------------------------------------------

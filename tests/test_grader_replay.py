@@ -143,7 +143,7 @@ def test_forged_programs_fail_as_the_program_deserves(honest):
     (lambda es: es.append([FORWARD, 0, 1]), "ends inside this entry"),
     (lambda es: es.append([ALL_REDUCE, 0, 9, 0, 1]), "group size 9"),
     (lambda es: es.insert(0, [LOAD, 0, 2**40, 2**41, 0, 1]), "out of range"),
-    (lambda es: es.insert(9, [FORWARD, 0, 8, 0, 24]), "flags 24"),
+    (lambda es: es.insert(9, [FORWARD, 0, 8, 0, 34]), "flags 34"),
     (lambda es: es.insert(9, [AWAIT, 8]), "handle 8 is not a Work"),
     (lambda es: es.insert(0, [INPUT, 1, 5, 99]), "not an interval of the global batch"),
     # a weight plus its optimizer state: a TypeError of the simulator's once, a `crashed` row

@@ -91,10 +91,11 @@ def _gemm(m: int, n: int, k: int, batch: int, waves: int) -> float:
 
 def _backward(tokens: int, waves: tuple[int, int, int, int]) -> float:
     """The two local experts' backward on `tokens` tokens each: the input gradient of gate/up (tokens x h x 2f)
-    and of down (tokens x f x h), the SwiGLU's backward (read 3f, write 2f a token), and the weight gradients
-    (h x 2f and f x h, K = tokens), each GEMM of the two experts one batch of tiles."""
+    and of down (tokens x f x h), the SwiGLU's backward (read 3f, write 2f a token), the gradients sorted into
+    the experts' order and back (two local experts: a read and a write of h a token, twice), and the weight
+    gradients (h x 2f and f x h, K = tokens), each GEMM of the two experts one batch of tiles."""
     return (_gemm(tokens, H, 2 * F, 2, waves[0]) + _gemm(tokens, F, H, 2, waves[1])
-            + 2 * tokens * F * 5 * 2 / 3.35e12
+            + 2 * tokens * F * 5 * 2 / 3.35e12 + 2 * tokens * H * 4 * 2 / 3.35e12
             + _gemm(H, 2 * F, tokens, 2, waves[2]) + _gemm(F, H, tokens, 2, waves[3]))
 
 

@@ -162,7 +162,7 @@ def test_etp2_lays_the_expert_grid_as_megatron_core():
     is EP position i // 2 % 2 and expert-TP shard i % 2, its expert-DP group {i, i + 4}. Rank 0 holds shard 0
     of experts 0-1: 2 x 3 x 256 x 512 / 2 parameters; it computes, for 4 sources' 64-token sequence halves, 64 x
     top-2 / 4 experts = 32 tokens per expert each: 128."""
-    r = simulate(HYBRID, "1x8xA100-80GB", toy(), 4, pp=1, ep=2, etp=2, tp=2, sequence_parallel=True)
+    r = simulate(HYBRID, "1x8xA100-80GB", toy(), 4, pp=1, ep=2, etp=2, tp=2, sequence_parallel=True, fold=False)  # (every rank's events)
     assert r.correct, r.problems
     assert {e.peers for e in r.events if e.op == "all_to_all"} == {(0, 1), (2, 3), (4, 5), (6, 7), (0, 1, 2, 3),
                                                                    (4, 5, 6, 7)}
@@ -178,7 +178,7 @@ def test_tp2_ep4_lays_the_ep_groups_over_the_tp_ranks_of_a_stage():
     replicas' TP ranks each), expert-DP groups {0, 4}, {1, 5}, ...; rank 0 holds expert 0. Each rank holds
     its sequence half, 64 tokens, of its replica's one-sample microbatch: x top-2 / 4 experts = 32 tokens
     for each expert from each of the 4 peers, 128 in all (without TP on 8 replicas, 4 peers x 64 = 256)."""
-    r = simulate(HYBRID, "1x8xA100-80GB", toy(), 4, pp=1, ep=4, **TP_MOE)
+    r = simulate(HYBRID, "1x8xA100-80GB", toy(), 4, pp=1, ep=4, **TP_MOE, fold=False)  # (every rank's events)
     assert r.correct, r.problems
     groups = {e.peers for e in r.events if e.op == "all_to_all"}
     assert groups == {(0, 1), (2, 3), (4, 5), (6, 7), (0, 1, 2, 3), (4, 5, 6, 7)}

@@ -48,9 +48,9 @@ def test_skewed_routing_gives_a_longer_step_than_uniform():
 
 def test_ep_lays_the_expert_groups_over_the_replicas_of_a_stage():
     """dp=4, ep=2 on 8 ranks with pp=2: EP groups {0,1}, {2,3} at stage 0; rank 0's experts are also on rank
-    2 (its expert-data-parallel group), whose expert gradient it all-reduces."""
+    2 (its expert-data-parallel group), whose expert gradient it all-reduces. (Unfolded: every rank's events.)"""
     workload = TOY.format(experts=4, top_k=2, shared=1, routing="uniform", seed=0)
-    r = simulate(HYBRID, "1x8xA100-80GB", workload, 8, pp=2, ep=2)
+    r = simulate(HYBRID, "1x8xA100-80GB", workload, 8, pp=2, ep=2, fold=False)
     assert r.correct, r.problems
     groups = {e.peers for e in r.events if e.op == "all_to_all"}
     assert groups == {(0, 1), (2, 3), (4, 5), (6, 7)}

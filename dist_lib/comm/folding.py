@@ -16,11 +16,12 @@ from functools import lru_cache
 from typing import Any
 
 from dist_lib.comm.groups import Collective, FoldBroken
-from dist_lib.tensors import full_mask
+from dist_lib.tensors import ExpertGrad, full_mask
 
-# the fields of any tensor class a collective's rules read
+# the fields of any tensor class a collective's rules read (an expert's gradient or weight names its experts,
+# which the replicas at the same place of every folded replica hold alike)
 _FIELDS = ("layer", "samples", "shards", "num_shards", "tp_rank", "tp_size", "tp_parts", "step", "gathers", "cp_rank",
-           "cp_size", "seq_parts")
+           "cp_size", "seq_parts", "experts")
 
 
 class Mirror:
@@ -61,19 +62,21 @@ def _moving_up(period: int, shift: int, periods: int) -> int:
     return full_mask(period * periods) // full_mask(period) * full_mask(period - shift)
 
 
-def relabel_samples(mask: int, replica: int, fold: Any, global_batch_size: int) -> int:
+def relabel_samples(mask: int, replica: int, fold: Any, global_batch_size: int, parts: int = 1) -> int:
     """The samples replica `replica` holds where its representative holds `mask`: block j of the global
-    batch, or of every microbatch when the grid cuts each microbatch among the replicas."""
+    batch, or of every microbatch when the grid cuts each microbatch among the replicas. With `parts`, a mask
+    over sample parts (bit s x parts + j for part j of sample s: an expert's gradient under TP), whose blocks
+    are `parts` times as wide."""
     period = fold.grid.microbatch or global_batch_size
-    return rotate(mask, replica, period // fold.copies, fold.copies, global_batch_size // period)
+    return rotate(mask, replica, period // fold.copies * parts, fold.copies, global_batch_size // period)
 
 
-def relabelled_samples(mask: int, replica: int, fold: Any, global_batch_size: int) -> int:
+def relabelled_samples(mask: int, replica: int, fold: Any, global_batch_size: int, parts: int = 1) -> int:
     """`relabel_samples`, remembered by the fold: a step relabels the same few masks for every replica."""
-    key = (mask, replica)
+    key = (mask, replica, parts)
     found = fold.relabelled.get(key)
     if found is None:
-        found = fold.relabelled[key] = relabel_samples(mask, replica, fold, global_batch_size)
+        found = fold.relabelled[key] = relabel_samples(mask, replica, fold, global_batch_size, parts)
     return found
 
 
@@ -96,7 +99,8 @@ _ABSENT = object()
 
 def _template(t: Any) -> tuple:
     """What every mirror of `t` copies: (nbytes, kind, class, the fields kept as they are, samples, shards),
-    samples and shards None where `t` has none; worked out once per collective and representative."""
+    samples and shards None where `t` has none; worked out once per collective and representative. (An
+    expert's gradient names its experts; its samples are over the grid's sample parts, `mirror`.)"""
     kept, samples, shards = [], None, None
     for name in _FIELDS:
         value = getattr(t, name, _ABSENT)
@@ -121,7 +125,8 @@ def mirror(t: Any, rank: int, replica: int, engine: Any, template: tuple | None 
     for name, value in kept:
         setattr(copy, name, value)
     if samples is not None:
-        copy.samples = relabelled_samples(samples, replica, fold, engine.global_batch_size)
+        parts = fold.grid.parts if cls is ExpertGrad else 1  # (the experts' token masks under TP)
+        copy.samples = relabelled_samples(samples, replica, fold, engine.global_batch_size, parts)
     if shards is not None:
         copy.shards = relabel_shards(shards, copy.num_shards, replica, fold.copies)
     return copy

@@ -35,7 +35,7 @@ class Group:
         self.topology = topology or Topology(len(ranks), 1, len(ranks), link)
         self.next_seq = [0] * len(ranks)
         self.pending: dict[int, Collective] = {}
-        self.costs: dict[tuple, float] = {}  # seconds by (op, bytes, TP partial sums): once per group
+        self.costs: dict[tuple, Any] = {}  # seconds by (op, bytes, TP partial sums); all-to-alls by sizes
         # The communicator's stream: every member's stream on this group holds the same ops in the same
         # order, so one stream serves them all. `free` is the end of its latest collective, `busy` while
         # one is in flight, `ready` the issued ones queued behind it.

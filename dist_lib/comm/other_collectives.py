@@ -89,13 +89,19 @@ def _resolve(engine: Engine, coll: OtherCollective) -> None:
     results, nbytes, label = combine_other(coll, inputs, coll.expect)
     op = coll.op
     if op == "all_to_all":
-        sizes = [[0 if t is None else t.nbytes for t in pieces] for pieces in inputs]
+        sizes = tuple(tuple(0 if t is None else t.nbytes for t in pieces) for pieces in inputs)
         relay = _relay(coll)
-        if relay is None:
-            coll.duration, coll.usage = all_to_all_cost(engine.cluster, group.ranks, sizes)
+        if relay is None:  # (a layer's exchanges repeat their sizes microbatch after microbatch)
+            priced = group.costs.get(sizes)
+            if priced is None:
+                priced = group.costs[sizes] = all_to_all_cost(engine.cluster, group.ranks, sizes)
+            coll.duration, coll.usage = priced
         else:
             coll.duration, coll.usage = relayed_all_to_all_cost(engine.cluster, group.ranks, sizes,
                                                                 _crossing(engine, group, inputs, relay))
+        fold = engine.fold
+        if fold is not None:  # (inside the representative replica: once per replica, as its group's ring)
+            coll.usage = fold.usage(coll.usage, fold.copies)
         coll.arrivals = [True] * group.size
     else:
         key = (op, nbytes)

@@ -86,7 +86,8 @@ def flash_times(device: Device, kernel: str, flops: float, head_dim: int, seq: i
     """(forward, backward) seconds of a causal FlashAttention kernel whose forward over the whole s x s matrix
     would be `flops` (the causal kernel does half)."""
     reference = _reference(device, kernel)
-    scale = device.peak_flops / REFERENCE_PEAK[reference]  # the same share of peak on a sibling device
+    # the same share of peak on a sibling device, at the clock its power limit leaves (`Device.tensor_flops`)
+    scale = device.tensor_flops / REFERENCE_PEAK[reference]
     forward_flops = flops / 2
     fwd_bwd_rate = _rate("flash2", "fwd_bwd", reference, head_dim, seq)
     fa2_forward_rate = _rate("flash2", "fwd", reference, head_dim, seq) or fwd_bwd_rate

@@ -56,7 +56,7 @@ def gemm_time(device: Device, m: int, n: int, k: int, batch: int = 1, bytes_per_
     # unknown SM count: no wave quantization, every SM busy to the end
     waves = math.ceil(tiles / sms) if sms else tiles / _NOMINAL_SMS
     slots = sms or _NOMINAL_SMS
-    per_sm = device.peak_flops / slots
+    per_sm = device.tensor_flops / slots  # at the clock the power limit leaves (`Device.sustained_clock`)
     tile_flops = 2.0 * GEMM_TILE_LONG * GEMM_TILE_SHORT * k
     tile_store = min(tiles, slots) * GEMM_TILE_LONG * GEMM_TILE_SHORT * bytes_per_element / device.hbm_bandwidth
     tiled = waves * (tile_flops / (per_sm * device.max_efficiency) + tile_store)
@@ -74,7 +74,7 @@ def compute_time(device: Device, flops: float, bytes_moved: float) -> float:
     the HBM traffic, whichever is slower (Williams et al. 2009)."""
     if flops <= 0:
         return bytes_moved / device.hbm_bandwidth
-    return max(flops / (device.peak_flops * device.max_efficiency), bytes_moved / device.hbm_bandwidth)
+    return max(flops / (device.tensor_flops * device.max_efficiency), bytes_moved / device.hbm_bandwidth)
 
 
 def _weight_gemm_shapes(workload: Workload, samples: int, tp: int, pass_: str) -> list[tuple[float, float, float]]:
@@ -187,7 +187,8 @@ def recompute_time(device: Device, workload: Workload, layer: int, samples: int,
 def _per_op_recompute_time(device: Device, workload: Workload, samples: int, tp: int, sequence_parallel: bool,
                            fp8: str) -> float:
     """The unsaved GEMMs by shape (in FP8: at the FP8 peak, after casting their input and weight again; the
-    saved amax spares the amax pass) and the unsaved memory-bound kernels at HBM bandwidth."""
+    saved tensorwise amax spares the amax pass, `costs.fp8.recompute_cast_bytes`) and the unsaved memory-bound
+    kernels at HBM bandwidth."""
     if workload.profile is not None:
         raise ValueError(f"workload {workload.name}: recompute 'op' needs the layer's kernels, which a measured "
                          f"profile does not split out")
@@ -196,7 +197,7 @@ def _per_op_recompute_time(device: Device, workload: Workload, samples: int, tp:
     if fp8:
         fast = fp8_costs.fp8_device(device)
         gemms = sum(gemm_time(fast, m, n, k, 1, e) for m, n, k in shapes) + _stream_time(
-            device, fp8_costs.CAST_BYTES * sum(m * k + k * n for m, n, k in shapes))
+            device, fp8_costs.recompute_cast_bytes(shapes, fp8))
     else:
         gemms = sum(gemm_time(device, m, n, k, 1, e) for m, n, k in shapes)
     replicated, split = per_op.recomputed_elementwise_bytes_per_token(workload)

@@ -35,6 +35,21 @@ megatron/training/arguments.py). torchao's dynamic tensorwise scaling computes i
 no FP8 tensor or history between passes (`hp_tensor_to_float8_dynamic`): nothing. The saved linear inputs are
 still counted in 16 bits (TE saves them in FP8, 1 byte an element where the stash counts 2): not modelled.
 
+Rowwise (torchao's `Float8LinearConfig.from_recipe_name("rowwise")`, torchtitan's `recipe_name = "rowwise"`;
+torchao/float8/config.py and float8_linear.py `matmul_with_hp_or_float8_args`, June 2025): all three GEMMs in
+FP8 (E4M3 throughout), each operand scaled per row along the GEMM's contraction axis (`ScalingGranularity.AXISWISE`,
+`torch.amax(abs(x), dim)`), so no cast serves two GEMMs: forward casts the input along its rows and the weight
+along K; the input-gradient GEMM the output gradient along its rows and the weight again along N; the
+weight-gradient GEMM the output gradient and the input again, both along the tokens. Six casts a linear layer,
+each reading the 16-bit tensor twice (amax, then scale and cast) and writing one FP8 copy: 5 bytes an element.
+The layout `_scaled_mm` wants (the first operand row-major, the second column-major; `preprocess_addmm`'s
+`.contiguous()` and `.t().contiguous().t()` in float8_ops.py) is taken as written by the compiled cast kernel
+itself (torchtitan compiles its Float8 runs, float8.md: "`torch.compile` fuses the float8 scaling/casting
+kernels"), no separate copy. The per-row amax (`aten.amax`) is not in torchtitan's per-op checkpoint save list
+(which saves tensorwise's `aten.max`), so a recomputed GEMM's casts run their amax pass again. Scales go to the
+GEMM's epilogue (PyTorch's CUTLASS rowwise `_scaled_mm`): M + N floats, not counted. The rowwise GEMM is timed
+at the same FP8 tile efficiency as the cuBLAS tensorwise one: no measured figure for it was found.
+
 GEMM speed: the catalog's per-SM tile efficiency (`Device.max_efficiency`, set on bf16 GEMMs) over
 `Device.fp8_flops`. A cuBLASLt E4M3 8192^3 GEMM with bf16 output was measured at 1,608.6 TFLOP/s mean over
 16 H100 SXM GPUs (81 % of the 1,979 dense FP8 peak; d-robotics test_gpu_scripts,
@@ -51,11 +66,14 @@ from dist_lib.hardware.devices import Device
 from dist_lib.workload import architecture as arch
 from dist_lib.workload.transformer import Workload
 
-RECIPES = ("delayed", "tensorwise")  # TE's delayed scaling; torchao's dynamic tensorwise scaling
+# TE's delayed scaling; torchao's dynamic tensorwise and rowwise (per-row, `ScalingGranularity.AXISWISE`) scaling
+RECIPES = ("delayed", "tensorwise", "rowwise")
 # bytes of HBM traffic per element cast: read 16 bits, write the FP8 copy and its transpose
 CAST_BYTES = 2 + 1 + 1
 # what dynamic scaling adds: the amax pass reads the 16-bit tensor once more
-AMAX_BYTES = {"delayed": 0, "tensorwise": 2}
+AMAX_BYTES = {"delayed": 0, "tensorwise": 2, "rowwise": 2}
+# a rowwise cast: the amax pass reads 16 bits, the cast reads them again and writes one FP8 copy (no transpose)
+ROWWISE_CAST_BYTES = 2 + 2 + 1
 # Transformer Engine's cached FP8 weight and its transpose: bytes a parameter of the linear layers
 TE_WEIGHT_COPY_BYTES = 2
 # the fp32 scaling state of one FP8 tensor: scale, inverse scale and Megatron-LM's default amax history of 1
@@ -86,6 +104,10 @@ def cast_bytes(workload: Workload, samples: int, tp: int, pass_: str, recipe: st
 def shapes_cast_bytes(shapes: list[tuple[float, float, float]], pass_: str, recipe: str) -> float:
     """HBM bytes of the casts feeding the FP8 GEMMs whose forward shapes (M, N, K) are `shapes`, in one pass
     (as `cast_bytes`; an MoE layer's attention and expert GEMMs give theirs, `costs.moe_ops`)."""
+    if recipe == "rowwise":  # each GEMM casts both its operands along its own contraction axis
+        operands = {"forward": lambda m, n, k: m * k + k * n, "input": lambda m, n, k: m * n + k * n,
+                    "weight": lambda m, n, k: m * n + m * k}[pass_]
+        return ROWWISE_CAST_BYTES * sum(operands(m, n, k) for m, n, k in shapes)
     per_element = CAST_BYTES + AMAX_BYTES[recipe]
     again = recipe == "tensorwise"  # torchao casts the saved 16-bit input and weight again in backward
     if pass_ == "forward":
@@ -93,6 +115,14 @@ def shapes_cast_bytes(shapes: list[tuple[float, float, float]], pass_: str, reci
     if pass_ == "input":
         return per_element * sum(m * n + (k * n if again else 0) for m, n, k in shapes)
     return per_element * sum(m * k for m, n, k in shapes) if again else 0.0
+
+
+def recompute_cast_bytes(shapes: list[tuple[float, float, float]], recipe: str) -> float:
+    """HBM bytes of the casts feeding forward GEMMs of shapes (M, N, K) that per-op checkpointing runs again:
+    input and weight cast again, the saved tensorwise amax (`aten.max`) sparing its pass; rowwise's per-row amax
+    is not saved, so it runs again."""
+    per_element = ROWWISE_CAST_BYTES if recipe == "rowwise" else CAST_BYTES
+    return per_element * sum(m * k + k * n for m, n, k in shapes)
 
 
 def persistent_bytes(workload: Workload, tp: int, recipe: str) -> int:

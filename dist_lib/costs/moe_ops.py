@@ -4,7 +4,8 @@ received (`experts.expert_shapes`, a grouped GEMM). Backward passes are the inpu
 as `compute.backward_time` counts them.
 
 `route`'s memory-bound kernels are the layer's norms, residual adds, rotary embedding and attention-output
-copy (`Workload.elementwise_bytes`) without the activation of a dense MLP, which an MoE layer does not have:
+copy (`Workload.elementwise_bytes`), Qwen3's norm of the queries and keys (`qk_norm_bytes`), without the
+activation of a dense MLP, which an MoE layer does not have:
 its experts' SwiGLU traffic is `experts.swiglu_bytes`, counted where the experts run. A sliding-window layer
 (`MoE.sliding_window`) runs its FlashAttention kernel over the band's FLOPs at the kernel's measured rate for
 a sequence as long as the window (`attention.flash_times` clamps to its shortest measured sequence, 512
@@ -79,9 +80,21 @@ def route_cost(device: Device, workload: Workload, layer: int, samples: int, bac
     core = _attention_core_time(device, workload, layer, samples, tp, backward)
     elementwise = workload.elementwise_bytes(tp, tp > 1, backward=backward) \
         - samples_mlp_activation_bytes(workload, backward) / tp
-    seconds += core + compute._stream_time(device, samples * elementwise)
+    seconds += core + compute._stream_time(device, samples * (elementwise + qk_norm_bytes(workload, backward) / tp))
     flops += workload.attention_core_flops(layer) * samples * (2 if backward else 1) / tp
     return compute._layer_pass(workload, tp, seconds), flops
+
+
+def qk_norm_bytes(workload: Workload, backward: bool) -> float:
+    """One sample's HBM traffic of the RMSNorm over each head's query and key (`MoE.qk_norm`, Qwen3): the
+    queries and keys read and written once more forward, 2 (qd + kvd) element transfers a token, and read
+    twice and written once backward (the gradient and the input in, the gradient out), 3 (qd + kvd); split
+    over TP with the heads. Megatron-Core applies it as its own norm module (`q_layernorm`, `k_layernorm`
+    of the attention's submodules)."""
+    if not workload.moe.qk_norm:
+        return 0.0
+    width = (workload.heads + arch.kv_heads(workload)) * arch.head_dim(workload)
+    return workload.seq_len * width * (3 if backward else 2) * workload.bytes_per_element
 
 
 def samples_mlp_activation_bytes(workload: Workload, backward: bool) -> float:
@@ -128,13 +141,23 @@ def experts_cost(device: Device, workload: Workload, tokens: Sequence[int], back
     """(seconds, FLOPs) of one rank's local experts on `tokens[i]` tokens each (the padded slots included),
     on one of `etp` expert-TP shards of them, as one grouped GEMM a pass (`grouped_gemms`); with `fp8`, the
     grouped GEMM in FP8 (Megatron-Core's `TEGroupedMLP` under Transformer Engine's FP8 autocast), its casts
-    counted as a dense layer's."""
+    counted as a dense layer's. The memory-bound kernels around it (`experts.memory_bound_bytes`) run at HBM
+    bandwidth in the forward and in the input-gradient pass."""
     seconds = flops = 0.0
     forward = experts.expert_shapes(workload, tokens, "forward", etp)
     for pass_ in PASSES[backward]:
         s, f = _linear(device, workload, forward, pass_, fp8, grouped=True)
-        seconds += s + (compute._stream_time(device, experts.swiglu_bytes(workload, sum(tokens),
-                                                                            backward=backward, etp=etp))
+        seconds += s + (compute._stream_time(device, experts.memory_bound_bytes(workload, tokens,
+                                                                                  backward=backward, etp=etp))
                         if pass_ != "weight" else 0.0)
         flops += f
     return compute._layer_pass(workload, etp, seconds), flops
+
+
+def unpermute_backward(device: Device, nbytes: float) -> float:
+    """The backward of the dispatch's permutation on the tokens' own rank: each copy's input gradient (`nbytes`
+    of returned pieces) gathered back to its token and summed over its experts, as many bytes read and written
+    as the dispatch copied (`MoEModel.dispatch`). Megatron-Core's `permute` is an autograd function whose
+    backward is the unpermutation (megatron/core/transformer/moe/moe_utils.py `permute`, fused: Transformer
+    Engine's `moe_permute` with `moe_permute_fusion`)."""
+    return compute._stream_time(device, 2.0 * nbytes)

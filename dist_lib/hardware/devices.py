@@ -60,6 +60,11 @@ class Device:
     sms: int = 0  # streaming multiprocessors (data sheet); 0 if unknown, then GEMMs run in fractional waves
     price_per_hour: float = 0.0  # USD per device-hour, on-demand list price (see PRICES_PER_HOUR)
     fp8_flops: float = 0.0  # dense FP8 tensor FLOP/s; 0 for devices without FP8 tensor cores
+    # A board power limit below the one the data-sheet peaks are stated at (W; 0: the data sheet's own) and the
+    # share of the data-sheet tensor-core clock the part sustains under it on tensor-core-bound kernels
+    # (`hopper_clock_share`); memory-bound kernels keep the HBM bandwidth.
+    power_limit_w: float = 0.0
+    sustained_clock: float = 1.0
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "memory_bytes", "hbm_bandwidth"):
@@ -67,6 +72,35 @@ class Device:
                 raise SpecError(f"device {self.name!r}: {field} must be > 0, got {getattr(self, field)}")
         if not 0 < self.max_efficiency <= 1:
             raise SpecError(f"device {self.name!r}: max_efficiency must be in (0, 1], got {self.max_efficiency}")
+        if not 0 < self.sustained_clock <= 1:
+            raise SpecError(f"device {self.name!r}: sustained_clock must be in (0, 1], got {self.sustained_clock}")
+
+    @property
+    def tensor_flops(self) -> float:
+        """Dense 16-bit tensor FLOP/s at the clock the part sustains under its power limit: what the GEMM and
+        attention kernels are timed against (`peak_flops`, the data sheet's, stays the MFU denominator)."""
+        return self.peak_flops * self.sustained_clock
+
+
+# The tensor-core clock a Hopper part (132 SMs, 4,096 dense 16-bit FLOPs per SM and clock) sustains under a board
+# power limit, from NVIDIA's two data sheets of that die at two limits: the H100 SXM5, up to 700 W, 989.4 TFLOP/s
+# dense BF16 (1,830 MHz), and the H100 NVL, 350-400 W, 835.5 TFLOP/s (the data sheet's 1,671 with sparsity,
+# halved: 1,545 MHz). Between them the clock is taken linear in the limit. Power grows faster than linearly in
+# the clock (the voltage rises with it), so the chord lies below the true clock-power curve: a lower bound on the
+# clock, by a few percent at most between two points 300 W apart.
+HOPPER_DATA_SHEET_CLOCKS = ((400.0, 835.5e12), (700.0, 989.4e12))  # (board W, dense BF16 FLOP/s), 132 SMs
+
+
+def hopper_clock_share(power_limit_w: float) -> float:
+    """Share of the H100 SXM5's data-sheet tensor clock a 132-SM Hopper part holds at `power_limit_w` (linear
+    between the NVL's 400 W and the SXM5's 700 W data-sheet peaks; 1.0 from 700 W up)."""
+    (low_w, low), (high_w, high) = HOPPER_DATA_SHEET_CLOCKS
+    if power_limit_w >= high_w:
+        return 1.0
+    if power_limit_w < low_w:
+        raise SpecError(f"power limit {power_limit_w} W: below the {low_w:.0f} W of the lowest Hopper data sheet "
+                        f"(H100 NVL); no clock is known there")
+    return (low + (power_limit_w - low_w) / (high_w - low_w) * (high - low)) / high
 
 
 # Per-step ring latencies follow NCCL's tuner (src/graph/tuning.cc, "Simple" protocol hardware
@@ -148,9 +182,11 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("H100-PCIe-80GB", 756e12, 80 * GiB, 2000 * GB, PCIE_5, IB_NDR, 0.84, 114, fp8_flops=1513e12),
     Device("H200-141GB", 989e12, 143771 * 2**20, 4800 * GB, NVLINK_4, IB_NDR, 0.84, 132, fp8_flops=1979e12),
     # Meta's Grand Teton H100 (torchtitan's published H100 runs): the SXM part with 96 GB of HBM2e at 2.4 TB/s and
-    # a 500 W power limit; its true peak is unpublished ("between SXM and NVL"), so the SXM's data-sheet peaks,
-    # SMs and GEMM efficiency are kept (torchtitan's MFU takes 989 TFLOP/s for it too): the power cap is NOT modelled.
-    Device("H100-HBM2e-96GB", 989e12, 96 * GiB, 2400 * GB, NVLINK_4, IB_NDR, 0.84, 132, fp8_flops=1979e12),
+    # a 500 W power limit ("between SXM and NVL", the benchmark file says of its peak). The SXM's data-sheet peaks
+    # (torchtitan's MFU takes 989 TFLOP/s for it too), SMs and GEMM efficiency, its tensor clock held at what
+    # 500 W gives between the SXM5's and the NVL's data sheets (`hopper_clock_share`: 0.896).
+    Device("H100-HBM2e-96GB", 989e12, 96 * GiB, 2400 * GB, NVLINK_4, IB_NDR, 0.84, 132, fp8_flops=1979e12,
+           power_limit_w=500.0, sustained_clock=hopper_clock_share(500.0)),
     Device("B200-180GB", 2250e12, 183359 * 2**20, 8000 * GB, NVLINK_5, IB_NDR, 0.84, 148, fp8_flops=4500e12),
     Device("MI300X-192GB", 1307.4e12, 192 * GiB, 5300 * GB, XGMI_MI300X, IB_NDR, 0.53, 304, fp8_flops=2614.9e12),
     Device("L40S-48GB", 362.05e12, 46068 * 2**20, 864 * GB, PCIE_4, ETH_100G, 0.78, 142, fp8_flops=733e12),
@@ -203,8 +239,9 @@ SOURCES: dict[str, str] = {
                   "$84.80/h for 8 (SkyPilot catalog)",
     "H100-HBM2e-96GB": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Grand Teton: H100 96 GB HBM2e "
                        "2.4 TB/s, 500 W limit, RDMA 400 Gb/s per GPU); memory nominal; peaks, SMs, NVLink4 and GEMM "
-                       "efficiency the H100 SXM's (the 500 W cap's clock is unpublished and not modelled); unpriced: "
-                       "no cloud rents it",
+                       "efficiency the H100 SXM's; tensor clock at 500 W interpolated between the H100 SXM5 (700 W, "
+                       "989.4 TFLOP/s) and H100 NVL (400 W, 835.5 TFLOP/s dense) data sheets: 0.896 of the SXM5's; "
+                       "unpriced: no cloud rents it",
     "B200-180GB": "NVIDIA DGX B200 data sheet (72 PFLOP/s FP8 sparse for 8 GPUs: 2250 / 4500 dense, 64 TB/s HBM, "
                   "NVLink5 14.4 TB/s for 8); nvidia-smi 183359 MiB; 148 SMs (not on the data sheet); " + _MAMF
                   + "; unpriced: no on-demand price found",

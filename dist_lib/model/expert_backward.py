@@ -93,7 +93,7 @@ class ExpertBackward:
         if grouped:
             self._check_whole_groups(pieces, where)
         counts = self._local_tokens(layer, pieces, weight.experts)  # type: ignore[attr-defined]
-        seconds, flops = moe_ops.experts_cost(self.device, self.workload, counts, True, etp=weight.tp_size, fp8=fp8)
+        seconds, flops = self._priced(moe_ops.experts_cost, tuple(counts), True, weight.tp_size, fp8)  # type: ignore
         self._advance("expert_backward", layer, collapse_mask(seen, parts), seconds, flops,  # type: ignore
                       detail=expert_counts(weight.experts, counts))
         groups = self._groups

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dist_lib.engine.core import Engine
 from dist_lib.tensors import describe_mask, full_mask
 from dist_lib.workload import moe as moe_layers
+from dist_lib.workload.routing import alike_in_every_replica
 
 
 class ExpertBooks:
@@ -27,6 +28,12 @@ class ExpertBooks:
         # (rank, layer, experts, step, samples, tp_rank, tp_size): the last two name an expert-TP shard
         self.finals: list[tuple[int, int, int, int, int, int, int]] = []
         self.updated: set[tuple[int, int, int]] = set()
+        # (cost function, device id, its arguments) -> (seconds, FLOPs): every rank prices the same few ops
+        # (`MoEModel._priced`)
+        self.costs: dict[tuple, tuple[float, float]] = {}
+        # microbatch tokens -> (expert loads, their running sums), where they are the same for every layer and
+        # microbatch (`ExpertParts._routing`); None for zipf's, drawn per microbatch
+        self.routing: dict[int, tuple] | None = {} if alike_in_every_replica(self.moe) else None
 
     def problems(self) -> list[str]:
         """One line per problem with the experts; empty when every expert was trained exactly once."""

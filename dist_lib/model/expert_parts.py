@@ -23,6 +23,8 @@ with every part of every sample.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
+from itertools import accumulate
 from typing import Any
 
 from dist_lib.costs import moe_ops
@@ -30,8 +32,8 @@ from dist_lib.costs.compute import compute_time
 from dist_lib.costs.fp8 import RECIPES
 from dist_lib.errors import TensorError
 from dist_lib.tensors import (Activation, ActivationGradSlice, ActivationSlice, Routed, Stash, describe_mask,
-                              full_mask, mask_runs)
-from dist_lib.workload.routing import buffer_tokens, expert_loads, tokens_reaching
+                              full_mask, mask_runs, range_mask)
+from dist_lib.workload.routing import expert_loads, tokens_reaching
 
 
 def spread_mask(mask: int, parts: int, part: int) -> int:
@@ -58,11 +60,21 @@ def collapse_mask(mask: int, parts: int) -> int:
     return out
 
 
-def part_runs(mask: int, parts: int) -> list[tuple[int, int, int]]:
+def run_mask(items: Any, limit: int) -> int:
+    """The mask of `items` when they are a non-empty range of step 1 inside 0..limit-1 (how strategies name a
+    rank's experts), else 0: the caller then checks them one by one, for the error that names the item."""
+    if items.__class__ is range and items.step == 1 and 0 <= items.start < items.stop <= limit:
+        return range_mask(items.start, items.stop)
+    return 0
+
+
+@lru_cache(maxsize=1 << 14)
+def part_runs(mask: int, parts: int) -> tuple[tuple[int, int, int], ...]:
     """A mask over sample parts as (first sample, stop sample, part) runs: the samples of each run hold the
-    same sequence part (with one part, the runs of the mask)."""
+    same sequence part (with one part, the runs of the mask). Remembered: a microbatch's mask is asked for by
+    every op of its round trip."""
     if parts == 1:
-        return [(a, b, 0) for a, b in mask_runs(mask)]
+        return tuple((a, b, 0) for a, b in mask_runs(mask))
     out = []
     for part in range(parts):
         lane = 0
@@ -71,7 +83,7 @@ def part_runs(mask: int, parts: int) -> list[tuple[int, int, int]]:
                 if bit % parts == part:
                     lane |= 1 << (bit // parts)
         out += [(a, b, part) for a, b in mask_runs(lane)]
-    return out
+    return tuple(out)
 
 
 def mode_fp8(mode: str) -> str:
@@ -123,7 +135,7 @@ class ExpertParts:
         reduce-scatter in the TP group."""
         p, t = weight.tp_size, weight.tp_rank
         n = act.samples.bit_count()
-        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, False, tp=p, fp8=mode_fp8(mode))
+        seconds, flops = self._priced(moe_ops.route_cost, layer, n, False, p, mode_fp8(mode))  # type: ignore[attr-defined]
         self._advance("route", layer, act.samples, seconds, flops)  # type: ignore[attr-defined]
         mem = self._mem
         mem.context = ("route", layer)
@@ -201,16 +213,38 @@ class ExpertParts:
     def _loads(self, layer: int, first: int, stop: int, parts: int) -> tuple[tuple[int, ...], int]:
         """The expert loads of one sequence part of the microbatch of samples first..stop - 1, and its tokens."""
         tokens = (stop - first) * self.workload.seq_len // parts
-        return expert_loads(self.moe, layer, first, tokens), tokens
+        return self._routing(layer, first, tokens)[0], tokens
+
+    def _routing(self, layer: int, first: int, tokens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(`routing.expert_loads`, their running sums: entry e the tokens of experts 0..e-1, so that a run of
+        experts' load is one subtraction). Only zipf's depend on the layer and the microbatch; the others are
+        remembered for the step by microbatch size, for every rank (`ExpertBooks.routing`)."""
+        remembered = self._books.routing  # type: ignore[attr-defined]
+        if remembered is None:
+            loads = expert_loads(self.moe, layer, first, tokens)
+            return loads, tuple(accumulate(loads, initial=0))
+        found = remembered.get(tokens)
+        if found is None:
+            loads = expert_loads(self.moe, layer, first, tokens)
+            found = remembered[tokens] = (loads, tuple(accumulate(loads, initial=0)))
+        return found
 
     def _slots(self, layer: int, samples: int, experts: int, parts: int = 1) -> int:
         """Token slots of the dispatch buffer of `samples`' tokens for `experts`, microbatch by microbatch
-        (each run of samples is one microbatch of the routing; under TP, each sequence part its own)."""
-        chosen = [e for e in range(self.moe.experts) if experts >> e & 1]
+        (each run of samples is one microbatch of the routing; under TP, each sequence part its own): the
+        experts' loads, summed run by run of the mask (`routing.load_prefix`), or with a capacity factor each
+        expert padded to the capacity (the padding moves and computes like tokens; Fedus et al. 2022)."""
+        moe, seq, runs = self.moe, self.workload.seq_len, mask_runs(experts)
         total = 0
         for first, stop, _ in part_runs(samples, parts):
-            loads, tokens = self._loads(layer, first, stop, parts)
-            total += buffer_tokens(self.moe, loads, chosen, tokens)
+            tokens = (stop - first) * seq // parts  # (as `_loads` counts them)
+            cap = moe.capacity(tokens)
+            if cap:
+                total += cap * experts.bit_count()
+                continue
+            prefix = self._routing(layer, first, tokens)[1]
+            for start, end in runs:
+                total += prefix[end] - prefix[start]
         return total
 
     def _distinct_bytes(self, layer: int, samples: int, experts: int, parts: int = 1) -> int:

@@ -36,7 +36,7 @@ from dist_lib.model.expert_books import ExpertBooks
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
 from dist_lib.model.expert_backward import ExpertBackward, expert_counts
-from dist_lib.model.expert_parts import ExpertParts, collapse_mask, stash_fp8
+from dist_lib.model.expert_parts import ExpertParts, collapse_mask, run_mask, stash_fp8
 from dist_lib.model.handle import Model
 from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptState, ExpertWeight, Routed, Stash,
                               Tokens, WeightGrad, describe_mask, full_mask)
@@ -191,8 +191,7 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
             raise TensorError(f"{where}: workload {self.workload.name} has no shared experts")
         if routed.shared:
             raise TensorError(f"{where}: the shared experts already ran on samples {describe_mask(routed.samples)}")
-        seconds, flops = moe_ops.shared_cost(self.device, self.workload, layer, routed.samples.bit_count(), False,
-                                             tp=routed.parts, fp8=fp8)
+        seconds, flops = self._priced(moe_ops.shared_cost, layer, routed.samples.bit_count(), False, routed.parts, fp8)
         self._advance("shared_experts", layer, collapse_mask(routed.samples, routed.parts), seconds, flops)
         routed.shared = True
 
@@ -239,7 +238,7 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
         if not pieces:
             raise TensorError(f"{where}: no token pieces given")
         tokens = self._local_tokens(layer, pieces, weight.experts)
-        seconds, flops = moe_ops.experts_cost(self.device, self.workload, tokens, False, etp=weight.tp_size, fp8=fp8)
+        seconds, flops = self._priced(moe_ops.experts_cost, tuple(tokens), False, weight.tp_size, fp8)
         self._advance("expert_forward", layer, collapse_mask(seen, parts), seconds, flops,
                       detail=expert_counts(weight.experts, tokens))
         mem = self._mem
@@ -296,7 +295,8 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
     def route_backward(self, layer: int, act: Activation, grad: ActivationGrad, routed: Routed,
                        pieces: Sequence[Tokens], weight: Any) -> tuple[WeightGrad, ActivationGrad]:
         """The dense part's backward (router, attention, shared experts) once every expert's input gradient
-        for these tokens is back, exactly once each; consumes the stash `route` left on `act`."""
+        for these tokens is back, exactly once each, after the dispatch's own backward gathers those gradients
+        back to their tokens (`moe_ops.unpermute_backward`); consumes the stash `route` left on `act`."""
         where = f"rank {self.rank} route_backward(layer {layer})"
         self._check_routed(routed, layer, where, combined=True)
         self._check_compute("route_backward", layer, act, weight, layer)
@@ -317,13 +317,14 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
                               f"input gradient of samples {describe_mask(routed.samples)}")
         n = act.samples.bit_count()
         fp8 = stash_fp8(act._stash)
-        seconds, flops = moe_ops.route_cost(self.device, self.workload, layer, n, True, tp=p, fp8=fp8)
+        seconds, flops = self._priced(moe_ops.route_cost, layer, n, True, p, fp8)
         if act._stash.recompute.startswith("selective"):  # the attention core again first
             seconds, flops = seconds + moe_ops.core_recompute(self.device, self.workload, n, p), \
                 flops + self.workload.attention_core_flops() * n / p
         if self.moe.shared_experts:
-            more = moe_ops.shared_cost(self.device, self.workload, layer, n, True, tp=p, fp8=fp8)
+            more = self._priced(moe_ops.shared_cost, layer, n, True, p, fp8)
             seconds, flops = seconds + more[0], flops + more[1]
+        seconds += moe_ops.unpermute_backward(self.device, sum(t.nbytes for t in pieces))
         self._advance("route_backward", layer, act.samples, seconds, flops)
         act._stash = None
         self._mem.context = ("route_backward", layer)
@@ -336,7 +337,19 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
         if not self.moe.is_moe(layer):
             raise TensorError(f"{where}: layer {layer} is a dense layer; forward and backward it")
 
+    def _priced(self, cost: Any, *args: Any) -> tuple[float, float]:
+        """`cost(device, workload, *args)` of a `costs.moe_ops` function, remembered for the step: a pure
+        function of its arguments, asked for by every rank for every microbatch."""
+        key = (cost, id(self.device), args)
+        found = self._books.costs.get(key)
+        if found is None:
+            found = self._books.costs[key] = cost(self.device, self.workload, *args)
+        return found
+
     def _experts_mask(self, experts: Any, where: str) -> int:
+        mask = run_mask(experts, self.moe.experts)
+        if mask:
+            return mask
         try:
             items = list(experts)
         except TypeError:

@@ -111,7 +111,8 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights, StateLoads, La
         Table 2), which backward then re-runs. `sequence_parallel=True` (with a TP slice of the weight): the
         layernorms, dropouts and residual adds run on 1/t of the sequence and their stash is split t ways (same
         paper, sec. 4.2.2); the stash remembers it, so the backward is timed the same way. `fp8` ("delayed",
-        "tensorwise"): the linear layers' GEMMs run in FP8 with that scaling recipe (`costs.fp8`), backward too."""
+        "tensorwise", "rowwise"): the linear layers' GEMMs run in FP8 with that scaling recipe (`costs.fp8`),
+        backward too."""
         rank = self.rank
         if fp8 != "" or selective_recompute.__class__ is not bool or sequence_parallel.__class__ is not bool:
             self._forward_modes(layer, weight, selective_recompute, sequence_parallel, fp8)

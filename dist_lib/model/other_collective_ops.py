@@ -12,6 +12,7 @@ from dist_lib.comm.groups import Group
 from dist_lib.comm.other_collectives import issue_other
 from dist_lib.comm.other_rules import check_pieces, check_rooted
 from dist_lib.errors import TensorError
+from dist_lib.model.expert_parts import run_mask
 from dist_lib.tensors import Tokens, samples_mask
 
 if TYPE_CHECKING:
@@ -144,7 +145,10 @@ class OtherCollectiveOps:
             if experts is None:
                 masks.append(None)
                 continue
-            mask = 0
+            mask = run_mask(experts, count)
+            if mask:
+                masks.append(mask)
+                continue
             try:
                 for e in experts:
                     if e.__class__ is not int or not 0 <= e < count or mask >> e & 1:

@@ -133,16 +133,17 @@ def simulated_passes(cluster: Cluster, workload: Workload, global_batch: int, pl
     """The layer passes the simulation of `plan` runs: one replica a stage's when the step folds its identical
     replicas (`run.folding.plan_fold`, the simulator's own test, on the strategy and options
     `simulate_candidate` runs), else every GPU's (`layer_passes`)."""
-    if workload.moe is None:  # (mixtures of experts do not fold)
-        try:
-            strategy, on, options = (PLANNED, cluster, {"plan": plan}) if _runs_as_planned(workload, framework) \
-                else framework_call(cluster, workload, plan, _launch_framework(framework))
-            fold = plan_fold(load_strategy(strategy)[0], on, global_batch, options)
-        except SpecError:  # (a plan its framework cannot run, such as DeepSpeed with an uneven layer split: its
-            fold = None    # simulation, if it is tried, says why)
-        if fold is not None:
-            return plan.microbatches * sum(stage.tp * stage.layers for stage in plan.stages)
-    return layer_passes(plan)
+    try:
+        strategy, on, options = (PLANNED, cluster, {"plan": plan}) if _runs_as_planned(workload, framework) \
+            else framework_call(cluster, workload, plan, _launch_framework(framework))
+        fold = plan_fold(load_strategy(strategy)[0], on, global_batch, options, workload.moe)
+    except SpecError:  # (a plan its framework cannot run, such as DeepSpeed with an uneven layer split: its
+        fold = None    # simulation, if it is tried, says why)
+    if fold is None:
+        return layer_passes(plan)
+    if workload.moe is not None:  # (a folded replica holds every replica that exchanges tokens with it)
+        return layer_passes(plan) // fold.copies
+    return plan.microbatches * sum(stage.tp * stage.layers for stage in plan.stages)
 
 
 def virtual_counts(plan: Plan) -> list[int]:

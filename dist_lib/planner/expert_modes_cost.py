@@ -13,8 +13,9 @@ the simulator's own cost functions (`costs.moe_ops` with `tp`, `etp` and `fp8`, 
               shared experts | local experts' grouped GEMM (1/etp of them) | all-to-all back | combine copy |
               all-gather of the parts in the TP group
     backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all |
-              the dense part's backward (attention slice, router, shared experts; with selective recompute the
-              attention core again first) | all-reduce of the input gradient in the TP group (one: the attention's,
+              the dispatch's backward (`moe_ops.unpermute_backward`) | the dense part's backward (attention
+              slice, router, shared experts; with selective recompute the attention core again first) |
+              all-reduce of the input gradient in the TP group (one: the attention's,
               `comm.collectives.collective_duration`)
     after the last backward: each layer's dense update once its gradient is reduced, then every layer's
               experts' update (`StageOption.expert_updates`)
@@ -183,7 +184,9 @@ def _layer(cluster, w, device, layer, n, tp, ep, etp, groups, tp_group, tp_topo,
         + tp_out
     # the dense part's partial input gradient all-reduced in the TP group: one all-reduce, the attention's (an
     # MoE layer's experts have no TP collective: `comm.collectives.collective_duration`)
-    backward = copies + a2a + experts_b + a2a + route_b + shared_b + tp_ar
+    # the dispatch's backward gathers every returned input gradient (one piece from each expert-TP shard)
+    backward = copies + a2a + experts_b + a2a + route_b + shared_b + tp_ar \
+        + moe_ops.unpermute_backward(device, etp * sum(slots) * h * e)
     per_token = (h + 3 * moe.expert_ffn_hidden // etp) * e  # `MoEModel._expert_stash_per_token(etp)`
     whole_token = (h + 3 * moe.expert_ffn_hidden) * e
     dense_stash = max(0, w.stash_bytes(layer, tp, recompute="selective" if selective else "none",

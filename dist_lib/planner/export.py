@@ -127,6 +127,10 @@ def torchtitan_toml(launch: Launch, workload: Any) -> str:
     lines += ["", "[activation_checkpoint]", f'mode = "{"selective" if launch.recompute == "op" else launch.recompute}"']
     if launch.recompute == "op":
         lines.append('selective_ac_option = "op"')
+    # torch.compile (off by default in torchtitan) fuses the memory-bound kernels the simulation counts fused; a
+    # workload with kernels "eager" was simulated without it (`workload/eager_kernels.py`)
+    lines += ["", "[compile]", f"enable = {'false' if workload.kernels == 'eager' else 'true'}",
+              'components = ["model", "loss"]']
     if launch.fp8:  # torchao float8 training; the LM head ("output") stays in 16 bits
         lines += ["", "[quantize.linear.float8]", f'recipe_name = "{launch.fp8}"', 'filter_fqns = ["output"]']
     return "\n".join(lines) + "\n"

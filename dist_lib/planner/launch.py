@@ -29,8 +29,11 @@ SCHEDULES = {"megatron": ("1f1b", "interleaved"), "torchtitan": ("gpipe", "1f1b"
 
 # The FP8 scaling recipes (`costs.fp8.RECIPES`) each framework's FP8 training runs: Megatron-LM's
 # `--fp8-recipe` delayed (its default) or tensorwise (Transformer Engine); torchtitan's float8 converter,
-# torchao's dynamic tensorwise scaling (`recipe_name` "tensorwise"); none exported for DeepSpeed.
-FP8_RECIPES = {"megatron": ("delayed", "tensorwise"), "torchtitan": ("tensorwise",), "deepspeed": ()}
+# torchao's dynamic tensorwise scaling (`recipe_name` "tensorwise", the one a search weighs) or rowwise
+# (`recipe_name` "rowwise", `Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"]` in torchtitan v0.2.2's
+# config/job_config.py; `--float8.recipe_name rowwise` on the command line of mid-2025's torchtitan, docs/float8.md);
+# none exported for DeepSpeed.
+FP8_RECIPES = {"megatron": ("delayed", "tensorwise"), "torchtitan": ("tensorwise", "rowwise"), "deepspeed": ()}
 
 
 # The recompute modes a framework has no setting for, with what it has instead: Megatron-LM's

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dist_lib.errors import SpecError
+from dist_lib.workload.eager_kernels import problem as eager_problem
 from dist_lib.workload.per_op_checkpoint import workload_problem as per_op_problem
 from dist_lib.workload.transformer import Workload
 from dist_lib.planner.launch import Launch, uniform_split
@@ -218,6 +219,7 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
         if par.get(key, allowed) != allowed:
             raise SpecError(f"{source}: parallelism.{key} = {par[key]} is not simulated")
     fp8 = _torchtitan_fp8(data, source)
+    workload = _torchtitan_kernels(data.get("compile", {}), workload, source)
     if "seq_len" in train:
         workload = replace(workload, seq_len=_whole(train["seq_len"], f"{source}: training.seq_len"))
     tp, pp = (_whole(par.get(k, 1), f"{source}: parallelism.{k}") for k in ("tensor_parallel_degree",
@@ -286,8 +288,27 @@ def _torchtitan_recompute(ac: dict, workload: Workload, source: str) -> str:
     return "op"
 
 
+def _torchtitan_kernels(compile_: dict, workload: Workload, source: str) -> Workload:
+    """The workload with the kernels `[compile]` gives: compiled ("model" among `components`, torchtitan v0.2.2's
+    default ["model", "loss"]) fused, else eager PyTorch's (`workload/eager_kernels.py`). A config without
+    `enable` keeps the workload's own kernels (torchtitan's default is off; such a config is read as before)."""
+    if "enable" not in compile_:
+        return workload
+    enable, components = compile_["enable"], compile_.get("components", ["model", "loss"])
+    if not isinstance(enable, bool):
+        raise SpecError(f"{source}: compile.enable must be true or false, got {enable!r}")
+    kernels = "fused" if enable and "model" in components else "eager"
+    why = ("the layers are mixture-of-experts layers" if workload.moe is not None else eager_problem(workload)) \
+        if kernels == "eager" else None
+    if why:
+        raise SpecError(f"{source}: compile without the model (eager PyTorch's kernels) is simulated for a Llama block "
+                        f"as torchtitan builds it; workload {workload.name}: {why}")
+    return replace(workload, kernels=kernels)
+
+
 def _torchtitan_fp8(data: dict, source: str) -> str:
-    """"tensorwise" for torchtitan's float8 converter (torchao's dynamic tensorwise scaling), "" for none;
+    """"tensorwise" for torchtitan's float8 converter (torchao's dynamic tensorwise scaling, its default), or its
+    `recipe_name` "rowwise"; "" for none;
     `SpecError` for another converter or recipe."""
     converters = data.get("model", {}).get("converters") or []
     if not converters:
@@ -295,9 +316,10 @@ def _torchtitan_fp8(data: dict, source: str) -> str:
     if converters not in (["quantize.linear.float8"], ["float8"]):
         raise SpecError(f"{source}: model.converters {converters} is not simulated (only [\"quantize.linear.float8\"])")
     recipe = data.get("quantize", {}).get("linear", {}).get("float8", {}).get("recipe_name") or "tensorwise"
-    if recipe != "tensorwise":
-        raise SpecError(f"{source}: quantize.linear.float8.recipe_name = {recipe!r} is not simulated (tensorwise)")
-    return "tensorwise"
+    if recipe not in ("tensorwise", "rowwise"):
+        raise SpecError(f"{source}: quantize.linear.float8.recipe_name = {recipe!r} is not simulated (tensorwise "
+                        f"or rowwise)")
+    return recipe
 
 
 def _torchtitan_layers(par: dict, pp: int, schedule: str, num_layers: int, source: str

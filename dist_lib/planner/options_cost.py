@@ -7,7 +7,8 @@ replicas of a stage form an EP group, each holding E/ep routed experts; its MoE 
     forward:  route (attention + router) | dispatch copies | all-to-all || shared experts | local experts'
               grouped GEMM | all-to-all back | combine copy
     backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all |
-              the dense part's backward (attention, router, shared experts)
+              the dispatch's backward (the copies' gradients back to their tokens) | the dense part's
+              backward (attention, router, shared experts)
 
 Each figure comes from the function the simulator charges the op with (`costs.moe_ops`, `costs.compute`,
 `costs.other_collectives.all_to_all_cost`), so the estimate and the simulation share one cost model. The
@@ -150,7 +151,7 @@ def _layer(cluster, w, device, layer, samples, groups, act, per_token_stash, exp
     experts_b = moe_ops.experts_cost(device, w, [ep * n for n in local], True)[0]  # one grouped GEMM too
     copies = sum(_copy(device, p) for p in piece)
     forward = route_f + copies + max(a2a, shared_f) + experts_f + a2a + _copy(device, sent * h * e)
-    backward = copies + a2a + experts_b + a2a + route_b + shared_b
+    backward = copies + a2a + experts_b + a2a + route_b + shared_b + moe_ops.unpermute_backward(device, sent * h * e)
     dense_stash = max(0, w.stash_bytes(layer) - w.seq_len * moe.top_k * per_token_stash)  # `_dense_stash`
     activation = act + samples * dense_stash + act + received * h * e + received * per_token_stash
     grad_ratio = w.grad_bytes_per_element / w.bytes_per_element

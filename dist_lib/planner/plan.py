@@ -26,7 +26,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full", "op")
 ZERO_STAGES = (0, 1, 3)  # 3: FSDP (torchtitan's data_parallel_shard_degree; hybrid's fsdp)
 # "" (16-bit GEMMs) or an FP8 scaling recipe for the linear layers' GEMMs (`costs.fp8.RECIPES`)
-FP8_CHOICES = ("", "delayed", "tensorwise")
+FP8_CHOICES = ("", "delayed", "tensorwise", "rowwise")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ class Plan:
     schedule: str = "1f1b"
     recompute: str = "none"
     zero: int = 0  # 1: each stage's optimizer state sharded over its replicas (Rajbhandari et al. 2020); 3: FSDP
-    # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise"; `costs.fp8`), or ""
+    # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise", "rowwise"; `costs.fp8`), or ""
     fp8: str = ""
     # expert parallelism of a mixture-of-experts workload: each stage's replicas form EP groups of `ep`
     # consecutive replicas, each holding E/ep routed experts (`strategies/_expert_stage.py`); 1: every replica

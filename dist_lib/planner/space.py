@@ -68,7 +68,7 @@ def orders(cluster: Cluster, price_cap: float | None = None, *, rent: bool = Fal
     every GPU of each type in its order; with `rent`, also the first half, quarter, ... of each type's
     nodes (which mix of the cluster to rent, as FASOP searches it: Hwang et al. 2024)."""
     types = device_types(cluster)
-    speed = {name: cluster.nodes[nodes[0]].device.peak_flops * cluster.nodes[nodes[0]].device.max_efficiency
+    speed = {name: cluster.nodes[nodes[0]].device.tensor_flops * cluster.nodes[nodes[0]].device.max_efficiency
              for name, nodes in types.items()}
     out = []
     for names in type_sequences(list(types), speed):

@@ -18,6 +18,11 @@ Folding is exact when three things hold (`plan_fold`):
   spread over the replicas breaks the fold (`FoldBroken`), and the step runs again unfolded. So does any
   error, so that errors read exactly as the full step's do.
 
+A mixture of experts folds the same way when its routing is alike in every replica (uniform or measured
+shares, not zipf's draw per microbatch): the replicas that exchange tokens fold as one wider replica (the
+strategy declares it so), and the experts' books are checked on the representatives, who hold every expert; a
+problem there runs the step again unfolded, for the full step's lines.
+
 The representatives' books then stand for every replica's (`expand_books`): the same times, peaks and
 FLOPs, and the weights each handed in and loaded relabelled to its replica (`comm/folding.py`), so that the
 end-of-step check sees every rank's records, as the full step would give them. (Where no piece is
@@ -34,6 +39,8 @@ from dist_lib.comm.folding import relabel_shards, relabelled_samples, shards_sta
 from dist_lib.model.correctness import check_kept
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.replicas import Fold, ReplicaGrid
+from dist_lib.workload.moe import MoE
+from dist_lib.workload.routing import alike_in_every_replica
 
 
 def declared_grid(train: Any, world_size: int, global_batch_size: int, options: dict[str, Any]) -> ReplicaGrid | None:
@@ -51,8 +58,12 @@ def declared_grid(train: Any, world_size: int, global_batch_size: int, options: 
     return grid if isinstance(grid, ReplicaGrid) else None
 
 
-def plan_fold(train: Any, cluster: Cluster, global_batch_size: int, options: dict[str, Any]) -> Fold | None:
-    """The fold of this step's replicas when it is exact (see the module docstring), else None."""
+def plan_fold(train: Any, cluster: Cluster, global_batch_size: int, options: dict[str, Any],
+              moe: MoE | None = None) -> Fold | None:
+    """The fold of this step's replicas when it is exact (see the module docstring), else None. A mixture of
+    experts (`moe`, the workload's) folds only where its routing loads every replica's experts alike."""
+    if moe is not None and not alike_in_every_replica(moe):
+        return None
     grid = declared_grid(train, cluster.world_size, global_batch_size, options)
     if grid is None or global_batch_size % max(grid.dp, 1):
         return None

@@ -17,8 +17,8 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     LOAD layer shard num_shards tp_rank tp_size   -> weight, optimizer state
     INPUT k (start stop) x k                      -> activation (samples: k half-open intervals)
     FORWARD layer act weight flags                -> activation (flags: 1 stash, 2 selective recompute,
-                                                     4 sequence parallel, 8 / 16 FP8 delayed / tensorwise,
-                                                     32 per-op selective checkpointing: selective_recompute="op")
+                                                     4 sequence parallel, 8 / 16 / 24 FP8 delayed /
+                                                     tensorwise / rowwise, 32 per-op selective checkpointing: selective_recompute="op")
     BACKWARD layer act grad weight                -> weight gradient, activation gradient
     BACKWARD_INPUT / BACKWARD_WEIGHT (the same)   -> activation gradient / weight gradient
     LOSS act tp_rank tp_size                      -> activation gradient (its TP slice of the LM head)
@@ -62,7 +62,8 @@ from dist_lib.run.recording_experts import (EXPERT_BACKWARD_GROUPED, EXPERT_GROU
                                             mask_intervals)
 from dist_lib.tensors import samples_mask
 
-FP8_FLAGS = {"": 0, "delayed": 8, "tensorwise": 16}  # a forward's FP8 recipe in its flags (`costs.fp8`)
+# a forward's FP8 recipe in its flags (`costs.fp8`), bits 8 and 16 together a two-bit field
+FP8_FLAGS = {"": 0, "delayed": 8, "tensorwise": 16, "rowwise": 24}
 
 (LOAD, INPUT, FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, LOSS, UPDATE, FINAL, ALL_REDUCE, ALL_GATHER,
  REDUCE_SCATTER, SEND, RECV, ADD, AWAIT, DROP, SPLIT, JOIN, SPLIT_TP, TIED, EXTRA, BROADCAST, REDUCE, BARRIER,

@@ -41,7 +41,7 @@ REDUCE_ROUTED = FIRST_EXPERT_OPCODE + 11 + 4
 EXPERT_GROUPED_OPCODES = ("expert_backward",)
 EXPERT_BACKWARD_GROUPED = REDUCE_ROUTED + 2
 EXPERT_QUERIES = ("expert_loads", "is_moe_layer")
-FP8_RECIPES = ("", "delayed", "tensorwise")  # an MoE op's `fp8`, recorded as its index
+FP8_RECIPES = ("", "delayed", "tensorwise", "rowwise")  # an MoE op's `fp8`, recorded as its index
 NO_STASH, SELECTIVE = 4, 8  # flags beside it  # MoEModel methods that only answer (they decide nothing)
 
 

@@ -138,10 +138,10 @@ async def _run(model: Any, program: array, table: list, deadline: float | None) 
             continue
         if op == FORWARD:
             flags = program[i + 4]
-            if not 0 <= flags <= 55 or flags & 24 == 24 or flags & 34 == 34:
+            if not 0 <= flags <= 63 or flags & 34 == 34:
                 raise fail(f"flags {flags} are not a combination of 1 (stash), one of 2 and 32 (selective recompute, "
-                           f"per-op selective checkpointing), 4 (sequence parallel) and one of 8 and 16 (FP8 "
-                           f"delayed or tensorwise)")
+                           f"per-op selective checkpointing), 4 (sequence parallel) and one of 8, 16 and 24 (FP8 "
+                           f"delayed, tensorwise or rowwise)")
             append(model.forward(small(1), get(2), get(3), stash=bool(flags & 1),
                                  selective_recompute="op" if flags & 32 else bool(flags & 2),
                                  sequence_parallel=bool(flags & 4), fp8=FP8_RECIPE_OF_FLAGS[flags & 24]))

@@ -105,7 +105,7 @@ async def simulate_async(strategy: Strategy | str | Path, cluster: Cluster | str
         raise SpecError("worker_ranks names the ranks of the second process: give it with workers=2")
     theirs = choose_worker_ranks(cluster, worker_ranks) if workers == 2 else []
     reserve = read_reserve(memory_reserve, "memory_reserve")
-    folded = plan_fold(train, cluster, global_batch_size, options) if fold and workload.moe is None else None
+    folded = plan_fold(train, cluster, global_batch_size, options, workload.moe) if fold else None
     if folded is not None:
         try:
             return await _run_folded(train, name, folded, workload, global_batch_size, check, enforce_memory,
@@ -151,7 +151,8 @@ async def _run_folded(train: Strategy, name: str, fold: Fold, workload: Workload
     cluster = fold.cluster
     engine = Engine(cluster, workload, global_batch_size, enforce_memory, fold=fold, memory_reserve=reserve)
     engine.cancel_is_strategys = _OWN_LOOP.get()
-    models = {rank: Model(engine, rank) for rank in fold.reps}
+    experts = ExpertBooks(engine) if workload.moe is not None else None
+    models = {rank: Model(engine, rank) if experts is None else MoEModel(engine, rank, experts) for rank in fold.reps}
     order = list(fold.reps)
     if start_order_seed is not None:
         random.Random(start_order_seed).shuffle(order)
@@ -161,6 +162,8 @@ async def _run_folded(train: Strategy, name: str, fold: Fold, workload: Workload
             await engine.run(lambda rank: train(models[rank], **options), order)
             if fold.broken:
                 raise FoldBroken(fold.broken)
+            if experts is not None and experts.problems():  # (the full step names them, rank by rank)
+                raise FoldBroken("the representatives' experts were not all trained exactly once")
             if engine.instant_transfers:
                 engine.events.renumber()
             books = expand_books(_books(engine, fold.reps), fold, global_batch_size)

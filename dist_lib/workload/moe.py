@@ -12,15 +12,14 @@ they use: grouped-query attention with `kv_heads` key/value heads (Ainslie et al
 multi-head latent attention (`mla`: q LoRA rank, KV LoRA rank, per-head no-RoPE and RoPE query/key
 dims, value head dim; arXiv 2412.19437 sec. 2.1.1), RMSNorm (one h-vector per norm) and untied input and
 output embeddings, no biases. Per-head sizes other than h / heads come from the workload's `head_dim` (Qwen3:
-32 heads of 128 on h = 2048). Three further features of published MoE models are fields here:
+32 heads of 128 on h = 2048). Further features of published MoE models are fields here:
 
 * `qk_norm` (Qwen3; Qwen Team 2025, "Qwen3 Technical Report", arXiv 2505.09388, sec. 2): an RMSNorm over each
   head's query and key, one head_dim weight vector each, 2 d parameters a layer. Its cost is elementwise:
   reading and writing the queries and keys once more, 4 (qd + kvd) bytes a token forward and 6 (qd + kvd)
-  backward, as the rotary embedding already costs (`architecture.elementwise_bytes_per_token`). For
-  Qwen3-30B-A3B that is 46 KB a token, 56 us a layer for a 4096-token sample on an H100, against about 10 ms a
-  layer and microbatch of the preset's simulated step at EP 16 (32.3 s over 48 layers and 64 microbatches,
-  BF16): about 0.5 %, left out.
+  backward, as the rotary embedding already costs (`architecture.elementwise_bytes_per_token`), timed in
+  `route` and its backward (`costs.moe_ops.qk_norm_bytes`). For Qwen3-30B-A3B that is 46 KB a token, 56 us a
+  layer for a 4096-token sample on an H100.
 * `biases` (GPT-OSS; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", sec. 2.1, and openai/gpt-oss-120b
   config.json `attention_bias: true`): biases on the query, key, value and output projections, the router, and
   each expert's gate/up (2f) and down (h) projections. Counted in the parameters (the card's totals hold
@@ -32,6 +31,9 @@ output embeddings, no biases. Per-head sizes other than h / heads come from the 
   "Longformer"): a windowed layer's queries see at most W keys, so its attention core does W s - W (W - 1) / 2
   of the s (s + 1) / 2 causal query-key pairs (6 % at s = 4096, W = 128). Counted in FLOPs and time
   (`attention_core_flops`, `costs.moe_ops`); the projections are unchanged.
+* `swiglu_limit` (GPT-OSS: config.json `swiglu_limit: 7.0`; Megatron-Bridge's GPT-OSS bridge sets
+  `activation_func_clamp_value = 7.0`): the experts' gate and up outputs are clamped before the GLU. No
+  parameter and no FLOP; its time is HBM traffic (`experts.clamp_bytes`).
 
 Counted as the papers count them: total parameters hold every expert, active parameters the k routed
 experts a token uses (plus everything else, embeddings included: Mixtral's 12.9 B); model FLOPs are
@@ -77,6 +79,7 @@ class MoE:
     attention_sinks: bool = False  # a learned softmax logit per head (GPT-OSS)
     sliding_window: int = 0  # keys a windowed layer's query sees (0: every layer attends to the whole prefix)
     sliding_every: int = 1  # one windowed layer every N, from layer 0 (GPT-OSS: 2)
+    swiglu_limit: float = 0.0  # the experts' gate/up outputs clamped to this before the GLU (GPT-OSS: 7; 0: none)
 
     def check(self, where: str, heads: int, layers: int) -> None:
         whole(self.experts, f"{where}: experts", 1, MAX_EXPERTS, exact=True)
@@ -105,6 +108,7 @@ class MoE:
                 raise SpecError(f"{where}: {flag} must be true or false, got {shown(getattr(self, flag))}")
         whole(self.sliding_window, f"{where}: sliding_window", 0, 2**24, exact=True)
         whole(self.sliding_every, f"{where}: sliding_every", 1, 10_000, exact=True)
+        number(self.swiglu_limit, f"{where}: swiglu_limit", 0.0, 1e6)
         if self.mla is not None and (self.qk_norm or self.attention_sinks or self.sliding_window):
             raise SpecError(f"{where}: qk_norm, attention_sinks and sliding_window are modelled for grouped-query "
                             f"attention, not with mla")
@@ -270,6 +274,7 @@ MOE_KEYS = {
     "qk_norm": lambda value, where: _switch(value, where), "biases": lambda value, where: _switch(value, where),
     "attention_sinks": lambda value, where: _switch(value, where),
     "sliding_window": _whole_reader(0, 2**24), "sliding_every": _whole_reader(1, 10_000),
+    "swiglu_limit": lambda value, where: number(value, where, 0.0, 1e6),
 }
 
 

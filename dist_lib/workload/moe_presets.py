@@ -21,7 +21,8 @@ checkpoints and the papers); registered beside the GPT presets of `workload.tran
   and openai/gpt-oss-120b, gpt-oss-20b config.json: 36 and 24 layers of h = 2880, 64 query heads of head_dim
   64, 8 KV heads, 128 and 32 experts of intermediate_size 2880, top-4, biases on attention, router and experts
   (`attention_bias: true`), attention sinks, layers alternating a 128-token sliding window (even layers,
-  `layer_types`) and full attention, vocabulary 201088, untied embeddings. Published 116.83 B total / 5.13 B
+  `layer_types`) and full attention, the experts' gate/up outputs clamped at 7 (`swiglu_limit: 7.0`),
+  vocabulary 201088, untied embeddings. Published 116.83 B total / 5.13 B
   active and 20.91 B / 3.61 B; the card counts the active parameters without the input embedding ("we count
   the unembedding but not the embedding"), `active_params` with it (as the Mixtral paper does).
 
@@ -49,7 +50,7 @@ def _llama_style(name: str, layers: int, hidden: int, heads: int, head_dim: int,
 def _gpt_oss(name: str, layers: int, experts: int) -> Workload:
     return _llama_style(name, layers, 2880, 64, 64, 201088,
                         MoE(experts=experts, top_k=4, expert_ffn_hidden=2880, kv_heads=8, biases=True,
-                            attention_sinks=True, sliding_window=128, sliding_every=2))
+                            attention_sinks=True, sliding_window=128, sliding_every=2, swiglu_limit=7.0))
 
 MOE_PRESETS: dict[str, Workload] = {w.name: w for w in (
     _llama_style("mixtral-8x7b", 32, 4096, 32, 0, 32000,

@@ -39,6 +39,7 @@ RMSNorm, rotary positions, a sequential block and SDPA; other layers are refused
 from __future__ import annotations
 
 from dist_lib.workload import architecture as arch
+from dist_lib.workload import eager_kernels
 
 SAVED_MATMULS = ("wq", "wv", "w1", "w2")  # the 1st, 3rd, 5th and 7th aten.mm of a block
 RECOMPUTED_MATMULS = ("wk", "wo", "w3")
@@ -46,15 +47,9 @@ RECOMPUTED_MATMULS = ("wk", "wo", "w3")
 
 def problem(w: arch.LayerShape) -> str | None:
     """Why the policy's count of a layer is not this module's (None when it is): a Llama block as torchtitan
-    builds it, and a FlashAttention kernel (SDPA's flash or memory-efficient backend)."""
-    needs = {"mlp": "swiglu", "norm": "rmsnorm", "position": "rotary", "bias": False, "dropout": False,
-             "parallel_block": False}
-    for name, value in needs.items():
-        if getattr(w, name) != value:
-            return f"{name} is {getattr(w, name)!r}, where torchtitan's Llama block has {value!r}"
-    if w.attention == "unfused":
-        return "attention is 'unfused', where torchtitan's SDPA runs a FlashAttention kernel (flash2 or flash3)"
-    return None
+    builds it, and a FlashAttention kernel (SDPA's flash or memory-efficient backend): the block the eager
+    kernels are counted for too (`eager_kernels.problem`)."""
+    return eager_kernels.problem(w)
 
 
 def workload_problem(w: arch.LayerShape) -> str | None:
@@ -93,6 +88,7 @@ def recomputed_gemm_shapes(w: arch.LayerShape, tokens: int, tp: int, sequence_pa
 
 def recomputed_elementwise_bytes_per_token(w: arch.LayerShape) -> tuple[int, int]:
     """HBM bytes per token of the memory-bound kernels run again, (replicated unless sequence-parallel, split t
-    ways): the forward's (`architecture.elementwise_bytes_per_token`) less the last residual add's 6h."""
-    replicated, split, _ = arch.elementwise_bytes_per_token(w, backward=False)
+    ways): the forward's (`architecture.elementwise_bytes_per_token`; eager PyTorch's, `eager_kernels`, for a workload
+    whose kernels are "eager") less the last residual add's 6h."""
+    replicated, split, _ = eager_kernels.elementwise_bytes_per_token(w, backward=False)
     return replicated - 6 * w.hidden, split

@@ -57,6 +57,14 @@ def _shares(routing: str, experts: int, where: str = "routing") -> tuple[float, 
     raise SpecError(f"{where}: routing must be uniform, zipf:S or measured:w1/.../wE, got {shown(routing)}")
 
 
+def alike_in_every_replica(moe: MoE) -> bool:
+    """Whether every data-parallel replica's microbatches route alike: uniform and measured shares do not
+    depend on the microbatch; zipf draws its ranking per microbatch (from its first sample), so replicas that
+    train on different samples load their experts differently and cannot stand for one another
+    (`run/folding.py`)."""
+    return moe.routing.partition(":")[0] != "zipf"
+
+
 def shares(moe: MoE, layer: int, first_sample: int) -> np.ndarray:
     """Each expert's share of a microbatch's routed tokens (sums to 1)."""
     fixed = _shares(moe.routing, moe.experts)
@@ -70,10 +78,17 @@ def shares(moe: MoE, layer: int, first_sample: int) -> np.ndarray:
     return rng.permutation(weights) / weights.sum()
 
 
-@functools.lru_cache(maxsize=1 << 14)
 def expert_loads(moe: MoE, layer: int, first_sample: int, tokens: int) -> tuple[int, ...]:
     """Tokens each expert receives from a microbatch of `tokens` tokens whose first sample is `first_sample`
-    (dropless: they sum to tokens x k; with a capacity factor, capped at the capacity)."""
+    (dropless: they sum to tokens x k; with a capacity factor, capped at the capacity). Only zipf's loads
+    depend on the layer and the microbatch: the others are worked out once per microbatch size."""
+    if moe.routing.startswith("zipf"):
+        return _loads(moe, layer, first_sample, tokens)
+    return _loads(moe, 0, 0, tokens)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _loads(moe: MoE, layer: int, first_sample: int, tokens: int) -> tuple[int, ...]:
     routed = tokens * moe.top_k
     want = shares(moe, layer, first_sample) * routed
     counts = np.floor(want).astype(np.int64)
@@ -91,12 +106,6 @@ def expert_loads(moe: MoE, layer: int, first_sample: int, tokens: int) -> tuple[
         counts = np.minimum(counts, cap)
     return tuple(int(c) for c in counts)
 
-
-def buffer_tokens(moe: MoE, loads: tuple[int, ...], experts: range | list[int], tokens: int) -> int:
-    """Token slots a dispatch buffer for `experts` holds: their loads, or with a capacity factor each
-    padded to the capacity (the padding moves and computes like tokens; Fedus et al. 2022)."""
-    cap = moe.capacity(tokens)
-    return cap * len(experts) if cap else sum(loads[e] for e in experts)
 
 
 def tokens_reaching(moe: MoE, loads: tuple[int, ...], experts: range | list[int], tokens: int) -> int:

@@ -26,6 +26,7 @@ from dist_lib.workload.moe import MOE_KEYS, MoE
 from dist_lib.workload.routing import check_routing
 from dist_lib.workload import architecture as arch
 from dist_lib.workload import per_op_checkpoint as per_op
+from dist_lib.workload import eager_kernels
 from dist_lib.errors import SpecError
 from dist_lib.specs import key_values, load_spec, number, read_toml, shown, text, whole
 
@@ -72,6 +73,9 @@ class Workload:
     dropout: bool = True
     parallel_block: bool = False
     attention: str = "unfused"
+    # How the memory-bound kernels run (`eager_kernels`): "fused" (one read and one write a tensor: Inductor,
+    # Megatron-LM's fused kernels) or "eager" (eager PyTorch's ops one by one, a Llama block as torchtitan builds it)
+    kernels: str = "fused"
     # Mixture of experts (`workload.moe`): None for a dense GPT; set, the layers are Llama-style MoE model
     # layers (GQA or MLA attention, SwiGLU experts, untied embeddings) and these formulas are moe's.
     moe: MoE | None = None
@@ -98,6 +102,11 @@ class Workload:
         if self.heads % arch.kv_heads(self):
             raise SpecError(f"workload {shown(self.name)}: kv_heads {self.kv_heads} does not divide heads {self.heads} "
                             f"(each key/value head serves a whole group of query heads)")
+        if self.kernels == "eager":
+            why = "the layers are mixture-of-experts layers" if self.moe is not None else eager_kernels.problem(self)
+            if why:
+                raise SpecError(f"workload {shown(self.name)}: kernels 'eager' counts eager PyTorch's kernels of a "
+                                f"Llama block as torchtitan builds it; {why}")
         if self.moe is not None:
             self.moe.check(f"workload {shown(self.name)}", self.heads, self.num_layers)
             if self.moe.sliding_window and self.attention == "unfused":
@@ -243,7 +252,8 @@ class Workload:
         # GPT: forward (4 + 7) * 2 sh replicated, GeLU 16 + copy 4 split, 9 as^2; backward (6 + 5) * 2 + row-parallel
         # bias gradients 2 * 2 + residual-fork adds 2 * 6 replicated, GeLU 24 + copy 4 + column-parallel bias
         # gradients 14 split, 11 as^2 (`architecture.elementwise_bytes_per_token` for any layer)
-        per_token, split_per_token, core = arch.elementwise_bytes_per_token(self, backward=backward)
+        # with kernels "eager", eager PyTorch's unfused kernels instead (`eager_kernels`)
+        per_token, split_per_token, core = eager_kernels.elementwise_bytes_per_token(self, backward=backward)
         attention = core * a * s * s / tp
         if attention_only:
             return attention * scale
@@ -280,7 +290,7 @@ class Workload:
     def from_toml(cls, path: str | Path) -> Workload:
         """Read a workload file: `preset = "gpt-1.3b"` and/or any of the fields (`layers`, `hidden`,
         `heads`, `seq`, `vocab`, `bytes_per_element`, `grad_bytes_per_element`, `framework_overhead_us`,
-        `tp_overhead_us`, `kernel_time_scale`, `name`)."""
+        `tp_overhead_us`, `kernel_time_scale`, the architecture's choices such as `kernels`, `name`)."""
         path = Path(path)
         data = read_toml(path, "workload")
         preset = data.pop("preset", None)
@@ -312,7 +322,7 @@ FIELD_RANGES = {"num_layers": (1, 10_000), "hidden": (1, 2**20), "heads": (1, 2*
                 "kv_heads": (0, 2**16), "head_dim": (0, 2**16), "ffn_hidden": (0, 2**22)}
 # the architecture's named choices and switches (`architecture`)
 _CHOICES = {"mlp": arch.MLP_KINDS, "norm": arch.NORM_KINDS, "position": arch.POSITION_KINDS,
-            "attention": arch.ATTENTION_KERNELS}
+            "attention": arch.ATTENTION_KERNELS, "kernels": eager_kernels.KERNEL_KINDS}
 _FLAGS = ("tied_embeddings", "bias", "dropout", "parallel_block")
 MAX_GLOBAL_BATCH = 2**20  # samples per step; the largest published batches are about 2**16
 
