@@ -6,6 +6,7 @@ Each configuration runs in a fresh subprocess so its peak RSS is its own. Usage:
     python benchmarks/scale.py --quick              # a smaller sweep
     python benchmarks/scale.py --table pipeline     # only the pipeline rows (the 3072-rank step in one process and in two)
     python benchmarks/scale.py --table long         # 8-stage 1F1B steps of 512 and 4,096 microbatches
+    python benchmarks/scale.py --table long --cpu   # the same, with CPU seconds and ops per CPU second
     python benchmarks/scale.py --table replicas     # the 1T step with 1, 3 and 6 data-parallel replicas
     python benchmarks/scale.py --table frontier     # folded steps: 1T on 3072 ranks, Llama 3 405B on 16384
 
@@ -52,12 +53,12 @@ try:
 except OSError:
     pass
 base = rss_kib("VmRSS")
-start = time.perf_counter()
+start, cpu_start = time.perf_counter(), time.process_time()
 result = simulate(call["strategy"], call["cluster"], call["workload"], call["batch"], **call["options"])
-wall = time.perf_counter() - start
+wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
 peak = rss_kib("VmHWM")
 events = len(result.raw_events)
-print(json.dumps({{"wall": wall, "events": events, "rss_kib": peak, "grew_kib": peak - base,
+print(json.dumps({{"wall": wall, "cpu": cpu, "events": events, "rss_kib": peak, "grew_kib": peak - base,
                   "time_s": result.time_s}}))
 """
 
@@ -136,6 +137,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; the fastest counts")
     parser.add_argument("--table", choices=("ddp", "pipeline", "long", "replicas", "frontier", "all"), default="all",
                         help="which rows to run")
+    parser.add_argument("--cpu", action="store_true",
+                        help="pipeline rows: also the CPU seconds of the run that took fewest, and ops per CPU second "
+                             "(on a shared machine, less disturbed by the neighbours than wall time)")
     args = parser.parse_args()
     configs = [(8, 24, 4), (64, 24, 4), (512, 24, 1), (1024, 24, 1), (1024, 24, 4), (1024, 96, 1)]
     pipelines = PIPELINES
@@ -147,13 +151,13 @@ def main() -> None:
     if args.table in ("ddp", "all"):
         ddp_table(configs, args.repeat, accelerated)
     if args.table in ("pipeline", "all"):
-        pipeline_table(pipelines, args.repeat, accelerated)
+        pipeline_table(pipelines, args.repeat, accelerated, args.cpu)
     if args.table == "long":
-        pipeline_table(LONG, args.repeat, accelerated)
+        pipeline_table(LONG, args.repeat, accelerated, args.cpu)
     if args.table == "replicas":  # (not in "all": five minutes)
-        pipeline_table(REPLICAS, 1, accelerated)
+        pipeline_table(REPLICAS, 1, accelerated, args.cpu)
     if args.table == "frontier":  # (not in "all": the unfolded 1T row takes minutes)
-        pipeline_table(FRONTIER, 1, accelerated)
+        pipeline_table(FRONTIER, 1, accelerated, args.cpu)
 
 
 def ddp_table(configs: list[tuple[int, int, int]], repeat: int, accelerated: bool) -> None:
@@ -177,19 +181,23 @@ def ddp_table(configs: list[tuple[int, int, int]], repeat: int, accelerated: boo
 
 
 
-def pipeline_table(rows: list[tuple], repeat: int, accelerated: bool) -> None:
+def pipeline_table(rows: list[tuple], repeat: int, accelerated: bool, cpu: bool = False) -> None:
     print()
     once = "each row runs once" if repeat == 1 else "rows of more than 1024 ranks run once"
     print(f"Pipeline steps with strategies/hybrid.py on A100 nodes of 8, microbatch 1; {once}; "
           f"buffers in {'C' if accelerated else 'Python'}")
     print(f"{'pipeline':<20} {'ranks':>6} {'microbatches':>12} {'ops':>11} {'wall s':>8} {'ops/s':>9} "
-          f"{'peak RSS MiB':>13} {'step s':>8}  (a folded row's ops are its representatives')")
+          f"{'peak RSS MiB':>13} {'step s':>8}" + (f" {'CPU s':>6} {'ops/CPU s':>10}" if cpu else "")
+          + "  (a folded row's ops are its representatives')")
     for label, tp, pp, dp, microbatches, schedule, workload, recompute, *workers in rows:
         call = pipeline_call(tp, pp, dp, microbatches, schedule, workload, recompute, *workers)
         runs = 1 if tp * pp * dp > 1024 else max(1, repeat)
-        m = min((measure(call) for _ in range(runs)), key=lambda m: m["wall"])
+        seen = [measure(call) for _ in range(runs)]
+        m, least = min(seen, key=lambda m: m["wall"]), min(seen, key=lambda m: m["cpu"])
+        extra = f" {least['cpu']:>6.3f} {least['events'] / least['cpu']:>10,.0f}" if cpu else ""
         print(f"{label:<20} {tp * pp * dp:>6} {microbatches:>12} {m['events']:>11,} {m['wall']:>8.1f} "
-              f"{m['events'] / m['wall']:>9,.0f} {m['rss_kib'] / 1024:>13.0f} {m['time_s']:>8.2f}", flush=True)
+              f"{m['events'] / m['wall']:>9,.0f} {m['rss_kib'] / 1024:>13.0f} {m['time_s']:>8.2f}{extra}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ The schedule files (gpipe, one_f_one_b, interleaved, zero_bubble, ...) build eac
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Coroutine, Sequence
+from operator import itemgetter
 from typing import Any
 
 from dist_lib import Model, Work
@@ -38,52 +38,7 @@ from dist_lib.tensors import range_mask
 from dist_lib.schedules.actions import EXCHANGES, MESSAGES, POSTS, Action
 
 from ._blocking_messages import BlockingMessages
-
-
-@dataclass
-class StagePlan:
-    """What one rank needs to run its part of a pipeline replica."""
-
-    stage: int  # this rank's pipeline stage
-    stage_ranks: Sequence[int]  # rank of each stage of this replica (same TP slice)
-    chunks: Sequence[range]  # layers of this rank's chunks; chunk c is virtual stage c * pp + stage
-    microbatches: Sequence[range]  # this replica's microbatches (global sample indices)
-    actions: Sequence[Action]
-    dp_group: Callable[[int], Sequence[int]]  # layer -> ranks that all-reduce its gradient
-    tp_group: Sequence[int] = (0,)
-    tp_rank: int = 0
-    recompute: bool = False
-    selective_recompute: bool | str = False  # True: Korthikanti et al. 2022's; "op": torchtitan's per-op policy
-    sequence_parallel: bool = False  # TP layers split their elementwise work along the sequence (same paper)
-    # all-reduce each layer's gradient as soon as it is complete (PyTorch DDP's buckets), or only after the
-    # pipeline flush, as Megatron-LM's local DDP and DeepSpeed's pipeline engine do
-    overlap_grad_reduce: bool = True
-    # with TP, send 1/t of each pipeline message from each TP rank and all-gather it on arrival (Megatron-LM's
-    # scatter-gather optimization, on by default; Narayanan et al. 2021, sec. 4.1), rather than the whole
-    # message from every TP rank
-    scatter_gather: bool = True
-    # with TP, all-reduce each backward's input gradient while the weight-gradient GEMMs run (Megatron-LM's
-    # async_tensor_model_parallel_allreduce, on by default since commit 3f65246 of 2 September 2021), or
-    # after the whole backward, as Megatron-LM did before (the version Narayanan et al. 2021 measured)
-    async_tp_allreduce: bool = True
-    # the LM head shares the input embedding: after the schedule the first and last stage all-reduce its
-    # gradient (Megatron-LM's embedding group, DeepSpeed's tied-weight reduction) before the data-parallel one
-    tied_embeddings: bool = False
-    # DeepSpeed's engine with Megatron-LM v1.1.5's GPT2ModelPipe: every activation message carries the
-    # stage's 16-bit 1 x 1 x s x s attention mask as well (`Model.pipe_extra`); schedules that place their
-    # own messages only
-    attention_mask_messages: bool = False
-    # the linear layers' GEMMs in FP8 with this scaling recipe ("delayed", "tensorwise", "rowwise"; `costs.fp8`), or ""
-    fp8: str = ""
-    # context parallelism (`_context.py`): the ranks holding the other sequence parts of this rank's samples
-    # (this rank at position `cp_rank`), and how a layer's attention gets their keys and values
-    cp_group: Sequence[int] = ()
-    cp_rank: int = 0
-    kv_exchange: str = "ring"
-    # Megatron-Core's --tp-comm-overlap (Transformer Engine's userbuffers): the layer's TP collectives
-    # pipelined with the GEMMs they feed and drain, charged what the GEMMs leave exposed (`costs.tp_overlap`)
-    tp_comm_overlap: bool = False
-
+from ._stage_plan import StagePlan
 
 
 def run_stage(model: Model, plan: StagePlan) -> Coroutine[Any, Any, None]:
@@ -100,7 +55,7 @@ class _Stage(BlockingMessages):
 
     __slots__ = ("model", "plan", "pp", "virtual", "virtuals", "tp", "tp_group", "scatter_gather", "weights", "left",
                  "grads", "reduced", "kept", "loss_grads", "deferred", "sends", "local", "explicit", "arrived",
-                 "outbox", "partitioned_outputs", "modes", "gathers", "settling")
+                 "outbox", "partitioned_outputs", "modes", "gathers", "settling", "runs", "layer_runs", "direct")
 
     def __init__(self, model: Model, plan: StagePlan):
         self.model, self.plan = model, plan
@@ -110,6 +65,9 @@ class _Stage(BlockingMessages):
         self.tp = tp = len(plan.tp_group)
         self.tp_group = model.group(plan.tp_group) if tp > 1 else None
         self.scatter_gather = plan.scatter_gather and tp > 1
+        # a pass receives its input as `_receive_from` does, written out, when there is nothing to gather and the
+        # method is not a subclass's own: a coroutine less for each message
+        self.direct = not self.scatter_gather and type(self)._receive_from is _Stage._receive_from
         self.weights = {layer: self.load(layer) for chunk in plan.chunks for layer in chunk}
         self.left = {layer: len(plan.microbatches) for layer in self.weights}
         self.grads: dict = {}
@@ -118,6 +76,10 @@ class _Stage(BlockingMessages):
         # schedule's own ints, shared by the ranks of a stage: an entry per microbatch in flight and no key
         # object of its own, which matters at hundreds of microbatches in flight on thousands of ranks)
         self.kept: dict[int, dict[int, object]] = {layer: {} for layer in self.weights}
+        # (chunk, mb) -> the inputs of the chunk's layers, where a plain forward ran them as one run
+        # (`Model.forward_layers`), for the backward's run; in place of their entries in `kept`
+        self.runs: dict[tuple[int, int], list] = {}
+        self.layer_runs: bool | None = None  # whether chunks run as runs of layers (`_runs_layers`), once asked
         self.loss_grads: dict = {}  # microbatch -> gradient of the loss (on the last virtual stage)
         self.deferred: dict = {}  # (chunk, mb) -> [(layer, input, output grad)] awaiting W
         # sends in flight, to await before the step ends (a send's stream lets go of its tensor when it
@@ -126,7 +88,8 @@ class _Stage(BlockingMessages):
         self.local: dict[str, list] = {"activation": [], "activation gradient": []}  # pp == 1 with chunks
         # schedules that place their own messages (blocking, or exchanged): what arrived before its compute, and
         # what a compute produced for a later message, by (what, chunk, microbatch)
-        self.explicit = any(action.kind in MESSAGES or action.kind in EXCHANGES for action in plan.actions)
+        kinds = set(map(itemgetter(0), plan.actions))  # (an action's kind, read in C: thousands an action list)
+        self.explicit = not (kinds.isdisjoint(MESSAGES) and kinds.isdisjoint(EXCHANGES))
         self.arrived: dict = {}
         self.outbox: dict = {}
         self.partitioned_outputs: dict = {}  # (chunk, mb) -> this rank's piece of a sent output (DeepSpeed)
@@ -168,7 +131,7 @@ class _Stage(BlockingMessages):
                 self.post(action)
             else:  # "I": the input-gradient half of a split backward
                 await backward(chunk, mb, True)
-            while sends and sends[0].done:
+            while sends and sends[0].end is not None:  # (`Work.done`, without the property's call)
                 sends.popleft()
         await self.update_all()
         for work in self.sends:
@@ -318,25 +281,38 @@ class _Stage(BlockingMessages):
             x = model.get_input_activation(plan.microbatches[mb])
         elif self.explicit:
             x = self.arrived.pop(("activation", chunk, mb))
+        elif self.direct:
+            src, wanted = plan.stage_ranks[(k - 1) % self.pp], plan.microbatches[mb]
+            x = self.local["activation"].pop(0) if src == model.rank else await model.recv(src)
+            if x.layer != layers.start or x.samples != range_mask(wanted.start, wanted.stop):
+                self._unexpected(x, src, layers.start, wanted, "activation")
         else:
             x = await self._receive_from(k - 1, layers.start, plan.microbatches[mb], "activation")
-        weights, stash, modes, tp_group, kept = self.weights, not plan.recompute, self.modes, self.tp_group, self.kept
-        forward, gathers = model.forward, self.gathers
-        shard, plain = self._checkpoints_shard(), stash and not modes
-        for layer in layers:
-            # with sequence parallelism a checkpointed layer keeps its input as its sequence shard, 2sbh/t bytes
-            # (the layer input lives split along the sequence between layers: Korthikanti et al. 2022, sec. 4.2.2);
-            # whole otherwise, as the layer's own stash leaves the input out
-            kept[layer][mb] = model.split_tp(x, plan.tp_rank, self.tp) if shard else x
-            if plain and gathers is None:
-                x = forward(layer, x, weights[layer][0])
-            elif gathers is None:
-                x = forward(layer, x, weights[layer][0], stash=stash, **modes)
-            else:  # the layer's weight gathered whole first (the next one's gather prefetched)
-                x = forward(layer, x, await gathers.get(layer, layers, False), stash=stash, **modes)
-                gathers.after_forward(layer)
-            if tp_group is not None:
-                x = await model.all_reduce(x, tp_group)
+        runs = self.layer_runs
+        if runs is None:
+            runs = self.layer_runs = self._runs_layers()
+        if runs:  # the chunk's layers in one run, their inputs kept with it for the backward's run
+            xs = model.forward_layers(layers, x, self.weights)
+            x = xs.pop()
+            self.runs[chunk, mb] = xs
+        else:
+            weights, stash, modes, kept = self.weights, not plan.recompute, self.modes, self.kept
+            forward, gathers, tp_group = model.forward, self.gathers, self.tp_group
+            shard, plain = self._checkpoints_shard(), stash and not modes
+            for layer in layers:
+                # with sequence parallelism a checkpointed layer keeps its input as its sequence shard, 2sbh/t
+                # bytes (the layer input lives split along the sequence between layers: Korthikanti et al. 2022,
+                # sec. 4.2.2); whole otherwise, as the layer's own stash leaves the input out
+                kept[layer][mb] = model.split_tp(x, plan.tp_rank, self.tp) if shard else x
+                if plain and gathers is None:
+                    x = forward(layer, x, weights[layer][0])
+                elif gathers is None:
+                    x = forward(layer, x, weights[layer][0], stash=stash, **modes)
+                else:  # the layer's weight gathered whole first (the next one's gather prefetched)
+                    x = forward(layer, x, await gathers.get(layer, layers, False), stash=stash, **modes)
+                    gathers.after_forward(layer)
+                if tp_group is not None:
+                    x = await model.all_reduce(x, tp_group)
         if k == self.virtual - 1:
             # vocabulary-parallel LM head: each TP rank its V/t logits (Megatron-LM)
             self.loss_grads[mb] = model.loss(x, tp_rank=plan.tp_rank, tp_size=self.tp)
@@ -350,8 +326,34 @@ class _Stage(BlockingMessages):
         layers, k = plan.chunks[chunk], self.virtuals[chunk]
         if k == self.virtual - 1 or self.explicit:
             grad = await self._output_grad(chunk, mb)
+        elif self.direct:  # (`_output_grad`'s commonest case, its `_receive_from` too, written out)
+            src, wanted = plan.stage_ranks[(k + 1) % self.pp], plan.microbatches[mb]
+            grad = self.local["activation gradient"].pop(0) if src == model.rank else await model.recv(src)
+            if grad.layer != layers.stop or grad.samples != range_mask(wanted.start, wanted.stop):
+                self._unexpected(grad, src, layers.stop, wanted, "activation gradient")
         else:  # (`_output_grad`'s commonest case, written out: a coroutine less for every backward)
             grad = await self._receive_from(k + 1, layers.stop, plan.microbatches[mb], "activation gradient")
+        run = self.runs.pop((chunk, mb), None) if self.layer_runs else None
+        if run is not None:
+            left = self.left
+            # every backward of a chunk (and every W of a split one) sums a gradient into each of its layers, so
+            # they all have as many microbatches left: one layer's count is the chunk's
+            if not split and (not layers or left[layers.start] > 1):
+                # the chunk's plain backward as one run: no layer's gradient completes in it, so no reduction
+                # starts between its ops (forward_layers ran only where nothing else runs between them)
+                run.append(grad)
+                del grad
+                grad = model.backward_layers(layers, run, self.weights, self.grads)
+                for layer in layers:
+                    left[layer] -= 1
+                if k > 0 and self.explicit:
+                    self.outbox[("activation gradient", chunk, mb)] = grad
+                elif k > 0:
+                    self._send_to(grad, k - 1, "activation gradient")
+                return
+            for layer, x in zip(layers, run):  # one op at a time, from `kept`
+                self.kept[layer][mb] = x
+            run = x = None  # (an empty chunk binds no x)
         deferred = self.deferred.setdefault((chunk, mb), []) if split else None
         tp_group, weights, recompute, kept = self.tp_group, self.weights, plan.recompute, self.kept
         gather_grad = plan.sequence_parallel and tp_group is not None
@@ -403,6 +405,14 @@ class _Stage(BlockingMessages):
             self.outbox[("activation gradient", chunk, mb)] = grad
         elif k > 0:
             self._send_to(grad, k - 1, "activation gradient")
+
+    def _runs_layers(self) -> bool:
+        """Whether a chunk's forward runs its layers as one run (`Model.forward_layers`), and its backward may:
+        nothing runs between its layers' ops (no TP collectives, weight gathers or settling reductions) and
+        each is the plain op (no recompute, no compute modes). Asked at the first forward, once a subclass's
+        constructor has set the gathers."""
+        return not (self.plan.recompute or self.modes or self.gathers is not None or self.tp_group is not None
+                    or self.settling)
 
     def _checkpoints_shard(self) -> bool:
         """Whether a checkpointed layer input is kept as this TP rank's sequence shard: full recompute with

@@ -192,6 +192,9 @@ cases = {  # name: (strategy, options, cluster, layers, global batch)
                                   "1x4xA100-80GB", 2, 96),
     "zero_bubble": ("zero_bubble", {}),  # split backward
     "zero_bubble_recompute": ("zero_bubble", {"recompute": True, "max_in_flight": 3}),  # deferred W after a re-run
+    # plain stages: each chunk's layers as one run (`Model.forward_layers`, `backward_layers`), the last
+    # microbatch's backward op by op
+    "hybrid_runs": ("hybrid", {"dp": 2, "pp": 2, "microbatch_size": 1, "fold": False}, "1x4xA100-80GB", 8, 16),
 }
 for name, (strategy, options, *shape) in cases.items():
     cluster, layers, batch = shape or ("2x2xA100-80GB", 4, 16)
@@ -216,7 +219,7 @@ def _run(pure: bool, program: str = RUN) -> dict:
 
 @pytest.mark.skipif(_c_buffers() is None, reason="the C accelerator was not built")
 def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
-    """The C buffers, the C ops (forward, backward, backward_input, backward_weight, gradient sum,
+    """The C buffers, the C ops (forward, backward, backward_input, backward_weight, gradient sum, runs of layers,
     load_weights, update, set_final_weight, all_reduce, all_gather, reduce_scatter, send, recv and a message's
     end), the C event packing and the C transfer scheduler against their Python twins, over steps that take
     every path: the fast one (TP slices, selective recompute and sequence parallelism included; split backward
@@ -227,7 +230,7 @@ def test_a_step_keeps_the_same_books_and_events_in_c_and_in_python():
     assert (c["scheduler"], python["scheduler"]) == ("dist_lib._buffers", "dist_lib.engine.transfers")
     for name in ("zero", "zero1", "zero_wide", "ddp_wide", "one_f_one_b", "ddp", "gpipe_recompute", "hybrid_tp",
                  "hybrid_tp4", "hybrid_tp4_sync", "hybrid_tp_sp", "hybrid_tp_recompute", "hybrid_tp4_recompute_wide",
-                 "zero_bubble", "zero_bubble_recompute"):
+                 "zero_bubble", "zero_bubble_recompute", "hybrid_runs"):
         assert c[name] == python[name], name
         assert len(c[name]["logs"][0][0]) > 20
     details = {e[11] for case in c.values() if isinstance(case, dict) for e in case["events"]}
@@ -418,6 +421,9 @@ def test_the_ops_keep_their_signatures_and_docs_whichever_implementation_runs():
     for op in (Model.backward, Model.backward_input, Model.backward_weight):
         assert list(inspect.signature(op).parameters) == ["self", "layer", "act", "grad", "weight"]
     assert list(inspect.signature(WeightGrad.__add__).parameters) == ["self", "other"]
+    assert list(inspect.signature(Model.forward_layers).parameters) == ["self", "layers", "act", "loaded"]
+    assert list(inspect.signature(Model.backward_layers).parameters) == ["self", "layers", "held", "loaded", "grads"]
+    assert "each layer's input" in Model.forward_layers.__doc__
     assert list(inspect.signature(Model.load_weights).parameters) == ["self", "layer", "shard", "num_shards",
                                                                       "tp_rank", "tp_size"]
     assert list(inspect.signature(Model.update).parameters) == ["self", "layer", "grad", "weight", "opt_state"]

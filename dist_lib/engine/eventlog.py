@@ -5,7 +5,7 @@ cost about 150 bytes. Packed, an event takes about 40: its rank, times, samples 
 of its *kind*, the fields that repeat across ranks and steps (op, stream, layer, bytes, FLOPs, peers,
 detail), whose distinct combinations are few (a handful per op and layer) and kept once in a table.
 Peers enter a kind by identity: a group or channel shares one peers tuple among its events, and hashing
-a 1024-rank tuple per event would cost more than it saves. Whenever a few thousand tuples have gathered,
+a 1024-rank tuple per event would cost more than it saves. Whenever a thousand tuples have gathered,
 they are packed: the check runs on each forward, when a rank blocks or finishes and when a collective
 resolves. Readers see one sequence of the same tuples either way:
 
@@ -29,7 +29,11 @@ else:
 
 RawEvent = tuple  # see `result.Event` for the named view
 
-PACK_AT = 4096  # tuples gathered before `maybe_pack` packs them: bounds the unpacked part
+# tuples gathered before `maybe_pack` packs them: bounds the unpacked part. A thousand tuples and their floats
+# (about 200 KB) are still in the processor's cache when they are packed; four times as many are not, and the
+# packing then reads each tuple back from memory (a long pipeline's step takes longer: `benchmarks/scale.py
+# --table long`)
+PACK_AT = 1024
 
 
 class EventLog(Sequence):

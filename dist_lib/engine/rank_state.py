@@ -61,11 +61,39 @@ class RankState:
         # per layer, the shards handed in and the shards updated (see `op_checks._first_time`)
         self.handed: list[Any] = [None] * num_layers
         self.updated: list[Any] = [None] * num_layers
-        # per TP slice (a weight's `tp_rank`), per layer, the mask of the samples forwarded so far: a repeat
+        # per TP slice (a weight's `tp_rank`), per layer, the samples forwarded so far (`seen_before`): a repeat
         # is a recompute. Keyed by slice rather than one mask shifted by tp_rank global batches, so that
         # each test and update is an operation on masks of the batch's width; a slice's list is made on its
         # first forward (`forward_slice`), and a rank usually runs one slice
-        self.forwarded: list[list[int] | None] = [[0] * num_layers]
+        self.forwarded: list[list[Any] | None] = [[0] * num_layers]
+
+    def seen_before(self, tp_rank: int, layer: int, samples: int) -> bool:
+        """Whether TP slice `tp_rank` has forwarded all of `samples` (a mask) at `layer` before (a recompute);
+        if not, they are added to those it has. The samples a layer has forwarded are a mask, or, while they
+        are one run of samples, the run's bounds [first, stop] (a list, its stop moved on in place):
+        microbatches forwarded in order extend it without a new mask of the batch's width for each forward."""
+        forwarded = self.forwarded
+        masks = forwarded[tp_rank] if tp_rank < len(forwarded) else None
+        if masks is None:
+            masks = self.forward_slice(tp_rank)
+        before = masks[layer]
+        first, stop = (samples & -samples).bit_length() - 1, samples.bit_length()
+        one_run = samples.bit_count() == stop - first
+        if before.__class__ is list:
+            if before[0] <= first and stop <= before[1]:
+                return True
+            if one_run and first == before[1]:  # the next samples after the run: the run goes on
+                before[1] = stop
+                return False
+            before = (1 << before[1]) - (1 << before[0])  # a mask again from here on
+        elif not before and one_run:
+            masks[layer] = [first, stop]
+            return False
+        if before & samples == samples:
+            masks[layer] = before
+            return True
+        masks[layer] = before | samples if before else samples  # shares the mask when it can
+        return False
 
     def forward_slice(self, tp_rank: int) -> list[int]:
         """The per-layer masks of TP slice `tp_rank`'s forwards (see `forwarded`), made on first use."""

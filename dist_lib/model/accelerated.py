@@ -1,5 +1,5 @@
-"""The C twins of the hottest ops, installed once over their Python specifications: the tensor ops and
-`WeightGrad.__add__`, the weight ops, the collectives, the message path, and the engine's block/wake path
+"""The C twins of the hottest ops, installed once over their Python specifications: the tensor ops (runs of
+layers included) and `WeightGrad.__add__`, the weight ops, the collectives, the message path, and the engine's block/wake path
 (`Engine.wake`, `Engine._drive`, `Work.__await__`). The Python methods stay on their classes as the twins'
 specification and fallback; `DIST_SANDBOX_PURE_PYTHON=1` keeps them in use."""
 
@@ -40,7 +40,8 @@ def install_c_twins() -> None:
         twin("ops").install_ops(
             Model, RankState, MemoryTracker, Activation, ActivationGrad, Weight, WeightGrad, Stash, PACK_AT,
             {m.__name__: _c_doc(m) for m in (Model.forward, Model.backward, Model.backward_input,
-                                             Model.backward_weight, WeightGrad.__add__)})
+                                             Model.backward_weight, WeightGrad.__add__, Model.forward_layers,
+                                             Model.backward_layers)})
     if twin("weight_ops") is not None:
         twin("weight_ops").install_weight_ops(
             Model, RankState, MemoryTracker, Weight, OptState, WeightGrad,

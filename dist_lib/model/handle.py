@@ -27,12 +27,13 @@ from dist_lib.model.other_collective_ops import OtherCollectiveOps
 from dist_lib.model.context_ops import ContextOps
 from dist_lib.model.fp8_weights import FP8Weights
 from dist_lib.model.state_loads import StateLoads
+from dist_lib.model.layer_runs import LayerRuns
 from dist_lib.comm.p2p import issue_recv, issue_send
 from dist_lib.tensors import SLICES, Activation, ActivationGrad, ActivationGradSlice, ActivationSlice, ContextActivationSlice, OptState, PipeExtra, Stash, Weight, WeightGrad, cp_part, describe_mask, samples_mask
 from dist_lib.workload.transformer import Workload
 
 
-class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights, StateLoads):
+class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights, StateLoads, LayerRuns):
     """What one rank sees: its identity, its device, the model shape, and the ops."""
 
     __slots__ = ("_engine", "_state", "_mem", "_events", "_cache", "rank", "world_size", "num_layers",
@@ -125,14 +126,7 @@ class Model(OpChecks, OtherCollectiveOps, ContextOps, FP8Weights, StateLoads):
         samples = act.samples
         tp_rank, tp = weight.tp_rank, weight.tp_size
         # a forward of samples this layer (and TP slice) has already seen on this rank is a recompute
-        forwarded = state.forwarded
-        masks = forwarded[tp_rank] if tp_rank < len(forwarded) else None
-        if masks is None:
-            masks = state.forward_slice(tp_rank)
-        before = masks[layer]
-        recompute = before & samples == samples
-        if not recompute:
-            masks[layer] = before | samples if before else samples  # shares the mask when it can
+        recompute = state.seen_before(tp_rank, layer, samples)
         n = samples.bit_count()
         mode = compute_mode(selective_recompute, sequence_parallel, fp8)
         duration, flops, stash_bytes = self._cache.get(("forward", layer, n, tp, mode)) \

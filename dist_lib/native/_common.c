@@ -61,6 +61,25 @@ long mask_bit_count(PyObject *mask) {
     return int_method(mask, int_bit_count);
 }
 
+/* The lowest set bit and the bit length of a positive mask (its first sample and one past its last), or 0
+ * (never raises) where this build does not read an int's digits or `mask` is not a positive int. */
+int mask_bounds(PyObject *mask, long *first, long *stop) {
+#ifdef MASK_DIGITS
+    if (!mask || !PyLong_CheckExact(mask)) return 0;
+    Py_ssize_t ndigits = MASK_NDIGITS(mask);
+    if (ndigits <= 0) return 0;
+    const digit *d = MASK_DIGITS(mask);
+    Py_ssize_t i = 0;
+    while (!d[i]) i++; /* (the top digit of a positive int is not zero) */
+    *first = (long)(i * PyLong_SHIFT + __builtin_ctzl((unsigned long)d[i]));
+    *stop = (long)((ndigits - 1) * PyLong_SHIFT + (64 - __builtin_clzll((unsigned long long)d[ndigits - 1])));
+    return 1;
+#else
+    (void)mask; (void)first; (void)stop;
+    return 0;
+#endif
+}
+
 /* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
 int is_full_mask(PyObject *mask, long n) {
     if (n < 1 || !mask || !PyLong_CheckExact(mask)) return 0;

@@ -6,7 +6,8 @@
 /* ==== ops ========================================================================================= */
 
 /* `ops`: the hottest ops in C: `Model.forward`, `Model.backward`, its two halves `Model.backward_input` and
- * `Model.backward_weight`, and `WeightGrad.__add__`.
+ * `Model.backward_weight`, the runs of layers `Model.forward_layers` and `Model.backward_layers`, and
+ * `WeightGrad.__add__`.
  *
  * Each handles the common, valid case exactly as the Python method in `model/handle.py` / `tensors.py` does
  * (same checks, same costs, same event, same allocations in the same order) and hands every other call
@@ -17,8 +18,9 @@
 
 /* Slot offsets, classes and constants, resolved once by `install_ops`. */
 static struct {
-    PyTypeObject *Activation, *ActivationGrad, *Weight, *WeightGrad, *Stash;
+    PyTypeObject *Model, *Activation, *ActivationGrad, *Weight, *WeightGrad, *Stash;
     PyObject *py_forward, *py_backward, *py_backward_input, *py_backward_weight, *py_add; /* the Python twins */
+    PyObject *py_forward_layers, *py_backward_layers;
     PyObject *docs;                              /* method name -> text signature and docstring */
     /* Model */
     Py_ssize_t m_engine, m_state, m_mem, m_events, m_cache, m_rank, m_act_bytes, m_shard_sizes;
@@ -33,11 +35,62 @@ static struct {
     Py_ssize_t pack_at;
     PyObject *s_forward, *s_backward, *s_backward_input, *s_backward_weight, *s_compute, *s_recompute, *s_empty,
         *s_none, *s_stash, *s_selective, *s_cost, *s_events, *s_pack, *s_selective_mode, *zero, *one;
+    PyObject *s_start, *s_stop, *s_step;
 } K;
+
+/* The last costs looked up, by what they were looked up with: the cost cache itself (held, so that its address
+ * names no other dict while it is here), and the key's op, TP degree and mode objects by identity and its layer
+ * and sample count by value. A cost cache's entries are written once (`Model._cost` fills a missing key and
+ * never replaces one), so a remembered entry is what the dict holds; a step's ops repeat a handful of keys, and
+ * this skips building, hashing and comparing a five-item tuple key for each op. */
+#define COST_MEMO 1024 /* a power of two */
+static struct {
+    PyObject *cache, *op, *tp, *mode, *cost; /* strong references, or NULL */
+    long layer, n;
+} cost_memo[COST_MEMO];
 
 /* (seconds, FLOPs, stash bytes) of a compute op: the model's cost cache, else `Model._cost`.
  * Returns a new reference to the cached tuple. */
+static PyObject *op_cost_lookup(PyObject *self, PyObject *op, PyObject *layer, long n, PyObject *tp, PyObject *mode);
+
 static PyObject *op_cost(PyObject *self, PyObject *op, PyObject *layer, long n, PyObject *tp, PyObject *mode) {
+    PyObject *cache = SLOT(self, K.m_cache);
+    long layer_v = PyLong_CheckExact(layer) ? small_int(layer, -1) : -1;
+    if (!cache || layer_v < 0) return op_cost_lookup(self, op, layer, n, tp, mode);
+    uint64_t h = (uint64_t)layer_v * 0x9E3779B97F4A7C15ULL ^ (uint64_t)n * 0xC2B2AE3D27D4EB4FULL ^
+                 ((uintptr_t)op >> 4) * 0x165667B19E3779F9ULL ^ ((uintptr_t)mode >> 4) * 0x27D4EB2F165667C5ULL ^
+                 ((uintptr_t)tp >> 4);
+    size_t slot = (size_t)(h ^ h >> 29 ^ h >> 47) & (COST_MEMO - 1);
+    if (cost_memo[slot].cache == cache && cost_memo[slot].op == op && cost_memo[slot].tp == tp &&
+        cost_memo[slot].mode == mode && cost_memo[slot].layer == layer_v && cost_memo[slot].n == n)
+        return Py_NewRef(cost_memo[slot].cost);
+    PyObject *cost = op_cost_lookup(self, op, layer, n, tp, mode);
+    if (!cost) return NULL;
+    /* only what the dict holds is remembered (a `_cost` of another class might not store it) */
+    if (SLOT(self, K.m_cache) == cache) {
+        PyObject *n_obj = PyLong_FromLong(n);
+        PyObject *key = n_obj ? PyTuple_Pack(5, op, layer, n_obj, tp, mode) : NULL;
+        Py_XDECREF(n_obj);
+        PyObject *held = key ? PyDict_GetItemWithError(cache, key) : NULL;
+        Py_XDECREF(key);
+        if (held == cost) {
+            PyObject *old[5] = {cost_memo[slot].cache, cost_memo[slot].op, cost_memo[slot].tp, cost_memo[slot].mode,
+                                cost_memo[slot].cost};
+            cost_memo[slot].cache = Py_NewRef(cache);
+            cost_memo[slot].op = Py_NewRef(op);
+            cost_memo[slot].tp = Py_NewRef(tp);
+            cost_memo[slot].mode = Py_NewRef(mode);
+            cost_memo[slot].cost = Py_NewRef(cost);
+            cost_memo[slot].layer = layer_v;
+            cost_memo[slot].n = n;
+            for (int i = 0; i < 5; i++) Py_XDECREF(old[i]);
+        }
+        PyErr_Clear();
+    }
+    return cost;
+}
+
+static PyObject *op_cost_lookup(PyObject *self, PyObject *op, PyObject *layer, long n, PyObject *tp, PyObject *mode) {
     PyObject *n_obj = PyLong_FromLong(n);
     if (!n_obj) return NULL;
     PyObject *key = PyTuple_Pack(5, op, layer, n_obj, tp, mode);
@@ -91,10 +144,22 @@ static int run_compute(PyObject *self, PyObject *op, PyObject *layer, PyObject *
     return 0;
 }
 
-/* mem.context = (op, layer): what an out-of-memory message names. */
+/* mem.context = (op, layer): what an out-of-memory message names. The pairs are kept by the identity of the
+ * op's name and the layer's value (the op names are the twin's own strings), and shared between ops: a context
+ * is only read, by value, when a rank runs out of memory. */
+#define CONTEXT_MEMO 512 /* a power of two */
+static PyObject *context_memo[CONTEXT_MEMO];
+
 static int set_context(PyObject *mem, PyObject *op, PyObject *layer) {
-    PyObject *context = PyTuple_Pack(2, op, layer);
-    if (!context) return -1;
+    long layer_v = PyLong_CheckExact(layer) ? small_int(layer, -1) : -1;
+    size_t slot = (size_t)(((uintptr_t)op >> 4) * 31u + (size_t)layer_v) & (CONTEXT_MEMO - 1);
+    PyObject *context = layer_v >= 0 ? context_memo[slot] : NULL;
+    if (context && PyTuple_GET_ITEM(context, 0) == op && small_int(PyTuple_GET_ITEM(context, 1), -1) == layer_v) {
+        Py_INCREF(context);
+    } else {
+        if (!(context = PyTuple_Pack(2, op, layer))) return -1;
+        if (layer_v >= 0) Py_XSETREF(context_memo[slot], Py_NewRef(context));
+    }
     Py_XSETREF(SLOT(mem, K.mem_context), context);
     return 0;
 }
@@ -151,19 +216,48 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     long long out_bytes = activation_bytes(self, n);
     if (out_bytes < 0) goto slow;
 
-    /* a forward of samples this layer (and TP slice) has already seen on this rank is a recompute */
+    /* a forward of samples this layer (and TP slice) has already seen on this rank is a recompute
+       (`RankState.seen_before`: what the layer has forwarded is a mask, or [first, stop] of one run of samples) */
     PyObject *before = PyList_GET_ITEM(masks, layer_v);
-    PyObject *seen = PyNumber_And(before, samples);
-    if (!seen) return NULL;
-    int recompute = PyObject_RichCompareBool(seen, samples, Py_EQ);
-    Py_DECREF(seen);
-    if (recompute < 0) return NULL;
-    if (!recompute) {
-        int any = PyObject_IsTrue(before);
-        if (any < 0) return NULL;
-        PyObject *now = any ? PyNumber_Or(before, samples) : Py_NewRef(samples);
-        if (!now) return NULL;
-        PyList_SetItem(masks, layer_v, now); /* steals `now` */
+    long first, stop;
+    if (!mask_bounds(samples, &first, &stop)) goto slow;
+    int one_run = n == stop - first, recompute;
+    if (PyList_CheckExact(before)) {
+        long run_first = PyList_GET_SIZE(before) == 2 ? small_int(PyList_GET_ITEM(before, 0), -1) : -1;
+        long run_stop = PyList_GET_SIZE(before) == 2 ? small_int(PyList_GET_ITEM(before, 1), -1) : -1;
+        if (run_first < 0 || run_stop < 0) goto slow;
+        if (run_first <= first && stop <= run_stop) {
+            recompute = 1;
+        } else if (one_run && first == run_stop) { /* the next samples after the run: the run goes on */
+            PyObject *now = PyLong_FromLong(stop);
+            if (!now) return NULL;
+            PyList_SetItem(before, 1, now); /* steals `now` */
+            recompute = 0;
+        } else {
+            goto slow; /* the run becomes a mask again: the Python twin builds it */
+        }
+    } else if (PyLong_CheckExact(before) && Py_SIZE(before) == 0 && one_run) {
+        PyObject *run = PyList_New(2), *a = PyLong_FromLong(first), *b = PyLong_FromLong(stop);
+        if (!run || !a || !b) { Py_XDECREF(run); Py_XDECREF(a); Py_XDECREF(b); return NULL; }
+        PyList_SET_ITEM(run, 0, a);
+        PyList_SET_ITEM(run, 1, b);
+        PyList_SetItem(masks, layer_v, run); /* steals `run` */
+        recompute = 0;
+    } else if (PyLong_CheckExact(before)) {
+        PyObject *seen = PyNumber_And(before, samples);
+        if (!seen) return NULL;
+        recompute = PyObject_RichCompareBool(seen, samples, Py_EQ);
+        Py_DECREF(seen);
+        if (recompute < 0) return NULL;
+        if (!recompute) {
+            int any = PyObject_IsTrue(before);
+            if (any < 0) return NULL;
+            PyObject *now = any ? PyNumber_Or(before, samples) : Py_NewRef(samples);
+            if (!now) return NULL;
+            PyList_SetItem(masks, layer_v, now); /* steals `now` */
+        }
+    } else {
+        goto slow;
     }
     PyObject *cost = op_cost(self, K.s_forward, layer, n, tp, mode);
     if (!cost) return NULL;
@@ -379,8 +473,141 @@ slow:
     return fallback(K.py_add, self, args, nargs, kwnames);
 }
 
+/* ---- runs of layers (`model/layer_runs.py`) -------------------------------------------------------- */
+
+/* The bounds of `layers`, a range of step 1: 1, or 0 (never raises) for the Python twin to take. */
+static int run_bounds(PyObject *layers, long *start, long *stop) {
+    if (!PyRange_Check(layers)) return 0;
+    PyObject *v[3] = {PyObject_GetAttr(layers, K.s_start), PyObject_GetAttr(layers, K.s_stop),
+                      PyObject_GetAttr(layers, K.s_step)};
+    long got[3];
+    for (int i = 0; i < 3; i++) {
+        got[i] = small_int(v[i], -1);
+        Py_XDECREF(v[i]);
+    }
+    PyErr_Clear();
+    *start = got[0];
+    *stop = got[1];
+    return got[0] >= 0 && got[1] >= got[0] && got[2] == 1;
+}
+
+/* `loaded[layer][0]`: the weight of what `load_weights` returned for `layer` (a new reference), or NULL
+ * with the error the Python twin's subscripts raise. */
+static PyObject *loaded_weight(PyObject *loaded, PyObject *layer) {
+    PyObject *entry = PyDict_GetItemWithError(loaded, layer);
+    if (!entry) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, layer);
+        return NULL;
+    }
+    return PySequence_GetItem(entry, 0);
+}
+
+/* list.pop() of a list the call owns a reference to: the last item (a new reference), or NULL and
+ * IndexError as list.pop raises it. */
+static PyObject *list_pop(PyObject *list) {
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (!n) {
+        PyErr_SetString(PyExc_IndexError, "pop from empty list");
+        return NULL;
+    }
+    PyObject *item = Py_NewRef(PyList_GET_ITEM(list, n - 1));
+    if (PyList_SetSlice(list, n - 1, n, NULL) < 0) { Py_DECREF(item); return NULL; }
+    return item;
+}
+
+/* `LayerRuns.forward_layers(layers, act, loaded)`: `forward` (`fast_forward`) for each layer in order. */
+static PyObject *fast_forward_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    long start, stop;
+    /* (a subclass of Model may have its own forward: the Python twin calls it) */
+    if (Py_TYPE(self) != K.Model || nargs != 3 || kwnames || !run_bounds(args[0], &start, &stop) ||
+        !PyDict_CheckExact(args[2]))
+        return fallback(K.py_forward_layers, self, args, nargs, kwnames);
+    PyObject *loaded = args[2], *act = Py_NewRef(args[1]);
+    PyObject *xs = PyList_New(0);
+    if (!xs || PyList_Append(xs, act) < 0) goto fail;
+    for (long l = start; l < stop; l++) {
+        PyObject *layer = PyLong_FromLong(l);
+        PyObject *weight = layer ? loaded_weight(loaded, layer) : NULL;
+        if (!weight) { Py_XDECREF(layer); goto fail; }
+        PyObject *call[3] = {layer, act, weight};
+        PyObject *out = fast_forward(self, call, 3, NULL);
+        Py_DECREF(weight);
+        Py_DECREF(layer);
+        if (!out) goto fail;
+        Py_SETREF(act, out);
+        if (PyList_Append(xs, act) < 0) goto fail;
+    }
+    Py_DECREF(act);
+    return xs;
+fail:
+    Py_XDECREF(xs);
+    Py_DECREF(act);
+    return NULL;
+}
+
+/* `LayerRuns.backward_layers(layers, held, loaded, grads)`: `backward` (`fast_backward`) for each layer, the
+ * last first, its weight gradient summed into `grads`, and what the run lets go of freed in the twin's order:
+ * the old sum, the weight gradient, the input, then the output gradient. */
+static PyObject *fast_backward_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    long start, stop;
+    if (Py_TYPE(self) != K.Model || nargs != 4 || kwnames || !run_bounds(args[0], &start, &stop) ||
+        !PyList_CheckExact(args[1]) ||
+        !PyDict_CheckExact(args[2]) || !PyDict_CheckExact(args[3]))
+        return fallback(K.py_backward_layers, self, args, nargs, kwnames);
+    PyObject *held = args[1], *loaded = args[2], *grads = args[3];
+    Py_INCREF(held); /* (a caller's list: kept alive while it is popped) */
+    PyObject *grad = list_pop(held);
+    if (!grad) { Py_DECREF(held); return NULL; }
+    for (long l = stop - 1; l >= start; l--) {
+        PyObject *x = list_pop(held);
+        if (!x) goto fail;
+        PyObject *layer = PyLong_FromLong(l);
+        PyObject *weight = layer ? loaded_weight(loaded, layer) : NULL;
+        if (!weight) { Py_XDECREF(layer); Py_DECREF(x); goto fail; }
+        PyObject *call[4] = {layer, x, grad, weight};
+        PyObject *pair = fast_backward(self, call, 4, NULL);
+        Py_DECREF(weight);
+        if (pair && (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2)) {
+            Py_DECREF(pair);
+            pair = NULL;
+            PyErr_SetString(PyExc_TypeError, "Model.backward must return (weight gradient, input gradient)");
+        }
+        if (!pair) { Py_DECREF(layer); Py_DECREF(x); goto fail; }
+        PyObject *weight_grad = Py_NewRef(PyTuple_GET_ITEM(pair, 0)), *grad_in = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+        Py_DECREF(pair);
+        PyObject *total = PyDict_GetItemWithError(grads, layer);
+        Py_XINCREF(total);
+        int failed = 0;
+        if (!total && PyErr_Occurred()) {
+            failed = 1;
+        } else if (!total || total == Py_None) {
+            failed = PyDict_SetItem(grads, layer, weight_grad) < 0;
+        } else {
+            PyObject *sum = PyNumber_Add(total, weight_grad);
+            failed = !sum || PyDict_SetItem(grads, layer, sum) < 0;
+            Py_XDECREF(sum);
+        }
+        Py_XDECREF(total); /* freed in this order, as the Python twin frees them */
+        Py_DECREF(weight_grad);
+        Py_DECREF(x);
+        Py_DECREF(layer);
+        Py_SETREF(grad, grad_in);
+        if (failed) goto fail;
+    }
+    Py_DECREF(held);
+    return grad;
+fail:
+    Py_DECREF(grad);
+    Py_DECREF(held);
+    return NULL;
+}
+
 /* ---- install ------------------------------------------------------------------------------------- */
 
+static PyMethodDef forward_layers_def = {"forward_layers", (PyCFunction)(void (*)(void))fast_forward_layers,
+                                         METH_FASTCALL | METH_KEYWORDS, NULL};
+static PyMethodDef backward_layers_def = {"backward_layers", (PyCFunction)(void (*)(void))fast_backward_layers,
+                                          METH_FASTCALL | METH_KEYWORDS, NULL};
 static PyMethodDef forward_def = {"forward", (PyCFunction)(void (*)(void))fast_forward, METH_FASTCALL | METH_KEYWORDS,
                                   NULL};
 static PyMethodDef backward_def = {"backward", (PyCFunction)(void (*)(void))fast_backward,
@@ -400,6 +627,7 @@ static int ops_names(void) {
         {&K.s_recompute, "recompute"}, {&K.s_empty, ""}, {&K.s_none, "none"}, {&K.s_stash, "stash"},
         {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"},
         {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_selective_mode, "selective"},
+        {&K.s_start, "start"}, {&K.s_stop, "stop"}, {&K.s_step, "step"},
     };
     for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
         if (!(*strings[i].out = PyUnicode_InternFromString(strings[i].text))) return -1;
@@ -452,9 +680,9 @@ PyObject *install_ops(PyObject *module, PyObject *args) {
             return NULL;
         }
     }
-    PyTypeObject **types[] = {&K.Activation, &K.ActivationGrad, &K.Weight, &K.WeightGrad, &K.Stash};
-    PyObject *given[] = {Activation, ActivationGrad, Weight, WeightGrad, Stash};
-    for (int i = 0; i < 5; i++) {
+    PyTypeObject **types[] = {&K.Model, &K.Activation, &K.ActivationGrad, &K.Weight, &K.WeightGrad, &K.Stash};
+    PyObject *given[] = {Model, Activation, ActivationGrad, Weight, WeightGrad, Stash};
+    for (int i = 0; i < 6; i++) {
         Py_INCREF(given[i]);
         Py_XSETREF(*types[i], (PyTypeObject *)given[i]);
     }
@@ -465,7 +693,9 @@ PyObject *install_ops(PyObject *module, PyObject *args) {
         replace_method(Model, &backward_def, &K.py_backward, K.docs) < 0 ||
         replace_method(Model, &backward_input_def, &K.py_backward_input, K.docs) < 0 ||
         replace_method(Model, &backward_weight_def, &K.py_backward_weight, K.docs) < 0 ||
-        replace_method(WeightGrad, &add_def, &K.py_add, K.docs) < 0)
+        replace_method(WeightGrad, &add_def, &K.py_add, K.docs) < 0 ||
+        replace_method(Model, &forward_layers_def, &K.py_forward_layers, K.docs) < 0 ||
+        replace_method(Model, &backward_layers_def, &K.py_backward_layers, K.docs) < 0)
         return NULL;
     set_clock_slot((PyTypeObject *)RankState, K.s_clock);
     Py_RETURN_NONE;

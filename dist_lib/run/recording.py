@@ -54,6 +54,7 @@ from dist_lib.comm.collectives import Work
 from dist_lib.errors import TensorError
 from dist_lib.model.experts import MoEModel
 from dist_lib.model.handle import PIPE_EXTRAS
+from dist_lib.model.layer_runs import LayerRuns
 from dist_lib.model.other_collective_ops import DISPATCHERS
 from dist_lib.run.recording_context import CONTEXT_OPCODES, ContextOpsRecording
 from dist_lib.run.recording_experts import (EXPERT_BACKWARD_GROUPED, EXPERT_GROUPED_OPCODES, EXPERT_OPCODES,
@@ -223,6 +224,10 @@ class RecordingModel(ContextOpsRecording):
 
     def _t(self, x: Any, where: str) -> Any:
         return _target(x, self._rank, where)
+
+    # a run of layers is recorded as its ops, one by one (their handles dropped where the run drops them)
+    forward_layers = LayerRuns.forward_layers
+    backward_layers = LayerRuns.backward_layers
 
     def load_weights(self, layer: int, shard: int = 0, num_shards: int = 1, *, tp_rank: int = 0,
                      tp_size: int = 1) -> tuple[Any, Any]:
