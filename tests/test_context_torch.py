@@ -92,16 +92,19 @@ async def _forward_backward(model, **_):
     await model.context_backward(0, x, grad, weight, [0, 1], kv_exchange="torch_all_gather")
 
 
-def test_forward_gathers_beside_step_0_and_merges_after_each_step():
+@pytest.mark.parametrize("spec, hidden", [("1x2xH100-80GB", True), ("2x1xH100-80GB", False)])
+def test_forward_gathers_beside_step_0_and_merges_after_each_step(spec, hidden):
     """cp = 2, rank r: everything but the attention (`rest`), the K/V copies, then the gather of both ranks' K/V
     (2 x 4E bytes) beside step 0's kernel, waited for before step 1; step 1's kernel and its merge. Rank 1's
-    merge covers all queries (10E) where rank 0's covers half (9E): rank 1 ends the forward later by E / HBM."""
-    cluster, workload = Cluster.parse("1x2xH100-80GB"), Workload.parse(LLAMA)
+    merge covers all queries (10E) where rank 0's covers half (9E): rank 1 ends the forward later by E / HBM.
+    Over NVLink the gather hides behind step 0's kernel; between two hosts it does not."""
+    cluster, workload = Cluster.parse(spec), Workload.parse(LLAMA)
     device = cluster.device_of(0)
     result = simulate(_forward_backward, cluster, workload, 1, check=False)
     rest, block = cp_costs.layer_times(device, workload, 0, 1, 1, 2)
     gather = network.collective_time("all_gather", 2 * torch_costs.kv_bytes(workload, 1, 1, 2),
                                      cluster.topology((0, 1)))
+    assert (gather < block) == hidden
     hbm = device.hbm_bandwidth
     for rank, merge in ((0, 9 * E2), (1, 10 * E2)):
         computes = [e for e in result.events if e.rank == rank and e.stream == "compute" and e.op == "forward"]
