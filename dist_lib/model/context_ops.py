@@ -69,9 +69,10 @@ class ContextOps:
         `group` (the CP group, its i-th rank holding part i): `kv_exchange="ring"` passes them around in
         cp - 1 exchanges, each overlapped with the attention of the block at hand; `"all_gather"` gathers
         them all first; `"torch_all_gather"` gathers them (at the query heads) beside the first block and merges
-        each block's output in fp32, as PyTorch's context-parallel SDPA (`costs.torch_context`). Keeps the stash on `act` unless `stash=False` (full recompute: run it again, exchange
-        included, before the backward); `selective_recompute`, `sequence_parallel` (of the s/cp tokens over
-        the TP group) and `fp8` as for `forward`. With a TP slice of the weight, returns a partial sum."""
+        each block's output in fp32, as PyTorch's context-parallel SDPA (`costs.torch_context`). Keeps the stash
+        on `act` unless `stash=False` (full recompute: run it again, exchange included, before the backward);
+        `selective_recompute`, `sequence_parallel` (of the s/cp tokens over the TP group) and `fp8` as for
+        `forward`. With a TP slice of the weight, returns a partial sum."""
         where = f"rank {self.rank} context_forward(layer {layer})"
         group = self._check_context(where, layer, act, weight, group, kv_exchange)
         if fp8 != "" or selective_recompute is not False or sequence_parallel is not False \
@@ -125,8 +126,8 @@ class ContextOps:
         which ends at its owner after one more hop (cp - 1 key/value and cp gradient exchanges); with
         `"all_gather"`, the keys and values are gathered again and their gradients reduce-scattered; with
         `"torch_all_gather"`, gathered again beside the first block, and the fp32 dK, dV passed around the ring
-        (cp messages), dq accumulated in fp32. The weight
-        gradient covers this sequence part only (`ContextWeightGrad`): all-reduce it over the CP ranks."""
+        (cp messages), dq accumulated in fp32. The weight gradient covers this sequence part only
+        (`ContextWeightGrad`): all-reduce it over the CP ranks."""
         where = f"rank {self.rank} context_backward(layer {layer})"
         group = self._check_context(where, layer, act, weight, group, kv_exchange)
         samples, cp, i = act.samples, act.cp_size, act.cp_rank
