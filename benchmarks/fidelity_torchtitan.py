@@ -57,9 +57,11 @@ Every setting the sources do not state was chosen before the first run, and is r
   GEMMs: not credited);
 * pipelining: the split torchtitan generates when no split points are given (`torchtitan_split`), with one stage
   per rank for 1F1B and two for Interleaved 1F1B, embedding on the first stage and the head on the last;
-* context parallelism as `cp` with `kv_exchange="all_gather"`: PyTorch's context-parallel SDPA with the causal
-  load balancing of 2 cp chunks, its keys and values all-gathered (torchtitan's default
-  `--experimental.context_parallel_rotate_method allgather`, torchtitan/config_manager.py, late 2024); FSDP sharded
+* context parallelism as `cp` with `kv_exchange="torch_all_gather"`: PyTorch's context-parallel SDPA with the
+  causal load balancing of 2 cp chunks, its keys and values all-gathered (torchtitan's default
+  `--experimental.context_parallel_rotate_method allgather`, torchtitan/config_manager.py, late 2024), its loop of
+  cp kernel calls with fp32 merges and, in backward, fp32 dK, dV passed around the ring (`costs.torch_context`;
+  the first runs of these rows used Llama 3's `kv_exchange="all_gather"`, which has neither); FSDP sharded
   over dp x cp as torchtitan's `dp_shard_cp` mesh does; with async TP (Table 6) each CP rank's TP collectives
   overlap its s/cp tokens' GEMMs (`comm.tp_overlap`).
 The simulated figure is the step of `simulate` (no memory enforcement: the memory column is printed beside the
@@ -183,7 +185,7 @@ def plan(run: TorchtitanRun) -> dict:
     options = dict(framework="torchtitan", dp=run.fsdp, pp=run.pp, tp=run.tp, microbatch_size=run.local_batch,
                    schedule=run.schedule, recompute="op" if run.ac == "op" else run.ac == "full", fp8=run.fp8, tp_comm_overlap=run.async_tp)
     if run.cp > 1:  # FSDP shards over dp x cp (torchtitan's dp_shard_cp mesh), as hybrid's fsdp does with cp
-        options.update(cp=run.cp, kv_exchange="all_gather")
+        options.update(cp=run.cp, kv_exchange="torch_all_gather")
     if run.pp > 1:  # microbatches = stages (`pipeline_parallel_microbatches` default); 2 stages a rank if looped
         chunks = 2 if run.schedule == "interleaved" else 1
         options.update(microbatch_size=run.local_batch // run.pp, chunks=chunks,

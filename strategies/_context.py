@@ -1,7 +1,8 @@
 """A pipeline stage whose ranks run context-parallel (Megatron-Core's `--context-parallel-size`): each of the
 `cp` ranks of a CP group holds s/cp tokens of every microbatch's samples (`Model.context_input`), every
 layer's attention takes the other ranks' keys and values over the CP group (`Model.context_forward`: a ring
-of cp - 1 exchanges overlapped with the attention blocks, or Llama 3's all-gather), and each layer's weight
+of cp - 1 exchanges overlapped with the attention blocks, Llama 3's all-gather, or PyTorch's context-parallel
+SDPA: `costs.torch_context`), and each layer's weight
 gradient, which covers this rank's sequence part only, is reduced over the dp x cp ranks of its stage
 and TP slice (`_plan.context_plan`). With TP, each layer's output and input gradient are all-reduced in the
 TP group after the layer; pipeline messages carry a rank's own sequence part whole (no scatter-gather).

@@ -122,8 +122,9 @@ def check_context(workload, tp: int, cp: int, kv_exchange: str) -> None:
     cuts into 2 cp chunks (Megatron-Core's load-balanced causal split), a dense workload with no profile."""
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
         raise ValueError(f"cp must be a whole number >= 1, got {cp!r}")
-    if kv_exchange not in ("ring", "all_gather"):
-        raise ValueError(f"kv_exchange must be 'ring' or 'all_gather', got {kv_exchange!r}")
+    if kv_exchange not in context.KV_EXCHANGES:
+        raise ValueError(f"kv_exchange must be one of {', '.join(map(repr, context.KV_EXCHANGES))}, "
+                         f"got {kv_exchange!r}")
     if workload.tp_problem(tp):
         raise ValueError(workload.tp_problem(tp))
     try:

@@ -5,7 +5,8 @@ Shoeybi et al. 2019 (tensor parallelism) and Narayanan et al. 2021 (the PTD-P la
 pipeline of `pp` stages with the chosen `schedule` (gpipe, 1f1b, interleaved, or DeepSpeed's lock-step
 `deepspeed`), and layer gradients are all-reduced across replicas as soon as a stage's last microbatch has
 passed. With `cp` > 1, each replica's stages run context-parallel (`_context.py`: Megatron-Core's ring
-attention, or Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`); with a
+attention, Llama 3's all-gather of keys and values with `kv_exchange="all_gather"`, or PyTorch's context-parallel
+SDPA as torchtitan runs it with `kv_exchange="torch_all_gather"`); with a
 mixture-of-experts workload, `ep` and `etp` lay Megatron-Core's expert grid over the ranks of each stage (EP x
 ETP x PP x DP beside TP, `_expert_stage.py`; the distributed optimizer's `_expert_sharded.py`;
 `moe_dispatcher` the token dispatch, flat or hierarchical as DeepEP/HybridEP);

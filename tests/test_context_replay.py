@@ -81,12 +81,12 @@ def _forged(programs, words: dict[int, int] | None = None, cut: int | None = Non
     ({8: 2**20}, None, ProgramError, r"entry at word 6 \(context_input\): operand 1048576 is out of range"),
     ({9: 9}, None, ProgramError, r"\(context_input\): interval count 9 is not in 1..8"),
     ({11: 9}, None, ProgramError, r"samples 0..9 are not an interval of the global batch"),
-    ({16: 64}, None, ProgramError, r"entry at word 12 \(context_forward\): key/value exchange 64 is not one of "
-                                   r"0..1 \(ring, all_gather\), plus 2 x a forward's modes 0..31"),
-    ({16: 2 * 16}, None, TensorError, r"context_forward\(layer 0\): fp8='tensorwise' on A100-80GB, which "
+    ({16: 96}, None, ProgramError, r"entry at word 12 \(context_forward\): key/value exchange 96 is not one of "
+                                   r"0..2 \(ring, all_gather, torch_all_gather\), plus 3 x a forward's modes 0..31"),
+    ({16: 3 * 16}, None, TensorError, r"context_forward\(layer 0\): fp8='tensorwise' on A100-80GB, which "
                                               r"has no FP8 tensor cores"),  # a forged FP8 forward on an A100
-    ({29: 2}, None, ProgramError, r"\(context_backward\): key/value exchange 2 is not one of 0..1 \(ring, "
-                                  r"all_gather\)$"),
+    ({29: 3}, None, ProgramError, r"\(context_backward\): key/value exchange 3 is not one of 0..2 \(ring, "
+                                  r"all_gather, torch_all_gather\)$"),
     ({17: 0}, None, ProgramError, r"\(context_forward\): group size 0 is not in 1..2"),
     ({17: 3}, None, ProgramError, r"\(context_forward\): group size 3 is not in 1..2"),
     ({19: 5}, None, TensorError, r"rank 0 context_forward\(layer 0\): group \[0, 5\]: rank 5 is not in 0..1"),

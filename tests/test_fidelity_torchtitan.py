@@ -35,11 +35,13 @@ def test_pipelined_rows_run_stages_microbatches_of_torchtitans_split():
     assert flat["framework"] == "torchtitan" and "partition" not in flat
 
 
-def test_context_parallel_rows_run_fsdp_over_dp_x_cp_with_torchtitans_all_gather():
-    """Table 2's FSDP x CP rows: dp = 8 / cp FSDP ranks, each replica's cp ranks sharing its sequences, K/V
-    all-gathered (torchtitan's default rotate method); Table 6's the same with TP 8, PP 8 and async TP."""
+def test_context_parallel_rows_run_fsdp_over_dp_x_cp_with_pytorchs_context_parallel_sdpa():
+    """Table 2's FSDP x CP rows: dp = 8 / cp FSDP ranks, each replica's cp ranks sharing its sequences, PyTorch's
+    context-parallel SDPA with K/V all-gathered (torchtitan's default rotate method); Table 6's the same with TP 8,
+    PP 8 and async TP."""
     options = plan(ROWS["T2 8B cp4"])
-    assert (options["dp"], options["cp"], options["kv_exchange"], options["fp8"]) == (2, 4, "all_gather", "tensorwise")
+    assert (options["dp"], options["cp"], options["kv_exchange"], options["fp8"]) == (2, 4, "torch_all_gather",
+                                                                                      "tensorwise")
     assert "cp" not in plan(ROWS["T2 8B cp1"])
     table6 = plan(ROWS["T6 405B cp4"])
     assert (table6["dp"], table6["cp"], table6["tp"], table6["pp"], table6["tp_comm_overlap"]) == (2, 4, 8, 8, True)

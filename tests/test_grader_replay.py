@@ -50,8 +50,9 @@ def test_replay_of_every_builtin_strategy_is_the_run_itself(path):
     _same(replay(programs, CLUSTER, workload, BATCH), direct)
 
 
-@pytest.mark.parametrize("options", [{"pp": 1, "tp": 2, "cp": 2}, {"pp": 2, "cp": 2, "kv_exchange": "all_gather"}],
-                         ids=["tp2-cp2-ring", "pp2-cp2-all_gather"])
+@pytest.mark.parametrize("options", [{"pp": 1, "tp": 2, "cp": 2}, {"pp": 2, "cp": 2, "kv_exchange": "all_gather"},
+                                     {"pp": 1, "cp": 4, "kv_exchange": "torch_all_gather", "recompute": True}],
+                         ids=["tp2-cp2-ring", "pp2-cp2-all_gather", "cp4-torch_all_gather"])
 def test_replay_of_context_parallel_hybrid_is_the_run_itself(options):
     """Context parallelism's ops (ring attention's messages, the all-gather and reduce-scatter of keys and values,
     issued inside the ops) replay to the same step."""

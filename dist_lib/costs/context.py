@@ -18,7 +18,10 @@ with the attention of the block at hand; the backward passes the key/value block
 gradients dK, dV accumulated for each block, which end with one more hop at the block's owner (the ring's
 `send_recv_kv` and `send_recv_dkv` steps). Llama 3 instead all-gathers the keys and values before the
 attention (Dubey et al. 2024, sec. 3.3.2: all-gather K/V, then compute the local queries' attention; in
-backward, reduce-scatter their gradients); with grouped-query attention K/V are small.
+backward, reduce-scatter their gradients); with grouped-query attention K/V are small. PyTorch's own
+context-parallel SDPA, which torchtitan runs, all-gathers the keys and values too but keeps the ring's loop of
+cp kernel calls, merging each step's output in fp32 and passing the fp32 gradients dK, dV around the ring in
+backward (`kv_exchange="torch_all_gather"`, `costs.torch_context`).
 
 Every compute mode of a plain layer (`costs.ops.COMPUTE_MODES`) runs here too, at s/cp tokens: FP8 linear
 layers (TransformerEngine's CP attention is the 16-bit `DotProductAttention`, the linear layers around it
@@ -38,7 +41,9 @@ from dist_lib.hardware.devices import Device
 from dist_lib.workload import architecture as arch
 from dist_lib.workload.transformer import Workload
 
-KV_EXCHANGES = ("ring", "all_gather")
+# "torch_all_gather": PyTorch's context-parallel SDPA with its all-gather rotater, as torchtitan runs it (the
+# ring's merges, fp32 accumulations and fp32 dk, dv ring beside the all-gather: `costs.torch_context`)
+KV_EXCHANGES = ("ring", "all_gather", "torch_all_gather")
 
 
 def block_workload(workload: Workload, cp: int) -> Workload:

@@ -1,7 +1,8 @@
 """Context parallelism (`Model.context_input`, `context_forward`, `context_backward`, `context_loss`): each of
 a CP group's ranks holds s/cp tokens of every sample (`ContextActivation`), and a layer's attention runs its
 queries against every rank's keys and values, which travel around the group (ring attention, Megatron-Core's
-`--context-parallel-size`) or are all-gathered first (Llama 3, Dubey et al. 2024, sec. 3.3.2). What each
+`--context-parallel-size`) or are all-gathered first (Llama 3, Dubey et al. 2024, sec. 3.3.2; PyTorch's
+context-parallel SDPA, `kv_exchange="torch_all_gather"`, all-gathers them beside its first kernel). What each
 piece costs: `costs.context`. A mixin of `Model`; the C accelerator has no twin of these ops.
 
 The ring is real messages on the engine: each step issues the send of the block at hand to the next rank and
@@ -20,7 +21,8 @@ from dist_lib.comm.collectives import Work
 from dist_lib.comm.groups import Group
 from dist_lib.comm.p2p import issue_recv, issue_send
 from dist_lib.costs import context as cp_costs
-from dist_lib.costs.ops import SEQUENCE_PARALLEL_MODES, compute_mode
+from dist_lib.costs import torch_context as torch_costs
+from dist_lib.costs.ops import SEQUENCE_PARALLEL_MODES, compute_mode, parse_mode
 from dist_lib.errors import SpecError, TensorError
 from dist_lib.tensors import (ContextActivation, ContextActivationGrad, ContextWeightGrad, KVBlock, Stash, Weight,
                               full_mask, samples_mask)
@@ -66,9 +68,11 @@ class ContextOps:
         """Run `layer` on this rank's sequence part; the attention takes every CP rank's keys and values over
         `group` (the CP group, its i-th rank holding part i): `kv_exchange="ring"` passes them around in
         cp - 1 exchanges, each overlapped with the attention of the block at hand; `"all_gather"` gathers
-        them all first. Keeps the stash on `act` unless `stash=False` (full recompute: run it again, exchange
-        included, before the backward); `selective_recompute`, `sequence_parallel` (of the s/cp tokens over
-        the TP group) and `fp8` as for `forward`. With a TP slice of the weight, returns a partial sum."""
+        them all first; `"torch_all_gather"` gathers them (at the query heads) beside the first block and merges
+        each block's output in fp32, as PyTorch's context-parallel SDPA (`costs.torch_context`). Keeps the stash
+        on `act` unless `stash=False` (full recompute: run it again, exchange included, before the backward);
+        `selective_recompute`, `sequence_parallel` (of the s/cp tokens over the TP group) and `fp8` as for
+        `forward`. With a TP slice of the weight, returns a partial sum."""
         where = f"rank {self.rank} context_forward(layer {layer})"
         group = self._check_context(where, layer, act, weight, group, kv_exchange)
         if fp8 != "" or selective_recompute is not False or sequence_parallel is not False \
@@ -87,12 +91,16 @@ class ContextOps:
         block_flops = flops * _block_share(self.workload, layer) / cp
         mem = self._mem
         mem.context = ("context_forward", layer)
-        kv = KVBlock(mem, kv_bytes, self.rank, layer, samples, 1 << i, cp, tp_rank, tp)
-        if kv_exchange == "all_gather" and cp > 1:
+        if kv_exchange == "torch_all_gather" and cp > 1:
+            await self._torch_forward(layer, samples, tp_rank, tp, i, cp, group, block, block_flops)
+        elif kv_exchange == "all_gather" and cp > 1:
+            kv = KVBlock(mem, kv_bytes, self.rank, layer, samples, 1 << i, cp, tp_rank, tp)
             kv = await self.all_gather(kv, group)  # type: ignore[attr-defined]
             for step in range(cp):
                 self._charge("forward", layer, samples, block, block_flops, f"attention block {step + 1} of {cp}")
+            del kv
         else:
+            kv = KVBlock(mem, kv_bytes, self.rank, layer, samples, 1 << i, cp, tp_rank, tp)
             ranks = group.ranks
             nxt, prev = ranks[(i + 1) % cp], ranks[(i - 1) % cp]
             for step in range(cp):
@@ -104,7 +112,7 @@ class ContextOps:
                     kv = _expect(where, await receiving, layer, samples, (i - step - 1) % cp, False)
                     await sending
                     del sending, receiving  # (a work holds its result: the block goes with the last reference)
-        del kv
+            del kv
         mem.context = ("context_forward", layer)
         if stash:
             act._stash = Stash(mem, stash_bytes, tp_rank, tp, mode)
@@ -116,8 +124,10 @@ class ContextOps:
         """Gradients of `layer` for this rank's sequence part; consumes the stash. The ring passes the key/value
         blocks around again and, beside them, the gradient of each block, accumulated by every rank it visits,
         which ends at its owner after one more hop (cp - 1 key/value and cp gradient exchanges); with
-        `"all_gather"`, the keys and values are gathered again and their gradients reduce-scattered. The weight
-        gradient covers this sequence part only (`ContextWeightGrad`): all-reduce it over the CP ranks."""
+        `"all_gather"`, the keys and values are gathered again and their gradients reduce-scattered; with
+        `"torch_all_gather"`, gathered again beside the first block, and the fp32 dK, dV passed around the ring
+        (cp messages), dq accumulated in fp32. The weight gradient covers this sequence part only
+        (`ContextWeightGrad`): all-reduce it over the CP ranks."""
         where = f"rank {self.rank} context_backward(layer {layer})"
         group = self._check_context(where, layer, act, weight, group, kv_exchange)
         samples, cp, i = act.samples, act.cp_size, act.cp_rank
@@ -139,15 +149,20 @@ class ContextOps:
         block_flops = flops * _block_share(self.workload, layer) / cp
         mem = self._mem
         mem.context = ("context_backward", layer)
-        kv = KVBlock(mem, kv_bytes, self.rank, layer, samples, 1 << i, cp, tp_rank, tp)
         engine, state = self._engine, self._state
-        if kv_exchange == "all_gather" and cp > 1:
+        if kv_exchange == "torch_all_gather" and cp > 1:
+            await self._torch_backward(layer, samples, tp_rank, tp, i, cp, group, block, block_flops,
+                                       act._stash.recompute)
+        elif kv_exchange == "all_gather" and cp > 1:
+            kv = KVBlock(mem, kv_bytes, self.rank, layer, samples, 1 << i, cp, tp_rank, tp)
             kv = await self.all_gather(kv, group)  # type: ignore[attr-defined]
             for step in range(cp):
                 self._charge("backward", layer, samples, block, block_flops, f"attention block {step + 1} of {cp}")
             dkv = KVBlock(mem, kv.nbytes, self.rank, layer, samples, kv.parts, cp, tp_rank, tp, True)
             dkv = await self.reduce_scatter(dkv, group)  # type: ignore[attr-defined]
+            del kv  # (dkv, this rank's part of the gradients, lives to the end of the op, as it always has)
         else:
+            kv = KVBlock(mem, kv_bytes, self.rank, layer, samples, 1 << i, cp, tp_rank, tp)
             ranks = group.ranks
             nxt, prev = ranks[(i + 1) % cp], ranks[(i - 1) % cp]
             dkv_works: tuple[Work, Work] | None = None
@@ -172,7 +187,7 @@ class ContextOps:
                 _expect(where, await dkv_works[1], layer, samples, i, True)
                 await dkv_works[0]
                 dkv_works = None
-        del kv
+            del kv
         act._stash = None
         mem.context = ("context_backward", layer)
         sizes = self._shard_bytes(layer, tp)  # type: ignore[attr-defined]
@@ -242,6 +257,80 @@ class ContextOps:
                                        cp_costs.stash_bytes(workload, layer, n, tp, cp, mode),
                                        cp_costs.kv_block_bytes(workload, n, tp, cp))
         return cost
+
+    async def _torch_forward(self, layer: int, samples: int, tp_rank: int, tp: int, i: int, cp: int, group: Group,
+                             block: float, block_flops: float) -> None:
+        """PyTorch's context-parallel SDPA forward (`costs.torch_context`): the keys and values (at the query
+        heads) copied and all-gathered beside step 0's kernel, waited for at step 1; each step's kernel, then its
+        merge into the fp32 output; the cast back."""
+        prologue, steps, epilogue = self._torch_ring_times("forward", samples.bit_count(), tp, cp, i)
+        self._charge_extra("forward", layer, samples, prologue, "context-parallel K/V copies")
+        kv = KVBlock(self._mem, torch_costs.kv_bytes(self.workload, samples.bit_count(), tp, cp), self.rank, layer,
+                     samples, 1 << i, cp, tp_rank, tp)
+        gathering = self.all_gather(kv, group)  # type: ignore[attr-defined]
+        for step in range(cp):
+            self._charge("forward", layer, samples, block, block_flops, f"attention block {step + 1} of {cp}")
+            self._charge_extra("forward", layer, samples, steps[step], f"attention merge {step + 1} of {cp}")
+            if step == 0:
+                kv = await gathering
+                del gathering
+        del kv
+        self._charge_extra("forward", layer, samples, epilogue, "context-parallel output cast")
+
+    async def _torch_backward(self, layer: int, samples: int, tp_rank: int, tp: int, i: int, cp: int,
+                              group: Group, block: float, block_flops: float, mode: str) -> None:
+        """PyTorch's context-parallel SDPA backward: the keys and values all-gathered again (waited for at step 1),
+        each step's flash backward, then the fp32 accumulation of dq and of the running dk, dv received from the
+        previous rank (waited for after the kernel) and their send to the next; the last arrive after the
+        loop. After a selective-recompute forward, each step re-runs its forward kernel and merge first."""
+        n = samples.bit_count()
+        prologue, steps, epilogue = self._torch_ring_times("backward", n, tp, cp, i)
+        if parse_mode(mode)[0]:
+            f_prologue, f_steps, f_epilogue = self._torch_ring_times("forward", n, tp, cp, i)
+            prologue, steps = prologue + f_prologue + f_epilogue, tuple(map(sum, zip(steps, f_steps)))
+        mem, engine, state, workload = self._mem, self._engine, self._state, self.workload
+        self._charge_extra("backward", layer, samples, prologue, "context-parallel K/V copies")
+        kv = KVBlock(mem, torch_costs.kv_bytes(workload, n, tp, cp), self.rank, layer, samples, 1 << i, cp, tp_rank, tp)
+        gathering = self.all_gather(kv, group)  # type: ignore[attr-defined]
+        ranks = group.ranks
+        nxt, prev = ranks[(i + 1) % cp], ranks[(i - 1) % cp]
+        where = f"rank {self.rank} context_backward(layer {layer})"
+        dkv_works: tuple[Work, Work] | None = None
+        for step in range(cp):
+            if step == 1:
+                kv = await gathering
+                del gathering
+            self._charge("backward", layer, samples, block, block_flops, f"attention block {step + 1} of {cp}")
+            owner = (i - step) % cp
+            if dkv_works is not None:  # the block's fp32 dk, dv so far, from the ranks it visited before
+                _expect(where, await dkv_works[1], layer, samples, owner, True)
+                await dkv_works[0]
+                dkv_works = None
+            self._charge_extra("backward", layer, samples, steps[step], f"gradient accumulation {step + 1} of {cp}")
+            dkv = KVBlock(mem, torch_costs.dkv_bytes(workload, n, tp, cp), self.rank, layer, samples, 1 << owner, cp,
+                          tp_rank, tp, True)
+            dkv_works = issue_send(engine, state, dkv, nxt), issue_recv(engine, state, prev)
+            del dkv
+        del kv
+        assert dkv_works is not None
+        _expect(where, await dkv_works[1], layer, samples, i, True)  # this rank's own block's gradient, home
+        await dkv_works[0]
+        del dkv_works
+        self._charge_extra("backward", layer, samples, epilogue, "context-parallel gradient casts")
+
+    def _torch_ring_times(self, op: str, n: int, tp: int, cp: int, cp_rank: int) -> tuple[float, tuple, float]:
+        """`torch_context.seconds` of the ring's traffic beside its kernels, once per device type and shape."""
+        key = ("torch_ring", op, n, tp, cp, cp_rank)
+        cost = self._cache.get(key)
+        if cost is None:
+            bytes_of = torch_costs.forward_bytes if op == "forward" else torch_costs.backward_bytes
+            cost = self._cache[key] = torch_costs.seconds(self._state.device, self.workload,
+                                                          bytes_of(self.workload, n, tp, cp, cp_rank))
+        return cost
+
+    def _charge_extra(self, op: str, layer: int, samples: int, seconds: float, detail: str) -> None:
+        if seconds > 0:
+            self._charge(op, layer, samples, seconds, 0.0, detail)
 
     def _charge(self, op: str, layer: int, samples: int, seconds: float, flops: float, detail: str) -> None:
         state = self._state
