@@ -145,9 +145,7 @@ def replica_grid(world_size: int, global_batch_size: int, **options):
     tp, cp = options.get("tp", 1), options.get("cp", 1)
     if cp != 1:
         return declared_grid(train, world_size, dict(options, tp=tp * cp))
-    ep, etp = options.get("ep"), options.get("etp")
-    if ep is None and etp is None:
-        return declared_grid(train, world_size, options)
+    ep, etp = options.get("ep"), options.get("etp")  # (experts without `ep`: each replica holds all, ep 1)
     width = math.lcm((ep or 1) * (tp if etp is None else etp), tp)  # ranks of a stage a folded replica holds
     dp = options.get("dp")
     if dp is not None and (dp * tp) % width:
