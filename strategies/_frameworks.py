@@ -60,6 +60,27 @@ FRAMEWORKS = {f.name: f for f in (
 )}
 
 
+# What `tp_comm_overlap=True` overlaps under each framework (`comm.tp_overlap.OVERLAPS`); Megatron-Core's userbuffers
+# (Transformer Engine) wherever a framework is not listed. torchtitan's async TP is Inductor's micro-pipeline TP pass
+# (torchtitan/distributed/tensor_parallel.py `maybe_enable_async_tp`, 2025; torchtitan/parallelisms/parallelize_llama.py
+# in 2024: `torch._inductor.config._micro_pipeline_tp = True` and symmetric memory for the TP group), which fuses a
+# collective with a matmul only by two pattern rules (pytorch/pytorch torch/_inductor/fx_passes/micro_pipeline_tp.py,
+# 2024-2025): an all-gather with the matmuls that take its result as their left operand (`fuse_all_gather_matmul`,
+# `_find_consumer_matmuls`), a reduce-scatter whose input is one matmul's output with no other user
+# (`fuse_matmul_reduce_scatter`, `_find_producer_matmul`). A Llama layer's forward all-gathers (before Q/K/V and
+# before w1/w3) and reduce-scatters (after wo and w2) qualify, and so do the backward's all-gathers of the output
+# gradient (the left operand of wo's and w2's input-gradient matmuls) and the recompute's all-gathers (of the
+# recomputed projections); the backward's reduce-scatters of the input gradients of Q/K/V and of w1/w3 do not: each
+# reduces a sum of matmuls (pytorch/pytorch#149946: "the reduce-scatters are receiving as input the addition of
+# various scaled_mms").
+TP_OVERLAPS = {"torchtitan": "micro_pipeline"}
+
+
+def tp_overlap(name: str | None) -> str:
+    """What `tp_comm_overlap=True` overlaps under framework `name` (`TP_OVERLAPS`, else Megatron-Core's userbuffers)."""
+    return TP_OVERLAPS.get(name or "", "userbuffers")
+
+
 # the options a framework decides, each with hybrid's own default (used when neither run nor framework sets it)
 DECIDED = dict(schedule="1f1b", sequence_parallel=False, overlap_grad_reduce=True, scatter_gather=True,
                async_tp_allreduce=True, tied_embeddings=False, distributed_optimizer=False,

@@ -107,7 +107,8 @@ class _Stage(BlockingMessages):
         if plan.tp_comm_overlap and self.tp_group is not None:
             cp = max(1, len(plan.cp_group))  # (a CP rank's layer overlaps its s/cp tokens' collectives)
             for size in {len(samples) for samples in plan.microbatches}:
-                overlap_layer_collectives(self.tp_group, model.device, model.workload, size, cp)
+                overlap_layer_collectives(self.tp_group, model.device, model.workload, size, cp,
+                                          plan.tp_comm_overlap)
 
     def load(self, layer: int) -> tuple:
         """(weight, optimizer state) this rank keeps for `layer`: its TP slice, whole."""

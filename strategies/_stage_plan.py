@@ -50,6 +50,7 @@ class StagePlan:
     cp_group: Sequence[int] = ()
     cp_rank: int = 0
     kv_exchange: str = "ring"
-    # Megatron-Core's --tp-comm-overlap (Transformer Engine's userbuffers): the layer's TP collectives
-    # pipelined with the GEMMs they feed and drain, charged what the GEMMs leave exposed (`costs.tp_overlap`)
-    tp_comm_overlap: bool = False
+    # the layer's TP collectives pipelined with the GEMMs they feed and drain, charged what the GEMMs leave exposed
+    # (`costs.tp_overlap`): "userbuffers" Megatron-Core's --tp-comm-overlap (Transformer Engine), "micro_pipeline"
+    # torchtitan's async TP (Inductor's pass: `comm.tp_overlap.OVERLAPS`), "" none
+    tp_comm_overlap: str = ""

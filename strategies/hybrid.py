@@ -30,7 +30,7 @@ from ._expert_sharded import run_sharded_expert_stage
 from ._expert_stage import ExpertPlan, check_expert_options
 from ._layout import Layout, declared_grid
 from ._plan import build_plan, recompute_modes
-from ._frameworks import DECIDED, framework_defaults
+from ._frameworks import DECIDED, framework_defaults, tp_overlap
 from ._sharded import run_sharded_stage
 
 SCHEDULES = {"gpipe": gpipe.schedule, "1f1b": one_f_one_b.schedule, "interleaved": interleaved.schedule,
@@ -80,7 +80,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       overlap_grad_reduce=overlap_grad_reduce, scatter_gather=scatter_gather,
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
                       attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange, fp8=fp8)
-    plan.tp_comm_overlap = tp_comm_overlap
+    plan.tp_comm_overlap = tp_overlap(framework) if tp_comm_overlap else ""  # which collectives it overlaps
     if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
         check_expert_options(tp, (("recompute", recompute), ("selective_recompute", selective_recompute),
                                   ("sequence_parallel", sequence_parallel), ("cp", cp != 1 and cp),

@@ -91,3 +91,44 @@ def test_the_backwards_output_gradient_gathers_take_their_overlapped_entry():
         result = simulate("strategies/hybrid.py", cluster, SMALL, 1, tp_comm_overlap=overlap, **options)
         gathers = [e.duration for e in result.events if e.rank == 0 and e.op == "all_gather" and e.layer == 1]
         assert len(gathers) == 2 and gathers == pytest.approx([expected] * 2, rel=1e-9)
+
+
+def _forward_exposed(device, topo) -> float:
+    """What one SMALL layer's forward leaves of its TP collectives over 2 ranks (t = 2): the all-gathers beside QKV
+    and MLP up as max(g/2, c) + g/2, the reduce-scatters after the projection and MLP down as
+    g'/4 + 3 max(g'/4, c/4) + c/4 on the 132 - 16 SMs, less the GEMMs."""
+    n, s, h, margin = SMALL.activation_bytes(), SMALL.seq_len, SMALL.hidden, 132 / (132 - 16)
+    gather, scatter = collective_time("all_gather", n, topo), collective_time("reduce_scatter", n, topo)
+    qkv, proj, up, down = (compute.gemm_time(device, s, 3 * h / 2, h), compute.gemm_time(device, s, h, h / 2),
+                           compute.gemm_time(device, s, 4 * h / 2, h), compute.gemm_time(device, s, h, 4 * h / 2))
+    return sum(max(g / 2, gather) + g / 2 - g for g in (qkv, up)) \
+        + sum(g * margin / 4 + 3 * max(g * margin / 4, scatter / 4) + scatter / 4 - g for g in (proj, down))
+
+
+def test_torchtitans_async_tp_leaves_the_backwards_input_gradient_reductions_whole():
+    """Inductor's micro-pipeline TP pass fuses a reduce-scatter only with the one matmul producing its input: the
+    backward's reduce-scatters of the summed Q/K/V and w1/w3 input gradients stay plain collectives, so under
+    `framework="torchtitan"` the backward's all-reduce pair of a layer costs two all-reduces of b s h, while the
+    forward's pair and the output gradient's all-gathers keep their overlapped entries; Megatron-Core's userbuffers
+    (no framework) overlap the backward's pair as well (its `bulk` methods), at the forward's entry."""
+    cluster = Cluster.parse("1x2xH100-80GB")
+    device, topo = cluster.device_of(0), cluster.topology((0, 1))
+    n = SMALL.activation_bytes()
+    forward, whole = _forward_exposed(device, topo), 2 * collective_time("all_reduce", n, topo)
+    options = dict(dp=1, pp=1, tp=2, microbatch_size=1, sequence_parallel=True, tp_comm_overlap=True)
+    for framework, backward in ((None, forward), ("torchtitan", whole)):
+        result = simulate("strategies/hybrid.py", cluster, SMALL, 1, framework=framework, **options)
+        assert result.correct
+        pairs = sorted((e for e in result.events if e.rank == 0 and e.op == "all_reduce" and e.layer == 1),
+                       key=lambda e: e.start)
+        assert [e.duration for e in pairs] == pytest.approx([forward, backward], rel=1e-9)
+
+
+def test_overlap_layer_collectives_names_an_unknown_overlap():
+    cluster = Cluster.parse("1x2xH100-80GB")
+
+    async def train(model, **_):
+        overlap_layer_collectives(model.group([0, 1]), model.device, model.workload, 1, overlap="bulk")
+
+    with pytest.raises(Exception, match="TP overlap must be one of userbuffers, micro_pipeline, got 'bulk'"):
+        simulate(train, cluster, SMALL, 1, check=False)

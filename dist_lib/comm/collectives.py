@@ -297,11 +297,15 @@ def collective_duration(engine: Engine, coll: Collective) -> float:
     # An MoE layer's input gradient is one, its attention's: its experts' tokens come back by all-to-all, with
     # no TP collective of their own (Megatron-Core's MoE layer with sequence parallelism; its forward is the
     # attention's reduce-scatter and one all-gather, `_expert_stage`).
+    # The key's last field: 1 (True) for a forward layer's pair, 2 for a backward layer's pair (its input
+    # gradient's), 0 (False) for a single collective; a TP group whose overlap credits the forward's pair and not
+    # the backward's (`comm.tp_overlap`, torchtitan's async TP) tells them apart by it.
     cls = first.__class__
     workload = engine.workload
-    key = (coll.op, coll.nbytes, cls is Activation or cls is ContextActivation
-           or ((cls is ActivationGrad or cls is ContextActivationGrad) and first.layer != workload.num_layers
-               and not (workload.moe is not None and workload.moe.is_moe(first.layer))))
+    key = (coll.op, coll.nbytes, True if cls is Activation or cls is ContextActivation
+           else 2 if ((cls is ActivationGrad or cls is ContextActivationGrad) and first.layer != workload.num_layers
+                      and not (workload.moe is not None and workload.moe.is_moe(first.layer)))
+           else False)
     duration = group.costs.get(key)
     if duration is None:
         duration = group.costs[key] = network.collective_time(coll.op, coll.nbytes, group.topology) * \

@@ -1,12 +1,15 @@
-"""A TP group whose layer collectives overlap the GEMMs (Megatron-Core's `--tp-comm-overlap`): the group's
-cost table takes, for the layer's collectives, only what the GEMMs leave exposed (`costs.tp_overlap`).
+"""A TP group whose layer collectives overlap the GEMMs (Megatron-Core's `--tp-comm-overlap`, torchtitan's async
+TP): the group's cost table takes, for the layer's collectives, only what the GEMMs leave exposed
+(`costs.tp_overlap`).
 
 The engine charges a layer's compute and then its TP collective on the group's stream; a group's durations
 are computed once per (op, bytes, layer pair) and kept in `Group.costs`, which the Python and the C paths
 both read. Entering the overlapped durations there before the first collective makes every later layer
 collective of that size on the group cost its exposed remainder: the forward's all-reduce pair (standing for
 the two all-gathers and two reduce-scatters of a sequence-parallel layer) and the backward's all-gathers of
-the output gradient before the row-parallel GEMMs.
+the output gradient before the row-parallel GEMMs; with Megatron-Core's userbuffers also the backward's all-reduce
+pair (its input gradients' reduce-scatters and re-gathers, `bulk` beside the weight-gradient GEMMs), which
+torchtitan's async TP leaves whole (`OVERLAPS`).
 """
 
 from __future__ import annotations
@@ -21,10 +24,21 @@ from dist_lib.workload.transformer import Workload
 # (`strategies/_pipeline._gather_sequence_parallel_grad`), each keyed like a layer's pair of collectives
 BACKWARD_GATHER_CALLS = 2
 
+# Which of a layer's TP collectives each kind of overlap credits (the cost key's last field: 1 the forward's pair, 2
+# the backward's, `collectives.collective_duration`): Megatron-Core's userbuffers overlap every one (Transformer
+# Engine's `initialize_ub` methods, `costs.tp_overlap`); Inductor's micro-pipeline TP pass (torchtitan's async TP,
+# `strategies/_frameworks.TP_OVERLAPS`) fuses the forward's all-gathers and reduce-scatters and the backward's
+# all-gathers of the output gradient, but not the backward's reduce-scatters of the input gradients, each of a sum
+# of matmuls (torch/_inductor/fx_passes/micro_pipeline_tp.py `fuse_matmul_reduce_scatter`: its input must be one
+# matmul's output with no other user): its backward pair costs in full.
+OVERLAPS = {"userbuffers": ("forward", "backward", "output gradient"),
+            "micro_pipeline": ("forward", "output gradient")}
 
-def overlap_layer_collectives(group: Group, device: Device, workload: Workload, samples: int, cp: int = 1) -> None:
-    """Make `group`'s layer collectives of `samples`-sample microbatches cost what their GEMMs leave exposed.
-    Call before the group's first collective.
+
+def overlap_layer_collectives(group: Group, device: Device, workload: Workload, samples: int, cp: int = 1,
+                              overlap: str = "userbuffers") -> None:
+    """Make `group`'s layer collectives of `samples`-sample microbatches that `overlap` covers (`OVERLAPS`) cost
+    what their GEMMs leave exposed. Call before the group's first collective.
 
     With context parallelism (`cp` > 1) a rank's layer runs s/cp tokens of each sample: its TP collectives
     and the GEMMs beside them are those of the s/cp-token workload (`costs.context.block_workload`), and the
@@ -34,13 +48,18 @@ def overlap_layer_collectives(group: Group, device: Device, workload: Workload, 
     turns async TP on for the TP mesh alone, whatever the CP degree (torchtitan/distributed/compile.py
     `_maybe_enable_async_tp`: symmetric memory for the TP group and Inductor's `_micro_pipeline_tp` pass,
     which fuses each sequence-parallel all-gather and reduce-scatter with its matmul)."""
+    if overlap not in OVERLAPS:
+        raise ValueError(f"TP overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
     tp, topo = group.size, group.topology
     if tp <= 1 or topo is None:
         return
     if cp > 1:
         workload = block_workload(workload, cp)
     nbytes = samples * workload.activation_bytes()
-    group.costs[("all_reduce", nbytes, True)] = forward_exposed_time(device, workload, samples, tp, topo)
+    forward = forward_exposed_time(device, workload, samples, tp, topo)
+    group.costs[("all_reduce", nbytes, True)] = forward
+    if "backward" in OVERLAPS[overlap]:  # else the backward's pair is priced in full when it first runs
+        group.costs[("all_reduce", nbytes, 2)] = forward
     # (an all-gather of TP slices is not a layer's pair of collectives: `collectives.collective_duration` keys it
     # False, as the C path does)
     group.costs[("all_gather", nbytes, False)] = \

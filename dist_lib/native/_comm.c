@@ -587,8 +587,8 @@ static PyObject *repeated(PyObject *item, Py_ssize_t n) {
 }
 
 /* `collective_rules.combine` for the common collectives: the members' results, the bytes the cost is based on, the
- * label and whether it is a layer's pair of TP all-reduces (the cost key's last field). 1 when done, 0 when
- * the Python must do it, -1 with an exception. */
+ * label and whether it is a layer's pair of TP all-reduces, 1 a forward's and 2 a backward's (the cost key's
+ * last field). 1 when done, 0 when the Python must do it, -1 with an exception. */
 static int combine(PyObject *engine, PyObject *coll, PyObject **results, PyObject **nbytes, PyObject **label,
                    int *pair) {
     PyObject *works = SLOT(coll, R.c_works), *op = SLOT(coll, R.c_op);
@@ -651,7 +651,7 @@ static int combine(PyObject *engine, PyObject *coll, PyObject **results, PyObjec
                 Py_XDECREF(reduced);
                 return -1;
             }
-            *pair = !last;
+            *pair = last ? 0 : 2; /* a backward layer's pair: the key's 2 (collectives.collective_duration) */
         }
         kind = PyObject_GetAttr(first, R.s_kind);
         *label = kind ? PyUnicode_Concat(kind, R.s_partial_sums) : NULL;
@@ -716,7 +716,9 @@ static PyObject *comm_resolve_ready(PyObject *engine, PyObject *coll) {
     if (done < 0) return NULL;
     if (!done) goto slow;
     PyObject *group = SLOT(coll, R.c_group);
-    PyObject *key = PyTuple_Pack(3, SLOT(coll, R.c_op), nbytes, pair ? Py_True : Py_False);
+    PyObject *kind = pair == 2 ? PyLong_FromLong(2) : Py_NewRef(pair ? Py_True : Py_False);
+    PyObject *key = kind ? PyTuple_Pack(3, SLOT(coll, R.c_op), nbytes, kind) : NULL;
+    Py_XDECREF(kind);
     PyObject *duration = key ? PyDict_GetItemWithError(SLOT(group, R.g_costs), key) : NULL;
     Py_XDECREF(key);
     if (!duration) { /* a cost not computed yet: the Python computes it (and everything else again) */
