@@ -108,7 +108,7 @@ class _Stage(BlockingMessages):
             cp = max(1, len(plan.cp_group))  # (a CP rank's layer overlaps its s/cp tokens' collectives)
             for size in {len(samples) for samples in plan.microbatches}:
                 overlap_layer_collectives(self.tp_group, model.device, model.workload, size, cp,
-                                          plan.tp_comm_overlap)
+                                          plan.tp_comm_overlap, plan.fp8, plan.selective_recompute == "op")
 
     def load(self, layer: int) -> tuple:
         """(weight, optimizer state) this rank keeps for `layer`: its TP slice, whole."""

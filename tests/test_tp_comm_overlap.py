@@ -9,6 +9,7 @@ from dist_lib import simulate
 from dist_lib.comm.tp_overlap import overlap_layer_collectives
 from dist_lib.costs import compute
 from dist_lib.errors import StrategyError
+from dist_lib.costs.fp8 import fp8_device
 from dist_lib.costs.network import collective_time
 from dist_lib.costs.tp_overlap import pipelined_time, ring_exchange_time
 from dist_lib.hardware.cluster import Cluster
@@ -132,3 +133,76 @@ def test_overlap_layer_collectives_names_an_unknown_overlap():
 
     with pytest.raises(Exception, match="TP overlap must be one of userbuffers, micro_pipeline, got 'bulk'"):
         simulate(train, cluster, SMALL, 1, check=False)
+
+
+def _entries(overlap: str, fp8: str) -> dict:
+    """The cost entries `overlap_layer_collectives` makes on a 2-rank group of H100s for one SMALL sample."""
+    entries = {}
+
+    async def train(model, **_):
+        group = model.group([0, 1])
+        overlap_layer_collectives(group, model.device, model.workload, 1, overlap=overlap, fp8=fp8)
+        entries.update(group.costs)
+
+    simulate(train, Cluster.parse("1x2xH100-80GB"), SMALL, 1, check=False)
+    return entries
+
+
+def test_fp8_overlap_takes_the_fp8_gemms_and_rowwise_async_tp_overlaps_only_the_reduce_scatters():
+    """With an FP8 recipe the GEMM beside each collective is the FP8 one (the H100's FP8 peak). torchtitan's async TP
+    under rowwise FP8 gathers in bf16 and casts after the gather: no all-gather is fused, so the forward's pair keeps
+    its two all-gathers whole and the reduce-scatters' pipelined remainder, and the all-gathers have no entry."""
+    cluster = Cluster.parse("1x2xH100-80GB")
+    device, topo = cluster.device_of(0), cluster.topology((0, 1))
+    fast = fp8_device(device)
+    assert fast.peak_flops > device.peak_flops
+    n, s, h, margin = SMALL.activation_bytes(), SMALL.seq_len, SMALL.hidden, 132 / (132 - 16)
+    gather, scatter = collective_time("all_gather", n, topo), collective_time("reduce_scatter", n, topo)
+    qkv, proj, up, down = (compute.gemm_time(fast, s, 3 * h / 2, h), compute.gemm_time(fast, s, h, h / 2),
+                           compute.gemm_time(fast, s, 4 * h / 2, h), compute.gemm_time(fast, s, h, 4 * h / 2))
+    scattered = sum(g * margin / 4 + 3 * max(g * margin / 4, scatter / 4) + scatter / 4 - g for g in (proj, down))
+    gathered = sum(max(g / 2, gather) + g / 2 - g for g in (qkv, up))
+    dgrads = (compute.gemm_time(fast, s, h / 2, h), compute.gemm_time(fast, s, 4 * h / 2, h))
+    output_gradient = sum(max(g / 2, gather) + g / 2 - g for g in dgrads) / 2
+    tensorwise = _entries("userbuffers", "tensorwise")
+    assert tensorwise[("all_reduce", n, True)] == pytest.approx(gathered + scattered, rel=1e-12)
+    assert tensorwise[("all_reduce", n, 2)] == pytest.approx(gathered + scattered, rel=1e-12)
+    assert tensorwise[("all_gather", n, False)] == pytest.approx(output_gradient, rel=1e-12)
+    rowwise = _entries("micro_pipeline", "rowwise")
+    assert rowwise[("all_reduce", n, True)] == pytest.approx(2 * gather + scattered, rel=1e-12)
+    assert ("all_reduce", n, 2) not in rowwise and ("all_gather", n, False) not in rowwise
+    # torchtitan's tensorwise recipe gathers in float8 straight into the matmul: its gathers keep their entries
+    assert _entries("micro_pipeline", "tensorwise")[("all_gather", n, False)] == pytest.approx(output_gradient, rel=1e-12)
+
+
+def test_per_op_recompute_gathers_share_the_entry_with_the_recomputed_k_and_w3_beside_them():
+    """torchtitan's per-op recompute all-gathers the two norms' outputs again; the micro-pipeline pass fuses each with
+    the one recomputed matmul that takes it as its left operand (wk, w3: wq, wv and w1 are saved). The four gathers
+    of TP slices of a layer share one entry: the mean of the output gradient's two ring exchanges (beside wo's and
+    w2's input-gradient GEMMs) and the recompute's two (beside wk's and w3's GEMMs). Userbuffers keep the former.
+    With grouped keys and values (8 of 32 heads: wk a quarter of wo's width) and a SwiGLU MLP of 3.5h."""
+    gqa = Workload("gqa", 4, 4096, 32, 2048, 32000, kv_heads=8, ffn_hidden=14336, mlp="swiglu")
+    cluster = Cluster.parse("1x2xH100-80GB")
+    device, topo = cluster.device_of(0), cluster.topology((0, 1))
+    n, s, h = gqa.activation_bytes(), gqa.seq_len, gqa.hidden
+    gather = collective_time("all_gather", n, topo)
+
+    def ring(g: float) -> float:  # t = 2: max(g/2, c) + g/2, less the GEMM
+        return max(g / 2, gather) + g / 2 - g
+
+    # input-gradient GEMMs of wo (M s, N h/2 of its input, K h) and w2 (N 14336/2); recomputed wk (N 1024/2), w3
+    dgrads = ring(compute.gemm_time(device, s, h / 2, h)) + ring(compute.gemm_time(device, s, 14336 / 2, h))
+    recomputed = ring(compute.gemm_time(device, s, 1024 / 2, h)) + ring(compute.gemm_time(device, s, 14336 / 2, h))
+    assert recomputed > dgrads  # wk's GEMM hides less of its gather than wo's input-gradient GEMM
+    entries = {}
+
+    async def train(model, **_):
+        group = model.group([0, 1])
+        for overlap in ("micro_pipeline", "userbuffers"):
+            group.costs.clear()
+            overlap_layer_collectives(group, model.device, model.workload, 1, overlap=overlap, regather=True)
+            entries[overlap] = group.costs[("all_gather", n, False)]
+
+    simulate(train, cluster, gqa, 1, check=False)
+    assert entries["micro_pipeline"] == pytest.approx((dgrads + recomputed) / 4, rel=1e-12)
+    assert entries["userbuffers"] == pytest.approx(dgrads / 2, rel=1e-12)

@@ -22,16 +22,19 @@ before a column-parallel GEMM (QKV, MLP up) or a reduce-scatter of its output af
 
 So a collective c overlapped with a GEMM g costs max(c, g) plus its unhidden first or last chunk, instead of
 c + g. The engine charges a layer's compute and then its TP collective; with the overlap the collective
-keeps only what the GEMMs do not hide, `exposed = T - g` summed over the layer's pairs.
+keeps only what the GEMMs do not hide, `exposed = T - g` summed over the layer's pairs. With an FP8 recipe the
+GEMM beside a collective is the FP8 one (`costs.fp8.fp8_device`), as the layer's compute charges it.
 """
 
 from __future__ import annotations
 
 from dist_lib.costs.compute import gemm_time
+from dist_lib.costs.fp8 import fp8_device
 from dist_lib.costs.network import collective_time
 from dist_lib.hardware.devices import Device
 from dist_lib.hardware.topology import Topology
 from dist_lib.workload import architecture as arch
+from dist_lib.workload.per_op_checkpoint import recomputed_gemm_shapes
 from dist_lib.workload.transformer import Workload
 
 PIPELINE_SPLITS = 4  # Transformer Engine's default num_splits for the `pipeline` reduce-scatter overlap
@@ -58,29 +61,51 @@ def pipelined_time(gemm: float, comm: float, splits: int = PIPELINE_SPLITS) -> f
     return gemm / splits + (splits - 1) * max(gemm / splits, comm / splits) + comm / splits
 
 
-def _gemms(device: Device, workload: Workload, samples: int, tp: int, backward: bool) -> list[float]:
+def _gemms(device: Device, workload: Workload, samples: int, tp: int, backward: bool, fp8: str = "") -> list[float]:
     """Seconds of the layer's four weight GEMMs (QKV, projection, MLP up, MLP down) on one TP rank: the
-    forward GEMMs, or with `backward` the input-gradient GEMMs."""
+    forward GEMMs, or with `backward` the input-gradient GEMMs; at the FP8 peak with an `fp8` recipe."""
     shapes = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
     if backward:
         shapes = [(m, k, n) for m, n, k in shapes]
+    if fp8:
+        device = fp8_device(device)
     return [gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes]
 
 
-def forward_exposed_time(device: Device, workload: Workload, samples: int, tp: int, topo: Topology) -> float:
+def forward_exposed_time(device: Device, workload: Workload, samples: int, tp: int, topo: Topology,
+                         fp8: str = "", gathers: bool = True) -> float:
     """What a layer forward's TP communication still costs after its GEMMs: the all-gathers before QKV
-    and MLP up by ring exchange, the reduce-scatters after the projection and MLP down pipelined."""
+    and MLP up by ring exchange (whole, with `gathers` False: not overlapped), the reduce-scatters after the
+    projection and MLP down pipelined."""
     nbytes = samples * workload.activation_bytes()
     gather, scatter = collective_time("all_gather", nbytes, topo), collective_time("reduce_scatter", nbytes, topo)
-    qkv, proj, up, down = _gemms(device, workload, samples, tp, backward=False)
-    return (ring_exchange_time(qkv, gather, tp) - qkv + pipelined_time(with_comm_sms(device, proj), scatter) - proj
-            + ring_exchange_time(up, gather, tp) - up + pipelined_time(with_comm_sms(device, down), scatter) - down)
+    qkv, proj, up, down = _gemms(device, workload, samples, tp, False, fp8)
+    gathered = ring_exchange_time(qkv, gather, tp) - qkv + ring_exchange_time(up, gather, tp) - up if gathers \
+        else 2 * gather
+    return gathered + pipelined_time(with_comm_sms(device, proj), scatter) - proj \
+        + pipelined_time(with_comm_sms(device, down), scatter) - down
 
 
 def backward_gather_exposed_time(device: Device, workload: Workload, samples: int, tp: int,
-                                 topo: Topology) -> float:
+                                 topo: Topology, fp8: str = "") -> float:
     """What the backward's all-gathers of the output gradient before the two row-parallel input-gradient
     GEMMs (proj_dgrad, fc2_dgrad) still cost, each by ring exchange beside its GEMM."""
     gather = collective_time("all_gather", samples * workload.activation_bytes(), topo)
-    _, proj, _, down = _gemms(device, workload, samples, tp, backward=True)
+    _, proj, _, down = _gemms(device, workload, samples, tp, True, fp8)
     return ring_exchange_time(proj, gather, tp) - proj + ring_exchange_time(down, gather, tp) - down
+
+
+
+def regather_exposed_time(device: Device, workload: Workload, samples: int, tp: int, topo: Topology,
+                          fp8: str = "") -> float:
+    """What the two all-gathers of the norms' outputs that torchtitan's per-op recompute runs again still cost
+    when Inductor's micro-pipeline TP pass fuses each with the one recomputed matmul taking the gathered tensor as
+    its left operand: the K projection and w3, the column-parallel GEMMs the policy runs again
+    (`workload.per_op_checkpoint.recomputed_gemm_shapes`; wq, wv and w1 are saved), each by ring exchange beside
+    its GEMM."""
+    gather = collective_time("all_gather", samples * workload.activation_bytes(), topo)
+    if fp8:
+        device = fp8_device(device)
+    shapes = recomputed_gemm_shapes(workload, samples * workload.seq_len, tp, True)[:2]  # wk, w3
+    gemms = [gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes]
+    return sum(ring_exchange_time(g, gather, tp) - g for g in gemms)
