@@ -53,8 +53,14 @@ FRAMEWORKS = {f.name: f for f in (
     # mesh (torchtitan/distributed/fsdp.py; reshard after forward unless pipelining,
     # `get_fsdp_reshard_after_forward_policy`), bf16 parameters with fp32 reduction (`mixed_precision_reduce`),
     # TP via DTensor with sequence parallelism on the norms (parallelize `SequenceParallel`), SDPA attention.
+    # The backward's TP reduction is not overlapped with the weight-gradient GEMMs: DTensor reduce-scatters the
+    # summed input gradient of Q/K/V (of w1/w3) in the backward of the one redistribute before them
+    # (`PrepareModuleInput`), after the autograd nodes of the three (two) matmuls, each computing its input and its
+    # weight gradient, and the norm's backward waits for it next; compiled, Inductor keeps the collectives where
+    # the graph has them (`reorder_for_compute_comm_overlap = False`, torch/_inductor/config.py), which torchtitan
+    # does not change. So `async_tp_allreduce=False`, with or without async TP (whose pass does not fuse these).
     Framework("torchtitan",
-              dict(fsdp=True, overlap_grad_reduce=True, sequence_parallel=True),
+              dict(fsdp=True, overlap_grad_reduce=True, sequence_parallel=True, async_tp_allreduce=False),
               dict(attention="flash2"),
               "pytorch/torchtitan: torchtitan/distributed/fsdp.py, torchtitan/models/llama3/parallelize.py"),
 )}
