@@ -44,7 +44,10 @@ Every setting the sources do not state was chosen before the first run, and is r
   (the first run of this set left it at 2; corrected to what this docstring stated from the start);
 * Float8: torchao's dynamic tensorwise recipe (`fp8="tensorwise"`, its default); the June 2025 rowwise rows
   (`--float8.recipe_name rowwise`) as `fp8="rowwise"` (`dist_lib/costs/fp8.py`: all three GEMMs in FP8, each operand
-  cast per row for each GEMM, the rowwise GEMM timed as the tensorwise one); async TP as `tp_comm_overlap=True`;
+  cast per row for each GEMM, the rowwise GEMM timed as the tensorwise one); async TP as `tp_comm_overlap=True`,
+  which under `framework="torchtitan"` overlaps what Inductor's micro-pipeline TP pass fuses
+  (`comm.tp_overlap.OVERLAPS`: not the backward's input-gradient reduce-scatters; with rowwise Float8 no
+  all-gather); the backward's TP reductions after the backward GEMMs (the framework's `async_tp_allreduce=False`);
 * full activation checkpointing as `recompute=True`; torchtitan's per-op selective checkpointing as
   `recompute="op"` (dist_lib/workload/per_op_checkpoint.py: the policy's `_save_list` and its every-other-`aten.mm`
   count, read in torchtitan 9dec370's parallelize_llama.py and 820504e's llama3/parallelize.py). Chosen before the
@@ -53,8 +56,9 @@ Every setting the sources do not state was chosen before the first run, and is r
   February 2025; compiled, the saved amax is taken to leave the abs output unread, so both commits keep the same
   tensors);
   SDPA's flash backend saving its output and log-sum-exp; with TP the recompute's two all-gathers of the norms'
-  outputs charged exposed, also under async TP (whose micro-pipelining may overlap them with the recomputed
-  GEMMs: not credited);
+  outputs charged again, under async TP each beside the recomputed matmul Inductor's pass fuses it with (wk, w3;
+  none with rowwise Float8: `comm.tp_overlap`; they had taken the output gradient's overlapped entry, whose
+  all-gathers share their key);
 * pipelining: the split torchtitan generates when no split points are given (`torchtitan_split`), with one stage
   per rank for 1F1B and two for Interleaved 1F1B, embedding on the first stage and the head on the last;
 * context parallelism as `cp` with `kv_exchange="torch_all_gather"`: PyTorch's context-parallel SDPA with the
@@ -217,7 +221,7 @@ def print_torchtitan(max_ranks: int, rows: set[str] | None = None) -> list[float
           f"simulate(hybrid, framework='torchtitan')")
     print(f"{'row':<24} {'GPUs':>4} {'FSDP':>4} {'TP':>2} {'PP':>2} {'TPS/GPU':>8} {'measured':>9} {'simulated':>9} "
           f"{'error':>7} {'sim TPS':>8} {'busy':>5} {'GiB':>5} {'sim GiB':>7} {'NVL peak':>8} {'wall':>6}")
-    errors, nvl_errors = [], []
+    errors, nvl_errors, simulated_tps = [], [], {}
     for run in TORCHTITAN:
         if rows and run.name not in rows:
             continue
@@ -235,6 +239,7 @@ def print_torchtitan(max_ranks: int, rows: set[str] | None = None) -> list[float
             nvl_errors.append(predict(run, nvl_peak=True).time_s / run.measured_s - 1)
             nvl = f"{100 * nvl_errors[-1]:>+7.1f}%"
         mem = f"{run.mem_gib:>5.1f}" if run.mem_gib else f"{'-':>5}"
+        simulated_tps[run.name] = run.tokens_per_step / (result.time_s * run.gpus)
         print(f"{head} {result.time_s:>9.2f} {100 * error:>+6.1f}% "
               f"{run.tokens_per_step / (result.time_s * run.gpus):>8.1f} {max(result.compute_busy()):>5.2f} {mem} "
               f"{result.peak_memory_bytes / 2**30:>7.1f} {nvl} "
@@ -244,4 +249,24 @@ def print_torchtitan(max_ranks: int, rows: set[str] | None = None) -> list[float
             mean = 100 * sum(map(abs, errs)) / len(errs)
             print(f"mean |error|{label} {mean:.1f} %, max |error| {100 * max(map(abs, errs)):.1f} % over {len(errs)} "
                   f"rows")
+    print_async_tp_gains(simulated_tps)
     return errors
+
+
+def _twin(run: TorchtitanRun) -> TorchtitanRun | None:
+    """The run of the set that differs from `run` only by async TP (the vanilla-TP run of the same source)."""
+    def same(other: TorchtitanRun) -> bool:
+        return replace(other, name=run.name, tokens_per_s_per_gpu=run.tokens_per_s_per_gpu, mem_gib=run.mem_gib,
+                       async_tp=run.async_tp) == run
+    return next((other for other in TORCHTITAN if other.async_tp != run.async_tp and same(other)), None)
+
+
+def print_async_tp_gains(simulated_tps: dict[str, float]) -> None:
+    """Each async-TP row against its vanilla-TP twin: the throughput gain measured and simulated."""
+    pairs = [(twin, run) for run in TORCHTITAN if run.async_tp and (twin := _twin(run)) is not None
+             and {run.name, twin.name} <= simulated_tps.keys()]
+    if pairs:
+        print("async TP gain (tokens/s with async TP over vanilla TP): measured, simulated")
+    for vanilla, run in pairs:
+        print(f"  {run.name:<26} {run.tokens_per_s_per_gpu / vanilla.tokens_per_s_per_gpu:.3f} "
+              f"{simulated_tps[run.name] / simulated_tps[vanilla.name]:.3f}")
