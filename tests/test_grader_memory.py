@@ -3,12 +3,13 @@ process's address-space rlimit alone lets a run hold that much in every process 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from grader.runner import Limits, run_isolated, sandbox_problem
-from grader.runner.cgroup import RunCgroup, _inside, own_memory_cgroup
+from grader.runner.cgroup import PREFIX, RunCgroup, _inside, own_memory_cgroup
 from grader.scenario import Scenario
 
 SCENARIO = Scenario(cluster="2xA100-80GB", workload="toy:layers=2", global_batch=2)
@@ -89,7 +90,10 @@ def test_a_cgroup_inside_a_mount_of_another_root(tmp_path):
 
 
 def test_the_runs_cgroups_are_removed(tmp_path, cgroups):
+    """This process's run cgroups (`dist-sandbox-<pid>-<n>`): tests in other processes make and remove their own
+    beside them at any time."""
     parent, _ = own_memory_cgroup()
-    before = {path.name for path in parent.iterdir()}
+    ours = lambda: {p.name for p in parent.iterdir() if p.name.startswith(f"{PREFIX}{os.getpid()}-")}  # noqa: E731
+    before = ours()
     run(tmp_path, HOLDS_ALONE, 2**30)
-    assert {path.name for path in parent.iterdir()} == before
+    assert ours() == before
