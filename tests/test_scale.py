@@ -9,7 +9,8 @@ from dist_lib import simulate
 
 @pytest.mark.slow
 def test_a_1024_rank_96_layer_ddp_step():
-    result = simulate("strategies/ddp.py", "128x8xA100-80GB", "toy:layers=96", 1024, microbatch_size=1)
+    """Every rank run (unfolded: a folded step keeps its representative's events only)."""
+    result = simulate("strategies/ddp.py", "128x8xA100-80GB", "toy:layers=96", 1024, microbatch_size=1, fold=False)
     assert result.correct
     # per rank: 96 forwards, one loss, 96 backwards, 96 all-reduces and 96 updates
     assert len(result.raw_events) == 1024 * (96 + 1 + 96 + 96 + 96)
