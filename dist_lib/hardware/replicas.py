@@ -92,8 +92,8 @@ class Fold:
     @classmethod
     def build(cls, cluster: Cluster, grid: ReplicaGrid) -> tuple[Fold | None, str]:
         """The fold of `grid` on `cluster`, or (None, why not) when the replicas are not provably alike:
-        nodes that differ, or nodes that do not cut the grid into whole replicas per node or whole nodes
-        per stage."""
+        nodes that differ, or nodes that do not cut the grid into whole replicas per node (or whole nodes
+        per replica: a wide one, such as an EP group's replicas) and whole nodes per stage."""
         dp, tp, world = grid.dp, grid.tp, cluster.world_size
         if dp < 2:
             return None, "one replica"
@@ -106,8 +106,8 @@ class Fold:
         if any(node != first for node in cluster.nodes):
             return None, "the nodes differ (devices, links or NICs)"
         gpus, block = first.gpus, dp * tp
-        if gpus % tp:
-            return None, f"tp={tp} does not divide the {gpus} GPUs per node"
+        if gpus % tp and tp % gpus:  # (a replica's stage inside a node, or on whole nodes of its own)
+            return None, f"tp={tp} and the {gpus} GPUs per node do not divide one another"
         if block % gpus and gpus % block:
             return None, f"the nodes of {gpus} GPUs cut the stages of {block} ranks unevenly"
         return cls(cluster, grid), ""
