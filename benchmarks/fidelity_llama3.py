@@ -26,8 +26,8 @@ Not stated, and chosen before the first run:
   enforced (the paper does not say how the activations fit; the simulated peak is printed as a check).
   (The context-parallel row was first set up with `hybrid`'s ring exchange, against the paper's all-gather; it
   had not finished a run, and was set to the paper's method before it did.)
-Every row folds its replicas to one (with context parallelism a replica's stage is its cp x tp ranks): the CP
-row runs 2,048 ranks, its 8 replicas' one.
+Every row folds its replicas to one (with context parallelism a replica's stage is its cp x tp ranks, on whole
+nodes of its own): the CP row runs 2,048 ranks, its 8 replicas' one.
 """
 
 from __future__ import annotations
