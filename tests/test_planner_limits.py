@@ -110,3 +110,13 @@ def test_an_odd_argument_to_plan_is_named_in_one_line(argument, value):
 
 def test_unpruned_search_still_takes_infinite_slack():
     assert plan(CLUSTER, WORKLOAD, 8, top=0, prune_slack=math.inf).best.estimate > 0
+
+
+def test_a_context_parallel_plan_counts_a_replicas_cp_x_tp_ranks_a_stage():
+    """Megatron-LM's launch of 2 stages of dp 2 x cp 2 x tp 1 on 8 alike GPUs folds to one replica, whose stage
+    holds its cp x tp = 2 ranks: half of every GPU's passes, 4 microbatches x (2 x 2 + 2 x 2) layer passes."""
+    cp = Plan((Stage(tuple(range(4)), 1, ((0, 2),), (1, 1)), Stage(tuple(range(4, 8)), 1, ((2, 4),), (1, 1))), 2, 4,
+              "1f1b", "none", 0, cp=2)
+    workload = Workload.load("toy:layers=4,seq=1024")
+    assert layer_passes(cp) == 4 * (4 * 2 + 4 * 2)
+    assert simulated_passes(Cluster.load("1x8xA100-80GB"), workload, 8, cp, framework="megatron") == 4 * (2 * 2 + 2 * 2)

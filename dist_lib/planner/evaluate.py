@@ -139,11 +139,9 @@ def simulated_passes(cluster: Cluster, workload: Workload, global_batch: int, pl
         fold = plan_fold(load_strategy(strategy)[0], on, global_batch, options, workload.moe)
     except SpecError:  # (a plan its framework cannot run, such as DeepSpeed with an uneven layer split: its
         fold = None    # simulation, if it is tried, says why)
-    if fold is None:
-        return layer_passes(plan)
-    if workload.moe is not None:  # (a folded replica holds every replica that exchanges tokens with it)
-        return layer_passes(plan) // fold.copies
-    return plan.microbatches * sum(stage.tp * stage.layers for stage in plan.stages)
+    # folded, one in `copies` of every stage's ranks runs: a replica's tp ranks, its cp x tp with context
+    # parallelism, or an EP group's replicas with experts
+    return layer_passes(plan) if fold is None else layer_passes(plan) // fold.copies
 
 
 def virtual_counts(plan: Plan) -> list[int]:
