@@ -2,6 +2,8 @@
 distributed optimizer: a long sequence picks cp > 1, a model state too large for TP alone picks the sharded
 optimizer, and both go through export and import unchanged."""
 
+from dataclasses import replace
+
 import pytest
 
 from dist_lib import Cluster, SpecError, Workload
@@ -10,7 +12,7 @@ from dist_lib.planner import plan
 from dist_lib.planner.export import export
 from dist_lib.planner.launch import Launch
 from dist_lib.planner.launch_import import from_megatron
-from dist_lib.planner.options_cost import cp_choices
+from dist_lib.planner.context_cost import cp_choices
 from dist_lib.planner.plan import Plan
 
 from tests.test_framework_plan import check_search
@@ -58,7 +60,8 @@ def test_cp_is_searched_only_where_hybrid_runs_it():
     from dist_lib.planner.framework_rules import Rules
     workload = Workload.load(LONG)
     assert cp_choices(workload, Rules("megatron"), 8) == (2, 4, 8)
-    assert cp_choices(workload, Rules("torchtitan"), 8) == ()  # torchtitan shards its CP ranks with FSDP
+    assert cp_choices(workload, Rules("torchtitan"), 8) == (2, 4, 8)  # PyTorch's context-parallel SDPA
+    assert cp_choices(workload, Rules("deepspeed"), 8) == ()  # no context parallelism in its config
     assert cp_choices(workload, None, 8) == ()  # "any": the planned strategy has no cp
     assert cp_choices(Workload.load("mixtral-8x7b"), Rules("megatron"), 8) == ()
     assert cp_choices(Workload.load("gpt-1.3b:seq=12"), Rules("megatron"), 8) == (2,)  # 12 % (2 cp): cp 2 only
@@ -76,10 +79,13 @@ def test_the_plan_file_and_the_flag_keep_cp():
     assert f"--context-parallel-size {best.cp}" in text
     launch = from_megatron(text, workload, 8).launch
     assert launch.cp == best.cp and launch.to_plan(workload.num_layers) == best
-    with pytest.raises(SpecError, match="cp=.* is not simulated for torchtitan"):
-        Launch.from_plan(best, "torchtitan", workload.num_layers)
+    with pytest.raises(SpecError, match="cp=.* has no DeepSpeed config key"):
+        Launch.from_plan(best, "deepspeed", workload.num_layers)
+    # torchtitan shards over the dp x cp ranks whenever cp > 1: a plan without FSDP is not one it runs
+    with pytest.raises(SpecError, match="torchtitan shards with FSDP .* whenever cp > 1"):
+        Launch.from_plan(replace(best, zero=0), "torchtitan", workload.num_layers)
     with pytest.raises(SpecError, match="cp=2 runs a dense workload"):
-        Plan.from_dict({**data, "cp": 2, "recompute": "full"}).check(8, 8, 8, workload=workload)
+        Plan.from_dict({**data, "cp": 2, "recompute": "op"}).check(8, 8, 8, workload=workload)
 
 
 def test_when_tp_cannot_spread_the_state_the_distributed_optimizer_is_found():
@@ -109,10 +115,12 @@ def test_torchtitan_finds_fsdp_where_tp_cannot_spread_the_state():
     assert search.best.estimate == pytest.approx(search.best.simulated, rel=0.03)
 
 
-def test_fsdp_is_torchtitans_and_of_one_stage():
+def test_fsdp_is_torchtitans():
     from dist_lib.planner.framework_rules import Rules
-    assert Rules("torchtitan").memory_ok("none", 3, 1) and not Rules("torchtitan").memory_ok("none", 3, 2)
+    assert Rules("torchtitan").memory_ok("none", 3, 1) and Rules("torchtitan").memory_ok("none", 3, 2)
     assert not Rules("megatron").memory_ok("none", 3, 1) and not Rules("torchtitan").memory_ok("none", 1, 1)
+    # with cp > 1 torchtitan always shards (its dp_shard_cp mesh)
+    assert Rules("torchtitan").memory_ok("full", 3, 1, 2) and not Rules("torchtitan").memory_ok("full", 0, 1, 2)
     cluster, workload = Cluster.load("2x8xA100-40GB"), Workload.load("gpt-22b")
     best = plan(cluster, workload, 32, framework="torchtitan", max_stages=1, top=0).best.plan
     with pytest.raises(SpecError, match="zero=3 \\(FSDP\\) is exported for torchtitan only"):

@@ -46,7 +46,7 @@ from dist_lib.costs.ops import compute_cost, compute_mode, forward_stash_bytes
 from dist_lib.costs.other_collectives import all_to_all_cost
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
-from dist_lib.planner import options_cost
+from dist_lib.planner import context_cost, options_cost
 from dist_lib.planner.estimate import LayerCosts, with_total
 from dist_lib.planner.plan import Plan
 from dist_lib.planner.stage_option import StageOption, no_collective
@@ -62,12 +62,14 @@ def plain(tp: int, recompute: str, zero: int, fp8: str) -> bool:
 
 def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: int, cp: int, recompute: str, zero: int,
                  fp8: str, reduction, etp: int = 1) -> StageOption | None:
-    """The option of a stage with experts or context parallelism: `options_cost.stage_option`'s where it
-    prices it (a dense CP stage; an MoE stage of TP 1, 16-bit, without recompute or ZeRO), else `expert_option`
-    (expert TP `etp`, dividing tp)."""
-    if space.workload.moe is not None and (etp > 1 or not plain(tp, recompute, zero, fp8)):
+    """The option of a stage with experts or context parallelism: `context_cost.context_option` for a dense
+    stage, `options_cost.stage_option` for an MoE stage of TP 1, 16-bit, without recompute or ZeRO, else
+    `expert_option` (expert TP `etp`, dividing tp)."""
+    if space.workload.moe is None:
+        return context_cost.context_option(space, ranks, tp, microbatch, cp, recompute, zero, fp8, reduction)
+    if etp > 1 or not plain(tp, recompute, zero, fp8):
         return expert_option(space, ranks, tp, microbatch, ep, etp, recompute, zero, fp8, reduction)
-    return options_cost.stage_option(space, ranks, tp, microbatch, ep, cp, reduction)
+    return options_cost.stage_option(space, ranks, tp, microbatch, ep, reduction)
 
 
 def expert_grids(workload: Workload, width: int) -> tuple[tuple[int, int], ...]:

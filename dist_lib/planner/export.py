@@ -118,7 +118,7 @@ def torchtitan_toml(launch: Launch, workload: Any) -> str:
              "[parallelism]", f"data_parallel_replicate_degree = {1 if launch.zero == 3 else launch.dp}",
              f"data_parallel_shard_degree = {launch.dp if launch.zero == 3 else 1}",
              f"tensor_parallel_degree = {launch.tp}", f"pipeline_parallel_degree = {launch.pp}",
-             "context_parallel_degree = 1"]
+             f"context_parallel_degree = {launch.cp}"]
     if pipelined:
         lines += [f'pipeline_parallel_schedule = "{TORCHTITAN_SCHEDULES[launch.schedule]}"',
                   f"pipeline_parallel_microbatch_size = {launch.micro_batch_size}",

@@ -40,12 +40,13 @@ class Rules:
         """A plan schedule (pipelines of two or more stages) the framework runs: `launch.SCHEDULES`."""
         return schedule in SCHEDULES[self.framework]
 
-    def memory_ok(self, recompute: str, zero: int, stages: int) -> bool:
-        """torchtitan shards only with FSDP (no ZeRO-1; searched in plans of one stage, where torchtitan
-        reshards each block after its forward); DeepSpeed has no selective recompute, and whole-layer
-        checkpointing is a config key only in its pipeline engine (`Launch.from_plan`); FSDP is torchtitan's."""
+    def memory_ok(self, recompute: str, zero: int, stages: int, cp: int = 1) -> bool:
+        """torchtitan shards only with FSDP (no ZeRO-1), and always with context parallelism (it applies
+        `fully_shard` over the `dp_shard_cp` mesh when cp is enabled: torchtitan/models/llama3/parallelize.py);
+        DeepSpeed has no selective recompute, and whole-layer checkpointing is a config key only in its pipeline
+        engine (`Launch.from_plan`); FSDP is torchtitan's."""
         if self.framework == "torchtitan":
-            return zero == 0 or zero == 3 and stages == 1
+            return zero == 3 if cp > 1 else zero in (0, 3)
         if zero == 3:
             return False
         if self.framework == "deepspeed":

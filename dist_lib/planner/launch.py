@@ -63,7 +63,7 @@ class Launch:
     schedule: str = "1f1b"  # a plan schedule, or "deepspeed" (DeepSpeed's TrainSchedule)
     chunks: int = 1
     recompute: str = "none"
-    zero: int = 0  # 0, 1 (ZeRO-1 / distributed optimizer), 3 (FSDP / ZeRO-3: pp = tp = 1 only)
+    zero: int = 0  # 0, 1 (ZeRO-1 / distributed optimizer), 3 (FSDP: torchtitan's, over the dp x cp ranks)
     sequence_parallel: bool = False
     overlap_grad_reduce: bool = True
     layers: tuple[int, ...] | None = None  # layers of each block, chunk-major; None: an even split
@@ -143,8 +143,6 @@ class Launch:
                             f"explicit list of layers per stage")
         if plan.zero == 3 and framework != "torchtitan":
             raise SpecError(f"plan: zero=3 (FSDP) is exported for torchtitan only (data_parallel_shard_degree)")
-        if plan.zero == 3 and pp > 1:
-            raise SpecError("plan: zero=3 (FSDP) with pipeline stages is not simulated as torchtitan runs it")
         if framework == "torchtitan" and plan.zero == 1:
             raise SpecError("plan: zero=1 (optimizer state sharded) has no torchtitan setting: torchtitan "
                             "shards with FSDP (data_parallel_shard_degree), which also shards weights and gradients")
@@ -158,10 +156,11 @@ class Launch:
             raise SpecError(f"plan: fp8 {plan.fp8!r} has no {name} setting"
                             + (f" (it runs {' or '.join(FP8_RECIPES[framework])} scaling)" if FP8_RECIPES[framework]
                                else " (no FP8 training setting is exported for it)"))
-        if plan.cp > 1 and framework != "megatron":
-            raise SpecError(f"plan: cp={plan.cp} is not simulated for {name}"
-                            + (" (torchtitan shards its CP ranks with FSDP, which hybrid does not run with cp)"
-                               if framework == "torchtitan" else " (it has no context parallelism)"))
+        if plan.cp > 1 and framework == "torchtitan" and plan.zero != 3:
+            raise SpecError(f"plan: cp={plan.cp} with zero={plan.zero}: torchtitan shards with FSDP over the data-"
+                            f"parallel and context-parallel ranks whenever cp > 1 (its dp_shard_cp mesh); plan zero=3")
+        if plan.cp > 1 and framework == "deepspeed":
+            raise SpecError(f"plan: cp={plan.cp} has no DeepSpeed config key (it has no context parallelism)")
         if plan.ep > 1 and framework == "deepspeed":
             raise SpecError(f"plan: ep={plan.ep} has no DeepSpeed config key (DeepSpeed-MoE takes ep_size in the "
                             f"model's code, deepspeed.moe.layer.MoE)")
@@ -188,11 +187,10 @@ class Launch:
 
     def strategy(self, num_layers: int) -> tuple[str, dict[str, Any]]:
         """(built-in strategy, its options) that runs this launch as the framework does."""
-        if self.zero >= 2 and self.fp8:
-            raise SpecError(f"{_NAMES[self.framework]} run: fp8 with zero={self.zero} (FSDP) is not simulated")
-        if self.zero >= 2 and self.tp == self.pp == 1 and self.recompute == "none":  # (zero has no recompute)
+        if self.zero >= 2 and self.tp == self.pp == self.cp == 1 and self.recompute == "none" and not self.fp8:
+            # (the zero strategy has no recompute, FP8 or context parallelism)
             return "zero", {"stage": self.zero, "microbatch_size": self.micro_batch_size}
-        if self.zero == 1 and not self.experts:
+        if self.zero == 1 and not self.experts and self.cp == 1:
             return "planned", {"plan": self.to_plan(num_layers)}
         options: dict[str, Any] = {"tp": self.tp, "pp": self.pp, "dp": self.dp,
                                    "microbatch_size": self.micro_batch_size, "schedule": self.schedule,
@@ -210,9 +208,11 @@ class Launch:
         for key in ("ep", "cp"):
             if getattr(self, key) > 1:
                 options[key] = getattr(self, key)
+        if self.cp > 1 and self.framework == "torchtitan":  # PyTorch's context-parallel SDPA, all-gather rotater
+            options["kv_exchange"] = "torch_all_gather"
         if self.etp:
             options["etp"] = self.etp
-        if self.zero == 1:  # (experts: hybrid's distributed optimizer, the experts' state over expert-DP)
+        if self.zero == 1:  # (experts: the experts' state over expert-DP; cp: over the dp x cp ranks)
             options["distributed_optimizer"] = True
         if self.zero == 3:  # FSDP beside TP (torchtitan's FSDP2 over the data-parallel ranks): hybrid's fsdp
             options["fsdp"] = True

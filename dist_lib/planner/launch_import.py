@@ -215,36 +215,35 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
     data, source = _read(config, source, "torchtitan job config", tomllib.loads, tomllib.TOMLDecodeError)
     par, train = data.get("parallelism", {}), data.get("training", {})
     ac = data.get("activation_checkpoint", {})
-    for key, allowed in (("context_parallel_degree", 1), ("expert_parallel_degree", 1)):
-        if par.get(key, allowed) != allowed:
-            raise SpecError(f"{source}: parallelism.{key} = {par[key]} is not simulated")
+    if par.get("expert_parallel_degree", 1) != 1:
+        raise SpecError(f"{source}: parallelism.expert_parallel_degree = {par['expert_parallel_degree']} is not "
+                        f"simulated")
     fp8 = _torchtitan_fp8(data, source)
     workload = _torchtitan_kernels(data.get("compile", {}), workload, source)
     if "seq_len" in train:
         workload = replace(workload, seq_len=_whole(train["seq_len"], f"{source}: training.seq_len"))
-    tp, pp = (_whole(par.get(k, 1), f"{source}: parallelism.{k}") for k in ("tensor_parallel_degree",
-                                                                          "pipeline_parallel_degree"))
+    tp, pp, cp = (_whole(par.get(k, 1), f"{source}: parallelism.{k}") for k in (
+        "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"))
     replicate = _whole(par.get("data_parallel_replicate_degree", 1), f"{source}: parallelism.data_parallel_replicate_degree")
     shard = par.get("data_parallel_shard_degree", -1)
     if shard == -1:
-        shard = _world(workload, tp * pp * replicate, source, world_size) // (tp * pp * replicate)
+        shard = _world(workload, tp * pp * cp * replicate, source, world_size) // (tp * pp * cp * replicate)
     shard = _whole(shard, f"{source}: parallelism.data_parallel_shard_degree")
     local = _whole(train.get("local_batch_size", 8), f"{source}: training.local_batch_size")
     dp = replicate * shard
     global_batch = train.get("global_batch_size", -1)
     global_batch = local * dp if global_batch == -1 else _whole(global_batch, f"{source}: training.global_batch_size")
     mode = _torchtitan_recompute(ac, workload, source)
-    if shard > 1:
-        if pp > 1 or replicate > 1:
-            raise SpecError(f"{source}: parallelism.data_parallel_shard_degree = {shard} (FSDP) with pipeline or "
-                            f"replicated parallelism is not simulated; FSDP runs alone (the zero strategy, stage 3) or "
-                            f"with tensor parallelism (hybrid's fsdp)")
-        if fp8:
-            raise SpecError(f"{source}: model.converters float8 with FSDP (data_parallel_shard_degree {shard}) is "
-                            f"not simulated")
-        launch = Launch("torchtitan", tp, 1, dp, local, global_batch, recompute=mode, zero=3, sequence_parallel=tp > 1)
-        launch.check(workload.num_layers, source)
-        return Imported(launch, workload, ())
+    # torchtitan applies FSDP over the dp_shard x cp ranks whenever either is past 1 (dp_shard_cp mesh,
+    # torchtitan/models/llama3/parallelize.py); HSDP (replicate with it) is not simulated
+    fsdp = shard > 1 or cp > 1
+    if fsdp and replicate > 1:
+        raise SpecError(f"{source}: parallelism.data_parallel_replicate_degree = {replicate} with FSDP "
+                        f"(data_parallel_shard_degree {shard}, context_parallel_degree {cp}) is HSDP, which is not "
+                        f"simulated from a torchtitan config")
+    if cp > 1 and mode == "op":
+        raise SpecError(f"{source}: activation_checkpoint selective_ac_option \"op\" with context_parallel_degree "
+                        f"{cp} is not simulated; use mode \"full\" or \"none\"")
     schedule, chunks, micro, layers = "1f1b", 1, local, None
     if pp > 1:
         name = str(par.get("pipeline_parallel_schedule", "1F1B"))
@@ -261,8 +260,8 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
             raise SpecError(f"{source}: training.local_batch_size {local} is not a multiple of "
                             f"parallelism.pipeline_parallel_microbatch_size {micro}")
         layers, chunks = _torchtitan_layers(par, pp, schedule, workload.num_layers, source)
-    launch = Launch("torchtitan", tp, pp, dp, micro, global_batch, schedule, chunks, mode, 0, tp > 1, True, layers,
-                    fp8=fp8)
+    launch = Launch("torchtitan", tp, pp, dp, micro, global_batch, schedule, chunks, mode, 3 if fsdp else 0, tp > 1,
+                    True, layers, fp8=fp8, cp=cp)
     launch.check(workload.num_layers, source)
     return Imported(launch, workload, ())
 

@@ -1,5 +1,5 @@
-"""What the planner's estimate charges for the parallelism options beyond DP x PP x TP: expert parallelism
-(`ep`) of a mixture-of-experts workload, and context parallelism (`cp`) of a dense one.
+"""What the planner's estimate charges for the options beyond DP x PP x TP: expert parallelism (`ep`) of a
+mixture-of-experts workload, and FSDP (`fsdp`).
 
 An MoE layer under EP runs as `strategies/_expert_stage.py` runs it (Megatron-Core's layout: `ep` consecutive
 replicas of a stage form an EP group, each holding E/ep routed experts; its MoE docs, "expert parallelism"):
@@ -20,15 +20,7 @@ the local experts' (E/ep of them) likewise, and per microbatch in flight the lay
 dense part's stash, the tokens received and the experts' stash (input, gate and up outputs and their product,
 per routed token). Gradients: the dense part's all-reduced over the stage's dp replicas, each expert's over
 the dp/ep replicas that hold it.
-
-A context-parallel layer runs as `strategies/_context.py` runs it (Megatron-Core's `--context-parallel-size`,
-ranks TP fastest, then CP, then DP): each of a CP group's cp ranks holds s/cp tokens of its replica's samples,
-its GEMMs, stash and hidden states 1/cp of the whole sequence's (`costs.context`); the attention runs cp blocks,
-the key/value blocks passing around the ring in cp - 1 hops, each overlapped with the block at hand, so a
-forward step takes the longer of a block and a hop; the backward passes the key/value blocks and, on the same
-link, their gradients (the longer of a block and the two), and the last gradient hop home is exposed. With TP,
-each layer's output and input gradient are all-reduced in the TP group. The weight gradients are all-reduced
-over the dp x cp ranks of a TP slice.
+A context-parallel stage is priced in `context_cost`.
 """
 
 from __future__ import annotations
@@ -38,8 +30,7 @@ from functools import lru_cache
 from itertools import accumulate
 
 from dist_lib.costs import compute, moe_ops
-from dist_lib.costs import context as cp_costs
-from dist_lib.costs.network import collective_time, p2p_time
+from dist_lib.costs.network import collective_time
 from dist_lib.costs.ops import compute_cost, forward_stash_bytes
 from dist_lib.costs.other_collectives import all_to_all_cost
 from dist_lib.hardware.cluster import Cluster
@@ -180,16 +171,6 @@ def expert_reductions(topology, ranks: tuple[int, ...], ep: int, reduce, grad_by
 
 # ---- which degrees a stage may take, and its option -------------------------------------------------------
 
-def cp_choices(workload: Workload, rules, width: int) -> tuple[int, ...]:
-    """Context-parallel degrees past 1 a stage of `width` GPUs may take: in a Megatron-LM search only (hybrid
-    runs cp as Megatron-Core lays it; torchtitan shards with FSDP over its CP ranks, which hybrid does not run
-    with cp), for a dense workload timed by formula, each a divisor of the width that cuts the sequence into
-    2 cp chunks (`costs.context.block_workload`)."""
-    if rules is None or rules.framework != "megatron" or workload.moe is not None or workload.profile is not None:
-        return ()
-    return tuple(c for c in range(2, width + 1) if width % c == 0 and workload.seq_len % (2 * c) == 0)
-
-
 def width_ok(workload: Workload, ranks: int, tp: int, cp: int, microbatch: int, even: bool) -> bool:
     """Does a stage of `ranks` GPUs take TP degree `tp` with `cp`: whole CP x TP blocks, at least a sample a
     replica (the same number each, `even`), and with experts a sequence that splits over the TP ranks (each
@@ -200,83 +181,43 @@ def width_ok(workload: Workload, ranks: int, tp: int, cp: int, microbatch: int, 
     return dp <= microbatch and not (even and microbatch % dp)
 
 
-def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: int, cp: int, reduction) -> StageOption:
-    """The option of a stage whose replicas all take the same share (a framework's layout) with experts over
-    EP groups or a context-parallel split; `space` is the search's `_Space` (cluster, workload, reserve and its
-    cached topologies), `reduction` its data-parallel collective timer (`stage_option.Reduction`)."""
+def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: int, reduction) -> StageOption:
+    """The option of a TP-1 stage whose replicas all take the same share (a framework's layout) with experts
+    over EP groups; `space` is the search's `_Space` (cluster, workload, reserve and its cached topologies),
+    `reduction` its data-parallel collective timer (`stage_option.Reduction`)."""
     cluster, workload = space.cluster, space.workload
-    dp = len(ranks) // (tp * cp)
+    dp = len(ranks) // tp
     share = microbatch // dp
     device = min((cluster.device_of(r) for r in ranks), key=lambda d: (d.peak_flops, d.memory_bytes))
-    act = share * workload.activation_bytes() // cp
-    tp_topo = space.topology(ranks[:tp]) if tp > 1 else None
-    expert_grads = None
-    if workload.moe is not None:
-        costs, expert_grads = moe_layer_costs(cluster, workload, share, ep_groups(ranks, ep))
-        loss = compute.loss_time(device, workload, share, 1)
-    else:
-        kv = cp_costs.kv_block_bytes(workload, share, tp, cp)
-        ring = ranks[:tp * cp:tp]  # the first replica's CP group (TP rank 0): its slowest neighbour link
-        links = [cluster.p2p_link(a, b) for a, b in zip(ring, ring[1:] + ring[:1])]
-        hop, both = max(p2p_time(kv, link) for link in links), max(p2p_time(2 * kv, link) for link in links)
-        costs = context_layer_costs(device, workload, share, tp, cp, tp_topo, hop, both)
-        loss = cp_costs.loss_time(device, workload, share, tp, cp) + (
-            collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0)
+    act = share * workload.activation_bytes()
+    costs, expert_grads = moe_layer_costs(cluster, workload, share, ep_groups(ranks, ep))
+    loss = compute.loss_time(device, workload, share, 1)
     capacity = min(cluster.device_of(r).memory_bytes for r in ranks)
-    if space.reserve is not None:  # communicators: TP, CP, data-parallel, two pipeline neighbours
-        capacity = space.reserve.usable(capacity, (tp > 1) + (cp > 1) + (len(ranks) // tp > 1) + 2)
-    dp_topo = space.topology(ranks[::tp]) if len(ranks) // tp > 1 else None  # the dp x cp ranks of a TP slice
+    if space.reserve is not None:  # communicators: TP, data-parallel, two pipeline neighbours
+        capacity = space.reserve.usable(capacity, (tp > 1) + (len(ranks) // tp > 1) + 2)
+    dp_topo = space.topology(ranks[::tp]) if len(ranks) // tp > 1 else None
     reduce = no_collective if dp_topo is None else reduction("all_reduce", dp_topo)
-    grads = costs.grad_bytes
-    if expert_grads is not None:
-        reduced = expert_reductions(space.topology, ranks, ep, reduce, grads, expert_grads)
-    else:
-        reduced = tuple(accumulate((reduce(b - a) for a, b in zip(grads, grads[1:])), initial=0.0))
+    reduced = expert_reductions(space.topology, ranks, ep, reduce, costs.grad_bytes, expert_grads)
     return StageOption(ranks, tp, (share,) * dp, costs, capacity, loss, act, reduce, 0.0, 0.0, no_collective,
                        reduced, workload.profile is None)
-
-
-@lru_cache(maxsize=1024)
-def context_layer_costs(device, workload: Workload, samples: int, tp: int, cp: int, tp_topo, hop: float,
-                        both: float) -> LayerCosts:
-    """Per-layer costs of a CP rank running `samples` samples' s/cp tokens: `hop` is a key/value block's ring
-    hop, `both` a block's and its gradient's together on one link (see the module docstring)."""
-    act = cp_costs.activation_bytes(workload, samples, cp)
-    # two TP all-reduces a layer (attention, MLP), as without CP (`comm.collectives.collective_duration`)
-    tp_comm = 2 * collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0
-    columns: list[list[float]] = [[] for _ in range(9)]
-    for layer in range(workload.num_layers):
-        if 1 < layer < workload.num_layers - 1:  # alike between the first and the last (an untied LM head)
-            for column in columns:
-                column.append(column[-1])
-            continue
-        rest_f, block_f = cp_costs.layer_times(device, workload, layer, samples, tp, cp, False)
-        rest_b, block_b = cp_costs.layer_times(device, workload, layer, samples, tp, cp, True)
-        forward = rest_f + block_f + (cp - 1) * max(block_f, hop) + tp_comm
-        backward = rest_b + block_b + (cp - 1) * max(block_b, both) + hop + tp_comm
-        params = workload.layer_params(layer) / tp
-        row = (forward, backward, 0.0, params * (2 * WEIGHT_BYTES + OPTIMIZER_BYTES),
-               cp_costs.stash_bytes(workload, layer, samples, tp, cp) + act, params * WEIGHT_BYTES,
-               compute.update_time(device, params), 0.0, 0.0)
-        for column, value in zip(columns, row):
-            column.append(value)
-    return with_total(*(tuple(accumulate(x, initial=0.0)) for x in columns))
 
 
 def fsdp_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, recompute: str, fp8: str,
                 reduction) -> StageOption | None:
     """A stage of one pipeline stage under FSDP as torchtitan applies it (`fully_shard` per block, hybrid's
-    `fsdp`, `strategies/_sharded.py`): the ZeRO-1 option (gradients reduce-scattered after a layer's last
-    microbatch, 1/dp of the optimizer state) with the 16-bit weights sharded too, each layer all-gathered
-    before its forward and, resharded after it (torchtitan's default without pipelining), again before its
-    backward, the next layer's gather prefetched, so a pass takes the longer of its compute and its gather;
-    the gradient accumulates whole until it is reduce-scattered, and two layers' whole weights (the one at
-    hand and the one prefetched) are held at once. None where it shards nothing (one replica) or with FP8
-    (hybrid runs FSDP in 16 bits)."""
+    `fsdp`, `strategies/_sharded.py`): `fsdp` of its ZeRO-1 option; None where it shards nothing (one replica)."""
     dp = len(ranks) // tp
-    if dp == 1 or fp8:
-        return None
-    o = space._option(ranks, tp, microbatch, recompute, 1, fp8)
+    return fsdp(space._option(ranks, tp, microbatch, recompute, 1, fp8), dp) if dp > 1 else None
+
+
+def fsdp(o: StageOption, shards: int) -> StageOption:
+    """The ZeRO-1 option `o` of a stage of one pipeline stage (gradients reduce-scattered over `shards` ranks
+    after a layer's last microbatch, 1/shards of the optimizer state) with the 16-bit weights sharded too, each
+    layer all-gathered before its forward and, resharded after it (torchtitan's default without pipelining),
+    again before its backward, the next layer's gather prefetched, so a pass takes the longer of its compute
+    and its gather; the gradient accumulates whole until it is reduce-scattered, and two layers' whole weights
+    (the one at hand and the one prefetched) are held at once. (With pipelining torchtitan keeps the gathered
+    weights through the step: ZeRO-1's timing and memory, which the search charges as such.)"""
     c = o.costs
     columns: list[list[float]] = [[] for _ in range(9)]
     for layer in range(len(c.forward) - 1):
@@ -285,7 +226,7 @@ def fsdp_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, recompu
         row = [b - a for a, b in ((getattr(c, name)[layer], getattr(c, name)[layer + 1])
                                   for name in LayerCosts.__slots__[:-1])]
         row[0], row[1] = max(row[0], gather), max(row[1], gather)
-        row[3] -= grad * (1 - 1 / dp)  # weights 2/dp instead of 2 bytes a parameter
+        row[3] -= grad * (1 - 1 / shards)  # weights 2/shards instead of 2 bytes a parameter
         for column, value in zip(columns, row):
             column.append(value)
     costs = with_total(*(tuple(accumulate(x, initial=0.0)) for x in columns))

@@ -317,11 +317,11 @@ class Plan:
         """An MoE plan as `hybrid` runs it (Megatron-Core's expert grid, `strategies/_expert_stage.py`): ep x etp
         divides every stage's dp x tp ranks, `ep` the experts, `etp` the experts' width; no FSDP or zero-bubble
         schedule; `ep` and `etp` only with experts."""
-        if self.cp != 1 and (self.recompute != "none" or self.zero or self.fp8 or self.schedule == "zero-bubble"
+        if self.cp != 1 and (self.recompute == "op" or self.schedule == "zero-bubble"
                              or workload is not None and (workload.moe is not None or workload.profile is not None)
                              or workload is not None and workload.seq_len % (2 * self.cp)):
             raise SpecError(f"{source}: cp={self.cp} runs a dense workload timed by formula, its sequence cut into "
-                            f"2 x cp chunks, without recompute, zero, fp8 and the zero-bubble schedule (hybrid's "
+                            f"2 x cp chunks, without per-op recompute and the zero-bubble schedule (hybrid's "
                             f"context-parallel stage, strategies/_context.py)")
         moe = getattr(workload, "moe", None) if workload is not None else None
         if moe is None:

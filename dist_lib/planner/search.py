@@ -29,7 +29,7 @@ from dist_lib.planner.partition import chunk_sizes, fits, fixed_partition, parti
 from dist_lib.planner.stage_option import Reduction, StageOption, no_collective
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.step import step_estimate
-from dist_lib.planner import expert_modes_cost, options_cost  # (MoE stages beyond TP 1: expert_modes_cost)
+from dist_lib.planner import context_cost, expert_modes_cost, options_cost  # (MoE stages beyond TP 1: expert_modes_cost)
 
 # Memory settings in order of the time they add: the first whose partition is not memory-bound ends the list;
 # "selective" or (torchtitan's, Llama blocks) "op", never both (`framework_rules.settings`)
@@ -87,9 +87,11 @@ class _Space:
     the options are built once per such shape and per setting, and copied with each stage's ranks."""
 
     def __init__(self, cluster: Cluster, workload: Workload, reserve: MemoryReserve | None = MemoryReserve(),
-                 even: bool = False):
-        # even: every replica takes the same share of a microbatch (a framework's one micro batch per GPU)
+                 even: bool = False, kv_exchange: str = "ring"):
+        # even: every replica takes the same share of a microbatch (a framework's one micro batch per GPU);
+        # kv_exchange: how a context-parallel stage's attention meets the other ranks' keys and values
         self.cluster, self.workload, self.reserve, self.even = cluster, workload, reserve, even
+        self.kv_exchange = kv_exchange
         self._options: dict = {}
         self._templates: dict = {}
         self._shapes: dict = {}
@@ -282,7 +284,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         return [], [refusal]
     # the (recompute, zero) settings, and a framework's FP8 linear layers beside 16-bit ones where it has them
     memory_configs, fp8_choices = framework_rules.settings(rules, workload, cluster, MEMORY_CONFIGS)
-    sp = _Space(cluster, workload, memory_reserve, even=rules is not None)
+    sp = _Space(cluster, workload, memory_reserve, even=rules is not None, kv_exchange=context_cost.exchange(rules))
     L = workload.num_layers
     # a search by cost, or within a budget, weighs renting part of each device type too
     rent = objective == "cost" or budget is not None
@@ -336,8 +338,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         # is the sum of the other stages' times (1F1B), at least a third of it with ZB-H1 or
         # interleaving: sum_s n_s u_s >= L min u_s
         fastest = [min(o.costs.per_layer for o in options) for options in free]
-        for fp8 in fp8_choices[1:] if cp == 1 else ():  # the bound holds for the faster of 16-bit and FP8 GEMMs
-            fastest = [min([u] + [o.costs.per_layer for o in sp.options(ranks, microbatch, "none", 0, fp8)
+        for fp8 in fp8_choices[1:]:  # the bound holds for the faster of 16-bit and FP8 GEMMs
+            fastest = [min([u] + [o.costs.per_layer for o in sp.options(ranks, microbatch, "none", 0, fp8, 1, cp)
                                   if tp in (None, o.tp)]) for u, ranks in zip(fastest, stages)]
         slowest_stage = L / sum(1 / u for u in fastest)
         bound = (global_batch // microbatch) * slowest_stage + max(0.0, L * min(fastest) - slowest_stage) / 3
@@ -353,7 +355,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
                     thin.append((stages, microbatch, price))  # a pipeline needs microbatches to fill it
                 else:
                     work += bounded(stages, microbatch, price)
-                    for cp in options_cost.cp_choices(workload, rules, len(stages[0])):  # entries of their own
+                    for cp in context_cost.cp_choices(workload, rules, len(stages[0])):  # entries of their own
                         work += bounded(stages, microbatch, price, cp)
     def split(options: list[list[StageOption]], m: int, memory: bool = True):
         """The best layer partition, or the framework's own fixed split (DeepSpeed's uniform)."""
@@ -370,13 +372,20 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         weight = price if objective == "cost" else 1.0
         if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
             return incumbent  # even without memory limits its slowest stage makes it lose
-        for recompute, zero in memory_configs if cp == 1 else memory_configs[:1]:  # (cp: no recompute, no ZeRO)
-            if rules is not None and not rules.memory_ok(recompute, zero, len(stages)):
+        for recompute, zero in memory_configs:
+            if rules is not None and not rules.memory_ok(recompute, zero, len(stages), cp) \
+                    or cp > 1 and recompute not in context_cost.RECOMPUTES:
                 continue
+            # with pipeline stages torchtitan keeps FSDP's gathered weights through the step (its
+            # `get_fsdp_reshard_after_forward_policy`) and reduce-scatters after a layer's last microbatch:
+            # ZeRO-1's timing and memory (`options_cost.fsdp`)
+            priced = 1 if zero == 3 and len(stages) > 1 else zero
+            if zero == 3 and tp is not None and len(stages[0]) == tp:
+                continue  # FSDP over one rank shards nothing (one stage: `options_cost.fsdp_option` has none)
             if (recompute, zero) == memory_configs[0] and fits(unconstrained[1], m):
                 found = unconstrained  # the same options, and memory does not bind: the same partition
             else:
-                options = [[o for o in sp.options(ranks, microbatch, recompute, zero, fp8, ep, cp, etp)
+                options = [[o for o in sp.options(ranks, microbatch, recompute, priced, fp8, ep, cp, etp)
                             if tp in (None, o.tp)] for ranks in stages]
                 found = split(options, m) if all(options) else None  # (FSDP: none where it shards nothing)
             if found is None:
@@ -404,13 +413,12 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             if bound > incumbent * (1 + prune_slack):
                 break
             m = global_batch // microbatch
-            if cp > 1:  # (16-bit, one EP degree: hybrid runs cp without fp8 and experts)
-                incumbent = _explore_precision(free, "", m, stages, microbatch, price, tp, incumbent, 1, cp)
-                continue
             for fp8 in fp8_choices:
-                plain = free if not fp8 else [[o for o in sp.options(ranks, microbatch, "none", 0, fp8)
+                plain = free if not fp8 else [[o for o in sp.options(ranks, microbatch, "none", 0, fp8, 1, cp)
                                                if tp in (None, o.tp)] for ranks in stages]
-                incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent)
+                incumbent = _explore_precision(plain, fp8, m, stages, microbatch, price, tp, incumbent, 1, cp)
+            if cp > 1:  # (one EP degree: hybrid runs cp without experts)
+                continue
             # an MoE workload's expert grids past ep = etp = 1 (just explored, it bounds them: its all-to-alls are
             # local copies; `expert_modes_cost.expert_grids`)
             for ep, etp in expert_modes_cost.expert_grids(workload, len(stages[0])):
