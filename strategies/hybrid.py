@@ -20,6 +20,7 @@ docs/reference/strategies.md, "hybrid's options".
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 
 from dist_lib import Model
@@ -138,11 +139,20 @@ def replica_grid(world_size: int, global_batch_size: int, **options):
     replica is the least run of a stage's ranks that holds whole EP groups (ep x etp ranks) and whole TP groups,
     and the expert-data-parallel groups take the same positions in every such run (`_expert_stage.ExpertPlan`);
     under TP the experts' gradients hold masks over the tp sequence parts of each sample (`ReplicaGrid.parts`).
-    Not with HSDP (`replicate`), whose shard groups are not the replicas: the simulator would find the fold
-    broken and run the step again unfolded."""
-    if options.get("replicate", 1) != 1:
-        return None
+    With HSDP (`replicate`) a folded replica is a whole shard group, the dp / replicate consecutive replicas
+    that shard the weights among them (`_sharded.ShardedStage`): the replicate groups, one rank at the same
+    place in every shard group, are what crosses the fold."""
     tp, cp = options.get("tp", 1), options.get("cp", 1)
+    replicate = options.get("replicate", 1)
+    if replicate != 1:
+        if options.get("ep") is not None or not isinstance(replicate, int) or replicate < 1:
+            return None
+        pp = options.get("pp", inspect.signature(train).parameters["pp"].default)
+        dp = options.get("dp") or world_size // (pp * tp * cp)
+        if dp % replicate:
+            return None
+        grid = declared_grid(train, world_size, dict(options, tp=dp // replicate * cp * tp, dp=replicate))
+        return dataclasses.replace(grid, shards_inside=True)
     if cp != 1:
         return declared_grid(train, world_size, dict(options, tp=tp * cp))
     ep, etp = options.get("ep"), options.get("etp")  # (experts without `ep`: each replica holds all, ep 1)

@@ -108,6 +108,10 @@ def hybrid_configs(draw):
         options.update(distributed_optimizer=True, overlap_param_gather=draw(st.booleans()))
     elif sharding == "fsdp" and pp == 1:
         options.update(fsdp=True)
+        # HSDP: shard groups of dp / replicate replicas fold as one, the replicate groups crossing the fold
+        replicate = draw(st.sampled_from([r for r in (1, 2, 3, 4) if dp % r == 0]))
+        if replicate > 1:
+            options.update(replicate=replicate)
     cluster = f"{world // gpus}x{gpus}xA100-80GB{nics}" if world % gpus == 0 else f"{world}xA100-80GB{nics}"
     return cluster, f"toy:layers={pp * chunks * 2}", dp * microbatches, options
 
@@ -117,11 +121,32 @@ def hybrid_configs(draw):
 def test_folded_hybrid_steps_are_the_full_steps(config):
     cluster, workload, batch, options = config
     full, folded = both("strategies.hybrid", cluster, workload, batch, **options)
+    copies = options.get("replicate", options["dp"])  # (HSDP: a folded replica is a shard group)
     if folded.representatives is None:  # (the nodes cut the grid unevenly: not folded, the same run)
-        width = options["tp"] * options.get("cp", 1)
-        assert Fold.build(Cluster.parse(cluster), ReplicaGrid(options["dp"], width))[0] is None
+        width = options["tp"] * options.get("cp", 1) * options["dp"] // copies
+        assert Fold.build(Cluster.parse(cluster), ReplicaGrid(copies, width))[0] is None
         return
-    assert full.representatives is None and len(set(folded.representatives)) * options["dp"] == full.cluster.world_size
+    assert full.representatives is None and len(set(folded.representatives)) * copies == full.cluster.world_size
+    assert_same(full, folded)
+
+
+@pytest.mark.parametrize("cluster,options", [
+    ("1x4xA100-80GB", dict(dp=4, replicate=2)),
+    ("2x8xA100-80GB", dict(dp=8, tp=2, replicate=2)),
+    ("4x4xA100-80GB:nics=1x25", dict(dp=8, pp=2, replicate=4)),
+    ("2x4xA100-80GB", dict(dp=4, cp=2, replicate=2)),
+    ("3x4xA100-80GB", dict(dp=6, tp=2, replicate=3)),
+    ("4x2xA100-80GB:nics=1x25", dict(dp=8, replicate=2)),
+])
+def test_folded_hsdp_steps_are_the_full_steps(cluster, options):
+    """HSDP folds by shard groups: each group of dp / replicate replicas holds every shard, so the replicate
+    groups' all-reduces cross the fold with the very shards of the representatives' group."""
+    options = dict(options, pp=options.get("pp", 1))
+    pp = options["pp"]
+    full, folded = both("strategies.hybrid", cluster, f"toy:layers={2 * pp}", options["dp"] * 2 * pp, fsdp=True,
+                        recompute=False, **options)
+    assert folded.representatives is not None and full.correct
+    assert len(set(folded.representatives)) * options["replicate"] == full.cluster.world_size
     assert_same(full, folded)
 
 
@@ -339,7 +364,7 @@ def test_the_kept_check_of_a_folded_step_checks_the_representatives_first():
     from dist_lib.model.correctness import check_kept
     from dist_lib.run.folding import check_kept_folded
 
-    fold = SimpleNamespace(reps=[0, 1])  # two ranks a replica, four replicas
+    fold = SimpleNamespace(reps=[0, 1], grid=ReplicaGrid(4, 2))  # two ranks a replica, four replicas
     whole = (0, 0b1, 1, 0, 1)
 
     def handed(rank, layer, shards=0b1, num_shards=1):

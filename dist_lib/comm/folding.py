@@ -128,7 +128,8 @@ def mirror(t: Any, rank: int, replica: int, engine: Any, template: tuple | None 
         parts = fold.grid.parts if cls is ExpertGrad else 1  # (the experts' token masks under TP)
         copy.samples = relabelled_samples(samples, replica, fold, engine.global_batch_size, parts)
     if shards is not None:
-        copy.shards = relabel_shards(shards, copy.num_shards, replica, fold.copies)
+        copy.shards = shards if fold.grid.shards_inside else relabel_shards(shards, copy.num_shards, replica,
+                                                                           fold.copies)
     return copy
 
 

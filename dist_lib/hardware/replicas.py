@@ -38,13 +38,16 @@ class ReplicaGrid:
     ranks (`tp` is then unused; ranks in no stage are idle). Replica j trains on block j of the global batch
     where replica 0 trains on block 0; with `microbatch`, on block j of every `microbatch` samples (each
     microbatch cut evenly among the replicas). With `parts`, the experts' gradients hold masks over that many
-    sequence parts of each sample (bit s x parts + j: an MoE layer under TP, `model/expert_parts.py`)."""
+    sequence parts of each sample (bit s x parts + j: an MoE layer under TP, `model/expert_parts.py`). With
+    `shards_inside`, a ZeRO sharding is spread over the ranks inside each replica (HSDP's shard groups), so every
+    replica holds the very shards replica 0 holds; else it is spread over the replicas (block j on replica j)."""
 
     dp: int
     tp: int = 1
     stages: tuple[tuple[tuple[int, ...], int], ...] = ()
     microbatch: int = 0
     parts: int = 1  # the sequence parts of a sample that experts' gradients hold apart (MoE under TP)
+    shards_inside: bool = False  # ZeRO shards spread inside each replica (HSDP), not over the replicas
 
     def layout(self, world: int) -> list[tuple[tuple[int, ...], int]]:
         """Each stage's (ranks, tp): the declared stages, or Megatron-LM's grid over `world` ranks."""

@@ -87,7 +87,9 @@ def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
     loaded: list[list] = []
     # a representative whose loaded pieces are all whole (unsharded, or every shard) lends its replicas its
     # own list of them: relabelled, each would be the same
-    lent = [all(shards_stay(shards, num_shards) for _, shards, num_shards, _, _ in loads) for loads in books.loaded]
+    inside = fold.grid.shards_inside  # (HSDP: every replica holds replica 0's shards)
+    lent = [inside or all(shards_stay(shards, num_shards) for _, shards, num_shards, _, _ in loads)
+            for loads in books.loaded]
     for r in range(world):
         j, rep = fold.replica_of[r], fold.rep_of[r]
         if not j:
@@ -96,7 +98,8 @@ def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
             continue
         for (_, layer, step, samples, shards, num_shards, tp_rank, tp_size) in by_rep.get(rep, []):
             finals.append((r, layer, step, relabelled_samples(samples, j, fold, global_batch_size),
-                           relabel_shards(shards, num_shards, j, replicas), num_shards, tp_rank, tp_size))
+                           shards if inside else relabel_shards(shards, num_shards, j, replicas), num_shards,
+                           tp_rank, tp_size))
         if lent[source[r]]:
             loaded.append(books.loaded[source[r]])
             continue
@@ -120,7 +123,7 @@ def check_kept_folded(loaded: list, finals: list[tuple], fold: Fold) -> list[str
     full step gives."""
     reps = set(fold.reps)
     ours = [record for record in finals if record[0] in reps]
-    if all(shards_stay(record[4], record[5]) for record in ours) and all(
+    if fold.grid.shards_inside or all(shards_stay(record[4], record[5]) for record in ours) and all(
             shards_stay(shards, num_shards) for r in reps for _, shards, num_shards, _, _ in loaded[r]):
         if not check_kept([loaded[r] if r in reps else () for r in range(len(loaded))], ours):
             return []
