@@ -25,7 +25,9 @@ the replica index, as a reduce-scatter leaves it):
   the last backward only) and the full weight dropped. Each rank steps its shard; the step hands in shards.
   HSDP is the same within a replicate group of the DP ranks (``replicate``): shards over dp/replicate ranks,
   then the shards' gradient all-reduced across the replicate groups (FSDP2 ``HSDP``:
-  ``data_parallel_replicate_degree``).
+  ``data_parallel_replicate_degree``), each issued as its reduce-scatter ends, during the rest of the backward
+  (FSDP2's ``foreach_reduce`` runs it on its all-reduce stream right after the reduce-scatter:
+  torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class ParamGathers:
 class ShardedStage(_Stage):
     """`_Stage` whose weights and optimizer state are sharded over its DP group (`SHARDINGS`)."""
 
-    __slots__ = ("sharding", "dp_ranks", "shard", "replicate", "overlap_param_gather", "final_gathers", "in_flight")
+    __slots__ = ("sharding", "dp_ranks", "shard", "replicate", "overlap_param_gather", "final_gathers", "in_flight",
+                 "across")
 
     def __init__(self, model: Model, plan: StagePlan, sharding: str, *, overlap_param_gather: bool = True,
                  reshard_after_forward: bool | None = None, replicate: int = 1):
@@ -106,6 +109,7 @@ class ShardedStage(_Stage):
         self.overlap_param_gather = overlap_param_gather
         self.final_gathers: dict = {}
         self.in_flight: list[int] = []  # layers whose gradient reduce-scatter was issued and not yet settled
+        self.across: set[int] = set()  # HSDP: layers whose shard's all-reduce across the groups was issued
         super().__init__(model, plan)
         # FSDP2 frees a block's unsharded gradient once its reduce-scatter is done: before the next block's
         # reduce-scatter, the compute stream waits for the previous one and drops its buffers
@@ -146,6 +150,9 @@ class ShardedStage(_Stage):
         while len(in_flight) > 1:
             layer = in_flight.pop(0)
             reduced[layer] = await reduced[layer]
+            if len(self.replicate) > 1:  # HSDP: the shard's all-reduce across the groups, issued now
+                reduced[layer] = self.model.all_reduce(reduced[layer], self.replicate)
+                self.across.add(layer)
 
     async def update_all(self) -> None:
         await self.finish_gradients()
@@ -156,7 +163,7 @@ class ShardedStage(_Stage):
             grad = self.reduced.pop(layer)
             if isinstance(grad, Work):
                 grad = await grad
-            if hsdp:  # the shard's gradient summed across the replicate groups
+            if hsdp and layer not in self.across:  # the shard's gradient summed across the replicate groups
                 grad = await model.all_reduce(grad, self.replicate)
             weight, opt_state = self.weights.pop(layer)
             if self.gathers is not None:

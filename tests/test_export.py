@@ -135,8 +135,6 @@ def test_plans_a_framework_cannot_run_are_refused(plan, framework, message):
     (lambda: from_torchtitan({"parallelism": {"pipeline_parallel_degree": 2, "data_parallel_shard_degree": 1,
                                               "pipeline_parallel_schedule": "ZBVZeroBubble"}, **NO_AC}, GPT, 16),
      "pipeline_parallel_schedule = 'ZBVZeroBubble'"),
-    (lambda: from_torchtitan({"parallelism": {"data_parallel_replicate_degree": 2, "context_parallel_degree": 2},
-                              **NO_AC}, GPT, 16), r"data_parallel_replicate_degree = 2 with FSDP .* is HSDP"),
     (lambda: from_torchtitan({"parallelism": {"expert_parallel_degree": 2}, **NO_AC}, GPT, 16),
      "expert_parallel_degree = 2 is not simulated"),
     (lambda: from_deepspeed({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,

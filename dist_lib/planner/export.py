@@ -115,8 +115,9 @@ def torchtitan_toml(launch: Launch, workload: Any) -> str:
              "[training]", f"local_batch_size = {local}", f"global_batch_size = {launch.global_batch_size}",
              f"seq_len = {workload.seq_len}",
              f'mixed_precision_param = "{"bfloat16" if workload.bytes_per_element == 2 else "float32"}"', "",
-             "[parallelism]", f"data_parallel_replicate_degree = {1 if launch.zero == 3 else launch.dp}",
-             f"data_parallel_shard_degree = {launch.dp if launch.zero == 3 else 1}",
+             "[parallelism]",
+             f"data_parallel_replicate_degree = {launch.replicate if launch.zero == 3 else launch.dp}",
+             f"data_parallel_shard_degree = {launch.dp // launch.replicate if launch.zero == 3 else 1}",
              f"tensor_parallel_degree = {launch.tp}", f"pipeline_parallel_degree = {launch.pp}",
              f"context_parallel_degree = {launch.cp}"]
     if pipelined:

@@ -73,6 +73,7 @@ class Launch:
     cp: int = 1  # context parallelism: cp ranks hold s/cp tokens each of a replica's samples (Megatron-Core)
     etp: int = 0  # expert tensor parallelism (`Plan.etp`; 0: not set, the TP size as Megatron-Core defaults it)
     experts: bool = False  # an MoE workload's run: hybrid's expert stage, sequence-parallel with TP
+    replicate: int = 1  # HSDP: FSDP inside dp / replicate replicas, across `replicate` groups (torchtitan's)
 
     @property
     def microbatches(self) -> int:
@@ -141,6 +142,9 @@ class Launch:
             raise SpecError(f"plan: layer split {list(sizes)} is not DeepSpeed's partition_method='uniform' "
                             f"split {list(uniform_split(num_layers, pp))}; DeepSpeed's PipelineModule takes no "
                             f"explicit list of layers per stage")
+        if plan.replicate != 1 and framework != "torchtitan":
+            raise SpecError(f"plan: replicate={plan.replicate} (HSDP) is exported for torchtitan only "
+                            f"(data_parallel_replicate_degree)")
         if plan.zero == 3 and framework != "torchtitan":
             raise SpecError(f"plan: zero=3 (FSDP) is exported for torchtitan only (data_parallel_shard_degree)")
         if framework == "torchtitan" and plan.zero == 1:
@@ -171,7 +175,7 @@ class Launch:
                          "the norms), which the plan does not: the imported run simulates it")
         return cls(framework, first.tp, pp, first.dp // plan.cp, first.shares[0], plan.global_batch_size, schedule,
                    plan.chunks, plan.recompute, plan.zero, sequence_parallel, True, None if even else sizes,
-                   tuple(notes), plan.fp8, plan.ep, plan.cp, plan.etp, experts)
+                   tuple(notes), plan.fp8, plan.ep, plan.cp, plan.etp, experts, plan.replicate)
 
     def to_plan(self, num_layers: int) -> Plan:
         """The plan this launch runs, on ranks 0.. in the framework's order."""
@@ -183,11 +187,12 @@ class Launch:
                              tuple(blocks[c * self.pp + s] for c in range(self.chunks)), (self.micro_batch_size,) * self.dp)
                        for s in range(self.pp))
         return Plan(stages, self.micro_batch_size * self.dp, self.microbatches, self.schedule, self.recompute, self.zero,
-                    self.fp8, self.ep, self.cp, self.etp)
+                    self.fp8, self.ep, self.cp, self.etp, self.replicate)
 
     def strategy(self, num_layers: int) -> tuple[str, dict[str, Any]]:
         """(built-in strategy, its options) that runs this launch as the framework does."""
-        if self.zero >= 2 and self.tp == self.pp == self.cp == 1 and self.recompute == "none" and not self.fp8:
+        if self.zero >= 2 and self.tp == self.pp == self.cp == self.replicate == 1 and self.recompute == "none" \
+                and not self.fp8:
             # (the zero strategy has no recompute, FP8 or context parallelism)
             return "zero", {"stage": self.zero, "microbatch_size": self.micro_batch_size}
         if self.zero == 1 and not self.experts and self.cp == 1:
@@ -216,6 +221,8 @@ class Launch:
             options["distributed_optimizer"] = True
         if self.zero == 3:  # FSDP beside TP (torchtitan's FSDP2 over the data-parallel ranks): hybrid's fsdp
             options["fsdp"] = True
+        if self.replicate != 1:  # HSDP: FSDP inside each of `replicate` groups of replicas
+            options["replicate"] = self.replicate
         return "hybrid", options
 
 

@@ -235,12 +235,8 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
     global_batch = local * dp if global_batch == -1 else _whole(global_batch, f"{source}: training.global_batch_size")
     mode = _torchtitan_recompute(ac, workload, source)
     # torchtitan applies FSDP over the dp_shard x cp ranks whenever either is past 1 (dp_shard_cp mesh,
-    # torchtitan/models/llama3/parallelize.py); HSDP (replicate with it) is not simulated
+    # torchtitan/models/llama3/parallelize.py), HSDP with data_parallel_replicate_degree beside it
     fsdp = shard > 1 or cp > 1
-    if fsdp and replicate > 1:
-        raise SpecError(f"{source}: parallelism.data_parallel_replicate_degree = {replicate} with FSDP "
-                        f"(data_parallel_shard_degree {shard}, context_parallel_degree {cp}) is HSDP, which is not "
-                        f"simulated from a torchtitan config")
     if cp > 1 and mode == "op":
         raise SpecError(f"{source}: activation_checkpoint selective_ac_option \"op\" with context_parallel_degree "
                         f"{cp} is not simulated; use mode \"full\" or \"none\"")
@@ -261,7 +257,7 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
                             f"parallelism.pipeline_parallel_microbatch_size {micro}")
         layers, chunks = _torchtitan_layers(par, pp, schedule, workload.num_layers, source)
     launch = Launch("torchtitan", tp, pp, dp, micro, global_batch, schedule, chunks, mode, 3 if fsdp else 0, tp > 1,
-                    True, layers, fp8=fp8, cp=cp)
+                    True, layers, fp8=fp8, cp=cp, replicate=replicate if fsdp else 1)
     launch.check(workload.num_layers, source)
     return Imported(launch, workload, ())
 

@@ -202,12 +202,32 @@ def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: in
                        reduced, workload.profile is None)
 
 
-def fsdp_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, recompute: str, fp8: str,
-                reduction) -> StageOption | None:
-    """A stage of one pipeline stage under FSDP as torchtitan applies it (`fully_shard` per block, hybrid's
-    `fsdp`, `strategies/_sharded.py`): `fsdp` of its ZeRO-1 option; None where it shards nothing (one replica)."""
+def hsdp_choices(cluster: Cluster, ranks: tuple[int, ...], tp: int | None) -> tuple[int, ...]:
+    """The FSDP groupings a torchtitan search weighs for a stage of `ranks` at TP degree `tp`: 1 (FSDP over every
+    replica), and HSDP's replicate degrees whose shard groups hold one, two, four... whole nodes' GPUs (torchtitan
+    shards within a node or a few and replicates across them: `data_parallel_replicate_degree`)."""
+    if tp is None:
+        return (1,)
     dp = len(ranks) // tp
-    return fsdp(space._option(ranks, tp, microbatch, recompute, 1, fp8), dp) if dp > 1 else None
+    gpus = cluster.nodes[cluster.node_of(ranks[0])].gpus
+    out, width = [1], gpus
+    while width < len(ranks):
+        if width % tp == 0 and dp % (width // tp) == 0:
+            out.append(dp // (width // tp))
+        width *= 2
+    return tuple(out)
+
+
+def fsdp_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, recompute: str, fp8: str,
+                reduction, replicate: int = 1) -> StageOption | None:
+    """A stage of one pipeline stage under FSDP as torchtitan applies it (`fully_shard` per block, hybrid's
+    `fsdp`, `strategies/_sharded.py`): `fsdp` of its ZeRO-1 option (with HSDP's `replicate`, sharded inside
+    each group of dp / replicate replicas); None where it shards nothing (one replica a shard group)."""
+    dp = len(ranks) // tp
+    if dp % replicate or dp // replicate == 1:
+        return None
+    option = space._option(ranks, tp, microbatch, recompute, 1, fp8, replicate)
+    return None if option is None else fsdp(option, dp // replicate)
 
 
 def fsdp(o: StageOption, shards: int) -> StageOption:

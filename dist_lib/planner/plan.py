@@ -82,6 +82,10 @@ class Plan:
     # ranks (Megatron-Core's `--expert-tensor-parallel-size`); 0: not set, the TP degree (Megatron-Core's
     # default), as every plan without experts or TP has it
     etp: int = 0
+    # HSDP (zero 3 only): each stage's dp replicas in `replicate` groups of dp / replicate consecutive ones, FSDP
+    # sharding inside a group and the shards' gradients all-reduced across the groups (torchtitan's
+    # data_parallel_replicate_degree beside data_parallel_shard_degree; hybrid's `replicate`); 1: FSDP over them all
+    replicate: int = 1
     # the hardware the plan was made for: (node, device, first rank, last rank) of each node (`hardware.py`);
     # None: not recorded (then any cluster of the right size runs it). Not part of the plan's identity.
     hardware: tuple[tuple[int, str, int, int], ...] | None = field(default=None, compare=False)
@@ -105,6 +109,7 @@ class Plan:
                                                  ("fp8", self.fp8)) if v not in ("none", 0, ""))
         extra += "".join(f" {k}={v}" for k, v in (("ep", self.ep), ("cp", self.cp)) if v != 1)
         extra += f" etp={self.etp}" if self.etp else ""
+        extra += f" replicate={self.replicate}" if self.replicate != 1 else ""
         return f"{stages}  {self.microbatches}x{self.microbatch_size} {self.schedule}{extra}"
 
     # ---- JSON ---------------------------------------------------------------------------------
@@ -113,7 +118,7 @@ class Plan:
         data = asdict(self)
         if not self.fp8:  # 16-bit: the field left out, so files read the same as before it existed
             del data["fp8"]
-        for name in ("ep", "cp"):  # likewise without expert or context parallelism
+        for name in ("ep", "cp", "replicate"):  # likewise without expert or context parallelism or HSDP
             if getattr(self, name) == 1:
                 del data[name]
         if not self.etp:
@@ -143,7 +148,7 @@ class Plan:
         if not isinstance(data, dict):
             raise SpecError(f"{source}: a plan is a JSON object, got {type(data).__name__}")
         unknown = set(data) - {"stages", "microbatch_size", "microbatches", "schedule", "recompute", "zero", "fp8",
-                                   "ep", "cp", "etp", "hardware"}
+                                   "ep", "cp", "etp", "replicate", "hardware"}
         if unknown:
             raise SpecError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")
         missing = [name for name in ("stages", "microbatch_size", "microbatches") if name not in data]
@@ -170,7 +175,8 @@ class Plan:
                    data.get("recompute", "none"), _int(data.get("zero", 0), f"{source}: zero", 0),
                    data.get("fp8", ""), _int(data.get("ep", 1), f"{source}: ep", 1),
                    _int(data.get("cp", 1), f"{source}: cp", 1), _int(data.get("etp", 0), f"{source}: etp", 0),
-                   _hardware(data.get("hardware"), f"{source}: hardware"))
+                   _int(data.get("replicate", 1), f"{source}: replicate", 1),
+                   hardware=_hardware(data.get("hardware"), f"{source}: hardware"))
 
     @classmethod
     def load(cls, plan: Plan | dict | str | Path) -> Plan:
@@ -230,6 +236,7 @@ class Plan:
         _int(self.ep, f"{source}: ep", 1)
         _int(self.cp, f"{source}: cp", 1)
         _int(self.etp, f"{source}: etp", 0)
+        _int(self.replicate, f"{source}: replicate", 1)
 
     def check(self, world_size: int, num_layers: int, global_batch_size: int, cluster: Any = None,
               source: str = "plan", workload: Any = None) -> None:
@@ -271,6 +278,9 @@ class Plan:
             if len(stage.ranks) % (stage.tp * self.cp):
                 raise SpecError(f"{where}: cp={self.cp} x tp={stage.tp} does not divide its {len(stage.ranks)} ranks")
             dp = len(stage.ranks) // (stage.tp * self.cp)
+            if self.replicate != 1 and (self.zero != 3 or dp % self.replicate):
+                raise SpecError(f"{where}: replicate={self.replicate} (HSDP) needs zero=3 (FSDP) and replicate groups "
+                                f"that divide its dp={dp} replicas")
             if len(stage.shares) != dp or sum(stage.shares) != self.microbatch_size:
                 raise SpecError(f"{where}.shares: {list(stage.shares)} must give each of its dp={dp} "
                                 f"replicas >= 1 sample, {self.microbatch_size} in all (the microbatch size)")

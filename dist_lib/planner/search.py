@@ -26,7 +26,7 @@ from dist_lib.planner.estimate import LayerCosts, layer_costs, rerun_stash, with
 from dist_lib.hardware.reserve import MemoryReserve
 from dist_lib.planner import framework_rules
 from dist_lib.planner.partition import chunk_sizes, fits, fixed_partition, partition
-from dist_lib.planner.stage_option import Reduction, StageOption, no_collective
+from dist_lib.planner.stage_option import Reduction, StageOption, TwoLevel, no_collective
 from dist_lib.planner.plan import Plan, Stage
 from dist_lib.planner.step import step_estimate
 from dist_lib.planner import context_cost, expert_modes_cost, options_cost  # (MoE stages beyond TP 1: expert_modes_cost)
@@ -137,15 +137,16 @@ class _Space:
         return found
 
     def options(self, ranks: tuple[int, ...], microbatch: int, recompute: str, zero: int,
-                fp8: str = "", ep: int = 1, cp: int = 1, etp: int = 1) -> list[StageOption]:
-        key = (ranks, microbatch, recompute, zero, fp8, ep, cp, etp)
+                fp8: str = "", ep: int = 1, cp: int = 1, etp: int = 1, replicate: int = 1) -> list[StageOption]:
+        key = (ranks, microbatch, recompute, zero, fp8, ep, cp, etp, replicate)
         found = self._options.get(key)
         if found is None:
-            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8, ep, cp, etp)
+            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8, ep, cp, etp, replicate)
             template = self._templates.get(shape_key)
             if template is None:
                 found = self._templates[shape_key] = [o for o in (
-                    self._option(ranks, tp, microbatch, recompute, zero, fp8) if ep == cp == 1 and not self.workload.moe
+                    self._option(ranks, tp, microbatch, recompute, zero, fp8, replicate)
+                    if ep == cp == 1 and not self.workload.moe
                     else expert_modes_cost.stage_option(self, ranks, tp, microbatch, ep, cp, recompute, zero, fp8,
                                                         Reduction, etp)
                     for tp in space.tp_options(self.cluster, ranks, self.workload)
@@ -155,11 +156,16 @@ class _Space:
             self._options[key] = found
         return found
 
-    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="") -> StageOption | None:
+    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="", replicate=1) -> StageOption | None:
+        """A stage's option at TP degree `tp`; with `replicate` > 1 (HSDP, zero 1 or 3) its ZeRO sharding inside
+        each of `replicate` groups of dp / replicate replicas, the shards' gradients all-reduced across them."""
         cluster, workload = self.cluster, self.workload
         if zero == 3:  # FSDP (torchtitan's): weights and gradients sharded too, gathered a layer at a time
-            return options_cost.fsdp_option(self, ranks, tp, microbatch, recompute, fp8, Reduction)
+            return options_cost.fsdp_option(self, ranks, tp, microbatch, recompute, fp8, Reduction, replicate)
         dp = len(ranks) // tp
+        if dp % replicate:
+            return None
+        size = dp // replicate  # the replicas a ZeRO shard group holds
         shares = (microbatch // dp,) * dp if self.even else space.shares(cluster, workload, ranks, tp, microbatch)
         replicas, keys = {}, []
         for d in range(dp):
@@ -169,7 +175,7 @@ class _Space:
             keys.append((kind, shares[d]))
             replicas.setdefault(keys[-1], ranks[d * tp:(d + 1) * tp])
         per = [layer_costs(cluster.device_of(group[0]), workload, n, tp,
-                           self.topology(group) if tp > 1 else None, recompute, dp if zero else 1, fp8)
+                           self.topology(group) if tp > 1 else None, recompute, size if zero else 1, fp8)
                for (_, n), group in replicas.items()]
         losses = [costs.loss_time(cluster.device_of(group[0]), workload, n, tp)
                   + (network.collective_time("all_reduce", n * workload.activation_bytes(), self.topology(group))
@@ -195,6 +201,13 @@ class _Space:
             slowdown = 1 / self.concurrent_speed([ranks[j::tp] for j in range(tp)]) if tp > 1 and shared else 1.0
             reduce = Reduction("reduce_scatter" if zero else "all_reduce", dp_topo, slowdown)
             regather = Reduction("all_gather", dp_topo, slowdown) if zero else no_collective
+            if zero and replicate > 1:  # HSDP: the shard groups' collectives, then the shards' across the groups
+                inner = [ranks[g * size * tp + j:(g + 1) * size * tp:tp] for g in range(replicate) for j in range(tp)]
+                outer = [ranks[p::size * tp] for p in range(size * tp)]
+                speeds = [1 / self.concurrent_speed(groups) if shared else 1.0 for groups in (inner, outer)]
+                regather = Reduction("all_gather", self.topology(inner[0]), speeds[0])
+                reduce = TwoLevel(Reduction("reduce_scatter", self.topology(inner[0]), speeds[0]),
+                                  Reduction("all_reduce", self.topology(outer[0]), speeds[1]), size)
         rerun = max(rerun_stash(cluster.device_of(group[0]), workload, n, tp)
                     for (_, n), group in replicas.items()) if recompute == "full" else 0.0
         # a message that arrives as TP pieces is all-gathered in the receiving replica's TP group
@@ -255,7 +268,8 @@ def pipeline_stage_seconds(cluster: Cluster, workload: Workload, stage_ranks: tu
 
 
 def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches: int, schedule: str,
-            recompute: str, zero: int, chunks: int = 1, fp8: str = "", ep: int = 1, cp: int = 1) -> Plan:
+            recompute: str, zero: int, chunks: int = 1, fp8: str = "", ep: int = 1, cp: int = 1,
+            replicate: int = 1) -> Plan:
     """The `Plan` of a placed partition; with chunks, each stage's layers are cut into that many
     blocks in Megatron's interleaved order (virtual stage c * p + s)."""
     pp = len(placed)
@@ -268,7 +282,7 @@ def to_plan(placed: list[tuple[int, StageOption]], microbatch: int, microbatches
             blocks[s].append((start, start + parts[s][c]))
             start += parts[s][c]
     stages = tuple(Stage(o.ranks, o.tp, tuple(blocks[s]), o.shares) for s, (_, o) in enumerate(placed))
-    return Plan(stages, microbatch, microbatches, schedule, recompute, zero, fp8, ep, cp)
+    return Plan(stages, microbatch, microbatches, schedule, recompute, zero, fp8, ep, cp, replicate=replicate)
 
 
 def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget: float | None = None,
@@ -372,7 +386,9 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         weight = price if objective == "cost" else 1.0
         if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
             return incumbent  # even without memory limits its slowest stage makes it lose
-        for recompute, zero in memory_configs:
+        for recompute, zero, replicate in ((recompute, zero, r) for recompute, zero in memory_configs
+                                           for r in (options_cost.hsdp_choices(cluster, stages[0], tp)
+                                                     if zero == 3 and cp == 1 else (1,))):
             if rules is not None and not rules.memory_ok(recompute, zero, len(stages), cp) \
                     or cp > 1 and recompute not in context_cost.RECOMPUTES:
                 continue
@@ -385,7 +401,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             if (recompute, zero) == memory_configs[0] and fits(unconstrained[1], m):
                 found = unconstrained  # the same options, and memory does not bind: the same partition
             else:
-                options = [[o for o in sp.options(ranks, microbatch, recompute, priced, fp8, ep, cp, etp)
+                options = [[o for o in sp.options(ranks, microbatch, recompute, priced, fp8, ep, cp, etp, replicate)
                             if tp in (None, o.tp)] for ranks in stages]
                 found = split(options, m) if all(options) else None  # (FSDP: none where it shards nothing)
             if found is None:
@@ -395,7 +411,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             # an unpruned search (infinite slack) plays out every one
             new = _schedules(cluster, workload, found[1], microbatch, m, recompute, zero, price,
                              incumbent / weight if prune_slack < float("inf") else float("inf"), rules, fp8, ep, cp,
-                             etp)
+                             etp, replicate)
             for c in new:
                 incumbent = min(incumbent, c.estimate * weight)
             out.extend(new)
@@ -471,7 +487,7 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
 
 def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
                cutoff: float = float("inf"), rules: framework_rules.Rules | None = None,
-               fp8: str = "", ep: int = 1, cp: int = 1, etp: int = 1) -> list[Candidate]:
+               fp8: str = "", ep: int = 1, cp: int = 1, etp: int = 1, replicate: int = 1) -> list[Candidate]:
     """The 1F1B plan of a partition, and its ZB-H1 and interleaved variants where they fit. ZB-H1 is
     left out under full recompute: its deferred weight-gradient pass needs the rebuilt stashes, so every
     layer's stash lives from the input-gradient pass to W, which the estimate does not count."""
@@ -486,7 +502,7 @@ def _schedules(cluster, workload, placed, microbatch, m, recompute, zero, price,
     if rules is not None:  # the framework's schedules; every plan checked as its export checks it
         variants = [(s, c) for s, c in variants if pp == 1 or rules.schedule_ok(s)]
     for schedule, chunks in variants:
-        plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks, fp8, ep, cp)
+        plan = to_plan(placed, microbatch, m, schedule, recompute, zero, chunks, fp8, ep, cp, replicate)
         plan = expert_modes_cost.with_etp(plan, workload, etp)
         if rules is not None and framework_rules.why_not(plan, rules.framework, cluster, workload):
             continue

@@ -60,3 +60,16 @@ class Reduction:
 
     def __call__(self, nbytes: float) -> float:
         return network.collective_time(self.op, nbytes, self.topo) * self.slowdown
+
+
+class TwoLevel:
+    """HSDP's gradient reduction (PyTorch FSDP2's `HSDP`): a reduce-scatter of n bytes inside the shard group of
+    `size` ranks, then an all-reduce of the n / size bytes of the shard across the groups."""
+
+    __slots__ = ("inner", "outer", "size")
+
+    def __init__(self, inner: Reduction, outer: Reduction, size: int):
+        self.inner, self.outer, self.size = inner, outer, size
+
+    def __call__(self, nbytes: float) -> float:
+        return self.inner(nbytes) + self.outer(nbytes / self.size)
