@@ -72,7 +72,8 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
     for i, c in enumerate(shown, 1):
         plan = c.plan
         schedule = " ".join(v for v in (SHORT.get(plan.schedule, plan.schedule), RECOMPUTE.get(plan.recompute, ""),
-                                         {1: "Z1", 3: "FSDP"}.get(plan.zero, ""),
+                                         {1: "Z1", 3: "FSDP" if plan.replicate == 1 else f"HSDP{plan.replicate}"}.get(
+                                             plan.zero, ""),
                                          f"ep{plan.ep}" if plan.ep > 1 else "", f"cp{plan.cp}" if plan.cp > 1 else "",
                                          f"etp{plan.etp}" if plan.etp else "")
                               if v)
@@ -91,7 +92,9 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
                               f"{batch_settings(plan, search.framework, sum(s.layers for s in plan.stages))}",
                               style="dim"))
     recompute = "op/full: per-op selective or full" if search.framework == "torchtitan" else "sel./full: selective or full"
-    lines.append(Text(f"stages: dp x tp and device of each; {recompute} recompute; Z1: ZeRO-1; used "
+    sharding = "Z1: ZeRO-1; HSDPr: FSDP in r groups, replicated across them" if search.framework == "torchtitan" \
+        else "Z1: ZeRO-1"
+    lines.append(Text(f"stages: dp x tp and device of each; {recompute} recompute; {sharding}; used "
                       "MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)", style="dim"))
     if search.framework != "any":
         lines.append(Text(f"plans {NAMES[search.framework]} runs, each simulated as its exported settings run "
