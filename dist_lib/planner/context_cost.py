@@ -65,10 +65,11 @@ def exchange(rules) -> str:
 
 
 def context_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, cp: int, recompute: str, zero: int,
-                   fp8: str, reduction) -> StageOption | None:
+                   fp8: str, reduction, pipelined: bool = False) -> StageOption | None:
     """The option of a dense stage of `ranks` (dp x cp x tp) with context parallelism `cp`, `recompute`, ZeRO
     stage `zero` (0, 1 or 3) and `fp8`; None where the stage does not run it (per-op recompute, FSDP over one
-    rank). `space` is the search's `_Space` (its `kv_exchange`), `reduction` its collective timer."""
+    rank). `space` is the search's `_Space` (its `kv_exchange`), `reduction` its collective timer; `pipelined`:
+    a plan of pipeline stages, where FSDP keeps its gathered weights through the step."""
     if recompute not in RECOMPUTES:
         return None
     cluster, workload = space.cluster, space.workload
@@ -106,8 +107,8 @@ def context_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, cp: 
         if recompute == "full" else 0.0
     option = StageOption(ranks, tp, (share,) * dp, costs, capacity, loss, act, reduce, rerun, 0.0, regather,
                          reduced, True)
-    if zero == 3:  # FSDP over the dp x cp ranks, resharding after the forward (a plan of one stage)
-        return options_cost.fsdp(option, shards) if shards > 1 else None
+    if zero == 3:  # FSDP over the dp x cp ranks: resharding after the forward, or kept beside pipeline stages
+        return None if shards == 1 else options_cost.fsdp_kept(option) if pipelined else options_cost.fsdp(option, shards)
     return option
 
 

@@ -219,15 +219,26 @@ def hsdp_choices(cluster: Cluster, ranks: tuple[int, ...], tp: int | None) -> tu
 
 
 def fsdp_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, recompute: str, fp8: str,
-                reduction, replicate: int = 1) -> StageOption | None:
-    """A stage of one pipeline stage under FSDP as torchtitan applies it (`fully_shard` per block, hybrid's
-    `fsdp`, `strategies/_sharded.py`): `fsdp` of its ZeRO-1 option (with HSDP's `replicate`, sharded inside
-    each group of dp / replicate replicas); None where it shards nothing (one replica a shard group)."""
+                reduction, replicate: int = 1, pipelined: bool = False) -> StageOption | None:
+    """A stage under FSDP as torchtitan applies it (`fully_shard` per block, hybrid's `fsdp`,
+    `strategies/_sharded.py`): `fsdp` of its ZeRO-1 option (with HSDP's `replicate`, sharded inside each group
+    of dp / replicate replicas), or `fsdp_kept` in a plan of pipeline stages; None where it shards nothing
+    (one replica a shard group)."""
     dp = len(ranks) // tp
     if dp % replicate or dp // replicate == 1:
         return None
     option = space._option(ranks, tp, microbatch, recompute, 1, fp8, replicate)
-    return None if option is None else fsdp(option, dp // replicate)
+    return None if option is None else fsdp_kept(option) if pipelined else fsdp(option, dp // replicate)
+
+
+def fsdp_kept(o: StageOption) -> StageOption:
+    """The ZeRO-1 option `o` as FSDP runs it beside pipeline stages: torchtitan keeps each block's gathered
+    weights through the step (`get_fsdp_reshard_after_forward_policy`: no reshard with pipelining) and
+    reduce-scatters after a layer's last microbatch, ZeRO-1's timing, but the 16-bit weight shards stay beside
+    the whole weights (FSDP's sharded parameters), 2/shards bytes a parameter held throughout."""
+    c = o.costs
+    return replace(o, costs=replace(c, state=tuple(s + w for s, w in zip(c.state, c.shard)),
+                                    total=list(c.total)))
 
 
 def fsdp(o: StageOption, shards: int) -> StageOption:

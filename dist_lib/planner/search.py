@@ -137,18 +137,22 @@ class _Space:
         return found
 
     def options(self, ranks: tuple[int, ...], microbatch: int, recompute: str, zero: int,
-                fp8: str = "", ep: int = 1, cp: int = 1, etp: int = 1, replicate: int = 1) -> list[StageOption]:
-        key = (ranks, microbatch, recompute, zero, fp8, ep, cp, etp, replicate)
+                fp8: str = "", ep: int = 1, cp: int = 1, etp: int = 1, replicate: int = 1,
+                pipelined: bool = False) -> list[StageOption]:
+        """The stage's options at every TP degree it may take; `pipelined`: in a plan of two or more stages,
+        where FSDP (zero 3) keeps its gathered weights through the step (`options_cost.fsdp_kept`)."""
+        pipelined = pipelined and zero == 3
+        key = (ranks, microbatch, recompute, zero, fp8, ep, cp, etp, replicate, pipelined)
         found = self._options.get(key)
         if found is None:
-            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8, ep, cp, etp, replicate)
+            shape_key = (self.shape(ranks), microbatch, recompute, zero, fp8, ep, cp, etp, replicate, pipelined)
             template = self._templates.get(shape_key)
             if template is None:
                 found = self._templates[shape_key] = [o for o in (
-                    self._option(ranks, tp, microbatch, recompute, zero, fp8, replicate)
+                    self._option(ranks, tp, microbatch, recompute, zero, fp8, replicate, pipelined)
                     if ep == cp == 1 and not self.workload.moe
                     else expert_modes_cost.stage_option(self, ranks, tp, microbatch, ep, cp, recompute, zero, fp8,
-                                                        Reduction, etp)
+                                                        Reduction, etp, pipelined)
                     for tp in space.tp_options(self.cluster, ranks, self.workload)
                     if options_cost.width_ok(self.workload, len(ranks), tp, cp, microbatch, self.even)) if o is not None]
             else:
@@ -156,12 +160,14 @@ class _Space:
             self._options[key] = found
         return found
 
-    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="", replicate=1) -> StageOption | None:
+    def _option(self, ranks, tp, microbatch, recompute, zero, fp8="", replicate=1,
+                pipelined=False) -> StageOption | None:
         """A stage's option at TP degree `tp`; with `replicate` > 1 (HSDP, zero 1 or 3) its ZeRO sharding inside
         each of `replicate` groups of dp / replicate replicas, the shards' gradients all-reduced across them."""
         cluster, workload = self.cluster, self.workload
         if zero == 3:  # FSDP (torchtitan's): weights and gradients sharded too, gathered a layer at a time
-            return options_cost.fsdp_option(self, ranks, tp, microbatch, recompute, fp8, Reduction, replicate)
+            return options_cost.fsdp_option(self, ranks, tp, microbatch, recompute, fp8, Reduction, replicate,
+                                            pipelined)
         dp = len(ranks) // tp
         if dp % replicate:
             return None
@@ -392,16 +398,13 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
             if rules is not None and not rules.memory_ok(recompute, zero, len(stages), cp) \
                     or cp > 1 and recompute not in context_cost.RECOMPUTES:
                 continue
-            # with pipeline stages torchtitan keeps FSDP's gathered weights through the step (its
-            # `get_fsdp_reshard_after_forward_policy`) and reduce-scatters after a layer's last microbatch:
-            # ZeRO-1's timing and memory (`options_cost.fsdp`)
-            priced = 1 if zero == 3 and len(stages) > 1 else zero
             if zero == 3 and tp is not None and len(stages[0]) == tp:
                 continue  # FSDP over one rank shards nothing (one stage: `options_cost.fsdp_option` has none)
             if (recompute, zero) == memory_configs[0] and fits(unconstrained[1], m):
                 found = unconstrained  # the same options, and memory does not bind: the same partition
             else:
-                options = [[o for o in sp.options(ranks, microbatch, recompute, priced, fp8, ep, cp, etp, replicate)
+                options = [[o for o in sp.options(ranks, microbatch, recompute, zero, fp8, ep, cp, etp, replicate,
+                                                  len(stages) > 1)
                             if tp in (None, o.tp)] for ranks in stages]
                 found = split(options, m) if all(options) else None  # (FSDP: none where it shards nothing)
             if found is None:
