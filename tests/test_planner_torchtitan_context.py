@@ -83,3 +83,20 @@ def test_a_torchtitan_config_with_context_parallelism_and_float8_imports():
     name, options = launch.strategy(8)
     assert name == "hybrid" and options["fsdp"] is True and options["kv_exchange"] == "torch_all_gather"
     assert options["cp"] == 2 and options["fp8"] == "tensorwise" and options["recompute"] is True
+
+
+def test_the_export_names_torchtitans_stock_flavor_and_the_import_checks_it():
+    from dist_lib import SpecError
+    cluster = Cluster.load("1x8xA100-80GB")
+    search = plan(cluster, Workload.load(LONG), 8, framework="torchtitan", top=0)
+    # 8 layers are no stock flavor: the config names the workload and says to register its dimensions
+    text = export(search.best.plan, "torchtitan", Workload.load(LONG), cluster).settings
+    assert 'flavor = "llama-3-8b:layers=8,seq=131072"' in text and "no stock torchtitan flavor" in text
+    assert "32 heads (8 key/value), ffn 14336" in text  # Llama 3 8B's block (torchtitan's 8B: ffn 14336)
+    whole = Workload.load("llama-3-8b:seq=8192")
+    best = plan(Cluster.load("1x8xH100-80GB"), whole, 8, framework="torchtitan", top=0).best.plan
+    text = export(best, "torchtitan", whole, Cluster.load("1x8xH100-80GB")).settings
+    assert 'flavor = "8B"' in text and "seq_len = 8192" in text
+    assert from_torchtitan(text, Workload.load("llama-3-8b"), 8).workload.seq_len == 8192
+    with pytest.raises(SpecError, match="model.flavor = '8B' is torchtitan's Llama 3 llama-3-8b, but the workload"):
+        from_torchtitan(text, Workload.load("llama-3-70b"), 8)

@@ -14,13 +14,15 @@ Versions targeted (flag and key names read from their source):
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dist_lib.errors import SpecError
 from dist_lib.planner.launch import Launch, node_order
 from dist_lib.planner.moe_launch import ffn_hidden, megatron_moe_args
 from dist_lib.planner.plan import Plan
+from dist_lib.workload import architecture as arch
+from dist_lib.workload.transformer import Workload
 
 
 @dataclass(frozen=True)
@@ -107,10 +109,13 @@ def torchtitan_toml(launch: Launch, workload: Any) -> str:
                         f"mixed_precision_param (bfloat16 or float32)")
     pipelined = launch.pp > 1
     local = launch.micro_batch_size * (launch.microbatches if pipelined else 1)
+    flavor = torchtitan_flavor(workload)
     lines = ["# torchtitan v0.2.2 job config (torchtitan/config/job_config.py)",
-             f"# model: {workload.num_layers} layers, hidden {workload.hidden}, {workload.heads} heads, ffn "
-             f"{4 * workload.hidden}, vocab {workload.vocab}; torchtitan reads these from the flavor's model args",
-             "[model]", 'name = "llama3"', f"flavor = {json.dumps(workload.name)}",
+             f"# model: {workload.num_layers} layers, hidden {workload.hidden}, {workload.heads} heads "
+             f"({arch.kv_heads(workload)} key/value), ffn {arch.ffn_hidden(workload)}, vocab {workload.vocab}; "
+             + ("torchtitan's stock flavor" if flavor else
+                "no stock torchtitan flavor has these: register one with them under this name"),
+             "[model]", 'name = "llama3"', f"flavor = {json.dumps(flavor or workload.name)}",
              *(['converters = ["quantize.linear.float8"]'] if launch.fp8 else []), "",
              "[training]", f"local_batch_size = {local}", f"global_batch_size = {launch.global_batch_size}",
              f"seq_len = {workload.seq_len}",
@@ -135,6 +140,20 @@ def torchtitan_toml(launch: Launch, workload: Any) -> str:
     if launch.fp8:  # torchao float8 training; the LM head ("output") stays in 16 bits
         lines += ["", "[quantize.linear.float8]", f'recipe_name = "{launch.fp8}"', 'filter_fqns = ["output"]']
     return "\n".join(lines) + "\n"
+
+
+# torchtitan's Llama 3 flavors (torchtitan/models/llama3/__init__.py `llama3_configs`) by the preset they are
+TORCHTITAN_FLAVORS = {"llama-3-8b": "8B", "llama-3-70b": "70B", "llama-3-405b": "405B"}
+
+
+def torchtitan_flavor(workload: Any) -> str:
+    """torchtitan's flavor name of a `llama-3-*` preset whose only changes are the sequence length and the
+    kernels (which the job config sets: `training.seq_len`, `[compile]`), else ""."""
+    base = workload.name.partition(":")[0].lower()
+    if base not in TORCHTITAN_FLAVORS:
+        return ""
+    stock = replace(Workload.load(base), seq_len=workload.seq_len, name=workload.name, kernels=workload.kernels)
+    return TORCHTITAN_FLAVORS[base] if stock == workload else ""
 
 
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}

@@ -18,6 +18,7 @@ from dist_lib.errors import SpecError
 from dist_lib.workload.eager_kernels import problem as eager_problem
 from dist_lib.workload.per_op_checkpoint import workload_problem as per_op_problem
 from dist_lib.workload.transformer import Workload
+from dist_lib.planner.export import TORCHTITAN_FLAVORS, torchtitan_flavor
 from dist_lib.planner.launch import Launch, uniform_split
 from dist_lib.planner.moe_launch import FLAGS as MOE_FLAGS, ffn_hidden, read_etp, read_megatron_moe
 
@@ -222,6 +223,11 @@ def from_torchtitan(config: str | Path | dict, workload: Workload, world_size: i
     workload = _torchtitan_kernels(data.get("compile", {}), workload, source)
     if "seq_len" in train:
         workload = replace(workload, seq_len=_whole(train["seq_len"], f"{source}: training.seq_len"))
+    flavor = data.get("model", {}).get("flavor")
+    if flavor in TORCHTITAN_FLAVORS.values() and torchtitan_flavor(workload) != flavor:
+        raise SpecError(f"{source}: model.flavor = {flavor!r} is torchtitan's Llama 3 "
+                        f"{next(k for k, v in TORCHTITAN_FLAVORS.items() if v == flavor)}, but the workload given is "
+                        f"{workload.name}; pass --workload for the model the config trains")
     tp, pp, cp = (_whole(par.get(k, 1), f"{source}: parallelism.{k}") for k in (
         "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"))
     replicate = _whole(par.get("data_parallel_replicate_degree", 1), f"{source}: parallelism.data_parallel_replicate_degree")

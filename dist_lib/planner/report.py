@@ -47,13 +47,16 @@ def short_names(cluster: Cluster) -> dict[str, str]:
 
 
 def layout(candidate: Candidate, cluster: Cluster) -> str:
-    """Each stage as `<dp>x<tp> <device>` (several devices: joined by '+' in the stage's rank order, so two
-    plans that order one stage's GPUs differently read differently; names as `short_names`)."""
+    """Each stage as `<dp>x<tp> <device>`, with context parallelism `<dp>x<cp>x<tp>` (several devices: joined by
+    '+' in the stage's rank order, so two plans that order one stage's GPUs differently read differently; names
+    as `short_names`)."""
     short = short_names(cluster)
     parts = []
+    cp = candidate.plan.cp
     for stage in candidate.plan.stages:
         names = dict.fromkeys(short[cluster.device_of(r).name] for r in stage.ranks)  # in rank order
-        parts.append(f"{stage.dp}x{stage.tp} {'+'.join(names)}")
+        grid = f"{len(stage.shares)}x{cp}x{stage.tp}" if cp > 1 else f"{stage.dp}x{stage.tp}"
+        parts.append(f"{grid} {'+'.join(names)}")
     return " | ".join(parts)
 
 
@@ -94,7 +97,7 @@ def table(search: Search, cluster: Cluster, rows: int = 10) -> Group:
     recompute = "op/full: per-op selective or full" if search.framework == "torchtitan" else "sel./full: selective or full"
     sharding = "Z1: ZeRO-1; HSDPr: FSDP in r groups, replicated across them" if search.framework == "torchtitan" \
         else "Z1: ZeRO-1"
-    lines.append(Text(f"stages: dp x tp and device of each; {recompute} recompute; {sharding}; used "
+    lines.append(Text(f"stages: dp x tp (with cp: dp x cp x tp) and device of each; {recompute} recompute; {sharding}; used "
                       "MFU and $/step: of the GPUs the plan uses (idle GPUs not counted)", style="dim"))
     if search.framework != "any":
         lines.append(Text(f"plans {NAMES[search.framework]} runs, each simulated as its exported settings run "
