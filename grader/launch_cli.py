@@ -13,6 +13,7 @@ from dist_lib.errors import SpecError
 from dist_lib.planner import Plan
 from dist_lib.planner.export import export
 from dist_lib.planner.launch_import import from_deepspeed, from_megatron, from_torchtitan
+from dist_lib.workload.transformer import override_spec
 from .paths import BUILTIN_STRATEGIES
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
@@ -64,6 +65,8 @@ def settings_run(framework: str, settings: str, cluster: str, workload: str | No
     elif w.moe is not None:
         raise SpecError(f"{source}: the model flags change workload {given.name}'s dimensions, which a mixture of "
                         f"experts does not take from them; give a workload whose dimensions they state")
+    elif given is not None:  # the given workload's architecture, with what the settings change (the sequence...)
+        spec = override_spec(workload, given, w)
     else:
         spec = (f"toy:layers={w.num_layers},hidden={w.hidden},heads={w.heads},seq={w.seq_len},vocab={w.vocab},"
                 f"bytes_per_element={w.bytes_per_element}")

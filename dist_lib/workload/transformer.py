@@ -340,6 +340,29 @@ _MICROSECOND_FIELDS = {"framework_overhead_us": "framework_overhead_s", "tp_over
 MAX_KERNEL_TIME_SCALE = 100.0  # a framework 100x slower than the kernel model is a typo, not a measurement
 
 
+def override_spec(spec: str, base: Workload, changed: Workload) -> str:
+    """A workload spec for `changed`: `spec` (which reads as `base`) with an override for every dense field that
+    differs (what a framework's settings change: the sequence, the dimensions, the kernels), so that every
+    other choice of the architecture stays. `SpecError` where no override says it (the experts)."""
+    values = {key: getattr(changed, field) for key, field in _FIELD_NAMES.items()
+              if getattr(changed, field) != getattr(base, field)}
+    values.update({key: getattr(changed, key) for key in (*_CHOICES, *_FLAGS)
+                   if getattr(changed, key) != getattr(base, key)})
+    if not values:
+        return spec
+    name, _, overrides = spec.partition(":")
+    merged = dict(item.split("=", 1) for item in overrides.split(",") if "=" in item)
+    merged.update({k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()})
+    out = f"{name}:" + ",".join(f"{k}={v}" for k, v in merged.items())
+    try:
+        same = replace(Workload.parse(out), name=changed.name) == changed
+    except SpecError:
+        same = False
+    if not same:
+        raise SpecError(f"workload {changed.name}: its changes from {spec} cannot be written as a spec's overrides")
+    return out
+
+
 def _override(base: Workload, values: dict, where: str, name: str, also: tuple[str, ...] = ()) -> Workload:
     """`base` with the fields `values` names changed; `also`: the other keys the source takes (a TOML
     file's `preset` and `name`), listed when a key is unknown."""
