@@ -38,7 +38,8 @@ from dist_lib import Cluster, Workload
 from dist_lib.planner.evaluate import simulate_candidate
 from dist_lib.planner.step import step_estimate
 from dist_lib.planner.expert_modes_cost import with_etp
-from dist_lib.planner.search import Candidate, _Space, to_plan
+from dist_lib.planner.search import Candidate, to_plan
+from dist_lib.planner.stage_space import StageSpace
 
 SETTINGS = [("toy:layers=4", "2x2xA100-80GB", 8), ("gpt-1.3b:layers=8", "2x2xA100-80GB", 8),
             ("gpt-350m", "2x4xA100-80GB", 16), ("gpt-1.3b:layers=8", "2x4xV100-32GB:nics=1x1.25", 16)]
@@ -126,7 +127,7 @@ def moe_rows():
     """The rows of the moe set (`rows`)."""
     name, spec, batch, microbatch = MOE
     workload, cluster = Workload.load(name), Cluster.load(spec)
-    options, ranks, m = _Space(cluster, workload), tuple(range(cluster.world_size)), batch // microbatch
+    options, ranks, m = StageSpace(cluster, workload), tuple(range(cluster.world_size)), batch // microbatch
     for tp, ep, etp in MOE_GRIDS:
         for recompute, zero in MOE_VARIANTS:
             placed = [(workload.num_layers, next(o for o in options.options(ranks, microbatch, recompute, zero, "",
@@ -151,7 +152,7 @@ def rows(sets: Collection[str] = SETS):
         workload, cluster = Workload.load(name), Cluster.load(spec)
         m = batch // microbatch
         for schedule, recompute in variants:
-            options = _Space(cluster, workload)
+            options = StageSpace(cluster, workload)
             placed = [(layers or workload.num_layers // len(stages),
                        {o.tp: o for o in options.options(ranks, microbatch, recompute, 0)}[tp])
                       for ranks, tp, layers in stages]

@@ -22,7 +22,8 @@ from typing import Any
 
 from dist_lib import Cluster, Workload
 from dist_lib.planner.partition import partition
-from dist_lib.planner.search import _Space, to_plan
+from dist_lib.planner.search import to_plan
+from dist_lib.planner.stage_space import StageSpace
 from dist_lib.planner.space import divisors
 from dist_lib.planner.step import step_estimate
 
@@ -78,7 +79,7 @@ class Found:
 def search(strategy: str, cluster: Cluster, workload: Workload, batch: int) -> Found:
     """The feasible layouts of `strategy`'s family, fastest estimate first, or why there are none."""
     family = FAMILIES[strategy]
-    space = _Space(cluster, workload)
+    space = StageSpace(cluster, workload)
     choices: list[Choice] = []
     leanest: tuple[float, str] | None = None
     estimated = 0

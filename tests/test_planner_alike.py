@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from dist_lib import Cluster, Workload
 from dist_lib.planner.independent import components, one_of_each
 from dist_lib.planner.messages import _pattern, drain, feeds, routes, staggered_drain
-from dist_lib.planner.search import _Space
+from dist_lib.planner.stage_space import StageSpace
 
 
 def _every_route(sender, receiver):
@@ -50,7 +50,7 @@ def test_alike_replicas_make_one_class_and_the_crossing_plays_one_of_them():
     nobody else: 8 components of 2 chains (one a receiving rank), on GPUs of their own NICs, all alike.
     Played alone, one of them ends exactly when all eight do."""
     cluster, workload = Cluster.load("4x8xH100-80GB"), Workload.load("gpt-1.3b:layers=4")
-    sp = _Space(cluster, workload)
+    sp = StageSpace(cluster, workload)
     a = next(o for o in sp.options(tuple(range(16)), 8, "none", 0) if o.tp == 2)
     b = next(o for o in sp.options(tuple(range(16, 32)), 8, "none", 0) if o.tp == 4)
     pattern, sample_bytes = _pattern(cluster, workload, a, b)
@@ -112,7 +112,7 @@ def test_crossings_placed_alike_share_their_seconds_and_take_them():
     shape, whose seconds each crossing's own play gives to the bit; the same stages on nodes 1 and 2 sit
     alike too. Stages that each straddle two nodes (ranks 4 to 11 into 12 to 19) have another shape."""
     cluster, workload = Cluster.load("4x8xH100-80GB"), Workload.load("gpt-1.3b:layers=4")
-    sp = _Space(cluster, workload)
+    sp = StageSpace(cluster, workload)
 
     def option(first: int, tp: int):
         return next(o for o in sp.options(tuple(range(first, first + 8)), 8, "none", 0) if o.tp == tp)
@@ -131,7 +131,7 @@ def test_feeds_are_the_replicas_whose_samples_overlap():
     """Stage a: an A100 node and a T4 node (uneven shares by speed); stage b: 2 replicas of TP 2. Each
     receiving replica takes the messages of the sending replicas its samples overlap, as its chains say."""
     cluster, workload = Cluster.load("1x4xA100-80GB+1x4xT4+1x4xV100-32GB"), Workload.load("gpt-350m:layers=4")
-    sp = _Space(cluster, workload)
+    sp = StageSpace(cluster, workload)
     a = next(o for o in sp.options(tuple(range(8)), 16, "none", 0) if o.tp == 1)
     b = next(o for o in sp.options(tuple(range(8, 12)), 16, "none", 0) if o.tp == 2)
     assert len(set(a.shares)) > 1

@@ -11,14 +11,15 @@ from dist_lib.planner import contention
 from dist_lib.planner.evaluate import run_plan
 from dist_lib.planner.messages import crossing_seconds
 from dist_lib.planner.step import step_estimate
-from dist_lib.planner.search import _Space, to_plan
+from dist_lib.planner.search import to_plan
+from dist_lib.planner.stage_space import StageSpace
 
 WORKLOAD = "gpt-1.3b:layers=8"
 
 
 def _placed(spec: str, stages: list[tuple[tuple[int, ...], int]], microbatch: int) -> tuple:
     cluster, workload = Cluster.load(spec), Workload.load(WORKLOAD)
-    space = _Space(cluster, workload)
+    space = StageSpace(cluster, workload)
     placed = [(layers, {o.tp: o for o in space.options(ranks, microbatch, "none", 0)}[1]) for ranks, layers in stages]
     return cluster, workload, placed
 
@@ -79,7 +80,7 @@ def test_a_zero_bubble_plan_on_one_gpu_nodes_is_played_out_with_its_posted_recei
     with the order that counts each crossing after the stage's earlier messages (803.7 ms when the order
     counted each crossing as a delay of its own, 837.4 ms with none; 1F1B takes 840.6 ms)."""
     cluster, workload = Cluster.load("4x1xV100-32GB:nics=1x0.3"), Workload.load("gpt-350m:layers=8")
-    space = _Space(cluster, workload)
+    space = StageSpace(cluster, workload)
     placed = [(n, space.options((r,), 2, "none", 0)[0]) for r, n in enumerate((1, 2, 2, 3))]
     seconds, _ = step_estimate(cluster, workload, placed, 8, "zero-bubble", 1)
     simulated = run_plan(cluster, workload, 16, to_plan(placed, 2, 8, "zero-bubble", "none", 0)).time_s

@@ -13,7 +13,8 @@ from dist_lib.planner import contention, step
 from dist_lib.planner.evaluate import run_plan
 from dist_lib.planner.messages import schedule_crossing
 from dist_lib.planner.plan import Stage
-from dist_lib.planner.search import _Space, to_plan
+from dist_lib.planner.search import to_plan
+from dist_lib.planner.stage_space import StageSpace
 from strategies import planned
 from strategies._plan import crossing_time
 
@@ -60,7 +61,7 @@ def test_counting_the_crossing_changes_the_order_and_the_estimate_is_the_simulat
     crossing as planned.py does, so the estimate is the simulated step; the order that counts it is also
     the faster here (507.2 against 516.8 ms)."""
     cluster, workload = Cluster.load("2x1xV100-32GB:nics=1x0.1"), Workload.load("gpt-350m:layers=2")
-    space = _Space(cluster, workload)
+    space = StageSpace(cluster, workload)
     placed = [(1, space.options((r,), 2, "none", 0)[0]) for r in range(2)]
     c = NIC_LATENCY + 2 * SAMPLE / 0.1e9
     assert schedule_crossing(cluster, workload, placed[0][1], placed[1][1]) == pytest.approx(c, rel=1e-12)

@@ -13,7 +13,8 @@ from dist_lib.planner.evaluate import simulate_candidate
 from dist_lib.planner.expert_modes_cost import expert_grids, with_etp
 from dist_lib.planner.export import export
 from dist_lib.planner.launch_import import from_megatron
-from dist_lib.planner.search import Candidate, _Space, to_plan
+from dist_lib.planner.search import Candidate, to_plan
+from dist_lib.planner.stage_space import StageSpace
 from dist_lib.planner.stage_option import StageOption
 from dist_lib.planner.step import step_estimate
 from dist_lib.planner.tail import after_reductions
@@ -27,7 +28,7 @@ EXPERT = 3 * 4096 * 14336  # one Mixtral expert's SwiGLU parameters (gate, up, d
 
 def _one_stage(workload, cluster, tp, ep, etp, recompute="none", zero=0, microbatch=4, batch=16):
     """The estimated and simulated step of one 8-rank stage at (tp, ep, etp), as Megatron-LM runs it."""
-    space, ranks = _Space(cluster, workload), tuple(range(8))
+    space, ranks = StageSpace(cluster, workload), tuple(range(8))
     option = next(o for o in space.options(ranks, microbatch, recompute, zero, "", ep, 1, etp) if o.tp == tp)
     placed, m = [(workload.num_layers, option)], batch // microbatch
     seconds, memory = step_estimate(cluster, workload, placed, m, "1f1b", 1)
@@ -97,7 +98,7 @@ def test_etp_picked_where_ep_runs_out_of_experts_and_round_trips():
     best = search.best
     p = best.plan
     assert p.etp == 2 and p.ep == 4 and len(p.stages) == 1 and best.simulated is not None
-    space = _Space(cluster, workload)
+    space = StageSpace(cluster, workload)
     etp1, etp2 = (next(o for o in space.options(tuple(range(8)), 4, "none", 1, "delayed", 4, 1, etp) if o.tp == 4)
                   for etp in (1, 2))
     # the experts' state a layer (the distributed optimizer: 4 bytes of weights and gradients, 12 of Adam

@@ -10,7 +10,8 @@ from dist_lib import Cluster, Workload
 from dist_lib.planner.evaluate import run_plan
 from dist_lib.planner.step import step_estimate
 from dist_lib.planner.playout import one_f_one_b_pipeline
-from dist_lib.planner.search import _Space, to_plan
+from dist_lib.planner.search import to_plan
+from dist_lib.planner.stage_space import StageSpace
 
 
 def closed_form(entries, exits, m):
@@ -55,7 +56,7 @@ def test_the_estimate_of_a_slow_first_stage_of_two_microbatches_is_the_simulated
     the whole 276 ms of the later stage's time the closed form counted (1398 ms, 11.4 % over)."""
     workload = Workload.load("gpt-350m")
     cluster = Cluster.load("1x4xA100-80GB+1x4xV100-32GB+1x4xT4:nics=1x6.25")
-    space = _Space(cluster, workload)
+    space = StageSpace(cluster, workload)
     placed = [(n, {o.tp: o for o in space.options(ranks, 16, "full", 0)}[1])
               for ranks, n in ((tuple(range(8, 12)), 6), (tuple(range(8)), 18))]
     seconds, _ = step_estimate(cluster, workload, placed, 2, "1f1b", 1)

@@ -20,7 +20,8 @@ from dist_lib.planner.export import export
 from dist_lib.planner.framework_run import framework_run
 from dist_lib.planner.launch import Launch
 from dist_lib.planner.launch_import import from_torchtitan
-from dist_lib.planner.search import Candidate, _Space, generate, to_plan
+from dist_lib.planner.search import Candidate, generate, to_plan
+from dist_lib.planner.stage_space import StageSpace
 from dist_lib.planner.step import step_estimate
 
 LLAMA = Workload.load("llama-3-8b:layers=4,seq=2048,vocab=32000")
@@ -102,7 +103,7 @@ def test_the_estimate_charges_the_per_op_rerun_as_the_simulator_runs_it(tp):
     assert op.activation[2] - op.activation[1] == pytest.approx(
         samples * (LLAMA.stash_bytes(1, tp, recompute="op", sequence_parallel=tp > 1) + LLAMA.activation_bytes()))
 
-    space = _Space(CLUSTER, LLAMA, even=True)
+    space = StageSpace(CLUSTER, LLAMA, even=True)
     placed = [(2, {o.tp: o for o in space.options(ranks, 4 // tp * samples, "op", 0)}[tp])
               for ranks in ((0, 1, 2, 3), (4, 5, 6, 7))]
     seconds, memory = step_estimate(CLUSTER, LLAMA, placed, 4, "1f1b", 1)

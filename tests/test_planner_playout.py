@@ -52,9 +52,10 @@ def test_the_estimate_plays_out_the_last_chunks_loss_as_the_simulator_runs_it(re
     simulation; the play-out of the passes in the strategy's order gives the simulator's step."""
     from dist_lib.planner.evaluate import simulate_candidate
     from dist_lib.planner.step import _virtual_bound, steady_crossings, step_estimate
-    from dist_lib.planner.search import Candidate, _Space, to_plan
+    from dist_lib.planner.search import Candidate, to_plan
+    from dist_lib.planner.stage_space import StageSpace
     cluster, workload = Cluster.load("1x2xT4+1x1xV100-16GB"), Workload.load("gpt-350m:layers=6")
-    sp = _Space(cluster, workload)
+    sp = StageSpace(cluster, workload)
     placed = [(4, sp.options((0,), 6, recompute, 0)[0]), (2, sp.options((1,), 6, recompute, 0)[0])]
     seconds, memory = step_estimate(cluster, workload, placed, 2, "interleaved", 2)
     ran = simulate_candidate(cluster, workload, 12, Candidate(to_plan(placed, 6, 2, "interleaved", recompute, 0, 2),

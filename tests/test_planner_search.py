@@ -231,7 +231,8 @@ def test_the_estimate_prices_tp_pieces_and_their_gather_as_planned_sends_them():
     from dist_lib.planner.evaluate import simulate_candidate
     from dist_lib.planner.messages import crossing_seconds, transfers
     from dist_lib.planner.step import step_estimate
-    from dist_lib.planner.search import Candidate, _Space, to_plan
+    from dist_lib.planner.search import Candidate, to_plan
+    from dist_lib.planner.stage_space import StageSpace
 
     cluster, workload = Cluster.load("2x2xA100-80GB"), Workload.load("toy:layers=4")
     n = workload.activation_bytes()  # one sample's b*s*h hidden states
@@ -240,7 +241,7 @@ def test_the_estimate_prices_tp_pieces_and_their_gather_as_planned_sends_them():
     assert list(transfers(((0, 1), 2, (2,)), ((2, 3), 2, (2,)), n)) == [(0, 2, n), (1, 3, n)]
     assert list(transfers(((0, 1), 2, (2,)), ((2, 3), 1, (1, 1)), n)) == [(0, 2, n), (0, 3, n)]
     assert list(transfers(((2, 3), 1, (1, 1)), ((0, 1), 2, (2,)), n)) == [(2, 0, n), (2, 1, n), (3, 0, n), (3, 1, n)]
-    options = _Space(cluster, workload)
+    options = StageSpace(cluster, workload)
     first, second = ({o.tp: o for o in options.options(ranks, 2, "none", 0)} for ranks in ((0, 1), (2, 3)))
     # each GPU has its own NIC: the two halves (one sample's bytes each) cross at once in alpha + n/B
     nic = cluster.p2p_link(0, 2)
@@ -263,11 +264,11 @@ def test_messages_through_a_shared_nic_take_turns_in_the_estimate():
     """Two GPUs a node behind one NIC: the two TP halves of a message share it and take as long as the
     whole message alone; two whole messages (tp 2 -> tp 1 replicas) take twice as long."""
     from dist_lib.planner.messages import crossing_seconds
-    from dist_lib.planner.search import _Space
+    from dist_lib.planner.stage_space import StageSpace
 
     cluster, workload = Cluster.load("2x2xA100-80GB:nics=1x25"), Workload.load("toy:layers=4")
     n = workload.activation_bytes()
-    options = _Space(cluster, workload)
+    options = StageSpace(cluster, workload)
     first, second = ({o.tp: o for o in options.options(ranks, 2, "none", 0)} for ranks in ((0, 1), (2, 3)))
     nic = cluster.p2p_link(0, 2)  # one 25 GB/s NIC
     alone = nic.latency + n / nic.achieved_bandwidth  # one sample's bytes alone
@@ -292,11 +293,12 @@ def test_the_estimate_charges_tp_as_the_simulator_runs_it():
     from dist_lib.costs.ops import compute_cost
     from dist_lib.planner.evaluate import simulate_candidate
     from dist_lib.planner.step import step_estimate
-    from dist_lib.planner.search import Candidate, _Space, to_plan
+    from dist_lib.planner.search import Candidate, to_plan
+    from dist_lib.planner.stage_space import StageSpace
 
     cluster, workload = Cluster.load("2x2xA100-80GB"), Workload.load("gpt-350m:layers=4")
     device, topo = cluster.device_of(0), cluster.topology((0, 1))
-    option = {o.tp: o for o in _Space(cluster, workload).options((0, 1), 2, "none", 0)}[2]
+    option = {o.tp: o for o in StageSpace(cluster, workload).options((0, 1), 2, "none", 0)}[2]
     reduce = network.collective_time("all_reduce", 2 * workload.activation_bytes(), topo)
     f, b_in, b_w = (compute_cost(device, workload, op, 1, 2, 2)[0] for op in ("forward", "backward_input",
                                                                             "backward_weight"))
@@ -305,7 +307,7 @@ def test_the_estimate_charges_tp_as_the_simulator_runs_it():
     assert c.backward[2] - c.backward[1] == pytest.approx(b_in + max(b_w, 2 * reduce))
     assert c.hidden[2] - c.hidden[1] == pytest.approx(min(b_w, 2 * reduce))
     assert option.loss == pytest.approx(costs.loss_time(device, workload, 2, 2) + reduce)
-    second = {o.tp: o for o in _Space(cluster, workload).options((2, 3), 2, "none", 0)}[2]
+    second = {o.tp: o for o in StageSpace(cluster, workload).options((2, 3), 2, "none", 0)}[2]
     for schedule in ("1f1b", "zero-bubble"):
         placed = [(2, option), (2, second)]
         seconds, memory = step_estimate(cluster, workload, placed, 4, schedule, 1)
@@ -325,12 +327,13 @@ def test_the_estimate_charges_tp_as_the_simulator_runs_it():
 def test_the_estimate_counts_the_crossings_that_pace_the_pipeline(cluster, workload, batch, tp, schedule, before):
     from dist_lib.planner.evaluate import simulate_candidate
     from dist_lib.planner.step import step_estimate
-    from dist_lib.planner.search import Candidate, _Space, to_plan
+    from dist_lib.planner.search import Candidate, to_plan
+    from dist_lib.planner.stage_space import StageSpace
 
     cluster, workload = Cluster.load(cluster), Workload.load(workload)
     g = cluster.nodes[0].gpus
     microbatch = 2 * g // tp
-    options = _Space(cluster, workload)
+    options = StageSpace(cluster, workload)
     placed = [(workload.num_layers // 2, {o.tp: o for o in options.options(ranks, microbatch, "none", 0)}[tp])
               for ranks in (tuple(range(g)), tuple(range(g, 2 * g)))]
     m, chunks = batch // microbatch, 2 if schedule == "interleaved" else 1
@@ -348,10 +351,11 @@ def test_the_estimate_charges_zero_ones_weight_all_gather_after_the_backward():
     reduce-scatter and came out 22 % fast."""
     from dist_lib.planner.evaluate import PLANNED, run_plan
     from dist_lib.planner.step import step_estimate
-    from dist_lib.planner.search import _Space, to_plan
+    from dist_lib.planner.search import to_plan
+    from dist_lib.planner.stage_space import StageSpace
 
     cluster, workload = Cluster.load("2x2xT4:nics=1x1.25"), Workload.load("gpt-760m")
-    option = {o.tp: o for o in _Space(cluster, workload).options((0, 1, 2, 3), 12, "selective", 1)}[1]
+    option = {o.tp: o for o in StageSpace(cluster, workload).options((0, 1, 2, 3), 12, "selective", 1)}[1]
     placed = [(workload.num_layers, option)]
     seconds, _ = step_estimate(cluster, workload, placed, 1, "1f1b", 1)
     result = run_plan(cluster, workload, 12, to_plan(placed, 12, 1, "1f1b", "selective", 1))
@@ -372,10 +376,11 @@ def test_the_tensor_ranks_gradient_rings_share_a_nodes_nic_in_the_estimate():
     at once through the same NICs, each at half its speed. The estimate charged each as if alone and came
     out 13 % fast."""
     from dist_lib.planner.step import step_estimate
-    from dist_lib.planner.search import _Space, to_plan
+    from dist_lib.planner.search import to_plan
+    from dist_lib.planner.stage_space import StageSpace
 
     cluster, workload = Cluster.load("2x2xT4:nics=1x1.25"), Workload.load("gpt-1.3b:seq=4096")
-    space_ = _Space(cluster, workload)
+    space_ = StageSpace(cluster, workload)
     assert space_.concurrent_speed([(0, 2)]) == 1.0
     assert space_.concurrent_speed([(0, 2), (1, 3)]) == 0.5
     option = {o.tp: o for o in space_.options((0, 1, 2, 3), 2, "selective", 0)}[2]
@@ -405,10 +410,11 @@ def test_a_stage_waits_for_every_crossing_into_it_in_the_estimate(schedule, befo
     from dist_lib.planner.evaluate import simulate_candidate
     from dist_lib.planner.messages import crossing_seconds
     from dist_lib.planner.step import step_estimate
-    from dist_lib.planner.search import Candidate, _Space, to_plan
+    from dist_lib.planner.search import Candidate, to_plan
+    from dist_lib.planner.stage_space import StageSpace
 
     cluster, workload = Cluster.load("4x4xA10:intra=16:nics=1x5"), Workload.load("gpt-350m:layers=8,seq=512,vocab=30522")
-    space_ = _Space(cluster, workload)
+    space_ = StageSpace(cluster, workload)
     stages = [{o.tp: o for o in space_.options(tuple(range(4 * s, 4 * s + 4)), 16, "none", 0)}[1] for s in range(4)]
     # a crossing: each of the 4 replicas sends its 4 samples (4 x s*h*2 bytes = 4 MiB) through the one
     # 5 GB/s NIC (14 us), each at a quarter of its speed: 4 x (alpha + n/B)

@@ -11,9 +11,9 @@ from dist_lib import Cluster, Workload
 def _two_by_two():
     """Two nodes of two A100s behind one 25 GB/s NIC each; stages (0, 1) and (2, 3) of two replicas of
     one sample each: rank 0 sends rank 2 its sample and rank 1 rank 3, both through both NICs."""
-    from dist_lib.planner.search import _Space
+    from dist_lib.planner.stage_space import StageSpace
     cluster, workload = Cluster.load("2x2xA100-80GB:nics=1x25"), Workload.load("toy:layers=4")
-    space = _Space(cluster, workload)
+    space = StageSpace(cluster, workload)
     first, second = ({o.tp: o for o in space.options(ranks, 2, "none", 0)}[1] for ranks in ((0, 1), (2, 3)))
     nic = cluster.p2p_link(0, 2)
     alone = nic.latency + workload.activation_bytes() / nic.achieved_bandwidth  # one message alone
@@ -70,11 +70,11 @@ def test_the_slack_of_uneven_replicas_of_one_device_type():
     5-sample replica is its time less a 6-sample one's, as `layer_costs` gives both; stages of replicas
     alike have none."""
     from dist_lib.planner.estimate import layer_costs
-    from dist_lib.planner.search import _Space
+    from dist_lib.planner.stage_space import StageSpace
     from dist_lib.planner.stagger import slack
     cluster = Cluster.load("1x4xA100-40GB:intra=230:nics=1x5+3x4xA10:intra=16:nics=1x5")
     workload = Workload.load("gpt-350m:seq=512,vocab=30522")
-    space = _Space(cluster, workload)
+    space = StageSpace(cluster, workload)
     o = {o.tp: o for o in space.options(tuple(range(4, 16)), 64, "none", 0)}[1]
     assert o.shares == (6,) * 4 + (5,) * 8
     six, five = (layer_costs(cluster.device_of(4), workload, n, 1, None, "none", 1) for n in (6, 5))
@@ -93,10 +93,11 @@ def test_the_estimate_of_twelve_uneven_a10_replicas_beside_four_a100s():
     is within 1 %."""
     from dist_lib.planner.evaluate import simulate_candidate
     from dist_lib.planner.step import step_estimate
-    from dist_lib.planner.search import Candidate, _Space, to_plan
+    from dist_lib.planner.search import Candidate, to_plan
+    from dist_lib.planner.stage_space import StageSpace
     cluster = Cluster.load("1x4xA100-40GB:intra=230:nics=1x5+3x4xA10:intra=16:nics=1x5")
     workload = Workload.load("gpt-350m:seq=512,vocab=30522")
-    space = _Space(cluster, workload)
+    space = StageSpace(cluster, workload)
     placed = [(14, {o.tp: o for o in space.options((0, 1, 2, 3), 64, "none", 0)}[1]),
               (10, {o.tp: o for o in space.options(tuple(range(4, 16)), 64, "none", 0)}[1])]
     seconds, memory = step_estimate(cluster, workload, placed, 4, "1f1b", 1)

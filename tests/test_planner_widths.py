@@ -10,7 +10,8 @@ from dist_lib import Cluster, Workload
 from dist_lib.planner.evaluate import run_plan
 from dist_lib.planner.messages import crossing_seconds
 from dist_lib.planner.step import step_estimate
-from dist_lib.planner.search import _Space, to_plan
+from dist_lib.planner.search import to_plan
+from dist_lib.planner.stage_space import StageSpace
 from dist_lib.planner.sharing import Job, play
 from dist_lib.planner.tail import lag
 
@@ -61,7 +62,7 @@ def test_a_crossing_from_four_replicas_into_three_plays_out_as_the_simulator_run
     (25 % slow)."""
     cluster, workload = Cluster.load("1x4xV100-32GB:nics=1x1.25+1x3xV100-32GB:nics=1x1.25"), \
         Workload.load("gpt-350m:layers=4")
-    space_ = _Space(cluster, workload)
+    space_ = StageSpace(cluster, workload)
     sender, receiver = space_.options((0, 1, 2, 3), 8, "none", 0)[0], space_.options((4, 5, 6), 8, "none", 0)[0]
     assert (sender.shares, receiver.shares) == ((2, 2, 2, 2), (3, 3, 2))
     nic = cluster.p2p_link(0, 4)
@@ -84,7 +85,7 @@ def test_a_stages_reductions_run_in_turn_from_when_its_last_backward_leaves_its_
     its end. The estimate added a layer's reduction too many (12 % slow)."""
     cluster, workload = Cluster.load("1x4xA100-80GB:nics=1x1.25+2x4xV100-32GB:nics=1x1.25"), \
         Workload.load("gpt-1.3b:layers=8")
-    space_ = _Space(cluster, workload)
+    space_ = StageSpace(cluster, workload)
     v100, a100 = space_.options(tuple(range(4, 12)), 8, "none", 0)[0], space_.options((0, 1, 2, 3), 8, "none", 0)[0]
     each = [v100.reduce(v100.costs.grad_bytes[k + 1] - v100.costs.grad_bytes[k]) for k in range(4)]
     c = v100.costs
@@ -106,7 +107,7 @@ def test_two_stages_reductions_through_one_nodes_nic_share_it_in_the_estimate():
     for most of the tail. Each all-reduce that runs beside the other stage's takes twice its time alone,
     and the estimate, which charged each alone, came out 30 % fast; it now plays the two out together."""
     cluster, workload = Cluster.load("3x4xV100-32GB:nics=1x1.25"), Workload.load("gpt-1.3b:layers=8")
-    space_ = _Space(cluster, workload)
+    space_ = StageSpace(cluster, workload)
     first, second = (space_.options(ranks, 6, "none", 0)[0] for ranks in (tuple(range(6)), tuple(range(6, 12))))
     placed = [(4, first), (4, second)]
     seconds, _ = step_estimate(cluster, workload, placed, 4, "1f1b", 1)
@@ -123,7 +124,7 @@ def test_the_estimate_of_twelve_replicas_beside_four_stays_near_the_simulation(s
     of one node with 11. The estimate was 10 % (1F1B) and 6 % (ZB-H1) slow; it is within 4 %."""
     cluster = Cluster.load("1x4xA100-40GB:intra=230:nics=1x5+3x4xA10:intra=16:nics=1x5")
     workload = Workload.load("gpt-350m:seq=512,vocab=30522")
-    space_ = _Space(cluster, workload)
+    space_ = StageSpace(cluster, workload)
     placed = [(13, space_.options(tuple(range(4, 16)), 32, "none", 0)[0]),
               (11, space_.options((0, 1, 2, 3), 32, "none", 0)[0])]
     seconds, _ = step_estimate(cluster, workload, placed, 8, schedule, 1)

@@ -68,7 +68,7 @@ def context_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, cp: 
                    fp8: str, reduction, pipelined: bool = False) -> StageOption | None:
     """The option of a dense stage of `ranks` (dp x cp x tp) with context parallelism `cp`, `recompute`, ZeRO
     stage `zero` (0, 1 or 3) and `fp8`; None where the stage does not run it (per-op recompute, FSDP over one
-    rank). `space` is the search's `_Space` (its `kv_exchange`), `reduction` its collective timer; `pipelined`:
+    rank). `space` is the search's `StageSpace` (its `kv_exchange`), `reduction` its collective timer; `pipelined`:
     a plan of pipeline stages, where FSDP keeps its gathered weights through the step."""
     if recompute not in RECOMPUTES:
         return None

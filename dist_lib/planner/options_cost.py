@@ -183,7 +183,7 @@ def width_ok(workload: Workload, ranks: int, tp: int, cp: int, microbatch: int, 
 
 def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: int, reduction) -> StageOption:
     """The option of a TP-1 stage whose replicas all take the same share (a framework's layout) with experts
-    over EP groups; `space` is the search's `_Space` (cluster, workload, reserve and its cached topologies),
+    over EP groups; `space` is the search's `StageSpace` (cluster, workload, reserve and its cached topologies),
     `reduction` its data-parallel collective timer (`stage_option.Reduction`)."""
     cluster, workload = space.cluster, space.workload
     dp = len(ranks) // tp
