@@ -172,7 +172,9 @@ class _ExpertStage(_Stage):
         checkpointed layers do)."""
         model, weight = self.model, self.weights[layer][0]
         fp8 = self.plan.fp8
-        routed = model.route(layer, x, weight, fp8=fp8, stash=stash, selective_recompute=self.plan.selective_recompute)
+        modules = self.plan.recompute_modules
+        routed = model.route(layer, x, weight, fp8=fp8, stash=stash, selective_recompute=self.plan.selective_recompute,
+                             recompute_norm=stash and "layernorm" in modules)
         if self.tp_group is not None:  # the attention output reduce-scattered along the sequence
             routed = model.reduce_routed(await model.all_to_all(routed, self.plan.tp_group))
         plan = self.expert_plan
@@ -182,7 +184,8 @@ class _ExpertStage(_Stage):
         if model.moe.shared_experts:  # beside the dispatch, as DeepSeek-V3 does
             model.shared_experts(layer, routed, weight, fp8=fp8)
         tokens = await arriving
-        outputs = model.expert_forward(layer, tokens, self.experts[layer][0], fp8=fp8, stash=stash)
+        outputs = model.expert_forward(layer, tokens, self.experts[layer][0], fp8=fp8, stash=stash,
+                                       recompute_activation=stash and "moe_act" in modules)
         returned = await model.all_to_all(outputs, self.peers, **self.from_experts[mb])
         del outputs
         self.kept[layer][mb] = (x, routed, tokens) if stash else x
@@ -277,6 +280,35 @@ def check_etp(etp: object, width: int) -> None:
         raise ValueError(f"etp must be a whole number >= 1 (the expert tensor-parallel size), got {etp!r}")
     if width % etp:
         raise ValueError(f"etp={etp}: the experts' width {width} does not split into {etp} equal parts")
+
+
+RECOMPUTE_MODULES = ("layernorm", "moe_act")  # the module recompute modelled (`check_recompute_modules`)
+
+
+def check_recompute_modules(modules: object, moe: bool, recompute: bool) -> tuple[str, ...]:
+    """hybrid's `recompute_modules`: Megatron-Core's `--recompute-modules` with `--recompute-granularity selective`
+    (megatron/core/transformer/transformer_config.py, `recompute_modules`), of which two are modelled, on MoE
+    layers: "layernorm" (the pre-MLP norm; the input norm is fused into the QKV projection under Transformer
+    Engine, `moe_ops.norm_recompute`) and "moe_act" (the experts' activation, `moe_ops.activation_recompute`).
+    Megatron-Core's "core_attn" is `selective_recompute=True`. Returns them as a tuple."""
+    if modules is None or modules == () or modules == []:
+        return ()
+    if isinstance(modules, str) or not isinstance(modules, (list, tuple)) \
+            or any(not isinstance(m, str) for m in modules):
+        raise ValueError(f"recompute_modules must be a list of module names ({', '.join(RECOMPUTE_MODULES)}), "
+                         f"got {modules!r}")
+    unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+    if unknown:
+        hint = "; Megatron-Core's 'core_attn' is selective_recompute=True" if "core_attn" in unknown else ""
+        raise ValueError(f"recompute_modules: {', '.join(map(repr, unknown))} not modelled (known: "
+                         f"{', '.join(RECOMPUTE_MODULES)}){hint}")
+    if not moe:
+        raise ValueError(f"recompute_modules={list(modules)!r} is modelled on mixture-of-experts layers; this "
+                         f"workload has none")
+    if recompute:
+        raise ValueError("recompute_modules with recompute=True: the whole layer is recomputed already "
+                         "(Megatron-Core takes recompute modules only with --recompute-granularity selective)")
+    return tuple(m for m in RECOMPUTE_MODULES if m in modules)
 
 
 def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None:
