@@ -10,7 +10,9 @@ parallel over all dp replicas, as in the dense pipeline.
 
 Each MoE layer of a forward is the round trip of `strategies/moe.py`: route, dispatch over an all-to-all of
 the EP group, the shared experts during the dispatch (DeepSeek-V3, sec. 3.2.2), the local experts, the
-all-to-all back, combine; its backward the same the other way. Every replica of a stage runs the same
+all-to-all back, combine; its backward the same the other way. With the flat dispatcher the dispatch and the
+input gradients' return carry the routing probabilities too, a second all-to-all each, as Megatron-Core's
+all-to-all dispatcher sends them (`Model.all_to_all`'s `probs`). Every replica of a stage runs the same
 schedule, so the EP peers reach each layer's all-to-all of each microbatch in the same order.
 
 With tensor parallelism (`tp` > 1, sequence-parallel as Megatron-Core requires of MoE with TP), the expert
@@ -107,7 +109,7 @@ class _ExpertStage(_Stage):
     """`_Stage` whose MoE layers take the round trip to their experts (dense layers run as before)."""
 
     __slots__ = ("experts", "expert_plan", "expert_grads", "expert_left", "expert_reduced", "peers",
-                 "to_experts", "from_experts")
+                 "to_experts", "from_experts", "probs")
 
     def __init__(self, model: Model, plan: StagePlan, experts: ExpertPlan):
         self.expert_plan = experts
@@ -130,6 +132,10 @@ class _ExpertStage(_Stage):
         self.from_experts = [{"expect": [samples] * ep if tp == 1 else None,
                               "expect_experts": [experts.experts_of(i) for i in range(ep)], **how}
                              for samples in plan.microbatches]
+        # the flat dispatcher sends the routing probabilities after the tokens, and their gradients back before
+        # the tokens' (Megatron-Core's `MoEAlltoAllTokenDispatcher.token_dispatch`); the flex dispatchers carry
+        # them in their own exchange
+        self.probs = {"probs": True} if experts.dispatcher == "alltoall" else {}
 
     def load_experts(self, layer: int) -> tuple:
         """(weights, optimizer state) of this rank's experts of `layer` (its expert-TP shard of them)."""
@@ -179,7 +185,7 @@ class _ExpertStage(_Stage):
             routed = model.reduce_routed(await model.all_to_all(routed, self.plan.tp_group))
         plan = self.expert_plan
         sending = [model.dispatch(routed, plan.experts_of(i)) for i in range(0, len(self.peers), plan.etp)]
-        arriving = model.all_to_all(plan.to_each(sending), self.peers, **self.to_experts[mb])
+        arriving = model.all_to_all(plan.to_each(sending), self.peers, **self.to_experts[mb], **self.probs)
         del sending
         if model.moe.shared_experts:  # beside the dispatch, as DeepSeek-V3 does
             model.shared_experts(layer, routed, weight, fp8=fp8)
@@ -254,7 +260,7 @@ class _ExpertStage(_Stage):
         self.expert_left[layer] -= 1
         if self.expert_left[layer] == 0:  # every local microbatch is in: reduce over the expert-DP group
             self._reduce_experts(layer)
-        returned = await model.all_to_all(input_grads, self.peers, **self.from_experts[mb])
+        returned = await model.all_to_all(input_grads, self.peers, **self.from_experts[mb], **self.probs)
         del input_grads
         return model.route_backward(layer, x, grad, routed, returned, self.weights[layer][0])
 
