@@ -78,3 +78,17 @@ def test_probs_with_a_flex_dispatcher_is_refused_by_name(tmp_path):
     with pytest.raises(TensorError, match="dispatcher='hybridep' carries them in its own exchange"):
         simulate(str(strategy), "1x2xH100-80GB", "toy:layers=1,hidden=256,heads=4,seq=128,experts=4,top_k=2,"
                  "expert_ffn_hidden=512", 2)
+
+
+def test_members_that_disagree_on_the_probabilities_are_a_mismatch(tmp_path):
+    from dist_lib.errors import CollectiveMismatchError
+    strategy = tmp_path / "half_probs.py"
+    strategy.write_text("async def train(model):\n"
+                        "    x = model.get_input_activation(range(model.rank, model.rank + 1))\n"
+                        "    routed = model.route(0, x, model.load_weights(0)[0])\n"
+                        "    pieces = [model.dispatch(routed, range(2 * i, 2 * i + 2)) for i in range(2)]\n"
+                        "    await model.all_to_all(pieces, [0, 1], probs=model.rank == 0)\n")
+    with pytest.raises(CollectiveMismatchError, match="rank 0 sends the routing probabilities with probs=True but "
+                                                      "rank 1 with probs=False"):
+        simulate(str(strategy), "1x2xH100-80GB", "toy:layers=1,hidden=256,heads=4,seq=128,experts=4,top_k=2,"
+                 "expert_ffn_hidden=512", 2)

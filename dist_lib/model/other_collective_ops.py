@@ -25,8 +25,6 @@ DISPATCHERS = ("alltoall", "deepep", "hybridep")  # Megatron-Core's alltoall, an
 PROBS_STAGES = ("dispatched", "input grad")  # the token pieces whose probabilities go with them (`probs`)
 
 
-
-
 class OtherCollectiveOps:
     """The ops of this module, on a `Model` (which supplies the engine, the rank and group resolution)."""
 
