@@ -51,10 +51,10 @@ perf_recipes/_common.py, are the hints; they are later than the containers and a
   `account_for_loss_in_pipeline_split` (the Qwen3 MoE recipes set both): the embedding and the loss each take
   a layer's place, 96 places of 3, so the first and the last block hold 2 layers and the others 3;
 * recompute: none for the Qwen3 rows (the recipes set `recompute_granularity = None`). GPT-OSS's recipe
-  recomputes the `layernorm` and `moe_act` modules (selective): hybrid has no option for module recompute, so
-  the GPT-OSS rows run without it; what it would add is memory-bound (the two RMSNorms and the experts' SwiGLU
-  run again in the backward), estimated from the cost model's own figures in `recompute_share` below and
-  printed beside the row.
+  recomputes the `layernorm` and `moe_act` modules (selective), which the GPT-OSS rows run with
+  (`recompute_modules=["layernorm", "moe_act"]`, `RECOMPUTE_MODULES` below): the pre-MLP RMSNorm (the input norm
+  is fused into the QKV projection under Transformer Engine) and the experts' clamped SwiGLU run again in the
+  backward (`costs/moe_ops.py`, `norm_recompute` and `activation_recompute`).
 
 Rows `hybrid` refuses as configured are printed "not expressible: <the strategy's reason>" and left out of the
 error figures; nothing is substituted silently. Two substitutions, each marked "substituted" in the row, are
@@ -168,6 +168,11 @@ def partition(row: BridgeRow, layers: int) -> list[int] | None:
 # node (the 26.02 row's EP 8) it costs what the all-to-all costs.
 FLEX_DISPATCHER = {"qwen3-30b-a3b": "hybridep"}
 
+# Megatron-Bridge src/megatron/bridge/perf_recipes/gpt_oss/h100/gpt_oss.py (067f987),
+# gpt_oss_120b_pretrain_64gpu_h100_bf16_config: recompute_granularity = "selective", recompute_modules =
+# ["layernorm", "moe_act"]; the Qwen3 recipes recompute nothing.
+RECOMPUTE_MODULES = {"gpt-oss-120b": ["layernorm", "moe_act"]}
+
 
 def options(row: BridgeRow, layers: int | None = None) -> dict:
     """hybrid's options for the row (the settings of the module docstring)."""
@@ -186,6 +191,8 @@ def options(row: BridgeRow, layers: int | None = None) -> dict:
         plan["fp8"] = "tensorwise"
     if row.model in FLEX_DISPATCHER:
         plan["moe_dispatcher"] = FLEX_DISPATCHER[row.model]
+    if row.model in RECOMPUTE_MODULES:
+        plan["recompute_modules"] = RECOMPUTE_MODULES[row.model]
     return plan
 
 
@@ -287,27 +294,12 @@ def run(row: BridgeRow) -> Outcome:
 _LAYOUTS: dict[tuple, Outcome] = {}  # the outcome of each layout simulated in this process
 
 
-def recompute_share(row: BridgeRow, step_s: float) -> float:
-    """What recomputing the two RMSNorms and the experts' SwiGLU of every layer in the backward (GPT-OSS's
-    recipe) would add, as a share of the simulated step: their forward HBM traffic (a norm reads and writes h
-    a token; the SwiGLU reads 2f and writes f per routed token, and the clamp before it, which runs inside the
-    recomputed function, `experts.clamp_bytes`; 16-bit) at the device's bandwidth, for the layers and
-    microbatches of the busiest stage."""
-    from dist_lib.costs import experts
-    from dist_lib.hardware.devices import get_device
-    w = workload(row)
-    moe = w.moe
-    per_token = 2 * (2 * w.hidden) * 2 + experts.swiglu_bytes(w, moe.top_k) + experts.clamp_bytes(w, moe.top_k)
-    tokens = row.gbs // row.dp * row.seq
-    layers = -(-w.num_layers // row.pp)
-    return per_token * tokens * layers / get_device("H100-80GB").hbm_bandwidth / step_s
-
-
 def breakdown(outcome: Outcome) -> str:
-    """Milliseconds per MoE layer and microbatch of each op on the last rank (the last pipeline stage, which also
-    runs the LM head and the loss), compute and communication apart, as `--breakdown` prints it."""
+    """Milliseconds per MoE layer and microbatch of each op on the last rank simulated (of the last pipeline
+    stage, which also runs the LM head and the loss; a folded step runs only its folded replica's ranks),
+    compute and communication apart, as `--breakdown` prints it."""
     result, row = outcome.result, outcome.row
-    rank = row.gpus - 1
+    rank = max(event.rank for event in result.events)
     totals: dict[str, float] = {}
     for event in result.events:
         if event.rank == rank:
@@ -345,13 +337,11 @@ def print_moe_bridge(containers: tuple[str, ...] = CONTAINERS, models: set[str] 
             notes = []
             if outcome.substituted:
                 notes.append(f"substituted: {outcome.substituted}")
-            if row.model.startswith("gpt-oss"):
-                notes.append(f"layernorm/moe_act recompute not modelled, ~{100 * recompute_share(row, outcome.time_s):.1f} %"
-                             f" of the step")
             print(f"{head} {outcome.time_s:>9.2f} {100 * error:>+6.1f}% {simulated:>9.0f} "
                   f"{time.perf_counter() - started:>4.0f}s" + (f"  ({'; '.join(notes)})" if notes else ""), flush=True)
             if show_breakdown:
-                print(f"{'':>9} ms per layer and microbatch on rank {row.gpus - 1}: {breakdown(outcome)}", flush=True)
+                last = max(event.rank for event in outcome.result.events)
+                print(f"{'':>9} ms per layer and microbatch on rank {last}: {breakdown(outcome)}", flush=True)
     for container, errs in errors.items():
         print(f"{container}: mean |error| {100 * sum(map(abs, errs)) / len(errs):.1f} %, max |error| "
               f"{100 * max(map(abs, errs)):.1f} % over {len(errs)} of "

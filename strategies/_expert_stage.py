@@ -10,7 +10,9 @@ parallel over all dp replicas, as in the dense pipeline.
 
 Each MoE layer of a forward is the round trip of `strategies/moe.py`: route, dispatch over an all-to-all of
 the EP group, the shared experts during the dispatch (DeepSeek-V3, sec. 3.2.2), the local experts, the
-all-to-all back, combine; its backward the same the other way. Every replica of a stage runs the same
+all-to-all back, combine; its backward the same the other way. With the flat dispatcher the dispatch and the
+input gradients' return carry the routing probabilities too, a second all-to-all each, as Megatron-Core's
+all-to-all dispatcher sends them (`Model.all_to_all`'s `probs`). Every replica of a stage runs the same
 schedule, so the EP peers reach each layer's all-to-all of each microbatch in the same order.
 
 With tensor parallelism (`tp` > 1, sequence-parallel as Megatron-Core requires of MoE with TP), the expert
@@ -107,7 +109,7 @@ class _ExpertStage(_Stage):
     """`_Stage` whose MoE layers take the round trip to their experts (dense layers run as before)."""
 
     __slots__ = ("experts", "expert_plan", "expert_grads", "expert_left", "expert_reduced", "peers",
-                 "to_experts", "from_experts")
+                 "to_experts", "from_experts", "probs")
 
     def __init__(self, model: Model, plan: StagePlan, experts: ExpertPlan):
         self.expert_plan = experts
@@ -130,6 +132,10 @@ class _ExpertStage(_Stage):
         self.from_experts = [{"expect": [samples] * ep if tp == 1 else None,
                               "expect_experts": [experts.experts_of(i) for i in range(ep)], **how}
                              for samples in plan.microbatches]
+        # the flat dispatcher sends the routing probabilities after the tokens, and their gradients back before
+        # the tokens' (Megatron-Core's `MoEAlltoAllTokenDispatcher.token_dispatch`); the flex dispatchers carry
+        # them in their own exchange
+        self.probs = {"probs": True} if experts.dispatcher == "alltoall" else {}
 
     def load_experts(self, layer: int) -> tuple:
         """(weights, optimizer state) of this rank's experts of `layer` (its expert-TP shard of them)."""
@@ -172,17 +178,20 @@ class _ExpertStage(_Stage):
         checkpointed layers do)."""
         model, weight = self.model, self.weights[layer][0]
         fp8 = self.plan.fp8
-        routed = model.route(layer, x, weight, fp8=fp8, stash=stash, selective_recompute=self.plan.selective_recompute)
+        modules = self.plan.recompute_modules
+        routed = model.route(layer, x, weight, fp8=fp8, stash=stash, selective_recompute=self.plan.selective_recompute,
+                             recompute_norm=stash and "layernorm" in modules)
         if self.tp_group is not None:  # the attention output reduce-scattered along the sequence
             routed = model.reduce_routed(await model.all_to_all(routed, self.plan.tp_group))
         plan = self.expert_plan
         sending = [model.dispatch(routed, plan.experts_of(i)) for i in range(0, len(self.peers), plan.etp)]
-        arriving = model.all_to_all(plan.to_each(sending), self.peers, **self.to_experts[mb])
+        arriving = model.all_to_all(plan.to_each(sending), self.peers, **self.to_experts[mb], **self.probs)
         del sending
         if model.moe.shared_experts:  # beside the dispatch, as DeepSeek-V3 does
             model.shared_experts(layer, routed, weight, fp8=fp8)
         tokens = await arriving
-        outputs = model.expert_forward(layer, tokens, self.experts[layer][0], fp8=fp8, stash=stash)
+        outputs = model.expert_forward(layer, tokens, self.experts[layer][0], fp8=fp8, stash=stash,
+                                       recompute_activation=stash and "moe_act" in modules)
         returned = await model.all_to_all(outputs, self.peers, **self.from_experts[mb])
         del outputs
         self.kept[layer][mb] = (x, routed, tokens) if stash else x
@@ -251,7 +260,7 @@ class _ExpertStage(_Stage):
         self.expert_left[layer] -= 1
         if self.expert_left[layer] == 0:  # every local microbatch is in: reduce over the expert-DP group
             self._reduce_experts(layer)
-        returned = await model.all_to_all(input_grads, self.peers, **self.from_experts[mb])
+        returned = await model.all_to_all(input_grads, self.peers, **self.from_experts[mb], **self.probs)
         del input_grads
         return model.route_backward(layer, x, grad, routed, returned, self.weights[layer][0])
 
@@ -277,6 +286,35 @@ def check_etp(etp: object, width: int) -> None:
         raise ValueError(f"etp must be a whole number >= 1 (the expert tensor-parallel size), got {etp!r}")
     if width % etp:
         raise ValueError(f"etp={etp}: the experts' width {width} does not split into {etp} equal parts")
+
+
+RECOMPUTE_MODULES = ("layernorm", "moe_act")  # the module recompute modelled (`check_recompute_modules`)
+
+
+def check_recompute_modules(modules: object, moe: bool, recompute: bool) -> tuple[str, ...]:
+    """hybrid's `recompute_modules`: Megatron-Core's `--recompute-modules` with `--recompute-granularity selective`
+    (megatron/core/transformer/transformer_config.py, `recompute_modules`), of which two are modelled, on MoE
+    layers: "layernorm" (the pre-MLP norm; the input norm is fused into the QKV projection under Transformer
+    Engine, `moe_ops.norm_recompute`) and "moe_act" (the experts' activation, `moe_ops.activation_recompute`).
+    Megatron-Core's "core_attn" is `selective_recompute=True`. Returns them as a tuple."""
+    if modules is None or modules == () or modules == []:
+        return ()
+    if isinstance(modules, str) or not isinstance(modules, (list, tuple)) \
+            or any(not isinstance(m, str) for m in modules):
+        raise ValueError(f"recompute_modules must be a list of module names ({', '.join(RECOMPUTE_MODULES)}), "
+                         f"got {modules!r}")
+    unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+    if unknown:
+        hint = "; Megatron-Core's 'core_attn' is selective_recompute=True" if "core_attn" in unknown else ""
+        raise ValueError(f"recompute_modules: {', '.join(map(repr, unknown))} not modelled (known: "
+                         f"{', '.join(RECOMPUTE_MODULES)}){hint}")
+    if not moe:
+        raise ValueError(f"recompute_modules={list(modules)!r} is modelled on mixture-of-experts layers; this "
+                         f"workload has none")
+    if recompute:
+        raise ValueError("recompute_modules with recompute=True: the whole layer is recomputed already "
+                         "(Megatron-Core takes recompute modules only with --recompute-granularity selective)")
+    return tuple(m for m in RECOMPUTE_MODULES if m in modules)
 
 
 def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None:

@@ -54,3 +54,6 @@ class StagePlan:
     # (`costs.tp_overlap`): "userbuffers" Megatron-Core's --tp-comm-overlap (Transformer Engine), "micro_pipeline"
     # torchtitan's async TP (Inductor's pass: `comm.tp_overlap.OVERLAPS`), "" none
     tp_comm_overlap: str = ""
+    # Megatron-Core's module recompute on MoE layers (`recompute_modules`): "layernorm" the pre-MLP norm, "moe_act"
+    # the experts' activation, each run again in the backward instead of kept (`_expert_stage.check_recompute_modules`)
+    recompute_modules: tuple[str, ...] = ()

@@ -11,7 +11,9 @@ mixture-of-experts workload, `ep` and `etp` lay Megatron-Core's expert grid over
 ETP x PP x DP beside TP, `_expert_stage.py`; the distributed optimizer's `_expert_sharded.py`;
 `moe_dispatcher` the token dispatch, flat or hierarchical as DeepEP/HybridEP);
 `distributed_optimizer` and `fsdp` shard the data-parallel state (`_sharded.py`), `recompute` checkpoints each layer
-whole (True) or as torchtitan's per-op selective policy does ("op", `workload/per_op_checkpoint.py`), `fp8` runs the
+whole (True) or as torchtitan's per-op selective policy does ("op", `workload/per_op_checkpoint.py`),
+`recompute_modules` recomputes an MoE layer's pre-MLP norm and experts' activation as Megatron-Core's
+`--recompute-modules layernorm moe_act` does, `fp8` runs the
 linear layers' GEMMs in FP8, `tp_comm_overlap` pipelines the TP collectives with the GEMMs (`costs/tp_overlap.py`), and
 `framework` takes a framework's defaults (`_frameworks.py`). Every option, its source and its effect:
 docs/reference/strategies.md, "hybrid's options".
@@ -28,7 +30,7 @@ from dist_lib import Model
 from . import deepspeed_1f1b, gpipe, interleaved, one_f_one_b
 from ._context import run_context_stage
 from ._expert_sharded import run_sharded_expert_stage
-from ._expert_stage import ExpertPlan, check_expert_options
+from ._expert_stage import ExpertPlan, check_expert_options, check_recompute_modules
 from ._layout import Layout, declared_grid
 from ._plan import build_plan, recompute_modes
 from ._frameworks import DECIDED, framework_defaults, tp_overlap
@@ -48,7 +50,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                 overlap_param_gather: bool | None = None, fsdp: bool | None = None,
                 replicate: int = 1, reshard_after_forward: bool | None = None, fp8: str | None = None,
                 tp_comm_overlap: bool = False, framework: str | None = None, etp: int | None = None,
-                moe_dispatcher: str = "alltoall") -> None:
+                moe_dispatcher: str = "alltoall", recompute_modules: list[str] | tuple[str, ...] = ()) -> None:
     # the options a framework decides default to None, "not given" (`_frameworks.DECIDED`): the run's value,
     # else the framework's, else hybrid's own default
     chosen = framework_defaults(framework, {k: v for k, v in locals().items() if k in DECIDED}, tp)
@@ -82,6 +84,7 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
                       async_tp_allreduce=async_tp_allreduce, tied_embeddings=tied_embeddings,
                       attention_mask_messages=attention_mask_messages, cp=cp, kv_exchange=kv_exchange, fp8=fp8)
     plan.tp_comm_overlap = tp_overlap(framework) if tp_comm_overlap else ""  # which collectives it overlaps
+    plan.recompute_modules = check_recompute_modules(recompute_modules, hasattr(model, "moe"), recompute)
     if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
         check_expert_options(tp, (("recompute", recompute), ("selective_recompute", selective_recompute),
                                   ("sequence_parallel", sequence_parallel), ("cp", cp != 1 and cp),

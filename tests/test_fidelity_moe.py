@@ -69,13 +69,7 @@ def test_an_fp8_row_is_run_as_published_or_refused_with_hybrids_reason():
         assert plan.get("fp8") == "tensorwise"
 
 
-def test_recompute_share_of_gpt_oss_by_hand():
-    from benchmarks.fidelity_moe import recompute_share
-    from dist_lib.hardware.devices import get_device
-    row = _row("26.04.01", "gpt-oss-120b")
-    # two RMSNorms (read and write h), 4 experts' SwiGLU (2f + f) and the clamp before it (8f)
-    per_token = 2 * (2 * 2880) * 2 + 4 * 3 * 2880 * 2 + 4 * 8 * 2880 * 2
-    tokens = 1280 // 16 * 4096  # one replica's tokens
-    expected = per_token * tokens * 9 / get_device("H100-80GB").hbm_bandwidth  # 9 layers a stage
-    assert recompute_share(row, 1.0) == pytest.approx(expected)
-    assert recompute_share(row, 8.75) == pytest.approx(0.028, abs=0.0005)  # the ~2.8 % the row prints
+def test_gpt_oss_rows_recompute_the_recipes_modules_and_the_qwen3_rows_none():
+    # Megatron-Bridge perf_recipes/gpt_oss/h100/gpt_oss.py: recompute_modules = ["layernorm", "moe_act"]
+    assert options(_row("26.04.01", "gpt-oss-120b"))["recompute_modules"] == ["layernorm", "moe_act"]
+    assert "recompute_modules" not in options(_row("26.04.01", "qwen3-30b-a3b"))

@@ -111,8 +111,12 @@ def test_hybrid_with_the_hierarchical_dispatcher_is_correct_and_each_exchange_ta
     flat = simulate(HYBRID, CLUSTER, workload, 8, pp=1, ep=8)
     hier = simulate(HYBRID, CLUSTER, workload, 8, pp=1, ep=8, moe_dispatcher=dispatcher)
     assert flat.correct and hier.correct, hier.problems
-    # one MoE layer each (layers 0 and 1), one microbatch: dispatch, combine, output and input gradients
-    assert _all_to_alls(flat) == pytest.approx([4 * 256 * TOKEN / NIC + 3 * NVLINK_LATENCY + 4 * NIC_LATENCY] * 8)
+    # one MoE layer each (layers 0 and 1), one microbatch: dispatch, combine, output and input gradients; the flat
+    # dispatcher's dispatch and input-gradient exchanges followed by the routing probabilities' all-to-all (one
+    # 2-byte probability a token copy), which the hierarchical dispatchers carry in their own exchange
+    tokens = 4 * 256 * TOKEN / NIC + 3 * NVLINK_LATENCY + 4 * NIC_LATENCY
+    probs = 4 * 256 * 2 / NIC + 3 * NVLINK_LATENCY + 4 * NIC_LATENCY
+    assert _all_to_alls(flat) == pytest.approx([tokens + probs, tokens] * 2 + [tokens, tokens + probs] * 2)
     assert _all_to_alls(hier) == pytest.approx([805 * TOKEN / NIC + 3 * NVLINK_LATENCY + NIC_LATENCY] * 8)
     assert hier.time_s < flat.time_s
     assert {e.nbytes for e in hier.events if e.op == "all_to_all"} == {e.nbytes for e in flat.events
@@ -129,11 +133,15 @@ def test_the_textbook_strategy_takes_the_dispatcher_too():
         simulate("strategies/moe.py", CLUSTER, workload, 8, ep=8, moe_dispatcher="flex")
 
 
-def test_within_one_node_the_dispatchers_cost_the_same():
+def test_within_one_node_the_dispatchers_move_tokens_alike_and_only_the_flat_one_sends_the_probabilities_apart():
     workload = TOY.format(routing="zipf:1.2")
     flat = simulate(HYBRID, "1x8xH100-80GB", workload, 8, pp=1, ep=8)
     hier = simulate(HYBRID, "1x8xH100-80GB", workload, 8, pp=1, ep=8, moe_dispatcher="deepep")
-    assert hier.correct and (hier.time_s, hier.memory_bytes) == (flat.time_s, flat.memory_bytes)
+    assert hier.correct and hier.memory_bytes == flat.memory_bytes and hier.time_s < flat.time_s
+    for rank in range(8):  # combine and output gradients alike; dispatch and input gradients longer by the probs'
+        a, b = _all_to_alls(flat, rank), _all_to_alls(hier, rank)
+        assert [a[i] for i in (1, 3, 4, 6)] == pytest.approx([b[i] for i in (1, 3, 4, 6)])
+        assert all(a[i] > b[i] for i in (0, 2, 5, 7))
 
 
 def test_a_recorded_program_replays_with_its_dispatcher():

@@ -23,7 +23,7 @@ from dist_lib.comm.collectives import Work, _Pending, release
 from dist_lib.comm.groups import Collective, CrossGroup, Group
 from dist_lib.comm.other_rules import combine_other, check_match_other
 from dist_lib.costs.hierarchical_dispatch import relayed_all_to_all_cost
-from dist_lib.costs.other_collectives import all_to_all_cost, barrier_time, rooted_time
+from dist_lib.costs.other_collectives import all_to_all_cost, barrier_time, probs_sizes, rooted_time
 from dist_lib.engine.core import Engine
 from dist_lib.engine.rank_state import RankState
 from dist_lib.errors import CollectiveMismatchError, TensorError
@@ -34,7 +34,7 @@ class OtherCollective(Collective):
     """The k-th collective on a group when it is a broadcast, reduce, barrier or all-to-all: its root (for
     broadcast and reduce), what each member expects (all-to-all), and the links it crosses."""
 
-    __slots__ = ("root", "expect", "usage", "arrivals", "relays")
+    __slots__ = ("root", "expect", "usage", "arrivals", "relays", "probs")
 
     def __init__(self, group: Group, seq: int, op: str, root: int | None):
         super().__init__(group, seq, op)
@@ -43,6 +43,7 @@ class OtherCollective(Collective):
         self.usage: tuple[tuple[int, int], ...] = group.usage
         self.arrivals: list[bool] = []  # whether each member's result is made on it at the end
         self.relays: list[Any] = [None] * group.size  # each member's hierarchical dispatcher, if any
+        self.probs: list[Any] = [None] * group.size  # each member's routing probabilities' share, if any
 
     def __str__(self) -> str:
         return f"{self.op} #{self.seq} on group {list(self.group.ranks)}"
@@ -52,10 +53,12 @@ class OtherCollective(Collective):
 
 
 def issue_other(engine: Engine, state: RankState, op: str, given: Any, group: Group, root: int | None = None,
-                expect: list[tuple[int | None, int | None]] | None = None, relay: Any = None) -> Work:
+                expect: list[tuple[int | None, int | None]] | None = None, relay: Any = None,
+                probs: tuple[int, int] | None = None) -> Work:
     """Issue `op` on `group` for `state`'s rank with its (checked) input `given`. `relay`, for an MoE token
     all-to-all run by a hierarchical dispatcher: (its name, the distinct-token bytes of a list of token
-    pieces), see `costs.hierarchical_dispatch`."""
+    pieces), see `costs.hierarchical_dispatch`. `probs`, for an MoE token all-to-all whose routing
+    probabilities follow it (`Model.all_to_all`'s `probs`): (bytes of a probability, bytes of a token copy)."""
     rank = state.rank
     pos = group.index.get(rank)
     if pos is None:
@@ -74,6 +77,7 @@ def issue_other(engine: Engine, state: RankState, op: str, given: Any, group: Gr
     coll.works[pos] = work
     coll.expect[pos] = expect
     coll.relays[pos] = relay
+    coll.probs[pos] = probs
     coll.issued += 1
     if coll.first is None:
         coll.first = work
@@ -90,11 +94,12 @@ def _resolve(engine: Engine, coll: OtherCollective) -> None:
     op = coll.op
     if op == "all_to_all":
         sizes = tuple(tuple(0 if t is None else t.nbytes for t in pieces) for pieces in inputs)
-        relay = _relay(coll)
+        relay, probs = _relay(coll), _probs(coll)
         if relay is None:  # (a layer's exchanges repeat their sizes microbatch after microbatch)
-            priced = group.costs.get(sizes)
+            key = sizes if probs is None else (sizes, probs)
+            priced = group.costs.get(key)
             if priced is None:
-                priced = group.costs[sizes] = all_to_all_cost(engine.cluster, group.ranks, sizes)
+                priced = group.costs[key] = _flat_cost(engine, group, sizes, probs)
             coll.duration, coll.usage = priced
         else:
             coll.duration, coll.usage = relayed_all_to_all_cost(engine.cluster, group.ranks, sizes,
@@ -113,7 +118,7 @@ def _resolve(engine: Engine, coll: OtherCollective) -> None:
         root = None if coll.root is None else group.index[coll.root]
         coll.arrivals = [op == "broadcast" and i != root for i in range(group.size)]
     coll.results, coll.nbytes, coll.label = results, nbytes, label
-    coll.expect, coll.relays = [], []
+    coll.expect, coll.relays, coll.probs = [], [], []
     del group.pending[coll.seq]
     if group.busy:
         group.ready.append(coll)
@@ -122,6 +127,32 @@ def _resolve(engine: Engine, coll: OtherCollective) -> None:
 
 
 OUTGOING = ("dispatched", "output grad")  # token stages sent from their owner to the experts (the rest come back)
+
+
+def _flat_cost(engine: Engine, group: Group, sizes: tuple[tuple[int, ...], ...],
+               probs: tuple[int, int] | None) -> tuple[float, tuple[tuple[int, int], ...]]:
+    """(seconds, link usage) of a flat all-to-all of pieces of `sizes` bytes; with `probs` (bytes of a
+    probability, of a token copy), followed on the same stream by the all-to-all of the pieces' routing
+    probabilities, one a token copy (`Model.all_to_all`'s `probs`), whose time is added whole: its few bytes
+    share the links the tokens' exchange has left, and its pairwise steps' latency dominates it."""
+    seconds, usage = all_to_all_cost(engine.cluster, group.ranks, sizes)
+    if probs is not None:
+        each, token = probs
+        seconds += all_to_all_cost(engine.cluster, group.ranks, probs_sizes(sizes, each, token))[0]
+    return seconds, usage
+
+
+def _probs(coll: OtherCollective) -> tuple[int, int] | None:
+    """Whether the routing probabilities follow a token exchange (`Model.all_to_all`'s `probs`); members that
+    disagree are a mismatch, named."""
+    given = coll.probs
+    if any((p is None) != (given[0] is None) for p in given):
+        i = next(i for i, p in enumerate(given) if (p is None) != (given[0] is None))
+        ranks = coll.group.ranks
+        raise CollectiveMismatchError(f"{coll}: rank {ranks[0]} sends the routing probabilities with probs="
+                                      f"{given[0] is not None} but rank {ranks[i]} with probs={given[i] is not None}; "
+                                      f"every member of the exchange sends them, or none")
+    return given[0]
 
 
 def _relay(coll: OtherCollective) -> Any:

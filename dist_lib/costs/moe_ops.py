@@ -161,3 +161,29 @@ def unpermute_backward(device: Device, nbytes: float) -> float:
     backward is the unpermutation (megatron/core/transformer/moe/moe_utils.py `permute`, fused: Transformer
     Engine's `moe_permute` with `moe_permute_fusion`)."""
     return compute._stream_time(device, 2.0 * nbytes)
+
+
+# Megatron-Core's module recompute (`recompute_granularity = "selective"` with `recompute_modules`; megatron/core/
+# transformer/transformer_config.py, transformer_layer.py, moe/experts.py at d98e8a6): the modules' outputs are
+# dropped after the forward (`CheckpointWithoutOutput`) and the modules run again in the backward, before the
+# GEMM that reads their output needs it. Both are memory-bound kernels, timed at HBM bandwidth.
+
+def norm_recompute(device: Device, workload: Workload, samples: int, tp: int = 1) -> float:
+    """`recompute_modules = ["layernorm"]` on an MoE layer: the pre-MLP norm's forward again before the router's
+    backward, reading x and writing y, 2h element transfers a token, on this rank's 1/tp of the sequence (MoE
+    with TP is sequence-parallel). Only that norm: under Transformer Engine's layer spec the input norm is fused
+    into the QKV projection (megatron/core/models/gpt/gpt_layer_specs.py: `linear_qkv =
+    column_parallel_layer_norm_linear()`, no `input_layernorm` module), and `TransformerLayer` recomputes the
+    input norm only when it is a module of its own (`recompute_input_layernorm` is set only when
+    `input_layernorm` is not an `IdentityOp`)."""
+    per_token = 2 * workload.hidden * workload.bytes_per_element
+    return compute._stream_time(device, samples * workload.seq_len * per_token / tp)
+
+
+def activation_recompute(device: Device, workload: Workload, tokens: int, etp: int = 1) -> float:
+    """`recompute_modules = ["moe_act"]`: the experts' activation forward again before the down projection's
+    backward, on the `tokens` routed tokens a rank's experts received (one of `etp` expert-TP shards): the
+    SwiGLU (`experts.swiglu_bytes`) and the clamp before it, which runs inside the recomputed function
+    (`experts.clamp_bytes`; `TEGroupedMLP` checkpoints its `bias_act_func`, the clamped GLU for GPT-OSS)."""
+    return compute._stream_time(device, experts.swiglu_bytes(workload, tokens, etp=etp)
+                                + experts.clamp_bytes(workload, tokens, etp=etp))

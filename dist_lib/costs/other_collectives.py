@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dist_lib.costs.network import collective_time
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.topology import Topology, ring_bandwidth
+from dist_lib.workload.transformer import Workload
 
 BARRIER_BYTES = 4  # ProcessGroupNCCL::barrier's one float32 element
 
@@ -66,3 +67,21 @@ def all_to_all_cost(cluster: Cluster, ranks: Sequence[int],
     seconds = max(nbytes / capacity[link] for link, nbytes in carried.items())
     usage = tuple((link, round(nbytes / seconds)) for link, nbytes in sorted(carried.items()))
     return seconds + max(latency), usage
+
+
+def probs_bytes(workload: Workload) -> int:
+    """The bytes of one routing probability a token copy carries to its expert: Megatron-Core's
+    `MoEAlltoAllTokenDispatcher.token_dispatch` all-to-alls the permuted probabilities after the tokens (the
+    experts weight their outputs by them: `TEGroupedMLP`'s weighted activation and `_apply_bias`), and autograd
+    all-to-alls their gradients back before the tokens' input gradients (megatron/core/transformer/moe/
+    token_dispatcher.py at d98e8a6, `token_dispatch`: the tokens' `all_to_all`, then the probabilities' over the
+    same EP group and splits). One element of the router's output, which is in the input's dtype unless
+    `moe_router_dtype` says fp32 (router.py, `TopKRouter.gating`): the workload's 16-bit element."""
+    return workload.bytes_per_element
+
+
+def probs_sizes(sizes: Sequence[Sequence[int]], each: int, token: int) -> list[list[int]]:
+    """The routing probabilities' pieces beside token pieces of `sizes` bytes: one probability of `each` bytes
+    a token copy of `token` bytes (`probs_bytes`; the all-to-all that follows the tokens', `Model.all_to_all`'s
+    `probs`)."""
+    return [[int(n) // token * each for n in row] for row in sizes]

@@ -28,7 +28,7 @@ from typing import Any
 from dist_lib.costs import moe_ops
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import WEIGHT_BYTES
-from dist_lib.model.expert_parts import collapse_mask, stash_fp8
+from dist_lib.model.expert_parts import collapse_mask, stash_fp8, stash_recomputes
 from dist_lib.tensors import ExpertGrad, ExpertWeight, Tokens, describe_mask
 
 
@@ -85,15 +85,18 @@ class ExpertBackward:
                 raise TensorError(f"{where}: samples {describe_mask(seen & t.samples)} appear in two pieces ({t!r}); "
                                   f"each token's gradient goes through its experts once")
             seen |= t.samples
-        parts, fp8 = pieces[0].parts, stash_fp8(pieces[0]._stash)
+        parts, fp8, again = pieces[0].parts, stash_fp8(pieces[0]._stash), stash_recomputes(pieces[0]._stash)
         for t in pieces:
-            if stash_fp8(t._stash) != fp8 or t.parts != parts:
+            if stash_fp8(t._stash) != fp8 or t.parts != parts or stash_recomputes(t._stash) != again:
                 raise TensorError(f"{where}: {t!r} and {pieces[0]!r} went through different expert_forward calls "
-                                  f"(another FP8 recipe or sequence split); group the pieces of one call")
+                                  f"(another FP8 recipe, sequence split or activation recompute); group the pieces "
+                                  f"of one call")
         if grouped:
             self._check_whole_groups(pieces, where)
         counts = self._local_tokens(layer, pieces, weight.experts)  # type: ignore[attr-defined]
         seconds, flops = self._priced(moe_ops.experts_cost, tuple(counts), True, weight.tp_size, fp8)  # type: ignore
+        if again:  # the activation again first (`recompute_activation`)
+            seconds += moe_ops.activation_recompute(self.device, self.workload, sum(counts), weight.tp_size)
         self._advance("expert_backward", layer, collapse_mask(seen, parts), seconds, flops,  # type: ignore
                       detail=expert_counts(weight.experts, counts))
         groups = self._groups

@@ -97,6 +97,15 @@ def stash_fp8(stash: Stash) -> str:
     return mode_fp8(stash.recompute)
 
 
+RECOMPUTED = "recomputed"  # in an MoE op's mode: the module recompute it asked for (`route`'s norm, the activation)
+
+
+def stash_recomputes(stash: Stash) -> bool:
+    """Did the forward that left `stash` drop a module's output for its backward to run again (`route`'s
+    `recompute_norm`, `expert_forward`'s `recompute_activation`)?"""
+    return RECOMPUTED in stash.recompute.split("+")
+
+
 class ExpertParts:
     """The sequence-part side of `MoEModel` (which supplies the rank's state, books and `_advance`)."""
 
@@ -120,14 +129,15 @@ class ExpertParts:
             raise TensorError(f"{where}: fp8={fp8!r} on {self.device.name}, which has no FP8 tensor cores")
         return fp8
 
-    def _route_mode(self, layer: int, fp8: Any, stash: Any, selective: Any) -> str:
-        """The mode a route's stash remembers: "none", "selective", an FP8 recipe, or "selective+<recipe>"."""
+    def _route_mode(self, layer: int, fp8: Any, stash: Any, selective: Any, norm: Any = False) -> str:
+        """The mode a route's stash remembers: "none", or "+"-joined "selective", `RECOMPUTED` (the pre-MLP
+        norm dropped, `recompute_norm`) and an FP8 recipe, in that order."""
         fp8 = self._fp8("route", layer, fp8)
-        for name, value in (("stash", stash), ("selective_recompute", selective)):
+        for name, value in (("stash", stash), ("selective_recompute", selective), ("recompute_norm", norm)):
             if value is not True and value is not False:
                 raise TensorError(f"rank {self.rank} route(layer {layer}): {name} must be True or False, got "
                                   f"{value!r}")
-        return "+".join(m for m in ("selective" if selective else "", fp8) if m) or "none"
+        return "+".join(m for m in ("selective" if selective else "", RECOMPUTED if norm else "", fp8) if m) or "none"
 
     def _route(self, layer: int, act: Activation, weight: Any, mode: str, stash: bool) -> Routed | list[Routed]:
         """`route`'s work: the attention (on 1/p of its width on a TP slice of p) and the router (on this

@@ -36,7 +36,7 @@ from dist_lib.model.expert_books import ExpertBooks
 from dist_lib.errors import TensorError
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
 from dist_lib.model.expert_backward import ExpertBackward, expert_counts
-from dist_lib.model.expert_parts import ExpertParts, collapse_mask, run_mask, stash_fp8
+from dist_lib.model.expert_parts import ExpertParts, RECOMPUTED, collapse_mask, run_mask, stash_fp8, stash_recomputes
 from dist_lib.model.handle import Model
 from dist_lib.tensors import (Activation, ActivationGrad, ExpertGrad, ExpertOptState, ExpertWeight, Routed, Stash,
                               Tokens, WeightGrad, describe_mask, full_mask)
@@ -168,18 +168,23 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
                             len(samples) * self.workload.seq_len)
 
     def route(self, layer: int, act: Activation, weight: Any, *, fp8: str = "", stash: bool = True,
-              selective_recompute: bool = False) -> Routed | list[Routed]:
+              selective_recompute: bool = False, recompute_norm: bool = False) -> Routed | list[Routed]:
         """An MoE layer's attention and router on `act` (its stash kept on `act`, as `forward` keeps it).
         With a TP slice of the weight: one partial piece per sequence part (`ExpertParts`). `fp8`: the
         attention's linear layers in FP8 with that recipe (`costs.fp8`), backward too. `stash=False` (full
         recompute): no stash, and the backward needs the layer's forward run again first;
-        `selective_recompute`: the stash without the attention core's, which `route_backward` re-runs."""
+        `selective_recompute`: the stash without the attention core's, which `route_backward` re-runs;
+        `recompute_norm`: Megatron-Core's `recompute_modules=["layernorm"]`, the pre-MLP norm's output dropped
+        and the norm run again in `route_backward` (`moe_ops.norm_recompute`). That output is the router's
+        input, which the stash's count (Korthikanti et al.'s attention and norms, then the experts' inputs)
+        does not hold, so the stash is the same size."""
         where = f"rank {self.rank} route(layer {layer})"
         self._moe_layer(layer, where)
         self._check_compute("route", layer, act, weight, layer)
         if act.has_stash:
             raise TensorError(f"{where}: {act!r} already carries layer {layer}'s stash; route each input once")
-        return self._route(layer, act, weight, self._route_mode(layer, fp8, stash, selective_recompute), stash)
+        mode = self._route_mode(layer, fp8, stash, selective_recompute, recompute_norm)
+        return self._route(layer, act, weight, mode, stash)
 
     def shared_experts(self, layer: int, routed: Routed, weight: Any, *, fp8: str = "") -> None:
         """The shared experts on every token of `routed` (DeepSeek runs them while the dispatch is in flight);
@@ -209,15 +214,18 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
         return self._tokens("dispatch", routed.layer, routed.samples, mask, "dispatched", routed.parts)
 
     def expert_forward(self, layer: int, pieces: Sequence[Tokens], weight: ExpertWeight, *,
-                       fp8: str = "", stash: bool = True) -> list[Tokens]:
+                       fp8: str = "", stash: bool = True, recompute_activation: bool = False) -> list[Tokens]:
         """The local experts on the tokens dispatched to them (one grouped GEMM over every piece), the stash
         kept on each piece (not with `stash=False`: full recompute runs the layer again before its
         backward); returns each piece's expert output, in order. `fp8`: the grouped GEMM in FP8 with that
-        recipe, its backward too."""
+        recipe, its backward too. `recompute_activation`: Megatron-Core's `recompute_modules=["moe_act"]`,
+        the activation's output (the down projection's input, f a routed token) left out of the stash and the
+        activation run again in `expert_backward` (`moe_ops.activation_recompute`)."""
         where = f"rank {self.rank} expert_forward(layer {layer})"
         fp8 = self._fp8("expert_forward", layer, fp8)
-        if stash is not True and stash is not False:
-            raise TensorError(f"{where}: stash must be True or False, got {stash!r}")
+        for name, value in (("stash", stash), ("recompute_activation", recompute_activation)):
+            if value is not True and value is not False:
+                raise TensorError(f"{where}: {name} must be True or False, got {value!r}")
         self._check_experts_weight(weight, layer, where)
         pieces = list(pieces)
         seen = 0
@@ -243,13 +251,14 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
                       detail=expert_counts(weight.experts, tokens))
         mem = self._mem
         mem.context = ("expert_forward", layer)
-        per_token = self._expert_stash_per_token(weight.tp_size)
+        per_token = self._expert_stash_per_token(weight.tp_size, recompute_activation)
+        mode = "+".join(m for m in (RECOMPUTED if recompute_activation else "", fp8) if m) or "none"
         shard = (1 << weight.tp_rank, weight.tp_size)  # an expert-TP shard's output: a partial sum
         outs = []
         for t in pieces:
             if stash:
                 t._stash = Stash(mem, self._slots(layer, t.samples, t.experts, parts) * per_token, weight.tp_rank,
-                                 weight.tp_size, fp8 or "none")
+                                 weight.tp_size, mode)
             outs.append(Tokens(mem, t.nbytes, self.rank, layer, t.samples, t.experts, "expert output", parts, *shard))
         if stash:
             self._remember_group(pieces)
@@ -321,6 +330,8 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
         if act._stash.recompute.startswith("selective"):  # the attention core again first
             seconds, flops = seconds + moe_ops.core_recompute(self.device, self.workload, n, p), \
                 flops + self.workload.attention_core_flops() * n / p
+        if stash_recomputes(act._stash):  # the pre-MLP norm again, before the router's backward
+            seconds += moe_ops.norm_recompute(self.device, self.workload, n, p)
         if self.moe.shared_experts:
             more = self._priced(moe_ops.shared_cost, layer, n, True, p, fp8)
             seconds, flops = seconds + more[0], flops + more[1]
@@ -441,10 +452,11 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
         return max(0, w.stash_bytes(layer, tp, recompute="selective" if selective else "none",
                                     sequence_parallel=tp > 1) - experts)
 
-    def _expert_stash_per_token(self, etp: int = 1) -> int:
-        """A routed token's stash in one expert: its input (h), gate and up outputs (2f) and their product (f);
-        on an expert-TP shard, 1/etp of the last three."""
-        return (self.workload.hidden + 3 * self.moe.expert_ffn_hidden // etp) * self.workload.bytes_per_element
+    def _expert_stash_per_token(self, etp: int = 1, recompute_activation: bool = False) -> int:
+        """A routed token's stash in one expert: its input (h), gate and up outputs (2f) and their product (f,
+        not kept when the activation is recomputed); on an expert-TP shard, 1/etp of the last three."""
+        kept = 2 if recompute_activation else 3
+        return (self.workload.hidden + kept * self.moe.expert_ffn_hidden // etp) * self.workload.bytes_per_element
 
     def _advance(self, op: str, layer: int, samples: int, seconds: float, flops: float, nbytes: int = 0,
                  detail: str = "") -> None:

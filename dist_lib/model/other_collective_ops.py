@@ -11,6 +11,7 @@ from dist_lib.comm.collectives import Work
 from dist_lib.comm.groups import Group
 from dist_lib.comm.other_collectives import issue_other
 from dist_lib.comm.other_rules import check_pieces, check_rooted
+from dist_lib.costs.other_collectives import probs_bytes
 from dist_lib.errors import TensorError
 from dist_lib.model.expert_parts import run_mask
 from dist_lib.tensors import Tokens, samples_mask
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 
 DISPATCHERS = ("alltoall", "deepep", "hybridep")  # Megatron-Core's alltoall, and its flex dispatcher's backends
+PROBS_STAGES = ("dispatched", "input grad")  # the token pieces whose probabilities go with them (`probs`)
 
 
 class OtherCollectiveOps:
@@ -60,7 +62,7 @@ class OtherCollectiveOps:
 
     def all_to_all(self, pieces: list, group: Group | Iterable[int] | None = None, *,
                    expect: list | None = None, expect_experts: list | None = None,
-                   dispatcher: str = "alltoall") -> Work:
+                   dispatcher: str = "alltoall", probs: bool = False) -> Work:
         """Exchange pieces with every member of `group`: `pieces[j]` (a tensor of this rank, or None) goes to
         the group's j-th member; sizes may differ. Awaiting the work returns a list whose j-th entry is a copy
         of what member j addressed here (or None), allocated when the exchange ends. All pieces are tensors
@@ -72,7 +74,10 @@ class OtherCollectiveOps:
         sent to the rank of other experts is caught here. `dispatcher`, for the token pieces of an MoE layer:
         "alltoall" (each piece sent directly, as NCCL's all-to-all does) or "deepep" / "hybridep" (Megatron-Core's
         flex dispatcher backends: each token crosses to another node once and is forwarded there over NVLink,
-        `costs.hierarchical_dispatch`); the same exchange, on other links."""
+        `costs.hierarchical_dispatch`); the same exchange, on other links. `probs=True`, with the flat dispatcher's
+        token pieces on their way to the experts (`Tokens` dispatched) or their input gradients on the way back:
+        the routing probabilities of those token copies go too, as a second all-to-all after the tokens' over the
+        same peers (`probs_bytes`)."""
         resolved = self._resolve_group(group, "all_to_all")  # type: ignore[attr-defined]
         if isinstance(pieces, (list, tuple)):
             for t in pieces:
@@ -83,7 +88,29 @@ class OtherCollectiveOps:
         wanted = None if samples is None and experts is None else list(zip(
             samples or [None] * resolved.size, experts or [None] * resolved.size))
         relay = self._dispatcher(dispatcher, given)
-        return issue_other(self._engine, self._state, "all_to_all", given, resolved, expect=wanted, relay=relay)
+        shares = self._probs(probs, dispatcher, given)
+        return issue_other(self._engine, self._state, "all_to_all", given, resolved, expect=wanted, relay=relay,
+                           probs=shares)
+
+    def _probs(self, probs: Any, dispatcher: Any, pieces: Any) -> tuple[int, int] | None:
+        """`all_to_all`'s `probs` as `issue_other` takes it: None, or (the bytes of one routing probability, the
+        bytes of one token copy) for pricing the probabilities' exchange (`probs_bytes`)."""
+        where = f"rank {self.rank} all_to_all"
+        if probs is not True and probs is not False:
+            raise TensorError(f"{where}: probs must be True or False, got {probs!r}")
+        if not probs:
+            return None
+        if dispatcher != "alltoall":
+            raise TensorError(f"{where}: probs=True is the flat all-to-all dispatcher's exchange of the routing "
+                              f"probabilities; dispatcher={dispatcher!r} carries them in its own exchange")
+        other = next((t for t in pieces if t is not None and (type(t) is not Tokens or t.stage not in PROBS_STAGES)),
+                     None)
+        if getattr(self, "moe", None) is None or other is not None:
+            raise TensorError(f"{where}: probs=True goes with the token pieces of an MoE layer sent to their experts "
+                              f"or their input gradients coming back (Tokens {' or '.join(PROBS_STAGES)}), not "
+                              f"{other!r}")
+        w = self.workload  # type: ignore[attr-defined]
+        return probs_bytes(w), w.hidden * w.bytes_per_element
 
     def _dispatcher(self, dispatcher: Any, pieces: Any) -> Any:
         """`all_to_all`'s dispatcher as `issue_other` takes it: None for the flat all-to-all, else its name and

@@ -9,11 +9,11 @@ the simulator's own cost functions (`costs.moe_ops` with `tp`, `etp` and `fp8`, 
 
     forward:  route (attention slice + router) | reduce-scatter of the attention output in the TP group (an
               all-to-all of b*s*h/tp pieces, then `reduce_routed`) | dispatch copies | all-to-all over the ep x etp
-              exchange group ||
+              exchange group and the routing probabilities' (`options_cost.probs_all_to_all`) ||
               shared experts | local experts' grouped GEMM (1/etp of them) | all-to-all back | combine copy |
               all-gather of the parts in the TP group
-    backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all |
-              the dispatch's backward (`moe_ops.unpermute_backward`) | the dense part's backward (attention
+    backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all and the
+              probabilities' gradients' | the dispatch's backward (`moe_ops.unpermute_backward`) | the dense part's backward (attention
               slice, router, shared experts; with selective recompute the attention core again first) |
               all-reduce of the input gradient in the TP group (one: the attention's,
               `comm.collectives.collective_duration`)
@@ -164,6 +164,7 @@ def _layer(cluster, w, device, layer, n, tp, ep, etp, groups, tp_group, tp_topo,
     piece = [s * h * e for s in slots]
     sizes = [[piece[j // etp] for j in range(block)] for _ in range(block)]
     a2a = max(all_to_all_cost(cluster, g, sizes)[0] for g in groups) if block > 1 else 0.0
+    probs = options_cost.probs_all_to_all(cluster, groups, sizes, w) if block > 1 else 0.0  # (as `options_cost`)
     mine = max(range(ep), key=lambda j: slots[j])
     local = [cap or loads[x] for x in range(mine * per, (mine + 1) * per)]
     received = block * slots[mine]
@@ -183,12 +184,13 @@ def _layer(cluster, w, device, layer, n, tp, ep, etp, groups, tp_group, tp_topo,
         tp_in = all_to_all_cost(cluster, tp_group, [[act / tp] * tp for _ in range(tp)])[0] \
             + compute.compute_time(device, 0.0, (tp + 1.0) * (act // tp))  # `reduce_routed`: tp pieces read, one written
         tp_out = collective_time("all_gather", act, tp_topo)
-    forward = route_f + tp_in + copies + max(a2a, shared_f) + experts_f + a2a + _copy(device, sum(slots) * h * e) \
+    forward = route_f + tp_in + copies + max(a2a + probs, shared_f) + experts_f + a2a \
+        + _copy(device, sum(slots) * h * e) \
         + tp_out
     # the dense part's partial input gradient all-reduced in the TP group: one all-reduce, the attention's (an
     # MoE layer's experts have no TP collective: `comm.collectives.collective_duration`)
     # the dispatch's backward gathers every returned input gradient (one piece from each expert-TP shard)
-    backward = copies + a2a + experts_b + a2a + route_b + shared_b + tp_ar \
+    backward = copies + a2a + experts_b + a2a + probs + route_b + shared_b + tp_ar \
         + moe_ops.unpermute_backward(device, etp * sum(slots) * h * e)
     per_token = (h + 3 * moe.expert_ffn_hidden // etp) * e  # `MoEModel._expert_stash_per_token(etp)`
     whole_token = (h + 3 * moe.expert_ffn_hidden) * e

@@ -4,9 +4,10 @@ mixture-of-experts workload, and FSDP (`fsdp`).
 An MoE layer under EP runs as `strategies/_expert_stage.py` runs it (Megatron-Core's layout: `ep` consecutive
 replicas of a stage form an EP group, each holding E/ep routed experts; its MoE docs, "expert parallelism"):
 
-    forward:  route (attention + router) | dispatch copies | all-to-all || shared experts | local experts'
-              grouped GEMM | all-to-all back | combine copy
-    backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all |
+    forward:  route (attention + router) | dispatch copies | all-to-all and the routing probabilities' ||
+              shared experts | local experts' grouped GEMM | all-to-all back | combine copy
+    backward: combine-backward copies | all-to-all | local experts' grouped GEMM backward | all-to-all and the
+              probabilities' gradients' (`probs_all_to_all`) |
               the dispatch's backward (the copies' gradients back to their tokens) | the dense part's
               backward (attention, router, shared experts)
 
@@ -32,7 +33,7 @@ from itertools import accumulate
 from dist_lib.costs import compute, moe_ops
 from dist_lib.costs.network import collective_time
 from dist_lib.costs.ops import compute_cost, forward_stash_bytes
-from dist_lib.costs.other_collectives import all_to_all_cost
+from dist_lib.costs.other_collectives import all_to_all_cost, probs_bytes, probs_sizes
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
 from dist_lib.planner.estimate import LayerCosts, with_total
@@ -124,6 +125,9 @@ def _layer(cluster, w, device, layer, samples, groups, act, per_token_stash, exp
     # sit apart or are one); the slowest group's
     sizes = [list(piece) for _ in range(ep)]
     a2a = max(all_to_all_cost(cluster, g, sizes)[0] for g in groups) if ep > 1 else 0.0
+    # the routing probabilities' all-to-all after the dispatch and before the input gradients' return
+    # (`other_collective_ops.probs_bytes`, `comm.other_collectives._flat_cost`)
+    probs = probs_all_to_all(cluster, groups, sizes, w) if ep > 1 else 0.0
     mine = max(range(ep), key=lambda j: slots[j])  # the member whose experts receive the most
     per = moe.experts // ep
     tokens = samples * w.seq_len
@@ -141,8 +145,9 @@ def _layer(cluster, w, device, layer, samples, groups, act, per_token_stash, exp
     experts_f = moe_ops.experts_cost(device, w, [ep * n for n in local], False)[0]  # one grouped GEMM
     experts_b = moe_ops.experts_cost(device, w, [ep * n for n in local], True)[0]  # one grouped GEMM too
     copies = sum(_copy(device, p) for p in piece)
-    forward = route_f + copies + max(a2a, shared_f) + experts_f + a2a + _copy(device, sent * h * e)
-    backward = copies + a2a + experts_b + a2a + route_b + shared_b + moe_ops.unpermute_backward(device, sent * h * e)
+    forward = route_f + copies + max(a2a + probs, shared_f) + experts_f + a2a + _copy(device, sent * h * e)
+    backward = copies + a2a + experts_b + a2a + probs + route_b + shared_b \
+        + moe_ops.unpermute_backward(device, sent * h * e)
     dense_stash = max(0, w.stash_bytes(layer) - w.seq_len * moe.top_k * per_token_stash)  # `_dense_stash`
     activation = act + samples * dense_stash + act + received * h * e + received * per_token_stash
     grad_ratio = w.grad_bytes_per_element / w.bytes_per_element
@@ -263,3 +268,10 @@ def fsdp(o: StageOption, shards: int) -> StageOption:
     costs = with_total(*(tuple(accumulate(x, initial=0.0)) for x in columns))
     held = 2 * max(b - a for a, b in zip(c.grad_bytes, c.grad_bytes[1:]))
     return replace(o, costs=costs, regather=no_collective, rerun=o.rerun + held)
+
+
+def probs_all_to_all(cluster: Cluster, groups: tuple[tuple[int, ...], ...], sizes: list, w: Workload) -> float:
+    """The routing probabilities' all-to-all beside a token exchange of pieces of `sizes` bytes (one
+    probability a token copy of h elements), the slowest group's, as `comm.other_collectives._flat_cost` adds it."""
+    pieces = probs_sizes(sizes, probs_bytes(w), w.hidden * w.bytes_per_element)
+    return max(all_to_all_cost(cluster, g, pieces)[0] for g in groups)

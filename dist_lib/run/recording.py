@@ -38,7 +38,8 @@ next handle numbers of the rank, in order (a `backward` makes two). The opcodes:
     ALL_TO_ALL k rank x k n piece x n e [c (start stop) x c] x n (e & 1) [d (start stop) x d] x n (e & 2)
                                                   -> work (piece = -1: None; e & 1 when `expect` was given: per
                                                      member c intervals of samples, 0 for None; e & 2 when
-                                                     `expect_experts` was: per member d intervals of experts)
+                                                     `expect_experts` was: per member d intervals of experts;
+                                                     e >> 2 & 3 the dispatcher's index, e & 16 `probs`)
     the MoE ops of an `MoEModel`, opcodes 26 on: `recording_experts.py`
     the context-parallel ops, opcodes 37 on: `recording_context.py`
     LOAD_SHARDED_STATE layer shard num_shards tp_rank tp_size (42) -> weight (whole), optimizer state (shard)
@@ -332,7 +333,7 @@ class RecordingModel(ContextOpsRecording):
         return self._wrap(work)
 
     def all_to_all(self, pieces: Any, group: Any = None, *, expect: Any = None, expect_experts: Any = None,
-                   dispatcher: Any = "alltoall") -> Any:
+                   dispatcher: Any = "alltoall", probs: Any = False) -> Any:
         resolved, words = self._group_words(group, "all_to_all")
         if isinstance(expect, (list, tuple)):  # read twice below: a generator of samples becomes a list
             expect = [_listed(samples) for samples in expect]
@@ -340,12 +341,15 @@ class RecordingModel(ContextOpsRecording):
             expect_experts = [_listed(experts) for experts in expect_experts]
         if not isinstance(pieces, (list, tuple)):  # refused there, with its message
             return self._model.all_to_all(pieces, resolved, expect=expect, expect_experts=expect_experts,
-                                          dispatcher=dispatcher)
+                                          dispatcher=dispatcher, probs=probs)
         work = self._model.all_to_all([None if p is None else self._t(p, "all_to_all") for p in pieces], resolved,
-                                      expect=expect, expect_experts=expect_experts, dispatcher=dispatcher)
+                                      expect=expect, expect_experts=expect_experts, dispatcher=dispatcher,
+                                      probs=probs)
         words += [len(pieces), *(-1 if p is None else p._number for p in pieces)]
-        # flags: bit 0 expect, bit 1 expect_experts, bits 2.. the dispatcher (0: alltoall; checked by the op)
-        words.append((expect is not None) | (expect_experts is not None) << 1 | DISPATCHERS.index(dispatcher) << 2)
+        # flags: bit 0 expect, bit 1 expect_experts, bits 2-3 the dispatcher (0: alltoall; checked by the op), bit 4
+        # probs
+        words.append((expect is not None) | (expect_experts is not None) << 1 | DISPATCHERS.index(dispatcher) << 2
+                     | (probs is True) << 4)
         for samples in expect or ():  # (checked by the op: one entry per member, each None or samples)
             spans = [] if samples is None else _intervals(samples_mask(samples, self._model.global_batch_size))
             words += [len(spans) // 2, *spans]

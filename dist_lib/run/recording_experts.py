@@ -20,8 +20,9 @@ a range and a list of the same experts record alike):
                                                           expert_backward given lists: after LOAD_SHARDED_STATE)
 
 Under TP, ROUTE yields one handle per sequence part (its pieces, in order). `fp8` is the op's FP8 recipe as
-its index in `FP8_RECIPES` (0: 16-bit); `modes` the same plus `NO_STASH` for stash=False and `SELECTIVE` for
-selective_recompute=True.
+its index in `FP8_RECIPES` (0: 16-bit); `modes` the same plus `NO_STASH` for stash=False, `SELECTIVE` for
+selective_recompute=True and `RECOMPUTE_MODULE` for ROUTE's recompute_norm=True or EXPERT_FORWARD's
+recompute_activation=True.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ EXPERT_GROUPED_OPCODES = ("expert_backward",)
 EXPERT_BACKWARD_GROUPED = REDUCE_ROUTED + 2
 EXPERT_QUERIES = ("expert_loads", "is_moe_layer")
 FP8_RECIPES = ("", "delayed", "tensorwise", "rowwise")  # an MoE op's `fp8`, recorded as its index
-NO_STASH, SELECTIVE = 4, 8  # flags beside it  # MoEModel methods that only answer (they decide nothing)
+NO_STASH, SELECTIVE, RECOMPUTE_MODULE = 4, 8, 16  # flags beside it  # MoEModel methods that only answer (they decide nothing)
 
 
 def mask_intervals(mask: int) -> list[int]:
@@ -98,11 +99,11 @@ class ExpertOpsRecording:
         self._emit(FINAL_EXPERTS, layer, weight._number)
 
     def route(self, layer: int, act: Any, weight: Any, *, fp8: str = "", stash: bool = True,
-              selective_recompute: bool = False) -> Any:
+              selective_recompute: bool = False, recompute_norm: bool = False) -> Any:
         out = self._model.route(layer, self._t(act, "route"), self._t(weight, "route"), fp8=fp8, stash=stash,
-                                selective_recompute=selective_recompute)
+                                selective_recompute=selective_recompute, recompute_norm=recompute_norm)
         self._emit(ROUTE, layer, act._number, weight._number, FP8_RECIPES.index(fp8) + (0 if stash else NO_STASH)
-                   + (SELECTIVE if selective_recompute else 0))
+                   + (SELECTIVE if selective_recompute else 0) + (RECOMPUTE_MODULE if recompute_norm else 0))
         return self._wrap(out)
 
     def reduce_routed(self, pieces: Any) -> Any:
@@ -124,13 +125,17 @@ class ExpertOpsRecording:
         self._emit(DISPATCH, routed._number, *self._experts_words(out.experts))
         return self._wrap(out)
 
-    def expert_forward(self, layer: int, pieces: Any, weight: Any, *, fp8: str = "", stash: bool = True) -> list:
+    def expert_forward(self, layer: int, pieces: Any, weight: Any, *, fp8: str = "", stash: bool = True,
+                       recompute_activation: bool = False) -> list:
         listed = self._pieces(pieces, "expert_forward")
         if listed is None:  # refused there, with its message
-            return self._model.expert_forward(layer, pieces, weight, fp8=fp8, stash=stash)
+            return self._model.expert_forward(layer, pieces, weight, fp8=fp8, stash=stash,
+                                              recompute_activation=recompute_activation)
         handles, given = listed
-        outs = self._model.expert_forward(layer, given, self._t(weight, "expert_forward"), fp8=fp8, stash=stash)
-        self._emit(EXPERT_FORWARD, layer, weight._number, FP8_RECIPES.index(fp8) + (0 if stash else NO_STASH),
+        outs = self._model.expert_forward(layer, given, self._t(weight, "expert_forward"), fp8=fp8, stash=stash,
+                                          recompute_activation=recompute_activation)
+        self._emit(EXPERT_FORWARD, layer, weight._number, FP8_RECIPES.index(fp8) + (0 if stash else NO_STASH)
+                   + (RECOMPUTE_MODULE if recompute_activation else 0),
                    len(handles),
                    *(p._number for p in handles))
         return self._wrap(outs)

@@ -268,9 +268,9 @@ def _other_collective(model: Any, program: array, i: int, n: int, table: list, w
         h = program[at + 1 + j]
         pieces.append(None if h == -1 else get(at + 1 + j - i))
     at += 1 + members
-    if at >= n or not 0 <= program[at] < 4 * len(DISPATCHERS):
-        raise fail(f"the expect and dispatcher flags are not 0..{4 * len(DISPATCHERS) - 1}, or the program ends "
-                   f"before them")
+    if at >= n or not 0 <= program[at] < 32 or program[at] >> 2 & 3 >= len(DISPATCHERS):
+        raise fail(f"the expect, dispatcher and probs flags are not 0..31 with a dispatcher index below "
+                   f"{len(DISPATCHERS)}, or the program ends before them")
     flags = program[at]
     at += 1
     expect = expect_experts = None
@@ -288,7 +288,7 @@ def _other_collective(model: Any, program: array, i: int, n: int, table: list, w
             expect_experts.append(None if c == 0 else _samples(program, at, n, most, fail))
             at += 1 + 2 * c
     table.append(model.all_to_all(pieces, group, expect=expect, expect_experts=expect_experts,
-                                  dispatcher=DISPATCHERS[flags >> 2]))
+                                  dispatcher=DISPATCHERS[flags >> 2 & 3], probs=bool(flags & 16)))
     return at
 
 

@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 from dist_lib.run.recording_experts import (COMBINE, COMBINE_BACKWARD, DISPATCH, EXPERT_BACKWARD,
                                             EXPERT_BACKWARD_GROUPED, EXPERT_FORWARD, FINAL_EXPERTS, FP8_RECIPES,
-                                            LOAD_EXPERTS, NO_STASH, REDUCE_ROUTED, ROUTE, ROUTE_BACKWARD, SELECTIVE,
-                                            SHARED_EXPERTS, UPDATE_EXPERTS)
+                                            LOAD_EXPERTS, NO_STASH, RECOMPUTE_MODULE, REDUCE_ROUTED, ROUTE,
+                                            ROUTE_BACKWARD, SELECTIVE, SHARED_EXPERTS, UPDATE_EXPERTS)
 
 # operands after the opcode, for the fixed-size entries
 EXPERT_ARITY = {UPDATE_EXPERTS: 4, FINAL_EXPERTS: 2, ROUTE: 4, SHARED_EXPERTS: 4, EXPERT_BACKWARD: 4}
@@ -24,15 +24,18 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
     if not hasattr(model, "moe"):
         raise fail(f"workload {model.workload.name} has no experts")
     def modes(k: int, allowed: int = 0) -> dict:
-        """Operand k as an op's modes: its FP8 recipe, and the flags `allowed` of NO_STASH and SELECTIVE."""
+        """Operand k as an op's modes: its FP8 recipe, and the flags `allowed` of NO_STASH, SELECTIVE and
+        RECOMPUTE_MODULE (ROUTE's `recompute_norm`, EXPERT_FORWARD's `recompute_activation`)."""
         code = program[i + k]
-        if not 0 <= code < 16 or code & 3 >= len(FP8_RECIPES) or code & ~3 & ~allowed:
+        if not 0 <= code < 32 or code & 3 >= len(FP8_RECIPES) or code & ~3 & ~allowed:
             raise fail(f"mode code {code} is not an FP8 recipe index with the flags this op takes")
         out: dict = {"fp8": FP8_RECIPES[code & 3]}
         if allowed & NO_STASH:
             out["stash"] = not code & NO_STASH
         if allowed & SELECTIVE:
             out["selective_recompute"] = bool(code & SELECTIVE)
+        if allowed & RECOMPUTE_MODULE:
+            out["recompute_norm" if op == ROUTE else "recompute_activation"] = bool(code & RECOMPUTE_MODULE)
         return out
 
     arity = EXPERT_ARITY.get(op)
@@ -44,7 +47,7 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         elif op == FINAL_EXPERTS:
             model.set_final_experts(small(1), get(2))
         elif op == ROUTE:
-            out = model.route(small(1), get(2), get(3), **modes(4, NO_STASH | SELECTIVE))
+            out = model.route(small(1), get(2), get(3), **modes(4, NO_STASH | SELECTIVE | RECOMPUTE_MODULE))
             table.extend(out) if out.__class__ is list else table.append(out)  # under TP: a piece per part
         elif op == SHARED_EXPERTS:
             model.shared_experts(small(1), get(2), get(3), **modes(4))
@@ -92,7 +95,7 @@ def run_expert_op(model: Any, program: array, i: int, n: int, table: list, get: 
         if i + 3 >= n:
             raise fail("the program ends inside this entry")
         pieces, at = handles(i + 4)
-        table.extend(model.expert_forward(small(1), pieces, get(2), **modes(3, NO_STASH)))
+        table.extend(model.expert_forward(small(1), pieces, get(2), **modes(3, NO_STASH | RECOMPUTE_MODULE)))
     elif op == COMBINE:
         pieces, at = handles(i + 2)
         table.append(model.combine(get(1), pieces))
