@@ -1,7 +1,8 @@
 """The planner's closed-form estimate beside the simulator, plan by plan, under 1F1B, ZB-H1, full recompute
 and interleaving with selective recompute.
 
-    python -m benchmarks.planner_estimate [SET ...]   (equal, widths, commodity; all three by default; per-op, moe)
+    python -m benchmarks.planner_estimate [SET ...]   (equal, widths, commodity by default; per-op, context,
+                                                        sharded, moe)
 
 Three sets of pipelines:
 
@@ -16,6 +17,11 @@ Three sets of pipelines:
 * per-op (only when named): torchtitan plans of Llama blocks, two stages of one node each at TP 1, 2 and 4,
   without recompute, with its per-op selective checkpointing (recompute "op") and with full recompute, each
   simulated as torchtitan runs it (`planner/framework_run.py`: sequence-parallel with TP);
+* context (only when named): the plans with context parallelism that a Megatron-LM and a torchtitan search of
+  Llama 3 8B's 8 layers at 131,072 tokens on one 8-GPU H100 node keep, one for each (cp, recompute, sharding,
+  precision), each simulated as its framework runs it (PyTorch's context-parallel SDPA for torchtitan);
+* sharded (only when named): the FSDP plans beside pipeline stages and the HSDP plans a torchtitan search of
+  Llama 3 70B's 16 layers on 16 nodes of 8 H100s keeps, one for each (stages, replicate groups, recompute, TP);
 * moe (only when named): Mixtral 8x7B's first four layers on one 8-GPU H100 node, one stage of 8 ranks at
   TP 2 and 4 (sequence-parallel) with expert-parallel degree ep and expert TP etp (1, or dividing TP), 16-bit
   without recompute and with selective recompute and the distributed optimizer, each simulated as Megatron-LM
@@ -35,6 +41,8 @@ import sys
 from collections.abc import Collection, Sequence
 
 from dist_lib import Cluster, Workload
+from dist_lib.hardware.reserve import memory_reserve
+from dist_lib.planner import plan
 from dist_lib.planner.evaluate import simulate_candidate
 from dist_lib.planner.step import step_estimate
 from dist_lib.planner.expert_modes_cost import with_etp
@@ -141,11 +149,40 @@ def moe_rows():
                     memory, ran.peak_fraction
 
 
+SEARCHED = {  # set: [(framework, cluster, workload, batch)] whose kept candidates it simulates
+    "context": [("megatron", "1x8xH100-80GB", "llama-3-8b:layers=8,seq=131072", 8),
+                ("torchtitan", "1x8xH100-80GB", "llama-3-8b:layers=8,seq=131072", 8)],
+    "sharded": [("torchtitan", "16x8xH100-80GB", "llama-3-70b:layers=16,seq=8192", 128)],
+}
+
+
+def searched_rows(kind: str):
+    """The rows of a set of searched plans (`SEARCHED`): the best estimate of each kind the set is about."""
+    for framework, spec, name, batch in SEARCHED[kind]:
+        cluster, workload = Cluster.load(spec), Workload.load(name)
+        picked: dict = {}
+        for c in sorted(plan(cluster, workload, batch, framework=framework, top=0).candidates, key=lambda c: c.estimate):
+            p = c.plan
+            if kind == "context" and p.cp > 1:
+                picked.setdefault((p.cp, p.recompute, p.zero, p.fp8), c)
+            elif kind == "sharded" and (p.replicate > 1 or p.zero == 3 and len(p.stages) > 1):
+                picked.setdefault((len(p.stages), p.replicate, p.recompute, p.stages[0].tp), c)
+        for c in picked.values():
+            ran = simulate_candidate(cluster, workload, batch, c, reserve=memory_reserve(True, "reserve"),
+                                     framework=framework)
+            if ran.simulated is not None:
+                yield kind, name, spec, c.plan.describe(), c.plan.schedule, c.plan.recompute, c.estimate, \
+                    ran.simulated, c.memory, ran.peak_fraction
+
+
 def rows(sets: Collection[str] = SETS):
     """(set, workload, cluster, plan, schedule, recompute, estimate s, simulated s, estimated memory share,
     simulated peak share) of every plan of `sets`."""
     if "moe" in sets:
         yield from moe_rows()
+    for kind in SEARCHED:
+        if kind in sets:
+            yield from searched_rows(kind)
     for kind, name, spec, batch, microbatch, stages, variants in _plans():
         if kind not in sets:
             continue
@@ -171,13 +208,14 @@ def rows(sets: Collection[str] = SETS):
 
 
 def main(sets: Sequence[str] = ()) -> None:
-    unknown = set(sets) - {*SETS, "per-op", "moe"}
+    extra = ("per-op", *SEARCHED, "moe")
+    unknown = set(sets) - {*SETS, *extra}
     if unknown:
-        raise SystemExit(f"planner_estimate: unknown set {sorted(unknown)[0]!r} (equal, widths, commodity, per-op, moe)")
+        raise SystemExit(f"planner_estimate: unknown set {sorted(unknown)[0]!r} ({', '.join((*SETS, *extra))})")
     print("| set | workload | cluster | plan | schedule | recompute | estimate | simulated | estimate / simulated "
           "| memory: estimate / simulated peak |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {kind: [] for kind in (*SETS, "per-op", "moe")}
+    errors: dict[str, list[float]] = {kind: [] for kind in (*SETS, *extra)}
     for kind, name, spec, shape, schedule, recompute, seconds, simulated, memory, peak in rows(sets or SETS):
         errors[kind].append(abs(seconds / simulated - 1))
         print(f"| {kind} | {name} | {spec} | {shape} | {schedule} | {recompute} | {seconds * 1e3:.1f} ms | "

@@ -18,7 +18,9 @@ values is the framework's:
   halves differ by rank; the slowest rank's sum is charged.
 
 With TP, each layer's output and input gradient are all-reduced in the TP group after the layer (two b*s*h/cp
-all-reduces' time each way, as a plain stage's). Full recompute keeps only each layer's input and re-runs its
+all-reduces' time each way, as a plain stage's). Memory: PyTorch's all-gather holds a layer's whole keys and values
+at the query heads (cp blocks, and its own while it sends), once at a time; the ring's blocks in flight are within
+the stage's transient buffers. Full recompute keeps only each layer's input and re-runs its
 forward, exchange and TP all-reduce included, before the backward. The weight gradients are reduced over the
 dp x cp ranks of a TP slice: all-reduced, or with the distributed optimizer (zero 1) reduce-scattered, the
 optimizer state sharded over those ranks and the updated weights all-gathered after the step (Megatron-Core's
@@ -93,8 +95,8 @@ def context_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, cp: 
     loss = cp_costs.loss_time(device, workload, share, tp, cp) + (
         collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0)
     capacity = min(cluster.device_of(r).memory_bytes for r in ranks)
-    if space.reserve is not None:  # communicators: TP, CP, data-parallel, two pipeline neighbours
-        capacity = space.reserve.usable(capacity, (tp > 1) + (cp > 1) + (shards > 1) + 2)
+    if space.reserve is not None:  # communicators: TP, CP, its ring neighbours, data-parallel, pipeline neighbours
+        capacity = space.reserve.usable(capacity, (tp > 1) + (cp > 1) + min(cp - 1, 2) + (shards > 1) + 2)
     dp_topo = space.topology(ranks[::tp]) if shards > 1 else None  # the dp x cp ranks of a TP slice
     if dp_topo is None:
         reduce = regather = no_collective
@@ -105,6 +107,8 @@ def context_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, cp: 
     reduced = tuple(accumulate((reduce(b - a) for a, b in zip(grads, grads[1:])), initial=0.0))
     rerun = max(cp_costs.stash_bytes(workload, layer, share, tp, cp) for layer in range(min(2, workload.num_layers))) \
         if recompute == "full" else 0.0
+    if space.kv_exchange == "torch_all_gather":  # a layer's gathered keys and values (and its own, being sent)
+        rerun += (cp + 1) * torch_context.kv_bytes(workload, share, tp, cp)
     option = StageOption(ranks, tp, (share,) * dp, costs, capacity, loss, act, reduce, rerun, 0.0, regather,
                          reduced, True)
     if zero == 3:  # FSDP over the dp x cp ranks: resharding after the forward, or kept beside pipeline stages
