@@ -137,6 +137,8 @@ class _ExpertStage(_Stage):
         # them in their own exchange
         self.probs = {"probs": True} if experts.dispatcher == "alltoall" else {}
 
+    expert_gathers = None  # the experts' parameter all-gathers before the forward (`_expert_sharded`), if any
+
     def load_experts(self, layer: int) -> tuple:
         """(weights, optimizer state) of this rank's experts of `layer` (its expert-TP shard of them)."""
         plan = self.expert_plan
@@ -149,6 +151,8 @@ class _ExpertStage(_Stage):
         x = await self._input(chunk, mb)
         tp_group, modes, stash = self.tp_group, self.modes, not plan.recompute
         for layer in layers:
+            if self.gathers is not None or self.expert_gathers is not None:  # (the distributed optimizer's)
+                await self.gather(layer, layers)
             if layer in self.experts:
                 x = await self._moe_forward(layer, x, mb, stash)
                 if tp_group is not None and not (layer == layers[-1] and self._sends_piece(k)):
@@ -334,7 +338,6 @@ def check_expert_options(tp: int, options: Sequence[tuple[str, object]]) -> None
 def check_expert_modes(options: Sequence[tuple[str, object]]) -> None:
     """The pipeline options an MoE stage does not cover, refused by name."""
     why = {"cp": "context parallelism and experts are not modelled together yet",
-           "overlap_param_gather": "the updated shards are gathered after the step",
            "fsdp": "the experts' weights are not sharded yet",
            "tp_comm_overlap": "the MoE layers' TP exchanges are not pipelined with their GEMMs"}
     for name, value in options:

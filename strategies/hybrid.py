@@ -88,13 +88,12 @@ async def train(model: Model, *, dp: int | None = None, pp: int = 2, tp: int = 1
     if ep is not None or hasattr(model, "moe"):  # experts over the replicas (EP x PP x DP): _expert_stage.py
         check_expert_options(tp, (("recompute", recompute), ("selective_recompute", selective_recompute),
                                   ("sequence_parallel", sequence_parallel), ("cp", cp != 1 and cp),
-                                  ("overlap_param_gather", overlap_param_gather), ("fsdp", fsdp),
-                                  ("tp_comm_overlap", tp_comm_overlap)))
+                                  ("fsdp", fsdp), ("tp_comm_overlap", tp_comm_overlap)))
         layout = Layout.build(model.world_size, dp, pp, tp)
         await run_sharded_expert_stage(model, plan, ExpertPlan.build(model, layout, 1 if ep is None else ep,
                                                                      microbatch_size, tp if etp is None else etp,
                                                                      moe_dispatcher),
-                                       sharding)
+                                       sharding, overlap_param_gather)
         return
     if moe_dispatcher != "alltoall":
         raise ValueError(f"moe_dispatcher={moe_dispatcher!r} says how an MoE layer's tokens reach their experts; "

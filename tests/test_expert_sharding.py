@@ -19,7 +19,7 @@ TOY = ("toy:layers=4,hidden=256,heads=4,seq=128,experts=4,top_k=2,expert_ffn_hid
 
 # one MoE layer on two ranks that both hold both experts (ep=1): the experts' optimizer state in two shards
 SHARDED = '''
-async def train(model, gather=True):
+async def train(model, gather=True, hand_in=(0, 1)):
     r, group = model.rank, [0, 1]
     w, opt = model.load_weights(0)
     ew, _ = model.load_experts(0, [0, 1])
@@ -36,7 +36,10 @@ async def train(model, gather=True):
     new_w, _ = model.update(0, await model.all_reduce(wg, group), w, opt)
     model.set_final_weight(0, new_w)
     new_e, _ = model.update_experts(0, await model.reduce_scatter(eg, group), ew, eopt)
-    model.set_final_experts(0, await model.all_gather(new_e, group) if gather else new_e)
+    if gather:
+        model.set_final_experts(0, await model.all_gather(new_e, group))
+    elif r in hand_in:  # each rank its updated ZeRO shard, as with --overlap-param-gather
+        model.set_final_experts(0, new_e)
 '''
 ONE_LAYER = "toy:layers=1,hidden=256,heads=4,seq=128,experts=2,top_k=1,expert_ffn_hidden=512"
 
@@ -69,19 +72,35 @@ def test_distributed_optimizer_with_tp_and_expert_tp_is_correct_and_replays():
             (direct.time_s, direct.rank_times, direct.memory_bytes, True)
 
 
-def test_an_ungathered_expert_shard_is_caught_at_set_final_experts(tmp_path):
+def test_updated_expert_shards_are_handed_in_whole_or_every_one(tmp_path):
     path = tmp_path / "sharded.py"
     path.write_text(SHARDED)
     assert simulate(str(path), "1x2xA100-80GB", ONE_LAYER, 2).correct
-    from dist_lib import StrategyError
-    from dist_lib.errors import TensorError
-    with pytest.raises((TensorError, StrategyError), match=r"set_final_experts\(layer 0\): .* is a ZeRO shard; "
-                                                          r"all_gather the updated shards"):
-        simulate(str(path), "1x2xA100-80GB", ONE_LAYER, 2, gather=False)
+    # the updated ZeRO shards as they are, each from its rank: every shard of the experts handed in
+    assert simulate(str(path), "1x2xA100-80GB", ONE_LAYER, 2, gather=False).correct
+    # rank 1's shard never handed in
+    result = simulate(str(path), "1x2xA100-80GB", ONE_LAYER, 2, check=False, gather=False, hand_in=(0,))
+    assert not result.correct
+    assert any("layer 0: no rank handed in experts 0-1 (their ZeRO shards 1 of 2 were not handed in" in p
+               for p in result.problems), result.problems
 
 
-def test_overlap_param_gather_with_experts_is_refused_by_name():
-    from dist_lib import StrategyError
-    with pytest.raises((ValueError, StrategyError), match="overlap_param_gather=True is not covered with a "
-                                                          "mixture-of-experts workload"):
-        simulate(HYBRID, "1x8xA100-80GB", TOY, 8, pp=2, ep=2, distributed_optimizer=True, overlap_param_gather=True)
+@pytest.mark.parametrize("options", [dict(pp=2, ep=2), dict(pp=1, tp=2, ep=2, etp=1, sequence_parallel=True)])
+def test_overlap_param_gather_with_experts_gathers_before_the_forward(options):
+    """Megatron-Core's --overlap-param-gather with experts: the step starts from the updated shards and gathers
+    each layer's dense weights and experts before its first forward (the next layer's in flight), and ends
+    with the shards; the after-step gathers are gone, and the step is correct, folded or not."""
+    base = dict(distributed_optimizer=True, **options)
+    after = simulate(HYBRID, "2x4xA100-80GB", TOY, 8, **base)
+    before = simulate(HYBRID, "2x4xA100-80GB", TOY, 8, overlap_param_gather=True, **base)
+    full = simulate(HYBRID, "2x4xA100-80GB", TOY, 8, overlap_param_gather=True, fold=False, **base)
+    assert before.correct and full.correct, (before.problems, full.problems)
+    assert (before.time_s, before.memory_bytes) == (full.time_s, full.memory_bytes)
+    # the same all-gathers (of the dense weights and of the experts), issued before the first forward
+    gathers = [e for e in full.events if e.op == "all_gather" and e.detail in ("weight", "expert weight")]
+    first_forward = min(e.start for e in full.events if e.rank == 0 and e.op == "forward")
+    assert gathers and min(e.start for e in gathers if e.rank == 0) <= first_forward
+    last_update = max(e.end for e in full.events if e.rank == 0 and e.op.startswith("update"))
+    assert all(e.start < last_update for e in gathers)  # none after the step
+    assert after.correct and not [e for e in after.events if e.op == "all_gather" and e.rank == 0
+                                  and e.detail in ("weight", "expert weight") and e.start < first_forward]

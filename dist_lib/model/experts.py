@@ -149,16 +149,15 @@ class MoEModel(ExpertParts, ExpertBackward, Model):
                 ExpertOptState(opt_state, 0, self.rank, layer, 1, *place))
 
     def set_final_experts(self, layer: int, weight: ExpertWeight) -> None:
-        """Hand in this rank's updated experts of `layer` for the end-of-step check."""
+        """Hand in this rank's updated experts of `layer` for the end-of-step check: whole, or the ZeRO shard
+        the distributed optimizer updated (with `overlap_param_gather` the next step's forward gathers it),
+        every shard then handed in by some rank of the expert-data-parallel group."""
         where = f"rank {self.rank} set_final_experts(layer {layer})"
         if type(weight) is not ExpertWeight or weight.layer != layer:
             raise TensorError(f"{where}: expected layer {layer}'s ExpertWeight, got {weight!r}")
         self._check_own(weight, where)
-        if not weight.is_complete:
-            raise TensorError(f"{where}: {weight!r} is a ZeRO shard; all_gather the updated shards over the "
-                              f"expert-data-parallel group and hand in the whole")
         self._books.finals.append((self.rank, layer, weight.experts, weight.step, weight.samples, weight.tp_rank,
-                                   weight.tp_size))
+                                   weight.tp_size, weight.shards, weight.num_shards))
 
     # ---- forward: route, dispatch, experts, combine ------------------------------------------
 

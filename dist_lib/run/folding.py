@@ -73,6 +73,17 @@ def plan_fold(train: Any, cluster: Cluster, global_batch_size: int, options: dic
     return fold
 
 
+def spread_shards(shards: int, num_shards: int, fold: Fold) -> int:
+    """The ZeRO shards a representative's `shards` stand for across its replicas (replica j holds block j where
+    replica 0 holds block 0; with `shards_inside`, each replica the same)."""
+    if fold.grid.shards_inside or shards_stay(shards, num_shards) or num_shards % fold.copies:
+        return shards
+    out = 0
+    for j in range(fold.copies):
+        out |= relabel_shards(shards, num_shards, j, fold.copies)
+    return out
+
+
 def expand_books(books: Any, fold: Fold, global_batch_size: int) -> Any:
     """The whole step's `Books` from the representatives' (in `fold.reps` order): each rank's from its
     representative's, with what it handed in and loaded relabelled to its replica."""

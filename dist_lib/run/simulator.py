@@ -18,7 +18,7 @@ from dist_lib.model.correctness import HandedIn, check_final_weights, check_kept
 from dist_lib.comm.collectives import unfinished
 from dist_lib.engine.core import Engine
 from dist_lib.run.file_import import beside, import_hint
-from dist_lib.run.folding import check_kept_folded, expand_books, plan_fold
+from dist_lib.run.folding import check_kept_folded, expand_books, plan_fold, spread_shards
 from dist_lib.comm.groups import FoldBroken
 from dist_lib.hardware.replicas import Fold
 from dist_lib.errors import (DeadlockError, IncorrectStepError, OutOfMemoryError, ResourceError, SpecError,
@@ -162,7 +162,8 @@ async def _run_folded(train: Strategy, name: str, fold: Fold, workload: Workload
             await engine.run(lambda rank: train(models[rank], **options), order)
             if fold.broken:
                 raise FoldBroken(fold.broken)
-            if experts is not None and experts.problems():  # (the full step names them, rank by rank)
+            # (the full step names them, rank by rank)
+            if experts is not None and experts.problems(lambda shards, num: spread_shards(shards, num, fold)):
                 raise FoldBroken("the representatives' experts were not all trained exactly once")
             if engine.instant_transfers:
                 engine.events.renumber()
