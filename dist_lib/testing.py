@@ -278,3 +278,16 @@ def most_alive(result: Result, kind: str, nbytes: int, rank: int = 0) -> int:
         most = max(most, len(alive))
     return most
 
+
+def replays_alike(strategy: str, cluster: str, workload: str, batch: int, **options: Any) -> Result:
+    """The step simulated directly, recorded and replayed (the grader's trusted replay, `run/replay.py`): all
+    three correct and alike in step time, every rank's time and peak memory. Returns the direct result."""
+    from dist_lib.run.recording import record
+    from dist_lib.run.replay import replay
+    direct = simulate(strategy, cluster, workload, batch, **options)
+    recorded, programs = record(strategy, cluster, workload, batch, **options)
+    again = replay(programs, cluster, workload, batch)
+    for result in (recorded, again):
+        assert (result.time_s, result.rank_times, result.memory_bytes, result.correct) == \
+            (direct.time_s, direct.rank_times, direct.memory_bytes, True), result.problems
+    return direct

@@ -13,9 +13,8 @@ from dist_lib import simulate
 from dist_lib.costs import compute, moe_ops
 from dist_lib.costs.fp8 import fp8_device
 from dist_lib.hardware.devices import get_device
-from dist_lib.run.recording import record
-from dist_lib.run.replay import replay
 from dist_lib.workload.transformer import Workload
+from dist_lib.testing import replays_alike
 
 HYBRID = "strategies/hybrid.py"
 TOY = ("toy:layers=4,hidden=256,heads=4,seq=128,experts=4,top_k=2,expert_ffn_hidden=512,moe_every=2,"
@@ -59,12 +58,7 @@ def test_fp8_with_tp_and_experts_is_correct_faster_and_replays():
     eight = simulate(HYBRID, "1x8xH100-80GB", TOY, 4, fp8="delayed", **options)
     assert plain.correct and eight.correct, eight.problems
     assert eight.time_s < plain.time_s
-    recorded, programs = record(HYBRID, "1x8xH100-80GB", TOY, 4, fp8="tensorwise", **options)
-    again = replay(programs, "1x8xH100-80GB", TOY, 4)
-    direct = simulate(HYBRID, "1x8xH100-80GB", TOY, 4, fp8="tensorwise", **options)
-    for r in (recorded, again):
-        assert (r.time_s, r.rank_times, r.memory_bytes, r.correct) == \
-            (direct.time_s, direct.rank_times, direct.memory_bytes, True)
+    replays_alike(HYBRID, "1x8xH100-80GB", TOY, 4, fp8="tensorwise", **options)
 
 
 def test_fp8_with_experts_on_a_device_without_fp8_is_refused_by_name():
@@ -104,10 +98,4 @@ def test_recompute_lowers_mixtrals_peak_and_replays():
     full = simulate(HYBRID, "2x8xH100-80GB", workload, 16, recompute=True, **options)
     assert full.correct and max(full.memory_bytes) < 0.6 * max(plain.memory_bytes)
     for mode in (dict(recompute=True), dict(selective_recompute=True)):
-        small = dict(pp=2, tp=2, ep=2, sequence_parallel=True, **mode)
-        direct = simulate(HYBRID, "1x8xH100-80GB", TOY, 4, **small)
-        recorded, programs = record(HYBRID, "1x8xH100-80GB", TOY, 4, **small)
-        again = replay(programs, "1x8xH100-80GB", TOY, 4)
-        for r in (recorded, again):
-            assert (r.time_s, r.rank_times, r.memory_bytes, r.correct) == \
-                (direct.time_s, direct.rank_times, direct.memory_bytes, True)
+        replays_alike(HYBRID, "1x8xH100-80GB", TOY, 4, pp=2, tp=2, ep=2, sequence_parallel=True, **mode)

@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 
 from dist_lib import simulate
-from dist_lib.run.recording import record
-from dist_lib.run.replay import replay
 from dist_lib.workload import moe as moe_layers
 from dist_lib.workload.transformer import Workload
+from dist_lib.testing import replays_alike
 
 HYBRID = "strategies/hybrid.py"
 TOY = ("toy:layers=4,hidden=256,heads=4,seq=128,experts=4,top_k=2,expert_ffn_hidden=512,moe_every=2,"
@@ -62,14 +61,8 @@ def test_the_experts_optimizer_state_is_sharded_over_the_expert_data_parallel_gr
 
 
 def test_distributed_optimizer_with_tp_and_expert_tp_is_correct_and_replays():
-    options = dict(pp=2, tp=2, ep=2, etp=2, sequence_parallel=True, distributed_optimizer=True)
-    direct = simulate(HYBRID, "2x4xA100-80GB", TOY, 4, **options)
-    assert direct.correct, direct.problems
-    recorded, programs = record(HYBRID, "2x4xA100-80GB", TOY, 4, **options)
-    again = replay(programs, "2x4xA100-80GB", TOY, 4)
-    for r in (recorded, again):
-        assert (r.time_s, r.rank_times, r.memory_bytes, r.correct) == \
-            (direct.time_s, direct.rank_times, direct.memory_bytes, True)
+    replays_alike(HYBRID, "2x4xA100-80GB", TOY, 4, pp=2, tp=2, ep=2, etp=2, sequence_parallel=True,
+                  distributed_optimizer=True)
 
 
 def test_updated_expert_shards_are_handed_in_whole_or_every_one(tmp_path):

@@ -11,8 +11,7 @@ import pytest
 from dist_lib import StrategyError, Workload, simulate
 from dist_lib.costs import moe_ops
 from dist_lib.hardware.devices import get_device
-from dist_lib.run.recording import record
-from dist_lib.run.replay import replay
+from dist_lib.testing import replays_alike
 
 HYBRID = "strategies/hybrid.py"
 TOY = ("toy:layers=4,hidden=256,heads=4,seq=128,experts=4,top_k=2,expert_ffn_hidden=512,moe_every=2,"
@@ -64,13 +63,8 @@ def test_each_module_alone_and_with_tp_replays():
     act = simulate(HYBRID, "1x8xH100-80GB", TOY, 8, pp=2, ep=2, recompute_modules=("moe_act",))
     both = simulate(HYBRID, "1x8xH100-80GB", TOY, 8, pp=2, ep=2, recompute_modules=MODULES)
     assert norm.correct and act.correct and norm.time_s < both.time_s and act.time_s < both.time_s
-    options = dict(pp=2, tp=2, ep=2, sequence_parallel=True, recompute_modules=MODULES, selective_recompute=True)
-    direct = simulate(HYBRID, "1x8xH100-80GB", TOY, 4, **options)
-    recorded, programs = record(HYBRID, "1x8xH100-80GB", TOY, 4, **options)
-    replayed = replay(programs, "1x8xH100-80GB", TOY, 4)
-    for r in (recorded, replayed):
-        assert (r.time_s, r.rank_times, r.memory_bytes, r.correct) == \
-            (direct.time_s, direct.rank_times, direct.memory_bytes, True)
+    replays_alike(HYBRID, "1x8xH100-80GB", TOY, 4, pp=2, tp=2, ep=2, sequence_parallel=True,
+                  recompute_modules=MODULES, selective_recompute=True)
 
 
 @pytest.mark.parametrize("options, message", [
