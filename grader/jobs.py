@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import multiprocessing
+import os
 import signal
 import socket
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -119,7 +120,7 @@ def _pool_round(fn: Callable[[T], R], items: Sequence[T], indices: list[int],
     unfinished: list[int] = []
     why = ""
     with ProcessPoolExecutor(max_workers=width, mp_context=context, initializer=_init_worker,
-                             initargs=(started,)) as pool:
+                             initargs=(started, os.getpid())) as pool:
         pending: dict[Future, int] = {}
         for slot, i in enumerate(indices):
             try:
@@ -165,16 +166,25 @@ def _end_workers(pool: ProcessPoolExecutor) -> None:
 _started: Any = None  # in a pool worker: the flags of the jobs of its round
 
 
-def _init_worker(started: Any) -> None:
-    """A pool worker flags the jobs it starts, and dies with the driver (Linux PR_SET_PDEATHSIG), so
-    that no job outlives it."""
+def _init_worker(started: Any, driver: int) -> None:
+    """A pool worker flags the jobs it starts, and dies with the driver (Linux PR_SET_PDEATHSIG, or at once
+    when the driver died before it asked), so that no job outlives it."""
     global _started
     _started = started
+    die_with(driver)
+
+
+def die_with(parent: int) -> None:
+    """This process is killed when process `parent` dies (Linux prctl PR_SET_PDEATHSIG), and exits at once if
+    `parent` is gone already: a child whose parent died before the request is adopted, its parent pid changes,
+    and the signal never comes (prctl(2))."""
     try:
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _tracked(fn: Callable[[T], R], slot: int, item: T) -> R:

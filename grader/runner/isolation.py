@@ -30,6 +30,7 @@ from typing import Any
 
 from dist_lib.specs import map_spec_paths
 
+from ..jobs import die_with
 from ..scenario import Scenario
 from . import sandbox
 from .cgroup import RunCgroup, stale
@@ -242,9 +243,10 @@ def _unseen_module(message: str, path: Path) -> str:
 def _wait(argv: list[str], env: dict[str, str], cwd: Path, files: dict[str, Any],
           timeout_s: float, group: RunCgroup | None = None) -> tuple[int | None, bool]:
     passed = [files[name].fileno() for name in ("header", "program", "seccomp") if name in files]
+    parent = os.getpid()
 
     def before_exec() -> None:  # (in the child)
-        _die_with_parent()
+        _die_with_parent(parent)
         if group is not None:
             try:
                 group.join()
@@ -262,13 +264,10 @@ def _wait(argv: list[str], env: dict[str, str], cwd: Path, files: dict[str, Any]
         _kill(proc)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the grader process dies (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: SIGKILL when the grader process dies (Linux prctl PR_SET_PDEATHSIG); and
+    exit now if it died before the request was made, which the signal would never report (prctl(2))."""
+    die_with(parent)
 
 
 def _kill(proc: subprocess.Popen) -> None:
