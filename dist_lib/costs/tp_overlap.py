@@ -63,13 +63,20 @@ def pipelined_time(gemm: float, comm: float, splits: int = PIPELINE_SPLITS) -> f
 
 def _gemms(device: Device, workload: Workload, samples: int, tp: int, backward: bool, fp8: str = "") -> list[float]:
     """Seconds of the layer's four weight GEMMs (QKV, projection, MLP up, MLP down) on one TP rank: the
-    forward GEMMs, or with `backward` the input-gradient GEMMs; at the FP8 peak with an `fp8` recipe."""
+    forward GEMMs, or with `backward` the input-gradient GEMMs; at the FP8 peak with an `fp8` recipe. With separate
+    projections (`architecture.projection_groups`) each of the four is the sum of its linear layers' GEMMs: Inductor's
+    pass fuses one all-gather with every matmul taking its result (`fused_all_gather_matmul`'s list of Bs)."""
     shapes = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
     if backward:
         shapes = [(m, k, n) for m, n, k in shapes]
     if fp8:
         device = fp8_device(device)
-    return [gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes]
+    times = [gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes]
+    grouped, start = [], 0  # with separate projections, Q/K/V (gate/up) take one gathered input: their GEMMs' sum
+    for size in arch.projection_groups(workload):
+        grouped.append(sum(times[start:start + size]))
+        start += size
+    return grouped
 
 
 def forward_exposed_time(device: Device, workload: Workload, samples: int, tp: int, topo: Topology,
