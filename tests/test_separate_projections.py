@@ -88,3 +88,21 @@ def test_the_choice_is_checked_and_runs_through_hybrid():
     fused = simulate("strategies/hybrid.py", "1x4xH100-80GB", work.replace("separate", "fused"), 4, tp=2,
                      fp8="rowwise", framework="torchtitan", tp_comm_overlap=True)
     assert result.correct and fused.correct and result.time_s > fused.time_s
+
+
+def test_the_input_gradients_of_separate_projections_are_added_up():
+    """h 4096. With TP (compiled) the Q/K/V sum reads three M x h gradients and writes one (8h bytes a token) and the
+    gate/up sum reads two and writes one (6h), before the input gradient's reduce-scatter; without TP the norm's
+    backward reads the 2 + 1 extra gradients (6h); eager autograd adds them one at a time (6h each: 18h). Not divided
+    by TP or sequence parallelism; the forward has no such sum."""
+    h = 4096
+    assert arch.projection_sum_bytes_per_token(FUSED, 2) == 0
+    assert arch.projection_sum_bytes_per_token(SEPARATE, 2) == 14 * h
+    assert arch.projection_sum_bytes_per_token(SEPARATE, 1) == 6 * h
+    eager = Workload.parse("llama-3-8b:seq=1024,projections=separate,kernels=eager")
+    assert arch.projection_sum_bytes_per_token(eager, 8) == 18 * h
+    for tp, per_token in ((1, 6 * h), (2, 14 * h), (8, 14 * h)):
+        extra = SEPARATE.elementwise_bytes(tp, tp > 1, backward=True) - FUSED.elementwise_bytes(tp, tp > 1,
+                                                                                              backward=True)
+        assert extra == per_token * T
+        assert SEPARATE.elementwise_bytes(tp, tp > 1) == FUSED.elementwise_bytes(tp, tp > 1)

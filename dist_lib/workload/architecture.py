@@ -192,3 +192,22 @@ def elementwise_bytes_per_token(w: LayerShape, *, backward: bool) -> tuple[int, 
     split = activation + 4 * q + bias_grads + rotary
     core = (11 if w.dropout else 6) if w.attention == "unfused" else 0
     return replicated, split, core
+
+
+def projection_sum_bytes_per_token(w: LayerShape, tp: int) -> int:
+    """HBM bytes per token of adding up the input gradients of separate projections in a layer's backward (0 when
+    fused): Q, K and V (gate and up) each hand back a gradient of the whole M x h input, which autograd sums (three,
+    two), where a fused layer's one GEMM writes one. Eager PyTorch adds them one at a time (torch/csrc/autograd/
+    input_buffer.cpp `accumulate`: read two, write one: 6h each of the 2 + 1 extra). Compiled with TP, each sum is a
+    kernel of its own, since its result feeds the reduce-scatter of the input gradient (DTensor's `Partial` to
+    `Shard`), which reads a written buffer: read three and write one (8h), read two and write one (6h). Compiled
+    without TP the sum folds into the norm's backward, which reads the extra gradients: 2h each of the three. Not
+    divided by TP or sequence parallelism: on a TP rank each gradient covers the whole M x h input."""
+    if getattr(w, "projections", "fused") != "separate":
+        return 0
+    h, extra = w.hidden, 2 + (1 if w.mlp == "swiglu" else 0)  # K and V beside Q; up beside gate
+    if getattr(w, "kernels", "fused") == "eager":
+        return 6 * h * extra
+    if tp > 1:
+        return 8 * h + (6 * h if w.mlp == "swiglu" else 0)
+    return 2 * h * extra

@@ -267,7 +267,9 @@ class Workload:
         if sequence_parallel and tp > 1:
             replicated /= tp
         split = split_per_token * s / tp
-        return (replicated + split + attention) * scale
+        # separate projections' input gradients added up (`architecture.projection_sum_bytes_per_token`)
+        summed = arch.projection_sum_bytes_per_token(self, tp) * s if backward else 0
+        return (replicated + split + attention + summed) * scale
 
     def model_flops_per_sample(self) -> float:
         """Forward plus backward (3x forward) of all layers and the head, no recompute."""
