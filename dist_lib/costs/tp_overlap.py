@@ -66,7 +66,9 @@ def symm_mem_gather_time(device: Device, gemm: float, comm: float, tp: int, shar
     """PyTorch's fused all-gather-matmul (`_pipelined_all_gather_and_consume`): the local shard copied into the
     symmetric-memory buffer first, read and written over HBM and not overlapped ("we are giving up the chance to
     overlap "mv" and "b" with the first shard_consumer"), then the GEMM in tp chunks of M/tp rows, each remote
-    chunk's copy beside the previous chunk's GEMM on two streams, as a ring exchange."""
+    chunk's copy beside the previous chunk's GEMM on two streams, as a ring exchange. The chunks together take the
+    whole GEMM's time `gemm`: the two streams let neighbouring chunks share the SMs ("allows for
+    computation/computation overlapping, greatly reducing quantization inefficiency")."""
     return 2 * shard_bytes / device.hbm_bandwidth + ring_exchange_time(gemm, comm, tp)
 
 
