@@ -23,7 +23,10 @@ Every setting the sources do not state was chosen before the first run, and is r
   `NVL peak` column runs each row again on the same device at the H100 NVL's data-sheet peaks (835.5 / 1670.5
   TFLOP/s dense BF16 / FP8: the data sheet's 1,671 / 3,341 with sparsity, halved) at that full clock, the low end
   of that stated range, everything else unchanged;
-* the model presets `llama-3-8b/70b/405b` (Llama 3.1 has the same shapes), sequence 8192 (the train configs'
+* the model presets `llama-3-8b/70b/405b` (Llama 3.1 has the same shapes) built as torchtitan builds them, Q, K, V,
+  gate and up each an `nn.Linear` (`projections=separate`, torchtitan/models/llama3/model.py at 820504e: each its own
+  GEMM and, under Float8, its own casts; the set ran with the fused layers of Megatron-LM until this was read from
+  the model code, not set from a result), sequence 8192 (the train configs'
   `seq_len`; the June 2025 study does not state it), FlashAttention-2 for `F.scaled_dot_product_attention`
   (the preset's kernel; which backend PyTorch picked is not stated);
 * `torch.compile`: the simulator's per-kernel traffic is that of fused norm, activation and residual kernels
@@ -200,7 +203,8 @@ def plan(run: TorchtitanRun) -> dict:
 def workload(run: TorchtitanRun) -> str:
     """The preset at the run's sequence, its gradients reduced in fp32 (torchtitan's `mixed_precision_reduce`);
     without torch.compile, eager PyTorch's unfused kernels (`kernels=eager`, `workload/eager_kernels.py`)."""
-    return f"{run.model}:seq={run.seq},grad_bytes_per_element=4" + ("" if run.compile else ",kernels=eager")
+    return f"{run.model}:seq={run.seq},grad_bytes_per_element=4,projections=separate" + \
+        ("" if run.compile else ",kernels=eager")
 
 
 def cluster(run: TorchtitanRun, nvl_peak: bool = False) -> Cluster | str:

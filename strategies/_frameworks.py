@@ -61,8 +61,9 @@ FRAMEWORKS = {f.name: f for f in (
     # does not change. So `async_tp_allreduce=False`, with or without async TP (whose pass does not fuse these).
     Framework("torchtitan",
               dict(fsdp=True, overlap_grad_reduce=True, sequence_parallel=True, async_tp_allreduce=False),
-              dict(attention="flash2"),
-              "pytorch/torchtitan: torchtitan/distributed/fsdp.py, torchtitan/models/llama3/parallelize.py"),
+              dict(attention="flash2", projections="separate"),
+              "pytorch/torchtitan: torchtitan/distributed/fsdp.py, torchtitan/models/llama3/parallelize.py, "
+              "torchtitan/models/llama3/model.py"),
 )}
 
 

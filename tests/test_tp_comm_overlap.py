@@ -3,6 +3,8 @@ pipelined with its GEMM costs max(comm, GEMM) plus the unhidden chunk, and nothi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dist_lib import simulate
@@ -11,7 +13,9 @@ from dist_lib.costs import compute
 from dist_lib.errors import StrategyError
 from dist_lib.costs.fp8 import fp8_device
 from dist_lib.costs.network import collective_time
+from dist_lib.costs import tp_overlap as tp_costs
 from dist_lib.costs.tp_overlap import pipelined_time, ring_exchange_time
+from dist_lib.hardware.devices import DEVICES
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.workload.transformer import Workload
 
@@ -106,6 +110,21 @@ def _forward_exposed(device, topo) -> float:
         + sum(g * margin / 4 + 3 * max(g * margin / 4, scatter / 4) + scatter / 4 - g for g in (proj, down))
 
 
+def _micro_forward_exposed(device, topo, fast=None, gathers: bool = True) -> float:
+    """PyTorch's symmetric-memory ops under torchtitan's async TP, t = 2: each fused all-gather first copies its
+    shard (n/2 bytes, read and written: n over HBM) and then runs as a ring exchange, max(g/2, c) + g/2; each fused
+    reduce-scatter runs its two GEMM chunks as a ring exchange beside the chunk's copy, on all 132 SMs, then sums
+    the two n/2 partials it holds (n read, n/2 written), less the GEMMs. `fast`: the device the GEMMs run on; with
+    `gathers` False the all-gathers are not fused and cost whole."""
+    fast = fast or device
+    n, s, h, bw = SMALL.activation_bytes(), SMALL.seq_len, SMALL.hidden, device.hbm_bandwidth
+    gather, scatter = collective_time("all_gather", n, topo), collective_time("reduce_scatter", n, topo)
+    qkv, proj, up, down = (compute.gemm_time(fast, s, 3 * h / 2, h), compute.gemm_time(fast, s, h, h / 2),
+                           compute.gemm_time(fast, s, 4 * h / 2, h), compute.gemm_time(fast, s, h, 4 * h / 2))
+    gathered = sum(n / bw + max(g / 2, gather) + g / 2 - g for g in (qkv, up)) if gathers else 2 * gather
+    return gathered + sum(max(g / 2, scatter) + g / 2 + 1.5 * n / bw - g for g in (proj, down))
+
+
 def test_torchtitans_async_tp_leaves_the_backwards_input_gradient_reductions_whole():
     """Inductor's micro-pipeline TP pass fuses a reduce-scatter only with the one matmul producing its input: the
     backward's reduce-scatters of the summed Q/K/V and w1/w3 input gradients stay plain collectives, so under
@@ -116,13 +135,14 @@ def test_torchtitans_async_tp_leaves_the_backwards_input_gradient_reductions_who
     device, topo = cluster.device_of(0), cluster.topology((0, 1))
     n = SMALL.activation_bytes()
     forward, whole = _forward_exposed(device, topo), 2 * collective_time("all_reduce", n, topo)
+    micro = _micro_forward_exposed(device, topo)
     options = dict(dp=1, pp=1, tp=2, microbatch_size=1, sequence_parallel=True, tp_comm_overlap=True)
-    for framework, backward in ((None, forward), ("torchtitan", whole)):
+    for framework, expected in ((None, [forward, forward]), ("torchtitan", [micro, whole])):
         result = simulate("strategies/hybrid.py", cluster, SMALL, 1, framework=framework, **options)
         assert result.correct
         pairs = sorted((e for e in result.events if e.rank == 0 and e.op == "all_reduce" and e.layer == 1),
                        key=lambda e: e.start)
-        assert [e.duration for e in pairs] == pytest.approx([forward, backward], rel=1e-9)
+        assert [e.duration for e in pairs] == pytest.approx(expected, rel=1e-9)
 
 
 def test_overlap_layer_collectives_names_an_unknown_overlap():
@@ -169,10 +189,14 @@ def test_fp8_overlap_takes_the_fp8_gemms_and_rowwise_async_tp_overlaps_only_the_
     assert tensorwise[("all_reduce", n, 2)] == pytest.approx(gathered + scattered, rel=1e-12)
     assert tensorwise[("all_gather", n, False)] == pytest.approx(output_gradient, rel=1e-12)
     rowwise = _entries("micro_pipeline", "rowwise")
-    assert rowwise[("all_reduce", n, True)] == pytest.approx(2 * gather + scattered, rel=1e-12)
+    assert rowwise[("all_reduce", n, True)] == pytest.approx(_micro_forward_exposed(device, topo, fast, False),
+                                                             rel=1e-12)
     assert ("all_reduce", n, 2) not in rowwise and ("all_gather", n, False) not in rowwise
-    # torchtitan's tensorwise recipe gathers in float8 straight into the matmul: its gathers keep their entries
-    assert _entries("micro_pipeline", "tensorwise")[("all_gather", n, False)] == pytest.approx(output_gradient, rel=1e-12)
+    # torchtitan's tensorwise recipe gathers in float8 straight into the matmul: its gathers keep their entries,
+    # each PyTorch's fused all-gather-matmul (the shard's copy, n over HBM, then the ring exchange)
+    micro_gradient = output_gradient + n / device.hbm_bandwidth
+    assert _entries("micro_pipeline", "tensorwise")[("all_gather", n, False)] == pytest.approx(micro_gradient,
+                                                                                               rel=1e-12)
 
 
 def test_per_op_recompute_gathers_share_the_entry_with_the_recomputed_k_and_w3_beside_them():
@@ -204,5 +228,18 @@ def test_per_op_recompute_gathers_share_the_entry_with_the_recomputed_k_and_w3_b
             entries[overlap] = group.costs[("all_gather", n, False)]
 
     simulate(train, cluster, gqa, 1, check=False)
-    assert entries["micro_pipeline"] == pytest.approx((dgrads + recomputed) / 4, rel=1e-12)
+    # under the micro-pipeline pass each of the four is PyTorch's fused op: its shard copied first (n over HBM)
+    assert entries["micro_pipeline"] == pytest.approx((dgrads + recomputed) / 4 + n / device.hbm_bandwidth,
+                                                      rel=1e-12)
     assert entries["userbuffers"] == pytest.approx(dgrads / 2, rel=1e-12)
+
+
+def test_pytorchs_symmetric_memory_ops_by_hand():
+    """At t = 8 on a device of 2 TB/s HBM: a GEMM of 8 ms beside a collective of 4 ms. The fused all-gather first
+    copies its 1 GB shard (read and written, 1 ms), then 7 max(1, 4/7) + 1 = 8 ms; the fused reduce-scatter runs
+    the same 8 ms and then sums the eight 1 GB partials of an 8 GB output, 8 GB read and 1 GB written (4.5 ms)."""
+    device = replace(DEVICES["H100-80GB"], hbm_bandwidth=2e12)
+    assert tp_costs.symm_mem_gather_time(device, 8e-3, 4e-3, 8, 1e9) == pytest.approx(9e-3, rel=1e-12)
+    assert tp_costs.symm_mem_scatter_time(device, 8e-3, 4e-3, 8, 8e9) == pytest.approx(12.5e-3, rel=1e-12)
+    # bound by the collective: 7 copies of 2 ms, the first chunk's GEMM (1 ms) before them unhidden
+    assert tp_costs.symm_mem_scatter_time(device, 8e-3, 14e-3, 8, 0) == pytest.approx(15e-3, rel=1e-12)

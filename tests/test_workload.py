@@ -68,7 +68,7 @@ def test_an_unknown_field_of_a_workload_file_lists_every_field_the_file_takes(tm
     assert str(caught.value) == (f"{path}: unknown field 'layer' (known: preset, name, layers, hidden, heads, seq, "
                                  f"vocab, bytes_per_element, grad_bytes_per_element, kv_heads, head_dim, ffn_hidden, "
                                  f"framework_overhead_us, tp_overhead_us, kernel_time_scale, mlp, norm, position, "
-                                 f"attention, kernels, tied_embeddings, bias, dropout, parallel_block, experts, top_k, "
+                                 f"attention, kernels, projections, tied_embeddings, bias, dropout, parallel_block, experts, top_k, "
                                  f"expert_ffn_hidden, shared_experts, shared_ffn_hidden, dense_ffn_hidden, moe_every, "
                                  f"first_dense, capacity_factor, router, mla, routing, routing_seed, qk_norm, biases, "
                                      f"attention_sinks, sliding_window, sliding_every, swiglu_limit)")

@@ -39,7 +39,9 @@ REGATHER_CALLS = 2
 # `_scaled_mm`, so none of its all-gathers is fused (the forward's, the output gradient's, the recompute's), only
 # the forward's reduce-scatters; tensorwise FP8 casts before the gather (torchao `Float8ColwiseParallel`,
 # `PrepareFloat8ModuleInput`, the output gradient by `Float8RowwiseParallel`'s `_NoopFwToFloat8BwDynamic`), whose
-# float8 all-gather feeds the `_scaled_mm` and is fused like bf16's.
+# float8 all-gather feeds the `_scaled_mm` and is fused like bf16's. The fused ops are timed as PyTorch's
+# symmetric-memory ops run them (`costs.tp_overlap.symm_mem_gather_time`, `symm_mem_scatter_time`), Transformer
+# Engine's userbuffers by its `initialize_ub` methods.
 OVERLAPS = {"userbuffers": ("forward", "backward", "output gradient"),
             "micro_pipeline": ("forward", "output gradient")}
 UNFUSED_GATHERS = {("micro_pipeline", "rowwise")}  # (overlap, fp8 recipe) whose all-gathers are not overlapped
@@ -71,7 +73,7 @@ def overlap_layer_collectives(group: Group, device: Device, workload: Workload, 
         workload = block_workload(workload, cp)
     nbytes = samples * workload.activation_bytes()
     gathers = (overlap, fp8) not in UNFUSED_GATHERS
-    forward = forward_exposed_time(device, workload, samples, tp, topo, fp8, gathers)
+    forward = forward_exposed_time(device, workload, samples, tp, topo, fp8, gathers, overlap)
     group.costs[("all_reduce", nbytes, True)] = forward
     if "backward" in OVERLAPS[overlap]:  # else the backward's pair is priced in full when it first runs
         group.costs[("all_reduce", nbytes, 2)] = forward
@@ -79,7 +81,8 @@ def overlap_layer_collectives(group: Group, device: Device, workload: Workload, 
     # False, as the C path does)
     if not gathers:
         return
-    exposed, calls = backward_gather_exposed_time(device, workload, samples, tp, topo, fp8), BACKWARD_GATHER_CALLS
+    exposed, calls = backward_gather_exposed_time(device, workload, samples, tp, topo, fp8, overlap), \
+        BACKWARD_GATHER_CALLS
     if regather and overlap == "micro_pipeline":
         exposed, calls = exposed + regather_exposed_time(device, workload, samples, tp, topo, fp8), \
             calls + REGATHER_CALLS

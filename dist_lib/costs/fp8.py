@@ -74,6 +74,16 @@ CAST_BYTES = 2 + 1 + 1
 AMAX_BYTES = {"delayed": 0, "tensorwise": 2, "rowwise": 2}
 # a rowwise cast: the amax pass reads 16 bits, the cast reads them again and writes one FP8 copy (no transpose)
 ROWWISE_CAST_BYTES = 2 + 2 + 1
+# Recipes whose TP layout casts a module's input once for all its linear layers: torchtitan's tensorwise TP
+# (`Float8ColwiseParallel` with `PrepareFloat8ModuleInput` on `attention` and `feed_forward`,
+# torchtitan/models/llama3/parallelize_llama.py at 820504e) casts the attention's and the MLP's input to float8 before
+# the all-gather, and Q, K, V (gate and up) take that one float8 tensor. Elsewhere each `Float8Linear` casts its
+# input in its own forward (torchao/float8/float8_linear.py `matmul_with_hp_or_float8_args`): with separate
+# projections (`architecture.PROJECTION_KINDS`) the input of Q, K and V is cast three times, as torchtitan's rowwise
+# runs with plain TP do (pytorch/torchtitan#1207: wk and wv, N = 128 a rank at TP 8, made the 70B rowwise step no
+# faster than bf16, and leaving them in bf16 gave about 10 %, pytorch/torchtitan#1319). Delayed scaling is
+# Transformer Engine's, whose modules are fused.
+SHARED_INPUT_CAST = ("tensorwise",)
 # Transformer Engine's cached FP8 weight and its transpose: bytes a parameter of the linear layers
 TE_WEIGHT_COPY_BYTES = 2
 # the fp32 scaling state of one FP8 tensor: scale, inverse scale and Megatron-LM's default amax history of 1
@@ -97,8 +107,11 @@ def fp8_device(device: Device) -> Device:
 
 def cast_bytes(workload: Workload, samples: int, tp: int, pass_: str, recipe: str) -> float:
     """HBM bytes of the casts one layer pass of `samples` samples on a TP rank runs (`pass_`: forward,
-    input or weight; the weight-gradient GEMM reuses the transposed copies the other two made)."""
-    return shapes_cast_bytes(arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp), pass_, recipe)
+    input or weight; the weight-gradient GEMM reuses the transposed copies the other two made). Each FP8 linear
+    layer casts its own operands (`SHARED_INPUT_CAST` says where one cast of a module's input serves them all)."""
+    per_module = not (recipe in SHARED_INPUT_CAST and tp > 1)
+    return shapes_cast_bytes(arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp, per_module=per_module),
+                             pass_, recipe)
 
 
 def shapes_cast_bytes(shapes: list[tuple[float, float, float]], pass_: str, recipe: str) -> float:

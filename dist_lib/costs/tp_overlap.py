@@ -1,5 +1,6 @@
 """Tensor-parallel communication overlapped with the GEMMs it feeds or drains (Megatron-Core's
-`--tp-comm-overlap`, Transformer Engine's userbuffers; torchtitan's async TP is the same idea).
+`--tp-comm-overlap`, Transformer Engine's userbuffers; torchtitan's async TP, PyTorch's symmetric-memory ops, is the
+same idea: `symm_mem_gather_time`, `symm_mem_scatter_time` below).
 
 Megatron-LM requires sequence parallelism for it (megatron/training/arguments.py `validate_args`: "Tensor
 parallel communication/GEMM overlap can happen only when sequence parallelism is enabled").
@@ -61,38 +62,83 @@ def pipelined_time(gemm: float, comm: float, splits: int = PIPELINE_SPLITS) -> f
     return gemm / splits + (splits - 1) * max(gemm / splits, comm / splits) + comm / splits
 
 
+def symm_mem_gather_time(device: Device, gemm: float, comm: float, tp: int, shard_bytes: float) -> float:
+    """PyTorch's fused all-gather-matmul (`_pipelined_all_gather_and_consume`): the local shard copied into the
+    symmetric-memory buffer first, read and written over HBM and not overlapped ("we are giving up the chance to
+    overlap "mv" and "b" with the first shard_consumer"), then the GEMM in tp chunks of M/tp rows, each remote
+    chunk's copy beside the previous chunk's GEMM on two streams, as a ring exchange. The chunks together take the
+    whole GEMM's time `gemm`: the two streams let neighbouring chunks share the SMs ("allows for
+    computation/computation overlapping, greatly reducing quantization inefficiency")."""
+    return 2 * shard_bytes / device.hbm_bandwidth + ring_exchange_time(gemm, comm, tp)
+
+
+def symm_mem_scatter_time(device: Device, gemm: float, comm: float, tp: int, out_bytes: float) -> float:
+    """PyTorch's fused matmul-reduce-scatter (`_pipelined_produce_and_all2all`, then the reduction): the GEMM in tp
+    chunks of M/tp rows, one for each destination rank, each chunk's copy to its rank beside the next chunk's GEMM
+    (on two streams; the own chunk last, beside the last copy), no SMs kept clear; then the tp partial outputs each
+    rank received, M/tp x N each, summed by a kernel of their own: `out_bytes` (the whole M x N partial output)
+    read and its 1/tp written over HBM, after the last copy."""
+    return ring_exchange_time(gemm, comm, tp) + (1 + 1 / tp) * out_bytes / device.hbm_bandwidth
+
+
+def _gather_time(device: Device, overlap: str, gemm: float, comm: float, tp: int, nbytes: float) -> float:
+    """An all-gather of `nbytes` (the gathered tensor) fused with `gemm`: Transformer Engine's ring exchange, or
+    (`overlap` "micro_pipeline") PyTorch's symmetric-memory op."""
+    if overlap == "micro_pipeline":
+        return symm_mem_gather_time(device, gemm, comm, tp, nbytes / tp)
+    return ring_exchange_time(gemm, comm, tp)
+
+
+def _scatter_time(device: Device, overlap: str, gemm: float, comm: float, tp: int, nbytes: float) -> float:
+    """`gemm` fused with the reduce-scatter of its `nbytes` output: Transformer Engine's pipeline method on the SMs
+    its communication leaves, or (`overlap` "micro_pipeline") PyTorch's symmetric-memory op."""
+    if overlap == "micro_pipeline":
+        return symm_mem_scatter_time(device, gemm, comm, tp, nbytes)
+    return pipelined_time(with_comm_sms(device, gemm), comm)
+
+
 def _gemms(device: Device, workload: Workload, samples: int, tp: int, backward: bool, fp8: str = "") -> list[float]:
     """Seconds of the layer's four weight GEMMs (QKV, projection, MLP up, MLP down) on one TP rank: the
-    forward GEMMs, or with `backward` the input-gradient GEMMs; at the FP8 peak with an `fp8` recipe."""
+    forward GEMMs, or with `backward` the input-gradient GEMMs; at the FP8 peak with an `fp8` recipe. With separate
+    projections (`architecture.projection_groups`) each of the four is the sum of its linear layers' GEMMs: Inductor's
+    pass fuses one all-gather with every matmul taking its result (`fused_all_gather_matmul`'s list of Bs)."""
     shapes = arch.weight_gemm_shapes(workload, samples * workload.seq_len, tp)
     if backward:
         shapes = [(m, k, n) for m, n, k in shapes]
     if fp8:
         device = fp8_device(device)
-    return [gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes]
+    times = [gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes]
+    grouped, start = [], 0  # with separate projections, Q/K/V (gate/up) take one gathered input: their GEMMs' sum
+    for size in arch.projection_groups(workload):
+        grouped.append(sum(times[start:start + size]))
+        start += size
+    return grouped
 
 
 def forward_exposed_time(device: Device, workload: Workload, samples: int, tp: int, topo: Topology,
-                         fp8: str = "", gathers: bool = True) -> float:
+                         fp8: str = "", gathers: bool = True, overlap: str = "userbuffers") -> float:
     """What a layer forward's TP communication still costs after its GEMMs: the all-gathers before QKV
     and MLP up by ring exchange (whole, with `gathers` False: not overlapped), the reduce-scatters after the
-    projection and MLP down pipelined."""
+    projection and MLP down pipelined; with `overlap` "micro_pipeline" each as PyTorch's symmetric-memory op runs
+    it (`symm_mem_gather_time`, `symm_mem_scatter_time`)."""
     nbytes = samples * workload.activation_bytes()
     gather, scatter = collective_time("all_gather", nbytes, topo), collective_time("reduce_scatter", nbytes, topo)
     qkv, proj, up, down = _gemms(device, workload, samples, tp, False, fp8)
-    gathered = ring_exchange_time(qkv, gather, tp) - qkv + ring_exchange_time(up, gather, tp) - up if gathers \
-        else 2 * gather
-    return gathered + pipelined_time(with_comm_sms(device, proj), scatter) - proj \
-        + pipelined_time(with_comm_sms(device, down), scatter) - down
+    gathered = _gather_time(device, overlap, qkv, gather, tp, nbytes) - qkv \
+        + _gather_time(device, overlap, up, gather, tp, nbytes) - up if gathers else 2 * gather
+    return gathered + _scatter_time(device, overlap, proj, scatter, tp, nbytes) - proj \
+        + _scatter_time(device, overlap, down, scatter, tp, nbytes) - down
 
 
 def backward_gather_exposed_time(device: Device, workload: Workload, samples: int, tp: int,
-                                 topo: Topology, fp8: str = "") -> float:
+                                 topo: Topology, fp8: str = "", overlap: str = "userbuffers") -> float:
     """What the backward's all-gathers of the output gradient before the two row-parallel input-gradient
-    GEMMs (proj_dgrad, fc2_dgrad) still cost, each by ring exchange beside its GEMM."""
-    gather = collective_time("all_gather", samples * workload.activation_bytes(), topo)
+    GEMMs (proj_dgrad, fc2_dgrad) still cost, each by ring exchange beside its GEMM (`overlap` as above)."""
+    nbytes = samples * workload.activation_bytes()
+    gather = collective_time("all_gather", nbytes, topo)
     _, proj, _, down = _gemms(device, workload, samples, tp, True, fp8)
-    return ring_exchange_time(proj, gather, tp) - proj + ring_exchange_time(down, gather, tp) - down
+    return _gather_time(device, overlap, proj, gather, tp, nbytes) - proj \
+        + _gather_time(device, overlap, down, gather, tp, nbytes) - down
 
 
 
@@ -101,11 +147,11 @@ def regather_exposed_time(device: Device, workload: Workload, samples: int, tp: 
     """What the two all-gathers of the norms' outputs that torchtitan's per-op recompute runs again still cost
     when Inductor's micro-pipeline TP pass fuses each with the one recomputed matmul taking the gathered tensor as
     its left operand: the K projection and w3, the column-parallel GEMMs the policy runs again
-    (`workload.per_op_checkpoint.recomputed_gemm_shapes`; wq, wv and w1 are saved), each by ring exchange beside
-    its GEMM."""
-    gather = collective_time("all_gather", samples * workload.activation_bytes(), topo)
-    if fp8:
-        device = fp8_device(device)
+    (`workload.per_op_checkpoint.recomputed_gemm_shapes`; wq, wv and w1 are saved), each as PyTorch's fused
+    all-gather-matmul runs it beside its GEMM (`symm_mem_gather_time`)."""
+    nbytes = samples * workload.activation_bytes()
+    gather = collective_time("all_gather", nbytes, topo)
+    fast = fp8_device(device) if fp8 else device
     shapes = recomputed_gemm_shapes(workload, samples * workload.seq_len, tp, True)[:2]  # wk, w3
-    gemms = [gemm_time(device, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes]
-    return sum(ring_exchange_time(g, gather, tp) - g for g in gemms)
+    gemms = [gemm_time(fast, m, n, k, 1, workload.bytes_per_element) for m, n, k in shapes]
+    return sum(symm_mem_gather_time(device, g, gather, tp, nbytes / tp) - g for g in gemms)

@@ -24,6 +24,10 @@ MLP_KINDS = ("gelu", "swiglu")  # swiglu: gate and up projections, SiLU(gate) * 
 NORM_KINDS = ("layernorm", "rmsnorm")  # RMSNorm has a scale and no bias (Zhang and Sennrich 2019)
 POSITION_KINDS = ("learned", "rotary")  # rotary: no position embedding table (Su et al. 2021)
 ATTENTION_KERNELS = ("unfused", "flash2", "flash3")  # FlashAttention-2 (Dao 2023), -3 (Shah et al. 2024)
+# How the projections are built: "fused", Q, K and V one linear layer and the gated MLP's gate and up one (Megatron's
+# `linear_qkv` and `linear_fc1`); "separate", each its own linear layer (torchtitan's Llama: `wq`, `wk`, `wv`, `w1`,
+# `w3` each an `nn.Linear`, torchtitan/models/llama3/model.py), each its own GEMM.
+PROJECTION_KINDS = ("fused", "separate")
 
 
 class LayerShape(Protocol):
@@ -107,12 +111,27 @@ def attention_core_flops(w: LayerShape) -> int:
     return 4 * w.seq_len * w.seq_len * q
 
 
-def weight_gemm_shapes(w: LayerShape, tokens: int, tp: int) -> list[tuple[float, float, float]]:
-    """(M, N, K) of a layer's four forward weight GEMMs on one TP rank (QKV and MLP-up split by columns,
-    projection and MLP-down by rows: Shoeybi et al. 2019, sec. 3)."""
+def weight_gemm_shapes(w: LayerShape, tokens: int, tp: int, *, per_module: bool = True
+                       ) -> list[tuple[float, float, float]]:
+    """(M, N, K) of a layer's forward weight GEMMs on one TP rank (QKV and MLP-up split by columns, projection
+    and MLP-down by rows: Shoeybi et al. 2019, sec. 3), in the order QKV, projection, MLP up, MLP down: four GEMMs,
+    or with `projections` "separate" (and `per_module`) one a linear layer, Q, K, V and the gate and up
+    projections each their own (`projection_groups` says how many make each of the four)."""
     h, f = w.hidden, ffn_hidden(w)
     q, kv, up = widths(w)
+    if per_module and getattr(w, "projections", "fused") == "separate":
+        ups = [(tokens, f / tp, h)] * (2 if w.mlp == "swiglu" else 1)
+        return [(tokens, q / tp, h), (tokens, kv / tp, h), (tokens, kv / tp, h), (tokens, h, q / tp), *ups,
+                (tokens, h, f / tp)]
     return [(tokens, (q + 2 * kv) / tp, h), (tokens, h, q / tp), (tokens, up / tp, h), (tokens, h, f / tp)]
+
+
+def projection_groups(w: LayerShape) -> tuple[int, int, int, int]:
+    """How many of `weight_gemm_shapes`' GEMMs make each of the layer's four (QKV, projection, MLP up, MLP down):
+    one each when fused; with `projections` "separate" Q, K and V three and a gated MLP's gate and up two."""
+    if getattr(w, "projections", "fused") != "separate":
+        return (1, 1, 1, 1)
+    return (3, 1, 2 if w.mlp == "swiglu" else 1, 1)
 
 
 def stash_units(w: LayerShape, tp: int, *, recompute: str, sequence_parallel: bool) -> float:
@@ -173,3 +192,22 @@ def elementwise_bytes_per_token(w: LayerShape, *, backward: bool) -> tuple[int, 
     split = activation + 4 * q + bias_grads + rotary
     core = (11 if w.dropout else 6) if w.attention == "unfused" else 0
     return replicated, split, core
+
+
+def projection_sum_bytes_per_token(w: LayerShape, tp: int) -> int:
+    """HBM bytes per token of adding up the input gradients of separate projections in a layer's backward (0 when
+    fused): Q, K and V (gate and up) each hand back a gradient of the whole M x h input, which autograd sums (three,
+    two), where a fused layer's one GEMM writes one. Eager PyTorch adds them one at a time (torch/csrc/autograd/
+    input_buffer.cpp `accumulate`: read two, write one: 6h each of the 2 + 1 extra). Compiled with TP, each sum is a
+    kernel of its own, since its result feeds the reduce-scatter of the input gradient (DTensor's `Partial` to
+    `Shard`), which reads a written buffer: read three and write one (8h), read two and write one (6h). Compiled
+    without TP the sum folds into the norm's backward, which reads the extra gradients: 2h each of the three. Not
+    divided by TP or sequence parallelism: on a TP rank each gradient covers the whole M x h input."""
+    if getattr(w, "projections", "fused") != "separate":
+        return 0
+    h, extra = w.hidden, 2 + (1 if w.mlp == "swiglu" else 0)  # K and V beside Q; up beside gate
+    if getattr(w, "kernels", "fused") == "eager":
+        return 6 * h * extra
+    if tp > 1:
+        return 8 * h + (6 * h if w.mlp == "swiglu" else 0)
+    return 2 * h * extra

@@ -76,6 +76,9 @@ class Workload:
     # How the memory-bound kernels run (`eager_kernels`): "fused" (one read and one write a tensor: Inductor,
     # Megatron-LM's fused kernels) or "eager" (eager PyTorch's ops one by one, a Llama block as torchtitan builds it)
     kernels: str = "fused"
+    # How the projections are built (`architecture.PROJECTION_KINDS`): "fused" (Megatron's QKV and gate/up linear
+    # layers) or "separate" (torchtitan's Llama: Q, K, V, gate and up each a linear layer and a GEMM of its own)
+    projections: str = "fused"
     # Mixture of experts (`workload.moe`): None for a dense GPT; set, the layers are Llama-style MoE model
     # layers (GQA or MLA attention, SwiGLU experts, untied embeddings) and these formulas are moe's.
     moe: MoE | None = None
@@ -107,6 +110,9 @@ class Workload:
             if why:
                 raise SpecError(f"workload {shown(self.name)}: kernels 'eager' counts eager PyTorch's kernels of a "
                                 f"Llama block as torchtitan builds it; {why}")
+        if self.moe is not None and self.projections != "fused":
+            raise SpecError(f"workload {shown(self.name)}: projections 'separate' splits a dense layer's Q/K/V and "
+                            f"gate/up GEMMs; a mixture-of-experts layer's GEMMs are the experts' (leave it fused)")
         if self.moe is not None:
             self.moe.check(f"workload {shown(self.name)}", self.heads, self.num_layers)
             if self.moe.sliding_window and self.attention == "unfused":
@@ -261,7 +267,9 @@ class Workload:
         if sequence_parallel and tp > 1:
             replicated /= tp
         split = split_per_token * s / tp
-        return (replicated + split + attention) * scale
+        # separate projections' input gradients added up (`architecture.projection_sum_bytes_per_token`)
+        summed = arch.projection_sum_bytes_per_token(self, tp) * s if backward else 0
+        return (replicated + split + attention + summed) * scale
 
     def model_flops_per_sample(self) -> float:
         """Forward plus backward (3x forward) of all layers and the head, no recompute."""
@@ -322,7 +330,8 @@ FIELD_RANGES = {"num_layers": (1, 10_000), "hidden": (1, 2**20), "heads": (1, 2*
                 "kv_heads": (0, 2**16), "head_dim": (0, 2**16), "ffn_hidden": (0, 2**22)}
 # the architecture's named choices and switches (`architecture`)
 _CHOICES = {"mlp": arch.MLP_KINDS, "norm": arch.NORM_KINDS, "position": arch.POSITION_KINDS,
-            "attention": arch.ATTENTION_KERNELS, "kernels": eager_kernels.KERNEL_KINDS}
+            "attention": arch.ATTENTION_KERNELS, "kernels": eager_kernels.KERNEL_KINDS,
+            "projections": arch.PROJECTION_KINDS}
 _FLAGS = ("tied_embeddings", "bias", "dropout", "parallel_block")
 MAX_GLOBAL_BATCH = 2**20  # samples per step; the largest published batches are about 2**16
 
