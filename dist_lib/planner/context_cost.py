@@ -42,7 +42,7 @@ from dist_lib.costs.ops import compute_mode
 from dist_lib.memory.tracker import OPTIMIZER_BYTES, WEIGHT_BYTES
 from dist_lib.planner import options_cost
 from dist_lib.planner.estimate import LayerCosts, with_total
-from dist_lib.planner.stage_option import StageOption, no_collective
+from dist_lib.planner.stage_option import StageOption, TwoLevel, no_collective
 from dist_lib.workload.transformer import Workload
 
 # the search's frameworks whose context parallelism `hybrid` runs, with the exchange each runs
@@ -67,16 +67,19 @@ def exchange(rules) -> str:
 
 
 def context_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, cp: int, recompute: str, zero: int,
-                   fp8: str, reduction, pipelined: bool = False) -> StageOption | None:
+                   fp8: str, reduction, pipelined: bool = False, replicate: int = 1) -> StageOption | None:
     """The option of a dense stage of `ranks` (dp x cp x tp) with context parallelism `cp`, `recompute`, ZeRO
     stage `zero` (0, 1 or 3) and `fp8`; None where the stage does not run it (per-op recompute, FSDP over one
     rank). `space` is the search's `StageSpace` (its `kv_exchange`), `reduction` its collective timer; `pipelined`:
-    a plan of pipeline stages, where FSDP keeps its gathered weights through the step."""
+    a plan of pipeline stages, where FSDP keeps its gathered weights through the step; `replicate` > 1 (HSDP, zero
+    1 or 3): the sharding inside each of `replicate` groups of whole replicas, the shards all-reduced across them."""
     if recompute not in RECOMPUTES:
         return None
     cluster, workload = space.cluster, space.workload
     dp = len(ranks) // (tp * cp)
-    shards = dp * cp  # the ranks a TP slice's gradients are reduced over
+    if dp % replicate:
+        return None
+    shards = dp // replicate * cp  # the ranks a TP slice's gradients are sharded over
     share = microbatch // dp
     device = min((cluster.device_of(r) for r in ranks), key=lambda d: (d.peak_flops, d.memory_bytes))
     act = cp_costs.activation_bytes(workload, share, cp)
@@ -96,10 +99,15 @@ def context_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, cp: 
         collective_time("all_reduce", act, tp_topo) if tp > 1 else 0.0)
     capacity = min(cluster.device_of(r).memory_bytes for r in ranks)
     if space.reserve is not None:  # communicators: TP, CP, its ring neighbours, data-parallel, pipeline neighbours
-        capacity = space.reserve.usable(capacity, (tp > 1) + (cp > 1) + min(cp - 1, 2) + (shards > 1) + 2)
-    dp_topo = space.topology(ranks[::tp]) if shards > 1 else None  # the dp x cp ranks of a TP slice
+        capacity = space.reserve.usable(capacity, (tp > 1) + (cp > 1) + min(cp - 1, 2) + (dp * cp > 1)
+                                        + (replicate > 1) + 2)
+    dp_topo = space.topology(ranks[::tp]) if dp * cp > 1 else None  # the dp x cp ranks of a TP slice
     if dp_topo is None:
         reduce = regather = no_collective
+    elif zero and replicate > 1:  # HSDP: the shard group's collectives, then the shard's across the groups
+        inner, outer = space.topology(ranks[:shards * tp:tp]), space.topology(ranks[::shards * tp])
+        reduce = TwoLevel(reduction("reduce_scatter", inner), reduction("all_reduce", outer), shards)
+        regather = reduction("all_gather", inner)
     else:
         reduce = reduction("reduce_scatter" if zero else "all_reduce", dp_topo)
         regather = reduction("all_gather", dp_topo) if zero else no_collective

@@ -61,13 +61,16 @@ def plain(tp: int, recompute: str, zero: int, fp8: str) -> bool:
 
 
 def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: int, cp: int, recompute: str, zero: int,
-                 fp8: str, reduction, etp: int = 1, pipelined: bool = False) -> StageOption | None:
+                 fp8: str, reduction, etp: int = 1, pipelined: bool = False,
+                 replicate: int = 1) -> StageOption | None:
     """The option of a stage with experts or context parallelism: `context_cost.context_option` for a dense
     stage, `options_cost.stage_option` for an MoE stage of TP 1, 16-bit, without recompute or ZeRO, else
     `expert_option` (expert TP `etp`, dividing tp)."""
     if space.workload.moe is None:
         return context_cost.context_option(space, ranks, tp, microbatch, cp, recompute, zero, fp8, reduction,
-                                           pipelined)
+                                           pipelined, replicate)
+    if replicate != 1:  # (HSDP: FSDP, which an MoE stage does not run)
+        return None
     if etp > 1 or not plain(tp, recompute, zero, fp8):
         return expert_option(space, ranks, tp, microbatch, ep, etp, recompute, zero, fp8, reduction)
     return options_cost.stage_option(space, ranks, tp, microbatch, ep, reduction)

@@ -207,18 +207,20 @@ def stage_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, ep: in
                        reduced, workload.profile is None)
 
 
-def hsdp_choices(cluster: Cluster, ranks: tuple[int, ...], tp: int | None) -> tuple[int, ...]:
-    """The FSDP groupings a torchtitan search weighs for a stage of `ranks` at TP degree `tp`: 1 (FSDP over every
-    replica), and HSDP's replicate degrees whose shard groups hold one, two, four... whole nodes' GPUs (torchtitan
-    shards within a node or a few and replicates across them: `data_parallel_replicate_degree`)."""
+def hsdp_choices(cluster: Cluster, ranks: tuple[int, ...], tp: int | None, cp: int = 1) -> tuple[int, ...]:
+    """The FSDP groupings a torchtitan search weighs for a stage of `ranks` at TP degree `tp` (and context
+    parallelism `cp`): 1 (FSDP over every replica), and HSDP's replicate degrees whose shard groups of whole
+    replicas hold one, two, four... whole nodes' GPUs (torchtitan shards within a node or a few and replicates
+    across them: `data_parallel_replicate_degree`)."""
     if tp is None:
         return (1,)
-    dp = len(ranks) // tp
+    replica = tp * cp  # a replica's ranks
+    dp = len(ranks) // replica
     gpus = cluster.nodes[cluster.node_of(ranks[0])].gpus
     out, width = [1], gpus
     while width < len(ranks):
-        if width % tp == 0 and dp % (width // tp) == 0:
-            out.append(dp // (width // tp))
+        if width % replica == 0 and dp % (width // replica) == 0:
+            out.append(dp // (width // replica))
         width *= 2
     return tuple(out)
 

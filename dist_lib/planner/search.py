@@ -216,8 +216,8 @@ def generate(cluster: Cluster, workload: Workload, global_batch: int, *, budget:
         if unconstrained is None or m * unconstrained[0] * weight > incumbent * (1 + prune_slack):
             return incumbent  # even without memory limits its slowest stage makes it lose
         for recompute, zero, replicate in ((recompute, zero, r) for recompute, zero in memory_configs
-                                           for r in (options_cost.hsdp_choices(cluster, stages[0], tp)
-                                                     if zero == 3 and cp == 1 else (1,))):
+                                           for r in (options_cost.hsdp_choices(cluster, stages[0], tp, cp)
+                                                     if zero == 3 else (1,))):
             if rules is not None and not rules.memory_ok(recompute, zero, len(stages), cp) \
                     or cp > 1 and recompute not in context_cost.RECOMPUTES:
                 continue

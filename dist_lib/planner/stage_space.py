@@ -93,7 +93,7 @@ class StageSpace:
                     self._option(ranks, tp, microbatch, recompute, zero, fp8, replicate, pipelined)
                     if ep == cp == 1 and not self.workload.moe
                     else expert_modes_cost.stage_option(self, ranks, tp, microbatch, ep, cp, recompute, zero, fp8,
-                                                        Reduction, etp, pipelined)
+                                                        Reduction, etp, pipelined, replicate)
                     for tp in space.tp_options(self.cluster, ranks, self.workload)
                     if options_cost.width_ok(self.workload, len(ranks), tp, cp, microbatch, self.even)) if o is not None]
             else:
