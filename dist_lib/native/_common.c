@@ -21,18 +21,6 @@ static long int_method(PyObject *x, PyCFunction method) {
     return v;
 }
 
-/* An int's digits, where this build knows CPython's layout of them (30-bit digits since 3.11's
- * `cpython/longintrepr.h`; the sign and count moved into `lv_tag` in 3.12): the digits' popcount is a
- * mask's bit count without building an int. Other versions ask `int.bit_count`. */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
-#define MASK_DIGITS(x) (((PyLongObject *)(x))->ob_digit)
-#define MASK_NDIGITS(x) Py_SIZE(x) /* negative for a negative int */
-#elif PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000 && PYLONG_BITS_IN_DIGIT == 30
-#define MASK_DIGITS(x) (((PyLongObject *)(x))->long_value.ob_digit)
-#define MASK_NDIGITS(x) \
-    ((((PyLongObject *)(x))->long_value.lv_tag & 3) == 2 ? -1 : (Py_ssize_t)(((PyLongObject *)(x))->long_value.lv_tag >> 3))
-#endif
-
 /* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). Where the digits
  * can be read, they are counted directly: asking for an unsigned long long first would raise (and clear)
  * an OverflowError for every mask of a step of more than 64 samples. */

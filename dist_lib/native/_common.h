@@ -80,20 +80,52 @@ PyObject *buffer_clone(AllocLog *log, long long nbytes, PyObject *source);
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
-/* a == b for two ints (identity first: small ints are shared). -1 with an exception set on error. */
-static inline int int_eq(PyObject *a, PyObject *b) {
-    if (a == b) return 1;
-    if (!a || !b) return 0;
-    return PyObject_RichCompareBool(a, b, Py_EQ);
-}
+/* An int's digits, where this build knows CPython's layout of them (30-bit digits since 3.11's
+ * `cpython/longintrepr.h`; the sign and count moved into `lv_tag` in 3.12): a mask's bits, and a small int's
+ * value, are read without a call. Other versions go through the C API. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+#define MASK_DIGITS(x) (((PyLongObject *)(x))->ob_digit)
+#define MASK_NDIGITS(x) Py_SIZE(x) /* negative for a negative int */
+#elif PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000 && PYLONG_BITS_IN_DIGIT == 30
+#define MASK_DIGITS(x) (((PyLongObject *)(x))->long_value.ob_digit)
+#define MASK_NDIGITS(x) \
+    ((((PyLongObject *)(x))->long_value.lv_tag & 3) == 2 ? -(Py_ssize_t)(((PyLongObject *)(x))->long_value.lv_tag >> 3) \
+                                                         : (Py_ssize_t)(((PyLongObject *)(x))->long_value.lv_tag >> 3))
+#endif
 
-/* An exact int's value when it fits a long, else `fallback` (never raises). */
+/* An exact int's value when it fits a long, else `fallback` (never raises). An int of one digit (below 2**30
+ * in size), or of two where a long has 64 bits, is read from its digits. */
 static inline long small_int(PyObject *x, long fallback) {
     if (!x || !PyLong_CheckExact(x)) return fallback;
+#ifdef MASK_DIGITS
+    Py_ssize_t ndigits = MASK_NDIGITS(x);
+    if ((ndigits >= -1 && ndigits <= 1) || (sizeof(long) >= 8 && (ndigits == 2 || ndigits == -2))) {
+        const digit *d = MASK_DIGITS(x);
+        long v = ndigits == 0 ? 0 : (long)d[0];
+        if (ndigits == 2 || ndigits == -2) v |= (long)d[1] << PyLong_SHIFT;
+        return ndigits < 0 ? -v : v;
+    }
+#endif
     int overflow;
     long v = PyLong_AsLongAndOverflow(x, &overflow);
     if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); return fallback; }
     return v;
+}
+
+/* a == b for two ints (identity first: small ints are shared; then two ints read from their digits).
+ * -1 with an exception set on error. */
+static inline int int_eq(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    if (!a || !b) return 0;
+#ifdef MASK_DIGITS
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        Py_ssize_t na = MASK_NDIGITS(a), nb = MASK_NDIGITS(b);
+        if (na != nb) return 0;
+        if ((na >= -1 && na <= 1) || (sizeof(long) >= 8 && (na == 2 || na == -2)))
+            return small_int(a, 0) == small_int(b, 0);
+    }
+#endif
+    return PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
 /* Append the event tuple (rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail)

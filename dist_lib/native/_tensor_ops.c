@@ -38,16 +38,66 @@ static struct {
     PyObject *s_start, *s_stop, *s_step;
 } K;
 
-/* The last costs looked up, by what they were looked up with: the cost cache itself (held, so that its address
- * names no other dict while it is here), and the key's op, TP degree and mode objects by identity and its layer
- * and sample count by value. A cost cache's entries are written once (`Model._cost` fills a missing key and
- * never replaces one), so a remembered entry is what the dict holds; a step's ops repeat a handful of keys, and
- * this skips building, hashing and comparing a five-item tuple key for each op. */
-#define COST_MEMO 1024 /* a power of two */
-static struct {
-    PyObject *cache, *op, *tp, *mode, *cost; /* strong references, or NULL */
-    long layer, n;
-} cost_memo[COST_MEMO];
+/* The last entries read from the dicts whose entries are written once (the cost cache, `Model._cost` and
+ * `Model._update_cost` fill a missing key and never replace one; the step's shard sizes, `Model._shard_bytes`,
+ * likewise), by the dict itself (held, so that its address names no other dict while it is here), up to three
+ * parts of the key by identity and two ints by value. A remembered entry is what the dict holds for that key; a
+ * step's ops repeat a handful of keys, and this skips building, hashing and comparing a tuple key for each op.
+ * Two ways a set: with one, two keys of a step that fell on one set (a few pairs among a step's couple of
+ * hundred) pushed each other out at every op of every rank. */
+#define MEMO_SETS 1024 /* a power of two */
+typedef struct {
+    PyObject *dict, *a, *b, *c, *value; /* strong references, or NULL */
+    long x, y;
+} Memo;
+static Memo memo[MEMO_SETS][2];
+
+static inline Memo *memo_set(PyObject *dict, PyObject *a, PyObject *b, PyObject *c, long x, long y) {
+    uint64_t h = (uint64_t)x * 0x9E3779B97F4A7C15ULL ^ (uint64_t)y * 0xC2B2AE3D27D4EB4FULL ^
+                 ((uintptr_t)a >> 4) * 0x165667B19E3779F9ULL ^ ((uintptr_t)c >> 4) * 0x27D4EB2F165667C5ULL ^
+                 ((uintptr_t)b >> 4) ^ ((uintptr_t)dict >> 4) * 0x85EBCA77C2B2AE63ULL;
+    return memo[(size_t)(h ^ h >> 29 ^ h >> 47) & (MEMO_SETS - 1)];
+}
+
+static inline int memo_holds(const Memo *m, PyObject *dict, PyObject *a, PyObject *b, PyObject *c, long x, long y) {
+    return m->dict == dict && m->a == a && m->b == b && m->c == c && m->x == x && m->y == y;
+}
+
+/* The remembered value (borrowed), or NULL (never raises). */
+static inline PyObject *memo_get(PyObject *dict, PyObject *a, PyObject *b, PyObject *c, long x, long y) {
+    Memo *set = memo_set(dict, a, b, c, x, y);
+    if (memo_holds(&set[0], dict, a, b, c, x, y)) return set[0].value;
+    if (memo_holds(&set[1], dict, a, b, c, x, y)) return set[1].value;
+    return NULL;
+}
+
+/* Remember `value`, which `dict` holds for the key these parts make. The new entry takes the first way;
+ * what was there moves to the second, whose entry goes. */
+static void memo_put(PyObject *dict, PyObject *a, PyObject *b, PyObject *c, long x, long y, PyObject *value) {
+    Memo *set = memo_set(dict, a, b, c, x, y), old = set[1];
+    set[1] = set[0];
+    set[0] = (Memo){Py_NewRef(dict), Py_XNewRef(a), Py_XNewRef(b), Py_XNewRef(c), Py_NewRef(value), x, y};
+    Py_XDECREF(old.dict);
+    Py_XDECREF(old.a);
+    Py_XDECREF(old.b);
+    Py_XDECREF(old.c);
+    Py_XDECREF(old.value);
+}
+
+/* dict[(layer, second)] of the step's shard sizes (`Model._shard_bytes`): a borrowed reference, or NULL with
+ * or without an exception (a missing key). `layer_v` and `second_v` are the two ints' values (`small_int`),
+ * -1 for anything else. */
+static PyObject *shard_sizes_get(PyObject *dict, PyObject *layer, long layer_v, PyObject *second, long second_v) {
+    int by_value = layer_v >= 0 && second_v >= 0; /* both exact ints (`small_int`) */
+    PyObject *sizes = by_value ? memo_get(dict, NULL, NULL, NULL, layer_v, second_v) : NULL;
+    if (sizes) return sizes;
+    PyObject *key = PyTuple_Pack(2, layer, second);
+    if (!key) return NULL;
+    sizes = PyDict_GetItemWithError(dict, key);
+    Py_DECREF(key);
+    if (sizes && by_value) memo_put(dict, NULL, NULL, NULL, layer_v, second_v, sizes);
+    return sizes;
+}
 
 /* (seconds, FLOPs, stash bytes) of a compute op: the model's cost cache, else `Model._cost`.
  * Returns a new reference to the cached tuple. */
@@ -57,13 +107,8 @@ static PyObject *op_cost(PyObject *self, PyObject *op, PyObject *layer, long n, 
     PyObject *cache = SLOT(self, K.m_cache);
     long layer_v = PyLong_CheckExact(layer) ? small_int(layer, -1) : -1;
     if (!cache || layer_v < 0) return op_cost_lookup(self, op, layer, n, tp, mode);
-    uint64_t h = (uint64_t)layer_v * 0x9E3779B97F4A7C15ULL ^ (uint64_t)n * 0xC2B2AE3D27D4EB4FULL ^
-                 ((uintptr_t)op >> 4) * 0x165667B19E3779F9ULL ^ ((uintptr_t)mode >> 4) * 0x27D4EB2F165667C5ULL ^
-                 ((uintptr_t)tp >> 4);
-    size_t slot = (size_t)(h ^ h >> 29 ^ h >> 47) & (COST_MEMO - 1);
-    if (cost_memo[slot].cache == cache && cost_memo[slot].op == op && cost_memo[slot].tp == tp &&
-        cost_memo[slot].mode == mode && cost_memo[slot].layer == layer_v && cost_memo[slot].n == n)
-        return Py_NewRef(cost_memo[slot].cost);
+    PyObject *known = memo_get(cache, op, tp, mode, layer_v, n);
+    if (known) return Py_NewRef(known);
     PyObject *cost = op_cost_lookup(self, op, layer, n, tp, mode);
     if (!cost) return NULL;
     /* only what the dict holds is remembered (a `_cost` of another class might not store it) */
@@ -73,18 +118,7 @@ static PyObject *op_cost(PyObject *self, PyObject *op, PyObject *layer, long n, 
         Py_XDECREF(n_obj);
         PyObject *held = key ? PyDict_GetItemWithError(cache, key) : NULL;
         Py_XDECREF(key);
-        if (held == cost) {
-            PyObject *old[5] = {cost_memo[slot].cache, cost_memo[slot].op, cost_memo[slot].tp, cost_memo[slot].mode,
-                                cost_memo[slot].cost};
-            cost_memo[slot].cache = Py_NewRef(cache);
-            cost_memo[slot].op = Py_NewRef(op);
-            cost_memo[slot].tp = Py_NewRef(tp);
-            cost_memo[slot].mode = Py_NewRef(mode);
-            cost_memo[slot].cost = Py_NewRef(cost);
-            cost_memo[slot].layer = layer_v;
-            cost_memo[slot].n = n;
-            for (int i = 0; i < 5; i++) Py_XDECREF(old[i]);
-        }
+        if (held == cost) memo_put(cache, op, tp, mode, layer_v, n, cost);
         PyErr_Clear();
     }
     return cost;
@@ -345,10 +379,7 @@ static int backward_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     long long weight_grad_bytes = 0;
     if (weight_grad) {
-        PyObject *key = PyTuple_Pack(2, layer, tp);
-        if (!key) return 0;
-        PyObject *sizes = PyDict_GetItemWithError(SLOT(self, K.m_shard_sizes), key);
-        Py_DECREF(key);
+        PyObject *sizes = shard_sizes_get(SLOT(self, K.m_shard_sizes), layer, layer_v, tp, small_int(tp, -1));
         if (!sizes || !PyTuple_CheckExact(sizes) || PyTuple_GET_SIZE(sizes) != 2) return 0;
         weight_grad_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 0));
         if (weight_grad_bytes < 0) return 0;
@@ -774,13 +805,13 @@ static PyObject *fast_load_weights(PyObject *self, PyObject *const *args, Py_ssi
     if (!PyLong_CheckExact(layer) || layer_v < 0 || layer_v >= small_int(SLOT(self, W.m_num_layers), 0) ||
         shard_v < 0 || shard_v >= n || shard_v > 62 || t < 0 || t >= tp_v || tp_v > 1L << 20 || n > 1L << 20)
         goto slow;
-    PyObject *parts = PyLong_FromLong(tp_v * n);
-    if (!parts) return NULL;
-    PyObject *key = PyTuple_Pack(2, layer, parts);
-    Py_DECREF(parts);
-    if (!key) return NULL;
-    PyObject *sizes = PyDict_GetItemWithError(SLOT(self, W.m_shard_sizes), key);
-    Py_DECREF(key);
+    PyObject *sizes = memo_get(SLOT(self, W.m_shard_sizes), NULL, NULL, NULL, layer_v, tp_v * n);
+    if (!sizes) {
+        PyObject *parts = PyLong_FromLong(tp_v * n);
+        if (!parts) return NULL;
+        sizes = shard_sizes_get(SLOT(self, W.m_shard_sizes), layer, layer_v, parts, tp_v * n);
+        Py_DECREF(parts);
+    }
     if (!sizes || !PyTuple_CheckExact(sizes) || PyTuple_GET_SIZE(sizes) != 2) {
         if (PyErr_Occurred()) return NULL;
         goto slow; /* the first time for this (layer, parts): Python computes and caches the sizes */
@@ -841,11 +872,18 @@ static PyObject *fast_update(PyObject *self, PyObject *const *args, Py_ssize_t n
         goto slow;
     PyObject *key_shard = shard_key(shards, num_shards, tp_rank);
     if (!key_shard) goto slow;
-    PyObject *held = PyLong_FromLong(__builtin_popcountl(s));
-    PyObject *cost_key = held ? PyTuple_Pack(5, W.s_update, layer, held, num_shards, tp) : NULL;
-    Py_XDECREF(held);
-    PyObject *cost = cost_key ? PyDict_GetItemWithError(SLOT(self, W.m_cache), cost_key) : NULL;
-    Py_XDECREF(cost_key);
+    /* the cost cache's key (update, layer, shards held, num_shards, tp); remembered by (update, tp,
+       num_shards) by identity and (layer, shards held) by value (no compute op's key has `update` first) */
+    PyObject *cache = SLOT(self, W.m_cache);
+    PyObject *cost = memo_get(cache, W.s_update, tp, num_shards, layer_v, __builtin_popcountl(s));
+    if (!cost) {
+        PyObject *held = PyLong_FromLong(__builtin_popcountl(s));
+        PyObject *cost_key = held ? PyTuple_Pack(5, W.s_update, layer, held, num_shards, tp) : NULL;
+        Py_XDECREF(held);
+        cost = cost_key ? PyDict_GetItemWithError(cache, cost_key) : NULL;
+        Py_XDECREF(cost_key);
+        if (cost) memo_put(cache, W.s_update, tp, num_shards, layer_v, __builtin_popcountl(s), cost);
+    }
     if (!cost || !PyTuple_CheckExact(cost) || PyTuple_GET_SIZE(cost) != 2) {
         Py_DECREF(key_shard);
         if (PyErr_Occurred()) return NULL;
