@@ -21,6 +21,43 @@ static long int_method(PyObject *x, PyCFunction method) {
     return v;
 }
 
+#ifdef MASK_DIGITS
+/* The bit count and bounds of the wide masks read last, by identity (each held, so that its address names no
+ * other int while it is here; an int never changes): a microbatch's mask is one int object that every op on
+ * it reads again, and a mask as wide as a step of thousands of samples is a hundred digits and more to scan. */
+#define MASK_MEMO 64 /* a power of two */
+#define WIDE_MASK 4  /* digits from which a mask is remembered */
+typedef struct {
+    PyObject *mask; /* a strong reference, or NULL */
+    long count, first, stop;
+} MaskFacts;
+static MaskFacts mask_memo[MASK_MEMO];
+
+/* The memo's entry for a positive exact int of at least WIDE_MASK digits, filled if it was not there. */
+static inline MaskFacts *wide_mask(PyObject *mask, Py_ssize_t ndigits) {
+    size_t slot = (size_t)(((uintptr_t)mask >> 4) * 0x9E3779B97F4A7C15ULL >> 32) & (MASK_MEMO - 1);
+    if (mask_memo[slot].mask == mask) return &mask_memo[slot];
+    const digit *d = MASK_DIGITS(mask);
+    long count = 0;
+    Py_ssize_t i = 0;
+    for (; i + 1 < ndigits; i += 2) { /* two 30-bit digits per 64-bit popcount */
+        unsigned long long word = (unsigned long long)d[i] | (unsigned long long)d[i + 1] << 30;
+        /* a microbatch's mask is zero below its samples: without a popcount instruction in the build
+           each count is a library call, so the zero words are skipped */
+        if (word) count += __builtin_popcountll(word);
+    }
+    if (i < ndigits) count += __builtin_popcountll(d[i]);
+    i = 0;
+    while (!d[i]) i++; /* (the top digit of a positive int is not zero) */
+    Py_XSETREF(mask_memo[slot].mask, Py_NewRef(mask));
+    mask_memo[slot].count = count;
+    mask_memo[slot].first = (long)(i * PyLong_SHIFT + __builtin_ctzl((unsigned long)d[i]));
+    mask_memo[slot].stop =
+        (long)((ndigits - 1) * PyLong_SHIFT + (64 - __builtin_clzll((unsigned long long)d[ndigits - 1])));
+    return &mask_memo[slot];
+}
+#endif
+
 /* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). Where the digits
  * can be read, they are counted directly: asking for an unsigned long long first would raise (and clear)
  * an OverflowError for every mask of a step of more than 64 samples. */
@@ -28,17 +65,12 @@ long mask_bit_count(PyObject *mask) {
     if (!mask || !PyLong_CheckExact(mask)) return -1;
 #ifdef MASK_DIGITS
     Py_ssize_t ndigits = MASK_NDIGITS(mask);
+    if (ndigits >= WIDE_MASK) return wide_mask(mask, ndigits)->count;
     if (ndigits >= 0) {
         const digit *d = MASK_DIGITS(mask);
         long count = 0;
-        Py_ssize_t i = 0;
-        for (; i + 1 < ndigits; i += 2) { /* two 30-bit digits per 64-bit popcount */
-            unsigned long long word = (unsigned long long)d[i] | (unsigned long long)d[i + 1] << 30;
-            /* a microbatch's mask is zero below its samples: without a popcount instruction in the build
-               each count is a library call, so the zero words are skipped */
-            if (word) count += __builtin_popcountll(word);
-        }
-        if (i < ndigits) count += __builtin_popcountll(d[i]);
+        for (Py_ssize_t i = 0; i < ndigits; i++)
+            if (d[i]) count += __builtin_popcountll(d[i]);
         return count;
     }
 #else
@@ -56,6 +88,12 @@ int mask_bounds(PyObject *mask, long *first, long *stop) {
     if (!mask || !PyLong_CheckExact(mask)) return 0;
     Py_ssize_t ndigits = MASK_NDIGITS(mask);
     if (ndigits <= 0) return 0;
+    if (ndigits >= WIDE_MASK) {
+        const MaskFacts *facts = wide_mask(mask, ndigits);
+        *first = facts->first;
+        *stop = facts->stop;
+        return 1;
+    }
     const digit *d = MASK_DIGITS(mask);
     Py_ssize_t i = 0;
     while (!d[i]) i++; /* (the top digit of a positive int is not zero) */
@@ -66,6 +104,27 @@ int mask_bounds(PyObject *mask, long *first, long *stop) {
     (void)mask; (void)first; (void)stop;
     return 0;
 #endif
+}
+
+/* Do two masks share a bit? 1 or 0, or -1 with an exception set. Non-negative ints are compared digit by
+ * digit, without making their intersection. */
+int masks_overlap(PyObject *a, PyObject *b) {
+#ifdef MASK_DIGITS
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        Py_ssize_t na = MASK_NDIGITS(a), nb = MASK_NDIGITS(b);
+        if (na >= 0 && nb >= 0) {
+            const digit *da = MASK_DIGITS(a), *db = MASK_DIGITS(b);
+            for (Py_ssize_t i = 0, n = na < nb ? na : nb; i < n; i++)
+                if (da[i] & db[i]) return 1;
+            return 0;
+        }
+    }
+#endif
+    PyObject *overlap = PyNumber_And(a, b);
+    if (!overlap) return -1;
+    int clash = PyObject_IsTrue(overlap);
+    Py_DECREF(overlap);
+    return clash;
 }
 
 /* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */

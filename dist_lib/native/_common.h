@@ -137,6 +137,8 @@ PyObject *take_op_id(PyObject *engine, PyObject *next_op_id);
 /* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). */
 long mask_bit_count(PyObject *mask);
 int mask_bounds(PyObject *mask, long *first, long *stop);
+/* Do two masks share a bit? 1 or 0, or -1 with an exception set. */
+int masks_overlap(PyObject *a, PyObject *b);
 /* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
 int is_full_mask(PyObject *mask, long n);
 /* Call the Python twin with self first (dropping any exception set on the way: the twin meets and

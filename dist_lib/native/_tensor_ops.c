@@ -488,11 +488,7 @@ static PyObject *fast_add(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (BUFFER_NBYTES((Buffer *)self) != BUFFER_NBYTES((Buffer *)other)) goto slow; /* different parameters */
     PyObject *mine = SLOT(self, K.w_samples), *theirs = SLOT(other, K.w_samples);
     if (!mine || !theirs) goto slow;
-    PyObject *overlap = PyNumber_And(mine, theirs);
-    if (!overlap) return NULL;
-    int clash = PyObject_IsTrue(overlap);
-    Py_DECREF(overlap);
-    if (clash) goto slow; /* (or an error): Python says which samples */
+    if (masks_overlap(mine, theirs)) goto slow; /* (or an error): Python says which samples */
     PyObject *both = PyNumber_Or(mine, theirs);
     if (!both) return NULL;
     PyObject *fields[7] = {SLOT(self, K.w_rank), SLOT(self, K.w_layer), both, SLOT(self, K.w_shards),
