@@ -39,7 +39,7 @@ from operator import attrgetter
 from typing import Any
 
 from dist_lib.errors import DeadlockError, ResourceError, SimulationError, StrategyError
-from dist_lib.engine.eventlog import PACK_AT, EventLog
+from dist_lib.engine.eventlog import EventLog
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.replicas import Fold
 from dist_lib.engine.transfers import Scheduler, Transfer
@@ -162,8 +162,7 @@ class Engine:
         if not state.waiting:
             self.blocked += 1
         state.waiting.append(work)
-        if len(self.events.recent) >= PACK_AT:
-            self.events.pack()
+        self.events.maybe_pack()
         if self.blocked + self.finished == self.world_size:
             self.advance()
 

@@ -147,15 +147,6 @@ static int int_c_method(const char *name, PyCFunction *out) {
     return ok ? 0 : -1;
 }
 
-int append_event(PyObject *events, PyObject *const *fields) {
-    PyObject *event = PyTuple_New(12);
-    if (!event) return -1;
-    for (int i = 0; i < 12; i++) PyTuple_SET_ITEM(event, i, Py_NewRef(fields[i]));
-    int failed = PyList_Append(events, event);
-    Py_DECREF(event);
-    return failed;
-}
-
 PyObject *take_op_id(PyObject *engine, PyObject *next_op_id) {
     PyObject *last = PyObject_GetAttr(engine, next_op_id), *one = last ? PyLong_FromLong(1) : NULL;
     PyObject *id = one ? PyNumber_Add(last, one) : NULL;

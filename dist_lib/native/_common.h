@@ -128,9 +128,12 @@ static inline int int_eq(PyObject *a, PyObject *b) {
     return PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
-/* Append the event tuple (rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail)
- * of these 12 fields (borrowed) to the list `events`. 0, or -1 with an exception. */
+/* Record the event (rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail) of these
+ * 12 fields (borrowed) on the log whose recent tuples are the list `events`: staged as a row of its columns
+ * where the log stages them (`_events.c`), else appended to `events` as a tuple. 0, or -1 with an exception. */
 int append_event(PyObject *events, PyObject *const *fields);
+/* Events of that log not yet packed: its recent tuples and its staged rows. */
+Py_ssize_t pending_events(PyObject *events);
 /* `engine.new_op_id()`: add one to the engine's attribute `next_op_id` (the interned name) and return the
  * new id (a new reference), or NULL with an exception. */
 PyObject *take_op_id(PyObject *engine, PyObject *next_op_id);

@@ -113,7 +113,7 @@ static int block(PyObject *work) {
         blocked++;
     }
     if (PyList_Append(waiting, work) < 0) return -1;
-    if (PyList_GET_SIZE(recent) >= D.pack_at) {
+    if (pending_events(recent) >= D.pack_at) {
         PyObject *r = call_method(events, D.s_pack, NULL, NULL);
         if (!r) return -1;
         Py_DECREF(r);

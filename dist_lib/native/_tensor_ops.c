@@ -168,7 +168,7 @@ static int run_compute(PyObject *self, PyObject *op, PyObject *layer, PyObject *
     if (append_event(events, items) < 0) { Py_DECREF(end); Py_DECREF(total); return -1; }
     Py_XSETREF(SLOT(state, K.s_clock), end); /* `end` is now owned by the slot; the event holds its own */
     Py_XSETREF(SLOT(state, K.s_flops), total);
-    if (PyList_GET_SIZE(events) >= K.pack_at) {
+    if (pending_events(events) >= K.pack_at) {
         PyObject *log = PyObject_GetAttr(SLOT(self, K.m_engine), K.s_events);
         PyObject *r = log ? PyObject_CallMethodNoArgs(log, K.s_pack) : NULL;
         Py_XDECREF(log);
