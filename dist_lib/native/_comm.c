@@ -145,9 +145,14 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     PyObject *last_work = Py_NewRef(PyList_GET_ITEM(works, n - 1)), *last_result = NULL;
     PyObject *start = NULL, *end = NULL, *next_id = NULL, *ranks = NULL, *log = NULL, *recent = NULL,
              *samples = NULL, *samples_of = NULL, *ret = NULL;
-    if (!(start = PyObject_GetAttr(transfer, E.s_start)) || !(end = PyObject_GetAttr(transfer, E.s_end))) goto done;
-    if (!(ranks = PyObject_GetAttr(engine, E.s_ranks)) || !(log = PyObject_GetAttr(engine, E.s_events)) ||
-        !(recent = PyObject_GetAttr(log, E.s_recent)))
+    double start_s, end_s;
+    if (transfer_times(transfer, &start_s, &end_s)) {
+        if (!(start = PyFloat_FromDouble(start_s)) || !(end = PyFloat_FromDouble(end_s))) goto done;
+    } else if (!(start = PyObject_GetAttr(transfer, E.s_start)) || !(end = PyObject_GetAttr(transfer, E.s_end))) {
+        goto done;
+    }
+    if (!(ranks = slot_get(engine, E.s_ranks)) || !(log = slot_get(engine, E.s_events)) ||
+        !(recent = slot_get(log, E.s_recent)))
         goto done;
     if (!PyList_CheckExact(ranks) || !PyList_CheckExact(recent)) {
         PyErr_SetString(PyExc_TypeError, "engine.ranks and engine.events.recent must be lists");

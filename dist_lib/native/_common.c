@@ -182,6 +182,46 @@ int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out) {
     return ok ? 0 : -1;
 }
 
+/* The slots read last by name, by the class of the object (held) and the class's version tag: a class changed
+ * since (an attribute set on it) gets a new tag, and its slots are looked up again. */
+#define SLOT_MEMO 16
+static struct {
+    PyTypeObject *type; /* a strong reference, or NULL */
+    unsigned int version;
+    PyObject *name; /* an interned str (held) */
+    Py_ssize_t offset;
+} slot_memo[SLOT_MEMO];
+static int slot_next;
+
+PyObject *slot_get(PyObject *obj, PyObject *name) {
+    PyTypeObject *type = Py_TYPE(obj);
+    if (PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG))
+        for (int i = 0; i < SLOT_MEMO; i++)
+            if (slot_memo[i].type == type && slot_memo[i].name == name && slot_memo[i].version == type->tp_version_tag) {
+                PyObject *value = SLOT(obj, slot_memo[i].offset);
+                if (value) return Py_NewRef(value);
+                break; /* unset: getattr raises the AttributeError */
+            }
+    PyObject *value = PyObject_GetAttr(obj, name);
+    /* getattr found it through a slot of the class (its member descriptor, which a data descriptor is, comes
+       before any instance attribute): remember where */
+    PyObject *descr = value ? _PyType_Lookup(type, name) : NULL;
+    if (descr && Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+        ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
+        PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        int i = slot_next++ & (SLOT_MEMO - 1);
+        Py_INCREF(type);
+        Py_INCREF(name);
+        Py_XDECREF(slot_memo[i].type);
+        Py_XDECREF(slot_memo[i].name);
+        slot_memo[i].type = type;
+        slot_memo[i].name = name;
+        slot_memo[i].version = type->tp_version_tag;
+        slot_memo[i].offset = ((PyMemberDescrObject *)descr)->d_member->offset;
+    }
+    return value;
+}
+
 int same_layout(PyObject *const *siblings, int nsiblings, const char *const *names, const Py_ssize_t *want,
                 int nnames) {
     for (int c = 0; c < nsiblings; c++)

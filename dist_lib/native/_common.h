@@ -149,6 +149,11 @@ int is_full_mask(PyObject *mask, long n);
 PyObject *fallback(PyObject *twin, PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 /* The offset of the slot `name` of `cls`; -1 with TypeError if it is not an object slot. */
 int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out);
+/* getattr(obj, name) for an interned `name`, read from where the object's class keeps that slot once it was
+ * found there (a new reference, or NULL with the exception getattr raises). */
+PyObject *slot_get(PyObject *obj, PyObject *name);
+/* A Transfer's start and end (`_transfers.c`): 1, or 0 (never raises) if `t` is not a Transfer. */
+int transfer_times(PyObject *t, double *start, double *end);
 /* Do the classes `siblings` have the slots `names` at the offsets `want` (those of the class the fast ops
  * read them from)? 0, or -1 with TypeError naming the first that does not. */
 int same_layout(PyObject *const *siblings, int nsiblings, const char *const *names, const Py_ssize_t *want,

@@ -42,10 +42,16 @@ static int add_to(PyObject *obj, Py_ssize_t offset, long delta) {
         PyErr_SetString(PyExc_AttributeError, "engine counter not set");
         return -1;
     }
-    PyObject *step = PyLong_FromLong(delta);
-    if (!step) return -1;
-    PyObject *sum = PyNumber_Add(old, step);
-    Py_DECREF(step);
+    long now = small_int(old, LONG_MIN); /* a counter of ranks: an int far from a long's ends */
+    PyObject *sum;
+    if (now != LONG_MIN && now > LONG_MIN / 2 && now < LONG_MAX / 2) {
+        sum = PyLong_FromLong(now + delta);
+    } else {
+        PyObject *step = PyLong_FromLong(delta);
+        if (!step) return -1;
+        sum = PyNumber_Add(old, step);
+        Py_DECREF(step);
+    }
     if (!sum) return -1;
     Py_SETREF(SLOT(obj, offset), sum);
     return 0;

@@ -502,9 +502,25 @@ slow:
 
 /* ---- runs of layers (`model/layer_runs.py`) -------------------------------------------------------- */
 
-/* The bounds of `layers`, a range of step 1: 1, or 0 (never raises) for the Python twin to take. */
+/* The bounds of `layers`, a range of step 1: 1, or 0 (never raises) for the Python twin to take. A stage passes
+ * the same range object for each run of a chunk's layers: the last few ranges' bounds are remembered by
+ * identity (each held, so that its address names no other object while it is here; a range never changes). */
+#define RANGE_MEMO 8
+static struct {
+    PyObject *range; /* a strong reference, or NULL */
+    long start, stop;
+    int ok;
+} range_memo[RANGE_MEMO];
+static int range_next;
+
 static int run_bounds(PyObject *layers, long *start, long *stop) {
     if (!PyRange_Check(layers)) return 0;
+    for (int i = 0; i < RANGE_MEMO; i++)
+        if (range_memo[i].range == layers) {
+            *start = range_memo[i].start;
+            *stop = range_memo[i].stop;
+            return range_memo[i].ok;
+        }
     PyObject *v[3] = {PyObject_GetAttr(layers, K.s_start), PyObject_GetAttr(layers, K.s_stop),
                       PyObject_GetAttr(layers, K.s_step)};
     long got[3];
@@ -515,7 +531,13 @@ static int run_bounds(PyObject *layers, long *start, long *stop) {
     PyErr_Clear();
     *start = got[0];
     *stop = got[1];
-    return got[0] >= 0 && got[1] >= got[0] && got[2] == 1;
+    int ok = got[0] >= 0 && got[1] >= got[0] && got[2] == 1;
+    int slot = range_next++ & (RANGE_MEMO - 1);
+    Py_XSETREF(range_memo[slot].range, Py_NewRef(layers));
+    range_memo[slot].start = got[0];
+    range_memo[slot].stop = got[1];
+    range_memo[slot].ok = ok;
+    return ok;
 }
 
 /* `loaded[layer][0]`: the weight of what `load_weights` returned for `layer` (a new reference), or NULL

@@ -148,6 +148,13 @@ static void Transfer_dealloc(Transfer *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+int transfer_times(PyObject *t, double *start, double *end) {
+    if (!PyObject_TypeCheck(t, &TransferType)) return 0;
+    *start = ((Transfer *)t)->start;
+    *end = ((Transfer *)t)->end;
+    return 1;
+}
+
 static PyMemberDef Transfer_members[] = {
     {"start", T_DOUBLE, offsetof(Transfer, start), 0, "when it may start (virtual seconds)"},
     {"usage", T_OBJECT, offsetof(Transfer, usage), READONLY, "((link id, bytes/s wanted), ...)"},
