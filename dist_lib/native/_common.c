@@ -127,6 +127,35 @@ int masks_overlap(PyObject *a, PyObject *b) {
     return clash;
 }
 
+int masks_join(PyObject *a, PyObject *b, PyObject **out) {
+#ifdef MASK_DIGITS
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        Py_ssize_t na = MASK_NDIGITS(a), nb = MASK_NDIGITS(b);
+        if (na >= 0 && nb >= 0 && (na >= 3 || nb >= 3)) {
+            const digit *da = MASK_DIGITS(a), *db = MASK_DIGITS(b);
+            if (na < nb) { /* a is the wider */
+                const digit *d = da; da = db; db = d;
+                Py_ssize_t n = na; na = nb; nb = n;
+            }
+            for (Py_ssize_t i = 0; i < nb; i++)
+                if (da[i] & db[i]) return 1;
+            /* the top digit is a's, not zero: the union is normalized as it stands */
+            PyLongObject *both = _PyLong_New(na);
+            if (!both) return -1;
+            digit *d = MASK_DIGITS(both);
+            for (Py_ssize_t i = 0; i < nb; i++) d[i] = da[i] | db[i];
+            memcpy(d + nb, da + nb, (size_t)(na - nb) * sizeof(digit));
+            *out = (PyObject *)both;
+            return 0;
+        }
+    }
+#endif
+    int clash = masks_overlap(a, b);
+    if (clash) return clash;
+    *out = PyNumber_Or(a, b);
+    return *out ? 0 : -1;
+}
+
 /* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
 int is_full_mask(PyObject *mask, long n) {
     if (n < 1 || !mask || !PyLong_CheckExact(mask)) return 0;

@@ -142,6 +142,9 @@ long mask_bit_count(PyObject *mask);
 int mask_bounds(PyObject *mask, long *first, long *stop);
 /* Do two masks share a bit? 1 or 0, or -1 with an exception set. */
 int masks_overlap(PyObject *a, PyObject *b);
+/* a | b of two masks that share no bit: 0 and *out the union (a new reference); 1 if they share one; -1 with
+ * an exception. Masks of three digits and more are read and made digit by digit, in one pass. */
+int masks_join(PyObject *a, PyObject *b, PyObject **out);
 /* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
 int is_full_mask(PyObject *mask, long n);
 /* Call the Python twin with self first (dropping any exception set on the way: the twin meets and

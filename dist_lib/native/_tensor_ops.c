@@ -35,7 +35,7 @@ static struct {
     Py_ssize_t pack_at;
     PyObject *s_forward, *s_backward, *s_backward_input, *s_backward_weight, *s_compute, *s_recompute, *s_empty,
         *s_none, *s_stash, *s_selective, *s_cost, *s_events, *s_pack, *s_selective_mode, *zero, *one;
-    PyObject *s_start, *s_stop, *s_step;
+    PyObject *s_start, *s_stop, *s_step, *s_add;
 } K;
 
 /* The last entries read from the dicts whose entries are written once (the cost cache, `Model._cost` and
@@ -488,9 +488,8 @@ static PyObject *fast_add(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (BUFFER_NBYTES((Buffer *)self) != BUFFER_NBYTES((Buffer *)other)) goto slow; /* different parameters */
     PyObject *mine = SLOT(self, K.w_samples), *theirs = SLOT(other, K.w_samples);
     if (!mine || !theirs) goto slow;
-    if (masks_overlap(mine, theirs)) goto slow; /* (or an error): Python says which samples */
-    PyObject *both = PyNumber_Or(mine, theirs);
-    if (!both) return NULL;
+    PyObject *both;
+    if (masks_join(mine, theirs, &both)) goto slow; /* (or an error): Python says which samples */
     PyObject *fields[7] = {SLOT(self, K.w_rank), SLOT(self, K.w_layer), both, SLOT(self, K.w_shards),
                            SLOT(self, K.w_num_shards), SLOT(self, K.w_tp_rank), SLOT(self, K.w_tp_size)};
     PyObject *sum = buffer_view(K.WeightGrad, self, fields, 7); /* like `.grad +=`: the left buffer */
@@ -499,6 +498,8 @@ static PyObject *fast_add(PyObject *self, PyObject *const *args, Py_ssize_t narg
 slow:
     return fallback(K.py_add, self, args, nargs, kwnames);
 }
+
+static PyMethodDef add_def; /* WeightGrad.__add__ (below) */
 
 /* ---- runs of layers (`model/layer_runs.py`) -------------------------------------------------------- */
 
@@ -632,7 +633,12 @@ static PyObject *fast_backward_layers(PyObject *self, PyObject *const *args, Py_
         } else if (!total || total == Py_None) {
             failed = PyDict_SetItem(grads, layer, weight_grad) < 0;
         } else {
-            PyObject *sum = PyNumber_Add(total, weight_grad);
+            /* `total + weight_grad`: WeightGrad.__add__ straight, while it is this file's */
+            PyObject *add = Py_TYPE(total) == K.WeightGrad && Py_TYPE(weight_grad) == K.WeightGrad
+                                ? _PyType_Lookup(K.WeightGrad, K.s_add) : NULL;
+            int direct = add && Py_IS_TYPE(add, &PyMethodDescr_Type) &&
+                         ((PyMethodDescrObject *)add)->d_method == &add_def;
+            PyObject *sum = direct ? fast_add(total, &weight_grad, 1, NULL) : PyNumber_Add(total, weight_grad);
             failed = !sum || PyDict_SetItem(grads, layer, sum) < 0;
             Py_XDECREF(sum);
         }
@@ -675,7 +681,7 @@ static int ops_names(void) {
         {&K.s_backward_weight, "backward_weight"}, {&K.s_compute, "compute"},
         {&K.s_recompute, "recompute"}, {&K.s_empty, ""}, {&K.s_none, "none"}, {&K.s_stash, "stash"},
         {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"},
-        {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_selective_mode, "selective"},
+        {&K.s_events, "events"}, {&K.s_add, "__add__"}, {&K.s_pack, "pack"}, {&K.s_selective_mode, "selective"},
         {&K.s_start, "start"}, {&K.s_stop, "stop"}, {&K.s_step, "step"},
     };
     for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
