@@ -470,12 +470,13 @@ static void Buffer_dealloc(Buffer *self) {
     AllocLog *log = (AllocLog *)self->ref;
     if (log && !(self->word & VIEW)) {
         /* a free cannot fail: keep any exception in flight, and log what can be logged */
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
+        PyObject *type = NULL, *value = NULL, *tb = NULL;
+        int in_flight = PyErr_Occurred() != NULL;
+        if (in_flight) PyErr_Fetch(&type, &value, &tb);
         double now = log_clock(log);
         if (now == -1.0 && PyErr_Occurred()) { PyErr_Clear(); now = 0.0; }
         if (log_append(log, now, buffer_entry(self) | FREE, -BUFFER_NBYTES(self)) < 0) PyErr_Clear();
-        PyErr_Restore(type, value, tb);
+        if (in_flight) PyErr_Restore(type, value, tb);
     }
     Buffer_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);

@@ -547,6 +547,37 @@ static struct {
  * if two do (the Python names them); NULL with one on failure. */
 static PyObject *disjoint_union(PyObject *works, Py_ssize_t offset) {
     Py_ssize_t n = PyList_GET_SIZE(works);
+#ifdef MASK_DIGITS
+    /* two or more non-negative ints, one of three digits or more: their bits gathered in one buffer of digits (each
+       member's mask is looked at once, rather than each step making an int as wide as the union so far) */
+    Py_ssize_t width = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *mask = SLOT(SLOT(PyList_GET_ITEM(works, i), R.w_input), offset);
+        Py_ssize_t digits = PyLong_CheckExact(mask) ? MASK_NDIGITS(mask) : -1;
+        if (digits < 0) { width = -1; break; }
+        if (digits > width) width = digits;
+    }
+    if (width >= 3 && n > 1) {
+        digit *all = PyMem_Calloc((size_t)width, sizeof(digit));
+        if (!all) return PyErr_NoMemory();
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *mask = SLOT(SLOT(PyList_GET_ITEM(works, i), R.w_input), offset);
+            const digit *d = MASK_DIGITS(mask);
+            for (Py_ssize_t k = 0, digits = MASK_NDIGITS(mask); k < digits; k++) {
+                if (all[k] & d[k]) { /* two members share samples: the Python twin says which */
+                    PyMem_Free(all);
+                    return NULL;
+                }
+                all[k] |= d[k];
+            }
+        }
+        /* the widest member's top digit is not zero: the union is normalized as it stands */
+        PyLongObject *out = _PyLong_New(width);
+        if (out) memcpy(MASK_DIGITS(out), all, (size_t)width * sizeof(digit));
+        PyMem_Free(all);
+        return (PyObject *)out;
+    }
+#endif
     PyObject *all = Py_NewRef(SLOT(SLOT(PyList_GET_ITEM(works, 0), R.w_input), offset));
     for (Py_ssize_t i = 1; i < n; i++) {
         PyObject *mask = SLOT(SLOT(PyList_GET_ITEM(works, i), R.w_input), offset);
