@@ -52,8 +52,9 @@ class EventLog(Sequence):
         self._kind_codes: dict[tuple, int] = {}
         # a kind's fields by code, one list per field: op, stream, layer, nbytes, flops, peers, detail
         self._kinds: tuple[list, ...] = ([], [], [], [], [], [], [])
-        # the same, for the C pack, which also holds the rows the C ops stage (`_staged`)
-        self._kind_index = KindIndex(self.recent, self._kinds) if KindIndex is not None else None
+        # the same for the C pack (which codes a kind as `_kind_codes` does and adds the kinds it makes to it),
+        # also holding the rows the C ops stage (`_staged`)
+        self._kind_index = KindIndex(self.recent, self._kinds, self._kind_codes) if KindIndex is not None else None
         self._rank, self._kind = array("i"), array("I")
         self._start, self._end = array("d"), array("d")
         self._samples: list[int] = []  # bit masks are shared with the tensors: a reference each

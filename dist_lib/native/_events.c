@@ -23,6 +23,7 @@ typedef struct {
     /* the staged rows (see above): `staged` of them, room for `staged_cap`; `recent` is the log's list of
        tuples (a strong reference), `table` its kind table (the tuple of seven lists), once known */
     PyObject *recent, *table;
+    PyObject *codes; /* the log's dict of kind codes (`EventLog._kind_codes`, held), or NULL */
     Py_ssize_t staged, staged_cap;
     int32_t *ranks, *op_ids;
     uint32_t *kinds;
@@ -46,6 +47,7 @@ static void KindIndex_dealloc(KindIndex *self) {
     unstage(self);
     Py_CLEAR(self->recent);
     Py_CLEAR(self->table);
+    Py_CLEAR(self->codes);
     PyMem_Free(self->ranks);
     PyMem_Free(self->op_ids);
     PyMem_Free(self->kinds);
@@ -67,12 +69,20 @@ static void KindIndex_dealloc(KindIndex *self) {
 
 static Py_ssize_t KindIndex_len(KindIndex *self) { return self->used; }
 
-/* KindIndex(recent=None, table=None): with the log's list of recent tuples and its kind table (a tuple of seven
- * lists), the C ops stage that log's events. */
+/* KindIndex(recent=None, table=None, codes=None): with the log's list of recent tuples and its kind table (a tuple
+ * of seven lists), the C ops stage that log's events; with the log's dict of kind codes, every kind is coded as
+ * that dict codes it (see `kind_code`). */
 static int KindIndex_init(KindIndex *self, PyObject *args, PyObject *kwds) {
-    PyObject *recent = Py_None, *table = Py_None;
-    static char *names[] = {"recent", "table", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO:KindIndex", names, &recent, &table)) return -1;
+    PyObject *recent = Py_None, *table = Py_None, *codes = Py_None;
+    static char *names[] = {"recent", "table", "codes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OOO:KindIndex", names, &recent, &table, &codes)) return -1;
+    if (codes != Py_None) {
+        if (!PyDict_CheckExact(codes)) {
+            PyErr_SetString(PyExc_TypeError, "KindIndex(codes=...): the log's dict of kind codes");
+            return -1;
+        }
+        Py_XSETREF(self->codes, Py_NewRef(codes));
+    }
     if (recent == Py_None || self->recent) return 0;
     int lists = PyTuple_CheckExact(table) && PyTuple_GET_SIZE(table) == 7;
     for (int c = 0; lists && c < 7; c++) lists = PyList_CheckExact(PyTuple_GET_ITEM(table, c));
@@ -159,12 +169,39 @@ static long kind_code(KindIndex *self, PyObject *table, PyObject *const *e, long
             same_str(k->op, op) && same_str(k->stream, stream) && same_str(k->detail, detail))
             return k->code;
     }
-    /* a new kind: its row, in the table's column order (op, stream, layer, nbytes, flops, peers, detail) */
+    /* A kind this index has not seen. The log's dict of codes (the Python packing's index, keyed by
+       (op, stream, layer, nbytes, flops, detail, id(peers))) is the one record of which kinds have rows: a kind
+       it has takes that code, a new one gets a row and goes into it too. So the table is the one packing
+       every event in Python makes, whichever packed what (a key equal in value but not in type, a layer True
+       beside 1, shares the row of whichever came first, as in the dict). */
     Py_ssize_t code = PyList_GET_SIZE(PyTuple_GET_ITEM(table, 0));
-    if (code > UINT32_MAX) { PyErr_SetString(PyExc_OverflowError, "too many kinds of events"); return -1; }
-    PyObject *row[7] = {op, stream, e[5], e[7], e[8], peers, detail};
-    for (int c = 0; c < 7; c++)
-        if (PyList_Append(PyTuple_GET_ITEM(table, c), row[c]) < 0) return -1;
+    PyObject *key = NULL;
+    if (self->codes) {
+        PyObject *id = PyLong_FromVoidPtr(peers);
+        key = id ? PyTuple_Pack(7, op, stream, e[5], e[7], e[8], detail, id) : NULL;
+        Py_XDECREF(id);
+        PyObject *known = key ? PyDict_GetItemWithError(self->codes, key) : NULL;
+        if (!key || (!known && PyErr_Occurred())) { Py_XDECREF(key); return -1; }
+        if (known) {
+            Py_DECREF(key);
+            key = NULL;
+            code = PyLong_AsSsize_t(known);
+            if (code < 0) return -1;
+        }
+    }
+    if (code > UINT32_MAX) { Py_XDECREF(key); PyErr_SetString(PyExc_OverflowError, "too many kinds of events"); return -1; }
+    if (code == PyList_GET_SIZE(PyTuple_GET_ITEM(table, 0))) { /* a new row, in the table's column order */
+        PyObject *row[7] = {op, stream, e[5], e[7], e[8], peers, detail};
+        for (int c = 0; c < 7; c++)
+            if (PyList_Append(PyTuple_GET_ITEM(table, c), row[c]) < 0) { Py_XDECREF(key); return -1; }
+        if (key) {
+            PyObject *value = PyLong_FromSsize_t(code);
+            int failed = !value || PyDict_SetItem(self->codes, key, value) < 0;
+            Py_XDECREF(value);
+            Py_DECREF(key);
+            if (failed) return -1;
+        }
+    }
     Kind *k = &self->slots[i];
     *k = (Kind){Py_NewRef(op), Py_NewRef(stream), Py_NewRef(detail), Py_NewRef(peers), layer, nbytes, flops, h,
                 (uint32_t)code};
