@@ -185,6 +185,8 @@ class Engine:
             transfer.finish(self, transfer)
 
     def schedule(self, transfer: Transfer) -> None:
+        """Hand `transfer` to the scheduler; one of zero duration has the step's op ids numbered again at the end
+        (`instant_transfers`). Its C twin is in `_drive.c`."""
         if transfer.end == transfer.start:
             self.instant_transfers = True
         self.transfers.add(transfer)
