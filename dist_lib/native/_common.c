@@ -176,8 +176,20 @@ static int int_c_method(const char *name, PyCFunction *out) {
     return ok ? 0 : -1;
 }
 
+static Py_ssize_t slot_known(PyObject *obj, PyObject *name); /* (below) */
+
 PyObject *take_op_id(PyObject *engine, PyObject *next_op_id) {
-    PyObject *last = PyObject_GetAttr(engine, next_op_id), *one = last ? PyLong_FromLong(1) : NULL;
+    PyObject *last = slot_get(engine, next_op_id);
+    Py_ssize_t offset = last && Py_TYPE(engine)->tp_setattro == PyObject_GenericSetAttr
+                            ? slot_known(engine, next_op_id) : -1;
+    long v = offset >= 0 ? small_int(last, -1) : -1;
+    if (v >= 0 && v < LONG_MAX) { /* the engine's slot: the next id stored there straight */
+        Py_DECREF(last);
+        PyObject *id = PyLong_FromLong(v + 1);
+        if (id) Py_XSETREF(SLOT(engine, offset), Py_NewRef(id));
+        return id;
+    }
+    PyObject *one = last ? PyLong_FromLong(1) : NULL;
     PyObject *id = one ? PyNumber_Add(last, one) : NULL;
     Py_XDECREF(last);
     Py_XDECREF(one);
@@ -222,15 +234,20 @@ static struct {
 } slot_memo[SLOT_MEMO];
 static int slot_next;
 
-PyObject *slot_get(PyObject *obj, PyObject *name) {
+/* Where the object's class keeps the slot `name`, if the memo knows: its offset, or -1. */
+static Py_ssize_t slot_known(PyObject *obj, PyObject *name) {
     PyTypeObject *type = Py_TYPE(obj);
     if (PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG))
         for (int i = 0; i < SLOT_MEMO; i++)
-            if (slot_memo[i].type == type && slot_memo[i].name == name && slot_memo[i].version == type->tp_version_tag) {
-                PyObject *value = SLOT(obj, slot_memo[i].offset);
-                if (value) return Py_NewRef(value);
-                break; /* unset: getattr raises the AttributeError */
-            }
+            if (slot_memo[i].type == type && slot_memo[i].name == name && slot_memo[i].version == type->tp_version_tag)
+                return slot_memo[i].offset;
+    return -1;
+}
+
+PyObject *slot_get(PyObject *obj, PyObject *name) {
+    PyTypeObject *type = Py_TYPE(obj);
+    Py_ssize_t offset = slot_known(obj, name);
+    if (offset >= 0 && SLOT(obj, offset)) return Py_NewRef(SLOT(obj, offset)); /* (unset: getattr raises) */
     PyObject *value = PyObject_GetAttr(obj, name);
     /* getattr found it through a slot of the class (its member descriptor, which a data descriptor is, comes
        before any instance attribute): remember where */
