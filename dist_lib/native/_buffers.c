@@ -276,9 +276,15 @@ PyTypeObject AllocLogType = {
 
 /* ---- buffers ------------------------------------------------------------------------------------- */
 
+/* the cache's entries by the class's address: a class found once is found again without the scan */
+#define TYPE_SLOTS 64 /* a power of two */
+static TypeInfo *type_slots[TYPE_SLOTS];
+
 static TypeInfo *type_info(PyTypeObject *type) {
+    size_t slot = (size_t)((uintptr_t)type >> 4) & (TYPE_SLOTS - 1);
+    if (type_slots[slot] && type_slots[slot]->type == type) return type_slots[slot];
     for (int i = 0; i < type_cache_len; i++)
-        if (type_cache[i].type == type) return &type_cache[i];
+        if (type_cache[i].type == type) return type_slots[slot] = &type_cache[i];
     if (type_cache_len == MAX_TYPES) {
         PyErr_SetString(PyExc_RuntimeError, "too many Buffer classes");
         return NULL;
@@ -333,7 +339,7 @@ static TypeInfo *type_info(PyTypeObject *type) {
     }
     Py_INCREF(type);
     type_cache[type_cache_len] = info;
-    return &type_cache[type_cache_len++];
+    return type_slots[slot] = &type_cache[type_cache_len++];
 }
 
 static int check_arg_count(PyTypeObject *type, TypeInfo *info, Py_ssize_t given) {
