@@ -488,6 +488,46 @@ static void Buffer_dealloc(Buffer *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* The deallocator of the tensor classes (Python subclasses of Buffer with __slots__), as CPython's generic one
+ * (`subtype_dealloc`, typeobject.c) runs for them, without what those classes do not have (an instance dict, weak
+ * references, a finalizer): each class's slots cleared, from the first class with this deallocator down to
+ * Buffer, most derived first and each in its own order (as `clear_slots` does: a slot holding another buffer, an
+ * activation's stash, is freed before this buffer's free is logged), then Buffer's, then the reference to the
+ * heap class. Classes below one with this deallocator that keep the generic one (a subclass) had theirs
+ * cleared already: the generic deallocator stops at the first class with another one, and calls it. */
+static void tensor_dealloc(PyObject *self) {
+    PyTypeObject *type = Py_TYPE(self), *level = type;
+    PyObject_GC_UnTrack(self);
+    while (level->tp_dealloc != tensor_dealloc) level = level->tp_base;
+    for (; level != &BufferType; level = level->tp_base) {
+        /* a heap class's slots' member table follows the class object (`PyHeapType_GET_MEMBERS`) */
+        PyMemberDef *member = (PyMemberDef *)((char *)level + Py_TYPE(level)->tp_basicsize);
+        for (Py_ssize_t i = 0, n = Py_SIZE(level); i < n; i++, member++)
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) {
+                PyObject **slot = (PyObject **)((char *)self + member->offset);
+                Py_CLEAR(*slot);
+            }
+    }
+    Buffer_dealloc((Buffer *)self);
+    Py_DECREF(type);
+}
+
+int fast_tensor_dealloc(PyTypeObject *type) {
+    if (type->tp_dealloc == tensor_dealloc) return 0;
+    /* every class from it down to Buffer a heap class of slots only, on the generic deallocator */
+    destructor generic = type->tp_dealloc;
+    for (PyTypeObject *level = type; level != &BufferType; level = level->tp_base) {
+        if (!level || !(level->tp_flags & Py_TPFLAGS_HEAPTYPE) || level->tp_dealloc != generic ||
+            level->tp_dictoffset || level->tp_weaklistoffset || level->tp_finalize || level->tp_del ||
+            !PyType_IsSubtype(level, &BufferType)) {
+            PyErr_Format(PyExc_TypeError, "%s: not a class of slots over Buffer", type->tp_name);
+            return -1;
+        }
+    }
+    type->tp_dealloc = tensor_dealloc;
+    return 0;
+}
+
 static PyObject *Buffer_nbytes(Buffer *self, void *closure) {
     return PyLong_FromLongLong(BUFFER_NBYTES(self));
 }

@@ -73,6 +73,9 @@ void set_clock_slot(PyTypeObject *type, Py_ssize_t offset);
 /* type(log, nbytes, *fields) and type(tensor, nbytes, *fields) without building an argument tuple. */
 PyObject *buffer_alloc(PyTypeObject *type, AllocLog *log, long long nbytes, PyObject *const *fields, Py_ssize_t n);
 PyObject *buffer_view(PyTypeObject *type, PyObject *source, PyObject *const *fields, Py_ssize_t n);
+/* Give a tensor class (a heap subclass of Buffer with slots only) the deallocator of such classes
+ * (`_buffers.c`); 0, or -1 with TypeError for another class. */
+int fast_tensor_dealloc(PyTypeObject *type);
 /* A new buffer of `nbytes` on `log` of source's class, with source's `_args` fields. */
 PyObject *buffer_clone(AllocLog *log, long long nbytes, PyObject *source);
 

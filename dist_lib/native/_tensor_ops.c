@@ -752,6 +752,9 @@ PyObject *install_ops(PyObject *module, PyObject *args) {
         replace_method(Model, &forward_layers_def, &K.py_forward_layers, K.docs) < 0 ||
         replace_method(Model, &backward_layers_def, &K.py_backward_layers, K.docs) < 0)
         return NULL;
+    PyTypeObject *tensors[] = {K.Activation, K.ActivationGrad, K.Weight, K.WeightGrad, K.Stash};
+    for (int i = 0; i < 5; i++)
+        if (fast_tensor_dealloc(tensors[i]) < 0) return NULL;
     set_clock_slot((PyTypeObject *)RankState, K.s_clock);
     Py_RETURN_NONE;
 }
