@@ -514,10 +514,11 @@ static void tensor_dealloc(PyObject *self) {
 
 int fast_tensor_dealloc(PyTypeObject *type) {
     if (type->tp_dealloc == tensor_dealloc) return 0;
-    /* every class from it down to Buffer a heap class of slots only, on the generic deallocator */
+    /* every class from it down to Buffer a heap class of slots only, on the generic deallocator (or this one) */
     destructor generic = type->tp_dealloc;
     for (PyTypeObject *level = type; level != &BufferType; level = level->tp_base) {
-        if (!level || !(level->tp_flags & Py_TPFLAGS_HEAPTYPE) || level->tp_dealloc != generic ||
+        if (!level || !(level->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
+            (level->tp_dealloc != generic && level->tp_dealloc != tensor_dealloc) ||
             level->tp_dictoffset || level->tp_weaklistoffset || level->tp_finalize || level->tp_del ||
             !PyType_IsSubtype(level, &BufferType)) {
             PyErr_Format(PyExc_TypeError, "%s: not a class of slots over Buffer", type->tp_name);

@@ -181,8 +181,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
                                next_id, label};
         if (append_event(recent, items) < 0) goto done;
         if (SLOT(work, E.w_future) != Py_None) { /* its rank waits on it */
-            PyObject *call[2] = {engine, work};
-            PyObject *r = PyObject_VectorcallMethod(E.s_wake, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            PyObject *r = engine_wake(engine, work);
             if (!r) goto done;
             Py_DECREF(r);
         }

@@ -158,6 +158,8 @@ int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out);
 /* getattr(obj, name) for an interned `name`, read from where the object's class keeps that slot once it was
  * found there (a new reference, or NULL with the exception getattr raises). */
 PyObject *slot_get(PyObject *obj, PyObject *name);
+/* `engine.wake(work)`: the C wake (`_drive.c`) straight while it is the engine's, else the method. */
+PyObject *engine_wake(PyObject *engine, PyObject *work);
 /* A Transfer's start and end (`_transfers.c`): 1, or 0 (never raises) if `t` is not a Transfer. */
 int transfer_times(PyObject *t, double *start, double *end);
 /* Do the classes `siblings` have the slots `names` at the offsets `want` (those of the class the fast ops

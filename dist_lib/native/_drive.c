@@ -94,6 +94,18 @@ slow:;
     return PyObject_Vectorcall(D.py_wake, args, 2, NULL);
 }
 
+static PyMethodDef wake_def; /* (below) */
+static PyObject *str_wake;
+
+PyObject *engine_wake(PyObject *engine, PyObject *work) {
+    if (!str_wake && !(str_wake = PyUnicode_InternFromString("wake"))) return NULL;
+    PyObject *method = _PyType_Lookup(Py_TYPE(engine), str_wake);
+    if (method && Py_IS_TYPE(method, &PyMethodDescr_Type) && ((PyMethodDescrObject *)method)->d_method == &wake_def)
+        return wake(engine, work); /* this file's, installed: no method call */
+    PyObject *call[2] = {engine, work};
+    return PyObject_VectorcallMethod(str_wake, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
 /* ---- Engine.schedule ------------------------------------------------------------------------------ */
 
 static PyObject *schedule(PyObject *engine, PyObject *transfer) {

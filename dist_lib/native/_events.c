@@ -148,11 +148,17 @@ static int index_grow(KindIndex *self) {
     return 0;
 }
 
+/* An exact str's hash: the one it keeps once computed, else PyObject_Hash. */
+static inline Py_hash_t str_hash(PyObject *s) {
+    Py_hash_t h = ((PyASCIIObject *)s)->hash;
+    return h != -1 ? h : PyObject_Hash(s);
+}
+
 /* The code of this event's kind, adding a row to `table` (seven lists) for a new one; -1 on error. */
 static long kind_code(KindIndex *self, PyObject *table, PyObject *const *e, long long layer, long long nbytes,
                       double flops) {
     PyObject *op = e[1], *stream = e[2], *peers = e[9], *detail = e[11];
-    Py_hash_t h_op = PyObject_Hash(op), h_stream = PyObject_Hash(stream), h_detail = PyObject_Hash(detail);
+    Py_hash_t h_op = str_hash(op), h_stream = str_hash(stream), h_detail = str_hash(detail);
     if (h_op == -1 || h_stream == -1 || h_detail == -1) return -1;
     unsigned long long flop_bits;
     memcpy(&flop_bits, &flops, sizeof flop_bits);

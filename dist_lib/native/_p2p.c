@@ -333,8 +333,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     for (int i = 0; i < 2; i++) {
         if (SLOT(works[i], P.w_future) == Py_None) continue; /* no rank waits on it */
-        PyObject *call[2] = {engine, works[i]};
-        PyObject *r = PyObject_VectorcallMethod(P.s_wake, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        PyObject *r = engine_wake(engine, works[i]);
         if (!r) goto done;
         Py_DECREF(r);
     }

@@ -1019,6 +1019,8 @@ PyObject *install_weight_ops(PyObject *module, PyObject *args) {
         replace_method(Model, &update_def, &W.py_update, W.docs) < 0 ||
         replace_method(Model, &final_def, &W.py_final, W.docs) < 0)
         return NULL;
+    for (int i = 0; i < 3; i++)
+        if (fast_tensor_dealloc(*types[i]) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
