@@ -115,6 +115,23 @@ static inline long small_int(PyObject *x, long fallback) {
     return v;
 }
 
+/* PyLong_AsLongLong, reading an exact int of up to two digits (below 2**60 in size, where a long has 64 bits)
+ * from its digits: CPython converts an int of more than one digit through a byte array. */
+static inline long long long_long_of(PyObject *x) {
+#ifdef MASK_DIGITS
+    if (PyLong_CheckExact(x)) {
+        Py_ssize_t ndigits = MASK_NDIGITS(x);
+        if (ndigits >= -2 && ndigits <= 2) {
+            const digit *d = MASK_DIGITS(x);
+            long long v = ndigits == 0 ? 0 : (long long)d[0];
+            if (ndigits == 2 || ndigits == -2) v |= (long long)d[1] << PyLong_SHIFT;
+            return ndigits < 0 ? -v : v;
+        }
+    }
+#endif
+    return PyLong_AsLongLong(x);
+}
+
 /* a == b for two ints (identity first: small ints are shared; then two ints read from their digits).
  * -1 with an exception set on error. */
 static inline int int_eq(PyObject *a, PyObject *b) {

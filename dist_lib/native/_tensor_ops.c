@@ -201,7 +201,7 @@ static int set_context(PyObject *mem, PyObject *op, PyObject *layer) {
 /* n * one sample's activation bytes, or -1 (never raises). */
 static long long activation_bytes(PyObject *self, long n) {
     PyObject *per_sample = SLOT(self, K.m_act_bytes);
-    long long each = per_sample ? PyLong_AsLongLong(per_sample) : -1;
+    long long each = per_sample ? long_long_of(per_sample) : -1;
     long long out;
     if (each < 0 || __builtin_mul_overflow(each, (long long)n, &out)) { PyErr_Clear(); return -1; }
     return out;
@@ -302,7 +302,7 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     AllocLog *mem = (AllocLog *)SLOT(self, K.m_mem);
     if (keep_stash) {
-        long long stash_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(cost, 2));
+        long long stash_bytes = long_long_of(PyTuple_GET_ITEM(cost, 2));
         if (stash_bytes == -1 && PyErr_Occurred()) { Py_DECREF(cost); return NULL; }
         PyObject *fields[3] = {SLOT(weight, K.w_tp_rank), tp, mode};
         PyObject *stash = buffer_alloc(K.Stash, mem, stash_bytes, fields, 3);
@@ -381,7 +381,7 @@ static int backward_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (weight_grad) {
         PyObject *sizes = shard_sizes_get(SLOT(self, K.m_shard_sizes), layer, layer_v, tp, small_int(tp, -1));
         if (!sizes || !PyTuple_CheckExact(sizes) || PyTuple_GET_SIZE(sizes) != 2) return 0;
-        weight_grad_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 0));
+        weight_grad_bytes = long_long_of(PyTuple_GET_ITEM(sizes, 0));
         if (weight_grad_bytes < 0) return 0;
     }
     *b = (BackwardCall){layer, act, stash, samples, tp, SLOT(weight, K.w_tp_rank), recompute, n,
@@ -440,7 +440,7 @@ static PyObject *fast_backward_input(PyObject *self, PyObject *const *args, Py_s
     /* the cost's third figure: the bytes the stash keeps for backward_weight (`Model._cost`) */
     PyObject *cost = op_cost(self, K.s_backward_input, b.layer, b.n, b.tp, b.recompute);
     if (!cost) return NULL;
-    long long kept = PyLong_AsLongLong(PyTuple_GET_ITEM(cost, 2));
+    long long kept = long_long_of(PyTuple_GET_ITEM(cost, 2));
     Py_DECREF(cost);
     if (kept == -1 && PyErr_Occurred()) return NULL;
     /* the stash's compute mode outlives it in the new one (b.recompute is borrowed from the old) */
@@ -843,8 +843,8 @@ static PyObject *fast_load_weights(PyObject *self, PyObject *const *args, Py_ssi
         if (PyErr_Occurred()) return NULL;
         goto slow; /* the first time for this (layer, parts): Python computes and caches the sizes */
     }
-    long long weight_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 0));
-    long long optimizer_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 1));
+    long long weight_bytes = long_long_of(PyTuple_GET_ITEM(sizes, 0));
+    long long optimizer_bytes = long_long_of(PyTuple_GET_ITEM(sizes, 1));
     if (PyErr_Occurred()) return NULL;
     AllocLog *mem = (AllocLog *)SLOT(self, W.m_mem);
     PyObject *context = PyTuple_Pack(2, W.s_load, layer);
