@@ -215,8 +215,17 @@ static long kind_code(KindIndex *self, PyObject *table, PyObject *const *e, long
     return (long)code;
 }
 
+/* (An exact int of up to two digits is read from its digits: `long_long_of`.) */
 static inline int as_int32(PyObject *x, int32_t *out) {
     if (!PyLong_CheckExact(x)) return 0;
+#ifdef MASK_DIGITS
+    if (MASK_NDIGITS(x) >= -2 && MASK_NDIGITS(x) <= 2) {
+        long long v = long_long_of(x);
+        if (v < INT32_MIN || v > INT32_MAX) return 0;
+        *out = (int32_t)v;
+        return 1;
+    }
+#endif
     int overflow;
     long v = PyLong_AsLongAndOverflow(x, &overflow);
     if (overflow || v < INT32_MIN || v > INT32_MAX) return 0;
@@ -226,6 +235,12 @@ static inline int as_int32(PyObject *x, int32_t *out) {
 
 static inline int as_int64(PyObject *x, long long *out) {
     if (!PyLong_CheckExact(x)) return 0;
+#ifdef MASK_DIGITS
+    if (MASK_NDIGITS(x) >= -2 && MASK_NDIGITS(x) <= 2) {
+        *out = long_long_of(x);
+        return 1;
+    }
+#endif
     int overflow;
     *out = PyLong_AsLongLongAndOverflow(x, &overflow);
     return !overflow;
