@@ -29,9 +29,9 @@ pytestmark = pytest.mark.skipif(not engine.PYTHON_TWINS, reason="the C accelerat
 
 @contextmanager
 def python_block_wake_path():
-    """Engine.wake, Engine._drive and Work.__await__ as their Python twins."""
+    """Engine.wake, Engine._drive, Engine.schedule and Work.__await__ as their Python twins."""
     places = {"Engine.wake": (engine.Engine, "wake"), "Engine._drive": (engine.Engine, "_drive"),
-              "Work.__await__": (comm.Work, "__await__")}
+              "Engine.schedule": (engine.Engine, "schedule"), "Work.__await__": (comm.Work, "__await__")}
     saved = {name: getattr(owner, attr) for name, (owner, attr) in places.items()}
     for name, (owner, attr) in places.items():
         setattr(owner, attr, engine.PYTHON_TWINS[name])

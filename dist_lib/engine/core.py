@@ -39,7 +39,7 @@ from operator import attrgetter
 from typing import Any
 
 from dist_lib.errors import DeadlockError, ResourceError, SimulationError, StrategyError
-from dist_lib.engine.eventlog import PACK_AT, EventLog
+from dist_lib.engine.eventlog import EventLog
 from dist_lib.hardware.cluster import Cluster
 from dist_lib.hardware.replicas import Fold
 from dist_lib.engine.transfers import Scheduler, Transfer
@@ -162,8 +162,7 @@ class Engine:
         if not state.waiting:
             self.blocked += 1
         state.waiting.append(work)
-        if len(self.events.recent) >= PACK_AT:
-            self.events.pack()
+        self.events.maybe_pack()
         if self.blocked + self.finished == self.world_size:
             self.advance()
 
@@ -186,6 +185,8 @@ class Engine:
             transfer.finish(self, transfer)
 
     def schedule(self, transfer: Transfer) -> None:
+        """Hand `transfer` to the scheduler; one of zero duration has the step's op ids numbered again at the end
+        (`instant_transfers`). Its C twin is in `_drive.c`."""
         if transfer.end == transfer.start:
             self.instant_transfers = True
         self.transfers.add(transfer)

@@ -7,7 +7,9 @@ detail), whose distinct combinations are few (a handful per op and layer) and ke
 Peers enter a kind by identity: a group or channel shares one peers tuple among its events, and hashing
 a 1024-rank tuple per event would cost more than it saves. Whenever a thousand tuples have gathered,
 they are packed: the check runs on each forward, when a rank blocks or finishes and when a collective
-resolves. Readers see one sequence of the same tuples either way:
+resolves. With the C accelerator, its ops write an event straight into a row of the columns while no tuple
+waits (`native/_events.c`: *staged* rows, moved into the columns when the log packs, before the tuples), so
+that most events never become a tuple. Readers see one sequence of the same tuples either way:
 
     (rank, op, stream, start, end, layer, samples, nbytes, flops, peers, op_id, detail)
 """
@@ -48,22 +50,28 @@ class EventLog(Sequence):
         # (op, stream, layer, nbytes, flops, detail, id(peers)) -> code; the table holds the peers tuple,
         # which keeps its id from being reused while the log lives
         self._kind_codes: dict[tuple, int] = {}
-        self._kind_index = KindIndex() if KindIndex is not None else None  # the same, for the C pack
         # a kind's fields by code, one list per field: op, stream, layer, nbytes, flops, peers, detail
         self._kinds: tuple[list, ...] = ([], [], [], [], [], [], [])
+        # the same for the C pack (which codes a kind as `_kind_codes` does and adds the kinds it makes to it),
+        # also holding the rows the C ops stage (`_staged`)
+        self._kind_index = KindIndex(self.recent, self._kinds, self._kind_codes) if KindIndex is not None else None
         self._rank, self._kind = array("i"), array("I")
         self._start, self._end = array("d"), array("d")
         self._samples: list[int] = []  # bit masks are shared with the tensors: a reference each
         self._op_id = array("i")
 
+    def _staged(self) -> int:
+        """Events the C ops wrote as rows not yet in the columns (they come before the recent tuples)."""
+        return self._kind_index.staged if self._kind_index is not None else 0
+
     def maybe_pack(self) -> None:
-        if len(self.recent) >= PACK_AT:
+        if len(self.recent) + self._staged() >= PACK_AT:
             self.pack()
 
     def pack(self) -> None:
-        """Move the recent tuples into the columns."""
+        """Move the staged rows, then the recent tuples, into the columns."""
         recent = self.recent
-        if not recent:
+        if not recent and not self._staged():
             return
         if pack_events is not None and pack_events(recent, self._kind_index, self._kinds, self._rank, self._kind,
                                                    self._start, self._end, self._samples, self._op_id):
@@ -184,12 +192,16 @@ class EventLog(Sequence):
                    map(detail, kind))
 
     def __iter__(self) -> Iterator[RawEvent]:
+        if self._staged():
+            self.pack()
         return chain(self._packed(), self.recent)
 
     def __len__(self) -> int:
-        return len(self._rank) + len(self.recent)
+        return len(self._rank) + len(self.recent) + self._staged()
 
     def __getitem__(self, index):  # type: ignore[override]
+        if self._staged():
+            self.pack()
         if isinstance(index, slice):
             return [self[i] for i in range(len(self))[index]]
         packed = len(self._rank)

@@ -56,7 +56,7 @@ def install_c_twins() -> None:
         twin("p2p").install_p2p_ops(Model, RankState, MemoryTracker, p2p, comm, tensors,
                                     {m.__name__: _c_doc(m) for m in (Model.send, Model.recv)})
     if twin("drive") is not None:
-        # the engine's block/wake path: Engine.wake, Engine._drive and Work.__await__
+        # the engine's block/wake path: Engine.wake, Engine._drive, Engine.schedule and Work.__await__
         twin("drive").install_drive(
             Engine, RankState, Work, EventLog, _engine.WAKE_ME, PACK_AT, _engine.PYTHON_TWINS,
-            {m.__name__: _c_doc(m) for m in (Engine.wake, Engine._drive, Work.__await__)})
+            {m.__name__: _c_doc(m) for m in (Engine.wake, Engine._drive, Engine.schedule, Work.__await__)})

@@ -276,9 +276,15 @@ PyTypeObject AllocLogType = {
 
 /* ---- buffers ------------------------------------------------------------------------------------- */
 
+/* the cache's entries by the class's address: a class found once is found again without the scan */
+#define TYPE_SLOTS 64 /* a power of two */
+static TypeInfo *type_slots[TYPE_SLOTS];
+
 static TypeInfo *type_info(PyTypeObject *type) {
+    size_t slot = (size_t)((uintptr_t)type >> 4) & (TYPE_SLOTS - 1);
+    if (type_slots[slot] && type_slots[slot]->type == type) return type_slots[slot];
     for (int i = 0; i < type_cache_len; i++)
-        if (type_cache[i].type == type) return &type_cache[i];
+        if (type_cache[i].type == type) return type_slots[slot] = &type_cache[i];
     if (type_cache_len == MAX_TYPES) {
         PyErr_SetString(PyExc_RuntimeError, "too many Buffer classes");
         return NULL;
@@ -333,7 +339,7 @@ static TypeInfo *type_info(PyTypeObject *type) {
     }
     Py_INCREF(type);
     type_cache[type_cache_len] = info;
-    return &type_cache[type_cache_len++];
+    return type_slots[slot] = &type_cache[type_cache_len++];
 }
 
 static int check_arg_count(PyTypeObject *type, TypeInfo *info, Py_ssize_t given) {
@@ -470,15 +476,57 @@ static void Buffer_dealloc(Buffer *self) {
     AllocLog *log = (AllocLog *)self->ref;
     if (log && !(self->word & VIEW)) {
         /* a free cannot fail: keep any exception in flight, and log what can be logged */
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
+        PyObject *type = NULL, *value = NULL, *tb = NULL;
+        int in_flight = PyErr_Occurred() != NULL;
+        if (in_flight) PyErr_Fetch(&type, &value, &tb);
         double now = log_clock(log);
         if (now == -1.0 && PyErr_Occurred()) { PyErr_Clear(); now = 0.0; }
         if (log_append(log, now, buffer_entry(self) | FREE, -BUFFER_NBYTES(self)) < 0) PyErr_Clear();
-        PyErr_Restore(type, value, tb);
+        if (in_flight) PyErr_Restore(type, value, tb);
     }
     Buffer_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The deallocator of the tensor classes (Python subclasses of Buffer with __slots__), as CPython's generic one
+ * (`subtype_dealloc`, typeobject.c) runs for them, without what those classes do not have (an instance dict, weak
+ * references, a finalizer): each class's slots cleared, from the first class with this deallocator down to
+ * Buffer, most derived first and each in its own order (as `clear_slots` does: a slot holding another buffer, an
+ * activation's stash, is freed before this buffer's free is logged), then Buffer's, then the reference to the
+ * heap class. Classes below one with this deallocator that keep the generic one (a subclass) had theirs
+ * cleared already: the generic deallocator stops at the first class with another one, and calls it. */
+static void tensor_dealloc(PyObject *self) {
+    PyTypeObject *type = Py_TYPE(self), *level = type;
+    PyObject_GC_UnTrack(self);
+    while (level->tp_dealloc != tensor_dealloc) level = level->tp_base;
+    for (; level != &BufferType; level = level->tp_base) {
+        /* a heap class's slots' member table follows the class object (`PyHeapType_GET_MEMBERS`) */
+        PyMemberDef *member = (PyMemberDef *)((char *)level + Py_TYPE(level)->tp_basicsize);
+        for (Py_ssize_t i = 0, n = Py_SIZE(level); i < n; i++, member++)
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) {
+                PyObject **slot = (PyObject **)((char *)self + member->offset);
+                Py_CLEAR(*slot);
+            }
+    }
+    Buffer_dealloc((Buffer *)self);
+    Py_DECREF(type);
+}
+
+int fast_tensor_dealloc(PyTypeObject *type) {
+    if (type->tp_dealloc == tensor_dealloc) return 0;
+    /* every class from it down to Buffer a heap class of slots only, on the generic deallocator (or this one) */
+    destructor generic = type->tp_dealloc;
+    for (PyTypeObject *level = type; level != &BufferType; level = level->tp_base) {
+        if (!level || !(level->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
+            (level->tp_dealloc != generic && level->tp_dealloc != tensor_dealloc) ||
+            level->tp_dictoffset || level->tp_weaklistoffset || level->tp_finalize || level->tp_del ||
+            !PyType_IsSubtype(level, &BufferType)) {
+            PyErr_Format(PyExc_TypeError, "%s: not a class of slots over Buffer", type->tp_name);
+            return -1;
+        }
+    }
+    type->tp_dealloc = tensor_dealloc;
+    return 0;
 }
 
 static PyObject *Buffer_nbytes(Buffer *self, void *closure) {

@@ -145,9 +145,14 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     PyObject *last_work = Py_NewRef(PyList_GET_ITEM(works, n - 1)), *last_result = NULL;
     PyObject *start = NULL, *end = NULL, *next_id = NULL, *ranks = NULL, *log = NULL, *recent = NULL,
              *samples = NULL, *samples_of = NULL, *ret = NULL;
-    if (!(start = PyObject_GetAttr(transfer, E.s_start)) || !(end = PyObject_GetAttr(transfer, E.s_end))) goto done;
-    if (!(ranks = PyObject_GetAttr(engine, E.s_ranks)) || !(log = PyObject_GetAttr(engine, E.s_events)) ||
-        !(recent = PyObject_GetAttr(log, E.s_recent)))
+    double start_s, end_s;
+    if (transfer_times(transfer, &start_s, &end_s)) {
+        if (!(start = PyFloat_FromDouble(start_s)) || !(end = PyFloat_FromDouble(end_s))) goto done;
+    } else if (!(start = PyObject_GetAttr(transfer, E.s_start)) || !(end = PyObject_GetAttr(transfer, E.s_end))) {
+        goto done;
+    }
+    if (!(ranks = slot_get(engine, E.s_ranks)) || !(log = slot_get(engine, E.s_events)) ||
+        !(recent = slot_get(log, E.s_recent)))
         goto done;
     if (!PyList_CheckExact(ranks) || !PyList_CheckExact(recent)) {
         PyErr_SetString(PyExc_TypeError, "engine.ranks and engine.events.recent must be lists");
@@ -176,8 +181,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
                                next_id, label};
         if (append_event(recent, items) < 0) goto done;
         if (SLOT(work, E.w_future) != Py_None) { /* its rank waits on it */
-            PyObject *call[2] = {engine, work};
-            PyObject *r = PyObject_VectorcallMethod(E.s_wake, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            PyObject *r = engine_wake(engine, work);
             if (!r) goto done;
             Py_DECREF(r);
         }
@@ -542,6 +546,37 @@ static struct {
  * if two do (the Python names them); NULL with one on failure. */
 static PyObject *disjoint_union(PyObject *works, Py_ssize_t offset) {
     Py_ssize_t n = PyList_GET_SIZE(works);
+#ifdef MASK_DIGITS
+    /* two or more non-negative ints, one of three digits or more: their bits gathered in one buffer of digits (each
+       member's mask is looked at once, rather than each step making an int as wide as the union so far) */
+    Py_ssize_t width = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *mask = SLOT(SLOT(PyList_GET_ITEM(works, i), R.w_input), offset);
+        Py_ssize_t digits = PyLong_CheckExact(mask) ? MASK_NDIGITS(mask) : -1;
+        if (digits < 0) { width = -1; break; }
+        if (digits > width) width = digits;
+    }
+    if (width >= 3 && n > 1) {
+        digit *all = PyMem_Calloc((size_t)width, sizeof(digit));
+        if (!all) return PyErr_NoMemory();
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *mask = SLOT(SLOT(PyList_GET_ITEM(works, i), R.w_input), offset);
+            const digit *d = MASK_DIGITS(mask);
+            for (Py_ssize_t k = 0, digits = MASK_NDIGITS(mask); k < digits; k++) {
+                if (all[k] & d[k]) { /* two members share samples: the Python twin says which */
+                    PyMem_Free(all);
+                    return NULL;
+                }
+                all[k] |= d[k];
+            }
+        }
+        /* the widest member's top digit is not zero: the union is normalized as it stands */
+        PyLongObject *out = _PyLong_New(width);
+        if (out) memcpy(MASK_DIGITS(out), all, (size_t)width * sizeof(digit));
+        PyMem_Free(all);
+        return (PyObject *)out;
+    }
+#endif
     PyObject *all = Py_NewRef(SLOT(SLOT(PyList_GET_ITEM(works, 0), R.w_input), offset));
     for (Py_ssize_t i = 1; i < n; i++) {
         PyObject *mask = SLOT(SLOT(PyList_GET_ITEM(works, i), R.w_input), offset);

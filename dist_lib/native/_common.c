@@ -21,16 +21,41 @@ static long int_method(PyObject *x, PyCFunction method) {
     return v;
 }
 
-/* An int's digits, where this build knows CPython's layout of them (30-bit digits since 3.11's
- * `cpython/longintrepr.h`; the sign and count moved into `lv_tag` in 3.12): the digits' popcount is a
- * mask's bit count without building an int. Other versions ask `int.bit_count`. */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
-#define MASK_DIGITS(x) (((PyLongObject *)(x))->ob_digit)
-#define MASK_NDIGITS(x) Py_SIZE(x) /* negative for a negative int */
-#elif PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000 && PYLONG_BITS_IN_DIGIT == 30
-#define MASK_DIGITS(x) (((PyLongObject *)(x))->long_value.ob_digit)
-#define MASK_NDIGITS(x) \
-    ((((PyLongObject *)(x))->long_value.lv_tag & 3) == 2 ? -1 : (Py_ssize_t)(((PyLongObject *)(x))->long_value.lv_tag >> 3))
+#ifdef MASK_DIGITS
+/* The bit count and bounds of the wide masks read last, by identity (each held, so that its address names no
+ * other int while it is here; an int never changes): a microbatch's mask is one int object that every op on
+ * it reads again, and a mask as wide as a step of thousands of samples is a hundred digits and more to scan. */
+#define MASK_MEMO 64 /* a power of two */
+#define WIDE_MASK 4  /* digits from which a mask is remembered */
+typedef struct {
+    PyObject *mask; /* a strong reference, or NULL */
+    long count, first, stop;
+} MaskFacts;
+static MaskFacts mask_memo[MASK_MEMO];
+
+/* The memo's entry for a positive exact int of at least WIDE_MASK digits, filled if it was not there. */
+static inline MaskFacts *wide_mask(PyObject *mask, Py_ssize_t ndigits) {
+    size_t slot = (size_t)(((uintptr_t)mask >> 4) * 0x9E3779B97F4A7C15ULL >> 32) & (MASK_MEMO - 1);
+    if (mask_memo[slot].mask == mask) return &mask_memo[slot];
+    const digit *d = MASK_DIGITS(mask);
+    long count = 0;
+    Py_ssize_t i = 0;
+    for (; i + 1 < ndigits; i += 2) { /* two 30-bit digits per 64-bit popcount */
+        unsigned long long word = (unsigned long long)d[i] | (unsigned long long)d[i + 1] << 30;
+        /* a microbatch's mask is zero below its samples: without a popcount instruction in the build
+           each count is a library call, so the zero words are skipped */
+        if (word) count += __builtin_popcountll(word);
+    }
+    if (i < ndigits) count += __builtin_popcountll(d[i]);
+    i = 0;
+    while (!d[i]) i++; /* (the top digit of a positive int is not zero) */
+    Py_XSETREF(mask_memo[slot].mask, Py_NewRef(mask));
+    mask_memo[slot].count = count;
+    mask_memo[slot].first = (long)(i * PyLong_SHIFT + __builtin_ctzl((unsigned long)d[i]));
+    mask_memo[slot].stop =
+        (long)((ndigits - 1) * PyLong_SHIFT + (64 - __builtin_clzll((unsigned long long)d[ndigits - 1])));
+    return &mask_memo[slot];
+}
 #endif
 
 /* Set bits of a non-negative mask (its samples); -1 if it is not one (never raises). Where the digits
@@ -40,17 +65,12 @@ long mask_bit_count(PyObject *mask) {
     if (!mask || !PyLong_CheckExact(mask)) return -1;
 #ifdef MASK_DIGITS
     Py_ssize_t ndigits = MASK_NDIGITS(mask);
+    if (ndigits >= WIDE_MASK) return wide_mask(mask, ndigits)->count;
     if (ndigits >= 0) {
         const digit *d = MASK_DIGITS(mask);
         long count = 0;
-        Py_ssize_t i = 0;
-        for (; i + 1 < ndigits; i += 2) { /* two 30-bit digits per 64-bit popcount */
-            unsigned long long word = (unsigned long long)d[i] | (unsigned long long)d[i + 1] << 30;
-            /* a microbatch's mask is zero below its samples: without a popcount instruction in the build
-               each count is a library call, so the zero words are skipped */
-            if (word) count += __builtin_popcountll(word);
-        }
-        if (i < ndigits) count += __builtin_popcountll(d[i]);
+        for (Py_ssize_t i = 0; i < ndigits; i++)
+            if (d[i]) count += __builtin_popcountll(d[i]);
         return count;
     }
 #else
@@ -68,6 +88,12 @@ int mask_bounds(PyObject *mask, long *first, long *stop) {
     if (!mask || !PyLong_CheckExact(mask)) return 0;
     Py_ssize_t ndigits = MASK_NDIGITS(mask);
     if (ndigits <= 0) return 0;
+    if (ndigits >= WIDE_MASK) {
+        const MaskFacts *facts = wide_mask(mask, ndigits);
+        *first = facts->first;
+        *stop = facts->stop;
+        return 1;
+    }
     const digit *d = MASK_DIGITS(mask);
     Py_ssize_t i = 0;
     while (!d[i]) i++; /* (the top digit of a positive int is not zero) */
@@ -78,6 +104,56 @@ int mask_bounds(PyObject *mask, long *first, long *stop) {
     (void)mask; (void)first; (void)stop;
     return 0;
 #endif
+}
+
+/* Do two masks share a bit? 1 or 0, or -1 with an exception set. Non-negative ints are compared digit by
+ * digit, without making their intersection. */
+int masks_overlap(PyObject *a, PyObject *b) {
+#ifdef MASK_DIGITS
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        Py_ssize_t na = MASK_NDIGITS(a), nb = MASK_NDIGITS(b);
+        if (na >= 0 && nb >= 0) {
+            const digit *da = MASK_DIGITS(a), *db = MASK_DIGITS(b);
+            for (Py_ssize_t i = 0, n = na < nb ? na : nb; i < n; i++)
+                if (da[i] & db[i]) return 1;
+            return 0;
+        }
+    }
+#endif
+    PyObject *overlap = PyNumber_And(a, b);
+    if (!overlap) return -1;
+    int clash = PyObject_IsTrue(overlap);
+    Py_DECREF(overlap);
+    return clash;
+}
+
+int masks_join(PyObject *a, PyObject *b, PyObject **out) {
+#ifdef MASK_DIGITS
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        Py_ssize_t na = MASK_NDIGITS(a), nb = MASK_NDIGITS(b);
+        if (na >= 0 && nb >= 0 && (na >= 3 || nb >= 3)) {
+            const digit *da = MASK_DIGITS(a), *db = MASK_DIGITS(b);
+            if (na < nb) { /* a is the wider */
+                const digit *d = da; da = db; db = d;
+                Py_ssize_t n = na; na = nb; nb = n;
+            }
+            for (Py_ssize_t i = 0; i < nb; i++)
+                if (da[i] & db[i]) return 1;
+            /* the top digit is a's, not zero: the union is normalized as it stands */
+            PyLongObject *both = _PyLong_New(na);
+            if (!both) return -1;
+            digit *d = MASK_DIGITS(both);
+            for (Py_ssize_t i = 0; i < nb; i++) d[i] = da[i] | db[i];
+            memcpy(d + nb, da + nb, (size_t)(na - nb) * sizeof(digit));
+            *out = (PyObject *)both;
+            return 0;
+        }
+    }
+#endif
+    int clash = masks_overlap(a, b);
+    if (clash) return clash;
+    *out = PyNumber_Or(a, b);
+    return *out ? 0 : -1;
 }
 
 /* Is `mask` == (1 << n) - 1, every one of n shards (never raises)? */
@@ -100,17 +176,20 @@ static int int_c_method(const char *name, PyCFunction *out) {
     return ok ? 0 : -1;
 }
 
-int append_event(PyObject *events, PyObject *const *fields) {
-    PyObject *event = PyTuple_New(12);
-    if (!event) return -1;
-    for (int i = 0; i < 12; i++) PyTuple_SET_ITEM(event, i, Py_NewRef(fields[i]));
-    int failed = PyList_Append(events, event);
-    Py_DECREF(event);
-    return failed;
-}
+static Py_ssize_t slot_known(PyObject *obj, PyObject *name); /* (below) */
 
 PyObject *take_op_id(PyObject *engine, PyObject *next_op_id) {
-    PyObject *last = PyObject_GetAttr(engine, next_op_id), *one = last ? PyLong_FromLong(1) : NULL;
+    PyObject *last = slot_get(engine, next_op_id);
+    Py_ssize_t offset = last && Py_TYPE(engine)->tp_setattro == PyObject_GenericSetAttr
+                            ? slot_known(engine, next_op_id) : -1;
+    long v = offset >= 0 ? small_int(last, -1) : -1;
+    if (v >= 0 && v < LONG_MAX) { /* the engine's slot: the next id stored there straight */
+        Py_DECREF(last);
+        PyObject *id = PyLong_FromLong(v + 1);
+        if (id) Py_XSETREF(SLOT(engine, offset), Py_NewRef(id));
+        return id;
+    }
+    PyObject *one = last ? PyLong_FromLong(1) : NULL;
     PyObject *id = one ? PyNumber_Add(last, one) : NULL;
     Py_XDECREF(last);
     Py_XDECREF(one);
@@ -142,6 +221,51 @@ int slot_offset(PyObject *cls, const char *name, Py_ssize_t *out) {
     Py_DECREF(descr);
     if (!ok) PyErr_Format(PyExc_TypeError, "%R.%s is not a slot", cls, name);
     return ok ? 0 : -1;
+}
+
+/* The slots read last by name, by the class of the object (held) and the class's version tag: a class changed
+ * since (an attribute set on it) gets a new tag, and its slots are looked up again. */
+#define SLOT_MEMO 16
+static struct {
+    PyTypeObject *type; /* a strong reference, or NULL */
+    unsigned int version;
+    PyObject *name; /* an interned str (held) */
+    Py_ssize_t offset;
+} slot_memo[SLOT_MEMO];
+static int slot_next;
+
+/* Where the object's class keeps the slot `name`, if the memo knows: its offset, or -1. */
+static Py_ssize_t slot_known(PyObject *obj, PyObject *name) {
+    PyTypeObject *type = Py_TYPE(obj);
+    if (PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG))
+        for (int i = 0; i < SLOT_MEMO; i++)
+            if (slot_memo[i].type == type && slot_memo[i].name == name && slot_memo[i].version == type->tp_version_tag)
+                return slot_memo[i].offset;
+    return -1;
+}
+
+PyObject *slot_get(PyObject *obj, PyObject *name) {
+    PyTypeObject *type = Py_TYPE(obj);
+    Py_ssize_t offset = slot_known(obj, name);
+    if (offset >= 0 && SLOT(obj, offset)) return Py_NewRef(SLOT(obj, offset)); /* (unset: getattr raises) */
+    PyObject *value = PyObject_GetAttr(obj, name);
+    /* getattr found it through a slot of the class (its member descriptor, which a data descriptor is, comes
+       before any instance attribute): remember where */
+    PyObject *descr = value ? _PyType_Lookup(type, name) : NULL;
+    if (descr && Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+        ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
+        PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        int i = slot_next++ & (SLOT_MEMO - 1);
+        Py_INCREF(type);
+        Py_INCREF(name);
+        Py_XDECREF(slot_memo[i].type);
+        Py_XDECREF(slot_memo[i].name);
+        slot_memo[i].type = type;
+        slot_memo[i].name = name;
+        slot_memo[i].version = type->tp_version_tag;
+        slot_memo[i].offset = ((PyMemberDescrObject *)descr)->d_member->offset;
+    }
+    return value;
 }
 
 int same_layout(PyObject *const *siblings, int nsiblings, const char *const *names, const Py_ssize_t *want,

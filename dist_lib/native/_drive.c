@@ -1,8 +1,9 @@
 /* C twin of the engine's block/wake path, which runs around every communication op a strategy awaits:
  * `Engine._drive` and `_step` (resume each ready rank's coroutine to its next wait), `Work.__await__` on the
  * rank's own coroutine with `Engine.block_direct` and `_register` (block; the last rank to block reaches a
- * quiescence), and `Engine.wake` (a work completed: its rank can run again). In Python these were about
- * half of the bytecodes of a long pipeline's op.
+ * quiescence), `Engine.wake` (a work completed: its rank can run again) and `Engine.schedule` (a transfer to
+ * the scheduler, once per collective and message). In Python these were about half of the bytecodes of a long
+ * pipeline's op.
  *
  * Done exactly as the Python does it, in the same order; anything off that path (a wait inside an asyncio
  * task, a rank to resume with an error, a future to complete, books that are not the Python classes') goes
@@ -14,13 +15,13 @@ static struct {
     PyTypeObject *Engine, *RankState, *Work, *EventLog;
     PyObject *wake_me, *minus_one;
     Py_ssize_t pack_at;
-    PyObject *py_wake, *py_drive, *py_await; /* the Python twins */
+    PyObject *py_wake, *py_drive, *py_await, *py_schedule; /* the Python twins */
     /* Engine */
     Py_ssize_t e_ranks, e_events, e_blocked, e_finished, e_world_size, e_coroutines, e_ready, e_driving,
-        e_throw_into, e_stepping, e_thread;
+        e_throw_into, e_stepping, e_thread, e_transfers, e_instant;
     /* Work; RankState; EventLog */
     Py_ssize_t w_engine, w_rank, w_end, w_future, s_waiting, l_recent;
-    PyObject *s_pack, *s_advance, *s_append, *s_popleft, *s_block_direct, *s_complete, *s_rank_returned,
+    PyObject *s_pack, *s_add, *s_advance, *s_append, *s_popleft, *s_block_direct, *s_complete, *s_rank_returned,
         *s_rank_failed, *s_await_foreign, *s_step_name;
 } D;
 
@@ -42,10 +43,16 @@ static int add_to(PyObject *obj, Py_ssize_t offset, long delta) {
         PyErr_SetString(PyExc_AttributeError, "engine counter not set");
         return -1;
     }
-    PyObject *step = PyLong_FromLong(delta);
-    if (!step) return -1;
-    PyObject *sum = PyNumber_Add(old, step);
-    Py_DECREF(step);
+    long now = small_int(old, LONG_MIN); /* a counter of ranks: an int far from a long's ends */
+    PyObject *sum;
+    if (now != LONG_MIN && now > LONG_MIN / 2 && now < LONG_MAX / 2) {
+        sum = PyLong_FromLong(now + delta);
+    } else {
+        PyObject *step = PyLong_FromLong(delta);
+        if (!step) return -1;
+        sum = PyNumber_Add(old, step);
+        Py_DECREF(step);
+    }
     if (!sum) return -1;
     Py_SETREF(SLOT(obj, offset), sum);
     return 0;
@@ -87,6 +94,34 @@ slow:;
     return PyObject_Vectorcall(D.py_wake, args, 2, NULL);
 }
 
+static PyMethodDef wake_def; /* (below) */
+static PyObject *str_wake;
+
+PyObject *engine_wake(PyObject *engine, PyObject *work) {
+    if (!str_wake && !(str_wake = PyUnicode_InternFromString("wake"))) return NULL;
+    PyObject *method = _PyType_Lookup(Py_TYPE(engine), str_wake);
+    if (method && Py_IS_TYPE(method, &PyMethodDescr_Type) && ((PyMethodDescrObject *)method)->d_method == &wake_def)
+        return wake(engine, work); /* this file's, installed: no method call */
+    PyObject *call[2] = {engine, work};
+    return PyObject_VectorcallMethod(str_wake, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* ---- Engine.schedule ------------------------------------------------------------------------------ */
+
+static PyObject *schedule(PyObject *engine, PyObject *transfer) {
+    double start, end;
+    PyObject *transfers = Py_TYPE(engine) == D.Engine ? SLOT(engine, D.e_transfers) : NULL;
+    if (!transfers || !transfer_times(transfer, &start, &end)) {
+        PyObject *args[2] = {engine, transfer};
+        return PyObject_Vectorcall(D.py_schedule, args, 2, NULL);
+    }
+    if (end == start) Py_XSETREF(SLOT(engine, D.e_instant), Py_NewRef(Py_True));
+    PyObject *r = PyObject_CallMethodOneArg(transfers, D.s_add, transfer);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
 /* ---- Work.__await__ on the rank's own coroutine -------------------------------------------------------- */
 
 /* `Engine.block_direct(state, work)` and `_register`: the work's rank waits on it; the last rank to block
@@ -113,7 +148,7 @@ static int block(PyObject *work) {
         blocked++;
     }
     if (PyList_Append(waiting, work) < 0) return -1;
-    if (PyList_GET_SIZE(recent) >= D.pack_at) {
+    if (pending_events(recent) >= D.pack_at) {
         PyObject *r = call_method(events, D.s_pack, NULL, NULL);
         if (!r) return -1;
         Py_DECREF(r);
@@ -309,13 +344,14 @@ static PyObject *drive(PyObject *engine, PyObject *unused) {
 
 static PyMethodDef wake_def = {"wake", (PyCFunction)wake, METH_O, NULL};
 static PyMethodDef drive_def = {"_drive", (PyCFunction)drive, METH_NOARGS, NULL};
+static PyMethodDef schedule_def = {"schedule", (PyCFunction)schedule, METH_O, NULL};
 static PyMethodDef await_def = {"__await__", (PyCFunction)work_await, METH_NOARGS, NULL};
 
 /* The names and constants the twin reads, made once, by the first install. */
 static int drive_names(void) {
     if (D.s_pack) return 0;
     struct { PyObject **out; const char *text; } strings[] = {
-        {&D.s_pack, "pack"}, {&D.s_advance, "advance"}, {&D.s_append, "append"}, {&D.s_popleft, "popleft"},
+        {&D.s_pack, "pack"}, {&D.s_add, "add"}, {&D.s_advance, "advance"}, {&D.s_append, "append"}, {&D.s_popleft, "popleft"},
         {&D.s_block_direct, "block_direct"}, {&D.s_complete, "_complete"}, {&D.s_rank_returned, "_rank_returned"},
         {&D.s_rank_failed, "_rank_failed"}, {&D.s_await_foreign, "_await_foreign"}, {&D.s_step_name, "_step"},
     };
@@ -338,6 +374,7 @@ PyObject *install_drive(PyObject *module, PyObject *args) {
         {Engine, "finished", &D.e_finished}, {Engine, "world_size", &D.e_world_size},
         {Engine, "coroutines", &D.e_coroutines}, {Engine, "ready", &D.e_ready}, {Engine, "driving", &D.e_driving},
         {Engine, "throw_into", &D.e_throw_into}, {Engine, "stepping", &D.e_stepping}, {Engine, "thread", &D.e_thread},
+        {Engine, "transfers", &D.e_transfers}, {Engine, "instant_transfers", &D.e_instant},
         {Work, "engine", &D.w_engine}, {Work, "rank", &D.w_rank}, {Work, "end", &D.w_end},
         {Work, "future", &D.w_future}, {RankState, "waiting", &D.s_waiting}, {EventLog, "recent", &D.l_recent},
     };
@@ -350,11 +387,13 @@ PyObject *install_drive(PyObject *module, PyObject *args) {
     D.pack_at = pack_at;
     if (replace_method(Engine, &wake_def, &D.py_wake, docs) < 0 ||
         replace_method(Engine, &drive_def, &D.py_drive, docs) < 0 ||
+        replace_method(Engine, &schedule_def, &D.py_schedule, docs) < 0 ||
         replace_method(Work, &await_def, &D.py_await, docs) < 0)
         return NULL;
     /* the Python methods, for tests that run both */
     if (PyDict_SetItemString(twins, "Engine.wake", D.py_wake) < 0 ||
         PyDict_SetItemString(twins, "Engine._drive", D.py_drive) < 0 ||
+        PyDict_SetItemString(twins, "Engine.schedule", D.py_schedule) < 0 ||
         PyDict_SetItemString(twins, "Work.__await__", D.py_await) < 0)
         return NULL;
     Py_RETURN_NONE;

@@ -292,7 +292,12 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     PyObject *start = NULL, *end = NULL, *next_id = NULL, *ranks = NULL, *log = NULL,
              *recent = NULL, *nbytes = NULL, *kind = NULL, *result = NULL, *layer = NULL, *samples = NULL;
     if (PyObject_SetAttr(transfer, P.s_owner, Py_None) < 0) goto done;
-    if (!(start = PyObject_GetAttr(transfer, P.s_start)) || !(end = PyObject_GetAttr(transfer, P.s_end))) goto done;
+    double start_s, end_s;
+    if (transfer_times(transfer, &start_s, &end_s)) {
+        if (!(start = PyFloat_FromDouble(start_s)) || !(end = PyFloat_FromDouble(end_s))) goto done;
+    } else if (!(start = PyObject_GetAttr(transfer, P.s_start)) || !(end = PyObject_GetAttr(transfer, P.s_end))) {
+        goto done;
+    }
     /* what the events name of the tensor, held without it: the stream lets go of it below */
     layer = Py_NewRef(SLOT(tensor, P.t_layer));
     samples = Py_NewRef(SLOT(tensor, P.t_samples));
@@ -306,8 +311,8 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     Py_XSETREF(SLOT(recv, P.w_end), Py_NewRef(end));
     Py_XSETREF(SLOT(send, P.w_result), Py_NewRef(Py_None));
     if (!(next_id = take_op_id(engine, P.s_next_op_id))) goto done;
-    if (!(ranks = PyObject_GetAttr(engine, P.s_ranks)) || !(log = PyObject_GetAttr(engine, P.s_events)) ||
-        !(recent = PyObject_GetAttr(log, P.s_recent)))
+    if (!(ranks = slot_get(engine, P.s_ranks)) || !(log = slot_get(engine, P.s_events)) ||
+        !(recent = slot_get(log, P.s_recent)))
         goto done;
     if (!PyList_CheckExact(ranks) || !PyList_CheckExact(recent)) {
         PyErr_SetString(PyExc_TypeError, "engine.ranks and engine.events.recent must be lists");
@@ -328,8 +333,7 @@ static PyObject *finish(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     for (int i = 0; i < 2; i++) {
         if (SLOT(works[i], P.w_future) == Py_None) continue; /* no rank waits on it */
-        PyObject *call[2] = {engine, works[i]};
-        PyObject *r = PyObject_VectorcallMethod(P.s_wake, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        PyObject *r = engine_wake(engine, works[i]);
         if (!r) goto done;
         Py_DECREF(r);
     }

@@ -35,19 +35,69 @@ static struct {
     Py_ssize_t pack_at;
     PyObject *s_forward, *s_backward, *s_backward_input, *s_backward_weight, *s_compute, *s_recompute, *s_empty,
         *s_none, *s_stash, *s_selective, *s_cost, *s_events, *s_pack, *s_selective_mode, *zero, *one;
-    PyObject *s_start, *s_stop, *s_step;
+    PyObject *s_start, *s_stop, *s_step, *s_add;
 } K;
 
-/* The last costs looked up, by what they were looked up with: the cost cache itself (held, so that its address
- * names no other dict while it is here), and the key's op, TP degree and mode objects by identity and its layer
- * and sample count by value. A cost cache's entries are written once (`Model._cost` fills a missing key and
- * never replaces one), so a remembered entry is what the dict holds; a step's ops repeat a handful of keys, and
- * this skips building, hashing and comparing a five-item tuple key for each op. */
-#define COST_MEMO 1024 /* a power of two */
-static struct {
-    PyObject *cache, *op, *tp, *mode, *cost; /* strong references, or NULL */
-    long layer, n;
-} cost_memo[COST_MEMO];
+/* The last entries read from the dicts whose entries are written once (the cost cache, `Model._cost` and
+ * `Model._update_cost` fill a missing key and never replace one; the step's shard sizes, `Model._shard_bytes`,
+ * likewise), by the dict itself (held, so that its address names no other dict while it is here), up to three
+ * parts of the key by identity and two ints by value. A remembered entry is what the dict holds for that key; a
+ * step's ops repeat a handful of keys, and this skips building, hashing and comparing a tuple key for each op.
+ * Two ways a set: with one, two keys of a step that fell on one set (a few pairs among a step's couple of
+ * hundred) pushed each other out at every op of every rank. */
+#define MEMO_SETS 1024 /* a power of two */
+typedef struct {
+    PyObject *dict, *a, *b, *c, *value; /* strong references, or NULL */
+    long x, y;
+} Memo;
+static Memo memo[MEMO_SETS][2];
+
+static inline Memo *memo_set(PyObject *dict, PyObject *a, PyObject *b, PyObject *c, long x, long y) {
+    uint64_t h = (uint64_t)x * 0x9E3779B97F4A7C15ULL ^ (uint64_t)y * 0xC2B2AE3D27D4EB4FULL ^
+                 ((uintptr_t)a >> 4) * 0x165667B19E3779F9ULL ^ ((uintptr_t)c >> 4) * 0x27D4EB2F165667C5ULL ^
+                 ((uintptr_t)b >> 4) ^ ((uintptr_t)dict >> 4) * 0x85EBCA77C2B2AE63ULL;
+    return memo[(size_t)(h ^ h >> 29 ^ h >> 47) & (MEMO_SETS - 1)];
+}
+
+static inline int memo_holds(const Memo *m, PyObject *dict, PyObject *a, PyObject *b, PyObject *c, long x, long y) {
+    return m->dict == dict && m->a == a && m->b == b && m->c == c && m->x == x && m->y == y;
+}
+
+/* The remembered value (borrowed), or NULL (never raises). */
+static inline PyObject *memo_get(PyObject *dict, PyObject *a, PyObject *b, PyObject *c, long x, long y) {
+    Memo *set = memo_set(dict, a, b, c, x, y);
+    if (memo_holds(&set[0], dict, a, b, c, x, y)) return set[0].value;
+    if (memo_holds(&set[1], dict, a, b, c, x, y)) return set[1].value;
+    return NULL;
+}
+
+/* Remember `value`, which `dict` holds for the key these parts make. The new entry takes the first way;
+ * what was there moves to the second, whose entry goes. */
+static void memo_put(PyObject *dict, PyObject *a, PyObject *b, PyObject *c, long x, long y, PyObject *value) {
+    Memo *set = memo_set(dict, a, b, c, x, y), old = set[1];
+    set[1] = set[0];
+    set[0] = (Memo){Py_NewRef(dict), Py_XNewRef(a), Py_XNewRef(b), Py_XNewRef(c), Py_NewRef(value), x, y};
+    Py_XDECREF(old.dict);
+    Py_XDECREF(old.a);
+    Py_XDECREF(old.b);
+    Py_XDECREF(old.c);
+    Py_XDECREF(old.value);
+}
+
+/* dict[(layer, second)] of the step's shard sizes (`Model._shard_bytes`): a borrowed reference, or NULL with
+ * or without an exception (a missing key). `layer_v` and `second_v` are the two ints' values (`small_int`),
+ * -1 for anything else. */
+static PyObject *shard_sizes_get(PyObject *dict, PyObject *layer, long layer_v, PyObject *second, long second_v) {
+    int by_value = layer_v >= 0 && second_v >= 0; /* both exact ints (`small_int`) */
+    PyObject *sizes = by_value ? memo_get(dict, NULL, NULL, NULL, layer_v, second_v) : NULL;
+    if (sizes) return sizes;
+    PyObject *key = PyTuple_Pack(2, layer, second);
+    if (!key) return NULL;
+    sizes = PyDict_GetItemWithError(dict, key);
+    Py_DECREF(key);
+    if (sizes && by_value) memo_put(dict, NULL, NULL, NULL, layer_v, second_v, sizes);
+    return sizes;
+}
 
 /* (seconds, FLOPs, stash bytes) of a compute op: the model's cost cache, else `Model._cost`.
  * Returns a new reference to the cached tuple. */
@@ -57,13 +107,8 @@ static PyObject *op_cost(PyObject *self, PyObject *op, PyObject *layer, long n, 
     PyObject *cache = SLOT(self, K.m_cache);
     long layer_v = PyLong_CheckExact(layer) ? small_int(layer, -1) : -1;
     if (!cache || layer_v < 0) return op_cost_lookup(self, op, layer, n, tp, mode);
-    uint64_t h = (uint64_t)layer_v * 0x9E3779B97F4A7C15ULL ^ (uint64_t)n * 0xC2B2AE3D27D4EB4FULL ^
-                 ((uintptr_t)op >> 4) * 0x165667B19E3779F9ULL ^ ((uintptr_t)mode >> 4) * 0x27D4EB2F165667C5ULL ^
-                 ((uintptr_t)tp >> 4);
-    size_t slot = (size_t)(h ^ h >> 29 ^ h >> 47) & (COST_MEMO - 1);
-    if (cost_memo[slot].cache == cache && cost_memo[slot].op == op && cost_memo[slot].tp == tp &&
-        cost_memo[slot].mode == mode && cost_memo[slot].layer == layer_v && cost_memo[slot].n == n)
-        return Py_NewRef(cost_memo[slot].cost);
+    PyObject *known = memo_get(cache, op, tp, mode, layer_v, n);
+    if (known) return Py_NewRef(known);
     PyObject *cost = op_cost_lookup(self, op, layer, n, tp, mode);
     if (!cost) return NULL;
     /* only what the dict holds is remembered (a `_cost` of another class might not store it) */
@@ -73,18 +118,7 @@ static PyObject *op_cost(PyObject *self, PyObject *op, PyObject *layer, long n, 
         Py_XDECREF(n_obj);
         PyObject *held = key ? PyDict_GetItemWithError(cache, key) : NULL;
         Py_XDECREF(key);
-        if (held == cost) {
-            PyObject *old[5] = {cost_memo[slot].cache, cost_memo[slot].op, cost_memo[slot].tp, cost_memo[slot].mode,
-                                cost_memo[slot].cost};
-            cost_memo[slot].cache = Py_NewRef(cache);
-            cost_memo[slot].op = Py_NewRef(op);
-            cost_memo[slot].tp = Py_NewRef(tp);
-            cost_memo[slot].mode = Py_NewRef(mode);
-            cost_memo[slot].cost = Py_NewRef(cost);
-            cost_memo[slot].layer = layer_v;
-            cost_memo[slot].n = n;
-            for (int i = 0; i < 5; i++) Py_XDECREF(old[i]);
-        }
+        if (held == cost) memo_put(cache, op, tp, mode, layer_v, n, cost);
         PyErr_Clear();
     }
     return cost;
@@ -134,7 +168,7 @@ static int run_compute(PyObject *self, PyObject *op, PyObject *layer, PyObject *
     if (append_event(events, items) < 0) { Py_DECREF(end); Py_DECREF(total); return -1; }
     Py_XSETREF(SLOT(state, K.s_clock), end); /* `end` is now owned by the slot; the event holds its own */
     Py_XSETREF(SLOT(state, K.s_flops), total);
-    if (PyList_GET_SIZE(events) >= K.pack_at) {
+    if (pending_events(events) >= K.pack_at) {
         PyObject *log = PyObject_GetAttr(SLOT(self, K.m_engine), K.s_events);
         PyObject *r = log ? PyObject_CallMethodNoArgs(log, K.s_pack) : NULL;
         Py_XDECREF(log);
@@ -167,7 +201,7 @@ static int set_context(PyObject *mem, PyObject *op, PyObject *layer) {
 /* n * one sample's activation bytes, or -1 (never raises). */
 static long long activation_bytes(PyObject *self, long n) {
     PyObject *per_sample = SLOT(self, K.m_act_bytes);
-    long long each = per_sample ? PyLong_AsLongLong(per_sample) : -1;
+    long long each = per_sample ? long_long_of(per_sample) : -1;
     long long out;
     if (each < 0 || __builtin_mul_overflow(each, (long long)n, &out)) { PyErr_Clear(); return -1; }
     return out;
@@ -268,7 +302,7 @@ static PyObject *fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     AllocLog *mem = (AllocLog *)SLOT(self, K.m_mem);
     if (keep_stash) {
-        long long stash_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(cost, 2));
+        long long stash_bytes = long_long_of(PyTuple_GET_ITEM(cost, 2));
         if (stash_bytes == -1 && PyErr_Occurred()) { Py_DECREF(cost); return NULL; }
         PyObject *fields[3] = {SLOT(weight, K.w_tp_rank), tp, mode};
         PyObject *stash = buffer_alloc(K.Stash, mem, stash_bytes, fields, 3);
@@ -345,12 +379,9 @@ static int backward_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     long long weight_grad_bytes = 0;
     if (weight_grad) {
-        PyObject *key = PyTuple_Pack(2, layer, tp);
-        if (!key) return 0;
-        PyObject *sizes = PyDict_GetItemWithError(SLOT(self, K.m_shard_sizes), key);
-        Py_DECREF(key);
+        PyObject *sizes = shard_sizes_get(SLOT(self, K.m_shard_sizes), layer, layer_v, tp, small_int(tp, -1));
         if (!sizes || !PyTuple_CheckExact(sizes) || PyTuple_GET_SIZE(sizes) != 2) return 0;
-        weight_grad_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 0));
+        weight_grad_bytes = long_long_of(PyTuple_GET_ITEM(sizes, 0));
         if (weight_grad_bytes < 0) return 0;
     }
     *b = (BackwardCall){layer, act, stash, samples, tp, SLOT(weight, K.w_tp_rank), recompute, n,
@@ -409,7 +440,7 @@ static PyObject *fast_backward_input(PyObject *self, PyObject *const *args, Py_s
     /* the cost's third figure: the bytes the stash keeps for backward_weight (`Model._cost`) */
     PyObject *cost = op_cost(self, K.s_backward_input, b.layer, b.n, b.tp, b.recompute);
     if (!cost) return NULL;
-    long long kept = PyLong_AsLongLong(PyTuple_GET_ITEM(cost, 2));
+    long long kept = long_long_of(PyTuple_GET_ITEM(cost, 2));
     Py_DECREF(cost);
     if (kept == -1 && PyErr_Occurred()) return NULL;
     /* the stash's compute mode outlives it in the new one (b.recompute is borrowed from the old) */
@@ -457,13 +488,8 @@ static PyObject *fast_add(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (BUFFER_NBYTES((Buffer *)self) != BUFFER_NBYTES((Buffer *)other)) goto slow; /* different parameters */
     PyObject *mine = SLOT(self, K.w_samples), *theirs = SLOT(other, K.w_samples);
     if (!mine || !theirs) goto slow;
-    PyObject *overlap = PyNumber_And(mine, theirs);
-    if (!overlap) return NULL;
-    int clash = PyObject_IsTrue(overlap);
-    Py_DECREF(overlap);
-    if (clash) goto slow; /* (or an error): Python says which samples */
-    PyObject *both = PyNumber_Or(mine, theirs);
-    if (!both) return NULL;
+    PyObject *both;
+    if (masks_join(mine, theirs, &both)) goto slow; /* (or an error): Python says which samples */
     PyObject *fields[7] = {SLOT(self, K.w_rank), SLOT(self, K.w_layer), both, SLOT(self, K.w_shards),
                            SLOT(self, K.w_num_shards), SLOT(self, K.w_tp_rank), SLOT(self, K.w_tp_size)};
     PyObject *sum = buffer_view(K.WeightGrad, self, fields, 7); /* like `.grad +=`: the left buffer */
@@ -473,11 +499,29 @@ slow:
     return fallback(K.py_add, self, args, nargs, kwnames);
 }
 
+static PyMethodDef add_def; /* WeightGrad.__add__ (below) */
+
 /* ---- runs of layers (`model/layer_runs.py`) -------------------------------------------------------- */
 
-/* The bounds of `layers`, a range of step 1: 1, or 0 (never raises) for the Python twin to take. */
+/* The bounds of `layers`, a range of step 1: 1, or 0 (never raises) for the Python twin to take. A stage passes
+ * the same range object for each run of a chunk's layers: the last few ranges' bounds are remembered by
+ * identity (each held, so that its address names no other object while it is here; a range never changes). */
+#define RANGE_MEMO 8
+static struct {
+    PyObject *range; /* a strong reference, or NULL */
+    long start, stop;
+    int ok;
+} range_memo[RANGE_MEMO];
+static int range_next;
+
 static int run_bounds(PyObject *layers, long *start, long *stop) {
     if (!PyRange_Check(layers)) return 0;
+    for (int i = 0; i < RANGE_MEMO; i++)
+        if (range_memo[i].range == layers) {
+            *start = range_memo[i].start;
+            *stop = range_memo[i].stop;
+            return range_memo[i].ok;
+        }
     PyObject *v[3] = {PyObject_GetAttr(layers, K.s_start), PyObject_GetAttr(layers, K.s_stop),
                       PyObject_GetAttr(layers, K.s_step)};
     long got[3];
@@ -488,7 +532,13 @@ static int run_bounds(PyObject *layers, long *start, long *stop) {
     PyErr_Clear();
     *start = got[0];
     *stop = got[1];
-    return got[0] >= 0 && got[1] >= got[0] && got[2] == 1;
+    int ok = got[0] >= 0 && got[1] >= got[0] && got[2] == 1;
+    int slot = range_next++ & (RANGE_MEMO - 1);
+    Py_XSETREF(range_memo[slot].range, Py_NewRef(layers));
+    range_memo[slot].start = got[0];
+    range_memo[slot].stop = got[1];
+    range_memo[slot].ok = ok;
+    return ok;
 }
 
 /* `loaded[layer][0]`: the weight of what `load_weights` returned for `layer` (a new reference), or NULL
@@ -583,7 +633,12 @@ static PyObject *fast_backward_layers(PyObject *self, PyObject *const *args, Py_
         } else if (!total || total == Py_None) {
             failed = PyDict_SetItem(grads, layer, weight_grad) < 0;
         } else {
-            PyObject *sum = PyNumber_Add(total, weight_grad);
+            /* `total + weight_grad`: WeightGrad.__add__ straight, while it is this file's */
+            PyObject *add = Py_TYPE(total) == K.WeightGrad && Py_TYPE(weight_grad) == K.WeightGrad
+                                ? _PyType_Lookup(K.WeightGrad, K.s_add) : NULL;
+            int direct = add && Py_IS_TYPE(add, &PyMethodDescr_Type) &&
+                         ((PyMethodDescrObject *)add)->d_method == &add_def;
+            PyObject *sum = direct ? fast_add(total, &weight_grad, 1, NULL) : PyNumber_Add(total, weight_grad);
             failed = !sum || PyDict_SetItem(grads, layer, sum) < 0;
             Py_XDECREF(sum);
         }
@@ -626,7 +681,7 @@ static int ops_names(void) {
         {&K.s_backward_weight, "backward_weight"}, {&K.s_compute, "compute"},
         {&K.s_recompute, "recompute"}, {&K.s_empty, ""}, {&K.s_none, "none"}, {&K.s_stash, "stash"},
         {&K.s_selective, "selective_recompute"}, {&K.s_cost, "_cost"},
-        {&K.s_events, "events"}, {&K.s_pack, "pack"}, {&K.s_selective_mode, "selective"},
+        {&K.s_events, "events"}, {&K.s_add, "__add__"}, {&K.s_pack, "pack"}, {&K.s_selective_mode, "selective"},
         {&K.s_start, "start"}, {&K.s_stop, "stop"}, {&K.s_step, "step"},
     };
     for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
@@ -697,6 +752,9 @@ PyObject *install_ops(PyObject *module, PyObject *args) {
         replace_method(Model, &forward_layers_def, &K.py_forward_layers, K.docs) < 0 ||
         replace_method(Model, &backward_layers_def, &K.py_backward_layers, K.docs) < 0)
         return NULL;
+    PyTypeObject *tensors[] = {K.Activation, K.ActivationGrad, K.Weight, K.WeightGrad, K.Stash};
+    for (int i = 0; i < 5; i++)
+        if (fast_tensor_dealloc(tensors[i]) < 0) return NULL;
     set_clock_slot((PyTypeObject *)RankState, K.s_clock);
     Py_RETURN_NONE;
 }
@@ -774,19 +832,19 @@ static PyObject *fast_load_weights(PyObject *self, PyObject *const *args, Py_ssi
     if (!PyLong_CheckExact(layer) || layer_v < 0 || layer_v >= small_int(SLOT(self, W.m_num_layers), 0) ||
         shard_v < 0 || shard_v >= n || shard_v > 62 || t < 0 || t >= tp_v || tp_v > 1L << 20 || n > 1L << 20)
         goto slow;
-    PyObject *parts = PyLong_FromLong(tp_v * n);
-    if (!parts) return NULL;
-    PyObject *key = PyTuple_Pack(2, layer, parts);
-    Py_DECREF(parts);
-    if (!key) return NULL;
-    PyObject *sizes = PyDict_GetItemWithError(SLOT(self, W.m_shard_sizes), key);
-    Py_DECREF(key);
+    PyObject *sizes = memo_get(SLOT(self, W.m_shard_sizes), NULL, NULL, NULL, layer_v, tp_v * n);
+    if (!sizes) {
+        PyObject *parts = PyLong_FromLong(tp_v * n);
+        if (!parts) return NULL;
+        sizes = shard_sizes_get(SLOT(self, W.m_shard_sizes), layer, layer_v, parts, tp_v * n);
+        Py_DECREF(parts);
+    }
     if (!sizes || !PyTuple_CheckExact(sizes) || PyTuple_GET_SIZE(sizes) != 2) {
         if (PyErr_Occurred()) return NULL;
         goto slow; /* the first time for this (layer, parts): Python computes and caches the sizes */
     }
-    long long weight_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 0));
-    long long optimizer_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, 1));
+    long long weight_bytes = long_long_of(PyTuple_GET_ITEM(sizes, 0));
+    long long optimizer_bytes = long_long_of(PyTuple_GET_ITEM(sizes, 1));
     if (PyErr_Occurred()) return NULL;
     AllocLog *mem = (AllocLog *)SLOT(self, W.m_mem);
     PyObject *context = PyTuple_Pack(2, W.s_load, layer);
@@ -841,11 +899,18 @@ static PyObject *fast_update(PyObject *self, PyObject *const *args, Py_ssize_t n
         goto slow;
     PyObject *key_shard = shard_key(shards, num_shards, tp_rank);
     if (!key_shard) goto slow;
-    PyObject *held = PyLong_FromLong(__builtin_popcountl(s));
-    PyObject *cost_key = held ? PyTuple_Pack(5, W.s_update, layer, held, num_shards, tp) : NULL;
-    Py_XDECREF(held);
-    PyObject *cost = cost_key ? PyDict_GetItemWithError(SLOT(self, W.m_cache), cost_key) : NULL;
-    Py_XDECREF(cost_key);
+    /* the cost cache's key (update, layer, shards held, num_shards, tp); remembered by (update, tp,
+       num_shards) by identity and (layer, shards held) by value (no compute op's key has `update` first) */
+    PyObject *cache = SLOT(self, W.m_cache);
+    PyObject *cost = memo_get(cache, W.s_update, tp, num_shards, layer_v, __builtin_popcountl(s));
+    if (!cost) {
+        PyObject *held = PyLong_FromLong(__builtin_popcountl(s));
+        PyObject *cost_key = held ? PyTuple_Pack(5, W.s_update, layer, held, num_shards, tp) : NULL;
+        Py_XDECREF(held);
+        cost = cost_key ? PyDict_GetItemWithError(cache, cost_key) : NULL;
+        Py_XDECREF(cost_key);
+        if (cost) memo_put(cache, W.s_update, tp, num_shards, layer_v, __builtin_popcountl(s), cost);
+    }
     if (!cost || !PyTuple_CheckExact(cost) || PyTuple_GET_SIZE(cost) != 2) {
         Py_DECREF(key_shard);
         if (PyErr_Occurred()) return NULL;
@@ -954,6 +1019,8 @@ PyObject *install_weight_ops(PyObject *module, PyObject *args) {
         replace_method(Model, &update_def, &W.py_update, W.docs) < 0 ||
         replace_method(Model, &final_def, &W.py_final, W.docs) < 0)
         return NULL;
+    for (int i = 0; i < 3; i++)
+        if (fast_tensor_dealloc(*types[i]) < 0) return NULL;
     Py_RETURN_NONE;
 }
 

@@ -55,8 +55,8 @@ static PyObject *transfer_make(PyTypeObject *type, PyObject *start_obj, PyObject
         long long link = -1, rate = -1;
         if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 && PyLong_Check(PyTuple_GET_ITEM(pair, 0)) &&
             PyLong_Check(PyTuple_GET_ITEM(pair, 1))) {
-            link = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 0));
-            rate = link < 0 ? -1 : PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+            link = long_long_of(PyTuple_GET_ITEM(pair, 0));
+            rate = link < 0 ? -1 : long_long_of(PyTuple_GET_ITEM(pair, 1));
             PyErr_Clear();
         }
         if (link < 0 || rate < 0) {
@@ -146,6 +146,13 @@ static void Transfer_dealloc(Transfer *self) {
     Py_CLEAR(self->usage);
     PyMem_Free(self->uses);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+int transfer_times(PyObject *t, double *start, double *end) {
+    if (!PyObject_TypeCheck(t, &TransferType)) return 0;
+    *start = ((Transfer *)t)->start;
+    *end = ((Transfer *)t)->end;
+    return 1;
 }
 
 static PyMemberDef Transfer_members[] = {
