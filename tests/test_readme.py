@@ -90,6 +90,23 @@ def test_the_plan_shown_is_the_one_the_planner_finds():
     assert f"{best.simulated * 1e3:.2f}" in page("tutorials/planning-a-mixed-cluster.md")
 
 
+def test_the_long_context_how_to_shows_what_the_planner_finds_exports_and_runs(tmp_path):
+    from dist_lib import Cluster, Workload, plan
+    from dist_lib.planner.export import export
+    from grader.launch_cli import settings_run
+    text = page("how-to/plan-a-long-context-run.md")
+    cluster, workload = Cluster.load("4x8xH100-80GB"), Workload.load("llama-3-8b:seq=131072")
+    best = plan(cluster, workload, 8, framework="torchtitan").best
+    assert f"{best.estimate * 1e3:.2f}  {best.simulated * 1e3:.2f}" in text
+    toml = blocks(text, "toml")[0]
+    assert toml == export(best.plan, "torchtitan", workload, cluster).settings
+    # `run --from` on the exported config, with the workload named without its sequence length
+    (tmp_path / "plan.torchtitan.toml").write_text(toml)
+    assert settings_run("torchtitan", str(tmp_path / "plan.torchtitan.toml"), "4x8xH100-80GB",
+                        "llama-3-8b")[2] == workload.name
+    assert f"step time     {best.simulated * 1e3:.2f} ms" in text
+
+
 def test_the_schedule_comparison_prints_what_the_tutorial_shows(monkeypatch, capsys):
     text = page("tutorials/comparing-schedules.md")
     snippet = blocks(text)[0]
