@@ -226,7 +226,7 @@ def hsdp_choices(cluster: Cluster, ranks: tuple[int, ...], tp: int | None, cp: i
 
 
 def fsdp_option(space, ranks: tuple[int, ...], tp: int, microbatch: int, recompute: str, fp8: str,
-                reduction, replicate: int = 1, pipelined: bool = False) -> StageOption | None:
+                replicate: int = 1, pipelined: bool = False) -> StageOption | None:
     """A stage under FSDP as torchtitan applies it (`fully_shard` per block, hybrid's `fsdp`,
     `strategies/_sharded.py`): `fsdp` of its ZeRO-1 option (with HSDP's `replicate`, sharded inside each group
     of dp / replicate replicas), or `fsdp_kept` in a plan of pipeline stages; None where it shards nothing
@@ -244,8 +244,7 @@ def fsdp_kept(o: StageOption) -> StageOption:
     reduce-scatters after a layer's last microbatch, ZeRO-1's timing, but the 16-bit weight shards stay beside
     the whole weights (FSDP's sharded parameters), 2/shards bytes a parameter held throughout."""
     c = o.costs
-    return replace(o, costs=replace(c, state=tuple(s + w for s, w in zip(c.state, c.shard)),
-                                    total=list(c.total)))
+    return replace(o, costs=replace(c, state=tuple(s + w for s, w in zip(c.state, c.shard))))
 
 
 def fsdp(o: StageOption, shards: int) -> StageOption:

@@ -107,7 +107,7 @@ class StageSpace:
         each of `replicate` groups of dp / replicate replicas, the shards' gradients all-reduced across them."""
         cluster, workload = self.cluster, self.workload
         if zero == 3:  # FSDP (torchtitan's): weights and gradients sharded too, gathered a layer at a time
-            return options_cost.fsdp_option(self, ranks, tp, microbatch, recompute, fp8, Reduction, replicate,
+            return options_cost.fsdp_option(self, ranks, tp, microbatch, recompute, fp8, replicate,
                                             pipelined)
         dp = len(ranks) // tp
         if dp % replicate:
